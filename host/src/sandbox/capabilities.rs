@@ -1,0 +1,249 @@
+//! [`Capabilities`]: the effective grants one plugin runs with, as typed
+//! values built once and turned into a fresh WASI context for every lease.
+//!
+//! By default nothing is granted: no directory is mounted, no environment
+//! variable is visible, no network is reachable, stdin is closed and stdout /
+//! stderr are captured, never inherited.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+/// Whether a mounted directory may be changed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Access {
+    /// Files and directories may be read, never created, changed or removed.
+    ReadOnly,
+    /// Files and directories may also be created, changed and removed.
+    ReadWrite,
+}
+
+impl Access {
+    /// The narrower of two accesses.
+    pub fn narrowest(self, other: Access) -> Access {
+        if self == Access::ReadOnly || other == Access::ReadOnly {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        }
+    }
+}
+
+impl std::fmt::Display for Access {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Access::ReadOnly => "read-only",
+            Access::ReadWrite => "read-write",
+        })
+    }
+}
+
+/// A host directory visible to the guest at `/<name>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Mount {
+    /// The mount's name, as requested in the manifest.
+    pub name: String,
+    /// The host directory, canonicalized.
+    pub host_dir: PathBuf,
+    /// What the guest may do there.
+    pub access: Access,
+}
+
+impl Mount {
+    /// The absolute path the guest sees the directory at.
+    pub fn guest_path(&self) -> String {
+        format!("/{}", self.name)
+    }
+}
+
+/// A granted directory that cannot be mounted.
+#[derive(Debug, thiserror::Error)]
+#[error("mount `{mount}`: directory `{dir}` {reason}")]
+pub struct MountError {
+    /// The mount's name.
+    pub mount: String,
+    /// The directory as given.
+    pub dir: PathBuf,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// The effective capabilities of one plugin: what it requested, narrowed by
+/// what the operator granted. Built with [`Capabilities::none`] and the
+/// builder methods, each of which adds exactly one grant.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Capabilities {
+    mounts: Vec<Mount>,
+    env: Vec<(String, String)>,
+    hosts: Vec<String>,
+    config: Arc<BTreeMap<String, String>>,
+}
+
+impl Capabilities {
+    /// No capabilities at all: no mount, no environment, no network, no
+    /// configuration.
+    pub fn none() -> Self {
+        Capabilities::default()
+    }
+
+    /// Mounts `dir` at `/<name>` with `access`. The directory must exist; it
+    /// is canonicalized now, so a later rename of a symlink cannot redirect
+    /// the grant.
+    pub fn mount(
+        mut self,
+        name: &str,
+        dir: impl AsRef<Path>,
+        access: Access,
+    ) -> Result<Self, MountError> {
+        let dir = dir.as_ref();
+        let error = |reason: String| MountError {
+            mount: name.to_owned(),
+            dir: dir.to_owned(),
+            reason,
+        };
+        if !is_valid_mount_name(name) {
+            return Err(error(
+                "has an invalid mount name (use [a-z][a-z0-9_-]*, at most 64 bytes)".into(),
+            ));
+        }
+        if self.mounts.iter().any(|m| m.name == name) {
+            return Err(error("is mounted twice".into()));
+        }
+        let host_dir = dir
+            .canonicalize()
+            .map_err(|e| error(format!("cannot be used: {e}")))?;
+        if !host_dir.is_dir() {
+            return Err(error("is not a directory".into()));
+        }
+        self.mounts.push(Mount {
+            name: name.to_owned(),
+            host_dir,
+            access,
+        });
+        Ok(self)
+    }
+
+    /// Makes environment variable `name` visible with `value`. Its value is
+    /// redacted from everything the plugin returns or prints.
+    pub fn env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.push((name.into(), value.into()));
+        self
+    }
+
+    /// Allows outbound requests to `host` (`name`, `name:port` or
+    /// `*.domain`).
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.hosts.push(host.into());
+        self
+    }
+
+    /// Sets a configuration value the plugin can read with the host `config`
+    /// import.
+    pub fn config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        Arc::make_mut(&mut self.config).insert(key.into(), value.into());
+        self
+    }
+
+    /// The mounts.
+    pub fn mounts(&self) -> &[Mount] {
+        &self.mounts
+    }
+
+    /// The environment variables, with their values.
+    pub fn env_vars(&self) -> &[(String, String)] {
+        &self.env
+    }
+
+    /// The allowed outbound hosts.
+    pub fn hosts(&self) -> &[String] {
+        &self.hosts
+    }
+
+    /// The configuration values.
+    pub fn config_values(&self) -> &BTreeMap<String, String> {
+        &self.config
+    }
+
+    pub(crate) fn shared_config(&self) -> Arc<BTreeMap<String, String>> {
+        Arc::clone(&self.config)
+    }
+
+    /// Whether the plugin can change anything outside itself: a read-write
+    /// mount or any outbound host.
+    pub fn can_cause_effects(&self) -> bool {
+        !self.hosts.is_empty() || self.mounts.iter().any(|m| m.access == Access::ReadWrite)
+    }
+}
+
+/// Whether `name` is a valid mount name: `[a-z][a-z0-9_-]*`, 1 to 64 bytes.
+pub fn is_valid_mount_name(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 64
+        && chars.next().is_some_and(|c| c.is_ascii_lowercase())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_' || c == '-')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nothing_is_granted_by_default() {
+        let caps = Capabilities::none();
+        assert!(caps.mounts().is_empty());
+        assert!(caps.env_vars().is_empty());
+        assert!(caps.hosts().is_empty());
+        assert!(caps.config_values().is_empty());
+        assert!(!caps.can_cause_effects());
+    }
+
+    #[test]
+    fn a_missing_directory_is_a_setup_error_naming_it() {
+        let err = Capabilities::none()
+            .mount("workspace", "/no/such/dir", Access::ReadOnly)
+            .unwrap_err();
+        let text = err.to_string();
+        assert!(text.contains("workspace"), "{text}");
+        assert!(text.contains("/no/such/dir"), "{text}");
+    }
+
+    #[test]
+    fn a_file_is_not_a_mountable_directory() {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let err = Capabilities::none()
+            .mount("workspace", file.path(), Access::ReadOnly)
+            .unwrap_err();
+        assert!(err.to_string().contains("is not a directory"), "{err}");
+    }
+
+    #[test]
+    fn mount_names_are_checked_and_unique() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(
+            Capabilities::none()
+                .mount("../etc", dir.path(), Access::ReadOnly)
+                .is_err()
+        );
+        let caps = Capabilities::none()
+            .mount("data", dir.path(), Access::ReadWrite)
+            .unwrap();
+        assert!(caps.can_cause_effects());
+        assert_eq!(caps.mounts()[0].guest_path(), "/data");
+        assert!(caps.mount("data", dir.path(), Access::ReadOnly).is_err());
+    }
+
+    #[test]
+    fn read_only_is_narrower_than_read_write() {
+        assert_eq!(
+            Access::ReadWrite.narrowest(Access::ReadOnly),
+            Access::ReadOnly
+        );
+        assert_eq!(
+            Access::ReadWrite.narrowest(Access::ReadWrite),
+            Access::ReadWrite
+        );
+    }
+}

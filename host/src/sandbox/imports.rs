@@ -1,0 +1,114 @@
+//! What a component may import, and the linker that provides exactly that.
+//!
+//! The allow-list is checked by name when a component is loaded, so a refused
+//! component gets an error naming the import; the linker itself only holds the
+//! allowed interfaces, so nothing else could be reached even if the check
+//! were wrong.
+
+use wasmtime::Engine;
+use wasmtime::component::{HasSelf, Linker};
+use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
+use wasmtime_wasi::cli::{WasiCli, WasiCliView};
+use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
+use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
+
+use super::bindings;
+use super::lease::LeaseState;
+
+/// Interfaces of `warden:plugin` a component may import, at version 0.1.x.
+const WARDEN_INTERFACES: &[&str] = &["warden:plugin/host", "warden:plugin/types"];
+
+/// WASI 0.2 interfaces a component may import, at any 0.2.x version.
+const WASI_INTERFACES: &[&str] = &[
+    "wasi:cli/environment",
+    "wasi:cli/exit",
+    "wasi:cli/stdin",
+    "wasi:cli/stdout",
+    "wasi:cli/stderr",
+    "wasi:cli/terminal-input",
+    "wasi:cli/terminal-output",
+    "wasi:cli/terminal-stdin",
+    "wasi:cli/terminal-stdout",
+    "wasi:cli/terminal-stderr",
+    "wasi:clocks/monotonic-clock",
+    "wasi:clocks/wall-clock",
+    "wasi:filesystem/types",
+    "wasi:filesystem/preopens",
+    "wasi:io/error",
+    "wasi:io/poll",
+    "wasi:io/streams",
+    "wasi:random/random",
+    "wasi:random/insecure",
+    "wasi:random/insecure-seed",
+];
+
+/// Whether the sandbox offers the import named `name` (for example
+/// `wasi:io/poll@0.2.6`).
+pub(crate) fn is_allowed(name: &str) -> bool {
+    let Some((interface, version)) = name.split_once('@') else {
+        return false;
+    };
+    if WARDEN_INTERFACES.contains(&interface) {
+        return version.starts_with("0.1.");
+    }
+    if WASI_INTERFACES.contains(&interface) {
+        return version.starts_with("0.2.");
+    }
+    false
+}
+
+/// A linker holding the allowed interfaces and nothing else.
+pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<LeaseState>> {
+    let mut l: Linker<LeaseState> = Linker::new(engine);
+    wasmtime_wasi_io::add_to_linker_async(&mut l)?;
+    clocks::wall_clock::add_to_linker::<_, WasiClocks>(&mut l, |s| s.clocks())?;
+    clocks::monotonic_clock::add_to_linker::<_, WasiClocks>(&mut l, |s| s.clocks())?;
+    filesystem::types::add_to_linker::<_, WasiFilesystem>(&mut l, |s| s.filesystem())?;
+    filesystem::preopens::add_to_linker::<_, WasiFilesystem>(&mut l, |s| s.filesystem())?;
+    random::random::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;
+    random::insecure::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;
+    random::insecure_seed::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;
+    cli::exit::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::environment::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::stdin::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::stdout::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::stderr::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::terminal_input::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::terminal_output::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::terminal_stdin::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::terminal_stdout::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    cli::terminal_stderr::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
+    bindings::host::add_to_linker::<_, HasSelf<LeaseState>>(&mut l, |s| s)?;
+    Ok(l)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_allow_list_is_exact() {
+        for ok in [
+            "warden:plugin/host@0.1.0",
+            "warden:plugin/types@0.1.0",
+            "wasi:io/poll@0.2.6",
+            "wasi:cli/stdout@0.2.0",
+            "wasi:filesystem/preopens@0.2.3",
+        ] {
+            assert!(is_allowed(ok), "{ok}");
+        }
+        for refused in [
+            "wasi:sockets/tcp@0.2.6",
+            "wasi:sockets/ip-name-lookup@0.2.6",
+            "wasi:http/outgoing-handler@0.2.6",
+            "wasi:io/poll@0.3.0",
+            "wasi:io/poll",
+            "warden:plugin/host@1.0.0",
+            "evil:pkg/backdoor@1.0.0",
+            "wasi:cli/environment-extra@0.2.6",
+        ] {
+            assert!(!is_allowed(refused), "{refused}");
+        }
+    }
+}

@@ -1,0 +1,487 @@
+//! A lease: one invocation's sandbox. A fresh `Store` with a WASI context
+//! built from the plugin's effective grants, an instance made from the cached
+//! `InstancePre`, one call, and then everything is dropped, whether the call
+//! returned, failed, timed out or was cancelled. No guest state or handle
+//! outlives its lease.
+//!
+//! Limits: fuel, an epoch deadline that traps a guest spinning in wasm, a
+//! tokio deadline that also covers time spent in host calls, the memory and
+//! table limiter, the stdio budget and the output cap. When a lease fails,
+//! the failure is attributed in a fixed order: deadline, out of fuel, a
+//! recorded memory or table denial, then a plain trap.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::ResourceTable;
+use wasmtime::{Store, Trap, UpdateDeadline};
+use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+
+use super::bindings::channel::ChannelPlugin;
+use super::bindings::context::ContextPlugin;
+use super::bindings::tool::ToolPlugin;
+use super::bindings::types::{
+    Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, LogLevel, Preview,
+    SourceSpec, ToolError, ToolOutput, ToolSpec,
+};
+use super::bindings::{host, types};
+use super::capabilities::Access;
+use super::capture::{Capture, Redactor, Stream};
+use super::limits::{Denial, LeaseLimiter};
+use super::{GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
+
+/// The data of one lease's `Store`.
+pub(crate) struct LeaseState {
+    wasi: WasiCtx,
+    table: ResourceTable,
+    limiter: LeaseLimiter,
+    plugin: Arc<str>,
+    config: Arc<BTreeMap<String, String>>,
+    capture: Capture,
+    redactor: Arc<Redactor>,
+}
+
+impl WasiView for LeaseState {
+    fn ctx(&mut self) -> WasiCtxView<'_> {
+        WasiCtxView {
+            ctx: &mut self.wasi,
+            table: &mut self.table,
+        }
+    }
+}
+
+impl wasmtime_wasi_io::IoView for LeaseState {
+    fn table(&mut self) -> &mut ResourceTable {
+        &mut self.table
+    }
+}
+
+/// Longest host-log message kept; longer ones are cut.
+const MAX_LOG_LINE: usize = 4096;
+
+impl host::Host for LeaseState {
+    fn log(&mut self, level: LogLevel, message: String) {
+        let mut message = message;
+        if message.len() > MAX_LOG_LINE {
+            let mut cut = MAX_LOG_LINE;
+            while !message.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            message.truncate(cut);
+            message.push_str("…");
+        }
+        if !self.capture.charge_log(message.len()) {
+            return;
+        }
+        self.redactor.redact(&mut message);
+        let plugin = &*self.plugin;
+        match level {
+            LogLevel::Trace => tracing::trace!(target: "warden::plugin", plugin, "{message}"),
+            LogLevel::Debug => tracing::debug!(target: "warden::plugin", plugin, "{message}"),
+            LogLevel::Info => tracing::info!(target: "warden::plugin", plugin, "{message}"),
+            LogLevel::Warn => tracing::warn!(target: "warden::plugin", plugin, "{message}"),
+            LogLevel::Error => tracing::error!(target: "warden::plugin", plugin, "{message}"),
+        }
+    }
+
+    fn config(&mut self, key: String) -> Option<String> {
+        self.config.get(&key).cloned()
+    }
+}
+
+impl types::Host for LeaseState {}
+
+/// What a lease is asked to do.
+pub(crate) enum Request<'a> {
+    DescribeTools,
+    Preflight(&'a Call),
+    Invoke(&'a Call),
+    DescribeSource,
+    Resolve(&'a ContextRequest),
+    DescribeChannel,
+    Deliver(&'a Delivery),
+}
+
+/// What the guest answered.
+pub(crate) enum Response {
+    Tools(Vec<ToolSpec>),
+    Preview(Result<Preview, ToolError>),
+    Output(Result<ToolOutput, ToolError>),
+    Source(SourceSpec),
+    Items(Result<Vec<ContextItem>, ContextError>),
+    Channel(SourceSpec),
+    Delivered(Result<(), DeliveryError>),
+}
+
+impl Response {
+    /// Bytes of text in the answer, counted against the output limit.
+    fn output_bytes(&self) -> u64 {
+        fn tool_error(e: &ToolError) -> usize {
+            match e {
+                ToolError::InvalidArguments(s) | ToolError::Denied(s) => s.len(),
+                ToolError::Failed(f) => f.message.len(),
+            }
+        }
+        let bytes = match self {
+            Response::Tools(specs) => specs
+                .iter()
+                .map(|s| s.name.len() + s.description.len() + s.input_schema.len())
+                .sum(),
+            Response::Preview(Ok(p)) => p.summary.len() + p.detail.len(),
+            Response::Output(Ok(o)) => o.content.len(),
+            Response::Preview(Err(e)) | Response::Output(Err(e)) => tool_error(e),
+            Response::Source(s) | Response::Channel(s) => s.name.len() + s.description.len(),
+            Response::Items(Ok(items)) => items
+                .iter()
+                .map(|i| i.source.len() + i.content.len())
+                .sum(),
+            Response::Items(Err(
+                ContextError::InvalidRequest(s) | ContextError::Denied(s),
+            )) => s.len(),
+            Response::Items(Err(ContextError::Failed(f))) => f.message.len(),
+            Response::Delivered(Ok(())) => 0,
+            Response::Delivered(Err(
+                DeliveryError::InvalidDelivery(s) | DeliveryError::Denied(s),
+            )) => s.len(),
+            Response::Delivered(Err(DeliveryError::Rejected(r))) => r.message.len(),
+            Response::Delivered(Err(DeliveryError::Failed(f))) => f.message.len(),
+        };
+        bytes as u64
+    }
+
+    /// Whether the guest answered with its own typed error.
+    fn is_guest_error(&self) -> bool {
+        matches!(
+            self,
+            Response::Preview(Err(_))
+                | Response::Output(Err(_))
+                | Response::Items(Err(_))
+                | Response::Delivered(Err(_))
+        )
+    }
+
+    /// Redacts granted secrets from every string the host passes on.
+    fn redact(&mut self, r: &Redactor) {
+        fn tool_error(e: &mut ToolError, r: &Redactor) {
+            match e {
+                ToolError::InvalidArguments(s) | ToolError::Denied(s) => r.redact(s),
+                ToolError::Failed(f) => r.redact(&mut f.message),
+            }
+        }
+        match self {
+            Response::Tools(specs) => {
+                for s in specs {
+                    r.redact(&mut s.description);
+                    r.redact(&mut s.input_schema);
+                }
+            }
+            Response::Preview(Ok(p)) => {
+                r.redact(&mut p.summary);
+                r.redact(&mut p.detail);
+            }
+            Response::Output(Ok(o)) => r.redact(&mut o.content),
+            Response::Preview(Err(e)) | Response::Output(Err(e)) => tool_error(e, r),
+            Response::Source(s) | Response::Channel(s) => r.redact(&mut s.description),
+            Response::Items(Ok(items)) => {
+                for i in items {
+                    r.redact(&mut i.source);
+                    r.redact(&mut i.content);
+                }
+            }
+            Response::Items(Err(ContextError::InvalidRequest(s) | ContextError::Denied(s))) => {
+                r.redact(s)
+            }
+            Response::Items(Err(ContextError::Failed(f))) => r.redact(&mut f.message),
+            Response::Delivered(Ok(())) => {}
+            Response::Delivered(Err(
+                DeliveryError::InvalidDelivery(s) | DeliveryError::Denied(s),
+            )) => r.redact(s),
+            Response::Delivered(Err(DeliveryError::Rejected(x))) => r.redact(&mut x.message),
+            Response::Delivered(Err(DeliveryError::Failed(f))) => r.redact(&mut f.message),
+        }
+    }
+}
+
+/// How the call future ended, before attribution.
+enum Ended {
+    Returned(wasmtime::Result<Response>),
+    DeadlinePassed,
+    Cancelled,
+}
+
+/// Runs one lease of `plugin` and attributes its outcome.
+pub(crate) async fn run(
+    plugin: &GrantedComponent,
+    limits: &Limits,
+    request: Request<'_>,
+    cancel: Option<&CancellationToken>,
+) -> (Result<Response, LeaseFailure>, UsageReceipt) {
+    let started = Instant::now();
+    let sandbox = &plugin.sandbox.inner;
+    let _slot = sandbox
+        .lease_slots
+        .acquire()
+        .await
+        .expect("the lease semaphore is never closed");
+
+    let capture = Capture::new(limits.stdio_bytes);
+    let wasi = match wasi_context(plugin, &capture) {
+        Ok(wasi) => wasi,
+        Err(reason) => {
+            let mut receipt = UsageReceipt::empty(Outcome::Refused);
+            receipt.wall_time_us = started.elapsed().as_micros() as u64;
+            return (Err(LeaseFailure::Refused { reason }), receipt);
+        }
+    };
+    let state = LeaseState {
+        wasi,
+        table: ResourceTable::new(),
+        limiter: LeaseLimiter::new(limits),
+        plugin: Arc::clone(&plugin.component.name),
+        config: plugin.capabilities.shared_config(),
+        capture: capture.clone(),
+        redactor: Arc::clone(&plugin.redactor),
+    };
+    let mut store = Store::new(&sandbox.engine, state);
+    store.limiter(|s| &mut s.limiter);
+    let fuel_budget = limits.fuel.unwrap_or(u64::MAX);
+    store
+        .set_fuel(fuel_budget)
+        .expect("the engine is configured to consume fuel");
+    let deadline = Instant::now() + limits.timeout;
+    store.set_epoch_deadline(1);
+    store.epoch_deadline_callback(move |_| {
+        if Instant::now() >= deadline {
+            Ok(UpdateDeadline::Interrupt)
+        } else {
+            // Let other tasks run on this thread between ticks.
+            Ok(UpdateDeadline::Yield(1))
+        }
+    });
+
+    let ended = {
+        let call = perform(&mut store, plugin, request);
+        let timed = tokio::time::timeout_at(deadline.into(), call);
+        let ended = match cancel {
+            Some(token) => tokio::select! {
+                biased;
+                () = token.cancelled() => Ended::Cancelled,
+                r = timed => r.map_or(Ended::DeadlinePassed, Ended::Returned),
+            },
+            None => timed.await.map_or(Ended::DeadlinePassed, Ended::Returned),
+        };
+        ended
+    };
+
+    let fuel_consumed = fuel_budget - store.get_fuel().unwrap_or(0);
+    let peak_memory_bytes = store.data().limiter.memory_peak();
+    let denial = store.data().limiter.denial();
+    drop(store);
+
+    let result = match ended {
+        Ended::Cancelled => Err(LeaseFailure::Cancelled),
+        Ended::DeadlinePassed => Err(LeaseFailure::Timeout {
+            limit: limits.timeout,
+        }),
+        Ended::Returned(Err(error)) => Err(attribute(error, limits, denial)),
+        Ended::Returned(Ok(response)) => {
+            let bytes = response.output_bytes();
+            if bytes > limits.output_bytes {
+                Err(LeaseFailure::OutputLimit {
+                    bytes,
+                    limit: limits.output_bytes,
+                })
+            } else {
+                Ok(response)
+            }
+        }
+    };
+    let result = result.map(|mut response| {
+        if !plugin.redactor.is_empty() {
+            response.redact(&plugin.redactor);
+        }
+        response
+    });
+
+    let captured = capture.take();
+    emit_stdio(plugin, Stream::Stdout, &captured.stdout);
+    emit_stdio(plugin, Stream::Stderr, &captured.stderr);
+    if captured.dropped_bytes > 0 {
+        tracing::warn!(
+            target: "warden::plugin",
+            plugin = &*plugin.component.name,
+            dropped_bytes = captured.dropped_bytes,
+            "plugin output over its stdio budget was dropped"
+        );
+    }
+
+    let outcome = match &result {
+        Ok(response) if response.is_guest_error() => Outcome::GuestError,
+        Ok(_) => Outcome::Ok,
+        Err(failure) => failure.outcome(),
+    };
+    let receipt = UsageReceipt {
+        outcome,
+        fuel_consumed,
+        peak_memory_bytes,
+        wall_time_us: started.elapsed().as_micros() as u64,
+        output_bytes: result.as_ref().map_or(0, Response::output_bytes),
+        stdout_bytes: captured.stdout_bytes,
+        stderr_bytes: captured.stderr_bytes,
+        log_bytes: captured.log_bytes,
+        stdio_dropped_bytes: captured.dropped_bytes,
+    };
+    (result, receipt)
+}
+
+/// Builds the lease's WASI context from the plugin's effective grants.
+fn wasi_context(plugin: &GrantedComponent, capture: &Capture) -> Result<WasiCtx, String> {
+    let mut builder = WasiCtxBuilder::new();
+    // Filesystem calls run inline instead of hopping to a blocking thread:
+    // mounts are local directories. Must be set before adding preopens.
+    builder.allow_blocking_current_thread(true);
+    builder.stdout(capture.sink(Stream::Stdout));
+    builder.stderr(capture.sink(Stream::Stderr));
+    for (name, value) in plugin.capabilities.env_vars() {
+        builder.env(name, value);
+    }
+    for mount in plugin.capabilities.mounts() {
+        let perms = match mount.access {
+            Access::ReadOnly => FsPerms::ReadOnly,
+            Access::ReadWrite => FsPerms::ReadWrite,
+        };
+        builder
+            .preopened_dir(&mount.host_dir, mount.guest_path(), perms)
+            .map_err(|e| {
+                format!(
+                    "mount `{}`: cannot open directory `{}`: {e:#}",
+                    mount.name,
+                    mount.host_dir.display()
+                )
+            })?;
+    }
+    Ok(builder.build())
+}
+
+/// Instantiates the component in `store` and makes the one call.
+async fn perform(
+    store: &mut Store<LeaseState>,
+    plugin: &GrantedComponent,
+    request: Request<'_>,
+) -> wasmtime::Result<Response> {
+    let component = &plugin.component;
+    let missing = |world: &str| {
+        wasmtime::format_err!(
+            "plugin `{}` does not export the {world} interface",
+            component.name
+        )
+    };
+    match request {
+        Request::DescribeTools | Request::Preflight(_) | Request::Invoke(_) => {
+            let pre = component.tool.as_ref().ok_or_else(|| missing("tool"))?;
+            let instance: ToolPlugin = pre.instantiate_async(&mut *store).await?;
+            let tool = instance.warden_plugin_tool();
+            Ok(match request {
+                Request::DescribeTools => Response::Tools(tool.call_describe(&mut *store).await?),
+                Request::Preflight(call) => {
+                    Response::Preview(tool.call_preflight(&mut *store, call).await?)
+                }
+                Request::Invoke(call) => {
+                    Response::Output(tool.call_invoke(&mut *store, call).await?)
+                }
+                _ => unreachable!("matched above"),
+            })
+        }
+        Request::DescribeSource | Request::Resolve(_) => {
+            let pre = component
+                .context
+                .as_ref()
+                .ok_or_else(|| missing("context-source"))?;
+            let instance: ContextPlugin = pre.instantiate_async(&mut *store).await?;
+            let source = instance.warden_plugin_context_source();
+            Ok(match request {
+                Request::DescribeSource => {
+                    Response::Source(source.call_describe(&mut *store).await?)
+                }
+                Request::Resolve(req) => Response::Items(source.call_resolve(&mut *store, req).await?),
+                _ => unreachable!("matched above"),
+            })
+        }
+        Request::DescribeChannel | Request::Deliver(_) => {
+            let pre = component
+                .channel
+                .as_ref()
+                .ok_or_else(|| missing("channel"))?;
+            let instance: ChannelPlugin = pre.instantiate_async(&mut *store).await?;
+            let channel = instance.warden_plugin_channel();
+            Ok(match request {
+                Request::DescribeChannel => {
+                    Response::Channel(channel.call_describe(&mut *store).await?)
+                }
+                Request::Deliver(d) => Response::Delivered(channel.call_deliver(&mut *store, d).await?),
+                _ => unreachable!("matched above"),
+            })
+        }
+    }
+}
+
+/// Longest trap message kept.
+const MAX_TRAP_MESSAGE: usize = 8192;
+
+/// Names the limit a failed call hit: deadline, out of fuel, a recorded
+/// denial, or else a plain trap.
+fn attribute(error: wasmtime::Error, limits: &Limits, denial: Option<Denial>) -> LeaseFailure {
+    match error.downcast_ref::<Trap>() {
+        Some(Trap::Interrupt) => {
+            return LeaseFailure::Timeout {
+                limit: limits.timeout,
+            };
+        }
+        Some(Trap::OutOfFuel) => {
+            return LeaseFailure::OutOfFuel {
+                limit: limits.fuel.unwrap_or(u64::MAX),
+            };
+        }
+        _ => {}
+    }
+    match denial {
+        Some(Denial::Memory { requested, limit }) => {
+            return LeaseFailure::MemoryLimit { requested, limit };
+        }
+        Some(Denial::Table { requested, limit }) => {
+            return LeaseFailure::TableLimit { requested, limit };
+        }
+        None => {}
+    }
+    let mut message = match error.downcast_ref::<wasmtime_wasi::I32Exit>() {
+        Some(exit) => format!("guest exited with status {}", exit.0),
+        None => format!("{error:?}"),
+    };
+    if message.len() > MAX_TRAP_MESSAGE {
+        let mut cut = MAX_TRAP_MESSAGE;
+        while !message.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        message.truncate(cut);
+        message.push('…');
+    }
+    LeaseFailure::Trap { message }
+}
+
+/// Sends captured guest output to `tracing`, one event per line.
+fn emit_stdio(plugin: &GrantedComponent, stream: Stream, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    let text = String::from_utf8_lossy(bytes);
+    let text = plugin.redactor.redacted(&text);
+    let stream = match stream {
+        Stream::Stdout => "stdout",
+        Stream::Stderr => "stderr",
+    };
+    for line in text.lines() {
+        tracing::info!(target: "warden::plugin", plugin = &*plugin.component.name, stream, "{line}");
+    }
+}

@@ -1,0 +1,205 @@
+//! Per-lease resource limits, and the store limiter that enforces the memory
+//! and table limits and records each denial so the receipt can name the limit
+//! that was hit instead of an opaque `unreachable` trap.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What one lease may use. Every lease has a wall-clock deadline; fuel is an
+/// additional budget of work.
+///
+/// Fuel counts WebAssembly instructions, so the fuel a unit of work costs
+/// differs by guest language and toolchain by orders of magnitude (an
+/// interpreter compiled to wasm burns far more than a Rust guest). Size it per
+/// plugin by measuring with `warden plugin call`, which prints the fuel used.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Instructions the guest may execute, or `None` for no fuel budget (the
+    /// deadline still applies). Default: 10,000,000,000.
+    pub fuel: Option<u64>,
+    /// Wall-clock deadline for the whole lease, including instantiation and
+    /// time spent in host calls. Default: 10 s.
+    pub timeout: Duration,
+    /// Linear memory, in bytes, summed over the component's memories.
+    /// Default: 64 MiB.
+    pub memory_bytes: u64,
+    /// Elements any one table may hold. Default: 20,000.
+    pub table_elements: u64,
+    /// Bytes of output the guest may return (strings of the result summed).
+    /// Default: 1 MiB.
+    pub output_bytes: u64,
+    /// Bytes of stdout, stderr and host log messages kept per lease; the rest
+    /// is dropped and counted. Default: 64 KiB.
+    pub stdio_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            fuel: Some(10_000_000_000),
+            timeout: Duration::from_secs(10),
+            memory_bytes: 64 << 20,
+            table_elements: 20_000,
+            output_bytes: 1 << 20,
+            stdio_bytes: 64 << 10,
+        }
+    }
+}
+
+impl Limits {
+    /// Limits for `describe` and other metadata calls: the plugin's own
+    /// limits, tightened to at most 1 s, 1,000,000,000 fuel and 256 KiB of
+    /// output.
+    pub fn for_metadata(&self) -> Limits {
+        Limits {
+            fuel: Some(self.fuel.unwrap_or(u64::MAX).min(1_000_000_000)),
+            timeout: self.timeout.min(Duration::from_secs(1)),
+            output_bytes: self.output_bytes.min(256 << 10),
+            ..self.clone()
+        }
+    }
+}
+
+/// A growth the limiter refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Denial {
+    /// Linear memory would have grown to `requested` bytes.
+    Memory { requested: u64, limit: u64 },
+    /// A table would have grown to `requested` elements.
+    Table { requested: u64, limit: u64 },
+}
+
+/// The store's `ResourceLimiter`: enforces [`Limits::memory_bytes`] over all
+/// memories of the instance and [`Limits::table_elements`] per table, keeps
+/// the peak, and remembers the first denial.
+#[derive(Debug)]
+pub(crate) struct LeaseLimiter {
+    memory_limit: u64,
+    table_limit: u64,
+    memory_in_use: u64,
+    memory_peak: u64,
+    denial: Option<Denial>,
+}
+
+impl LeaseLimiter {
+    pub(crate) fn new(limits: &Limits) -> Self {
+        LeaseLimiter {
+            memory_limit: limits.memory_bytes,
+            table_limit: limits.table_elements,
+            memory_in_use: 0,
+            memory_peak: 0,
+            denial: None,
+        }
+    }
+
+    pub(crate) fn memory_peak(&self) -> u64 {
+        self.memory_peak
+    }
+
+    pub(crate) fn denial(&self) -> Option<Denial> {
+        self.denial
+    }
+}
+
+impl wasmtime::ResourceLimiter for LeaseLimiter {
+    fn memory_growing(
+        &mut self,
+        current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        let growth = desired.saturating_sub(current) as u64;
+        let total = self.memory_in_use.saturating_add(growth);
+        if total > self.memory_limit {
+            self.denial.get_or_insert(Denial::Memory {
+                requested: total,
+                limit: self.memory_limit,
+            });
+            return Ok(false);
+        }
+        self.memory_in_use = total;
+        self.memory_peak = self.memory_peak.max(total);
+        Ok(true)
+    }
+
+    fn table_growing(
+        &mut self,
+        _current: usize,
+        desired: usize,
+        _maximum: Option<usize>,
+    ) -> wasmtime::Result<bool> {
+        if desired as u64 > self.table_limit {
+            self.denial.get_or_insert(Denial::Table {
+                requested: desired as u64,
+                limit: self.table_limit,
+            });
+            return Ok(false);
+        }
+        Ok(true)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wasmtime::ResourceLimiter;
+
+    #[test]
+    fn memory_is_summed_over_memories_and_the_first_denial_is_kept() {
+        let limits = Limits {
+            memory_bytes: 100,
+            ..Limits::default()
+        };
+        let mut limiter = LeaseLimiter::new(&limits);
+        assert!(limiter.memory_growing(0, 60, None).unwrap());
+        assert!(limiter.memory_growing(0, 40, None).unwrap());
+        assert!(!limiter.memory_growing(40, 41, None).unwrap());
+        assert!(!limiter.memory_growing(60, 200, None).unwrap());
+        assert_eq!(limiter.memory_peak(), 100);
+        assert_eq!(
+            limiter.denial(),
+            Some(Denial::Memory {
+                requested: 101,
+                limit: 100
+            })
+        );
+    }
+
+    #[test]
+    fn table_growth_past_the_limit_is_denied() {
+        let limits = Limits {
+            table_elements: 10,
+            ..Limits::default()
+        };
+        let mut limiter = LeaseLimiter::new(&limits);
+        assert!(limiter.table_growing(0, 10, None).unwrap());
+        assert!(!limiter.table_growing(10, 11, None).unwrap());
+        assert_eq!(
+            limiter.denial(),
+            Some(Denial::Table {
+                requested: 11,
+                limit: 10
+            })
+        );
+    }
+
+    #[test]
+    fn metadata_limits_are_never_looser_than_the_plugin_limits() {
+        let tight = Limits {
+            fuel: Some(5),
+            timeout: Duration::from_millis(10),
+            output_bytes: 7,
+            ..Limits::default()
+        };
+        let meta = tight.for_metadata();
+        assert_eq!(meta.fuel, Some(5));
+        assert_eq!(meta.timeout, Duration::from_millis(10));
+        assert_eq!(meta.output_bytes, 7);
+        let unmetered = Limits {
+            fuel: None,
+            ..Limits::default()
+        };
+        assert_eq!(unmetered.for_metadata().fuel, Some(1_000_000_000));
+    }
+}

@@ -1,0 +1,577 @@
+//! The sandbox: wasmtime engine, component loading and cache, capabilities,
+//! limits and leases.
+//!
+//! Three moments, as in every wasmtime embedding:
+//! - **engine** ([`Sandbox::new`]): one per process; component model, async,
+//!   fuel, epoch interruption and the pooling allocator, with the wasm
+//!   proposals no plugin needs turned off, and an epoch ticker thread;
+//! - **load** ([`Sandbox::load`]): the component's sha256 checked against the
+//!   manifest, compiled or taken from the on-disk cache, its imports checked
+//!   against the allow-list, and one `InstancePre` kept per world it exports;
+//! - **lease** ([`GrantedComponent`] methods): a fresh `Store` and instance
+//!   per call, built from the plugin's effective [`Capabilities`] and
+//!   [`Limits`], dropped when the call ends, with a [`UsageReceipt`].
+//!
+//! The sandbox knows nothing about manifests, runs or events.
+
+mod bindings;
+mod cache;
+mod capabilities;
+mod capture;
+mod error;
+mod imports;
+mod lease;
+mod limits;
+mod receipt;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sha2::{Digest, Sha256};
+use tokio::sync::Semaphore;
+use tokio_util::sync::CancellationToken;
+use wasmtime::component::{InstancePre, Linker};
+use wasmtime::{Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+pub use cache::CacheStatus;
+pub use capabilities::{Access, Capabilities, Mount, MountError, is_valid_mount_name};
+pub use capture::MIN_REDACTED_LEN;
+pub use error::{LeaseError, LeaseFailure, SandboxError};
+pub use limits::Limits;
+pub use receipt::{Outcome, UsageReceipt};
+
+/// The WIT types plugins exchange with the host.
+pub mod wit {
+    pub use super::bindings::types::{
+        Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Effect,
+        Failure, LogLevel, Preview, Rejection, SourceSpec, ToolError, ToolOutput, ToolSpec,
+    };
+}
+
+use bindings::channel::ChannelPluginPre;
+use bindings::context::ContextPluginPre;
+use bindings::tool::ToolPluginPre;
+use cache::ComponentCache;
+use capture::Redactor;
+use lease::{LeaseState, Request, Response};
+use wit::{
+    Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Preview, SourceSpec,
+    ToolError, ToolOutput, ToolSpec,
+};
+
+/// How the process-wide sandbox is set up.
+#[derive(Clone, Debug)]
+pub struct SandboxConfig {
+    /// Where compiled components are cached. Default: none (compile on every
+    /// load).
+    pub cache_dir: Option<PathBuf>,
+    /// Leases that may run at once; more wait for a slot. Sizes the pooling
+    /// allocator. Default: 128.
+    pub max_concurrent_leases: u32,
+    /// The largest linear memory any plugin may be granted, in bytes.
+    /// Default: 1 GiB.
+    pub max_memory_bytes: u64,
+    /// The largest table any plugin may be granted, in elements. Default:
+    /// 100,000.
+    pub max_table_elements: u64,
+    /// How often the epoch ticks; deadlines are checked at each tick.
+    /// Default: 5 ms.
+    pub epoch_tick: Duration,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            cache_dir: None,
+            max_concurrent_leases: 128,
+            max_memory_bytes: 1 << 30,
+            max_table_elements: 100_000,
+            epoch_tick: Duration::from_millis(5),
+        }
+    }
+}
+
+/// The process-wide sandbox: one wasmtime engine, its linker and component
+/// cache. Cheap to clone.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<SandboxInner>,
+}
+
+struct SandboxInner {
+    engine: Engine,
+    linker: Linker<LeaseState>,
+    cache: Option<ComponentCache>,
+    lease_slots: Semaphore,
+    config: SandboxConfig,
+}
+
+impl std::fmt::Debug for Sandbox {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sandbox")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Sandbox {
+    /// Creates the engine, its linker and the epoch ticker.
+    pub fn new(config: SandboxConfig) -> Result<Self, SandboxError> {
+        let engine = engine(&config).map_err(|e| SandboxError::Engine {
+            reason: format!("{e:#}"),
+        })?;
+        let linker = imports::linker(&engine).map_err(|e| SandboxError::Engine {
+            reason: format!("{e:#}"),
+        })?;
+        let cache = match &config.cache_dir {
+            Some(dir) => Some(ComponentCache::new(dir.clone(), &engine)?),
+            None => None,
+        };
+        start_epoch_ticker(&engine, config.epoch_tick);
+        Ok(Sandbox {
+            inner: Arc::new(SandboxInner {
+                engine,
+                linker,
+                cache,
+                lease_slots: Semaphore::new(config.max_concurrent_leases as usize),
+                config,
+            }),
+        })
+    }
+
+    /// The configuration the sandbox was made with.
+    pub fn config(&self) -> &SandboxConfig {
+        &self.inner.config
+    }
+
+    /// The wasmtime engine, for embedders that measure or extend it.
+    pub fn engine(&self) -> &Engine {
+        &self.inner.engine
+    }
+
+    /// Loads a component: checks `wasm` against `expected_sha256` (hex) when
+    /// given, compiles it or takes it from the cache, refuses it if it
+    /// imports anything the sandbox does not offer, and prepares one
+    /// `InstancePre` per plugin world it exports.
+    ///
+    /// Compiling is CPU-heavy; call it from a blocking context.
+    pub fn load(
+        &self,
+        name: &str,
+        wasm: &[u8],
+        expected_sha256: Option<&str>,
+    ) -> Result<PluginComponent, SandboxError> {
+        let sha256 = hex::encode(Sha256::digest(wasm));
+        if let Some(expected) = expected_sha256
+            && !expected.eq_ignore_ascii_case(&sha256)
+        {
+            return Err(SandboxError::IntegrityMismatch {
+                plugin: name.to_owned(),
+                expected: expected.to_owned(),
+                actual: sha256,
+            });
+        }
+        let engine = &self.inner.engine;
+        let (component, cache_status) = match &self.inner.cache {
+            Some(cache) => cache.load_or_compile(engine, name, &sha256, wasm)?,
+            None => (cache::compile(engine, name, wasm)?, CacheStatus::Uncached),
+        };
+        let ty = component.component_type();
+        let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
+        let exports: Vec<String> = ty.exports(engine).map(|(n, _)| n.to_owned()).collect();
+        if let Some(import) = imports.iter().find(|i| !imports::is_allowed(i)) {
+            tracing::warn!(plugin = name, import = %import, "component refused: disallowed import");
+            return Err(SandboxError::DisallowedImport {
+                plugin: name.to_owned(),
+                import: import.clone(),
+            });
+        }
+        let pre: InstancePre<LeaseState> =
+            self.inner
+                .linker
+                .instantiate_pre(&component)
+                .map_err(|e| SandboxError::Link {
+                    plugin: name.to_owned(),
+                    reason: format!("{e:#}"),
+                })?;
+        let exports_world =
+            |interface: &str| exports.iter().any(|e| e.starts_with(&format!("{interface}@0.1.")));
+        let tool = exports_world("warden:plugin/tool")
+            .then(|| ToolPluginPre::new(pre.clone()))
+            .transpose();
+        let context = exports_world("warden:plugin/context-source")
+            .then(|| ContextPluginPre::new(pre.clone()))
+            .transpose();
+        let channel = exports_world("warden:plugin/channel")
+            .then(|| ChannelPluginPre::new(pre.clone()))
+            .transpose();
+        let link_error = |e: wasmtime::Error| SandboxError::Link {
+            plugin: name.to_owned(),
+            reason: format!("{e:#}"),
+        };
+        let (tool, context, channel) = (
+            tool.map_err(link_error)?,
+            context.map_err(link_error)?,
+            channel.map_err(link_error)?,
+        );
+        if tool.is_none() && context.is_none() && channel.is_none() {
+            return Err(SandboxError::NotAPlugin {
+                plugin: name.to_owned(),
+                exports: exports.join(", "),
+            });
+        }
+        Ok(PluginComponent {
+            inner: Arc::new(ComponentInner {
+                name: Arc::from(name),
+                sha256,
+                imports,
+                exports,
+                cache_status,
+                tool,
+                context,
+                channel,
+            }),
+        })
+    }
+
+    /// Binds a loaded component to its effective capabilities and limits,
+    /// ready to lease.
+    ///
+    /// Limits are clamped to the sandbox's ceilings
+    /// ([`SandboxConfig::max_memory_bytes`],
+    /// [`SandboxConfig::max_table_elements`]).
+    pub fn grant(
+        &self,
+        component: &PluginComponent,
+        capabilities: Capabilities,
+        limits: Limits,
+    ) -> GrantedComponent {
+        let limits = Limits {
+            memory_bytes: limits.memory_bytes.min(self.inner.config.max_memory_bytes),
+            table_elements: limits
+                .table_elements
+                .min(self.inner.config.max_table_elements),
+            ..limits
+        };
+        let redactor = Redactor::new(
+            capabilities
+                .env_vars()
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+        );
+        GrantedComponent {
+            sandbox: self.clone(),
+            component: Arc::clone(&component.inner),
+            capabilities: Arc::new(capabilities),
+            limits,
+            redactor: Arc::new(redactor),
+        }
+    }
+}
+
+/// Builds the engine: component model, async, fuel, epochs, pooling.
+fn engine(config: &SandboxConfig) -> wasmtime::Result<Engine> {
+    let mut c = wasmtime::Config::new();
+    c.wasm_component_model(true);
+    c.consume_fuel(true);
+    c.epoch_interruption(true);
+    // Proposals no plugin toolchain needs; fewer features, less surface.
+    // (Threads, GC and component-model async are compiled out entirely.)
+    c.wasm_memory64(false);
+    c.wasm_tail_call(false);
+    c.wasm_relaxed_simd(false);
+    c.wasm_custom_page_sizes(false);
+    c.wasm_wide_arithmetic(false);
+
+    let slots = config.max_concurrent_leases.max(1);
+    let mut pool = PoolingAllocationConfig::default();
+    pool.total_component_instances(slots);
+    // A Rust component has a handful of core instances and tables and one
+    // memory; leave headroom for other toolchains.
+    pool.total_core_instances(slots * 8);
+    pool.total_memories(slots * 2);
+    pool.total_tables(slots * 8);
+    pool.total_stacks(slots);
+    pool.max_memory_size(config.max_memory_bytes as usize);
+    pool.table_elements(config.max_table_elements as usize);
+    // Reset small memories and tables with memset instead of madvise.
+    pool.linear_memory_keep_resident(1 << 20);
+    pool.table_keep_resident(64 << 10);
+    c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    Engine::new(&c)
+}
+
+/// Increments the engine's epoch every `tick` until the engine is dropped.
+fn start_epoch_ticker(engine: &Engine, tick: Duration) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("warden-epoch".into())
+        .spawn(move || {
+            loop {
+                std::thread::sleep(tick);
+                match weak.upgrade() {
+                    Some(engine) => engine.increment_epoch(),
+                    None => break,
+                }
+            }
+        })
+        .expect("cannot spawn the epoch ticker thread");
+}
+
+/// A loaded, checked and prepared component. Cheap to clone.
+#[derive(Clone)]
+pub struct PluginComponent {
+    inner: Arc<ComponentInner>,
+}
+
+struct ComponentInner {
+    name: Arc<str>,
+    sha256: String,
+    imports: Vec<String>,
+    exports: Vec<String>,
+    cache_status: CacheStatus,
+    tool: Option<ToolPluginPre<LeaseState>>,
+    context: Option<ContextPluginPre<LeaseState>>,
+    channel: Option<ChannelPluginPre<LeaseState>>,
+}
+
+impl std::fmt::Debug for PluginComponent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PluginComponent")
+            .field("name", &self.inner.name)
+            .field("sha256", &self.inner.sha256)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Which plugin worlds a component exports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PluginKind {
+    /// `warden:plugin/tool`.
+    Tool,
+    /// `warden:plugin/context-source`.
+    Context,
+    /// `warden:plugin/channel`.
+    Channel,
+}
+
+impl std::fmt::Display for PluginKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            PluginKind::Tool => "tool",
+            PluginKind::Context => "context",
+            PluginKind::Channel => "channel",
+        })
+    }
+}
+
+impl PluginComponent {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The component's sha256, hex.
+    pub fn sha256(&self) -> &str {
+        &self.inner.sha256
+    }
+
+    /// Everything the component imports.
+    pub fn imports(&self) -> &[String] {
+        &self.inner.imports
+    }
+
+    /// Everything the component exports.
+    pub fn exports(&self) -> &[String] {
+        &self.inner.exports
+    }
+
+    /// Whether the compiled code came from the cache.
+    pub fn cache_status(&self) -> CacheStatus {
+        self.inner.cache_status
+    }
+
+    /// The plugin worlds the component exports.
+    pub fn kinds(&self) -> Vec<PluginKind> {
+        let mut kinds = Vec::new();
+        if self.inner.tool.is_some() {
+            kinds.push(PluginKind::Tool);
+        }
+        if self.inner.context.is_some() {
+            kinds.push(PluginKind::Context);
+        }
+        if self.inner.channel.is_some() {
+            kinds.push(PluginKind::Channel);
+        }
+        kinds
+    }
+}
+
+/// The result of one lease and what it used.
+#[derive(Debug)]
+pub struct Leased<T> {
+    /// What the guest returned, or why the host stopped it.
+    pub result: Result<T, LeaseError>,
+    /// What the lease used and how it ended.
+    pub receipt: UsageReceipt,
+}
+
+/// A component bound to its effective capabilities and limits. Each method
+/// call is one lease. Cheap to clone.
+#[derive(Clone)]
+pub struct GrantedComponent {
+    sandbox: Sandbox,
+    component: Arc<ComponentInner>,
+    capabilities: Arc<Capabilities>,
+    limits: Limits,
+    redactor: Arc<Redactor>,
+}
+
+impl std::fmt::Debug for GrantedComponent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GrantedComponent")
+            .field("name", &self.component.name)
+            .field("capabilities", &self.capabilities)
+            .field("limits", &self.limits)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GrantedComponent {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.component.name
+    }
+
+    /// The effective capabilities.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// The limits each lease runs under.
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    /// Asks a tool plugin for its tool specs, under [`Limits::for_metadata`].
+    pub async fn describe_tools(&self) -> Leased<Vec<ToolSpec>> {
+        let limits = self.limits.for_metadata();
+        self.lease(&limits, Request::DescribeTools, "describe", None)
+            .await
+            .map(|r| match r {
+                Response::Tools(specs) => specs,
+                _ => unreachable!("describe answers with tool specs"),
+            })
+    }
+
+    /// Asks a tool for a side-effect-free preview of `call`.
+    pub async fn preflight(
+        &self,
+        call: &Call,
+        cancel: Option<&CancellationToken>,
+    ) -> Leased<Result<Preview, ToolError>> {
+        let op = format!("preflight of tool `{}`", call.tool);
+        self.lease(&self.limits, Request::Preflight(call), &op, cancel)
+            .await
+            .map(|r| match r {
+                Response::Preview(p) => p,
+                _ => unreachable!("preflight answers with a preview"),
+            })
+    }
+
+    /// Invokes a tool.
+    pub async fn invoke(
+        &self,
+        call: &Call,
+        cancel: Option<&CancellationToken>,
+    ) -> Leased<Result<ToolOutput, ToolError>> {
+        let op = format!("tool `{}`", call.tool);
+        self.lease(&self.limits, Request::Invoke(call), &op, cancel)
+            .await
+            .map(|r| match r {
+                Response::Output(o) => o,
+                _ => unreachable!("invoke answers with an output"),
+            })
+    }
+
+    /// Asks a context source to describe itself, under
+    /// [`Limits::for_metadata`].
+    pub async fn describe_source(&self) -> Leased<SourceSpec> {
+        let limits = self.limits.for_metadata();
+        self.lease(&limits, Request::DescribeSource, "describe", None)
+            .await
+            .map(|r| match r {
+                Response::Source(s) => s,
+                _ => unreachable!("describe answers with a source spec"),
+            })
+    }
+
+    /// Resolves a context request into items.
+    pub async fn resolve(
+        &self,
+        request: &ContextRequest,
+        cancel: Option<&CancellationToken>,
+    ) -> Leased<Result<Vec<ContextItem>, ContextError>> {
+        self.lease(&self.limits, Request::Resolve(request), "resolve", cancel)
+            .await
+            .map(|r| match r {
+                Response::Items(items) => items,
+                _ => unreachable!("resolve answers with items"),
+            })
+    }
+
+    /// Asks a channel to describe itself, under [`Limits::for_metadata`].
+    pub async fn describe_channel(&self) -> Leased<SourceSpec> {
+        let limits = self.limits.for_metadata();
+        self.lease(&limits, Request::DescribeChannel, "describe", None)
+            .await
+            .map(|r| match r {
+                Response::Channel(s) => s,
+                _ => unreachable!("describe answers with a channel spec"),
+            })
+    }
+
+    /// Delivers one message through a channel.
+    pub async fn deliver(
+        &self,
+        delivery: &Delivery,
+        cancel: Option<&CancellationToken>,
+    ) -> Leased<Result<(), DeliveryError>> {
+        self.lease(&self.limits, Request::Deliver(delivery), "deliver", cancel)
+            .await
+            .map(|r| match r {
+                Response::Delivered(d) => d,
+                _ => unreachable!("deliver answers with a delivery result"),
+            })
+    }
+
+    async fn lease(
+        &self,
+        limits: &Limits,
+        request: Request<'_>,
+        operation: &str,
+        cancel: Option<&CancellationToken>,
+    ) -> Leased<Response> {
+        let (result, receipt) = lease::run(self, limits, request, cancel).await;
+        let result = result.map_err(|failure| {
+            tracing::debug!(plugin = &*self.component.name, operation, %failure, "lease failed");
+            LeaseError {
+                plugin: self.component.name.to_string(),
+                operation: operation.to_owned(),
+                failure,
+            }
+        });
+        Leased { result, receipt }
+    }
+}
+
+impl<T> Leased<T> {
+    fn map<U>(self, f: impl FnOnce(T) -> U) -> Leased<U> {
+        Leased {
+            result: self.result.map(f),
+            receipt: self.receipt,
+        }
+    }
+}

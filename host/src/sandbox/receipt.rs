@@ -1,0 +1,95 @@
+//! The usage receipt every lease produces, whatever its outcome. The engine
+//! journals it next to the call's completion.
+
+use serde::{Deserialize, Serialize};
+
+/// How a lease ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Outcome {
+    /// The guest returned a result.
+    Ok,
+    /// The guest returned a typed error (a tool, context or delivery error).
+    GuestError,
+    /// The guest used up its fuel.
+    OutOfFuel,
+    /// The wall-clock deadline passed.
+    Timeout,
+    /// The guest asked for more linear memory than its limit.
+    MemoryLimit,
+    /// The guest asked for a larger table than its limit.
+    TableLimit,
+    /// The guest returned more bytes than its output limit.
+    OutputLimit,
+    /// The guest trapped: a panic, a stack overflow, an invalid operation.
+    Trap,
+    /// The lease was cancelled by the host.
+    Cancelled,
+    /// The lease never ran the guest: its capabilities could not be set up.
+    Refused,
+}
+
+impl Outcome {
+    /// The snake_case name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Ok => "ok",
+            Outcome::GuestError => "guest_error",
+            Outcome::OutOfFuel => "out_of_fuel",
+            Outcome::Timeout => "timeout",
+            Outcome::MemoryLimit => "memory_limit",
+            Outcome::TableLimit => "table_limit",
+            Outcome::OutputLimit => "output_limit",
+            Outcome::Trap => "trap",
+            Outcome::Cancelled => "cancelled",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
+impl std::fmt::Display for Outcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What one lease used, and how it ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UsageReceipt {
+    /// How the lease ended.
+    pub outcome: Outcome,
+    /// Fuel the guest consumed (instantiation included).
+    pub fuel_consumed: u64,
+    /// Highest linear memory in use, in bytes.
+    pub peak_memory_bytes: u64,
+    /// Wall time of the whole lease, in microseconds.
+    pub wall_time_us: u64,
+    /// Bytes of the result the guest returned.
+    pub output_bytes: u64,
+    /// Bytes the guest wrote to stdout (kept or not).
+    pub stdout_bytes: u64,
+    /// Bytes the guest wrote to stderr (kept or not).
+    pub stderr_bytes: u64,
+    /// Bytes of messages the guest sent through the host `log` import.
+    pub log_bytes: u64,
+    /// Bytes of stdout, stderr and log messages dropped past the budget.
+    pub stdio_dropped_bytes: u64,
+}
+
+impl UsageReceipt {
+    pub(crate) fn empty(outcome: Outcome) -> Self {
+        UsageReceipt {
+            outcome,
+            fuel_consumed: 0,
+            peak_memory_bytes: 0,
+            wall_time_us: 0,
+            output_bytes: 0,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            log_bytes: 0,
+            stdio_dropped_bytes: 0,
+        }
+    }
+}
