@@ -3,7 +3,17 @@
 //! Where to look:
 //! - [`sandbox`]: the wasmtime engine, component loading and its cache,
 //!   capabilities, limits and leases (one fresh instance per invocation).
+//! - [`plugins`]: manifests, built-in plugins, and the [`plugins::PluginHost`]
+//!   that loads a plugin under a grant and calls its tools.
+//! - [`policy`]: grants, requested ∩ granted, and effect classes.
+//! - [`testkit`]: for plugin authors' tests: load a component under chosen
+//!   grants and limits, call it, assert on the result and receipt.
 //!
 //! ARCHITECTURE.md in the repository maps every module and its invariants.
 
+pub mod cli;
+pub mod plugins;
+pub mod policy;
 pub mod sandbox;
+pub mod testkit;
+pub mod units;

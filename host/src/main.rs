@@ -1,1 +1,5 @@
-fn main() {}
+//! The `warden` binary: see `warden --help`.
+
+fn main() -> std::process::ExitCode {
+    warden::cli::main()
+}

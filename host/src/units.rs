@@ -64,9 +64,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
         "m" => Duration::from_secs(number.saturating_mul(60)),
         "h" => Duration::from_secs(number.saturating_mul(3600)),
         "" => {
-            return Err(format!(
-                "duration `{text}` needs a unit (ms, s, m or h)"
-            ));
+            return Err(format!("duration `{text}` needs a unit (ms, s, m or h)"));
         }
         other => {
             return Err(format!(

@@ -125,7 +125,11 @@ impl ComponentCache {
 }
 
 /// Compiles `wasm` into a component.
-pub(crate) fn compile(engine: &Engine, plugin: &str, wasm: &[u8]) -> Result<Component, SandboxError> {
+pub(crate) fn compile(
+    engine: &Engine,
+    plugin: &str,
+    wasm: &[u8],
+) -> Result<Component, SandboxError> {
     Component::new(engine, wasm).map_err(|e| SandboxError::Compile {
         plugin: plugin.to_owned(),
         reason: format!("{e:#}"),

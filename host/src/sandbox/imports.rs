@@ -7,10 +7,10 @@
 
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
-use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
 use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
 use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
+use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 
 use super::bindings;

@@ -133,13 +133,12 @@ impl Response {
             Response::Output(Ok(o)) => o.content.len(),
             Response::Preview(Err(e)) | Response::Output(Err(e)) => tool_error(e),
             Response::Source(s) | Response::Channel(s) => s.name.len() + s.description.len(),
-            Response::Items(Ok(items)) => items
-                .iter()
-                .map(|i| i.source.len() + i.content.len())
-                .sum(),
-            Response::Items(Err(
-                ContextError::InvalidRequest(s) | ContextError::Denied(s),
-            )) => s.len(),
+            Response::Items(Ok(items)) => {
+                items.iter().map(|i| i.source.len() + i.content.len()).sum()
+            }
+            Response::Items(Err(ContextError::InvalidRequest(s) | ContextError::Denied(s))) => {
+                s.len()
+            }
             Response::Items(Err(ContextError::Failed(f))) => f.message.len(),
             Response::Delivered(Ok(())) => 0,
             Response::Delivered(Err(
@@ -239,7 +238,7 @@ pub(crate) async fn run(
         wasi,
         table: ResourceTable::new(),
         limiter: LeaseLimiter::new(limits),
-        plugin: Arc::clone(&plugin.component.name),
+        plugin: Arc::clone(&plugin.component.inner.name),
         config: plugin.capabilities.shared_config(),
         capture: capture.clone(),
         redactor: Arc::clone(&plugin.redactor),
@@ -311,7 +310,7 @@ pub(crate) async fn run(
     if captured.dropped_bytes > 0 {
         tracing::warn!(
             target: "warden::plugin",
-            plugin = &*plugin.component.name,
+            plugin = &*plugin.component.inner.name,
             dropped_bytes = captured.dropped_bytes,
             "plugin output over its stdio budget was dropped"
         );
@@ -332,6 +331,7 @@ pub(crate) async fn run(
         stderr_bytes: captured.stderr_bytes,
         log_bytes: captured.log_bytes,
         stdio_dropped_bytes: captured.dropped_bytes,
+        denied_growth: denial.map(Denial::to_receipt),
     };
     (result, receipt)
 }
@@ -371,7 +371,7 @@ async fn perform(
     plugin: &GrantedComponent,
     request: Request<'_>,
 ) -> wasmtime::Result<Response> {
-    let component = &plugin.component;
+    let component = &plugin.component.inner;
     let missing = |world: &str| {
         wasmtime::format_err!(
             "plugin `{}` does not export the {world} interface",
@@ -405,7 +405,9 @@ async fn perform(
                 Request::DescribeSource => {
                     Response::Source(source.call_describe(&mut *store).await?)
                 }
-                Request::Resolve(req) => Response::Items(source.call_resolve(&mut *store, req).await?),
+                Request::Resolve(req) => {
+                    Response::Items(source.call_resolve(&mut *store, req).await?)
+                }
                 _ => unreachable!("matched above"),
             })
         }
@@ -420,7 +422,9 @@ async fn perform(
                 Request::DescribeChannel => {
                     Response::Channel(channel.call_describe(&mut *store).await?)
                 }
-                Request::Deliver(d) => Response::Delivered(channel.call_deliver(&mut *store, d).await?),
+                Request::Deliver(d) => {
+                    Response::Delivered(channel.call_deliver(&mut *store, d).await?)
+                }
                 _ => unreachable!("matched above"),
             })
         }
@@ -482,6 +486,6 @@ fn emit_stdio(plugin: &GrantedComponent, stream: Stream, bytes: &[u8]) {
         Stream::Stderr => "stderr",
     };
     for line in text.lines() {
-        tracing::info!(target: "warden::plugin", plugin = &*plugin.component.name, stream, "{line}");
+        tracing::info!(target: "warden::plugin", plugin = &*plugin.component.inner.name, stream, "{line}");
     }
 }

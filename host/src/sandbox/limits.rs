@@ -70,6 +70,25 @@ pub(crate) enum Denial {
     Table { requested: u64, limit: u64 },
 }
 
+impl Denial {
+    /// The receipt's view of the denial.
+    pub(crate) fn to_receipt(self) -> super::DeniedGrowth {
+        use super::{DeniedGrowth, GrowthResource};
+        match self {
+            Denial::Memory { requested, limit } => DeniedGrowth {
+                resource: GrowthResource::Memory,
+                requested,
+                limit,
+            },
+            Denial::Table { requested, limit } => DeniedGrowth {
+                resource: GrowthResource::Table,
+                requested,
+                limit,
+            },
+        }
+    }
+}
+
 /// The store's `ResourceLimiter`: enforces [`Limits::memory_bytes`] over all
 /// memories of the instance and [`Limits::table_elements`] per table, keeps
 /// the peak, and remembers the first denial.

@@ -39,13 +39,13 @@ pub use capabilities::{Access, Capabilities, Mount, MountError, is_valid_mount_n
 pub use capture::MIN_REDACTED_LEN;
 pub use error::{LeaseError, LeaseFailure, SandboxError};
 pub use limits::Limits;
-pub use receipt::{Outcome, UsageReceipt};
+pub use receipt::{DeniedGrowth, GrowthResource, Outcome, UsageReceipt};
 
 /// The WIT types plugins exchange with the host.
 pub mod wit {
     pub use super::bindings::types::{
-        Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Effect,
-        Failure, LogLevel, Preview, Rejection, SourceSpec, ToolError, ToolOutput, ToolSpec,
+        Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Effect, Failure,
+        LogLevel, Preview, Rejection, SourceSpec, ToolError, ToolOutput, ToolSpec,
     };
 }
 
@@ -195,8 +195,11 @@ impl Sandbox {
                     plugin: name.to_owned(),
                     reason: format!("{e:#}"),
                 })?;
-        let exports_world =
-            |interface: &str| exports.iter().any(|e| e.starts_with(&format!("{interface}@0.1.")));
+        let exports_world = |interface: &str| {
+            exports
+                .iter()
+                .any(|e| e.starts_with(&format!("{interface}@0.1.")))
+        };
         let tool = exports_world("warden:plugin/tool")
             .then(|| ToolPluginPre::new(pre.clone()))
             .transpose();
@@ -262,7 +265,7 @@ impl Sandbox {
         );
         GrantedComponent {
             sandbox: self.clone(),
-            component: Arc::clone(&component.inner),
+            component: component.clone(),
             capabilities: Arc::new(capabilities),
             limits,
             redactor: Arc::new(redactor),
@@ -423,7 +426,7 @@ pub struct Leased<T> {
 #[derive(Clone)]
 pub struct GrantedComponent {
     sandbox: Sandbox,
-    component: Arc<ComponentInner>,
+    component: PluginComponent,
     capabilities: Arc<Capabilities>,
     limits: Limits,
     redactor: Arc<Redactor>,
@@ -432,7 +435,7 @@ pub struct GrantedComponent {
 impl std::fmt::Debug for GrantedComponent {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("GrantedComponent")
-            .field("name", &self.component.name)
+            .field("name", &self.component.inner.name)
             .field("capabilities", &self.capabilities)
             .field("limits", &self.limits)
             .finish_non_exhaustive()
@@ -442,7 +445,12 @@ impl std::fmt::Debug for GrantedComponent {
 impl GrantedComponent {
     /// The plugin's name.
     pub fn name(&self) -> &str {
-        &self.component.name
+        &self.component.inner.name
+    }
+
+    /// The loaded component.
+    pub fn component(&self) -> &PluginComponent {
+        &self.component
     }
 
     /// The effective capabilities.
@@ -556,9 +564,9 @@ impl GrantedComponent {
     ) -> Leased<Response> {
         let (result, receipt) = lease::run(self, limits, request, cancel).await;
         let result = result.map_err(|failure| {
-            tracing::debug!(plugin = &*self.component.name, operation, %failure, "lease failed");
+            tracing::debug!(plugin = self.name(), operation, %failure, "lease failed");
             LeaseError {
-                plugin: self.component.name.to_string(),
+                plugin: self.name().to_owned(),
                 operation: operation.to_owned(),
                 failure,
             }

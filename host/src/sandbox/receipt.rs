@@ -76,6 +76,32 @@ pub struct UsageReceipt {
     pub log_bytes: u64,
     /// Bytes of stdout, stderr and log messages dropped past the budget.
     pub stdio_dropped_bytes: u64,
+    /// The first memory or table growth the limiter refused, if any. Set
+    /// even when the guest coped with the refusal and returned normally.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub denied_growth: Option<DeniedGrowth>,
+}
+
+/// A memory or table growth the limiter refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeniedGrowth {
+    /// `memory` (bytes) or `table` (elements).
+    pub resource: GrowthResource,
+    /// What the guest would have had.
+    pub requested: u64,
+    /// The limit.
+    pub limit: u64,
+}
+
+/// What a refused growth was of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GrowthResource {
+    /// Linear memory, in bytes.
+    Memory,
+    /// A table, in elements.
+    Table,
 }
 
 impl UsageReceipt {
@@ -90,6 +116,7 @@ impl UsageReceipt {
             stderr_bytes: 0,
             log_bytes: 0,
             stdio_dropped_bytes: 0,
+            denied_growth: None,
         }
     }
 }

@@ -1,0 +1,533 @@
+//! `warden plugin inspect` and `warden plugin call`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::Exit;
+use crate::plugins::manifest::{FuelSetting, Unmetered};
+use crate::plugins::{LoadedPlugin, PluginHost, PluginSource};
+use crate::policy::{Grant, MountGrant};
+use crate::sandbox::{
+    Access, Capabilities, Limits, PluginKind, Sandbox, SandboxConfig, UsageReceipt, wit,
+};
+use crate::units::{ByteSize, HumanDuration, format_duration, parse_bytes, parse_duration};
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum PluginCommand {
+    /// Show a plugin's kind, imports, exports, tools with their schemas and
+    /// effect classes, requested capabilities and limits.
+    Inspect {
+        /// A plugin.toml, a component .wasm, or builtin:NAME.
+        plugin: String,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Call one tool in a fresh sandbox and print its output and usage receipt.
+    Call(CallArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CallArgs {
+    /// A plugin.toml or builtin:NAME.
+    plugin: String,
+    /// The tool to call.
+    tool: String,
+    /// The arguments, a JSON object.
+    #[arg(default_value = "{}")]
+    arguments: String,
+    #[command(flatten)]
+    grant: GrantArgs,
+    /// Ask for the tool's side-effect-free preview instead of calling it.
+    #[arg(long)]
+    preflight: bool,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The operator's grant, from flags and an optional grant file.
+#[derive(Debug, Args)]
+pub(crate) struct GrantArgs {
+    /// A grant file (TOML); the flags below add to it.
+    #[arg(long = "grant", value_name = "FILE")]
+    grant_file: Option<PathBuf>,
+    /// Bind a requested mount to a directory; `:ro` makes it read-only.
+    #[arg(long = "mount", value_name = "NAME=DIR[:ro|:rw]")]
+    mounts: Vec<String>,
+    /// Pass a requested environment variable through from this shell.
+    #[arg(long = "env", value_name = "VAR")]
+    env: Vec<String>,
+    /// Allow outbound requests to a requested host.
+    #[arg(long = "allow-host", value_name = "HOST")]
+    hosts: Vec<String>,
+    /// Set a value for the plugin's config import.
+    #[arg(long = "config", value_name = "KEY=VALUE")]
+    config: Vec<String>,
+    /// Fuel for the call, or `unmetered`.
+    #[arg(long, value_name = "N|unmetered")]
+    fuel: Option<String>,
+    /// Wall-clock deadline, for example 5s or 500ms.
+    #[arg(long, value_name = "DURATION")]
+    timeout: Option<String>,
+    /// Linear memory limit, for example 64MiB.
+    #[arg(long, value_name = "SIZE")]
+    memory: Option<String>,
+}
+
+pub(crate) async fn run(cmd: PluginCommand) -> anyhow::Result<()> {
+    match cmd {
+        PluginCommand::Inspect { plugin, json } => inspect(&plugin, json).await,
+        PluginCommand::Call(args) => call(args).await,
+    }
+}
+
+/// The sandbox the CLI uses, with the per-user component cache.
+fn sandbox() -> anyhow::Result<Sandbox> {
+    let cache_dir = std::env::var_os("WARDEN_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("warden")))
+        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/warden")))
+        .map(|d| d.join("components"));
+    Ok(Sandbox::new(SandboxConfig {
+        cache_dir,
+        ..SandboxConfig::default()
+    })?)
+}
+
+impl GrantArgs {
+    /// The grant, with flag directories resolved against the working
+    /// directory, and the directory the grant file's paths resolve against.
+    fn grant(&self) -> anyhow::Result<(Grant, PathBuf)> {
+        let cwd = std::env::current_dir().context("cannot read the working directory")?;
+        let (mut grant, base) = match &self.grant_file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read grant file `{}`", path.display()))?;
+                let grant: Grant = toml::from_str(&text)
+                    .with_context(|| format!("grant file `{}`", path.display()))?;
+                let base = path.parent().map_or(cwd.clone(), |p| cwd.join(p));
+                (grant, base)
+            }
+            None => (Grant::default(), cwd.clone()),
+        };
+        for spec in &self.mounts {
+            let (name, rest) = spec
+                .split_once('=')
+                .with_context(|| format!("--mount `{spec}`: expected NAME=DIR[:ro|:rw]"))?;
+            let (dir, access) = match rest.rsplit_once(':') {
+                Some((dir, "ro")) => (dir, Some(Access::ReadOnly)),
+                Some((dir, "rw")) => (dir, Some(Access::ReadWrite)),
+                _ => (rest, None),
+            };
+            if dir.is_empty() {
+                bail!("--mount `{spec}`: the directory is empty");
+            }
+            grant.mounts.insert(
+                name.to_owned(),
+                MountGrant {
+                    dir: cwd.join(dir),
+                    access,
+                },
+            );
+        }
+        grant.env.extend(self.env.iter().cloned());
+        grant.hosts.extend(self.hosts.iter().cloned());
+        for kv in &self.config {
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--config `{kv}`: expected KEY=VALUE"))?;
+            grant.config.insert(k.to_owned(), v.to_owned());
+        }
+        let limits = &mut grant.limits;
+        if let Some(fuel) = &self.fuel {
+            limits.fuel = Some(if fuel == "unmetered" {
+                FuelSetting::Unmetered(Unmetered::Unmetered)
+            } else {
+                FuelSetting::Limit(fuel.replace('_', "").parse().with_context(|| {
+                    format!("--fuel `{fuel}`: expected a number or `unmetered`")
+                })?)
+            });
+        }
+        if let Some(t) = &self.timeout {
+            limits.timeout = Some(HumanDuration(
+                parse_duration(t).map_err(|e| anyhow::anyhow!("--timeout: {e}"))?,
+            ));
+        }
+        if let Some(m) = &self.memory {
+            limits.memory = Some(ByteSize(
+                parse_bytes(m).map_err(|e| anyhow::anyhow!("--memory: {e}"))?,
+            ));
+        }
+        Ok((grant, base))
+    }
+}
+
+async fn call(args: CallArgs) -> anyhow::Result<()> {
+    let arguments: serde_json::Value = serde_json::from_str(&args.arguments)
+        .with_context(|| format!("the arguments are not valid JSON: `{}`", args.arguments))?;
+    if !arguments.is_object() {
+        bail!(
+            "the arguments must be a JSON object, got `{}`",
+            args.arguments
+        );
+    }
+    let (grant, base) = args.grant.grant()?;
+    let host = PluginHost::new(sandbox()?);
+    let source: PluginSource = args.plugin.parse().expect("infallible");
+    let plugin = host.load(&source, &grant, &base).await?;
+    for line in plugin.not_granted() {
+        tracing::info!("not granted: {line}");
+    }
+    let call = wit::Call {
+        id: "cli-call".into(),
+        run_id: String::new(),
+        tool: args.tool.clone(),
+        arguments: arguments.to_string(),
+        idempotency_key: format!("cli-{}", std::process::id()),
+    };
+    let effect = plugin
+        .tool(&args.tool)
+        .map(|t| t.effect.to_string())
+        .unwrap_or_default();
+    let (content, receipt) = if args.preflight {
+        let leased = plugin.preflight(&call, None).await?;
+        (
+            leased.result.map(|r| {
+                r.map(|p| {
+                    if p.detail.is_empty() {
+                        p.summary
+                    } else {
+                        format!("{}\n{}", p.summary, p.detail)
+                    }
+                })
+            }),
+            leased.receipt,
+        )
+    } else {
+        let leased = plugin.invoke(&call, None).await?;
+        (leased.result.map(|r| r.map(|o| o.content)), leased.receipt)
+    };
+    if args.json {
+        let body = match &content {
+            Ok(Ok(text)) => json!({
+                "ok": true,
+                "output": serde_json::from_str::<serde_json::Value>(text).unwrap_or_else(|_| json!(text)),
+            }),
+            Ok(Err(e)) => json!({ "ok": false, "tool_error": tool_error_json(e) }),
+            Err(e) => {
+                json!({ "ok": false, "lease_error": { "outcome": e.failure.outcome(), "message": e.to_string() } })
+            }
+        };
+        let mut body = body;
+        body["tool"] = json!(args.tool);
+        body["effect"] = json!(effect);
+        body["receipt"] = serde_json::to_value(&receipt)?;
+        println!("{}", serde_json::to_string_pretty(&body)?);
+    } else {
+        match &content {
+            Ok(Ok(text)) => match serde_json::from_str::<serde_json::Value>(text) {
+                Ok(v) if !args.preflight => println!("{}", serde_json::to_string_pretty(&v)?),
+                _ => println!("{text}"),
+            },
+            Ok(Err(e)) => eprintln!("tool error: {}", describe_tool_error(e)),
+            Err(e) => eprintln!("error: {e}"),
+        }
+        eprintln!("{}", receipt_line(&args.tool, &effect, &receipt));
+    }
+    match content {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) => Err(Exit::ToolFailed.into()),
+        Err(_) => Err(Exit::LeaseFailed.into()),
+    }
+}
+
+fn tool_error_json(e: &wit::ToolError) -> serde_json::Value {
+    match e {
+        wit::ToolError::InvalidArguments(m) => json!({ "kind": "invalid_arguments", "message": m }),
+        wit::ToolError::Denied(m) => json!({ "kind": "denied", "message": m }),
+        wit::ToolError::Failed(f) => {
+            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
+        }
+    }
+}
+
+fn describe_tool_error(e: &wit::ToolError) -> String {
+    match e {
+        wit::ToolError::InvalidArguments(m) => format!("invalid arguments: {m}"),
+        wit::ToolError::Denied(m) => format!("denied: {m}"),
+        wit::ToolError::Failed(f) if f.retryable => format!("failed (retryable): {}", f.message),
+        wit::ToolError::Failed(f) => format!("failed: {}", f.message),
+    }
+}
+
+/// One line: outcome, effect class, fuel, peak memory, time, output size.
+fn receipt_line(tool: &str, effect: &str, r: &UsageReceipt) -> String {
+    let mut line = format!(
+        "── {tool} [{effect}] {} · fuel {} · memory {} · {:.2} ms · output {}",
+        r.outcome,
+        r.fuel_consumed,
+        human_bytes(r.peak_memory_bytes),
+        r.wall_time_us as f64 / 1000.0,
+        human_bytes(r.output_bytes),
+    );
+    if r.stdout_bytes + r.stderr_bytes > 0 {
+        line.push_str(&format!(
+            " · stdio {}",
+            human_bytes(r.stdout_bytes + r.stderr_bytes)
+        ));
+    }
+    if r.stdio_dropped_bytes > 0 {
+        line.push_str(&format!(
+            " ({} dropped)",
+            human_bytes(r.stdio_dropped_bytes)
+        ));
+    }
+    line
+}
+
+fn human_bytes(n: u64) -> String {
+    if n >= 1 << 20 {
+        format!("{:.1} MiB", n as f64 / (1 << 20) as f64)
+    } else if n >= 1 << 10 {
+        format!("{:.1} KiB", n as f64 / 1024.0)
+    } else {
+        format!("{n} B")
+    }
+}
+
+async fn inspect(target: &str, as_json: bool) -> anyhow::Result<()> {
+    let sandbox = sandbox()?;
+    let is_wasm = Path::new(target).extension().is_some_and(|e| e == "wasm");
+    if is_wasm {
+        return inspect_component(&sandbox, Path::new(target), as_json).await;
+    }
+    let host = PluginHost::new(sandbox);
+    let source: PluginSource = target.parse().expect("infallible");
+    // Load with no grant at all: inspect shows what the plugin requests and
+    // claims, not what some operator granted.
+    let plugin = host
+        .load(&source, &Grant::default(), Path::new("."))
+        .await?;
+    let report = Report::from_plugin(&plugin);
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}
+
+async fn inspect_component(sandbox: &Sandbox, path: &Path, as_json: bool) -> anyhow::Result<()> {
+    let wasm = std::fs::read(path)
+        .with_context(|| format!("cannot read component `{}`", path.display()))?;
+    let name = path
+        .file_stem()
+        .map_or("component".into(), |s| s.to_string_lossy().into_owned());
+    let sb = sandbox.clone();
+    let n = name.clone();
+    let component = tokio::task::spawn_blocking(move || sb.load(&n, &wasm, None)).await??;
+    let granted = sandbox.grant(&component, Capabilities::none(), Limits::default());
+    let mut tools = Vec::new();
+    if component.kinds().contains(&PluginKind::Tool) {
+        tools = granted.describe_tools().await.result?;
+    }
+    let report = Report {
+        name,
+        version: None,
+        kinds: component.kinds(),
+        description: String::new(),
+        source: path.display().to_string(),
+        sha256: component.sha256().to_owned(),
+        imports: component.imports().to_vec(),
+        exports: component.exports().to_vec(),
+        mounts: Vec::new(),
+        env: Vec::new(),
+        hosts: Vec::new(),
+        limits: None,
+        tools: tools
+            .into_iter()
+            .map(|t| ToolReport {
+                schema: serde_json::from_str(&t.input_schema).unwrap_or(json!(t.input_schema)),
+                name: t.name,
+                description: t.description,
+                effect: crate::policy::EffectClass::from(t.effect).to_string(),
+            })
+            .collect(),
+    };
+    if as_json {
+        println!("{}", serde_json::to_string_pretty(&report.to_json())?);
+    } else {
+        print!("{}", report.to_text());
+    }
+    Ok(())
+}
+
+/// What `inspect` shows.
+struct Report {
+    name: String,
+    version: Option<String>,
+    kinds: Vec<PluginKind>,
+    description: String,
+    source: String,
+    sha256: String,
+    imports: Vec<String>,
+    exports: Vec<String>,
+    mounts: Vec<(String, Access, String)>,
+    env: Vec<String>,
+    hosts: Vec<String>,
+    limits: Option<Limits>,
+    tools: Vec<ToolReport>,
+}
+
+struct ToolReport {
+    name: String,
+    description: String,
+    effect: String,
+    schema: serde_json::Value,
+}
+
+impl Report {
+    fn from_plugin(p: &LoadedPlugin) -> Report {
+        let m = p.manifest();
+        let component = p.granted();
+        Report {
+            name: m.name.clone(),
+            version: Some(m.version.clone()),
+            kinds: vec![m.kind],
+            description: m.description.clone(),
+            source: p.source().to_string(),
+            sha256: component.component().sha256().to_owned(),
+            imports: component.component().imports().to_vec(),
+            exports: component.component().exports().to_vec(),
+            mounts: m
+                .mounts
+                .iter()
+                .map(|(n, r)| (n.clone(), r.access, r.description.clone()))
+                .collect(),
+            env: m.env.clone(),
+            hosts: m.hosts.clone(),
+            limits: Some(component.limits().clone()),
+            tools: p
+                .tools()
+                .iter()
+                .map(|t| ToolReport {
+                    name: t.name.clone(),
+                    description: t.description.clone(),
+                    effect: t.claimed_effect.to_string(),
+                    schema: t.input_schema.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    fn to_json(&self) -> serde_json::Value {
+        json!({
+            "name": self.name,
+            "version": self.version,
+            "kinds": self.kinds,
+            "description": self.description,
+            "source": self.source,
+            "sha256": self.sha256,
+            "imports": self.imports,
+            "exports": self.exports,
+            "requests": {
+                "mounts": self.mounts.iter().map(|(n, a, d)| json!({"name": n, "access": a, "description": d})).collect::<Vec<_>>(),
+                "env": self.env,
+                "hosts": self.hosts,
+            },
+            "limits": self.limits.as_ref().map(limits_json),
+            "tools": self.tools.iter().map(|t| json!({
+                "name": t.name,
+                "description": t.description,
+                "effect": t.effect,
+                "input_schema": t.schema,
+            })).collect::<Vec<_>>(),
+        })
+    }
+
+    fn to_text(&self) -> String {
+        let mut s = String::new();
+        let kinds = self
+            .kinds
+            .iter()
+            .map(PluginKind::to_string)
+            .collect::<Vec<_>>()
+            .join(" + ");
+        s.push_str(&format!(
+            "plugin {}{} ({kinds})\n",
+            self.name,
+            self.version
+                .as_ref()
+                .map(|v| format!(" {v}"))
+                .unwrap_or_default()
+        ));
+        if !self.description.is_empty() {
+            s.push_str(&format!("  {}\n", self.description));
+        }
+        s.push_str(&format!(
+            "source:  {}\nsha256:  {}\n",
+            self.source, self.sha256
+        ));
+        s.push_str("exports:\n");
+        for e in &self.exports {
+            s.push_str(&format!("  {e}\n"));
+        }
+        s.push_str("imports:\n");
+        for i in &self.imports {
+            s.push_str(&format!("  {i}\n"));
+        }
+        if self.limits.is_some() {
+            s.push_str("requests:\n");
+            if self.mounts.is_empty() && self.env.is_empty() && self.hosts.is_empty() {
+                s.push_str("  nothing\n");
+            }
+            for (name, access, description) in &self.mounts {
+                s.push_str(&format!(
+                    "  mount {name} (/{name}, {access}) {description}\n"
+                ));
+            }
+            for e in &self.env {
+                s.push_str(&format!("  env {e}\n"));
+            }
+            for h in &self.hosts {
+                s.push_str(&format!("  host {h}\n"));
+            }
+        }
+        if let Some(l) = &self.limits {
+            s.push_str(&format!(
+                "limits:  fuel {} · memory {} · tables {} · timeout {} · output {} · stdio {}\n",
+                l.fuel.map_or("unmetered".into(), |f| f.to_string()),
+                human_bytes(l.memory_bytes),
+                l.table_elements,
+                format_duration(l.timeout),
+                human_bytes(l.output_bytes),
+                human_bytes(l.stdio_bytes),
+            ));
+        }
+        if !self.tools.is_empty() {
+            s.push_str("tools (effect as claimed by the plugin):\n");
+            for t in &self.tools {
+                s.push_str(&format!(
+                    "  {} [{}]\n    {}\n    schema: {}\n",
+                    t.name, t.effect, t.description, t.schema
+                ));
+            }
+        }
+        s
+    }
+}
+
+fn limits_json(l: &Limits) -> serde_json::Value {
+    json!({
+        "fuel": l.fuel,
+        "memory_bytes": l.memory_bytes,
+        "table_elements": l.table_elements,
+        "timeout": format_duration(l.timeout),
+        "output_bytes": l.output_bytes,
+        "stdio_bytes": l.stdio_bytes,
+    })
+}

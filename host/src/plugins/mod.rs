@@ -1,0 +1,454 @@
+//! Plugins: manifests, the plugins built into the binary, and the
+//! [`PluginHost`] that loads a plugin under an operator's grant and calls it.
+//!
+//! Loading a plugin: read its manifest, apply the grant
+//! ([`crate::policy::effective`]), load the component through the sandbox
+//! (integrity, cache, import allow-list), check that it exports the world the
+//! manifest declares, and for a tool plugin ask `describe` once per component
+//! hash, under a tight lease with no capabilities, and keep the answer.
+
+pub mod builtin;
+pub mod manifest;
+pub mod tool;
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+pub use manifest::{Manifest, ManifestError};
+pub use tool::ToolDescriptor;
+
+use crate::policy::{self, Grant, PolicyError};
+use crate::sandbox::{
+    Capabilities, GrantedComponent, LeaseError, Leased, PluginComponent, PluginKind, Sandbox,
+    SandboxError, wit,
+};
+
+/// Where a plugin comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum PluginSource {
+    /// A `plugin.toml` on disk.
+    Manifest(PathBuf),
+    /// A plugin built into the `warden` binary, written `builtin:<name>`.
+    Builtin(String),
+}
+
+impl FromStr for PluginSource {
+    type Err = std::convert::Infallible;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Ok(match s.strip_prefix("builtin:") {
+            Some(name) => PluginSource::Builtin(name.to_owned()),
+            None => PluginSource::Manifest(PathBuf::from(s)),
+        })
+    }
+}
+
+impl std::fmt::Display for PluginSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PluginSource::Manifest(p) => write!(f, "{}", p.display()),
+            PluginSource::Builtin(n) => write!(f, "builtin:{n}"),
+        }
+    }
+}
+
+/// A plugin that cannot be loaded or called.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PluginError {
+    /// The manifest is unreadable or invalid.
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    /// The grant cannot be applied.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+    /// The component cannot be loaded.
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+    /// No built-in plugin has this name.
+    #[error("no built-in plugin `{name}` (built in: {available})")]
+    UnknownBuiltin {
+        /// The name asked for.
+        name: String,
+        /// The names there are.
+        available: String,
+    },
+    /// The manifest names no component file.
+    #[error(
+        "plugin manifest `{path}` has no `component`: set `component` and `sha256`, or use a built-in plugin as `builtin:<name>`"
+    )]
+    NoComponent {
+        /// The manifest.
+        path: PathBuf,
+    },
+    /// The component does not export the world the manifest declares.
+    #[error(
+        "plugin `{plugin}`: the manifest says kind `{declared}`, but the component exports {exported}"
+    )]
+    KindMismatch {
+        /// The plugin.
+        plugin: String,
+        /// The manifest's kind.
+        declared: PluginKind,
+        /// What the component exports.
+        exported: String,
+    },
+    /// `describe` failed.
+    #[error("plugin `{plugin}`: describe failed: {source}")]
+    Describe {
+        /// The plugin.
+        plugin: String,
+        /// Why.
+        source: LeaseError,
+    },
+    /// A tool spec is unacceptable.
+    #[error("plugin `{plugin}`: tool `{tool}`: {message}")]
+    InvalidToolSpec {
+        /// The plugin.
+        plugin: String,
+        /// The tool.
+        tool: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// A call named a tool the plugin does not offer.
+    #[error("plugin `{plugin}` has no tool `{tool}` (it offers: {offered})")]
+    UnknownTool {
+        /// The plugin.
+        plugin: String,
+        /// The tool asked for.
+        tool: String,
+        /// The tools it offers.
+        offered: String,
+    },
+    /// The plugin is not of the kind the call needs.
+    #[error("plugin `{plugin}` is not a {needed} plugin")]
+    WrongKind {
+        /// The plugin.
+        plugin: String,
+        /// The kind the call needs.
+        needed: PluginKind,
+    },
+}
+
+/// Loads plugins into one sandbox, sharing compiled components and the
+/// answers of `describe` between plugins with the same component. Cheap to
+/// clone.
+#[derive(Clone, Debug)]
+pub struct PluginHost {
+    sandbox: Sandbox,
+    shared: Arc<Mutex<Shared>>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    /// Loaded components, by sha256.
+    components: HashMap<String, PluginComponent>,
+    /// What `describe` returned, by component sha256.
+    tool_specs: HashMap<String, Arc<Vec<wit::ToolSpec>>>,
+}
+
+impl PluginHost {
+    /// A plugin host over `sandbox`.
+    pub fn new(sandbox: Sandbox) -> Self {
+        PluginHost {
+            sandbox,
+            shared: Arc::default(),
+        }
+    }
+
+    /// The sandbox.
+    pub fn sandbox(&self) -> &Sandbox {
+        &self.sandbox
+    }
+
+    /// Loads the plugin at `source` with `grant`. Relative directories in the
+    /// grant resolve against `grant_base`; environment variables come from the
+    /// host's environment.
+    pub async fn load(
+        &self,
+        source: &PluginSource,
+        grant: &Grant,
+        grant_base: &Path,
+    ) -> Result<LoadedPlugin, PluginError> {
+        self.load_with_env(source, grant, grant_base, |k| std::env::var(k).ok())
+            .await
+    }
+
+    /// Like [`load`](Self::load), with granted environment variables looked
+    /// up by `env` instead of in the host's environment.
+    pub async fn load_with_env(
+        &self,
+        source: &PluginSource,
+        grant: &Grant,
+        grant_base: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<LoadedPlugin, PluginError> {
+        let (manifest, wasm, expected) = match source {
+            PluginSource::Manifest(path) => {
+                let manifest = Manifest::load(path)?;
+                let component = manifest
+                    .component
+                    .clone()
+                    .ok_or_else(|| PluginError::NoComponent { path: path.clone() })?;
+                let wasm =
+                    tokio::fs::read(&component)
+                        .await
+                        .map_err(|source| SandboxError::Io {
+                            action: "cannot read component",
+                            path: component.clone(),
+                            source,
+                        })?;
+                let expected = manifest.sha256.clone();
+                (manifest, Cow::Owned(wasm), expected)
+            }
+            PluginSource::Builtin(name) => {
+                let builtin = builtin::find(name).ok_or_else(|| PluginError::UnknownBuiltin {
+                    name: name.clone(),
+                    available: builtin::names().join(", "),
+                })?;
+                let manifest = builtin.manifest()?;
+                (
+                    manifest,
+                    Cow::Borrowed(builtin.wasm),
+                    Some(builtin.sha256.to_owned()),
+                )
+            }
+        };
+        self.load_parts(
+            source.clone(),
+            manifest,
+            wasm,
+            expected.as_deref(),
+            grant,
+            grant_base,
+            env,
+        )
+        .await
+    }
+
+    /// Loads `wasm` as the component of `manifest`, pinned to `expected`
+    /// when given.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn load_parts(
+        &self,
+        source: PluginSource,
+        manifest: Manifest,
+        wasm: Cow<'static, [u8]>,
+        expected: Option<&str>,
+        grant: &Grant,
+        grant_base: &Path,
+        env: impl Fn(&str) -> Option<String>,
+    ) -> Result<LoadedPlugin, PluginError> {
+        let effective = policy::effective(&manifest, grant, grant_base, env)?;
+        let component = self.component(&manifest.name, wasm, expected).await?;
+        if !component.kinds().contains(&manifest.kind) {
+            let exported = component
+                .kinds()
+                .iter()
+                .map(PluginKind::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(PluginError::KindMismatch {
+                plugin: manifest.name.clone(),
+                declared: manifest.kind,
+                exported: if exported.is_empty() {
+                    "no plugin world".into()
+                } else {
+                    exported
+                },
+            });
+        }
+        let granted = self.sandbox.grant(
+            &component,
+            effective.capabilities.clone(),
+            effective.limits.clone(),
+        );
+        let tools = if manifest.kind == PluginKind::Tool {
+            let specs = self.tool_specs(&component, &granted).await?;
+            tool::descriptors(&specs, &grant.tools, &effective.capabilities).map_err(|e| {
+                PluginError::InvalidToolSpec {
+                    plugin: manifest.name.clone(),
+                    tool: e.tool,
+                    message: e.message,
+                }
+            })?
+        } else {
+            Vec::new()
+        };
+        Ok(LoadedPlugin {
+            inner: Arc::new(LoadedInner {
+                source,
+                manifest,
+                granted,
+                tools,
+                not_granted: effective.not_granted,
+            }),
+        })
+    }
+
+    async fn component(
+        &self,
+        name: &str,
+        wasm: Cow<'static, [u8]>,
+        expected: Option<&str>,
+    ) -> Result<PluginComponent, PluginError> {
+        use sha2::Digest;
+        let sha256 = hex::encode(sha2::Sha256::digest(&wasm));
+        if let Some(found) = self.lock().components.get(&sha256) {
+            if let Some(expected) = expected
+                && !expected.eq_ignore_ascii_case(&sha256)
+            {
+                return Err(SandboxError::IntegrityMismatch {
+                    plugin: name.to_owned(),
+                    expected: expected.to_owned(),
+                    actual: sha256,
+                }
+                .into());
+            }
+            return Ok(found.clone());
+        }
+        let sandbox = self.sandbox.clone();
+        let name_owned = name.to_owned();
+        let expected = expected.map(str::to_owned);
+        let component = tokio::task::spawn_blocking(move || {
+            sandbox.load(&name_owned, &wasm, expected.as_deref())
+        })
+        .await
+        .expect("component loading does not panic")?;
+        self.lock().components.insert(sha256, component.clone());
+        Ok(component)
+    }
+
+    async fn tool_specs(
+        &self,
+        component: &PluginComponent,
+        granted: &GrantedComponent,
+    ) -> Result<Arc<Vec<wit::ToolSpec>>, PluginError> {
+        if let Some(specs) = self.lock().tool_specs.get(component.sha256()) {
+            return Ok(Arc::clone(specs));
+        }
+        // Describe runs with no capabilities at all, so its answer depends
+        // on the component alone and can be shared by hash.
+        let bare = self
+            .sandbox
+            .grant(component, Capabilities::none(), granted.limits().clone());
+        let specs = bare
+            .describe_tools()
+            .await
+            .result
+            .map_err(|source| PluginError::Describe {
+                plugin: component.name().to_owned(),
+                source,
+            })?;
+        let specs = Arc::new(specs);
+        self.lock()
+            .tool_specs
+            .insert(component.sha256().to_owned(), Arc::clone(&specs));
+        Ok(specs)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A plugin loaded under its grant. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LoadedPlugin {
+    inner: Arc<LoadedInner>,
+}
+
+#[derive(Debug)]
+struct LoadedInner {
+    source: PluginSource,
+    manifest: Manifest,
+    granted: GrantedComponent,
+    tools: Vec<ToolDescriptor>,
+    not_granted: Vec<String>,
+}
+
+impl LoadedPlugin {
+    /// The plugin's name.
+    pub fn name(&self) -> &str {
+        &self.inner.manifest.name
+    }
+
+    /// Where it was loaded from.
+    pub fn source(&self) -> &PluginSource {
+        &self.inner.source
+    }
+
+    /// Its manifest.
+    pub fn manifest(&self) -> &Manifest {
+        &self.inner.manifest
+    }
+
+    /// The component with its effective capabilities and limits.
+    pub fn granted(&self) -> &GrantedComponent {
+        &self.inner.granted
+    }
+
+    /// The tools it offers (empty unless it is a tool plugin).
+    pub fn tools(&self) -> &[ToolDescriptor] {
+        &self.inner.tools
+    }
+
+    /// One tool by name.
+    pub fn tool(&self, name: &str) -> Option<&ToolDescriptor> {
+        self.inner.tools.iter().find(|t| t.name == name)
+    }
+
+    /// What it requested and was not granted, one line each.
+    pub fn not_granted(&self) -> &[String] {
+        &self.inner.not_granted
+    }
+
+    fn check_tool(&self, tool: &str) -> Result<(), PluginError> {
+        if self.inner.manifest.kind != PluginKind::Tool {
+            return Err(PluginError::WrongKind {
+                plugin: self.name().to_owned(),
+                needed: PluginKind::Tool,
+            });
+        }
+        if self.tool(tool).is_none() {
+            return Err(PluginError::UnknownTool {
+                plugin: self.name().to_owned(),
+                tool: tool.to_owned(),
+                offered: self
+                    .inner
+                    .tools
+                    .iter()
+                    .map(|t| t.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        Ok(())
+    }
+
+    /// Invokes a tool in a fresh lease.
+    pub async fn invoke(
+        &self,
+        call: &wit::Call,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Leased<Result<wit::ToolOutput, wit::ToolError>>, PluginError> {
+        self.check_tool(&call.tool)?;
+        Ok(self.inner.granted.invoke(call, cancel).await)
+    }
+
+    /// Asks a tool for a side-effect-free preview of a call.
+    pub async fn preflight(
+        &self,
+        call: &wit::Call,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Leased<Result<wit::Preview, wit::ToolError>>, PluginError> {
+        self.check_tool(&call.tool)?;
+        Ok(self.inner.granted.preflight(call, cancel).await)
+    }
+}
