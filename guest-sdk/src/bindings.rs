@@ -1,0 +1,59 @@
+//! The wit-bindgen bindings of the three Warden worlds, generated once here.
+//!
+//! `tool-plugin` generates the shared interfaces `warden:plugin/types` and
+//! `warden:plugin/host`; `context-plugin` and `channel-plugin` reuse them
+//! through wit-bindgen's `with` option, so every WIT type has exactly one Rust
+//! type. The export macros are public (`pub_export_macro`) and find their
+//! runtime through this crate, so a plugin crate depends on `warden-guest`
+//! alone. Plugin authors use the `export_*_plugin!` macros at the crate root,
+//! not these generated ones.
+//!
+//! This is the only module of the crate that contains unsafe code: the
+//! canonical ABI glue wit-bindgen generates.
+#![allow(unsafe_code, missing_docs, clippy::all)]
+
+wit_bindgen::generate!({
+    world: "tool-plugin",
+    path: "../wit",
+    additional_derives: [PartialEq, Eq],
+    pub_export_macro: true,
+    export_macro_name: "export_tool_world",
+    default_bindings_module: "::warden_guest::bindings",
+    runtime_path: "::warden_guest::__private::wit_bindgen::rt",
+});
+
+/// Bindings of the `context-plugin` world; shared interfaces come from the
+/// parent module.
+pub mod context {
+    wit_bindgen::generate!({
+        world: "context-plugin",
+        path: "../wit",
+        additional_derives: [PartialEq, Eq],
+        with: {
+            "warden:plugin/types@0.1.0": crate::bindings::warden::plugin::types,
+            "warden:plugin/host@0.1.0": crate::bindings::warden::plugin::host,
+        },
+        pub_export_macro: true,
+        export_macro_name: "export_context_world",
+        default_bindings_module: "::warden_guest::bindings::context",
+        runtime_path: "::warden_guest::__private::wit_bindgen::rt",
+    });
+}
+
+/// Bindings of the `channel-plugin` world; shared interfaces come from the
+/// parent module.
+pub mod channel {
+    wit_bindgen::generate!({
+        world: "channel-plugin",
+        path: "../wit",
+        additional_derives: [PartialEq, Eq],
+        with: {
+            "warden:plugin/types@0.1.0": crate::bindings::warden::plugin::types,
+            "warden:plugin/host@0.1.0": crate::bindings::warden::plugin::host,
+        },
+        pub_export_macro: true,
+        export_macro_name: "export_channel_world",
+        default_bindings_module: "::warden_guest::bindings::channel",
+        runtime_path: "::warden_guest::__private::wit_bindgen::rt",
+    });
+}

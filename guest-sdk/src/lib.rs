@@ -1,0 +1,35 @@
+#![doc = include_str!("../README.md")]
+//!
+//! ## Modules
+//!
+//! The crate root re-exports everything a plugin needs; the modules are
+//! `tool`, `context` and `channel` (one per plugin kind), `log`, `testing`
+//! (native only) and `bindings` (generated). Every other module is private.
+#![deny(unsafe_code)]
+
+// The generated export macros name this crate by path, also from inside it.
+extern crate self as warden_guest;
+
+pub mod bindings;
+mod channel;
+mod context;
+mod export;
+mod host;
+mod json;
+pub mod log;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod testing;
+mod tool;
+mod types;
+
+#[doc(hidden)]
+pub use export::__private;
+
+pub use channel::ChannelPlugin;
+pub use context::ContextPlugin;
+pub use host::config;
+pub use tool::{Tool, ToolPlugin, Toolbox};
+pub use types::{
+    Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Effect, Failure,
+    LogLevel, Preview, Rejection, SourceSpec, ToolError, ToolOutput, ToolSpec,
+};

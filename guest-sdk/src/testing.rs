@@ -1,0 +1,109 @@
+//! Native stand-ins for the host, for unit tests of plugin logic (only on
+//! non-wasm targets): a per-thread configuration map that
+//! [`config`](crate::config) reads, a per-thread capture of log lines, and
+//! builders for the records the host would send.
+//!
+//! State is per thread, so tests running in parallel do not see each
+//! other's configuration or logs.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+
+use crate::types::{Call, ContextRequest, Delivery, LogLevel};
+
+/// Most log lines kept per thread; later lines still go to stderr.
+const MAX_CAPTURED_LINES: usize = 10_000;
+
+thread_local! {
+    static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
+    static LOGS: RefCell<Vec<(LogLevel, String)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Sets the value [`config`](crate::config) returns for `key` on this thread.
+pub fn set_config(key: impl Into<String>, value: impl Into<String>) {
+    CONFIG.with(|config| config.borrow_mut().insert(key.into(), value.into()));
+}
+
+/// Removes every configuration value set on this thread.
+pub fn clear_config() {
+    CONFIG.with(|config| config.borrow_mut().clear());
+}
+
+/// Returns and forgets the lines logged on this thread so far (at most the
+/// first 10,000 since the last call).
+pub fn take_logs() -> Vec<(LogLevel, String)> {
+    LOGS.with(|logs| std::mem::take(&mut *logs.borrow_mut()))
+}
+
+/// A call of `tool` with `arguments`, id `test-call`, no run and no
+/// idempotency key.
+pub fn call(tool: impl Into<String>, arguments: serde_json::Value) -> Call {
+    Call {
+        id: "test-call".into(),
+        run_id: String::new(),
+        tool: tool.into(),
+        arguments: arguments.to_string(),
+        idempotency_key: String::new(),
+    }
+}
+
+/// A context request with `query`, outside any run.
+pub fn request(query: impl Into<String>) -> ContextRequest {
+    ContextRequest {
+        run_id: String::new(),
+        query: query.into(),
+    }
+}
+
+/// A delivery of `kind` with `payload`, id `test-delivery`, outside any run.
+pub fn delivery(kind: impl Into<String>, payload: serde_json::Value) -> Delivery {
+    Delivery {
+        id: "test-delivery".into(),
+        run_id: String::new(),
+        kind: kind.into(),
+        payload: payload.to_string(),
+    }
+}
+
+pub(crate) fn native_config(key: &str) -> Option<String> {
+    CONFIG.with(|config| config.borrow().get(key).cloned())
+}
+
+pub(crate) fn native_log(level: LogLevel, message: &str) {
+    eprintln!("[plugin {level}] {message}");
+    LOGS.with(|logs| {
+        let mut logs = logs.borrow_mut();
+        if logs.len() < MAX_CAPTURED_LINES {
+            logs.push((level, message.to_string()));
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_reads_what_this_thread_set() {
+        clear_config();
+        assert_eq!(crate::config("region"), None);
+        set_config("region", "eu");
+        assert_eq!(crate::config("region").as_deref(), Some("eu"));
+        std::thread::spawn(|| assert_eq!(crate::config("region"), None))
+            .join()
+            .unwrap();
+        clear_config();
+        assert_eq!(crate::config("region"), None);
+    }
+
+    #[test]
+    fn log_capture_is_capped() {
+        take_logs();
+        for i in 0..MAX_CAPTURED_LINES + 5 {
+            crate::log::write(LogLevel::Info, &i.to_string());
+        }
+        let logs = take_logs();
+        assert_eq!(logs.len(), MAX_CAPTURED_LINES);
+        assert_eq!(logs[0], (LogLevel::Info, "0".to_string()));
+    }
+}
