@@ -52,9 +52,13 @@ impl Tool {
     /// `name` must match `[a-z][a-z0-9_]*` and be at most 64 bytes
     /// ([`Toolbox::tool`] checks). The input schema sent to the host is
     /// `schemars::schema_for!(A)`; add `#[serde(deny_unknown_fields)]` to `A`
-    /// so that unknown arguments are refused and the schema says so. Doc
+    /// so that unknown arguments are refused and the schema says so. Blank
+    /// arguments count as `{}`. Arguments that do not parse as an `A` are
+    /// refused with [`ToolError::InvalidArguments`] carrying serde's reason
+    /// and the field's path; `run` is not called. Doc
     /// comments on `A`'s fields become the schema's descriptions, which the
-    /// model reads.
+    /// model reads; schemars keeps their line breaks, so write each on one
+    /// line.
     pub fn new<A, O, F>(
         name: impl Into<String>,
         description: impl Into<String>,
@@ -239,7 +243,9 @@ impl Toolbox {
         self.find(call)?.preflight(call)
     }
 
-    /// Runs `call` with the tool it names, for the WIT `invoke`.
+    /// Runs `call` with the tool it names, for the WIT `invoke`. A call of a
+    /// tool this toolbox lacks is [`ToolError::InvalidArguments`], naming
+    /// the tool and listing the known ones (as for `preflight`).
     pub fn invoke(&self, call: &Call) -> Result<ToolOutput, ToolError> {
         self.find(call)?.invoke(call)
     }

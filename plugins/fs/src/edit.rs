@@ -18,8 +18,7 @@ use crate::mount::{Mount, Resolved};
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WriteFileArgs {
-    /// The file, relative to the workspace. Created if missing, replaced if
-    /// present.
+    /// The file, relative to the workspace. Created if missing, replaced if present.
     pub path: String,
     /// The complete new content.
     pub content: String,
@@ -45,8 +44,7 @@ pub struct WriteFileOutput {
 pub struct EditFileArgs {
     /// The file, relative to the workspace.
     pub path: String,
-    /// The exact text to replace, whitespace and line endings included. It
-    /// must occur exactly once unless `replace_all` is set.
+    /// The exact text to replace, whitespace and line endings included. It must occur exactly once unless `replace_all` is set.
     pub old: String,
     /// The text to put in its place.
     pub new: String,

@@ -25,7 +25,9 @@
 //! mapping to the WIT tool errors, `read`, `search` (with `glob`) and `edit`
 //! (with `diff`) implement the tools. [`toolbox`] takes the mount root as a
 //! parameter so that native unit tests run the tools against a temporary
-//! directory; the component passes [`MOUNT_ROOT`].
+//! directory; the component passes [`MOUNT_ROOT`]. The doc comments of the
+//! argument structs' fields become the schema descriptions the model reads,
+//! so each stays on one line (schemars keeps line breaks).
 #![forbid(unsafe_code)]
 
 pub mod error;
@@ -166,6 +168,20 @@ mod tests {
             let schema: Value = serde_json::from_str(&spec.input_schema).unwrap();
             assert_eq!(schema["additionalProperties"], false, "{}", spec.name);
             assert_eq!(schema["type"], "object", "{}", spec.name);
+            // Field docs are the model's only guide: each documented, on one line.
+            for (field, property) in schema["properties"].as_object().unwrap() {
+                let description = property["description"].as_str().unwrap_or_default();
+                assert!(
+                    !description.is_empty(),
+                    "{}.{field} is undocumented",
+                    spec.name
+                );
+                assert!(
+                    !description.contains('\n'),
+                    "{}.{field}: {description:?}",
+                    spec.name
+                );
+            }
         }
     }
 

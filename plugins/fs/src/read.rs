@@ -26,8 +26,7 @@ pub struct ReadFileArgs {
     /// First line to return, counting from 1. Default 1.
     #[schemars(range(min = 1))]
     pub offset: Option<u64>,
-    /// Most lines to return. Default 2000; at most 256 KiB of text is
-    /// returned whatever the limit.
+    /// Most lines to return. Default 2000; at most 256 KiB of text is returned whatever the limit.
     #[schemars(range(min = 1))]
     pub limit: Option<u64>,
 }
@@ -174,8 +173,7 @@ pub fn read_file(mount: &Mount, args: ReadFileArgs) -> Result<ReadFileOutput, Fs
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ListDirArgs {
-    /// The directory, relative to the workspace. Default: the workspace
-    /// itself.
+    /// The directory, relative to the workspace. Default: the workspace itself.
     #[serde(default)]
     pub path: Option<String>,
 }

@@ -31,16 +31,12 @@ pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SearchArgs {
-    /// Regular expression to find in each line, Perl-style syntax with
-    /// ASCII-only classes; prefix with `(?i)` to ignore case.
+    /// Regular expression to find in each line, Perl-style syntax with ASCII-only classes; prefix with `(?i)` to ignore case.
     pub pattern: String,
-    /// File or directory to search, relative to the workspace. Default: the
-    /// whole workspace.
+    /// File or directory to search, relative to the workspace. Default: the whole workspace.
     #[serde(default)]
     pub path: Option<String>,
-    /// Only search files matching this glob, for example `*.rs` (matched
-    /// against the file name) or `src/**/*.{ts,tsx}` (matched against the
-    /// path relative to the workspace).
+    /// Only search files matching this glob, for example `*.rs` (matched against the file name) or `src/**/*.{ts,tsx}` (matched against the path relative to the workspace).
     #[serde(default)]
     pub glob: Option<String>,
     /// Most matches to return. Default 100, at most 1000.
