@@ -12,8 +12,11 @@
 //! ARCHITECTURE.md in the repository maps every module and its invariants.
 
 pub mod cli;
+pub mod engine;
 pub mod plugins;
 pub mod policy;
+pub mod providers;
 pub mod sandbox;
+pub mod store;
 pub mod testkit;
 pub mod units;

@@ -1,0 +1,1 @@
+//! Model providers: the `ModelProvider` trait and the scripted provider.
