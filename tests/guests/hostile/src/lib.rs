@@ -1,0 +1,557 @@
+//! Test guest `hostile`: one tool component whose tools misbehave on purpose,
+//! so the host's tests can prove a plugin cannot escape or starve it.
+//!
+//! `invoke` dispatches on the tool name; each behaviour is one small function
+//! below. Arguments are a JSON object (`call.arguments`); the keys each tool
+//! reads are in its `describe` schema and its function's doc. A tool that
+//! returns reports JSON text; errors it understands are `failed` (or
+//! `invalid-arguments` for bad arguments).
+//!
+//! Imports: `warden:plugin/host` and, through Rust's std, WASI cli,
+//! clocks, filesystem, io and random. Nothing else.
+
+mod bindings {
+    //! wit-bindgen glue for the `tool-plugin` world, and the export of
+    //! [`Hostile`](super::Hostile): the only generated unsafe code.
+    #![allow(missing_docs, unsafe_code, clippy::all)]
+    wit_bindgen::generate!({ path: "../../../wit", world: "tool-plugin" });
+    use super::Hostile;
+    export!(Hostile with_types_in crate::bindings);
+}
+
+use std::fs::{self, FileTimes, OpenOptions};
+use std::hint::black_box;
+use std::io::{self, Write};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bindings::exports::warden::plugin::tool::Guest;
+use bindings::warden::plugin::host;
+use bindings::warden::plugin::types::{
+    Call, Effect, Failure, LogLevel, Preview, ToolError, ToolOutput, ToolSpec,
+};
+use serde_json::{Map, Value, json};
+
+const MIB: u64 = 1 << 20;
+
+/// Every tool: name, description, JSON Schema of the arguments, effect.
+const TOOLS: &[(&str, &str, &str, Effect)] = &[
+    (
+        "noop",
+        "Returns {} at once.",
+        r#"{"type":"object"}"#,
+        Effect::Read,
+    ),
+    (
+        "spin",
+        "Loops forever without calling the host.",
+        r#"{"type":"object"}"#,
+        Effect::Read,
+    ),
+    (
+        "sleep_forever",
+        "Blocks forever in a host call (a WASI clock poll).",
+        r#"{"type":"object"}"#,
+        Effect::Read,
+    ),
+    (
+        "host_call_loop",
+        "Calls the host's config import forever.",
+        r#"{"type":"object"}"#,
+        Effect::Read,
+    ),
+    (
+        "grow_memory",
+        "Allocates chunk_bytes at a time until an allocation fails.",
+        r#"{"type":"object","properties":{"chunk_bytes":{"type":"integer","minimum":1}}}"#,
+        Effect::Read,
+    ),
+    (
+        "recurse",
+        "Recurses without end until the stack overflows.",
+        r#"{"type":"object"}"#,
+        Effect::Read,
+    ),
+    (
+        "huge_stdout",
+        "Writes bytes (default 64 MiB) to stdout in chunks.",
+        r#"{"type":"object","properties":{"bytes":{"type":"integer","minimum":0},"chunk_bytes":{"type":"integer","minimum":1}}}"#,
+        Effect::Read,
+    ),
+    (
+        "huge_stderr",
+        "Writes bytes (default 64 MiB) to stderr in chunks.",
+        r#"{"type":"object","properties":{"bytes":{"type":"integer","minimum":0},"chunk_bytes":{"type":"integer","minimum":1}}}"#,
+        Effect::Read,
+    ),
+    (
+        "huge_output",
+        "Returns an output of exactly bytes bytes (default 16 MiB): a JSON string.",
+        r#"{"type":"object","properties":{"bytes":{"type":"integer","minimum":2}}}"#,
+        Effect::Read,
+    ),
+    (
+        "log_flood",
+        "Sends lines log lines of line_bytes bytes each to the host's log import.",
+        r#"{"type":"object","properties":{"lines":{"type":"integer","minimum":0},"line_bytes":{"type":"integer","minimum":0}}}"#,
+        Effect::Read,
+    ),
+    (
+        "panic",
+        "Panics with message.",
+        r#"{"type":"object","properties":{"message":{"type":"string"}}}"#,
+        Effect::Read,
+    ),
+    (
+        "fs",
+        "Performs one filesystem operation: op is read, write, truncate, create, rename, unlink, set_times, mkdir, rmdir, list, read_link or stat.",
+        r#"{"type":"object","required":["op"],"properties":{"op":{"enum":["read","write","truncate","create","rename","unlink","set_times","mkdir","rmdir","list","read_link","stat"]},"path":{"type":"string"},"content":{"type":"string"},"len":{"type":"integer","minimum":0},"from":{"type":"string"},"to":{"type":"string"},"modified_ms":{"type":"integer","minimum":0}}}"#,
+        Effect::Write,
+    ),
+    (
+        "env",
+        "Reports the environment variables named in names, and all it sees.",
+        r#"{"type":"object","properties":{"names":{"type":"array","items":{"type":"string"}}}}"#,
+        Effect::Read,
+    ),
+    (
+        "set_marker",
+        "Leaves a marker in guest memory, in the environment and, if path is given, in a file.",
+        r#"{"type":"object","properties":{"path":{"type":"string"}}}"#,
+        Effect::Read,
+    ),
+    (
+        "get_marker",
+        "Reports which markers left by set_marker are visible.",
+        r#"{"type":"object","properties":{"path":{"type":"string"}}}"#,
+        Effect::Read,
+    ),
+    (
+        "echo",
+        "Returns its arguments, logs them and reads config_key (default echo) from the host's config.",
+        r#"{"type":"object","properties":{"config_key":{"type":"string"}}}"#,
+        Effect::Read,
+    ),
+];
+
+struct Hostile;
+
+impl Guest for Hostile {
+    fn describe() -> Vec<ToolSpec> {
+        TOOLS
+            .iter()
+            .map(|&(name, description, schema, effect)| ToolSpec {
+                name: name.into(),
+                description: description.into(),
+                input_schema: schema.into(),
+                effect,
+            })
+            .collect()
+    }
+
+    /// Side-effect free, as the contract requires: names the tool and echoes
+    /// the arguments.
+    fn preflight(call: Call) -> Result<Preview, ToolError> {
+        if !TOOLS.iter().any(|(name, ..)| *name == call.tool) {
+            return Err(unknown_tool(&call.tool));
+        }
+        Ok(Preview {
+            summary: format!("hostile tool `{}`", call.tool),
+            detail: call.arguments,
+        })
+    }
+
+    fn invoke(call: Call) -> Result<ToolOutput, ToolError> {
+        let args = parse_arguments(&call.arguments)?;
+        let content = match call.tool.as_str() {
+            "noop" => Ok("{}".to_owned()),
+            "spin" => spin(),
+            "sleep_forever" => sleep_forever(),
+            "host_call_loop" => host_call_loop(),
+            "grow_memory" => grow_memory(&args),
+            "recurse" => Ok(json!({ "depth": recurse(0) }).to_string()),
+            "huge_stdout" => huge_write(&args, &mut io::stdout().lock()),
+            "huge_stderr" => huge_write(&args, &mut io::stderr().lock()),
+            "huge_output" => huge_output(&args),
+            "log_flood" => log_flood(&args),
+            "panic" => panic_now(&args),
+            "fs" => fs_op(&args),
+            "env" => env(&args),
+            "set_marker" => set_marker(&args),
+            "get_marker" => get_marker(&args),
+            "echo" => echo(&args),
+            other => Err(unknown_tool(other)),
+        }?;
+        Ok(ToolOutput { content })
+    }
+}
+
+/// `spin`: burns CPU forever without a host call. Only fuel or the epoch
+/// deadline stop it.
+fn spin() -> ! {
+    let mut counter: u64 = 0;
+    loop {
+        counter = black_box(counter.wrapping_add(1));
+    }
+}
+
+/// `sleep_forever`: blocks in a host call (a `wasi:clocks` subscription
+/// polled through `wasi:io/poll`) that never returns in practice. Only the
+/// host's timeout or cancellation ends it; fuel does not run out while the
+/// guest is blocked.
+fn sleep_forever() -> ! {
+    const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+    loop {
+        std::thread::sleep(CENTURY);
+    }
+}
+
+/// `host_call_loop`: calls the host's `config` import forever, so the guest
+/// spends most of its time in the host.
+fn host_call_loop() -> ! {
+    loop {
+        black_box(host::config(black_box("host_call_loop")));
+    }
+}
+
+/// `grow_memory {chunk_bytes?: u64 = 1 MiB}`: keeps allocating chunks,
+/// writing one byte per 64 KiB page of each, until an allocation fails; then
+/// returns a `failed` error naming how many bytes it got. A host that traps
+/// on a refused `memory.grow` ends the call before that.
+fn grow_memory(args: &Value) -> Result<String, ToolError> {
+    let chunk = usize_arg(args, "chunk_bytes", MIB)?.max(1);
+    let mut held: Vec<Vec<u8>> = Vec::new();
+    let mut total: u64 = 0;
+    loop {
+        let mut block: Vec<u8> = Vec::new();
+        if let Err(e) = block
+            .try_reserve_exact(chunk)
+            .and_then(|()| held.try_reserve(1))
+        {
+            return Err(failed(format!(
+                "allocation failed after {total} bytes: {e}"
+            )));
+        }
+        for page in block.spare_capacity_mut().chunks_mut(64 * 1024) {
+            page[0].write(1);
+        }
+        held.push(black_box(block));
+        total += chunk as u64;
+    }
+}
+
+/// `recurse`: recursion the optimiser can neither end nor turn into a loop:
+/// the base case is hidden behind `black_box`, and work remains after each
+/// call returns. Ends with a stack overflow trap.
+#[inline(never)]
+fn recurse(depth: u64) -> u64 {
+    if black_box(depth) == u64::MAX {
+        return depth;
+    }
+    let below = recurse(depth + 1);
+    black_box(below).wrapping_add(depth)
+}
+
+/// `huge_stdout` / `huge_stderr {bytes?: u64 = 64 MiB, chunk_bytes?: u64 =
+/// 64 KiB}`: writes `bytes` bytes in chunks of `x`s, each ending in a newline.
+/// Returns `{"written": n}`, or a `failed` error when a write is refused
+/// (for example once the host's capture is full).
+fn huge_write(args: &Value, out: &mut dyn Write) -> Result<String, ToolError> {
+    let total = u64_arg(args, "bytes", 64 * MIB)?;
+    let chunk_size = usize_arg(args, "chunk_bytes", 64 * 1024)?.max(1);
+    let mut chunk = vec![b'x'; chunk_size];
+    if let Some(last) = chunk.last_mut() {
+        *last = b'\n';
+    }
+    let mut written: u64 = 0;
+    while written < total {
+        let n = chunk_size.min(usize::try_from(total - written).unwrap_or(usize::MAX));
+        if let Err(e) = out.write_all(&chunk[..n]).and_then(|()| out.flush()) {
+            return Err(failed(format!("write failed after {written} bytes: {e}")));
+        }
+        written += n as u64;
+    }
+    Ok(json!({ "written": written }).to_string())
+}
+
+/// `huge_output {bytes?: u64 = 16 MiB}`: returns an output of exactly `bytes`
+/// bytes (at least 2): a JSON string of `a`s, quotes included.
+fn huge_output(args: &Value) -> Result<String, ToolError> {
+    let n = usize_arg(args, "bytes", 16 * MIB)?;
+    if n < 2 {
+        return Err(ToolError::InvalidArguments(format!(
+            "bytes must be at least 2 (two quotes), got {n}"
+        )));
+    }
+    let mut content = String::new();
+    content
+        .try_reserve_exact(n)
+        .map_err(|e| failed(format!("cannot allocate {n} bytes: {e}")))?;
+    content.push('"');
+    content.extend(std::iter::repeat_n('a', n - 2));
+    content.push('"');
+    Ok(content)
+}
+
+/// `log_flood {lines?: u64 = 100000, line_bytes?: u64 = 1024}`: sends
+/// `lines` lines of `line_bytes` `x`s to the host's `log` import at `info`.
+/// Returns `{"lines": n}`.
+fn log_flood(args: &Value) -> Result<String, ToolError> {
+    let lines = u64_arg(args, "lines", 100_000)?;
+    let line = "x".repeat(usize_arg(args, "line_bytes", 1024)?);
+    for _ in 0..lines {
+        host::log(LogLevel::Info, &line);
+    }
+    Ok(json!({ "lines": lines }).to_string())
+}
+
+/// `panic {message?: string}`: panics; a Rust panic in a guest is an
+/// `unreachable` trap for the host.
+fn panic_now(args: &Value) -> ! {
+    let message = args
+        .get("message")
+        .and_then(Value::as_str)
+        .unwrap_or("hostile guest panicked on purpose");
+    panic!("{message}")
+}
+
+/// `fs {op, ...}`: one filesystem operation through WASI, on guest paths
+/// (mounts appear at absolute paths such as `/workspace`):
+///
+/// | op | arguments | returns |
+/// | --- | --- | --- |
+/// | `read` | `path` | `{"content": text}` (lossy UTF-8) |
+/// | `write` | `path`, `content` | `{"written": bytes}` (creates or truncates) |
+/// | `truncate` | `path`, `len?` = 0 | `{"len": len}` |
+/// | `create` | `path` | `{"created": path}` (fails if it exists) |
+/// | `rename` | `from`, `to` | `{"renamed": [from, to]}` |
+/// | `unlink` | `path` | `{"removed": path}` |
+/// | `set_times` | `path`, `modified_ms?` = 0 | `{"modified_ms": ms}` (access time too) |
+/// | `mkdir` / `rmdir` | `path` | `{"created": path}` / `{"removed": path}` |
+/// | `list` | `path` | `{"entries": [names, sorted]}` |
+/// | `read_link` | `path` | `{"target": text}` |
+/// | `stat` | `path` | `{"kind": "file"/"dir"/"symlink"/"other", "len", "modified_ms"}` (does not follow a final symlink) |
+///
+/// An I/O error is a `failed` tool error: `"<op> <path>: <error> (kind: <ErrorKind>)"`.
+fn fs_op(args: &Value) -> Result<String, ToolError> {
+    let op = str_arg(args, "op")?;
+    let (subject, result): (String, io::Result<Value>) = match op {
+        "rename" => {
+            let (from, to) = (str_arg(args, "from")?, str_arg(args, "to")?);
+            let result = fs::rename(from, to).map(|()| json!({ "renamed": [from, to] }));
+            (format!("{from} -> {to}"), result)
+        }
+        _ => {
+            let path = str_arg(args, "path")?;
+            let result = match op {
+                "read" => fs::read(path)
+                    .map(|bytes| json!({ "content": String::from_utf8_lossy(&bytes) })),
+                "write" => {
+                    let content = str_arg(args, "content")?;
+                    fs::write(path, content).map(|()| json!({ "written": content.len() }))
+                }
+                "truncate" => {
+                    let len = u64_arg(args, "len", 0)?;
+                    OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .and_then(|file| file.set_len(len))
+                        .map(|()| json!({ "len": len }))
+                }
+                "create" => OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .open(path)
+                    .map(|_| json!({ "created": path })),
+                "unlink" => fs::remove_file(path).map(|()| json!({ "removed": path })),
+                "set_times" => {
+                    let ms = u64_arg(args, "modified_ms", 0)?;
+                    let time = UNIX_EPOCH + Duration::from_millis(ms);
+                    let times = FileTimes::new().set_modified(time).set_accessed(time);
+                    OpenOptions::new()
+                        .write(true)
+                        .open(path)
+                        .and_then(|file| file.set_times(times))
+                        .map(|()| json!({ "modified_ms": ms }))
+                }
+                "mkdir" => fs::create_dir(path).map(|()| json!({ "created": path })),
+                "rmdir" => fs::remove_dir(path).map(|()| json!({ "removed": path })),
+                "list" => list_dir(path).map(|entries| json!({ "entries": entries })),
+                "read_link" => {
+                    fs::read_link(path).map(|target| json!({ "target": target.to_string_lossy() }))
+                }
+                "stat" => fs::symlink_metadata(path).map(|meta| {
+                    let kind = if meta.is_symlink() {
+                        "symlink"
+                    } else if meta.is_dir() {
+                        "dir"
+                    } else if meta.is_file() {
+                        "file"
+                    } else {
+                        "other"
+                    };
+                    json!({
+                        "kind": kind,
+                        "len": meta.len(),
+                        "modified_ms": meta.modified().ok().and_then(millis_since_epoch),
+                    })
+                }),
+                other => {
+                    return Err(ToolError::InvalidArguments(format!(
+                        "unknown fs op `{other}`"
+                    )));
+                }
+            };
+            (path.to_owned(), result)
+        }
+    };
+    result
+        .map(|value| value.to_string())
+        .map_err(|e| failed(format!("{op} {subject}: {e} (kind: {:?})", e.kind())))
+}
+
+fn list_dir(path: &str) -> io::Result<Vec<String>> {
+    let mut names = fs::read_dir(path)?
+        .map(|entry| entry.map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect::<io::Result<Vec<_>>>()?;
+    names.sort();
+    Ok(names)
+}
+
+fn millis_since_epoch(time: SystemTime) -> Option<u64> {
+    let millis = time.duration_since(UNIX_EPOCH).ok()?.as_millis();
+    u64::try_from(millis).ok()
+}
+
+/// `env {names?: [string]}`: returns `{"vars": {name: value or null},
+/// "all": {name: value}}`, the named variables as `std::env::var` sees them
+/// and everything `std::env::vars_os` lists (lossy UTF-8).
+fn env(args: &Value) -> Result<String, ToolError> {
+    let names = match args.get("names") {
+        None => Vec::new(),
+        Some(Value::Array(names)) => names
+            .iter()
+            .map(|n| n.as_str().map(str::to_owned))
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| invalid("names must be an array of strings"))?,
+        Some(_) => return Err(invalid("names must be an array of strings")),
+    };
+    let vars: Map<String, Value> = names
+        .into_iter()
+        .map(|name| {
+            let value = std::env::var(&name).ok();
+            (name, json!(value))
+        })
+        .collect();
+    let all: Map<String, Value> = std::env::vars_os()
+        .map(|(k, v)| (k.to_string_lossy().into_owned(), json!(v.to_string_lossy())))
+        .collect();
+    Ok(json!({ "vars": vars, "all": all }).to_string())
+}
+
+/// Set by `set_marker` in this instance's linear memory.
+static MEMORY_MARKER: AtomicBool = AtomicBool::new(false);
+
+/// The environment variable `set_marker` sets at run time.
+const ENV_MARKER: &str = "WARDEN_HOSTILE_MARKER";
+
+/// `set_marker {path?: string}`: sets a static in linear memory, sets the
+/// environment variable `WARDEN_HOSTILE_MARKER` and, if `path` is given,
+/// writes `marker` to that file. Returns `{"memory": true, "env": true,
+/// "file": path or null}`, or a `failed` error if the file cannot be written.
+fn set_marker(args: &Value) -> Result<String, ToolError> {
+    MEMORY_MARKER.store(true, Ordering::SeqCst);
+    set_env_marker();
+    let path = optional_str_arg(args, "path")?;
+    if let Some(path) = path {
+        fs::write(path, "marker").map_err(|e| failed(format!("write {path}: {e}")))?;
+    }
+    Ok(json!({ "memory": true, "env": true, "file": path }).to_string())
+}
+
+#[allow(unsafe_code)]
+fn set_env_marker() {
+    // SAFETY: a component instance is single-threaded; nothing else reads
+    // or writes the environment while this runs.
+    unsafe { std::env::set_var(ENV_MARKER, "set") };
+}
+
+/// `get_marker {path?: string}`: returns `{"memory": bool, "env": bool,
+/// "file": bool or null, "visible": bool}`: which of `set_marker`'s markers
+/// this instance sees (`file` is null without `path`), and whether any is.
+fn get_marker(args: &Value) -> Result<String, ToolError> {
+    let memory = MEMORY_MARKER.load(Ordering::SeqCst);
+    let env = std::env::var_os(ENV_MARKER).is_some();
+    let file = optional_str_arg(args, "path")?.map(|path| Path::new(path).exists());
+    let visible = memory || env || file == Some(true);
+    Ok(json!({ "memory": memory, "env": env, "file": file, "visible": visible }).to_string())
+}
+
+/// `echo {config_key?: string = "echo", ...}`: logs `echo: <arguments>` at
+/// `info` through the host's `log` import, reads `config_key` through its
+/// `config` import, and returns `{"arguments": <the arguments>,
+/// "config_key": key, "config": value or null}`.
+fn echo(args: &Value) -> Result<String, ToolError> {
+    let key = optional_str_arg(args, "config_key")?.unwrap_or("echo");
+    host::log(LogLevel::Info, &format!("echo: {args}"));
+    let config = host::config(key);
+    Ok(json!({ "arguments": args, "config_key": key, "config": config }).to_string())
+}
+
+/// The arguments as a JSON object; empty text counts as `{}`.
+fn parse_arguments(text: &str) -> Result<Value, ToolError> {
+    if text.trim().is_empty() {
+        return Ok(Value::Object(Map::new()));
+    }
+    match serde_json::from_str::<Value>(text) {
+        Ok(value @ Value::Object(_)) => Ok(value),
+        Ok(other) => Err(invalid(&format!(
+            "arguments must be a JSON object, got {other}"
+        ))),
+        Err(e) => Err(invalid(&format!("arguments are not JSON: {e}"))),
+    }
+}
+
+fn str_arg<'a>(args: &'a Value, key: &str) -> Result<&'a str, ToolError> {
+    optional_str_arg(args, key)?.ok_or_else(|| invalid(&format!("missing string `{key}`")))
+}
+
+fn optional_str_arg<'a>(args: &'a Value, key: &str) -> Result<Option<&'a str>, ToolError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(other) => Err(invalid(&format!("`{key}` must be a string, got {other}"))),
+    }
+}
+
+fn u64_arg(args: &Value, key: &str, default: u64) -> Result<u64, ToolError> {
+    match args.get(key) {
+        None | Some(Value::Null) => Ok(default),
+        Some(value) => value.as_u64().ok_or_else(|| {
+            invalid(&format!(
+                "`{key}` must be a non-negative integer, got {value}"
+            ))
+        }),
+    }
+}
+
+fn usize_arg(args: &Value, key: &str, default: u64) -> Result<usize, ToolError> {
+    let n = u64_arg(args, key, default)?;
+    usize::try_from(n).map_err(|_| invalid(&format!("`{key}` is too large: {n}")))
+}
+
+fn unknown_tool(name: &str) -> ToolError {
+    invalid(&format!("unknown tool `{name}`"))
+}
+
+fn invalid(message: &str) -> ToolError {
+    ToolError::InvalidArguments(message.to_owned())
+}
+
+fn failed(message: String) -> ToolError {
+    ToolError::Failed(Failure {
+        message,
+        retryable: false,
+    })
+}
