@@ -15,6 +15,8 @@ use crate::sandbox::{
 };
 use crate::units::{ByteSize, HumanDuration, format_duration, parse_bytes, parse_duration};
 
+// Parsed once per process; the size difference does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub(crate) enum PluginCommand {
     /// Show a plugin's kind, imports, exports, tools with their schemas and

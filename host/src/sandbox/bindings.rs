@@ -18,6 +18,7 @@ pub mod tool {
         world: "warden:plugin/tool-plugin",
         imports: { default: tracing },
         exports: { default: async },
+        additional_derives: [PartialEq, Eq],
     });
 }
 

@@ -30,7 +30,7 @@ use super::bindings::{host, types};
 use super::capabilities::Access;
 use super::capture::{Capture, Redactor, Stream};
 use super::limits::{Denial, LeaseLimiter};
-use super::{GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
+use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
 
 /// The data of one lease's `Store`.
 pub(crate) struct LeaseState {
@@ -70,7 +70,7 @@ impl host::Host for LeaseState {
                 cut -= 1;
             }
             message.truncate(cut);
-            message.push_str("…");
+            message.push('…');
         }
         if !self.capture.charge_log(message.len()) {
             return;
@@ -102,6 +102,23 @@ pub(crate) enum Request<'a> {
     Resolve(&'a ContextRequest),
     DescribeChannel,
     Deliver(&'a Delivery),
+}
+
+impl Request<'_> {
+    /// The interface this request needs, if the component does not export it.
+    fn missing_world(&self, component: &ComponentInner) -> Option<&'static str> {
+        match self {
+            Request::DescribeTools | Request::Preflight(_) | Request::Invoke(_) => {
+                component.tool.is_none().then_some("tool")
+            }
+            Request::DescribeSource | Request::Resolve(_) => {
+                component.context.is_none().then_some("context-source")
+            }
+            Request::DescribeChannel | Request::Deliver(_) => {
+                component.channel.is_none().then_some("channel")
+            }
+        }
+    }
 }
 
 /// What the guest answered.
@@ -225,14 +242,21 @@ pub(crate) async fn run(
         .await
         .expect("the lease semaphore is never closed");
 
+    let refuse = |reason: String| {
+        let mut receipt = UsageReceipt::empty(Outcome::Refused);
+        receipt.wall_time_us = started.elapsed().as_micros() as u64;
+        (Err(LeaseFailure::Refused { reason }), receipt)
+    };
+    if let Some(world) = request.missing_world(&plugin.component.inner) {
+        return refuse(format!(
+            "plugin `{}` does not export the {world} interface",
+            plugin.component.inner.name
+        ));
+    }
     let capture = Capture::new(limits.stdio_bytes);
     let wasi = match wasi_context(plugin, &capture) {
         Ok(wasi) => wasi,
-        Err(reason) => {
-            let mut receipt = UsageReceipt::empty(Outcome::Refused);
-            receipt.wall_time_us = started.elapsed().as_micros() as u64;
-            return (Err(LeaseFailure::Refused { reason }), receipt);
-        }
+        Err(reason) => return refuse(reason),
     };
     let state = LeaseState {
         wasi,
@@ -263,15 +287,14 @@ pub(crate) async fn run(
     let ended = {
         let call = perform(&mut store, plugin, request);
         let timed = tokio::time::timeout_at(deadline.into(), call);
-        let ended = match cancel {
+        match cancel {
             Some(token) => tokio::select! {
                 biased;
                 () = token.cancelled() => Ended::Cancelled,
                 r = timed => r.map_or(Ended::DeadlinePassed, Ended::Returned),
             },
             None => timed.await.map_or(Ended::DeadlinePassed, Ended::Returned),
-        };
-        ended
+        }
     };
 
     let fuel_consumed = fuel_budget - store.get_fuel().unwrap_or(0);
@@ -372,12 +395,8 @@ async fn perform(
     request: Request<'_>,
 ) -> wasmtime::Result<Response> {
     let component = &plugin.component.inner;
-    let missing = |world: &str| {
-        wasmtime::format_err!(
-            "plugin `{}` does not export the {world} interface",
-            component.name
-        )
-    };
+    // `run` checked the world is exported before creating the store.
+    let missing = |world: &str| wasmtime::format_err!("no {world} export");
     match request {
         Request::DescribeTools | Request::Preflight(_) | Request::Invoke(_) => {
             let pre = component.tool.as_ref().ok_or_else(|| missing("tool"))?;

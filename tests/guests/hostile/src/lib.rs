@@ -63,8 +63,8 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
     ),
     (
         "grow_memory",
-        "Allocates chunk_bytes at a time until an allocation fails.",
-        r#"{"type":"object","properties":{"chunk_bytes":{"type":"integer","minimum":1}}}"#,
+        "Allocates chunk_bytes at a time until an allocation fails; with abort, lets the failure abort the guest.",
+        r#"{"type":"object","properties":{"chunk_bytes":{"type":"integer","minimum":1},"abort":{"type":"boolean"}}}"#,
         Effect::Read,
     ),
     (
@@ -215,14 +215,24 @@ fn host_call_loop() -> ! {
     }
 }
 
-/// `grow_memory {chunk_bytes?: u64 = 1 MiB}`: keeps allocating chunks,
+/// `grow_memory {chunk_bytes?: u64 = 1 MiB, abort?: bool}`: keeps allocating chunks,
 /// writing one byte per 64 KiB page of each, until an allocation fails; then
 /// returns a `failed` error naming how many bytes it got. A host that traps
-/// on a refused `memory.grow` ends the call before that.
+/// on a refused `memory.grow` ends the call before that. With `abort`,
+/// allocation failure aborts the guest (an `unreachable` trap) instead.
 fn grow_memory(args: &Value) -> Result<String, ToolError> {
     let chunk = usize_arg(args, "chunk_bytes", MIB)?.max(1);
     let mut held: Vec<Vec<u8>> = Vec::new();
     let mut total: u64 = 0;
+    if args.get("abort").and_then(Value::as_bool) == Some(true) {
+        // Plain allocation: a refused growth ends in `handle_alloc_error`,
+        // which aborts (an `unreachable` trap), as most guests would.
+        loop {
+            let mut block = vec![0u8; chunk];
+            block[0] = 1;
+            held.push(black_box(block));
+        }
+    }
     loop {
         let mut block: Vec<u8> = Vec::new();
         if let Err(e) = block

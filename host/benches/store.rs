@@ -1,0 +1,3 @@
+//! Event store benchmarks (being written).
+
+fn main() {}

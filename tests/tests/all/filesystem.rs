@@ -1,0 +1,157 @@
+//! The filesystem boundary: a guest sees its mounts and nothing else, and a
+//! read-only mount refuses every kind of change. The guest's `fs` tool
+//! reports the error kind its std saw.
+
+use serde_json::{Value, json};
+use warden::sandbox::{Access, Capabilities};
+
+use crate::{assert_serves_normal_call, failure, hostile, invoke, output, test_limits};
+
+/// A directory tree for the tests: `outside/secret.txt` next to the mounted
+/// `mounted/`, which holds `file.txt` and a symlink pointing outside.
+struct Tree {
+    _root: tempfile::TempDir,
+    mounted: std::path::PathBuf,
+    outside: std::path::PathBuf,
+}
+
+fn tree() -> Tree {
+    let root = tempfile::tempdir().unwrap();
+    let mounted = root.path().join("mounted");
+    let outside = root.path().join("outside");
+    std::fs::create_dir_all(&mounted).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::fs::write(outside.join("secret.txt"), "top secret").unwrap();
+    std::fs::write(mounted.join("file.txt"), "original").unwrap();
+    std::os::unix::fs::symlink(outside.join("secret.txt"), mounted.join("link")).unwrap();
+    std::os::unix::fs::symlink(&outside, mounted.join("dirlink")).unwrap();
+    Tree {
+        _root: root,
+        mounted,
+        outside,
+    }
+}
+
+async fn fs_op(caps: &Capabilities, args: Value) -> (Option<Value>, Option<String>) {
+    let g = hostile(caps.clone(), test_limits());
+    let leased = invoke(&g, "fs", args).await;
+    match &leased.result {
+        Ok(Ok(_)) => (Some(output(&leased)), None),
+        Ok(Err(_)) => (None, Some(failure(&leased))),
+        Err(e) => panic!("the fs tool was stopped: {e}"),
+    }
+}
+
+#[tokio::test]
+async fn reads_inside_the_mount_work() {
+    let t = tree();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadOnly)
+        .unwrap();
+    let (ok, err) = fs_op(
+        &caps,
+        json!({ "op": "read", "path": "/workspace/file.txt" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    assert!(ok.unwrap().to_string().contains("original"));
+}
+
+#[tokio::test]
+async fn no_path_leads_out_of_the_mount() {
+    let t = tree();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadWrite)
+        .unwrap();
+    let secret = t.outside.join("secret.txt");
+    let cases = [
+        // `..` escape from the mount.
+        json!({ "op": "read", "path": "/workspace/../outside/secret.txt" }),
+        // An absolute host path, outside every mount.
+        json!({ "op": "read", "path": secret.to_str().unwrap() }),
+        // A symlink inside the mount that points outside.
+        json!({ "op": "read", "path": "/workspace/link" }),
+        json!({ "op": "read", "path": "/workspace/dirlink/secret.txt" }),
+        // Writing through the escaping symlink.
+        json!({ "op": "write", "path": "/workspace/link", "content": "pwned" }),
+        json!({ "op": "list", "path": "/workspace/.." }),
+        json!({ "op": "list", "path": "/" }),
+    ];
+    for args in cases {
+        let (ok, err) = fs_op(&caps, args.clone()).await;
+        assert!(ok.is_none(), "{args}: the guest got {ok:?}");
+        let err = err.unwrap();
+        assert!(
+            err.contains("PermissionDenied") || err.contains("NotFound"),
+            "{args}: {err}"
+        );
+    }
+    assert_eq!(std::fs::read_to_string(&secret).unwrap(), "top secret");
+}
+
+#[tokio::test]
+async fn a_read_only_mount_refuses_every_change() {
+    let t = tree();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadOnly)
+        .unwrap();
+    let file = t.mounted.join("file.txt");
+    let before = std::fs::metadata(&file).unwrap().modified().unwrap();
+    let cases = [
+        json!({ "op": "write", "path": "/workspace/file.txt", "content": "changed" }),
+        json!({ "op": "truncate", "path": "/workspace/file.txt", "len": 0 }),
+        json!({ "op": "create", "path": "/workspace/new.txt" }),
+        json!({ "op": "rename", "from": "/workspace/file.txt", "to": "/workspace/moved.txt" }),
+        json!({ "op": "unlink", "path": "/workspace/file.txt" }),
+        json!({ "op": "set_times", "path": "/workspace/file.txt", "modified_ms": 0 }),
+        json!({ "op": "mkdir", "path": "/workspace/dir" }),
+    ];
+    for args in cases {
+        let (ok, err) = fs_op(&caps, args.clone()).await;
+        assert!(ok.is_none(), "{args}: the change went through: {ok:?}");
+        assert!(err.unwrap().contains("PermissionDenied"), "{args}");
+    }
+    assert_eq!(std::fs::read_to_string(&file).unwrap(), "original");
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().modified().unwrap(),
+        before
+    );
+    let mut names: Vec<String> = std::fs::read_dir(&t.mounted)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["dirlink", "file.txt", "link"]);
+}
+
+#[tokio::test]
+async fn a_read_write_mount_allows_changes_inside_it() {
+    let t = tree();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadWrite)
+        .unwrap();
+    let (_, err) = fs_op(
+        &caps,
+        json!({ "op": "write", "path": "/workspace/new.txt", "content": "made by the guest" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    assert_eq!(
+        std::fs::read_to_string(t.mounted.join("new.txt")).unwrap(),
+        "made by the guest"
+    );
+}
+
+#[tokio::test]
+async fn without_a_mount_there_is_no_filesystem() {
+    let g = hostile(Capabilities::none(), test_limits());
+    for path in ["/", "/etc/passwd", ".", "/workspace"] {
+        let leased = invoke(&g, "fs", json!({ "op": "read", "path": path })).await;
+        assert!(
+            matches!(&leased.result, Ok(Err(_))),
+            "{path}: {:?}",
+            leased.result
+        );
+    }
+    assert_serves_normal_call(&g).await;
+}

@@ -1,0 +1,129 @@
+//! Warden's integration tests against real wasmtime, compiled into one
+//! binary so they link once (the wasmtime `tests/all` pattern).
+//!
+//! - `hostile`: guests that try to exhaust fuel, time, memory, tables,
+//!   stack, stdio or output; each case asserts the typed outcome and that the
+//!   host then serves a normal call.
+//! - `filesystem`: escapes from a mount and writes through a read-only one.
+//! - `isolation`: leakage between leases, environment grants and redaction,
+//!   starvation, cancellation.
+//! - `loading`: the import allow-list, integrity pins, the component cache.
+//! - `kinds`: context sources and channels through their adapters.
+//! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
+
+mod filesystem;
+mod fs_plugin;
+mod hostile;
+mod isolation;
+mod kinds;
+mod loading;
+
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use warden::sandbox::{
+    Capabilities, GrantedComponent, Leased, Limits, Outcome, PluginComponent, Sandbox,
+    SandboxConfig, wit,
+};
+use warden_tests::guests;
+
+/// One sandbox for the whole binary, as in production: one engine per
+/// process.
+fn sandbox() -> &'static Sandbox {
+    static SANDBOX: OnceLock<Sandbox> = OnceLock::new();
+    SANDBOX.get_or_init(|| {
+        Sandbox::new(SandboxConfig {
+            cache_dir: Some(std::env::temp_dir().join("warden-tests-components")),
+            ..SandboxConfig::default()
+        })
+        .unwrap()
+    })
+}
+
+/// Loads a test guest by path.
+fn load(path: &str) -> PluginComponent {
+    let name = std::path::Path::new(path)
+        .file_stem()
+        .unwrap()
+        .to_string_lossy()
+        .replace('_', "-");
+    let wasm = std::fs::read(path).unwrap();
+    sandbox().load(&name, &wasm, None).unwrap()
+}
+
+/// Limits small enough for tests to hit quickly.
+fn test_limits() -> Limits {
+    Limits {
+        fuel: Some(2_000_000_000),
+        timeout: Duration::from_secs(5),
+        ..Limits::default()
+    }
+}
+
+/// The hostile guest with `capabilities` and `limits`.
+fn hostile(capabilities: Capabilities, limits: Limits) -> GrantedComponent {
+    static COMPONENT: OnceLock<PluginComponent> = OnceLock::new();
+    let component = COMPONENT.get_or_init(|| load(guests::HOSTILE));
+    sandbox().grant(component, capabilities, limits)
+}
+
+fn call(tool: &str, args: Value) -> wit::Call {
+    wit::Call {
+        id: "call-1".into(),
+        run_id: "run-1".into(),
+        tool: tool.into(),
+        arguments: args.to_string(),
+        idempotency_key: "run-1/call-1".into(),
+    }
+}
+
+async fn invoke(
+    g: &GrantedComponent,
+    tool: &str,
+    args: Value,
+) -> Leased<Result<wit::ToolOutput, wit::ToolError>> {
+    g.invoke(&call(tool, args), None).await
+}
+
+/// The output of a successful call, as JSON.
+fn output(leased: &Leased<Result<wit::ToolOutput, wit::ToolError>>) -> Value {
+    match &leased.result {
+        Ok(Ok(out)) => serde_json::from_str(&out.content).unwrap(),
+        other => panic!("expected success, got {other:?}"),
+    }
+}
+
+/// The message of a `failed` tool error.
+fn failure(leased: &Leased<Result<wit::ToolOutput, wit::ToolError>>) -> String {
+    match &leased.result {
+        Ok(Err(wit::ToolError::Failed(f))) => f.message.clone(),
+        other => panic!("expected a failed tool error, got {other:?}"),
+    }
+}
+
+/// After whatever the guest did, the same plugin still serves a normal call.
+async fn assert_serves_normal_call(g: &GrantedComponent) {
+    let leased = invoke(g, "noop", json!({})).await;
+    assert_eq!(leased.receipt.outcome, Outcome::Ok, "{:?}", leased.result);
+    assert_eq!(output(&leased), json!({}));
+}
+
+/// Every test guest must be used by some test: a guest added without one
+/// fails to compile here. Each constant names the test that covers it.
+#[allow(non_upper_case_globals, dead_code)]
+mod coverage {
+    pub const backdoor: &str = "loading::an_unknown_interface_is_refused_naming_it";
+    pub const channel: &str = "kinds::channels_deliver_and_report_typed_errors";
+    pub const context: &str = "kinds::context_sources_resolve_items_and_typed_errors";
+    pub const hostile: &str = "hostile::*";
+    pub const noop: &str = "loading::a_minimal_component_needs_no_wasi";
+    pub const sockets: &str = "loading::network_access_without_a_grant_is_refused_at_load";
+    pub const table_grow: &str = "hostile::table_growth_is_denied_at_the_limit";
+    macro_rules! covered {
+        ($name:ident) => {
+            const _: &str = $name;
+        };
+    }
+    warden_tests::foreach_guest!(covered);
+}
