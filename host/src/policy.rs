@@ -178,7 +178,7 @@ pub enum PolicyError {
         var: String,
     },
     /// A granted directory cannot be mounted.
-    #[error("plugin `{plugin}`: {source}")]
+    #[error("plugin `{plugin}`: cannot mount a granted directory")]
     Mount {
         /// The plugin.
         plugin: String,

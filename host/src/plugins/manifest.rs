@@ -75,7 +75,7 @@ pub struct MountRequest {
 #[non_exhaustive]
 pub enum ManifestError {
     /// The file cannot be read.
-    #[error("cannot read plugin manifest `{path}`: {source}")]
+    #[error("cannot read plugin manifest `{path}`")]
     Read {
         /// The file.
         path: PathBuf,

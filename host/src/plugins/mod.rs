@@ -99,7 +99,7 @@ pub enum PluginError {
         exported: String,
     },
     /// `describe` failed.
-    #[error("plugin `{plugin}`: describe failed: {source}")]
+    #[error("plugin `{plugin}`: describe failed")]
     Describe {
         /// The plugin.
         plugin: String,

@@ -17,7 +17,7 @@ pub enum SandboxError {
         reason: String,
     },
     /// A file could not be read or written.
-    #[error("{action} `{path}`: {source}")]
+    #[error("{action} `{path}`")]
     Io {
         /// What was being done, for example "cannot read component".
         action: &'static str,

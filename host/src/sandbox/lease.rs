@@ -508,3 +508,76 @@ fn emit_stdio(plugin: &GrantedComponent, stream: Stream, bytes: &[u8]) {
         tracing::info!(target: "warden::plugin", plugin = &*plugin.component.inner.name, stream, "{line}");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn trap(t: Trap) -> wasmtime::Error {
+        wasmtime::Error::from(t)
+    }
+
+    #[test]
+    fn failures_are_attributed_deadline_then_fuel_then_denial_then_trap() {
+        let limits = Limits {
+            fuel: Some(7),
+            ..Limits::default()
+        };
+        let denial = Some(Denial::Memory {
+            requested: 200,
+            limit: 100,
+        });
+        assert!(matches!(
+            attribute(trap(Trap::Interrupt), &limits, denial),
+            LeaseFailure::Timeout { .. }
+        ));
+        assert_eq!(
+            attribute(trap(Trap::OutOfFuel), &limits, denial),
+            LeaseFailure::OutOfFuel { limit: 7 }
+        );
+        assert_eq!(
+            attribute(trap(Trap::UnreachableCodeReached), &limits, denial),
+            LeaseFailure::MemoryLimit {
+                requested: 200,
+                limit: 100
+            }
+        );
+        let table = Some(Denial::Table {
+            requested: 11,
+            limit: 10,
+        });
+        assert_eq!(
+            attribute(trap(Trap::UnreachableCodeReached), &limits, table),
+            LeaseFailure::TableLimit {
+                requested: 11,
+                limit: 10
+            }
+        );
+        match attribute(trap(Trap::StackOverflow), &limits, None) {
+            LeaseFailure::Trap { message } => assert!(message.contains("stack"), "{message}"),
+            other => panic!("{other:?}"),
+        }
+        match attribute(
+            wasmtime::Error::from(wasmtime_wasi::I32Exit(3)),
+            &limits,
+            None,
+        ) {
+            LeaseFailure::Trap { message } => {
+                assert_eq!(message, "guest exited with status 3")
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn long_trap_messages_are_cut() {
+        let long = wasmtime::format_err!("{}", "é".repeat(MAX_TRAP_MESSAGE));
+        match attribute(long, &Limits::default(), None) {
+            LeaseFailure::Trap { message } => {
+                assert!(message.len() <= MAX_TRAP_MESSAGE + '…'.len_utf8());
+                assert!(message.ends_with('…'));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

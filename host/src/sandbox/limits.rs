@@ -48,14 +48,16 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// Limits for `describe` and other metadata calls: the plugin's own
-    /// limits, tightened to at most 1 s, 1,000,000,000 fuel and 256 KiB of
-    /// output.
+    /// Limits for `describe` and other metadata calls, the same whatever
+    /// the operator set for calls (so the answer can be cached per
+    /// component): 1,000,000,000 fuel, 2 s, 256 KiB of output, 16 KiB of
+    /// stdio; memory and tables as the plugin's.
     pub fn for_metadata(&self) -> Limits {
         Limits {
-            fuel: Some(self.fuel.unwrap_or(u64::MAX).min(1_000_000_000)),
-            timeout: self.timeout.min(Duration::from_secs(1)),
-            output_bytes: self.output_bytes.min(256 << 10),
+            fuel: Some(1_000_000_000),
+            timeout: Duration::from_secs(2),
+            output_bytes: 256 << 10,
+            stdio_bytes: 16 << 10,
             ..self.clone()
         }
     }
@@ -204,21 +206,24 @@ mod tests {
     }
 
     #[test]
-    fn metadata_limits_are_never_looser_than_the_plugin_limits() {
+    fn metadata_limits_do_not_depend_on_the_call_limits() {
         let tight = Limits {
             fuel: Some(5),
             timeout: Duration::from_millis(10),
             output_bytes: 7,
+            memory_bytes: 3 << 20,
             ..Limits::default()
         };
-        let meta = tight.for_metadata();
-        assert_eq!(meta.fuel, Some(5));
-        assert_eq!(meta.timeout, Duration::from_millis(10));
-        assert_eq!(meta.output_bytes, 7);
-        let unmetered = Limits {
-            fuel: None,
-            ..Limits::default()
-        };
-        assert_eq!(unmetered.for_metadata().fuel, Some(1_000_000_000));
+        assert_eq!(
+            tight.for_metadata(),
+            Limits {
+                fuel: Some(1_000_000_000),
+                timeout: Duration::from_secs(2),
+                memory_bytes: 3 << 20,
+                table_elements: tight.table_elements,
+                output_bytes: 256 << 10,
+                stdio_bytes: 16 << 10,
+            }
+        );
     }
 }

@@ -1,0 +1,371 @@
+//! End-to-end tests of the `warden` binary: each runs the real executable and
+//! checks its output and exit code, including bad input (each error is one
+//! clear line naming the file, key, tool or value).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn warden(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_warden"))
+        .args(args)
+        .current_dir(cwd)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-cli-test-cache"),
+        )
+        .env_remove("RUST_LOG")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// A workspace directory with one file.
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("hello.txt"), "hello from the host\n").unwrap();
+    dir
+}
+
+#[test]
+fn inspect_a_builtin_plugin() {
+    let dir = workspace();
+    let out = warden(&["plugin", "inspect", "builtin:fs"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in [
+        "plugin fs",
+        "(tool)",
+        "warden:plugin/tool@0.1.0",
+        "mount workspace (/workspace, read-write)",
+        "read_file [read]",
+        "write_file [write]",
+        "limits:",
+    ] {
+        assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
+    }
+    assert!(!text.contains("wasi:sockets"), "{text}");
+
+    let out = warden(&["plugin", "inspect", "builtin:fs", "--json"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json["name"], "fs");
+    assert_eq!(json["requests"]["mounts"][0]["name"], "workspace");
+    let tools = json["tools"].as_array().unwrap();
+    let edit = tools.iter().find(|t| t["name"] == "edit_file").unwrap();
+    assert_eq!(edit["effect"], "write");
+    assert_eq!(edit["input_schema"]["type"], "object");
+}
+
+#[test]
+fn inspect_a_component_file() {
+    let dir = workspace();
+    let wasm = dir.path().join("fs.wasm");
+    std::fs::write(&wasm, warden::plugins::builtin::find("fs").unwrap().wasm).unwrap();
+    let out = warden(&["plugin", "inspect", "fs.wasm"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("plugin fs (tool)"), "{text}");
+    assert!(text.contains("wasi:filesystem/preopens"), "{text}");
+    assert!(text.contains("read_file [read]"), "{text}");
+}
+
+#[test]
+fn call_a_tool_and_print_output_and_receipt() {
+    let dir = workspace();
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "read_file",
+            r#"{"path":"hello.txt"}"#,
+            "--mount",
+            "workspace=.:ro",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json["content"], "hello from the host\n");
+    let receipt = stderr(&out);
+    assert!(receipt.contains("read_file [read] ok"), "{receipt}");
+    assert!(receipt.contains("fuel"), "{receipt}");
+
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "list_dir",
+            "--mount",
+            "workspace=.:ro",
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json["ok"], true);
+    assert_eq!(json["effect"], "read");
+    assert_eq!(json["receipt"]["outcome"], "ok");
+    assert!(json["receipt"]["fuel_consumed"].as_u64().unwrap() > 0);
+    assert_eq!(json["output"]["entries"][0]["name"], "hello.txt");
+}
+
+#[test]
+fn preflight_shows_a_diff_and_changes_nothing() {
+    let dir = workspace();
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "edit_file",
+            r#"{"path":"hello.txt","old":"hello","new":"goodbye"}"#,
+            "--mount",
+            "workspace=.",
+            "--preflight",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("-hello from the host"), "{text}");
+    assert!(text.contains("+goodbye from the host"), "{text}");
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("hello.txt")).unwrap(),
+        "hello from the host\n"
+    );
+}
+
+#[test]
+fn a_tool_error_exits_1_and_a_limit_exits_3() {
+    let dir = workspace();
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "read_file",
+            r#"{"path":"../outside"}"#,
+            "--mount",
+            "workspace=.:ro",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("tool error: denied"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "write_file",
+            r#"{"path":"new.txt","content":"x"}"#,
+            "--mount",
+            "workspace=.:ro",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(!dir.path().join("new.txt").exists());
+
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "list_dir",
+            "--mount",
+            "workspace=.:ro",
+            "--fuel",
+            "1000",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("ran out of fuel (limit 1000)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("out_of_fuel"), "{}", stderr(&out));
+}
+
+/// Bad input: one line on stderr naming what was wrong, exit code 2.
+#[test]
+fn bad_input_is_one_clear_line_and_exit_2() {
+    let dir = workspace();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[
+                "plugin",
+                "call",
+                "builtin:fs",
+                "format_disk",
+                "{}",
+                "--mount",
+                "workspace=.",
+            ],
+            "has no tool `format_disk`",
+        ),
+        (
+            &[
+                "plugin",
+                "call",
+                "builtin:fs",
+                "list_dir",
+                "{}",
+                "--mount",
+                "home=.",
+            ],
+            "grant for mount `home`, which the plugin does not request",
+        ),
+        (
+            &[
+                "plugin",
+                "call",
+                "builtin:fs",
+                "list_dir",
+                "{}",
+                "--mount",
+                "workspace=./missing",
+            ],
+            "missing",
+        ),
+        (
+            &[
+                "plugin",
+                "call",
+                "builtin:fs",
+                "list_dir",
+                "{not json",
+                "--mount",
+                "workspace=.",
+            ],
+            "not valid JSON",
+        ),
+        (
+            &[
+                "plugin",
+                "call",
+                "builtin:fs",
+                "list_dir",
+                "[1]",
+                "--mount",
+                "workspace=.",
+            ],
+            "must be a JSON object",
+        ),
+        (
+            &["plugin", "call", "builtin:nope", "list_dir"],
+            "no built-in plugin `nope`",
+        ),
+        (
+            &[
+                "plugin",
+                "call",
+                "builtin:fs",
+                "list_dir",
+                "{}",
+                "--env",
+                "HOME",
+            ],
+            "environment variable `HOME`, which the plugin does not request",
+        ),
+        (
+            &[
+                "plugin",
+                "call",
+                "builtin:fs",
+                "list_dir",
+                "{}",
+                "--timeout",
+                "10",
+            ],
+            "needs a unit",
+        ),
+        (&["plugin", "inspect", "missing.toml"], "missing.toml"),
+    ];
+    for (args, expected) in cases {
+        let out = warden(args, dir.path());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{args:?}: expected `{expected}` in: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error: "), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn a_plugin_on_disk_is_pinned_by_its_manifest() {
+    let dir = workspace();
+    let builtin = warden::plugins::builtin::find("fs").unwrap();
+    std::fs::write(dir.path().join("fs.wasm"), builtin.wasm).unwrap();
+    let manifest = |sha: &str| {
+        format!(
+            "name = \"fs\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = \"fs.wasm\"\nsha256 = \"{sha}\"\n[mounts.workspace]\naccess = \"read-write\"\n"
+        )
+    };
+    std::fs::write(dir.path().join("plugin.toml"), manifest(builtin.sha256)).unwrap();
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "plugin.toml",
+            "list_dir",
+            "{}",
+            "--mount",
+            "workspace=.:ro",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+
+    std::fs::write(dir.path().join("plugin.toml"), manifest(&"ab".repeat(32))).unwrap();
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "plugin.toml",
+            "list_dir",
+            "{}",
+            "--mount",
+            "workspace=.:ro",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("but the manifest pins abab"),
+        "{}",
+        stderr(&out)
+    );
+
+    std::fs::write(
+        dir.path().join("plugin.toml"),
+        "name = \"fs\"\nversion = \"1\"\nkind = \"tool\"\nsurprise = true\n",
+    )
+    .unwrap();
+    let out = warden(&["plugin", "inspect", "plugin.toml"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(stderr(&out).contains("plugin.toml"), "{}", stderr(&out));
+    assert!(stderr(&out).contains("surprise"), "{}", stderr(&out));
+}
