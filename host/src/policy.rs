@@ -178,12 +178,12 @@ pub enum PolicyError {
         var: String,
     },
     /// A granted directory cannot be mounted.
-    #[error("plugin `{plugin}`: cannot mount a granted directory")]
+    #[error("plugin `{plugin}`: {error}")]
     Mount {
         /// The plugin.
         plugin: String,
         /// What is wrong with the directory.
-        source: MountError,
+        error: MountError,
     },
     /// A value in the grant is invalid.
     #[error("plugin `{plugin}`: grant key `{key}`: {message}")]
@@ -249,9 +249,9 @@ pub fn effective(
         }
         capabilities = capabilities
             .mount(mount, base_dir.join(&bound.dir), access)
-            .map_err(|source| PolicyError::Mount {
+            .map_err(|error| PolicyError::Mount {
                 plugin: plugin.clone(),
-                source,
+                error,
             })?;
     }
     for mount in manifest.mounts.keys() {

@@ -314,10 +314,10 @@ async fn load_unpinned(
     let mut manifest = Manifest::load(manifest)?;
     manifest.component = Some(wasm.to_owned());
     manifest.sha256 = None;
-    let bytes = std::fs::read(wasm).map_err(|source| crate::sandbox::SandboxError::Io {
+    let bytes = std::fs::read(wasm).map_err(|error| crate::sandbox::SandboxError::Io {
         action: "cannot read component",
         path: wasm.to_owned(),
-        source,
+        error,
     })?;
     host.load_parts(
         PluginSource::Manifest(wasm.to_owned()),

@@ -75,12 +75,12 @@ pub struct MountRequest {
 #[non_exhaustive]
 pub enum ManifestError {
     /// The file cannot be read.
-    #[error("cannot read plugin manifest `{path}`")]
+    #[error("cannot read plugin manifest `{path}`: {error}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML, or has unknown or mistyped keys.
     #[error("plugin manifest `{path}`: {message}")]
@@ -206,9 +206,9 @@ impl LimitSettings {
 impl Manifest {
     /// Reads, parses and validates the manifest at `path`.
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ManifestError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         Manifest::parse(&text, path, base)

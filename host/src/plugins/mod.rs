@@ -99,12 +99,12 @@ pub enum PluginError {
         exported: String,
     },
     /// `describe` failed.
-    #[error("plugin `{plugin}`: describe failed")]
+    #[error("plugin `{plugin}`: describe failed: {error}")]
     Describe {
         /// The plugin.
         plugin: String,
         /// Why.
-        source: LeaseError,
+        error: LeaseError,
     },
     /// A tool spec is unacceptable.
     #[error("plugin `{plugin}`: tool `{tool}`: {message}")]
@@ -196,14 +196,13 @@ impl PluginHost {
                     .component
                     .clone()
                     .ok_or_else(|| PluginError::NoComponent { path: path.clone() })?;
-                let wasm =
-                    tokio::fs::read(&component)
-                        .await
-                        .map_err(|source| SandboxError::Io {
-                            action: "cannot read component",
-                            path: component.clone(),
-                            source,
-                        })?;
+                let wasm = tokio::fs::read(&component)
+                    .await
+                    .map_err(|error| SandboxError::Io {
+                        action: "cannot read component",
+                        path: component.clone(),
+                        error,
+                    })?;
                 let expected = manifest.sha256.clone();
                 (manifest, Cow::Owned(wasm), expected)
             }
@@ -342,9 +341,9 @@ impl PluginHost {
             .describe_tools()
             .await
             .result
-            .map_err(|source| PluginError::Describe {
+            .map_err(|error| PluginError::Describe {
                 plugin: component.name().to_owned(),
-                source,
+                error,
             })?;
         let specs = Arc::new(specs);
         self.lock()

@@ -49,10 +49,10 @@ pub(crate) struct ComponentCache {
 
 impl ComponentCache {
     pub(crate) fn new(dir: PathBuf, engine: &Engine) -> Result<Self, SandboxError> {
-        std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Io {
+        std::fs::create_dir_all(&dir).map_err(|error| SandboxError::Io {
             action: "cannot create component cache directory",
             path: dir.clone(),
-            source,
+            error,
         })?;
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         engine.precompile_compatibility_hash().hash(&mut hasher);

@@ -17,14 +17,14 @@ pub enum SandboxError {
         reason: String,
     },
     /// A file could not be read or written.
-    #[error("{action} `{path}`")]
+    #[error("{action} `{path}`: {error}")]
     Io {
         /// What was being done, for example "cannot read component".
         action: &'static str,
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The component's bytes do not match the sha256 pinned in the manifest.
     #[error("plugin `{plugin}`: component sha256 is {actual}, but the manifest pins {expected}")]
