@@ -1,2 +1,47 @@
-//! The run engine: agent definitions, events, folding a log into state,
-//! deciding the next action, budgets, and the `Runtime` that drives runs.
+//! The run engine. A run is one durable execution of an agent on an input;
+//! its append-only log of [`Event`]s is its only truth.
+//!
+//! The pure core, where one step of a run is: fold the log into a
+//! [`RunState`] ([`fold`]), decide the next [`Action`] from the state and
+//! the agent ([`decide`]), then (in the runtime) append the intent, perform
+//! the effect, append the completion. Neither folding nor deciding does I/O.
+//!
+//! - [`agent`]: `agent.toml`, parsed strictly, validated, digested.
+//! - [`view`]: the agent with its plugins' tools resolved, as deciding sees it.
+//! - [`events`]: the event kinds and their versioned encoding.
+//! - [`state`]: folding, [`RunStatus`], the conversation.
+//! - [`decide`]: the decision table.
+//! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
+//! - [`prompt`]: assembling the model request.
+//! - [`replay`]: folding a recorded log while checking every decision.
+//! - [`ids`]: run and call ids, digests, idempotency keys.
+//! - [`canonical`]: canonical JSON for digests.
+//!
+//! Invariants: the log is the only truth (status and conversation are
+//! derived from it); an effect's intent is appended before the effect runs;
+//! a `write` intent without completion is never re-executed (the run derives
+//! to `needs_reconciliation`); replay re-reads recorded facts (completions,
+//! clock readings, pricing) and never live configuration.
+
+pub mod agent;
+pub mod budget;
+pub mod canonical;
+pub mod decide;
+pub mod events;
+pub mod ids;
+pub mod prompt;
+pub mod replay;
+pub mod state;
+pub mod view;
+
+#[cfg(test)]
+mod tests;
+
+pub use agent::{Agent, AgentError, ModelDefaults};
+pub use budget::{BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, Pricing};
+pub use decide::{Action, decide};
+pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
+pub use ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
+pub use replay::{ReplayError, ReplayOptions, replay};
+pub use state::{FoldError, RunState, RunStatus, fold};
+pub use view::AgentView;

@@ -1,0 +1,1089 @@
+//! Agent definitions: `agent.toml`, parsed strictly (unknown keys are
+//! errors), then validated as a separate step with errors naming the file
+//! and the key, and digested so a run can tell when its agent changed.
+//!
+//! ```toml
+//! name = "notes"                         # [a-z][a-z0-9-]*, at most 64 bytes
+//! description = "Reads and tidies notes" # optional
+//! instructions = "You keep the notes folder tidy."
+//! output_schema = '{"type": "object"}'   # optional, JSON text; enforced by
+//!                                        # the typed-results work, not yet
+//!
+//! [model]                                # optional: inherited whole when absent
+//! provider = "scripted"                  # scripted
+//! name = "demo"                          # the model, as the provider names it
+//! max_tokens = 1024                      # per call; default 4096
+//! transcript = "notes.transcript.toml"   # scripted only; relative to this file
+//! [model.pricing]                        # optional; needed by budgets.max_cost
+//! input_per_million = 3.0                # in `currency`, per million tokens
+//! output_per_million = 15.0
+//! currency = "USD"                       # default USD
+//!
+//! [plugins.fs]                           # the key names the plugin's tools: fs__<tool>
+//! source = "builtin:fs"                  # or a path to plugin.toml, relative to this file
+//! approval = { read_file = "never" }     # per tool: never | always | writes (default)
+//! [plugins.fs.grant.mounts.workspace]    # the operator's grant, as in policy::Grant;
+//! dir = "notes"                          # relative to this file
+//!
+//! [human_tools.ask_operator]             # a tool the model calls to ask a human:
+//! description = "Ask the operator"       # the run suspends until resumed with input
+//! arguments_schema = '{"type": "object"}'  # optional; default: {question: string}
+//! response_schema = '{"type": "string"}'   # optional; default: a string
+//!
+//! [budgets]                              # each optional; unset is unlimited
+//! max_steps = 20
+//! max_input_tokens = 200_000
+//! max_output_tokens = 20_000
+//! max_tool_calls = 50
+//! max_fuel = 50_000_000_000
+//! max_wall_time = "10m"
+//! max_cost = 1.50                        # needs [model.pricing]
+//!
+//! [labels]                               # at most 16; not part of the digest
+//! team = "ops"
+//! ```
+//!
+//! Provider and model travel together: an agent either sets the whole
+//! `[model]` table or inherits the operator's default table whole, so a
+//! model is never paired with a provider it was not configured for.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::budget::{BudgetLimits, Pricing, currency_to_nanos, price_to_micros};
+use super::canonical::{canonical_json, without_empty};
+use super::ids::AgentDigest;
+use crate::plugins::{PluginSource, builtin};
+use crate::policy::Grant;
+use crate::units::HumanDuration;
+
+/// Most labels on an agent or a run.
+pub const MAX_LABELS: usize = 16;
+/// Label keys must be shorter than this, in bytes.
+pub const MAX_LABEL_KEY: usize = 64;
+/// Label values must be shorter than this, in bytes.
+pub const MAX_LABEL_VALUE: usize = 256;
+/// Output tokens per model call when the agent does not say.
+pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+
+/// An agent file that cannot be read, parsed or accepted.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// The file cannot be read.
+    #[error("cannot read agent `{path}`: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML, or has unknown or mistyped keys.
+    #[error("agent `{path}`: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// What the TOML parser said, with line and key.
+        message: String,
+    },
+    /// A key has a value the agent file does not accept.
+    #[error("agent `{path}`: key `{key}`: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// The key, dotted.
+        key: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// The `[model]` table, as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelSection {
+    /// Which provider speaks to the model.
+    pub provider: ProviderKind,
+    /// The model, as the provider names it.
+    pub name: String,
+    /// Output tokens per call. Default: 4096.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u32>,
+    /// The scripted provider's transcript, relative to the file. Required
+    /// for `scripted`, refused otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transcript: Option<PathBuf>,
+    /// What tokens cost. Default: unpriced (no cost is recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<PricingSection>,
+}
+
+/// The providers an agent may name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProviderKind {
+    /// Replays a transcript file (see [`crate::providers::scripted`]).
+    Scripted,
+}
+
+impl ProviderKind {
+    /// The name, as written.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ProviderKind::Scripted => "scripted",
+        }
+    }
+}
+
+/// The `[model.pricing]` table, as written.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PricingSection {
+    /// Price of a million input tokens.
+    pub input_per_million: f64,
+    /// Price of a million output tokens.
+    pub output_per_million: f64,
+    /// ISO 4217 code. Default: `USD`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+}
+
+/// The operator's default `[model]` table, inherited whole by agents that
+/// set none.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelDefaults {
+    /// The table.
+    pub section: ModelSection,
+    /// What its relative paths (the transcript) resolve against: the
+    /// directory of the file it was read from.
+    pub base_dir: PathBuf,
+}
+
+/// When a tool call needs a human's approval.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ApprovalRule {
+    /// Never.
+    Never,
+    /// Always.
+    Always,
+    /// When the tool's effective effect class is `write`. The default.
+    #[default]
+    Writes,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AgentFile {
+    name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    instructions: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    model: Option<ModelSection>,
+    #[serde(default)]
+    plugins: BTreeMap<String, PluginEntry>,
+    #[serde(default)]
+    human_tools: BTreeMap<String, HumanToolEntry>,
+    #[serde(default)]
+    budgets: BudgetSettings,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PluginEntry {
+    source: String,
+    #[serde(default)]
+    grant: Grant,
+    #[serde(default)]
+    approval: BTreeMap<String, ApprovalRule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HumanToolEntry {
+    description: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    arguments_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    response_schema: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct BudgetSettings {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_steps: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_input_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_output_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_tool_calls: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_fuel: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_wall_time: Option<HumanDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_cost: Option<f64>,
+}
+
+/// A parsed and validated agent.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Agent {
+    /// The file it was read from.
+    pub path: PathBuf,
+    /// Its name.
+    pub name: String,
+    /// What it is for, for operators.
+    pub description: Option<String>,
+    /// The system prompt.
+    pub instructions: String,
+    /// The model it talks to.
+    pub model: ModelSettings,
+    /// The plugins whose tools it may use, by key, in key order.
+    pub plugins: Vec<AgentPlugin>,
+    /// The tools that ask a human, in name order.
+    pub human_tools: Vec<HumanTool>,
+    /// Its budgets, in engine units.
+    pub budgets: BudgetLimits,
+    /// Correlation labels (not part of the digest).
+    pub labels: BTreeMap<String, String>,
+    /// The JSON Schema of its final output, when declared.
+    pub output_schema: Option<Value>,
+    /// The digest of the definition, labels excluded.
+    pub digest: AgentDigest,
+}
+
+/// The model an agent talks to, resolved.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelSettings {
+    /// The provider.
+    pub provider: ProviderKind,
+    /// The model's name.
+    pub name: String,
+    /// Output tokens per call.
+    pub max_tokens: u32,
+    /// The scripted transcript, resolved against its file's directory.
+    pub transcript: Option<PathBuf>,
+    /// What tokens cost.
+    pub pricing: Option<Pricing>,
+}
+
+/// A plugin an agent uses.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AgentPlugin {
+    /// The key in the agent file; the model calls its tools `<key>__<tool>`.
+    pub key: String,
+    /// Where it comes from, paths resolved against the agent file.
+    pub source: PluginSource,
+    /// The operator's grant.
+    pub grant: Grant,
+    /// What relative directories in the grant resolve against.
+    pub grant_base: PathBuf,
+    /// Approval rules by tool name; unlisted tools use [`ApprovalRule::Writes`].
+    pub approval: BTreeMap<String, ApprovalRule>,
+}
+
+impl AgentPlugin {
+    /// The approval rule of `tool`.
+    pub fn approval_rule(&self, tool: &str) -> ApprovalRule {
+        self.approval.get(tool).copied().unwrap_or_default()
+    }
+}
+
+/// A tool the model calls to ask a human: the run suspends at the call and
+/// the resume input becomes its result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HumanTool {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it is for, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub arguments_schema: Value,
+    /// The JSON Schema the human's answer must satisfy.
+    pub response_schema: Value,
+}
+
+fn default_arguments_schema() -> Value {
+    serde_json::json!({
+        "type": "object",
+        "properties": {"question": {"type": "string", "description": "What to ask"}},
+        "required": ["question"],
+    })
+}
+
+fn default_response_schema() -> Value {
+    serde_json::json!({"type": "string"})
+}
+
+/// A problem with a set of labels.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LabelError {
+    /// More than [`MAX_LABELS`].
+    #[error("{count} labels, more than {MAX_LABELS}")]
+    TooMany {
+        /// How many there are.
+        count: usize,
+    },
+    /// An empty key.
+    #[error("a label key is empty")]
+    EmptyKey,
+    /// A key of [`MAX_LABEL_KEY`] bytes or more.
+    #[error("label key `{key}` is {len} bytes, it must be under {MAX_LABEL_KEY}")]
+    KeyTooLong {
+        /// The key.
+        key: String,
+        /// Its length.
+        len: usize,
+    },
+    /// A value of [`MAX_LABEL_VALUE`] bytes or more.
+    #[error("label `{key}` has a value of {len} bytes, it must be under {MAX_LABEL_VALUE}")]
+    ValueTooLong {
+        /// The key.
+        key: String,
+        /// The value's length.
+        len: usize,
+    },
+}
+
+impl LabelError {
+    /// The dotted key under `labels` the error is about.
+    fn key(&self) -> String {
+        match self {
+            LabelError::KeyTooLong { key, .. } | LabelError::ValueTooLong { key, .. } => {
+                format!("labels.{key}")
+            }
+            LabelError::TooMany { .. } | LabelError::EmptyKey => "labels".into(),
+        }
+    }
+}
+
+/// Checks labels against the limits (also for labels a runtime adds).
+pub fn validate_labels(labels: &BTreeMap<String, String>) -> Result<(), LabelError> {
+    if labels.len() > MAX_LABELS {
+        return Err(LabelError::TooMany {
+            count: labels.len(),
+        });
+    }
+    for (key, value) in labels {
+        if key.is_empty() {
+            return Err(LabelError::EmptyKey);
+        }
+        if key.len() >= MAX_LABEL_KEY {
+            return Err(LabelError::KeyTooLong {
+                key: key.clone(),
+                len: key.len(),
+            });
+        }
+        if value.len() >= MAX_LABEL_VALUE {
+            return Err(LabelError::ValueTooLong {
+                key: key.clone(),
+                len: value.len(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `name` is a valid agent name or plugin key: `[a-z][a-z0-9-]*`,
+/// at most 64 bytes.
+fn is_valid_name(name: &str) -> bool {
+    crate::plugins::manifest::is_valid_plugin_name(name)
+}
+
+/// Whether `name` is a valid human tool name: a valid tool name without
+/// `__`, so it cannot collide with a plugin tool's `<key>__<tool>`.
+fn is_valid_human_tool_name(name: &str) -> bool {
+    crate::plugins::tool::is_valid_tool_name(name) && !name.contains("__")
+}
+
+impl Agent {
+    /// Reads, parses and validates the agent at `path`. An agent without a
+    /// `[model]` table inherits `defaults`.
+    pub fn load(path: &Path, defaults: Option<&ModelDefaults>) -> Result<Agent, AgentError> {
+        let text = std::fs::read_to_string(path).map_err(|source| AgentError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Agent::parse(&text, path, defaults)
+    }
+
+    /// Parses and validates agent text. `path` names the file in errors, and
+    /// its directory is what relative paths resolve against.
+    pub fn parse(
+        text: &str,
+        path: &Path,
+        defaults: Option<&ModelDefaults>,
+    ) -> Result<Agent, AgentError> {
+        let file: AgentFile = toml::from_str(text).map_err(|e| AgentError::Parse {
+            path: path.to_owned(),
+            message: e.to_string().trim_end().to_owned(),
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        validate(file, path, base, defaults)
+    }
+}
+
+fn validate(
+    file: AgentFile,
+    path: &Path,
+    base: &Path,
+    defaults: Option<&ModelDefaults>,
+) -> Result<Agent, AgentError> {
+    let invalid = |key: &str, message: String| AgentError::Invalid {
+        path: path.to_owned(),
+        key: key.to_owned(),
+        message,
+    };
+    let json_object = |key: &str, text: &str| -> Result<Value, AgentError> {
+        match serde_json::from_str::<Value>(text) {
+            Ok(v @ Value::Object(_)) => Ok(v),
+            Ok(_) => Err(invalid(
+                key,
+                "must be a JSON object (JSON Schema) as text".into(),
+            )),
+            Err(e) => Err(invalid(key, format!("is not valid JSON: {e}"))),
+        }
+    };
+
+    if !is_valid_name(&file.name) {
+        return Err(invalid(
+            "name",
+            format!(
+                "`{}` is not a valid agent name (use [a-z][a-z0-9-]*, at most 64 bytes)",
+                file.name
+            ),
+        ));
+    }
+    if file.instructions.trim().is_empty() {
+        return Err(invalid("instructions", "must not be empty".into()));
+    }
+    let output_schema = file
+        .output_schema
+        .as_deref()
+        .map(|s| json_object("output_schema", s))
+        .transpose()?;
+
+    // The model: the agent's own table, or the defaults' whole.
+    let (section, model_base) = match (&file.model, defaults) {
+        (Some(section), _) => (section.clone(), base.to_owned()),
+        (None, Some(d)) => (d.section.clone(), d.base_dir.clone()),
+        (None, None) => {
+            return Err(invalid(
+                "model",
+                "no model: set [model] with `provider` and `name`, or configure a default model to inherit".into(),
+            ));
+        }
+    };
+    if section.name.trim().is_empty() {
+        return Err(invalid("model.name", "must not be empty".into()));
+    }
+    let max_tokens = section.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS);
+    if max_tokens == 0 || max_tokens > 1_000_000 {
+        return Err(invalid(
+            "model.max_tokens",
+            format!("must be between 1 and 1000000, got {max_tokens}"),
+        ));
+    }
+    let transcript = match (section.provider, &section.transcript) {
+        (ProviderKind::Scripted, Some(t)) => Some(model_base.join(t)),
+        (ProviderKind::Scripted, None) => {
+            return Err(invalid(
+                "model.transcript",
+                "is required for the scripted provider: name the transcript file".into(),
+            ));
+        }
+    };
+    let pricing = match &section.pricing {
+        None => None,
+        Some(p) => {
+            let currency = p.currency.clone().unwrap_or_else(|| "USD".into());
+            if currency.len() != 3 || !currency.bytes().all(|b| b.is_ascii_uppercase()) {
+                return Err(invalid(
+                    "model.pricing.currency",
+                    format!("`{currency}` is not an ISO 4217 code such as USD"),
+                ));
+            }
+            let price = |key: &str, amount: f64| {
+                price_to_micros(amount).ok_or_else(|| {
+                    invalid(key, format!("must be a non-negative amount, got {amount}"))
+                })
+            };
+            Some(Pricing {
+                currency,
+                input_micros_per_million: price(
+                    "model.pricing.input_per_million",
+                    p.input_per_million,
+                )?,
+                output_micros_per_million: price(
+                    "model.pricing.output_per_million",
+                    p.output_per_million,
+                )?,
+            })
+        }
+    };
+
+    let mut plugins = Vec::with_capacity(file.plugins.len());
+    for (key, entry) in &file.plugins {
+        let at = |k: &str| format!("plugins.{key}.{k}");
+        if !is_valid_name(key) {
+            return Err(invalid(
+                &format!("plugins.{key}"),
+                "is not a valid plugin key (use [a-z][a-z0-9-]*, at most 64 bytes)".into(),
+            ));
+        }
+        if entry.source.trim().is_empty() {
+            return Err(invalid(&at("source"), "must not be empty".into()));
+        }
+        let source = match entry.source.parse::<PluginSource>() {
+            Ok(PluginSource::Builtin(name)) => {
+                if builtin::find(&name).is_none() {
+                    return Err(invalid(
+                        &at("source"),
+                        format!(
+                            "no built-in plugin `{name}` (built in: {})",
+                            builtin::names().join(", ")
+                        ),
+                    ));
+                }
+                PluginSource::Builtin(name)
+            }
+            Ok(PluginSource::Manifest(p)) => PluginSource::Manifest(base.join(p)),
+            Err(never) => match never {},
+        };
+        for tool in entry.approval.keys() {
+            if !crate::plugins::tool::is_valid_tool_name(tool) {
+                return Err(invalid(
+                    &at(&format!("approval.{tool}")),
+                    "is not a valid tool name (use [a-z][a-z0-9_]*, at most 64 bytes)".into(),
+                ));
+            }
+        }
+        entry
+            .grant
+            .limits
+            .validate(&at("grant.limits"))
+            .map_err(|(key, message)| invalid(&key, message))?;
+        for (tool, o) in &entry.grant.tools {
+            if let Some(schema) = &o.input_schema {
+                json_object(&at(&format!("grant.tools.{tool}.input_schema")), schema)?;
+            }
+        }
+        plugins.push(AgentPlugin {
+            key: key.clone(),
+            source,
+            grant: entry.grant.clone(),
+            grant_base: base.to_owned(),
+            approval: entry.approval.clone(),
+        });
+    }
+
+    let mut human_tools = Vec::with_capacity(file.human_tools.len());
+    for (name, entry) in &file.human_tools {
+        let at = |k: &str| format!("human_tools.{name}.{k}");
+        if !is_valid_human_tool_name(name) {
+            return Err(invalid(
+                &format!("human_tools.{name}"),
+                "is not a valid human tool name (use [a-z][a-z0-9_]*, at most 64 bytes, without `__`)"
+                    .into(),
+            ));
+        }
+        if entry.description.trim().is_empty() {
+            return Err(invalid(&at("description"), "must not be empty".into()));
+        }
+        human_tools.push(HumanTool {
+            name: name.clone(),
+            description: entry.description.clone(),
+            arguments_schema: match &entry.arguments_schema {
+                Some(s) => json_object(&at("arguments_schema"), s)?,
+                None => default_arguments_schema(),
+            },
+            response_schema: match &entry.response_schema {
+                Some(s) => json_object(&at("response_schema"), s)?,
+                None => default_response_schema(),
+            },
+        });
+    }
+
+    let b = &file.budgets;
+    for (key, value) in [
+        ("budgets.max_steps", b.max_steps),
+        ("budgets.max_input_tokens", b.max_input_tokens),
+        ("budgets.max_output_tokens", b.max_output_tokens),
+        ("budgets.max_tool_calls", b.max_tool_calls),
+        ("budgets.max_fuel", b.max_fuel),
+    ] {
+        if value == Some(0) {
+            return Err(invalid(key, "must be more than zero".into()));
+        }
+    }
+    let wall_time_ms = match b.max_wall_time {
+        Some(d) if d.0.is_zero() => {
+            return Err(invalid(
+                "budgets.max_wall_time",
+                "must be more than zero".into(),
+            ));
+        }
+        Some(d) => Some(u64::try_from(d.0.as_millis()).unwrap_or(u64::MAX)),
+        None => None,
+    };
+    let cost_nanos = match b.max_cost {
+        None => None,
+        Some(amount) => {
+            if pricing.is_none() {
+                return Err(invalid(
+                    "budgets.max_cost",
+                    "a cost budget needs pricing: set [model.pricing] with input_per_million and output_per_million".into(),
+                ));
+            }
+            match currency_to_nanos(amount) {
+                Some(n) if n > 0 => Some(n),
+                _ => {
+                    return Err(invalid(
+                        "budgets.max_cost",
+                        format!("must be a positive amount, got {amount}"),
+                    ));
+                }
+            }
+        }
+    };
+    let budgets = BudgetLimits {
+        steps: b.max_steps,
+        input_tokens: b.max_input_tokens,
+        output_tokens: b.max_output_tokens,
+        cost_nanos,
+        tool_calls: b.max_tool_calls,
+        fuel: b.max_fuel,
+        wall_time_ms,
+    };
+
+    validate_labels(&file.labels).map_err(|e| invalid(&e.key(), e.to_string()))?;
+
+    let digest = digest(&file, &section);
+    Ok(Agent {
+        path: path.to_owned(),
+        name: file.name,
+        description: file.description,
+        instructions: file.instructions,
+        model: ModelSettings {
+            provider: section.provider,
+            name: section.name,
+            max_tokens,
+            transcript,
+            pricing,
+        },
+        plugins,
+        human_tools,
+        budgets,
+        labels: file.labels,
+        output_schema,
+        digest,
+    })
+}
+
+/// The digest: sha256 of a versioned tag and the canonical JSON of the file
+/// as written, with the effective `[model]` table and without labels. Null
+/// and empty members are dropped, so a new optional key does not change the
+/// digest of agents that leave it unset. Paths are digested as written, so
+/// the digest does not depend on where the files are.
+fn digest(file: &AgentFile, model: &ModelSection) -> AgentDigest {
+    let mut form = file.clone();
+    form.model = Some(model.clone());
+    form.labels.clear();
+    let value = serde_json::to_value(&form).expect("an agent file serializes to JSON");
+    let mut bytes = b"warden-agent-v1\n".to_vec();
+    bytes.extend_from_slice(canonical_json(&without_empty(&value)).as_bytes());
+    AgentDigest::of(&bytes)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) const MINIMAL: &str = r#"
+name = "notes"
+instructions = "You keep notes."
+
+[model]
+provider = "scripted"
+name = "demo"
+transcript = "notes.transcript.toml"
+"#;
+
+    fn parse(text: &str) -> Result<Agent, AgentError> {
+        Agent::parse(text, Path::new("/agents/notes.toml"), None)
+    }
+
+    #[test]
+    fn a_full_agent_parses_with_paths_resolved_and_units_converted() {
+        let text = r#"
+name = "notes"
+description = "Tidies notes"
+instructions = "You keep notes."
+output_schema = '{"type": "object"}'
+
+[model]
+provider = "scripted"
+name = "demo"
+max_tokens = 512
+transcript = "t/notes.toml"
+[model.pricing]
+input_per_million = 3.0
+output_per_million = 15.0
+
+[plugins.fs]
+source = "builtin:fs"
+approval = { read_file = "never", write_file = "always" }
+[plugins.fs.grant.mounts.workspace]
+dir = "notes"
+access = "read-only"
+
+[plugins.local]
+source = "../plugins/local/plugin.toml"
+
+[human_tools.ask_operator]
+description = "Ask the operator"
+
+[budgets]
+max_steps = 20
+max_tool_calls = 5
+max_wall_time = "10m"
+max_cost = 1.5
+
+[labels]
+team = "ops"
+"#;
+        let a = parse(text).unwrap();
+        assert_eq!(a.name, "notes");
+        assert_eq!(a.model.max_tokens, 512);
+        assert_eq!(
+            a.model.transcript.as_deref(),
+            Some(Path::new("/agents/t/notes.toml"))
+        );
+        assert_eq!(
+            a.model.pricing,
+            Some(Pricing {
+                currency: "USD".into(),
+                input_micros_per_million: 3_000_000,
+                output_micros_per_million: 15_000_000,
+            })
+        );
+        assert_eq!(a.plugins.len(), 2);
+        let fs = &a.plugins[0];
+        assert_eq!(fs.key, "fs");
+        assert_eq!(fs.source, PluginSource::Builtin("fs".into()));
+        assert_eq!(fs.grant_base, Path::new("/agents"));
+        assert_eq!(fs.grant.mounts["workspace"].dir, Path::new("notes"));
+        assert_eq!(fs.approval_rule("read_file"), ApprovalRule::Never);
+        assert_eq!(fs.approval_rule("write_file"), ApprovalRule::Always);
+        assert_eq!(fs.approval_rule("edit_file"), ApprovalRule::Writes);
+        assert_eq!(
+            a.plugins[1].source,
+            PluginSource::Manifest(PathBuf::from("/agents/../plugins/local/plugin.toml"))
+        );
+        assert_eq!(a.human_tools[0].name, "ask_operator");
+        assert_eq!(a.human_tools[0].response_schema, default_response_schema());
+        assert_eq!(
+            a.budgets,
+            BudgetLimits {
+                steps: Some(20),
+                tool_calls: Some(5),
+                wall_time_ms: Some(600_000),
+                cost_nanos: Some(1_500_000_000),
+                ..BudgetLimits::default()
+            }
+        );
+        assert_eq!(a.labels["team"], "ops");
+        assert_eq!(a.output_schema, Some(serde_json::json!({"type": "object"})));
+    }
+
+    /// Asserts that `text` is refused with an error naming `key` and saying
+    /// `message`.
+    fn assert_invalid(text: &str, key: &str, message: &str) {
+        match parse(text) {
+            Err(AgentError::Invalid {
+                key: k,
+                message: m,
+                path,
+            }) => {
+                assert_eq!(path, Path::new("/agents/notes.toml"));
+                assert_eq!(k, key, "{text}");
+                assert!(m.contains(message), "{key}: {m}");
+            }
+            other => panic!("expected an invalid key `{key}`, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn validation_errors_name_the_file_and_the_key() {
+        let with = |extra: &str| format!("{MINIMAL}{extra}");
+        let long_key = format!("labels.{}", "k".repeat(64));
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                MINIMAL.replace("name = \"notes\"", "name = \"Notes!\""),
+                "name",
+                "not a valid agent name",
+            ),
+            (
+                MINIMAL.replace("You keep notes.", " "),
+                "instructions",
+                "must not be empty",
+            ),
+            (
+                MINIMAL.replace("transcript = \"notes.transcript.toml\"\n", ""),
+                "model.transcript",
+                "is required for the scripted provider",
+            ),
+            (
+                MINIMAL.replace("name = \"demo\"", "name = \"\""),
+                "model.name",
+                "must not be empty",
+            ),
+            (
+                MINIMAL.replace("name = \"demo\"", "name = \"demo\"\nmax_tokens = 0"),
+                "model.max_tokens",
+                "between 1 and 1000000",
+            ),
+            (
+                with("[budgets]\nmax_cost = 1.0\n"),
+                "budgets.max_cost",
+                "a cost budget needs pricing",
+            ),
+            (
+                with("[budgets]\nmax_steps = 0\n"),
+                "budgets.max_steps",
+                "more than zero",
+            ),
+            (
+                with("[budgets]\nmax_wall_time = \"0s\"\n"),
+                "budgets.max_wall_time",
+                "more than zero",
+            ),
+            (
+                with("[model.pricing]\ninput_per_million = -1.0\noutput_per_million = 1.0\n"),
+                "model.pricing.input_per_million",
+                "non-negative",
+            ),
+            (
+                with(
+                    "[model.pricing]\ninput_per_million = 1.0\noutput_per_million = 1.0\ncurrency = \"usd\"\n",
+                ),
+                "model.pricing.currency",
+                "not an ISO 4217 code",
+            ),
+            (
+                with("[plugins.fs]\nsource = \"builtin:nope\"\n"),
+                "plugins.fs.source",
+                "no built-in plugin `nope` (built in: fs",
+            ),
+            (
+                with("[plugins.Fs]\nsource = \"builtin:fs\"\n"),
+                "plugins.Fs",
+                "not a valid plugin key",
+            ),
+            (
+                with("[plugins.fs]\nsource = \"builtin:fs\"\napproval = { Bad = \"never\" }\n"),
+                "plugins.fs.approval.Bad",
+                "not a valid tool name",
+            ),
+            (
+                with(
+                    "[plugins.fs]\nsource = \"builtin:fs\"\n[plugins.fs.grant.limits]\ntimeout = \"0s\"\n",
+                ),
+                "plugins.fs.grant.limits.timeout",
+                "more than zero",
+            ),
+            (
+                with(
+                    "[plugins.fs]\nsource = \"builtin:fs\"\n[plugins.fs.grant.tools.read_file]\ninput_schema = \"[1]\"\n",
+                ),
+                "plugins.fs.grant.tools.read_file.input_schema",
+                "must be a JSON object",
+            ),
+            (
+                with("[human_tools.ask__x]\ndescription = \"d\"\n"),
+                "human_tools.ask__x",
+                "without `__`",
+            ),
+            (
+                with("[human_tools.ask]\ndescription = \"d\"\nresponse_schema = \"{\"\n"),
+                "human_tools.ask.response_schema",
+                "is not valid JSON",
+            ),
+            (
+                format!("output_schema = '\"x\"'\n{MINIMAL}"),
+                "output_schema",
+                "must be a JSON object",
+            ),
+            (
+                with(&format!("[labels]\nk = \"{}\"\n", "v".repeat(256))),
+                "labels.k",
+                "must be under 256",
+            ),
+            (
+                with(&format!("[labels]\n{} = \"v\"\n", "k".repeat(64))),
+                &long_key,
+                "must be under 64",
+            ),
+            (
+                with(&format!(
+                    "[labels]\n{}",
+                    (0..17)
+                        .map(|i| format!("k{i} = \"v\"\n"))
+                        .collect::<String>()
+                )),
+                "labels",
+                "17 labels, more than 16",
+            ),
+        ];
+        for (text, key, message) in cases {
+            assert_invalid(&text, key, message);
+        }
+    }
+
+    #[test]
+    fn parsing_is_strict() {
+        for (text, expected) in [
+            (format!("{MINIMAL}colour = 1\n"), "unknown field `colour`"),
+            (
+                MINIMAL.replace("name = \"demo\"", "name = \"demo\"\ntemperature = 1"),
+                "unknown field `temperature`",
+            ),
+            (
+                MINIMAL.replace("\"scripted\"", "\"openai\""),
+                "unknown variant `openai`",
+            ),
+            (
+                format!(
+                    "{MINIMAL}[plugins.fs]\nsource = \"builtin:fs\"\napproval = {{ read_file = \"sometimes\" }}\n"
+                ),
+                "unknown variant `sometimes`",
+            ),
+            (
+                format!(
+                    "{MINIMAL}[plugins.fs]\nsource = \"builtin:fs\"\n[plugins.fs.grant]\nnetwork = true\n"
+                ),
+                "unknown field `network`",
+            ),
+            (
+                MINIMAL.replace("provider = \"scripted\"\n", ""),
+                "missing field `provider`",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err();
+            assert!(
+                matches!(err, AgentError::Parse { .. }) && err.to_string().contains(expected),
+                "{expected}: {err}"
+            );
+            assert!(
+                err.to_string().starts_with("agent `/agents/notes.toml`: "),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_model_is_inherited_whole_or_not_at_all() {
+        let without_model = "name = \"notes\"\ninstructions = \"i\"\n";
+        let err = parse(without_model).unwrap_err();
+        assert!(err.to_string().contains("key `model`: no model"), "{err}");
+        let defaults = ModelDefaults {
+            section: ModelSection {
+                provider: ProviderKind::Scripted,
+                name: "default-model".into(),
+                max_tokens: None,
+                transcript: Some("default.toml".into()),
+                pricing: None,
+            },
+            base_dir: PathBuf::from("/etc/warden"),
+        };
+        let a = Agent::parse(without_model, Path::new("/a/x.toml"), Some(&defaults)).unwrap();
+        assert_eq!(a.model.name, "default-model");
+        assert_eq!(
+            a.model.transcript.as_deref(),
+            Some(Path::new("/etc/warden/default.toml"))
+        );
+        // An agent that sets [model] takes none of the defaults' keys.
+        let own = Agent::parse(MINIMAL, Path::new("/a/x.toml"), Some(&defaults)).unwrap();
+        assert_eq!(own.model.name, "demo");
+        assert_eq!(
+            own.model.transcript.as_deref(),
+            Some(Path::new("/a/notes.transcript.toml"))
+        );
+        // Half a pair is not a table.
+        let half = "name = \"n\"\ninstructions = \"i\"\n[model]\nname = \"other\"\n";
+        let err = Agent::parse(half, Path::new("/a/x.toml"), Some(&defaults)).unwrap_err();
+        assert!(
+            err.to_string().contains("missing field `provider`"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn the_digest_is_stable_excludes_labels_and_sees_everything_else() {
+        let base = parse(MINIMAL).unwrap();
+        // Pinned: a recorded digest must stay comparable across versions.
+        assert_eq!(
+            base.digest,
+            AgentDigest::of(
+                br#"warden-agent-v1
+{"instructions":"You keep notes.","model":{"name":"demo","provider":"scripted","transcript":"notes.transcript.toml"},"name":"notes"}"#
+            )
+        );
+        // Formatting, key order, labels and the file's location do not matter.
+        let reordered = "instructions = \"You keep notes.\"\nname = \"notes\"\n[labels]\nx = \"y\"\n[model]\ntranscript = \"notes.transcript.toml\"\nname = \"demo\"\nprovider = \"scripted\"\n";
+        assert_eq!(parse(reordered).unwrap().digest, base.digest);
+        let elsewhere = Agent::parse(MINIMAL, Path::new("/other/notes.toml"), None).unwrap();
+        assert_eq!(elsewhere.digest, base.digest);
+        // Anything else does.
+        for changed in [
+            MINIMAL.replace("You keep notes.", "You keep notes!"),
+            MINIMAL.replace("name = \"demo\"", "name = \"demo\"\nmax_tokens = 10"),
+            format!("{MINIMAL}[budgets]\nmax_steps = 3\n"),
+            format!("{MINIMAL}[plugins.fs]\nsource = \"builtin:fs\"\n"),
+            format!(
+                "{MINIMAL}[plugins.fs]\nsource = \"builtin:fs\"\napproval = {{ read_file = \"always\" }}\n"
+            ),
+        ] {
+            assert_ne!(parse(&changed).unwrap().digest, base.digest, "{changed}");
+        }
+    }
+
+    #[test]
+    fn labels_are_checked_on_their_own_too() {
+        let ok = BTreeMap::from([("a".to_owned(), "b".to_owned())]);
+        assert_eq!(validate_labels(&ok), Ok(()));
+        let empty = BTreeMap::from([(String::new(), "b".to_owned())]);
+        assert_eq!(validate_labels(&empty), Err(LabelError::EmptyKey));
+    }
+
+    #[test]
+    fn load_reads_the_file_and_names_it_when_it_cannot() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("notes.toml");
+        std::fs::write(&path, MINIMAL).unwrap();
+        let a = Agent::load(&path, None).unwrap();
+        assert_eq!(a.path, path);
+        assert_eq!(
+            a.model.transcript,
+            Some(dir.path().join("notes.transcript.toml"))
+        );
+        let missing = dir.path().join("missing.toml");
+        let err = Agent::load(&missing, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with(&format!("cannot read agent `{}`", missing.display())),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,488 @@
+//! Deciding the next action of a run: [`decide`] is pure, from the folded
+//! [`RunState`] and the [`AgentView`] alone.
+//!
+//! | the state                                   | the action |
+//! | ------------------------------------------- | ---------- |
+//! | terminal                                    | [`Action::Idle`] (terminal) |
+//! | parked: approval, input, budget, a dangling write | [`Action::Idle`] (why) |
+//! | a model intent without completion (crash)   | [`Action::CallModel`], intent already recorded |
+//! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
+//! | next call names no tool / has non-object args | [`Action::RejectToolCall`] |
+//! | next call is a human tool                   | [`Action::Park`] (suspend, with the answer's schema) |
+//! | next call pending, budget used up           | [`Action::Park`] (budget exceeded) |
+//! | next call pending, wall-time budget, clock stale | [`Action::ObserveClock`] |
+//! | next call pending and needs approval        | [`Action::RequestApproval`] |
+//! | next call pending (no approval) or approved | [`Action::CallTool`] with frozen arguments |
+//! | last model call failed permanently          | [`Action::Fail`] |
+//! | last model call failed transiently, attempts left | [`Action::CallModel`], next attempt (budgets checked) |
+//! | … transiently, [`MAX_MODEL_ATTEMPTS`] reached | [`Action::Fail`] |
+//! | last turn has no tool calls, cut by max_tokens | [`Action::Fail`] |
+//! | last turn has no tool calls                 | [`Action::Finish`] with its text |
+//! | otherwise (start, or every call settled)    | budgets, then [`Action::CallModel`] for the next step |
+//!
+//! Budgets are checked before every effect in [`BudgetKind::ORDER`]; see
+//! [`super::budget`] for which apply to which effect. Wall time is only
+//! measured from a clock reading recorded right before the check, so replay
+//! sees the same numbers.
+//!
+//! The runtime performs an action and records it: for a model or tool call,
+//! intent ([`ModelCall::intent`], [`ToolInvocation::intent`]) then the effect
+//! then the completion, all in one step (deciding again between intent and
+//! completion would see the intent in flight); for the others,
+//! [`Action::event`] is the one event to append.
+
+use serde_json::Value;
+
+use super::budget::{BudgetKind, BudgetOverrun, Pricing, first_exhausted};
+use super::canonical::request_hash;
+use super::events::{
+    ApprovalRequested, Event, InvocationOutcome, ModelCallCompleted, ModelCallError,
+    ModelCallFailed, ModelCallIntent, PreflightOutcome, Preview, RunCompleted, RunError, RunFailed,
+    Suspended, ToolCallCompleted, ToolCallError, ToolCallIntent, ToolCallRejected, ToolCallResult,
+    ToolRef,
+};
+use super::ids::{CallId, RequestHash, RunId, idempotency_key};
+use super::prompt::build_request;
+use super::state::{
+    ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState,
+};
+use super::view::{AgentView, ToolTarget};
+use crate::policy::EffectClass;
+use crate::providers::{ModelRequest, ModelResponse, ProviderError, StopReason};
+use crate::sandbox::{UsageReceipt, wit};
+
+/// Attempts at one step's model call before a run of transient failures
+/// fails the run.
+pub const MAX_MODEL_ATTEMPTS: u32 = 3;
+
+/// What to do next.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Call the model.
+    CallModel(ModelCall),
+    /// Run a tool.
+    CallTool(ToolInvocation),
+    /// Ask a human to approve a tool call (after its preflight).
+    RequestApproval(ApprovalRequest),
+    /// Refuse a tool call the model made; the error is its result.
+    RejectToolCall(ToolCallRejected),
+    /// Read the clock and record it (a wall-time budget is about to be
+    /// checked).
+    ObserveClock,
+    /// The run is done.
+    Finish(RunCompleted),
+    /// Park the run for a human.
+    Park(Park),
+    /// The run cannot go on.
+    Fail(RunError),
+    /// Nothing to do until a human acts, or ever.
+    Idle(Idle),
+}
+
+impl Action {
+    /// The one event that records this action, for the actions that are
+    /// nothing but a record (reject, finish, park, fail). `None` for effects
+    /// (recorded as intent and completion), clock reads and idling.
+    pub fn event(&self) -> Option<Event> {
+        match self {
+            Action::RejectToolCall(r) => Some(Event::ToolCallRejected(r.clone())),
+            Action::Finish(c) => Some(Event::RunCompleted(c.clone())),
+            Action::Park(Park::BudgetExceeded(o)) => Some(Event::BudgetExceeded(*o)),
+            Action::Park(Park::Suspend(s)) => Some(Event::Suspended(s.clone())),
+            Action::Fail(e) => Some(Event::RunFailed(RunFailed { error: e.clone() })),
+            Action::CallModel(_)
+            | Action::CallTool(_)
+            | Action::RequestApproval(_)
+            | Action::ObserveClock
+            | Action::Idle(_) => None,
+        }
+    }
+}
+
+/// A model call to make.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ModelCall {
+    /// The step, from 1.
+    pub step: u32,
+    /// The attempt, from 1.
+    pub attempt: u32,
+    /// The request.
+    pub request: ModelRequest,
+    /// Its hash.
+    pub request_hash: RequestHash,
+    /// Whether the intent is already in the log (a crash came between it
+    /// and the completion): then make the call without recording a new
+    /// intent, and check [`request_hash`](Self::request_hash) against the
+    /// recorded one first.
+    pub recorded: bool,
+}
+
+impl ModelCall {
+    /// The intent to record; the request rides along when prompts are
+    /// recorded.
+    pub fn intent(&self, record_prompts: bool) -> Event {
+        Event::ModelCallIntent(ModelCallIntent {
+            step: self.step,
+            attempt: self.attempt,
+            request_hash: self.request_hash.clone(),
+            request: record_prompts.then(|| self.request.clone()),
+        })
+    }
+
+    /// The completion to record for `response`, priced with `pricing` (the
+    /// agent's, recorded with it).
+    pub fn completion(&self, response: &ModelResponse, pricing: Option<&Pricing>) -> Event {
+        Event::ModelCallCompleted(ModelCallCompleted {
+            step: self.step,
+            text: response.text.clone(),
+            tool_calls: response.tool_calls.clone(),
+            usage: response.usage,
+            cost_nanos: pricing.map(|p| p.cost_nanos(&response.usage)),
+            pricing: pricing.cloned(),
+            stop_reason: response.stop_reason.unwrap_or(StopReason::Other),
+        })
+    }
+
+    /// The failure to record for `error`.
+    pub fn failure(&self, error: &ProviderError) -> Event {
+        Event::ModelCallFailed(ModelCallFailed {
+            step: self.step,
+            error: ModelCallError::from(error),
+        })
+    }
+}
+
+/// A tool call to run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolInvocation {
+    /// Its intent: the tool, frozen arguments, effect class, key.
+    pub intent: ToolCallIntent,
+    /// Whether the intent is already in the log (a crash came between it and
+    /// the completion of a `read` or `idempotent` call): then run it again
+    /// without recording a new intent.
+    pub recorded: bool,
+}
+
+impl ToolInvocation {
+    /// The intent to record.
+    pub fn intent(&self) -> Event {
+        Event::ToolCallIntent(self.intent.clone())
+    }
+
+    /// The call to hand the plugin.
+    pub fn wit_call(&self, run_id: &RunId) -> wit::Call {
+        wit_call(
+            run_id,
+            &self.intent.call_id,
+            &self.intent.tool,
+            &self.intent.arguments,
+        )
+    }
+
+    /// The completion to record for what the lease returned.
+    pub fn completion(&self, outcome: &InvocationOutcome, receipt: UsageReceipt) -> Event {
+        Event::ToolCallCompleted(ToolCallCompleted {
+            call_id: self.intent.call_id.clone(),
+            result: ToolCallResult::from_invocation(outcome),
+            receipt,
+        })
+    }
+}
+
+fn wit_call(run_id: &RunId, call_id: &CallId, tool: &ToolRef, arguments: &Value) -> wit::Call {
+    wit::Call {
+        id: call_id.to_string(),
+        run_id: run_id.to_string(),
+        tool: tool.tool.clone(),
+        arguments: arguments.to_string(),
+        idempotency_key: idempotency_key(run_id, call_id),
+    }
+}
+
+/// A tool call that needs a human's approval.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApprovalRequest {
+    /// The call.
+    pub call_id: CallId,
+    /// The tool.
+    pub tool: ToolRef,
+    /// Its frozen arguments.
+    pub arguments: Value,
+    /// Its effect class.
+    pub effect: EffectClass,
+}
+
+impl ApprovalRequest {
+    /// The call to hand the plugin's preflight.
+    pub fn wit_call(&self, run_id: &RunId) -> wit::Call {
+        wit_call(run_id, &self.call_id, &self.tool, &self.arguments)
+    }
+
+    /// The event to record for what the preflight returned (`None` when no
+    /// preflight ran).
+    pub fn event(&self, preflight: Option<(&PreflightOutcome, UsageReceipt)>) -> Event {
+        let (preview, preflight_error, receipt) = match preflight {
+            None => (None, None, None),
+            Some((Ok(Ok(p)), receipt)) => (Some(Preview::from(p)), None, Some(receipt)),
+            Some((Ok(Err(e)), receipt)) => (None, Some(ToolCallError::from_wit(e)), Some(receipt)),
+            Some((Err(e), receipt)) => (None, Some(ToolCallError::from_lease(e)), Some(receipt)),
+        };
+        Event::ApprovalRequested(ApprovalRequested {
+            call_id: self.call_id.clone(),
+            tool: self.tool.clone(),
+            preview,
+            preflight_error,
+            receipt,
+        })
+    }
+}
+
+/// Why to park.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Park {
+    /// A budget is used up.
+    BudgetExceeded(BudgetOverrun),
+    /// The model asked a human: suspend until input arrives.
+    Suspend(Suspended),
+}
+
+/// Why there is nothing to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Idle {
+    /// The run is over.
+    Terminal(RunStatus),
+    /// A call waits for approval.
+    AwaitingApproval {
+        /// The call.
+        call_id: CallId,
+    },
+    /// The run waits for input.
+    Suspended {
+        /// The call the input answers.
+        call_id: CallId,
+    },
+    /// A budget is used up.
+    BudgetExceeded(BudgetOverrun),
+    /// A write's outcome is unknown: a human must resolve it.
+    NeedsReconciliation {
+        /// The write.
+        call_id: CallId,
+    },
+}
+
+/// Budgets checked before a model call for a new step.
+const NEW_STEP_BUDGETS: [BudgetKind; 5] = [
+    BudgetKind::Steps,
+    BudgetKind::InputTokens,
+    BudgetKind::OutputTokens,
+    BudgetKind::Cost,
+    BudgetKind::WallTime,
+];
+/// Budgets checked before retrying a step's model call.
+const RETRY_BUDGETS: [BudgetKind; 4] = [
+    BudgetKind::InputTokens,
+    BudgetKind::OutputTokens,
+    BudgetKind::Cost,
+    BudgetKind::WallTime,
+];
+/// Budgets checked before a tool call or its approval request.
+const TOOL_BUDGETS: [BudgetKind; 3] = [
+    BudgetKind::ToolCalls,
+    BudgetKind::Fuel,
+    BudgetKind::WallTime,
+];
+
+/// The next action of the run in `state`, for the agent `view`.
+pub fn decide(state: &RunState, view: &AgentView) -> Action {
+    if state.terminal.is_some() {
+        return Action::Idle(Idle::Terminal(state.status()));
+    }
+    if let Some(parked) = state.parked() {
+        return Action::Idle(match parked {
+            Parked::Approval { call } => Idle::AwaitingApproval {
+                call_id: call.call_id.clone(),
+            },
+            Parked::Input { call_id, .. } => Idle::Suspended {
+                call_id: call_id.clone(),
+            },
+            Parked::Budget(overrun) => Idle::BudgetExceeded(overrun),
+            Parked::Reconciliation(intent) => Idle::NeedsReconciliation {
+                call_id: intent.call_id.clone(),
+            },
+        });
+    }
+    if let ModelCallProgress::InFlight { step, attempt, .. } = state.model_call {
+        return Action::CallModel(model_call(state, view, step, attempt, true));
+    }
+    if let Some(intent) = state.in_flight_tool() {
+        // Not a write: a dangling write parks the run above.
+        return Action::CallTool(ToolInvocation {
+            intent: intent.clone(),
+            recorded: true,
+        });
+    }
+    if let Some(call) = state.next_call() {
+        return decide_call(state, view, call);
+    }
+    if let ModelCallProgress::Failed {
+        step,
+        attempts,
+        error,
+    } = &state.model_call
+    {
+        if !error.transient {
+            return Action::Fail(RunError::ModelCallFailed {
+                step: *step,
+                message: error.message.clone(),
+            });
+        }
+        if *attempts >= MAX_MODEL_ATTEMPTS {
+            return Action::Fail(RunError::ModelAttemptsExhausted {
+                step: *step,
+                attempts: *attempts,
+                message: error.message.clone(),
+            });
+        }
+        return gated(state, view, &RETRY_BUDGETS, || {
+            Action::CallModel(model_call(state, view, *step, attempts + 1, false))
+        });
+    }
+    if let Some(turn) = state.last_turn()
+        && turn.calls.is_empty()
+    {
+        if turn.stop_reason == StopReason::MaxTokens {
+            return Action::Fail(RunError::OutputTruncated { step: turn.step });
+        }
+        return Action::Finish(RunCompleted {
+            output: Value::String(turn.text.clone()),
+        });
+    }
+    let step = state.turns.len() as u32 + 1;
+    gated(state, view, &NEW_STEP_BUDGETS, || {
+        Action::CallModel(model_call(state, view, step, 1, false))
+    })
+}
+
+fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Action {
+    let reject = |error| {
+        Action::RejectToolCall(ToolCallRejected {
+            call_id: call.call_id.clone(),
+            error,
+        })
+    };
+    let Some(tool) = view.tool(&call.call.name) else {
+        return reject(ToolCallError::UnknownTool {
+            name: call.call.name.clone(),
+        });
+    };
+    if !call.call.arguments.is_object() {
+        return reject(ToolCallError::InvalidArguments {
+            message: format!(
+                "arguments must be a JSON object, got `{}`",
+                call.call.arguments
+            ),
+        });
+    }
+    match (&tool.target, &call.progress) {
+        (ToolTarget::Human { response_schema }, ToolCallProgress::Pending) => {
+            Action::Park(Park::Suspend(Suspended {
+                call_id: call.call_id.clone(),
+                reason: format!(
+                    "human tool `{}` called with {}",
+                    tool.name, call.call.arguments
+                ),
+                schema: response_schema.clone(),
+            }))
+        }
+        (
+            ToolTarget::Plugin {
+                tool,
+                effect,
+                needs_approval,
+            },
+            progress @ (ToolCallProgress::Pending | ToolCallProgress::Approved { .. }),
+        ) => gated(state, view, &TOOL_BUDGETS, || {
+            if *needs_approval && matches!(progress, ToolCallProgress::Pending) {
+                Action::RequestApproval(ApprovalRequest {
+                    call_id: call.call_id.clone(),
+                    tool: tool.clone(),
+                    arguments: call.call.arguments.clone(),
+                    effect: *effect,
+                })
+            } else {
+                Action::CallTool(ToolInvocation {
+                    intent: ToolCallIntent {
+                        call_id: call.call_id.clone(),
+                        tool: tool.clone(),
+                        arguments: call.call.arguments.clone(),
+                        effect: *effect,
+                        idempotency_key: idempotency_key(&state.run_id, &call.call_id),
+                    },
+                    recorded: false,
+                })
+            }
+        }),
+        // An approved call whose tool became a human tool: the agent changed
+        // under the run. Refuse it rather than guess.
+        (ToolTarget::Human { .. }, _) => reject(ToolCallError::Unavailable {
+            message: format!("`{}` is no longer a plugin tool", tool.name),
+        }),
+        // Settled, in flight or parked calls are handled before this.
+        (ToolTarget::Plugin { .. }, _) => {
+            unreachable!("decide_call sees pending or approved calls")
+        }
+    }
+}
+
+/// `then()` unless a budget in `kinds` is used up (park) or the wall time
+/// must be read first.
+fn gated(
+    state: &RunState,
+    view: &AgentView,
+    kinds: &[BudgetKind],
+    then: impl FnOnce() -> Action,
+) -> Action {
+    let limits = state.effective_limits(&view.budgets);
+    let counted: Vec<BudgetKind> = kinds
+        .iter()
+        .copied()
+        .filter(|k| *k != BudgetKind::WallTime)
+        .collect();
+    if let Some(overrun) = first_exhausted(&counted, &state.usage, &limits) {
+        return Action::Park(Park::BudgetExceeded(overrun));
+    }
+    if kinds.contains(&BudgetKind::WallTime) && limits.wall_time_ms.is_some() {
+        if !state.clock_fresh {
+            return Action::ObserveClock;
+        }
+        if let Some(overrun) = first_exhausted(&[BudgetKind::WallTime], &state.usage, &limits) {
+            return Action::Park(Park::BudgetExceeded(overrun));
+        }
+    }
+    then()
+}
+
+fn model_call(
+    state: &RunState,
+    view: &AgentView,
+    step: u32,
+    attempt: u32,
+    recorded: bool,
+) -> ModelCall {
+    let limits = state.effective_limits(&view.budgets);
+    let remaining = limits
+        .output_tokens
+        .map(|limit| limit.saturating_sub(state.usage.output_tokens).max(1));
+    let max_tokens = match remaining {
+        Some(r) => view.max_tokens.min(u32::try_from(r).unwrap_or(u32::MAX)),
+        None => view.max_tokens,
+    };
+    let request = build_request(state, view, max_tokens);
+    ModelCall {
+        step,
+        attempt,
+        request_hash: request_hash(&request),
+        request,
+        recorded,
+    }
+}

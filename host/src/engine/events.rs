@@ -1,0 +1,1241 @@
+//! The events of a run's log: one serde-tagged [`Event`] enum, its payload
+//! structs, and the versioned encoding every store keeps ([`encode`],
+//! [`decode`]).
+//!
+//! A stored event is `{"v":<format version>,"event":{"type":"<kind>",...}}`.
+//! Every payload rejects unknown fields. Compatibility rules:
+//! - a new optional field is `Option` with `skip_serializing_if`, so events
+//!   written without it keep their exact bytes and still decode;
+//! - a log written by a newer format ([`FORMAT_VERSION`] below the stored
+//!   `v`) is refused with [`EventError::NewerFormat`], never misread;
+//! - a change that old readers could misread bumps [`FORMAT_VERSION`], and
+//!   [`decode`] keeps reading every older version it knows.
+//!
+//! Every kind has a pinned-JSON test below, and the conformance test counts
+//! the kinds, so a new kind cannot go uncovered.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::budget::{BudgetLimits, BudgetOverrun, Pricing};
+use super::ids::{AgentDigest, CallId, RequestHash, RunId};
+use crate::policy::EffectClass;
+use crate::providers::{ModelRequest, ProviderError, StopReason, ToolCall, Usage};
+use crate::sandbox::{LeaseError, Outcome, UsageReceipt, wit};
+
+/// The format version this build writes, and the newest it reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// One event of a run's log.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// The run began. Always the first event, and only there.
+    RunStarted(RunStarted),
+    /// A model call is about to be made (intent).
+    ModelCallIntent(ModelCallIntent),
+    /// A model call answered (completion).
+    ModelCallCompleted(ModelCallCompleted),
+    /// A model call failed (completion).
+    ModelCallFailed(ModelCallFailed),
+    /// A tool call the model made was refused before anything ran: the error
+    /// is the call's result.
+    ToolCallRejected(ToolCallRejected),
+    /// A tool call is about to run (intent), with frozen arguments.
+    ToolCallIntent(ToolCallIntent),
+    /// A tool call ran (completion), with its lease's receipt.
+    ToolCallCompleted(ToolCallCompleted),
+    /// A human recorded the completion of a write whose outcome the log did
+    /// not have.
+    ToolCallResolved(ToolCallResolved),
+    /// A tool call waits for a human's approval.
+    ApprovalRequested(ApprovalRequested),
+    /// A human approved a tool call.
+    ApprovalGranted(ApprovalGranted),
+    /// A human denied a tool call; the denial is the call's result.
+    ApprovalDenied(ApprovalDenied),
+    /// The run waits for input that must satisfy a schema.
+    Suspended(Suspended),
+    /// A human gave the input a suspended run waited for.
+    Resumed(Resumed),
+    /// A budget was used up: the run is parked.
+    BudgetExceeded(BudgetExceeded),
+    /// A human raised budgets of a run parked over budget.
+    BudgetExtended(BudgetExtended),
+    /// The injected clock was read.
+    ClockObserved(ClockObserved),
+    /// The injected random source was read.
+    RandomObserved(RandomObserved),
+    /// The run finished with an output. Terminal.
+    RunCompleted(RunCompleted),
+    /// The run failed. Terminal.
+    RunFailed(RunFailed),
+    /// The run was cancelled. Terminal.
+    RunCancelled(RunCancelled),
+    /// A human abandoned the run. Terminal.
+    RunAbandoned(RunAbandoned),
+}
+
+/// The kind of an [`Event`], as its `type` tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// [`Event::RunStarted`].
+    RunStarted,
+    /// [`Event::ModelCallIntent`].
+    ModelCallIntent,
+    /// [`Event::ModelCallCompleted`].
+    ModelCallCompleted,
+    /// [`Event::ModelCallFailed`].
+    ModelCallFailed,
+    /// [`Event::ToolCallRejected`].
+    ToolCallRejected,
+    /// [`Event::ToolCallIntent`].
+    ToolCallIntent,
+    /// [`Event::ToolCallCompleted`].
+    ToolCallCompleted,
+    /// [`Event::ToolCallResolved`].
+    ToolCallResolved,
+    /// [`Event::ApprovalRequested`].
+    ApprovalRequested,
+    /// [`Event::ApprovalGranted`].
+    ApprovalGranted,
+    /// [`Event::ApprovalDenied`].
+    ApprovalDenied,
+    /// [`Event::Suspended`].
+    Suspended,
+    /// [`Event::Resumed`].
+    Resumed,
+    /// [`Event::BudgetExceeded`].
+    BudgetExceeded,
+    /// [`Event::BudgetExtended`].
+    BudgetExtended,
+    /// [`Event::ClockObserved`].
+    ClockObserved,
+    /// [`Event::RandomObserved`].
+    RandomObserved,
+    /// [`Event::RunCompleted`].
+    RunCompleted,
+    /// [`Event::RunFailed`].
+    RunFailed,
+    /// [`Event::RunCancelled`].
+    RunCancelled,
+    /// [`Event::RunAbandoned`].
+    RunAbandoned,
+}
+
+impl EventKind {
+    /// Every kind.
+    pub const ALL: [EventKind; 21] = [
+        EventKind::RunStarted,
+        EventKind::ModelCallIntent,
+        EventKind::ModelCallCompleted,
+        EventKind::ModelCallFailed,
+        EventKind::ToolCallRejected,
+        EventKind::ToolCallIntent,
+        EventKind::ToolCallCompleted,
+        EventKind::ToolCallResolved,
+        EventKind::ApprovalRequested,
+        EventKind::ApprovalGranted,
+        EventKind::ApprovalDenied,
+        EventKind::Suspended,
+        EventKind::Resumed,
+        EventKind::BudgetExceeded,
+        EventKind::BudgetExtended,
+        EventKind::ClockObserved,
+        EventKind::RandomObserved,
+        EventKind::RunCompleted,
+        EventKind::RunFailed,
+        EventKind::RunCancelled,
+        EventKind::RunAbandoned,
+    ];
+
+    /// The `type` tag.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::RunStarted => "run_started",
+            EventKind::ModelCallIntent => "model_call_intent",
+            EventKind::ModelCallCompleted => "model_call_completed",
+            EventKind::ModelCallFailed => "model_call_failed",
+            EventKind::ToolCallRejected => "tool_call_rejected",
+            EventKind::ToolCallIntent => "tool_call_intent",
+            EventKind::ToolCallCompleted => "tool_call_completed",
+            EventKind::ToolCallResolved => "tool_call_resolved",
+            EventKind::ApprovalRequested => "approval_requested",
+            EventKind::ApprovalGranted => "approval_granted",
+            EventKind::ApprovalDenied => "approval_denied",
+            EventKind::Suspended => "suspended",
+            EventKind::Resumed => "resumed",
+            EventKind::BudgetExceeded => "budget_exceeded",
+            EventKind::BudgetExtended => "budget_extended",
+            EventKind::ClockObserved => "clock_observed",
+            EventKind::RandomObserved => "random_observed",
+            EventKind::RunCompleted => "run_completed",
+            EventKind::RunFailed => "run_failed",
+            EventKind::RunCancelled => "run_cancelled",
+            EventKind::RunAbandoned => "run_abandoned",
+        }
+    }
+
+    /// Whether an event of this kind ends the run.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            EventKind::RunCompleted
+                | EventKind::RunFailed
+                | EventKind::RunCancelled
+                | EventKind::RunAbandoned
+        )
+    }
+}
+
+impl std::fmt::Display for EventKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl Event {
+    /// The event's kind.
+    pub fn kind(&self) -> EventKind {
+        match self {
+            Event::RunStarted(_) => EventKind::RunStarted,
+            Event::ModelCallIntent(_) => EventKind::ModelCallIntent,
+            Event::ModelCallCompleted(_) => EventKind::ModelCallCompleted,
+            Event::ModelCallFailed(_) => EventKind::ModelCallFailed,
+            Event::ToolCallRejected(_) => EventKind::ToolCallRejected,
+            Event::ToolCallIntent(_) => EventKind::ToolCallIntent,
+            Event::ToolCallCompleted(_) => EventKind::ToolCallCompleted,
+            Event::ToolCallResolved(_) => EventKind::ToolCallResolved,
+            Event::ApprovalRequested(_) => EventKind::ApprovalRequested,
+            Event::ApprovalGranted(_) => EventKind::ApprovalGranted,
+            Event::ApprovalDenied(_) => EventKind::ApprovalDenied,
+            Event::Suspended(_) => EventKind::Suspended,
+            Event::Resumed(_) => EventKind::Resumed,
+            Event::BudgetExceeded(_) => EventKind::BudgetExceeded,
+            Event::BudgetExtended(_) => EventKind::BudgetExtended,
+            Event::ClockObserved(_) => EventKind::ClockObserved,
+            Event::RandomObserved(_) => EventKind::RandomObserved,
+            Event::RunCompleted(_) => EventKind::RunCompleted,
+            Event::RunFailed(_) => EventKind::RunFailed,
+            Event::RunCancelled(_) => EventKind::RunCancelled,
+            Event::RunAbandoned(_) => EventKind::RunAbandoned,
+        }
+    }
+}
+
+/// [`Event::RunStarted`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunStarted {
+    /// The run.
+    pub run_id: RunId,
+    /// The agent's name.
+    pub agent: String,
+    /// The digest of the agent's definition, compared on recovery.
+    pub agent_digest: AgentDigest,
+    /// The run's input.
+    pub input: Value,
+    /// Correlation labels. Omitted when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// The injected clock's reading when the run started, in milliseconds
+    /// since the Unix epoch: wall time is measured from it.
+    pub clock_seed_ms: u64,
+    /// The seed of the run's randomness, drawn from the injected source.
+    pub random_seed: u64,
+}
+
+/// [`Event::ModelCallIntent`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCallIntent {
+    /// The step, from 1.
+    pub step: u32,
+    /// The attempt at this step, from 1.
+    pub attempt: u32,
+    /// The hash of the request, always.
+    pub request_hash: RequestHash,
+    /// The request itself, only when the operator records prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<ModelRequest>,
+}
+
+/// [`Event::ModelCallCompleted`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCallCompleted {
+    /// The step.
+    pub step: u32,
+    /// The answer's text. Omitted when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub text: String,
+    /// The tool calls, in order, with the provider's ids. Omitted when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// Tokens used.
+    pub usage: Usage,
+    /// What the call cost, in nano-units of the pricing's currency. Omitted
+    /// when the agent has no pricing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_nanos: Option<u64>,
+    /// The pricing the cost was computed with. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+    /// Why the model stopped.
+    pub stop_reason: StopReason,
+}
+
+/// [`Event::ModelCallFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCallFailed {
+    /// The step.
+    pub step: u32,
+    /// What went wrong.
+    pub error: ModelCallError,
+}
+
+/// A failed model call, as recorded.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelCallError {
+    /// Whether trying again may succeed.
+    pub transient: bool,
+    /// The provider's error, as text.
+    pub message: String,
+    /// The HTTP status, if the provider got one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub status: Option<u16>,
+}
+
+impl From<&ProviderError> for ModelCallError {
+    fn from(e: &ProviderError) -> Self {
+        ModelCallError {
+            transient: e.is_transient(),
+            message: e.to_string(),
+            status: match e {
+                ProviderError::Http { status, .. } => Some(*status),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// A tool, by the agent's name for its plugin and the plugin's name for the
+/// tool.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolRef {
+    /// The plugin's key in the agent file.
+    pub plugin: String,
+    /// The tool's name within the plugin.
+    pub tool: String,
+}
+
+impl ToolRef {
+    /// The name the model calls the tool by: `<plugin>__<tool>`.
+    pub fn model_name(&self) -> String {
+        format!("{}__{}", self.plugin, self.tool)
+    }
+}
+
+impl std::fmt::Display for ToolRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}.{}", self.plugin, self.tool)
+    }
+}
+
+/// [`Event::ToolCallRejected`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallRejected {
+    /// The call.
+    pub call_id: CallId,
+    /// Why, as returned to the model.
+    pub error: ToolCallError,
+}
+
+/// [`Event::ToolCallIntent`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallIntent {
+    /// The call.
+    pub call_id: CallId,
+    /// The tool.
+    pub tool: ToolRef,
+    /// The arguments, frozen as the model gave them.
+    pub arguments: Value,
+    /// The effect class it runs with: decides what recovery may re-execute.
+    pub effect: EffectClass,
+    /// Passed to the tool; the same on every execution of this call.
+    pub idempotency_key: String,
+}
+
+/// [`Event::ToolCallCompleted`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallCompleted {
+    /// The call.
+    pub call_id: CallId,
+    /// Its output or typed error.
+    pub result: ToolCallResult,
+    /// What the lease used and how it ended.
+    pub receipt: UsageReceipt,
+}
+
+/// What a tool call returned.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+pub enum ToolCallResult {
+    /// The tool's output, a JSON value.
+    Output(Value),
+    /// The call failed.
+    Error(ToolCallError),
+}
+
+/// What a tool invocation's lease returned: the host's verdict, then the
+/// guest's.
+pub type InvocationOutcome = Result<Result<wit::ToolOutput, wit::ToolError>, LeaseError>;
+
+/// What a preflight's lease returned: the host's verdict, then the guest's.
+pub type PreflightOutcome = Result<Result<wit::Preview, wit::ToolError>, LeaseError>;
+
+impl ToolCallResult {
+    /// The result of an invocation: the lease's outcome, then the guest's.
+    pub fn from_invocation(outcome: &InvocationOutcome) -> ToolCallResult {
+        match outcome {
+            Ok(Ok(output)) => match serde_json::from_str::<Value>(&output.content) {
+                Ok(value) => ToolCallResult::Output(value),
+                Err(e) => ToolCallResult::Error(ToolCallError::InvalidOutput {
+                    message: format!("the tool's output is not JSON: {e}"),
+                }),
+            },
+            Ok(Err(error)) => ToolCallResult::Error(ToolCallError::from_wit(error)),
+            Err(lease) => ToolCallResult::Error(ToolCallError::from_lease(lease)),
+        }
+    }
+}
+
+/// A tool call that did not produce an output.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum ToolCallError {
+    /// The model called a tool the agent does not offer.
+    #[error("there is no tool `{name}`")]
+    UnknownTool {
+        /// The name the model used.
+        name: String,
+    },
+    /// The arguments do not fit the tool.
+    #[error("invalid arguments: {message}")]
+    InvalidArguments {
+        /// Why.
+        message: String,
+    },
+    /// The tool refused (outside its mount, not permitted, …).
+    #[error("denied by the tool: {message}")]
+    Denied {
+        /// Why.
+        message: String,
+    },
+    /// The tool tried and failed.
+    #[error("failed: {message}")]
+    Failed {
+        /// Why.
+        message: String,
+        /// Whether trying again later may succeed.
+        retryable: bool,
+    },
+    /// The sandbox ended the lease: a limit, a trap, a cancellation.
+    #[error("the sandbox stopped the call ({outcome}): {message}")]
+    LeaseFailed {
+        /// How the lease ended.
+        outcome: Outcome,
+        /// What happened.
+        message: String,
+    },
+    /// The tool returned something that is not a JSON value.
+    #[error("{message}")]
+    InvalidOutput {
+        /// What was wrong.
+        message: String,
+    },
+    /// The tool could not be called at all (its plugin failed to load, …).
+    #[error("the tool is unavailable: {message}")]
+    Unavailable {
+        /// Why.
+        message: String,
+    },
+}
+
+impl ToolCallError {
+    /// The error a guest returned.
+    pub fn from_wit(error: &wit::ToolError) -> ToolCallError {
+        match error {
+            wit::ToolError::InvalidArguments(message) => ToolCallError::InvalidArguments {
+                message: message.clone(),
+            },
+            wit::ToolError::Denied(message) => ToolCallError::Denied {
+                message: message.clone(),
+            },
+            wit::ToolError::Failed(f) => ToolCallError::Failed {
+                message: f.message.clone(),
+                retryable: f.retryable,
+            },
+        }
+    }
+
+    /// A lease the host stopped.
+    pub fn from_lease(error: &LeaseError) -> ToolCallError {
+        ToolCallError::LeaseFailed {
+            outcome: error.failure.outcome(),
+            message: error.to_string(),
+        }
+    }
+}
+
+/// [`Event::ToolCallResolved`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallResolved {
+    /// The dangling write.
+    pub call_id: CallId,
+    /// Who checked what the write did.
+    pub by: String,
+    /// The output they observed, recorded as the tool's output.
+    pub output: Value,
+    /// What they found, for the audit trail. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
+/// [`Event::ApprovalRequested`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalRequested {
+    /// The call.
+    pub call_id: CallId,
+    /// The tool.
+    pub tool: ToolRef,
+    /// What the tool's side-effect-free preflight says the call would do.
+    /// Omitted when the preflight failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview: Option<Preview>,
+    /// Why the preflight failed. Omitted when it did not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preflight_error: Option<ToolCallError>,
+    /// The preflight lease's receipt. Omitted when no lease ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<UsageReceipt>,
+}
+
+/// What a preflight shows the approver.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Preview {
+    /// One line.
+    pub summary: String,
+    /// Detail, such as a diff. Omitted when empty.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub detail: String,
+}
+
+impl From<&wit::Preview> for Preview {
+    fn from(p: &wit::Preview) -> Self {
+        Preview {
+            summary: p.summary.clone(),
+            detail: p.detail.clone(),
+        }
+    }
+}
+
+/// [`Event::ApprovalGranted`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalGranted {
+    /// The call.
+    pub call_id: CallId,
+    /// Who approved.
+    pub by: String,
+}
+
+/// [`Event::ApprovalDenied`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalDenied {
+    /// The call.
+    pub call_id: CallId,
+    /// Who denied.
+    pub by: String,
+    /// Why; the model sees it.
+    pub reason: String,
+}
+
+/// [`Event::Suspended`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Suspended {
+    /// The call the run is suspended at: the input becomes its result.
+    pub call_id: CallId,
+    /// Why, for the human.
+    pub reason: String,
+    /// The JSON Schema the resume input must satisfy.
+    pub schema: Value,
+}
+
+/// [`Event::Resumed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resumed {
+    /// The input, validated against the suspension's schema.
+    pub input: Value,
+    /// Who gave it. Omitted when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// [`Event::BudgetExceeded`].
+pub type BudgetExceeded = BudgetOverrun;
+
+/// [`Event::BudgetExtended`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetExtended {
+    /// The new limits, replacing the agent's (and earlier extensions').
+    pub limits: BudgetLimits,
+    /// Who extended. Omitted when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+}
+
+/// [`Event::ClockObserved`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClockObserved {
+    /// Milliseconds since the Unix epoch.
+    pub at_ms: u64,
+}
+
+/// [`Event::RandomObserved`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RandomObserved {
+    /// The value drawn.
+    pub value: u64,
+}
+
+/// [`Event::RunCompleted`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunCompleted {
+    /// The run's output.
+    pub output: Value,
+}
+
+/// [`Event::RunFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunFailed {
+    /// Why.
+    pub error: RunError,
+}
+
+/// Why a run failed.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum RunError {
+    /// A model call failed with a permanent error.
+    #[error("the model call at step {step} failed: {message}")]
+    ModelCallFailed {
+        /// The step.
+        step: u32,
+        /// The provider's error.
+        message: String,
+    },
+    /// A model call failed with transient errors too many times in a row.
+    #[error("the model call at step {step} failed {attempts} times: {message}")]
+    ModelAttemptsExhausted {
+        /// The step.
+        step: u32,
+        /// How many attempts were made.
+        attempts: u32,
+        /// The last error.
+        message: String,
+    },
+    /// The model's final answer was cut short by `max_tokens`.
+    #[error("the model's answer at step {step} was cut short by max_tokens")]
+    OutputTruncated {
+        /// The step.
+        step: u32,
+    },
+    /// The host could not go on (a plugin failed to load, …).
+    #[error("{message}")]
+    Host {
+        /// What happened.
+        message: String,
+    },
+}
+
+/// [`Event::RunCancelled`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunCancelled {
+    /// Why. Omitted when none was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The write left without a completion, if the log ended at one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unresolved_write: Option<UnresolvedWrite>,
+}
+
+/// [`Event::RunAbandoned`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunAbandoned {
+    /// Why.
+    pub reason: String,
+    /// The write left without a completion, if the log ended at one: the
+    /// abandonment never claims to know what it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unresolved_write: Option<UnresolvedWrite>,
+}
+
+/// A write intent with no completion, carried by a terminal event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UnresolvedWrite {
+    /// The call.
+    pub call_id: CallId,
+    /// The tool.
+    pub tool: ToolRef,
+    /// Its frozen arguments.
+    pub arguments: Value,
+}
+
+impl From<&ToolCallIntent> for UnresolvedWrite {
+    fn from(intent: &ToolCallIntent) -> Self {
+        UnresolvedWrite {
+            call_id: intent.call_id.clone(),
+            tool: intent.tool.clone(),
+            arguments: intent.arguments.clone(),
+        }
+    }
+}
+
+/// An event that cannot be decoded.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum EventError {
+    /// The event was written by a newer format than this build reads.
+    #[error(
+        "event format version {found} is newer than this build reads (up to {supported}): upgrade warden to read this log"
+    )]
+    NewerFormat {
+        /// The stored version.
+        found: u32,
+        /// The newest this build reads.
+        supported: u32,
+    },
+    /// The stored version is not one this build knows.
+    #[error("event format version {found} is not known (this build reads 1 to {supported})")]
+    UnknownFormat {
+        /// The stored version.
+        found: u32,
+        /// The newest this build reads.
+        supported: u32,
+    },
+    /// The bytes are not an event of the stored version.
+    #[error("malformed event{}: {message}", .kind.as_ref().map(|k| format!(" of type `{k}`")).unwrap_or_default())]
+    Malformed {
+        /// The `type` tag, when it could be read.
+        kind: Option<String>,
+        /// What the parser said.
+        message: String,
+    },
+}
+
+#[derive(Serialize)]
+struct EnvelopeOut<'a> {
+    v: u32,
+    event: &'a Event,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvelopeV1 {
+    #[allow(dead_code)]
+    v: u32,
+    event: Event,
+}
+
+#[derive(Deserialize)]
+struct Probe {
+    v: Option<u32>,
+    event: Option<KindProbe>,
+}
+
+#[derive(Deserialize)]
+struct KindProbe {
+    #[serde(rename = "type")]
+    kind: Option<String>,
+}
+
+/// The bytes a store keeps for `event`: the current format version and the
+/// event, as compact JSON.
+pub fn encode(event: &Event) -> Vec<u8> {
+    serde_json::to_vec(&EnvelopeOut {
+        v: FORMAT_VERSION,
+        event,
+    })
+    .expect("events serialize to JSON")
+}
+
+/// Reads stored bytes back. A newer format is refused, never misread.
+pub fn decode(bytes: &[u8]) -> Result<Event, EventError> {
+    let probe: Probe = serde_json::from_slice(bytes).map_err(|e| EventError::Malformed {
+        kind: None,
+        message: e.to_string(),
+    })?;
+    let kind = probe.event.and_then(|e| e.kind);
+    match probe.v {
+        None => Err(EventError::Malformed {
+            kind,
+            message: "missing the format version `v`".into(),
+        }),
+        Some(found) if found > FORMAT_VERSION => Err(EventError::NewerFormat {
+            found,
+            supported: FORMAT_VERSION,
+        }),
+        Some(1) => serde_json::from_slice::<EnvelopeV1>(bytes)
+            .map(|envelope| envelope.event)
+            .map_err(|e| EventError::Malformed {
+                kind,
+                message: e.to_string(),
+            }),
+        Some(found) => Err(EventError::UnknownFormat {
+            found,
+            supported: FORMAT_VERSION,
+        }),
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use crate::engine::budget::BudgetKind;
+    use crate::sandbox::{LeaseFailure, Outcome};
+    use serde_json::json;
+
+    pub(crate) fn receipt(fuel: u64) -> UsageReceipt {
+        UsageReceipt {
+            outcome: Outcome::Ok,
+            fuel_consumed: fuel,
+            peak_memory_bytes: 65536,
+            wall_time_us: 1200,
+            output_bytes: 20,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            log_bytes: 0,
+            stdio_dropped_bytes: 0,
+            denied_growth: None,
+        }
+    }
+
+    fn fs_write() -> ToolRef {
+        ToolRef {
+            plugin: "fs".into(),
+            tool: "write_file".into(),
+        }
+    }
+
+    /// One sample of every kind, with its pinned bytes.
+    fn samples() -> Vec<(Event, &'static str)> {
+        vec![
+            (
+                Event::RunStarted(RunStarted {
+                    run_id: RunId::new("r1").unwrap(),
+                    agent: "demo".into(),
+                    agent_digest: AgentDigest::from_hex("ab12"),
+                    input: json!("read my notes"),
+                    labels: BTreeMap::from([("team".into(), "ops".into())]),
+                    clock_seed_ms: 1_700_000_000_000,
+                    random_seed: 42,
+                }),
+                r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"read my notes","labels":{"team":"ops"},"clock_seed_ms":1700000000000,"random_seed":42}}"#,
+            ),
+            (
+                Event::ModelCallIntent(ModelCallIntent {
+                    step: 1,
+                    attempt: 1,
+                    request_hash: RequestHash::from_hex("cd34"),
+                    request: None,
+                }),
+                r#"{"v":1,"event":{"type":"model_call_intent","step":1,"attempt":1,"request_hash":"cd34"}}"#,
+            ),
+            (
+                Event::ModelCallCompleted(ModelCallCompleted {
+                    step: 1,
+                    text: "Let me look.".into(),
+                    tool_calls: vec![ToolCall {
+                        id: "c1".into(),
+                        name: "fs__write_file".into(),
+                        arguments: json!({"path": "a.txt", "content": "hi"}),
+                    }],
+                    usage: Usage {
+                        input_tokens: 120,
+                        output_tokens: 9,
+                    },
+                    cost_nanos: Some(495_000),
+                    pricing: Some(Pricing {
+                        currency: "USD".into(),
+                        input_micros_per_million: 3_000_000,
+                        output_micros_per_million: 15_000_000,
+                    }),
+                    stop_reason: StopReason::ToolUse,
+                }),
+                r#"{"v":1,"event":{"type":"model_call_completed","step":1,"text":"Let me look.","tool_calls":[{"id":"c1","name":"fs__write_file","arguments":{"content":"hi","path":"a.txt"}}],"usage":{"input_tokens":120,"output_tokens":9},"cost_nanos":495000,"pricing":{"currency":"USD","input_micros_per_million":3000000,"output_micros_per_million":15000000},"stop_reason":"tool_use"}}"#,
+            ),
+            (
+                Event::ModelCallFailed(ModelCallFailed {
+                    step: 2,
+                    error: ModelCallError {
+                        transient: true,
+                        message: "provider `p`: https://api.example.com answered 503: busy".into(),
+                        status: Some(503),
+                    },
+                }),
+                r#"{"v":1,"event":{"type":"model_call_failed","step":2,"error":{"transient":true,"message":"provider `p`: https://api.example.com answered 503: busy","status":503}}}"#,
+            ),
+            (
+                Event::ToolCallRejected(ToolCallRejected {
+                    call_id: CallId::new(1, 2),
+                    error: ToolCallError::UnknownTool {
+                        name: "rm_rf".into(),
+                    },
+                }),
+                r#"{"v":1,"event":{"type":"tool_call_rejected","call_id":"call-1-2","error":{"kind":"unknown_tool","name":"rm_rf"}}}"#,
+            ),
+            (
+                Event::ToolCallIntent(ToolCallIntent {
+                    call_id: CallId::new(1, 1),
+                    tool: fs_write(),
+                    arguments: json!({"path": "a.txt", "content": "hi"}),
+                    effect: EffectClass::Write,
+                    idempotency_key: "9f0e".into(),
+                }),
+                r#"{"v":1,"event":{"type":"tool_call_intent","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"arguments":{"content":"hi","path":"a.txt"},"effect":"write","idempotency_key":"9f0e"}}"#,
+            ),
+            (
+                Event::ToolCallCompleted(ToolCallCompleted {
+                    call_id: CallId::new(1, 1),
+                    result: ToolCallResult::Output(json!({"written": 2})),
+                    receipt: receipt(1000),
+                }),
+                r#"{"v":1,"event":{"type":"tool_call_completed","call_id":"call-1-1","result":{"output":{"written":2}},"receipt":{"outcome":"ok","fuel_consumed":1000,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+            ),
+            (
+                Event::ToolCallResolved(ToolCallResolved {
+                    call_id: CallId::new(1, 1),
+                    by: "alice".into(),
+                    output: json!({"written": 2}),
+                    note: Some("file is there".into()),
+                }),
+                r#"{"v":1,"event":{"type":"tool_call_resolved","call_id":"call-1-1","by":"alice","output":{"written":2},"note":"file is there"}}"#,
+            ),
+            (
+                Event::ApprovalRequested(ApprovalRequested {
+                    call_id: CallId::new(1, 1),
+                    tool: fs_write(),
+                    preview: Some(Preview {
+                        summary: "write 2 bytes to a.txt".into(),
+                        detail: "+hi".into(),
+                    }),
+                    preflight_error: None,
+                    receipt: Some(receipt(500)),
+                }),
+                r#"{"v":1,"event":{"type":"approval_requested","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"preview":{"summary":"write 2 bytes to a.txt","detail":"+hi"},"receipt":{"outcome":"ok","fuel_consumed":500,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+            ),
+            (
+                Event::ApprovalGranted(ApprovalGranted {
+                    call_id: CallId::new(1, 1),
+                    by: "alice".into(),
+                }),
+                r#"{"v":1,"event":{"type":"approval_granted","call_id":"call-1-1","by":"alice"}}"#,
+            ),
+            (
+                Event::ApprovalDenied(ApprovalDenied {
+                    call_id: CallId::new(1, 1),
+                    by: "bob".into(),
+                    reason: "not that file".into(),
+                }),
+                r#"{"v":1,"event":{"type":"approval_denied","call_id":"call-1-1","by":"bob","reason":"not that file"}}"#,
+            ),
+            (
+                Event::Suspended(Suspended {
+                    call_id: CallId::new(2, 1),
+                    reason: "human tool `ask_operator`: {\"question\":\"which file?\"}".into(),
+                    schema: json!({"type": "string"}),
+                }),
+                r#"{"v":1,"event":{"type":"suspended","call_id":"call-2-1","reason":"human tool `ask_operator`: {\"question\":\"which file?\"}","schema":{"type":"string"}}}"#,
+            ),
+            (
+                Event::Resumed(Resumed {
+                    input: json!("notes.txt"),
+                    by: Some("alice".into()),
+                }),
+                r#"{"v":1,"event":{"type":"resumed","input":"notes.txt","by":"alice"}}"#,
+            ),
+            (
+                Event::BudgetExceeded(BudgetOverrun {
+                    budget: BudgetKind::Steps,
+                    used: 10,
+                    limit: 10,
+                }),
+                r#"{"v":1,"event":{"type":"budget_exceeded","budget":"steps","used":10,"limit":10}}"#,
+            ),
+            (
+                Event::BudgetExtended(BudgetExtended {
+                    limits: BudgetLimits {
+                        steps: Some(20),
+                        ..BudgetLimits::default()
+                    },
+                    by: None,
+                }),
+                r#"{"v":1,"event":{"type":"budget_extended","limits":{"steps":20}}}"#,
+            ),
+            (
+                Event::ClockObserved(ClockObserved {
+                    at_ms: 1_700_000_001_500,
+                }),
+                r#"{"v":1,"event":{"type":"clock_observed","at_ms":1700000001500}}"#,
+            ),
+            (
+                Event::RandomObserved(RandomObserved { value: 7 }),
+                r#"{"v":1,"event":{"type":"random_observed","value":7}}"#,
+            ),
+            (
+                Event::RunCompleted(RunCompleted {
+                    output: json!("The notes say hello."),
+                }),
+                r#"{"v":1,"event":{"type":"run_completed","output":"The notes say hello."}}"#,
+            ),
+            (
+                Event::RunFailed(RunFailed {
+                    error: RunError::OutputTruncated { step: 3 },
+                }),
+                r#"{"v":1,"event":{"type":"run_failed","error":{"kind":"output_truncated","step":3}}}"#,
+            ),
+            (
+                Event::RunCancelled(RunCancelled {
+                    reason: Some("operator pressed ctrl-c".into()),
+                    unresolved_write: None,
+                }),
+                r#"{"v":1,"event":{"type":"run_cancelled","reason":"operator pressed ctrl-c"}}"#,
+            ),
+            (
+                Event::RunAbandoned(RunAbandoned {
+                    reason: "superseded".into(),
+                    unresolved_write: Some(UnresolvedWrite {
+                        call_id: CallId::new(1, 1),
+                        tool: fs_write(),
+                        arguments: json!({"path": "a.txt"}),
+                    }),
+                }),
+                r#"{"v":1,"event":{"type":"run_abandoned","reason":"superseded","unresolved_write":{"call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"arguments":{"path":"a.txt"}}}}"#,
+            ),
+        ]
+    }
+
+    /// Fails to compile when a kind is added without a place in `ALL`.
+    fn position_in_all(kind: EventKind) -> usize {
+        match kind {
+            EventKind::RunStarted => 0,
+            EventKind::ModelCallIntent => 1,
+            EventKind::ModelCallCompleted => 2,
+            EventKind::ModelCallFailed => 3,
+            EventKind::ToolCallRejected => 4,
+            EventKind::ToolCallIntent => 5,
+            EventKind::ToolCallCompleted => 6,
+            EventKind::ToolCallResolved => 7,
+            EventKind::ApprovalRequested => 8,
+            EventKind::ApprovalGranted => 9,
+            EventKind::ApprovalDenied => 10,
+            EventKind::Suspended => 11,
+            EventKind::Resumed => 12,
+            EventKind::BudgetExceeded => 13,
+            EventKind::BudgetExtended => 14,
+            EventKind::ClockObserved => 15,
+            EventKind::RandomObserved => 16,
+            EventKind::RunCompleted => 17,
+            EventKind::RunFailed => 18,
+            EventKind::RunCancelled => 19,
+            EventKind::RunAbandoned => 20,
+        }
+    }
+
+    #[test]
+    fn every_kind_has_pinned_bytes() {
+        for (event, pinned) in samples() {
+            let bytes = encode(&event);
+            assert_eq!(
+                String::from_utf8(bytes).unwrap(),
+                pinned,
+                "{} changed its bytes",
+                event.kind()
+            );
+        }
+    }
+
+    #[test]
+    fn conformance_every_kind_round_trips_and_none_is_uncovered() {
+        let samples = samples();
+        assert_eq!(EventKind::ALL.len(), 21, "a kind was added or removed");
+        assert_eq!(samples.len(), EventKind::ALL.len());
+        for (i, kind) in EventKind::ALL.iter().enumerate() {
+            assert_eq!(position_in_all(*kind), i);
+            // The serde tag and `as_str` agree.
+            assert_eq!(
+                serde_json::to_value(kind).unwrap(),
+                json!(kind.as_str()),
+                "{kind}"
+            );
+        }
+        let kinds: Vec<EventKind> = samples.iter().map(|(e, _)| e.kind()).collect();
+        assert_eq!(kinds, EventKind::ALL, "one sample per kind, in order");
+        for (event, pinned) in samples {
+            let decoded = decode(pinned.as_bytes()).unwrap();
+            assert_eq!(decoded, event);
+            assert_eq!(encode(&decoded), pinned.as_bytes());
+            assert!(pinned.contains(&format!("\"type\":\"{}\"", event.kind())));
+        }
+    }
+
+    #[test]
+    fn optional_fields_are_omitted_and_old_bytes_stay_identical() {
+        // An event written before an optional field existed decodes and
+        // re-encodes to the same bytes.
+        let old = r#"{"v":1,"event":{"type":"model_call_intent","step":3,"attempt":2,"request_hash":"ff"}}"#;
+        assert_eq!(encode(&decode(old.as_bytes()).unwrap()), old.as_bytes());
+        // With prompts recorded, the request rides along.
+        let with_request = Event::ModelCallIntent(ModelCallIntent {
+            step: 1,
+            attempt: 1,
+            request_hash: RequestHash::from_hex("ff"),
+            request: Some(ModelRequest {
+                model: "m".into(),
+                instructions: "i".into(),
+                messages: vec![],
+                tools: vec![],
+                max_tokens: 5,
+            }),
+        });
+        assert_eq!(
+            String::from_utf8(encode(&with_request)).unwrap(),
+            r#"{"v":1,"event":{"type":"model_call_intent","step":1,"attempt":1,"request_hash":"ff","request":{"model":"m","instructions":"i","messages":[],"tools":[],"max_tokens":5}}}"#
+        );
+    }
+
+    #[test]
+    fn unknown_fields_and_kinds_are_refused() {
+        let cases = [
+            (
+                r#"{"v":1,"event":{"type":"clock_observed","at_ms":1,"extra":true}}"#,
+                "malformed event of type `clock_observed`: unknown field `extra`",
+            ),
+            (
+                r#"{"v":1,"event":{"type":"run_exploded"}}"#,
+                "malformed event of type `run_exploded`: unknown variant `run_exploded`",
+            ),
+            (
+                r#"{"v":1,"event":{"type":"random_observed","value":1},"x":1}"#,
+                "unknown field `x`",
+            ),
+            (
+                r#"{"event":{"type":"random_observed","value":1}}"#,
+                "missing the format version",
+            ),
+            (
+                r#"{"v":1,"event":{"type":"tool_call_rejected","call_id":"c","error":{"kind":"unknown_tool","name":"x","why":"y"}}}"#,
+                "unknown field `why`",
+            ),
+            ("not json", "malformed event: expected ident"),
+        ];
+        for (bytes, expected) in cases {
+            let err = decode(bytes.as_bytes()).unwrap_err();
+            assert!(err.to_string().contains(expected), "{bytes}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_newer_format_is_refused_not_misread() {
+        // Even an event that would parse as a v1 event is refused.
+        let newer = r#"{"v":2,"event":{"type":"random_observed","value":1}}"#;
+        let err = decode(newer.as_bytes()).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                EventError::NewerFormat {
+                    found: 2,
+                    supported: 1
+                }
+            ),
+            "{err}"
+        );
+        assert!(err.to_string().contains("upgrade warden"), "{err}");
+        let zero = r#"{"v":0,"event":{"type":"random_observed","value":1}}"#;
+        assert!(matches!(
+            decode(zero.as_bytes()).unwrap_err(),
+            EventError::UnknownFormat { found: 0, .. }
+        ));
+    }
+
+    #[test]
+    fn invocation_outcomes_become_typed_results() {
+        let ok: Result<Result<wit::ToolOutput, wit::ToolError>, LeaseError> =
+            Ok(Ok(wit::ToolOutput {
+                content: r#"{"a":1}"#.into(),
+            }));
+        assert_eq!(
+            ToolCallResult::from_invocation(&ok),
+            ToolCallResult::Output(json!({"a": 1}))
+        );
+        let not_json = Ok(Ok(wit::ToolOutput {
+            content: "{".into(),
+        }));
+        assert!(matches!(
+            ToolCallResult::from_invocation(&not_json),
+            ToolCallResult::Error(ToolCallError::InvalidOutput { .. })
+        ));
+        let failed = Ok(Err(wit::ToolError::Failed(wit::Failure {
+            message: "disk full".into(),
+            retryable: true,
+        })));
+        assert_eq!(
+            ToolCallResult::from_invocation(&failed),
+            ToolCallResult::Error(ToolCallError::Failed {
+                message: "disk full".into(),
+                retryable: true
+            })
+        );
+        let lease = Err(LeaseError {
+            plugin: "fs".into(),
+            operation: "tool `write_file`".into(),
+            failure: LeaseFailure::OutOfFuel { limit: 10 },
+        });
+        let ToolCallResult::Error(ToolCallError::LeaseFailed { outcome, message }) =
+            ToolCallResult::from_invocation(&lease)
+        else {
+            panic!("a lease failure is a lease_failed error");
+        };
+        assert_eq!(outcome, Outcome::OutOfFuel);
+        assert_eq!(
+            message,
+            "plugin `fs` tool `write_file` ran out of fuel (limit 10)"
+        );
+    }
+}

@@ -1,0 +1,26 @@
+//! Prompt assembly: the one place a [`ModelRequest`] is built from a run's
+//! state and its agent, so the request recorded (and hashed) is exactly the
+//! request sent.
+//!
+//! Order: the agent's instructions (the system prompt), then the
+//! conversation folded from the log (the input, each model turn, each tool
+//! result, denials and rejections included), then the tool specs, which are
+//! the same set the engine accepts calls to ([`AgentView::tools`]). Context
+//! sources and memory, quoted as non-authoritative data, will go between the
+//! instructions and the conversation.
+
+use super::state::RunState;
+use super::view::AgentView;
+use crate::providers::ModelRequest;
+
+/// The request for the next model call of `state`, capped at `max_tokens`
+/// output tokens.
+pub fn build_request(state: &RunState, view: &AgentView, max_tokens: u32) -> ModelRequest {
+    ModelRequest {
+        model: view.model.clone(),
+        instructions: view.instructions.clone(),
+        messages: state.conversation(),
+        tools: view.tool_specs(),
+        max_tokens,
+    }
+}

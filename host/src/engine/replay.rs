@@ -1,0 +1,180 @@
+//! Checked replay: folds a recorded log while asking [`decide`] what it
+//! would do at every position where the engine made a decision, and refuses
+//! a log whose decisions the current agent would not make.
+//!
+//! Checked positions: model call intents (step, attempt and the request
+//! hash, so a changed prompt or tool set is caught without storing the
+//! prompt), tool call intents (tool, frozen arguments, effect class, key),
+//! rejections, approval requests, suspensions, budget crossings, clock reads
+//! and completions. Completions of effects, human acts (approvals, input,
+//! resolutions, extensions, cancellations, abandonments), random draws and
+//! failures are facts, taken as recorded.
+//!
+//! A changed agent (its digest differs from the recorded one) is refused
+//! unless the caller accepts the change; an accepted change still has to
+//! make the same tool decisions, but its model requests may differ.
+
+use super::decide::{Action, Park, decide};
+use super::events::{Event, EventKind};
+use super::ids::AgentDigest;
+use super::state::{FoldError, RunState, fold};
+use super::view::AgentView;
+
+/// How strict a replay is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// Replay even though the agent's definition changed since the run
+    /// started; model request hashes are then not compared. Default: false.
+    pub accept_agent_change: bool,
+}
+
+/// A log the current agent cannot continue.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The log itself is impossible.
+    #[error(transparent)]
+    Fold(#[from] FoldError),
+    /// The agent's definition changed since the run started.
+    #[error(
+        "agent `{agent}` changed since the run started (digest {recorded}, now {current}): accept the change explicitly to continue"
+    )]
+    AgentChanged {
+        /// The agent.
+        agent: String,
+        /// The digest recorded when the run started.
+        recorded: AgentDigest,
+        /// The current digest.
+        current: AgentDigest,
+    },
+    /// At `position`, the engine would now do something other than what
+    /// the log records.
+    #[error(
+        "replay divergence at position {position} ({kind}): the log records {recorded}, the agent now decides {expected}"
+    )]
+    Divergence {
+        /// The position, from 0.
+        position: usize,
+        /// The recorded event's kind.
+        kind: EventKind,
+        /// What the engine decides now.
+        expected: String,
+        /// What the log records.
+        recorded: String,
+    },
+}
+
+/// Folds `events`, checking every recorded decision against what `view`
+/// decides now. Returns the state at the end of the log.
+pub fn replay(
+    events: &[Event],
+    view: &AgentView,
+    options: ReplayOptions,
+) -> Result<RunState, ReplayError> {
+    let (first, rest) = events.split_first().ok_or(FoldError::Empty)?;
+    let mut state = fold(std::slice::from_ref(first))?;
+    if state.agent_digest != view.digest && !options.accept_agent_change {
+        return Err(ReplayError::AgentChanged {
+            agent: view.name.clone(),
+            recorded: state.agent_digest.clone(),
+            current: view.digest.clone(),
+        });
+    }
+    for event in rest {
+        if is_decision(event) {
+            let action = decide(&state, view);
+            if !agrees(&action, event, options) {
+                return Err(ReplayError::Divergence {
+                    position: state.event_count,
+                    kind: event.kind(),
+                    expected: describe_action(&action),
+                    recorded: describe_event(event),
+                });
+            }
+        }
+        state.apply(event)?;
+    }
+    Ok(state)
+}
+
+fn is_decision(event: &Event) -> bool {
+    matches!(
+        event,
+        Event::ModelCallIntent(_)
+            | Event::ToolCallIntent(_)
+            | Event::ToolCallRejected(_)
+            | Event::ApprovalRequested(_)
+            | Event::Suspended(_)
+            | Event::BudgetExceeded(_)
+            | Event::ClockObserved(_)
+            | Event::RunCompleted(_)
+    )
+}
+
+fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
+    match (action, event) {
+        (Action::CallModel(call), Event::ModelCallIntent(intent)) => {
+            !call.recorded
+                && call.step == intent.step
+                && call.attempt == intent.attempt
+                && (options.accept_agent_change || call.request_hash == intent.request_hash)
+        }
+        (Action::CallTool(call), Event::ToolCallIntent(intent)) => {
+            !call.recorded && call.intent == *intent
+        }
+        (Action::RejectToolCall(a), Event::ToolCallRejected(b)) => a == b,
+        (Action::RequestApproval(a), Event::ApprovalRequested(b)) => {
+            a.call_id == b.call_id && a.tool == b.tool
+        }
+        (Action::Park(Park::Suspend(a)), Event::Suspended(b)) => a == b,
+        (Action::Park(Park::BudgetExceeded(a)), Event::BudgetExceeded(b)) => a == b,
+        (Action::ObserveClock, Event::ClockObserved(_)) => true,
+        (Action::Finish(a), Event::RunCompleted(b)) => a == b,
+        _ => false,
+    }
+}
+
+fn describe_action(action: &Action) -> String {
+    match action {
+        Action::CallModel(c) => format!(
+            "a model call (step {}, attempt {}, request {})",
+            c.step, c.attempt, c.request_hash
+        ),
+        Action::CallTool(t) => format!(
+            "tool call `{}` to {} ({}) with {}",
+            t.intent.call_id, t.intent.tool, t.intent.effect, t.intent.arguments
+        ),
+        Action::RequestApproval(a) => {
+            format!("an approval request for `{}` to {}", a.call_id, a.tool)
+        }
+        Action::RejectToolCall(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
+        Action::ObserveClock => "a clock reading".into(),
+        Action::Finish(c) => format!("finishing with {}", c.output),
+        Action::Park(Park::BudgetExceeded(o)) => format!("parking: {o}"),
+        Action::Park(Park::Suspend(s)) => format!("suspending at `{}`", s.call_id),
+        Action::Fail(e) => format!("failing: {e}"),
+        Action::Idle(idle) => format!("nothing ({idle:?})"),
+    }
+}
+
+fn describe_event(event: &Event) -> String {
+    match event {
+        Event::ModelCallIntent(i) => format!(
+            "a model call (step {}, attempt {}, request {})",
+            i.step, i.attempt, i.request_hash
+        ),
+        Event::ToolCallIntent(i) => format!(
+            "tool call `{}` to {} ({}) with {}",
+            i.call_id, i.tool, i.effect, i.arguments
+        ),
+        Event::ApprovalRequested(a) => {
+            format!("an approval request for `{}` to {}", a.call_id, a.tool)
+        }
+        Event::ToolCallRejected(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
+        Event::ClockObserved(_) => "a clock reading".into(),
+        Event::RunCompleted(c) => format!("finishing with {}", c.output),
+        Event::BudgetExceeded(o) => format!("parking: {o}"),
+        Event::Suspended(s) => format!("suspending at `{}`", s.call_id),
+        other => other.kind().to_string(),
+    }
+}

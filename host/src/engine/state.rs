@@ -1,0 +1,1006 @@
+//! Folding a run's log into its state: [`fold`] (and [`RunState::apply`],
+//! one event at a time) is pure, and rejects impossible sequences with a
+//! [`FoldError`] naming the position. [`RunStatus`] and the conversation the
+//! model sees are derived from the state, so from the log alone.
+//!
+//! Rules the fold enforces, among others: `run_started` first and only
+//! there; nothing after a terminal event; one effect in flight at a time;
+//! tool calls of a model turn settled in order, each intent matching the
+//! model's call (same tool, same frozen arguments, the derived idempotency
+//! key); completions only for intents in flight; approvals only for pending
+//! requests; a model call only once every tool call of the previous turn is
+//! settled; terminal events carrying exactly the dangling write, if any.
+
+use std::collections::BTreeMap;
+
+use serde_json::Value;
+
+use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
+use super::events::{
+    BudgetExtended, Event, EventKind, ModelCallError, RunAbandoned, RunCancelled, RunCompleted,
+    RunFailed, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult, UnresolvedWrite,
+};
+use super::ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
+use crate::policy::EffectClass;
+use crate::providers::{Message, StopReason, ToolCall};
+
+/// Where a run stands, derived from its log alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// It can make progress.
+    Running,
+    /// A tool call waits for a human's approval.
+    AwaitingApproval,
+    /// It waits for a human's input.
+    Suspended,
+    /// A budget is used up; a human may extend it.
+    BudgetExceeded,
+    /// A write intent has no completion: nobody knows whether the write
+    /// happened, so a human must resolve it. Every automatic verb refuses.
+    NeedsReconciliation,
+    /// It finished with an output.
+    Completed,
+    /// It failed.
+    Failed,
+    /// It was cancelled.
+    Cancelled,
+    /// A human abandoned it.
+    Abandoned,
+}
+
+impl RunStatus {
+    /// Every status.
+    pub const ALL: [RunStatus; 9] = [
+        RunStatus::Running,
+        RunStatus::AwaitingApproval,
+        RunStatus::Suspended,
+        RunStatus::BudgetExceeded,
+        RunStatus::NeedsReconciliation,
+        RunStatus::Completed,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+        RunStatus::Abandoned,
+    ];
+
+    /// The snake_case name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::AwaitingApproval => "awaiting_approval",
+            RunStatus::Suspended => "suspended",
+            RunStatus::BudgetExceeded => "budget_exceeded",
+            RunStatus::NeedsReconciliation => "needs_reconciliation",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::Abandoned => "abandoned",
+        }
+    }
+
+    /// Whether the run is over.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Abandoned
+        )
+    }
+
+    /// Whether the run waits for a human (approval, input, a budget, or a
+    /// reconciliation).
+    pub fn is_parked(self) -> bool {
+        matches!(
+            self,
+            RunStatus::AwaitingApproval
+                | RunStatus::Suspended
+                | RunStatus::BudgetExceeded
+                | RunStatus::NeedsReconciliation
+        )
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RunStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RunStatus::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "`{s}` is not a run status (use one of: {})",
+                    RunStatus::ALL.map(RunStatus::as_str).join(", ")
+                )
+            })
+    }
+}
+
+/// The state of a run, folded from its log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunState {
+    /// The run.
+    pub run_id: RunId,
+    /// The agent's name.
+    pub agent: String,
+    /// The digest of the agent's definition when the run started.
+    pub agent_digest: AgentDigest,
+    /// The run's input.
+    pub input: Value,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// The clock reading the run started at.
+    pub clock_seed_ms: u64,
+    /// The seed of its randomness.
+    pub random_seed: u64,
+    /// How many events were folded: the position of the next event.
+    pub event_count: usize,
+    /// What it has used.
+    pub usage: BudgetUsage,
+    /// Budget limits raised by humans, replacing the agent's.
+    pub extensions: BudgetLimits,
+    /// The latest clock reading, in milliseconds since the Unix epoch.
+    pub last_clock_ms: Option<u64>,
+    /// Whether the latest event is a clock reading (so wall time is current).
+    pub clock_fresh: bool,
+    /// Random values drawn, in order.
+    pub random_values: Vec<u64>,
+    /// The model's turns, one per completed step.
+    pub turns: Vec<Turn>,
+    /// The model call in progress, or the last one's failure.
+    pub model_call: ModelCallProgress,
+    /// The budget the run is parked on.
+    pub budget_exceeded: Option<BudgetOverrun>,
+    /// How the run ended.
+    pub terminal: Option<Terminal>,
+}
+
+/// One completed model call and its tool calls.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Turn {
+    /// The step, from 1.
+    pub step: u32,
+    /// The model's text.
+    pub text: String,
+    /// Why the model stopped.
+    pub stop_reason: StopReason,
+    /// Its tool calls, in order.
+    pub calls: Vec<ToolCallState>,
+}
+
+/// One tool call of a turn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCallState {
+    /// The engine's id for it.
+    pub call_id: CallId,
+    /// The call as the model made it (with the provider's id).
+    pub call: ToolCall,
+    /// How far it got.
+    pub progress: ToolCallProgress,
+}
+
+/// How far a tool call got.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolCallProgress {
+    /// Nothing recorded yet.
+    Pending,
+    /// Waiting for a human's approval.
+    AwaitingApproval,
+    /// Approved; not yet run.
+    Approved {
+        /// Who approved.
+        by: String,
+    },
+    /// Suspended for a human's input.
+    Suspended {
+        /// Why.
+        reason: String,
+        /// The schema the input must satisfy.
+        schema: Value,
+    },
+    /// The intent is recorded and has no completion.
+    InFlight(ToolCallIntent),
+    /// Refused before anything ran. Settled.
+    Rejected(ToolCallError),
+    /// Denied by a human. Settled.
+    Denied {
+        /// Who denied.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// Ran. Settled.
+    Completed(ToolCallResult),
+    /// A human recorded what the write did. Settled.
+    Resolved {
+        /// Who.
+        by: String,
+        /// The output they recorded.
+        output: Value,
+    },
+    /// A human answered a suspension at this call. Settled.
+    Answered {
+        /// The input.
+        input: Value,
+    },
+}
+
+impl ToolCallProgress {
+    /// Whether the call has its result.
+    pub fn is_settled(&self) -> bool {
+        matches!(
+            self,
+            ToolCallProgress::Rejected(_)
+                | ToolCallProgress::Denied { .. }
+                | ToolCallProgress::Completed(_)
+                | ToolCallProgress::Resolved { .. }
+                | ToolCallProgress::Answered { .. }
+        )
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            ToolCallProgress::Pending => "pending",
+            ToolCallProgress::AwaitingApproval => "awaiting approval",
+            ToolCallProgress::Approved { .. } => "approved",
+            ToolCallProgress::Suspended { .. } => "suspended",
+            ToolCallProgress::InFlight(_) => "in flight",
+            ToolCallProgress::Rejected(_) => "rejected",
+            ToolCallProgress::Denied { .. } => "denied",
+            ToolCallProgress::Completed(_) => "completed",
+            ToolCallProgress::Resolved { .. } => "resolved",
+            ToolCallProgress::Answered { .. } => "answered",
+        }
+    }
+
+    /// The result the model sees, once settled: the text and whether it is
+    /// an error.
+    pub fn result_for_model(&self) -> Option<(String, bool)> {
+        match self {
+            ToolCallProgress::Completed(ToolCallResult::Output(v))
+            | ToolCallProgress::Resolved { output: v, .. }
+            | ToolCallProgress::Answered { input: v } => Some((value_text(v), false)),
+            ToolCallProgress::Completed(ToolCallResult::Error(e))
+            | ToolCallProgress::Rejected(e) => Some((e.to_string(), true)),
+            ToolCallProgress::Denied { by, reason } => {
+                Some((format!("the call was denied by {by}: {reason}"), true))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A JSON value as the model reads it: a string as itself, anything else
+/// as compact JSON.
+pub fn value_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The model call in progress, or how the last one ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelCallProgress {
+    /// None in progress; the last one, if any, completed.
+    Idle,
+    /// The intent is recorded and has no completion.
+    InFlight {
+        /// The step.
+        step: u32,
+        /// The attempt.
+        attempt: u32,
+        /// The recorded request hash.
+        request_hash: RequestHash,
+    },
+    /// The last attempt failed.
+    Failed {
+        /// The step.
+        step: u32,
+        /// Attempts made at this step.
+        attempts: u32,
+        /// The last error.
+        error: ModelCallError,
+    },
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Terminal {
+    /// It completed.
+    Completed(RunCompleted),
+    /// It failed.
+    Failed(RunFailed),
+    /// It was cancelled.
+    Cancelled(RunCancelled),
+    /// It was abandoned.
+    Abandoned(RunAbandoned),
+}
+
+/// What a parked run waits for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Parked<'a> {
+    /// Approval of a call.
+    Approval {
+        /// The call.
+        call: &'a ToolCallState,
+    },
+    /// Input satisfying a schema, which becomes the call's result.
+    Input {
+        /// The call.
+        call_id: &'a CallId,
+        /// Why.
+        reason: &'a str,
+        /// The schema.
+        schema: &'a Value,
+    },
+    /// A budget extension.
+    Budget(BudgetOverrun),
+    /// A human's word on a write whose outcome is unknown.
+    Reconciliation(&'a ToolCallIntent),
+}
+
+/// A log that cannot be folded.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FoldError {
+    /// There are no events.
+    #[error("the log is empty")]
+    Empty,
+    /// The event at `position` cannot follow the ones before it.
+    #[error("impossible event at position {position} ({kind}): {problem}")]
+    Impossible {
+        /// Its position in the log, from 0.
+        position: usize,
+        /// Its kind.
+        kind: EventKind,
+        /// Why it is impossible there.
+        problem: FoldProblem,
+    },
+}
+
+/// Why an event is impossible where it is.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FoldProblem {
+    /// The first event is not `run_started`.
+    #[error("a log must start with run_started")]
+    NotStarted,
+    /// `run_started` after the first event.
+    #[error("the run has already started")]
+    AlreadyStarted,
+    /// An event after a terminal one.
+    #[error("the run is already {status}")]
+    AfterTerminal {
+        /// The terminal status.
+        status: RunStatus,
+    },
+    /// An intent while a model call is in flight.
+    #[error("the model call of step {step} is still in flight")]
+    ModelCallInFlight {
+        /// Its step.
+        step: u32,
+    },
+    /// An intent while a tool call is in flight.
+    #[error("tool call `{call_id}` is still in flight")]
+    ToolCallInFlight {
+        /// The call.
+        call_id: CallId,
+    },
+    /// A model completion with no matching intent.
+    #[error("no model call of step {step} is in flight")]
+    NoModelCallInFlight {
+        /// The step the event names.
+        step: u32,
+    },
+    /// A model intent for the wrong step or attempt.
+    #[error(
+        "expected step {expected_step} attempt {expected_attempt}, found step {step} attempt {attempt}"
+    )]
+    StepMismatch {
+        /// The next step.
+        expected_step: u32,
+        /// The next attempt.
+        expected_attempt: u32,
+        /// The step recorded.
+        step: u32,
+        /// The attempt recorded.
+        attempt: u32,
+    },
+    /// A model call after the model gave its final answer.
+    #[error("the model already gave its final answer at step {step}")]
+    AfterFinalAnswer {
+        /// That step.
+        step: u32,
+    },
+    /// A model call or a finish while a tool call is not settled.
+    #[error("tool call `{call_id}` is not settled")]
+    ToolCallOutstanding {
+        /// The call.
+        call_id: CallId,
+    },
+    /// An event about a call that is not the next one to settle.
+    #[error("`{found}` is not the next tool call to settle (that is {})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
+    NotNextCall {
+        /// The next call, if any.
+        expected: Option<CallId>,
+        /// The call the event names.
+        found: CallId,
+    },
+    /// An event that the call's progress does not allow.
+    #[error("tool call `{call_id}` is {state}, not {needed}")]
+    WrongCallState {
+        /// The call.
+        call_id: CallId,
+        /// Its progress.
+        state: &'static str,
+        /// What the event needs.
+        needed: &'static str,
+    },
+    /// An intent or request that does not match the model's call.
+    #[error("the {field} recorded for `{call_id}` does not match the model's call")]
+    CallMismatch {
+        /// The call.
+        call_id: CallId,
+        /// Which field differs.
+        field: &'static str,
+    },
+    /// An event the run's parking does not allow.
+    #[error("the run is {status}")]
+    Parked {
+        /// The status.
+        status: RunStatus,
+    },
+    /// A budget extension while no budget is exceeded.
+    #[error("no budget is exceeded")]
+    NoBudgetExceeded,
+    /// A resumption with no suspension.
+    #[error("the run is not suspended")]
+    NotSuspended,
+    /// A terminal event whose `unresolved_write` is not the dangling write.
+    #[error("unresolved_write must name the dangling write ({})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
+    UnresolvedWriteMismatch {
+        /// The dangling write, if any.
+        expected: Option<CallId>,
+    },
+}
+
+/// Folds a whole log.
+pub fn fold(events: &[Event]) -> Result<RunState, FoldError> {
+    let (first, rest) = events.split_first().ok_or(FoldError::Empty)?;
+    let Event::RunStarted(started) = first else {
+        return Err(FoldError::Impossible {
+            position: 0,
+            kind: first.kind(),
+            problem: FoldProblem::NotStarted,
+        });
+    };
+    let mut state = RunState::start(started);
+    for event in rest {
+        state.apply(event)?;
+    }
+    Ok(state)
+}
+
+impl RunState {
+    /// The state right after `run_started`.
+    pub fn start(started: &RunStarted) -> RunState {
+        RunState {
+            run_id: started.run_id.clone(),
+            agent: started.agent.clone(),
+            agent_digest: started.agent_digest.clone(),
+            input: started.input.clone(),
+            labels: started.labels.clone(),
+            clock_seed_ms: started.clock_seed_ms,
+            random_seed: started.random_seed,
+            event_count: 1,
+            usage: BudgetUsage::default(),
+            extensions: BudgetLimits::default(),
+            last_clock_ms: None,
+            clock_fresh: false,
+            random_values: Vec::new(),
+            turns: Vec::new(),
+            model_call: ModelCallProgress::Idle,
+            budget_exceeded: None,
+            terminal: None,
+        }
+    }
+
+    /// The status, derived from the state.
+    pub fn status(&self) -> RunStatus {
+        match &self.terminal {
+            Some(Terminal::Completed(_)) => return RunStatus::Completed,
+            Some(Terminal::Failed(_)) => return RunStatus::Failed,
+            Some(Terminal::Cancelled(_)) => return RunStatus::Cancelled,
+            Some(Terminal::Abandoned(_)) => return RunStatus::Abandoned,
+            None => {}
+        }
+        if self.dangling_write().is_some() {
+            return RunStatus::NeedsReconciliation;
+        }
+        match self.next_call().map(|c| &c.progress) {
+            Some(ToolCallProgress::AwaitingApproval) => return RunStatus::AwaitingApproval,
+            Some(ToolCallProgress::Suspended { .. }) => return RunStatus::Suspended,
+            _ => {}
+        }
+        if self.budget_exceeded.is_some() {
+            return RunStatus::BudgetExceeded;
+        }
+        RunStatus::Running
+    }
+
+    /// What the run waits for, if it is parked.
+    pub fn parked(&self) -> Option<Parked<'_>> {
+        if self.terminal.is_some() {
+            return None;
+        }
+        if let Some(intent) = self.dangling_write() {
+            return Some(Parked::Reconciliation(intent));
+        }
+        if let Some(call) = self.next_call() {
+            match &call.progress {
+                ToolCallProgress::AwaitingApproval => return Some(Parked::Approval { call }),
+                ToolCallProgress::Suspended { reason, schema } => {
+                    return Some(Parked::Input {
+                        call_id: &call.call_id,
+                        reason,
+                        schema,
+                    });
+                }
+                _ => {}
+            }
+        }
+        self.budget_exceeded.map(Parked::Budget)
+    }
+
+    /// The latest turn.
+    pub fn last_turn(&self) -> Option<&Turn> {
+        self.turns.last()
+    }
+
+    /// The first tool call of the latest turn that is not settled.
+    pub fn next_call(&self) -> Option<&ToolCallState> {
+        self.turns
+            .last()?
+            .calls
+            .iter()
+            .find(|c| !c.progress.is_settled())
+    }
+
+    /// The tool call whose intent has no completion, if any.
+    pub fn in_flight_tool(&self) -> Option<&ToolCallIntent> {
+        match &self.next_call()?.progress {
+            ToolCallProgress::InFlight(intent) => Some(intent),
+            _ => None,
+        }
+    }
+
+    /// The write whose intent has no completion, if any.
+    pub fn dangling_write(&self) -> Option<&ToolCallIntent> {
+        self.in_flight_tool()
+            .filter(|i| i.effect == EffectClass::Write)
+    }
+
+    /// The tool call with `call_id` in the latest turn.
+    pub fn call(&self, call_id: &CallId) -> Option<&ToolCallState> {
+        self.turns
+            .last()?
+            .calls
+            .iter()
+            .find(|c| &c.call_id == call_id)
+    }
+
+    /// The agent's `limits` with the recorded extensions applied.
+    pub fn effective_limits(&self, limits: &BudgetLimits) -> BudgetLimits {
+        limits.overridden_by(&self.extensions)
+    }
+
+    /// The conversation the model sees: the input, then each turn and the
+    /// results of its settled tool calls, in order.
+    pub fn conversation(&self) -> Vec<Message> {
+        let mut messages = vec![Message::User {
+            content: value_text(&self.input),
+        }];
+        for turn in &self.turns {
+            messages.push(Message::Assistant {
+                text: turn.text.clone(),
+                tool_calls: turn.calls.iter().map(|c| c.call.clone()).collect(),
+            });
+            for call in &turn.calls {
+                if let Some((content, is_error)) = call.progress.result_for_model() {
+                    messages.push(Message::Tool {
+                        call_id: call.call.id.clone(),
+                        name: call.call.name.clone(),
+                        content,
+                        is_error,
+                    });
+                }
+            }
+        }
+        messages
+    }
+
+    /// Checks `input` as an extension of the budget the run is parked on
+    /// (the agent's limits are `limits`) and returns the event to record.
+    /// Nothing is recorded when this fails.
+    pub fn check_extension(
+        &self,
+        limits: &BudgetLimits,
+        input: &Value,
+        by: Option<String>,
+    ) -> Result<BudgetExtended, ExtensionError> {
+        let overrun = self.budget_exceeded.ok_or(ExtensionError::NotExceeded)?;
+        let extension = parse_extension(input)?;
+        let given = extension.get(overrun.budget);
+        let effective = self
+            .effective_limits(limits)
+            .overridden_by(&extension)
+            .get(overrun.budget);
+        if effective.is_some_and(|limit| limit <= overrun.used) {
+            return Err(ExtensionError::TooSmall {
+                needed: overrun,
+                given,
+            });
+        }
+        Ok(BudgetExtended {
+            limits: extension,
+            by,
+        })
+    }
+
+    /// Folds one more event. On error the state is unchanged.
+    pub fn apply(&mut self, event: &Event) -> Result<(), FoldError> {
+        let position = self.event_count;
+        let kind = event.kind();
+        self.check(event).map_err(|problem| FoldError::Impossible {
+            position,
+            kind,
+            problem,
+        })?;
+        self.update(event);
+        self.clock_fresh = matches!(event, Event::ClockObserved(_));
+        self.event_count += 1;
+        Ok(())
+    }
+
+    fn parked_problem(&self) -> Result<(), FoldProblem> {
+        let status = self.status();
+        if status.is_parked() {
+            return Err(FoldProblem::Parked { status });
+        }
+        Ok(())
+    }
+
+    fn nothing_in_flight(&self) -> Result<(), FoldProblem> {
+        if let ModelCallProgress::InFlight { step, .. } = self.model_call {
+            return Err(FoldProblem::ModelCallInFlight { step });
+        }
+        if let Some(intent) = self.in_flight_tool() {
+            return Err(FoldProblem::ToolCallInFlight {
+                call_id: intent.call_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The next call to settle, which must be `call_id`.
+    fn expect_next(&self, call_id: &CallId) -> Result<&ToolCallState, FoldProblem> {
+        match self.next_call() {
+            Some(call) if &call.call_id == call_id => Ok(call),
+            other => Err(FoldProblem::NotNextCall {
+                expected: other.map(|c| c.call_id.clone()),
+                found: call_id.clone(),
+            }),
+        }
+    }
+
+    fn expect_progress(
+        call: &ToolCallState,
+        allowed: fn(&ToolCallProgress) -> bool,
+        needed: &'static str,
+    ) -> Result<(), FoldProblem> {
+        if allowed(&call.progress) {
+            Ok(())
+        } else {
+            Err(FoldProblem::WrongCallState {
+                call_id: call.call_id.clone(),
+                state: call.progress.name(),
+                needed,
+            })
+        }
+    }
+
+    fn next_model_call(&self) -> (u32, u32) {
+        match &self.model_call {
+            ModelCallProgress::Failed { step, attempts, .. } => (*step, attempts + 1),
+            _ => (self.turns.len() as u32 + 1, 1),
+        }
+    }
+
+    fn check_unresolved(&self, given: &Option<UnresolvedWrite>) -> Result<(), FoldProblem> {
+        let dangling = self.dangling_write();
+        let matches = match (dangling, given) {
+            (None, None) => true,
+            (Some(intent), Some(write)) => UnresolvedWrite::from(intent) == *write,
+            _ => false,
+        };
+        if matches {
+            Ok(())
+        } else {
+            Err(FoldProblem::UnresolvedWriteMismatch {
+                expected: dangling.map(|i| i.call_id.clone()),
+            })
+        }
+    }
+
+    fn check(&self, event: &Event) -> Result<(), FoldProblem> {
+        if self.terminal.is_some() {
+            return Err(FoldProblem::AfterTerminal {
+                status: self.status(),
+            });
+        }
+        match event {
+            Event::RunStarted(_) => Err(FoldProblem::AlreadyStarted),
+            Event::ModelCallIntent(intent) => {
+                self.nothing_in_flight()?;
+                if let Some(call) = self.next_call() {
+                    return Err(FoldProblem::ToolCallOutstanding {
+                        call_id: call.call_id.clone(),
+                    });
+                }
+                self.parked_problem()?;
+                if !matches!(self.model_call, ModelCallProgress::Failed { .. })
+                    && let Some(turn) = self.turns.last()
+                    && turn.calls.is_empty()
+                {
+                    return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
+                }
+                let (expected_step, expected_attempt) = self.next_model_call();
+                if (intent.step, intent.attempt) != (expected_step, expected_attempt) {
+                    return Err(FoldProblem::StepMismatch {
+                        expected_step,
+                        expected_attempt,
+                        step: intent.step,
+                        attempt: intent.attempt,
+                    });
+                }
+                Ok(())
+            }
+            Event::ModelCallCompleted(c) => self.expect_model_in_flight(c.step),
+            Event::ModelCallFailed(f) => self.expect_model_in_flight(f.step),
+            Event::ToolCallRejected(r) => {
+                let call = self.expect_next(&r.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")
+            }
+            Event::ToolCallIntent(intent) => {
+                let call = self.expect_next(&intent.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| {
+                        matches!(
+                            p,
+                            ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
+                        )
+                    },
+                    "pending or approved",
+                )?;
+                self.parked_problem()?;
+                let mismatch = |field| FoldProblem::CallMismatch {
+                    call_id: intent.call_id.clone(),
+                    field,
+                };
+                if intent.tool.model_name() != call.call.name {
+                    return Err(mismatch("tool"));
+                }
+                if intent.arguments != call.call.arguments {
+                    return Err(mismatch("arguments"));
+                }
+                if intent.idempotency_key != idempotency_key(&self.run_id, &intent.call_id) {
+                    return Err(mismatch("idempotency key"));
+                }
+                Ok(())
+            }
+            Event::ToolCallCompleted(c) => {
+                let call = self.expect_next(&c.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::InFlight(_)),
+                    "in flight",
+                )
+            }
+            Event::ToolCallResolved(r) => {
+                let call = self.expect_next(&r.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::InFlight(i) if i.effect == EffectClass::Write),
+                    "a write in flight",
+                )
+            }
+            Event::ApprovalRequested(a) => {
+                let call = self.expect_next(&a.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
+                self.parked_problem()?;
+                if a.tool.model_name() != call.call.name {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: a.call_id.clone(),
+                        field: "tool",
+                    });
+                }
+                Ok(())
+            }
+            Event::ApprovalGranted(g) => {
+                let call = self.expect_next(&g.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::AwaitingApproval),
+                    "awaiting approval",
+                )
+            }
+            Event::ApprovalDenied(d) => {
+                let call = self.expect_next(&d.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::AwaitingApproval),
+                    "awaiting approval",
+                )
+            }
+            Event::Suspended(s) => {
+                let call = self.expect_next(&s.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
+                self.parked_problem()
+            }
+            Event::Resumed(_) => match self.next_call() {
+                Some(call) if matches!(call.progress, ToolCallProgress::Suspended { .. }) => Ok(()),
+                _ => Err(FoldProblem::NotSuspended),
+            },
+            Event::BudgetExceeded(_) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()
+            }
+            Event::BudgetExtended(_) => {
+                if self.budget_exceeded.is_none() {
+                    return Err(FoldProblem::NoBudgetExceeded);
+                }
+                Ok(())
+            }
+            Event::ClockObserved(_) | Event::RandomObserved(_) => Ok(()),
+            Event::RunCompleted(_) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()?;
+                if let Some(call) = self.next_call() {
+                    return Err(FoldProblem::ToolCallOutstanding {
+                        call_id: call.call_id.clone(),
+                    });
+                }
+                Ok(())
+            }
+            Event::RunFailed(_) => self.check_unresolved(&None),
+            Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
+            Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
+        }
+    }
+
+    fn expect_model_in_flight(&self, step: u32) -> Result<(), FoldProblem> {
+        match self.model_call {
+            ModelCallProgress::InFlight { step: s, .. } if s == step => Ok(()),
+            _ => Err(FoldProblem::NoModelCallInFlight { step }),
+        }
+    }
+
+    fn next_call_mut(&mut self) -> &mut ToolCallState {
+        self.turns
+            .last_mut()
+            .and_then(|t| t.calls.iter_mut().find(|c| !c.progress.is_settled()))
+            .expect("checked: there is a next call")
+    }
+
+    /// Applies a checked event.
+    fn update(&mut self, event: &Event) {
+        match event {
+            Event::RunStarted(_) => unreachable!("checked: run_started is only first"),
+            Event::ModelCallIntent(i) => {
+                self.model_call = ModelCallProgress::InFlight {
+                    step: i.step,
+                    attempt: i.attempt,
+                    request_hash: i.request_hash.clone(),
+                };
+            }
+            Event::ModelCallCompleted(c) => {
+                let u = &mut self.usage;
+                u.steps += 1;
+                u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
+                u.output_tokens = u.output_tokens.saturating_add(c.usage.output_tokens);
+                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos.unwrap_or(0));
+                self.turns.push(Turn {
+                    step: c.step,
+                    text: c.text.clone(),
+                    stop_reason: c.stop_reason,
+                    calls: c
+                        .tool_calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, call)| ToolCallState {
+                            call_id: CallId::new(c.step, i + 1),
+                            call: call.clone(),
+                            progress: ToolCallProgress::Pending,
+                        })
+                        .collect(),
+                });
+                self.model_call = ModelCallProgress::Idle;
+            }
+            Event::ModelCallFailed(f) => {
+                let attempts = match self.model_call {
+                    ModelCallProgress::InFlight { attempt, .. } => attempt,
+                    _ => unreachable!("checked: a model call is in flight"),
+                };
+                self.model_call = ModelCallProgress::Failed {
+                    step: f.step,
+                    attempts,
+                    error: f.error.clone(),
+                };
+            }
+            Event::ToolCallRejected(r) => {
+                self.next_call_mut().progress = ToolCallProgress::Rejected(r.error.clone());
+            }
+            Event::ToolCallIntent(i) => {
+                self.usage.tool_calls += 1;
+                self.next_call_mut().progress = ToolCallProgress::InFlight(i.clone());
+            }
+            Event::ToolCallCompleted(c) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(c.receipt.fuel_consumed);
+                self.next_call_mut().progress = ToolCallProgress::Completed(c.result.clone());
+            }
+            Event::ToolCallResolved(r) => {
+                self.next_call_mut().progress = ToolCallProgress::Resolved {
+                    by: r.by.clone(),
+                    output: r.output.clone(),
+                };
+            }
+            Event::ApprovalRequested(a) => {
+                if let Some(receipt) = &a.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
+                self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
+            }
+            Event::ApprovalGranted(g) => {
+                self.next_call_mut().progress = ToolCallProgress::Approved { by: g.by.clone() };
+            }
+            Event::ApprovalDenied(d) => {
+                self.next_call_mut().progress = ToolCallProgress::Denied {
+                    by: d.by.clone(),
+                    reason: d.reason.clone(),
+                };
+            }
+            Event::Suspended(s) => {
+                self.next_call_mut().progress = ToolCallProgress::Suspended {
+                    reason: s.reason.clone(),
+                    schema: s.schema.clone(),
+                };
+            }
+            Event::Resumed(r) => {
+                self.next_call_mut().progress = ToolCallProgress::Answered {
+                    input: r.input.clone(),
+                };
+            }
+            Event::BudgetExceeded(o) => self.budget_exceeded = Some(*o),
+            Event::BudgetExtended(e) => {
+                self.extensions = self.extensions.overridden_by(&e.limits);
+                self.budget_exceeded = None;
+            }
+            Event::ClockObserved(c) => {
+                self.last_clock_ms = Some(c.at_ms);
+                self.usage.wall_time_ms = c.at_ms.saturating_sub(self.clock_seed_ms);
+            }
+            Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::RunCompleted(c) => self.terminal = Some(Terminal::Completed(c.clone())),
+            Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),
+            Event::RunCancelled(c) => self.terminal = Some(Terminal::Cancelled(c.clone())),
+            Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
+        }
+    }
+}
