@@ -56,6 +56,7 @@ use serde_json::Value;
 use super::budget::{BudgetLimits, Pricing, currency_to_nanos, price_to_micros};
 use super::canonical::{canonical_json, without_empty};
 use super::ids::AgentDigest;
+use super::schema;
 use crate::plugins::{PluginSource, builtin};
 use crate::policy::Grant;
 use crate::units::HumanDuration;
@@ -447,7 +448,10 @@ fn validate(
     };
     let json_object = |key: &str, text: &str| -> Result<Value, AgentError> {
         match serde_json::from_str::<Value>(text) {
-            Ok(v @ Value::Object(_)) => Ok(v),
+            Ok(v @ Value::Object(_)) => match schema::check_schema(&v) {
+                Ok(()) => Ok(v),
+                Err(e) => Err(invalid(key, e.to_string())),
+            },
             Ok(_) => Err(invalid(
                 key,
                 "must be a JSON object (JSON Schema) as text".into(),
@@ -919,6 +923,13 @@ team = "ops"
                 with("[human_tools.ask]\ndescription = \"d\"\nresponse_schema = \"{\"\n"),
                 "human_tools.ask.response_schema",
                 "is not valid JSON",
+            ),
+            (
+                with(
+                    "[human_tools.ask]\ndescription = \"d\"\nresponse_schema = '{\"type\": \"nonsense\"}'\n",
+                ),
+                "human_tools.ask.response_schema",
+                "invalid JSON Schema",
             ),
             (
                 format!("output_schema = '\"x\"'\n{MINIMAL}"),

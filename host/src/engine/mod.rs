@@ -14,6 +14,7 @@
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`prompt`]: assembling the model request.
 //! - [`replay`]: folding a recorded log while checking every decision.
+//! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`ids`]: run and call ids, digests, idempotency keys.
 //! - [`canonical`]: canonical JSON for digests.
 //!
@@ -31,6 +32,7 @@ pub mod events;
 pub mod ids;
 pub mod prompt;
 pub mod replay;
+pub mod schema;
 pub mod state;
 pub mod view;
 
@@ -43,5 +45,5 @@ pub use decide::{Action, decide};
 pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
 pub use ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
 pub use replay::{ReplayError, ReplayOptions, replay};
-pub use state::{FoldError, RunState, RunStatus, fold};
+pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
 pub use view::AgentView;

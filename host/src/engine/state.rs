@@ -17,10 +17,12 @@ use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
 use super::events::{
-    BudgetExtended, Event, EventKind, ModelCallError, RunAbandoned, RunCancelled, RunCompleted,
-    RunFailed, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult, UnresolvedWrite,
+    BudgetExtended, Event, EventKind, ModelCallError, Resumed, RunAbandoned, RunCancelled,
+    RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
+    UnresolvedWrite,
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
+use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
 
@@ -345,6 +347,24 @@ pub enum Parked<'a> {
     Reconciliation(&'a ToolCallIntent),
 }
 
+/// A `resume` that cannot be recorded.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResumeError {
+    /// The run is neither suspended nor over budget.
+    #[error("the run is {status}: only a suspended run or one over budget can be resumed")]
+    NotResumable {
+        /// Its status.
+        status: RunStatus,
+    },
+    /// The input does not satisfy the suspension's recorded schema.
+    #[error("resume input rejected: {0}")]
+    InputRejected(SchemaError),
+    /// The input is not an extension that lifts the overrun.
+    #[error("budget extension rejected: {0}")]
+    ExtensionRejected(ExtensionError),
+}
+
 /// A log that cannot be folded.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
 #[non_exhaustive]
@@ -651,6 +671,36 @@ impl RunState {
             limits: extension,
             by,
         })
+    }
+
+    /// Checks `input` for a `resume` of this run and returns the one event to
+    /// record: for a suspended run, [`Event::Resumed`] once the input
+    /// satisfies the schema recorded in the log; for a run over budget,
+    /// [`Event::BudgetExtended`] once the input is an extension that lifts
+    /// the overrun (the agent's limits are `limits`). Nothing is recorded
+    /// when this fails.
+    pub fn check_resume(
+        &self,
+        limits: &BudgetLimits,
+        input: &Value,
+        by: Option<String>,
+    ) -> Result<Event, ResumeError> {
+        match self.parked() {
+            Some(Parked::Input { schema, .. }) => {
+                schema::check(schema, input).map_err(ResumeError::InputRejected)?;
+                Ok(Event::Resumed(Resumed {
+                    input: input.clone(),
+                    by,
+                }))
+            }
+            Some(Parked::Budget(_)) => self
+                .check_extension(limits, input, by)
+                .map(Event::BudgetExtended)
+                .map_err(ResumeError::ExtensionRejected),
+            _ => Err(ResumeError::NotResumable {
+                status: self.status(),
+            }),
+        }
     }
 
     /// Folds one more event. On error the state is unchanged.

@@ -1816,3 +1816,84 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         }
     }
 }
+
+#[test]
+fn resume_input_is_validated_before_anything_is_recorded() {
+    let limits = BudgetLimits {
+        steps: Some(1),
+        ..BudgetLimits::default()
+    };
+    let asked = |schema: Value| {
+        fold(&log(vec![
+            model(1, 1),
+            answer(1, "", &[("ask", json!({}))]),
+            Event::Suspended(Suspended {
+                call_id: CallId::new(1, 1),
+                reason: "which file?".into(),
+                schema,
+            }),
+        ]))
+        .unwrap()
+    };
+    // The recorded schema decides, typeless object schemas included.
+    let state = asked(json!({"properties": {"file": {"type": "string"}}, "required": ["file"]}));
+    for bad in [json!(null), json!("a.txt"), json!({"file": 3}), json!({})] {
+        let err = state.check_resume(&limits, &bad, None).unwrap_err();
+        assert!(
+            matches!(err, super::state::ResumeError::InputRejected(_)),
+            "{bad}: {err}"
+        );
+        assert!(
+            err.to_string().starts_with("resume input rejected: "),
+            "{err}"
+        );
+    }
+    let event = state
+        .check_resume(&limits, &json!({"file": "a.txt"}), Some("alice".into()))
+        .unwrap();
+    assert_eq!(
+        event,
+        Event::Resumed(Resumed {
+            input: json!({"file": "a.txt"}),
+            by: Some("alice".into())
+        })
+    );
+    let mut resumed = state.clone();
+    resumed.apply(&event).unwrap();
+    assert_eq!(resumed.status(), RunStatus::Running);
+
+    // Over budget, the input is an extension.
+    let over = fold(&log(vec![exceeded(BudgetKind::Steps, 1, 1)])).unwrap();
+    let event = over
+        .check_resume(&limits, &json!({"max_steps": 2}), None)
+        .unwrap();
+    assert!(matches!(event, Event::BudgetExtended(_)));
+    let err = over
+        .check_resume(&limits, &json!({"max_steps": 1}), None)
+        .unwrap_err();
+    assert!(
+        err.to_string().starts_with("budget extension rejected: "),
+        "{err}"
+    );
+
+    // Anything else is not resumable.
+    for (events, status) in [
+        (log(vec![]), RunStatus::Running),
+        (dangling_write(), RunStatus::NeedsReconciliation),
+        (
+            log(vec![
+                model(1, 1),
+                answer(1, "", &[("fs__write_file", write_args())]),
+                approval(1, 1, "fs__write_file"),
+            ]),
+            RunStatus::AwaitingApproval,
+        ),
+        (log(vec![run_failed()]), RunStatus::Failed),
+    ] {
+        let err = fold(&events)
+            .unwrap()
+            .check_resume(&limits, &json!("x"), None)
+            .unwrap_err();
+        assert_eq!(err, super::state::ResumeError::NotResumable { status });
+    }
+}
