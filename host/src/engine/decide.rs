@@ -7,7 +7,7 @@
 //! | parked: approval, input, budget, a dangling write | [`Action::Idle`] (why) |
 //! | a model intent without completion (crash)   | [`Action::CallModel`], intent already recorded |
 //! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
-//! | next call names no tool / has non-object args | [`Action::RejectToolCall`] |
+//! | next call names no tool, or its arguments fail the tool's schema | [`Action::RejectToolCall`] |
 //! | next call is a human tool                   | [`Action::Park`] (suspend, with the answer's schema) |
 //! | next call pending, budget used up           | [`Action::Park`] (budget exceeded) |
 //! | next call pending, wall-time budget, clock stale | [`Action::ObserveClock`] |
@@ -43,6 +43,7 @@ use super::events::{
 };
 use super::ids::{CallId, RequestHash, RunId, idempotency_key};
 use super::prompt::build_request;
+use super::schema::{self, SchemaError};
 use super::state::{
     ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState,
 };
@@ -112,8 +113,8 @@ pub struct ModelCall {
     pub request_hash: RequestHash,
     /// Whether the intent is already in the log (a crash came between it
     /// and the completion): then make the call without recording a new
-    /// intent, and check [`request_hash`](Self::request_hash) against the
-    /// recorded one first.
+    /// intent. [`replay`](super::replay::replay) has compared the recorded
+    /// hash with this request's at the intent's position.
     pub recorded: bool,
 }
 
@@ -375,13 +376,28 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
             name: call.call.name.clone(),
         });
     };
-    if !call.call.arguments.is_object() {
-        return reject(ToolCallError::InvalidArguments {
-            message: format!(
-                "arguments must be a JSON object, got `{}`",
-                call.call.arguments
-            ),
-        });
+    if matches!(call.progress, ToolCallProgress::Pending) {
+        if !call.call.arguments.is_object() {
+            return reject(ToolCallError::InvalidArguments {
+                message: format!(
+                    "arguments must be a JSON object, got `{}`",
+                    call.call.arguments
+                ),
+            });
+        }
+        match schema::check(&tool.input_schema, &call.call.arguments) {
+            Ok(()) => {}
+            Err(e @ SchemaError::Violation { .. }) => {
+                return reject(ToolCallError::InvalidArguments {
+                    message: e.to_string(),
+                });
+            }
+            Err(e @ SchemaError::InvalidSchema { .. }) => {
+                return reject(ToolCallError::Unavailable {
+                    message: format!("the tool's input schema is unusable: {e}"),
+                });
+            }
+        }
     }
     match (&tool.target, &call.progress) {
         (ToolTarget::Human { response_schema }, ToolCallProgress::Pending) => {

@@ -3,17 +3,17 @@
 //!
 //! The pure core, where one step of a run is: fold the log into a
 //! [`RunState`] ([`fold`]), decide the next [`Action`] from the state and
-//! the agent ([`decide`]), then (in the runtime) append the intent, perform
+//! the agent ([`decide()`]), then (in the runtime) append the intent, perform
 //! the effect, append the completion. Neither folding nor deciding does I/O.
 //!
 //! - [`agent`]: `agent.toml`, parsed strictly, validated, digested.
 //! - [`view`]: the agent with its plugins' tools resolved, as deciding sees it.
 //! - [`events`]: the event kinds and their versioned encoding.
 //! - [`state`]: folding, [`RunStatus`], the conversation.
-//! - [`decide`]: the decision table.
+//! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`prompt`]: assembling the model request.
-//! - [`replay`]: folding a recorded log while checking every decision.
+//! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`ids`]: run and call ids, digests, idempotency keys.
 //! - [`canonical`]: canonical JSON for digests.

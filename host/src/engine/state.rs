@@ -824,8 +824,19 @@ impl RunState {
             Event::ModelCallCompleted(c) => self.expect_model_in_flight(c.step),
             Event::ModelCallFailed(f) => self.expect_model_in_flight(f.step),
             Event::ToolCallRejected(r) => {
+                // An approved call is rejected when its tool disappeared
+                // from the agent in between.
                 let call = self.expect_next(&r.call_id)?;
-                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")
+                Self::expect_progress(
+                    call,
+                    |p| {
+                        matches!(
+                            p,
+                            ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
+                        )
+                    },
+                    "pending or approved",
+                )
             }
             Event::ToolCallIntent(intent) => {
                 let call = self.expect_next(&intent.call_id)?;

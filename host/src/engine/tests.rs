@@ -64,6 +64,14 @@ fn view() -> AgentView {
                     response_schema: json!({"type": "string"}),
                 },
             },
+            AgentTool {
+                input_schema: json!({"type": "nonsense"}),
+                ..plugin_tool("broken", EffectClass::Read, false)
+            },
+            AgentTool {
+                input_schema: json!({"properties": {"pattern": {"type": "string"}}}),
+                ..plugin_tool("grep", EffectClass::Read, false)
+            },
             plugin_tool("read_file", EffectClass::Read, false),
             plugin_tool("stat", EffectClass::Idempotent, false),
             plugin_tool("write_file", EffectClass::Write, true),
@@ -907,6 +915,19 @@ fn every_decision() {
             "call_tool call-1-1 fs.write_file write recorded=false",
         ),
         (
+            "approved, but the tool is gone from the agent",
+            [
+                one_call("fs__write_file", write_args()),
+                vec![approval(1, 1, "fs__write_file"), granted(1, 1)],
+            ]
+            .concat(),
+            AgentView {
+                tools: vec![],
+                ..view()
+            },
+            "reject call-1-1: there is no tool `fs__write_file`",
+        ),
+        (
             "denied write: the model hears about it",
             [
                 one_call("fs__write_file", write_args()),
@@ -933,6 +954,18 @@ fn every_decision() {
             one_call("ask", json!({"question": "which?"})),
             view(),
             r#"park suspend call-1-1 {"type":"string"}"#,
+        ),
+        (
+            "arguments that fail the tool's schema",
+            one_call("fs__grep", json!({"pattern": 3})),
+            view(),
+            "reject call-1-1: invalid arguments: at `/pattern`: 3 is not of type \"string\"",
+        ),
+        (
+            "a tool whose schema is unusable",
+            one_call("fs__broken", json!({})),
+            view(),
+            "reject call-1-1: the tool is unavailable: the tool's input schema is unusable: invalid JSON Schema: \"nonsense\" is not valid under any of the schemas listed in the 'anyOf' keyword",
         ),
         (
             "suspended",
@@ -1597,7 +1630,7 @@ fn replay_accepts_the_recorded_run_and_refuses_a_changed_agent() {
     // The write became a read: the recorded intent and approval no longer
     // match what the agent decides, even with the change accepted.
     let mut tools = view().tools;
-    tools[3] = plugin_tool("write_file", EffectClass::Read, false);
+    tools[5] = plugin_tool("write_file", EffectClass::Read, false);
     let retyped = AgentView { tools, ..view() };
     let err = replay(&control.events, &retyped, accepted).unwrap_err();
     let ReplayError::Divergence {
@@ -1621,7 +1654,7 @@ fn replay_accepts_the_recorded_run_and_refuses_a_changed_agent() {
 
     // A tool that disappeared: the recorded intent diverges.
     let mut tools = view().tools;
-    tools.remove(1);
+    tools.remove(3);
     let fewer = AgentView { tools, ..view() };
     let err = replay(&control.events, &fewer, accepted).unwrap_err();
     assert!(
