@@ -1,2 +1,572 @@
-//! Event stores: the `EventStore` trait, the in-memory store and the SQLite
-//! store, with a tamper-evident hash chain per run.
+//! Event stores: the [`EventStore`] trait, the [`MemoryStore`] and the
+//! [`SqliteStore`], with a tamper-evident hash chain per run.
+//!
+//! A store keeps, per run, an append-only log of events as **opaque bytes**
+//! (the exact serialized JSON the engine hands it) and a few columns for
+//! listing (agent, labels, status, session, times). It knows nothing about
+//! what an event means: `store` depends on no other Warden module, and the
+//! engine depends on it, which is why [`RunId`] lives here.
+//!
+//! Guarantees every store gives (the conformance suite in `conformance.rs`
+//! checks each of them against every store):
+//! - **optimistic concurrency**: [`EventStore::append`] names the log length it
+//!   expects; all its events and the new status are written in one
+//!   transaction, or nothing is, and a stale expectation is a typed
+//!   [`StoreError::Conflict`];
+//! - **durability** (persistent stores): an append has been synced when it
+//!   returns `Ok`; an I/O failure is an error, never an acknowledgement;
+//! - **tamper evidence**: a hash chain over the exact stored bytes (see
+//!   below), recomputed on every load, so an edited,
+//!   dropped, reordered or truncated event is a [`StoreError::Tampered`], and
+//!   a damaged run never blocks loading, listing or appending to other runs;
+//! - **no wall clock**: every time a store records (created, updated) is
+//!   supplied by the caller from its injected clock.
+//!
+//! # The hash chain
+//!
+//! For a run with id `R` and events `b_1 .. b_n`:
+//!
+//! ```text
+//! h_0 = SHA-256("warden.store.chain.v1" 0x00 || R)
+//! h_i = SHA-256(h_{i-1} || be64(i) || be64(len(b_i)) || b_i)
+//! ```
+//!
+//! Each event row stores `h_i`; the run row stores the head `h_n` and the
+//! count `n`. A load recomputes every `h_i` and compares it with the stored
+//! one, checks that sequence numbers run `1..=n` without gaps, and that the
+//! last hash equals the head. All stores compute the same hashes, so a log
+//! moved between stores keeps its head.
+//!
+//! What this proves, honestly: it detects changes made by anyone who does not
+//! recompute the chain (a stray `UPDATE`, a restored partial backup, a
+//! corrupted page, a bug). Someone with write access to the database can
+//! recompute every hash and rewrite the head: the plain chain is not a MAC.
+//! A store opened with a [`ChainKey`] uses HMAC-SHA-256 with that operator key
+//! in place of SHA-256, so forging needs the key too. Neither mode detects a
+//! run rolled back whole to an earlier, self-consistent state (its rows, count
+//! and head rewritten together): that needs a head recorded elsewhere, for
+//! example in a receipt given to a client, compared with
+//! [`RunSummary`]'s or [`VerifyReport`]'s head. Listing columns (status,
+//! labels, agent, times) are not covered by the chain: the engine derives the
+//! truth from the log, and the run's first event carries its metadata.
+
+mod chain;
+mod memory;
+mod sqlite;
+
+#[cfg(test)]
+mod conformance;
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+
+pub use chain::{ChainHash, ChainKey, InvalidChainKey};
+pub use memory::MemoryStore;
+pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
+
+/// The id of a run: 1 to 128 ASCII letters, digits, `-`, `_`, `.` or `:`.
+///
+/// Ids are chosen by the caller (the engine derives them from its injected
+/// randomness), so a recovered run keeps its id.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct RunId(String);
+
+impl RunId {
+    /// The longest id, in bytes.
+    pub const MAX_LEN: usize = 128;
+
+    /// Checks and wraps an id.
+    pub fn new(id: impl Into<String>) -> Result<Self, InvalidRunId> {
+        let id = id.into();
+        let reason = if id.is_empty() {
+            Some("is empty")
+        } else if id.len() > Self::MAX_LEN {
+            Some("is longer than 128 bytes")
+        } else if !id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        {
+            Some("may only hold ASCII letters, digits, '-', '_', '.' and ':'")
+        } else {
+            None
+        };
+        match reason {
+            Some(reason) => Err(InvalidRunId { id, reason }),
+            None => Ok(Self(id)),
+        }
+    }
+
+    /// A run id made from 128 random bits (from the caller's injected
+    /// randomness): `run-` and 32 hex digits.
+    pub fn from_random(bits: u128) -> Self {
+        Self(format!("run-{bits:032x}"))
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl fmt::Debug for RunId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "RunId({:?})", self.0)
+    }
+}
+
+impl FromStr for RunId {
+    type Err = InvalidRunId;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::new(s)
+    }
+}
+
+impl TryFrom<String> for RunId {
+    type Error = InvalidRunId;
+
+    fn try_from(id: String) -> Result<Self, Self::Error> {
+        Self::new(id)
+    }
+}
+
+impl From<RunId> for String {
+    fn from(id: RunId) -> Self {
+        id.0
+    }
+}
+
+impl AsRef<str> for RunId {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+/// A string that is not a valid [`RunId`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{id}` is not a valid run id: it {reason}")]
+pub struct InvalidRunId {
+    id: String,
+    reason: &'static str,
+}
+
+/// What a store records about a run when it is created, besides its first
+/// event. These columns serve listing; the run's first event is the truth.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunMeta {
+    /// The agent's name.
+    pub agent: String,
+    /// Labels, for filtering lists.
+    pub labels: BTreeMap<String, String>,
+    /// The session the run belongs to, if any.
+    pub session: Option<String>,
+    /// Creation time in milliseconds since the Unix epoch, from the caller's
+    /// injected clock.
+    pub created_ms: i64,
+}
+
+/// One stored event, as loaded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StoredEvent {
+    /// Position in the run's log, from 1.
+    pub seq: u64,
+    /// The exact bytes that were appended.
+    pub bytes: Bytes,
+    /// The chain hash `h_seq` (checked when loaded).
+    pub hash: ChainHash,
+}
+
+/// What a successful create or append leaves behind.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Appended {
+    /// The log's length now: the `expected_len` of the next append.
+    pub event_count: u64,
+    /// The chain head now.
+    pub head: ChainHash,
+}
+
+/// A run as listed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RunSummary {
+    /// The run.
+    pub run_id: RunId,
+    /// The agent's name.
+    pub agent: String,
+    /// The status written by the last append (for listing only).
+    pub status: String,
+    /// The run's labels.
+    pub labels: BTreeMap<String, String>,
+    /// The run's session, if any.
+    pub session: Option<String>,
+    /// Creation time, milliseconds since the Unix epoch.
+    pub created_ms: i64,
+    /// Time of the last append (or the creation), as supplied by the caller.
+    pub updated_ms: i64,
+    /// The number of events the run row records.
+    pub event_count: u64,
+}
+
+/// Which runs [`EventStore::list`] returns: every condition set must hold.
+///
+/// By default every run matches, and there is no limit. Runs come ordered by
+/// creation time, then id.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    pub(crate) statuses: Vec<String>,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) agent: Option<String>,
+    pub(crate) session: Option<String>,
+    pub(crate) created_since: Option<i64>,
+    pub(crate) created_before: Option<i64>,
+    pub(crate) limit: Option<usize>,
+}
+
+impl RunFilter {
+    /// A filter that matches every run.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs whose status is `status`; call it again to accept any of several.
+    /// Default: any status.
+    pub fn status(mut self, status: impl Into<String>) -> Self {
+        self.statuses.push(status.into());
+        self
+    }
+
+    /// Runs carrying label `key` with value `value`; every label given must
+    /// match (giving a key twice keeps the last value). Default: no label
+    /// condition.
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Runs of this agent. Default: any agent.
+    pub fn agent(mut self, agent: impl Into<String>) -> Self {
+        self.agent = Some(agent.into());
+        self
+    }
+
+    /// Runs in this session. Default: any session, or none.
+    pub fn session(mut self, session: impl Into<String>) -> Self {
+        self.session = Some(session.into());
+        self
+    }
+
+    /// Runs created at or after `ms` (inclusive). Default: no lower bound.
+    pub fn created_since(mut self, ms: i64) -> Self {
+        self.created_since = Some(ms);
+        self
+    }
+
+    /// Runs created strictly before `ms`. Default: no upper bound.
+    pub fn created_before(mut self, ms: i64) -> Self {
+        self.created_before = Some(ms);
+        self
+    }
+
+    /// At most `n` runs (the earliest). Default: no limit.
+    pub fn limit(mut self, n: usize) -> Self {
+        self.limit = Some(n);
+        self
+    }
+
+    /// Whether a run's listing columns match (used by stores that filter in
+    /// memory).
+    pub(crate) fn matches(&self, run: &RunSummary) -> bool {
+        (self.statuses.is_empty() || self.statuses.contains(&run.status))
+            && self.agent.as_ref().is_none_or(|a| *a == run.agent)
+            && self
+                .session
+                .as_ref()
+                .is_none_or(|s| run.session.as_ref() == Some(s))
+            && self.created_since.is_none_or(|t| run.created_ms >= t)
+            && self.created_before.is_none_or(|t| run.created_ms < t)
+            && self
+                .labels
+                .iter()
+                .all(|(k, v)| run.labels.get(k) == Some(v))
+    }
+}
+
+/// How a run's stored log fails its chain check.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChainBreak {
+    /// The event's bytes, or its stored hash, are not what the chain says:
+    /// the event (or its hash) was edited, or events were reordered.
+    #[error("stored hash does not match the bytes and the chain")]
+    HashMismatch,
+    /// An event the run's count promises is absent: dropped, or the log was
+    /// truncated.
+    #[error("event is missing (the run records {recorded_count} events)")]
+    Missing {
+        /// The count stored on the run row.
+        recorded_count: u64,
+    },
+    /// An event exists beyond the count stored on the run row.
+    #[error("event lies beyond the run's recorded count of {recorded_count}")]
+    BeyondCount {
+        /// The count stored on the run row.
+        recorded_count: u64,
+    },
+    /// Sequence numbers repeat or go backwards.
+    #[error("sequence number out of order")]
+    OutOfOrder,
+    /// The head stored on the run row is not the last event's hash.
+    #[error("the run's recorded chain head does not match its last event")]
+    HeadMismatch,
+    /// A stored value cannot be read as what it should be.
+    #[error("stored value is unreadable: {detail}")]
+    Unreadable {
+        /// What was wrong, for example "hash is 5 bytes, expected 32".
+        detail: String,
+    },
+}
+
+/// One place where a run's log fails its chain check.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Finding {
+    /// The sequence number concerned.
+    pub seq: u64,
+    /// What is wrong there.
+    pub kind: ChainBreak,
+}
+
+/// The result of a full check of one run's chain.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct VerifyReport {
+    /// The run.
+    pub run_id: RunId,
+    /// The event count stored on the run row.
+    pub recorded_count: u64,
+    /// The number of event rows found.
+    pub events_read: u64,
+    /// The chain head stored on the run row, if readable.
+    pub recorded_head: Option<ChainHash>,
+    /// Every break found, in sequence order; empty when the run is intact.
+    pub findings: Vec<Finding>,
+}
+
+impl VerifyReport {
+    /// Whether the chain checked out completely.
+    pub fn is_intact(&self) -> bool {
+        self.findings.is_empty()
+    }
+}
+
+/// A store operation failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// A run with this id already has history.
+    #[error("run {run_id} already exists")]
+    AlreadyExists {
+        /// The run.
+        run_id: RunId,
+    },
+    /// No run has this id.
+    #[error("run {run_id} does not exist")]
+    UnknownRun {
+        /// The run.
+        run_id: RunId,
+    },
+    /// The log's length is not the one the append expected; nothing was
+    /// written.
+    #[error("append to run {run_id} expected {expected} events in the log, found {actual}")]
+    Conflict {
+        /// The run.
+        run_id: RunId,
+        /// The length the caller expected.
+        expected: u64,
+        /// The length found.
+        actual: u64,
+    },
+    /// An append carried no events; nothing was written.
+    #[error("append to run {run_id} carries no events")]
+    EmptyAppend {
+        /// The run.
+        run_id: RunId,
+    },
+    /// The run's stored log fails its chain check.
+    #[error("run {run_id} fails its integrity check at seq {seq}: {reason}")]
+    Tampered {
+        /// The run.
+        run_id: RunId,
+        /// The first sequence number concerned.
+        seq: u64,
+        /// What is wrong.
+        reason: ChainBreak,
+    },
+    /// The database was written by a newer Warden, with a schema this build
+    /// does not know.
+    #[error("store schema version {found} is newer than this build supports ({supported})")]
+    SchemaTooNew {
+        /// The version found in the database.
+        found: i64,
+        /// The newest version this build knows.
+        supported: i64,
+    },
+    /// The database's chain was written in another mode (keyed or not, or
+    /// with another key) than the store was opened with.
+    #[error("store chain mode is {found}, but the store was opened with {configured}")]
+    ChainModeMismatch {
+        /// The mode recorded in the database.
+        found: String,
+        /// The mode this store was opened with.
+        configured: String,
+    },
+    /// The storage itself failed: I/O, a locked or corrupt database, a
+    /// failed commit. Nothing is acknowledged that was not synced.
+    #[error("{context}: {error}")]
+    Backend {
+        /// What was being done, with its values.
+        context: String,
+        /// The cause (written into the message, not chained as a source).
+        error: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// The store's writer has stopped (the store is shutting down).
+    #[error("the store's writer has stopped")]
+    Closed,
+}
+
+/// Where runs' event logs are kept. Object-safe: the runtime holds an
+/// `Arc<dyn EventStore>`.
+///
+/// Every load checks the run's hash chain; see the [module docs](self).
+#[async_trait]
+pub trait EventStore: Send + Sync {
+    /// Creates run `run_id` with its metadata, its first event (seq 1) and
+    /// its initial status. Refused with [`StoreError::AlreadyExists`] if the
+    /// id has any history.
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first_event: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError>;
+
+    /// Appends `events` to run `run_id` if its log holds exactly
+    /// `expected_len` events, and sets its status and updated time, all in
+    /// one transaction. On [`StoreError::Conflict`] (or any error) nothing is
+    /// written. If the returned future is dropped before it completes, the
+    /// append may or may not have happened: load to find out.
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError>;
+
+    /// The run's whole log, in order, after checking its chain.
+    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// The events after `after_seq` (all of them for 0), for subscribers.
+    /// Checks the chain from the stored hash at `after_seq` to the head, and
+    /// the count; events up to `after_seq` are not re-hashed (a full
+    /// [`load`](Self::load) or [`verify`](Self::verify) does that).
+    async fn load_after(
+        &self,
+        run_id: &RunId,
+        after_seq: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// The run's listing columns.
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError>;
+
+    /// The runs matching `filter`, ordered by creation time then id.
+    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError>;
+
+    /// A full check of the run's chain, listing every break found rather
+    /// than stopping at the first. A damaged run is an `Ok` report with
+    /// findings; `Err` means the check itself could not run.
+    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError>;
+
+    /// Every run id in the store, in id order (to verify them all).
+    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_checked() {
+        for good in ["r1", "run-0123", "a.b:c_d", &"x".repeat(128)] {
+            assert_eq!(RunId::new(good).unwrap().as_str(), good);
+        }
+        let cases = [
+            ("", "it is empty"),
+            ("a b", "it may only hold"),
+            ("a/b", "it may only hold"),
+            ("é", "it may only hold"),
+            (&"x".repeat(129), "it is longer than 128 bytes"),
+        ];
+        for (bad, reason) in cases {
+            let message = RunId::new(bad).unwrap_err().to_string();
+            assert!(
+                message.starts_with(&format!("`{bad}` is not a valid run id: {reason}")),
+                "{message}"
+            );
+        }
+    }
+
+    #[test]
+    fn run_ids_serialize_as_strings_and_are_checked_when_read() {
+        let id = RunId::from_random(0xab);
+        assert_eq!(id.as_str(), "run-000000000000000000000000000000ab");
+        let json = serde_json::to_string(&id).unwrap();
+        assert_eq!(json, "\"run-000000000000000000000000000000ab\"");
+        assert_eq!(serde_json::from_str::<RunId>(&json).unwrap(), id);
+        assert!(serde_json::from_str::<RunId>("\"a/b\"").is_err());
+        assert_eq!("r-1".parse::<RunId>().unwrap(), RunId::new("r-1").unwrap());
+        assert_eq!(format!("{:?}", RunId::new("r").unwrap()), "RunId(\"r\")");
+    }
+
+    #[test]
+    fn filters_match_listing_columns() {
+        let run = RunSummary {
+            run_id: RunId::new("r").unwrap(),
+            agent: "a".into(),
+            status: "running".into(),
+            labels: BTreeMap::from([("k".to_owned(), "v".to_owned())]),
+            session: None,
+            created_ms: 10,
+            updated_ms: 10,
+            event_count: 1,
+        };
+        assert!(RunFilter::new().matches(&run));
+        assert!(RunFilter::new().status("x").status("running").matches(&run));
+        assert!(!RunFilter::new().session("s").matches(&run));
+        assert!(
+            RunFilter::new()
+                .created_since(10)
+                .created_before(11)
+                .matches(&run)
+        );
+        assert!(!RunFilter::new().created_before(10).matches(&run));
+        assert!(
+            !RunFilter::new()
+                .label("k", "v")
+                .label("k2", "v")
+                .matches(&run)
+        );
+    }
+}

@@ -1,0 +1,958 @@
+//! The store conformance suite: every behaviour of [`EventStore`] written
+//! once as a function over a [`Backend`], and run against every store by
+//! [`conformance_suite!`] at the bottom of this file. A new store joins with
+//! one line there (plus its `Backend`: how to open it, and how to tamper with
+//! its storage behind its back).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+
+use super::{
+    ChainBreak, ChainKey, EventStore, MemoryStore, RunFilter, RunId, RunMeta, SqliteStore,
+    StoreError,
+};
+
+/// A store under test and the back door the tamper tests need.
+#[async_trait]
+pub(crate) trait Backend: Send + Sync {
+    /// Opens the store. For durable backends, a second call after the
+    /// previous store was dropped reopens the same data.
+    async fn open(&self) -> Arc<dyn EventStore>;
+    /// Opens a second, empty store that chains under `key`.
+    async fn open_keyed(&self, key: ChainKey) -> Arc<dyn EventStore>;
+    /// Changes a run's stored data behind the store's back.
+    async fn tamper(&self, run_id: &RunId, tamper: Tamper);
+}
+
+/// Damage done to a run's storage.
+#[derive(Clone, Debug)]
+pub(crate) enum Tamper {
+    /// Replace the bytes of event `seq`.
+    Edit { seq: u64, bytes: Vec<u8> },
+    /// Delete event `seq`.
+    Drop { seq: u64 },
+    /// Swap the places of events `a` and `b` (each takes the other's seq).
+    Swap { a: u64, b: u64 },
+    /// Delete every event after `keep`.
+    Truncate { keep: u64 },
+    /// Overwrite the stored hash of event `seq` (32 bytes).
+    Rehash { seq: u64, hash: [u8; 32] },
+    /// Set the run row's count and head back to those of event `to`,
+    /// leaving the later events in place.
+    RollBackHead { to: u64 },
+}
+
+// ---- backends ------------------------------------------------------------
+
+pub(crate) struct MemoryBackend(Arc<MemoryStore>);
+
+impl MemoryBackend {
+    pub(crate) fn new() -> Self {
+        Self(Arc::new(MemoryStore::new()))
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    async fn open(&self) -> Arc<dyn EventStore> {
+        self.0.clone()
+    }
+
+    async fn open_keyed(&self, key: ChainKey) -> Arc<dyn EventStore> {
+        Arc::new(MemoryStore::with_chain_key(key))
+    }
+
+    async fn tamper(&self, run_id: &RunId, tamper: Tamper) {
+        self.0.tamper(run_id, |run| match tamper {
+            Tamper::Edit { seq, bytes } => {
+                run.events[seq as usize - 1].bytes = Bytes::from(bytes);
+            }
+            Tamper::Drop { seq } => run.events.retain(|e| e.seq != seq),
+            Tamper::Swap { a, b } => {
+                run.events.swap(a as usize - 1, b as usize - 1);
+                run.events[a as usize - 1].seq = a;
+                run.events[b as usize - 1].seq = b;
+            }
+            Tamper::Truncate { keep } => run.events.retain(|e| e.seq <= keep),
+            Tamper::Rehash { seq, hash } => {
+                run.events[seq as usize - 1].hash = super::ChainHash::from_bytes(hash);
+            }
+            Tamper::RollBackHead { to } => {
+                run.count = to;
+                run.head = run.events[to as usize - 1].hash;
+            }
+        });
+    }
+}
+
+pub(crate) struct SqliteBackend {
+    dir: tempfile::TempDir,
+}
+
+impl SqliteBackend {
+    pub(crate) fn new() -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    pub(crate) fn path(&self) -> PathBuf {
+        self.dir.path().join("runs.db")
+    }
+
+    /// A raw connection to the database file, bypassing the store.
+    pub(crate) fn raw(&self) -> rusqlite::Connection {
+        rusqlite::Connection::open(self.path()).unwrap()
+    }
+
+    pub(crate) fn pk(conn: &rusqlite::Connection, run_id: &RunId) -> i64 {
+        conn.query_row(
+            "SELECT pk FROM runs WHERE id = ?1",
+            [run_id.as_str()],
+            |r| r.get(0),
+        )
+        .unwrap()
+    }
+}
+
+#[async_trait]
+impl Backend for SqliteBackend {
+    async fn open(&self) -> Arc<dyn EventStore> {
+        Arc::new(SqliteStore::open(self.path()).unwrap())
+    }
+
+    async fn open_keyed(&self, key: ChainKey) -> Arc<dyn EventStore> {
+        let path = self.dir.path().join("keyed.db");
+        Arc::new(SqliteStore::builder(path).chain_key(key).open().unwrap())
+    }
+
+    async fn tamper(&self, run_id: &RunId, tamper: Tamper) {
+        let conn = self.raw();
+        let pk = Self::pk(&conn, run_id);
+        let sql = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+            let changed = conn.execute(sql, params).unwrap();
+            assert!(changed > 0, "tamper changed nothing: {sql}");
+        };
+        match tamper {
+            Tamper::Edit { seq, bytes } => sql(
+                "UPDATE events SET bytes = ?3 WHERE run_pk = ?1 AND seq = ?2",
+                &[&pk, &(seq as i64), &bytes],
+            ),
+            Tamper::Drop { seq } => sql(
+                "DELETE FROM events WHERE run_pk = ?1 AND seq = ?2",
+                &[&pk, &(seq as i64)],
+            ),
+            Tamper::Swap { a, b } => {
+                let renumber = "UPDATE events SET seq = ?3 WHERE run_pk = ?1 AND seq = ?2";
+                sql(renumber, &[&pk, &(a as i64), &-1i64]);
+                sql(renumber, &[&pk, &(b as i64), &(a as i64)]);
+                sql(renumber, &[&pk, &-1i64, &(b as i64)]);
+            }
+            Tamper::Truncate { keep } => sql(
+                "DELETE FROM events WHERE run_pk = ?1 AND seq > ?2",
+                &[&pk, &(keep as i64)],
+            ),
+            Tamper::Rehash { seq, hash } => sql(
+                "UPDATE events SET hash = ?3 WHERE run_pk = ?1 AND seq = ?2",
+                &[&pk, &(seq as i64), &hash.as_slice()],
+            ),
+            Tamper::RollBackHead { to } => sql(
+                "UPDATE runs SET event_count = ?2,
+                     head_hash = (SELECT hash FROM events WHERE run_pk = ?1 AND seq = ?2)
+                 WHERE pk = ?1",
+                &[&pk, &(to as i64)],
+            ),
+        }
+    }
+}
+
+// ---- helpers -------------------------------------------------------------
+
+pub(crate) fn id(s: &str) -> RunId {
+    RunId::new(s).unwrap()
+}
+
+pub(crate) fn ev(s: &str) -> Bytes {
+    Bytes::from(s.to_owned())
+}
+
+pub(crate) fn meta(agent: &str, created_ms: i64) -> RunMeta {
+    RunMeta {
+        agent: agent.to_owned(),
+        labels: BTreeMap::new(),
+        session: None,
+        created_ms,
+    }
+}
+
+/// Creates `run` with `n` events ("<run>:1" ..), appended one per call.
+pub(crate) async fn new_run(store: &dyn EventStore, run: &RunId, n: u64) {
+    store
+        .create(run, meta("agent", 1), ev(&format!("{run}:1")), "running")
+        .await
+        .unwrap();
+    for seq in 2..=n {
+        let appended = store
+            .append(
+                run,
+                seq - 1,
+                &[ev(&format!("{run}:{seq}"))],
+                "running",
+                seq as i64,
+            )
+            .await
+            .unwrap();
+        assert_eq!(appended.event_count, seq);
+    }
+}
+
+fn bytes_of(events: &[super::StoredEvent]) -> Vec<Vec<u8>> {
+    events.iter().map(|e| e.bytes.to_vec()).collect()
+}
+
+fn ids(runs: &[super::RunSummary]) -> Vec<&str> {
+    runs.iter().map(|r| r.run_id.as_str()).collect()
+}
+
+/// The chain as documented in the module docs, computed independently of
+/// the store's code: every store must produce exactly these hashes.
+fn documented_chain(run: &RunId, events: &[&[u8]]) -> Vec<[u8; 32]> {
+    let mut prev: [u8; 32] =
+        Sha256::digest([&b"warden.store.chain.v1\0"[..], run.as_str().as_bytes()].concat()).into();
+    let mut out = Vec::new();
+    for (i, bytes) in events.iter().enumerate() {
+        let mut h = Sha256::new();
+        h.update(prev);
+        h.update((i as u64 + 1).to_be_bytes());
+        h.update((bytes.len() as u64).to_be_bytes());
+        h.update(bytes);
+        prev = h.finalize().into();
+        out.push(prev);
+    }
+    out
+}
+
+#[track_caller]
+fn assert_tampered(err: StoreError, run: &RunId, seq: u64, kind: fn(&ChainBreak) -> bool) {
+    match err {
+        StoreError::Tampered {
+            run_id,
+            seq: found,
+            reason,
+        } => {
+            assert_eq!(&run_id, run);
+            assert_eq!(found, seq, "reason: {reason}");
+            assert!(kind(&reason), "unexpected reason: {reason:?}");
+        }
+        other => panic!("expected Tampered at seq {seq}, got {other:?}"),
+    }
+}
+
+// ---- the suite -----------------------------------------------------------
+
+pub(crate) async fn create_then_load(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("run-1");
+    let mut m = meta("writer", 1_700_000_000_000);
+    m.labels.insert("team".into(), "red".into());
+    m.session = Some("sess-9".into());
+    let appended = store
+        .create(&run, m.clone(), ev(r#"{"kind":"run_started"}"#), "running")
+        .await
+        .unwrap();
+    assert_eq!(appended.event_count, 1);
+
+    let log = store.load(&run).await.unwrap();
+    assert_eq!(log.len(), 1);
+    assert_eq!(log[0].seq, 1);
+    assert_eq!(&log[0].bytes[..], br#"{"kind":"run_started"}"#);
+    assert_eq!(log[0].hash, appended.head);
+
+    let s = store.summary(&run).await.unwrap();
+    assert_eq!(s.run_id, run);
+    assert_eq!(s.agent, "writer");
+    assert_eq!(s.status, "running");
+    assert_eq!(s.labels, m.labels);
+    assert_eq!(s.session.as_deref(), Some("sess-9"));
+    assert_eq!(
+        (s.created_ms, s.updated_ms),
+        (1_700_000_000_000, 1_700_000_000_000)
+    );
+    assert_eq!(s.event_count, 1);
+}
+
+pub(crate) async fn create_refuses_an_id_with_history(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("dup");
+    new_run(&*store, &run, 3).await;
+    let err = store
+        .create(&run, meta("other-agent", 99), ev("again"), "completed")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::AlreadyExists { run_id } if *run_id == run),
+        "{err:?}"
+    );
+    assert_eq!(err.to_string(), "run dup already exists");
+    // Nothing changed.
+    let log = store.load(&run).await.unwrap();
+    assert_eq!(
+        bytes_of(&log),
+        [b"dup:1".to_vec(), b"dup:2".to_vec(), b"dup:3".to_vec()]
+    );
+    let s = store.summary(&run).await.unwrap();
+    assert_eq!(
+        (s.agent.as_str(), s.status.as_str(), s.event_count),
+        ("agent", "running", 3)
+    );
+}
+
+pub(crate) async fn append_extends_the_log_in_order(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("ordered");
+    let binary: &[u8] = &[0, 0xff, 0xfe, b'\n', 0];
+    store
+        .create(&run, meta("a", 5), ev("one"), "running")
+        .await
+        .unwrap();
+    let a = store
+        .append(&run, 1, &[ev("two")], "running", 6)
+        .await
+        .unwrap();
+    assert_eq!(a.event_count, 2);
+    let batch = [ev("three"), Bytes::copy_from_slice(binary), Bytes::new()];
+    let a = store.append(&run, 2, &batch, "running", 7).await.unwrap();
+    assert_eq!(a.event_count, 5);
+    let last = store
+        .append(&run, 5, &[ev("six")], "running", 8)
+        .await
+        .unwrap();
+    assert_eq!(last.event_count, 6);
+
+    let log = store.load(&run).await.unwrap();
+    let expected: [&[u8]; 6] = [b"one", b"two", b"three", binary, b"", b"six"];
+    assert_eq!(
+        log.iter().map(|e| e.seq).collect::<Vec<_>>(),
+        [1, 2, 3, 4, 5, 6]
+    );
+    assert_eq!(bytes_of(&log), expected.map(<[u8]>::to_vec));
+    // Hashes follow the documented construction exactly, and end at the head.
+    let chain = documented_chain(&run, &expected);
+    assert_eq!(
+        log.iter().map(|e| *e.hash.as_bytes()).collect::<Vec<_>>(),
+        chain
+    );
+    assert_eq!(last.head.as_bytes(), &chain[5]);
+}
+
+pub(crate) async fn conflicting_append_writes_nothing(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("conflict");
+    new_run(&*store, &run, 3).await;
+    let before = store.summary(&run).await.unwrap();
+    for expected in [0, 2, 4, 10] {
+        let err = store
+            .append(&run, expected, &[ev("x"), ev("y")], "completed", 999)
+            .await
+            .unwrap_err();
+        match &err {
+            StoreError::Conflict {
+                run_id,
+                expected: e,
+                actual,
+            } => assert_eq!((run_id, *e, *actual), (&run, expected, 3)),
+            other => panic!("expected Conflict, got {other:?}"),
+        }
+        assert_eq!(
+            err.to_string(),
+            format!("append to run conflict expected {expected} events in the log, found 3")
+        );
+    }
+    let log = store.load(&run).await.unwrap();
+    assert_eq!(log.len(), 3);
+    assert_eq!(store.summary(&run).await.unwrap(), before);
+    assert!(store.verify(&run).await.unwrap().is_intact());
+}
+
+pub(crate) async fn unknown_runs_and_empty_appends_are_typed(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let ghost = id("ghost");
+    let is_unknown = |e: &StoreError| matches!(e, StoreError::UnknownRun { run_id } if run_id.as_str() == "ghost");
+    assert!(is_unknown(
+        &store
+            .append(&ghost, 1, &[ev("x")], "running", 1)
+            .await
+            .unwrap_err()
+    ));
+    assert!(is_unknown(&store.load(&ghost).await.unwrap_err()));
+    assert!(is_unknown(&store.load_after(&ghost, 0).await.unwrap_err()));
+    assert!(is_unknown(&store.summary(&ghost).await.unwrap_err()));
+    assert!(is_unknown(&store.verify(&ghost).await.unwrap_err()));
+    assert_eq!(
+        store
+            .append(&ghost, 1, &[ev("x")], "r", 1)
+            .await
+            .unwrap_err()
+            .to_string(),
+        "run ghost does not exist"
+    );
+
+    let run = id("real");
+    new_run(&*store, &run, 2).await;
+    let err = store
+        .append(&run, 2, &[], "completed", 50)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::EmptyAppend { .. }), "{err:?}");
+    let s = store.summary(&run).await.unwrap();
+    assert_eq!(
+        (s.status.as_str(), s.event_count, s.updated_ms),
+        ("running", 2, 2)
+    );
+    assert!(store.run_ids().await.unwrap() == [run]);
+}
+
+pub(crate) async fn status_and_updated_time_change_with_the_append(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("status");
+    store
+        .create(&run, meta("a", 10), ev("1"), "running")
+        .await
+        .unwrap();
+    store
+        .append(&run, 1, &[ev("2"), ev("3")], "awaiting_approval", 25)
+        .await
+        .unwrap();
+    let s = store.summary(&run).await.unwrap();
+    assert_eq!(
+        (s.status.as_str(), s.updated_ms, s.created_ms, s.event_count),
+        ("awaiting_approval", 25, 10, 3)
+    );
+    let parked = store
+        .list(&RunFilter::new().status("awaiting_approval"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&parked), ["status"]);
+    store
+        .append(&run, 3, &[ev("4")], "completed", 40)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .list(&RunFilter::new().status("awaiting_approval"))
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let s = store.summary(&run).await.unwrap();
+    assert_eq!(
+        (s.status.as_str(), s.updated_ms, s.event_count),
+        ("completed", 40, 4)
+    );
+}
+
+pub(crate) async fn load_after_returns_the_tail(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("tail");
+    new_run(&*store, &run, 5).await;
+    let full = store.load(&run).await.unwrap();
+    assert_eq!(store.load_after(&run, 0).await.unwrap(), full);
+    assert_eq!(store.load_after(&run, 3).await.unwrap(), full[3..]);
+    assert!(store.load_after(&run, 5).await.unwrap().is_empty());
+    assert!(store.load_after(&run, 9).await.unwrap().is_empty());
+}
+
+/// One run of the listing fixture: id, agent, created, final status,
+/// labels, session.
+type FixtureRun = (
+    &'static str,
+    &'static str,
+    i64,
+    &'static str,
+    &'static [(&'static str, &'static str)],
+    Option<&'static str>,
+);
+
+/// The listing fixture: six runs with varied columns.
+async fn listing_fixture(store: &dyn EventStore) {
+    let runs: [FixtureRun; 6] = [
+        (
+            "run-a",
+            "alpha",
+            100,
+            "running",
+            &[("team", "red"), ("env", "prod")],
+            Some("s1"),
+        ),
+        (
+            "run-b",
+            "beta",
+            200,
+            "completed",
+            &[("team", "blue"), ("env", "prod")],
+            None,
+        ),
+        ("run-0c", "beta", 200, "running", &[("team", "blue")], None),
+        (
+            "run-d",
+            "alpha",
+            300,
+            "awaiting_approval",
+            &[("team", "red")],
+            Some("s1"),
+        ),
+        (
+            "run-e",
+            "alpha",
+            400,
+            "completed",
+            &[("team", "red team ü \"q\"")],
+            Some("s2"),
+        ),
+        ("run-f", "gamma", 500, "failed", &[], None),
+    ];
+    for (run, agent, created, status, labels, session) in runs {
+        let m = RunMeta {
+            agent: agent.into(),
+            labels: labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            session: session.map(Into::into),
+            created_ms: created,
+        };
+        let run = id(run);
+        store.create(&run, m, ev("start"), "running").await.unwrap();
+        store
+            .append(&run, 1, &[ev("next")], status, created + 1)
+            .await
+            .unwrap();
+    }
+}
+
+pub(crate) async fn list_filters_each_and_combined(backend: &dyn Backend) {
+    let store = backend.open().await;
+    listing_fixture(&*store).await;
+    let f = RunFilter::new;
+    let cases: Vec<(RunFilter, &[&str])> = vec![
+        (
+            f(),
+            &["run-a", "run-0c", "run-b", "run-d", "run-e", "run-f"],
+        ),
+        (f().status("completed"), &["run-b", "run-e"]),
+        (
+            f().status("completed").status("failed"),
+            &["run-b", "run-e", "run-f"],
+        ),
+        (f().status("nope"), &[]),
+        (f().label("team", "red"), &["run-a", "run-d"]),
+        (f().label("env", "prod"), &["run-a", "run-b"]),
+        (f().label("team", "red").label("env", "prod"), &["run-a"]),
+        (f().label("team", "red team ü \"q\""), &["run-e"]),
+        (f().label("team", "green"), &[]),
+        (f().label("missing", "x"), &[]),
+        (f().agent("alpha"), &["run-a", "run-d", "run-e"]),
+        (f().agent("nobody"), &[]),
+        (f().session("s1"), &["run-a", "run-d"]),
+        (
+            f().created_since(200),
+            &["run-0c", "run-b", "run-d", "run-e", "run-f"],
+        ),
+        (f().created_before(300), &["run-a", "run-0c", "run-b"]),
+        (
+            f().created_since(200).created_before(400),
+            &["run-0c", "run-b", "run-d"],
+        ),
+        (f().agent("alpha").status("completed"), &["run-e"]),
+        (
+            f().agent("alpha").label("team", "red").created_since(150),
+            &["run-d"],
+        ),
+        (f().status("running").label("team", "blue"), &["run-0c"]),
+        (
+            f().agent("beta")
+                .status("running")
+                .status("completed")
+                .label("env", "prod"),
+            &["run-b"],
+        ),
+        (f().limit(2), &["run-a", "run-0c"]),
+        (f().limit(0), &[]),
+        (
+            f().limit(100),
+            &["run-a", "run-0c", "run-b", "run-d", "run-e", "run-f"],
+        ),
+        (f().agent("alpha").limit(2), &["run-a", "run-d"]),
+        (f().status("running").limit(1), &["run-a"]),
+    ];
+    for (filter, expected) in cases {
+        let found = store.list(&filter).await.unwrap();
+        assert_eq!(ids(&found), expected, "filter {filter:?}");
+    }
+}
+
+pub(crate) async fn list_summaries_carry_every_column(backend: &dyn Backend) {
+    let store = backend.open().await;
+    listing_fixture(&*store).await;
+    let found = store
+        .list(&RunFilter::new().agent("alpha").session("s1"))
+        .await
+        .unwrap();
+    let d = &found[1];
+    assert_eq!(d.run_id.as_str(), "run-d");
+    assert_eq!(d.agent, "alpha");
+    assert_eq!(d.status, "awaiting_approval");
+    assert_eq!(
+        d.labels,
+        BTreeMap::from([("team".to_owned(), "red".to_owned())])
+    );
+    assert_eq!(d.session.as_deref(), Some("s1"));
+    assert_eq!((d.created_ms, d.updated_ms, d.event_count), (300, 301, 2));
+    assert_eq!(&store.summary(&d.run_id).await.unwrap(), d);
+    let f = &store.list(&RunFilter::new().agent("gamma")).await.unwrap()[0];
+    assert!(f.labels.is_empty() && f.session.is_none());
+}
+
+pub(crate) async fn verify_reports_intact_runs_and_run_ids_lists_all(backend: &dyn Backend) {
+    let store = backend.open().await;
+    for (run, n) in [("v-2", 4), ("v-1", 1), ("v-3", 7)] {
+        new_run(&*store, &id(run), n).await;
+    }
+    let all = store.run_ids().await.unwrap();
+    assert_eq!(all, [id("v-1"), id("v-2"), id("v-3")]);
+    for run in &all {
+        let report = store.verify(run).await.unwrap();
+        assert!(report.is_intact(), "{report:?}");
+        assert_eq!(report.events_read, report.recorded_count);
+        let log = store.load(run).await.unwrap();
+        assert_eq!(report.recorded_head, Some(log.last().unwrap().hash));
+    }
+    assert_eq!(store.verify(&id("v-3")).await.unwrap().recorded_count, 7);
+}
+
+/// Damages run `victim` (6 events) with `tamper`, then checks that load,
+/// verify and load_after report it at `seq`, and that a second run is
+/// untouched: it loads, lists, verifies and takes appends.
+async fn tamper_case(
+    backend: &dyn Backend,
+    tamper: Tamper,
+    seq: u64,
+    kind: fn(&ChainBreak) -> bool,
+) {
+    let store = backend.open().await;
+    let victim = id("victim");
+    let bystander = id("bystander");
+    new_run(&*store, &bystander, 3).await;
+    new_run(&*store, &victim, 6).await;
+    backend.tamper(&victim, tamper.clone()).await;
+
+    assert_tampered(store.load(&victim).await.unwrap_err(), &victim, seq, kind);
+    let report = store.verify(&victim).await.unwrap();
+    assert!(!report.is_intact());
+    assert_eq!(report.findings[0].seq, seq, "{report:?}");
+    assert!(kind(&report.findings[0].kind), "{report:?}");
+    // A subscriber reading from before the damage sees it too.
+    assert_tampered(
+        store.load_after(&victim, 1).await.unwrap_err(),
+        &victim,
+        seq,
+        kind,
+    );
+    let message = store.load(&victim).await.unwrap_err().to_string();
+    assert!(
+        message.starts_with(&format!(
+            "run victim fails its integrity check at seq {seq}: "
+        )),
+        "{message}"
+    );
+
+    // The other run is unaffected, and listing still shows both.
+    assert_eq!(store.load(&bystander).await.unwrap().len(), 3);
+    store
+        .append(&bystander, 3, &[ev("more")], "completed", 10)
+        .await
+        .unwrap();
+    assert_eq!(store.load(&bystander).await.unwrap().len(), 4);
+    assert!(store.verify(&bystander).await.unwrap().is_intact());
+    let listed = store.list(&RunFilter::new()).await.unwrap();
+    let mut listed = ids(&listed);
+    listed.sort();
+    assert_eq!(listed, ["bystander", "victim"]);
+}
+
+pub(crate) async fn tamper_edited_event_is_detected(backend: &dyn Backend) {
+    let edit = Tamper::Edit {
+        seq: 3,
+        bytes: b"victim:3 (edited)".to_vec(),
+    };
+    tamper_case(backend, edit, 3, |k| *k == ChainBreak::HashMismatch).await;
+}
+
+pub(crate) async fn tamper_dropped_event_is_detected(backend: &dyn Backend) {
+    let missing = |k: &ChainBreak| matches!(k, ChainBreak::Missing { recorded_count: 6 });
+    tamper_case(backend, Tamper::Drop { seq: 3 }, 3, missing).await;
+}
+
+pub(crate) async fn tamper_reordered_events_are_detected(backend: &dyn Backend) {
+    tamper_case(backend, Tamper::Swap { a: 2, b: 4 }, 2, |k| {
+        *k == ChainBreak::HashMismatch
+    })
+    .await;
+}
+
+pub(crate) async fn tamper_truncated_log_is_detected(backend: &dyn Backend) {
+    let missing = |k: &ChainBreak| matches!(k, ChainBreak::Missing { recorded_count: 6 });
+    tamper_case(backend, Tamper::Truncate { keep: 4 }, 5, missing).await;
+    // Appending after the damage is refused, not chained onto a hole.
+    let store = backend.open().await;
+    let err = store
+        .append(&id("victim"), 6, &[ev("x")], "running", 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Tampered { .. }), "{err:?}");
+    assert_eq!(store.verify(&id("victim")).await.unwrap().events_read, 4);
+}
+
+pub(crate) async fn tamper_edited_hash_is_detected(backend: &dyn Backend) {
+    let rehash = Tamper::Rehash {
+        seq: 4,
+        hash: [0; 32],
+    };
+    tamper_case(backend, rehash, 4, |k| *k == ChainBreak::HashMismatch).await;
+}
+
+pub(crate) async fn tamper_rolled_back_head_is_detected(backend: &dyn Backend) {
+    let beyond = |k: &ChainBreak| matches!(k, ChainBreak::BeyondCount { recorded_count: 4 });
+    tamper_case(backend, Tamper::RollBackHead { to: 4 }, 5, beyond).await;
+    let store = backend.open().await;
+    let err = store
+        .append(&id("victim"), 4, &[ev("x")], "running", 1)
+        .await
+        .unwrap_err();
+    assert_tampered(err, &id("victim"), 5, beyond);
+}
+
+pub(crate) async fn concurrent_appends_on_one_run_have_one_winner(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("race");
+    store
+        .create(&run, meta("a", 1), ev("start"), "running")
+        .await
+        .unwrap();
+    const RACERS: usize = 8;
+    const ROUNDS: u64 = 12;
+    for round in 0..ROUNDS {
+        let len = round + 1;
+        let tasks: Vec<_> = (0..RACERS)
+            .map(|racer| {
+                let (store, run) = (store.clone(), run.clone());
+                tokio::spawn(async move {
+                    let event = ev(&format!("round {round} racer {racer}"));
+                    store
+                        .append(&run, len, &[event], "running", len as i64)
+                        .await
+                })
+            })
+            .collect();
+        let mut winners = 0;
+        for task in tasks {
+            match task.await.unwrap() {
+                Ok(appended) => {
+                    winners += 1;
+                    assert_eq!(appended.event_count, len + 1);
+                }
+                Err(StoreError::Conflict {
+                    expected, actual, ..
+                }) => {
+                    assert_eq!((expected, actual), (len, len + 1));
+                }
+                Err(other) => panic!("unexpected error: {other:?}"),
+            }
+        }
+        assert_eq!(winners, 1, "round {round}");
+    }
+    let log = store.load(&run).await.unwrap();
+    assert_eq!(log.len() as u64, ROUNDS + 1);
+    for (round, event) in log[1..].iter().enumerate() {
+        let text = std::str::from_utf8(&event.bytes).unwrap();
+        assert!(text.starts_with(&format!("round {round} racer ")), "{text}");
+    }
+    assert_eq!(store.summary(&run).await.unwrap().event_count, ROUNDS + 1);
+}
+
+pub(crate) async fn concurrent_runs_each_keep_their_own_log(backend: &dyn Backend) {
+    let store = backend.open().await;
+    const RUNS: usize = 40;
+    const STEPS: u64 = 8;
+    let tasks: Vec<_> = (0..RUNS)
+        .map(|i| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let run = id(&format!("many-{i:03}"));
+                store
+                    .create(&run, meta("a", i as i64), ev("0"), "running")
+                    .await
+                    .unwrap();
+                for step in 1..=STEPS {
+                    let status = if step == STEPS {
+                        "completed"
+                    } else {
+                        "running"
+                    };
+                    let appended = store
+                        .append(
+                            &run,
+                            step,
+                            &[ev(&format!("{i}/{step}"))],
+                            status,
+                            step as i64,
+                        )
+                        .await
+                        .unwrap();
+                    assert_eq!(appended.event_count, step + 1);
+                }
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for i in 0..RUNS {
+        let run = id(&format!("many-{i:03}"));
+        let log = store.load(&run).await.unwrap();
+        let expected: Vec<Vec<u8>> = std::iter::once(b"0".to_vec())
+            .chain((1..=STEPS).map(|s| format!("{i}/{s}").into_bytes()))
+            .collect();
+        assert_eq!(bytes_of(&log), expected);
+    }
+    let done = store
+        .list(&RunFilter::new().status("completed"))
+        .await
+        .unwrap();
+    assert_eq!(done.len(), RUNS);
+}
+
+pub(crate) async fn keyed_chain_differs_and_verifies(backend: &dyn Backend) {
+    let key = ChainKey::new(&[42; 32]).unwrap();
+    let plain = backend.open().await;
+    let keyed = backend.open_keyed(key).await;
+    let run = id("keyed");
+    new_run(&*plain, &run, 3).await;
+    new_run(&*keyed, &run, 3).await;
+    let a = plain.load(&run).await.unwrap();
+    let b = keyed.load(&run).await.unwrap();
+    assert_eq!(bytes_of(&a), bytes_of(&b));
+    for (x, y) in a.iter().zip(&b) {
+        assert_ne!(x.hash, y.hash);
+    }
+    // HMAC-SHA-256 keyed over the same input as the plain chain.
+    use hmac::Mac;
+    let mac = |parts: &[&[u8]]| -> [u8; 32] {
+        let mut m = hmac::Hmac::<Sha256>::new_from_slice(&[42; 32]).unwrap();
+        for p in parts {
+            m.update(p);
+        }
+        m.finalize().into_bytes().into()
+    };
+    let h0 = mac(&[b"warden.store.chain.v1\0", b"keyed"]);
+    let h1 = mac(&[&h0, &1u64.to_be_bytes(), &7u64.to_be_bytes(), b"keyed:1"]);
+    assert_eq!(b[0].hash.as_bytes(), &h1);
+    assert!(keyed.verify(&run).await.unwrap().is_intact());
+}
+
+pub(crate) async fn reopened_store_keeps_everything(backend: &dyn Backend) {
+    let (runs, logs) = {
+        let store = backend.open().await;
+        listing_fixture(&*store).await;
+        new_run(&*store, &id("long"), 50).await;
+        let runs = store.list(&RunFilter::new()).await.unwrap();
+        let mut logs = Vec::new();
+        for run in &runs {
+            logs.push(store.load(&run.run_id).await.unwrap());
+        }
+        (runs, logs)
+        // The store is dropped here: its writer stops and the file closes.
+    };
+    let store = backend.open().await;
+    assert_eq!(store.list(&RunFilter::new()).await.unwrap(), runs);
+    for (run, log) in runs.iter().zip(&logs) {
+        assert_eq!(&store.load(&run.run_id).await.unwrap(), log);
+        assert!(store.verify(&run.run_id).await.unwrap().is_intact());
+    }
+    // Appends continue where the log ended, from the stored head.
+    let long = id("long");
+    let appended = store
+        .append(&long, 50, &[ev("long:51")], "completed", 51)
+        .await
+        .unwrap();
+    assert_eq!(appended.event_count, 51);
+    let log = store.load(&long).await.unwrap();
+    assert_eq!(log.len(), 51);
+    assert_eq!(log[50].hash, appended.head);
+    let err = store
+        .create(&long, meta("a", 1), ev("x"), "running")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { .. }));
+}
+
+/// Runs the suite against one store: `conformance_suite!(name, backend)`, or
+/// `conformance_suite!(name, backend, durable)` for stores whose data
+/// outlives the store value (adds the reopen tests). `backend` is evaluated
+/// inside each async test, so it may `.await` (connect to a server) and may
+/// `return` early (skip, loudly, where no server is reachable).
+macro_rules! conformance_suite {
+    ($store:ident, $backend:expr) => {
+        conformance_suite!(@module $store, $backend, []);
+    };
+    ($store:ident, $backend:expr, durable) => {
+        conformance_suite!(@module $store, $backend, [reopened_store_keeps_everything]);
+    };
+    (@module $store:ident, $backend:expr, [$($extra:ident),*]) => {
+        mod $store {
+            conformance_suite!(@tests $backend;
+                create_then_load,
+                create_refuses_an_id_with_history,
+                append_extends_the_log_in_order,
+                conflicting_append_writes_nothing,
+                unknown_runs_and_empty_appends_are_typed,
+                status_and_updated_time_change_with_the_append,
+                load_after_returns_the_tail,
+                list_filters_each_and_combined,
+                list_summaries_carry_every_column,
+                verify_reports_intact_runs_and_run_ids_lists_all,
+                tamper_edited_event_is_detected,
+                tamper_dropped_event_is_detected,
+                tamper_reordered_events_are_detected,
+                tamper_truncated_log_is_detected,
+                tamper_edited_hash_is_detected,
+                tamper_rolled_back_head_is_detected,
+                concurrent_appends_on_one_run_have_one_winner,
+                concurrent_runs_each_keep_their_own_log,
+                keyed_chain_differs_and_verifies
+                $(, $extra)*
+            );
+        }
+    };
+    (@tests $backend:expr; $($test:ident),*) => {
+        $(
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $test() {
+                let backend = $backend;
+                crate::store::conformance::$test(&backend).await;
+            }
+        )*
+    };
+}
+
+conformance_suite!(memory, crate::store::conformance::MemoryBackend::new());
+conformance_suite!(
+    sqlite,
+    crate::store::conformance::SqliteBackend::new(),
+    durable
+);

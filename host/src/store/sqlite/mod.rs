@@ -1,0 +1,624 @@
+//! The SQLite store: one database file in WAL mode, the embedded default.
+//!
+//! Writes go through one dedicated writer thread with group commit (see
+//! `writer.rs`); reads run on a small pool of query-only connections on
+//! tokio's blocking threads, each inside one read transaction so a load sees
+//! the run row and its events at the same instant. No SQLite call runs on
+//! the async executor.
+
+mod schema;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rusqlite::types::{Value, ValueRef};
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use tokio::sync::{mpsc, oneshot};
+
+use super::chain::{self, Chain, RawRow, Recorded};
+use super::{
+    Appended, ChainBreak, ChainHash, ChainKey, EventStore, RunFilter, RunId, RunMeta, RunSummary,
+    StoreError, StoredEvent, VerifyReport,
+};
+use writer::{Counters, Request};
+
+/// How many idle reader connections are kept open.
+const IDLE_READERS: usize = 4;
+
+/// An event store in one SQLite file.
+///
+/// Opening applies pending schema migrations. Dropping the store stops its
+/// writer thread after it has answered every queued write.
+pub struct SqliteStore {
+    path: PathBuf,
+    chain: Arc<Chain>,
+    queue: Option<mpsc::Sender<Request>>,
+    writer: Option<JoinHandle<()>>,
+    counters: Arc<Counters>,
+    readers: Arc<Readers>,
+}
+
+/// Configures and opens a [`SqliteStore`].
+#[derive(Debug, Clone)]
+pub struct SqliteStoreBuilder {
+    path: PathBuf,
+    busy_timeout: Duration,
+    chain_key: Option<ChainKey>,
+    max_batch: usize,
+}
+
+impl SqliteStoreBuilder {
+    /// How long a connection waits for a lock held by another process
+    /// before failing. Default: 5 seconds.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Chain with HMAC-SHA-256 under this operator key. A store keeps the
+    /// mode it was first opened with and refuses to open in another.
+    /// Default: no key (plain SHA-256).
+    pub fn chain_key(mut self, key: ChainKey) -> Self {
+        self.chain_key = Some(key);
+        self
+    }
+
+    /// The most writes (creates or appends) committed in one transaction.
+    /// Default: 1024.
+    pub fn max_batch(mut self, n: usize) -> Self {
+        self.max_batch = n.max(1);
+        self
+    }
+
+    /// Opens (creating if needed) and migrates the database, and starts the
+    /// writer thread. Blocks briefly on file I/O.
+    pub fn open(self) -> Result<SqliteStore, StoreError> {
+        let chain = Arc::new(Chain::new(self.chain_key));
+        let mut conn = schema::open_writer(&self.path, self.busy_timeout)?;
+        schema::migrate(&mut conn, &self.path, &chain.mode())?;
+        let counters = Arc::new(Counters::default());
+        let (queue, inbox) = mpsc::channel(self.max_batch.saturating_mul(4));
+        let writer = std::thread::Builder::new()
+            .name("warden-store-writer".to_owned())
+            .spawn({
+                let chain = Arc::clone(&chain);
+                let counters = Arc::clone(&counters);
+                let max_batch = self.max_batch;
+                move || writer::run(conn, chain, inbox, max_batch, counters)
+            })
+            .map_err(|e| StoreError::Backend {
+                context: format!(
+                    "sqlite: cannot start the writer for {}",
+                    self.path.display()
+                ),
+                error: Box::new(e),
+            })?;
+        tracing::debug!(path = %self.path.display(), mode = %chain.mode(), "opened sqlite store");
+        Ok(SqliteStore {
+            readers: Arc::new(Readers {
+                path: self.path.clone(),
+                busy_timeout: self.busy_timeout,
+                idle: Mutex::new(Vec::new()),
+            }),
+            path: self.path,
+            chain,
+            queue: Some(queue),
+            writer: Some(writer),
+            counters,
+        })
+    }
+}
+
+/// What the writer has done since the store was opened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WriterStats {
+    /// Transactions committed (each one WAL fsync).
+    pub transactions: u64,
+    /// Creates and appends answered from committed transactions, including
+    /// refused ones (conflicts and the like).
+    pub requests: u64,
+    /// Events in those requests.
+    pub events: u64,
+    /// Transactions that failed to commit.
+    pub failed_commits: u64,
+}
+
+impl SqliteStore {
+    /// Opens the store at `path` with the defaults of [`SqliteStoreBuilder`].
+    pub fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::builder(path).open()
+    }
+
+    /// A builder for the store at `path`.
+    pub fn builder(path: impl AsRef<Path>) -> SqliteStoreBuilder {
+        SqliteStoreBuilder {
+            path: path.as_ref().to_owned(),
+            busy_timeout: Duration::from_secs(5),
+            chain_key: None,
+            max_batch: 1024,
+        }
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The writer's counters: `requests / transactions` is the group-commit
+    /// factor.
+    pub fn stats(&self) -> WriterStats {
+        let c = &self.counters;
+        WriterStats {
+            transactions: c.transactions.load(Ordering::Relaxed),
+            requests: c.requests.load(Ordering::Relaxed),
+            events: c.events.load(Ordering::Relaxed),
+            failed_commits: c.failed_commits.load(Ordering::Relaxed),
+        }
+    }
+
+    async fn write(
+        &self,
+        request: impl FnOnce(writer::Reply) -> Request,
+    ) -> Result<Appended, StoreError> {
+        let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(request(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn read<T: Send + 'static>(
+        &self,
+        what: impl FnOnce(&mut Connection, &Chain) -> Result<T, StoreError> + Send + 'static,
+    ) -> Result<T, StoreError> {
+        let readers = Arc::clone(&self.readers);
+        let chain = Arc::clone(&self.chain);
+        tokio::task::spawn_blocking(move || {
+            let mut conn = readers.take()?;
+            let result = what(&mut conn, &chain);
+            readers.give(conn);
+            result
+        })
+        .await
+        .map_err(|e| StoreError::Backend {
+            context: "sqlite: reader task failed".to_owned(),
+            error: Box::new(e),
+        })?
+    }
+}
+
+impl std::fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("path", &self.path)
+            .field("chain", &self.chain.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for SqliteStore {
+    fn drop(&mut self) {
+        // Closing the queue lets the writer answer what is queued and stop.
+        self.queue.take();
+        if let Some(writer) = self.writer.take()
+            && writer.join().is_err()
+        {
+            tracing::error!(path = %self.path.display(), "sqlite store writer panicked");
+        }
+    }
+}
+
+#[async_trait]
+impl EventStore for SqliteStore {
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first_event: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError> {
+        self.write(|reply| Request::Create {
+            run_id: run_id.clone(),
+            meta,
+            first_event,
+            status: status.to_owned(),
+            reply,
+        })
+        .await
+    }
+
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        self.write(|reply| Request::Append {
+            run_id: run_id.clone(),
+            expected_len,
+            events: events.to_vec(),
+            status: status.to_owned(),
+            updated_ms,
+            reply,
+        })
+        .await
+    }
+
+    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.load_after(run_id, 0).await
+    }
+
+    async fn load_after(
+        &self,
+        run_id: &RunId,
+        after_seq: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let run_id = run_id.clone();
+        self.read(move |conn, chain| load_after(conn, chain, &run_id, after_seq))
+            .await
+    }
+
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
+        let run_id = run_id.clone();
+        self.read(move |conn, _| {
+            let context = || format!("sqlite: cannot read run {run_id}");
+            let mut found = query_summaries(
+                conn,
+                "SELECT pk, id, agent, status, session, created_ms, updated_ms, event_count
+                 FROM runs WHERE id = ?1",
+                vec![Value::Text(run_id.to_string())],
+            )
+            .map_err(|e| backend(context(), e))?;
+            found.pop().ok_or(StoreError::UnknownRun { run_id })
+        })
+        .await
+    }
+
+    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let filter = filter.clone();
+        self.read(move |conn, _| {
+            let (sql, values) = list_query(&filter);
+            query_summaries(conn, &sql, values).map_err(|e| backend("sqlite: cannot list runs", e))
+        })
+        .await
+    }
+
+    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
+        let run_id = run_id.clone();
+        self.read(move |conn, chain| verify(conn, chain, &run_id))
+            .await
+    }
+
+    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
+        self.read(|conn, _| {
+            let context = "sqlite: cannot list run ids";
+            let mut stmt = conn
+                .prepare_cached("SELECT id FROM runs ORDER BY id")
+                .map_err(|e| backend(context, e))?;
+            let ids = stmt
+                .query_map([], |row| text(row, 0))
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| backend(context, e))?;
+            Ok(ids.into_iter().filter_map(|id| valid_id(&id)).collect())
+        })
+        .await
+    }
+}
+
+/// Reader connections, opened on demand and kept while idle.
+struct Readers {
+    path: PathBuf,
+    busy_timeout: Duration,
+    idle: Mutex<Vec<Connection>>,
+}
+
+impl Readers {
+    fn take(&self) -> Result<Connection, StoreError> {
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        match idle {
+            Some(conn) => Ok(conn),
+            None => schema::open_reader(&self.path, self.busy_timeout),
+        }
+    }
+
+    fn give(&self, conn: Connection) {
+        let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+        if idle.len() < IDLE_READERS {
+            idle.push(conn);
+        }
+    }
+}
+
+/// Wraps a storage error with what was being done.
+pub(super) fn backend(context: impl Into<String>, error: rusqlite::Error) -> StoreError {
+    StoreError::Backend {
+        context: context.into(),
+        error: Box::new(error),
+    }
+}
+
+/// Reads a stored hash column without trusting its type or length.
+pub(super) fn blob_hash(
+    row: &Row<'_>,
+    idx: usize,
+) -> rusqlite::Result<Result<ChainHash, ChainBreak>> {
+    Ok(match row.get_ref(idx)? {
+        ValueRef::Blob(bytes) => ChainHash::from_stored(bytes),
+        other => Err(ChainBreak::Unreadable {
+            detail: format!("hash is stored as {:?}, not a blob", other.data_type()),
+        }),
+    })
+}
+
+/// Reads an event's bytes column without trusting its type.
+fn blob_bytes(row: &Row<'_>, idx: usize) -> rusqlite::Result<Result<Bytes, ChainBreak>> {
+    Ok(match row.get_ref(idx)? {
+        ValueRef::Blob(bytes) => Ok(Bytes::copy_from_slice(bytes)),
+        other => Err(ChainBreak::Unreadable {
+            detail: format!(
+                "event bytes are stored as {:?}, not a blob",
+                other.data_type()
+            ),
+        }),
+    })
+}
+
+/// Reads a text column, replacing invalid UTF-8 rather than failing, so one
+/// damaged row cannot break a listing of all runs.
+fn text(row: &Row<'_>, idx: usize) -> rusqlite::Result<String> {
+    Ok(match row.get_ref(idx)? {
+        ValueRef::Text(bytes) | ValueRef::Blob(bytes) => {
+            String::from_utf8_lossy(bytes).into_owned()
+        }
+        ValueRef::Null => String::new(),
+        ValueRef::Integer(n) => n.to_string(),
+        ValueRef::Real(x) => x.to_string(),
+    })
+}
+
+fn valid_id(id: &str) -> Option<RunId> {
+    match RunId::new(id) {
+        Ok(id) => Some(id),
+        Err(error) => {
+            tracing::warn!(%error, "sqlite store holds a run with an invalid id; skipped");
+            None
+        }
+    }
+}
+
+/// The run row as the chain checks see it: its key, count and head, the
+/// last two not yet trusted.
+struct RunRow {
+    pk: i64,
+    count: Result<u64, ChainBreak>,
+    head: Result<ChainHash, ChainBreak>,
+}
+
+fn run_row(conn: &Connection, run_id: &RunId) -> Result<RunRow, StoreError> {
+    conn.prepare_cached("SELECT pk, event_count, head_hash FROM runs WHERE id = ?1")
+        .and_then(|mut s| {
+            s.query_row([run_id.as_str()], |row| {
+                let count: i64 = row.get(1)?;
+                let count = u64::try_from(count).map_err(|_| ChainBreak::Unreadable {
+                    detail: format!("the run records {count} events"),
+                });
+                Ok(RunRow {
+                    pk: row.get(0)?,
+                    count,
+                    head: blob_hash(row, 2)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(|e| backend(format!("sqlite: cannot read run {run_id}"), e))?
+        .ok_or_else(|| StoreError::UnknownRun {
+            run_id: run_id.clone(),
+        })
+}
+
+/// The event rows of run `pk` after `after`, in seq order.
+fn event_rows(conn: &Connection, pk: i64, after: u64) -> rusqlite::Result<Vec<RawRow>> {
+    let mut stmt = conn.prepare_cached(
+        "SELECT seq, bytes, hash FROM events WHERE run_pk = ?1 AND seq > ?2 ORDER BY seq",
+    )?;
+    let rows = stmt.query_map(params![pk, after as i64], |row| {
+        Ok(RawRow {
+            // `seq > after >= 0` in the query: never negative here.
+            seq: row.get::<_, i64>(0)? as u64,
+            bytes: blob_bytes(row, 1)?,
+            hash: blob_hash(row, 2)?,
+        })
+    })?;
+    rows.collect()
+}
+
+fn load_after(
+    conn: &mut Connection,
+    chain: &Chain,
+    run_id: &RunId,
+    after: u64,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let context = || format!("sqlite: cannot load run {run_id}");
+    let tampered = |seq, reason| StoreError::Tampered {
+        run_id: run_id.clone(),
+        seq,
+        reason,
+    };
+    // One read transaction: the run row and its events from one snapshot.
+    let tx = conn.transaction().map_err(|e| backend(context(), e))?;
+    let RunRow { pk, count, head } = run_row(&tx, run_id)?;
+    let count = count.map_err(|reason| tampered(0, reason))?;
+    if after >= count {
+        return Ok(Vec::new());
+    }
+    let start = if after == 0 {
+        chain.genesis(run_id)
+    } else {
+        let stored = tx
+            .prepare_cached("SELECT hash FROM events WHERE run_pk = ?1 AND seq = ?2")
+            .and_then(|mut s| {
+                s.query_row(params![pk, after as i64], |row| blob_hash(row, 0))
+                    .optional()
+            })
+            .map_err(|e| backend(context(), e))?;
+        match stored {
+            None => {
+                return Err(tampered(
+                    after,
+                    ChainBreak::Missing {
+                        recorded_count: count,
+                    },
+                ));
+            }
+            Some(hash) => hash.map_err(|reason| tampered(after, reason))?,
+        }
+    };
+    let rows = event_rows(&tx, pk, after).map_err(|e| backend(context(), e))?;
+    drop(tx);
+    let recorded = Recorded { count, head };
+    chain::walk(chain, after, start, rows, &recorded, true).into_events(run_id)
+}
+
+fn verify(
+    conn: &mut Connection,
+    chain: &Chain,
+    run_id: &RunId,
+) -> Result<VerifyReport, StoreError> {
+    let context = || format!("sqlite: cannot verify run {run_id}");
+    let tx = conn.transaction().map_err(|e| backend(context(), e))?;
+    let RunRow { pk, count, head } = run_row(&tx, run_id)?;
+    let rows = event_rows(&tx, pk, 0).map_err(|e| backend(context(), e))?;
+    drop(tx);
+    let mut findings = Vec::new();
+    let count = count.unwrap_or_else(|kind| {
+        findings.push(super::Finding { seq: 0, kind });
+        0
+    });
+    let recorded = Recorded { count, head };
+    let walk = chain::walk(chain, 0, chain.genesis(run_id), rows, &recorded, false);
+    findings.extend(walk.findings);
+    Ok(VerifyReport {
+        run_id: run_id.clone(),
+        recorded_count: count,
+        events_read: walk.rows_read,
+        recorded_head: recorded.head.ok(),
+        findings,
+    })
+}
+
+/// The listing query for `filter`, and its parameters.
+fn list_query(filter: &RunFilter) -> (String, Vec<Value>) {
+    let mut sql = String::from(
+        "SELECT pk, id, agent, status, session, created_ms, updated_ms, event_count FROM runs WHERE 1 = 1",
+    );
+    let mut values = Vec::new();
+    let mut param = |sql: &mut String, value: Value| {
+        values.push(value);
+        sql.push_str(&format!("?{}", values.len()));
+    };
+    if !filter.statuses.is_empty() {
+        sql.push_str(" AND status IN (");
+        for (i, status) in filter.statuses.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            param(&mut sql, Value::Text(status.clone()));
+        }
+        sql.push(')');
+    }
+    if let Some(agent) = &filter.agent {
+        sql.push_str(" AND agent = ");
+        param(&mut sql, Value::Text(agent.clone()));
+    }
+    if let Some(session) = &filter.session {
+        sql.push_str(" AND session = ");
+        param(&mut sql, Value::Text(session.clone()));
+    }
+    if let Some(since) = filter.created_since {
+        sql.push_str(" AND created_ms >= ");
+        param(&mut sql, Value::Integer(since));
+    }
+    if let Some(before) = filter.created_before {
+        sql.push_str(" AND created_ms < ");
+        param(&mut sql, Value::Integer(before));
+    }
+    for (key, value) in &filter.labels {
+        sql.push_str(" AND pk IN (SELECT run_pk FROM run_labels WHERE key = ");
+        param(&mut sql, Value::Text(key.clone()));
+        sql.push_str(" AND value = ");
+        param(&mut sql, Value::Text(value.clone()));
+        sql.push(')');
+    }
+    sql.push_str(" ORDER BY created_ms, id");
+    if let Some(limit) = filter.limit {
+        sql.push_str(" LIMIT ");
+        param(
+            &mut sql,
+            Value::Integer(i64::try_from(limit).unwrap_or(i64::MAX)),
+        );
+    }
+    (sql, values)
+}
+
+/// Runs a query selecting `pk, id, agent, status, session, created_ms,
+/// updated_ms, event_count` and adds each run's labels.
+fn query_summaries(
+    conn: &mut Connection,
+    sql: &str,
+    values: Vec<Value>,
+) -> rusqlite::Result<Vec<RunSummary>> {
+    let tx = conn.transaction()?;
+    let mut summaries = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(sql)?;
+        let mut labels =
+            tx.prepare_cached("SELECT key, value FROM run_labels WHERE run_pk = ?1 ORDER BY key")?;
+        let mut rows = stmt.query(rusqlite::params_from_iter(values))?;
+        while let Some(row) = rows.next()? {
+            let Some(run_id) = valid_id(&text(row, 1)?) else {
+                continue;
+            };
+            let pk: i64 = row.get(0)?;
+            let session = match row.get_ref(4)? {
+                ValueRef::Null => None,
+                _ => Some(text(row, 4)?),
+            };
+            let event_count: i64 = row.get(7)?;
+            let run_labels = labels
+                .query_map([pk], |l| Ok((text(l, 0)?, text(l, 1)?)))?
+                .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
+            summaries.push(RunSummary {
+                run_id,
+                agent: text(row, 2)?,
+                status: text(row, 3)?,
+                labels: run_labels,
+                session,
+                created_ms: row.get(5)?,
+                updated_ms: row.get(6)?,
+                event_count: u64::try_from(event_count).unwrap_or(0),
+            });
+        }
+    }
+    tx.commit()?;
+    Ok(summaries)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,156 @@
+//! The SQLite store's schema, its migrations (tracked in `PRAGMA
+//! user_version`), and how its connections are opened and configured.
+
+use std::path::Path;
+use std::time::Duration;
+
+use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
+
+use super::backend;
+use crate::store::StoreError;
+
+/// Migrations in order; migration `i` (0-based) takes the schema from
+/// version `i` to `i + 1`. Never edit one that has shipped: add another.
+///
+/// Notes on version 1:
+/// - `STRICT` tables: SQLite enforces the column types, so a stray write
+///   cannot put text where a number or a blob belongs.
+/// - `runs.pk` is an internal integer key (`AUTOINCREMENT`, so a deleted
+///   run's key is never reused); events and labels refer to it rather than
+///   repeating the text id in every row.
+/// - `events` is `WITHOUT ROWID` with primary key `(run_pk, seq)`: one run's
+///   log is stored contiguously, so a load is one range scan.
+/// - Labels live in `run_labels` (one row per label, indexed by key and
+///   value), so a label filter is an index lookup, not a JSON scan.
+/// - The list indexes end in `created_ms, id`, the listing order.
+const MIGRATIONS: &[&str] = &[r#"
+CREATE TABLE runs (
+    pk          INTEGER PRIMARY KEY AUTOINCREMENT,
+    id          TEXT    NOT NULL UNIQUE,
+    agent       TEXT    NOT NULL,
+    status      TEXT    NOT NULL,
+    session     TEXT,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    event_count INTEGER NOT NULL,
+    head_hash   BLOB    NOT NULL
+) STRICT;
+CREATE INDEX runs_by_created ON runs (created_ms, id);
+CREATE INDEX runs_by_status  ON runs (status, created_ms, id);
+CREATE INDEX runs_by_agent   ON runs (agent, created_ms, id);
+CREATE INDEX runs_by_session ON runs (session, created_ms, id) WHERE session IS NOT NULL;
+
+CREATE TABLE run_labels (
+    run_pk INTEGER NOT NULL REFERENCES runs (pk),
+    key    TEXT    NOT NULL,
+    value  TEXT    NOT NULL,
+    PRIMARY KEY (run_pk, key)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX run_labels_by_pair ON run_labels (key, value, run_pk);
+
+CREATE TABLE events (
+    run_pk INTEGER NOT NULL REFERENCES runs (pk),
+    seq    INTEGER NOT NULL,
+    bytes  BLOB    NOT NULL,
+    hash   BLOB    NOT NULL,
+    PRIMARY KEY (run_pk, seq)
+) STRICT, WITHOUT ROWID;
+
+CREATE TABLE store_meta (
+    key   TEXT NOT NULL PRIMARY KEY,
+    value TEXT NOT NULL
+) STRICT, WITHOUT ROWID;
+"#];
+
+/// The schema version this build writes and reads.
+pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
+
+/// Opens the writer's connection: creates the file if needed, turns on WAL
+/// (persistent in the file), `synchronous=FULL` (a commit returns after the
+/// WAL is fsynced), foreign keys and the busy timeout.
+pub(super) fn open_writer(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let context = || format!("sqlite: cannot open {}", path.display());
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+        | OpenFlags::SQLITE_OPEN_CREATE
+        | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| backend(context(), e))?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(|e| backend(context(), e))?;
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|e| backend(context(), e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        // Still durable with synchronous=FULL, but readers block the writer.
+        tracing::warn!(path = %path.display(), %mode, "sqlite store could not switch to WAL");
+    }
+    conn.execute_batch("PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON;")
+        .map_err(|e| backend(context(), e))?;
+    Ok(conn)
+}
+
+/// Opens a reader's connection on an existing store: query-only, with the
+/// busy timeout.
+pub(super) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connection, StoreError> {
+    let context = || format!("sqlite: cannot open {} for reading", path.display());
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = Connection::open_with_flags(path, flags).map_err(|e| backend(context(), e))?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(|e| backend(context(), e))?;
+    conn.execute_batch("PRAGMA query_only = ON;")
+        .map_err(|e| backend(context(), e))?;
+    Ok(conn)
+}
+
+/// Brings the schema up to [`SCHEMA_VERSION`] in one transaction, and records
+/// the chain mode on first use (or checks it against the recorded one).
+/// Refuses a database written by a newer schema.
+pub(super) fn migrate(
+    conn: &mut Connection,
+    path: &Path,
+    chain_mode: &str,
+) -> Result<(), StoreError> {
+    let context = || format!("sqlite: cannot migrate {}", path.display());
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| backend(context(), e))?;
+    let found: i64 = tx
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|e| backend(context(), e))?;
+    if !(0..=SCHEMA_VERSION).contains(&found) {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    for (from, sql) in MIGRATIONS.iter().enumerate().skip(found as usize) {
+        tx.execute_batch(sql).map_err(|e| backend(context(), e))?;
+        tracing::info!(path = %path.display(), version = from + 1, "applied store migration");
+    }
+    tx.pragma_update(None, "user_version", SCHEMA_VERSION)
+        .map_err(|e| backend(context(), e))?;
+    let recorded: Option<String> = tx
+        .query_row(
+            "SELECT value FROM store_meta WHERE key = 'chain_mode'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| backend(context(), e))?;
+    match recorded {
+        None => {
+            tx.execute(
+                "INSERT INTO store_meta (key, value) VALUES ('chain_mode', ?1)",
+                [chain_mode],
+            )
+            .map_err(|e| backend(context(), e))?;
+        }
+        Some(found) if found == chain_mode => {}
+        Some(found) => {
+            return Err(StoreError::ChainModeMismatch {
+                found,
+                configured: chain_mode.to_owned(),
+            });
+        }
+    }
+    tx.commit().map_err(|e| backend(context(), e))
+}

@@ -1,0 +1,354 @@
+//! Tests of what only the SQLite store has: group commit, schema versioning
+//! and chain-mode checks on open, pragmas and indexes, and damage done to
+//! the database file itself. Behaviour shared with every store is in the
+//! conformance suite (`store/conformance.rs`).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::*;
+use crate::store::conformance::{SqliteBackend, ev, id, meta, new_run};
+
+fn backend_store() -> (SqliteBackend, Arc<SqliteStore>) {
+    let backend = SqliteBackend::new();
+    let store = Arc::new(SqliteStore::open(backend.path()).unwrap());
+    (backend, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_transaction_commits_a_burst_and_a_conflict_fails_alone() {
+    let (backend, store) = backend_store();
+    const RUNS: u64 = 100;
+    for i in 0..RUNS {
+        new_run(&*store, &id(&format!("g-{i}")), 1).await;
+    }
+    let before = store.stats();
+
+    // Hold the database's write lock from outside, so the writer blocks on
+    // its first request while every other request queues behind it.
+    let mut blocker = backend.raw();
+    let lock = blocker
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..RUNS {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let run = id(&format!("g-{i}"));
+            // Every tenth request expects a stale length and must conflict.
+            let expected = if i % 10 == 0 { 7 } else { 1 };
+            store
+                .append(&run, expected, &[ev("step")], "running", 2)
+                .await
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    lock.commit().unwrap();
+
+    for (i, task) in tasks.into_iter().enumerate() {
+        match task.await.unwrap() {
+            Ok(appended) => {
+                assert_ne!(i % 10, 0);
+                assert_eq!(appended.event_count, 2);
+            }
+            Err(StoreError::Conflict {
+                expected, actual, ..
+            }) => {
+                assert_eq!(i % 10, 0);
+                assert_eq!((expected, actual), (7, 1));
+            }
+            Err(other) => panic!("request {i}: {other:?}"),
+        }
+    }
+    let after = store.stats();
+    assert_eq!(after.requests - before.requests, RUNS);
+    assert_eq!(after.events - before.events, RUNS);
+    // The first request's transaction, then everything queued behind it.
+    let transactions = after.transactions - before.transactions;
+    assert!(
+        transactions <= 3,
+        "{RUNS} appends took {transactions} transactions"
+    );
+    for i in 0..RUNS {
+        let log = store.load(&id(&format!("g-{i}"))).await.unwrap();
+        assert_eq!(log.len(), if i % 10 == 0 { 1 } else { 2 }, "run g-{i}");
+    }
+}
+
+#[tokio::test]
+async fn a_locked_database_fails_the_append_and_writes_nothing() {
+    let backend = SqliteBackend::new();
+    let store = SqliteStore::builder(backend.path())
+        .busy_timeout(Duration::from_millis(100))
+        .open()
+        .unwrap();
+    let run = id("locked");
+    new_run(&store, &run, 2).await;
+    let mut blocker = backend.raw();
+    let lock = blocker
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let err = store
+        .append(&run, 2, &[ev("x")], "completed", 9)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    let message = err.to_string();
+    assert!(
+        message.contains("locked") || message.contains("busy"),
+        "{message}"
+    );
+    assert_eq!(store.stats().failed_commits, 1);
+    drop(lock);
+    assert_eq!(store.load(&run).await.unwrap().len(), 2);
+    // The writer keeps serving after a failed transaction.
+    store
+        .append(&run, 2, &[ev("x")], "completed", 9)
+        .await
+        .unwrap();
+    assert_eq!(store.summary(&run).await.unwrap().status, "completed");
+}
+
+#[tokio::test]
+async fn a_newer_schema_is_refused() {
+    let backend = SqliteBackend::new();
+    drop(SqliteStore::open(backend.path()).unwrap());
+    backend
+        .raw()
+        .pragma_update(None, "user_version", schema::SCHEMA_VERSION + 1)
+        .unwrap();
+    let err = SqliteStore::open(backend.path()).unwrap_err();
+    assert!(
+        matches!(err, StoreError::SchemaTooNew { found, supported }
+            if found == schema::SCHEMA_VERSION + 1 && supported == schema::SCHEMA_VERSION),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn reopening_migrates_nothing_twice_and_keeps_the_version() {
+    let backend = SqliteBackend::new();
+    drop(SqliteStore::open(backend.path()).unwrap());
+    drop(SqliteStore::open(backend.path()).unwrap());
+    let conn = backend.raw();
+    let version: i64 = conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    let mode: String = conn
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(mode, "wal");
+    // Every table is STRICT: SQLite itself refuses a wrongly typed value.
+    let loose: i64 = conn
+        .query_row(
+            "SELECT count(*) FROM pragma_table_list WHERE schema = 'main'
+             AND name IN ('runs', 'events', 'run_labels', 'store_meta') AND strict = 0",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(loose, 0);
+}
+
+#[tokio::test]
+async fn another_chain_mode_is_refused() {
+    let backend = SqliteBackend::new();
+    let key = ChainKey::new(&[7; 32]).unwrap();
+    drop(SqliteStore::open(backend.path()).unwrap());
+    let err = SqliteStore::builder(backend.path())
+        .chain_key(key.clone())
+        .open()
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::ChainModeMismatch { found, configured }
+            if found == "sha256" && *configured == format!("hmac-sha256:{}", key.id())),
+        "{err:?}"
+    );
+
+    let keyed = SqliteBackend::new();
+    drop(
+        SqliteStore::builder(keyed.path())
+            .chain_key(key.clone())
+            .open()
+            .unwrap(),
+    );
+    let other = ChainKey::new(&[8; 32]).unwrap();
+    let err = SqliteStore::builder(keyed.path())
+        .chain_key(other)
+        .open()
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::ChainModeMismatch { .. }),
+        "{err:?}"
+    );
+    assert!(SqliteStore::open(keyed.path()).is_err());
+    SqliteStore::builder(keyed.path())
+        .chain_key(key)
+        .open()
+        .unwrap();
+}
+
+#[tokio::test]
+async fn files_that_are_not_stores_are_typed_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let garbage = dir.path().join("garbage.db");
+    std::fs::write(&garbage, vec![0x5a; 8192]).unwrap();
+    let err = SqliteStore::open(&garbage).unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    assert!(err.to_string().contains("garbage.db"), "{err}");
+
+    let nowhere = dir.path().join("no/such/dir/runs.db");
+    let err = SqliteStore::open(&nowhere).unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn a_hash_of_the_wrong_length_is_reported_unreadable() {
+    let (backend, store) = backend_store();
+    let run = id("short-hash");
+    new_run(&*store, &run, 3).await;
+    let conn = backend.raw();
+    let pk = SqliteBackend::pk(&conn, &run);
+    conn.execute(
+        "UPDATE events SET hash = x'010203' WHERE run_pk = ?1 AND seq = 2",
+        [pk],
+    )
+    .unwrap();
+    match store.load(&run).await.unwrap_err() {
+        StoreError::Tampered {
+            seq: 2,
+            reason: ChainBreak::Unreadable { detail },
+            ..
+        } => assert_eq!(detail, "hash is 3 bytes, expected 32"),
+        other => panic!("{other:?}"),
+    }
+    let report = store.verify(&run).await.unwrap();
+    assert_eq!(report.findings[0].seq, 2);
+}
+
+/// Finds `marker` in the database file and flips one byte of it.
+fn flip_byte_in_file(path: &std::path::Path, marker: &[u8]) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let at = bytes
+        .windows(marker.len())
+        .position(|w| w == marker)
+        .expect("marker is in the database file");
+    bytes[at + marker.len() - 1] ^= 0x01;
+    std::fs::write(path, bytes).unwrap();
+}
+
+#[tokio::test]
+async fn bytes_corrupted_in_the_file_are_caught_by_the_chain() {
+    let backend = SqliteBackend::new();
+    let victim = id("victim");
+    let bystander = id("bystander");
+    {
+        let store = SqliteStore::open(backend.path()).unwrap();
+        new_run(&store, &bystander, 3).await;
+        store
+            .create(&victim, meta("a", 1), ev("start"), "running")
+            .await
+            .unwrap();
+        store
+            .append(&victim, 1, &[ev("MARKER-0123456789-payload")], "running", 2)
+            .await
+            .unwrap();
+    }
+    // Move everything from the WAL into the main file, then corrupt it there.
+    backend
+        .raw()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    flip_byte_in_file(&backend.path(), b"MARKER-0123456789-payload");
+
+    let store = SqliteStore::open(backend.path()).unwrap();
+    match store.load(&victim).await.unwrap_err() {
+        StoreError::Tampered {
+            seq: 2,
+            reason: ChainBreak::HashMismatch,
+            ..
+        } => {}
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(store.load(&bystander).await.unwrap().len(), 3);
+    assert_eq!(store.list(&RunFilter::new()).await.unwrap().len(), 2);
+}
+
+#[tokio::test]
+async fn a_corrupt_page_is_an_error_not_a_panic() {
+    let backend = SqliteBackend::new();
+    let runs: Vec<RunId> = (0..20).map(|i| id(&format!("p-{i}"))).collect();
+    {
+        let store = SqliteStore::open(backend.path()).unwrap();
+        for run in &runs {
+            new_run(&store, run, 30).await;
+        }
+    }
+    backend
+        .raw()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    // Overwrite the whole page holding run p-5's events with garbage.
+    let mut bytes = std::fs::read(backend.path()).unwrap();
+    let page = 4096;
+    let at = bytes
+        .windows(6)
+        .position(|w| w == b"p-5:20")
+        .expect("event bytes are in the file");
+    let first = at / page * page;
+    assert!(first > 0, "the events are not on the header page");
+    bytes[first..first + page].fill(0xa5);
+    std::fs::write(backend.path(), bytes).unwrap();
+
+    let store = SqliteStore::open(backend.path()).unwrap();
+    let err = store.load(&runs[5]).await.unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    assert!(err.to_string().contains("p-5"), "{err}");
+    let err = store
+        .append(&runs[5], 30, &[ev("x")], "running", 1)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
+    // Every other operation answers (the damage may reach neighbours on the
+    // same page, but never as a panic or as silently wrong events).
+    for run in &runs {
+        match store.load(run).await {
+            Ok(log) => assert_eq!(log.len(), 30),
+            Err(StoreError::Backend { .. } | StoreError::Tampered { .. }) => {}
+            Err(other) => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(store.list(&RunFilter::new()).await.unwrap().len(), 20);
+}
+
+#[test]
+fn list_filters_are_backed_by_indexes() {
+    let backend = SqliteBackend::new();
+    drop(SqliteStore::open(backend.path()).unwrap());
+    let conn = backend.raw();
+    let plan = |filter: RunFilter| {
+        let (sql, values) = list_query(&filter);
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows = stmt
+            .query_map(rusqlite::params_from_iter(values), |r| {
+                r.get::<_, String>(3)
+            })
+            .unwrap();
+        rows.collect::<rusqlite::Result<Vec<_>>>()
+            .unwrap()
+            .join("; ")
+    };
+    let cases = [
+        (RunFilter::new().status("running"), "runs_by_status"),
+        (RunFilter::new().agent("a"), "runs_by_agent"),
+        (RunFilter::new().session("s"), "runs_by_session"),
+        (RunFilter::new().created_since(5), "runs_by_created"),
+        (RunFilter::new().label("team", "red"), "run_labels_by_pair"),
+    ];
+    for (filter, index) in cases {
+        let plan = plan(filter.clone());
+        assert!(plan.contains(index), "{filter:?}: {plan}");
+        assert!(!plan.contains("SCAN runs"), "{filter:?} scans runs: {plan}");
+    }
+}
