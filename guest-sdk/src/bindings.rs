@@ -8,6 +8,10 @@
 //! alone. Plugin authors use the `export_*_plugin!` macros at the crate root,
 //! not these generated ones.
 //!
+//! `http_client` holds the WASI 0.2 HTTP client interfaces
+//! (`wasi:http/outgoing-handler` and what it uses), from `wit/http/`; only
+//! plugins that call [`http::send`](crate::http::send) import them.
+//!
 //! This is the only module of the crate that contains unsafe code: the
 //! canonical ABI glue wit-bindgen generates.
 #![allow(unsafe_code, missing_docs, clippy::all)]
@@ -54,6 +58,17 @@ pub mod channel {
         pub_export_macro: true,
         export_macro_name: "export_channel_world",
         default_bindings_module: "::warden_guest::bindings::channel",
+        runtime_path: "::warden_guest::__private::wit_bindgen::rt",
+    });
+}
+
+/// Bindings of `wasi:http/outgoing-handler@0.2.12` and the interfaces it
+/// uses, for [`http`](crate::http).
+pub mod http_client {
+    wit_bindgen::generate!({
+        world: "warden:http-client/http-client",
+        path: "wit/http",
+        generate_all,
         runtime_path: "::warden_guest::__private::wit_bindgen::rt",
     });
 }

@@ -3,7 +3,7 @@
 //! ## Modules
 //!
 //! The crate root re-exports everything a plugin needs; the modules are
-//! `tool`, `context` and `channel` (one per plugin kind), `log`, `testing`
+//! `tool`, `context` and `channel` (one per plugin kind), `glob`, `http`, `log`, `testing`
 //! (native only) and `bindings` (generated). Every other module is private.
 #![deny(unsafe_code)]
 
@@ -14,7 +14,9 @@ pub mod bindings;
 mod channel;
 mod context;
 mod export;
+pub mod glob;
 mod host;
+pub mod http;
 mod json;
 pub mod log;
 #[cfg(not(target_arch = "wasm32"))]

@@ -1,7 +1,8 @@
 //! Native stand-ins for the host, for unit tests of plugin logic (only on
 //! non-wasm targets): a per-thread configuration map that
-//! [`config`](crate::config) reads, a per-thread capture of log lines, and
-//! builders for the records the host would send.
+//! [`config`](crate::config) reads, a per-thread capture of log lines, a
+//! per-thread HTTP responder that [`http::send`](crate::http::send) calls,
+//! and builders for the records the host would send.
 //!
 //! State is per thread, so tests running in parallel do not see each
 //! other's configuration or logs.
@@ -9,14 +10,30 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 
+use crate::http::{HttpError, Request, Response, Url};
 use crate::types::{Call, ContextRequest, Delivery, LogLevel};
 
 /// Most log lines kept per thread; later lines still go to stderr.
 const MAX_CAPTURED_LINES: usize = 10_000;
 
+type HttpResponder = Box<dyn Fn(&Request) -> Result<Response, HttpError>>;
+
 thread_local! {
     static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
     static LOGS: RefCell<Vec<(LogLevel, String)>> = const { RefCell::new(Vec::new()) };
+    static HTTP: RefCell<Option<HttpResponder>> = const { RefCell::new(None) };
+}
+
+/// Makes [`http::send`](crate::http::send) on this thread answer with
+/// `responder` instead of the network. By default none is set, and every
+/// request fails with [`HttpError::Failed`].
+pub fn set_http(responder: impl Fn(&Request) -> Result<Response, HttpError> + 'static) {
+    HTTP.with(|http| *http.borrow_mut() = Some(Box::new(responder)));
+}
+
+/// Removes the HTTP responder set on this thread.
+pub fn clear_http() {
+    HTTP.with(|http| *http.borrow_mut() = None);
 }
 
 /// Sets the value [`config`](crate::config) returns for `key` on this thread.
@@ -63,6 +80,16 @@ pub fn delivery(kind: impl Into<String>, payload: serde_json::Value) -> Delivery
         kind: kind.into(),
         payload: payload.to_string(),
     }
+}
+
+pub(crate) fn native_http(request: &Request, url: &Url) -> Result<Response, HttpError> {
+    HTTP.with(|http| match &*http.borrow() {
+        Some(responder) => responder(request),
+        None => Err(HttpError::Failed {
+            host: url.host_port(),
+            reason: "no HTTP stand-in is set (warden_guest::testing::set_http)".into(),
+        }),
+    })
 }
 
 pub(crate) fn native_config(key: &str) -> Option<String> {

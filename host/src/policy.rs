@@ -12,7 +12,7 @@
 //!
 //! ```toml
 //! env = ["API_TOKEN"]              # values come from the host's environment
-//! hosts = ["api.example.com"]
+//! hosts = ["api.example.com", "127.0.0.1:8080"]  # see `HostPattern`
 //!
 //! [mounts.workspace]
 //! dir = "./project"                # relative to the file the grant is in
@@ -36,6 +36,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::plugins::manifest::{LimitSettings, Manifest};
+pub use crate::sandbox::HostPattern;
 use crate::sandbox::{Access, Capabilities, Limits, MountError, wit};
 
 /// What the operator grants one plugin. By default, nothing.
@@ -348,112 +349,6 @@ pub fn effective(
     })
 }
 
-/// An outbound host pattern: `[scheme://]host[:port]`, where `host` may
-/// start with `*.` to allow every subdomain of the rest.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct HostPattern {
-    /// `http` or `https`, or any when `None`.
-    pub scheme: Option<String>,
-    /// The host name or address, lowercase, without the `*.`.
-    pub host: String,
-    /// Whether subdomains of `host` match (and `host` itself does not).
-    pub wildcard: bool,
-    /// The port, or any when `None`.
-    pub port: Option<u16>,
-}
-
-impl HostPattern {
-    /// Parses a pattern.
-    pub fn parse(text: &str) -> Result<HostPattern, String> {
-        let bad = |why: &str| {
-            format!(
-                "`{text}` is not a host pattern: {why} (use host, host:port, *.domain or https://host)"
-            )
-        };
-        let (scheme, rest) = match text.split_once("://") {
-            Some((s, rest)) => {
-                let s = s.to_ascii_lowercase();
-                if s != "http" && s != "https" {
-                    return Err(bad("the scheme must be http or https"));
-                }
-                (Some(s), rest)
-            }
-            None => (None, text),
-        };
-        if rest.contains('/') || rest.contains('@') || rest.contains('?') {
-            return Err(bad("no paths, users or queries"));
-        }
-        let (host, port) = match rest.rsplit_once(':') {
-            Some((h, p)) if !h.contains(':') || h.starts_with('[') => {
-                let port: u16 = p.parse().map_err(|_| bad("the port must be a number"))?;
-                (h, Some(port))
-            }
-            _ => (rest, None),
-        };
-        let (wildcard, host) = match host.strip_prefix("*.") {
-            Some(h) => (true, h),
-            None => (false, host),
-        };
-        let host = host.to_ascii_lowercase();
-        let valid = !host.is_empty()
-            && host.len() <= 253
-            && host
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '[' | ']' | ':'))
-            && !host.starts_with('.')
-            && !host.ends_with('.');
-        if !valid {
-            return Err(bad("invalid host name"));
-        }
-        Ok(HostPattern {
-            scheme,
-            host,
-            wildcard,
-            port,
-        })
-    }
-
-    /// Whether a request to `scheme://host:port` matches.
-    pub fn matches(&self, scheme: &str, host: &str, port: u16) -> bool {
-        let host = host.to_ascii_lowercase();
-        let host_ok = if self.wildcard {
-            host.len() > self.host.len()
-                && host.ends_with(&self.host)
-                && host.as_bytes()[host.len() - self.host.len() - 1] == b'.'
-        } else {
-            host == self.host
-        };
-        host_ok
-            && self.scheme.as_deref().is_none_or(|s| s == scheme)
-            && self.port.is_none_or(|p| p == port)
-    }
-
-    /// Whether every request `other` matches is also matched by `self`.
-    pub fn covers(&self, other: &HostPattern) -> bool {
-        let scheme_ok = match (&self.scheme, &other.scheme) {
-            (None, _) => true,
-            (Some(a), Some(b)) => a == b,
-            (Some(_), None) => false,
-        };
-        let port_ok = match (self.port, other.port) {
-            (None, _) => true,
-            (Some(a), Some(b)) => a == b,
-            (Some(_), None) => false,
-        };
-        let host_ok = match (self.wildcard, other.wildcard) {
-            (false, false) => self.host == other.host,
-            (false, true) => false,
-            (true, _) => {
-                other.host.len() > self.host.len()
-                    && other.host.ends_with(&self.host)
-                    && other.host.as_bytes()[other.host.len() - self.host.len() - 1] == b'.'
-                    || (other.wildcard && other.host == self.host)
-            }
-        };
-        scheme_ok && port_ok && host_ok
-    }
-}
-
 /// Checks the syntax of a host pattern, for manifest validation.
 pub fn validate_host_pattern(text: &str) -> Result<(), String> {
     HostPattern::parse(text).map(|_| ())
@@ -638,36 +533,24 @@ mod tests {
     }
 
     #[test]
-    fn host_patterns() {
-        let p = HostPattern::parse("*.example.com").unwrap();
-        assert!(p.matches("https", "api.example.com", 443));
-        assert!(p.matches("http", "a.b.example.com", 80));
-        assert!(!p.matches("https", "example.com", 443));
-        assert!(!p.matches("https", "badexample.com", 443));
-        let p = HostPattern::parse("https://api.example.com:8443").unwrap();
-        assert!(p.matches("https", "API.example.com", 8443));
-        assert!(!p.matches("http", "api.example.com", 8443));
-        assert!(!p.matches("https", "api.example.com", 443));
-        let p = HostPattern::parse("127.0.0.1:8080").unwrap();
-        assert!(p.matches("http", "127.0.0.1", 8080));
-        for bad in [
-            "",
-            "ftp://x",
-            "x/y",
-            "user@x",
-            "x:port",
-            "*.",
-            ".x",
-            "exa mple.com",
-        ] {
-            assert!(HostPattern::parse(bad).is_err(), "{bad}");
-        }
-        let any = HostPattern::parse("*.example.com").unwrap();
-        assert!(any.covers(&HostPattern::parse("a.example.com:443").unwrap()));
-        assert!(any.covers(&HostPattern::parse("*.a.example.com").unwrap()));
-        assert!(!any.covers(&HostPattern::parse("example.com").unwrap()));
-        let exact = HostPattern::parse("https://a.com:443").unwrap();
-        assert!(!exact.covers(&HostPattern::parse("a.com").unwrap()));
-        assert!(exact.covers(&HostPattern::parse("https://a.com:443").unwrap()));
+    fn any_host_must_be_requested_to_be_granted() {
+        let m = manifest("hosts = [\"*\"]\n");
+        let e = effective(
+            &m,
+            &grant("hosts = [\"127.0.0.1:8080\", \"api.example.com\"]\n"),
+            Path::new("."),
+            no_env,
+        )
+        .unwrap();
+        assert_eq!(
+            e.capabilities.hosts(),
+            ["127.0.0.1:8080", "api.example.com"]
+        );
+        let m = manifest("hosts = [\"api.example.com\"]\n");
+        let err = effective(&m, &grant("hosts = [\"*\"]\n"), Path::new("."), no_env).unwrap_err();
+        assert!(
+            matches!(err, PolicyError::UnrequestedHost { ref host, .. } if host == "*"),
+            "{err}"
+        );
     }
 }

@@ -399,7 +399,7 @@ impl Report {
         Report {
             name: m.name.clone(),
             version: Some(m.version.clone()),
-            kinds: vec![m.kind],
+            kinds: m.kinds.clone(),
             description: m.description.clone(),
             source: p.source().to_string(),
             sha256: component.component().sha256().to_owned(),

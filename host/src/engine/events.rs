@@ -843,6 +843,7 @@ pub(crate) mod tests {
             log_bytes: 0,
             stdio_dropped_bytes: 0,
             denied_growth: None,
+            network: None,
         }
     }
 

@@ -97,6 +97,7 @@ fn receipt(fuel: u64) -> UsageReceipt {
         log_bytes: 0,
         stdio_dropped_bytes: 0,
         denied_growth: None,
+        network: None,
     }
 }
 

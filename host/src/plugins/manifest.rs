@@ -5,7 +5,8 @@
 //! ```toml
 //! name = "fs"                      # [a-z][a-z0-9-]*, at most 64 bytes
 //! version = "0.1.0"
-//! kind = "tool"                    # tool | context | channel
+//! kind = "tool"                    # tool | context | channel, or a list
+//!                                  # such as ["tool", "context"]
 //! description = "Read and edit files under one directory"
 //! component = "fs.wasm"            # relative to this file; with sha256
 //! sha256 = "9f86d0…"               # hex digest of the component
@@ -23,6 +24,8 @@
 //! timeout = "10s"
 //! output = "1MiB"
 //! stdio = "64KiB"
+//! http_requests = 64               # outbound requests per lease
+//! http_response = "16MiB"          # response body bytes per lease
 //! ```
 
 use std::collections::BTreeMap;
@@ -40,8 +43,12 @@ pub struct Manifest {
     pub name: String,
     /// Its version.
     pub version: String,
-    /// Which world it exports; checked against the component at load.
+    /// The first (or only) world it exports; checked against the component
+    /// at load.
     pub kind: PluginKind,
+    /// Every world it exports, `kind` first: a plugin may be, say, a tool
+    /// and a context source at once (`kind = ["tool", "context"]`).
+    pub kinds: Vec<PluginKind>,
     /// What it is, for operators.
     pub description: String,
     /// The component file, resolved against the manifest's directory.
@@ -107,7 +114,7 @@ pub enum ManifestError {
 struct RawManifest {
     name: String,
     version: String,
-    kind: PluginKind,
+    kind: KindSetting,
     #[serde(default)]
     description: String,
     component: Option<PathBuf>,
@@ -120,6 +127,14 @@ struct RawManifest {
     hosts: Vec<String>,
     #[serde(default)]
     limits: LimitSettings,
+}
+
+/// `kind = "tool"` or `kind = ["tool", "context"]`.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum KindSetting {
+    One(PluginKind),
+    Many(Vec<PluginKind>),
 }
 
 /// Limits as written in a manifest or a grant: every field optional, unset
@@ -139,6 +154,10 @@ pub struct LimitSettings {
     pub output: Option<ByteSize>,
     /// Captured stdout/stderr/log bytes, for example `"64KiB"`.
     pub stdio: Option<ByteSize>,
+    /// Outbound HTTP requests per lease.
+    pub http_requests: Option<u64>,
+    /// Outbound HTTP response body bytes per lease, for example `"16MiB"`.
+    pub http_response: Option<ByteSize>,
 }
 
 /// A fuel budget or none.
@@ -173,6 +192,8 @@ impl LimitSettings {
             table_elements: self.tables.unwrap_or(base.table_elements),
             output_bytes: self.output.map_or(base.output_bytes, |b| b.0),
             stdio_bytes: self.stdio.map_or(base.stdio_bytes, |b| b.0),
+            http_requests: self.http_requests.unwrap_or(base.http_requests),
+            http_response_bytes: self.http_response.map_or(base.http_response_bytes, |b| b.0),
         }
     }
 
@@ -270,6 +291,20 @@ impl Manifest {
             }
             (None, None) => None,
         };
+        let kinds = match raw.kind {
+            KindSetting::One(kind) => vec![kind],
+            KindSetting::Many(kinds) => kinds,
+        };
+        let Some(&kind) = kinds.first() else {
+            return Err(invalid("kind", "lists no kind".into()));
+        };
+        if let Some(dup) = kinds
+            .iter()
+            .enumerate()
+            .find_map(|(i, k)| kinds[..i].contains(k).then_some(k))
+        {
+            return Err(invalid("kind", format!("lists `{dup}` twice")));
+        }
         for name in raw.mounts.keys() {
             if !is_valid_mount_name(name) {
                 return Err(invalid(
@@ -297,7 +332,8 @@ impl Manifest {
         Ok(Manifest {
             name: raw.name,
             version: raw.version,
-            kind: raw.kind,
+            kind,
+            kinds,
             description: raw.description,
             component: raw.component.map(|c| base_dir.join(c)),
             sha256,
@@ -356,6 +392,8 @@ mod tests {
         output = "1MiB"
         stdio = "4KiB"
         tables = 5000
+        http_requests = 3
+        http_response = "2MiB"
     "#;
 
     #[test]
@@ -374,6 +412,23 @@ mod tests {
         assert_eq!(m.limits.timeout, Duration::from_secs(2));
         assert_eq!(m.limits.stdio_bytes, 4096);
         assert_eq!(m.limits.table_elements, 5000);
+        assert_eq!(m.limits.http_requests, 3);
+        assert_eq!(m.limits.http_response_bytes, 2 << 20);
+        assert_eq!(m.kinds, [PluginKind::Tool]);
+    }
+
+    #[test]
+    fn a_plugin_may_declare_several_kinds() {
+        let m = parse("name = \"x\"\nversion = \"1\"\nkind = [\"tool\", \"context\"]\n").unwrap();
+        assert_eq!(m.kind, PluginKind::Tool);
+        assert_eq!(m.kinds, [PluginKind::Tool, PluginKind::Context]);
+        for kinds in ["[]", "[\"tool\", \"tool\"]"] {
+            let text = format!("name = \"x\"\nversion = \"1\"\nkind = {kinds}\n");
+            match parse(&text).unwrap_err() {
+                ManifestError::Invalid { key, .. } => assert_eq!(key, "kind", "{text}"),
+                other => panic!("{text}: {other}"),
+            }
+        }
     }
 
     #[test]

@@ -3,9 +3,16 @@
 //!
 //! Loading a plugin: read its manifest, apply the grant
 //! ([`crate::policy::effective`]), load the component through the sandbox
-//! (integrity, cache, import allow-list), check that it exports the world the
-//! manifest declares, and for a tool plugin ask `describe` once per component
-//! hash, under a tight lease with no capabilities, and keep the answer.
+//! (integrity, cache, import allow-list), check that it exports every world
+//! the manifest declares, and ask `describe` of each (tools, context source,
+//! channel) once per component hash, under a tight lease with no
+//! capabilities, and keep the answers.
+//!
+//! A [`LoadedPlugin`] is the adapter for every kind: [`LoadedPlugin::invoke`]
+//! and [`LoadedPlugin::preflight`] for tools, [`LoadedPlugin::resolve`] for
+//! context sources, [`LoadedPlugin::deliver`] for channels; each is one lease
+//! with the plugin's limits, a receipt and typed errors. A plugin may be
+//! several kinds at once (`kind = ["tool", "context"]`).
 
 pub mod builtin;
 pub mod manifest;
@@ -151,6 +158,10 @@ struct Shared {
     components: HashMap<String, PluginComponent>,
     /// What `describe` returned, by component sha256.
     tool_specs: HashMap<String, Arc<Vec<wit::ToolSpec>>>,
+    /// What the context source's `describe` returned, by component sha256.
+    source_specs: HashMap<String, wit::SourceSpec>,
+    /// What the channel's `describe` returned, by component sha256.
+    channel_specs: HashMap<String, wit::SourceSpec>,
 }
 
 impl PluginHost {
@@ -246,7 +257,11 @@ impl PluginHost {
     ) -> Result<LoadedPlugin, PluginError> {
         let effective = policy::effective(&manifest, grant, grant_base, env)?;
         let component = self.component(&manifest.name, wasm, expected).await?;
-        if !component.kinds().contains(&manifest.kind) {
+        if let Some(&missing) = manifest
+            .kinds
+            .iter()
+            .find(|k| !component.kinds().contains(k))
+        {
             let exported = component
                 .kinds()
                 .iter()
@@ -255,7 +270,7 @@ impl PluginHost {
                 .join(", ");
             return Err(PluginError::KindMismatch {
                 plugin: manifest.name.clone(),
-                declared: manifest.kind,
+                declared: missing,
                 exported: if exported.is_empty() {
                     "no plugin world".into()
                 } else {
@@ -268,7 +283,7 @@ impl PluginHost {
             effective.capabilities.clone(),
             effective.limits.clone(),
         );
-        let tools = if manifest.kind == PluginKind::Tool {
+        let tools = if manifest.kinds.contains(&PluginKind::Tool) {
             let specs = self.tool_specs(&component, &granted).await?;
             tool::descriptors(&specs, &grant.tools, &effective.capabilities).map_err(|e| {
                 PluginError::InvalidToolSpec {
@@ -280,15 +295,66 @@ impl PluginHost {
         } else {
             Vec::new()
         };
+        let source_spec = if manifest.kinds.contains(&PluginKind::Context) {
+            Some(self.spec(&component, &granted, PluginKind::Context).await?)
+        } else {
+            None
+        };
+        let channel_spec = if manifest.kinds.contains(&PluginKind::Channel) {
+            Some(self.spec(&component, &granted, PluginKind::Channel).await?)
+        } else {
+            None
+        };
         Ok(LoadedPlugin {
             inner: Arc::new(LoadedInner {
                 source,
                 manifest,
                 granted,
                 tools,
+                source_spec,
+                channel_spec,
                 not_granted: effective.not_granted,
             }),
         })
+    }
+
+    /// What a context source's or channel's `describe` says, asked once per
+    /// component hash with no capabilities.
+    async fn spec(
+        &self,
+        component: &PluginComponent,
+        granted: &GrantedComponent,
+        kind: PluginKind,
+    ) -> Result<wit::SourceSpec, PluginError> {
+        let cached = {
+            let shared = self.lock();
+            let map = match kind {
+                PluginKind::Channel => &shared.channel_specs,
+                _ => &shared.source_specs,
+            };
+            map.get(component.sha256()).cloned()
+        };
+        if let Some(spec) = cached {
+            return Ok(spec);
+        }
+        let bare = self
+            .sandbox
+            .grant(component, Capabilities::none(), granted.limits().clone());
+        let leased = match kind {
+            PluginKind::Channel => bare.describe_channel().await,
+            _ => bare.describe_source().await,
+        };
+        let spec = leased.result.map_err(|error| PluginError::Describe {
+            plugin: component.name().to_owned(),
+            error,
+        })?;
+        let mut shared = self.lock();
+        let map = match kind {
+            PluginKind::Channel => &mut shared.channel_specs,
+            _ => &mut shared.source_specs,
+        };
+        map.insert(component.sha256().to_owned(), spec.clone());
+        Ok(spec)
     }
 
     async fn component(
@@ -369,6 +435,8 @@ struct LoadedInner {
     manifest: Manifest,
     granted: GrantedComponent,
     tools: Vec<ToolDescriptor>,
+    source_spec: Option<wit::SourceSpec>,
+    channel_spec: Option<wit::SourceSpec>,
     not_granted: Vec<String>,
 }
 
@@ -408,13 +476,34 @@ impl LoadedPlugin {
         &self.inner.not_granted
     }
 
-    fn check_tool(&self, tool: &str) -> Result<(), PluginError> {
-        if self.inner.manifest.kind != PluginKind::Tool {
+    /// The kinds it is, as its manifest declares and its component exports.
+    pub fn kinds(&self) -> &[PluginKind] {
+        &self.inner.manifest.kinds
+    }
+
+    /// What its context source's `describe` said (`None` unless it is a
+    /// context source).
+    pub fn source_spec(&self) -> Option<&wit::SourceSpec> {
+        self.inner.source_spec.as_ref()
+    }
+
+    /// What its channel's `describe` said (`None` unless it is a channel).
+    pub fn channel_spec(&self) -> Option<&wit::SourceSpec> {
+        self.inner.channel_spec.as_ref()
+    }
+
+    fn check_kind(&self, needed: PluginKind) -> Result<(), PluginError> {
+        if !self.kinds().contains(&needed) {
             return Err(PluginError::WrongKind {
                 plugin: self.name().to_owned(),
-                needed: PluginKind::Tool,
+                needed,
             });
         }
+        Ok(())
+    }
+
+    fn check_tool(&self, tool: &str) -> Result<(), PluginError> {
+        self.check_kind(PluginKind::Tool)?;
         if self.tool(tool).is_none() {
             return Err(PluginError::UnknownTool {
                 plugin: self.name().to_owned(),
@@ -449,5 +538,25 @@ impl LoadedPlugin {
     ) -> Result<Leased<Result<wit::Preview, wit::ToolError>>, PluginError> {
         self.check_tool(&call.tool)?;
         Ok(self.inner.granted.preflight(call, cancel).await)
+    }
+
+    /// Resolves a context request in a fresh lease.
+    pub async fn resolve(
+        &self,
+        request: &wit::ContextRequest,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Leased<Result<Vec<wit::ContextItem>, wit::ContextError>>, PluginError> {
+        self.check_kind(PluginKind::Context)?;
+        Ok(self.inner.granted.resolve(request, cancel).await)
+    }
+
+    /// Delivers one message through the channel in a fresh lease.
+    pub async fn deliver(
+        &self,
+        delivery: &wit::Delivery,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Leased<Result<(), wit::DeliveryError>>, PluginError> {
+        self.check_kind(PluginKind::Channel)?;
+        Ok(self.inner.granted.deliver(delivery, cancel).await)
     }
 }

@@ -133,8 +133,10 @@ impl Capabilities {
         self
     }
 
-    /// Allows outbound requests to `host` (`name`, `name:port` or
-    /// `*.domain`).
+    /// Allows outbound HTTP requests to `host`, a
+    /// [`HostPattern`](super::HostPattern): `name`, `name:port`, `*.domain`,
+    /// `*`, optionally with `http://` or `https://`. A pattern that does not
+    /// parse allows nothing.
     pub fn host(mut self, host: impl Into<String>) -> Self {
         self.hosts.push(host.into());
         self

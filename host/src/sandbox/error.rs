@@ -47,8 +47,9 @@ pub enum SandboxError {
     /// The component imports something the sandbox does not offer.
     #[error(
         "plugin `{plugin}`: component imports `{import}`, which the sandbox does not offer \
-         (allowed: warden:plugin/host, warden:plugin/types and the WASI 0.2 cli, clocks, \
-         filesystem, io and random interfaces)"
+         (allowed: warden:plugin/host, warden:plugin/types, the WASI 0.2 cli, clocks, \
+         filesystem, io and random interfaces, and wasi:http/outgoing-handler toward granted \
+         hosts; never wasi:sockets)"
     )]
     DisallowedImport {
         /// The plugin.

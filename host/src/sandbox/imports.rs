@@ -1,9 +1,11 @@
-//! What a component may import, and the linker that provides exactly that.
+//! What a component may import, and the linkers that provide exactly that.
 //!
 //! The allow-list is checked by name when a component is loaded, so a refused
-//! component gets an error naming the import; the linker itself only holds the
-//! allowed interfaces, so nothing else could be reached even if the check
-//! were wrong.
+//! component gets an error naming the import; the linkers themselves only hold
+//! the allowed interfaces, so nothing else could be reached even if the check
+//! were wrong. There are two: the base linker, and the network linker, which
+//! adds `wasi:http/{types,outgoing-handler}` and is used only for components
+//! that import them (see `net.rs`). `wasi:sockets` is in neither.
 
 use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
@@ -43,6 +45,9 @@ const WASI_INTERFACES: &[&str] = &[
     "wasi:random/insecure-seed",
 ];
 
+/// WASI 0.2 HTTP interfaces, in the network linker only.
+const HTTP_INTERFACES: &[&str] = &["wasi:http/types", "wasi:http/outgoing-handler"];
+
 /// Whether the sandbox offers the import named `name` (for example
 /// `wasi:io/poll@0.2.6`).
 pub(crate) fn is_allowed(name: &str) -> bool {
@@ -52,10 +57,23 @@ pub(crate) fn is_allowed(name: &str) -> bool {
     if WARDEN_INTERFACES.contains(&interface) {
         return version.starts_with("0.1.");
     }
-    if WASI_INTERFACES.contains(&interface) {
+    if WASI_INTERFACES.contains(&interface) || HTTP_INTERFACES.contains(&interface) {
         return version.starts_with("0.2.");
     }
     false
+}
+
+/// Whether the import named `name` needs the network linker.
+pub(crate) fn is_http(name: &str) -> bool {
+    name.split_once('@')
+        .is_some_and(|(interface, _)| HTTP_INTERFACES.contains(&interface))
+}
+
+/// The base linker plus `wasi:http/{types,outgoing-handler}`.
+pub(crate) fn network_linker(engine: &Engine) -> wasmtime::Result<Linker<LeaseState>> {
+    let mut l = linker(engine)?;
+    wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut l)?;
+    Ok(l)
 }
 
 /// A linker holding the allowed interfaces and nothing else.
@@ -95,13 +113,19 @@ mod tests {
             "wasi:io/poll@0.2.6",
             "wasi:cli/stdout@0.2.0",
             "wasi:filesystem/preopens@0.2.3",
+            "wasi:http/outgoing-handler@0.2.12",
+            "wasi:http/types@0.2.6",
         ] {
             assert!(is_allowed(ok), "{ok}");
         }
+        assert!(is_http("wasi:http/types@0.2.12"));
+        assert!(!is_http("wasi:io/poll@0.2.12"));
         for refused in [
             "wasi:sockets/tcp@0.2.6",
             "wasi:sockets/ip-name-lookup@0.2.6",
-            "wasi:http/outgoing-handler@0.2.6",
+            "wasi:sockets/instance-network@0.2.6",
+            "wasi:http/incoming-handler@0.2.6",
+            "wasi:http/outgoing-handler@0.3.0",
             "wasi:io/poll@0.3.0",
             "wasi:io/poll",
             "warden:plugin/host@1.0.0",

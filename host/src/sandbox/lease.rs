@@ -5,8 +5,10 @@
 //! outlives its lease.
 //!
 //! Limits: fuel, an epoch deadline that traps a guest spinning in wasm, a
-//! tokio deadline that also covers time spent in host calls, the memory and
-//! table limiter, the stdio budget and the output cap. When a lease fails,
+//! tokio deadline that also covers time spent in host calls (network waits
+//! included), the memory and table limiter, the stdio budget, the output cap
+//! and, for a component that imports `wasi:http`, the request and response
+//! byte limits of `net.rs`. When a lease fails,
 //! the failure is attributed in a fixed order: deadline, out of fuel, a
 //! recorded memory or table denial, then a plain trap.
 
@@ -18,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::channel::ChannelPlugin;
 use super::bindings::context::ContextPlugin;
@@ -30,6 +33,7 @@ use super::bindings::{host, types};
 use super::capabilities::Access;
 use super::capture::{Capture, Redactor, Stream};
 use super::limits::{Denial, LeaseLimiter};
+use super::net::NetLease;
 use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
 
 /// The data of one lease's `Store`.
@@ -41,6 +45,8 @@ pub(crate) struct LeaseState {
     config: Arc<BTreeMap<String, String>>,
     capture: Capture,
     redactor: Arc<Redactor>,
+    /// HTTP state, only for a component that imports `wasi:http`.
+    net: Option<Box<NetLease>>,
 }
 
 impl WasiView for LeaseState {
@@ -48,6 +54,22 @@ impl WasiView for LeaseState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl WasiHttpView for LeaseState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        // Only components linked with `wasi:http` call this, and their
+        // leases have network state; should one not, it denies everything.
+        let plugin = &self.plugin;
+        let net = self
+            .net
+            .get_or_insert_with(|| Box::new(NetLease::deny_all(Arc::clone(plugin))));
+        WasiHttpCtxView {
+            ctx: &mut net.ctx,
+            table: &mut self.table,
+            hooks: &mut net.hooks,
         }
     }
 }
@@ -266,6 +288,14 @@ pub(crate) async fn run(
         config: plugin.capabilities.shared_config(),
         capture: capture.clone(),
         redactor: Arc::clone(&plugin.redactor),
+        net: plugin.component.inner.network.then(|| {
+            Box::new(NetLease::new(
+                Arc::clone(&plugin.component.inner.name),
+                Arc::clone(&plugin.net_policy),
+                limits.http_requests,
+                limits.http_response_bytes,
+            ))
+        }),
     };
     let mut store = Store::new(&sandbox.engine, state);
     store.limiter(|s| &mut s.limiter);
@@ -300,6 +330,7 @@ pub(crate) async fn run(
     let fuel_consumed = fuel_budget - store.get_fuel().unwrap_or(0);
     let peak_memory_bytes = store.data().limiter.memory_peak();
     let denial = store.data().limiter.denial();
+    let network = store.data().net.as_ref().and_then(|n| n.usage());
     drop(store);
 
     let result = match ended {
@@ -355,6 +386,7 @@ pub(crate) async fn run(
         log_bytes: captured.log_bytes,
         stdio_dropped_bytes: captured.dropped_bytes,
         denied_growth: denial.map(Denial::to_receipt),
+        network,
     };
     (result, receipt)
 }

@@ -32,6 +32,24 @@ pub struct Limits {
     /// Bytes of stdout, stderr and host log messages kept per lease; the rest
     /// is dropped and counted. Default: 64 KiB.
     pub stdio_bytes: u64,
+    /// Outbound HTTP requests one lease may send; further requests are
+    /// denied (`connection-limit-reached`). Denied requests do not count.
+    /// Only matters to a plugin granted hosts. Default: 64.
+    #[serde(default = "default_http_requests")]
+    pub http_requests: u64,
+    /// Response body bytes one lease may receive over all its requests; a
+    /// body going past what is left fails with `HTTP-response-body-size`.
+    /// Default: 16 MiB.
+    #[serde(default = "default_http_response_bytes")]
+    pub http_response_bytes: u64,
+}
+
+fn default_http_requests() -> u64 {
+    64
+}
+
+fn default_http_response_bytes() -> u64 {
+    16 << 20
 }
 
 impl Default for Limits {
@@ -43,6 +61,8 @@ impl Default for Limits {
             table_elements: 20_000,
             output_bytes: 1 << 20,
             stdio_bytes: 64 << 10,
+            http_requests: default_http_requests(),
+            http_response_bytes: default_http_response_bytes(),
         }
     }
 }
@@ -51,7 +71,8 @@ impl Limits {
     /// Limits for `describe` and other metadata calls, the same whatever
     /// the operator set for calls (so the answer can be cached per
     /// component): 1,000,000,000 fuel, 2 s, 256 KiB of output, 16 KiB of
-    /// stdio; memory and tables as the plugin's.
+    /// stdio; memory, tables and HTTP limits as the plugin's (metadata calls
+    /// run with no capabilities, so no request can pass anyway).
     pub fn for_metadata(&self) -> Limits {
         Limits {
             fuel: Some(1_000_000_000),
@@ -223,6 +244,8 @@ mod tests {
                 table_elements: tight.table_elements,
                 output_bytes: 256 << 10,
                 stdio_bytes: 16 << 10,
+                http_requests: tight.http_requests,
+                http_response_bytes: tight.http_response_bytes,
             }
         );
     }

@@ -12,6 +12,9 @@
 //!   per call, built from the plugin's effective [`Capabilities`] and
 //!   [`Limits`], dropped when the call ends, with a [`UsageReceipt`].
 //!
+//! Outbound HTTP (`net`) is linked only for components that import
+//! `wasi:http`, and every request is checked against the granted hosts.
+//!
 //! The sandbox knows nothing about manifests, runs or events.
 
 mod bindings;
@@ -22,6 +25,7 @@ mod error;
 mod imports;
 mod lease;
 mod limits;
+mod net;
 mod receipt;
 
 use std::path::PathBuf;
@@ -39,6 +43,7 @@ pub use capabilities::{Access, Capabilities, Mount, MountError, is_valid_mount_n
 pub use capture::MIN_REDACTED_LEN;
 pub use error::{LeaseError, LeaseFailure, SandboxError};
 pub use limits::Limits;
+pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
 pub use receipt::{DeniedGrowth, GrowthResource, Outcome, UsageReceipt};
 
 /// The WIT types plugins exchange with the host.
@@ -55,6 +60,7 @@ use bindings::tool::ToolPluginPre;
 use cache::ComponentCache;
 use capture::Redactor;
 use lease::{LeaseState, Request, Response};
+use net::NetPolicy;
 use wit::{
     Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Preview, SourceSpec,
     ToolError, ToolOutput, ToolSpec,
@@ -102,6 +108,8 @@ pub struct Sandbox {
 struct SandboxInner {
     engine: Engine,
     linker: Linker<LeaseState>,
+    /// `linker` plus `wasi:http`, for components that import it.
+    network_linker: Linker<LeaseState>,
     cache: Option<ComponentCache>,
     lease_slots: Semaphore,
     config: SandboxConfig,
@@ -124,6 +132,10 @@ impl Sandbox {
         let linker = imports::linker(&engine).map_err(|e| SandboxError::Engine {
             reason: format!("{e:#}"),
         })?;
+        let network_linker =
+            imports::network_linker(&engine).map_err(|e| SandboxError::Engine {
+                reason: format!("{e:#}"),
+            })?;
         let cache = match &config.cache_dir {
             Some(dir) => Some(ComponentCache::new(dir.clone(), &engine)?),
             None => None,
@@ -133,6 +145,7 @@ impl Sandbox {
             inner: Arc::new(SandboxInner {
                 engine,
                 linker,
+                network_linker,
                 cache,
                 lease_slots: Semaphore::new(config.max_concurrent_leases as usize),
                 config,
@@ -153,7 +166,8 @@ impl Sandbox {
     /// Loads a component: checks `wasm` against `expected_sha256` (hex) when
     /// given, compiles it or takes it from the cache, refuses it if it
     /// imports anything the sandbox does not offer, and prepares one
-    /// `InstancePre` per plugin world it exports.
+    /// `InstancePre` per plugin world it exports. Only a component that
+    /// imports `wasi:http` is linked against it.
     ///
     /// Compiling is CPU-heavy; call it from a blocking context.
     pub fn load(
@@ -187,9 +201,14 @@ impl Sandbox {
                 import: import.clone(),
             });
         }
+        let network = imports.iter().any(|i| imports::is_http(i));
+        let linker = if network {
+            &self.inner.network_linker
+        } else {
+            &self.inner.linker
+        };
         let pre: InstancePre<LeaseState> =
-            self.inner
-                .linker
+            linker
                 .instantiate_pre(&component)
                 .map_err(|e| SandboxError::Link {
                     plugin: name.to_owned(),
@@ -231,6 +250,7 @@ impl Sandbox {
                 imports,
                 exports,
                 cache_status,
+                network,
                 tool,
                 context,
                 channel,
@@ -263,12 +283,14 @@ impl Sandbox {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str())),
         );
+        let net_policy = NetPolicy::new(component.name(), capabilities.hosts());
         GrantedComponent {
             sandbox: self.clone(),
             component: component.clone(),
             capabilities: Arc::new(capabilities),
             limits,
             redactor: Arc::new(redactor),
+            net_policy: Arc::new(net_policy),
         }
     }
 }
@@ -334,6 +356,9 @@ struct ComponentInner {
     imports: Vec<String>,
     exports: Vec<String>,
     cache_status: CacheStatus,
+    /// Whether it imports `wasi:http` (and was linked with the network
+    /// linker).
+    network: bool,
     tool: Option<ToolPluginPre<LeaseState>>,
     context: Option<ContextPluginPre<LeaseState>>,
     channel: Option<ChannelPluginPre<LeaseState>>,
@@ -396,6 +421,11 @@ impl PluginComponent {
         self.inner.cache_status
     }
 
+    /// Whether the component imports `wasi:http/outgoing-handler`.
+    pub fn imports_http(&self) -> bool {
+        self.inner.network
+    }
+
     /// The plugin worlds the component exports.
     pub fn kinds(&self) -> Vec<PluginKind> {
         let mut kinds = Vec::new();
@@ -430,6 +460,7 @@ pub struct GrantedComponent {
     capabilities: Arc<Capabilities>,
     limits: Limits,
     redactor: Arc<Redactor>,
+    net_policy: Arc<NetPolicy>,
 }
 
 impl std::fmt::Debug for GrantedComponent {

@@ -3,6 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::NetworkUsage;
+
 /// How a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -80,6 +82,11 @@ pub struct UsageReceipt {
     /// even when the guest coped with the refusal and returned normally.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub denied_growth: Option<DeniedGrowth>,
+    /// Outbound HTTP: requests, hosts contacted, bytes in and out, denials.
+    /// Present only when the lease attempted a request, so receipts of
+    /// plugins without network keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkUsage>,
 }
 
 /// A memory or table growth the limiter refused.
@@ -105,7 +112,8 @@ pub enum GrowthResource {
 }
 
 impl UsageReceipt {
-    pub(crate) fn empty(outcome: Outcome) -> Self {
+    /// A receipt with `outcome` and nothing used.
+    pub fn empty(outcome: Outcome) -> Self {
         UsageReceipt {
             outcome,
             fuel_consumed: 0,
@@ -117,6 +125,42 @@ impl UsageReceipt {
             log_bytes: 0,
             stdio_dropped_bytes: 0,
             denied_growth: None,
+            network: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_receipt_without_network_keeps_its_bytes() {
+        let receipt = UsageReceipt::empty(Outcome::Ok);
+        let json = serde_json::to_string(&receipt).unwrap();
+        assert!(!json.contains("network"), "{json}");
+        let back: UsageReceipt = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, receipt);
+        let with = UsageReceipt {
+            network: Some(NetworkUsage {
+                requests: 1,
+                hosts: vec!["127.0.0.1:80".into()],
+                bytes_out: 2,
+                bytes_in: 3,
+                denials: vec![super::super::NetworkDenial {
+                    target: "http://evil.example:80".into(),
+                    reason: super::super::DenialReason::NotGranted,
+                }],
+                denied: 1,
+            }),
+            ..receipt
+        };
+        let json = serde_json::to_value(&with).unwrap();
+        assert_eq!(
+            json["network"]["denials"][0],
+            serde_json::json!({"target": "http://evil.example:80", "reason": "not_granted"})
+        );
+        let back: UsageReceipt = serde_json::from_value(json).unwrap();
+        assert_eq!(back, with);
     }
 }

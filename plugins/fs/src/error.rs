@@ -168,6 +168,15 @@ impl From<FsError> for ToolError {
     }
 }
 
+impl From<warden_guest::glob::GlobError> for FsError {
+    fn from(e: warden_guest::glob::GlobError) -> Self {
+        FsError::BadGlob {
+            glob: e.glob,
+            reason: e.reason,
+        }
+    }
+}
+
 /// A lowercase reason for an I/O error, without the `(os error N)` suffix.
 fn io_reason(err: &io::Error) -> String {
     use io::ErrorKind::*;

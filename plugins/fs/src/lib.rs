@@ -22,7 +22,7 @@
 //! unified diff, touching nothing.
 //!
 //! Code map: [`mount`] resolves paths, [`error`] holds [`FsError`] and its
-//! mapping to the WIT tool errors, `read`, `search` (with `glob`) and `edit`
+//! mapping to the WIT tool errors, `read`, `search` (with the SDK's `glob`) and `edit`
 //! (with `diff`) implement the tools. [`toolbox`] takes the mount root as a
 //! parameter so that native unit tests run the tools against a temporary
 //! directory; the component passes [`MOUNT_ROOT`]. The doc comments of the
@@ -35,7 +35,6 @@ pub mod mount;
 
 mod diff;
 mod edit;
-mod glob;
 mod read;
 mod search;
 

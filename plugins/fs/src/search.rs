@@ -14,9 +14,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::error::FsError;
-use crate::glob::Glob;
 use crate::mount::Mount;
 use crate::read::join;
+use warden_guest::glob::Glob;
 
 /// Matches `search` returns when `max_results` is not given.
 pub const DEFAULT_MAX_RESULTS: u64 = 100;

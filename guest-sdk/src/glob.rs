@@ -1,12 +1,36 @@
-//! `Glob`: the small glob dialect of `search`'s `glob` argument. `*` and `?`
+//! [`Glob`]: a small glob dialect for paths inside a mount. `*` and `?`
 //! match within one path segment, `**` across segments (`**/` also matches
 //! no directory at all), `[abc]`, `[a-z]` and `[!a-z]` match one character,
 //! and `{rs,toml}` matches either alternative. A glob without `/` matches a
-//! file's name; one with `/` matches its path relative to the workspace.
+//! file's name; one with `/` matches its path relative to the mount.
+//!
+//! ```
+//! use warden_guest::glob::Glob;
+//!
+//! let glob = Glob::new("docs/**/*.{md,txt}").unwrap();
+//! assert!(glob.matches("docs/a/b/notes.md"));
+//! assert!(!glob.matches("src/notes.md"));
+//! ```
 
 use std::collections::HashSet;
+use std::fmt;
 
-use crate::error::FsError;
+/// A glob that cannot be compiled.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GlobError {
+    /// The glob.
+    pub glob: String,
+    /// What is wrong with it.
+    pub reason: &'static str,
+}
+
+impl fmt::Display for GlobError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid glob `{}`: {}", self.glob, self.reason)
+    }
+}
+
+impl std::error::Error for GlobError {}
 
 /// Most alternatives a glob's braces may expand to.
 const MAX_ALTERNATIVES: usize = 64;
@@ -39,10 +63,10 @@ impl Glob {
     /// Compiles `glob`.
     ///
     /// # Errors
-    /// [`FsError::BadGlob`] naming the glob, for an empty glob, an unclosed
-    /// `[` or `{`, or too many alternatives.
-    pub fn new(glob: &str) -> Result<Self, FsError> {
-        let bad = |reason| FsError::BadGlob {
+    /// [`GlobError`] naming the glob, for an empty glob, an unclosed `[` or
+    /// `{`, or too many alternatives.
+    pub fn new(glob: &str) -> Result<Self, GlobError> {
+        let bad = |reason| GlobError {
             glob: glob.to_string(),
             reason,
         };
@@ -62,7 +86,7 @@ impl Glob {
         })
     }
 
-    /// Whether the file at `path` (relative to the workspace, `/`-separated)
+    /// Whether the file at `path` (relative to the mount, `/`-separated)
     /// matches.
     pub fn matches(&self, path: &str) -> bool {
         let subject = if self.whole_path {
