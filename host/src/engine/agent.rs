@@ -888,7 +888,7 @@ team = "ops"
             (
                 with("[plugins.fs]\nsource = \"builtin:nope\"\n"),
                 "plugins.fs.source",
-                "no built-in plugin `nope` (built in: fs",
+                "no built-in plugin `nope` (built in: ",
             ),
             (
                 with("[plugins.Fs]\nsource = \"builtin:fs\"\n"),

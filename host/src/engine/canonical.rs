@@ -5,8 +5,10 @@
 
 use serde_json::Value;
 
+use sha2::{Digest, Sha256};
+
 use super::ids::RequestHash;
-use crate::providers::ModelRequest;
+use crate::providers::{Message, ModelRequest, ToolSpec};
 
 /// Writes `value` canonically.
 pub fn canonical_json(value: &Value) -> String {
@@ -72,19 +74,90 @@ fn is_empty(value: &Value) -> bool {
     }
 }
 
-/// The hash recorded with every model call: sha256 of a versioned domain tag
-/// and the request's canonical JSON.
+/// The hash recorded with every model call: sha256 of a versioned domain
+/// tag, each message's canonical JSON on a line of its own, a line `end`,
+/// and the canonical JSON of the rest of the request. Messages come first
+/// so that the hash can be computed incrementally as a conversation grows
+/// ([`RequestHasher`]); canonical JSON has no raw newlines, so the framing
+/// is unambiguous.
 pub fn request_hash(request: &ModelRequest) -> RequestHash {
-    let value = serde_json::to_value(request).expect("a model request serializes to JSON");
-    let mut bytes = b"warden-model-request-v1\n".to_vec();
-    bytes.extend_from_slice(canonical_json(&value).as_bytes());
-    RequestHash::of(&bytes)
+    let mut hasher = RequestHasher::new();
+    for message in &request.messages {
+        hasher.push(message);
+    }
+    hasher.finish(request)
+}
+
+/// Computes [`request_hash`] over a growing conversation: push each
+/// message once, finish as often as needed.
+#[derive(Clone)]
+pub struct RequestHasher {
+    sha: Sha256,
+    messages: usize,
+}
+
+impl Default for RequestHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl std::fmt::Debug for RequestHasher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RequestHasher")
+            .field("messages", &self.messages)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RequestHasher {
+    /// A hasher over no messages yet.
+    pub fn new() -> Self {
+        let mut sha = Sha256::new();
+        sha.update(b"warden-model-request-v2\n");
+        RequestHasher { sha, messages: 0 }
+    }
+
+    /// How many messages were pushed.
+    pub fn messages(&self) -> usize {
+        self.messages
+    }
+
+    /// Adds the next message of the conversation.
+    pub fn push(&mut self, message: &Message) {
+        let value = serde_json::to_value(message).expect("a message serializes to JSON");
+        self.sha.update(canonical_json(&value).as_bytes());
+        self.sha.update(b"\n");
+        self.messages += 1;
+    }
+
+    /// The hash of `request` with the messages pushed so far in place of
+    /// its own (which are ignored).
+    pub fn finish(&self, request: &ModelRequest) -> RequestHash {
+        #[derive(serde::Serialize)]
+        struct Rest<'a> {
+            model: &'a str,
+            instructions: &'a str,
+            tools: &'a [ToolSpec],
+            max_tokens: u32,
+        }
+        let rest = serde_json::to_value(Rest {
+            model: &request.model,
+            instructions: &request.instructions,
+            tools: &request.tools,
+            max_tokens: request.max_tokens,
+        })
+        .expect("a model request serializes to JSON");
+        let mut sha = self.sha.clone();
+        sha.update(b"end\n");
+        sha.update(canonical_json(&rest).as_bytes());
+        RequestHash::from_hex(hex::encode(sha.finalize()))
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{Message, ToolSpec};
     use serde_json::json;
 
     #[test]
@@ -124,11 +197,27 @@ mod tests {
         assert_eq!(
             hash.as_str(),
             RequestHash::of(
-                br#"warden-model-request-v1
-{"instructions":"be brief","max_tokens":10,"messages":[{"content":"hi","role":"user"}],"model":"m","tools":[{"description":"d","input_schema":{"type":"object"},"name":"t"}]}"#
+                br#"warden-model-request-v2
+{"content":"hi","role":"user"}
+end
+{"instructions":"be brief","max_tokens":10,"model":"m","tools":[{"description":"d","input_schema":{"type":"object"},"name":"t"}]}"#
             )
             .as_str()
         );
+        // Incremental: the same hash, whatever messages the request carries.
+        let mut hasher = RequestHasher::new();
+        hasher.push(&request.messages[0]);
+        let hollow = ModelRequest {
+            messages: vec![],
+            ..request.clone()
+        };
+        assert_eq!(hasher.finish(&hollow), hash);
+        assert_eq!(hasher.messages(), 1);
+        let mut changed = request.clone();
+        changed.messages.push(Message::User {
+            content: "more".into(),
+        });
+        assert_ne!(request_hash(&changed), hash);
         let mut changed = request.clone();
         changed.max_tokens = 11;
         assert_ne!(request_hash(&changed), hash);

@@ -42,7 +42,7 @@ use super::events::{
     ToolRef,
 };
 use super::ids::{CallId, RequestHash, RunId, idempotency_key};
-use super::prompt::build_request;
+use super::prompt::{build_request, request_frame};
 use super::schema::{self, SchemaError};
 use super::state::{
     ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState,
@@ -295,6 +295,22 @@ const TOOL_BUDGETS: [BudgetKind; 3] = [
 
 /// The next action of the run in `state`, for the agent `view`.
 pub fn decide(state: &RunState, view: &AgentView) -> Action {
+    decide_with(state, view, RequestDetail::Full)
+}
+
+/// How much of a model request [`decide_with`] builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum RequestDetail {
+    /// The whole request and its hash.
+    Full,
+    /// The request without its messages, and an empty hash: for replay,
+    /// which hashes the conversation incrementally (building every request
+    /// of a long run in full would cost time quadratic in its length).
+    Frame,
+}
+
+/// [`decide`], building model requests in `detail`.
+pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDetail) -> Action {
     if state.terminal.is_some() {
         return Action::Idle(Idle::Terminal(state.status()));
     }
@@ -313,7 +329,7 @@ pub fn decide(state: &RunState, view: &AgentView) -> Action {
         });
     }
     if let ModelCallProgress::InFlight { step, attempt, .. } = state.model_call {
-        return Action::CallModel(model_call(state, view, step, attempt, true));
+        return Action::CallModel(model_call(state, view, step, attempt, true, detail));
     }
     if let Some(intent) = state.in_flight_tool() {
         // Not a write: a dangling write parks the run above.
@@ -345,7 +361,7 @@ pub fn decide(state: &RunState, view: &AgentView) -> Action {
             });
         }
         return gated(state, view, &RETRY_BUDGETS, || {
-            Action::CallModel(model_call(state, view, *step, attempts + 1, false))
+            Action::CallModel(model_call(state, view, *step, attempts + 1, false, detail))
         });
     }
     if let Some(turn) = state.last_turn()
@@ -360,7 +376,7 @@ pub fn decide(state: &RunState, view: &AgentView) -> Action {
     }
     let step = state.turns.len() as u32 + 1;
     gated(state, view, &NEW_STEP_BUDGETS, || {
-        Action::CallModel(model_call(state, view, step, 1, false))
+        Action::CallModel(model_call(state, view, step, 1, false, detail))
     })
 }
 
@@ -484,6 +500,7 @@ fn model_call(
     step: u32,
     attempt: u32,
     recorded: bool,
+    detail: RequestDetail,
 ) -> ModelCall {
     let limits = state.effective_limits(&view.budgets);
     let remaining = limits
@@ -493,12 +510,22 @@ fn model_call(
         Some(r) => view.max_tokens.min(u32::try_from(r).unwrap_or(u32::MAX)),
         None => view.max_tokens,
     };
-    let request = build_request(state, view, max_tokens);
+    let (request, request_hash) = match detail {
+        RequestDetail::Full => {
+            let request = build_request(state, view, max_tokens);
+            let hash = request_hash(&request);
+            (request, hash)
+        }
+        RequestDetail::Frame => (
+            request_frame(view, max_tokens),
+            RequestHash::from_hex(String::new()),
+        ),
+    };
     ModelCall {
         step,
         attempt,
-        request_hash: request_hash(&request),
         request,
+        request_hash,
         recorded,
     }
 }

@@ -17,9 +17,18 @@ use crate::providers::ModelRequest;
 /// output tokens.
 pub fn build_request(state: &RunState, view: &AgentView, max_tokens: u32) -> ModelRequest {
     ModelRequest {
+        messages: state.conversation().to_vec(),
+        ..request_frame(view, max_tokens)
+    }
+}
+
+/// Everything of the request but its messages: what replay hashes after the
+/// conversation it hashed incrementally.
+pub(crate) fn request_frame(view: &AgentView, max_tokens: u32) -> ModelRequest {
+    ModelRequest {
         model: view.model.clone(),
         instructions: view.instructions.clone(),
-        messages: state.conversation(),
+        messages: Vec::new(),
         tools: view.tool_specs(),
         max_tokens,
     }

@@ -1,4 +1,4 @@
-//! Checked replay: folds a recorded log while asking [`decide`] what it
+//! Checked replay: folds a recorded log while asking [`decide`](super::decide()) what it
 //! would do at every position where the engine made a decision, and refuses
 //! a log whose decisions the current agent would not make.
 //!
@@ -14,7 +14,8 @@
 //! unless the caller accepts the change; an accepted change still has to
 //! make the same tool decisions, but its model requests may differ.
 
-use super::decide::{Action, Park, decide};
+use super::canonical::RequestHasher;
+use super::decide::{Action, Park, RequestDetail, decide_with};
 use super::events::{Event, EventKind};
 use super::ids::AgentDigest;
 use super::state::{FoldError, RunState, fold};
@@ -80,9 +81,16 @@ pub fn replay(
             current: view.digest.clone(),
         });
     }
+    let mut hasher = RequestHasher::new();
     for event in rest {
         if is_decision(event) {
-            let action = decide(&state, view);
+            let mut action = decide_with(&state, view, RequestDetail::Frame);
+            if let Action::CallModel(call) = &mut action {
+                for message in &state.conversation()[hasher.messages()..] {
+                    hasher.push(message);
+                }
+                call.request_hash = hasher.finish(&call.request);
+            }
             if !agrees(&action, event, options) {
                 return Err(ReplayError::Divergence {
                     position: state.event_count,

@@ -160,6 +160,9 @@ pub struct RunState {
     pub budget_exceeded: Option<BudgetOverrun>,
     /// How the run ended.
     pub terminal: Option<Terminal>,
+    /// The conversation, appended to as events settle (it only grows: turns
+    /// and tool results come in log order).
+    messages: Vec<Message>,
 }
 
 /// One completed model call and its tool calls.
@@ -528,6 +531,9 @@ impl RunState {
             model_call: ModelCallProgress::Idle,
             budget_exceeded: None,
             terminal: None,
+            messages: vec![Message::User {
+                content: value_text(&started.input),
+            }],
         }
     }
 
@@ -622,27 +628,8 @@ impl RunState {
 
     /// The conversation the model sees: the input, then each turn and the
     /// results of its settled tool calls, in order.
-    pub fn conversation(&self) -> Vec<Message> {
-        let mut messages = vec![Message::User {
-            content: value_text(&self.input),
-        }];
-        for turn in &self.turns {
-            messages.push(Message::Assistant {
-                text: turn.text.clone(),
-                tool_calls: turn.calls.iter().map(|c| c.call.clone()).collect(),
-            });
-            for call in &turn.calls {
-                if let Some((content, is_error)) = call.progress.result_for_model() {
-                    messages.push(Message::Tool {
-                        call_id: call.call.id.clone(),
-                        name: call.call.name.clone(),
-                        content,
-                        is_error,
-                    });
-                }
-            }
-        }
-        messages
+    pub fn conversation(&self) -> &[Message] {
+        &self.messages
     }
 
     /// Checks `input` as an extension of the budget the run is parked on
@@ -960,6 +947,24 @@ impl RunState {
             .expect("checked: there is a next call")
     }
 
+    /// Settles the next call with `progress` and appends its result to the
+    /// conversation.
+    fn settle(&mut self, progress: ToolCallProgress) {
+        let call = self.next_call_mut();
+        call.progress = progress;
+        let (content, is_error) = call
+            .progress
+            .result_for_model()
+            .expect("a settled call has a result");
+        let message = Message::Tool {
+            call_id: call.call.id.clone(),
+            name: call.call.name.clone(),
+            content,
+            is_error,
+        };
+        self.messages.push(message);
+    }
+
     /// Applies a checked event.
     fn update(&mut self, event: &Event) {
         match event {
@@ -993,6 +998,10 @@ impl RunState {
                         .collect(),
                 });
                 self.model_call = ModelCallProgress::Idle;
+                self.messages.push(Message::Assistant {
+                    text: c.text.clone(),
+                    tool_calls: c.tool_calls.clone(),
+                });
             }
             Event::ModelCallFailed(f) => {
                 let attempts = match self.model_call {
@@ -1006,7 +1015,7 @@ impl RunState {
                 };
             }
             Event::ToolCallRejected(r) => {
-                self.next_call_mut().progress = ToolCallProgress::Rejected(r.error.clone());
+                self.settle(ToolCallProgress::Rejected(r.error.clone()));
             }
             Event::ToolCallIntent(i) => {
                 self.usage.tool_calls += 1;
@@ -1014,13 +1023,13 @@ impl RunState {
             }
             Event::ToolCallCompleted(c) => {
                 self.usage.fuel = self.usage.fuel.saturating_add(c.receipt.fuel_consumed);
-                self.next_call_mut().progress = ToolCallProgress::Completed(c.result.clone());
+                self.settle(ToolCallProgress::Completed(c.result.clone()));
             }
             Event::ToolCallResolved(r) => {
-                self.next_call_mut().progress = ToolCallProgress::Resolved {
+                self.settle(ToolCallProgress::Resolved {
                     by: r.by.clone(),
                     output: r.output.clone(),
-                };
+                });
             }
             Event::ApprovalRequested(a) => {
                 if let Some(receipt) = &a.receipt {
@@ -1032,10 +1041,10 @@ impl RunState {
                 self.next_call_mut().progress = ToolCallProgress::Approved { by: g.by.clone() };
             }
             Event::ApprovalDenied(d) => {
-                self.next_call_mut().progress = ToolCallProgress::Denied {
+                self.settle(ToolCallProgress::Denied {
                     by: d.by.clone(),
                     reason: d.reason.clone(),
-                };
+                });
             }
             Event::Suspended(s) => {
                 self.next_call_mut().progress = ToolCallProgress::Suspended {
@@ -1044,9 +1053,9 @@ impl RunState {
                 };
             }
             Event::Resumed(r) => {
-                self.next_call_mut().progress = ToolCallProgress::Answered {
+                self.settle(ToolCallProgress::Answered {
                     input: r.input.clone(),
-                };
+                });
             }
             Event::BudgetExceeded(o) => self.budget_exceeded = Some(*o),
             Event::BudgetExtended(e) => {
