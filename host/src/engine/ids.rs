@@ -1,75 +1,14 @@
-//! Identifiers and digests a run's log refers to: [`RunId`], [`CallId`],
-//! [`AgentDigest`], [`RequestHash`], and the idempotency key derived from a
-//! run and a call.
+//! Identifiers and digests a run's log refers to: [`RunId`] (the store's),
+//! [`CallId`], [`AgentDigest`], [`RequestHash`], and the idempotency key
+//! derived from a run and a call.
 
 use std::fmt;
-use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-/// Longest run id accepted, in bytes.
-pub const MAX_RUN_ID_LEN: usize = 128;
-
-/// A run's id: 1 to 128 bytes of ASCII letters, digits, `-`, `_`, `.` and
-/// `:`, so it is safe in file names, URLs and log lines.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(transparent)]
-pub struct RunId(String);
-
-/// A run id that is empty, too long, or has a character outside the allowed
-/// set.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("`{0}` is not a valid run id (use 1 to 128 ASCII letters, digits, `-`, `_`, `.` or `:`)")]
-pub struct InvalidRunId(pub String);
-
-impl RunId {
-    /// Checks and wraps `id`.
-    pub fn new(id: impl Into<String>) -> Result<RunId, InvalidRunId> {
-        let id = id.into();
-        let valid = !id.is_empty()
-            && id.len() <= MAX_RUN_ID_LEN
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'));
-        if valid {
-            Ok(RunId(id))
-        } else {
-            Err(InvalidRunId(id))
-        }
-    }
-
-    /// A run id made from 128 random bits: `run-` and 32 hex digits.
-    pub fn from_random(bits: u128) -> RunId {
-        RunId(format!("run-{bits:032x}"))
-    }
-
-    /// The id as text.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Display for RunId {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl FromStr for RunId {
-    type Err = InvalidRunId;
-
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        RunId::new(s)
-    }
-}
-
-impl<'de> Deserialize<'de> for RunId {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        RunId::new(text).map_err(serde::de::Error::custom)
-    }
-}
+/// A run's id, shared with the store (the store owns its rules).
+pub use crate::store::{InvalidRunId, RunId};
 
 /// A tool call's id within its run: `call-<step>-<n>` for the `n`th call
 /// the model made at step `step` (both counting from one). Assigned by the
