@@ -356,11 +356,18 @@ mod imp {
     pub(super) fn send(request: &Request, url: &Url) -> Result<Response, HttpError> {
         let host = url.host_port();
         let invalid = |reason: String| HttpError::InvalidRequest { reason };
-        let entries: Vec<(String, Vec<u8>)> = request
+        let mut entries: Vec<(String, Vec<u8>)> = request
             .headers
             .iter()
             .map(|(n, v)| (n.to_ascii_lowercase(), v.as_bytes().to_vec()))
             .collect();
+        // A body of known length is sent with `content-length`, not chunked.
+        if !request.body.is_empty() && !entries.iter().any(|(n, _)| n == "content-length") {
+            entries.push((
+                "content-length".into(),
+                request.body.len().to_string().into_bytes(),
+            ));
+        }
         let headers = Fields::from_list(&entries).map_err(|e| {
             invalid(match e {
                 HeaderError::Forbidden => {
@@ -486,10 +493,26 @@ mod imp {
             },
             StreamError::LastOperationFailed(error) => match http_error_code(&error) {
                 Some(code) => from_code(code, host),
-                None => HttpError::Failed {
-                    host: host.to_owned(),
-                    reason: error.to_debug_string(),
-                },
+                // wasmtime-wasi-http 48 hands errors of a response body's
+                // stream to the guest without their error code; the host's
+                // response limit is recognised by its message.
+                None => {
+                    let reason = error.to_debug_string();
+                    if reason.contains("response body size exceeds limit") {
+                        HttpError::TooLarge {
+                            host: host.to_owned(),
+                            limit: reason
+                                .rsplit(": ")
+                                .next()
+                                .and_then(|n| n.trim_end_matches(" bytes").parse().ok()),
+                        }
+                    } else {
+                        HttpError::Failed {
+                            host: host.to_owned(),
+                            reason,
+                        }
+                    }
+                }
             },
         }
     }

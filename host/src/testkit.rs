@@ -24,6 +24,9 @@
 //! # }
 //! ```
 //!
+//! Context sources and channels are called with [`TestPlugin::resolve`] and
+//! [`TestPlugin::deliver`], which return the lease's result and receipt.
+//!
 //! Every test shares one process-wide [`Sandbox`], with compiled components
 //! cached under the system's temporary directory.
 
@@ -40,7 +43,7 @@ use crate::plugins::{
 };
 use crate::policy::{Grant, MountGrant};
 use crate::sandbox::{
-    Access, LeaseError, LeaseFailure, Outcome, Sandbox, SandboxConfig, UsageReceipt, wit,
+    Access, LeaseError, LeaseFailure, Leased, Outcome, Sandbox, SandboxConfig, UsageReceipt, wit,
 };
 use crate::units::{ByteSize, HumanDuration};
 
@@ -157,6 +160,53 @@ impl TestPlugin {
     }
 }
 
+impl TestPlugin {
+    /// Asks the plugin's context source for items, with `query` (JSON, sent
+    /// as text) in a fresh lease.
+    ///
+    /// # Panics
+    /// If the plugin is not a context source.
+    pub async fn resolve(
+        &self,
+        query: Value,
+    ) -> Leased<Result<Vec<wit::ContextItem>, wit::ContextError>> {
+        let request = wit::ContextRequest {
+            run_id: "test-run".into(),
+            query: if query.is_null() {
+                String::new()
+            } else {
+                query.to_string()
+            },
+        };
+        self.plugin
+            .resolve(&request, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Delivers a message of `kind` with `payload` (id `test-delivery`)
+    /// through the plugin's channel in a fresh lease.
+    ///
+    /// # Panics
+    /// If the plugin is not a channel.
+    pub async fn deliver(
+        &self,
+        kind: &str,
+        payload: Value,
+    ) -> Leased<Result<(), wit::DeliveryError>> {
+        let delivery = wit::Delivery {
+            id: "test-delivery".into(),
+            run_id: "test-run".into(),
+            kind: kind.into(),
+            payload: payload.to_string(),
+        };
+        self.plugin
+            .deliver(&delivery, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
 fn test_call(tool: &str, arguments: &Value) -> wit::Call {
     wit::Call {
         id: "test-call".into(),
@@ -243,6 +293,24 @@ impl TestPluginBuilder {
     /// Sets the output limit, in bytes.
     pub fn output(mut self, bytes: u64) -> Self {
         self.grant.limits.output = Some(ByteSize(bytes));
+        self
+    }
+
+    /// Sets the outbound HTTP request limit per lease.
+    pub fn http_requests(mut self, requests: u64) -> Self {
+        self.grant.limits.http_requests = Some(requests);
+        self
+    }
+
+    /// Sets the outbound HTTP response byte limit per lease.
+    pub fn http_response_bytes(mut self, bytes: u64) -> Self {
+        self.grant.limits.http_response = Some(ByteSize(bytes));
+        self
+    }
+
+    /// Sets the operator's effect class for `tool`.
+    pub fn effect(mut self, tool: &str, effect: crate::policy::EffectClass) -> Self {
+        self.grant.tools.entry(tool.into()).or_default().effect = Some(effect);
         self
     }
 

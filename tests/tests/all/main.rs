@@ -10,6 +10,9 @@
 //! - `loading`: the import allow-list, integrity pins, the component cache.
 //! - `kinds`: context sources and channels through their adapters.
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
+//! - `network`: outbound HTTP against a loopback server (`server`): what a
+//!   host grant lets through, and every way to reach what it does not.
+//! - `plugins`: the other first-party plugins through the testkit.
 
 mod filesystem;
 mod fs_plugin;
@@ -17,6 +20,9 @@ mod hostile;
 mod isolation;
 mod kinds;
 mod loading;
+mod network;
+mod plugins;
+mod server;
 
 use std::sync::OnceLock;
 use std::time::Duration;
@@ -117,6 +123,7 @@ mod coverage {
     pub const channel: &str = "kinds::channels_deliver_and_report_typed_errors";
     pub const context: &str = "kinds::context_sources_resolve_items_and_typed_errors";
     pub const hostile: &str = "hostile::*";
+    pub const net: &str = "network::*";
     pub const noop: &str = "loading::a_minimal_component_needs_no_wasi";
     pub const sockets: &str = "loading::network_access_without_a_grant_is_refused_at_load";
     pub const table_grow: &str = "hostile::table_growth_is_denied_at_the_limit";

@@ -1,0 +1,153 @@
+//! Test guest `net`: a tool component that imports `wasi:http` (through the
+//! guest SDK) and tries to reach hosts by every path it has, so the host's
+//! tests can show which requests leave and which are refused.
+//!
+//! Tools (all `read`):
+//! - `fetch {"url", "method"?, "headers"?: {..}, "body"?, "max_bytes"?,
+//!   "timeout_ms"?, "repeat"?}`: sends the request `repeat` times (default
+//!   1) with [`warden_guest::http::send`]; returns `{"status", "body",
+//!   "truncated", "headers"}` of the last. An error is `denied` for a policy
+//!   refusal, else `failed`, with the SDK's message (which names the host).
+//! - `raw {"scheme", "authority", "path"?, "headers"?: [[name, value]]}`:
+//!   builds a `wasi:http` request by hand, with whatever authority, path and
+//!   headers it is given, and sends it; returns `{"status"}`, or `failed`
+//!   with the step that was refused and the `wasi:http` error code.
+//! - `env {}`: returns the environment variables the guest sees.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use schemars::JsonSchema;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use warden_guest::bindings::http_client::wasi::http::{outgoing_handler, types as t};
+use warden_guest::http::{self, HttpError, Request};
+use warden_guest::{Call, Effect, Tool, ToolError, ToolPlugin, Toolbox};
+
+#[derive(Deserialize, JsonSchema)]
+struct Fetch {
+    url: String,
+    #[serde(default)]
+    method: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    body: Option<String>,
+    #[serde(default)]
+    max_bytes: Option<usize>,
+    #[serde(default)]
+    timeout_ms: Option<u64>,
+    #[serde(default)]
+    repeat: Option<u32>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Raw {
+    scheme: String,
+    authority: String,
+    #[serde(default)]
+    path: Option<String>,
+    #[serde(default)]
+    headers: Vec<(String, String)>,
+}
+
+#[derive(Deserialize, JsonSchema)]
+struct Nothing {}
+
+fn fetch(args: Fetch, _call: &Call) -> Result<Value, ToolError> {
+    let mut request = Request::new(args.method.as_deref().unwrap_or("GET"), &args.url)
+        .body(args.body.unwrap_or_default());
+    for (name, value) in &args.headers {
+        request = request.header(name, value);
+    }
+    if let Some(max) = args.max_bytes {
+        request = request.max_response_bytes(max);
+    }
+    if let Some(ms) = args.timeout_ms {
+        request = request.timeout(Duration::from_millis(ms));
+    }
+    let mut last = None;
+    for _ in 0..args.repeat.unwrap_or(1) {
+        last = Some(http::send(&request).map_err(|e| match e {
+            HttpError::Denied { .. } => ToolError::denied(e.to_string()),
+            other => ToolError::failed(other.to_string()),
+        })?);
+    }
+    let response = last.unwrap_or_default();
+    Ok(json!({
+        "status": response.status,
+        "body": String::from_utf8_lossy(&response.body),
+        "truncated": response.truncated,
+        "headers": response.headers.into_iter().collect::<BTreeMap<_, _>>(),
+    }))
+}
+
+fn raw(args: Raw, _call: &Call) -> Result<Value, ToolError> {
+    let refused = |step: &str, detail: String| ToolError::failed(format!("{step}: {detail}"));
+    let entries: Vec<(String, Vec<u8>)> = args
+        .headers
+        .iter()
+        .map(|(n, v)| (n.clone(), v.as_bytes().to_vec()))
+        .collect();
+    let headers =
+        t::Fields::from_list(&entries).map_err(|e| refused("headers", format!("{e:?}")))?;
+    let request = t::OutgoingRequest::new(headers);
+    let scheme = match args.scheme.as_str() {
+        "http" => t::Scheme::Http,
+        "https" => t::Scheme::Https,
+        other => t::Scheme::Other(other.to_owned()),
+    };
+    request
+        .set_scheme(Some(&scheme))
+        .map_err(|()| refused("scheme", args.scheme.clone()))?;
+    request
+        .set_authority(Some(&args.authority))
+        .map_err(|()| refused("authority", args.authority.clone()))?;
+    if let Some(path) = &args.path {
+        request
+            .set_path_with_query(Some(path))
+            .map_err(|()| refused("path", path.clone()))?;
+    }
+    let body = request
+        .body()
+        .map_err(|()| refused("body", String::new()))?;
+    let future = outgoing_handler::handle(request, None)
+        .map_err(|code| refused("handle", format!("{code:?}")))?;
+    t::OutgoingBody::finish(body, None).map_err(|code| refused("finish", format!("{code:?}")))?;
+    future.subscribe().block();
+    match future.get() {
+        Some(Ok(Ok(response))) => Ok(json!({ "status": response.status() })),
+        Some(Ok(Err(code))) => Err(refused("response", format!("{code:?}"))),
+        other => Err(refused("response", format!("{other:?}"))),
+    }
+}
+
+struct Net;
+
+impl ToolPlugin for Net {
+    fn toolbox() -> Toolbox {
+        Toolbox::new()
+            .tool(Tool::new(
+                "fetch",
+                "Sends an HTTP request.",
+                Effect::Read,
+                fetch,
+            ))
+            .tool(Tool::new(
+                "raw",
+                "Sends a hand-built request.",
+                Effect::Read,
+                raw,
+            ))
+            .tool(Tool::new(
+                "env",
+                "Returns the environment.",
+                Effect::Read,
+                |_: Nothing, _call: &Call| {
+                    Ok(std::env::vars().collect::<BTreeMap<String, String>>())
+                },
+            ))
+    }
+}
+
+warden_guest::export_tool_plugin!(Net);

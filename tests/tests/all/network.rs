@@ -1,0 +1,343 @@
+//! Outbound HTTP against a real server on loopback (`server.rs`), through
+//! the `net` test guest: what a host grant lets through, and every way the
+//! tests can think of for a plugin to reach a host it was not granted.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use warden::sandbox::{
+    Capabilities, DenialReason, GrantedComponent, LeaseFailure, Leased, Limits, Outcome,
+    PluginComponent, wit,
+};
+use warden_tests::guests;
+
+use crate::server::TestServer;
+use crate::{invoke, load, output, sandbox, test_limits};
+
+fn net_component() -> &'static PluginComponent {
+    static COMPONENT: std::sync::OnceLock<PluginComponent> = std::sync::OnceLock::new();
+    COMPONENT.get_or_init(|| load(guests::NET))
+}
+
+fn net(hosts: &[&str], limits: Limits) -> GrantedComponent {
+    let caps = hosts
+        .iter()
+        .fold(Capabilities::none(), |caps, h| caps.host(*h));
+    sandbox().grant(net_component(), caps, limits)
+}
+
+async fn fetch(
+    g: &GrantedComponent,
+    args: Value,
+) -> Leased<Result<wit::ToolOutput, wit::ToolError>> {
+    invoke(g, "fetch", args).await
+}
+
+fn denied(leased: &Leased<Result<wit::ToolOutput, wit::ToolError>>) -> String {
+    match &leased.result {
+        Ok(Err(wit::ToolError::Denied(m))) => m.clone(),
+        other => panic!("expected a denial, got {other:?}"),
+    }
+}
+
+fn failed(leased: &Leased<Result<wit::ToolOutput, wit::ToolError>>) -> String {
+    match &leased.result {
+        Ok(Err(wit::ToolError::Failed(f))) => f.message.clone(),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+fn reasons(leased: &Leased<Result<wit::ToolOutput, wit::ToolError>>) -> Vec<DenialReason> {
+    let network = leased.receipt.network.as_ref().expect("network usage");
+    network.denials.iter().map(|d| d.reason.clone()).collect()
+}
+
+#[tokio::test]
+async fn a_granted_address_is_reached_and_metered_in_the_receipt() {
+    let server = TestServer::start().await;
+    let g = net(&[&server.grant()], test_limits());
+    for code in [200, 404, 500] {
+        let leased = fetch(&g, json!({ "url": server.url(&format!("/status/{code}")) })).await;
+        let out = output(&leased);
+        assert_eq!(out["status"], code);
+        assert_eq!(out["body"], format!("status {code}"));
+        let network = leased.receipt.network.as_ref().unwrap();
+        assert_eq!(network.requests, 1);
+        assert_eq!(network.hosts, [server.grant()]);
+        assert_eq!(network.bytes_in, 10);
+        assert!(network.denials.is_empty());
+    }
+    let leased = fetch(
+        &g,
+        json!({ "url": server.url("/echo"), "method": "POST", "body": "ping" }),
+    )
+    .await;
+    let echoed: Value = serde_json::from_str(output(&leased)["body"].as_str().unwrap()).unwrap();
+    assert_eq!(echoed["method"], "POST");
+    assert_eq!(echoed["body"], "ping");
+    assert_eq!(leased.receipt.network.as_ref().unwrap().bytes_out, 4);
+    assert_eq!(server.connections(), 4);
+}
+
+#[tokio::test]
+async fn without_a_host_grant_every_request_is_denied_before_it_leaves() {
+    let server = TestServer::start().await;
+    let g = net(&[], test_limits());
+    let leased = fetch(&g, json!({ "url": server.url("/status/200") })).await;
+    let message = denied(&leased);
+    assert!(message.contains(&server.grant()), "{message}");
+    assert_eq!(leased.receipt.outcome, Outcome::GuestError);
+    assert_eq!(reasons(&leased), [DenialReason::NotGranted]);
+    assert_eq!(leased.receipt.network.as_ref().unwrap().requests, 0);
+    // Granted environment variables that would steer an HTTP client to a
+    // proxy change nothing: the host's connector reads no environment.
+    let proxied = sandbox().grant(
+        net_component(),
+        Capabilities::none()
+            .env("HTTP_PROXY", server.url("/"))
+            .env("http_proxy", server.url("/"))
+            .env("HTTPS_PROXY", server.url("/"))
+            .env("ALL_PROXY", server.url("/")),
+        test_limits(),
+    );
+    for url in [
+        "http://example.com/",
+        "https://example.com/",
+        &server.url("/echo"),
+    ] {
+        let leased = fetch(&proxied, json!({ "url": url })).await;
+        denied(&leased);
+    }
+    assert_eq!(server.connections(), 0);
+}
+
+#[tokio::test]
+async fn wrong_hosts_ports_and_schemes_are_denied_naming_the_host() {
+    let server = TestServer::start().await;
+    let g = net(
+        &[&format!("http://127.0.0.1:{}", server.port)],
+        test_limits(),
+    );
+    let other_port = if server.port == 65535 {
+        1
+    } else {
+        server.port + 1
+    };
+    let cases = [
+        format!("http://127.0.0.1:{other_port}/"),
+        format!("https://127.0.0.1:{}/", server.port),
+        format!("http://127.0.0.2:{}/", server.port),
+        "http://example.com/".to_owned(),
+    ];
+    for url in &cases {
+        let leased = fetch(&g, json!({ "url": url })).await;
+        let message = denied(&leased);
+        let host = url.split("://").nth(1).unwrap().trim_end_matches('/');
+        let host = if host.contains(':') {
+            host.to_owned()
+        } else {
+            format!("{host}:80")
+        };
+        assert!(message.contains(&host), "{url}: {message}");
+        assert_eq!(reasons(&leased), [DenialReason::NotGranted], "{url}");
+    }
+    assert_eq!(server.connections(), 0);
+    // The granted one goes through.
+    output(&fetch(&g, json!({ "url": server.url("/status/200") })).await);
+    assert_eq!(server.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_granted_name_that_resolves_to_loopback_is_refused_unless_the_address_is_granted() {
+    let server = TestServer::start().await;
+    let by_name = format!("localhost:{}", server.port);
+    let url = format!("http://localhost:{}/status/200", server.port);
+    // DNS-rebinding style: the name is granted, the address it resolves to
+    // is not public and was not granted.
+    let g = net(&[&by_name], test_limits());
+    let leased = fetch(&g, json!({ "url": url })).await;
+    let message = denied(&leased);
+    assert!(message.contains(&by_name), "{message}");
+    match reasons(&leased).as_slice() {
+        [DenialReason::AddressNotAllowed { addresses }] => {
+            assert!(addresses.iter().all(|a| a.is_loopback()), "{addresses:?}")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(server.connections(), 0);
+    // `*` never allows a non-public address either.
+    let g = net(&["*"], test_limits());
+    denied(&fetch(&g, json!({ "url": url })).await);
+    denied(&fetch(&g, json!({ "url": server.url("/status/200") })).await);
+    assert_eq!(server.connections(), 0);
+    // Granting the address itself lets the name through, to that address.
+    let g = net(&[&by_name, &server.grant()], test_limits());
+    let leased = fetch(&g, json!({ "url": url })).await;
+    assert_eq!(output(&leased)["status"], 200);
+    assert_eq!(leased.receipt.network.as_ref().unwrap().hosts, [by_name]);
+    assert_eq!(server.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_slow_response_hits_the_lease_deadline_or_the_request_timeout() {
+    let server = TestServer::start().await;
+    let g = net(
+        &[&server.grant()],
+        Limits {
+            timeout: Duration::from_millis(500),
+            ..test_limits()
+        },
+    );
+    let leased = fetch(&g, json!({ "url": server.url("/slow") })).await;
+    assert!(
+        matches!(
+            leased.result.as_ref().unwrap_err().failure,
+            LeaseFailure::Timeout { .. }
+        ),
+        "{:?}",
+        leased.result
+    );
+    assert_eq!(leased.receipt.outcome, Outcome::Timeout);
+    assert_eq!(leased.receipt.network.as_ref().unwrap().requests, 1);
+    // A request timeout shorter than the deadline is the guest's to handle.
+    let g = net(&[&server.grant()], test_limits());
+    let leased = fetch(&g, json!({ "url": server.url("/slow"), "timeout_ms": 100 })).await;
+    let message = failed(&leased);
+    assert!(message.contains("timed out"), "{message}");
+    crate::assert_serves_normal_call(&crate::hostile(Capabilities::none(), test_limits())).await;
+}
+
+#[tokio::test]
+async fn oversized_bodies_stop_at_the_response_limit() {
+    let server = TestServer::start().await;
+    let g = net(
+        &[&server.grant()],
+        Limits {
+            http_response_bytes: 1000,
+            ..test_limits()
+        },
+    );
+    let leased = fetch(&g, json!({ "url": server.url("/big/5000") })).await;
+    let message = failed(&leased);
+    assert!(
+        message.contains("over the response limit of 1000 bytes"),
+        "{message}"
+    );
+    assert!(leased.receipt.network.as_ref().unwrap().bytes_in <= 1000);
+    // Under the limit, the guest's own cap truncates.
+    let leased = fetch(
+        &g,
+        json!({ "url": server.url("/big/900"), "max_bytes": 100 }),
+    )
+    .await;
+    let out = output(&leased);
+    assert_eq!(
+        (out["body"].as_str().unwrap().len(), &out["truncated"]),
+        (100, &json!(true))
+    );
+}
+
+#[tokio::test]
+async fn the_request_limit_is_per_lease() {
+    let server = TestServer::start().await;
+    let g = net(
+        &[&server.grant()],
+        Limits {
+            http_requests: 2,
+            ..test_limits()
+        },
+    );
+    let leased = fetch(&g, json!({ "url": server.url("/status/200"), "repeat": 3 })).await;
+    let message = denied(&leased);
+    assert!(message.contains("request limit"), "{message}");
+    assert_eq!(reasons(&leased), [DenialReason::RequestLimit { limit: 2 }]);
+    assert_eq!(server.connections(), 2);
+    // A new lease starts again.
+    output(&fetch(&g, json!({ "url": server.url("/status/200"), "repeat": 2 })).await);
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed_by_the_host() {
+    let server = TestServer::start().await;
+    let g = net(&[&server.grant()], test_limits());
+    let leased = fetch(
+        &g,
+        json!({ "url": server.url("/redirect?to=http://example.com/") }),
+    )
+    .await;
+    let out = output(&leased);
+    assert_eq!(out["status"], 302);
+    assert_eq!(out["headers"]["location"], "http://example.com/");
+    assert_eq!(
+        leased.receipt.network.as_ref().unwrap().hosts,
+        [server.grant()]
+    );
+}
+
+#[tokio::test]
+async fn hand_built_requests_cannot_smuggle_another_host() {
+    let server = TestServer::start().await;
+    let g = net(&[&server.grant()], test_limits());
+    let raw = |authority: String, path: Option<&str>, headers: Value| json!({ "scheme": "http", "authority": authority, "path": path, "headers": headers });
+    let port = server.port;
+    let refused = [
+        // User info naming the granted host in front of another one.
+        raw(format!("127.0.0.1:{port}@example.com"), None, json!([])),
+        // An absolute-form request target naming another host.
+        raw(
+            format!("127.0.0.1:{port}"),
+            Some("http://example.com/"),
+            json!([]),
+        ),
+        // A `host` header naming another host.
+        raw(
+            format!("127.0.0.1:{port}"),
+            Some("/echo"),
+            json!([["host", "example.com"]]),
+        ),
+        // Another scheme.
+        json!({ "scheme": "ftp", "authority": server.grant() }),
+        // No authority.
+        raw(String::new(), Some("/"), json!([])),
+    ];
+    for args in refused {
+        let leased = invoke(&g, "raw", args.clone()).await;
+        assert!(
+            matches!(leased.result, Ok(Err(_))),
+            "{args}: {:?}",
+            leased.result
+        );
+    }
+    assert_eq!(server.connections(), 0);
+    // User info in front of the granted host reaches only the granted host.
+    let leased = invoke(
+        &g,
+        "raw",
+        raw(
+            format!("example.com@127.0.0.1:{port}"),
+            Some("/echo"),
+            json!([]),
+        ),
+    )
+    .await;
+    assert_eq!(output(&leased)["status"], 200);
+    assert_eq!(server.seen().len(), 1);
+    assert_eq!(
+        leased.receipt.network.as_ref().unwrap().hosts,
+        [server.grant()]
+    );
+}
+
+#[tokio::test]
+async fn plugins_without_wasi_http_carry_no_network_state() {
+    let noop = load(guests::NOOP);
+    assert!(!noop.imports_http());
+    assert!(net_component().imports_http());
+    let g = sandbox().grant(&noop, Capabilities::none().host("*"), test_limits());
+    let leased = invoke(&g, "noop", json!({})).await;
+    assert_eq!(leased.receipt.network, None);
+    // A component that imports wasi:http but sends nothing has none either.
+    let env = invoke(&net(&["*"], test_limits()), "env", json!({})).await;
+    output(&env);
+    assert_eq!(env.receipt.network, None);
+}
