@@ -49,6 +49,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -59,6 +60,7 @@ use super::ids::AgentDigest;
 use super::schema;
 use crate::plugins::{PluginSource, builtin};
 use crate::policy::Grant;
+use crate::providers::{ModelProvider, ProviderError, ScriptedProvider};
 use crate::units::HumanDuration;
 
 /// Most labels on an agent or a run.
@@ -276,6 +278,25 @@ pub struct ModelSettings {
     pub transcript: Option<PathBuf>,
     /// What tokens cost.
     pub pricing: Option<Pricing>,
+}
+
+impl ModelSettings {
+    /// The provider that reaches this model: for `scripted`, the transcript,
+    /// read now (so a malformed one is reported before a run starts).
+    pub fn provider(&self) -> Result<Arc<dyn ModelProvider>, ProviderError> {
+        match self.provider {
+            ProviderKind::Scripted => {
+                let path =
+                    self.transcript
+                        .as_deref()
+                        .ok_or_else(|| ProviderError::InvalidRequest {
+                            provider: self.provider.as_str().into(),
+                            message: "no transcript is configured".into(),
+                        })?;
+                Ok(Arc::new(ScriptedProvider::load(path)?))
+            }
+        }
+    }
 }
 
 /// A plugin an agent uses.
@@ -1089,6 +1110,18 @@ team = "ops"
             a.model.transcript,
             Some(dir.path().join("notes.transcript.toml"))
         );
+        // The transcript is read when the provider is made.
+        let err = a.model.provider().err().unwrap();
+        assert!(
+            err.to_string().starts_with("cannot read transcript"),
+            "{err}"
+        );
+        std::fs::write(
+            dir.path().join("notes.transcript.toml"),
+            "[[turns]]\ntext = \"hi\"\n",
+        )
+        .unwrap();
+        assert_eq!(a.model.provider().unwrap().name(), "scripted");
         let missing = dir.path().join("missing.toml");
         let err = Agent::load(&missing, None).unwrap_err();
         assert!(
