@@ -369,3 +369,126 @@ fn a_plugin_on_disk_is_pinned_by_its_manifest() {
     assert!(stderr(&out).contains("plugin.toml"), "{}", stderr(&out));
     assert!(stderr(&out).contains("surprise"), "{}", stderr(&out));
 }
+
+/// A one-route HTTP server on loopback in a thread: every request gets
+/// `200 hello`. Returns its port.
+fn hello_server() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { return };
+            let mut buf = [0u8; 4096];
+            let mut seen = Vec::new();
+            while !seen.windows(4).any(|w| w == b"\r\n\r\n") {
+                match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => seen.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+            );
+        }
+    });
+    port
+}
+
+#[test]
+fn the_http_plugin_reaches_only_an_allowed_host() {
+    let dir = workspace();
+    let port = hello_server();
+    let args = format!(r#"{{"url": "http://127.0.0.1:{port}/"}}"#);
+    let grant = format!("127.0.0.1:{port}");
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "builtin:http",
+            "http_get",
+            &args,
+            "--allow-host",
+            &grant,
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let json: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(json["output"]["status"], 200);
+    assert_eq!(json["output"]["body"], "hello");
+    assert_eq!(json["receipt"]["network"]["hosts"][0], grant.as_str());
+
+    let out = warden(
+        &["plugin", "call", "builtin:http", "http_get", &args],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains(&format!("denied: request to `{grant}` denied")),
+        "{}",
+        stderr(&out)
+    );
+    assert!(stderr(&out).contains("1 denied"), "{}", stderr(&out));
+}
+
+#[test]
+fn context_sources_resolve_and_channels_deliver_from_the_shell() {
+    let dir = workspace();
+    let out = warden(
+        &[
+            "plugin",
+            "resolve",
+            "builtin:files-context",
+            r#"{"paths": ["*.txt"]}"#,
+            "--mount",
+            "files=.",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let items: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(items[0]["source"], "hello.txt");
+    assert_eq!(items[0]["content"], "hello from the host\n");
+    assert!(
+        stderr(&out).contains("── resolve [read] ok"),
+        "{}",
+        stderr(&out)
+    );
+
+    let out = warden(
+        &[
+            "plugin",
+            "deliver",
+            "builtin:jsonl-channel",
+            "completed",
+            r#"{"summary": "done"}"#,
+            "--mount",
+            "outbox=.",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let line = std::fs::read_to_string(dir.path().join("deliveries.jsonl")).unwrap();
+    assert!(line.contains(r#""summary":"done""#), "{line}");
+
+    let out = warden(
+        &[
+            "plugin",
+            "deliver",
+            "builtin:jsonl-channel",
+            "completed",
+            "{}",
+            "--mount",
+            "outbox=.:ro",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("delivery error: denied"),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -1,4 +1,5 @@
-//! `warden plugin inspect` and `warden plugin call`.
+//! `warden plugin inspect`, `call` (a tool), `resolve` (a context source)
+//! and `deliver` (a channel).
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +31,42 @@ pub(crate) enum PluginCommand {
     },
     /// Call one tool in a fresh sandbox and print its output and usage receipt.
     Call(CallArgs),
+    /// Ask a context source for items in a fresh sandbox and print them and
+    /// the usage receipt.
+    Resolve(ResolveArgs),
+    /// Deliver one message through a channel in a fresh sandbox and print
+    /// the usage receipt.
+    Deliver(DeliverArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ResolveArgs {
+    /// A plugin.toml or builtin:NAME.
+    plugin: String,
+    /// The query: free text or JSON, as the source understands it.
+    #[arg(default_value = "")]
+    query: String,
+    #[command(flatten)]
+    grant: GrantArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DeliverArgs {
+    /// A plugin.toml or builtin:NAME.
+    plugin: String,
+    /// What happened, for example `completed`.
+    kind: String,
+    /// The payload, a JSON object.
+    #[arg(default_value = "{}")]
+    payload: String,
+    #[command(flatten)]
+    grant: GrantArgs,
+    /// Print JSON instead of text.
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -84,6 +121,136 @@ pub(crate) async fn run(cmd: PluginCommand) -> anyhow::Result<()> {
     match cmd {
         PluginCommand::Inspect { plugin, json } => inspect(&plugin, json).await,
         PluginCommand::Call(args) => call(args).await,
+        PluginCommand::Resolve(args) => resolve(args).await,
+        PluginCommand::Deliver(args) => deliver(args).await,
+    }
+}
+
+/// Loads `plugin` under the grant of `args`.
+async fn load_granted(plugin: &str, args: &GrantArgs) -> anyhow::Result<LoadedPlugin> {
+    let (grant, base) = args.grant()?;
+    let host = PluginHost::new(sandbox()?);
+    let source: PluginSource = plugin.parse().expect("infallible");
+    let plugin = host.load(&source, &grant, &base).await?;
+    for line in plugin.not_granted() {
+        tracing::info!("not granted: {line}");
+    }
+    Ok(plugin)
+}
+
+async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
+    let plugin = load_granted(&args.plugin, &args.grant).await?;
+    let request = wit::ContextRequest {
+        run_id: String::new(),
+        query: args.query.clone(),
+    };
+    let leased = plugin.resolve(&request, None).await?;
+    let items = |items: &[wit::ContextItem]| {
+        items
+            .iter()
+            .map(|i| {
+                json!({
+                    "source": i.source,
+                    "size": i.size,
+                    "modified_ms": i.modified_ms,
+                    "truncated": i.truncated,
+                    "content": i.content,
+                })
+            })
+            .collect::<Vec<_>>()
+    };
+    let error = |e: &wit::ContextError| match e {
+        wit::ContextError::InvalidRequest(m) => ("invalid_request", m.clone(), false),
+        wit::ContextError::Denied(m) => ("denied", m.clone(), false),
+        wit::ContextError::Failed(f) => ("failed", f.message.clone(), f.retryable),
+    };
+    if args.json {
+        let mut body = match &leased.result {
+            Ok(Ok(list)) => json!({ "ok": true, "items": items(list) }),
+            Ok(Err(e)) => {
+                let (kind, message, retryable) = error(e);
+                json!({ "ok": false, "context_error": { "kind": kind, "message": message, "retryable": retryable } })
+            }
+            Err(e) => {
+                json!({ "ok": false, "lease_error": { "outcome": e.failure.outcome(), "message": e.to_string() } })
+            }
+        };
+        body["receipt"] = serde_json::to_value(&leased.receipt)?;
+        println!("{}", serde_json::to_string_pretty(&body)?);
+    } else {
+        match &leased.result {
+            Ok(Ok(list)) => println!("{}", serde_json::to_string_pretty(&items(list))?),
+            Ok(Err(e)) => {
+                let (kind, message, _) = error(e);
+                eprintln!("context error: {}: {message}", kind.replace('_', " "))
+            }
+            Err(e) => eprintln!("error: {e}"),
+        }
+        eprintln!("{}", receipt_line("resolve", "read", &leased.receipt));
+    }
+    exit_for(&leased.result)
+}
+
+async fn deliver(args: DeliverArgs) -> anyhow::Result<()> {
+    let payload: serde_json::Value = serde_json::from_str(&args.payload)
+        .with_context(|| format!("the payload is not valid JSON: `{}`", args.payload))?;
+    if !payload.is_object() {
+        bail!("the payload must be a JSON object, got `{}`", args.payload);
+    }
+    let plugin = load_granted(&args.plugin, &args.grant).await?;
+    let delivery = wit::Delivery {
+        id: format!("cli-{}", std::process::id()),
+        run_id: String::new(),
+        kind: args.kind.clone(),
+        payload: payload.to_string(),
+    };
+    let leased = plugin.deliver(&delivery, None).await?;
+    let error = |e: &wit::DeliveryError| match e {
+        wit::DeliveryError::InvalidDelivery(m) => {
+            json!({ "kind": "invalid_delivery", "message": m })
+        }
+        wit::DeliveryError::Denied(m) => json!({ "kind": "denied", "message": m }),
+        wit::DeliveryError::Rejected(r) => {
+            json!({ "kind": "rejected", "status": r.status, "message": r.message })
+        }
+        wit::DeliveryError::Failed(f) => {
+            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
+        }
+    };
+    if args.json {
+        let mut body = match &leased.result {
+            Ok(Ok(())) => json!({ "ok": true }),
+            Ok(Err(e)) => json!({ "ok": false, "delivery_error": error(e) }),
+            Err(e) => {
+                json!({ "ok": false, "lease_error": { "outcome": e.failure.outcome(), "message": e.to_string() } })
+            }
+        };
+        body["id"] = json!(delivery.id);
+        body["receipt"] = serde_json::to_value(&leased.receipt)?;
+        println!("{}", serde_json::to_string_pretty(&body)?);
+    } else {
+        match &leased.result {
+            Ok(Ok(())) => println!("delivered {}", delivery.id),
+            Ok(Err(e)) => {
+                let e = error(e);
+                eprintln!(
+                    "delivery error: {}: {}",
+                    e["kind"].as_str().unwrap_or_default().replace('_', " "),
+                    e["message"].as_str().unwrap_or_default()
+                )
+            }
+            Err(e) => eprintln!("error: {e}"),
+        }
+        eprintln!("{}", receipt_line("deliver", "write", &leased.receipt));
+    }
+    exit_for(&leased.result)
+}
+
+fn exit_for<T, E>(result: &Result<Result<T, E>, crate::sandbox::LeaseError>) -> anyhow::Result<()> {
+    match result {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(_)) => Err(Exit::ToolFailed.into()),
+        Err(_) => Err(Exit::LeaseFailed.into()),
     }
 }
 
@@ -177,13 +344,7 @@ async fn call(args: CallArgs) -> anyhow::Result<()> {
             args.arguments
         );
     }
-    let (grant, base) = args.grant.grant()?;
-    let host = PluginHost::new(sandbox()?);
-    let source: PluginSource = args.plugin.parse().expect("infallible");
-    let plugin = host.load(&source, &grant, &base).await?;
-    for line in plugin.not_granted() {
-        tracing::info!("not granted: {line}");
-    }
+    let plugin = load_granted(&args.plugin, &args.grant).await?;
     let call = wit::Call {
         id: "cli-call".into(),
         run_id: String::new(),
@@ -287,6 +448,17 @@ fn receipt_line(tool: &str, effect: &str, r: &UsageReceipt) -> String {
             " ({} dropped)",
             human_bytes(r.stdio_dropped_bytes)
         ));
+    }
+    if let Some(n) = &r.network {
+        line.push_str(&format!(
+            " · http {} req, {} in, {} out",
+            n.requests,
+            human_bytes(n.bytes_in),
+            human_bytes(n.bytes_out)
+        ));
+        if n.denied > 0 {
+            line.push_str(&format!(", {} denied", n.denied));
+        }
     }
     line
 }
@@ -509,6 +681,13 @@ impl Report {
                 human_bytes(l.output_bytes),
                 human_bytes(l.stdio_bytes),
             ));
+            if !self.hosts.is_empty() {
+                s.push_str(&format!(
+                    "         http {} requests · {} of responses per lease\n",
+                    l.http_requests,
+                    human_bytes(l.http_response_bytes),
+                ));
+            }
         }
         if !self.tools.is_empty() {
             s.push_str("tools (effect as claimed by the plugin):\n");
@@ -531,5 +710,7 @@ fn limits_json(l: &Limits) -> serde_json::Value {
         "timeout": format_duration(l.timeout),
         "output_bytes": l.output_bytes,
         "stdio_bytes": l.stdio_bytes,
+        "http_requests": l.http_requests,
+        "http_response_bytes": l.http_response_bytes,
     })
 }
