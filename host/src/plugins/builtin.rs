@@ -66,4 +66,38 @@ mod tests {
             assert!(b.wasm.starts_with(b"\0asm"), "{}", b.name);
         }
     }
+
+    /// `examples/plugins/<name>/grant.toml` exists for every built-in and
+    /// applies to its manifest: everything it grants is requested (mount
+    /// directories are swapped for a temporary one, which exists).
+    #[test]
+    fn every_builtin_has_an_example_grant_that_applies() {
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/plugins");
+        let scratch = tempfile::tempdir().unwrap();
+        for b in all() {
+            let path = examples.join(b.name).join("grant.toml");
+            let text = std::fs::read_to_string(&path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let mut grant: crate::policy::Grant =
+                toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            assert!(
+                !grant.mounts.is_empty() || !grant.hosts.is_empty(),
+                "{}",
+                b.name
+            );
+            for mount in grant.mounts.values_mut() {
+                mount.dir = scratch.path().to_owned();
+            }
+            let manifest = b.manifest().unwrap();
+            crate::policy::effective(&manifest, &grant, Path::new("."), |_| Some("value".into()))
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            let linked = examples.join(b.name).join("plugin.toml");
+            assert_eq!(
+                std::fs::read_to_string(&linked).unwrap(),
+                b.manifest_text,
+                "{}",
+                linked.display()
+            );
+        }
+    }
 }
