@@ -4,15 +4,20 @@
 //!
 //! Tools (all `read`):
 //! - `fetch {"url", "method"?, "headers"?: {..}, "body"?, "max_bytes"?,
-//!   "timeout_ms"?, "repeat"?}`: sends the request `repeat` times (default
-//!   1) with [`warden_guest::http::send`]; returns `{"status", "body",
-//!   "truncated", "headers"}` of the last. An error is `denied` for a policy
-//!   refusal, else `failed`, with the SDK's message (which names the host).
+//!   "timeout_ms"?, "repeat"?}`: sends the request `repeat` times (once by
+//!   default) with [`warden_guest::http::send`]; returns `{"status", "body",
+//!   "truncated", "headers"}` of the last. An error is `denied` for a
+//!   policy refusal, else `failed`, with the SDK's message (which names the
+//!   host).
 //! - `raw {"scheme", "authority", "path"?, "headers"?: [[name, value]]}`:
 //!   builds a `wasi:http` request by hand, with whatever authority, path and
 //!   headers it is given, and sends it; returns `{"status"}`, or `failed`
 //!   with the step that was refused and the `wasi:http` error code.
 //! - `env {}`: returns the environment variables the guest sees.
+//!
+//! Off wasm the SDK's export macro leaves the export out, so the tools are
+//! unused there.
+#![cfg_attr(not(target_arch = "wasm32"), allow(dead_code))]
 
 use std::collections::BTreeMap;
 use std::time::Duration;
