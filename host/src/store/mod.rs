@@ -16,9 +16,9 @@
 //! - **durability** (persistent stores): an append has been synced when it
 //!   returns `Ok`; an I/O failure is an error, never an acknowledgement;
 //! - **tamper evidence**: a hash chain over the exact stored bytes (see
-//!   below), recomputed on every load, so an edited,
-//!   dropped, reordered or truncated event is a [`StoreError::Tampered`], and
-//!   a damaged run never blocks loading, listing or appending to other runs;
+//!   below), recomputed on every load, so an edited, dropped, reordered or
+//!   truncated event is a [`StoreError::Tampered`], and a damaged run never
+//!   blocks loading, listing or appending to other runs;
 //! - **no wall clock**: every time a store records (created, updated) is
 //!   supplied by the caller from its injected clock.
 //!
@@ -32,10 +32,14 @@
 //! ```
 //!
 //! Each event row stores `h_i`; the run row stores the head `h_n` and the
-//! count `n`. A load recomputes every `h_i` and compares it with the stored
-//! one, checks that sequence numbers run `1..=n` without gaps, and that the
-//! last hash equals the head. All stores compute the same hashes, so a log
-//! moved between stores keeps its head.
+//! count `n`. [`EventStore::load`] recomputes every `h_i` and compares it
+//! with the stored one, checks that sequence numbers run `1..=n` without
+//! gaps, and that the last hash equals the head ([`EventStore::load_after`]
+//! does the same from the stored hash at its starting point). An append
+//! first checks, cheaply, that the event at `n` exists with hash `h_n` and
+//! nothing lies beyond it, so it never chains onto a truncated log. All
+//! stores compute the same hashes, so a log moved between stores keeps its
+//! head.
 //!
 //! What this proves, honestly: it detects changes made by anyone who does not
 //! recompute the chain (a stray `UPDATE`, a restored partial backup, a
@@ -44,9 +48,9 @@
 //! A store opened with a [`ChainKey`] uses HMAC-SHA-256 with that operator key
 //! in place of SHA-256, so forging needs the key too. Neither mode detects a
 //! run rolled back whole to an earlier, self-consistent state (its rows, count
-//! and head rewritten together): that needs a head recorded elsewhere, for
-//! example in a receipt given to a client, compared with
-//! [`RunSummary`]'s or [`VerifyReport`]'s head. Listing columns (status,
+//! and head rewritten together): that needs a head recorded elsewhere (an
+//! [`Appended::head`] given to a client, say) compared with
+//! [`VerifyReport::recorded_head`]. Listing columns (status,
 //! labels, agent, times) are not covered by the chain: the engine derives the
 //! truth from the log, and the run's first event carries its metadata.
 

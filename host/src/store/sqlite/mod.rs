@@ -5,6 +5,18 @@
 //! tokio's blocking threads, each inside one read transaction so a load sees
 //! the run row and its events at the same instant. No SQLite call runs on
 //! the async executor.
+//!
+//! Durability: `synchronous=FULL` in WAL mode fsyncs the WAL on every
+//! commit, and a write is answered only after its transaction committed.
+//! Several processes may open the same file: each writer takes SQLite's
+//! write lock with `BEGIN IMMEDIATE` (waiting up to the busy timeout), and
+//! every check an append makes (length, tail, head) reads the database
+//! inside that transaction, never a cache.
+//!
+//! Schema (version 1, see `schema.rs`): `runs` (one row per run: text id,
+//! agent, status, session, created/updated ms, event count, chain head),
+//! `run_labels` (one row per label), `events` (run, seq, bytes, hash; one
+//! run's events contiguous), `store_meta` (the chain mode).
 
 mod schema;
 mod writer;
@@ -20,7 +32,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use rusqlite::types::{Value, ValueRef};
 use rusqlite::{Connection, OptionalExtension, Row, params};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
@@ -28,9 +40,6 @@ use super::{
     StoreError, StoredEvent, VerifyReport,
 };
 use writer::{Counters, Request};
-
-/// How many idle reader connections are kept open.
-const IDLE_READERS: usize = 4;
 
 /// An event store in one SQLite file.
 ///
@@ -43,6 +52,8 @@ pub struct SqliteStore {
     writer: Option<JoinHandle<()>>,
     counters: Arc<Counters>,
     readers: Arc<Readers>,
+    /// At most this many reads at once (`max_readers`).
+    read_turns: Arc<Semaphore>,
 }
 
 /// Configures and opens a [`SqliteStore`].
@@ -52,6 +63,7 @@ pub struct SqliteStoreBuilder {
     busy_timeout: Duration,
     chain_key: Option<ChainKey>,
     max_batch: usize,
+    max_readers: usize,
 }
 
 impl SqliteStoreBuilder {
@@ -74,6 +86,14 @@ impl SqliteStoreBuilder {
     /// Default: 1024.
     pub fn max_batch(mut self, n: usize) -> Self {
         self.max_batch = n.max(1);
+        self
+    }
+
+    /// The most reads (loads, lists, verifies) running at once, each on its
+    /// own connection; more wait their turn, so a thousand concurrent loads
+    /// reuse a few connections instead of opening a thousand. Default: 4.
+    pub fn max_readers(mut self, n: usize) -> Self {
+        self.max_readers = n.max(1);
         self
     }
 
@@ -106,12 +126,14 @@ impl SqliteStoreBuilder {
                 path: self.path.clone(),
                 busy_timeout: self.busy_timeout,
                 idle: Mutex::new(Vec::new()),
+                max_idle: self.max_readers,
             }),
             path: self.path,
             chain,
             queue: Some(queue),
             writer: Some(writer),
             counters,
+            read_turns: Arc::new(Semaphore::new(self.max_readers)),
         })
     }
 }
@@ -144,6 +166,7 @@ impl SqliteStore {
             busy_timeout: Duration::from_secs(5),
             chain_key: None,
             max_batch: 1024,
+            max_readers: 4,
         }
     }
 
@@ -183,10 +206,15 @@ impl SqliteStore {
     ) -> Result<T, StoreError> {
         let readers = Arc::clone(&self.readers);
         let chain = Arc::clone(&self.chain);
+        let permit = Arc::clone(&self.read_turns)
+            .acquire_owned()
+            .await
+            .map_err(|_| StoreError::Closed)?;
         tokio::task::spawn_blocking(move || {
             let mut conn = readers.take()?;
             let result = what(&mut conn, &chain);
             readers.give(conn);
+            drop(permit);
             result
         })
         .await
@@ -327,6 +355,7 @@ struct Readers {
     path: PathBuf,
     busy_timeout: Duration,
     idle: Mutex<Vec<Connection>>,
+    max_idle: usize,
 }
 
 impl Readers {
@@ -340,7 +369,7 @@ impl Readers {
 
     fn give(&self, conn: Connection) {
         let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
-        if idle.len() < IDLE_READERS {
+        if idle.len() < self.max_idle {
             idle.push(conn);
         }
     }

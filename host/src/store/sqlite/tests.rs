@@ -352,3 +352,28 @@ fn list_filters_are_backed_by_indexes() {
         assert!(!plan.contains("SCAN runs"), "{filter:?} scans runs: {plan}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_share_a_bounded_set_of_connections() {
+    let backend = SqliteBackend::new();
+    let store = Arc::new(
+        SqliteStore::builder(backend.path())
+            .max_readers(2)
+            .open()
+            .unwrap(),
+    );
+    let run = id("read-me");
+    new_run(&*store, &run, 20).await;
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let (store, run) = (Arc::clone(&store), run.clone());
+            tokio::spawn(async move { store.load(&run).await.unwrap().len() })
+        })
+        .collect();
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), 20);
+    }
+    assert_eq!(store.read_turns.available_permits(), 2);
+    let idle = store.readers.idle.lock().unwrap().len();
+    assert!((1..=2).contains(&idle), "{idle} idle reader connections");
+}
