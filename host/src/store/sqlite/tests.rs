@@ -377,3 +377,68 @@ async fn concurrent_reads_share_a_bounded_set_of_connections() {
     let idle = store.readers.idle.lock().unwrap().len();
     assert!((1..=2).contains(&idle), "{idle} idle reader connections");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
+    let (backend, store) = backend_store();
+    let (good, bad) = (id("good"), id("bad"));
+    new_run(&*store, &good, 1).await;
+    new_run(&*store, &bad, 1).await;
+    // A trigger refuses one particular event, after the request's first
+    // event was already inserted: only its savepoint can undo that insert.
+    let mut blocker = backend.raw();
+    blocker
+        .execute_batch(
+            "CREATE TRIGGER refuse_boom BEFORE INSERT ON events
+             WHEN NEW.bytes = CAST('boom' AS BLOB)
+             BEGIN SELECT RAISE(ABORT, 'boom refused'); END;",
+        )
+        .unwrap();
+    let lock = blocker
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let first = {
+        let store = Arc::clone(&store);
+        let run = good.clone();
+        tokio::spawn(async move { store.append(&run, 1, &[ev("g2")], "running", 2).await })
+    };
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let doomed = {
+        let store = Arc::clone(&store);
+        let run = bad.clone();
+        tokio::spawn(async move {
+            let events = [ev("fine"), ev("boom")];
+            store.append(&run, 1, &events, "completed", 2).await
+        })
+    };
+    let second = {
+        let store = Arc::clone(&store);
+        let run = good.clone();
+        tokio::spawn(async move { store.append(&run, 2, &[ev("g3")], "completed", 3).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let before = store.stats();
+    lock.commit().unwrap();
+
+    first.await.unwrap().unwrap();
+    let err = doomed.await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("boom refused"), "{err}");
+    assert_eq!(second.await.unwrap().unwrap().event_count, 3);
+    // Both writes after the blocked one went through one transaction.
+    assert_eq!(store.stats().transactions - before.transactions, 2);
+
+    assert_eq!(store.load(&good).await.unwrap().len(), 3);
+    let log = store.load(&bad).await.unwrap();
+    assert_eq!(log.len(), 1, "the request's first event was not undone");
+    let summary = store.summary(&bad).await.unwrap();
+    assert_eq!(
+        (summary.status.as_str(), summary.event_count),
+        ("running", 1)
+    );
+    assert!(store.verify(&bad).await.unwrap().is_intact());
+    // And the run takes its next append normally.
+    store
+        .append(&bad, 1, &[ev("fine")], "running", 4)
+        .await
+        .unwrap();
+}
