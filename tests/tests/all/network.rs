@@ -341,3 +341,21 @@ async fn plugins_without_wasi_http_carry_no_network_state() {
     output(&env);
     assert_eq!(env.receipt.network, None);
 }
+
+#[tokio::test]
+async fn https_goes_through_tls_to_the_checked_address() {
+    // The loopback server speaks plain HTTP: an https request to it connects
+    // (the address is granted) and then fails in the TLS handshake, typed.
+    let server = TestServer::start().await;
+    let g = net(&[&server.grant()], test_limits());
+    let leased = fetch(
+        &g,
+        json!({ "url": format!("https://127.0.0.1:{}/status/200", server.port) }),
+    )
+    .await;
+    let message = failed(&leased);
+    assert!(message.contains(&server.grant()), "{message}");
+    assert!(message.to_ascii_lowercase().contains("tls"), "{message}");
+    assert_eq!(server.connections(), 1);
+    assert!(server.seen().is_empty());
+}

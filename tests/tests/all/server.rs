@@ -3,6 +3,8 @@
 //! of every connection it accepted, so a test can show that a refused
 //! request never reached it.
 //!
+//! A connection that opens with a TLS handshake is closed at once.
+//!
 //! Routes: `/status/N` answers N; `/slow` answers after 30 s; `/big/N`
 //! answers N bytes; `/redirect?to=URL` answers 302 to URL; `/echo` answers
 //! the request as JSON; anything else is 404.
@@ -152,6 +154,10 @@ async fn read_request(stream: &mut TcpStream) -> Option<Seen> {
             return None;
         }
         buf.extend_from_slice(&chunk[..n]);
+        // A TLS handshake (record type 22): this server speaks plain HTTP.
+        if buf.first() == Some(&0x16) {
+            return None;
+        }
     };
     let head = String::from_utf8_lossy(&buf[..end]).into_owned();
     let mut lines = head.split("\r\n");

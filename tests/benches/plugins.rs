@@ -1,0 +1,205 @@
+//! One representative call of each first-party plugin, through the plugin
+//! host and a fresh lease each time, as `warden plugin call` would make it:
+//! prints the component size and the median and p99 lease time (the
+//! receipt's wall time) of each.
+//!
+//! `cargo bench -p warden-tests --bench plugins`. Set `PLUGIN_BENCH_ITERS`
+//! to change the number of measured calls (default 500 per plugin, after 50
+//! warm-up calls). HTTP calls go to a small server on loopback, granted by
+//! address.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde_json::json;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use warden::plugins::{LoadedPlugin, PluginHost, PluginSource, builtin};
+use warden::policy::{Grant, MountGrant};
+use warden::sandbox::{Sandbox, SandboxConfig, UsageReceipt, wit};
+
+fn main() {
+    let iters: usize = std::env::var("PLUGIN_BENCH_ITERS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(500);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(run(iters));
+}
+
+async fn run(iters: usize) {
+    let cache = tempfile::tempdir().unwrap();
+    let host = PluginHost::new(
+        Sandbox::new(SandboxConfig {
+            cache_dir: Some(cache.path().to_owned()),
+            ..SandboxConfig::default()
+        })
+        .unwrap(),
+    );
+    let port = hello_server().await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.md"), "# Notes\n".repeat(200)).unwrap();
+    let mount = |name: &str| {
+        let mut g = Grant::default();
+        g.mounts.insert(
+            name.into(),
+            MountGrant {
+                dir: dir.path().to_owned(),
+                access: None,
+            },
+        );
+        g
+    };
+    let mut http = Grant::default();
+    http.hosts.push(format!("127.0.0.1:{port}"));
+    let mut webhook = http.clone();
+    webhook
+        .config
+        .insert("url".into(), format!("http://127.0.0.1:{port}/hook"));
+    let url = format!("http://127.0.0.1:{port}/");
+
+    println!("one representative call per first-party plugin, fresh lease each ({iters} calls):");
+    let call = |tool: &str, args: serde_json::Value| Op::Call(tool.into(), args.to_string());
+    let cases: Vec<(&str, Grant, Op)> = vec![
+        (
+            "fs",
+            mount("workspace"),
+            call("read_file", json!({"path": "notes.md"})),
+        ),
+        ("http", http, call("http_get", json!({"url": url}))),
+        (
+            "files-context",
+            mount("files"),
+            Op::Resolve(r#"{"paths": ["*.md"]}"#.into()),
+        ),
+        (
+            "notes-memory",
+            mount("notes"),
+            call("remember", json!({"text": "tea, not coffee"})),
+        ),
+        ("jsonl-channel", mount("outbox"), Op::Deliver),
+        ("webhook-channel", webhook, Op::Deliver),
+    ];
+    for (name, grant, op) in cases {
+        let plugin = host
+            .load(&PluginSource::Builtin(name.into()), &grant, Path::new("."))
+            .await
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+        for _ in 0..50 {
+            op.run(&plugin).await;
+        }
+        let mut times: Vec<u64> = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            times.push(op.run(&plugin).await.wall_time_us);
+        }
+        times.sort_unstable();
+        let size = builtin::find(name).unwrap().wasm.len();
+        println!(
+            "  {name:<16} {:>6} KiB  {:<38} median {:>8.1} µs  p99 {:>8.1} µs",
+            size / 1024,
+            op.describe(),
+            times[times.len() / 2] as f64,
+            times[(times.len() * 99 / 100).min(times.len() - 1)] as f64,
+        );
+    }
+}
+
+enum Op {
+    Call(String, String),
+    Resolve(String),
+    Deliver,
+}
+
+impl Op {
+    fn describe(&self) -> String {
+        match self {
+            Op::Call(tool, _) => format!("call {tool}"),
+            Op::Resolve(_) => "resolve".into(),
+            Op::Deliver => "deliver".into(),
+        }
+    }
+
+    async fn run(&self, plugin: &LoadedPlugin) -> UsageReceipt {
+        match self {
+            Op::Call(tool, arguments) => {
+                let call = wit::Call {
+                    id: "bench".into(),
+                    run_id: "bench".into(),
+                    tool: tool.clone(),
+                    arguments: arguments.clone(),
+                    idempotency_key: "bench-key".into(),
+                };
+                let leased = plugin.invoke(&call, None).await.unwrap();
+                assert!(matches!(leased.result, Ok(Ok(_))), "{:?}", leased.result);
+                leased.receipt
+            }
+            Op::Resolve(query) => {
+                let request = wit::ContextRequest {
+                    run_id: "bench".into(),
+                    query: query.clone(),
+                };
+                let leased = plugin.resolve(&request, None).await.unwrap();
+                assert!(matches!(leased.result, Ok(Ok(_))), "{:?}", leased.result);
+                leased.receipt
+            }
+            Op::Deliver => {
+                let delivery = wit::Delivery {
+                    id: "bench".into(),
+                    run_id: "bench".into(),
+                    kind: "completed".into(),
+                    payload: r#"{"summary": "done"}"#.into(),
+                };
+                let leased = plugin.deliver(&delivery, None).await.unwrap();
+                assert!(matches!(leased.result, Ok(Ok(()))), "{:?}", leased.result);
+                leased.receipt
+            }
+        }
+    }
+}
+
+/// A loopback server answering every request with `200 hello`.
+async fn hello_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 8192];
+                let mut seen = Vec::new();
+                loop {
+                    let Ok(n) = stream.read(&mut buf).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    seen.extend_from_slice(&buf[..n]);
+                    if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                        let length: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if seen.len() >= end + 4 + length {
+                            break;
+                        }
+                    }
+                }
+                let _ = stream
+                    .write_all(
+                        b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\nconnection: close\r\n\r\nhello",
+                    )
+                    .await;
+                let _ = tokio::time::timeout(Duration::from_secs(1), stream.shutdown()).await;
+            });
+        }
+    });
+    port
+}
