@@ -32,6 +32,7 @@ pub mod events;
 pub mod ids;
 pub mod prompt;
 pub mod replay;
+pub mod runtime;
 pub mod schema;
 pub mod state;
 pub mod view;
@@ -45,5 +46,9 @@ pub use decide::{Action, decide};
 pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
 pub use ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
 pub use replay::{ReplayError, ReplayOptions, replay};
+pub use runtime::{
+    Clock, FixedClock, FixedRandom, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError,
+    Step, SystemClock,
+};
 pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
 pub use view::AgentView;

@@ -10,10 +10,13 @@
 //! - `loading`: the import allow-list, integrity pins, the component cache.
 //! - `kinds`: context sources and channels through their adapters.
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
+//! - `engine`: runs end to end over both stores, the verbs, subscribers,
+//!   and crash tests at every event boundary.
 //! - `network`: outbound HTTP against a loopback server (`server`): what a
 //!   host grant lets through, and every way to reach what it does not.
 //! - `plugins`: the other first-party plugins through the testkit.
 
+mod engine;
 mod filesystem;
 mod fs_plugin;
 mod hostile;

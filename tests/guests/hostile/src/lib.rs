@@ -105,8 +105,8 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
     ),
     (
         "fs",
-        "Performs one filesystem operation: op is read, write, truncate, create, rename, unlink, set_times, mkdir, rmdir, list, read_link or stat.",
-        r#"{"type":"object","required":["op"],"properties":{"op":{"enum":["read","write","truncate","create","rename","unlink","set_times","mkdir","rmdir","list","read_link","stat"]},"path":{"type":"string"},"content":{"type":"string"},"len":{"type":"integer","minimum":0},"from":{"type":"string"},"to":{"type":"string"},"modified_ms":{"type":"integer","minimum":0}}}"#,
+        "Performs one filesystem operation: op is read, write, append, contains, truncate, create, rename, unlink, set_times, mkdir, rmdir, list, read_link or stat.",
+        r#"{"type":"object","required":["op"],"properties":{"op":{"enum":["read","write","append","contains","truncate","create","rename","unlink","set_times","mkdir","rmdir","list","read_link","stat"]},"needle":{"type":"string"},"path":{"type":"string"},"content":{"type":"string"},"len":{"type":"integer","minimum":0},"from":{"type":"string"},"to":{"type":"string"},"modified_ms":{"type":"integer","minimum":0}}}"#,
         Effect::Write,
     ),
     (
@@ -333,6 +333,8 @@ fn panic_now(args: &Value) -> ! {
 /// | --- | --- | --- |
 /// | `read` | `path` | `{"content": text}` (lossy UTF-8) |
 /// | `write` | `path`, `content` | `{"written": bytes}` (creates or truncates) |
+/// | `append` | `path`, `content` | `{"appended": bytes}` (creates if missing) |
+/// | `contains` | `path`, `needle` | `{"contains": bool}` (binary-safe search) |
 /// | `truncate` | `path`, `len?` = 0 | `{"len": len}` |
 /// | `create` | `path` | `{"created": path}` (fails if it exists) |
 /// | `rename` | `from`, `to` | `{"renamed": [from, to]}` |
@@ -360,6 +362,27 @@ fn fs_op(args: &Value) -> Result<String, ToolError> {
                 "write" => {
                     let content = str_arg(args, "content")?;
                     fs::write(path, content).map(|()| json!({ "written": content.len() }))
+                }
+                // Appends `content`: a side-effect counter (one line per
+                // execution) for the engine's exactly-once tests.
+                "append" => {
+                    let content = str_arg(args, "content")?;
+                    OpenOptions::new()
+                        .create(true)
+                        .append(true)
+                        .open(path)
+                        .and_then(|mut f| f.write_all(content.as_bytes()))
+                        .map(|()| json!({ "appended": content.len() }))
+                }
+                // Whether the file's bytes contain `needle` (binary-safe):
+                // lets a tool look into a store file during its own call.
+                "contains" => {
+                    let needle = str_arg(args, "needle")?.as_bytes();
+                    fs::read(path).map(|bytes| {
+                        let found = !needle.is_empty()
+                            && bytes.windows(needle.len()).any(|w| w == needle);
+                        json!({ "contains": found })
+                    })
                 }
                 "truncate" => {
                     let len = u64_arg(args, "len", 0)?;

@@ -1,0 +1,1172 @@
+//! The [`Runtime`]: drives runs over an [`EventStore`], a [`PluginHost`] and
+//! model providers, one step at a time, and offers the verbs a host needs:
+//! `start`, `step`, `drive`, `recover`, `resume`, `approve`, `deny`,
+//! `resolve`, `abandon`, `cancel`, `verify`, `subscribe`.
+//!
+//! One step: load (or keep) the log, fold it, [`decide`], then perform the
+//! action: for a model or tool call, append the intent, perform the effect,
+//! append the completion; for anything else, append its one event. Every
+//! append carries the log length it expects, so two drivers of one run
+//! cannot both write (the loser gets [`RuntimeError::Conflict`] and writes
+//! nothing).
+//!
+//! Clock and randomness are injected ([`Runtime::with_hooks`]) so that a
+//! killed-and-recovered run records the same log as an uninterrupted one.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use super::agent::Agent;
+use super::decide::{Action, ApprovalRequest, Idle, ModelCall, ToolInvocation, decide};
+use super::events::{
+    ApprovalDenied, ApprovalGranted, ClockObserved, Event, EventError, RunAbandoned, RunCancelled,
+    RunStarted, ToolCallResolved, UnresolvedWrite, decode, encode,
+};
+use super::ids::{AgentDigest, CallId, RunId};
+use super::replay::{ReplayError, ReplayOptions, replay};
+use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
+use super::view::{AgentView, AgentViewError};
+use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
+use crate::providers::{ModelProvider, ProviderError, ProviderEvent, ResponseAssembler};
+use crate::sandbox::LeaseFailure;
+use crate::store::{EventStore, RunMeta, StoreError, VerifyReport};
+
+/// Where the runtime reads the time. Injected so tests and recoveries are
+/// deterministic.
+pub trait Clock: Send + Sync {
+    /// Milliseconds since the Unix epoch.
+    fn now_ms(&self) -> u64;
+}
+
+/// Where the runtime draws random numbers (run ids and seeds).
+pub trait Random: Send + Sync {
+    /// A random 64-bit value.
+    fn next_u64(&self) -> u64;
+}
+
+/// The system's wall clock.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now_ms(&self) -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as u64)
+    }
+}
+
+/// The operating system's random source.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct OsRandom;
+
+impl Random for OsRandom {
+    fn next_u64(&self) -> u64 {
+        rand::random()
+    }
+}
+
+/// A clock that always reads the same time: for tests and deterministic
+/// replays.
+#[derive(Clone, Copy, Debug)]
+pub struct FixedClock(pub u64);
+
+impl Clock for FixedClock {
+    fn now_ms(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A random source that always returns the same value: for tests.
+#[derive(Clone, Copy, Debug)]
+pub struct FixedRandom(pub u64);
+
+impl Random for FixedRandom {
+    fn next_u64(&self) -> u64 {
+        self.0
+    }
+}
+
+/// A verb that cannot be carried out. Nothing is written when a verb fails,
+/// except where the variant says so.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuntimeError {
+    /// No run has this id.
+    #[error("unknown run `{run_id}`")]
+    UnknownRun {
+        /// The id.
+        run_id: RunId,
+    },
+    /// `start_with_id` with an id that already has history.
+    #[error("run `{run_id}` already exists")]
+    AlreadyStarted {
+        /// The id.
+        run_id: RunId,
+    },
+    /// The verb needs a parked run of another kind.
+    #[error("run `{run_id}` is {status}, not {needed}")]
+    NotParked {
+        /// The run.
+        run_id: RunId,
+        /// Its status.
+        status: RunStatus,
+        /// What the verb needs.
+        needed: &'static str,
+    },
+    /// `approve`/`deny` named a call that is not the one awaiting approval.
+    #[error("run `{run_id}`: call `{call_id}` is not awaiting approval (awaiting: {awaiting})")]
+    NotAwaitingApproval {
+        /// The run.
+        run_id: RunId,
+        /// The call named.
+        call_id: CallId,
+        /// The call that is awaiting approval, if any.
+        awaiting: String,
+    },
+    /// `resume` input was rejected before anything was written.
+    #[error("run `{run_id}`: input rejected: {error}")]
+    InputRejected {
+        /// The run.
+        run_id: RunId,
+        /// Why.
+        error: ResumeError,
+    },
+    /// `resolve` on a run whose log does not end at a dangling write.
+    #[error("run `{run_id}` is {status}: there is no write to resolve")]
+    NotReconcilable {
+        /// The run.
+        run_id: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// An automatic verb on a run whose last write has an unknown outcome:
+    /// a human must `resolve` or `abandon` it.
+    #[error(
+        "run `{run_id}` needs reconciliation: write `{}` to `{}` has no recorded outcome; resolve it with its outcome or abandon the run",
+        write.call_id, write.tool.model_name()
+    )]
+    NeedsReconciliation {
+        /// The run.
+        run_id: RunId,
+        /// The write, with its frozen arguments.
+        write: Box<UnresolvedWrite>,
+    },
+    /// The verb needs a run that is not over.
+    #[error("run `{run_id}` is already {status}")]
+    AlreadyTerminal {
+        /// The run.
+        run_id: RunId,
+        /// How it ended.
+        status: RunStatus,
+    },
+    /// The run's log does not fit the agent as it is now.
+    #[error("run `{run_id}`: {error}")]
+    Replay {
+        /// The run.
+        run_id: RunId,
+        /// The divergence or changed agent.
+        error: ReplayError,
+    },
+    /// Another driver appended to the run first; nothing was written.
+    #[error(
+        "run `{run_id}` was changed by another driver (expected {expected} events, found {actual})"
+    )]
+    Conflict {
+        /// The run.
+        run_id: RunId,
+        /// The length this driver expected.
+        expected: u64,
+        /// The length found.
+        actual: u64,
+    },
+    /// The run's log cannot be read as events.
+    #[error("run `{run_id}`: event {seq} cannot be read: {error}")]
+    Log {
+        /// The run.
+        run_id: RunId,
+        /// The event's position, from 1.
+        seq: u64,
+        /// Why.
+        error: EventError,
+    },
+    /// The run's log is not a possible history.
+    #[error("run `{run_id}`: {error}")]
+    Fold {
+        /// The run.
+        run_id: RunId,
+        /// Where and why.
+        error: FoldError,
+    },
+    /// The agent's plugins cannot be loaded or do not fit together.
+    #[error("agent `{agent}`: {message}")]
+    Agent {
+        /// The agent.
+        agent: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// The agent's model provider cannot be set up.
+    #[error("agent `{agent}`: {error}")]
+    Provider {
+        /// The agent.
+        agent: String,
+        /// Why.
+        error: ProviderError,
+    },
+    /// The store failed.
+    #[error("{error}")]
+    Store {
+        /// Why.
+        error: StoreError,
+    },
+}
+
+impl From<StoreError> for RuntimeError {
+    fn from(error: StoreError) -> Self {
+        match error {
+            StoreError::Conflict {
+                run_id,
+                expected,
+                actual,
+            } => RuntimeError::Conflict {
+                run_id,
+                expected,
+                actual,
+            },
+            StoreError::UnknownRun { run_id } => RuntimeError::UnknownRun { run_id },
+            StoreError::AlreadyExists { run_id } => RuntimeError::AlreadyStarted { run_id },
+            error => RuntimeError::Store { error },
+        }
+    }
+}
+
+/// What a subscriber receives.
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunUpdate {
+    /// An event was appended at `seq`.
+    Event {
+        /// Its position, from 1.
+        seq: u64,
+        /// The event.
+        event: Arc<Event>,
+    },
+    /// Text streamed by the model, not yet recorded (the completion event
+    /// records the whole text).
+    TextDelta {
+        /// The model call's step.
+        step: u32,
+        /// The text.
+        text: String,
+    },
+    /// The subscriber fell behind and missed this many updates; it can load
+    /// the events it missed from the store.
+    Lagged {
+        /// Updates missed.
+        missed: u64,
+    },
+}
+
+/// Updates buffered per run for slow subscribers before they lag.
+const SUBSCRIBER_BUFFER: usize = 1024;
+
+/// The engine: runs, verbs and subscribers over a store, plugins and
+/// providers. Cheap to clone.
+#[derive(Clone)]
+pub struct Runtime {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn EventStore>,
+    plugins: PluginHost,
+    clock: Arc<dyn Clock>,
+    random: Arc<dyn Random>,
+    record_prompts: bool,
+    labels: BTreeMap<String, String>,
+    provider: Option<Arc<dyn ModelProvider>>,
+    prepared: Mutex<HashMap<AgentDigest, Arc<Prepared>>>,
+    live: Mutex<HashMap<RunId, Live>>,
+}
+
+/// An agent with its plugins loaded and its provider made.
+struct Prepared {
+    view: AgentView,
+    plugins: HashMap<String, LoadedPlugin>,
+    provider: Arc<dyn ModelProvider>,
+}
+
+/// A run this process knows about: its subscribers, and its driver if one
+/// is running here.
+struct Live {
+    updates: broadcast::Sender<RunUpdate>,
+    driver: Option<Driver>,
+}
+
+struct Driver {
+    cancel: CancellationToken,
+    reason: Arc<Mutex<Option<String>>>,
+    done: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for Runtime {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Runtime")
+            .field("record_prompts", &self.inner.record_prompts)
+            .field("labels", &self.inner.labels)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The log of one run as a driver holds it: events and folded state.
+struct Log {
+    run_id: RunId,
+    events: Vec<Event>,
+    state: RunState,
+}
+
+impl Runtime {
+    /// A runtime over `store` and `plugins`, with the system clock, the OS
+    /// random source, prompts not recorded, no extra labels, and each agent's
+    /// own model provider.
+    pub fn new(store: Arc<dyn EventStore>, plugins: PluginHost) -> Self {
+        Runtime {
+            inner: Arc::new(Inner {
+                store,
+                plugins,
+                clock: Arc::new(SystemClock),
+                random: Arc::new(OsRandom),
+                record_prompts: false,
+                labels: BTreeMap::new(),
+                provider: None,
+                prepared: Mutex::default(),
+                live: Mutex::default(),
+            }),
+        }
+    }
+
+    fn rebuild(self, f: impl FnOnce(&mut Inner)) -> Self {
+        let inner = Arc::try_unwrap(self.inner).unwrap_or_else(|shared| Inner {
+            store: Arc::clone(&shared.store),
+            plugins: shared.plugins.clone(),
+            clock: Arc::clone(&shared.clock),
+            random: Arc::clone(&shared.random),
+            record_prompts: shared.record_prompts,
+            labels: shared.labels.clone(),
+            provider: shared.provider.clone(),
+            prepared: Mutex::default(),
+            live: Mutex::default(),
+        });
+        let mut inner = inner;
+        f(&mut inner);
+        Runtime {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// Uses `clock` and `random` instead of the system's. Default: the
+    /// system clock and the OS random source.
+    pub fn with_hooks(self, clock: Arc<dyn Clock>, random: Arc<dyn Random>) -> Self {
+        self.rebuild(|i| {
+            i.clock = clock;
+            i.random = random;
+        })
+    }
+
+    /// Records each model request in full with its intent. Default: off
+    /// (prompts may hold secrets; only their hash is recorded).
+    pub fn with_record_prompts(self, record: bool) -> Self {
+        self.rebuild(|i| i.record_prompts = record)
+    }
+
+    /// Labels added to every run this runtime starts (a run's own and its
+    /// agent's win on the same key). Default: none.
+    pub fn with_labels(self, labels: BTreeMap<String, String>) -> Self {
+        self.rebuild(|i| i.labels = labels)
+    }
+
+    /// Calls `provider` for every agent instead of the agent's own. Default:
+    /// each agent's provider, from its `[model]` table.
+    pub fn with_provider(self, provider: Arc<dyn ModelProvider>) -> Self {
+        self.rebuild(|i| i.provider = Some(provider))
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn EventStore> {
+        &self.inner.store
+    }
+
+    /// Starts a run of `agent` on `input` with a fresh random id. The run is
+    /// recorded, not driven: call [`drive`](Self::drive).
+    pub async fn start(&self, agent: &Agent, input: Value) -> Result<RunId, RuntimeError> {
+        let id = RunId::from_random(
+            (u128::from(self.inner.random.next_u64()) << 64)
+                | u128::from(self.inner.random.next_u64()),
+        );
+        self.start_with_id(agent, id, input).await
+    }
+
+    /// Starts a run with a chosen id; an id with any history is refused.
+    pub async fn start_with_id(
+        &self,
+        agent: &Agent,
+        run_id: RunId,
+        input: Value,
+    ) -> Result<RunId, RuntimeError> {
+        self.start_with_labels(agent, run_id, input, BTreeMap::new())
+            .await
+    }
+
+    /// Starts a run with a chosen id and labels of its own (on top of the
+    /// agent's and the runtime's).
+    pub async fn start_with_labels(
+        &self,
+        agent: &Agent,
+        run_id: RunId,
+        input: Value,
+        labels: BTreeMap<String, String>,
+    ) -> Result<RunId, RuntimeError> {
+        // Load the plugins first: an agent that cannot run is refused before
+        // anything is recorded.
+        self.prepare(agent).await?;
+        let mut all = self.inner.labels.clone();
+        all.extend(agent.labels.clone());
+        all.extend(labels);
+        super::agent::validate_labels(&all).map_err(|e| RuntimeError::Agent {
+            agent: agent.name.clone(),
+            message: e.to_string(),
+        })?;
+        let now = self.inner.clock.now_ms();
+        let started = Event::RunStarted(RunStarted {
+            run_id: run_id.clone(),
+            agent: agent.name.clone(),
+            agent_digest: agent.digest.clone(),
+            input,
+            labels: all.clone(),
+            clock_seed_ms: now,
+            random_seed: self.inner.random.next_u64(),
+        });
+        let meta = RunMeta {
+            agent: agent.name.clone(),
+            labels: all,
+            session: None,
+            created_ms: now as i64,
+        };
+        self.inner
+            .store
+            .create(
+                &run_id,
+                meta,
+                Bytes::from(encode(&started)),
+                RunStatus::Running.as_str(),
+            )
+            .await?;
+        self.publish(&run_id, 1, started);
+        Ok(run_id)
+    }
+
+    /// Performs one logical operation of the run (one model call, one tool
+    /// call, one approval request, or one record) and returns whether there
+    /// is more to do.
+    pub async fn step(&self, run_id: &RunId, agent: &Agent) -> Result<Step, RuntimeError> {
+        let prepared = self.prepare(agent).await?;
+        let mut log = self.load_log(run_id).await?;
+        self.check_digest(&log, agent, false)?;
+        let driver = self.register_driver(run_id);
+        let result = self.step_once(&mut log, &prepared, &driver).await;
+        self.unregister_driver(run_id);
+        result
+    }
+
+    /// Steps the run until it is terminal or parked, and returns its status.
+    /// A run whose last write has no recorded outcome is refused
+    /// ([`RuntimeError::NeedsReconciliation`]).
+    pub async fn drive(&self, run_id: &RunId, agent: &Agent) -> Result<RunStatus, RuntimeError> {
+        let prepared = self.prepare(agent).await?;
+        let mut log = self.load_log(run_id).await?;
+        self.check_digest(&log, agent, false)?;
+        self.drive_log(&mut log, &prepared).await
+    }
+
+    /// Replays the recorded log against the agent as it is now, checking
+    /// every recorded decision, then continues live from the first
+    /// unrecorded step. A model call or `read`/`idempotent` tool call whose
+    /// intent has no completion is performed again (the same idempotency
+    /// key); a `write` is never guessed: the run needs reconciliation and is
+    /// refused.
+    pub async fn recover(
+        &self,
+        run_id: &RunId,
+        agent: &Agent,
+        options: ReplayOptions,
+    ) -> Result<RunStatus, RuntimeError> {
+        let prepared = self.prepare(agent).await?;
+        let events = self.load_events(run_id).await?;
+        let state =
+            replay(&events, &prepared.view, options).map_err(|error| RuntimeError::Replay {
+                run_id: run_id.clone(),
+                error,
+            })?;
+        let mut log = Log {
+            run_id: run_id.clone(),
+            events,
+            state,
+        };
+        self.drive_log(&mut log, &prepared).await
+    }
+
+    /// Gives a parked run what it waits for: the input of a suspended run
+    /// (validated against the schema recorded in the log) or a budget
+    /// extension of a run over budget. Validated before anything is written;
+    /// records one event. Drive the run afterwards.
+    pub async fn resume(
+        &self,
+        run_id: &RunId,
+        agent: &Agent,
+        input: Value,
+        by: Option<String>,
+    ) -> Result<RunStatus, RuntimeError> {
+        let log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        let status = log.state.status();
+        if !matches!(status, RunStatus::Suspended | RunStatus::BudgetExceeded) {
+            return Err(RuntimeError::NotParked {
+                run_id: run_id.clone(),
+                status,
+                needed: "suspended or budget_exceeded",
+            });
+        }
+        let event = log
+            .state
+            .check_resume(&agent.budgets, &input, by)
+            .map_err(|error| RuntimeError::InputRejected {
+                run_id: run_id.clone(),
+                error,
+            })?;
+        let mut log = log;
+        self.append(&mut log, vec![event]).await?;
+        Ok(log.state.status())
+    }
+
+    /// Approves the call awaiting approval. Records one event; drive the run
+    /// afterwards.
+    pub async fn approve(
+        &self,
+        run_id: &RunId,
+        call_id: &CallId,
+        by: &str,
+    ) -> Result<(), RuntimeError> {
+        let mut log = self.awaiting_approval(run_id, call_id).await?;
+        let event = Event::ApprovalGranted(ApprovalGranted {
+            call_id: call_id.clone(),
+            by: by.to_owned(),
+        });
+        self.append(&mut log, vec![event]).await
+    }
+
+    /// Denies the call awaiting approval; the denial is the tool's result
+    /// the model sees. Records one event; drive the run afterwards.
+    pub async fn deny(
+        &self,
+        run_id: &RunId,
+        call_id: &CallId,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), RuntimeError> {
+        let mut log = self.awaiting_approval(run_id, call_id).await?;
+        let event = Event::ApprovalDenied(ApprovalDenied {
+            call_id: call_id.clone(),
+            by: by.to_owned(),
+            reason: reason.to_owned(),
+        });
+        self.append(&mut log, vec![event]).await
+    }
+
+    /// Records by hand the outcome of the write whose completion is missing
+    /// (a human checked what happened). Exactly one event; refused unless
+    /// the run needs reconciliation. Recover or drive the run afterwards.
+    pub async fn resolve(
+        &self,
+        run_id: &RunId,
+        output: Value,
+        by: &str,
+        note: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        let mut log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        let Some(write) = log.state.dangling_write() else {
+            return Err(RuntimeError::NotReconcilable {
+                run_id: run_id.clone(),
+                status: log.state.status(),
+            });
+        };
+        let event = Event::ToolCallResolved(ToolCallResolved {
+            call_id: write.call_id.clone(),
+            by: by.to_owned(),
+            output,
+            note,
+        });
+        self.append(&mut log, vec![event]).await
+    }
+
+    /// Ends a run for good, whatever state it is in (short of terminal),
+    /// carrying the unresolved write if there is one.
+    pub async fn abandon(&self, run_id: &RunId, reason: &str) -> Result<(), RuntimeError> {
+        let mut log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        let event = Event::RunAbandoned(RunAbandoned {
+            reason: reason.to_owned(),
+            unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
+        });
+        self.append(&mut log, vec![event]).await
+    }
+
+    /// Cancels a run. If this process is driving it, the driver is
+    /// interrupted (an in-flight lease through its cancellation, an
+    /// in-flight model stream by dropping it) and records the cancellation;
+    /// otherwise the cancellation is recorded now. A write interrupted
+    /// mid-call is carried in the event as unresolved.
+    pub async fn cancel(&self, run_id: &RunId, reason: Option<String>) -> Result<(), RuntimeError> {
+        let driver = {
+            let live = self.lock_live();
+            live.get(run_id).and_then(|l| {
+                l.driver
+                    .as_ref()
+                    .map(|d| (d.cancel.clone(), Arc::clone(&d.reason), d.done.clone()))
+            })
+        };
+        if let Some((token, slot, mut done)) = driver {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
+            token.cancel();
+            // The driver records the cancellation when it stops.
+            while !*done.borrow() {
+                if done.changed().await.is_err() {
+                    break;
+                }
+            }
+            let log = self.load_log(run_id).await?;
+            if log.state.status() == RunStatus::Cancelled {
+                return Ok(());
+            }
+        }
+        let mut log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        let event = Event::RunCancelled(RunCancelled {
+            reason,
+            unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
+        });
+        self.append(&mut log, vec![event]).await
+    }
+
+    /// The run's folded state, from its log.
+    pub async fn state(&self, run_id: &RunId) -> Result<RunState, RuntimeError> {
+        Ok(self.load_log(run_id).await?.state)
+    }
+
+    /// The run's decoded events.
+    pub async fn events(&self, run_id: &RunId) -> Result<Vec<Event>, RuntimeError> {
+        self.load_events(run_id).await
+    }
+
+    /// Checks the run's hash chain end to end and reports every break.
+    pub async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, RuntimeError> {
+        Ok(self.inner.store.verify(run_id).await?)
+    }
+
+    /// Every event appended to the run from now on, plus the model's text
+    /// deltas as they stream. A slow subscriber never blocks the run: it
+    /// gets [`RunUpdate::Lagged`] and can load what it missed.
+    pub fn subscribe(&self, run_id: &RunId) -> RunUpdates {
+        let receiver = self.live_entry(run_id, |l| l.updates.subscribe());
+        RunUpdates { receiver }
+    }
+
+    // ---- driving ----
+
+    async fn drive_log(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+    ) -> Result<RunStatus, RuntimeError> {
+        let driver = self.register_driver(&log.run_id);
+        let result = async {
+            loop {
+                match self.step_once(log, prepared, &driver).await? {
+                    Step::Progressed => continue,
+                    Step::Idle(Idle::NeedsReconciliation { .. }) => {
+                        let write = log
+                            .state
+                            .dangling_write()
+                            .map(|w| Box::new(UnresolvedWrite::from(w)))
+                            .expect("a run needing reconciliation has a dangling write");
+                        return Err(RuntimeError::NeedsReconciliation {
+                            run_id: log.run_id.clone(),
+                            write,
+                        });
+                    }
+                    Step::Idle(_) => return Ok(log.state.status()),
+                }
+            }
+        }
+        .await;
+        self.unregister_driver(&log.run_id);
+        result
+    }
+
+    async fn step_once(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+    ) -> Result<Step, RuntimeError> {
+        if driver.cancel.is_cancelled() {
+            return self.record_cancel(log, driver, None).await;
+        }
+        let action = decide(&log.state, &prepared.view);
+        match action {
+            Action::Idle(idle) => Ok(Step::Idle(idle)),
+            Action::CallModel(call) => self.call_model(log, prepared, driver, call).await,
+            Action::CallTool(invocation) => self.call_tool(log, prepared, driver, invocation).await,
+            Action::RequestApproval(request) => {
+                self.request_approval(log, prepared, driver, request).await
+            }
+            Action::ObserveClock => {
+                let event = Event::ClockObserved(ClockObserved {
+                    at_ms: self.inner.clock.now_ms(),
+                });
+                self.append(log, vec![event]).await?;
+                Ok(Step::Progressed)
+            }
+            other => {
+                let event = other
+                    .event()
+                    .expect("every other action is recorded as one event");
+                self.append(log, vec![event]).await?;
+                Ok(Step::Progressed)
+            }
+        }
+    }
+
+    async fn call_model(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        call: ModelCall,
+    ) -> Result<Step, RuntimeError> {
+        if call.attempt > 1 {
+            // Back off before retrying a transient failure: 250 ms, 500 ms, …
+            let delay = Duration::from_millis(250u64 << (call.attempt - 2).min(6));
+            tokio::select! {
+                () = driver.cancel.cancelled() => return self.record_cancel(log, driver, None).await,
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+        if !call.recorded {
+            self.append(log, vec![call.intent(self.inner.record_prompts)])
+                .await?;
+        }
+        let mut stream = prepared.provider.stream(&call.request);
+        let mut assembler = ResponseAssembler::new(prepared.provider.name());
+        let outcome = loop {
+            let next = tokio::select! {
+                () = driver.cancel.cancelled() => None,
+                item = stream.next() => Some(item),
+            };
+            let Some(item) = next else {
+                drop(stream);
+                return self.record_cancel(log, driver, None).await;
+            };
+            match item {
+                None => break assembler.finish(),
+                Some(Err(e)) => break Err(e),
+                Some(Ok(event)) => {
+                    if let ProviderEvent::TextDelta(text) = &event {
+                        self.send(
+                            &log.run_id,
+                            RunUpdate::TextDelta {
+                                step: call.step,
+                                text: text.clone(),
+                            },
+                        );
+                    }
+                    if let Err(e) = assembler.push(event) {
+                        break Err(e);
+                    }
+                }
+            }
+        };
+        let event = match outcome {
+            Ok(response) => call.completion(&response, prepared.view.pricing.as_ref()),
+            Err(error) => {
+                tracing::warn!(run_id = %log.run_id, step = call.step, attempt = call.attempt, %error, "model call failed");
+                call.failure(&error)
+            }
+        };
+        self.append(log, vec![event]).await?;
+        Ok(Step::Progressed)
+    }
+
+    async fn call_tool(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        invocation: ToolInvocation,
+    ) -> Result<Step, RuntimeError> {
+        if !invocation.recorded {
+            self.append(log, vec![invocation.intent()]).await?;
+        }
+        let tool = &invocation.intent.tool;
+        let plugin = prepared
+            .plugins
+            .get(&tool.plugin)
+            .expect("the agent view only names loaded plugins");
+        let call = invocation.wit_call(&log.run_id);
+        let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool);
+        let leased = {
+            let _enter = span.enter();
+            plugin.invoke(&call, Some(&driver.cancel))
+        }
+        .await
+        .map_err(|e| plugin_error(&prepared.view, e))?;
+        if matches!(
+            &leased.result,
+            Err(e) if e.failure == LeaseFailure::Cancelled
+        ) {
+            // The call was interrupted: record the cancellation, carrying the
+            // write if it was one (its outcome is unknown).
+            return self.record_cancel(log, driver, None).await;
+        }
+        let event = invocation.completion(&leased.result, leased.receipt);
+        self.append(log, vec![event]).await?;
+        Ok(Step::Progressed)
+    }
+
+    async fn request_approval(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        request: ApprovalRequest,
+    ) -> Result<Step, RuntimeError> {
+        let plugin = prepared
+            .plugins
+            .get(&request.tool.plugin)
+            .expect("the agent view only names loaded plugins");
+        let call = request.wit_call(&log.run_id);
+        let leased = plugin
+            .preflight(&call, Some(&driver.cancel))
+            .await
+            .map_err(|e| plugin_error(&prepared.view, e))?;
+        if matches!(&leased.result, Err(e) if e.failure == LeaseFailure::Cancelled) {
+            return self.record_cancel(log, driver, None).await;
+        }
+        let event = request.event(Some((&leased.result, leased.receipt)));
+        self.append(log, vec![event]).await?;
+        Ok(Step::Progressed)
+    }
+
+    async fn record_cancel(
+        &self,
+        log: &mut Log,
+        driver: &DriverHandle,
+        reason: Option<String>,
+    ) -> Result<Step, RuntimeError> {
+        let reason = reason.or_else(|| {
+            driver
+                .reason
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone()
+        });
+        let event = Event::RunCancelled(RunCancelled {
+            reason,
+            unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
+        });
+        self.append(log, vec![event]).await?;
+        Ok(Step::Idle(Idle::Terminal(RunStatus::Cancelled)))
+    }
+
+    // ---- the log ----
+
+    async fn load_events(&self, run_id: &RunId) -> Result<Vec<Event>, RuntimeError> {
+        let stored = self.inner.store.load(run_id).await?;
+        stored
+            .iter()
+            .map(|s| {
+                decode(&s.bytes).map_err(|error| RuntimeError::Log {
+                    run_id: run_id.clone(),
+                    seq: s.seq,
+                    error,
+                })
+            })
+            .collect()
+    }
+
+    async fn load_log(&self, run_id: &RunId) -> Result<Log, RuntimeError> {
+        let events = self.load_events(run_id).await?;
+        let state = fold(&events).map_err(|error| RuntimeError::Fold {
+            run_id: run_id.clone(),
+            error,
+        })?;
+        Ok(Log {
+            run_id: run_id.clone(),
+            events,
+            state,
+        })
+    }
+
+    /// Appends `new` to the log: folded first (an impossible event is a bug
+    /// and is refused before it is written), then written with the length
+    /// the log had, then published.
+    async fn append(&self, log: &mut Log, new: Vec<Event>) -> Result<(), RuntimeError> {
+        let mut state = log.state.clone();
+        for event in &new {
+            state.apply(event).map_err(|error| RuntimeError::Fold {
+                run_id: log.run_id.clone(),
+                error,
+            })?;
+        }
+        let bytes: Vec<Bytes> = new.iter().map(|e| Bytes::from(encode(e))).collect();
+        let expected = log.events.len() as u64;
+        self.inner
+            .store
+            .append(
+                &log.run_id,
+                expected,
+                &bytes,
+                state.status().as_str(),
+                self.inner.clock.now_ms() as i64,
+            )
+            .await?;
+        log.state = state;
+        for (i, event) in new.into_iter().enumerate() {
+            let seq = expected + 1 + i as u64;
+            log.events.push(event.clone());
+            self.publish(&log.run_id, seq, event);
+        }
+        Ok(())
+    }
+
+    fn check_digest(&self, log: &Log, agent: &Agent, accept: bool) -> Result<(), RuntimeError> {
+        if !accept && log.state.agent_digest != agent.digest {
+            return Err(RuntimeError::Replay {
+                run_id: log.run_id.clone(),
+                error: ReplayError::AgentChanged {
+                    agent: agent.name.clone(),
+                    recorded: log.state.agent_digest.clone(),
+                    current: agent.digest.clone(),
+                },
+            });
+        }
+        Ok(())
+    }
+
+    fn refuse_terminal(&self, log: &Log) -> Result<(), RuntimeError> {
+        let status = log.state.status();
+        if status.is_terminal() {
+            return Err(RuntimeError::AlreadyTerminal {
+                run_id: log.run_id.clone(),
+                status,
+            });
+        }
+        Ok(())
+    }
+
+    async fn awaiting_approval(
+        &self,
+        run_id: &RunId,
+        call_id: &CallId,
+    ) -> Result<Log, RuntimeError> {
+        let log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        match log.state.parked() {
+            Some(Parked::Approval { call }) if &call.call_id == call_id => Ok(log),
+            Some(Parked::Approval { call }) => Err(RuntimeError::NotAwaitingApproval {
+                run_id: run_id.clone(),
+                call_id: call_id.clone(),
+                awaiting: call.call_id.to_string(),
+            }),
+            _ => Err(RuntimeError::NotParked {
+                run_id: run_id.clone(),
+                status: log.state.status(),
+                needed: "awaiting_approval",
+            }),
+        }
+    }
+
+    // ---- agents ----
+
+    /// Loads the agent's plugins (once per agent digest) and makes its
+    /// provider.
+    async fn prepare(&self, agent: &Agent) -> Result<Arc<Prepared>, RuntimeError> {
+        if let Some(p) = self
+            .inner
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&agent.digest)
+        {
+            return Ok(Arc::clone(p));
+        }
+        let mut plugins = HashMap::new();
+        for p in &agent.plugins {
+            let loaded = self
+                .inner
+                .plugins
+                .load(&p.source, &p.grant, &p.grant_base)
+                .await
+                .map_err(|e| RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: format!("plugin `{}`: {e}", p.key),
+                })?;
+            plugins.insert(p.key.clone(), loaded);
+        }
+        let tools: Vec<(&str, &[crate::plugins::ToolDescriptor])> = agent
+            .plugins
+            .iter()
+            .map(|p| (p.key.as_str(), plugins[&p.key].tools()))
+            .collect();
+        let view =
+            AgentView::new(agent, &tools).map_err(|e: AgentViewError| RuntimeError::Agent {
+                agent: agent.name.clone(),
+                message: e.to_string(),
+            })?;
+        let provider = match &self.inner.provider {
+            Some(p) => Arc::clone(p),
+            None => agent
+                .model
+                .provider()
+                .map_err(|error| RuntimeError::Provider {
+                    agent: agent.name.clone(),
+                    error,
+                })?,
+        };
+        let prepared = Arc::new(Prepared {
+            view,
+            plugins,
+            provider,
+        });
+        self.inner
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(agent.digest.clone(), Arc::clone(&prepared));
+        Ok(prepared)
+    }
+
+    // ---- live runs: subscribers and drivers ----
+
+    fn lock_live(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Live>> {
+        self.inner.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn live_entry<R>(&self, run_id: &RunId, f: impl FnOnce(&mut Live) -> R) -> R {
+        let mut live = self.lock_live();
+        let entry = live.entry(run_id.clone()).or_insert_with(|| Live {
+            updates: broadcast::channel(SUBSCRIBER_BUFFER).0,
+            driver: None,
+        });
+        f(entry)
+    }
+
+    fn publish(&self, run_id: &RunId, seq: u64, event: Event) {
+        self.send(
+            run_id,
+            RunUpdate::Event {
+                seq,
+                event: Arc::new(event),
+            },
+        );
+    }
+
+    fn send(&self, run_id: &RunId, update: RunUpdate) {
+        let live = self.lock_live();
+        if let Some(l) = live.get(run_id) {
+            // No receivers is fine: nobody is watching.
+            let _ = l.updates.send(update);
+        }
+    }
+
+    fn register_driver(&self, run_id: &RunId) -> DriverHandle {
+        let cancel = CancellationToken::new();
+        let reason = Arc::new(Mutex::new(None));
+        let (done_tx, done_rx) = watch::channel(false);
+        self.live_entry(run_id, |l| {
+            l.driver = Some(Driver {
+                cancel: cancel.clone(),
+                reason: Arc::clone(&reason),
+                done: done_rx,
+            })
+        });
+        DriverHandle {
+            cancel,
+            reason,
+            done: done_tx,
+        }
+    }
+
+    fn unregister_driver(&self, run_id: &RunId) {
+        let mut live = self.lock_live();
+        if let Some(l) = live.get_mut(run_id) {
+            l.driver = None;
+            if l.updates.receiver_count() == 0 {
+                live.remove(run_id);
+            }
+        }
+    }
+}
+
+/// What the driver of one run holds.
+struct DriverHandle {
+    cancel: CancellationToken,
+    reason: Arc<Mutex<Option<String>>>,
+    done: watch::Sender<bool>,
+}
+
+impl Drop for DriverHandle {
+    fn drop(&mut self) {
+        let _ = self.done.send(true);
+    }
+}
+
+fn plugin_error(view: &AgentView, e: PluginError) -> RuntimeError {
+    RuntimeError::Agent {
+        agent: view.name.clone(),
+        message: e.to_string(),
+    }
+}
+
+/// What one [`Runtime::step`] did.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Step {
+    /// Something was recorded; there may be more to do.
+    Progressed,
+    /// Nothing to do: the run is terminal or waits for a human.
+    Idle(Idle),
+}
+
+/// The updates of one run, as a stream.
+#[derive(Debug)]
+pub struct RunUpdates {
+    receiver: broadcast::Receiver<RunUpdate>,
+}
+
+impl RunUpdates {
+    /// The next update, or `None` once the runtime is gone.
+    pub async fn next(&mut self) -> Option<RunUpdate> {
+        match self.receiver.recv().await {
+            Ok(update) => Some(update),
+            Err(broadcast::error::RecvError::Lagged(missed)) => Some(RunUpdate::Lagged { missed }),
+            Err(broadcast::error::RecvError::Closed) => None,
+        }
+    }
+}

@@ -1,0 +1,811 @@
+//! The run engine end to end: real plugins in the real sandbox, a scripted
+//! model, and both stores (in-memory and SQLite). Crash tests stop a run at
+//! every event boundary, at both crash points, and check that recovery
+//! ends with the same log as an uninterrupted run and that no write ever
+//! runs twice.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::json;
+use sha2::Digest;
+use warden::engine::events::Event;
+use warden::engine::{
+    Agent, CallId, FixedClock, FixedRandom, ReplayError, ReplayOptions, RunId, RunStatus,
+    RunUpdate, Runtime, RuntimeError,
+};
+use warden::plugins::PluginHost;
+use warden::store::{
+    Appended, EventStore, MemoryStore, RunFilter, RunMeta, RunSummary, SqliteStore, StoreError,
+    StoredEvent, VerifyReport,
+};
+use warden_tests::guests;
+
+use crate::sandbox;
+
+/// A directory with an agent whose plugins are the built-in fs plugin (the
+/// `files` key, read-only over `work/`) and the hostile guest (the `hostile`
+/// key, read-write over `work/`, its `fs` tool needing no approval unless
+/// `approval` says otherwise).
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("work")).unwrap();
+        std::fs::write(dir.path().join("work/input.txt"), "the input file\n").unwrap();
+        let wasm = std::fs::read(guests::HOSTILE).unwrap();
+        let sha = hex::encode(sha2::Sha256::digest(&wasm));
+        std::fs::write(
+            dir.path().join("hostile.toml"),
+            format!(
+                "name = \"hostile\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n[mounts.workspace]\naccess = \"read-write\"\n[limits]\ntimeout = \"60s\"\n",
+                guests::HOSTILE
+            ),
+        )
+        .unwrap();
+        Fixture { dir }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// Writes the transcript and the agent file; returns the agent.
+    fn agent(&self, turns: &str, extra: &str) -> Agent {
+        std::fs::write(self.path("transcript.toml"), turns).unwrap();
+        let text = format!(
+            r#"
+name = "tester"
+instructions = "Test the engine."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[plugins.files]
+source = "builtin:fs"
+[plugins.files.grant.mounts.workspace]
+dir = "work"
+access = "read-only"
+
+[plugins.hostile]
+source = "hostile.toml"
+approval = {{ fs = "never" }}
+[plugins.hostile.grant.mounts.workspace]
+dir = "work"
+{extra}
+"#
+        );
+        std::fs::write(self.path("agent.toml"), text).unwrap();
+        Agent::load(&self.path("agent.toml"), None).unwrap()
+    }
+
+    /// Lines in the side-effect counter the `append` write adds to.
+    fn effects(&self) -> usize {
+        std::fs::read_to_string(self.path("work/effects.log"))
+            .map(|s| s.lines().count())
+            .unwrap_or(0)
+    }
+}
+
+/// Read a file, append one line (a write), finish.
+const READ_WRITE_FINISH: &str = r#"
+[[turns]]
+text = "Reading the input."
+[[turns.tool_calls]]
+name = "files__read_file"
+arguments = { path = "input.txt" }
+
+[[turns]]
+text = "Recording the effect."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = { op = "append", path = "/workspace/effects.log", content = "effect\n" }
+
+[[turns]]
+text = "All done."
+"#;
+
+fn runtime(store: Arc<dyn EventStore>) -> Runtime {
+    Runtime::new(store, PluginHost::new(sandbox().clone())).with_hooks(
+        Arc::new(FixedClock(1_700_000_000_000)),
+        Arc::new(FixedRandom(7)),
+    )
+}
+
+/// Both stores, fresh, in `dir`.
+fn stores(dir: &Path) -> Vec<(&'static str, Arc<dyn EventStore>)> {
+    vec![
+        (
+            "memory",
+            Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+        ),
+        (
+            "sqlite",
+            Arc::new(SqliteStore::open(dir.join("runs.db")).unwrap()) as Arc<dyn EventStore>,
+        ),
+    ]
+}
+
+fn id(s: &str) -> RunId {
+    RunId::new(s).unwrap()
+}
+
+fn kinds(events: &[Event]) -> Vec<&'static str> {
+    events.iter().map(|e| e.kind().as_str()).collect()
+}
+
+/// The log with the measured parts of receipts (time, fuel, memory) zeroed:
+/// they are measurements of a lease, not decisions, and differ between two
+/// executions of the same call.
+fn normalized(events: &[Event]) -> Vec<Event> {
+    events
+        .iter()
+        .cloned()
+        .map(|mut e| {
+            let receipt = match &mut e {
+                Event::ToolCallCompleted(c) => Some(&mut c.receipt),
+                Event::ApprovalRequested(a) => a.receipt.as_mut(),
+                _ => None,
+            };
+            if let Some(r) = receipt {
+                r.wall_time_us = 0;
+                r.fuel_consumed = 0;
+                r.peak_memory_bytes = 0;
+            }
+            e
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_calls_tools_and_completes_on_both_stores() {
+    let fx = Fixture::new();
+    let agent = fx.agent(READ_WRITE_FINISH, "");
+    for (name, store) in stores(fx.dir.path()) {
+        let rt = runtime(store.clone());
+        let run = rt
+            .start_with_id(&agent, id(&format!("run-{name}")), json!("go"))
+            .await
+            .unwrap();
+        assert_eq!(
+            rt.drive(&run, &agent).await.unwrap(),
+            RunStatus::Completed,
+            "{name}"
+        );
+        let events = rt.events(&run).await.unwrap();
+        assert_eq!(
+            kinds(&events),
+            [
+                "run_started",
+                "model_call_intent",
+                "model_call_completed",
+                "tool_call_intent",
+                "tool_call_completed",
+                "model_call_intent",
+                "model_call_completed",
+                "tool_call_intent",
+                "tool_call_completed",
+                "model_call_intent",
+                "model_call_completed",
+                "run_completed",
+            ],
+            "{name}"
+        );
+        match &events[4] {
+            Event::ToolCallCompleted(c) => {
+                assert!(c.receipt.fuel_consumed > 0);
+                let out = serde_json::to_string(&c.result).unwrap();
+                assert!(out.contains("the input file"), "{out}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let summary = store.summary(&run).await.unwrap();
+        assert_eq!(summary.status, "completed");
+        assert_eq!(summary.event_count, 12);
+        assert!(rt.verify(&run).await.unwrap().is_intact());
+        // Driving a finished run does nothing.
+        assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+        assert_eq!(rt.events(&run).await.unwrap().len(), 12);
+    }
+    assert_eq!(fx.effects(), 2, "one write per store");
+}
+
+#[tokio::test]
+async fn writes_wait_for_approval_and_a_denial_is_the_tools_result() {
+    let fx = Fixture::new();
+    fx.agent(READ_WRITE_FINISH, "");
+    // The same agent, but its writes need approval (the default rule).
+    let text = std::fs::read_to_string(fx.path("agent.toml"))
+        .unwrap()
+        .replace("approval = { fs = \"never\" }\n", "");
+    std::fs::write(fx.path("agent-approve.toml"), text).unwrap();
+    let agent = Agent::load(&fx.path("agent-approve.toml"), None).unwrap();
+    let rt = runtime(Arc::new(MemoryStore::new()));
+
+    let run = rt
+        .start_with_id(&agent, id("approved"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingApproval
+    );
+    assert_eq!(fx.effects(), 0);
+    let events = rt.events(&run).await.unwrap();
+    let call_id = match events.last().unwrap() {
+        Event::ApprovalRequested(a) => {
+            // The preview came from the plugin's preflight.
+            assert!(a.receipt.is_some());
+            a.call_id.clone()
+        }
+        other => panic!("{other:?}"),
+    };
+    // Approving the wrong call, or approving twice, is refused.
+    let wrong = CallId::new(9, 9);
+    assert!(matches!(
+        rt.approve(&run, &wrong, "alice").await,
+        Err(RuntimeError::NotAwaitingApproval { .. })
+    ));
+    rt.approve(&run, &call_id, "alice").await.unwrap();
+    assert!(matches!(
+        rt.approve(&run, &call_id, "alice").await,
+        Err(RuntimeError::NotParked { .. })
+    ));
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    assert_eq!(fx.effects(), 1);
+
+    let run = rt
+        .start_with_id(&agent, id("denied"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingApproval
+    );
+    rt.deny(&run, &call_id, "bob", "not today").await.unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    assert_eq!(fx.effects(), 1, "the denied write never ran");
+    let state = rt.state(&run).await.unwrap();
+    let denial = state
+        .conversation()
+        .iter()
+        .map(|m| serde_json::to_string(m).unwrap())
+        .find(|m| m.contains("not today"));
+    assert!(denial.is_some(), "the model saw the denial");
+}
+
+#[tokio::test]
+async fn a_human_tool_suspends_and_resume_validates_before_writing() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Asking."
+[[turns.tool_calls]]
+name = "ask"
+arguments = { question = "how many?" }
+
+[[turns]]
+text = "Thanks."
+"#;
+    let agent = fx.agent(
+        turns,
+        "[human_tools.ask]\ndescription = \"Ask a human\"\nresponse_schema = '{\"type\": \"object\", \"required\": [\"count\"], \"properties\": {\"count\": {\"type\": \"integer\"}}}'\n",
+    );
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("asked"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Suspended);
+    let before = rt.events(&run).await.unwrap().len();
+    for bad in [json!(null), json!({"count": "three"}), json!({})] {
+        let err = rt
+            .resume(&run, &agent, bad.clone(), None)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, RuntimeError::InputRejected { .. }),
+            "{bad}: {err}"
+        );
+    }
+    assert_eq!(
+        rt.events(&run).await.unwrap().len(),
+        before,
+        "nothing written"
+    );
+    rt.resume(&run, &agent, json!({"count": 3}), Some("carol".into()))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    // Resume on a run that is not parked is refused.
+    assert!(matches!(
+        rt.resume(&run, &agent, json!({"count": 3}), None).await,
+        Err(RuntimeError::AlreadyTerminal { .. })
+    ));
+}
+
+#[tokio::test]
+async fn a_budget_parks_the_run_and_an_extension_resumes_it() {
+    let fx = Fixture::new();
+    let agent = fx.agent(READ_WRITE_FINISH, "[budgets]\nmax_tool_calls = 1\n");
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("budget"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::BudgetExceeded
+    );
+    assert_eq!(fx.effects(), 0, "the second call never ran");
+    match rt.events(&run).await.unwrap().last().unwrap() {
+        Event::BudgetExceeded(b) => {
+            assert_eq!((b.used, b.limit), (1, 1));
+        }
+        other => panic!("{other:?}"),
+    }
+    let err = rt
+        .resume(&run, &agent, json!({"max_tool_calls": 1}), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::InputRejected { .. }), "{err}");
+    rt.resume(
+        &run,
+        &agent,
+        json!({"max_tool_calls": 5}),
+        Some("dave".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    assert_eq!(fx.effects(), 1);
+}
+
+#[tokio::test]
+async fn verbs_refuse_what_does_not_fit_and_write_nothing() {
+    let fx = Fixture::new();
+    let agent = fx.agent(READ_WRITE_FINISH, "");
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("verbs"), json!("go"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        rt.start_with_id(&agent, id("verbs"), json!("again")).await,
+        Err(RuntimeError::AlreadyStarted { .. })
+    ));
+    assert!(matches!(
+        rt.drive(&id("nope"), &agent).await,
+        Err(RuntimeError::UnknownRun { .. })
+    ));
+    assert!(matches!(
+        rt.resolve(&run, json!({}), "erin", None).await,
+        Err(RuntimeError::NotReconcilable {
+            status: RunStatus::Running,
+            ..
+        })
+    ));
+    assert!(matches!(
+        rt.approve(&run, &CallId::new(1, 1), "erin").await,
+        Err(RuntimeError::NotParked { .. })
+    ));
+    assert_eq!(rt.events(&run).await.unwrap().len(), 1);
+    rt.abandon(&run, "changed my mind").await.unwrap();
+    assert_eq!(rt.state(&run).await.unwrap().status(), RunStatus::Abandoned);
+    assert!(matches!(
+        rt.abandon(&run, "again").await,
+        Err(RuntimeError::AlreadyTerminal { .. })
+    ));
+    assert!(matches!(
+        rt.cancel(&run, None).await,
+        Err(RuntimeError::AlreadyTerminal { .. })
+    ));
+}
+
+#[tokio::test]
+async fn recovering_with_a_changed_agent_is_refused_unless_accepted_and_divergence_is_named() {
+    let fx = Fixture::new();
+    let agent = fx.agent(READ_WRITE_FINISH, "");
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("changed"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+
+    // The operator now calls the hostile plugin's tools reads: a different
+    // agent digest, and a different effect class at the recorded write.
+    let changed = fx.agent(
+        READ_WRITE_FINISH,
+        "[plugins.hostile.grant.tools.fs]\neffect = \"read\"\n",
+    );
+    assert_ne!(changed.digest, agent.digest);
+    let err = rt
+        .recover(&run, &changed, ReplayOptions::default())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            RuntimeError::Replay {
+                error: ReplayError::AgentChanged { .. },
+                ..
+            }
+        ),
+        "{err}"
+    );
+    let err = rt
+        .recover(
+            &run,
+            &changed,
+            ReplayOptions {
+                accept_agent_change: true,
+            },
+        )
+        .await
+        .unwrap_err();
+    match &err {
+        RuntimeError::Replay {
+            error: ReplayError::Divergence { position, .. },
+            ..
+        } => assert_eq!(*position, 7, "the write's intent: {err}"),
+        other => panic!("expected a divergence, got {other}"),
+    }
+    // The unchanged agent replays cleanly.
+    assert_eq!(
+        rt.recover(&run, &agent, ReplayOptions::default())
+            .await
+            .unwrap(),
+        RunStatus::Completed
+    );
+}
+
+#[tokio::test]
+async fn a_tool_finds_its_own_intent_already_in_the_store() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Looking for my own intent in the store's write-ahead log."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = { op = "contains", path = "/workspace/runs.db-wal", needle = "\"tool_call_intent\",\"call_id\":\"call-1-1\"" }
+
+[[turns]]
+text = "Done."
+"#;
+    let agent = fx.agent(turns, "");
+    // The store lives in the directory the plugin can read.
+    let store = Arc::new(SqliteStore::open(fx.path("work/runs.db")).unwrap());
+    let rt = runtime(store);
+    let run = rt
+        .start_with_id(&agent, id("write-ahead"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    match &rt.events(&run).await.unwrap()[4] {
+        Event::ToolCallCompleted(c) => {
+            let result = serde_json::to_value(&c.result).unwrap();
+            assert_eq!(result["output"]["contains"], true, "{result}");
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn cancelling_interrupts_an_in_flight_lease_and_is_recorded() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Sleeping."
+[[turns.tool_calls]]
+name = "hostile__sleep_forever"
+
+[[turns]]
+text = "Never reached."
+"#;
+    let agent = fx.agent(
+        turns,
+        "[plugins.hostile.grant.tools.sleep_forever]\neffect = \"read\"\n",
+    );
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("cancelled"), json!("go"))
+        .await
+        .unwrap();
+    let mut updates = rt.subscribe(&run);
+    let driver = {
+        let (rt, run, agent) = (rt.clone(), run.clone(), agent.clone());
+        tokio::spawn(async move { rt.drive(&run, &agent).await })
+    };
+    // Wait until the tool call is in flight.
+    loop {
+        match updates.next().await.unwrap() {
+            RunUpdate::Event { event, .. } if matches!(*event, Event::ToolCallIntent(_)) => break,
+            _ => {}
+        }
+    }
+    rt.cancel(&run, Some("operator stop".into())).await.unwrap();
+    assert_eq!(driver.await.unwrap().unwrap(), RunStatus::Cancelled);
+    match rt.events(&run).await.unwrap().last().unwrap() {
+        Event::RunCancelled(c) => {
+            assert_eq!(c.reason.as_deref(), Some("operator stop"));
+            assert_eq!(c.unresolved_write, None, "the call was a read");
+        }
+        other => panic!("{other:?}"),
+    }
+
+    // A run nobody drives is cancelled by recording it.
+    let idle = rt
+        .start_with_id(&agent, id("idle"), json!("go"))
+        .await
+        .unwrap();
+    rt.cancel(&idle, None).await.unwrap();
+    assert_eq!(
+        rt.state(&idle).await.unwrap().status(),
+        RunStatus::Cancelled
+    );
+}
+
+#[tokio::test]
+async fn subscribers_see_every_event_in_order_and_text_before_its_completion() {
+    let fx = Fixture::new();
+    let agent = fx.agent(READ_WRITE_FINISH, "");
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = id("watched");
+    let mut updates = rt.subscribe(&run);
+    rt.start_with_id(&agent, run.clone(), json!("go"))
+        .await
+        .unwrap();
+    rt.drive(&run, &agent).await.unwrap();
+    let mut seqs = Vec::new();
+    let mut saw_delta_for_step_1 = false;
+    while seqs.len() < 12 {
+        match updates.next().await.unwrap() {
+            RunUpdate::Event { seq, event } => {
+                if let Event::ModelCallCompleted(c) = &*event
+                    && c.step == 1
+                {
+                    assert!(saw_delta_for_step_1, "the delta came before the completion");
+                }
+                seqs.push(seq);
+            }
+            RunUpdate::TextDelta { step: 1, text } => {
+                assert!(!text.is_empty());
+                saw_delta_for_step_1 = true;
+            }
+            RunUpdate::TextDelta { .. } => {}
+            RunUpdate::Lagged { missed } => panic!("lagged by {missed}"),
+        }
+    }
+    assert_eq!(seqs, (1..=12).collect::<Vec<u64>>());
+}
+
+// ---- crash tests ----
+
+/// Where an injected crash strikes an append.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum CrashPoint {
+    /// The append never reaches the store.
+    BeforeWrite,
+    /// The append is durable, but the driver dies before it learns so.
+    AfterWrite,
+}
+
+/// A store that crashes the driver at its `at`-th append (counting from 0).
+struct CrashingStore {
+    inner: Arc<dyn EventStore>,
+    appends: AtomicU64,
+    at: u64,
+    point: CrashPoint,
+}
+
+fn crash() -> StoreError {
+    StoreError::Backend {
+        context: "append".into(),
+        error: Box::new(std::io::Error::other("injected crash")),
+    }
+}
+
+#[async_trait]
+impl EventStore for CrashingStore {
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError> {
+        self.inner.create(run_id, meta, first, status).await
+    }
+
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let n = self.appends.fetch_add(1, Ordering::SeqCst);
+        if n < self.at {
+            return self
+                .inner
+                .append(run_id, expected_len, events, status, updated_ms)
+                .await;
+        }
+        if n == self.at && self.point == CrashPoint::AfterWrite {
+            self.inner
+                .append(run_id, expected_len, events, status, updated_ms)
+                .await?;
+        }
+        Err(crash())
+    }
+
+    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load(run_id).await
+    }
+
+    async fn load_after(
+        &self,
+        run_id: &RunId,
+        after_seq: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load_after(run_id, after_seq).await
+    }
+
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
+        self.inner.summary(run_id).await
+    }
+
+    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.list(filter).await
+    }
+
+    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
+        self.inner.verify(run_id).await
+    }
+
+    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
+        self.inner.run_ids().await
+    }
+}
+
+/// For every append of the control run and both crash points: crash there,
+/// recover, and check the outcome.
+#[tokio::test]
+async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_runs_twice() {
+    for store_kind in ["memory", "sqlite"] {
+        let fx = Fixture::new();
+        let agent = fx.agent(READ_WRITE_FINISH, "");
+        let control_store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+        let control_rt = runtime(control_store);
+        let run = id("crash");
+        control_rt
+            .start_with_id(&agent, run.clone(), json!("go"))
+            .await
+            .unwrap();
+        assert_eq!(
+            control_rt.drive(&run, &agent).await.unwrap(),
+            RunStatus::Completed
+        );
+        let control = normalized(&control_rt.events(&run).await.unwrap());
+        let appends = control.len() as u64 - 1;
+        std::fs::remove_file(fx.path("work/effects.log")).unwrap();
+
+        let mut reconciled = 0;
+        for at in 0..appends {
+            for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
+                let case = format!("{store_kind}: crash at append {at} {point:?}");
+                let _ = std::fs::remove_file(fx.path("work/effects.log"));
+                let inner: Arc<dyn EventStore> = match store_kind {
+                    "memory" => Arc::new(MemoryStore::new()),
+                    _ => Arc::new(
+                        SqliteStore::open(fx.path(&format!("crash-{at}-{point:?}.db"))).unwrap(),
+                    ),
+                };
+                let crashing = runtime(Arc::new(CrashingStore {
+                    inner: inner.clone(),
+                    appends: AtomicU64::new(0),
+                    at,
+                    point,
+                }));
+                crashing
+                    .start_with_id(&agent, run.clone(), json!("go"))
+                    .await
+                    .unwrap();
+                let err = crashing.drive(&run, &agent).await.unwrap_err();
+                assert!(err.to_string().contains("injected crash"), "{case}: {err}");
+                drop(crashing);
+
+                // A new process: recover from what the store holds.
+                let rt = runtime(inner);
+                match rt.recover(&run, &agent, ReplayOptions::default()).await {
+                    Ok(status) => {
+                        assert_eq!(status, RunStatus::Completed, "{case}");
+                        let log = normalized(&rt.events(&run).await.unwrap());
+                        assert_eq!(log, control, "{case}");
+                        assert_eq!(fx.effects(), 1, "{case}: the write ran exactly once");
+                    }
+                    Err(RuntimeError::NeedsReconciliation { write, .. }) => {
+                        reconciled += 1;
+                        assert_eq!(write.tool.tool, "fs", "{case}");
+                        assert_eq!(write.arguments["op"], "append", "{case}");
+                        let ran = fx.effects();
+                        assert!(ran <= 1, "{case}");
+                        // Every automatic verb refuses it.
+                        assert!(matches!(
+                            rt.drive(&run, &agent).await,
+                            Err(RuntimeError::NeedsReconciliation { .. })
+                        ));
+                        // A human checks the counter and records what happened.
+                        rt.resolve(&run, json!({ "appended": ran * 7 }), "tester", None)
+                            .await
+                            .unwrap();
+                        assert_eq!(
+                            rt.recover(&run, &agent, ReplayOptions::default())
+                                .await
+                                .unwrap(),
+                            RunStatus::Completed,
+                            "{case}"
+                        );
+                        assert_eq!(fx.effects(), ran, "{case}: the write was never run again");
+                    }
+                    Err(other) => panic!("{case}: {other}"),
+                }
+            }
+        }
+        // The write's intent and completion boundaries, at both points, are
+        // the cases that need a human: after the intent was written (the
+        // effect did not run) and before its completion was written (it
+        // did).
+        assert_eq!(reconciled, 2, "{store_kind}");
+    }
+}
+
+#[tokio::test]
+async fn the_demo_agent_runs_offline_with_approval() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    for entry in ["notes.toml", "notes.transcript.toml"] {
+        std::fs::copy(examples.join(entry), dir.path().join(entry)).unwrap();
+    }
+    copy_dir(&examples.join("notes"), &dir.path().join("notes"));
+    let agent = Agent::load(&dir.path().join("notes.toml"), None).unwrap();
+    let rt = Runtime::new(
+        Arc::new(MemoryStore::new()),
+        PluginHost::new(sandbox().clone()),
+    );
+    let run = rt.start(&agent, json!("Summarise my notes")).await.unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingApproval
+    );
+    let call = match rt.events(&run).await.unwrap().last().unwrap() {
+        Event::ApprovalRequested(a) => a.call_id.clone(),
+        other => panic!("{other:?}"),
+    };
+    rt.approve(&run, &call, "test").await.unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    assert!(dir.path().join("notes/SUMMARY.md").exists());
+}
+
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
