@@ -165,10 +165,27 @@ async fn a_granted_name_that_resolves_to_loopback_is_refused_unless_the_address_
         other => panic!("{other:?}"),
     }
     assert_eq!(server.connections(), 0);
-    // `*` never allows a non-public address either.
+    // `*` never allows a non-public address either, however it is spelled:
+    // each spelling is refused by policy or fails to resolve.
     let g = net(&["*"], test_limits());
     denied(&fetch(&g, json!({ "url": url })).await);
     denied(&fetch(&g, json!({ "url": server.url("/status/200") })).await);
+    let port = server.port;
+    for spelling in [
+        "127.1",
+        "2130706433",
+        "0x7f000001",
+        "[::ffff:127.0.0.1]",
+        "[::1]",
+        "0.0.0.0",
+    ] {
+        let leased = fetch(&g, json!({ "url": format!("http://{spelling}:{port}/") })).await;
+        assert!(
+            matches!(leased.result, Ok(Err(_))),
+            "{spelling}: {:?}",
+            leased.result
+        );
+    }
     assert_eq!(server.connections(), 0);
     // Granting the address itself lets the name through, to that address.
     let g = net(&[&by_name, &server.grant()], test_limits());
