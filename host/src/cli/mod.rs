@@ -2,12 +2,19 @@
 //! This is the binary's edge: errors are `anyhow` here, printed as one line,
 //! and turned into exit codes.
 //!
-//! Exit codes: 0 success; 1 the tool (or run) failed in a way it reported
-//! itself; 2 bad usage or setup (unreadable manifest, bad grant, refused
-//! component); 3 the sandbox stopped the call (a limit, a trap, cancelled).
+//! Exit codes: 0 success (a run completed); 1 the tool or the run failed
+//! (a run failed, was cancelled or abandoned; a chain check found a break);
+//! 2 bad usage or setup (unreadable file, bad grant, refused component,
+//! unknown run, a verb that does not fit the run); 3 the sandbox stopped a
+//! call (a limit, a trap, cancelled); 4 the run is parked waiting for a
+//! human (approval, input, budget); 5 the run needs reconciliation (a write
+//! with no recorded outcome).
 
 mod plugin;
+mod render;
+mod runs;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -25,6 +32,16 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Start a run of an agent and follow it live.
+    Run(runs::RunArgs),
+    /// Operate runs: list, show, events, verify, recover, approve, deny,
+    /// resume, resolve, abandon, cancel.
+    Runs {
+        #[command(subcommand)]
+        command: runs::RunsCommand,
+        #[command(flatten)]
+        store: runs::StoreArgs,
+    },
     /// Inspect, call and test plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
@@ -39,6 +56,15 @@ pub(crate) enum Exit {
     /// The sandbox stopped the call; already printed.
     #[error("the sandbox stopped the call")]
     LeaseFailed,
+    /// The run failed, was cancelled or abandoned; already printed.
+    #[error("the run did not complete")]
+    RunFailed,
+    /// The run waits for a human; already printed.
+    #[error("the run is parked")]
+    Parked,
+    /// The run needs reconciliation; already printed.
+    #[error("the run needs reconciliation")]
+    NeedsReconciliation,
 }
 
 /// Runs the command line and returns the process's exit code.
@@ -57,14 +83,18 @@ pub fn main() -> ExitCode {
     };
     let result = runtime.block_on(async {
         match cli.command {
+            Command::Run(args) => runs::run(args).await,
+            Command::Runs { command, store } => runs::runs(command, &store).await,
             Command::Plugin(cmd) => plugin::run(cmd).await,
         }
     });
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<Exit>() {
-            Some(Exit::ToolFailed) => ExitCode::from(1),
+            Some(Exit::ToolFailed | Exit::RunFailed) => ExitCode::from(1),
             Some(Exit::LeaseFailed) => ExitCode::from(3),
+            Some(Exit::Parked) => ExitCode::from(4),
+            Some(Exit::NeedsReconciliation) => ExitCode::from(5),
             None => {
                 eprintln!("error: {e:#}");
                 ExitCode::from(2)
@@ -85,4 +115,24 @@ fn init_tracing(verbose: u8) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+/// The process's sandbox, with the per-user component cache:
+/// `$WARDEN_CACHE_DIR`, else `$XDG_CACHE_HOME/warden/components`, else
+/// `~/.cache/warden/components`.
+pub(crate) fn sandbox() -> anyhow::Result<crate::sandbox::Sandbox> {
+    let cache_dir = std::env::var_os("WARDEN_CACHE_DIR")
+        .map(PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("warden/components"))
+        })
+        .or_else(|| {
+            std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/warden/components"))
+        });
+    Ok(crate::sandbox::Sandbox::new(
+        crate::sandbox::SandboxConfig {
+            cache_dir,
+            ..crate::sandbox::SandboxConfig::default()
+        },
+    )?)
 }

@@ -11,9 +11,7 @@ use super::Exit;
 use crate::plugins::manifest::{FuelSetting, Unmetered};
 use crate::plugins::{LoadedPlugin, PluginHost, PluginSource};
 use crate::policy::{Grant, MountGrant};
-use crate::sandbox::{
-    Access, Capabilities, Limits, PluginKind, Sandbox, SandboxConfig, UsageReceipt, wit,
-};
+use crate::sandbox::{Access, Capabilities, Limits, PluginKind, Sandbox, UsageReceipt, wit};
 use crate::units::{ByteSize, HumanDuration, format_duration, parse_bytes, parse_duration};
 
 // Parsed once per process; the size difference does not matter.
@@ -129,7 +127,7 @@ pub(crate) async fn run(cmd: PluginCommand) -> anyhow::Result<()> {
 /// Loads `plugin` under the grant of `args`.
 async fn load_granted(plugin: &str, args: &GrantArgs) -> anyhow::Result<LoadedPlugin> {
     let (grant, base) = args.grant()?;
-    let host = PluginHost::new(sandbox()?);
+    let host = PluginHost::new(super::sandbox()?);
     let source: PluginSource = plugin.parse().expect("infallible");
     let plugin = host.load(&source, &grant, &base).await?;
     for line in plugin.not_granted() {
@@ -252,19 +250,6 @@ fn exit_for<T, E>(result: &Result<Result<T, E>, crate::sandbox::LeaseError>) -> 
         Ok(Err(_)) => Err(Exit::ToolFailed.into()),
         Err(_) => Err(Exit::LeaseFailed.into()),
     }
-}
-
-/// The sandbox the CLI uses, with the per-user component cache.
-fn sandbox() -> anyhow::Result<Sandbox> {
-    let cache_dir = std::env::var_os("WARDEN_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("warden")))
-        .or_else(|| std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/warden")))
-        .map(|d| d.join("components"));
-    Ok(Sandbox::new(SandboxConfig {
-        cache_dir,
-        ..SandboxConfig::default()
-    })?)
 }
 
 impl GrantArgs {
@@ -474,7 +459,7 @@ fn human_bytes(n: u64) -> String {
 }
 
 async fn inspect(target: &str, as_json: bool) -> anyhow::Result<()> {
-    let sandbox = sandbox()?;
+    let sandbox = super::sandbox()?;
     let is_wasm = Path::new(target).extension().is_some_and(|e| e == "wasm");
     if is_wasm {
         return inspect_component(&sandbox, Path::new(target), as_json).await;

@@ -77,12 +77,12 @@ pub const DEFAULT_MAX_TOKENS: u32 = 4096;
 #[non_exhaustive]
 pub enum AgentError {
     /// The file cannot be read.
-    #[error("cannot read agent `{path}`: {source}")]
+    #[error("cannot read agent `{path}`: {error}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML, or has unknown or mistyped keys.
     #[error("agent `{path}`: {message}")]
@@ -433,9 +433,9 @@ impl Agent {
     /// Reads, parses and validates the agent at `path`. An agent without a
     /// `[model]` table inherits `defaults`.
     pub fn load(path: &Path, defaults: Option<&ModelDefaults>) -> Result<Agent, AgentError> {
-        let text = std::fs::read_to_string(path).map_err(|source| AgentError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| AgentError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         Agent::parse(&text, path, defaults)
     }

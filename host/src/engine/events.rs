@@ -246,6 +246,12 @@ pub struct RunStarted {
     pub clock_seed_ms: u64,
     /// The seed of the run's randomness, drawn from the injected source.
     pub random_seed: u64,
+    /// The agent file the run was started from, as a hint for tools that
+    /// continue it later (`warden runs approve` and friends); the digest, not
+    /// the path, decides whether an agent may continue the run. Omitted when
+    /// the agent was not read from a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_file: Option<String>,
 }
 
 /// [`Event::ModelCallIntent`].
@@ -854,6 +860,28 @@ pub(crate) mod tests {
         }
     }
 
+    /// A field added after the first release is omitted when absent, so the
+    /// bytes of events that lack it never change.
+    #[test]
+    fn run_started_carries_the_agent_file_only_when_known() {
+        let started = RunStarted {
+            run_id: RunId::new("r1").unwrap(),
+            agent: "demo".into(),
+            agent_digest: AgentDigest::from_hex("ab12"),
+            input: json!("go"),
+            labels: BTreeMap::new(),
+            clock_seed_ms: 1,
+            random_seed: 2,
+            agent_file: Some("/agents/demo.toml".into()),
+        };
+        let bytes = encode(&Event::RunStarted(started.clone()));
+        assert_eq!(
+            String::from_utf8(bytes.clone()).unwrap(),
+            r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"go","clock_seed_ms":1,"random_seed":2,"agent_file":"/agents/demo.toml"}}"#
+        );
+        assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started));
+    }
+
     /// One sample of every kind, with its pinned bytes.
     fn samples() -> Vec<(Event, &'static str)> {
         vec![
@@ -866,6 +894,7 @@ pub(crate) mod tests {
                     labels: BTreeMap::from([("team".into(), "ops".into())]),
                     clock_seed_ms: 1_700_000_000_000,
                     random_seed: 42,
+                    agent_file: None,
                 }),
                 r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"read my notes","labels":{"team":"ops"},"clock_seed_ms":1700000000000,"random_seed":42}}"#,
             ),

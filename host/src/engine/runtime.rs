@@ -452,6 +452,8 @@ impl Runtime {
             labels: all.clone(),
             clock_seed_ms: now,
             random_seed: self.inner.random.next_u64(),
+            agent_file: (!agent.path.as_os_str().is_empty())
+                .then(|| agent.path.display().to_string()),
         });
         let meta = RunMeta {
             agent: agent.name.clone(),

@@ -112,6 +112,7 @@ fn started() -> Event {
         labels: Default::default(),
         clock_seed_ms: 10_000,
         random_seed: 7,
+        agent_file: None,
     })
 }
 

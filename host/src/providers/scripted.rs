@@ -41,12 +41,12 @@ use super::{
 #[non_exhaustive]
 pub enum ScriptError {
     /// The file cannot be read.
-    #[error("cannot read transcript `{path}`: {source}")]
+    #[error("cannot read transcript `{path}`: {error}")]
     Read {
         /// The file.
         path: PathBuf,
         /// The cause.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// The file is not valid TOML or JSON, or has unknown or mistyped keys.
     #[error("transcript `{path}`: {message}")]
@@ -130,9 +130,9 @@ impl ScriptedProvider {
     /// Reads a transcript: JSON if the file name ends in `.json`, TOML
     /// otherwise.
     pub fn load(path: &Path) -> Result<Self, ScriptError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ScriptError::Read {
+        let text = std::fs::read_to_string(path).map_err(|error| ScriptError::Read {
             path: path.to_owned(),
-            source,
+            error,
         })?;
         let json = path
             .extension()

@@ -1,0 +1,171 @@
+//! How events look on a terminal: one readable line (sometimes a few) per
+//! event, shared by `warden run`'s live output and `warden runs show`.
+
+use serde_json::Value;
+
+use crate::engine::events::{Event, ToolCallResult};
+use crate::engine::{RunId, RunStatus};
+use crate::sandbox::UsageReceipt;
+
+/// The line(s) for one event, or `None` for events not worth a line.
+pub(crate) fn event(event: &Event) -> Option<String> {
+    Some(match event {
+        Event::RunStarted(s) => format!(
+            "run {} of agent `{}` started with input {}",
+            s.run_id,
+            s.agent,
+            short(&s.input, 200)
+        ),
+        Event::ModelCallIntent(i) if i.attempt > 1 => {
+            format!(
+                "· step {}: calling the model (attempt {})",
+                i.step, i.attempt
+            )
+        }
+        Event::ModelCallIntent(i) => format!("· step {}: calling the model", i.step),
+        Event::ModelCallCompleted(c) => {
+            let mut line = format!(
+                "· step {}: {} tokens in, {} out",
+                c.step, c.usage.input_tokens, c.usage.output_tokens
+            );
+            if let Some(cost) = c.cost_nanos {
+                line.push_str(&format!(", cost {:.6}", cost as f64 / 1e9));
+            }
+            line
+        }
+        Event::ModelCallFailed(f) => {
+            format!("! step {}: model call failed: {}", f.step, f.error.message)
+        }
+        Event::ToolCallRejected(r) => format!("✗ {} rejected: {}", r.call_id, r.error),
+        Event::ToolCallIntent(i) => format!(
+            "→ {} {} [{}] {}",
+            i.call_id,
+            i.tool.model_name(),
+            i.effect,
+            short(&i.arguments, 300)
+        ),
+        Event::ToolCallCompleted(c) => {
+            let result = match &c.result {
+                ToolCallResult::Output(v) => format!("ok {}", short(v, 300)),
+                ToolCallResult::Error(e) => format!("error: {e}"),
+            };
+            format!("← {} {result} ({})", c.call_id, receipt(&c.receipt))
+        }
+        Event::ToolCallResolved(r) => format!(
+            "← {} resolved by {}: {}{}",
+            r.call_id,
+            r.by,
+            short(&r.output, 300),
+            r.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+        Event::ApprovalRequested(a) => {
+            let mut text = format!("? {} {} needs approval", a.call_id, a.tool.model_name());
+            if let Some(p) = &a.preview {
+                text.push_str(&format!(": {}", p.summary));
+                if !p.detail.is_empty() {
+                    for line in p.detail.lines() {
+                        text.push_str(&format!("\n    {line}"));
+                    }
+                }
+            }
+            if let Some(e) = &a.preflight_error {
+                text.push_str(&format!(" (preview failed: {e})"));
+            }
+            text
+        }
+        Event::ApprovalGranted(g) => format!("✓ {} approved by {}", g.call_id, g.by),
+        Event::ApprovalDenied(d) => format!("✗ {} denied by {}: {}", d.call_id, d.by, d.reason),
+        Event::Suspended(s) => format!("… suspended at {}: {}", s.call_id, s.reason),
+        Event::Resumed(r) => format!("… resumed with {}", short(&r.input, 200)),
+        Event::BudgetExceeded(b) => format!(
+            "! budget {} exceeded: used {} of {}",
+            b.budget, b.used, b.limit
+        ),
+        Event::BudgetExtended(e) => format!(
+            "… budget extended: {}",
+            serde_json::to_string(&e.limits).unwrap_or_default()
+        ),
+        Event::ClockObserved(_) | Event::RandomObserved(_) => return None,
+        Event::RunCompleted(c) => format!("✓ completed: {}", text_of(&c.output)),
+        Event::RunFailed(f) => format!("✗ failed: {}", f.error),
+        Event::RunCancelled(c) => format!(
+            "✗ cancelled{}",
+            c.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        Event::RunAbandoned(a) => format!("✗ abandoned: {}", a.reason),
+    })
+}
+
+/// A receipt in a few words.
+pub(crate) fn receipt(r: &UsageReceipt) -> String {
+    format!(
+        "{} · fuel {} · {:.2} ms",
+        r.outcome,
+        r.fuel_consumed,
+        r.wall_time_us as f64 / 1000.0
+    )
+}
+
+/// What to do next with a run in `status`, as a command line.
+pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> Option<String> {
+    match status {
+        RunStatus::AwaitingApproval => {
+            let call = events.iter().rev().find_map(|e| match e {
+                Event::ApprovalRequested(a) => Some(a.call_id.to_string()),
+                _ => None,
+            })?;
+            Some(format!(
+                "approve with: warden runs approve {run_id} {call}\n   or deny with: warden runs deny {run_id} {call} --reason '…'"
+            ))
+        }
+        RunStatus::Suspended => {
+            let schema = events.iter().rev().find_map(|e| match e {
+                Event::Suspended(s) => Some(s.schema.to_string()),
+                _ => None,
+            })?;
+            Some(format!(
+                "answer with: warden runs resume {run_id} --input '<JSON matching {schema}>'"
+            ))
+        }
+        RunStatus::BudgetExceeded => {
+            let budget = events.iter().rev().find_map(|e| match e {
+                Event::BudgetExceeded(b) => Some(b.budget.setting()),
+                _ => None,
+            })?;
+            Some(format!(
+                "extend with: warden runs resume {run_id} --input '{{\"{budget}\": <new limit>}}'"
+            ))
+        }
+        RunStatus::NeedsReconciliation => Some(format!(
+            "check whether the write happened, then: warden runs resolve {run_id} --output '<its output as JSON>'\n   or give up with: warden runs abandon {run_id} --reason '…'"
+        )),
+        _ => None,
+    }
+}
+
+/// A final output as text: strings bare, anything else as JSON.
+pub(crate) fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// JSON cut to about `max` bytes for one line.
+pub(crate) fn short(v: &Value, max: usize) -> String {
+    let text = v.to_string();
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
+}
