@@ -30,12 +30,12 @@ use crate::sandbox;
 /// `files` key, read-only over `work/`) and the hostile guest (the `hostile`
 /// key, read-write over `work/`, its `fs` tool needing no approval unless
 /// `approval` says otherwise).
-struct Fixture {
-    dir: tempfile::TempDir,
+pub(crate) struct Fixture {
+    pub(crate) dir: tempfile::TempDir,
 }
 
 impl Fixture {
-    fn new() -> Fixture {
+    pub(crate) fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("work")).unwrap();
         std::fs::write(dir.path().join("work/input.txt"), "the input file\n").unwrap();
@@ -57,7 +57,7 @@ impl Fixture {
     }
 
     /// Writes the transcript and the agent file; returns the agent.
-    fn agent(&self, turns: &str, extra: &str) -> Agent {
+    pub(crate) fn agent(&self, turns: &str, extra: &str) -> Agent {
         std::fs::write(self.path("transcript.toml"), turns).unwrap();
         let text = format!(
             r#"
