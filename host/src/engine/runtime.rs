@@ -275,7 +275,7 @@ pub enum RunUpdate {
 }
 
 /// Updates buffered per run for slow subscribers before they lag.
-const SUBSCRIBER_BUFFER: usize = 1024;
+const SUBSCRIBER_BUFFER: usize = 256;
 
 /// The engine: runs, verbs and subscribers over a store, plugins and
 /// providers. Cheap to clone.
@@ -687,7 +687,11 @@ impl Runtime {
     /// gets [`RunUpdate::Lagged`] and can load what it missed.
     pub fn subscribe(&self, run_id: &RunId) -> RunUpdates {
         let receiver = self.live_entry(run_id, |l| l.updates.subscribe());
-        RunUpdates { receiver }
+        RunUpdates {
+            receiver,
+            runtime: Arc::downgrade(&self.inner),
+            run_id: run_id.clone(),
+        }
     }
 
     // ---- driving ----
@@ -1156,10 +1160,35 @@ pub enum Step {
     Idle(Idle),
 }
 
-/// The updates of one run, as a stream.
-#[derive(Debug)]
+/// The updates of one run, as a stream. Dropping it unsubscribes.
 pub struct RunUpdates {
     receiver: broadcast::Receiver<RunUpdate>,
+    runtime: std::sync::Weak<Inner>,
+    run_id: RunId,
+}
+
+impl std::fmt::Debug for RunUpdates {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunUpdates")
+            .field("run_id", &self.run_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RunUpdates {
+    fn drop(&mut self) {
+        // The last subscriber of a run nobody drives here takes the run's
+        // channel with it.
+        if let Some(inner) = self.runtime.upgrade() {
+            let mut live = inner.live.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(l) = live.get(&self.run_id)
+                && l.driver.is_none()
+                && l.updates.receiver_count() <= 1
+            {
+                live.remove(&self.run_id);
+            }
+        }
+    }
 }
 
 impl RunUpdates {
@@ -1170,5 +1199,46 @@ impl RunUpdates {
             Err(broadcast::error::RecvError::Lagged(missed)) => Some(RunUpdate::Lagged { missed }),
             Err(broadcast::error::RecvError::Closed) => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sandbox::{Sandbox, SandboxConfig};
+    use crate::store::MemoryStore;
+
+    fn runtime() -> Runtime {
+        let sandbox = Sandbox::new(SandboxConfig {
+            max_concurrent_leases: 1,
+            ..SandboxConfig::default()
+        })
+        .unwrap();
+        Runtime::new(Arc::new(MemoryStore::new()), PluginHost::new(sandbox))
+    }
+
+    #[test]
+    fn a_dropped_subscription_leaves_nothing_behind() {
+        let rt = runtime();
+        let run = RunId::new("r").unwrap();
+        let first = rt.subscribe(&run);
+        let second = rt.subscribe(&run);
+        assert_eq!(rt.lock_live().len(), 1);
+        drop(first);
+        assert_eq!(rt.lock_live().len(), 1, "one subscriber is still there");
+        drop(second);
+        assert!(rt.lock_live().is_empty());
+    }
+
+    #[test]
+    fn the_builders_keep_what_was_set_before() {
+        let rt = runtime()
+            .with_record_prompts(true)
+            .with_labels(BTreeMap::from([("team".into(), "ops".into())]))
+            .with_hooks(Arc::new(FixedClock(5)), Arc::new(FixedRandom(9)));
+        assert!(rt.inner.record_prompts);
+        assert_eq!(rt.inner.labels["team"], "ops");
+        assert_eq!(rt.inner.clock.now_ms(), 5);
+        assert_eq!(rt.inner.random.next_u64(), 9);
     }
 }

@@ -1,0 +1,252 @@
+//! Benchmarks of the run engine, printing figures:
+//! - replay (load + decode + checked fold) of a 10,000-event run, on the
+//!   in-memory and SQLite stores;
+//! - steps per second for 1,000 concurrent runs with the scripted provider
+//!   and a no-op tool plugin, on both stores;
+//! - memory per parked run (resident set growth over 1,000 runs parked for
+//!   approval).
+//!
+//! `cargo bench -p warden-tests --bench engine`. `ENGINE_BENCH_RUNS` changes
+//! the number of concurrent runs (default 1,000).
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sha2::Digest;
+use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, decode, replay};
+use warden::plugins::PluginHost;
+use warden::sandbox::{Sandbox, SandboxConfig};
+use warden::store::{EventStore, MemoryStore, SqliteStore};
+use warden_tests::guests;
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let dir = tempfile::tempdir().unwrap();
+        let sandbox = Sandbox::new(SandboxConfig {
+            cache_dir: Some(std::env::temp_dir().join("warden-bench-components")),
+            max_concurrent_leases: 256,
+            ..SandboxConfig::default()
+        })
+        .unwrap();
+        replay_bench(dir.path(), &sandbox).await;
+        let runs: usize = std::env::var("ENGINE_BENCH_RUNS")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(1000);
+        concurrency_bench(dir.path(), &sandbox, runs).await;
+        parked_memory_bench(dir.path(), &sandbox, runs).await;
+    });
+}
+
+/// An agent over the no-op guest whose scripted model calls `noop` once per
+/// turn for `turns` turns, then answers; its `noop` needs approval when
+/// `approval` is set.
+fn agent(dir: &Path, name: &str, turns: usize, approval: bool) -> Agent {
+    let wasm = std::fs::read(guests::NOOP).unwrap();
+    let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    std::fs::write(
+        dir.join("noop.toml"),
+        format!(
+            "name = \"noop\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n",
+            guests::NOOP
+        ),
+    )
+    .unwrap();
+    let mut transcript = String::new();
+    for _ in 0..turns {
+        transcript
+            .push_str("[[turns]]\ntext = \"again\"\n[[turns.tool_calls]]\nname = \"noop__noop\"\n");
+    }
+    transcript.push_str("[[turns]]\ntext = \"done\"\n");
+    std::fs::write(dir.join(format!("{name}.transcript.toml")), transcript).unwrap();
+    let rule = if approval { "always" } else { "never" };
+    std::fs::write(
+        dir.join(format!("{name}.toml")),
+        format!(
+            "name = \"{name}\"\ninstructions = \"bench\"\n[model]\nprovider = \"scripted\"\nname = \"s\"\ntranscript = \"{name}.transcript.toml\"\n[plugins.noop]\nsource = \"noop.toml\"\napproval = {{ noop = \"{rule}\" }}\n"
+        ),
+    )
+    .unwrap();
+    Agent::load(&dir.join(format!("{name}.toml")), None).unwrap()
+}
+
+async fn replay_bench(dir: &Path, sandbox: &Sandbox) {
+    // Four events per turn (model intent and completion, tool intent and
+    // completion): 2,500 turns make a 10,000-event run.
+    let agent = agent(dir, "long", 2_499, false);
+    for (name, store) in [
+        (
+            "memory",
+            Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+        ),
+        (
+            "sqlite",
+            Arc::new(SqliteStore::open(dir.join("replay.db")).unwrap()) as Arc<dyn EventStore>,
+        ),
+    ] {
+        let runtime = Runtime::new(store.clone(), PluginHost::new(sandbox.clone()));
+        let run = RunId::new("long").unwrap();
+        runtime
+            .start_with_id(&agent, run.clone(), json!("go"))
+            .await
+            .unwrap();
+        let t = Instant::now();
+        assert_eq!(
+            runtime.drive(&run, &agent).await.unwrap(),
+            RunStatus::Completed
+        );
+        let recorded = t.elapsed();
+        let mut load = Vec::new();
+        let mut decode_fold = Vec::new();
+        let mut count = 0;
+        let view = view_of(sandbox, &agent).await;
+        for _ in 0..10 {
+            let t = Instant::now();
+            let stored = store.load(&run).await.unwrap();
+            load.push(t.elapsed());
+            let t = Instant::now();
+            let events: Vec<_> = stored.iter().map(|s| decode(&s.bytes).unwrap()).collect();
+            replay(&events, &view, ReplayOptions::default()).unwrap();
+            decode_fold.push(t.elapsed());
+            count = events.len();
+        }
+        let (l, d) = (median(&mut load), median(&mut decode_fold));
+        println!(
+            "replay of a {count}-event run ({name}): load + chain check {:.1} ms, decode + checked replay {:.1} ms, total {:.1} ms (recording it took {:.1} s)",
+            ms(l),
+            ms(d),
+            ms(l + d),
+            recorded.as_secs_f64()
+        );
+    }
+}
+
+/// The agent's view as the runtime builds it (plugins loaded; components
+/// come from the sandbox's cache).
+async fn view_of(sandbox: &Sandbox, agent: &Agent) -> warden::engine::AgentView {
+    let host = PluginHost::new(sandbox.clone());
+    let mut loaded = Vec::new();
+    for p in &agent.plugins {
+        loaded.push((
+            p.key.clone(),
+            host.load(&p.source, &p.grant, &p.grant_base).await.unwrap(),
+        ));
+    }
+    let tools: Vec<(&str, &[warden::plugins::ToolDescriptor])> = loaded
+        .iter()
+        .map(|(k, p)| (k.as_str(), p.tools()))
+        .collect();
+    warden::engine::AgentView::new(agent, &tools).unwrap()
+}
+
+async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
+    let agent = agent(dir, "short", 4, false);
+    for (name, store) in [
+        (
+            "memory",
+            Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+        ),
+        (
+            "sqlite",
+            Arc::new(SqliteStore::open(dir.join("concurrent.db")).unwrap()) as Arc<dyn EventStore>,
+        ),
+    ] {
+        let runtime = Runtime::new(store.clone(), PluginHost::new(sandbox.clone()));
+        // Load the plugins once before timing.
+        let warm = RunId::new(format!("warm-{name}")).unwrap();
+        runtime
+            .start_with_id(&agent, warm.clone(), json!("go"))
+            .await
+            .unwrap();
+        runtime.drive(&warm, &agent).await.unwrap();
+
+        let t = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..runs {
+            let (runtime, agent) = (runtime.clone(), agent.clone());
+            tasks.push(tokio::spawn(async move {
+                let run = RunId::new(format!("run-{i}")).unwrap();
+                runtime
+                    .start_with_id(&agent, run.clone(), json!("go"))
+                    .await
+                    .unwrap();
+                runtime.drive(&run, &agent).await
+            }));
+        }
+        let mut failures = 0;
+        for task in tasks {
+            if !matches!(task.await.unwrap(), Ok(RunStatus::Completed)) {
+                failures += 1;
+            }
+        }
+        let elapsed = t.elapsed();
+        // Steps: 5 model calls + 4 tool calls per run.
+        let steps = runs * 9;
+        let events = store
+            .summary(&RunId::new("run-0").unwrap())
+            .await
+            .unwrap()
+            .event_count;
+        println!(
+            "{runs} concurrent runs ({name}): {:.2} s, {:.0} steps/s, {:.0} events/s, {failures} failures",
+            elapsed.as_secs_f64(),
+            steps as f64 / elapsed.as_secs_f64(),
+            (events as usize * runs) as f64 / elapsed.as_secs_f64(),
+        );
+    }
+}
+
+async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
+    let agent = agent(dir, "parked", 1, true);
+    let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(dir.join("parked.db")).unwrap());
+    let runtime = Runtime::new(store, PluginHost::new(sandbox.clone()));
+    let warm = RunId::new("warm").unwrap();
+    runtime
+        .start_with_id(&agent, warm.clone(), json!("go"))
+        .await
+        .unwrap();
+    runtime.drive(&warm, &agent).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let before = rss_bytes();
+    for i in 0..runs {
+        let run = RunId::new(format!("parked-{i}")).unwrap();
+        runtime
+            .start_with_id(&agent, run.clone(), json!("go"))
+            .await
+            .unwrap();
+        assert_eq!(
+            runtime.drive(&run, &agent).await.unwrap(),
+            RunStatus::AwaitingApproval
+        );
+    }
+    let after = rss_bytes();
+    println!(
+        "memory per parked run: {:.1} KiB of resident memory over {runs} runs parked for approval (the runtime keeps no per-run state; what grows is the store's cache)",
+        (after.saturating_sub(before)) as f64 / runs as f64 / 1024.0
+    );
+}
+
+fn rss_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").unwrap_or_default();
+    let pages: u64 = statm
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    pages * 4096
+}
+
+fn median(v: &mut [Duration]) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
