@@ -19,4 +19,5 @@ pub mod providers;
 pub mod sandbox;
 pub mod store;
 pub mod testkit;
+pub mod toml_errors;
 pub mod units;

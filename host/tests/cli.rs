@@ -492,3 +492,211 @@ fn context_sources_resolve_and_channels_deliver_from_the_shell() {
         stderr(&out)
     );
 }
+
+/// A copy of the notes demo agent in a fresh directory.
+fn demo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    for file in ["notes.toml", "notes.transcript.toml"] {
+        std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("notes")).unwrap();
+    for entry in std::fs::read_dir(examples.join("notes")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            dir.path().join("notes").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+#[test]
+fn run_parks_for_approval_and_runs_approve_finishes_it() {
+    let dir = demo();
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "Summarise my notes",
+            "--run-id",
+            "demo-1",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("→ call-1-1 fs__list_dir [read]"), "{text}");
+    assert!(
+        text.contains("needs approval: create `SUMMARY.md`"),
+        "{text}"
+    );
+    assert!(text.contains("run demo-1: awaiting_approval"), "{text}");
+    assert!(
+        text.contains("warden runs approve demo-1 call-3-1"),
+        "{text}"
+    );
+    assert!(!dir.path().join("notes/SUMMARY.md").exists());
+
+    let out = warden(
+        &["runs", "approve", "demo-1", "call-3-1", "--by", "tester"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run demo-1: completed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(dir.path().join("notes/SUMMARY.md").exists());
+
+    let out = warden(&["runs", "list", "--json"], dir.path());
+    let runs: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(runs[0]["run_id"], "demo-1");
+    assert_eq!(runs[0]["status"], "completed");
+    let out = warden(
+        &["runs", "list", "--status", "awaiting_approval", "--json"],
+        dir.path(),
+    );
+    assert_eq!(
+        serde_json::from_str::<Value>(&stdout(&out)).unwrap(),
+        serde_json::json!([])
+    );
+
+    let out = warden(&["runs", "events", "demo-1"], dir.path());
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines[0]["event"]["type"], "run_started");
+    assert_eq!(lines.last().unwrap()["event"]["type"], "run_completed");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["event"]["type"] == "approval_granted" && l["event"]["by"] == "tester")
+    );
+
+    let out = warden(&["runs", "show", "demo-1"], dir.path());
+    assert!(
+        stdout(&out).contains("✓ call-3-1 approved by tester"),
+        "{}",
+        stdout(&out)
+    );
+    let out = warden(&["runs", "verify"], dir.path());
+    assert!(out.status.success());
+    assert!(stdout(&out).contains("demo-1: intact"), "{}", stdout(&out));
+}
+
+#[test]
+fn run_json_prints_one_event_per_line_and_a_final_status() {
+    let dir = demo();
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "j", "--json"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4));
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
+    assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
+    assert_eq!(lines.last().unwrap()["status"], "awaiting_approval");
+    let out = warden(
+        &["runs", "deny", "j", "call-3-1", "--reason", "no", "--json"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(!dir.path().join("notes/SUMMARY.md").exists());
+}
+
+/// Bad input to `warden run` and `warden runs`: one line naming what was
+/// wrong, exit 2, nothing recorded.
+#[test]
+fn run_verbs_refuse_bad_input_and_record_nothing() {
+    let dir = demo();
+    std::fs::write(
+        dir.path().join("bad.toml"),
+        "name = \"x\"\ninstructions = \"\"\nsurprise = 1\n",
+    )
+    .unwrap();
+    let unknown_tool = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace(
+            "[plugins.fs.grant.tools.search]",
+            "[plugins.fs.grant.tools.format_disk]",
+        );
+    std::fs::write(dir.path().join("unknown-tool.toml"), unknown_tool).unwrap();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "done"], dir.path());
+    assert_eq!(out.status.code(), Some(4));
+    let ok = warden(&["runs", "approve", "done", "call-3-1"], dir.path());
+    assert!(ok.status.success());
+    let parked = warden(
+        &["run", "notes.toml", "go", "--run-id", "parked"],
+        dir.path(),
+    );
+    assert_eq!(parked.status.code(), Some(4));
+
+    let cases: &[(&[&str], &str)] = &[
+        (&["run", "bad.toml", "go"], "surprise"),
+        (&["run", "missing.toml", "go"], "missing.toml"),
+        (&["run", "unknown-tool.toml", "go"], "format_disk"),
+        (&["runs", "show", "nope"], "nope"),
+        (
+            &["runs", "approve", "nope", "call-1-1"],
+            "unknown run `nope`",
+        ),
+        (
+            &["runs", "approve", "done", "call-3-1"],
+            "run `done` is already completed",
+        ),
+        (
+            &["runs", "resolve", "parked", "--output", "{}"],
+            "run `parked` is awaiting_approval: there is no write to resolve",
+        ),
+        (
+            &["runs", "approve", "parked", "call-9-9"],
+            "call `call-9-9` is not awaiting approval (awaiting: call-3-1)",
+        ),
+        (
+            &["runs", "resume", "parked", "--input", "{}"],
+            "run `parked` is awaiting_approval, not suspended or budget_exceeded",
+        ),
+        (&["runs", "cancel", "done"], "already completed"),
+        (
+            &["run", "notes.toml", "go", "--run-id", "done"],
+            "run `done` already exists",
+        ),
+        (
+            &["run", "notes.toml", "go", "--label", "novalue"],
+            "--label `novalue`",
+        ),
+    ];
+    for (args, expected) in cases {
+        let out = warden(args, dir.path());
+        let err = stderr(&out);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+        assert!(
+            err.contains(expected),
+            "{args:?}: expected `{expected}` in: {err}"
+        );
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    }
+    let out = warden(&["runs", "list", "--json"], dir.path());
+    let runs: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let statuses: Vec<(&str, &str)> = runs
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| (r["run_id"].as_str().unwrap(), r["status"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        statuses,
+        [("done", "completed"), ("parked", "awaiting_approval")],
+        "only the good runs were recorded, and the refusals changed nothing"
+    );
+    let out = warden(&["runs", "events", "parked"], dir.path());
+    let last: Value = serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"]["type"], "approval_requested");
+}

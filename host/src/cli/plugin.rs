@@ -261,8 +261,13 @@ impl GrantArgs {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .with_context(|| format!("cannot read grant file `{}`", path.display()))?;
-                let grant: Grant = toml::from_str(&text)
-                    .with_context(|| format!("grant file `{}`", path.display()))?;
+                let grant: Grant = toml::from_str(&text).map_err(|e| {
+                    anyhow::anyhow!(
+                        "grant file `{}`: {}",
+                        path.display(),
+                        crate::toml_errors::one_line(&text, &e)
+                    )
+                })?;
                 let base = path.parent().map_or(cwd.clone(), |p| cwd.join(p));
                 (grant, base)
             }

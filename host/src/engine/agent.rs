@@ -449,7 +449,7 @@ impl Agent {
     ) -> Result<Agent, AgentError> {
         let file: AgentFile = toml::from_str(text).map_err(|e| AgentError::Parse {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
+            message: crate::toml_errors::one_line(text, &e),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         validate(file, path, base, defaults)

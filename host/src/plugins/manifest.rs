@@ -240,7 +240,7 @@ impl Manifest {
     pub fn parse(text: &str, path: &Path, base_dir: &Path) -> Result<Manifest, ManifestError> {
         let raw: RawManifest = toml::from_str(text).map_err(|e| ManifestError::Parse {
             path: path.to_owned(),
-            message: e.to_string().trim_end().to_owned(),
+            message: crate::toml_errors::one_line(text, &e),
         })?;
         let invalid = |key: &str, message: String| ManifestError::Invalid {
             path: path.to_owned(),

@@ -145,7 +145,7 @@ impl ScriptedProvider {
         let parsed: Result<TranscriptFile, String> = if json {
             serde_json::from_str(text).map_err(|e| e.to_string())
         } else {
-            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())
+            toml::from_str(text).map_err(|e| crate::toml_errors::one_line(text, &e))
         };
         let file = parsed.map_err(|message| ScriptError::Parse {
             path: path.to_owned(),
@@ -402,7 +402,7 @@ usage = { input_tokens = 120, output_tokens = 8 }
             (
                 "turns = 3",
                 false,
-                "transcript `t`: TOML parse error at line 1",
+                "transcript `t`: line 1, column 9: invalid type",
             ),
             (
                 "[[turns]]\ntext = \"a\"\nextra = 1\n",
