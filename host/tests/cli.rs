@@ -700,3 +700,42 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
     let last: Value = serde_json::from_str(stdout(&out).lines().last().unwrap()).unwrap();
     assert_eq!(last["event"]["type"], "approval_requested");
 }
+
+/// On a terminal, `warden run` asks for approval and goes on with the
+/// answer. The terminal comes from util-linux `script`.
+#[test]
+fn on_a_terminal_run_asks_for_approval_and_continues() {
+    if Command::new("script").arg("--version").output().is_err() {
+        eprintln!("SKIPPED: util-linux `script` is not installed, so no terminal can be faked");
+        return;
+    }
+    let dir = demo();
+    let command = format!(
+        "{} run notes.toml 'Summarise my notes' --run-id tty",
+        env!("CARGO_BIN_EXE_warden")
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &command, "/dev/null"])
+        .current_dir(dir.path())
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-cli-test-cache"),
+        )
+        .env("USER", "terminal-user")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        // The answer waits in the terminal's input until the prompt reads it.
+        stdin.write_all(b"y\n").unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let text = stdout(&out);
+    assert!(text.contains("approve call-3-1?"), "{text}");
+    assert!(text.contains("approved by terminal-user"), "{text}");
+    assert!(text.contains("run tty: completed"), "{text}");
+    assert!(dir.path().join("notes/SUMMARY.md").exists());
+}

@@ -2,6 +2,7 @@
 //! operate runs recorded in the store.
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -395,14 +396,24 @@ async fn continue_run(rt: &Runtime, run: &RunId, drive: DriveArgs) -> anyhow::Re
 }
 
 /// How to continue a run while following it.
+#[derive(Clone)]
 enum Drive {
     Drive(Agent),
     Recover(Agent, ReplayOptions),
 }
 
+impl Drive {
+    fn agent(&self) -> &Agent {
+        match self {
+            Drive::Drive(agent) | Drive::Recover(agent, _) => agent,
+        }
+    }
+}
+
 /// Drives the run while printing its events as they are recorded (and the
 /// model's text as it streams), then says how the run stands and what to do
-/// next.
+/// next. On a terminal, a call awaiting approval is put to the user, and the
+/// run goes on with their answer.
 async fn follow(
     rt: &Runtime,
     run: &RunId,
@@ -410,74 +421,49 @@ async fn follow(
     json: bool,
     how: Drive,
 ) -> anyhow::Result<()> {
-    let driving = {
-        let (rt, run) = (rt.clone(), run.clone());
-        tokio::spawn(async move {
-            match how {
-                Drive::Drive(agent) => rt.drive(&run, &agent).await,
-                Drive::Recover(agent, options) => rt.recover(&run, &agent, options).await,
-            }
-        })
-    };
-    tokio::pin!(driving);
+    let interactive = !json && std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
+    let mut how = how;
     let mut last_seq = 0;
-    let mut in_text = false;
-    let result = loop {
-        tokio::select! {
-            biased;
-            update = updates.next() => match update {
-                Some(RunUpdate::Event { seq, event }) => {
-                    if in_text {
-                        println!();
-                        in_text = false;
+    let status = loop {
+        let result =
+            drive_and_print(rt, run, &mut updates, json, how.clone(), &mut last_seq).await?;
+        let status = match result {
+            Ok(status) => status,
+            Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
+                if json {
+                    println!(
+                        "{}",
+                        json!({ "run_id": run_id.to_string(), "status": "needs_reconciliation", "write": *write })
+                    );
+                } else {
+                    eprintln!(
+                        "run {run_id} needs reconciliation: write {} to {} with {} has no recorded outcome",
+                        write.call_id,
+                        write.tool.model_name(),
+                        write.arguments
+                    );
+                    if let Some(next) =
+                        render::next_step(&run_id, RunStatus::NeedsReconciliation, &[])
+                    {
+                        eprintln!("   {next}");
                     }
-                    print_event(seq, &event, json);
-                    last_seq = seq;
                 }
-                Some(RunUpdate::TextDelta { text, .. }) if !json => {
-                    if !in_text {
-                        print!("  ");
-                        in_text = true;
-                    }
-                    print!("{text}");
-                }
-                Some(_) | None => {}
-            },
-            result = &mut driving => break result.context("the driver panicked")?,
-        }
-    };
-    if in_text {
-        println!();
-    }
-    // Whatever was recorded after the last update seen.
-    for stored in rt.store().load_after(run, last_seq).await? {
-        if let Ok(event) = decode(&stored.bytes) {
-            print_event(stored.seq, &event, json);
-        }
-    }
-    let status = match result {
-        Ok(status) => status,
-        Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
-            if json {
-                println!(
-                    "{}",
-                    json!({ "run_id": run_id.to_string(), "status": "needs_reconciliation", "write": *write })
-                );
-            } else {
-                eprintln!(
-                    "run {run_id} needs reconciliation: write {} to {} with {} has no recorded outcome",
-                    write.call_id,
-                    write.tool.model_name(),
-                    write.arguments
-                );
-                if let Some(next) = render::next_step(&run_id, RunStatus::NeedsReconciliation, &[])
-                {
-                    eprintln!("   {next}");
-                }
+                return Err(Exit::NeedsReconciliation.into());
             }
-            return Err(Exit::NeedsReconciliation.into());
+            Err(e) => return Err(e.into()),
+        };
+        if status == RunStatus::AwaitingApproval && interactive {
+            let events = rt.events(run).await?;
+            if let Some(call) = events.iter().rev().find_map(|e| match e {
+                Event::ApprovalRequested(a) => Some(a.call_id.clone()),
+                _ => None,
+            }) {
+                ask_approval(rt, run, &call).await?;
+                how = Drive::Drive(how.agent().clone());
+                continue;
+            }
         }
-        Err(e) => return Err(e.into()),
+        break status;
     };
     let events = rt.events(run).await?;
     if json {
@@ -496,6 +482,92 @@ async fn follow(
         RunStatus::NeedsReconciliation => Err(Exit::NeedsReconciliation.into()),
         _ => Err(Exit::RunFailed.into()),
     }
+}
+
+/// Asks the user at the terminal to approve `call`: `y` approves, anything
+/// else denies with that text as the reason.
+async fn ask_approval(rt: &Runtime, run: &RunId, call: &CallId) -> anyhow::Result<()> {
+    use std::io::Write as _;
+    print!("approve {call}? [y = approve, anything else = deny with that reason] ");
+    std::io::stdout().flush()?;
+    let answer = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line).map(|_| line)
+    })
+    .await??;
+    let answer = answer.trim();
+    let by = user(None);
+    if answer.eq_ignore_ascii_case("y") || answer.eq_ignore_ascii_case("yes") {
+        rt.approve(run, call, &by).await?;
+    } else {
+        let reason = if answer.is_empty() {
+            "denied at the terminal"
+        } else {
+            answer
+        };
+        rt.deny(run, call, &by, reason).await?;
+    }
+    Ok(())
+}
+
+/// One drive of the run, printing updates as they come; returns how the
+/// drive ended.
+async fn drive_and_print(
+    rt: &Runtime,
+    run: &RunId,
+    updates: &mut crate::engine::RunUpdates,
+    json: bool,
+    how: Drive,
+    last_seq: &mut u64,
+) -> anyhow::Result<Result<RunStatus, RuntimeError>> {
+    let driving = {
+        let (rt, run) = (rt.clone(), run.clone());
+        tokio::spawn(async move {
+            match how {
+                Drive::Drive(agent) => rt.drive(&run, &agent).await,
+                Drive::Recover(agent, options) => rt.recover(&run, &agent, options).await,
+            }
+        })
+    };
+    tokio::pin!(driving);
+    let mut in_text = false;
+    let result = loop {
+        tokio::select! {
+            biased;
+            update = updates.next() => match update {
+                Some(RunUpdate::Event { seq, event }) => {
+                    if in_text {
+                        println!();
+                        in_text = false;
+                    }
+                    if seq > *last_seq {
+                        print_event(seq, &event, json);
+                        *last_seq = seq;
+                    }
+                }
+                Some(RunUpdate::TextDelta { text, .. }) if !json => {
+                    if !in_text {
+                        print!("  ");
+                        in_text = true;
+                    }
+                    print!("{text}");
+                }
+                Some(_) | None => {}
+            },
+            result = &mut driving => break result.context("the driver panicked")?,
+        }
+    };
+    if in_text {
+        println!();
+    }
+    // Whatever was recorded after the last update seen.
+    for stored in rt.store().load_after(run, *last_seq).await? {
+        if let Ok(event) = decode(&stored.bytes) {
+            print_event(stored.seq, &event, json);
+            *last_seq = stored.seq;
+        }
+    }
+    Ok(result)
 }
 
 fn print_event(seq: u64, event: &Event, json: bool) {
