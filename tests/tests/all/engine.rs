@@ -809,3 +809,27 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+#[tokio::test]
+async fn step_performs_one_logical_operation_at_a_time() {
+    use warden::engine::Step;
+    let fx = Fixture::new();
+    let agent = fx.agent(READ_WRITE_FINISH, "");
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("stepped"), json!("go"))
+        .await
+        .unwrap();
+    let mut lengths = vec![rt.events(&run).await.unwrap().len()];
+    loop {
+        match rt.step(&run, &agent).await.unwrap() {
+            Step::Progressed => lengths.push(rt.events(&run).await.unwrap().len()),
+            Step::Idle(_) => break,
+        }
+    }
+    // Each model or tool call is one step (intent + completion); finishing is
+    // one more.
+    assert_eq!(lengths, [1, 3, 5, 7, 9, 11, 12]);
+    assert_eq!(rt.state(&run).await.unwrap().status(), RunStatus::Completed);
+    assert_eq!(fx.effects(), 1);
+}
