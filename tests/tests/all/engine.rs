@@ -821,11 +821,8 @@ async fn step_performs_one_logical_operation_at_a_time() {
         .await
         .unwrap();
     let mut lengths = vec![rt.events(&run).await.unwrap().len()];
-    loop {
-        match rt.step(&run, &agent).await.unwrap() {
-            Step::Progressed => lengths.push(rt.events(&run).await.unwrap().len()),
-            Step::Idle(_) => break,
-        }
+    while let Step::Progressed = rt.step(&run, &agent).await.unwrap() {
+        lengths.push(rt.events(&run).await.unwrap().len());
     }
     // Each model or tool call is one step (intent + completion); finishing is
     // one more.

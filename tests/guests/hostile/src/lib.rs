@@ -379,8 +379,8 @@ fn fs_op(args: &Value) -> Result<String, ToolError> {
                 "contains" => {
                     let needle = str_arg(args, "needle")?.as_bytes();
                     fs::read(path).map(|bytes| {
-                        let found = !needle.is_empty()
-                            && bytes.windows(needle.len()).any(|w| w == needle);
+                        let found =
+                            !needle.is_empty() && bytes.windows(needle.len()).any(|w| w == needle);
                         json!({ "contains": found })
                     })
                 }
