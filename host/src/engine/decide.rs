@@ -137,6 +137,7 @@ impl ModelCall {
             step: self.step,
             text: response.text.clone(),
             tool_calls: response.tool_calls.clone(),
+            blocks: response.blocks.clone(),
             usage: response.usage,
             cost_nanos: pricing.map(|p| p.cost_nanos(&response.usage)),
             pricing: pricing.cloned(),

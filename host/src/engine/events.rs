@@ -22,7 +22,7 @@ use serde_json::Value;
 use super::budget::{BudgetLimits, BudgetOverrun, Pricing};
 use super::ids::{AgentDigest, CallId, RequestHash, RunId};
 use crate::policy::EffectClass;
-use crate::providers::{ModelRequest, ProviderError, StopReason, ToolCall, Usage};
+use crate::providers::{ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage};
 use crate::sandbox::{LeaseError, Outcome, UsageReceipt, wit};
 
 /// The format version this build writes, and the newest it reads.
@@ -281,6 +281,11 @@ pub struct ModelCallCompleted {
     /// The tool calls, in order, with the provider's ids. Omitted when none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// Content blocks kept verbatim (reasoning and its signature, server
+    /// tool blocks), sent back to the provider with the conversation.
+    /// Omitted when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub blocks: Vec<RawBlock>,
     /// Tokens used.
     pub usage: Usage,
     /// What the call cost, in nano-units of the pricing's currency. Omitted
@@ -916,6 +921,7 @@ pub(crate) mod tests {
                         name: "fs__write_file".into(),
                         arguments: json!({"path": "a.txt", "content": "hi"}),
                     }],
+                    blocks: vec![],
                     usage: Usage {
                         input_tokens: 120,
                         output_tokens: 9,

@@ -1001,6 +1001,7 @@ impl RunState {
                 self.messages.push(Message::Assistant {
                     text: c.text.clone(),
                     tool_calls: c.tool_calls.clone(),
+                    blocks: c.blocks.clone(),
                 });
             }
             Event::ModelCallFailed(f) => {

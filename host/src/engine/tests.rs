@@ -144,6 +144,7 @@ fn answer_with(step: u32, text: &str, calls: &[(&str, Value)], stop: StopReason)
                 arguments: args.clone(),
             })
             .collect(),
+        blocks: vec![],
         usage: Usage {
             input_tokens: 10,
             output_tokens: 10,
@@ -760,6 +761,7 @@ fn usage_and_the_conversation_are_folded_from_the_log() {
                     .iter()
                     .map(|c| c.call.clone())
                     .collect(),
+                blocks: vec![],
             },
         ]
     );
@@ -777,7 +779,8 @@ fn usage_and_the_conversation_are_folded_from_the_log() {
             tool("m1-4", "ask", "yes", false),
             Message::Assistant {
                 text: "All done.".into(),
-                tool_calls: vec![]
+                tool_calls: vec![],
+                blocks: vec![],
             },
         ]
     );
@@ -1330,6 +1333,7 @@ fn action_events_record_exactly_the_decision() {
     let response = crate::providers::ModelResponse {
         text: "hi".into(),
         tool_calls: vec![],
+        blocks: vec![],
         usage: Usage {
             input_tokens: 1000,
             output_tokens: 10,

@@ -5,20 +5,29 @@
 //! typed [`ProviderError`] (transient or permanent).
 //!
 //! [`scripted`] replays a transcript file, offline and deterministically: the
-//! default for the demo and the tests. Real HTTP providers implement the same
-//! trait.
+//! default for the demo and the tests. [`openai`] speaks OpenAI-compatible
+//! chat completions and [`anthropic`] the Anthropic Messages API, both over
+//! [`http`] (the shared client, retries, the call loop) and [`sse`]
+//! (server-sent events).
 //!
 //! Invariant: this module knows nothing about runs, events or budgets. The
 //! engine builds requests and records responses; a provider only talks to a
 //! model.
 
+pub mod anthropic;
+pub mod http;
+pub mod openai;
 pub mod scripted;
+mod sse;
 
 use std::pin::Pin;
 
 use futures::Stream;
 use serde::{Deserialize, Serialize};
 
+pub use anthropic::{AnthropicOptions, AnthropicProvider};
+pub use http::{HttpClient, HttpConfig, RetrySleep, Secret, TokioSleep};
+pub use openai::{MaxTokensField, OpenAiOptions, OpenAiProvider};
 pub use scripted::{ScriptError, ScriptedProvider};
 
 /// One request to a model: everything the model sees for one call.
@@ -55,6 +64,10 @@ pub enum Message {
         /// The tools it called, in order.
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         tool_calls: Vec<ToolCall>,
+        /// Content blocks the engine does not interpret (reasoning, server
+        /// tool results), kept verbatim so the provider can send them back.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        blocks: Vec<RawBlock>,
     },
     /// The result of one tool call, answering the assistant's call with the
     /// same id.
@@ -85,6 +98,23 @@ pub struct ToolCall {
     pub name: String,
     /// The arguments, normally a JSON object.
     pub arguments: serde_json::Value,
+}
+
+/// A content block of a model's answer that the engine does not interpret
+/// (a reasoning block and its signature, a server-side tool's use and
+/// result, a block type newer than this build), kept verbatim: it is
+/// recorded with the completion and sent back, in its place, whenever the
+/// conversation is replayed to the same wire format.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawBlock {
+    /// The wire format it came from (`anthropic`); only that format sends
+    /// it back.
+    pub format: String,
+    /// Its position among the answer's content blocks, from 0.
+    pub index: u32,
+    /// The block as the provider sent it, its deltas applied.
+    pub block: serde_json::Value,
 }
 
 /// A tool offered to the model.
@@ -154,6 +184,8 @@ pub enum ProviderEvent {
     TextDelta(String),
     /// A complete tool call (providers assemble argument deltas first).
     ToolCall(ToolCall),
+    /// A complete content block the engine keeps without interpreting.
+    Block(RawBlock),
     /// Token usage so far. A provider may report it more than once; the
     /// largest value seen for each field wins.
     Usage(Usage),
@@ -188,6 +220,8 @@ pub struct ModelResponse {
     pub text: String,
     /// The tool calls, in order.
     pub tool_calls: Vec<ToolCall>,
+    /// Blocks kept verbatim, in order.
+    pub blocks: Vec<RawBlock>,
     /// Tokens used; zero where the provider reported none.
     pub usage: Usage,
     /// Why the model stopped.
@@ -223,6 +257,7 @@ impl ResponseAssembler {
         match event {
             ProviderEvent::TextDelta(delta) => self.response.text.push_str(&delta),
             ProviderEvent::ToolCall(call) => self.response.tool_calls.push(call),
+            ProviderEvent::Block(block) => self.response.blocks.push(block),
             ProviderEvent::Usage(usage) => {
                 let total = &mut self.response.usage;
                 total.input_tokens = total.input_tokens.max(usage.input_tokens);
@@ -287,6 +322,20 @@ pub enum ProviderError {
         /// What `Retry-After` asked for, in milliseconds.
         retry_after_ms: Option<u64>,
     },
+    /// The model's API reported an error in the middle of a response (an
+    /// `error` event). Transient when its kind says so (overloaded, a
+    /// server error, a rate limit).
+    #[error("provider `{provider}`: the model reported `{kind}` mid-stream: {message}")]
+    Remote {
+        /// The provider.
+        provider: String,
+        /// The error's type, as the API named it.
+        kind: String,
+        /// Its message.
+        message: String,
+        /// Whether trying again may succeed.
+        transient: bool,
+    },
     /// The response could not be understood: malformed JSON or stream, an
     /// event out of order. Permanent.
     #[error("provider `{provider}`: malformed response: {message}")]
@@ -319,6 +368,7 @@ impl ProviderError {
             ProviderError::Http { status, .. } => {
                 matches!(status, 408 | 409 | 429 | 529) || (500..600).contains(status)
             }
+            ProviderError::Remote { transient, .. } => *transient,
             ProviderError::Protocol { .. }
             | ProviderError::InvalidRequest { .. }
             | ProviderError::Script(_) => false,
@@ -348,6 +398,7 @@ mod tests {
                         name: "fs__read_file".into(),
                         arguments: json!({"path": "a"}),
                     }],
+                    blocks: vec![],
                 },
                 r#"{"role":"assistant","tool_calls":[{"id":"c1","name":"fs__read_file","arguments":{"path":"a"}}]}"#,
             ),

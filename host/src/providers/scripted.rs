@@ -310,6 +310,7 @@ usage = { input_tokens = 120, output_tokens = 8 }
             messages.push(Message::Assistant {
                 text: format!("turn {i}"),
                 tool_calls: vec![],
+                blocks: vec![],
             });
         }
         ModelRequest {
