@@ -207,6 +207,13 @@ pub fn display_url(uri: &Uri) -> String {
     format!("{scheme}://{host}{port}{}{query}", uri.path())
 }
 
+/// Checks a base URL as [`HttpConfig::base_url`] takes it: `http` or
+/// `https`, a host, no credentials. The error does not repeat a URL that
+/// carries credentials.
+pub fn check_base_url(base: &str) -> Result<(), String> {
+    join_url(base, "").map(|_| ())
+}
+
 /// `base` with `path` appended to its path, its query kept.
 fn join_url(base: &str, path: &str) -> Result<Uri, String> {
     let authority = base
