@@ -806,6 +806,9 @@ struct Call {
 struct Open {
     body: ResponseBody,
     sse: SseParser,
+    /// Events read but not yet decoded: one is decoded per step, so what
+    /// came before an error is handed out before the error is seen.
+    queued: VecDeque<SseEvent>,
     decoder: Box<dyn StreamDecoder>,
     span: tracing::Span,
     _permit: OwnedSemaphorePermit,
@@ -850,6 +853,9 @@ impl Call {
                 _ => None,
             };
             let too_long = retry_after.is_some_and(|ms| ms > MAX_RETRY_AFTER.as_millis() as u64);
+            // Events of a failed attempt that were never handed out go
+            // with it.
+            self.pending.clear();
             if !retry || too_long {
                 tracing::debug!(provider = e.wire.name(), attempt = self.attempt, %error, "model call failed");
                 self.finished = true;
@@ -945,6 +951,7 @@ impl Call {
         self.open = Some(Open {
             body,
             sse: SseParser::new(MAX_RESPONSE_EVENT),
+            queued: VecDeque::new(),
             decoder: e.wire.decoder(),
             span,
             _permit: permit,
@@ -977,9 +984,20 @@ impl Call {
         }
     }
 
-    /// Reads the next piece of a streamed body into `pending`.
+    /// Decodes the next event of a streamed body into `pending`, reading
+    /// more of the body when none is queued.
     async fn read(&mut self, open: &mut Open) -> Result<(), ProviderError> {
         let timeout = self.endpoint.timeout;
+        if !open.decoder.is_complete()
+            && let Some(event) = open.queued.pop_front()
+        {
+            let decoded = open
+                .decoder
+                .event(&event)
+                .map_err(|e| self.decode_error(e))?;
+            self.pending.extend(decoded);
+            return Ok(());
+        }
         if open.decoder.is_complete() {
             // Everything was decoded; read on to the body's end so the
             // connection can be pooled, but never fail the call for it.
@@ -1003,16 +1021,7 @@ impl Call {
             provider: self.endpoint.wire.name().into(),
             message: e.to_string(),
         })?;
-        for event in events {
-            if open.decoder.is_complete() {
-                break;
-            }
-            let decoded = open
-                .decoder
-                .event(&event)
-                .map_err(|e| self.decode_error(e))?;
-            self.pending.extend(decoded);
-        }
+        open.queued.extend(events);
         Ok(())
     }
 }
