@@ -181,10 +181,11 @@ pub fn retry_after_ms(headers: &HeaderMap, now: SystemTime) -> Option<u64> {
     };
     let millis =
         |secs: f64| (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0).ceil() as u64);
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if let Some(ms) = millis(ms / 1000.0) {
-            return Some(ms);
-        }
+    if let Some(ms) = text("retry-after-ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .and_then(|ms| millis(ms / 1000.0))
+    {
+        return Some(ms);
     }
     let value = text(RETRY_AFTER.as_str())?;
     if let Ok(secs) = value.parse::<u64>() {
@@ -1112,44 +1113,35 @@ mod tests {
     #[test]
     fn retry_after_reads_seconds_fractions_dates_and_milliseconds() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let headers = |pairs: &[(&'static str, &str)]| {
-            let mut h = HeaderMap::new();
-            for (k, v) in pairs {
-                h.insert(*k, HeaderValue::from_str(v).unwrap());
-            }
-            h
-        };
-        let cases: &[(&[(&str, &str)], Option<u64>)] = &[
-            (&[("retry-after", "7")], Some(7_000)),
-            (&[("retry-after", " 1.5 ")], Some(1_500)),
-            (&[("retry-after", "-1")], None),
-            (&[("retry-after", "soon")], None),
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        type Headers<'a> = Vec<(&'a str, &'a str)>;
+        let cases: Vec<(Headers<'_>, Option<u64>)> = vec![
+            (vec![("retry-after", "7")], Some(7_000)),
+            (vec![("retry-after", " 1.5 ")], Some(1_500)),
+            (vec![("retry-after", "-1")], None),
+            (vec![("retry-after", "soon")], None),
             (
-                &[("retry-after-ms", "250"), ("retry-after", "9")],
+                vec![("retry-after-ms", "250"), ("retry-after", "9")],
                 Some(250),
             ),
             (
-                &[("retry-after-ms", "x"), ("retry-after", "9")],
+                vec![("retry-after-ms", "x"), ("retry-after", "9")],
                 Some(9_000),
             ),
-            (
-                &[(
-                    "retry-after",
-                    &httpdate::fmt_http_date(now + Duration::from_secs(30)),
-                )],
-                Some(30_000),
-            ),
-            (
-                &[(
-                    "retry-after",
-                    &httpdate::fmt_http_date(now - Duration::from_secs(30)),
-                )],
-                Some(0),
-            ),
-            (&[], None),
+            (vec![("retry-after", &later)], Some(30_000)),
+            (vec![("retry-after", &earlier)], Some(0)),
+            (vec![], None),
         ];
         for (pairs, expected) in cases {
-            assert_eq!(retry_after_ms(&headers(pairs), now), *expected, "{pairs:?}");
+            let mut headers = HeaderMap::new();
+            for (k, v) in &pairs {
+                headers.insert(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            assert_eq!(retry_after_ms(&headers, now), expected, "{pairs:?}");
         }
     }
 

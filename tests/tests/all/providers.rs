@@ -1397,7 +1397,7 @@ async fn a_stream_broken_after_its_first_event_is_recorded_once_and_the_step_ret
                 // The first request breaks off after the first text delta.
                 let at = full.find("Let ").unwrap();
                 let end = at + full[at..].find("\n\n").unwrap() + 2;
-                Reply::sse(vec![full[..end].as_bytes().to_vec()]).then(After::Cut)
+                Reply::sse(vec![full.as_bytes()[..end].to_vec()]).then(After::Cut)
             } else {
                 Reply::sse(awkward_pieces(full.as_bytes()))
             }
@@ -1441,7 +1441,7 @@ async fn cancelling_a_run_mid_stream_closes_the_connection() {
             let full = render_stream(wire, &turns[0]);
             let at = full.find("Let ").unwrap();
             let end = at + full[at..].find("\n\n").unwrap() + 2;
-            Reply::sse(vec![full[..end].as_bytes().to_vec()]).then(After::Hang)
+            Reply::sse(vec![full.as_bytes()[..end].to_vec()]).then(After::Hang)
         })
         .await;
         let agent = write_agent(dir.path(), &model_table(Some(wire), Some(&server), ""));
