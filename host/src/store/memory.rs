@@ -11,8 +11,8 @@ use bytes::Bytes;
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, EventStore, RunFilter, RunId, RunMeta, RunSummary,
-    StoreError, StoredEvent, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, EventStore, Lease, PruneFilter, QUEUED, RunFilter,
+    RunId, RunMeta, RunSummary, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -22,6 +22,7 @@ use super::{
 pub struct MemoryStore {
     chain: Chain,
     runs: Mutex<HashMap<RunId, MemRun>>,
+    tombstones: Mutex<HashMap<RunId, Tombstone>>,
 }
 
 #[derive(Debug)]
@@ -34,6 +35,10 @@ pub(crate) struct MemRun {
     pub(crate) count: u64,
     pub(crate) head: ChainHash,
     pub(crate) events: Vec<StoredEvent>,
+    /// The held lease (live or expired; `None` once released).
+    lease: Option<Lease>,
+    /// The newest fencing token issued.
+    lease_token: u64,
 }
 
 impl MemRun {
@@ -47,7 +52,38 @@ impl MemRun {
             created_ms: self.meta.created_ms,
             updated_ms: self.updated_ms,
             event_count: self.count,
+            lease: self.lease.clone(),
+            lease_token: self.lease_token,
         }
+    }
+
+    /// Whether a lease other than `owner`'s is live at `now_ms`.
+    fn live_lease(&self, now_ms: i64) -> Option<&Lease> {
+        self.lease.as_ref().filter(|l| !l.is_expired(now_ms))
+    }
+
+    fn issue_lease(&mut self, run_id: &RunId, owner: &str, now_ms: i64, ttl_ms: i64) -> Lease {
+        self.lease_token += 1;
+        let lease = Lease {
+            run_id: run_id.clone(),
+            owner: owner.to_owned(),
+            token: self.lease_token,
+            expires_ms: now_ms.saturating_add(ttl_ms),
+        };
+        self.lease = Some(lease.clone());
+        lease
+    }
+
+    /// Whether `lease` is the current one.
+    fn holds(&self, lease: &Lease) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|l| l.token == lease.token && l.owner == lease.owner)
+    }
+
+    fn claimable(&self, now_ms: i64) -> bool {
+        (self.status == QUEUED || (self.status == "running" && self.lease_token > 0))
+            && self.live_lease(now_ms).is_none()
     }
 
     fn rows(&self, after: u64) -> Vec<RawRow> {
@@ -81,6 +117,7 @@ impl MemoryStore {
         Self {
             chain: Chain::new(Some(key)),
             runs: Mutex::default(),
+            tombstones: Mutex::default(),
         }
     }
 
@@ -99,68 +136,44 @@ impl MemoryStore {
         edit(self.runs().get_mut(run_id).expect("tampered run exists"));
     }
 
-    fn unknown(run_id: &RunId) -> StoreError {
-        StoreError::UnknownRun {
-            run_id: run_id.clone(),
-        }
+    fn tombstones(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Tombstone>> {
+        self.tombstones
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
-}
 
-#[async_trait]
-impl EventStore for MemoryStore {
-    async fn create(
-        &self,
-        run_id: &RunId,
-        meta: RunMeta,
-        first_event: Bytes,
-        status: &str,
-    ) -> Result<Appended, StoreError> {
-        let mut runs = self.runs();
-        if runs.contains_key(run_id) {
-            return Err(StoreError::AlreadyExists {
+    /// An unknown run: [`StoreError::Pruned`] if it left a tombstone.
+    fn unknown(&self, run_id: &RunId) -> StoreError {
+        match self.tombstones().get(run_id) {
+            Some(t) => StoreError::Pruned {
                 run_id: run_id.clone(),
-            });
-        }
-        let hash = self
-            .chain
-            .link(&self.chain.genesis(run_id), 1, &first_event);
-        let updated_ms = meta.created_ms;
-        runs.insert(
-            run_id.clone(),
-            MemRun {
-                meta,
-                status: status.to_owned(),
-                updated_ms,
-                count: 1,
-                head: hash,
-                events: vec![StoredEvent {
-                    seq: 1,
-                    bytes: first_event,
-                    hash,
-                }],
+                event_count: t.event_count,
+                head: t.head,
             },
-        );
-        Ok(Appended {
-            event_count: 1,
-            head: hash,
-        })
+            None => StoreError::UnknownRun {
+                run_id: run_id.clone(),
+            },
+        }
     }
 
-    async fn append(
+    fn fenced(lease: &Lease, run: &MemRun) -> StoreError {
+        StoreError::Fenced {
+            run_id: lease.run_id.clone(),
+            token: lease.token,
+            current: run.lease_token,
+        }
+    }
+
+    /// The append itself, once the caller's checks passed.
+    fn append_checked(
         &self,
         run_id: &RunId,
+        run: &mut MemRun,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        if events.is_empty() {
-            return Err(StoreError::EmptyAppend {
-                run_id: run_id.clone(),
-            });
-        }
-        let mut runs = self.runs();
-        let run = runs.get_mut(run_id).ok_or_else(|| Self::unknown(run_id))?;
         if run.count != expected_len {
             return Err(StoreError::Conflict {
                 run_id: run_id.clone(),
@@ -197,6 +210,67 @@ impl EventStore for MemoryStore {
             head: run.head,
         })
     }
+}
+
+#[async_trait]
+impl EventStore for MemoryStore {
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first_event: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError> {
+        let mut runs = self.runs();
+        if runs.contains_key(run_id) || self.tombstones().contains_key(run_id) {
+            return Err(StoreError::AlreadyExists {
+                run_id: run_id.clone(),
+            });
+        }
+        let hash = self
+            .chain
+            .link(&self.chain.genesis(run_id), 1, &first_event);
+        let updated_ms = meta.created_ms;
+        runs.insert(
+            run_id.clone(),
+            MemRun {
+                meta,
+                status: status.to_owned(),
+                updated_ms,
+                count: 1,
+                head: hash,
+                events: vec![StoredEvent {
+                    seq: 1,
+                    bytes: first_event,
+                    hash,
+                }],
+                lease: None,
+                lease_token: 0,
+            },
+        );
+        Ok(Appended {
+            event_count: 1,
+            head: hash,
+        })
+    }
+
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        let mut runs = self.runs();
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        self.append_checked(run_id, run, expected_len, events, status, updated_ms)
+    }
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
         self.load_after(run_id, 0).await
@@ -209,7 +283,7 @@ impl EventStore for MemoryStore {
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let (start, rows, recorded) = {
             let runs = self.runs();
-            let run = runs.get(run_id).ok_or_else(|| Self::unknown(run_id))?;
+            let run = runs.get(run_id).ok_or_else(|| self.unknown(run_id))?;
             if after_seq >= run.count {
                 return Ok(Vec::new());
             }
@@ -236,7 +310,7 @@ impl EventStore for MemoryStore {
 
     async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
         let runs = self.runs();
-        let run = runs.get(run_id).ok_or_else(|| Self::unknown(run_id))?;
+        let run = runs.get(run_id).ok_or_else(|| self.unknown(run_id))?;
         Ok(run.summary(run_id))
     }
 
@@ -257,7 +331,7 @@ impl EventStore for MemoryStore {
     async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
         let (rows, recorded) = {
             let runs = self.runs();
-            let run = runs.get(run_id).ok_or_else(|| Self::unknown(run_id))?;
+            let run = runs.get(run_id).ok_or_else(|| self.unknown(run_id))?;
             (run.rows(0), run.recorded())
         };
         let walk = chain::walk(
@@ -281,5 +355,138 @@ impl EventStore for MemoryStore {
         let mut ids: Vec<RunId> = self.runs().keys().cloned().collect();
         ids.sort();
         Ok(ids)
+    }
+
+    async fn acquire_lease(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let mut runs = self.runs();
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        if let Some(live) = run.live_lease(now_ms)
+            && live.owner != owner
+        {
+            return Err(StoreError::Leased {
+                run_id: run_id.clone(),
+                owner: live.owner.clone(),
+                expires_ms: live.expires_ms,
+            });
+        }
+        Ok(run.issue_lease(run_id, owner, now_ms, ttl_ms))
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let mut runs = self.runs();
+        let run = runs
+            .get_mut(&lease.run_id)
+            .ok_or_else(|| self.unknown(&lease.run_id))?;
+        if !run.holds(lease) {
+            return Err(Self::fenced(lease, run));
+        }
+        let renewed = Lease {
+            expires_ms: now_ms.saturating_add(ttl_ms),
+            ..lease.clone()
+        };
+        run.lease = Some(renewed.clone());
+        Ok(renewed)
+    }
+
+    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+        let mut runs = self.runs();
+        let run = runs
+            .get_mut(&lease.run_id)
+            .ok_or_else(|| self.unknown(&lease.run_id))?;
+        if run.holds(lease) {
+            run.lease = None;
+            if let Some(status) = status {
+                run.status = status.to_owned();
+            }
+        }
+        Ok(())
+    }
+
+    async fn append_fenced(
+        &self,
+        lease: &Lease,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let run_id = &lease.run_id;
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        let mut runs = self.runs();
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        if !run.holds(lease) {
+            return Err(Self::fenced(lease, run));
+        }
+        self.append_checked(run_id, run, expected_len, events, status, updated_ms)
+    }
+
+    async fn claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let mut runs = self.runs();
+        let mut claimable: Vec<(i64, RunId)> = runs
+            .iter()
+            .filter(|(_, run)| run.claimable(now_ms))
+            .map(|(id, run)| (run.meta.created_ms, id.clone()))
+            .collect();
+        claimable.sort();
+        Ok(claimable
+            .into_iter()
+            .take(limit)
+            .map(|(_, id)| {
+                let run = runs.get_mut(&id).expect("listed above");
+                run.issue_lease(&id, owner, now_ms, ttl_ms)
+            })
+            .collect())
+    }
+
+    async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
+        let mut runs = self.runs();
+        let mut doomed: Vec<RunId> = runs
+            .iter()
+            .filter(|(_, run)| {
+                filter.matches(&run.status, run.updated_ms) && run.live_lease(now_ms).is_none()
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        doomed.sort();
+        let mut tombstones = self.tombstones();
+        Ok(doomed
+            .into_iter()
+            .map(|id| {
+                let run = runs.remove(&id).expect("listed above");
+                let tombstone = Tombstone {
+                    run_id: id.clone(),
+                    agent: run.meta.agent,
+                    status: run.status,
+                    created_ms: run.meta.created_ms,
+                    updated_ms: run.updated_ms,
+                    event_count: run.count,
+                    head: run.head,
+                    pruned_ms: now_ms,
+                };
+                tombstones.insert(id, tombstone.clone());
+                tombstone
+            })
+            .collect())
     }
 }

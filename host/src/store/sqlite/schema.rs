@@ -23,7 +23,12 @@ use crate::store::StoreError;
 /// - Labels live in `run_labels` (one row per label, indexed by key and
 ///   value), so a label filter is an index lookup, not a JSON scan.
 /// - The list indexes end in `created_ms, id`, the listing order.
-const MIGRATIONS: &[&str] = &[r#"
+///
+/// Version 2 adds run leases (owner, fencing token, expiry; see
+/// `store/lease.rs`), a partial index over the runs a worker may claim, and
+/// `tombstones`, what retention leaves of a pruned run.
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE runs (
     pk          INTEGER PRIMARY KEY AUTOINCREMENT,
     id          TEXT    NOT NULL UNIQUE,
@@ -60,7 +65,25 @@ CREATE TABLE store_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL
 ) STRICT, WITHOUT ROWID;
-"#];
+"#,
+    r#"
+ALTER TABLE runs ADD COLUMN lease_owner TEXT;
+ALTER TABLE runs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN lease_expires_ms INTEGER;
+CREATE INDEX runs_claimable ON runs (created_ms, id) WHERE status IN ('queued', 'running');
+
+CREATE TABLE tombstones (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    agent       TEXT    NOT NULL,
+    status      TEXT    NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    event_count INTEGER NOT NULL,
+    head_hash   BLOB    NOT NULL,
+    pruned_ms   INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+"#,
+];
 
 /// The schema version this build writes and reads.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
