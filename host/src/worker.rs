@@ -18,8 +18,10 @@
 //!   releases their leases, so others take them over at once.
 //!
 //! The agent of a run is the file its `run_started` event records, loaded
-//! on the worker's machine: workers need the agent files (and what they
-//! name) at the same paths.
+//! on the worker's machine (once per file and worker) by the worker's
+//! [`AgentLoader`]: workers need the agent files (and what they name) at the
+//! same paths, and must load them as the submitter did, or replay refuses
+//! the changed agent.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -31,6 +33,9 @@ use tokio::task::JoinSet;
 use crate::engine::events::Event;
 use crate::engine::{Agent, Clock, ReplayOptions, RunStatus, Runtime, RuntimeError, SystemClock};
 use crate::store::{Lease, StoreError};
+
+/// How a worker turns a run's recorded agent file into an [`Agent`].
+pub type AgentLoader = Arc<dyn Fn(&Path) -> Result<Agent, String> + Send + Sync>;
 
 /// A worker cannot run at all (a store error while claiming is retried, not
 /// returned).
@@ -73,6 +78,7 @@ pub struct WorkerBuilder {
     poll: Duration,
     grace: Duration,
     clock: Arc<dyn Clock>,
+    loader: AgentLoader,
 }
 
 impl WorkerBuilder {
@@ -114,6 +120,13 @@ impl WorkerBuilder {
     /// The clock leases are timed with. Default: the system clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
+        self
+    }
+
+    /// How agent files are loaded. Default: [`Agent::load`] with no model
+    /// defaults.
+    pub fn agent_loader(mut self, loader: AgentLoader) -> Self {
+        self.loader = loader;
         self
     }
 
@@ -174,6 +187,7 @@ impl Worker {
             poll: Duration::from_millis(250),
             grace: Duration::from_secs(10),
             clock: Arc::new(SystemClock),
+            loader: Arc::new(|path| Agent::load(path, None).map_err(|e| e.to_string())),
         }
     }
 
@@ -368,12 +382,13 @@ impl Worker {
         let events = runtime.events(&lease.run_id).await?;
         let agent = match events.first() {
             Some(Event::RunStarted(started)) => match &started.agent_file {
-                Some(file) => self.agent(Path::new(file)).map_err(|message| {
-                    RuntimeError::Agent {
-                        agent: started.agent.clone(),
-                        message,
-                    }
-                })?,
+                Some(file) => {
+                    self.agent(Path::new(file))
+                        .map_err(|message| RuntimeError::Agent {
+                            agent: started.agent.clone(),
+                            message,
+                        })?
+                }
                 None => {
                     return Err(RuntimeError::Agent {
                         agent: started.agent.clone(),
@@ -405,7 +420,7 @@ impl Worker {
         {
             return Ok(agent.clone());
         }
-        let agent = Agent::load(path, None).map_err(|e| e.to_string())?;
+        let agent = (self.inner.loader)(path)?;
         self.agents
             .lock()
             .unwrap_or_else(|p| p.into_inner())

@@ -137,6 +137,8 @@ struct DefaultsSection {
 pub(crate) enum StoreLocation {
     /// A SQLite file.
     Sqlite(PathBuf),
+    /// A PostgreSQL database: `postgres://USER@HOST:PORT/DB[?schema=NAME]`.
+    Postgres(String),
 }
 
 impl StoreLocation {
@@ -148,12 +150,12 @@ impl StoreLocation {
         } else if let Some(rest) = text.strip_prefix("sqlite:") {
             rest
         } else if let Some((scheme, _)) = text.split_once("://") {
-            return Err(match scheme {
-                "postgres" | "postgresql" => {
-                    "PostgreSQL stores are not available from the command line yet; use a SQLite file".into()
-                }
-                other => format!("unknown store scheme `{other}` (use a SQLite file path or sqlite:PATH)"),
-            });
+            return match scheme {
+                "postgres" | "postgresql" => Ok(StoreLocation::Postgres(text.to_owned())),
+                other => Err(format!(
+                    "unknown store scheme `{other}` (use a SQLite file path, sqlite:PATH or postgres://…)"
+                )),
+            };
         } else {
             text
         };
@@ -168,6 +170,17 @@ impl fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreLocation::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            // Without the password, if the URL holds one.
+            StoreLocation::Postgres(url) => {
+                match url.split_once("://").and_then(|(scheme, rest)| {
+                    let (userinfo, host) = rest.split_once('@')?;
+                    let (user, _) = userinfo.split_once(':')?;
+                    Some(format!("{scheme}://{user}:***@{host}"))
+                }) {
+                    Some(redacted) => f.write_str(&redacted),
+                    None => f.write_str(url),
+                }
+            }
         }
     }
 }
@@ -727,8 +740,8 @@ mod tests {
                 "key `grants.fs.limits.timeout`: must be more than zero",
             ),
             (
-                "store = \"postgres://db/warden\"\n",
-                "key `store`: PostgreSQL stores are not available",
+                "store = \"mysql://db/warden\"\n",
+                "key `store`: unknown store scheme `mysql`",
             ),
             (
                 "[defaults.model]\nprovider = \"scripted\"\nname = \"demo\"\n",

@@ -19,6 +19,8 @@
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
 //! - `store.rs`: `warden store backup`.
+//! - `worker.rs`: `warden submit`, `warden worker`, `warden runs prune`,
+//!   `warden store migrate`, and opening a PostgreSQL store.
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 
 mod agent;
@@ -30,6 +32,7 @@ mod render;
 mod runs;
 mod scaffold;
 mod store;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,9 +84,14 @@ enum Command {
     /// Show the effective configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Operate the store: online backup.
+    /// Operate the store: online backup, migrations.
     #[command(subcommand)]
     Store(store::StoreCommand),
+    /// Record a run for workers to drive (listed as queued).
+    Submit(worker::SubmitArgs),
+    /// Claim queued runs (and runs whose worker died) and drive them, until
+    /// SIGTERM or SIGINT.
+    Worker(worker::WorkerArgs),
     /// Print a shell completion script.
     Completions {
         /// The shell.
@@ -216,6 +224,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
             Command::Store(command) => store::run(command, &ctx).await,
+            Command::Submit(args) => worker::submit(args, &ctx).await,
+            Command::Worker(args) => worker::worker(args, &ctx).await,
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
     })

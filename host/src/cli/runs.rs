@@ -153,6 +153,9 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Delete finished runs last written before a date, keeping a tombstone
+    /// of each (id, chain head, event count).
+    Prune(super::worker::PruneArgs),
 }
 
 /// `warden runs list`.
@@ -209,6 +212,7 @@ pub(crate) fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventSto
                 .with_context(|| format!("cannot open the store `{}`", path.display()))?;
             Ok(Arc::new(store))
         }
+        StoreLocation::Postgres(url) => super::worker::open_postgres(url),
     }
 }
 
@@ -295,6 +299,7 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
     let store = open_store(&ctx.settings)?;
     match cmd {
         RunsCommand::List(args) => list(store, args, ctx.json).await,
+        RunsCommand::Prune(args) => super::worker::prune(store, args, ctx.json).await,
         RunsCommand::Show { run, agent } => show(ctx, store, &run_id(&run)?, agent).await,
         RunsCommand::Events { run } => {
             for e in store.load(&run_id(&run)?).await? {
@@ -426,12 +431,16 @@ async fn continue_run(
     run: &RunId,
     drive: DriveArgs,
 ) -> anyhow::Result<()> {
-    if drive.detach {
+    // A worker's run (leased before): any worker continues it.
+    let workers = rt.store().summary(run).await?.lease_token > 0;
+    if drive.detach || workers {
         if ctx.json {
             println!(
                 "{}",
                 json!({ "run_id": run, "status": rt.state(run).await?.status() })
             );
+        } else if workers {
+            println!("run {run}: recorded; a worker continues it");
         }
         return Ok(());
     }
@@ -872,7 +881,12 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
         .map_err(|e| CliError::new("usage", format!("--stalled-after: {e}")))?
         .as_millis() as i64;
     let runs = store.list(&filter).await?;
-    let stalled = |r: &RunSummary| r.status == "running" && now - r.updated_ms >= stalled_after;
+    // A worker's run is stalled once its lease expired; another is after
+    // `--stalled-after` without an append.
+    let stalled = |r: &RunSummary| {
+        r.is_stalled(now)
+            || (r.status == "running" && r.lease.is_none() && now - r.updated_ms >= stalled_after)
+    };
     let row = |r: &RunSummary| {
         json!({
             "run_id": r.run_id,

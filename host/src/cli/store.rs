@@ -26,16 +26,26 @@ pub(crate) enum StoreCommand {
         /// The new file (must not exist).
         dest: PathBuf,
     },
+    /// Apply pending schema migrations (opening the store does too) and
+    /// say which.
+    Migrate,
 }
 
 pub(crate) async fn run(cmd: StoreCommand, ctx: &Context) -> anyhow::Result<()> {
     match cmd {
         StoreCommand::Backup { dest } => backup(ctx, dest).await,
+        StoreCommand::Migrate => super::worker::migrate(ctx).await,
     }
 }
 
 async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
-    let StoreLocation::Sqlite(source) = &ctx.settings.store.value;
+    let StoreLocation::Sqlite(source) = &ctx.settings.store.value else {
+        return Err(CliError::new(
+            "usage",
+            "store backup copies a SQLite store; back up PostgreSQL with its own tools (pg_dump)",
+        )
+        .into());
+    };
     if !source.is_file() {
         return Err(CliError::new(
             "store_missing",
