@@ -19,8 +19,8 @@
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
 //! - `store.rs`: `warden store backup`.
-//! - `worker.rs`: `warden submit`, `warden worker`, `warden runs prune`,
-//!   `warden store migrate`, and opening a PostgreSQL store.
+//! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`,
+//!   and opening a PostgreSQL store.
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 
 mod agent;
@@ -84,7 +84,7 @@ enum Command {
     /// Show the effective configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Operate the store: online backup, migrations.
+    /// Operate the store: online backup, compaction (SQLite), migrations.
     #[command(subcommand)]
     Store(store::StoreCommand),
     /// Record a run for workers to drive (listed as queued).
