@@ -603,6 +603,8 @@ fn run_json_prints_one_event_per_line_and_a_final_status() {
     let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
     assert_eq!(lines.last().unwrap()["status"], "awaiting_approval");
+    // Not a terminal: no progress, no logs; stdout is only JSON.
+    assert_eq!(stderr(&out), "");
     let out = warden(
         &["runs", "deny", "j", "call-3-1", "--reason", "no", "--json"],
         dir.path(),
@@ -717,10 +719,8 @@ fn on_a_terminal_run_asks_for_approval_and_continues() {
     let mut child = Command::new("script")
         .args(["-qec", &command, "/dev/null"])
         .current_dir(dir.path())
-        .env(
-            "WARDEN_CACHE_DIR",
-            std::env::temp_dir().join("warden-cli-test-cache"),
-        )
+        // A cache of its own: the component is compiled, with a spinner.
+        .env("WARDEN_CACHE_DIR", dir.path().join("cache"))
         .env("USER", "terminal-user")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -738,6 +738,12 @@ fn on_a_terminal_run_asks_for_approval_and_continues() {
     assert!(text.contains("approved by terminal-user"), "{text}");
     assert!(text.contains("run tty: completed"), "{text}");
     assert!(dir.path().join("notes/SUMMARY.md").exists());
+    // Progress, on the terminal only.
+    assert!(
+        text.contains("compiling plugin `fs` (first use; cached afterwards)"),
+        "{text}"
+    );
+    assert!(text.contains("step 1: waiting for the model"), "{text}");
 }
 
 /// Runs the binary with extra environment variables.
