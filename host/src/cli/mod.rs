@@ -19,8 +19,7 @@
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
 //! - `store.rs`: `warden store backup`.
-//! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`,
-//!   and opening a PostgreSQL store.
+//! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 
 mod agent;

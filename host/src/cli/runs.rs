@@ -232,7 +232,6 @@ pub(crate) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Ev
                 .with_context(|| format!("cannot open the store `{}`", path.display()))?;
             Ok(Arc::new(store))
         }
-        StoreLocation::Postgres(url) => super::worker::open_postgres(url),
     }
 }
 

@@ -13,9 +13,9 @@ use serde_json::json;
 use super::Context;
 use super::config::StoreLocation;
 use super::errors::CliError;
-use crate::engine::{RunId, RunStatus, Runtime};
+use crate::engine::{RunId, Runtime};
 use crate::plugins::PluginHost;
-use crate::store::{EventStore, PostgresStore, PruneFilter, QUEUED, SqliteStore};
+use crate::store::{EventStore, PostgresStore, QUEUED, SqliteStore};
 use crate::worker::Worker;
 
 /// `warden submit`.
@@ -222,84 +222,6 @@ pub(crate) async fn migrate(ctx: &Context) -> anyhow::Result<()> {
         println!(
             "{}: applied migrations {applied:?}",
             ctx.settings.store.value
-        );
-    }
-    Ok(())
-}
-
-// ---- kept until `runs.rs` drops them (the CLI's own prune and store opening replace them) ----
-
-/// `warden runs prune`.
-#[derive(Debug, Args)]
-pub(crate) struct PruneArgs {
-    /// Delete finished runs (completed, failed, cancelled, abandoned) last
-    /// written before this: a UTC date (`2025-01-31`), a time
-    /// (`2025-01-31T12:00:00Z`) or an age (`30d`, `12h`).
-    #[arg(long, value_name = "DATE")]
-    completed_before: String,
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as i64)
-}
-
-/// Opens the PostgreSQL store at `url` (migrating it); blocks the calling
-/// thread of the multi-threaded runtime while it connects.
-pub(crate) fn open_postgres(url: &str) -> anyhow::Result<Arc<dyn EventStore>> {
-    let store = tokio::task::block_in_place(|| {
-        tokio::runtime::Handle::current().block_on(PostgresStore::open(url))
-    })
-    .with_context(|| "cannot open the PostgreSQL store".to_owned())?;
-    Ok(Arc::new(store))
-}
-
-/// `warden runs prune`: deletes finished runs whole, keeping a tombstone
-/// (id, head, event count) each.
-pub(crate) async fn prune(
-    store: Arc<dyn EventStore>,
-    args: PruneArgs,
-    json: bool,
-) -> anyhow::Result<()> {
-    let now = now_ms();
-    let before = super::runs::parse_since(&args.completed_before, now).map_err(|e| {
-        CliError::new("usage", format!("--completed-before: {e}"))
-            .with_details(json!({ "value": args.completed_before }))
-    })?;
-    let mut filter = PruneFilter::new().updated_before(before);
-    for status in [
-        RunStatus::Completed,
-        RunStatus::Failed,
-        RunStatus::Cancelled,
-        RunStatus::Abandoned,
-    ] {
-        filter = filter.status(status.as_str());
-    }
-    let pruned = store.prune(&filter, now).await?;
-    if json {
-        let rows: Vec<_> = pruned
-            .iter()
-            .map(|t| {
-                json!({
-                    "run_id": t.run_id,
-                    "status": t.status,
-                    "events": t.event_count,
-                    "head": t.head.to_hex(),
-                })
-            })
-            .collect();
-        println!("{}", json!({ "pruned": rows }));
-    } else {
-        for t in &pruned {
-            println!(
-                "{}: {} ({} events, head {})",
-                t.run_id, t.status, t.event_count, t.head
-            );
-        }
-        println!(
-            "pruned {} runs; their tombstones keep id, head and count",
-            pruned.len()
         );
     }
     Ok(())
