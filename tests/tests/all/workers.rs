@@ -400,7 +400,7 @@ async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write()
                 *slot = Some(start_worker(dir, &pg.url, n));
             }
         }
-        if kills < 60 && rng.next() % 2 == 0 {
+        if kills < 60 && rng.next().is_multiple_of(2) {
             let n = (rng.next() % WORKERS as u64) as usize;
             if let Some(mut child) = workers[n].take() {
                 child.kill().unwrap(); // SIGKILL
