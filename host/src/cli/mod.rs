@@ -4,9 +4,9 @@
 //! and turned into exit codes.
 //!
 //! Exit codes: 0 success (a run completed); 1 the tool or the run failed
-//! (a run failed, was cancelled or abandoned; a chain check found a break;
-//! an agent file failed validation is 2, see below); 2 bad usage or setup
-//! (unreadable or invalid file, bad grant, refused component, unknown run,
+//! (a run failed, was cancelled or abandoned; a chain check found a break);
+//! 2 bad usage or setup (unreadable or invalid file, including an agent
+//! file `agent validate` rejects; bad grant; refused component; unknown run;
 //! a verb that does not fit the run); 3 the sandbox stopped a call (a limit,
 //! a trap, cancelled); 4 the run is parked waiting for a human (approval,
 //! input, budget); 5 the run needs reconciliation (a write with no recorded
@@ -18,7 +18,7 @@
 //! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
-//! - `store.rs`: `warden store backup`.
+//! - `store.rs`: `warden store backup|compact`.
 //! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 
