@@ -1,6 +1,6 @@
 //! The `warden` command line: argument parsing, configuration, logging and
 //! dispatch. This is the binary's edge: errors are `anyhow` here, printed as
-//! one line (or, with `--json`, as the envelope of [`errors`] on stdout),
+//! one line (or, with `--json`, as the envelope of `errors.rs` on stdout),
 //! and turned into exit codes.
 //!
 //! Exit codes: 0 success (a run completed); 1 the tool or the run failed
@@ -12,8 +12,8 @@
 //! input, budget); 5 the run needs reconciliation (a write with no recorded
 //! outcome).
 //!
-//! - [`config`]: `warden.toml`, flags and `WARDEN_*` variables → settings.
-//! - [`errors`]: stable error codes and the `--json` error envelope.
+//! - `config.rs`: `warden.toml`, flags and `WARDEN_*` variables → settings.
+//! - `errors.rs`: stable error codes and the `--json` error envelope.
 //! - `runs.rs`: `warden run`, `warden runs …`.
 //! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
 //!   `build`.
