@@ -1556,3 +1556,47 @@ async fn the_cli_runs_an_openai_agent_with_its_key_from_the_environment_and_neve
     );
     assert_eq!(server.seen().len(), 3, "nothing was sent");
 }
+
+#[tokio::test]
+async fn the_local_model_example_runs_against_an_openai_compatible_server() {
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let path = examples.join("code-review-local.toml");
+    let agent = Agent::load(&path, None).unwrap();
+    let http = agent.model.http.clone().unwrap();
+    assert_eq!(http.base_url, "http://localhost:11434/v1");
+    assert_eq!(http.api_key_env, None);
+
+    // The same agent pointed at the fake server: it lists the tree in the
+    // sandbox, then answers.
+    let turns = ScriptedProvider::parse(
+        r#"
+[[turns]]
+usage = { input_tokens = 10, output_tokens = 5 }
+[[turns.tool_calls]]
+id = "call_1"
+name = "fs__list_dir"
+arguments = { path = "." }
+
+[[turns]]
+text = "No findings."
+usage = { input_tokens = 20, output_tokens = 3 }
+"#,
+        Path::new("t.toml"),
+        false,
+    )
+    .unwrap()
+    .turns()
+    .to_vec();
+    let server = scripted_server(Wire::OpenAi, turns).await;
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("http://localhost:11434/v1", &server.url("/v1"));
+    let agent = Agent::parse(&text, &path, None).unwrap();
+    let (status, events, _) = run(&agent).await;
+    assert_eq!(status, RunStatus::Completed, "{events:?}");
+    let listed = server.seen()[1].json()["messages"][3]["content"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(listed.contains("STYLE.md"), "{listed}");
+}
