@@ -82,7 +82,7 @@ use super::ids::AgentDigest;
 use super::schema;
 use crate::plugins::{PluginSource, builtin};
 use crate::policy::Grant;
-use crate::providers::http::check_base_url;
+use crate::providers::http::{RESERVED_HEADERS, check_base_url};
 use crate::providers::{
     AnthropicOptions, AnthropicProvider, HttpConfig, MaxTokensField, ModelProvider, OpenAiOptions,
     OpenAiProvider, ProviderError, ScriptedProvider, Secret, anthropic, openai,
@@ -987,16 +987,6 @@ const CREDENTIAL_HEADERS: &[&str] = &[
     "x-api-key",
     "api-key",
     "cookie",
-];
-
-/// Header names the HTTP client or the wire format sets.
-const RESERVED_HEADERS: &[&str] = &[
-    "host",
-    "content-length",
-    "content-type",
-    "transfer-encoding",
-    "connection",
-    "accept",
 ];
 
 /// Checks the HTTP keys of a `[model]` table; the error is the dotted key

@@ -649,8 +649,9 @@ impl std::fmt::Debug for HttpModel {
     }
 }
 
-/// Header names that the client or the wire format sets.
-const RESERVED_HEADERS: &[&str] = &[
+/// Header names that the client or the wire format sets: refused as extra
+/// headers.
+pub const RESERVED_HEADERS: &[&str] = &[
     "host",
     "content-length",
     "content-type",
