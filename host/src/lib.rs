@@ -6,6 +6,9 @@
 //! - [`plugins`]: manifests, built-in plugins, and the [`plugins::PluginHost`]
 //!   that loads a plugin under a grant and calls its tools.
 //! - [`policy`]: grants, requested ∩ granted, and effect classes.
+//! - [`providers`]: the [`providers::ModelProvider`] trait and the models
+//!   behind it: scripted transcripts, OpenAI-compatible chat completions
+//!   and the Anthropic Messages API over one pooled HTTP client.
 //! - [`worker`]: the work queue's consumer: claims runs from a shared
 //!   store and drives them under fenced leases (`warden worker`).
 //! - [`testkit`]: for plugin authors' tests: load a component under chosen

@@ -22,7 +22,7 @@
 //! blocks, types newer than this build) is rebuilt from its start and its
 //! deltas (string fields appended, `partial_json` parsed into `input`,
 //! `citation`s collected) and handed out verbatim as a
-//! [`RawBlock`](super::RawBlock), so it is recorded and sent back in its
+//! [`RawBlock`], so it is recorded and sent back in its
 //! place.
 //!
 //! Input usage counts cache writes and reads (`cache_creation_input_tokens`,

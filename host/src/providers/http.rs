@@ -2,7 +2,7 @@
 //! over TCP or rustls, idle connections pooled per origin), an endpoint's
 //! settings ([`HttpConfig`], secrets as [`Secret`]), the retry policy
 //! (backoff with jitter, `Retry-After`), and the one streaming call loop
-//! both wire formats run through ([`HttpModel`]).
+//! both wire formats run through (`HttpModel`).
 //!
 //! One call: wait for a permit (a provider's cap on concurrent calls), send
 //! the request, check the status, then read the body (server-sent events,

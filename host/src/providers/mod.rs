@@ -7,7 +7,7 @@
 //! [`scripted`] replays a transcript file, offline and deterministically: the
 //! default for the demo and the tests. [`openai`] speaks OpenAI-compatible
 //! chat completions and [`anthropic`] the Anthropic Messages API, both over
-//! [`http`] (the shared client, retries, the call loop) and [`sse`]
+//! [`http`] (the shared client, retries, the call loop) and `sse`
 //! (server-sent events).
 //!
 //! Invariant: this module knows nothing about runs, events or budgets. The
