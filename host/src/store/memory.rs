@@ -11,8 +11,8 @@ use bytes::Bytes;
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, EventStore, RunFilter, RunId, RunMeta, RunSummary,
-    StoreError, StoredEvent, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, RunFilter, RunId,
+    RunMeta, RunSummary, Settlement, StoreError, StoredEvent, VerifyReport,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -22,6 +22,9 @@ use super::{
 pub struct MemoryStore {
     chain: Chain,
     runs: Mutex<HashMap<RunId, MemRun>>,
+    /// Idempotency commitments: holder, and the result once settled. Always
+    /// locked after `runs` when both are needed.
+    commitments: Mutex<HashMap<String, (Holder, Option<Bytes>)>>,
 }
 
 #[derive(Debug)]
@@ -81,6 +84,7 @@ impl MemoryStore {
         Self {
             chain: Chain::new(Some(key)),
             runs: Mutex::default(),
+            commitments: Mutex::default(),
         }
     }
 
@@ -97,6 +101,66 @@ impl MemoryStore {
     #[cfg(test)]
     pub(crate) fn tamper(&self, run_id: &RunId, edit: impl FnOnce(&mut MemRun)) {
         edit(self.runs().get_mut(run_id).expect("tampered run exists"));
+    }
+
+    fn commitments(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Holder, Option<Bytes>)>> {
+        self.commitments
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Appends to a run whose lock the caller holds: checks everything
+    /// first, then changes the run without failing.
+    fn append_locked(
+        &self,
+        runs: &mut HashMap<RunId, MemRun>,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        let run = runs.get_mut(run_id).ok_or_else(|| Self::unknown(run_id))?;
+        if run.count != expected_len {
+            return Err(StoreError::Conflict {
+                run_id: run_id.clone(),
+                expected: expected_len,
+                actual: run.count,
+            });
+        }
+        let tail: Vec<_> = run
+            .events
+            .iter()
+            .filter(|e| e.seq >= run.count)
+            .take(2)
+            .map(|e| (e.seq, Ok(e.hash)))
+            .collect();
+        chain::check_tail(run.count, &run.head, &tail).map_err(|f| StoreError::Tampered {
+            run_id: run_id.clone(),
+            seq: f.seq,
+            reason: f.kind,
+        })?;
+        let hashes = self.chain.extend(run.head, run.count, events);
+        for (i, (bytes, hash)) in events.iter().zip(&hashes).enumerate() {
+            run.events.push(StoredEvent {
+                seq: run.count + 1 + i as u64,
+                bytes: bytes.clone(),
+                hash: *hash,
+            });
+        }
+        run.count += events.len() as u64;
+        run.head = *hashes.last().expect("events is not empty");
+        run.status = status.to_owned();
+        run.updated_ms = updated_ms;
+        Ok(Appended {
+            event_count: run.count,
+            head: run.head,
+        })
     }
 
     fn unknown(run_id: &RunId) -> StoreError {
@@ -154,48 +218,8 @@ impl EventStore for MemoryStore {
         status: &str,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        if events.is_empty() {
-            return Err(StoreError::EmptyAppend {
-                run_id: run_id.clone(),
-            });
-        }
         let mut runs = self.runs();
-        let run = runs.get_mut(run_id).ok_or_else(|| Self::unknown(run_id))?;
-        if run.count != expected_len {
-            return Err(StoreError::Conflict {
-                run_id: run_id.clone(),
-                expected: expected_len,
-                actual: run.count,
-            });
-        }
-        let tail: Vec<_> = run
-            .events
-            .iter()
-            .filter(|e| e.seq >= run.count)
-            .take(2)
-            .map(|e| (e.seq, Ok(e.hash)))
-            .collect();
-        chain::check_tail(run.count, &run.head, &tail).map_err(|f| StoreError::Tampered {
-            run_id: run_id.clone(),
-            seq: f.seq,
-            reason: f.kind,
-        })?;
-        let hashes = self.chain.extend(run.head, run.count, events);
-        for (i, (bytes, hash)) in events.iter().zip(&hashes).enumerate() {
-            run.events.push(StoredEvent {
-                seq: run.count + 1 + i as u64,
-                bytes: bytes.clone(),
-                hash: *hash,
-            });
-        }
-        run.count += events.len() as u64;
-        run.head = *hashes.last().expect("events is not empty");
-        run.status = status.to_owned();
-        run.updated_ms = updated_ms;
-        Ok(Appended {
-            event_count: run.count,
-            head: run.head,
-        })
+        self.append_locked(&mut runs, run_id, expected_len, events, status, updated_ms)
     }
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
@@ -281,5 +305,51 @@ impl EventStore for MemoryStore {
         let mut ids: Vec<RunId> = self.runs().keys().cloned().collect();
         ids.sort();
         Ok(ids)
+    }
+
+    async fn claim(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        let mut commitments = self.commitments();
+        Ok(match commitments.get(key) {
+            None => {
+                commitments.insert(key.to_owned(), (holder.clone(), None));
+                Claim::Granted
+            }
+            Some((h, None)) if h == holder => Claim::Granted,
+            Some((h, None)) => Claim::Held(h.clone()),
+            Some((h, Some(result))) => Claim::Settled {
+                holder: h.clone(),
+                result: result.clone(),
+            },
+        })
+    }
+
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        let mut runs = self.runs();
+        let mut commitments = self.commitments();
+        match commitments.get(&settlement.key) {
+            Some((h, None)) if *h == settlement.holder => {}
+            _ => {
+                return Err(StoreError::CommitmentNotHeld {
+                    key: settlement.key.clone(),
+                    run_id: settlement.holder.run_id.clone(),
+                    call_id: settlement.holder.call_id.clone(),
+                });
+            }
+        }
+        let appended =
+            self.append_locked(&mut runs, run_id, expected_len, events, status, updated_ms)?;
+        commitments.insert(
+            settlement.key.clone(),
+            (settlement.holder.clone(), Some(settlement.result.clone())),
+        );
+        Ok(appended)
     }
 }

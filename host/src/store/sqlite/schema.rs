@@ -23,7 +23,12 @@ use crate::store::StoreError;
 /// - Labels live in `run_labels` (one row per label, indexed by key and
 ///   value), so a label filter is an index lookup, not a JSON scan.
 /// - The list indexes end in `created_ms, id`, the listing order.
-const MIGRATIONS: &[&str] = &[r#"
+///
+/// Version 2 adds `commitments`: one row per idempotency key, its holder
+/// (run id as text, so a commitment outlives its run's rows) and, once
+/// settled, the result every later claimant gets. Rows are never deleted.
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE runs (
     pk          INTEGER PRIMARY KEY AUTOINCREMENT,
     id          TEXT    NOT NULL UNIQUE,
@@ -60,7 +65,16 @@ CREATE TABLE store_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL
 ) STRICT, WITHOUT ROWID;
-"#];
+"#,
+    r#"
+CREATE TABLE commitments (
+    key     TEXT NOT NULL PRIMARY KEY,
+    run_id  TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    result  BLOB
+) STRICT, WITHOUT ROWID;
+"#,
+];
 
 /// The schema version this build writes and reads.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

@@ -20,10 +20,27 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{backend, blob_hash};
 use crate::store::chain::{self, Chain};
-use crate::store::{Appended, ChainBreak, ChainHash, RunId, RunMeta, StoreError};
+use crate::store::{
+    Appended, ChainBreak, ChainHash, Claim, Holder, RunId, RunMeta, Settlement, StoreError,
+};
 
-/// The answer to one request.
+/// The answer to one create or append.
 pub(super) type Reply = oneshot::Sender<Result<Appended, StoreError>>;
+
+/// The answer to one claim.
+pub(super) type ClaimReply = oneshot::Sender<Result<Claim, StoreError>>;
+
+/// What one request produced, before it is sent back.
+enum Answer {
+    Appended(Result<Appended, StoreError>),
+    Claimed(Result<Claim, StoreError>),
+}
+
+impl Answer {
+    fn is_err(&self) -> bool {
+        matches!(self, Answer::Appended(Err(_)) | Answer::Claimed(Err(_)))
+    }
+}
 
 /// One write for the writer thread.
 pub(super) enum Request {
@@ -40,7 +57,13 @@ pub(super) enum Request {
         events: Vec<Bytes>,
         status: String,
         updated_ms: i64,
+        settle: Option<Settlement>,
         reply: Reply,
+    },
+    Claim {
+        key: String,
+        holder: Holder,
+        reply: ClaimReply,
     },
 }
 
@@ -49,15 +72,35 @@ impl Request {
         match self {
             Request::Create { .. } => 1,
             Request::Append { events, .. } => events.len() as u64,
+            Request::Claim { .. } => 0,
         }
     }
 
-    fn answer(self, result: Result<Appended, StoreError>) {
-        let reply = match self {
-            Request::Create { reply, .. } | Request::Append { reply, .. } => reply,
-        };
+    fn answer(self, answer: Answer) {
         // The caller may have stopped waiting (its future was dropped).
-        let _ = reply.send(result);
+        match (self, answer) {
+            (
+                Request::Create { reply, .. } | Request::Append { reply, .. },
+                Answer::Appended(r),
+            ) => {
+                let _ = reply.send(r);
+            }
+            (Request::Claim { reply, .. }, Answer::Claimed(r)) => {
+                let _ = reply.send(r);
+            }
+            _ => unreachable!("each request is answered in its own kind"),
+        }
+    }
+
+    fn fail(self, error: StoreError) {
+        match self {
+            Request::Create { reply, .. } | Request::Append { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+            Request::Claim { reply, .. } => {
+                let _ = reply.send(Err(error));
+            }
+        }
     }
 }
 
@@ -120,10 +163,10 @@ fn commit_batch(
             tracing::warn!(requests, %error, "sqlite store batch failed; nothing in it was written");
             let error = Arc::new(error);
             for request in batch.drain(..) {
-                request.answer(Err(StoreError::Backend {
+                request.fail(StoreError::Backend {
                     context: format!("sqlite: transaction of {requests} writes failed"),
                     error: Box::new(SharedError(Arc::clone(&error))),
-                }));
+                });
             }
         }
     }
@@ -135,7 +178,7 @@ fn apply_all(
     conn: &mut Connection,
     chain: &Chain,
     batch: &[Request],
-) -> Result<Vec<Result<Appended, StoreError>>, rusqlite::Error> {
+) -> Result<Vec<Answer>, rusqlite::Error> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(batch.len());
     for request in batch {
@@ -147,15 +190,16 @@ fn apply_all(
                 first_event,
                 status,
                 ..
-            } => create(&tx, chain, run_id, meta, first_event, status),
+            } => Answer::Appended(create(&tx, chain, run_id, meta, first_event, status)),
             Request::Append {
                 run_id,
                 expected_len,
                 events,
                 status,
                 updated_ms,
+                settle,
                 ..
-            } => append(
+            } => Answer::Appended(append_settling(
                 &tx,
                 chain,
                 run_id,
@@ -163,7 +207,9 @@ fn apply_all(
                 events,
                 status,
                 *updated_ms,
-            ),
+                settle.as_ref(),
+            )),
+            Request::Claim { key, holder, .. } => Answer::Claimed(claim(&tx, key, holder)),
         };
         if result.is_err() {
             tx.prepare_cached("ROLLBACK TO request")?.execute([])?;
@@ -228,6 +274,100 @@ fn create(
         event_count: 1,
         head,
     })
+}
+
+/// Claims commitment `key` for `holder` (see `EventStore::claim`).
+fn claim(conn: &Connection, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    let context = || format!("sqlite: cannot claim idempotency commitment {key}");
+    conn.prepare_cached(
+        "INSERT INTO commitments (key, run_id, call_id) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO NOTHING",
+    )
+    .and_then(|mut s| s.execute(params![key, holder.run_id.as_str(), holder.call_id]))
+    .map_err(|e| backend(context(), e))?;
+    let (run_id, call_id, result) = commitment(conn, key)
+        .map_err(|e| backend(context(), e))?
+        .expect("the commitment exists: it was just inserted or found");
+    let found = Holder {
+        run_id: RunId::new(&run_id).map_err(|e| StoreError::Backend {
+            context: context(),
+            error: Box::new(e),
+        })?,
+        call_id,
+    };
+    Ok(match result {
+        Some(result) => Claim::Settled {
+            holder: found,
+            result: Bytes::from(result),
+        },
+        None if found == *holder => Claim::Granted,
+        None => Claim::Held(found),
+    })
+}
+
+/// A commitment row: holder run, holder call, result once settled.
+type CommitmentRow = (String, String, Option<Vec<u8>>);
+
+/// The row of commitment `key`.
+fn commitment(conn: &Connection, key: &str) -> rusqlite::Result<Option<CommitmentRow>> {
+    conn.prepare_cached("SELECT run_id, call_id, result FROM commitments WHERE key = ?1")?
+        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .optional()
+}
+
+/// Appends, and settles `settle`'s commitment in the same savepoint.
+#[allow(clippy::too_many_arguments)]
+fn append_settling(
+    conn: &Connection,
+    chain: &Chain,
+    run_id: &RunId,
+    expected_len: u64,
+    events: &[Bytes],
+    status: &str,
+    updated_ms: i64,
+    settle: Option<&Settlement>,
+) -> Result<Appended, StoreError> {
+    let Some(settle) = settle else {
+        return append(
+            conn,
+            chain,
+            run_id,
+            expected_len,
+            events,
+            status,
+            updated_ms,
+        );
+    };
+    let context = || {
+        format!(
+            "sqlite: cannot settle idempotency commitment {}",
+            settle.key
+        )
+    };
+    let row = commitment(conn, &settle.key).map_err(|e| backend(context(), e))?;
+    let held = matches!(
+        &row,
+        Some((run, call, None)) if run == settle.holder.run_id.as_str() && *call == settle.holder.call_id
+    );
+    if !held {
+        return Err(StoreError::CommitmentNotHeld {
+            key: settle.key.clone(),
+            run_id: settle.holder.run_id.clone(),
+            call_id: settle.holder.call_id.clone(),
+        });
+    }
+    let appended = append(
+        conn,
+        chain,
+        run_id,
+        expected_len,
+        events,
+        status,
+        updated_ms,
+    )?;
+    conn.prepare_cached("UPDATE commitments SET result = ?2 WHERE key = ?1")
+        .and_then(|mut s| s.execute(params![settle.key, settle.result.as_ref()]))
+        .map_err(|e| backend(context(), e))?;
+    Ok(appended)
 }
 
 fn append(
