@@ -661,7 +661,7 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
         ),
         (
             &["runs", "resume", "parked", "--input", "{}"],
-            "run `parked` is awaiting_approval, not suspended or budget_exceeded",
+            "run `parked` is awaiting approval of call-3-1: approve with: warden runs approve parked call-3-1",
         ),
         (&["runs", "cancel", "done"], "already completed"),
         (

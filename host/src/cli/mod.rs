@@ -1,23 +1,42 @@
-//! The `warden` command line: argument parsing, logging setup and dispatch.
-//! This is the binary's edge: errors are `anyhow` here, printed as one line,
+//! The `warden` command line: argument parsing, configuration, logging and
+//! dispatch. This is the binary's edge: errors are `anyhow` here, printed as
+//! one line (or, with `--json`, as the envelope of [`errors`] on stdout),
 //! and turned into exit codes.
 //!
 //! Exit codes: 0 success (a run completed); 1 the tool or the run failed
-//! (a run failed, was cancelled or abandoned; a chain check found a break);
-//! 2 bad usage or setup (unreadable file, bad grant, refused component,
-//! unknown run, a verb that does not fit the run); 3 the sandbox stopped a
-//! call (a limit, a trap, cancelled); 4 the run is parked waiting for a
-//! human (approval, input, budget); 5 the run needs reconciliation (a write
-//! with no recorded outcome).
+//! (a run failed, was cancelled or abandoned; a chain check found a break;
+//! an agent file failed validation is 2, see below); 2 bad usage or setup
+//! (unreadable or invalid file, bad grant, refused component, unknown run,
+//! a verb that does not fit the run); 3 the sandbox stopped a call (a limit,
+//! a trap, cancelled); 4 the run is parked waiting for a human (approval,
+//! input, budget); 5 the run needs reconciliation (a write with no recorded
+//! outcome).
+//!
+//! - [`config`]: `warden.toml`, flags and `WARDEN_*` variables → settings.
+//! - [`errors`]: stable error codes and the `--json` error envelope.
+//! - `runs.rs`: `warden run`, `warden runs …`.
+//! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
+//!   `build`.
+//! - `agent.rs`: `warden agent validate|hash`.
+//! - `store.rs`: `warden store backup`.
+//! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 
+mod agent;
+pub(crate) mod config;
+pub(crate) mod errors;
 mod plugin;
+mod progress;
 mod render;
 mod runs;
+mod scaffold;
+mod store;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
+
+use config::{Overrides, Settings};
 
 /// Warden: a durable agent runtime whose extensions run sandboxed.
 #[derive(Debug, Parser)]
@@ -26,6 +45,21 @@ pub struct Cli {
     /// More log output on stderr (-v debug, -vv trace). RUST_LOG overrides.
     #[arg(short, long, global = true, action = clap::ArgAction::Count)]
     verbose: u8,
+    /// Print JSON on stdout; an error is {"error": {"code", "message", "details"}}.
+    #[arg(long, global = true)]
+    json: bool,
+    /// The configuration file [env: WARDEN_CONFIG] (default: ./warden.toml
+    /// when it exists).
+    #[arg(long = "config-file", global = true, value_name = "FILE")]
+    config_file: Option<PathBuf>,
+    /// The store: a SQLite file or sqlite:PATH [env: WARDEN_STORE] (default:
+    /// the configuration's `store`, else .warden/warden.db).
+    #[arg(long, global = true, value_name = "STORE")]
+    store: Option<String>,
+    /// Record each model request in full; they may hold secrets [env:
+    /// WARDEN_RECORD_PROMPTS].
+    #[arg(long, global = true)]
+    record_prompts: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -36,15 +70,41 @@ enum Command {
     Run(runs::RunArgs),
     /// Operate runs: list, show, events, verify, recover, approve, deny,
     /// resume, resolve, abandon, cancel.
-    Runs {
-        #[command(subcommand)]
-        command: runs::RunsCommand,
-        #[command(flatten)]
-        store: runs::StoreArgs,
-    },
-    /// Inspect, call and test plugins.
+    #[command(subcommand)]
+    Runs(runs::RunsCommand),
+    /// Check agent files.
+    #[command(subcommand)]
+    Agent(agent::AgentCommand),
+    /// Inspect, call, scaffold, build and test plugins.
     #[command(subcommand)]
     Plugin(plugin::PluginCommand),
+    /// Show the effective configuration.
+    #[command(subcommand)]
+    Config(ConfigCommand),
+    /// Operate the store: online backup.
+    #[command(subcommand)]
+    Store(store::StoreCommand),
+    /// Print a shell completion script.
+    Completions {
+        /// The shell.
+        shell: clap_complete::Shell,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum ConfigCommand {
+    /// Print the effective configuration (warden.toml, then WARDEN_*
+    /// variables, then flags), each setting with where it came from;
+    /// secrets masked.
+    Show,
+}
+
+/// What every command gets: output mode and the effective settings.
+pub(crate) struct Context {
+    /// `--json`.
+    pub(crate) json: bool,
+    /// The effective settings.
+    pub(crate) settings: Settings,
 }
 
 /// What a command's failure means for the exit code.
@@ -65,29 +125,39 @@ pub(crate) enum Exit {
     /// The run needs reconciliation; already printed.
     #[error("the run needs reconciliation")]
     NeedsReconciliation,
+    /// A usage or setup error; already printed.
+    #[error("bad input")]
+    Usage,
 }
 
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_tracing(cli.verbose);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(rt) => rt,
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
         Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::from(2);
+            use clap::error::ErrorKind;
+            let json = std::env::args().any(|a| a == "--json");
+            if json && !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
+                let message = e.to_string();
+                let first = message
+                    .lines()
+                    .next()
+                    .unwrap_or_default()
+                    .trim_start_matches("error: ");
+                let report = errors::Report {
+                    code: "usage",
+                    message: first.to_owned(),
+                    details: serde_json::json!({}),
+                };
+                println!("{}", report.envelope());
+                return ExitCode::from(2);
+            }
+            e.exit();
         }
     };
-    let result = runtime.block_on(async {
-        match cli.command {
-            Command::Run(args) => runs::run(args).await,
-            Command::Runs { command, store } => runs::runs(command, &store).await,
-            Command::Plugin(cmd) => plugin::run(cmd).await,
-        }
-    });
+    init_tracing(cli.verbose);
+    let json = cli.json;
+    let result = run(cli);
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<Exit>() {
@@ -95,44 +165,103 @@ pub fn main() -> ExitCode {
             Some(Exit::LeaseFailed) => ExitCode::from(3),
             Some(Exit::Parked) => ExitCode::from(4),
             Some(Exit::NeedsReconciliation) => ExitCode::from(5),
+            Some(Exit::Usage) => ExitCode::from(2),
             None => {
-                eprintln!("error: {e:#}");
+                let report = errors::report(&e);
+                if json {
+                    println!("{}", report.envelope());
+                } else {
+                    eprintln!("error: {}", report.message);
+                }
                 ExitCode::from(2)
             }
         },
     }
 }
 
+fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Completions { shell } = cli.command {
+        let mut command = Cli::command();
+        clap_complete::generate(shell, &mut command, "warden", &mut std::io::stdout());
+        return Ok(());
+    }
+    let cwd = std::env::current_dir()
+        .map_err(|e| anyhow::anyhow!("cannot read the working directory: {e}"))?;
+    let overrides = Overrides {
+        config: cli.config_file,
+        store: cli.store,
+        record_prompts: cli.record_prompts,
+    };
+    let settings = Settings::load(&overrides, &|k| std::env::var(k).ok(), &cwd)?;
+    let ctx = Context {
+        json: cli.json,
+        settings,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
+    runtime.block_on(async {
+        match cli.command {
+            Command::Run(args) => runs::run(args, &ctx).await,
+            Command::Runs(command) => runs::runs(command, &ctx).await,
+            Command::Agent(command) => agent::run(command, &ctx).await,
+            Command::Plugin(command) => plugin::run(command, &ctx).await,
+            Command::Config(ConfigCommand::Show) => {
+                if ctx.json {
+                    println!("{}", serde_json::to_string_pretty(&ctx.settings.to_json())?);
+                } else {
+                    print!("{}", ctx.settings.to_toml());
+                }
+                Ok(())
+            }
+            Command::Store(command) => store::run(command, &ctx).await,
+            Command::Completions { .. } => unreachable!("handled before the runtime starts"),
+        }
+    })
+}
+
 fn init_tracing(verbose: u8) {
     use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let default = match verbose {
         0 => "warn",
         1 => "debug",
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
+        .with_filter(filter);
+    let progress =
+        progress::ProgressLayer.with_filter(tracing_subscriber::filter::filter_fn(|m| {
+            m.target() == progress::TARGET
+        }));
+    let _ = tracing_subscriber::registry()
+        .with(logs)
+        .with(progress)
         .try_init();
 }
 
-/// The process's sandbox, with the per-user component cache:
-/// `$WARDEN_CACHE_DIR`, else `$XDG_CACHE_HOME/warden/components`, else
-/// `~/.cache/warden/components`.
-pub(crate) fn sandbox() -> anyhow::Result<crate::sandbox::Sandbox> {
-    let cache_dir = std::env::var_os("WARDEN_CACHE_DIR")
-        .map(PathBuf::from)
-        .or_else(|| {
-            std::env::var_os("XDG_CACHE_HOME").map(|d| PathBuf::from(d).join("warden/components"))
-        })
-        .or_else(|| {
-            std::env::var_os("HOME").map(|d| PathBuf::from(d).join(".cache/warden/components"))
-        });
+/// The process's sandbox, caching compiled components where the settings
+/// say (`WARDEN_CACHE_DIR`, `cache_dir`, else `$XDG_CACHE_HOME/warden/components`,
+/// else `~/.cache/warden/components`).
+pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<crate::sandbox::Sandbox> {
     Ok(crate::sandbox::Sandbox::new(
         crate::sandbox::SandboxConfig {
-            cache_dir,
+            cache_dir: settings.cache_dir.value.clone(),
             ..crate::sandbox::SandboxConfig::default()
         },
     )?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory as _;
+        super::Cli::command().debug_assert();
+    }
 }

@@ -1,5 +1,5 @@
 //! `warden plugin inspect`, `call` (a tool), `resolve` (a context source)
-//! and `deliver` (a channel).
+//! and `deliver` (a channel); `new` and `build` are in `scaffold.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -7,7 +7,7 @@ use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
 use serde_json::json;
 
-use super::Exit;
+use super::{Context, Exit};
 use crate::plugins::manifest::{FuelSetting, Unmetered};
 use crate::plugins::{LoadedPlugin, PluginHost, PluginSource};
 use crate::policy::{Grant, MountGrant};
@@ -23,9 +23,6 @@ pub(crate) enum PluginCommand {
     Inspect {
         /// A plugin.toml, a component .wasm, or builtin:NAME.
         plugin: String,
-        /// Print JSON instead of text.
-        #[arg(long)]
-        json: bool,
     },
     /// Call one tool in a fresh sandbox and print its output and usage receipt.
     Call(CallArgs),
@@ -35,6 +32,12 @@ pub(crate) enum PluginCommand {
     /// Deliver one message through a channel in a fresh sandbox and print
     /// the usage receipt.
     Deliver(DeliverArgs),
+    /// Create a plugin crate: guest SDK dependency, manifest, one example
+    /// tool (or context source, or channel) and a test in the real sandbox.
+    New(super::scaffold::NewArgs),
+    /// Build a plugin crate for wasm32-wasip2, copy the component next to
+    /// its plugin.toml and pin it there (component and sha256).
+    Build(super::scaffold::BuildArgs),
 }
 
 #[derive(Debug, Args)]
@@ -46,9 +49,6 @@ pub(crate) struct ResolveArgs {
     query: String,
     #[command(flatten)]
     grant: GrantArgs,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -62,9 +62,6 @@ pub(crate) struct DeliverArgs {
     payload: String,
     #[command(flatten)]
     grant: GrantArgs,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 #[derive(Debug, Args)]
@@ -81,9 +78,6 @@ pub(crate) struct CallArgs {
     /// Ask for the tool's side-effect-free preview instead of calling it.
     #[arg(long)]
     preflight: bool,
-    /// Print JSON instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
 /// The operator's grant, from flags and an optional grant file.
@@ -115,19 +109,25 @@ pub(crate) struct GrantArgs {
     memory: Option<String>,
 }
 
-pub(crate) async fn run(cmd: PluginCommand) -> anyhow::Result<()> {
+pub(crate) async fn run(cmd: PluginCommand, ctx: &Context) -> anyhow::Result<()> {
     match cmd {
-        PluginCommand::Inspect { plugin, json } => inspect(&plugin, json).await,
-        PluginCommand::Call(args) => call(args).await,
-        PluginCommand::Resolve(args) => resolve(args).await,
-        PluginCommand::Deliver(args) => deliver(args).await,
+        PluginCommand::Inspect { plugin } => inspect(&plugin, ctx).await,
+        PluginCommand::Call(args) => call(args, ctx).await,
+        PluginCommand::Resolve(args) => resolve(args, ctx).await,
+        PluginCommand::Deliver(args) => deliver(args, ctx).await,
+        PluginCommand::New(args) => super::scaffold::new(args, ctx),
+        PluginCommand::Build(args) => super::scaffold::build(args, ctx).await,
     }
 }
 
 /// Loads `plugin` under the grant of `args`.
-async fn load_granted(plugin: &str, args: &GrantArgs) -> anyhow::Result<LoadedPlugin> {
+async fn load_granted(
+    plugin: &str,
+    args: &GrantArgs,
+    ctx: &Context,
+) -> anyhow::Result<LoadedPlugin> {
     let (grant, base) = args.grant()?;
-    let host = PluginHost::new(super::sandbox()?);
+    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     let source: PluginSource = plugin.parse().expect("infallible");
     let plugin = host.load(&source, &grant, &base).await?;
     for line in plugin.not_granted() {
@@ -136,8 +136,8 @@ async fn load_granted(plugin: &str, args: &GrantArgs) -> anyhow::Result<LoadedPl
     Ok(plugin)
 }
 
-async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
-    let plugin = load_granted(&args.plugin, &args.grant).await?;
+async fn resolve(args: ResolveArgs, ctx: &Context) -> anyhow::Result<()> {
+    let plugin = load_granted(&args.plugin, &args.grant, ctx).await?;
     let request = wit::ContextRequest {
         run_id: String::new(),
         query: args.query.clone(),
@@ -162,7 +162,7 @@ async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
         wit::ContextError::Denied(m) => ("denied", m.clone(), false),
         wit::ContextError::Failed(f) => ("failed", f.message.clone(), f.retryable),
     };
-    if args.json {
+    if ctx.json {
         let mut body = match &leased.result {
             Ok(Ok(list)) => json!({ "ok": true, "items": items(list) }),
             Ok(Err(e)) => {
@@ -189,13 +189,13 @@ async fn resolve(args: ResolveArgs) -> anyhow::Result<()> {
     exit_for(&leased.result)
 }
 
-async fn deliver(args: DeliverArgs) -> anyhow::Result<()> {
+async fn deliver(args: DeliverArgs, ctx: &Context) -> anyhow::Result<()> {
     let payload: serde_json::Value = serde_json::from_str(&args.payload)
         .with_context(|| format!("the payload is not valid JSON: `{}`", args.payload))?;
     if !payload.is_object() {
         bail!("the payload must be a JSON object, got `{}`", args.payload);
     }
-    let plugin = load_granted(&args.plugin, &args.grant).await?;
+    let plugin = load_granted(&args.plugin, &args.grant, ctx).await?;
     let delivery = wit::Delivery {
         id: format!("cli-{}", std::process::id()),
         run_id: String::new(),
@@ -215,7 +215,7 @@ async fn deliver(args: DeliverArgs) -> anyhow::Result<()> {
             json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
         }
     };
-    if args.json {
+    if ctx.json {
         let mut body = match &leased.result {
             Ok(Ok(())) => json!({ "ok": true }),
             Ok(Err(e)) => json!({ "ok": false, "delivery_error": error(e) }),
@@ -325,7 +325,7 @@ impl GrantArgs {
     }
 }
 
-async fn call(args: CallArgs) -> anyhow::Result<()> {
+async fn call(args: CallArgs, ctx: &Context) -> anyhow::Result<()> {
     let arguments: serde_json::Value = serde_json::from_str(&args.arguments)
         .with_context(|| format!("the arguments are not valid JSON: `{}`", args.arguments))?;
     if !arguments.is_object() {
@@ -334,7 +334,7 @@ async fn call(args: CallArgs) -> anyhow::Result<()> {
             args.arguments
         );
     }
-    let plugin = load_granted(&args.plugin, &args.grant).await?;
+    let plugin = load_granted(&args.plugin, &args.grant, ctx).await?;
     let call = wit::Call {
         id: "cli-call".into(),
         run_id: String::new(),
@@ -364,7 +364,7 @@ async fn call(args: CallArgs) -> anyhow::Result<()> {
         let leased = plugin.invoke(&call, None).await?;
         (leased.result.map(|r| r.map(|o| o.content)), leased.receipt)
     };
-    if args.json {
+    if ctx.json {
         let body = match &content {
             Ok(Ok(text)) => json!({
                 "ok": true,
@@ -463,8 +463,9 @@ fn human_bytes(n: u64) -> String {
     }
 }
 
-async fn inspect(target: &str, as_json: bool) -> anyhow::Result<()> {
-    let sandbox = super::sandbox()?;
+async fn inspect(target: &str, ctx: &Context) -> anyhow::Result<()> {
+    let as_json = ctx.json;
+    let sandbox = super::sandbox(&ctx.settings)?;
     let is_wasm = Path::new(target).extension().is_some_and(|e| e == "wasm");
     if is_wasm {
         return inspect_component(&sandbox, Path::new(target), as_json).await;

@@ -3,6 +3,7 @@
 
 use serde_json::Value;
 
+use crate::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage};
 use crate::engine::events::{Event, ToolCallResult};
 use crate::engine::{RunId, RunStatus};
 use crate::sandbox::UsageReceipt;
@@ -133,6 +134,35 @@ pub(crate) fn receipt(r: &UsageReceipt) -> String {
         r.fuel_consumed,
         r.wall_time_us as f64 / 1000.0
     )
+}
+
+/// Budget use on one line: each budget used or limited, as `used of limit`.
+pub(crate) fn budget(usage: &BudgetUsage, limits: &BudgetLimits) -> String {
+    let parts: Vec<String> = BudgetKind::ORDER
+        .iter()
+        .filter_map(|&kind| {
+            let used = usage.get(kind);
+            let limit = limits.get(kind);
+            if used == 0 && limit.is_none() {
+                return None;
+            }
+            let amount = |n: u64| match kind {
+                BudgetKind::Cost => format!("{:.6}", n as f64 / 1e9),
+                BudgetKind::WallTime => format!("{:.1}s", n as f64 / 1000.0),
+                _ => n.to_string(),
+            };
+            let name = kind.as_str().replace('_', " ");
+            Some(match limit {
+                Some(l) => format!("{name} {} of {}", amount(used), amount(l)),
+                None => format!("{name} {}", amount(used)),
+            })
+        })
+        .collect();
+    if parts.is_empty() {
+        "nothing used".into()
+    } else {
+        parts.join(" · ")
+    }
 }
 
 /// What to do next with a run in `status`, as a command line.

@@ -6,45 +6,22 @@ use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::{Exit, render};
-use crate::engine::events::{Event, decode};
+use super::config::{Settings, StoreLocation};
+use super::errors::CliError;
+use super::progress::Spinner;
+use super::{Context, Exit, render};
+use crate::engine::budget::BudgetKind;
+use crate::engine::events::{Event, UnresolvedWrite, decode};
 use crate::engine::{
-    Agent, CallId, ReplayOptions, RunId, RunStatus, RunUpdate, Runtime, RuntimeError,
+    Agent, BudgetLimits, CallId, ReplayOptions, RunId, RunState, RunStatus, RunUpdate, Runtime,
+    RuntimeError, fold,
 };
 use crate::plugins::PluginHost;
-use crate::store::{EventStore, RunFilter, SqliteStore};
-
-/// Where runs are stored.
-#[derive(Debug, Args)]
-pub(crate) struct StoreArgs {
-    /// The SQLite store file (created if missing).
-    #[arg(
-        long,
-        env = "WARDEN_STORE",
-        default_value = ".warden/warden.db",
-        global = true
-    )]
-    store: PathBuf,
-}
-
-impl StoreArgs {
-    fn open(&self) -> anyhow::Result<Arc<dyn EventStore>> {
-        if let Some(dir) = self.store.parent()
-            && !dir.as_os_str().is_empty()
-        {
-            std::fs::create_dir_all(dir).with_context(|| {
-                format!("cannot create the store's directory `{}`", dir.display())
-            })?;
-        }
-        let store = SqliteStore::open(&self.store)
-            .with_context(|| format!("cannot open the store `{}`", self.store.display()))?;
-        Ok(Arc::new(store))
-    }
-}
+use crate::store::{EventStore, RunFilter, RunSummary, SqliteStore};
 
 /// `warden run`.
 #[derive(Debug, Args)]
@@ -54,7 +31,7 @@ pub(crate) struct RunArgs {
     /// The input: JSON, or plain text taken as a string. `@FILE` reads it
     /// from a file.
     input: Option<String>,
-    /// The input, as `@FILE` or text (instead of the positional INPUT).
+    /// The input, as `@FILE`, JSON or text (instead of the positional INPUT).
     #[arg(long = "input", conflicts_with = "input")]
     input_flag: Option<String>,
     /// A label for the run (repeatable).
@@ -64,39 +41,27 @@ pub(crate) struct RunArgs {
     #[arg(long)]
     run_id: Option<String>,
     /// Record the run and return without driving it.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "follow")]
     detach: bool,
-    /// Record each model request in full (they may hold secrets).
+    /// Drive the run and print its events as they happen (the default).
     #[arg(long)]
-    record_prompts: bool,
-    /// Print events as JSON lines instead of text.
-    #[arg(long)]
-    json: bool,
-    #[command(flatten)]
-    store: StoreArgs,
+    follow: bool,
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum RunsCommand {
-    /// List runs, newest last.
-    List {
-        /// Only runs with this status (repeatable).
-        #[arg(long)]
-        status: Vec<String>,
-        /// Only runs of this agent.
-        #[arg(long)]
-        agent: Option<String>,
-        /// Only runs with this label (repeatable; all must match).
-        #[arg(long = "label", value_name = "KEY=VALUE")]
-        labels: Vec<String>,
-        /// Print JSON.
-        #[arg(long)]
-        json: bool,
-    },
-    /// A readable timeline of one run.
+    /// List runs, oldest first; runs marked running with no activity for a
+    /// while are flagged as stalled.
+    List(ListArgs),
+    /// A readable timeline of one run: steps, tool calls with receipts,
+    /// approvals, errors, budget use, and what to do next.
     Show {
         /// The run.
         run: String,
+        /// The agent file, for the budget limits (default: the file the
+        /// run was started from, when it can still be read).
+        #[arg(long)]
+        agent: Option<PathBuf>,
     },
     /// The run's raw log, one stored event (JSON) per line.
     Events {
@@ -141,16 +106,22 @@ pub(crate) enum RunsCommand {
         #[command(flatten)]
         drive: DriveArgs,
     },
-    /// Give a suspended run its input, or a run over budget an extension,
-    /// then continue it.
+    /// Continue a run, whatever it waits for: a suspended run takes
+    /// `--input`, a run over budget takes an extension as `--input`, a run
+    /// marked running that no process drives is recovered; a run awaiting
+    /// approval or with a write of unknown outcome is refused with what to
+    /// do instead.
     Resume {
         /// The run.
         run: String,
         /// JSON, or text taken as a string; `@FILE` reads a file.
         #[arg(long)]
-        input: String,
+        input: Option<String>,
         #[command(flatten)]
         drive: DriveArgs,
+        /// When recovering: continue even though the agent file changed.
+        #[arg(long)]
+        accept_agent_change: bool,
     },
     /// Record the outcome of a write whose completion is missing.
     Resolve {
@@ -184,6 +155,31 @@ pub(crate) enum RunsCommand {
     },
 }
 
+/// `warden runs list`.
+#[derive(Debug, Args)]
+pub(crate) struct ListArgs {
+    /// Only runs with this status (repeatable).
+    #[arg(long)]
+    status: Vec<String>,
+    /// Only runs of this agent.
+    #[arg(long)]
+    agent: Option<String>,
+    /// Only runs with this label (repeatable; all must match).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// Only runs created since: a duration back from now (30m, 2h, 7d) or a
+    /// UTC date or time (2025-01-31, 2025-01-31T12:00:00Z).
+    #[arg(long, value_name = "WHEN")]
+    since: Option<String>,
+    /// Group runs: waiting for a human, in progress, terminal.
+    #[arg(long)]
+    group: bool,
+    /// Flag a run marked running as stalled after this long without
+    /// activity.
+    #[arg(long, value_name = "DURATION", default_value = "10m")]
+    stalled_after: String,
+}
+
 /// How a verb that continues a run drives it.
 #[derive(Debug, Args)]
 pub(crate) struct DriveArgs {
@@ -196,24 +192,38 @@ pub(crate) struct DriveArgs {
     /// Record the verb and return without continuing the run.
     #[arg(long)]
     detach: bool,
-    /// Print events as JSON lines instead of text.
-    #[arg(long)]
-    json: bool,
 }
 
-fn runtime(store: Arc<dyn EventStore>, record_prompts: bool) -> anyhow::Result<Runtime> {
-    Ok(Runtime::new(store, PluginHost::new(super::sandbox()?)).with_record_prompts(record_prompts))
+/// Opens the store the settings name, creating its directory.
+pub(crate) fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventStore>> {
+    match &settings.store.value {
+        StoreLocation::Sqlite(path) => {
+            if let Some(dir) = path.parent()
+                && !dir.as_os_str().is_empty()
+            {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("cannot create the store's directory `{}`", dir.display())
+                })?;
+            }
+            let store = SqliteStore::open(path)
+                .with_context(|| format!("cannot open the store `{}`", path.display()))?;
+            Ok(Arc::new(store))
+        }
+    }
 }
 
-fn load_agent(path: &Path) -> anyhow::Result<Agent> {
-    let path = path
-        .canonicalize()
-        .with_context(|| format!("cannot read agent `{}`", path.display()))?;
-    Ok(Agent::load(&path, None)?)
+/// The runtime over `store`, with the settings' labels, prompt recording
+/// and component cache, and the plugin host it loads plugins with.
+fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<(Runtime, PluginHost)> {
+    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    let rt = Runtime::new(store, host.clone())
+        .with_record_prompts(ctx.settings.record_prompts.value)
+        .with_labels(ctx.settings.labels.value.clone());
+    Ok((rt, host))
 }
 
 fn run_id(text: &str) -> anyhow::Result<RunId> {
-    RunId::new(text).map_err(|e| anyhow::anyhow!("{e}"))
+    RunId::new(text).map_err(|e| CliError::new("invalid_run_id", e.to_string()).into())
 }
 
 fn user(by: Option<String>) -> String {
@@ -222,10 +232,15 @@ fn user(by: Option<String>) -> String {
 }
 
 /// JSON, or text taken as a JSON string; `@FILE` reads the file first.
-fn json_input(text: &str) -> anyhow::Result<Value> {
+pub(crate) fn json_input(text: &str) -> anyhow::Result<Value> {
     let text = match text.strip_prefix('@') {
-        Some(path) => std::fs::read_to_string(path)
-            .with_context(|| format!("cannot read input file `{path}`"))?,
+        Some(path) => std::fs::read_to_string(path).map_err(|e| {
+            CliError::new(
+                "input_unreadable",
+                format!("cannot read input file `{path}`: {e}"),
+            )
+            .with_details(json!({ "file": path }))
+        })?,
         None => text.to_owned(),
     };
     Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
@@ -237,80 +252,72 @@ fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
         .map(|kv| {
             kv.split_once('=')
                 .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("--label `{kv}`: expected KEY=VALUE"))
+                .ok_or_else(|| {
+                    CliError::new("usage", format!("--label `{kv}`: expected KEY=VALUE")).into()
+                })
         })
         .collect()
 }
 
-pub(crate) async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let agent = load_agent(&args.agent)?;
+pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
+    let agent = ctx.settings.load_agent(&args.agent)?;
     let input = match (&args.input, &args.input_flag) {
         (Some(text), _) | (None, Some(text)) => json_input(text)?,
         (None, None) => Value::String(String::new()),
     };
     let labels = labels(&args.labels)?;
-    let rt = runtime(args.store.open()?, args.record_prompts)?;
     let run_id = match &args.run_id {
         Some(id) => run_id(id)?,
         None => RunId::from_random(rand::random()),
     };
+    let (rt, host) = runtime(ctx, open_store(&ctx.settings)?)?;
+    // Everything the run needs is checked before anything is recorded.
+    super::agent::check(&host, &agent).await?;
     // Subscribe before the run exists so the first event is seen too.
     let updates = rt.subscribe(&run_id);
     rt.start_with_labels(&agent, run_id.clone(), input, labels)
         .await?;
     if args.detach {
-        println!("{run_id}");
+        if ctx.json {
+            println!(
+                "{}",
+                json!({ "run_id": run_id, "status": RunStatus::Running })
+            );
+        } else {
+            println!("{run_id}");
+        }
         return Ok(());
     }
-    follow(&rt, &run_id, updates, args.json, Drive::Drive(agent)).await
+    follow(&rt, &run_id, updates, ctx.json, Drive::Drive(agent)).await
 }
 
-pub(crate) async fn runs(cmd: RunsCommand, store: &StoreArgs) -> anyhow::Result<()> {
-    let store = store.open()?;
+pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> {
+    let store = open_store(&ctx.settings)?;
     match cmd {
-        RunsCommand::List {
-            status,
-            agent,
-            labels: pairs,
-            json,
-        } => list(store, status, agent, labels(&pairs)?, json).await,
-        RunsCommand::Show { run } => show(store, &run_id(&run)?).await,
+        RunsCommand::List(args) => list(store, args, ctx.json).await,
+        RunsCommand::Show { run, agent } => show(ctx, store, &run_id(&run)?, agent).await,
         RunsCommand::Events { run } => {
             for e in store.load(&run_id(&run)?).await? {
                 println!("{}", String::from_utf8_lossy(&e.bytes));
             }
             Ok(())
         }
-        RunsCommand::Verify { runs } => verify(store, runs).await,
+        RunsCommand::Verify { runs } => verify(store, runs, ctx.json).await,
         RunsCommand::Recover {
             run,
             drive,
             accept_agent_change,
         } => {
             let run = run_id(&run)?;
-            let rt = runtime(store, false)?;
-            let agent = agent_of(&rt, &run, drive.agent.as_deref()).await?;
-            let updates = rt.subscribe(&run);
-            follow(
-                &rt,
-                &run,
-                updates,
-                drive.json,
-                Drive::Recover(
-                    agent,
-                    ReplayOptions {
-                        accept_agent_change,
-                    },
-                ),
-            )
-            .await
+            let (rt, _) = runtime(ctx, store)?;
+            recover(ctx, &rt, &run, &drive, accept_agent_change).await
         }
         RunsCommand::Approve { run, call, drive } => {
             let run = run_id(&run)?;
-            let rt = runtime(store, false)?;
+            let (rt, _) = runtime(ctx, store)?;
             rt.approve(&run, &CallId::from_text(call), &user(drive.by.clone()))
                 .await?;
-            continue_run(&rt, &run, drive).await
+            continue_run(ctx, &rt, &run, drive).await
         }
         RunsCommand::Deny {
             run,
@@ -319,7 +326,7 @@ pub(crate) async fn runs(cmd: RunsCommand, store: &StoreArgs) -> anyhow::Result<
             drive,
         } => {
             let run = run_id(&run)?;
-            let rt = runtime(store, false)?;
+            let (rt, _) = runtime(ctx, store)?;
             rt.deny(
                 &run,
                 &CallId::from_text(call),
@@ -327,20 +334,17 @@ pub(crate) async fn runs(cmd: RunsCommand, store: &StoreArgs) -> anyhow::Result<
                 &reason,
             )
             .await?;
-            continue_run(&rt, &run, drive).await
+            continue_run(ctx, &rt, &run, drive).await
         }
-        RunsCommand::Resume { run, input, drive } => {
+        RunsCommand::Resume {
+            run,
+            input,
+            drive,
+            accept_agent_change,
+        } => {
             let run = run_id(&run)?;
-            let rt = runtime(store, false)?;
-            let agent = agent_of(&rt, &run, drive.agent.as_deref()).await?;
-            rt.resume(
-                &run,
-                &agent,
-                json_input(&input)?,
-                Some(user(drive.by.clone())),
-            )
-            .await?;
-            continue_run(&rt, &run, drive).await
+            let (rt, _) = runtime(ctx, store)?;
+            resume(ctx, &rt, &run, input, drive, accept_agent_change).await
         }
         RunsCommand::Resolve {
             run,
@@ -349,50 +353,227 @@ pub(crate) async fn runs(cmd: RunsCommand, store: &StoreArgs) -> anyhow::Result<
             by,
         } => {
             let run = run_id(&run)?;
-            let rt = runtime(store, false)?;
+            let (rt, _) = runtime(ctx, store)?;
             rt.resolve(&run, json_input(&output)?, &user(by), note)
                 .await?;
-            println!("resolved; continue with: warden runs recover {run}");
+            let next = format!("warden runs resume {run}");
+            if ctx.json {
+                println!(
+                    "{}",
+                    json!({ "run_id": run, "status": rt.state(&run).await?.status(), "next": next })
+                );
+            } else {
+                println!("resolved; continue with: {next}");
+            }
             Ok(())
         }
         RunsCommand::Abandon { run, reason } => {
             let run = run_id(&run)?;
-            runtime(store, false)?.abandon(&run, &reason).await?;
-            println!("run {run} abandoned");
+            runtime(ctx, store)?.0.abandon(&run, &reason).await?;
+            done(ctx, &run, RunStatus::Abandoned);
             Ok(())
         }
         RunsCommand::Cancel { run, reason } => {
             let run = run_id(&run)?;
-            runtime(store, false)?.cancel(&run, reason).await?;
-            println!("run {run} cancelled");
+            runtime(ctx, store)?.0.cancel(&run, reason).await?;
+            done(ctx, &run, RunStatus::Cancelled);
             Ok(())
         }
+    }
+}
+
+fn done(ctx: &Context, run: &RunId, status: RunStatus) {
+    if ctx.json {
+        println!("{}", json!({ "run_id": run, "status": status }));
+    } else {
+        println!("run {run} {status}");
     }
 }
 
 /// The agent to continue `run` with: `--agent`, else the file it was
 /// started from.
-async fn agent_of(rt: &Runtime, run: &RunId, given: Option<&Path>) -> anyhow::Result<Agent> {
+async fn agent_of(
+    settings: &Settings,
+    rt: &Runtime,
+    run: &RunId,
+    given: Option<&Path>,
+) -> anyhow::Result<Agent> {
     if let Some(path) = given {
-        return load_agent(path);
+        return Ok(settings.load_agent(path)?);
     }
     let events = rt.events(run).await?;
     match events.first() {
         Some(Event::RunStarted(s)) => match &s.agent_file {
-            Some(file) => load_agent(Path::new(file)),
-            None => bail!("run {run} does not record its agent file: pass --agent"),
+            Some(file) => Ok(settings.load_agent(Path::new(file))?),
+            None => Err(CliError::new(
+                "agent_unknown",
+                format!("run {run} does not record its agent file: pass --agent"),
+            )
+            .with_details(json!({ "run_id": run }))
+            .into()),
         },
-        _ => bail!("run {run} has no run_started event"),
+        _ => Err(
+            CliError::new("log_invalid", format!("run {run} has no run_started event"))
+                .with_details(json!({ "run_id": run }))
+                .into(),
+        ),
     }
 }
 
-async fn continue_run(rt: &Runtime, run: &RunId, drive: DriveArgs) -> anyhow::Result<()> {
+async fn continue_run(
+    ctx: &Context,
+    rt: &Runtime,
+    run: &RunId,
+    drive: DriveArgs,
+) -> anyhow::Result<()> {
     if drive.detach {
+        if ctx.json {
+            println!(
+                "{}",
+                json!({ "run_id": run, "status": rt.state(run).await?.status() })
+            );
+        }
         return Ok(());
     }
-    let agent = agent_of(rt, run, drive.agent.as_deref()).await?;
+    let agent = agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?;
     let updates = rt.subscribe(run);
-    follow(rt, run, updates, drive.json, Drive::Drive(agent)).await
+    follow(rt, run, updates, ctx.json, Drive::Drive(agent)).await
+}
+
+async fn recover(
+    ctx: &Context,
+    rt: &Runtime,
+    run: &RunId,
+    drive: &DriveArgs,
+    accept_agent_change: bool,
+) -> anyhow::Result<()> {
+    let agent = agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?;
+    let updates = rt.subscribe(run);
+    follow(
+        rt,
+        run,
+        updates,
+        ctx.json,
+        Drive::Recover(
+            agent,
+            ReplayOptions {
+                accept_agent_change,
+            },
+        ),
+    )
+    .await
+}
+
+/// `runs resume`: what the run needs, from its derived state.
+async fn resume(
+    ctx: &Context,
+    rt: &Runtime,
+    run: &RunId,
+    input: Option<String>,
+    drive: DriveArgs,
+    accept_agent_change: bool,
+) -> anyhow::Result<()> {
+    let state = rt.state(run).await?;
+    let status = state.status();
+    match status {
+        RunStatus::Suspended | RunStatus::BudgetExceeded => {
+            let Some(input) = input else {
+                let events = rt.events(run).await?;
+                let next = render::next_step(run, status, &events).unwrap_or_default();
+                return Err(CliError::new(
+                    "input_required",
+                    format!("run `{run}` is {status}: it needs --input ({next})"),
+                )
+                .with_details(json!({ "run_id": run, "status": status }))
+                .into());
+            };
+            let agent = agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?;
+            rt.resume(
+                run,
+                &agent,
+                json_input(&input)?,
+                Some(user(drive.by.clone())),
+            )
+            .await?;
+            continue_run(ctx, rt, run, drive).await
+        }
+        RunStatus::Running => {
+            if input.is_some() {
+                return Err(CliError::new(
+                    "input_not_expected",
+                    format!("run `{run}` is running: it takes no input; resume without --input to recover it"),
+                )
+                .with_details(json!({ "run_id": run, "status": status }))
+                .into());
+            }
+            if drive.detach {
+                return Err(CliError::new(
+                    "usage",
+                    format!("run `{run}` is running: recovering it means driving it, so --detach does not apply"),
+                )
+                .into());
+            }
+            recover(ctx, rt, run, &drive, accept_agent_change).await
+        }
+        RunStatus::AwaitingApproval => {
+            let events = rt.events(run).await?;
+            let call = state.next_call().map(|c| c.call_id.to_string());
+            let next = render::next_step(run, status, &events).unwrap_or_default();
+            Err(CliError::new(
+                "awaiting_approval",
+                format!(
+                    "run `{run}` is awaiting approval of {}: {}",
+                    call.as_deref().unwrap_or("a call"),
+                    next.replace("\n   ", " ")
+                ),
+            )
+            .with_details(json!({ "run_id": run, "status": status, "call_id": call }))
+            .into())
+        }
+        RunStatus::NeedsReconciliation => match state.dangling_write() {
+            Some(write) => Err(refuse_reconciliation(
+                run,
+                &UnresolvedWrite::from(write),
+                ctx.json,
+            )),
+            None => Err(RuntimeError::NotReconcilable {
+                run_id: run.clone(),
+                status,
+            }
+            .into()),
+        },
+        terminal => Err(RuntimeError::AlreadyTerminal {
+            run_id: run.clone(),
+            status: terminal,
+        }
+        .into()),
+    }
+}
+
+/// Prints the evidence of a write with no recorded outcome and what to do,
+/// and returns the exit for it.
+fn refuse_reconciliation(run: &RunId, write: &UnresolvedWrite, json: bool) -> anyhow::Error {
+    let resolve = format!("warden runs resolve {run} --output '<its output as JSON>'");
+    let abandon = format!("warden runs abandon {run} --reason '…'");
+    if json {
+        let error = RuntimeError::NeedsReconciliation {
+            run_id: run.clone(),
+            write: Box::new(write.clone()),
+        };
+        let mut report = super::errors::report(&error.into());
+        report.details["next"] = json!([resolve, abandon]);
+        println!("{}", report.envelope());
+    } else {
+        eprintln!(
+            "run {run} needs reconciliation: write {} to {} with {} has no recorded outcome",
+            write.call_id,
+            write.tool.model_name(),
+            write.arguments
+        );
+        eprintln!("   check whether the write happened, then: {resolve}");
+        eprintln!("   or give up with: {abandon}");
+    }
+    Exit::NeedsReconciliation.into()
 }
 
 /// How to continue a run while following it.
@@ -430,25 +611,7 @@ async fn follow(
         let status = match result {
             Ok(status) => status,
             Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
-                if json {
-                    println!(
-                        "{}",
-                        json!({ "run_id": run_id.to_string(), "status": "needs_reconciliation", "write": *write })
-                    );
-                } else {
-                    eprintln!(
-                        "run {run_id} needs reconciliation: write {} to {} with {} has no recorded outcome",
-                        write.call_id,
-                        write.tool.model_name(),
-                        write.arguments
-                    );
-                    if let Some(next) =
-                        render::next_step(&run_id, RunStatus::NeedsReconciliation, &[])
-                    {
-                        eprintln!("   {next}");
-                    }
-                }
-                return Err(Exit::NeedsReconciliation.into());
+                return Err(refuse_reconciliation(&run_id, &write, json));
             }
             Err(e) => return Err(e.into()),
         };
@@ -467,7 +630,7 @@ async fn follow(
     };
     let events = rt.events(run).await?;
     if json {
-        println!("{}", json!({ "run_id": run.to_string(), "status": status }));
+        println!("{}", json!({ "run_id": run, "status": status }));
     } else {
         println!("run {run}: {status}");
         if let Some(next) = render::next_step(run, status, &events) {
@@ -511,7 +674,8 @@ async fn ask_approval(rt: &Runtime, run: &RunId, call: &CallId) -> anyhow::Resul
 }
 
 /// One drive of the run, printing updates as they come; returns how the
-/// drive ended.
+/// drive ended. While the model is being waited on, a spinner says so on a
+/// terminal's stderr.
 async fn drive_and_print(
     rt: &Runtime,
     run: &RunId,
@@ -531,11 +695,13 @@ async fn drive_and_print(
     };
     tokio::pin!(driving);
     let mut in_text = false;
+    let mut waiting: Option<Spinner> = None;
     let result = loop {
         tokio::select! {
             biased;
             update = updates.next() => match update {
                 Some(RunUpdate::Event { seq, event }) => {
+                    waiting = None;
                     if in_text {
                         println!();
                         in_text = false;
@@ -544,8 +710,12 @@ async fn drive_and_print(
                         print_event(seq, &event, json);
                         *last_seq = seq;
                     }
+                    if !json && let Event::ModelCallIntent(i) = &*event {
+                        waiting = Spinner::start(format!("step {}: waiting for the model…", i.step));
+                    }
                 }
                 Some(RunUpdate::TextDelta { text, .. }) if !json => {
+                    waiting = None;
                     if !in_text {
                         print!("  ");
                         in_text = true;
@@ -557,6 +727,7 @@ async fn drive_and_print(
             result = &mut driving => break result.context("the driver panicked")?,
         }
     };
+    drop(waiting);
     if in_text {
         println!();
     }
@@ -578,40 +749,156 @@ fn print_event(seq: u64, event: &Event, json: bool) {
     }
 }
 
-async fn list(
-    store: Arc<dyn EventStore>,
-    status: Vec<String>,
-    agent: Option<String>,
-    labels: BTreeMap<String, String>,
-    json: bool,
-) -> anyhow::Result<()> {
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}
+
+/// Where a run stands, for grouping.
+fn group_of(status: &str) -> &'static str {
+    match status {
+        "awaiting_approval" | "suspended" | "budget_exceeded" | "needs_reconciliation" => "waiting",
+        "running" => "in_progress",
+        _ => "terminal",
+    }
+}
+
+/// The milliseconds since the Unix epoch `text` names: a duration back from
+/// `now` (`30m`, `2h`, `7d`, `1w`), a UTC date (`2025-01-31`) or a UTC time
+/// (`2025-01-31T12:00:00Z`).
+pub(crate) fn parse_since(text: &str, now: i64) -> Result<i64, String> {
+    let text = text.trim();
+    let bad = || {
+        format!(
+            "--since `{text}`: expected a duration back from now (30m, 2h, 7d) or a UTC date or time (2025-01-31, 2025-01-31T12:00:00Z)"
+        )
+    };
+    if text.len() >= 10 && text.as_bytes()[4] == b'-' {
+        let (date, time) = match text.split_once('T') {
+            Some((d, t)) => (d, Some(t.trim_end_matches('Z'))),
+            None => (text, None),
+        };
+        let parts: Vec<i64> = date
+            .split('-')
+            .map(|p| p.parse().map_err(|_| bad()))
+            .collect::<Result<_, _>>()?;
+        let [y, m, d] = parts[..] else {
+            return Err(bad());
+        };
+        if !(1..=12).contains(&m) || !(1..=31).contains(&d) {
+            return Err(bad());
+        }
+        let mut seconds = days_from_civil(y, m, d) * 86_400;
+        if let Some(time) = time {
+            let hms: Vec<i64> = time
+                .split(':')
+                .map(|p| p.parse().map_err(|_| bad()))
+                .collect::<Result<_, _>>()?;
+            let (h, mi, s) = match hms[..] {
+                [h, mi] => (h, mi, 0),
+                [h, mi, s] => (h, mi, s),
+                _ => return Err(bad()),
+            };
+            if !(0..24).contains(&h) || !(0..60).contains(&mi) || !(0..61).contains(&s) {
+                return Err(bad());
+            }
+            seconds += h * 3600 + mi * 60 + s;
+        }
+        return Ok(seconds * 1000);
+    }
+    let (number, unit_ms) = if let Some(n) = text.strip_suffix('w') {
+        (n, 7 * 86_400_000)
+    } else if let Some(n) = text.strip_suffix('d') {
+        (n, 86_400_000)
+    } else {
+        let d = crate::units::parse_duration(text).map_err(|_| bad())?;
+        return Ok(now - d.as_millis() as i64);
+    };
+    let n: u32 = number.trim().parse().map_err(|_| bad())?;
+    Ok(now - i64::from(n) * unit_ms)
+}
+
+/// Days since 1970-01-01 of a proleptic Gregorian date (Howard Hinnant's
+/// algorithm).
+fn days_from_civil(y: i64, m: i64, d: i64) -> i64 {
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = if y >= 0 { y } else { y - 399 } / 400;
+    let yoe = y - era * 400;
+    let mp = (m + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + d - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// A duration in a few characters: `45s`, `12m`, `3h`, `2d`.
+fn age(ms: i64) -> String {
+    let s = ms.max(0) / 1000;
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m", s / 60),
+        3600..86_400 => format!("{}h", s / 3600),
+        _ => format!("{}d", s / 86_400),
+    }
+}
+
+async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow::Result<()> {
+    let now = now_ms();
     let mut filter = RunFilter::new();
-    for s in status {
-        filter = filter.status(s);
+    for s in &args.status {
+        if RunStatus::ALL.iter().all(|known| known.as_str() != s) {
+            return Err(CliError::new(
+                "usage",
+                format!(
+                    "--status `{s}`: not a status (use one of {})",
+                    RunStatus::ALL.map(RunStatus::as_str).join(", ")
+                ),
+            )
+            .into());
+        }
+        filter = filter.status(s.clone());
     }
-    if let Some(a) = agent {
-        filter = filter.agent(a);
+    if let Some(a) = &args.agent {
+        filter = filter.agent(a.clone());
     }
-    for (k, v) in labels {
+    for (k, v) in labels(&args.labels)? {
         filter = filter.label(k, v);
     }
+    if let Some(since) = &args.since {
+        filter =
+            filter.created_since(parse_since(since, now).map_err(|m| CliError::new("usage", m))?);
+    }
+    let stalled_after = crate::units::parse_duration(&args.stalled_after)
+        .map_err(|e| CliError::new("usage", format!("--stalled-after: {e}")))?
+        .as_millis() as i64;
     let runs = store.list(&filter).await?;
+    let stalled = |r: &RunSummary| r.status == "running" && now - r.updated_ms >= stalled_after;
+    let row = |r: &RunSummary| {
+        json!({
+            "run_id": r.run_id,
+            "agent": r.agent,
+            "status": r.status,
+            "labels": r.labels,
+            "created_ms": r.created_ms,
+            "updated_ms": r.updated_ms,
+            "events": r.event_count,
+            "stalled": stalled(r),
+        })
+    };
     if json {
-        let rows: Vec<Value> = runs
-            .iter()
-            .map(|r| {
-                json!({
-                    "run_id": r.run_id.to_string(),
-                    "agent": r.agent,
-                    "status": r.status,
-                    "labels": r.labels,
-                    "created_ms": r.created_ms,
-                    "updated_ms": r.updated_ms,
-                    "events": r.event_count,
-                })
-            })
-            .collect();
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        let out = if args.group {
+            let mut groups = json!({ "waiting": [], "in_progress": [], "terminal": [] });
+            for r in &runs {
+                groups[group_of(&r.status)]
+                    .as_array_mut()
+                    .expect("an array")
+                    .push(row(r));
+            }
+            groups
+        } else {
+            Value::Array(runs.iter().map(row).collect())
+        };
+        println!("{}", serde_json::to_string_pretty(&out)?);
         return Ok(());
     }
     let id_width = runs
@@ -621,38 +908,168 @@ async fn list(
         .unwrap_or(0)
         .max(3);
     let agent_width = runs.iter().map(|r| r.agent.len()).max().unwrap_or(0).max(5);
-    println!(
-        "{:<id_width$}  {:<agent_width$}  {:<20}  {:>6}  LABELS",
-        "RUN", "AGENT", "STATUS", "EVENTS"
+    let header = format!(
+        "{:<id_width$}  {:<agent_width$}  {:<30}  {:>6}  {:>7}  LABELS",
+        "RUN", "AGENT", "STATUS", "EVENTS", "UPDATED"
     );
-    for r in runs {
+    let line = |r: &RunSummary| {
         let labels: Vec<String> = r.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-        println!(
-            "{:<id_width$}  {:<agent_width$}  {:<20}  {:>6}  {}",
+        let status = if stalled(r) {
+            format!("running (stalled {})", age(now - r.updated_ms))
+        } else {
+            r.status.clone()
+        };
+        format!(
+            "{:<id_width$}  {:<agent_width$}  {:<30}  {:>6}  {:>7}  {}",
             r.run_id.as_str(),
             r.agent,
-            r.status,
+            status,
             r.event_count,
+            format!("{} ago", age(now - r.updated_ms)),
             labels.join(",")
+        )
+    };
+    if args.group {
+        for (group, title) in [
+            ("waiting", "waiting for a human"),
+            ("in_progress", "in progress"),
+            ("terminal", "terminal"),
+        ] {
+            let members: Vec<&RunSummary> = runs
+                .iter()
+                .filter(|r| group_of(&r.status) == group)
+                .collect();
+            println!("{title} ({})", members.len());
+            if !members.is_empty() {
+                println!("  {header}");
+                for r in members {
+                    println!("  {}", line(r));
+                }
+            }
+        }
+    } else {
+        println!("{header}");
+        for r in &runs {
+            println!("{}", line(r));
+        }
+    }
+    let stalled: Vec<&RunSummary> = runs.iter().filter(|r| stalled(r)).collect();
+    if !stalled.is_empty() {
+        println!(
+            "{} run(s) marked running have had no activity for {} or more: if no process drives them, continue with `warden runs resume RUN`",
+            stalled.len(),
+            age(stalled_after)
         );
     }
     Ok(())
 }
 
-async fn show(store: Arc<dyn EventStore>, run: &RunId) -> anyhow::Result<()> {
-    for stored in store.load(run).await? {
-        let event = decode(&stored.bytes)
-            .with_context(|| format!("run {run}: event {} cannot be read", stored.seq))?;
-        if let Some(line) = render::event(&event) {
-            println!("{:>4}  {line}", stored.seq);
+async fn show(
+    ctx: &Context,
+    store: Arc<dyn EventStore>,
+    run: &RunId,
+    agent_file: Option<PathBuf>,
+) -> anyhow::Result<()> {
+    let stored = store.load(run).await?;
+    let summary = store.summary(run).await?;
+    let mut events = Vec::with_capacity(stored.len());
+    for s in &stored {
+        let event = decode(&s.bytes).map_err(|error| RuntimeError::Log {
+            run_id: run.clone(),
+            seq: s.seq,
+            error,
+        })?;
+        events.push(event);
+    }
+    let state: RunState = fold(&events).map_err(|error| RuntimeError::Fold {
+        run_id: run.clone(),
+        error,
+    })?;
+    let status = state.status();
+    // The limits: the agent's (when its file can still be read), with the
+    // recorded extensions.
+    let agent_path = agent_file.or_else(|| match events.first() {
+        Some(Event::RunStarted(s)) => s.agent_file.clone().map(PathBuf::from),
+        _ => None,
+    });
+    let agent_limits: Option<BudgetLimits> = agent_path
+        .as_deref()
+        .and_then(|p| ctx.settings.load_agent(p).ok())
+        .map(|a| a.budgets);
+    let limits = state.effective_limits(&agent_limits.unwrap_or_default());
+    let next = render::next_step(run, status, &events);
+    if ctx.json {
+        let budget: serde_json::Map<String, Value> = BudgetKind::ORDER
+            .iter()
+            .map(|k| {
+                (
+                    k.as_str().to_owned(),
+                    json!({ "used": state.usage.get(*k), "limit": limits.get(*k) }),
+                )
+            })
+            .collect();
+        let body = json!({
+            "run_id": run,
+            "agent": state.agent,
+            "status": status,
+            "labels": state.labels,
+            "input": state.input,
+            "created_ms": summary.created_ms,
+            "updated_ms": summary.updated_ms,
+            "events": stored.iter().zip(&events).map(|(s, e)| json!({ "seq": s.seq, "event": e })).collect::<Vec<_>>(),
+            "budget": budget,
+            "limits_known": agent_limits.is_some(),
+            "next": next,
+        });
+        println!("{}", serde_json::to_string_pretty(&body)?);
+        return Ok(());
+    }
+    let labels: Vec<String> = state
+        .labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    println!(
+        "run {run} · agent {} · {status}{}",
+        state.agent,
+        if labels.is_empty() {
+            String::new()
+        } else {
+            format!(" · {}", labels.join(","))
+        }
+    );
+    let start = state.clock_seed_ms;
+    let mut clock = start;
+    for (s, event) in stored.iter().zip(&events) {
+        if let Event::ClockObserved(c) = event {
+            clock = c.at_ms;
+        }
+        if let Some(line) = render::event(event) {
+            let offset = clock.saturating_sub(start) as f64 / 1000.0;
+            let mut lines = line.lines();
+            println!(
+                "{:>4} {:>8}  {}",
+                s.seq,
+                format!("+{offset:.2}s"),
+                lines.next().unwrap_or_default()
+            );
+            for rest in lines {
+                println!("               {rest}");
+            }
         }
     }
-    let summary = store.summary(run).await?;
-    println!("status: {}", summary.status);
+    println!("budget: {}", render::budget(&state.usage, &limits));
+    if agent_limits.is_none() {
+        println!("   (limits unknown: the agent file cannot be read; pass --agent)");
+    }
+    println!("status: {status}");
+    if let Some(next) = next {
+        println!("   {next}");
+    }
     Ok(())
 }
 
-async fn verify(store: Arc<dyn EventStore>, runs: Vec<String>) -> anyhow::Result<()> {
+async fn verify(store: Arc<dyn EventStore>, runs: Vec<String>, json: bool) -> anyhow::Result<()> {
     let ids = if runs.is_empty() {
         store.run_ids().await?
     } else {
@@ -661,20 +1078,72 @@ async fn verify(store: Arc<dyn EventStore>, runs: Vec<String>) -> anyhow::Result
             .collect::<anyhow::Result<_>>()?
     };
     let mut broken = 0;
+    let mut rows = Vec::new();
     for id in ids {
         let report = store.verify(&id).await?;
-        if report.is_intact() {
+        if !report.is_intact() {
+            broken += 1;
+        }
+        if json {
+            rows.push(json!({
+                "run_id": id,
+                "intact": report.is_intact(),
+                "events": report.events_read,
+                "findings": report.findings.iter().map(|f| json!({ "seq": f.seq, "problem": f.kind.to_string() })).collect::<Vec<_>>(),
+            }));
+        } else if report.is_intact() {
             println!("{id}: intact ({} events)", report.events_read);
         } else {
-            broken += 1;
             println!("{id}: BROKEN");
             for finding in &report.findings {
-                println!("   at event {}: {:?}", finding.seq, finding.kind);
+                println!("   at event {}: {}", finding.seq, finding.kind);
             }
         }
+    }
+    if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
     }
     if broken > 0 {
         return Err(Exit::RunFailed.into());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn since_takes_durations_dates_and_times() {
+        let now = 1_700_000_000_000;
+        assert_eq!(parse_since("30m", now), Ok(now - 30 * 60_000));
+        assert_eq!(parse_since("2h", now), Ok(now - 2 * 3_600_000));
+        assert_eq!(parse_since("7d", now), Ok(now - 7 * 86_400_000));
+        assert_eq!(parse_since("1w", now), Ok(now - 7 * 86_400_000));
+        assert_eq!(parse_since("1970-01-02", now), Ok(86_400_000));
+        assert_eq!(parse_since("2023-11-14", now), Ok(1_699_920_000_000));
+        assert_eq!(
+            parse_since("2023-11-14T22:13:20Z", now),
+            Ok(1_700_000_000_000)
+        );
+        for bad in ["yesterday", "7", "2023-13-01", "2023-11-14T25:00", "-3d"] {
+            let err = parse_since(bad, now).unwrap_err();
+            assert!(err.starts_with(&format!("--since `{bad}`")), "{err}");
+        }
+    }
+
+    #[test]
+    fn statuses_fall_into_three_groups() {
+        for status in RunStatus::ALL {
+            let group = group_of(status.as_str());
+            let expected = if status.is_terminal() {
+                "terminal"
+            } else if status == RunStatus::Running {
+                "in_progress"
+            } else {
+                "waiting"
+            };
+            assert_eq!(group, expected, "{status}");
+        }
+    }
 }

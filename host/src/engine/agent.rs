@@ -10,10 +10,26 @@
 //!                                        # the typed-results work, not yet
 //!
 //! [model]                                # optional: inherited whole when absent
-//! provider = "scripted"                  # scripted
+//! provider = "scripted"                  # scripted | openai | anthropic
 //! name = "demo"                          # the model, as the provider names it
 //! max_tokens = 1024                      # per call; default 4096
 //! transcript = "notes.transcript.toml"   # scripted only; relative to this file
+//! # openai and anthropic only:
+//! # base_url = "http://localhost:11434/v1"  # default: the provider's public API
+//! # base_url_env = "ANTHROPIC_BASE_URL"     # a variable holding the base URL;
+//! #                                         # when set, it wins over base_url
+//! # api_key_env = "OPENAI_API_KEY"          # the variable holding the key (never
+//! #                                         # the key); required for the public APIs
+//! # timeout = "60s"                         # connect, response start, and between
+//! #                                         # two pieces of the stream; default 60s
+//! # max_attempts = 3                        # per call, before anything streamed
+//! # max_concurrent_calls = 8                # calls in flight per provider
+//! # stream = true                           # ask for server-sent events
+//! # headers = { "OpenAI-Organization" = "org-1" }   # no credentials here
+//! # header_env = { "api-key" = "AZURE_OPENAI_KEY" } # header values from variables
+//! # api_version = "2023-06-01"              # anthropic: anthropic-version
+//! # max_tokens_field = "max_tokens"         # openai: or max_completion_tokens
+//! # stream_usage = true                     # openai: stream_options.include_usage
 //! [model.pricing]                        # optional; needed by budgets.max_cost
 //! input_per_million = 3.0                # in `currency`, per million tokens
 //! output_per_million = 15.0
@@ -46,6 +62,12 @@
 //! Provider and model travel together: an agent either sets the whole
 //! `[model]` table or inherits the operator's default table whole, so a
 //! model is never paired with a provider it was not configured for.
+//!
+//! Secrets never live in an agent file: the API key and secret headers are
+//! named by environment variable (`api_key_env`, `header_env`) and read when
+//! the provider is made ([`ModelSettings::provider`]). The digest covers the
+//! variables' names, not their values; literal `headers` that carry
+//! credentials (`authorization`, `x-api-key`, …) are refused.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -60,7 +82,11 @@ use super::ids::AgentDigest;
 use super::schema;
 use crate::plugins::{PluginSource, builtin};
 use crate::policy::Grant;
-use crate::providers::{ModelProvider, ProviderError, ScriptedProvider};
+use crate::providers::http::check_base_url;
+use crate::providers::{
+    AnthropicOptions, AnthropicProvider, HttpConfig, MaxTokensField, ModelProvider, OpenAiOptions,
+    OpenAiProvider, ProviderError, ScriptedProvider, Secret, anthropic, openai,
+};
 use crate::units::HumanDuration;
 
 /// Most labels on an agent or a run.
@@ -122,14 +148,111 @@ pub struct ModelSection {
     /// What tokens cost. Default: unpriced (no cost is recorded).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pricing: Option<PricingSection>,
+    /// HTTP providers: the API's base URL. Default: the provider's public
+    /// API (`https://api.openai.com/v1`, `https://api.anthropic.com`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url: Option<String>,
+    /// HTTP providers: an environment variable holding the base URL; when
+    /// it is set and not empty it wins over `base_url`. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base_url_env: Option<String>,
+    /// HTTP providers: the environment variable holding the API key.
+    /// Default: none (no key is sent); required for the public APIs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_key_env: Option<String>,
+    /// HTTP providers: extra headers, never credentials. Default: none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    /// HTTP providers: extra headers whose values are read from the named
+    /// environment variables. Default: none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub header_env: BTreeMap<String, String>,
+    /// HTTP providers: the most a call waits for a connection, for the
+    /// response to start, and between two pieces of it. Default: 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<HumanDuration>,
+    /// HTTP providers: attempts per call (1 to 10) at transient failures
+    /// before anything streamed. Default: 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_attempts: Option<u32>,
+    /// HTTP providers: calls in flight at once (1 to 1024). Default: 8.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_concurrent_calls: Option<u32>,
+    /// HTTP providers: whether to stream. Default: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    /// `anthropic`: the `anthropic-version` header. Default: `2023-06-01`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub api_version: Option<String>,
+    /// `openai`: the field the token cap goes in. Default: `max_tokens`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens_field: Option<MaxTokensField>,
+    /// `openai`: whether to ask for usage in the stream. Default: true.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_usage: Option<bool>,
+}
+
+impl ModelSection {
+    /// A table for `provider` and `name` with every other key unset.
+    pub fn new(provider: ProviderKind, name: impl Into<String>) -> Self {
+        ModelSection {
+            provider,
+            name: name.into(),
+            max_tokens: None,
+            transcript: None,
+            pricing: None,
+            base_url: None,
+            base_url_env: None,
+            api_key_env: None,
+            headers: BTreeMap::new(),
+            header_env: BTreeMap::new(),
+            timeout: None,
+            max_attempts: None,
+            max_concurrent_calls: None,
+            stream: None,
+            api_version: None,
+            max_tokens_field: None,
+            stream_usage: None,
+        }
+    }
+
+    /// The keys that are set and only mean something to HTTP providers.
+    fn http_keys(&self) -> Vec<&'static str> {
+        let mut keys = Vec::new();
+        let mut set = |on: bool, key: &'static str| {
+            if on {
+                keys.push(key);
+            }
+        };
+        set(self.base_url.is_some(), "base_url");
+        set(self.base_url_env.is_some(), "base_url_env");
+        set(self.api_key_env.is_some(), "api_key_env");
+        set(!self.headers.is_empty(), "headers");
+        set(!self.header_env.is_empty(), "header_env");
+        set(self.timeout.is_some(), "timeout");
+        set(self.max_attempts.is_some(), "max_attempts");
+        set(self.max_concurrent_calls.is_some(), "max_concurrent_calls");
+        set(self.stream.is_some(), "stream");
+        set(self.api_version.is_some(), "api_version");
+        set(self.max_tokens_field.is_some(), "max_tokens_field");
+        set(self.stream_usage.is_some(), "stream_usage");
+        keys
+    }
 }
 
 /// The providers an agent may name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub enum ProviderKind {
     /// Replays a transcript file (see [`crate::providers::scripted`]).
+    #[serde(rename = "scripted")]
     Scripted,
+    /// An OpenAI-compatible chat completions endpoint (see
+    /// [`crate::providers::openai`]).
+    #[serde(rename = "openai")]
+    OpenAi,
+    /// The Anthropic Messages API (see [`crate::providers::anthropic`]).
+    #[serde(rename = "anthropic")]
+    Anthropic,
 }
 
 impl ProviderKind {
@@ -137,6 +260,17 @@ impl ProviderKind {
     pub fn as_str(self) -> &'static str {
         match self {
             ProviderKind::Scripted => "scripted",
+            ProviderKind::OpenAi => "openai",
+            ProviderKind::Anthropic => "anthropic",
+        }
+    }
+
+    /// The public API's base URL, for the HTTP providers.
+    pub fn default_base_url(self) -> Option<&'static str> {
+        match self {
+            ProviderKind::Scripted => None,
+            ProviderKind::OpenAi => Some(openai::DEFAULT_BASE_URL),
+            ProviderKind::Anthropic => Some(anthropic::DEFAULT_BASE_URL),
         }
     }
 }
@@ -278,22 +412,131 @@ pub struct ModelSettings {
     pub transcript: Option<PathBuf>,
     /// What tokens cost.
     pub pricing: Option<Pricing>,
+    /// How the HTTP providers reach their API; `None` for `scripted`.
+    pub http: Option<HttpModelSettings>,
+}
+
+/// How an HTTP provider reaches its API, checked, with secrets still named
+/// by environment variable (read by [`ModelSettings::provider`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct HttpModelSettings {
+    /// The base URL written in the agent, or the provider's public API.
+    pub base_url: String,
+    /// The variable whose value, when set, replaces `base_url`.
+    pub base_url_env: Option<String>,
+    /// The variable holding the API key.
+    pub api_key_env: Option<String>,
+    /// Extra headers.
+    pub headers: BTreeMap<String, String>,
+    /// Extra headers by the variable holding each value.
+    pub header_env: BTreeMap<String, String>,
+    /// See [`HttpConfig::timeout`].
+    pub timeout: std::time::Duration,
+    /// See [`HttpConfig::max_attempts`].
+    pub max_attempts: u32,
+    /// See [`HttpConfig::max_concurrent_calls`].
+    pub max_concurrent_calls: usize,
+    /// See [`HttpConfig::stream`].
+    pub stream: bool,
+    /// `anthropic`: the `anthropic-version` header.
+    pub api_version: String,
+    /// `openai`: the field the token cap goes in.
+    pub max_tokens_field: MaxTokensField,
+    /// `openai`: whether to ask for usage in the stream.
+    pub stream_usage: bool,
+}
+
+impl HttpModelSettings {
+    /// The endpoint's settings, the environment variables read now. Errors
+    /// name the variable and the key, never a value.
+    pub fn config(&self) -> Result<HttpConfig, String> {
+        let base_url = match &self.base_url_env {
+            Some(var) => match std::env::var(var) {
+                Ok(v) if !v.trim().is_empty() => {
+                    let v = v.trim().to_owned();
+                    check_base_url(&v).map_err(|e| {
+                        format!("environment variable `{var}` (model.base_url_env): {e}")
+                    })?;
+                    v
+                }
+                _ => self.base_url.clone(),
+            },
+            None => self.base_url.clone(),
+        };
+        let api_key = self
+            .api_key_env
+            .as_deref()
+            .map(|var| Secret::from_env(var).map_err(|e| format!("{e} (model.api_key_env)")))
+            .transpose()?;
+        let secret_headers = self
+            .header_env
+            .iter()
+            .map(|(name, var)| {
+                Secret::from_env(var)
+                    .map(|s| (name.clone(), s))
+                    .map_err(|e| format!("{e} (model.header_env.{name})"))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(HttpConfig {
+            base_url,
+            api_key,
+            headers: self
+                .headers
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+            secret_headers,
+            timeout: self.timeout,
+            max_attempts: self.max_attempts,
+            max_concurrent_calls: self.max_concurrent_calls,
+            stream: self.stream,
+        })
+    }
 }
 
 impl ModelSettings {
     /// The provider that reaches this model: for `scripted`, the transcript,
-    /// read now (so a malformed one is reported before a run starts).
+    /// read now (so a malformed one is reported before a run starts); for
+    /// the HTTP providers, the environment variables the agent names, read
+    /// now, on the process-wide HTTP client.
     pub fn provider(&self) -> Result<Arc<dyn ModelProvider>, ProviderError> {
+        let invalid = |message: String| ProviderError::InvalidRequest {
+            provider: self.provider.as_str().into(),
+            message,
+        };
+        let http = || {
+            self.http
+                .as_ref()
+                .ok_or_else(|| invalid("no HTTP settings are configured".into()))
+        };
         match self.provider {
             ProviderKind::Scripted => {
-                let path =
-                    self.transcript
-                        .as_deref()
-                        .ok_or_else(|| ProviderError::InvalidRequest {
-                            provider: self.provider.as_str().into(),
-                            message: "no transcript is configured".into(),
-                        })?;
+                let path = self
+                    .transcript
+                    .as_deref()
+                    .ok_or_else(|| invalid("no transcript is configured".into()))?;
                 Ok(Arc::new(ScriptedProvider::load(path)?))
+            }
+            ProviderKind::OpenAi => {
+                let http = http()?;
+                let options = OpenAiOptions {
+                    max_tokens_field: http.max_tokens_field,
+                    stream_usage: http.stream_usage,
+                };
+                Ok(Arc::new(OpenAiProvider::new(
+                    http.config().map_err(invalid)?,
+                    options,
+                )?))
+            }
+            ProviderKind::Anthropic => {
+                let http = http()?;
+                let options = AnthropicOptions {
+                    api_version: http.api_version.clone(),
+                };
+                Ok(Arc::new(AnthropicProvider::new(
+                    http.config().map_err(invalid)?,
+                    options,
+                )?))
             }
         }
     }
@@ -528,7 +771,18 @@ fn validate(
                 "is required for the scripted provider: name the transcript file".into(),
             ));
         }
+        (kind, Some(_)) => {
+            return Err(invalid(
+                "model.transcript",
+                format!(
+                    "only the scripted provider reads a transcript, not `{}`",
+                    kind.as_str()
+                ),
+            ));
+        }
+        (_, None) => None,
     };
+    let http = http_settings(&section).map_err(|(key, message)| invalid(&key, message))?;
     let pricing = match &section.pricing {
         None => None,
         Some(p) => {
@@ -706,6 +960,7 @@ fn validate(
             max_tokens,
             transcript,
             pricing,
+            http,
         },
         plugins,
         human_tools,
@@ -714,6 +969,189 @@ fn validate(
         output_schema,
         digest,
     })
+}
+
+/// Whether `name` can name an environment variable: `[A-Za-z_][A-Za-z0-9_]*`.
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// Header names whose values are credentials: never written in an agent.
+const CREDENTIAL_HEADERS: &[&str] = &[
+    "authorization",
+    "proxy-authorization",
+    "x-api-key",
+    "api-key",
+    "cookie",
+];
+
+/// Header names the HTTP client or the wire format sets.
+const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-length",
+    "content-type",
+    "transfer-encoding",
+    "connection",
+    "accept",
+];
+
+/// Checks the HTTP keys of a `[model]` table; the error is the dotted key
+/// and the message. Messages about variable names never repeat the value
+/// (it may be a key pasted in the wrong place).
+fn http_settings(section: &ModelSection) -> Result<Option<HttpModelSettings>, (String, String)> {
+    let kind = section.provider;
+    let err = |key: &str, message: String| (format!("model.{key}"), message);
+    let Some(default_url) = kind.default_base_url() else {
+        if let Some(key) = section.http_keys().first() {
+            return Err(err(key, "is not used by the scripted provider".into()));
+        }
+        return Ok(None);
+    };
+    let only = |key: &str, set: bool, for_kind: ProviderKind| {
+        if set && kind != for_kind {
+            return Err(err(
+                key,
+                format!(
+                    "is only used by the `{}` provider, not `{}`",
+                    for_kind.as_str(),
+                    kind.as_str()
+                ),
+            ));
+        }
+        Ok(())
+    };
+    only(
+        "api_version",
+        section.api_version.is_some(),
+        ProviderKind::Anthropic,
+    )?;
+    only(
+        "max_tokens_field",
+        section.max_tokens_field.is_some(),
+        ProviderKind::OpenAi,
+    )?;
+    only(
+        "stream_usage",
+        section.stream_usage.is_some(),
+        ProviderKind::OpenAi,
+    )?;
+    let env_name = |key: &str, name: &str| {
+        if is_env_name(name) {
+            return Ok(());
+        }
+        Err(err(
+            key,
+            "must name an environment variable ([A-Za-z_][A-Za-z0-9_]*), not hold a value".into(),
+        ))
+    };
+    if let Some(url) = &section.base_url {
+        check_base_url(url).map_err(|e| err("base_url", e))?;
+    }
+    if let Some(var) = &section.base_url_env {
+        env_name("base_url_env", var)?;
+    }
+    match &section.api_key_env {
+        Some(var) => env_name("api_key_env", var)?,
+        None if section.base_url.is_none() && section.base_url_env.is_none() => {
+            let example = match kind {
+                ProviderKind::Anthropic => "ANTHROPIC_API_KEY",
+                _ => "OPENAI_API_KEY",
+            };
+            return Err(err(
+                "api_key_env",
+                format!(
+                    "is required for {default_url}: name the environment variable holding the key, such as {example}"
+                ),
+            ));
+        }
+        None => {}
+    }
+    for (name, value) in &section.headers {
+        let key = format!("headers.{name}");
+        let lower = name.to_ascii_lowercase();
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(err(&key, "is not a valid header name".into()));
+        }
+        if CREDENTIAL_HEADERS.contains(&lower.as_str()) {
+            return Err(err(
+                &key,
+                "credentials must not be written in an agent file: name an environment variable with api_key_env or header_env".into(),
+            ));
+        }
+        if RESERVED_HEADERS.contains(&lower.as_str()) {
+            return Err(err(&key, "is set by Warden".into()));
+        }
+        if http::HeaderValue::from_str(value).is_err() {
+            return Err(err(
+                &key,
+                "has a value that is not valid in a header".into(),
+            ));
+        }
+    }
+    for (name, var) in &section.header_env {
+        let key = format!("header_env.{name}");
+        let lower = name.to_ascii_lowercase();
+        if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(err(&key, "is not a valid header name".into()));
+        }
+        if RESERVED_HEADERS.contains(&lower.as_str()) {
+            return Err(err(&key, "is set by Warden".into()));
+        }
+        if section.headers.keys().any(|h| h.eq_ignore_ascii_case(name)) {
+            return Err(err(&key, "is also set in model.headers".into()));
+        }
+        env_name(&key, var)?;
+    }
+    let timeout = match section.timeout {
+        Some(t) if t.0.is_zero() => return Err(err("timeout", "must be more than zero".into())),
+        Some(t) => t.0,
+        None => std::time::Duration::from_secs(60),
+    };
+    let max_attempts = section.max_attempts.unwrap_or(3);
+    if !(1..=10).contains(&max_attempts) {
+        return Err(err(
+            "max_attempts",
+            format!("must be between 1 and 10, got {max_attempts}"),
+        ));
+    }
+    let max_concurrent_calls = section.max_concurrent_calls.unwrap_or(8);
+    if !(1..=1024).contains(&max_concurrent_calls) {
+        return Err(err(
+            "max_concurrent_calls",
+            format!("must be between 1 and 1024, got {max_concurrent_calls}"),
+        ));
+    }
+    let api_version = section
+        .api_version
+        .clone()
+        .unwrap_or_else(|| anthropic::DEFAULT_API_VERSION.into());
+    if api_version.trim().is_empty() || http::HeaderValue::from_str(&api_version).is_err() {
+        return Err(err(
+            "api_version",
+            "must be a version such as 2023-06-01".into(),
+        ));
+    }
+    Ok(Some(HttpModelSettings {
+        base_url: section
+            .base_url
+            .clone()
+            .unwrap_or_else(|| default_url.to_owned()),
+        base_url_env: section.base_url_env.clone(),
+        api_key_env: section.api_key_env.clone(),
+        headers: section.headers.clone(),
+        header_env: section.header_env.clone(),
+        timeout,
+        max_attempts,
+        max_concurrent_calls: max_concurrent_calls as usize,
+        stream: section.stream.unwrap_or(true),
+        api_version,
+        max_tokens_field: section.max_tokens_field.unwrap_or_default(),
+        stream_usage: section.stream_usage.unwrap_or(true),
+    }))
 }
 
 /// The digest: sha256 of a versioned tag and the canonical JSON of the file
@@ -992,8 +1430,12 @@ team = "ops"
                 "unknown field `temperature`",
             ),
             (
-                MINIMAL.replace("\"scripted\"", "\"openai\""),
-                "unknown variant `openai`",
+                MINIMAL.replace("\"scripted\"", "\"gemini\""),
+                "unknown variant `gemini`, expected one of `scripted`, `openai`, `anthropic`",
+            ),
+            (
+                MINIMAL.replace("name = \"demo\"", "name = \"demo\"\napi_key = \"sk-1\""),
+                "unknown field `api_key`",
             ),
             (
                 format!(
@@ -1031,11 +1473,8 @@ team = "ops"
         assert!(err.to_string().contains("key `model`: no model"), "{err}");
         let defaults = ModelDefaults {
             section: ModelSection {
-                provider: ProviderKind::Scripted,
-                name: "default-model".into(),
-                max_tokens: None,
                 transcript: Some("default.toml".into()),
-                pricing: None,
+                ..ModelSection::new(ProviderKind::Scripted, "default-model")
             },
             base_dir: PathBuf::from("/etc/warden"),
         };
@@ -1088,6 +1527,225 @@ team = "ops"
             ),
         ] {
             assert_ne!(parse(&changed).unwrap().digest, base.digest, "{changed}");
+        }
+    }
+
+    const OPENAI: &str = r#"
+name = "notes"
+instructions = "You keep notes."
+
+[model]
+provider = "openai"
+name = "gpt-4o"
+base_url = "http://127.0.0.1:11434/v1"
+"#;
+
+    #[test]
+    fn http_providers_take_their_keys_with_documented_defaults() {
+        let a = parse(OPENAI).unwrap();
+        assert_eq!(a.model.provider, ProviderKind::OpenAi);
+        assert_eq!(a.model.transcript, None);
+        let http = a.model.http.clone().unwrap();
+        assert_eq!(
+            http,
+            HttpModelSettings {
+                base_url: "http://127.0.0.1:11434/v1".into(),
+                base_url_env: None,
+                api_key_env: None,
+                headers: BTreeMap::new(),
+                header_env: BTreeMap::new(),
+                timeout: std::time::Duration::from_secs(60),
+                max_attempts: 3,
+                max_concurrent_calls: 8,
+                stream: true,
+                api_version: "2023-06-01".into(),
+                max_tokens_field: MaxTokensField::MaxTokens,
+                stream_usage: true,
+            }
+        );
+        let provider = a.model.provider().unwrap();
+        assert_eq!(provider.name(), "openai");
+
+        let full = r#"
+name = "notes"
+instructions = "You keep notes."
+
+[model]
+provider = "anthropic"
+name = "claude-sonnet-4-5"
+max_tokens = 2048
+base_url_env = "WARDEN_TEST_UNSET_BASE_URL"
+api_key_env = "PATH"
+timeout = "5s"
+max_attempts = 5
+max_concurrent_calls = 2
+stream = false
+api_version = "2023-06-01"
+headers = { "anthropic-beta" = "tools-2024" }
+header_env = { "x-gateway-key" = "HOME" }
+"#;
+        let a = parse(full).unwrap();
+        let http = a.model.http.clone().unwrap();
+        assert_eq!(http.base_url, "https://api.anthropic.com");
+        assert_eq!(http.timeout, std::time::Duration::from_secs(5));
+        assert_eq!(
+            (http.max_attempts, http.max_concurrent_calls, http.stream),
+            (5, 2, false)
+        );
+        // The variables are read when the provider is made; an unset
+        // base-URL variable falls back to base_url or the public API.
+        let config = http.config().unwrap();
+        assert_eq!(config.base_url, "https://api.anthropic.com");
+        assert_eq!(
+            config.api_key.as_ref().map(|k| k.expose().to_owned()),
+            std::env::var("PATH").ok()
+        );
+        assert_eq!(config.secret_headers[0].0, "x-gateway-key");
+        assert_eq!(a.model.provider().unwrap().name(), "anthropic");
+
+        // A variable that is not set is named, with the key that names it.
+        let missing = OPENAI.replace(
+            "base_url = ",
+            "api_key_env = \"WARDEN_TEST_UNSET_KEY\"\nbase_url = ",
+        );
+        let err = parse(&missing).unwrap().model.provider().err().unwrap();
+        assert_eq!(
+            err.to_string(),
+            "provider `openai`: cannot make the request: environment variable `WARDEN_TEST_UNSET_KEY` is not set (model.api_key_env)"
+        );
+    }
+
+    #[test]
+    fn http_keys_are_checked_naming_the_key_and_never_echoing_a_secret() {
+        let with = |extra: &str| OPENAI.replace("base_url = ", &format!("{extra}\nbase_url = "));
+        let cases: Vec<(String, &str, &str)> = vec![
+            (
+                OPENAI.replace("base_url = \"http://127.0.0.1:11434/v1\"\n", ""),
+                "model.api_key_env",
+                "is required for https://api.openai.com/v1: name the environment variable holding the key, such as OPENAI_API_KEY",
+            ),
+            (
+                OPENAI
+                    .replace("\"openai\"", "\"anthropic\"")
+                    .replace("base_url = \"http://127.0.0.1:11434/v1\"\n", ""),
+                "model.api_key_env",
+                "such as ANTHROPIC_API_KEY",
+            ),
+            (
+                with("api_key_env = \"sk-proj-abc123\""),
+                "model.api_key_env",
+                "must name an environment variable ([A-Za-z_][A-Za-z0-9_]*), not hold a value",
+            ),
+            (
+                with("header_env = { \"x-key\" = \"sk-proj-abc123\" }"),
+                "model.header_env.x-key",
+                "must name an environment variable",
+            ),
+            (
+                with("headers = { Authorization = \"Bearer sk-proj-abc123\" }"),
+                "model.headers.Authorization",
+                "credentials must not be written in an agent file",
+            ),
+            (
+                with("headers = { \"x-api-key\" = \"sk-proj-abc123\" }"),
+                "model.headers.x-api-key",
+                "credentials must not be written in an agent file",
+            ),
+            (
+                with("headers = { \"content-type\" = \"text/plain\" }"),
+                "model.headers.content-type",
+                "is set by Warden",
+            ),
+            (
+                with("headers = { \"bad header\" = \"x\" }"),
+                "model.headers.bad header",
+                "is not a valid header name",
+            ),
+            (
+                OPENAI.replace("http://127.0.0.1:11434/v1", "ftp://host"),
+                "model.base_url",
+                "must start with http:// or https://",
+            ),
+            (
+                OPENAI.replace(
+                    "http://127.0.0.1:11434/v1",
+                    "https://u:sk-proj-abc123@host/v1",
+                ),
+                "model.base_url",
+                "must not carry credentials",
+            ),
+            (with("timeout = \"0s\""), "model.timeout", "more than zero"),
+            (
+                with("max_attempts = 0"),
+                "model.max_attempts",
+                "between 1 and 10, got 0",
+            ),
+            (
+                with("max_concurrent_calls = 5000"),
+                "model.max_concurrent_calls",
+                "between 1 and 1024, got 5000",
+            ),
+            (
+                with("api_version = \"2023-06-01\""),
+                "model.api_version",
+                "is only used by the `anthropic` provider, not `openai`",
+            ),
+            (
+                OPENAI.replace("\"openai\"", "\"anthropic\"")
+                    + "max_tokens_field = \"max_tokens\"\n",
+                "model.max_tokens_field",
+                "is only used by the `openai` provider, not `anthropic`",
+            ),
+            (
+                with("transcript = \"t.toml\""),
+                "model.transcript",
+                "only the scripted provider reads a transcript, not `openai`",
+            ),
+            (
+                MINIMAL.replace(
+                    "name = \"demo\"",
+                    "name = \"demo\"\nbase_url = \"http://x\"",
+                ),
+                "model.base_url",
+                "is not used by the scripted provider",
+            ),
+            (
+                MINIMAL.replace("name = \"demo\"", "name = \"demo\"\nstream = false"),
+                "model.stream",
+                "is not used by the scripted provider",
+            ),
+        ];
+        for (text, key, message) in cases {
+            let err = parse(&text).unwrap_err();
+            assert!(!err.to_string().contains("sk-proj"), "{err}");
+            assert_invalid(&text, key, message);
+        }
+    }
+
+    #[test]
+    fn the_digest_names_variables_but_holds_no_secret() {
+        let base = parse(OPENAI).unwrap();
+        let keyed = |var: &str| {
+            parse(&OPENAI.replace(
+                "base_url = ",
+                &format!("api_key_env = \"{var}\"\nbase_url = "),
+            ))
+            .unwrap()
+            .digest
+        };
+        // The variable's name is part of the definition, its value is not.
+        assert_ne!(keyed("OPENAI_API_KEY"), base.digest);
+        assert_ne!(keyed("OPENAI_API_KEY"), keyed("OTHER_KEY"));
+        assert_eq!(keyed("OPENAI_API_KEY"), keyed("OPENAI_API_KEY"));
+        // Every HTTP key is digested.
+        for extra in [
+            "timeout = \"5s\"",
+            "stream = false",
+            "max_attempts = 2",
+            "headers = { a = \"b\" }",
+        ] {
+            let text = OPENAI.replace("base_url = ", &format!("{extra}\nbase_url = "));
+            assert_ne!(parse(&text).unwrap().digest, base.digest, "{extra}");
         }
     }
 

@@ -956,7 +956,7 @@ impl Runtime {
         let mut delay = Duration::from_millis(20);
         let mut waited = Duration::ZERO;
         loop {
-            match self.inner.store.claim(key, holder).await? {
+            match self.inner.store.claim_commitment(key, holder).await? {
                 Claim::Granted => return Ok(Claimed::Granted),
                 Claim::Settled { holder, result } => {
                     let result: ToolCallResult =

@@ -181,10 +181,11 @@ pub fn retry_after_ms(headers: &HeaderMap, now: SystemTime) -> Option<u64> {
     };
     let millis =
         |secs: f64| (secs.is_finite() && secs >= 0.0).then(|| (secs * 1000.0).ceil() as u64);
-    if let Some(ms) = text("retry-after-ms").and_then(|v| v.parse::<f64>().ok()) {
-        if let Some(ms) = millis(ms / 1000.0) {
-            return Some(ms);
-        }
+    if let Some(ms) = text("retry-after-ms")
+        .and_then(|v| v.parse::<f64>().ok())
+        .and_then(|ms| millis(ms / 1000.0))
+    {
+        return Some(ms);
     }
     let value = text(RETRY_AFTER.as_str())?;
     if let Ok(secs) = value.parse::<u64>() {
@@ -205,6 +206,13 @@ pub fn display_url(uri: &Uri) -> String {
     let port = uri.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
     let query = if uri.query().is_some() { "?…" } else { "" };
     format!("{scheme}://{host}{port}{}{query}", uri.path())
+}
+
+/// Checks a base URL as [`HttpConfig::base_url`] takes it: `http` or
+/// `https`, a host, no credentials. The error does not repeat a URL that
+/// carries credentials.
+pub fn check_base_url(base: &str) -> Result<(), String> {
+    join_url(base, "").map(|_| ())
 }
 
 /// `base` with `path` appended to its path, its query kept.
@@ -799,6 +807,9 @@ struct Call {
 struct Open {
     body: ResponseBody,
     sse: SseParser,
+    /// Events read but not yet decoded: one is decoded per step, so what
+    /// came before an error is handed out before the error is seen.
+    queued: VecDeque<SseEvent>,
     decoder: Box<dyn StreamDecoder>,
     span: tracing::Span,
     _permit: OwnedSemaphorePermit,
@@ -843,6 +854,9 @@ impl Call {
                 _ => None,
             };
             let too_long = retry_after.is_some_and(|ms| ms > MAX_RETRY_AFTER.as_millis() as u64);
+            // Events of a failed attempt that were never handed out go
+            // with it.
+            self.pending.clear();
             if !retry || too_long {
                 tracing::debug!(provider = e.wire.name(), attempt = self.attempt, %error, "model call failed");
                 self.finished = true;
@@ -938,6 +952,7 @@ impl Call {
         self.open = Some(Open {
             body,
             sse: SseParser::new(MAX_RESPONSE_EVENT),
+            queued: VecDeque::new(),
             decoder: e.wire.decoder(),
             span,
             _permit: permit,
@@ -970,9 +985,20 @@ impl Call {
         }
     }
 
-    /// Reads the next piece of a streamed body into `pending`.
+    /// Decodes the next event of a streamed body into `pending`, reading
+    /// more of the body when none is queued.
     async fn read(&mut self, open: &mut Open) -> Result<(), ProviderError> {
         let timeout = self.endpoint.timeout;
+        if !open.decoder.is_complete()
+            && let Some(event) = open.queued.pop_front()
+        {
+            let decoded = open
+                .decoder
+                .event(&event)
+                .map_err(|e| self.decode_error(e))?;
+            self.pending.extend(decoded);
+            return Ok(());
+        }
         if open.decoder.is_complete() {
             // Everything was decoded; read on to the body's end so the
             // connection can be pooled, but never fail the call for it.
@@ -996,16 +1022,7 @@ impl Call {
             provider: self.endpoint.wire.name().into(),
             message: e.to_string(),
         })?;
-        for event in events {
-            if open.decoder.is_complete() {
-                break;
-            }
-            let decoded = open
-                .decoder
-                .event(&event)
-                .map_err(|e| self.decode_error(e))?;
-            self.pending.extend(decoded);
-        }
+        open.queued.extend(events);
         Ok(())
     }
 }
@@ -1096,44 +1113,35 @@ mod tests {
     #[test]
     fn retry_after_reads_seconds_fractions_dates_and_milliseconds() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
-        let headers = |pairs: &[(&'static str, &str)]| {
-            let mut h = HeaderMap::new();
-            for (k, v) in pairs {
-                h.insert(*k, HeaderValue::from_str(v).unwrap());
-            }
-            h
-        };
-        let cases: &[(&[(&str, &str)], Option<u64>)] = &[
-            (&[("retry-after", "7")], Some(7_000)),
-            (&[("retry-after", " 1.5 ")], Some(1_500)),
-            (&[("retry-after", "-1")], None),
-            (&[("retry-after", "soon")], None),
+        let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
+        let earlier = httpdate::fmt_http_date(now - Duration::from_secs(30));
+        type Headers<'a> = Vec<(&'a str, &'a str)>;
+        let cases: Vec<(Headers<'_>, Option<u64>)> = vec![
+            (vec![("retry-after", "7")], Some(7_000)),
+            (vec![("retry-after", " 1.5 ")], Some(1_500)),
+            (vec![("retry-after", "-1")], None),
+            (vec![("retry-after", "soon")], None),
             (
-                &[("retry-after-ms", "250"), ("retry-after", "9")],
+                vec![("retry-after-ms", "250"), ("retry-after", "9")],
                 Some(250),
             ),
             (
-                &[("retry-after-ms", "x"), ("retry-after", "9")],
+                vec![("retry-after-ms", "x"), ("retry-after", "9")],
                 Some(9_000),
             ),
-            (
-                &[(
-                    "retry-after",
-                    &httpdate::fmt_http_date(now + Duration::from_secs(30)),
-                )],
-                Some(30_000),
-            ),
-            (
-                &[(
-                    "retry-after",
-                    &httpdate::fmt_http_date(now - Duration::from_secs(30)),
-                )],
-                Some(0),
-            ),
-            (&[], None),
+            (vec![("retry-after", &later)], Some(30_000)),
+            (vec![("retry-after", &earlier)], Some(0)),
+            (vec![], None),
         ];
         for (pairs, expected) in cases {
-            assert_eq!(retry_after_ms(&headers(pairs), now), *expected, "{pairs:?}");
+            let mut headers = HeaderMap::new();
+            for (k, v) in &pairs {
+                headers.insert(
+                    HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                    HeaderValue::from_str(v).unwrap(),
+                );
+            }
+            assert_eq!(retry_after_ms(&headers, now), expected, "{pairs:?}");
         }
     }
 

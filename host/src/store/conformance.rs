@@ -13,8 +13,8 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ChainBreak, ChainKey, Claim, EventStore, Holder, MemoryStore, RunFilter, RunId, RunMeta,
-    Settlement, SqliteStore, StoreError,
+    ChainBreak, ChainKey, Claim, EventStore, Holder, Lease, MemoryStore, PruneFilter, QUEUED,
+    RunFilter, RunId, RunMeta, Settlement, SqliteStore, StoreError,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -167,6 +167,178 @@ impl Backend for SqliteBackend {
                  WHERE pk = ?1",
                 &[&pk, &(to as i64)],
             ),
+        }
+    }
+}
+
+/// A fresh schema (and a second one for the keyed store) in the test
+/// database: `WARDEN_TEST_POSTGRES`, else
+/// `postgres://postgres@127.0.0.1:5432/test`. Both schemas are dropped
+/// with the backend.
+pub(crate) struct PostgresBackend {
+    url: String,
+    schema: String,
+}
+
+impl PostgresBackend {
+    /// The test database's URL.
+    pub(crate) fn url() -> String {
+        std::env::var("WARDEN_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned())
+    }
+
+    /// A backend with a fresh schema, or `None` (after saying so loudly on
+    /// stderr) when no server is reachable. With `WARDEN_REQUIRE_POSTGRES`
+    /// set (CI sets it), an unreachable server fails the test instead.
+    pub(crate) async fn connect() -> Option<Self> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        let url = Self::url();
+        if let Err(error) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await {
+            if std::env::var_os("WARDEN_REQUIRE_POSTGRES").is_some() {
+                panic!(
+                    "WARDEN_REQUIRE_POSTGRES is set but PostgreSQL at {url} is unreachable: {error}"
+                );
+            }
+            eprintln!(
+                "\n*** SKIPPED: no PostgreSQL at {url} ({error}); set WARDEN_TEST_POSTGRES to test the PostgreSQL store ***\n"
+            );
+            return None;
+        }
+        let schema = format!(
+            "warden_test_{}_{}_{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed),
+            rand::random::<u32>()
+        );
+        Some(Self { url, schema })
+    }
+
+    fn keyed_schema(&self) -> String {
+        format!("{}_keyed", self.schema)
+    }
+
+    /// A raw connection to the test database, bypassing the store.
+    pub(crate) async fn raw(&self) -> tokio_postgres::Client {
+        let (client, connection) = tokio_postgres::connect(&self.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        client
+            .batch_execute(&format!("SET search_path TO {}", self.schema))
+            .await
+            .unwrap();
+        client
+    }
+
+    pub(crate) async fn store(&self) -> super::PostgresStore {
+        super::PostgresStore::builder(&self.url)
+            .schema(&self.schema)
+            .max_connections(8)
+            .open()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        let (url, schemas) = (self.url.clone(), [self.schema.clone(), self.keyed_schema()]);
+        // Dropped inside a runtime: clean up on a thread of its own.
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok((client, connection)) =
+                    tokio_postgres::connect(&url, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(connection);
+                    for schema in schemas {
+                        let _ = client
+                            .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                            .await;
+                    }
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+#[async_trait]
+impl Backend for PostgresBackend {
+    async fn open(&self) -> Arc<dyn EventStore> {
+        Arc::new(self.store().await)
+    }
+
+    async fn open_keyed(&self, key: ChainKey) -> Arc<dyn EventStore> {
+        Arc::new(
+            super::PostgresStore::builder(&self.url)
+                .schema(self.keyed_schema())
+                .chain_key(key)
+                .open()
+                .await
+                .unwrap(),
+        )
+    }
+
+    async fn tamper(&self, run_id: &RunId, tamper: Tamper) {
+        let client = self.raw().await;
+        let pk: i64 = client
+            .query_one("SELECT pk FROM runs WHERE id = $1", &[&run_id.as_str()])
+            .await
+            .unwrap()
+            .get(0);
+        let sql = async |sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]| {
+            let changed = client.execute(sql, params).await.unwrap();
+            assert!(changed > 0, "tamper changed nothing: {sql}");
+        };
+        match tamper {
+            Tamper::Edit { seq, bytes } => {
+                sql(
+                    "UPDATE events SET bytes = $3 WHERE run_pk = $1 AND seq = $2",
+                    &[&pk, &(seq as i64), &bytes],
+                )
+                .await
+            }
+            Tamper::Drop { seq } => {
+                sql(
+                    "DELETE FROM events WHERE run_pk = $1 AND seq = $2",
+                    &[&pk, &(seq as i64)],
+                )
+                .await
+            }
+            Tamper::Swap { a, b } => {
+                let renumber = "UPDATE events SET seq = $3 WHERE run_pk = $1 AND seq = $2";
+                sql(renumber, &[&pk, &(a as i64), &-1i64]).await;
+                sql(renumber, &[&pk, &(b as i64), &(a as i64)]).await;
+                sql(renumber, &[&pk, &-1i64, &(b as i64)]).await;
+            }
+            Tamper::Truncate { keep } => {
+                sql(
+                    "DELETE FROM events WHERE run_pk = $1 AND seq > $2",
+                    &[&pk, &(keep as i64)],
+                )
+                .await
+            }
+            Tamper::Rehash { seq, hash } => {
+                sql(
+                    "UPDATE events SET hash = $3 WHERE run_pk = $1 AND seq = $2",
+                    &[&pk, &(seq as i64), &hash.as_slice()],
+                )
+                .await
+            }
+            Tamper::RollBackHead { to } => {
+                sql(
+                    "UPDATE runs SET event_count = $2,
+                         head_hash = (SELECT hash FROM events WHERE run_pk = $1 AND seq = $2)
+                     WHERE pk = $1",
+                    &[&pk, &(to as i64)],
+                )
+                .await
+            }
         }
     }
 }
@@ -901,6 +1073,422 @@ pub(crate) async fn reopened_store_keeps_everything(backend: &dyn Backend) {
     assert!(matches!(err, StoreError::AlreadyExists { .. }));
 }
 
+// ---- leases, fencing, the queue, retention ----------------------------------
+
+#[track_caller]
+fn assert_fenced(err: StoreError, run: &RunId, token: u64, current: u64) {
+    match err {
+        StoreError::Fenced {
+            run_id,
+            token: t,
+            current: c,
+        } => assert_eq!((&run_id, t, c), (run, token, current)),
+        other => panic!("expected Fenced (token {token}, current {current}), got {other:?}"),
+    }
+}
+
+pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("fenced");
+    new_run(&*store, &run, 1).await;
+    let a = store
+        .acquire_lease(&run, "host-a", 1_000, 100)
+        .await
+        .unwrap();
+    assert_eq!(
+        (a.token, a.expires_ms, a.owner.as_str()),
+        (1, 1_100, "host-a")
+    );
+    // B cannot take a live lease.
+    let err = store
+        .acquire_lease(&run, "host-b", 1_050, 100)
+        .await
+        .unwrap_err();
+    match &err {
+        StoreError::Leased {
+            run_id,
+            owner,
+            expires_ms,
+        } => assert_eq!(
+            (run_id, owner.as_str(), *expires_ms),
+            (&run, "host-a", 1_100)
+        ),
+        other => panic!("expected Leased, got {other:?}"),
+    }
+    assert_eq!(
+        err.to_string(),
+        "run fenced is leased by host-a until 1100 (ms since the epoch)"
+    );
+    store
+        .append_fenced(&a, 1, &[ev("a:2")], "running", 1_060)
+        .await
+        .unwrap();
+    // A pauses past its expiry; B takes over with a higher token.
+    let b = store
+        .acquire_lease(&run, "host-b", 1_100, 100)
+        .await
+        .unwrap();
+    assert_eq!(b.token, 2);
+    // A wakes up: its append (even with the right length), renewal and
+    // release change nothing.
+    let err = store
+        .append_fenced(&a, 2, &[ev("a:3")], "completed", 1_110)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run fenced: lease 1 is no longer held (the newest lease is 2)"
+    );
+    assert_fenced(err, &run, 1, 2);
+    assert_fenced(
+        store.renew_lease(&a, 1_110, 100).await.unwrap_err(),
+        &run,
+        1,
+        2,
+    );
+    store.release_lease(&a, Some("failed")).await.unwrap();
+    let s = store.summary(&run).await.unwrap();
+    assert_eq!((s.status.as_str(), s.event_count), ("running", 2));
+    assert_eq!(s.lease.as_ref(), Some(&b));
+    assert_eq!(s.lease_token, 2);
+    // B writes.
+    let appended = store
+        .append_fenced(&b, 2, &[ev("b:3")], "completed", 1_120)
+        .await
+        .unwrap();
+    assert_eq!(appended.event_count, 3);
+    assert_eq!(
+        bytes_of(&store.load(&run).await.unwrap()),
+        [b"fenced:1".to_vec(), b"a:2".to_vec(), b"b:3".to_vec()]
+    );
+}
+
+pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("late");
+    new_run(&*store, &run, 1).await;
+    let a = store.acquire_lease(&run, "host-a", 0, 10).await.unwrap();
+    // Long past the expiry, nobody took over: the token still decides.
+    store
+        .append_fenced(&a, 1, &[ev("late:2")], "running", 500)
+        .await
+        .unwrap();
+    let s = store.summary(&run).await.unwrap();
+    assert!(s.is_stalled(500), "{s:?}");
+    assert!(!s.is_stalled(5), "{s:?}");
+    let renewed = store.renew_lease(&a, 500, 10).await.unwrap();
+    assert_eq!((renewed.token, renewed.expires_ms), (1, 510));
+    assert!(!store.summary(&run).await.unwrap().is_stalled(505));
+    // Acquiring again, even by the same owner, issues a new token and
+    // fences the old one.
+    let again = store.acquire_lease(&run, "host-a", 505, 10).await.unwrap();
+    assert_eq!(again.token, 2);
+    assert_fenced(
+        store
+            .append_fenced(&renewed, 2, &[ev("x")], "running", 506)
+            .await
+            .unwrap_err(),
+        &run,
+        1,
+        2,
+    );
+    // A stale length under the current lease is still a conflict.
+    let err = store
+        .append_fenced(&again, 1, &[ev("x")], "running", 506)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Conflict { actual: 2, .. }),
+        "{err:?}"
+    );
+    assert_eq!(store.load(&run).await.unwrap().len(), 2);
+}
+
+pub(crate) async fn a_released_lease_frees_the_run_and_fences_its_holder(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("parked");
+    new_run(&*store, &run, 2).await;
+    let a = store.acquire_lease(&run, "host-a", 0, 1_000).await.unwrap();
+    store
+        .release_lease(&a, Some("needs_reconciliation"))
+        .await
+        .unwrap();
+    let s = store.summary(&run).await.unwrap();
+    assert_eq!(s.status, "needs_reconciliation");
+    assert_eq!((s.lease.as_ref(), s.lease_token), (None, 1));
+    assert_fenced(
+        store
+            .append_fenced(&a, 2, &[ev("x")], "running", 1)
+            .await
+            .unwrap_err(),
+        &run,
+        1,
+        1,
+    );
+    assert_fenced(store.renew_lease(&a, 1, 10).await.unwrap_err(), &run, 1, 1);
+    // Released twice: nothing more happens.
+    store.release_lease(&a, Some("running")).await.unwrap();
+    assert_eq!(
+        store.summary(&run).await.unwrap().status,
+        "needs_reconciliation"
+    );
+    // Anyone may lease it now, long before the old expiry.
+    let b = store.acquire_lease(&run, "host-b", 1, 1_000).await.unwrap();
+    assert_eq!(b.token, 2);
+    // Unfenced appends (verbs a human records) go through under a lease;
+    // the driver then finds the log moved.
+    store
+        .append(&run, 2, &[ev("approved")], "running", 2)
+        .await
+        .unwrap();
+    let err = store
+        .append_fenced(&b, 2, &[ev("x")], "running", 3)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
+    // Leases of unknown runs are typed.
+    let ghost = id("ghost");
+    let unknown =
+        |e: &StoreError| matches!(e, StoreError::UnknownRun { run_id } if *run_id == ghost);
+    assert!(unknown(
+        &store.acquire_lease(&ghost, "h", 0, 1).await.unwrap_err()
+    ));
+    let fake = Lease {
+        run_id: ghost.clone(),
+        owner: "h".into(),
+        token: 1,
+        expires_ms: 1,
+    };
+    assert!(unknown(&store.renew_lease(&fake, 0, 1).await.unwrap_err()));
+    assert!(unknown(
+        &store
+            .append_fenced(&fake, 1, &[ev("x")], "running", 1)
+            .await
+            .unwrap_err()
+    ));
+}
+
+pub(crate) async fn racing_acquirers_have_one_winner(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("contested");
+    new_run(&*store, &run, 1).await;
+    let tasks: Vec<_> = (0..8)
+        .map(|i| {
+            let (store, run) = (store.clone(), run.clone());
+            tokio::spawn(async move {
+                store
+                    .acquire_lease(&run, &format!("host-{i}"), 100, 1_000)
+                    .await
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(lease) => winners.push(lease),
+            Err(StoreError::Leased { .. }) => {}
+            Err(other) => panic!("unexpected error: {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(winners[0].token, 1);
+    assert_eq!(
+        store.summary(&run).await.unwrap().lease.as_ref(),
+        Some(&winners[0])
+    );
+}
+
+/// Creates `run` created at `created_ms` with listing status `status`.
+async fn run_with_status(store: &dyn EventStore, run: &str, created_ms: i64, status: &str) {
+    store
+        .create(&id(run), meta("agent", created_ms), ev("start"), status)
+        .await
+        .unwrap();
+}
+
+fn claimed(leases: &[Lease]) -> Vec<(&str, u64)> {
+    leases
+        .iter()
+        .map(|l| (l.run_id.as_str(), l.token))
+        .collect()
+}
+
+pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: &dyn Backend) {
+    let store = backend.open().await;
+    run_with_status(&*store, "q-1", 1, QUEUED).await;
+    run_with_status(&*store, "cli", 2, "running").await;
+    run_with_status(&*store, "q-2", 3, QUEUED).await;
+    run_with_status(&*store, "q-3", 4, QUEUED).await;
+    run_with_status(&*store, "done", 5, "completed").await;
+
+    // Oldest first, never a run nobody queued (`warden run` drives it).
+    let first = store.claim("w1", 0, 100, 1).await.unwrap();
+    assert_eq!(claimed(&first), [("q-1", 1)]);
+    assert_eq!(first[0].expires_ms, 100);
+    assert_eq!(first[0].owner, "w1");
+    let rest = store.claim("w2", 0, 100, 10).await.unwrap();
+    assert_eq!(claimed(&rest), [("q-2", 1), ("q-3", 1)]);
+    assert!(store.claim("w3", 50, 100, 10).await.unwrap().is_empty());
+    assert!(store.claim("w3", 50, 100, 0).await.unwrap().is_empty());
+
+    // w1 drives q-1 and parks it; w2 drives q-2 and dies; q-3 finishes.
+    store
+        .append_fenced(&first[0], 1, &[ev("asked")], "awaiting_approval", 10)
+        .await
+        .unwrap();
+    store.release_lease(&first[0], None).await.unwrap();
+    store
+        .append_fenced(&rest[0], 1, &[ev("step")], "running", 10)
+        .await
+        .unwrap();
+    store
+        .append_fenced(&rest[1], 1, &[ev("end")], "completed", 10)
+        .await
+        .unwrap();
+    store.release_lease(&rest[1], None).await.unwrap();
+
+    // Before the dead worker's lease expires nothing is claimable; after, its
+    // run is, with the next token.
+    assert!(store.claim("w3", 99, 100, 10).await.unwrap().is_empty());
+    let taken = store.claim("w3", 100, 100, 10).await.unwrap();
+    assert_eq!(claimed(&taken), [("q-2", 2)]);
+    assert_fenced(
+        store
+            .append_fenced(&rest[0], 2, &[ev("zombie")], "running", 101)
+            .await
+            .unwrap_err(),
+        &id("q-2"),
+        1,
+        2,
+    );
+    // A human approves the parked run: it is runnable, and any worker
+    // continues it.
+    store
+        .append(&id("q-1"), 2, &[ev("approved")], "running", 120)
+        .await
+        .unwrap();
+    let continued = store.claim("w4", 120, 100, 10).await.unwrap();
+    assert_eq!(claimed(&continued), [("q-1", 2)]);
+    assert_eq!(store.summary(&id("cli")).await.unwrap().lease_token, 0);
+}
+
+pub(crate) async fn concurrent_claims_never_share_a_run(backend: &dyn Backend) {
+    let store = backend.open().await;
+    const RUNS: usize = 30;
+    for i in 0..RUNS {
+        run_with_status(&*store, &format!("job-{i:02}"), i as i64, QUEUED).await;
+    }
+    let tasks: Vec<_> = (0..4)
+        .map(|w| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut mine = Vec::new();
+                loop {
+                    let got = store.claim(&format!("w{w}"), 0, 1_000, 3).await.unwrap();
+                    if got.is_empty() {
+                        break mine;
+                    }
+                    mine.extend(got.into_iter().map(|l| l.run_id));
+                }
+            })
+        })
+        .collect();
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all.sort();
+    let expected: Vec<RunId> = (0..RUNS).map(|i| id(&format!("job-{i:02}"))).collect();
+    assert_eq!(all, expected, "every run claimed exactly once");
+}
+
+pub(crate) async fn prune_leaves_tombstones_and_keeps_the_id(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let mut m = meta("agent", 1);
+    m.labels.insert("team".into(), "red".into());
+    for (run, status, updated) in [
+        ("old-done", "completed", 10),
+        ("old-failed", "failed", 20),
+        ("new-done", "completed", 1_000),
+        ("old-parked", "awaiting_approval", 10),
+    ] {
+        store
+            .create(&id(run), m.clone(), ev("start"), "running")
+            .await
+            .unwrap();
+        store
+            .append(&id(run), 1, &[ev("end")], status, updated)
+            .await
+            .unwrap();
+    }
+    let before = store.summary(&id("old-done")).await.unwrap();
+    let head = store.load(&id("old-done")).await.unwrap()[1].hash;
+    // An empty filter prunes nothing.
+    assert!(
+        store
+            .prune(&PruneFilter::new(), 5_000)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    let filter = PruneFilter::new()
+        .status("completed")
+        .status("failed")
+        .updated_before(500);
+    let pruned = store.prune(&filter, 5_000).await.unwrap();
+    let names: Vec<&str> = pruned.iter().map(|t| t.run_id.as_str()).collect();
+    assert_eq!(names, ["old-done", "old-failed"]);
+    let t = &pruned[0];
+    assert_eq!(
+        (
+            t.agent.as_str(),
+            t.status.as_str(),
+            t.created_ms,
+            t.updated_ms
+        ),
+        ("agent", "completed", 1, 10)
+    );
+    assert_eq!((t.event_count, t.head, t.pruned_ms), (2, head, 5_000));
+    assert_eq!(before.event_count, 2);
+
+    let run = id("old-done");
+    for err in [
+        store.load(&run).await.unwrap_err(),
+        store.summary(&run).await.unwrap_err(),
+        store.verify(&run).await.unwrap_err(),
+    ] {
+        match &err {
+            StoreError::Pruned {
+                run_id,
+                event_count,
+                head: h,
+            } => assert_eq!((run_id, *event_count, *h), (&run, 2, head)),
+            other => panic!("expected Pruned, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        store.load(&run).await.unwrap_err().to_string(),
+        format!("run old-done was pruned; its log held 2 events with head {head}")
+    );
+    // The id stays taken; the rest is gone from listings and untouched.
+    let err = store
+        .create(&run, meta("a", 1), ev("again"), "running")
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err:?}");
+    assert_eq!(
+        store.run_ids().await.unwrap(),
+        [id("new-done"), id("old-parked")]
+    );
+    let listed = store
+        .list(&RunFilter::new().label("team", "red"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&listed), ["new-done", "old-parked"]);
+    assert!(store.verify(&id("new-done")).await.unwrap().is_intact());
+    assert!(store.prune(&filter, 6_000).await.unwrap().is_empty());
+}
+
 // ---- idempotency commitments ----------------------------------------------
 
 fn holder(run: &str, call: &str) -> Holder {
@@ -921,12 +1509,24 @@ fn settlement(key: &str, h: &Holder, result: &str) -> Settlement {
 pub(crate) async fn claims_grant_the_first_holder_and_name_it_to_others(backend: &dyn Backend) {
     let store = backend.open().await;
     let (a, b) = (holder("a", "call-1-1"), holder("b", "call-2-1"));
-    assert_eq!(store.claim("k1", &a).await.unwrap(), Claim::Granted);
+    assert_eq!(
+        store.claim_commitment("k1", &a).await.unwrap(),
+        Claim::Granted
+    );
     // The holder again (after its own crash) is granted again.
-    assert_eq!(store.claim("k1", &a).await.unwrap(), Claim::Granted);
-    assert_eq!(store.claim("k1", &b).await.unwrap(), Claim::Held(a.clone()));
+    assert_eq!(
+        store.claim_commitment("k1", &a).await.unwrap(),
+        Claim::Granted
+    );
+    assert_eq!(
+        store.claim_commitment("k1", &b).await.unwrap(),
+        Claim::Held(a.clone())
+    );
     // Keys are independent.
-    assert_eq!(store.claim("k2", &b).await.unwrap(), Claim::Granted);
+    assert_eq!(
+        store.claim_commitment("k2", &b).await.unwrap(),
+        Claim::Granted
+    );
 }
 
 pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
@@ -936,7 +1536,7 @@ pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
     let run = id("payer");
     new_run(&*store, &run, 2).await;
     let a = holder("payer", "call-1-1");
-    store.claim("claim-7", &a).await.unwrap();
+    store.claim_commitment("claim-7", &a).await.unwrap();
     let appended = store
         .append_settling(
             &run,
@@ -955,12 +1555,15 @@ pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
     };
     assert_eq!(
         store
-            .claim("claim-7", &holder("other", "call-1-1"))
+            .claim_commitment("claim-7", &holder("other", "call-1-1"))
             .await
             .unwrap(),
         settled
     );
-    assert_eq!(store.claim("claim-7", &a).await.unwrap(), settled);
+    assert_eq!(
+        store.claim_commitment("claim-7", &a).await.unwrap(),
+        settled
+    );
 }
 
 pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwise(
@@ -985,7 +1588,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
         .unwrap_err();
     assert!(not_held(err));
     // Claimed by someone else.
-    store.claim("k", &b).await.unwrap();
+    store.claim_commitment("k", &b).await.unwrap();
     let err = store
         .append_settling(
             &run,
@@ -1000,7 +1603,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     assert!(not_held(err));
     assert_eq!(store.load(&run).await.unwrap().len(), 1, "nothing written");
     // A conflicting append settles nothing.
-    store.claim("mine", &a).await.unwrap();
+    store.claim_commitment("mine", &a).await.unwrap();
     let err = store
         .append_settling(
             &run,
@@ -1014,7 +1617,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
     assert_eq!(
-        store.claim("mine", &a).await.unwrap(),
+        store.claim_commitment("mine", &a).await.unwrap(),
         Claim::Granted,
         "still unsettled"
     );
@@ -1054,7 +1657,7 @@ pub(crate) async fn racing_claims_grant_exactly_one(backend: &dyn Backend) {
         tasks.push(tokio::spawn(async move {
             barrier.wait().await;
             store
-                .claim("contested", &holder(&format!("run-{i}"), "call-1-1"))
+                .claim_commitment("contested", &holder(&format!("run-{i}"), "call-1-1"))
                 .await
                 .unwrap()
         }));
@@ -1074,7 +1677,7 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
         let store = backend.open().await;
         let run = id("kept");
         new_run(&*store, &run, 1).await;
-        store.claim("durable", &a).await.unwrap();
+        store.claim_commitment("durable", &a).await.unwrap();
         store
             .append_settling(
                 &run,
@@ -1086,18 +1689,24 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
             )
             .await
             .unwrap();
-        store.claim("pending", &a).await.unwrap();
+        store.claim_commitment("pending", &a).await.unwrap();
     }
     let store = backend.open().await;
     assert_eq!(
-        store.claim("durable", &holder("x", "y")).await.unwrap(),
+        store
+            .claim_commitment("durable", &holder("x", "y"))
+            .await
+            .unwrap(),
         Claim::Settled {
             holder: a.clone(),
             result: ev("r")
         }
     );
     assert_eq!(
-        store.claim("pending", &holder("x", "y")).await.unwrap(),
+        store
+            .claim_commitment("pending", &holder("x", "y"))
+            .await
+            .unwrap(),
         Claim::Held(a)
     );
 }
@@ -1139,7 +1748,14 @@ macro_rules! conformance_suite {
                 claims_grant_the_first_holder_and_name_it_to_others,
                 settling_appends_and_records_the_result_for_everyone_after,
                 settling_needs_the_unsettled_key_and_writes_nothing_otherwise,
-                racing_claims_grant_exactly_one
+                racing_claims_grant_exactly_one,
+                a_replaced_lease_is_fenced,
+                an_expired_lease_nobody_replaced_still_writes,
+                a_released_lease_frees_the_run_and_fences_its_holder,
+                racing_acquirers_have_one_winner,
+                claims_take_queued_runs_and_runs_whose_driver_died,
+                concurrent_claims_never_share_a_run,
+                prune_leaves_tombstones_and_keeps_the_id
                 $(, $extra)*
             );
         }
@@ -1159,5 +1775,13 @@ conformance_suite!(memory, crate::store::conformance::MemoryBackend::new());
 conformance_suite!(
     sqlite,
     crate::store::conformance::SqliteBackend::new(),
+    durable
+);
+conformance_suite!(
+    postgres,
+    match crate::store::conformance::PostgresBackend::connect().await {
+        Some(backend) => backend,
+        None => return,
+    },
     durable
 );

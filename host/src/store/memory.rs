@@ -11,8 +11,9 @@ use bytes::Bytes;
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, RunFilter, RunId,
-    RunMeta, RunSummary, Settlement, StoreError, StoredEvent, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, PruneFilter,
+    QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -22,8 +23,9 @@ use super::{
 pub struct MemoryStore {
     chain: Chain,
     runs: Mutex<HashMap<RunId, MemRun>>,
-    /// Idempotency commitments: holder, and the result once settled. Always
-    /// locked after `runs` when both are needed.
+    tombstones: Mutex<HashMap<RunId, Tombstone>>,
+    /// Idempotency commitments: holder, and the result once settled. Locked
+    /// after `runs` when both are needed; never emptied by pruning.
     commitments: Mutex<HashMap<String, (Holder, Option<Bytes>)>>,
 }
 
@@ -37,6 +39,10 @@ pub(crate) struct MemRun {
     pub(crate) count: u64,
     pub(crate) head: ChainHash,
     pub(crate) events: Vec<StoredEvent>,
+    /// The held lease (live or expired; `None` once released).
+    lease: Option<Lease>,
+    /// The newest fencing token issued.
+    lease_token: u64,
 }
 
 impl MemRun {
@@ -50,7 +56,38 @@ impl MemRun {
             created_ms: self.meta.created_ms,
             updated_ms: self.updated_ms,
             event_count: self.count,
+            lease: self.lease.clone(),
+            lease_token: self.lease_token,
         }
+    }
+
+    /// Whether a lease other than `owner`'s is live at `now_ms`.
+    fn live_lease(&self, now_ms: i64) -> Option<&Lease> {
+        self.lease.as_ref().filter(|l| !l.is_expired(now_ms))
+    }
+
+    fn issue_lease(&mut self, run_id: &RunId, owner: &str, now_ms: i64, ttl_ms: i64) -> Lease {
+        self.lease_token += 1;
+        let lease = Lease {
+            run_id: run_id.clone(),
+            owner: owner.to_owned(),
+            token: self.lease_token,
+            expires_ms: now_ms.saturating_add(ttl_ms),
+        };
+        self.lease = Some(lease.clone());
+        lease
+    }
+
+    /// Whether `lease` is the current one.
+    fn holds(&self, lease: &Lease) -> bool {
+        self.lease
+            .as_ref()
+            .is_some_and(|l| l.token == lease.token && l.owner == lease.owner)
+    }
+
+    fn claimable(&self, now_ms: i64) -> bool {
+        (self.status == QUEUED || (self.status == "running" && self.lease_token > 0))
+            && self.live_lease(now_ms).is_none()
     }
 
     fn rows(&self, after: u64) -> Vec<RawRow> {
@@ -84,6 +121,7 @@ impl MemoryStore {
         Self {
             chain: Chain::new(Some(key)),
             runs: Mutex::default(),
+            tombstones: Mutex::default(),
             commitments: Mutex::default(),
         }
     }
@@ -109,23 +147,44 @@ impl MemoryStore {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Appends to a run whose lock the caller holds: checks everything
-    /// first, then changes the run without failing.
-    fn append_locked(
+    fn tombstones(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Tombstone>> {
+        self.tombstones
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// An unknown run: [`StoreError::Pruned`] if it left a tombstone.
+    fn unknown(&self, run_id: &RunId) -> StoreError {
+        match self.tombstones().get(run_id) {
+            Some(t) => StoreError::Pruned {
+                run_id: run_id.clone(),
+                event_count: t.event_count,
+                head: t.head,
+            },
+            None => StoreError::UnknownRun {
+                run_id: run_id.clone(),
+            },
+        }
+    }
+
+    fn fenced(lease: &Lease, run: &MemRun) -> StoreError {
+        StoreError::Fenced {
+            run_id: lease.run_id.clone(),
+            token: lease.token,
+            current: run.lease_token,
+        }
+    }
+
+    /// The append itself, once the caller's checks passed.
+    fn append_checked(
         &self,
-        runs: &mut HashMap<RunId, MemRun>,
         run_id: &RunId,
+        run: &mut MemRun,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        if events.is_empty() {
-            return Err(StoreError::EmptyAppend {
-                run_id: run_id.clone(),
-            });
-        }
-        let run = runs.get_mut(run_id).ok_or_else(|| Self::unknown(run_id))?;
         if run.count != expected_len {
             return Err(StoreError::Conflict {
                 run_id: run_id.clone(),
@@ -162,12 +221,6 @@ impl MemoryStore {
             head: run.head,
         })
     }
-
-    fn unknown(run_id: &RunId) -> StoreError {
-        StoreError::UnknownRun {
-            run_id: run_id.clone(),
-        }
-    }
 }
 
 #[async_trait]
@@ -180,7 +233,7 @@ impl EventStore for MemoryStore {
         status: &str,
     ) -> Result<Appended, StoreError> {
         let mut runs = self.runs();
-        if runs.contains_key(run_id) {
+        if runs.contains_key(run_id) || self.tombstones().contains_key(run_id) {
             return Err(StoreError::AlreadyExists {
                 run_id: run_id.clone(),
             });
@@ -202,6 +255,8 @@ impl EventStore for MemoryStore {
                     bytes: first_event,
                     hash,
                 }],
+                lease: None,
+                lease_token: 0,
             },
         );
         Ok(Appended {
@@ -218,8 +273,14 @@ impl EventStore for MemoryStore {
         status: &str,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
         let mut runs = self.runs();
-        self.append_locked(&mut runs, run_id, expected_len, events, status, updated_ms)
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        self.append_checked(run_id, run, expected_len, events, status, updated_ms)
     }
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
@@ -233,7 +294,7 @@ impl EventStore for MemoryStore {
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let (start, rows, recorded) = {
             let runs = self.runs();
-            let run = runs.get(run_id).ok_or_else(|| Self::unknown(run_id))?;
+            let run = runs.get(run_id).ok_or_else(|| self.unknown(run_id))?;
             if after_seq >= run.count {
                 return Ok(Vec::new());
             }
@@ -260,7 +321,7 @@ impl EventStore for MemoryStore {
 
     async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
         let runs = self.runs();
-        let run = runs.get(run_id).ok_or_else(|| Self::unknown(run_id))?;
+        let run = runs.get(run_id).ok_or_else(|| self.unknown(run_id))?;
         Ok(run.summary(run_id))
     }
 
@@ -281,7 +342,7 @@ impl EventStore for MemoryStore {
     async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
         let (rows, recorded) = {
             let runs = self.runs();
-            let run = runs.get(run_id).ok_or_else(|| Self::unknown(run_id))?;
+            let run = runs.get(run_id).ok_or_else(|| self.unknown(run_id))?;
             (run.rows(0), run.recorded())
         };
         let walk = chain::walk(
@@ -307,7 +368,140 @@ impl EventStore for MemoryStore {
         Ok(ids)
     }
 
-    async fn claim(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn acquire_lease(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let mut runs = self.runs();
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        if let Some(live) = run.live_lease(now_ms)
+            && live.owner != owner
+        {
+            return Err(StoreError::Leased {
+                run_id: run_id.clone(),
+                owner: live.owner.clone(),
+                expires_ms: live.expires_ms,
+            });
+        }
+        Ok(run.issue_lease(run_id, owner, now_ms, ttl_ms))
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let mut runs = self.runs();
+        let run = runs
+            .get_mut(&lease.run_id)
+            .ok_or_else(|| self.unknown(&lease.run_id))?;
+        if !run.holds(lease) {
+            return Err(Self::fenced(lease, run));
+        }
+        let renewed = Lease {
+            expires_ms: now_ms.saturating_add(ttl_ms),
+            ..lease.clone()
+        };
+        run.lease = Some(renewed.clone());
+        Ok(renewed)
+    }
+
+    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+        let mut runs = self.runs();
+        let run = runs
+            .get_mut(&lease.run_id)
+            .ok_or_else(|| self.unknown(&lease.run_id))?;
+        if run.holds(lease) {
+            run.lease = None;
+            if let Some(status) = status {
+                run.status = status.to_owned();
+            }
+        }
+        Ok(())
+    }
+
+    async fn append_fenced(
+        &self,
+        lease: &Lease,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let run_id = &lease.run_id;
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        let mut runs = self.runs();
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        if !run.holds(lease) {
+            return Err(Self::fenced(lease, run));
+        }
+        self.append_checked(run_id, run, expected_len, events, status, updated_ms)
+    }
+
+    async fn claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let mut runs = self.runs();
+        let mut claimable: Vec<(i64, RunId)> = runs
+            .iter()
+            .filter(|(_, run)| run.claimable(now_ms))
+            .map(|(id, run)| (run.meta.created_ms, id.clone()))
+            .collect();
+        claimable.sort();
+        Ok(claimable
+            .into_iter()
+            .take(limit)
+            .map(|(_, id)| {
+                let run = runs.get_mut(&id).expect("listed above");
+                run.issue_lease(&id, owner, now_ms, ttl_ms)
+            })
+            .collect())
+    }
+
+    async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
+        let mut runs = self.runs();
+        let mut doomed: Vec<RunId> = runs
+            .iter()
+            .filter(|(_, run)| {
+                filter.matches(&run.status, run.updated_ms) && run.live_lease(now_ms).is_none()
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        doomed.sort();
+        let mut tombstones = self.tombstones();
+        Ok(doomed
+            .into_iter()
+            .map(|id| {
+                let run = runs.remove(&id).expect("listed above");
+                let tombstone = Tombstone {
+                    run_id: id.clone(),
+                    agent: run.meta.agent,
+                    status: run.status,
+                    created_ms: run.meta.created_ms,
+                    updated_ms: run.updated_ms,
+                    event_count: run.count,
+                    head: run.head,
+                    pruned_ms: now_ms,
+                };
+                tombstones.insert(id, tombstone.clone());
+                tombstone
+            })
+            .collect())
+    }
+
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
         let mut commitments = self.commitments();
         Ok(match commitments.get(key) {
             None => {
@@ -332,7 +526,13 @@ impl EventStore for MemoryStore {
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
         let mut runs = self.runs();
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
         let mut commitments = self.commitments();
         match commitments.get(&settlement.key) {
             Some((h, None)) if *h == settlement.holder => {}
@@ -345,7 +545,7 @@ impl EventStore for MemoryStore {
             }
         }
         let appended =
-            self.append_locked(&mut runs, run_id, expected_len, events, status, updated_ms)?;
+            self.append_checked(run_id, run, expected_len, events, status, updated_ms)?;
         commitments.insert(
             settlement.key.clone(),
             (settlement.holder.clone(), Some(settlement.result.clone())),

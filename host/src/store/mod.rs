@@ -1,5 +1,7 @@
-//! Event stores: the [`EventStore`] trait, the [`MemoryStore`] and the
-//! [`SqliteStore`], with a tamper-evident hash chain per run.
+//! Event stores: the [`EventStore`] trait, the [`MemoryStore`], the
+//! [`SqliteStore`] and the [`PostgresStore`], with a tamper-evident hash
+//! chain per run, run leases with fencing tokens, and the work queue
+//! (`lease.rs`).
 //!
 //! A store keeps, per run, an append-only log of events as **opaque bytes**
 //! (the exact serialized JSON the engine hands it) and a few columns for
@@ -19,8 +21,11 @@
 //!   below), recomputed on every load, so an edited, dropped, reordered or
 //!   truncated event is a [`StoreError::Tampered`], and a damaged run never
 //!   blocks loading, listing or appending to other runs;
-//! - **no wall clock**: every time a store records (created, updated) is
-//!   supplied by the caller from its injected clock.
+//! - **no wall clock**: every time a store records (created, updated, a
+//!   lease's expiry) is supplied by the caller from its injected clock;
+//! - **leases with fencing** (see `lease.rs`): a fenced append is refused
+//!   once a newer lease was issued on its run, in the append's own
+//!   transaction.
 //!
 //! # The hash chain
 //!
@@ -55,7 +60,9 @@
 //! truth from the log, and the run's first event carries its metadata.
 
 mod chain;
+mod lease;
 mod memory;
+mod postgres;
 mod sqlite;
 
 #[cfg(test)]
@@ -69,7 +76,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
+pub use lease::{Lease, PruneFilter, QUEUED, Tombstone};
 pub use memory::MemoryStore;
+pub use postgres::{PostgresStore, PostgresStoreBuilder};
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
 
 /// The id of a run: 1 to 128 ASCII letters, digits, `-`, `_`, `.` or `:`.
@@ -260,6 +269,20 @@ pub struct RunSummary {
     pub updated_ms: i64,
     /// The number of events the run row records.
     pub event_count: u64,
+    /// The run's lease, if one is held (live or expired, not released).
+    pub lease: Option<Lease>,
+    /// The newest fencing token issued on the run; 0 if it was never
+    /// leased (a run driven by `warden run`, not by workers).
+    pub lease_token: u64,
+}
+
+impl RunSummary {
+    /// Whether the run is stalled at `now_ms`: listed as running, but the
+    /// lease its driver took has expired (the driver died or lost the
+    /// store). A worker takes it over.
+    pub fn is_stalled(&self, now_ms: i64) -> bool {
+        self.status == "running" && self.lease.as_ref().is_some_and(|l| l.is_expired(now_ms))
+    }
 }
 
 /// Which runs [`EventStore::list`] returns: every condition set must hold.
@@ -486,6 +509,45 @@ pub enum StoreError {
     /// The store's writer has stopped (the store is shutting down).
     #[error("the store's writer has stopped")]
     Closed,
+    /// Another owner holds a live lease on the run.
+    #[error("run {run_id} is leased by {owner} until {expires_ms} (ms since the epoch)")]
+    Leased {
+        /// The run.
+        run_id: RunId,
+        /// The lease's owner.
+        owner: String,
+        /// When the lease expires unless renewed.
+        expires_ms: i64,
+    },
+    /// The caller's lease is no longer the run's current one (a newer lease
+    /// was issued, or it was released); nothing was written.
+    #[error("run {run_id}: lease {token} is no longer held (the newest lease is {current})")]
+    Fenced {
+        /// The run.
+        run_id: RunId,
+        /// The caller's token.
+        token: u64,
+        /// The newest token issued on the run.
+        current: u64,
+    },
+    /// The run was pruned by retention: only its tombstone is left.
+    #[error("run {run_id} was pruned; its log held {event_count} events with head {head}")]
+    Pruned {
+        /// The run.
+        run_id: RunId,
+        /// The count its log had.
+        event_count: u64,
+        /// The chain head its log had.
+        head: ChainHash,
+    },
+    /// The store does not implement this operation.
+    #[error("{store} does not support {operation}")]
+    Unsupported {
+        /// The store's type.
+        store: &'static str,
+        /// The operation.
+        operation: &'static str,
+    },
     /// A settlement named a commitment its holder does not hold (never
     /// claimed, claimed by another run, or already settled); nothing was
     /// written.
@@ -558,11 +620,98 @@ pub trait EventStore: Send + Sync {
     /// Every run id in the store, in id order (to verify them all).
     async fn run_ids(&self) -> Result<Vec<RunId>, StoreError>;
 
+    // ---- leases, the queue and retention (see `lease.rs`) ----
+    //
+    // Every store of this crate implements them; the defaults refuse with
+    // `StoreError::Unsupported` so that a store written elsewhere keeps
+    // compiling and fails loudly, never silently unfenced.
+
+    /// Issues a new lease on run `run_id` to `owner`, expiring at `now_ms +
+    /// ttl_ms`, with the next fencing token, unless another owner holds a
+    /// live lease ([`StoreError::Leased`]). A live lease of the same owner
+    /// is replaced by the new one.
+    async fn acquire_lease(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let _ = (run_id, owner, now_ms, ttl_ms);
+        Err(unsupported::<Self>("leases"))
+    }
+
+    /// Moves the expiry of `lease` to `now_ms + ttl_ms` if it is still the
+    /// run's current lease, else [`StoreError::Fenced`].
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let _ = (lease, now_ms, ttl_ms);
+        Err(unsupported::<Self>("leases"))
+    }
+
+    /// Ends `lease` if it is still the run's current one, and then sets the
+    /// run's listing status to `status` if given (a run parked as
+    /// `needs_reconciliation` without a new event, say). Releasing a lease
+    /// that is no longer current changes nothing.
+    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+        let _ = (lease, status);
+        Err(unsupported::<Self>("leases"))
+    }
+
+    /// [`append`](Self::append), in one transaction with the check that
+    /// `lease` is the run's current lease ([`StoreError::Fenced`] if not;
+    /// checked before the length).
+    async fn append_fenced(
+        &self,
+        lease: &Lease,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let _ = (lease, expected_len, events, status, updated_ms);
+        Err(unsupported::<Self>("leases"))
+    }
+
+    /// Leases up to `limit` claimable runs to `owner` (queued runs, and
+    /// workers' running runs with no live lease), oldest first, each with
+    /// its next fencing token; concurrent claimers never get the same run.
+    async fn claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let _ = (owner, now_ms, ttl_ms, limit);
+        Err(unsupported::<Self>("the work queue"))
+    }
+
+    /// Deletes the runs `filter` matches, whole, leaving a [`Tombstone`]
+    /// each (stamped `now_ms`), and returns the tombstones. A run with a
+    /// live lease at `now_ms` is kept.
+    async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
+        let _ = (filter, now_ms);
+        Err(unsupported::<Self>("pruning"))
+    }
+
+    // ---- idempotency commitments ----
+    //
+    // Every store of this crate implements them; the defaults refuse with
+    // `StoreError::Unsupported`, so a keyed call never runs unguarded.
+
     /// Claims the idempotency commitment `key` for `holder`: the first
     /// claimant (or the holder again) is [`Claim::Granted`]; anyone else
     /// learns who holds it, or the result it was settled with. Commitments
-    /// are never deleted, whatever happens to the runs.
-    async fn claim(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError>;
+    /// are never deleted, whatever happens to the runs (pruning included).
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        let _ = (key, holder);
+        Err(unsupported::<Self>("idempotency commitments"))
+    }
 
     /// [`append`](Self::append), and in the same transaction settles the
     /// commitment the appended events complete. Refused with
@@ -576,7 +725,17 @@ pub trait EventStore: Send + Sync {
         status: &str,
         updated_ms: i64,
         settlement: &Settlement,
-    ) -> Result<Appended, StoreError>;
+    ) -> Result<Appended, StoreError> {
+        let _ = (run_id, expected_len, events, status, updated_ms, settlement);
+        Err(unsupported::<Self>("idempotency commitments"))
+    }
+}
+
+fn unsupported<S: ?Sized>(operation: &'static str) -> StoreError {
+    StoreError::Unsupported {
+        store: std::any::type_name::<S>(),
+        operation,
+    }
 }
 
 #[cfg(test)]
@@ -627,6 +786,8 @@ mod tests {
             created_ms: 10,
             updated_ms: 10,
             event_count: 1,
+            lease: None,
+            lease_token: 0,
         };
         assert!(RunFilter::new().matches(&run));
         assert!(RunFilter::new().status("x").status("running").matches(&run));

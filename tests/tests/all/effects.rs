@@ -237,9 +237,9 @@ impl EventStore for CountingStore {
     async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
         self.inner.run_ids().await
     }
-    async fn claim(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(key, holder).await
+        self.inner.claim_commitment(key, holder).await
     }
     async fn append_settling(
         &self,

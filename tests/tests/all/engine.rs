@@ -680,8 +680,8 @@ impl EventStore for CrashingStore {
         self.inner.run_ids().await
     }
 
-    async fn claim(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
-        self.inner.claim(key, holder).await
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        self.inner.claim_commitment(key, holder).await
     }
 
     async fn append_settling(

@@ -18,6 +18,10 @@
 //! - `network`: outbound HTTP against a loopback server (`server`): what a
 //!   host grant lets through, and every way to reach what it does not.
 //! - `plugins`: the other first-party plugins through the testkit.
+//! - `providers`: the OpenAI-compatible and Anthropic providers against a
+//!   fake model API on loopback (`model_server`): wire formats, retries,
+//!   broken streams, cancellation, pooling, conformance with the scripted
+//!   provider, and agents end to end.
 
 mod effects;
 mod engine;
@@ -28,8 +32,10 @@ mod isolation;
 mod kill;
 mod kinds;
 mod loading;
+mod model_server;
 mod network;
 mod plugins;
+mod providers;
 mod server;
 
 use std::sync::OnceLock;

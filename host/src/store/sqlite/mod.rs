@@ -13,10 +13,15 @@
 //! every check an append makes (length, tail, head) reads the database
 //! inside that transaction, never a cache.
 //!
-//! Schema (version 1, see `schema.rs`): `runs` (one row per run: text id,
-//! agent, status, session, created/updated ms, event count, chain head),
-//! `run_labels` (one row per label), `events` (run, seq, bytes, hash; one
-//! run's events contiguous), `store_meta` (the chain mode).
+//! Schema (version 2, see `schema.rs`): `runs` (one row per run: text id,
+//! agent, status, session, created/updated ms, event count, chain head, and
+//! the lease: owner, fencing token, expiry), `run_labels` (one row per
+//! label), `events` (run, seq, bytes, hash; one run's events contiguous),
+//! `tombstones` (pruned runs), `store_meta` (the chain mode).
+//!
+//! Leases (see `store/lease.rs`) hold across processes on one machine: every
+//! lease operation and fenced append runs in the writer's `BEGIN IMMEDIATE`
+//! transaction, which SQLite's file lock serializes between processes.
 
 mod schema;
 mod writer;
@@ -36,10 +41,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, RunFilter, RunId,
-    RunMeta, RunSummary, Settlement, StoreError, StoredEvent, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, PruneFilter,
+    RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
-use writer::{Counters, Request};
+use writer::{Counters, LeaseOp, Request};
 
 /// An event store in one SQLite file.
 ///
@@ -187,10 +193,10 @@ impl SqliteStore {
         }
     }
 
-    async fn write(
+    async fn write<T>(
         &self,
-        request: impl FnOnce(writer::Reply) -> Request,
-    ) -> Result<Appended, StoreError> {
+        request: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Request,
+    ) -> Result<T, StoreError> {
         let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         queue
@@ -280,6 +286,7 @@ impl EventStore for SqliteStore {
         }
         self.write(|reply| Request::Append {
             run_id: run_id.clone(),
+            fence: None,
             expected_len,
             events: events.to_vec(),
             status: status.to_owned(),
@@ -290,11 +297,11 @@ impl EventStore for SqliteStore {
         .await
     }
 
-    async fn claim(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
         let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
         let (reply, answer) = oneshot::channel();
         queue
-            .send(Request::Claim {
+            .send(Request::Commitment {
                 key: key.to_owned(),
                 holder: holder.clone(),
                 reply,
@@ -320,6 +327,7 @@ impl EventStore for SqliteStore {
         }
         self.write(|reply| Request::Append {
             run_id: run_id.clone(),
+            fence: None,
             expected_len,
             events: events.to_vec(),
             status: status.to_owned(),
@@ -350,12 +358,14 @@ impl EventStore for SqliteStore {
             let context = || format!("sqlite: cannot read run {run_id}");
             let mut found = query_summaries(
                 conn,
-                "SELECT pk, id, agent, status, session, created_ms, updated_ms, event_count
-                 FROM runs WHERE id = ?1",
+                &format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = ?1"),
                 vec![Value::Text(run_id.to_string())],
             )
             .map_err(|e| backend(context(), e))?;
-            found.pop().ok_or(StoreError::UnknownRun { run_id })
+            match found.pop() {
+                Some(summary) => Ok(summary),
+                None => Err(unknown(conn, &run_id)),
+            }
         })
         .await
     }
@@ -388,6 +398,129 @@ impl EventStore for SqliteStore {
             Ok(ids.into_iter().filter_map(|id| valid_id(&id)).collect())
         })
         .await
+    }
+
+    async fn acquire_lease(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let op = LeaseOp::Acquire {
+            run_id: run_id.clone(),
+            owner: owner.to_owned(),
+            now_ms,
+            ttl_ms,
+        };
+        let mut leases = self.write(|reply| Request::Lease { op, reply }).await?;
+        Ok(leases.pop().expect("an acquire answers one lease"))
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let op = LeaseOp::Renew {
+            lease: lease.clone(),
+            now_ms,
+            ttl_ms,
+        };
+        let mut leases = self.write(|reply| Request::Lease { op, reply }).await?;
+        Ok(leases.pop().expect("a renewal answers one lease"))
+    }
+
+    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+        let op = LeaseOp::Release {
+            lease: lease.clone(),
+            status: status.map(str::to_owned),
+        };
+        self.write(|reply| Request::Lease { op, reply }).await?;
+        Ok(())
+    }
+
+    async fn append_fenced(
+        &self,
+        lease: &Lease,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: lease.run_id.clone(),
+            });
+        }
+        self.write(|reply| Request::Append {
+            run_id: lease.run_id.clone(),
+            fence: Some(lease.clone()),
+            expected_len,
+            events: events.to_vec(),
+            status: status.to_owned(),
+            updated_ms,
+            settle: None,
+            reply,
+        })
+        .await
+    }
+
+    async fn claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let op = LeaseOp::Claim {
+            owner: owner.to_owned(),
+            now_ms,
+            ttl_ms,
+            limit,
+        };
+        self.write(|reply| Request::Lease { op, reply }).await
+    }
+
+    async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
+        let filter = filter.clone();
+        self.write(|reply| Request::Prune {
+            filter,
+            now_ms,
+            reply,
+        })
+        .await
+    }
+}
+
+/// The columns `query_summaries` reads, in its order.
+const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms";
+
+/// The error for a run with no row: [`StoreError::Pruned`] if it left a
+/// tombstone, else [`StoreError::UnknownRun`].
+pub(super) fn unknown(conn: &Connection, run_id: &RunId) -> StoreError {
+    let tombstone = conn
+        .prepare_cached("SELECT event_count, head_hash FROM tombstones WHERE id = ?1")
+        .and_then(|mut s| {
+            s.query_row([run_id.as_str()], |row| {
+                Ok((row.get::<_, i64>(0)?, blob_hash(row, 1)?))
+            })
+            .optional()
+        });
+    match tombstone {
+        Ok(Some((count, Ok(head)))) => StoreError::Pruned {
+            run_id: run_id.clone(),
+            event_count: count as u64,
+            head,
+        },
+        Ok(_) => StoreError::UnknownRun {
+            run_id: run_id.clone(),
+        },
+        Err(e) => backend(format!("sqlite: cannot read run {run_id}"), e),
     }
 }
 
@@ -498,9 +631,7 @@ fn run_row(conn: &Connection, run_id: &RunId) -> Result<RunRow, StoreError> {
             .optional()
         })
         .map_err(|e| backend(format!("sqlite: cannot read run {run_id}"), e))?
-        .ok_or_else(|| StoreError::UnknownRun {
-            run_id: run_id.clone(),
-        })
+        .ok_or_else(|| unknown(conn, run_id))
 }
 
 /// The event rows of run `pk` after `after`, in seq order.
@@ -595,9 +726,7 @@ fn verify(
 
 /// The listing query for `filter`, and its parameters.
 fn list_query(filter: &RunFilter) -> (String, Vec<Value>) {
-    let mut sql = String::from(
-        "SELECT pk, id, agent, status, session, created_ms, updated_ms, event_count FROM runs WHERE 1 = 1",
-    );
+    let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE 1 = 1");
     let mut values = Vec::new();
     let mut param = |sql: &mut String, value: Value| {
         values.push(value);
@@ -647,8 +776,7 @@ fn list_query(filter: &RunFilter) -> (String, Vec<Value>) {
     (sql, values)
 }
 
-/// Runs a query selecting `pk, id, agent, status, session, created_ms,
-/// updated_ms, event_count` and adds each run's labels.
+/// Runs a query selecting [`SUMMARY_COLUMNS`] and adds each run's labels.
 fn query_summaries(
     conn: &mut Connection,
     sql: &str,
@@ -671,6 +799,19 @@ fn query_summaries(
                 _ => Some(text(row, 4)?),
             };
             let event_count: i64 = row.get(7)?;
+            let lease_token = u64::try_from(row.get::<_, i64>(9)?).unwrap_or(0);
+            let lease = match (
+                row.get::<_, Option<String>>(8)?,
+                row.get::<_, Option<i64>>(10)?,
+            ) {
+                (Some(owner), Some(expires_ms)) => Some(Lease {
+                    run_id: run_id.clone(),
+                    owner,
+                    token: lease_token,
+                    expires_ms,
+                }),
+                _ => None,
+            };
             let run_labels = labels
                 .query_map([pk], |l| Ok((text(l, 0)?, text(l, 1)?)))?
                 .collect::<rusqlite::Result<BTreeMap<_, _>>>()?;
@@ -683,6 +824,8 @@ fn query_summaries(
                 created_ms: row.get(5)?,
                 updated_ms: row.get(6)?,
                 event_count: u64::try_from(event_count).unwrap_or(0),
+                lease,
+                lease_token,
             });
         }
     }

@@ -24,9 +24,14 @@ use crate::store::StoreError;
 ///   value), so a label filter is an index lookup, not a JSON scan.
 /// - The list indexes end in `created_ms, id`, the listing order.
 ///
-/// Version 2 adds `commitments`: one row per idempotency key, its holder
-/// (run id as text, so a commitment outlives its run's rows) and, once
-/// settled, the result every later claimant gets. Rows are never deleted.
+/// Version 2 adds run leases (owner, fencing token, expiry; see
+/// `store/lease.rs`), a partial index over the runs a worker may claim, and
+/// `tombstones`, what retention leaves of a pruned run.
+///
+/// Version 3 adds `commitments`: one row per idempotency key, its holder
+/// (run id as text, so a commitment outlives its run's rows, pruned or not)
+/// and, once settled, the result every later claimant gets. Rows are never
+/// deleted.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -64,6 +69,23 @@ CREATE TABLE events (
 CREATE TABLE store_meta (
     key   TEXT NOT NULL PRIMARY KEY,
     value TEXT NOT NULL
+) STRICT, WITHOUT ROWID;
+"#,
+    r#"
+ALTER TABLE runs ADD COLUMN lease_owner TEXT;
+ALTER TABLE runs ADD COLUMN lease_token INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE runs ADD COLUMN lease_expires_ms INTEGER;
+CREATE INDEX runs_claimable ON runs (created_ms, id) WHERE status IN ('queued', 'running');
+
+CREATE TABLE tombstones (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    agent       TEXT    NOT NULL,
+    status      TEXT    NOT NULL,
+    created_ms  INTEGER NOT NULL,
+    updated_ms  INTEGER NOT NULL,
+    event_count INTEGER NOT NULL,
+    head_hash   BLOB    NOT NULL,
+    pruned_ms   INTEGER NOT NULL
 ) STRICT, WITHOUT ROWID;
 "#,
     r#"

@@ -9,6 +9,11 @@
 //! savepoint alone; the others in the batch still commit. If the commit
 //! itself fails, every request in the batch gets the error: nothing is
 //! acknowledged that was not synced.
+//!
+//! Lease operations, claims and pruning go through the same thread and the
+//! same transactions, so a fenced append's lease check and its write are
+//! one transaction, and processes sharing the file serialize on SQLite's
+//! write lock.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -21,24 +26,61 @@ use tokio::sync::{mpsc, oneshot};
 use super::{backend, blob_hash};
 use crate::store::chain::{self, Chain};
 use crate::store::{
-    Appended, ChainBreak, ChainHash, Claim, Holder, RunId, RunMeta, Settlement, StoreError,
+    Appended, ChainBreak, ChainHash, Claim, Holder, Lease, PruneFilter, QUEUED, RunId, RunMeta,
+    Settlement, StoreError, Tombstone,
 };
 
 /// The answer to one create or append.
 pub(super) type Reply = oneshot::Sender<Result<Appended, StoreError>>;
 
-/// The answer to one claim.
-pub(super) type ClaimReply = oneshot::Sender<Result<Claim, StoreError>>;
+/// The answer to one commitment claim.
+pub(super) type CommitmentReply = oneshot::Sender<Result<Claim, StoreError>>;
+/// The answer to one lease operation: the leases it issued or renewed.
+pub(super) type LeaseReply = oneshot::Sender<Result<Vec<Lease>, StoreError>>;
+/// The answer to one prune.
+pub(super) type PruneReply = oneshot::Sender<Result<Vec<Tombstone>, StoreError>>;
 
-/// What one request produced, before it is sent back.
-enum Answer {
+/// A lease operation (see `store/lease.rs`).
+pub(super) enum LeaseOp {
+    Acquire {
+        run_id: RunId,
+        owner: String,
+        now_ms: i64,
+        ttl_ms: i64,
+    },
+    Renew {
+        lease: Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    },
+    Release {
+        lease: Lease,
+        status: Option<String>,
+    },
+    Claim {
+        owner: String,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    },
+}
+
+/// What one request produced, before the commit decides whether it stands.
+enum Outcome {
     Appended(Result<Appended, StoreError>),
+    Leases(Result<Vec<Lease>, StoreError>),
+    Pruned(Result<Vec<Tombstone>, StoreError>),
     Claimed(Result<Claim, StoreError>),
 }
 
-impl Answer {
+impl Outcome {
     fn is_err(&self) -> bool {
-        matches!(self, Answer::Appended(Err(_)) | Answer::Claimed(Err(_)))
+        match self {
+            Outcome::Appended(r) => r.is_err(),
+            Outcome::Leases(r) => r.is_err(),
+            Outcome::Pruned(r) => r.is_err(),
+            Outcome::Claimed(r) => r.is_err(),
+        }
     }
 }
 
@@ -53,17 +95,29 @@ pub(super) enum Request {
     },
     Append {
         run_id: RunId,
+        /// The lease the append must still hold (a fenced append).
+        fence: Option<Lease>,
         expected_len: u64,
         events: Vec<Bytes>,
         status: String,
         updated_ms: i64,
+        /// The idempotency commitment the append settles.
         settle: Option<Settlement>,
         reply: Reply,
     },
-    Claim {
+    Commitment {
         key: String,
         holder: Holder,
-        reply: ClaimReply,
+        reply: CommitmentReply,
+    },
+    Lease {
+        op: LeaseOp,
+        reply: LeaseReply,
+    },
+    Prune {
+        filter: PruneFilter,
+        now_ms: i64,
+        reply: PruneReply,
     },
 }
 
@@ -72,35 +126,40 @@ impl Request {
         match self {
             Request::Create { .. } => 1,
             Request::Append { events, .. } => events.len() as u64,
-            Request::Claim { .. } => 0,
+            Request::Lease { .. } | Request::Prune { .. } | Request::Commitment { .. } => 0,
         }
     }
 
-    fn answer(self, answer: Answer) {
+    fn answer(self, outcome: Outcome) {
         // The caller may have stopped waiting (its future was dropped).
-        match (self, answer) {
+        match (self, outcome) {
             (
                 Request::Create { reply, .. } | Request::Append { reply, .. },
-                Answer::Appended(r),
+                Outcome::Appended(r),
             ) => {
                 let _ = reply.send(r);
             }
-            (Request::Claim { reply, .. }, Answer::Claimed(r)) => {
+            (Request::Lease { reply, .. }, Outcome::Leases(r)) => {
                 let _ = reply.send(r);
             }
-            _ => unreachable!("each request is answered in its own kind"),
+            (Request::Prune { reply, .. }, Outcome::Pruned(r)) => {
+                let _ = reply.send(r);
+            }
+            (Request::Commitment { reply, .. }, Outcome::Claimed(r)) => {
+                let _ = reply.send(r);
+            }
+            _ => unreachable!("each request is answered with its own kind of outcome"),
         }
     }
 
     fn fail(self, error: StoreError) {
-        match self {
-            Request::Create { reply, .. } | Request::Append { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-            Request::Claim { reply, .. } => {
-                let _ = reply.send(Err(error));
-            }
-        }
+        let outcome = match &self {
+            Request::Create { .. } | Request::Append { .. } => Outcome::Appended(Err(error)),
+            Request::Lease { .. } => Outcome::Leases(Err(error)),
+            Request::Prune { .. } => Outcome::Pruned(Err(error)),
+            Request::Commitment { .. } => Outcome::Claimed(Err(error)),
+        };
+        self.answer(outcome);
     }
 }
 
@@ -178,7 +237,7 @@ fn apply_all(
     conn: &mut Connection,
     chain: &Chain,
     batch: &[Request],
-) -> Result<Vec<Answer>, rusqlite::Error> {
+) -> Result<Vec<Outcome>, rusqlite::Error> {
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
     let mut results = Vec::with_capacity(batch.len());
     for request in batch {
@@ -190,26 +249,32 @@ fn apply_all(
                 first_event,
                 status,
                 ..
-            } => Answer::Appended(create(&tx, chain, run_id, meta, first_event, status)),
+            } => Outcome::Appended(create(&tx, chain, run_id, meta, first_event, status)),
             Request::Append {
                 run_id,
+                fence,
                 expected_len,
                 events,
                 status,
                 updated_ms,
                 settle,
                 ..
-            } => Answer::Appended(append_settling(
+            } => Outcome::Appended(append_settling(
                 &tx,
                 chain,
                 run_id,
+                fence.as_ref(),
                 *expected_len,
                 events,
                 status,
                 *updated_ms,
                 settle.as_ref(),
             )),
-            Request::Claim { key, holder, .. } => Answer::Claimed(claim(&tx, key, holder)),
+            Request::Commitment { key, holder, .. } => {
+                Outcome::Claimed(claim_commitment(&tx, key, holder))
+            }
+            Request::Lease { op, .. } => Outcome::Leases(lease(&tx, op)),
+            Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
         };
         if result.is_err() {
             tx.prepare_cached("ROLLBACK TO request")?.execute([])?;
@@ -231,7 +296,9 @@ fn create(
 ) -> Result<Appended, StoreError> {
     let context = || format!("sqlite: cannot create run {run_id}");
     let exists = conn
-        .prepare_cached("SELECT 1 FROM runs WHERE id = ?1")
+        .prepare_cached(
+            "SELECT 1 FROM runs WHERE id = ?1 UNION ALL SELECT 1 FROM tombstones WHERE id = ?1",
+        )
         .and_then(|mut s| s.query_row([run_id.as_str()], |_| Ok(())).optional())
         .map_err(|e| backend(context(), e))?;
     if exists.is_some() {
@@ -276,8 +343,8 @@ fn create(
     })
 }
 
-/// Claims commitment `key` for `holder` (see `EventStore::claim`).
-fn claim(conn: &Connection, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+/// Claims commitment `key` for `holder` (see `EventStore::claim_commitment`).
+fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
     let context = || format!("sqlite: cannot claim idempotency commitment {key}");
     conn.prepare_cached(
         "INSERT INTO commitments (key, run_id, call_id) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO NOTHING",
@@ -320,6 +387,7 @@ fn append_settling(
     conn: &Connection,
     chain: &Chain,
     run_id: &RunId,
+    fence: Option<&Lease>,
     expected_len: u64,
     events: &[Bytes],
     status: &str,
@@ -331,6 +399,7 @@ fn append_settling(
             conn,
             chain,
             run_id,
+            fence,
             expected_len,
             events,
             status,
@@ -359,6 +428,7 @@ fn append_settling(
         conn,
         chain,
         run_id,
+        fence,
         expected_len,
         events,
         status,
@@ -370,10 +440,12 @@ fn append_settling(
     Ok(appended)
 }
 
+#[allow(clippy::too_many_arguments)]
 fn append(
     conn: &Connection,
     chain: &Chain,
     run_id: &RunId,
+    fence: Option<&Lease>,
     expected_len: u64,
     events: &[Bytes],
     status: &str,
@@ -386,23 +458,34 @@ fn append(
         reason: finding.1,
     };
     let row = conn
-        .prepare_cached("SELECT pk, event_count, head_hash FROM runs WHERE id = ?1")
+        .prepare_cached(
+            "SELECT pk, event_count, head_hash, lease_owner, lease_token FROM runs WHERE id = ?1",
+        )
         .and_then(|mut s| {
             s.query_row([run_id.as_str()], |row| {
                 Ok((
                     row.get::<_, i64>(0)?,
                     row.get::<_, i64>(1)?,
                     blob_hash(row, 2)?,
+                    row.get::<_, Option<String>>(3)?,
+                    row.get::<_, i64>(4)?,
                 ))
             })
             .optional()
         })
         .map_err(|e| backend(context(), e))?;
-    let Some((pk, count, head)) = row else {
-        return Err(StoreError::UnknownRun {
-            run_id: run_id.clone(),
-        });
+    let Some((pk, count, head, owner, token)) = row else {
+        return Err(super::unknown(conn, run_id));
     };
+    if let Some(lease) = fence
+        && (token as u64 != lease.token || owner.as_deref() != Some(lease.owner.as_str()))
+    {
+        return Err(StoreError::Fenced {
+            run_id: run_id.clone(),
+            token: lease.token,
+            current: token as u64,
+        });
+    }
     let count = u64::try_from(count).map_err(|_| {
         let detail = format!("the run records {count} events");
         tampered((0, ChainBreak::Unreadable { detail }))
@@ -462,6 +545,253 @@ fn append(
         event_count: count + events.len() as u64,
         head: *hashes.last().expect("events is not empty"),
     })
+}
+
+/// The lease columns of a run, read inside the writer's transaction.
+struct LeaseRow {
+    owner: Option<String>,
+    token: u64,
+    expires_ms: Option<i64>,
+}
+
+impl LeaseRow {
+    fn read(conn: &Connection, run_id: &RunId) -> Result<LeaseRow, StoreError> {
+        conn.prepare_cached(
+            "SELECT lease_owner, lease_token, lease_expires_ms FROM runs WHERE id = ?1",
+        )
+        .and_then(|mut s| {
+            s.query_row([run_id.as_str()], |row| {
+                Ok(LeaseRow {
+                    owner: row.get(0)?,
+                    token: row.get::<_, i64>(1)? as u64,
+                    expires_ms: row.get(2)?,
+                })
+            })
+            .optional()
+        })
+        .map_err(|e| backend(format!("sqlite: cannot read the lease of run {run_id}"), e))?
+        .ok_or_else(|| super::unknown(conn, run_id))
+    }
+
+    /// The live lease's owner and expiry at `now_ms`, if any.
+    fn live(&self, now_ms: i64) -> Option<(&str, i64)> {
+        match (&self.owner, self.expires_ms) {
+            (Some(owner), Some(expires)) if expires > now_ms => Some((owner, expires)),
+            _ => None,
+        }
+    }
+
+    fn holds(&self, lease: &Lease) -> bool {
+        self.token == lease.token && self.owner.as_deref() == Some(lease.owner.as_str())
+    }
+}
+
+/// Issues the next lease on run `run_id` (its checks already done).
+fn issue(
+    conn: &Connection,
+    run_id: &RunId,
+    owner: &str,
+    now_ms: i64,
+    ttl_ms: i64,
+) -> rusqlite::Result<Lease> {
+    let expires_ms = now_ms.saturating_add(ttl_ms);
+    let token: i64 = conn
+        .prepare_cached(
+            "UPDATE runs SET lease_owner = ?2, lease_token = lease_token + 1, lease_expires_ms = ?3
+             WHERE id = ?1 RETURNING lease_token",
+        )?
+        .query_row(params![run_id.as_str(), owner, expires_ms], |row| {
+            row.get(0)
+        })?;
+    Ok(Lease {
+        run_id: run_id.clone(),
+        owner: owner.to_owned(),
+        token: token as u64,
+        expires_ms,
+    })
+}
+
+fn lease(conn: &Connection, op: &LeaseOp) -> Result<Vec<Lease>, StoreError> {
+    match op {
+        LeaseOp::Acquire {
+            run_id,
+            owner,
+            now_ms,
+            ttl_ms,
+        } => {
+            let row = LeaseRow::read(conn, run_id)?;
+            if let Some((holder, expires_ms)) = row.live(*now_ms)
+                && holder != owner
+            {
+                return Err(StoreError::Leased {
+                    run_id: run_id.clone(),
+                    owner: holder.to_owned(),
+                    expires_ms,
+                });
+            }
+            let lease = issue(conn, run_id, owner, *now_ms, *ttl_ms)
+                .map_err(|e| backend(format!("sqlite: cannot lease run {run_id}"), e))?;
+            Ok(vec![lease])
+        }
+        LeaseOp::Renew {
+            lease,
+            now_ms,
+            ttl_ms,
+        } => {
+            let row = LeaseRow::read(conn, &lease.run_id)?;
+            if !row.holds(lease) {
+                return Err(StoreError::Fenced {
+                    run_id: lease.run_id.clone(),
+                    token: lease.token,
+                    current: row.token,
+                });
+            }
+            let expires_ms = now_ms.saturating_add(*ttl_ms);
+            conn.prepare_cached("UPDATE runs SET lease_expires_ms = ?2 WHERE id = ?1")
+                .and_then(|mut s| s.execute(params![lease.run_id.as_str(), expires_ms]))
+                .map_err(|e| {
+                    backend(
+                        format!("sqlite: cannot renew the lease of run {}", lease.run_id),
+                        e,
+                    )
+                })?;
+            Ok(vec![Lease {
+                expires_ms,
+                ..lease.clone()
+            }])
+        }
+        LeaseOp::Release { lease, status } => {
+            let row = LeaseRow::read(conn, &lease.run_id)?;
+            if row.holds(lease) {
+                conn.prepare_cached(
+                    "UPDATE runs SET lease_owner = NULL, lease_expires_ms = NULL,
+                         status = coalesce(?2, status)
+                     WHERE id = ?1",
+                )
+                .and_then(|mut s| s.execute(params![lease.run_id.as_str(), status]))
+                .map_err(|e| {
+                    backend(
+                        format!("sqlite: cannot release the lease of run {}", lease.run_id),
+                        e,
+                    )
+                })?;
+            }
+            Ok(Vec::new())
+        }
+        LeaseOp::Claim {
+            owner,
+            now_ms,
+            ttl_ms,
+            limit,
+        } => {
+            let context = || format!("sqlite: cannot claim runs for {owner}");
+            let ids: Vec<String> = conn
+                .prepare_cached(
+                    "SELECT id FROM runs
+                     WHERE status IN (?1, 'running')
+                       AND (status = ?1 OR lease_token > 0)
+                       AND (lease_owner IS NULL OR lease_expires_ms <= ?2)
+                     ORDER BY created_ms, id LIMIT ?3",
+                )
+                .and_then(|mut s| {
+                    s.query_map(
+                        params![QUEUED, now_ms, i64::try_from(*limit).unwrap_or(i64::MAX)],
+                        |row| row.get(0),
+                    )?
+                    .collect()
+                })
+                .map_err(|e| backend(context(), e))?;
+            ids.into_iter()
+                .filter_map(|id| RunId::new(id).ok())
+                .map(|id| {
+                    issue(conn, &id, owner, *now_ms, *ttl_ms).map_err(|e| backend(context(), e))
+                })
+                .collect()
+        }
+    }
+}
+
+fn prune(
+    conn: &Connection,
+    filter: &PruneFilter,
+    now_ms: i64,
+) -> Result<Vec<Tombstone>, StoreError> {
+    let context = || "sqlite: cannot prune runs".to_owned();
+    let Some(before) = filter.updated_before.filter(|_| !filter.is_empty()) else {
+        return Ok(Vec::new());
+    };
+    let mut doomed = Vec::new();
+    {
+        let mut select = conn
+            .prepare_cached(
+                "SELECT pk, id, agent, status, created_ms, updated_ms, event_count, head_hash
+                 FROM runs
+                 WHERE status = ?1 AND updated_ms < ?2
+                   AND (lease_owner IS NULL OR lease_expires_ms <= ?3)
+                 ORDER BY id",
+            )
+            .map_err(|e| backend(context(), e))?;
+        for status in &filter.statuses {
+            let rows = select
+                .query_map(params![status, before, now_ms], |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                        row.get::<_, String>(3)?,
+                        row.get::<_, i64>(4)?,
+                        row.get::<_, i64>(5)?,
+                        row.get::<_, i64>(6)?,
+                        blob_hash(row, 7)?,
+                    ))
+                })
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| backend(context(), e))?;
+            doomed.extend(rows);
+        }
+    }
+    let mut tombstones = Vec::new();
+    for (pk, id, agent, status, created_ms, updated_ms, count, head) in doomed {
+        let Ok(run_id) = RunId::new(id) else { continue };
+        // A run whose head is unreadable is damaged: keep it for a human.
+        let Ok(head) = head else { continue };
+        let write = || -> rusqlite::Result<()> {
+            conn.prepare_cached("DELETE FROM events WHERE run_pk = ?1")?
+                .execute([pk])?;
+            conn.prepare_cached("DELETE FROM run_labels WHERE run_pk = ?1")?
+                .execute([pk])?;
+            conn.prepare_cached("DELETE FROM runs WHERE pk = ?1")?
+                .execute([pk])?;
+            conn.prepare_cached(
+                "INSERT INTO tombstones (id, agent, status, created_ms, updated_ms, event_count, head_hash, pruned_ms)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
+            )?
+            .execute(params![
+                run_id.as_str(),
+                agent,
+                status,
+                created_ms,
+                updated_ms,
+                count,
+                head.as_bytes().as_slice(),
+                now_ms
+            ])?;
+            Ok(())
+        };
+        write().map_err(|e| backend(context(), e))?;
+        tombstones.push(Tombstone {
+            run_id,
+            agent,
+            status,
+            created_ms,
+            updated_ms,
+            event_count: count as u64,
+            head,
+            pruned_ms: now_ms,
+        });
+    }
+    tombstones.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+    Ok(tombstones)
 }
 
 /// One commit failure shared by every request of the batch.

@@ -1,0 +1,145 @@
+//! `warden agent validate|hash`: check agent files the way `warden run`
+//! would before recording anything (the file, its plugins under their
+//! grants, its tools, its model provider), and print an agent's digest.
+
+use std::path::PathBuf;
+
+use anyhow::Context as _;
+use clap::Subcommand;
+use serde_json::json;
+
+use super::Context;
+use super::errors::report;
+use crate::engine::{Agent, AgentView};
+use crate::plugins::PluginHost;
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum AgentCommand {
+    /// Check agent files: syntax and keys, plugins loaded under their
+    /// grants, tools, model provider. Every file is reported; exits 2 if
+    /// any fails.
+    Validate {
+        /// The agent files.
+        #[arg(required = true)]
+        files: Vec<PathBuf>,
+    },
+    /// Print the digest of an agent's definition (labels excluded), the
+    /// value a run records and recovery compares.
+    Hash {
+        /// The agent file.
+        file: PathBuf,
+    },
+}
+
+/// What a checked agent offers the model.
+pub(crate) struct Checked {
+    /// The tools, by the names the model calls them.
+    pub(crate) tools: Vec<String>,
+}
+
+/// Loads every plugin of `agent` under its grant, resolves its tools as the
+/// runtime would, and makes its model provider; the first problem is an
+/// error naming the agent file and the plugin.
+pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Checked> {
+    let at = || format!("agent `{}`", agent.path.display());
+    let mut loaded = Vec::with_capacity(agent.plugins.len());
+    for p in &agent.plugins {
+        let plugin = host
+            .load(&p.source, &p.grant, &p.grant_base)
+            .await
+            .with_context(|| format!("{}: key `plugins.{}`", at(), p.key))?;
+        for line in plugin.not_granted() {
+            tracing::info!(agent = %agent.name, plugin = %p.key, "not granted: {line}");
+        }
+        loaded.push(plugin);
+    }
+    let tools: Vec<(&str, &[crate::plugins::ToolDescriptor])> = agent
+        .plugins
+        .iter()
+        .zip(&loaded)
+        .map(|(p, l)| (p.key.as_str(), l.tools()))
+        .collect();
+    let view = AgentView::new(agent, &tools).with_context(at)?;
+    agent
+        .model
+        .provider()
+        .with_context(|| format!("{}: key `model`", at()))?;
+    Ok(Checked {
+        tools: view.tools.iter().map(|t| t.name.clone()).collect(),
+    })
+}
+
+pub(crate) async fn run(cmd: AgentCommand, ctx: &Context) -> anyhow::Result<()> {
+    match cmd {
+        AgentCommand::Validate { files } => validate(files, ctx).await,
+        AgentCommand::Hash { file } => {
+            let agent = ctx.settings.load_agent(&file)?;
+            if ctx.json {
+                println!(
+                    "{}",
+                    json!({ "file": file, "agent": agent.name, "digest": agent.digest.as_str() })
+                );
+            } else {
+                println!("{}  {}", agent.digest.as_str(), file.display());
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
+    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    let mut rows = Vec::new();
+    let mut failed = 0;
+    for file in &files {
+        let result = async {
+            let agent = ctx.settings.load_agent(file)?;
+            let checked = check(&host, &agent).await?;
+            anyhow::Ok((agent, checked))
+        }
+        .await;
+        match result {
+            Ok((agent, checked)) => {
+                if ctx.json {
+                    rows.push(json!({
+                        "file": file,
+                        "ok": true,
+                        "agent": agent.name,
+                        "digest": agent.digest.as_str(),
+                        "tools": checked.tools,
+                    }));
+                } else {
+                    println!(
+                        "ok     {}: agent `{}`, {} tool(s): {}",
+                        file.display(),
+                        agent.name,
+                        checked.tools.len(),
+                        checked.tools.join(", ")
+                    );
+                }
+            }
+            Err(e) => {
+                failed += 1;
+                let r = report(&e);
+                if ctx.json {
+                    rows.push(json!({ "file": file, "ok": false, "error": r.envelope()["error"] }));
+                } else {
+                    println!("error  {}: {}", file.display(), r.message);
+                }
+            }
+        }
+    }
+    if ctx.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+    }
+    if failed > 0 {
+        if !ctx.json {
+            eprintln!(
+                "{failed} of {} agent file(s) failed validation",
+                files.len()
+            );
+        }
+        return Err(super::Exit::Usage.into());
+    }
+    Ok(())
+}

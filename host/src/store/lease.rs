@@ -1,0 +1,150 @@
+//! Run leases with fencing tokens, the work queue they serve, and the
+//! tombstones that retention leaves: the types every store shares.
+//!
+//! # Leases and fencing
+//!
+//! A run carries at most one **lease** at a time: an owner (a worker's id),
+//! an expiry (milliseconds since the Unix epoch, from the caller's clock) and
+//! a **fencing token**. The store keeps, per run, the newest token it ever
+//! issued; every new lease (an acquire or a claim) takes that token plus one,
+//! so tokens only grow, across releases and expiries too.
+//!
+//! - [`EventStore::acquire_lease`](super::EventStore::acquire_lease) and
+//!   [`EventStore::claim`](super::EventStore::claim) issue a new lease on a
+//!   run with no live lease: none was issued, the last one was released, or
+//!   it expired (`expires_ms <= now_ms`). A live lease of another owner is a
+//!   [`StoreError::Leased`](super::StoreError::Leased).
+//! - [`EventStore::append_fenced`](super::EventStore::append_fenced) writes
+//!   only while the caller's lease is the run's current one (same token, not
+//!   released), checked in the append's own transaction; otherwise it is a
+//!   [`StoreError::Fenced`](super::StoreError::Fenced) and nothing is
+//!   written. An expired lease that nobody replaced still writes: the token,
+//!   not the clock, decides, so a paused or partitioned owner can never write
+//!   after being replaced, however wrong its clock.
+//! - [`EventStore::renew_lease`](super::EventStore::renew_lease) moves the
+//!   expiry of the current lease; a replaced or released lease is fenced.
+//! - [`EventStore::release_lease`](super::EventStore::release_lease) ends the
+//!   current lease (on park, finish or shutdown), optionally writing the
+//!   run's listing status; releasing a lease that is no longer current does
+//!   nothing.
+//!
+//! Plain [`append`](super::EventStore::append)s (the verbs a human records:
+//! approve, resolve, cancel) are not fenced: the expected log length alone
+//! guards them, so a driver that loses such a race gets a conflict.
+//!
+//! Clocks decide only liveness (when a crashed owner's runs are taken over),
+//! never safety: hosts' clocks should agree to well within a lease's time to
+//! live, and a skewed clock only makes a takeover early or late.
+//!
+//! # The queue
+//!
+//! A run created with the listing status [`QUEUED`] (`warden submit`) waits
+//! for a worker. [`EventStore::claim`](super::EventStore::claim) leases, in
+//! creation order, runs that are
+//! - `queued`, or
+//! - `running` and leased before (token above 0: a worker's run), with no
+//!   live lease: its worker died, or a human verb made a parked run
+//!   runnable again,
+//!
+//! skipping rows another claimer holds locked, so concurrent workers never
+//! claim the same run. Runs started and driven by `warden run` are never
+//! leased, so workers leave them alone.
+//!
+//! # Retention
+//!
+//! [`EventStore::prune`](super::EventStore::prune) deletes finished runs
+//! whole (events, labels, run row) and keeps a [`Tombstone`]: the id, the
+//! chain head and the event count, so the run's id stays taken and its
+//! final head can still be compared with one recorded elsewhere. Loading a
+//! pruned run is a [`StoreError::Pruned`](super::StoreError::Pruned).
+
+use super::{ChainHash, RunId};
+
+/// The listing status of a submitted run that no worker has started.
+pub const QUEUED: &str = "queued";
+
+/// A lease on one run, as issued to its owner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lease {
+    /// The run.
+    pub run_id: RunId,
+    /// Who holds it (a worker's id).
+    pub owner: String,
+    /// The fencing token: higher than every lease issued on the run before.
+    pub token: u64,
+    /// When it expires unless renewed, in milliseconds since the Unix epoch
+    /// (from the caller's clock).
+    pub expires_ms: i64,
+}
+
+impl Lease {
+    /// Whether the lease has expired at `now_ms`.
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.expires_ms <= now_ms
+    }
+}
+
+/// What is left of a pruned run.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Tombstone {
+    /// The run.
+    pub run_id: RunId,
+    /// Its agent.
+    pub agent: String,
+    /// Its last listing status.
+    pub status: String,
+    /// When it was created, milliseconds since the Unix epoch.
+    pub created_ms: i64,
+    /// Its last append.
+    pub updated_ms: i64,
+    /// How many events its log held.
+    pub event_count: u64,
+    /// The chain head of its log.
+    pub head: ChainHash,
+    /// When it was pruned (the caller's clock).
+    pub pruned_ms: i64,
+}
+
+/// Which finished runs [`EventStore::prune`](super::EventStore::prune)
+/// deletes.
+///
+/// By default it matches nothing: name the statuses that count as finished
+/// and a time bound.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PruneFilter {
+    pub(crate) statuses: Vec<String>,
+    pub(crate) updated_before: Option<i64>,
+}
+
+impl PruneFilter {
+    /// A filter that matches nothing yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Runs whose listing status is `status` (call again to add more).
+    /// Default: none.
+    pub fn status(mut self, status: impl Into<String>) -> Self {
+        self.statuses.push(status.into());
+        self
+    }
+
+    /// Runs whose last append was strictly before `ms`. Default: none (no
+    /// bound means nothing is pruned).
+    pub fn updated_before(mut self, ms: i64) -> Self {
+        self.updated_before = Some(ms);
+        self
+    }
+
+    /// Whether the filter can match anything.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.statuses.is_empty() || self.updated_before.is_none()
+    }
+
+    pub(crate) fn matches(&self, status: &str, updated_ms: i64) -> bool {
+        !self.is_empty()
+            && self.statuses.iter().any(|s| s == status)
+            && self.updated_before.is_some_and(|t| updated_ms < t)
+    }
+}
