@@ -6,6 +6,8 @@
 //! - [`plugins`]: manifests, built-in plugins, and the [`plugins::PluginHost`]
 //!   that loads a plugin under a grant and calls its tools.
 //! - [`policy`]: grants, requested ∩ granted, and effect classes.
+//! - [`worker`]: the work queue's consumer: claims runs from a shared
+//!   store and drives them under fenced leases (`warden worker`).
 //! - [`testkit`]: for plugin authors' tests: load a component under chosen
 //!   grants and limits, call it, assert on the result and receipt.
 //!
@@ -21,3 +23,4 @@ pub mod store;
 pub mod testkit;
 pub mod toml_errors;
 pub mod units;
+pub mod worker;

@@ -603,6 +603,8 @@ fn run_json_prints_one_event_per_line_and_a_final_status() {
     let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
     assert_eq!(seqs, (1..=seqs.len() as u64).collect::<Vec<_>>());
     assert_eq!(lines.last().unwrap()["status"], "awaiting_approval");
+    // Not a terminal: no progress, no logs; stdout is only JSON.
+    assert_eq!(stderr(&out), "");
     let out = warden(
         &["runs", "deny", "j", "call-3-1", "--reason", "no", "--json"],
         dir.path(),
@@ -717,10 +719,8 @@ fn on_a_terminal_run_asks_for_approval_and_continues() {
     let mut child = Command::new("script")
         .args(["-qec", &command, "/dev/null"])
         .current_dir(dir.path())
-        .env(
-            "WARDEN_CACHE_DIR",
-            std::env::temp_dir().join("warden-cli-test-cache"),
-        )
+        // A cache of its own: the component is compiled, with a spinner.
+        .env("WARDEN_CACHE_DIR", dir.path().join("cache"))
         .env("USER", "terminal-user")
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
@@ -738,4 +738,877 @@ fn on_a_terminal_run_asks_for_approval_and_continues() {
     assert!(text.contains("approved by terminal-user"), "{text}");
     assert!(text.contains("run tty: completed"), "{text}");
     assert!(dir.path().join("notes/SUMMARY.md").exists());
+    // Progress, on the terminal only.
+    assert!(
+        text.contains("compiling plugin `fs` (first use; cached afterwards)"),
+        "{text}"
+    );
+    assert!(text.contains("step 1: waiting for the model"), "{text}");
+}
+
+/// Runs the binary with extra environment variables.
+fn warden_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_warden"));
+    cmd.args(args)
+        .current_dir(cwd)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-cli-test-cache"),
+        )
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_STORE")
+        .env_remove("WARDEN_CONFIG")
+        .env_remove("WARDEN_LABELS")
+        .env_remove("WARDEN_RECORD_PROMPTS");
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// The JSON document a `--json` command printed.
+fn json_out(o: &Output) -> Value {
+    serde_json::from_str(&stdout(o))
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", stdout(o), stderr(o)))
+}
+
+/// Asserts that `args` fails with exit 2, one line on stderr containing
+/// `message`, and, with `--json`, the envelope with `code` on stdout.
+fn assert_refused(dir: &Path, args: &[&str], code: &str, message: &str) -> Value {
+    let out = warden(args, dir);
+    let err = stderr(&out);
+    assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+    assert!(
+        err.contains(message),
+        "{args:?}: expected `{message}` in: {err}"
+    );
+    assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
+    let mut with_json = args.to_vec();
+    with_json.push("--json");
+    let out = warden(&with_json, dir);
+    assert_eq!(out.status.code(), Some(2), "{with_json:?}");
+    assert!(stderr(&out).is_empty(), "{with_json:?}: {}", stderr(&out));
+    let envelope = json_out(&out);
+    assert_eq!(envelope["error"]["code"], code, "{with_json:?}: {envelope}");
+    assert!(
+        envelope["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(message),
+        "{envelope}"
+    );
+    envelope["error"]["details"].clone()
+}
+
+/// The ids and statuses `runs list` shows.
+fn run_statuses(dir: &Path) -> Vec<(String, String)> {
+    let runs = json_out(&warden(&["runs", "list", "--json"], dir));
+    runs.as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap().to_owned(),
+                r["status"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// The demo with one completed run (`done`) and one parked for approval
+/// (`parked`).
+fn demo_with_runs() -> tempfile::TempDir {
+    let dir = demo();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "done"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&["runs", "approve", "done", "call-3-1"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::remove_file(dir.path().join("notes/SUMMARY.md")).unwrap();
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "parked"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    dir
+}
+
+#[test]
+fn errors_in_json_mode_are_envelopes_with_stable_codes_and_evidence() {
+    let dir = demo_with_runs();
+    let unrequested = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace(
+            "[plugins.fs.grant.mounts.workspace]",
+            "[plugins.fs.grant.mounts.home]",
+        );
+    std::fs::write(dir.path().join("unrequested.toml"), unrequested).unwrap();
+    std::fs::write(dir.path().join("bad.toml"), "name = \"x\"\nsurprise = 1\n").unwrap();
+
+    let details = assert_refused(dir.path(), &["runs", "show", "nope"], "unknown_run", "nope");
+    assert_eq!(details["run_id"], "nope");
+    let details = assert_refused(
+        dir.path(),
+        &["runs", "approve", "done", "call-3-1"],
+        "run_terminal",
+        "run `done` is already completed",
+    );
+    assert_eq!(details["status"], "completed");
+    let details = assert_refused(
+        dir.path(),
+        &["runs", "resolve", "parked", "--output", "{}"],
+        "nothing_to_resolve",
+        "run `parked` is awaiting_approval: there is no write to resolve",
+    );
+    assert_eq!(details["status"], "awaiting_approval");
+    let details = assert_refused(
+        dir.path(),
+        &["runs", "approve", "parked", "call-9-9"],
+        "not_awaiting_approval",
+        "call `call-9-9` is not awaiting approval (awaiting: call-3-1)",
+    );
+    assert_eq!(details["awaiting"], "call-3-1");
+    let details = assert_refused(
+        dir.path(),
+        &["run", "bad.toml", "go"],
+        "agent_invalid",
+        "unknown field `surprise`",
+    );
+    assert!(details["file"].as_str().unwrap().ends_with("bad.toml"));
+    let details = assert_refused(
+        dir.path(),
+        &["run", "unrequested.toml", "go"],
+        "grant_not_requested",
+        "grant for mount `home`, which the plugin does not request",
+    );
+    assert_eq!(details["mount"], "home");
+    let details = assert_refused(
+        dir.path(),
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "list_dir",
+            "--mount",
+            "home=.",
+        ],
+        "grant_not_requested",
+        "grant for mount `home`",
+    );
+    assert_eq!(details["plugin"], "fs");
+    assert_refused(
+        dir.path(),
+        &["runs", "show", "a/b"],
+        "invalid_run_id",
+        "`a/b` is not a valid run id",
+    );
+
+    // A usage error clap finds is an envelope too.
+    let out = warden(&["runs", "list", "--bogus", "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_out(&out)["error"]["code"], "usage");
+
+    // Nothing the refusals touched changed.
+    assert_eq!(
+        run_statuses(dir.path()),
+        [
+            ("done".to_owned(), "completed".to_owned()),
+            ("parked".to_owned(), "awaiting_approval".to_owned())
+        ]
+    );
+}
+
+#[test]
+fn warden_toml_sets_store_labels_default_model_and_grants_under_env_and_flags() {
+    let dir = demo();
+    // An agent with neither a model nor a grant: both come from warden.toml.
+    std::fs::write(
+        dir.path().join("bare.toml"),
+        "name = \"bare\"\ninstructions = \"Tidy the notes.\"\n[plugins.fs]\nsource = \"builtin:fs\"\n[plugins.fs.grant.tools.read_file]\neffect = \"read\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("warden.toml"),
+        r#"store = "runs/warden.db"
+[labels]
+team = "ops"
+[defaults.model]
+provider = "scripted"
+name = "demo"
+transcript = "notes.transcript.toml"
+[grants.fs.mounts.workspace]
+dir = "notes"
+[grants.fs.tools.list_dir]
+effect = "read"
+[grants.hook.config]
+url = "https://hooks.example.com/x"
+api_token = "sk-live-do-not-print"
+"#,
+    )
+    .unwrap();
+
+    // `bare` grants fs nothing inline, so the configured grant applies; an
+    // inline grant would win whole.
+    let out = warden(&["run", "bare.toml", "go", "--run-id", "b1"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("→ call-1-1 fs__list_dir [read]"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(dir.path().join("runs/warden.db").is_file());
+    assert!(!dir.path().join(".warden").exists());
+    let runs = json_out(&warden(&["runs", "list", "--json"], dir.path()));
+    assert_eq!(runs[0]["labels"]["team"], "ops");
+
+    // The environment beats the file; a flag beats the environment.
+    let env = [
+        ("WARDEN_STORE", "env.db"),
+        ("WARDEN_LABELS", "team=sre,zone=a"),
+    ];
+    let out = warden_env(
+        &["run", "bare.toml", "go", "--run-id", "b2"],
+        dir.path(),
+        &env,
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let runs = json_out(&warden_env(&["runs", "list", "--json"], dir.path(), &env));
+    assert_eq!(runs[0]["run_id"], "b2");
+    assert_eq!(runs[0]["labels"]["team"], "sre");
+    let out = warden_env(
+        &["runs", "list", "--json", "--store", "runs/warden.db"],
+        dir.path(),
+        &env,
+    );
+    assert_eq!(json_out(&out)[0]["run_id"], "b1");
+
+    // config show: every setting with its source, secrets masked.
+    let out = warden_env(
+        &["config", "show"],
+        dir.path(),
+        &[("WARDEN_RECORD_PROMPTS", "1")],
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    for expected in [
+        "store = \"sqlite:",
+        "runs/warden.db\"    # file",
+        "record_prompts = true    # env WARDEN_RECORD_PROMPTS",
+        "[defaults.model]",
+        "[grants.fs]",
+        "api_token = \"***\"",
+        "team = \"ops\"",
+    ] {
+        assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
+    }
+    assert!(!text.contains("sk-live-do-not-print"), "{text}");
+    let out = warden(&["config", "show", "--json", "--store", "x.db"], dir.path());
+    let shown = json_out(&out);
+    assert_eq!(shown["store"]["source"], "flag --store");
+    assert_eq!(shown["grants"]["hook"]["config"]["api_token"], "***");
+    assert!(!stdout(&out).contains("sk-live-do-not-print"));
+
+    // A bad file is one line naming the file and the key; nothing recorded.
+    std::fs::write(
+        dir.path().join("warden.toml"),
+        "store = \"runs/warden.db\"\n[grants.fs.limits]\ntimeout = \"0s\"\n",
+    )
+    .unwrap();
+    let details = assert_refused(
+        dir.path(),
+        &["run", "bare.toml", "go", "--run-id", "b3"],
+        "config_invalid",
+        "key `grants.fs.limits.timeout`: must be more than zero",
+    );
+    assert_eq!(details["key"], "grants.fs.limits.timeout");
+    std::fs::write(dir.path().join("warden.toml"), "stroe = \"x.db\"\n").unwrap();
+    let err = stderr(&warden(&["runs", "list"], dir.path()));
+    assert!(
+        err.contains("warden.toml") && err.contains("unknown field `stroe`"),
+        "{err}"
+    );
+    std::fs::remove_file(dir.path().join("warden.toml")).unwrap();
+    let out = warden(
+        &["runs", "list", "--json", "--store", "runs/warden.db"],
+        dir.path(),
+    );
+    assert_eq!(
+        json_out(&out).as_array().unwrap().len(),
+        1,
+        "b3 was not recorded"
+    );
+}
+
+#[test]
+fn agent_validate_reports_every_file_and_hash_prints_the_recorded_digest() {
+    let dir = demo();
+    let notes = std::fs::read_to_string(dir.path().join("notes.toml")).unwrap();
+    std::fs::write(dir.path().join("bad.toml"), "name = \"x\"\n[model\n").unwrap();
+    std::fs::write(
+        dir.path().join("unknown-tool.toml"),
+        notes.replace(
+            "[plugins.fs.grant.tools.search]",
+            "[plugins.fs.grant.tools.format_disk]",
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("unrequested.toml"),
+        notes.replace(
+            "[plugins.fs.grant.mounts.workspace]",
+            "[plugins.fs.grant.mounts.home]",
+        ),
+    )
+    .unwrap();
+    let files = [
+        "notes.toml",
+        "bad.toml",
+        "unknown-tool.toml",
+        "unrequested.toml",
+        "missing.toml",
+    ];
+    let mut args = vec!["agent", "validate"];
+    args.extend(files);
+    let out = warden(&args, dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let text = stdout(&out);
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), files.len(), "{text}");
+    assert!(
+        lines[0].starts_with("ok     notes.toml: agent `notes`, 5 tool(s)"),
+        "{text}"
+    );
+    assert!(
+        lines[1].starts_with("error  bad.toml: agent `") && lines[1].contains("line 2"),
+        "{text}"
+    );
+    assert!(lines[2].contains("format_disk"), "{text}");
+    assert!(lines[3].contains("grant for mount `home`"), "{text}");
+    assert!(lines[4].contains("missing.toml"), "{text}");
+    assert!(stderr(&out).contains("4 of 5 agent file(s) failed validation"));
+
+    args.push("--json");
+    let report = json_out(&warden(&args, dir.path()));
+    let codes: Vec<&str> = report
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["error"]["code"].as_str().unwrap_or("ok"))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            "ok",
+            "agent_invalid",
+            "tool_spec_invalid",
+            "grant_not_requested",
+            "agent_unreadable"
+        ]
+    );
+    assert_eq!(report[0]["tools"][0], "fs__edit_file");
+
+    let out = warden(&["agent", "hash", "notes.toml", "--json"], dir.path());
+    let digest = json_out(&out)["digest"].as_str().unwrap().to_owned();
+    assert_eq!(digest.len(), 64);
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "h"], dir.path());
+    assert_eq!(out.status.code(), Some(4));
+    let events = stdout(&warden(&["runs", "events", "h"], dir.path()));
+    let first: Value = serde_json::from_str(events.lines().next().unwrap()).unwrap();
+    assert_eq!(first["event"]["agent_digest"], digest.as_str());
+    let out = warden(&["agent", "hash", "notes.toml"], dir.path());
+    assert_eq!(stdout(&out), format!("{digest}  notes.toml\n"));
+}
+
+#[test]
+fn runs_list_filters_groups_and_flags_stalled_runs() {
+    let dir = demo_with_runs();
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--run-id",
+            "detached",
+            "--detach",
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(
+        json_out(&out),
+        serde_json::json!({"run_id": "detached", "status": "running"})
+    );
+
+    let grouped = json_out(&warden(&["runs", "list", "--group", "--json"], dir.path()));
+    let ids = |group: &str| -> Vec<String> {
+        grouped[group]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(ids("waiting"), ["parked"]);
+    assert_eq!(ids("in_progress"), ["detached"]);
+    assert_eq!(ids("terminal"), ["done"]);
+    assert_eq!(grouped["in_progress"][0]["stalled"], false);
+
+    // With no grace at all, the run no process drives is stalled.
+    let out = warden(&["runs", "list", "--stalled-after", "0s"], dir.path());
+    let text = stdout(&out);
+    assert!(text.contains("running (stalled"), "{text}");
+    assert!(text.contains("warden runs resume RUN"), "{text}");
+    let out = warden(&["runs", "list", "--group"], dir.path());
+    let text = stdout(&out);
+    for heading in ["waiting for a human (1)", "in progress (1)", "terminal (1)"] {
+        assert!(text.contains(heading), "{text}");
+    }
+
+    let count = |args: &[&str]| {
+        json_out(&warden(args, dir.path()))
+            .as_array()
+            .unwrap()
+            .len()
+    };
+    assert_eq!(count(&["runs", "list", "--since", "1h", "--json"]), 3);
+    assert_eq!(
+        count(&["runs", "list", "--since", "2999-01-01", "--json"]),
+        0
+    );
+    assert_eq!(
+        count(&["runs", "list", "--status", "completed", "--json"]),
+        1
+    );
+    assert_eq!(
+        count(&["runs", "list", "--label", "example=notes", "--json"]),
+        3
+    );
+    assert_eq!(count(&["runs", "list", "--agent", "other", "--json"]), 0);
+    assert_refused(
+        dir.path(),
+        &["runs", "list", "--since", "yesterday"],
+        "usage",
+        "--since `yesterday`",
+    );
+    assert_refused(
+        dir.path(),
+        &["runs", "list", "--status", "sleeping"],
+        "usage",
+        "--status `sleeping`: not a status",
+    );
+}
+
+#[test]
+fn runs_show_is_a_timeline_with_budget_use_and_the_next_step() {
+    let dir = demo_with_runs();
+    let out = warden(&["runs", "show", "done"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.starts_with("run done · agent notes · completed · example=notes"),
+        "{text}"
+    );
+    assert!(text.contains("→ call-2-1 fs__read_file [read]"), "{text}");
+    assert!(text.contains("✓ call-3-1 approved by"), "{text}");
+    assert!(text.contains("budget: steps 4 of 10"), "{text}");
+    assert!(text.contains("tool calls 3 of 20"), "{text}");
+    assert!(text.contains("wall time"), "{text}");
+    assert!(text.lines().nth(1).unwrap().contains("+0."), "{text}");
+
+    let out = warden(&["runs", "show", "parked"], dir.path());
+    let text = stdout(&out);
+    assert!(text.contains("status: awaiting_approval"), "{text}");
+    assert!(
+        text.contains("approve with: warden runs approve parked call-3-1"),
+        "{text}"
+    );
+
+    let shown = json_out(&warden(&["runs", "show", "done", "--json"], dir.path()));
+    assert_eq!(shown["status"], "completed");
+    assert_eq!(
+        shown["budget"]["steps"],
+        serde_json::json!({"used": 4, "limit": 10})
+    );
+    assert_eq!(shown["budget"]["tool_calls"]["used"], 3);
+    assert_eq!(shown["events"][0]["event"]["type"], "run_started");
+    assert_eq!(shown["limits_known"], true);
+}
+
+#[test]
+fn run_and_resume_read_input_from_a_file() {
+    let dir = demo();
+    std::fs::write(dir.path().join("request.json"), r#"{"task": "summarise"}"#).unwrap();
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "--input",
+            "@request.json",
+            "--run-id",
+            "f",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let shown = json_out(&warden(&["runs", "show", "f", "--json"], dir.path()));
+    assert_eq!(shown["input"], serde_json::json!({"task": "summarise"}));
+    assert_refused(
+        dir.path(),
+        &["run", "notes.toml", "--input", "@missing.json"],
+        "input_unreadable",
+        "cannot read input file `missing.json`",
+    );
+}
+
+/// An agent whose model asks the operator a question and finishes with the
+/// answer.
+fn asking_agent(dir: &Path) {
+    std::fs::write(
+        dir.join("ask.toml"),
+        r#"name = "ask"
+instructions = "Ask, then answer."
+[model]
+provider = "scripted"
+name = "demo"
+transcript = "ask.transcript.toml"
+[human_tools.ask_operator]
+description = "Ask the operator"
+response_schema = '{"type": "object", "properties": {"colour": {"type": "string"}}, "required": ["colour"]}'
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("ask.transcript.toml"),
+        r#"[[turns]]
+text = "I need to ask."
+[[turns.tool_calls]]
+name = "ask_operator"
+arguments = { question = "Which colour?" }
+
+[[turns]]
+text = "The operator chose."
+"#,
+    )
+    .unwrap();
+}
+
+#[test]
+fn resume_gives_input_to_a_suspended_run_and_recovers_a_run_nobody_drives() {
+    let dir = demo();
+    asking_agent(dir.path());
+    let out = warden(&["run", "ask.toml", "go", "--run-id", "q"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("answer with: warden runs resume q --input"),
+        "{}",
+        stdout(&out)
+    );
+    let details = assert_refused(
+        dir.path(),
+        &["runs", "resume", "q"],
+        "input_required",
+        "run `q` is suspended: it needs --input",
+    );
+    assert_eq!(details["status"], "suspended");
+    assert_refused(
+        dir.path(),
+        &["runs", "resume", "q", "--input", r#"{"shade": 1}"#],
+        "input_rejected",
+        "run `q`: input rejected",
+    );
+    std::fs::write(dir.path().join("answer.json"), r#"{"colour": "green"}"#).unwrap();
+    let out = warden(
+        &["runs", "resume", "q", "--input", "@answer.json"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("… resumed with {\"colour\":\"green\"}"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains("run q: completed"),
+        "{}",
+        stdout(&out)
+    );
+
+    // Recorded but never driven: `resume` recovers it and drives it on.
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "idle", "--detach"],
+        dir.path(),
+    );
+    assert_eq!(stdout(&out), "idle\n");
+    assert_refused(
+        dir.path(),
+        &["runs", "resume", "idle", "--input", "{}"],
+        "input_not_expected",
+        "run `idle` is running: it takes no input",
+    );
+    let out = warden(&["runs", "resume", "idle"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run idle: awaiting_approval"),
+        "{}",
+        stdout(&out)
+    );
+    // Parked for approval: resume says what to do instead.
+    assert_refused(
+        dir.path(),
+        &["runs", "resume", "idle"],
+        "awaiting_approval",
+        "approve with: warden runs approve idle call-3-1",
+    );
+    assert_refused(
+        dir.path(),
+        &["runs", "resume", "q"],
+        "run_terminal",
+        "run `q` is already completed",
+    );
+}
+
+/// Records in the demo's store a run `id` whose log is that of the demo run
+/// cut just after the intent of its write: what a crash in the middle of
+/// the write leaves behind. The whole run is made in a store of its own
+/// first (the same id: idempotency keys are derived from it).
+fn record_dangling_write(dir: &Path, id: &str) {
+    use warden::engine::events::{Event, decode};
+    use warden::store::{EventStore, RunId, RunMeta, SqliteStore};
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--run-id",
+            id,
+            "--store",
+            "whole.db",
+        ],
+        dir,
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(
+        &["runs", "approve", id, "call-3-1", "--store", "whole.db"],
+        dir,
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::remove_file(dir.join("notes/SUMMARY.md")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let id = RunId::new(id).unwrap();
+        let whole = SqliteStore::open(dir.join("whole.db")).unwrap();
+        let stored = whole.load(&id).await.unwrap();
+        let cut = stored
+            .iter()
+            .position(|e| {
+                matches!(decode(&e.bytes).unwrap(), Event::ToolCallIntent(i) if i.call_id.as_str() == "call-3-1")
+            })
+            .unwrap();
+        let Event::RunStarted(started) = decode(&stored[0].bytes).unwrap() else {
+            panic!("the log starts with run_started")
+        };
+        let meta = RunMeta {
+            agent: "notes".into(),
+            labels: started.labels.clone(),
+            session: None,
+            created_ms: started.clock_seed_ms as i64,
+        };
+        let bytes: Vec<bytes::Bytes> = stored[..=cut].iter().map(|e| e.bytes.clone()).collect();
+        let store = SqliteStore::open(dir.join(".warden/warden.db")).unwrap();
+        store
+            .create(&id, meta, bytes[0].clone(), "running")
+            .await
+            .unwrap();
+        store
+            .append(&id, 1, &bytes[1..], "needs_reconciliation", 0)
+            .await
+            .unwrap();
+    });
+}
+
+#[test]
+fn a_dangling_write_is_refused_with_its_evidence_until_resolved() {
+    let dir = demo_with_runs();
+    record_dangling_write(dir.path(), "crashed");
+
+    let out = warden(&["runs", "resume", "crashed"], dir.path());
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains(
+            "run crashed needs reconciliation: write call-3-1 to fs__write_file with {\"content\""
+        ),
+        "{err}"
+    );
+    assert!(
+        err.contains("warden runs resolve crashed --output"),
+        "{err}"
+    );
+    let out = warden(&["runs", "resume", "crashed", "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(5));
+    let envelope = json_out(&out);
+    assert_eq!(envelope["error"]["code"], "needs_reconciliation");
+    let details = &envelope["error"]["details"];
+    assert_eq!(details["write"]["call_id"], "call-3-1");
+    assert_eq!(details["write"]["arguments"]["path"], "SUMMARY.md");
+    assert!(
+        details["next"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("warden runs resolve crashed")
+    );
+    let out = warden(&["runs", "recover", "crashed"], dir.path());
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert_eq!(run_statuses(dir.path())[2].1, "needs_reconciliation");
+
+    // The operator checks by hand: the write never happened. Resolved, the
+    // run goes on from there.
+    let out = warden(
+        &[
+            "runs",
+            "resolve",
+            "crashed",
+            "--output",
+            r#"{"written": false}"#,
+            "--note",
+            "file absent",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "resolved; continue with: warden runs resume crashed\n"
+    );
+    let out = warden(&["runs", "resume", "crashed"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run crashed: completed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        !dir.path().join("notes/SUMMARY.md").exists(),
+        "the write never ran"
+    );
+}
+
+#[test]
+fn store_backup_is_an_online_verified_copy_and_prune_erases_finished_runs() {
+    let dir = demo_with_runs();
+    let out = warden(&["store", "backup", "backup.db"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("backed up 2 run(s)") && stdout(&out).contains("every chain intact"),
+        "{}",
+        stdout(&out)
+    );
+    assert_refused(
+        dir.path(),
+        &["store", "backup", "backup.db"],
+        "usage",
+        "already exists",
+    );
+    // The copy is a store of its own: the same runs, chains intact.
+    let out = warden(&["runs", "verify", "--store", "backup.db"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("done: intact"), "{}", stdout(&out));
+    let out = warden(
+        &["runs", "list", "--json", "--store", "backup.db"],
+        dir.path(),
+    );
+    assert_eq!(json_out(&out).as_array().unwrap().len(), 2);
+
+    // Prune: finished runs only; a dry run deletes nothing.
+    let out = warden(
+        &["runs", "prune", "--older-than", "0s", "--dry-run"],
+        dir.path(),
+    );
+    assert!(
+        stdout(&out).contains("would prune 1 run(s)\n  done (completed"),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(run_statuses(dir.path()).len(), 2);
+    let out = warden(
+        &["runs", "prune", "--older-than", "0s", "--json"],
+        dir.path(),
+    );
+    let pruned = json_out(&out);
+    assert_eq!(pruned["runs"][0]["run_id"], "done");
+    assert_eq!(pruned["runs"].as_array().unwrap().len(), 1);
+    let details = assert_refused(
+        dir.path(),
+        &["runs", "show", "done"],
+        "pruned",
+        "run done was pruned",
+    );
+    assert_eq!(details["run_id"], "done");
+    assert_eq!(
+        run_statuses(dir.path()),
+        [("parked".to_owned(), "awaiting_approval".to_owned())]
+    );
+    assert_refused(
+        dir.path(),
+        &[
+            "runs",
+            "prune",
+            "--older-than",
+            "0s",
+            "--status",
+            "awaiting_approval",
+        ],
+        "usage",
+        "only finished runs are pruned",
+    );
+    let out = warden(&["store", "compact"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden(&["runs", "verify"], dir.path());
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(stdout(&out).contains("parked: intact"), "{}", stdout(&out));
+}
+
+#[test]
+fn completions_are_printed_for_each_shell() {
+    let dir = workspace();
+    for (shell, marker) in [
+        ("bash", "_warden()"),
+        ("zsh", "#compdef warden"),
+        ("fish", "complete -c warden"),
+    ] {
+        let out = warden(&["completions", shell], dir.path());
+        assert!(out.status.success(), "{shell}: {}", stderr(&out));
+        assert!(stdout(&out).contains(marker), "{shell}");
+        assert!(stdout(&out).contains("resume"), "{shell}");
+    }
+}
+
+#[test]
+fn the_code_review_example_reads_its_tree_read_only_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let out = warden(
+        &[
+            "run",
+            examples.join("code-review.toml").to_str().unwrap(),
+            "Review the crate in review/",
+            "--run-id",
+            "cr",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(text.contains("→ call-2-1 fs__search [read]"), "{text}");
+    assert!(text.contains("\"line\":16"), "{text}");
+    assert!(text.contains("✓ completed: Review of src/lib.rs"), "{text}");
+    // Its grant is read-only: the agent's writing tools cannot change a file.
+    let out = warden(
+        &[
+            "agent",
+            "validate",
+            examples.join("code-review.toml").to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stdout(&out));
 }

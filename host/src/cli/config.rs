@@ -2,7 +2,8 @@
 //! once flags and `WARDEN_*` environment variables are laid over it.
 //!
 //! ```toml
-//! store = ".warden/warden.db"      # a SQLite file, or sqlite:PATH; relative to this file
+//! store = ".warden/warden.db"      # a SQLite file (or sqlite:PATH), relative to this
+//!                                  # file, or postgres://user@host/db[?schema=NAME]
 //! record_prompts = false           # record model requests in full (they may hold secrets)
 //! cache_dir = "/var/cache/warden"  # compiled components; relative to this file
 //!
@@ -137,23 +138,26 @@ struct DefaultsSection {
 pub(crate) enum StoreLocation {
     /// A SQLite file.
     Sqlite(PathBuf),
+    /// A PostgreSQL database, by URL.
+    Postgres(String),
 }
 
 impl StoreLocation {
-    /// Reads `text`: `sqlite:PATH`, `sqlite://PATH` or a bare path, relative
-    /// paths resolved against `base`.
+    /// Reads `text`: `postgres://…` (or `postgresql://…`), `sqlite:PATH`,
+    /// `sqlite://PATH` or a bare path, relative paths resolved against
+    /// `base`.
     fn parse(text: &str, base: &Path) -> Result<StoreLocation, String> {
         let path = if let Some(rest) = text.strip_prefix("sqlite://") {
             rest
         } else if let Some(rest) = text.strip_prefix("sqlite:") {
             rest
         } else if let Some((scheme, _)) = text.split_once("://") {
-            return Err(match scheme {
-                "postgres" | "postgresql" => {
-                    "PostgreSQL stores are not available from the command line yet; use a SQLite file".into()
-                }
-                other => format!("unknown store scheme `{other}` (use a SQLite file path or sqlite:PATH)"),
-            });
+            return match scheme {
+                "postgres" | "postgresql" => Ok(StoreLocation::Postgres(text.to_owned())),
+                other => Err(format!(
+                    "unknown store scheme `{other}` (use a SQLite file path, sqlite:PATH or postgres://…)"
+                )),
+            };
         } else {
             text
         };
@@ -168,7 +172,24 @@ impl fmt::Display for StoreLocation {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             StoreLocation::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
+            StoreLocation::Postgres(url) => f.write_str(&without_password(url)),
         }
+    }
+}
+
+/// `url` with the password of its user info, if any, replaced by `***`.
+fn without_password(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(authority_end);
+    match authority.rsplit_once('@') {
+        Some((user_info, host)) => match user_info.split_once(':') {
+            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
     }
 }
 
@@ -532,12 +553,16 @@ impl Settings {
     }
 }
 
+/// Keys whose values name environment variables (`env`, `api_key_env`,
+/// `header_env`, …) rather than hold their values.
+fn names_variables(key: &str) -> bool {
+    let key = key.to_ascii_lowercase();
+    key == "env" || key.ends_with("_env")
+}
+
 /// Names that hold secrets rather than the names of secrets.
 fn looks_secret(key: &str) -> bool {
     let key = key.to_ascii_lowercase();
-    if key.ends_with("_env") || key == "env" {
-        return false;
-    }
     [
         "key",
         "token",
@@ -558,6 +583,10 @@ fn masked(value: &impl Serialize) -> Value {
         match value {
             Value::Object(map) => {
                 for (k, v) in map.iter_mut() {
+                    if names_variables(k) {
+                        // Variable names, not values: shown as they are.
+                        continue;
+                    }
                     if looks_secret(k) && !v.is_object() && !v.is_array() && !v.is_null() {
                         *v = json!("***");
                     } else {
@@ -727,8 +756,8 @@ mod tests {
                 "key `grants.fs.limits.timeout`: must be more than zero",
             ),
             (
-                "store = \"postgres://db/warden\"\n",
-                "key `store`: PostgreSQL stores are not available",
+                "store = \"mysql://db/warden\"\n",
+                "key `store`: unknown store scheme `mysql`",
             ),
             (
                 "[defaults.model]\nprovider = \"scripted\"\nname = \"demo\"\n",
@@ -775,6 +804,29 @@ mod tests {
                 .to_string()
                 .starts_with("cannot read config `"),
         );
+    }
+
+    #[test]
+    fn postgres_urls_are_stores_and_their_passwords_are_never_shown() {
+        let (s, _dir) = load_with(
+            Some("store = \"postgres://warden:s3cret@db.internal:5432/runs?schema=prod\"\n"),
+            &[],
+            Overrides::default(),
+        );
+        let s = s.unwrap();
+        assert_eq!(
+            s.store.value,
+            StoreLocation::Postgres(
+                "postgres://warden:s3cret@db.internal:5432/runs?schema=prod".into()
+            )
+        );
+        assert_eq!(
+            s.store.value.to_string(),
+            "postgres://warden:***@db.internal:5432/runs?schema=prod"
+        );
+        assert!(!s.to_toml().contains("s3cret"));
+        assert!(!s.to_json().to_string().contains("s3cret"));
+        assert_eq!(without_password("postgres://u@h/db"), "postgres://u@h/db");
     }
 
     #[test]

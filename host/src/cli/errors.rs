@@ -245,6 +245,26 @@ fn store(e: &StoreError) -> (&'static str, Value) {
             "store_chain_mode",
             json!({ "found": found, "configured": configured }),
         ),
+        StoreError::Pruned {
+            run_id,
+            event_count,
+            head,
+        } => (
+            "pruned",
+            json!({ "run_id": run_id, "event_count": event_count, "head": head.to_string() }),
+        ),
+        StoreError::Fenced {
+            run_id,
+            token,
+            current,
+        } => (
+            "fenced",
+            json!({ "run_id": run_id, "token": token, "current": current }),
+        ),
+        StoreError::Unsupported { store, operation } => (
+            "unsupported",
+            json!({ "store": store, "operation": operation }),
+        ),
         _ => ("store_failed", json!({})),
     }
 }

@@ -1,24 +1,25 @@
 //! The `warden` command line: argument parsing, configuration, logging and
 //! dispatch. This is the binary's edge: errors are `anyhow` here, printed as
-//! one line (or, with `--json`, as the envelope of [`errors`] on stdout),
+//! one line (or, with `--json`, as the envelope of `errors.rs` on stdout),
 //! and turned into exit codes.
 //!
 //! Exit codes: 0 success (a run completed); 1 the tool or the run failed
-//! (a run failed, was cancelled or abandoned; a chain check found a break;
-//! an agent file failed validation is 2, see below); 2 bad usage or setup
-//! (unreadable or invalid file, bad grant, refused component, unknown run,
+//! (a run failed, was cancelled or abandoned; a chain check found a break);
+//! 2 bad usage or setup (unreadable or invalid file, including an agent
+//! file `agent validate` rejects; bad grant; refused component; unknown run;
 //! a verb that does not fit the run); 3 the sandbox stopped a call (a limit,
 //! a trap, cancelled); 4 the run is parked waiting for a human (approval,
 //! input, budget); 5 the run needs reconciliation (a write with no recorded
 //! outcome).
 //!
-//! - [`config`]: `warden.toml`, flags and `WARDEN_*` variables → settings.
-//! - [`errors`]: stable error codes and the `--json` error envelope.
+//! - `config.rs`: `warden.toml`, flags and `WARDEN_*` variables → settings.
+//! - `errors.rs`: stable error codes and the `--json` error envelope.
 //! - `runs.rs`: `warden run`, `warden runs …`.
 //! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
-//! - `store.rs`: `warden store backup`.
+//! - `store.rs`: `warden store backup|compact`.
+//! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 
 mod agent;
@@ -30,6 +31,7 @@ mod render;
 mod runs;
 mod scaffold;
 mod store;
+mod worker;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -81,9 +83,14 @@ enum Command {
     /// Show the effective configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
-    /// Operate the store: online backup.
+    /// Operate the store: online backup, compaction (SQLite), migrations.
     #[command(subcommand)]
     Store(store::StoreCommand),
+    /// Record a run for workers to drive (listed as queued).
+    Submit(worker::SubmitArgs),
+    /// Claim queued runs (and runs whose worker died) and drive them, until
+    /// SIGTERM or SIGINT.
+    Worker(worker::WorkerArgs),
     /// Print a shell completion script.
     Completions {
         /// The shell.
@@ -216,6 +223,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
             Command::Store(command) => store::run(command, &ctx).await,
+            Command::Submit(args) => worker::submit(args, &ctx).await,
+            Command::Worker(args) => worker::worker(args, &ctx).await,
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
     })

@@ -36,23 +36,26 @@ impl Spinner {
             return None;
         }
         let stop = Arc::new(AtomicBool::new(false));
+        let draw = move |frame: usize| {
+            let mut err = std::io::stderr().lock();
+            let _ = write!(err, "\r\x1b[2K{} {message}", FRAMES[frame % FRAMES.len()]);
+            let _ = err.flush();
+        };
+        // The first frame is drawn now, so even short work is seen.
+        draw(0);
         let thread = std::thread::spawn({
             let stop = Arc::clone(&stop);
             move || {
-                let mut frame = 0;
-                // Nothing is drawn for work that ends at once.
-                std::thread::sleep(Duration::from_millis(150));
-                while !stop.load(Ordering::Relaxed) {
-                    let mut err = std::io::stderr().lock();
-                    let _ = write!(err, "\r\x1b[2K{} {message}", FRAMES[frame % FRAMES.len()]);
-                    let _ = err.flush();
-                    drop(err);
-                    frame += 1;
+                let mut frame = 1;
+                loop {
                     std::thread::sleep(Duration::from_millis(100));
+                    if stop.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    draw(frame);
+                    frame += 1;
                 }
-                if frame > 0 {
-                    let _ = write!(std::io::stderr(), "\r\x1b[2K");
-                }
+                let _ = write!(std::io::stderr(), "\r\x1b[2K");
             }
         });
         Some(Spinner {

@@ -148,6 +148,9 @@ pub(crate) fn budget(usage: &BudgetUsage, limits: &BudgetLimits) -> String {
             }
             let amount = |n: u64| match kind {
                 BudgetKind::Cost => format!("{:.6}", n as f64 / 1e9),
+                BudgetKind::WallTime if n.is_multiple_of(1000) && n > 0 => {
+                    crate::units::format_duration(std::time::Duration::from_millis(n))
+                }
                 BudgetKind::WallTime => format!("{:.1}s", n as f64 / 1000.0),
                 _ => n.to_string(),
             };

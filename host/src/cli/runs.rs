@@ -21,7 +21,7 @@ use crate::engine::{
     RuntimeError, fold,
 };
 use crate::plugins::PluginHost;
-use crate::store::{EventStore, RunFilter, RunSummary, SqliteStore};
+use crate::store::{EventStore, PostgresStore, PruneFilter, RunFilter, RunSummary, SqliteStore};
 
 /// `warden run`.
 #[derive(Debug, Args)]
@@ -153,6 +153,23 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
     },
+    /// Erase finished runs for good: each run's log (inputs, outputs,
+    /// recorded prompts), labels and listing row are deleted, and a
+    /// tombstone is kept (id, agent, status, times, event count, chain
+    /// head), so the id is never reused and a lookup says it was pruned.
+    Prune {
+        /// Runs whose last activity is older than this: a duration back
+        /// from now (30d, 12h) or a UTC date or time.
+        #[arg(long, value_name = "WHEN", alias = "completed-before")]
+        older_than: String,
+        /// Only runs with this status (repeatable; terminal statuses only;
+        /// default: completed, failed, cancelled and abandoned).
+        #[arg(long)]
+        status: Vec<String>,
+        /// List what would be pruned; delete nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 /// `warden runs list`.
@@ -194,9 +211,15 @@ pub(crate) struct DriveArgs {
     detach: bool,
 }
 
-/// Opens the store the settings name, creating its directory.
-pub(crate) fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventStore>> {
+/// Opens the store the settings name, creating a SQLite file's directory.
+pub(crate) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventStore>> {
     match &settings.store.value {
+        StoreLocation::Postgres(url) => {
+            let store = PostgresStore::open(url)
+                .await
+                .with_context(|| format!("cannot open the store {}", settings.store.value))?;
+            Ok(Arc::new(store))
+        }
         StoreLocation::Sqlite(path) => {
             if let Some(dir) = path.parent()
                 && !dir.as_os_str().is_empty()
@@ -270,7 +293,7 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
         Some(id) => run_id(id)?,
         None => RunId::from_random(rand::random()),
     };
-    let (rt, host) = runtime(ctx, open_store(&ctx.settings)?)?;
+    let (rt, host) = runtime(ctx, open_store(&ctx.settings).await?)?;
     // Everything the run needs is checked before anything is recorded.
     super::agent::check(&host, &agent).await?;
     // Subscribe before the run exists so the first event is seen too.
@@ -292,7 +315,7 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> {
-    let store = open_store(&ctx.settings)?;
+    let store = open_store(&ctx.settings).await?;
     match cmd {
         RunsCommand::List(args) => list(store, args, ctx.json).await,
         RunsCommand::Show { run, agent } => show(ctx, store, &run_id(&run)?, agent).await,
@@ -379,7 +402,87 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             done(ctx, &run, RunStatus::Cancelled);
             Ok(())
         }
+        RunsCommand::Prune {
+            older_than,
+            status,
+            dry_run,
+        } => prune(store, &older_than, status, dry_run, ctx.json).await,
     }
+}
+
+async fn prune(
+    store: Arc<dyn EventStore>,
+    older_than: &str,
+    statuses: Vec<String>,
+    dry_run: bool,
+    json: bool,
+) -> anyhow::Result<()> {
+    let now = now_ms();
+    let cutoff = parse_since(older_than, now)
+        .map_err(|m| CliError::new("usage", m.replace("--since", "--older-than")))?;
+    let statuses = if statuses.is_empty() {
+        RunStatus::ALL
+            .iter()
+            .filter(|s| s.is_terminal())
+            .map(|s| s.as_str().to_owned())
+            .collect()
+    } else {
+        statuses
+    };
+    for s in &statuses {
+        if !RunStatus::ALL
+            .iter()
+            .any(|known| known.as_str() == s && known.is_terminal())
+        {
+            return Err(CliError::new(
+                "usage",
+                format!(
+                    "--status `{s}`: only finished runs are pruned (completed, failed, cancelled, abandoned); abandon a run first to prune it"
+                ),
+            )
+            .into());
+        }
+    }
+    let pruned: Vec<Value> = if dry_run {
+        let mut filter = RunFilter::new();
+        for s in &statuses {
+            filter = filter.status(s.clone());
+        }
+        store
+            .list(&filter)
+            .await?
+            .into_iter()
+            .filter(|r| r.updated_ms < cutoff)
+            .map(|r| json!({ "run_id": r.run_id, "agent": r.agent, "status": r.status, "events": r.event_count }))
+            .collect()
+    } else {
+        let mut filter = PruneFilter::new().updated_before(cutoff);
+        for s in &statuses {
+            filter = filter.status(s.clone());
+        }
+        store
+            .prune(&filter, now)
+            .await?
+            .into_iter()
+            .map(|t| json!({ "run_id": t.run_id, "agent": t.agent, "status": t.status, "events": t.event_count, "head": t.head.to_string() }))
+            .collect()
+    };
+    if json {
+        println!("{}", json!({ "dry_run": dry_run, "runs": pruned }));
+    } else {
+        let verb = if dry_run { "would prune" } else { "pruned" };
+        println!("{verb} {} run(s)", pruned.len());
+        for r in &pruned {
+            println!(
+                "  {} ({} of agent {}, {} events)",
+                r["run_id"].as_str().unwrap_or_default(),
+                r["status"].as_str().unwrap_or_default(),
+                r["agent"].as_str().unwrap_or_default(),
+                r["events"]
+            );
+        }
+    }
+    Ok(())
 }
 
 fn done(ctx: &Context, run: &RunId, status: RunStatus) {
@@ -426,12 +529,20 @@ async fn continue_run(
     run: &RunId,
     drive: DriveArgs,
 ) -> anyhow::Result<()> {
-    if drive.detach {
+    // The event the verb just recorded, so the output tells the whole story.
+    if let Some(last) = rt.store().load(run).await?.last() {
+        print_event(last.seq, &decode(&last.bytes)?, ctx.json);
+    }
+    // A worker's run (leased before): any worker continues it.
+    let workers = rt.store().summary(run).await?.lease_token > 0;
+    if drive.detach || workers {
         if ctx.json {
             println!(
                 "{}",
                 json!({ "run_id": run, "status": rt.state(run).await?.status() })
             );
+        } else if workers {
+            println!("run {run}: recorded; a worker continues it");
         }
         return Ok(());
     }
@@ -872,7 +983,12 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
         .map_err(|e| CliError::new("usage", format!("--stalled-after: {e}")))?
         .as_millis() as i64;
     let runs = store.list(&filter).await?;
-    let stalled = |r: &RunSummary| r.status == "running" && now - r.updated_ms >= stalled_after;
+    // A worker's run is stalled once its lease expired; another is after
+    // `--stalled-after` without an append.
+    let stalled = |r: &RunSummary| {
+        r.is_stalled(now)
+            || (r.status == "running" && r.lease.is_none() && now - r.updated_ms >= stalled_after)
+    };
     let row = |r: &RunSummary| {
         json!({
             "run_id": r.run_id,

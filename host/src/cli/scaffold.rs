@@ -4,11 +4,12 @@
 //! `new` writes a crate that builds and passes its tests without edits: the
 //! guest SDK and the testkit as dependencies, a manifest, one example tool
 //! (or context source, or channel) with a native unit test, and a test that
-//! loads the built component into the real sandbox. Inside a Warden
-//! checkout the dependencies are paths into it (and the checkout's
-//! `Cargo.lock` is copied, so the crate builds with the versions Warden is
-//! tested with); `--warden-path` names a checkout elsewhere; otherwise they
-//! are git dependencies on Warden's repository.
+//! loads the built component into the real sandbox. The dependencies are
+//! paths into a Warden checkout (and its `Cargo.lock` is copied, so the
+//! crate builds with the versions Warden is tested with): the checkout the
+//! crate is created in, else `--warden-path`, else the checkout this binary
+//! was built from; only when none exists are they git dependencies on
+//! Warden's repository.
 //!
 //! `build` compiles the crate for `wasm32-wasip2` through
 //! `warden-build-support` (the crate's `guest` profile), copies the
@@ -38,7 +39,8 @@ pub(crate) struct NewArgs {
     #[arg(long)]
     dir: Option<PathBuf>,
     /// A Warden checkout to depend on by path (default: the checkout the
-    /// new crate is inside, else Warden's git repository).
+    /// new crate is inside, else the one warden was built from, else
+    /// Warden's git repository).
     #[arg(long, value_name = "DIR")]
     warden_path: Option<PathBuf>,
 }
@@ -178,10 +180,20 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
             }
             Some(path.canonicalize().unwrap_or(path))
         }
-        None => enclosing_checkout(&parent),
+        None => enclosing_checkout(&parent).or_else(|| {
+            // The checkout this binary was built from, if it is still there.
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .parent()
+                .filter(|d| is_checkout(d))
+                .map(Path::to_owned)
+        }),
     };
     let dependency = match &checkout {
-        Some(root) => Dependency::Path(relative(&dir, root).to_string_lossy().replace('\\', "/")),
+        // Relative inside the checkout (the two move together), else absolute.
+        Some(root) if dir.starts_with(root) => {
+            Dependency::Path(relative(&dir, root).to_string_lossy().replace('\\', "/"))
+        }
+        Some(root) => Dependency::Path(root.to_string_lossy().replace('\\', "/")),
         None => Dependency::Git(env!("CARGO_PKG_REPOSITORY")),
     };
 
@@ -382,7 +394,7 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
         .replace(
             "{dependency_note}",
             match dependency {
-                Dependency::Path(_) => "# Paths into the Warden checkout this crate was created in.",
+                Dependency::Path(_) => "# Paths into a Warden checkout (`warden plugin new --warden-path` picks another).",
                 Dependency::Git(_) => {
                     "# Warden from git; to use a local checkout instead:\n#   warden-guest = { path = \"../warden/guest-sdk\" }  and  warden = { path = \"../warden/host\" }"
                 }

@@ -1,4 +1,5 @@
-//! `warden store backup`: an online, consistent copy of the SQLite store.
+//! `warden store backup|compact`: an online, consistent copy of the SQLite
+//! store, and rewriting it without the pages pruned runs freed.
 //!
 //! Copying the database file while Warden runs is not a backup: committed
 //! transactions may still sit in the write-ahead log (`warden.db-wal`), and
@@ -26,16 +27,35 @@ pub(crate) enum StoreCommand {
         /// The new file (must not exist).
         dest: PathBuf,
     },
+    /// Rewrite the SQLite file without the pages freed by pruned runs, so
+    /// erased data is gone from the disk (checkpoints the write-ahead log,
+    /// then VACUUM; waits up to 30 s for other writers).
+    Compact,
+    /// Apply pending schema migrations (opening the store does too) and
+    /// say which.
+    Migrate,
 }
 
 pub(crate) async fn run(cmd: StoreCommand, ctx: &Context) -> anyhow::Result<()> {
     match cmd {
         StoreCommand::Backup { dest } => backup(ctx, dest).await,
+        StoreCommand::Migrate => super::worker::migrate(ctx).await,
+        StoreCommand::Compact => compact(ctx).await,
     }
 }
 
-async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
-    let StoreLocation::Sqlite(source) = &ctx.settings.store.value;
+/// The SQLite file of the settings' store, which must exist.
+fn sqlite_file(ctx: &Context, verb: &str) -> anyhow::Result<PathBuf> {
+    let source = match &ctx.settings.store.value {
+        StoreLocation::Sqlite(path) => path,
+        StoreLocation::Postgres(_) => {
+            return Err(CliError::new(
+                "unsupported",
+                format!("`warden store {verb}` works on a SQLite store; for PostgreSQL use its own tools (pg_dump, VACUUM)"),
+            )
+            .into());
+        }
+    };
     if !source.is_file() {
         return Err(CliError::new(
             "store_missing",
@@ -44,6 +64,44 @@ async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
         .with_details(json!({ "file": source }))
         .into());
     }
+    Ok(source.clone())
+}
+
+async fn compact(ctx: &Context) -> anyhow::Result<()> {
+    let path = sqlite_file(ctx, "compact")?;
+    let file = path.clone();
+    let (before, after) = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u64)> {
+        let size = |p: &std::path::Path| std::fs::metadata(p).map_or(0, |m| m.len());
+        let wal = PathBuf::from(format!("{}-wal", file.display()));
+        let before = size(&file) + size(&wal);
+        let conn = rusqlite::Connection::open(&file)
+            .with_context(|| format!("cannot open the store `{}`", file.display()))?;
+        conn.busy_timeout(std::time::Duration::from_secs(30))?;
+        conn.execute_batch(
+            "PRAGMA wal_checkpoint(TRUNCATE); VACUUM; PRAGMA wal_checkpoint(TRUNCATE);",
+        )
+        .with_context(|| format!("cannot compact `{}`", file.display()))?;
+        drop(conn);
+        Ok((before, size(&file) + size(&wal)))
+    })
+    .await
+    .context("the compaction task panicked")??;
+    if ctx.json {
+        println!(
+            "{}",
+            json!({ "store": path, "bytes_before": before, "bytes_after": after })
+        );
+    } else {
+        println!(
+            "compacted {}: {before} bytes before, {after} after",
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
+    let source = sqlite_file(ctx, "backup")?;
     if dest.exists() {
         return Err(CliError::new(
             "usage",
@@ -55,7 +113,7 @@ async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
         .with_details(json!({ "file": dest }))
         .into());
     }
-    let (source, dest_path) = (source.clone(), dest.clone());
+    let dest_path = dest.clone();
     tokio::task::spawn_blocking(move || -> anyhow::Result<()> {
         let conn = rusqlite::Connection::open_with_flags(
             &source,

@@ -40,7 +40,9 @@ use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
 use crate::policy::EffectClass;
 use crate::providers::{ModelProvider, ProviderError, ProviderEvent, ResponseAssembler};
 use crate::sandbox::{LeaseFailure, wit};
-use crate::store::{Claim, EventStore, Holder, RunMeta, Settlement, StoreError, VerifyReport};
+use crate::store::{
+    Claim, EventStore, Holder, Lease, RunMeta, Settlement, StoreError, VerifyReport,
+};
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
 /// deterministic.
@@ -179,6 +181,19 @@ pub enum RuntimeError {
         /// The divergence or changed agent.
         error: ReplayError,
     },
+    /// A newer lease was issued on the run (another host took it over), or
+    /// this driver's lease was released; nothing was written.
+    #[error(
+        "run `{run_id}`: lease {token} was superseded by lease {current}; another driver owns the run"
+    )]
+    Fenced {
+        /// The run.
+        run_id: RunId,
+        /// This driver's fencing token.
+        token: u64,
+        /// The run's newest token.
+        current: u64,
+    },
     /// Another driver appended to the run first; nothing was written.
     #[error(
         "run `{run_id}` was changed by another driver (expected {expected} events, found {actual})"
@@ -264,6 +279,15 @@ impl From<StoreError> for RuntimeError {
             },
             StoreError::UnknownRun { run_id } => RuntimeError::UnknownRun { run_id },
             StoreError::AlreadyExists { run_id } => RuntimeError::AlreadyStarted { run_id },
+            StoreError::Fenced {
+                run_id,
+                token,
+                current,
+            } => RuntimeError::Fenced {
+                run_id,
+                token,
+                current,
+            },
             error => RuntimeError::Store { error },
         }
     }
@@ -352,6 +376,9 @@ struct Log {
     run_id: RunId,
     events: Vec<Event>,
     state: RunState,
+    /// The lease every append of this driver carries (issue 9: a driver
+    /// under a lease writes only while its lease is the run's newest).
+    fence: Option<Lease>,
 }
 
 impl Runtime {
@@ -464,6 +491,33 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
     ) -> Result<RunId, RuntimeError> {
+        self.start_as(agent, run_id, input, labels, RunStatus::Running.as_str())
+            .await
+    }
+
+    /// Records a run for workers to drive: like
+    /// [`start_with_labels`](Self::start_with_labels), but listed as
+    /// [`QUEUED`](crate::store::QUEUED) until a worker claims it (see
+    /// `store/lease.rs`). Nothing drives it here.
+    pub async fn submit(
+        &self,
+        agent: &Agent,
+        run_id: RunId,
+        input: Value,
+        labels: BTreeMap<String, String>,
+    ) -> Result<RunId, RuntimeError> {
+        self.start_as(agent, run_id, input, labels, crate::store::QUEUED)
+            .await
+    }
+
+    async fn start_as(
+        &self,
+        agent: &Agent,
+        run_id: RunId,
+        input: Value,
+        labels: BTreeMap<String, String>,
+        status: &str,
+    ) -> Result<RunId, RuntimeError> {
         // Load the plugins first: an agent that cannot run is refused before
         // anything is recorded.
         self.prepare(agent).await?;
@@ -494,12 +548,7 @@ impl Runtime {
         };
         self.inner
             .store
-            .create(
-                &run_id,
-                meta,
-                Bytes::from(encode(&started)),
-                RunStatus::Running.as_str(),
-            )
+            .create(&run_id, meta, Bytes::from(encode(&started)), status)
             .await?;
         self.publish(&run_id, 1, started);
         Ok(run_id)
@@ -540,6 +589,31 @@ impl Runtime {
         agent: &Agent,
         options: ReplayOptions,
     ) -> Result<RunStatus, RuntimeError> {
+        self.recover_with(run_id, agent, options, None).await
+    }
+
+    /// [`recover`](Self::recover) under `lease`: every append carries the
+    /// lease's fencing token, and once a newer lease exists on the run the
+    /// next append is refused ([`RuntimeError::Fenced`]) and nothing more is
+    /// written. Renewing and releasing the lease is the caller's (a worker).
+    pub async fn recover_leased(
+        &self,
+        agent: &Agent,
+        options: ReplayOptions,
+        lease: Lease,
+    ) -> Result<RunStatus, RuntimeError> {
+        let run_id = lease.run_id.clone();
+        self.recover_with(&run_id, agent, options, Some(lease))
+            .await
+    }
+
+    async fn recover_with(
+        &self,
+        run_id: &RunId,
+        agent: &Agent,
+        options: ReplayOptions,
+        fence: Option<Lease>,
+    ) -> Result<RunStatus, RuntimeError> {
         let prepared = self.prepare(agent).await?;
         let events = self.load_events(run_id).await?;
         let state =
@@ -551,6 +625,7 @@ impl Runtime {
             run_id: run_id.clone(),
             events,
             state,
+            fence,
         };
         self.drive_log(&mut log, &prepared).await
     }
@@ -1066,6 +1141,7 @@ impl Runtime {
             run_id: run_id.clone(),
             events,
             state,
+            fence: None,
         })
     }
 
@@ -1095,15 +1171,28 @@ impl Runtime {
         let expected = log.events.len() as u64;
         let (status, now) = (state.status(), self.inner.clock.now_ms() as i64);
         let store = &self.inner.store;
-        match settlement {
-            None => {
+        match (settlement, &log.fence) {
+            (None, None) => {
                 store
                     .append(&log.run_id, expected, &bytes, status.as_str(), now)
                     .await?
             }
-            Some(s) => {
+            (None, Some(lease)) => {
                 store
-                    .append_settling(&log.run_id, expected, &bytes, status.as_str(), now, s)
+                    .append_fenced(lease, expected, &bytes, status.as_str(), now)
+                    .await?
+            }
+            (Some(s), fence) => {
+                store
+                    .append_settling(
+                        &log.run_id,
+                        fence.as_ref(),
+                        expected,
+                        &bytes,
+                        status.as_str(),
+                        now,
+                        s,
+                    )
                     .await?
             }
         };

@@ -1540,6 +1540,7 @@ pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
     let appended = store
         .append_settling(
             &run,
+            None,
             2,
             &[ev("payer:3")],
             "running",
@@ -1578,6 +1579,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             &run,
+            None,
             1,
             &[ev("r:2")],
             "running",
@@ -1592,6 +1594,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             &run,
+            None,
             1,
             &[ev("r:2")],
             "running",
@@ -1607,6 +1610,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             &run,
+            None,
             5,
             &[ev("r:2")],
             "running",
@@ -1625,6 +1629,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     store
         .append_settling(
             &run,
+            None,
             1,
             &[ev("r:2")],
             "running",
@@ -1636,6 +1641,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             &run,
+            None,
             2,
             &[ev("r:3")],
             "running",
@@ -1681,6 +1687,7 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
         store
             .append_settling(
                 &run,
+                None,
                 1,
                 &[ev("kept:2")],
                 "running",

@@ -520,6 +520,7 @@ impl EventStore for MemoryStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
+        fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
@@ -533,6 +534,11 @@ impl EventStore for MemoryStore {
         }
         let mut runs = self.runs();
         let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        if let Some(lease) = fence
+            && !run.holds(lease)
+        {
+            return Err(Self::fenced(lease, run));
+        }
         let mut commitments = self.commitments();
         match commitments.get(&settlement.key) {
             Some((h, None)) if *h == settlement.holder => {}

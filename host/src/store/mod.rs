@@ -713,20 +713,31 @@ pub trait EventStore: Send + Sync {
         Err(unsupported::<Self>("idempotency commitments"))
     }
 
-    /// [`append`](Self::append), and in the same transaction settles the
+    /// [`append`](Self::append) (or [`append_fenced`](Self::append_fenced)
+    /// when `fence` is given), and in the same transaction settles the
     /// commitment the appended events complete. Refused with
     /// [`StoreError::CommitmentNotHeld`] (nothing written) unless
     /// `settlement.holder` holds the key and it is not settled yet.
+    #[allow(clippy::too_many_arguments)]
     async fn append_settling(
         &self,
         run_id: &RunId,
+        fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {
-        let _ = (run_id, expected_len, events, status, updated_ms, settlement);
+        let _ = (
+            run_id,
+            fence,
+            expected_len,
+            events,
+            status,
+            updated_ms,
+            settlement,
+        );
         Err(unsupported::<Self>("idempotency commitments"))
     }
 }

@@ -16,8 +16,8 @@ use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeErr
 use warden::plugins::PluginHost;
 use warden::sandbox::Outcome;
 use warden::store::{
-    Appended, Claim, EventStore, Holder, MemoryStore, RunFilter, RunMeta, RunSummary, Settlement,
-    SqliteStore, StoreError, StoredEvent, VerifyReport,
+    Appended, Claim, EventStore, Holder, Lease, MemoryStore, RunFilter, RunMeta, RunSummary,
+    Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
 };
 
 use super::engine::Fixture;
@@ -244,6 +244,7 @@ impl EventStore for CountingStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
+        fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
@@ -251,7 +252,15 @@ impl EventStore for CountingStore {
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {
         self.inner
-            .append_settling(run_id, expected_len, events, status, updated_ms, settlement)
+            .append_settling(
+                run_id,
+                fence,
+                expected_len,
+                events,
+                status,
+                updated_ms,
+                settlement,
+            )
             .await
     }
 }

@@ -19,8 +19,8 @@ use warden::engine::{
 };
 use warden::plugins::PluginHost;
 use warden::store::{
-    Appended, Claim, EventStore, Holder, MemoryStore, RunFilter, RunMeta, RunSummary, Settlement,
-    SqliteStore, StoreError, StoredEvent, VerifyReport,
+    Appended, Claim, EventStore, Holder, Lease, MemoryStore, RunFilter, RunMeta, RunSummary,
+    Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
 };
 use warden_tests::guests;
 
@@ -687,6 +687,7 @@ impl EventStore for CrashingStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
+        fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
@@ -697,12 +698,28 @@ impl EventStore for CrashingStore {
         if n < self.at {
             return self
                 .inner
-                .append_settling(run_id, expected_len, events, status, updated_ms, settlement)
+                .append_settling(
+                    run_id,
+                    fence,
+                    expected_len,
+                    events,
+                    status,
+                    updated_ms,
+                    settlement,
+                )
                 .await;
         }
         if n == self.at && self.point == CrashPoint::AfterWrite {
             self.inner
-                .append_settling(run_id, expected_len, events, status, updated_ms, settlement)
+                .append_settling(
+                    run_id,
+                    fence,
+                    expected_len,
+                    events,
+                    status,
+                    updated_ms,
+                    settlement,
+                )
                 .await?;
         }
         Err(crash())

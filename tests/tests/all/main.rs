@@ -18,6 +18,9 @@
 //! - `network`: outbound HTTP against a loopback server (`server`): what a
 //!   host grant lets through, and every way to reach what it does not.
 //! - `plugins`: the other first-party plugins through the testkit.
+//! - `workers`: run leases with fencing through the engine, and `warden
+//!   worker` processes killed at random while sharing 200 runs on
+//!   PostgreSQL.
 //! - `providers`: the OpenAI-compatible and Anthropic providers against a
 //!   fake model API on loopback (`model_server`): wire formats, retries,
 //!   broken streams, cancellation, pooling, conformance with the scripted
@@ -37,6 +40,7 @@ mod network;
 mod plugins;
 mod providers;
 mod server;
+mod workers;
 
 use std::sync::OnceLock;
 use std::time::Duration;

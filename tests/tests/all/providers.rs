@@ -1476,3 +1476,83 @@ async fn cancelling_a_run_mid_stream_closes_the_connection() {
         assert_eq!(events.last().unwrap().kind().as_str(), "run_cancelled");
     }
 }
+
+/// The `warden` binary next to this test binary (built by the workspace's
+/// `cargo test`).
+fn warden_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("warden");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run the workspace's `cargo test` (or `cargo build -p warden`) first",
+        bin.display()
+    );
+    bin
+}
+
+#[tokio::test]
+async fn the_cli_runs_an_openai_agent_with_its_key_from_the_environment_and_never_shows_it() {
+    let key = "sk-cli-test-7f3a9c0d2e1b";
+    let dir = tempfile::tempdir().unwrap();
+    let server = scripted_server(Wire::OpenAi, conversation()).await;
+    write_agent(
+        dir.path(),
+        &model_table(
+            Some(Wire::OpenAi),
+            Some(&server),
+            "api_key_env = \"WARDEN_TEST_OPENAI_KEY\"",
+        ),
+    );
+    let output = tokio::process::Command::new(warden_binary())
+        .args(["run", "agent.toml", "What do the files say?", "--store"])
+        .arg(dir.path().join("runs.db"))
+        .current_dir(dir.path())
+        .env("WARDEN_TEST_OPENAI_KEY", key)
+        .env("RUST_LOG", "trace")
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("there is no missing.txt"),
+        "the answer is printed: {stdout}"
+    );
+    assert!(
+        !stdout.contains(key) && !stderr.contains(key),
+        "the key leaked"
+    );
+    assert!(stderr.contains("model_http_attempt"), "attempts are traced");
+    let seen = server.seen();
+    assert_eq!(seen.len(), 3);
+    for s in &seen {
+        assert_eq!(s.header("authorization"), Some(&*format!("Bearer {key}")));
+    }
+
+    // Without the variable, the run is refused before anything is recorded,
+    // naming the variable.
+    let output = tokio::process::Command::new(warden_binary())
+        .args(["run", "agent.toml", "again", "--store"])
+        .arg(dir.path().join("runs.db"))
+        .current_dir(dir.path())
+        .env_remove("WARDEN_TEST_OPENAI_KEY")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains(
+            "environment variable `WARDEN_TEST_OPENAI_KEY` is not set (model.api_key_env)"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(server.seen().len(), 3, "nothing was sent");
+}

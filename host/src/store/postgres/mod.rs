@@ -955,6 +955,7 @@ impl EventStore for PostgresStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
+        fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
@@ -963,7 +964,7 @@ impl EventStore for PostgresStore {
     ) -> Result<Appended, StoreError> {
         self.append_inner(
             run_id,
-            None,
+            fence,
             expected_len,
             events,
             status,

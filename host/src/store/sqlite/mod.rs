@@ -314,6 +314,7 @@ impl EventStore for SqliteStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
+        fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
         status: &str,
@@ -327,7 +328,7 @@ impl EventStore for SqliteStore {
         }
         self.write(|reply| Request::Append {
             run_id: run_id.clone(),
-            fence: None,
+            fence: fence.cloned(),
             expected_len,
             events: events.to_vec(),
             status: status.to_owned(),

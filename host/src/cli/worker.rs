@@ -1,0 +1,228 @@
+//! Many hosts: `warden submit` (record a run for workers), `warden worker`
+//! (claim and drive runs until SIGTERM or SIGINT) and `warden store
+//! migrate`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Args;
+use serde_json::json;
+
+use super::Context;
+use super::config::StoreLocation;
+use super::errors::CliError;
+use crate::engine::{RunId, Runtime};
+use crate::plugins::PluginHost;
+use crate::store::{EventStore, PostgresStore, QUEUED, SqliteStore};
+use crate::worker::Worker;
+
+/// `warden submit`.
+#[derive(Debug, Args)]
+pub(crate) struct SubmitArgs {
+    /// The agent file (workers load it from the same path).
+    agent: PathBuf,
+    /// The input: JSON, or plain text taken as a string. `@FILE` reads it
+    /// from a file.
+    input: Option<String>,
+    /// A label for the run (repeatable).
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    labels: Vec<String>,
+    /// The run's id (default: random).
+    #[arg(long)]
+    run_id: Option<String>,
+}
+
+/// `warden worker`.
+#[derive(Debug, Args)]
+pub(crate) struct WorkerArgs {
+    /// The most runs driven at once.
+    #[arg(long, default_value_t = 4)]
+    concurrency: usize,
+    /// How long a lease lasts unless renewed (renewed every third of it); a
+    /// dead worker's runs are taken over after it.
+    #[arg(long, default_value = "15s")]
+    lease_ttl: String,
+    /// How long an idle worker waits before looking for work again.
+    #[arg(long, default_value = "250ms")]
+    poll: String,
+    /// On SIGTERM or SIGINT: how long runs in progress may go on before
+    /// their drives are abandoned and their leases released.
+    #[arg(long, default_value = "10s")]
+    grace: String,
+    /// The worker's id in its leases (default: HOST:PID:RANDOM).
+    #[arg(long)]
+    id: Option<String>,
+}
+
+fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
+    crate::units::parse_duration(text)
+        .map_err(|e| CliError::new("usage", format!("{flag}: {e}")).into())
+}
+
+/// Opens the store the settings name (creating a SQLite file's directory;
+/// migrating either).
+async fn open(ctx: &Context) -> anyhow::Result<Arc<dyn EventStore>> {
+    match &ctx.settings.store.value {
+        StoreLocation::Postgres(url) => {
+            let store = PostgresStore::open(url)
+                .await
+                .with_context(|| format!("cannot open the store {}", ctx.settings.store.value))?;
+            Ok(Arc::new(store))
+        }
+        StoreLocation::Sqlite(path) => {
+            if let Some(dir) = path.parent()
+                && !dir.as_os_str().is_empty()
+            {
+                std::fs::create_dir_all(dir).with_context(|| {
+                    format!("cannot create the store's directory `{}`", dir.display())
+                })?;
+            }
+            let store = SqliteStore::open(path)
+                .with_context(|| format!("cannot open the store `{}`", path.display()))?;
+            Ok(Arc::new(store))
+        }
+    }
+}
+
+fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<Runtime> {
+    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    Ok(Runtime::new(store, host)
+        .with_record_prompts(ctx.settings.record_prompts.value)
+        .with_labels(ctx.settings.labels.value.clone()))
+}
+
+/// `warden submit`: records the run as queued and prints its id.
+pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()> {
+    let agent = ctx.settings.load_agent(&args.agent)?;
+    let input = match &args.input {
+        Some(text) => super::runs::json_input(text)?,
+        None => serde_json::Value::String(String::new()),
+    };
+    let mut labels = std::collections::BTreeMap::new();
+    for kv in &args.labels {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| CliError::new("usage", format!("--label `{kv}`: expected KEY=VALUE")))?;
+        labels.insert(k.to_owned(), v.to_owned());
+    }
+    let run_id = match &args.run_id {
+        Some(id) => {
+            RunId::new(id.as_str()).map_err(|e| CliError::new("invalid_run_id", e.to_string()))?
+        }
+        None => RunId::from_random(rand::random()),
+    };
+    let rt = runtime(ctx, open(ctx).await?)?;
+    rt.submit(&agent, run_id.clone(), input, labels).await?;
+    if ctx.json {
+        println!("{}", json!({ "run_id": run_id, "status": QUEUED }));
+    } else {
+        println!("{run_id}");
+    }
+    Ok(())
+}
+
+/// `warden worker`: claims and drives runs until SIGTERM or SIGINT.
+pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()> {
+    let rt = runtime(ctx, open(ctx).await?)?;
+    let settings = ctx.settings.clone();
+    let mut builder = Worker::builder(rt)
+        .concurrency(args.concurrency)
+        .lease_ttl(duration("--lease-ttl", &args.lease_ttl)?)
+        .poll(duration("--poll", &args.poll)?)
+        .grace(duration("--grace", &args.grace)?)
+        .agent_loader(Arc::new(move |path: &Path| {
+            settings.load_agent(path).map_err(|e| e.to_string())
+        }));
+    if let Some(id) = args.id {
+        builder = builder.owner(id);
+    }
+    let worker = builder.build()?;
+    eprintln!(
+        "worker {} on {}: up to {} runs at once",
+        worker.owner(),
+        ctx.settings.store.value,
+        args.concurrency
+    );
+    let report = worker.run(shutdown_signal()).await;
+    let summary = json!({
+        "worker": worker.owner(),
+        "claimed": report.claimed,
+        "settled": report.settled,
+        "lost": report.lost,
+        "failed": report.failed,
+        "released": report.released,
+    });
+    if ctx.json {
+        println!("{summary}");
+    } else {
+        eprintln!(
+            "worker {} stopped: {} claimed, {} settled, {} lost to another driver, {} failed, {} released",
+            worker.owner(),
+            report.claimed,
+            report.settled,
+            report.lost,
+            report.failed,
+            report.released
+        );
+    }
+    Ok(())
+}
+
+/// Completes on SIGTERM or SIGINT (Ctrl-C).
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{SignalKind, signal};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = tokio::signal::ctrl_c() => {}
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
+/// `warden store migrate`: applies pending migrations (opening does too)
+/// and says which.
+pub(crate) async fn migrate(ctx: &Context) -> anyhow::Result<()> {
+    let applied = match &ctx.settings.store.value {
+        StoreLocation::Postgres(url) => {
+            let (store, applied) = PostgresStore::builder(url)
+                .open_and_migrate()
+                .await
+                .context("cannot migrate the PostgreSQL store")?;
+            drop(store);
+            applied
+        }
+        StoreLocation::Sqlite(_) => {
+            // Opening a SQLite store migrates it.
+            open(ctx).await?;
+            Vec::new()
+        }
+    };
+    if ctx.json {
+        println!(
+            "{}",
+            json!({ "store": ctx.settings.store.value.to_string(), "applied": applied })
+        );
+    } else if applied.is_empty() {
+        println!("{}: the schema is current", ctx.settings.store.value);
+    } else {
+        println!(
+            "{}: applied migrations {applied:?}",
+            ctx.settings.store.value
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,473 @@
+//! Many hosts on one store: run leases with fencing through the real
+//! engine, and `warden worker` processes killed with SIGKILL at random
+//! moments while they share 200 runs on PostgreSQL.
+//!
+//! The PostgreSQL tests use the server at `WARDEN_TEST_POSTGRES` (default
+//! `postgres://postgres@127.0.0.1:5432/test`), each in a fresh schema that
+//! is dropped afterwards. Where no server is reachable they say so loudly
+//! on stderr and pass without testing, unless `WARDEN_REQUIRE_POSTGRES` is
+//! set (CI sets it): then they fail.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
+use warden::plugins::PluginHost;
+use warden::store::{EventStore, PostgresStore, RunFilter, SqliteStore, StoreError};
+
+use super::engine::Fixture;
+use crate::sandbox;
+
+/// A fresh schema in the test database, dropped on drop.
+pub(crate) struct PgSchema {
+    pub(crate) url: String,
+}
+
+impl PgSchema {
+    /// A fresh schema, or `None` (said loudly) when no server is reachable.
+    pub(crate) async fn new(name: &str) -> Option<PgSchema> {
+        let base = std::env::var("WARDEN_TEST_POSTGRES")
+            .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
+        if let Err(error) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await {
+            assert!(
+                std::env::var_os("WARDEN_REQUIRE_POSTGRES").is_none(),
+                "WARDEN_REQUIRE_POSTGRES is set but PostgreSQL at {base} is unreachable: {error}"
+            );
+            eprintln!(
+                "\n*** SKIPPED {name}: no PostgreSQL at {base} ({error}); set WARDEN_TEST_POSTGRES to run it ***\n"
+            );
+            return None;
+        }
+        let schema = format!("warden_{name}_{}_{:08x}", std::process::id(), rand_u32());
+        let sep = if base.contains('?') { '&' } else { '?' };
+        Some(PgSchema {
+            url: format!("{base}{sep}schema={schema}"),
+        })
+    }
+
+    fn schema(&self) -> &str {
+        self.url.rsplit("schema=").next().unwrap()
+    }
+
+    pub(crate) async fn store(&self) -> PostgresStore {
+        PostgresStore::open(&self.url).await.unwrap()
+    }
+}
+
+impl Drop for PgSchema {
+    fn drop(&mut self) {
+        let base = self
+            .url
+            .split("schema=")
+            .next()
+            .unwrap()
+            .trim_end_matches(['?', '&'])
+            .to_owned();
+        let schema = self.schema().to_owned();
+        let cleanup = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok((client, connection)) =
+                    tokio_postgres::connect(&base, tokio_postgres::NoTls).await
+                {
+                    tokio::spawn(connection);
+                    let _ = client
+                        .batch_execute(&format!("DROP SCHEMA IF EXISTS {schema} CASCADE"))
+                        .await;
+                }
+            });
+        });
+        let _ = cleanup.join();
+    }
+}
+
+fn rand_u32() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos(),
+    );
+    h.finish() as u32
+}
+
+/// One write per run, naming the run's job, then a final answer.
+fn job_transcript(job: &str) -> String {
+    format!(
+        r#"
+[[turns]]
+text = "Recording {job}."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = {{ op = "append", path = "/workspace/effects.log", content = "{job}\n" }}
+
+[[turns]]
+text = "Done with {job}."
+"#
+    )
+}
+
+/// An agent file `agents/<job>.toml` in the fixture whose one write appends
+/// `<job>` to `work/effects.log` (the side-effect counter).
+fn job_agent(fx: &Fixture, job: &str) -> Agent {
+    let dir = fx.dir.path().join("agents");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{job}.transcript.toml")),
+        job_transcript(job),
+    )
+    .unwrap();
+    let text = format!(
+        r#"
+name = "job"
+instructions = "Record the job."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "{job}.transcript.toml"
+
+[plugins.hostile]
+source = "../hostile.toml"
+approval = {{ fs = "never" }}
+[plugins.hostile.grant.mounts.workspace]
+dir = "../work"
+"#
+    );
+    let path = dir.join(format!("{job}.toml"));
+    std::fs::write(&path, text).unwrap();
+    Agent::load(&path.canonicalize().unwrap(), None).unwrap()
+}
+
+fn runtime(store: Arc<dyn EventStore>) -> Runtime {
+    Runtime::new(store, PluginHost::new(sandbox().clone()))
+}
+
+fn effects(fx: &Fixture) -> Vec<String> {
+    std::fs::read_to_string(fx.dir.path().join("work/effects.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Two drivers race for one run: exactly one gets the lease; once the
+/// winner's lease expires the other takes over with a higher token, and the
+/// first, waking up, has every append refused and writes nothing.
+async fn racing_drivers(store: Arc<dyn EventStore>, fx: &Fixture) {
+    let agent = job_agent(fx, "race");
+    let a = runtime(store.clone());
+    let b = runtime(store.clone());
+    let run = RunId::new("raced").unwrap();
+    a.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+        .await
+        .unwrap();
+    let (first, second) = tokio::join!(
+        store.acquire_lease(&run, "driver-a", 1_000, 5_000),
+        store.acquire_lease(&run, "driver-b", 1_000, 5_000),
+    );
+    let (winner, loser_owner) = match (first, second) {
+        (Ok(lease), Err(StoreError::Leased { .. })) => (lease, "driver-b"),
+        (Err(StoreError::Leased { .. }), Ok(lease)) => (lease, "driver-a"),
+        other => panic!("expected exactly one lease, got {other:?}"),
+    };
+    // The winner stalls past its expiry; the loser takes the run over.
+    let takeover = store
+        .acquire_lease(&run, loser_owner, winner.expires_ms, 5_000)
+        .await
+        .unwrap();
+    assert_eq!((winner.token, takeover.token), (1, 2));
+    // The stalled winner wakes up and drives: refused at its first append.
+    let driver = if winner.owner == "driver-a" { &a } else { &b };
+    let err = driver
+        .recover_leased(&agent, ReplayOptions::default(), winner.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RuntimeError::Fenced {
+                token: 1,
+                current: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(store.load(&run).await.unwrap().len(), 1, "nothing written");
+    // The new owner drives the run to its end; its write ran once.
+    let owner = if winner.owner == "driver-a" { &b } else { &a };
+    let status = owner
+        .recover_leased(&agent, ReplayOptions::default(), takeover.clone())
+        .await
+        .unwrap();
+    assert_eq!(status, RunStatus::Completed);
+    store.release_lease(&takeover, None).await.unwrap();
+    assert_eq!(effects(fx), ["race"]);
+    let summary = store.summary(&run).await.unwrap();
+    assert_eq!(
+        (summary.status.as_str(), summary.lease_token),
+        ("completed", 2)
+    );
+    assert!(summary.lease.is_none());
+    assert!(store.verify(&run).await.unwrap().is_intact());
+}
+
+#[tokio::test]
+async fn racing_drivers_on_postgres_have_one_winner_and_the_replaced_one_is_fenced() {
+    let Some(pg) = PgSchema::new("race").await else {
+        return;
+    };
+    let fx = Fixture::new();
+    racing_drivers(Arc::new(pg.store().await), &fx).await;
+}
+
+#[tokio::test]
+async fn racing_drivers_on_sqlite_have_one_winner_and_the_replaced_one_is_fenced() {
+    let fx = Fixture::new();
+    let store = SqliteStore::open(fx.dir.path().join("runs.db")).unwrap();
+    racing_drivers(Arc::new(store), &fx).await;
+}
+
+// ---- the takeover test ------------------------------------------------------
+
+const RUNS: usize = 200;
+const WORKERS: usize = 3;
+
+fn warden_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let bin = exe.parent().unwrap().parent().unwrap().join("warden");
+    assert!(
+        bin.is_file(),
+        "{} is missing: run the workspace's `cargo test` (or `cargo build -p warden`) first",
+        bin.display()
+    );
+    bin
+}
+
+fn start_worker(dir: &Path, url: &str, n: usize) -> Child {
+    Command::new(warden_binary())
+        .args([
+            "worker",
+            "--concurrency",
+            "4",
+            "--lease-ttl",
+            "2s",
+            "--poll",
+            "50ms",
+            "--grace",
+            "5s",
+            "--id",
+            &format!("worker-{n}"),
+        ])
+        .env("WARDEN_STORE", url)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap()
+}
+
+/// A small deterministic generator, so a failure can be replayed.
+struct XorShift(u64);
+
+impl XorShift {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write() {
+    let Some(pg) = PgSchema::new("takeover").await else {
+        return;
+    };
+    let fx = Fixture::new();
+    let dir = fx.dir.path();
+    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
+    let rt = runtime(store.clone());
+    // One run through `warden submit`, the rest through the library.
+    let jobs: Vec<String> = (0..RUNS).map(|i| format!("job-{i:03}")).collect();
+    let agents: Vec<Agent> = jobs.iter().map(|job| job_agent(&fx, job)).collect();
+    let out = Command::new(warden_binary())
+        .args(["submit", "agents/job-000.toml", "go", "--run-id", "job-000"])
+        .env("WARDEN_STORE", &pg.url)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "job-000");
+    for (job, agent) in jobs.iter().zip(&agents).skip(1) {
+        rt.submit(
+            agent,
+            RunId::new(job.as_str()).unwrap(),
+            json!("go"),
+            BTreeMap::new(),
+        )
+        .await
+        .unwrap();
+    }
+    let queued = store
+        .list(&RunFilter::new().status("queued"))
+        .await
+        .unwrap();
+    assert_eq!(queued.len(), RUNS);
+
+    let mut workers: Vec<Option<Child>> = (0..WORKERS)
+        .map(|n| Some(start_worker(dir, &pg.url, n)))
+        .collect();
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let (mut kills, mut resolved, mut rounds) = (0, 0, 0);
+    loop {
+        rounds += 1;
+        assert!(
+            rounds <= 3_000,
+            "runs did not finish: {:?}",
+            status_counts(&*store).await
+        );
+        let runs = store.list(&RunFilter::new()).await.unwrap();
+        let done = runs.iter().filter(|r| r.status == "completed").count();
+        if done == RUNS {
+            break;
+        }
+        // The operator reconciles writes left without an outcome. A run
+        // lists as needs_reconciliation while its write is in flight too:
+        // only one whose driver is gone (lease released or expired) is
+        // dangling. If the job's line is in the counter the write happened;
+        // if not, the operator performs it by hand after recording so.
+        // Either way it happens once.
+        let now = now_ms();
+        for r in runs.iter().filter(|r| {
+            r.status == "needs_reconciliation" && r.lease.as_ref().is_none_or(|l| l.is_expired(now))
+        }) {
+            let job = r.run_id.as_str();
+            let happened = effects(&fx).iter().any(|l| l == job);
+            let recorded = rt
+                .resolve(
+                    &r.run_id,
+                    json!({ "appended": true, "by_hand": !happened }),
+                    "test-operator",
+                    Some("checked effects.log".into()),
+                )
+                .await;
+            match recorded {
+                Ok(()) => resolved += 1,
+                // Its driver was slow, not dead, and recorded the outcome.
+                Err(RuntimeError::NotReconcilable { .. } | RuntimeError::Conflict { .. }) => {
+                    continue;
+                }
+                Err(other) => panic!("resolving {job}: {other}"),
+            }
+            if !happened {
+                use std::io::Write as _;
+                let mut f = std::fs::OpenOptions::new()
+                    .append(true)
+                    .create(true)
+                    .open(dir.join("work/effects.log"))
+                    .unwrap();
+                writeln!(f, "{job}").unwrap();
+            }
+        }
+        // Restart dead workers; now and then kill one at random.
+        for (n, slot) in workers.iter_mut().enumerate() {
+            if slot.is_none() {
+                *slot = Some(start_worker(dir, &pg.url, n));
+            }
+        }
+        if kills < 60 && rng.next().is_multiple_of(2) {
+            let n = (rng.next() % WORKERS as u64) as usize;
+            if let Some(mut child) = workers[n].take() {
+                child.kill().unwrap(); // SIGKILL
+                child.wait().unwrap();
+                kills += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10 + rng.next() % 120)).await;
+    }
+    // A graceful stop: SIGTERM, and each worker exits 0.
+    for child in workers.iter_mut().flatten() {
+        let pid = child.id().to_string();
+        let term = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+        assert!(term.success());
+    }
+    for child in workers.iter_mut().flatten() {
+        let status = child.wait().unwrap();
+        assert!(status.success(), "a worker stopped with {status}");
+    }
+
+    // Every run completed, its log gap-free and its chain intact.
+    let mut taken_over = 0;
+    for job in &jobs {
+        let run = RunId::new(job.as_str()).unwrap();
+        let s = store.summary(&run).await.unwrap();
+        assert_eq!(s.status, "completed", "{job}");
+        // Every run was driven under a lease (a worker killed after the
+        // last append leaves its expired lease on the finished run).
+        assert!(s.lease_token >= 1, "{job} was never leased");
+        if s.lease_token > 1 {
+            taken_over += 1;
+        }
+        let log = store.load(&run).await.unwrap();
+        let seqs: Vec<u64> = log.iter().map(|e| e.seq).collect();
+        assert_eq!(seqs, (1..=s.event_count).collect::<Vec<_>>(), "{job}");
+        assert!(store.verify(&run).await.unwrap().is_intact(), "{job}");
+        assert_eq!(
+            rt.state(&run).await.unwrap().status(),
+            RunStatus::Completed,
+            "{job}"
+        );
+    }
+    // Each job's write happened exactly once (by its tool, or by the
+    // operator for a write that never ran).
+    let lines = effects(&fx);
+    for job in &jobs {
+        let n = lines.iter().filter(|l| *l == job).count();
+        assert_eq!(n, 1, "{job}'s write happened {n} times");
+    }
+    assert_eq!(lines.len(), RUNS);
+    eprintln!(
+        "takeover test: {kills} SIGKILLs, {taken_over} runs taken over by another worker, {resolved} writes reconciled"
+    );
+    assert!(kills >= 1, "no worker was killed: the test tested nothing");
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+async fn status_counts(store: &dyn EventStore) -> BTreeMap<String, usize> {
+    let mut counts = BTreeMap::new();
+    for r in store.list(&RunFilter::new()).await.unwrap() {
+        *counts.entry(r.status).or_default() += 1;
+    }
+    counts
+}
