@@ -86,6 +86,11 @@ pub struct ToolOverride {
     pub description: Option<String>,
     /// The JSON Schema of the arguments, as JSON text.
     pub input_schema: Option<String>,
+    /// The argument whose value is the call's idempotency key across runs
+    /// (for example `claim_id`): a call without it is refused, and every run
+    /// making the call with the same value shares one commitment, so the
+    /// tool runs once. Default: none (each call's key is its own).
+    pub idempotency_key: Option<String>,
 }
 
 /// How repeatable a tool's effect is.
@@ -326,6 +331,18 @@ pub fn effective(
             message,
         })?;
     for (tool, o) in &grant.tools {
+        if let Some(field) = &o.idempotency_key
+            && (field.is_empty()
+                || !field
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
+        {
+            return Err(PolicyError::Invalid {
+                plugin: plugin.clone(),
+                key: format!("tools.{tool}.idempotency_key"),
+                message: format!("`{field}` is not an argument name"),
+            });
+        }
         if let Some(schema) = &o.input_schema {
             match serde_json::from_str::<serde_json::Value>(schema) {
                 Ok(serde_json::Value::Object(_)) => {}

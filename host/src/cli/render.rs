@@ -62,6 +62,29 @@ pub(crate) fn event(event: &Event) -> Option<String> {
                 .map(|n| format!(" ({n})"))
                 .unwrap_or_default()
         ),
+        Event::ToolCallAttemptFailed(f) if f.outcome_unknown => format!(
+            "! {} attempt {} died mid-call ({}): the write's outcome is unknown",
+            f.call_id,
+            f.attempt,
+            receipt(&f.receipt)
+        ),
+        Event::ToolCallAttemptFailed(f) => format!(
+            "↻ {} attempt {} failed: {} ({}); trying again",
+            f.call_id,
+            f.attempt,
+            f.error,
+            receipt(&f.receipt)
+        ),
+        Event::ToolCallDeduplicated(d) => {
+            let result = match &d.result {
+                ToolCallResult::Output(v) => format!("ok {}", short(v, 300)),
+                ToolCallResult::Error(e) => format!("error: {e}"),
+            };
+            format!(
+                "← {} {result} (already done by run {} call {}; not run again)",
+                d.call_id, d.origin_run, d.origin_call
+            )
+        }
         Event::ApprovalRequested(a) => {
             let mut text = format!("? {} {} needs approval", a.call_id, a.tool.model_name());
             if let Some(p) = &a.preview {

@@ -38,14 +38,14 @@ use super::canonical::request_hash;
 use super::events::{
     ApprovalRequested, Event, InvocationOutcome, ModelCallCompleted, ModelCallError,
     ModelCallFailed, ModelCallIntent, PreflightOutcome, Preview, RunCompleted, RunError, RunFailed,
-    Suspended, ToolCallCompleted, ToolCallError, ToolCallIntent, ToolCallRejected, ToolCallResult,
-    ToolRef,
+    Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated, ToolCallError,
+    ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
 };
-use super::ids::{CallId, RequestHash, RunId, idempotency_key};
+use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::prompt::{build_request, request_frame};
 use super::schema::{self, SchemaError};
 use super::state::{
-    ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState,
+    ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState, key_argument,
 };
 use super::view::{AgentView, ToolTarget};
 use crate::policy::EffectClass;
@@ -55,6 +55,10 @@ use crate::sandbox::{UsageReceipt, wit};
 /// Attempts at one step's model call before a run of transient failures
 /// fails the run.
 pub const MAX_MODEL_ATTEMPTS: u32 = 3;
+
+/// Attempts at one `read` or `idempotent` tool call before a run of
+/// retryable failures becomes its result. A `write` is tried once.
+pub const MAX_TOOL_ATTEMPTS: u32 = 3;
 
 /// What to do next.
 #[derive(Clone, Debug, PartialEq)]
@@ -159,6 +163,9 @@ impl ModelCall {
 pub struct ToolInvocation {
     /// Its intent: the tool, frozen arguments, effect class, key.
     pub intent: ToolCallIntent,
+    /// The attempt, from 1: earlier attempts of a `read` or `idempotent`
+    /// call failed and were recorded.
+    pub attempt: u32,
     /// Whether the intent is already in the log (a crash came between it and
     /// the completion of a `read` or `idempotent` call): then run it again
     /// without recording a new intent.
@@ -173,12 +180,53 @@ impl ToolInvocation {
 
     /// The call to hand the plugin.
     pub fn wit_call(&self, run_id: &RunId) -> wit::Call {
-        wit_call(
-            run_id,
-            &self.intent.call_id,
-            &self.intent.tool,
-            &self.intent.arguments,
-        )
+        wit::Call {
+            idempotency_key: self.intent.idempotency_key.clone(),
+            ..wit_call(
+                run_id,
+                &self.intent.call_id,
+                &self.intent.tool,
+                &self.intent.arguments,
+            )
+        }
+    }
+
+    /// The record of a failed attempt; the call stays in flight.
+    pub fn attempt_failed(
+        &self,
+        outcome: &InvocationOutcome,
+        receipt: UsageReceipt,
+        outcome_unknown: bool,
+    ) -> Event {
+        let error = match ToolCallResult::from_invocation(outcome) {
+            ToolCallResult::Error(e) => e,
+            ToolCallResult::Output(_) => ToolCallError::InvalidOutput {
+                message: "the attempt returned an output".into(),
+            },
+        };
+        Event::ToolCallAttemptFailed(ToolCallAttemptFailed {
+            call_id: self.intent.call_id.clone(),
+            attempt: self.attempt,
+            error,
+            receipt,
+            outcome_unknown,
+        })
+    }
+
+    /// The record that another run already executed this keyed call.
+    pub fn deduplicated(
+        &self,
+        result: ToolCallResult,
+        origin_run: RunId,
+        origin_call: CallId,
+    ) -> Event {
+        Event::ToolCallDeduplicated(ToolCallDeduplicated {
+            call_id: self.intent.call_id.clone(),
+            idempotency_key: self.intent.idempotency_key.clone(),
+            result,
+            origin_run,
+            origin_call,
+        })
     }
 
     /// The completion to record for what the lease returned.
@@ -333,9 +381,12 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
         return Action::CallModel(model_call(state, view, step, attempt, true, detail));
     }
     if let Some(intent) = state.in_flight_tool() {
-        // Not a write: a dangling write parks the run above.
+        // Not a write: a dangling write parks the run above. The same
+        // intent, so the same idempotency key, on every attempt.
+        let failed = state.next_call().map_or(0, |c| c.failed_attempts);
         return Action::CallTool(ToolInvocation {
             intent: intent.clone(),
+            attempt: failed + 1,
             recorded: true,
         });
     }
@@ -432,29 +483,45 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
                 tool,
                 effect,
                 needs_approval,
+                key,
             },
             progress @ (ToolCallProgress::Pending | ToolCallProgress::Approved { .. }),
-        ) => gated(state, view, &TOOL_BUDGETS, || {
-            if *needs_approval && matches!(progress, ToolCallProgress::Pending) {
-                Action::RequestApproval(ApprovalRequest {
-                    call_id: call.call_id.clone(),
-                    tool: tool.clone(),
-                    arguments: call.call.arguments.clone(),
-                    effect: *effect,
-                })
-            } else {
-                Action::CallTool(ToolInvocation {
-                    intent: ToolCallIntent {
+        ) => {
+            let idempotency_key = match key {
+                None => idempotency_key(&state.run_id, &call.call_id),
+                Some(k) => match key_argument(&call.call.arguments, &k.field) {
+                    Some(value) => commitment_key(&k.scope, value),
+                    None => {
+                        return reject(ToolCallError::MissingIdempotencyKey {
+                            field: k.field.clone(),
+                        });
+                    }
+                },
+            };
+            gated(state, view, &TOOL_BUDGETS, || {
+                if *needs_approval && matches!(progress, ToolCallProgress::Pending) {
+                    Action::RequestApproval(ApprovalRequest {
                         call_id: call.call_id.clone(),
                         tool: tool.clone(),
                         arguments: call.call.arguments.clone(),
                         effect: *effect,
-                        idempotency_key: idempotency_key(&state.run_id, &call.call_id),
-                    },
-                    recorded: false,
-                })
-            }
-        }),
+                    })
+                } else {
+                    Action::CallTool(ToolInvocation {
+                        intent: ToolCallIntent {
+                            call_id: call.call_id.clone(),
+                            tool: tool.clone(),
+                            arguments: call.call.arguments.clone(),
+                            effect: *effect,
+                            idempotency_key: idempotency_key.clone(),
+                            keyed_by: key.clone(),
+                        },
+                        attempt: 1,
+                        recorded: false,
+                    })
+                }
+            })
+        }
         // An approved call whose tool became a human tool: the agent changed
         // under the run. Refuse it rather than guess.
         (ToolTarget::Human { .. }, _) => reject(ToolCallError::Unavailable {

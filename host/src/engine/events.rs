@@ -50,6 +50,14 @@ pub enum Event {
     /// A human recorded the completion of a write whose outcome the log did
     /// not have.
     ToolCallResolved(ToolCallResolved),
+    /// One attempt at a tool call failed and the call stays in flight: a
+    /// `read` or `idempotent` call about to be tried again, or a write whose
+    /// lease died mid-call, so its outcome is unknown.
+    ToolCallAttemptFailed(ToolCallAttemptFailed),
+    /// Another run already executed this call under the same idempotency
+    /// commitment: its recorded result is this call's result, and nothing
+    /// ran here.
+    ToolCallDeduplicated(ToolCallDeduplicated),
     /// A tool call waits for a human's approval.
     ApprovalRequested(ApprovalRequested),
     /// A human approved a tool call.
@@ -98,6 +106,10 @@ pub enum EventKind {
     ToolCallCompleted,
     /// [`Event::ToolCallResolved`].
     ToolCallResolved,
+    /// [`Event::ToolCallAttemptFailed`].
+    ToolCallAttemptFailed,
+    /// [`Event::ToolCallDeduplicated`].
+    ToolCallDeduplicated,
     /// [`Event::ApprovalRequested`].
     ApprovalRequested,
     /// [`Event::ApprovalGranted`].
@@ -128,7 +140,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 21] = [
+    pub const ALL: [EventKind; 23] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -150,6 +162,8 @@ impl EventKind {
         EventKind::RunFailed,
         EventKind::RunCancelled,
         EventKind::RunAbandoned,
+        EventKind::ToolCallAttemptFailed,
+        EventKind::ToolCallDeduplicated,
     ];
 
     /// The `type` tag.
@@ -163,6 +177,8 @@ impl EventKind {
             EventKind::ToolCallIntent => "tool_call_intent",
             EventKind::ToolCallCompleted => "tool_call_completed",
             EventKind::ToolCallResolved => "tool_call_resolved",
+            EventKind::ToolCallAttemptFailed => "tool_call_attempt_failed",
+            EventKind::ToolCallDeduplicated => "tool_call_deduplicated",
             EventKind::ApprovalRequested => "approval_requested",
             EventKind::ApprovalGranted => "approval_granted",
             EventKind::ApprovalDenied => "approval_denied",
@@ -209,6 +225,8 @@ impl Event {
             Event::ToolCallIntent(_) => EventKind::ToolCallIntent,
             Event::ToolCallCompleted(_) => EventKind::ToolCallCompleted,
             Event::ToolCallResolved(_) => EventKind::ToolCallResolved,
+            Event::ToolCallAttemptFailed(_) => EventKind::ToolCallAttemptFailed,
+            Event::ToolCallDeduplicated(_) => EventKind::ToolCallDeduplicated,
             Event::ApprovalRequested(_) => EventKind::ApprovalRequested,
             Event::ApprovalGranted(_) => EventKind::ApprovalGranted,
             Event::ApprovalDenied(_) => EventKind::ApprovalDenied,
@@ -383,6 +401,57 @@ pub struct ToolCallIntent {
     pub effect: EffectClass,
     /// Passed to the tool; the same on every execution of this call.
     pub idempotency_key: String,
+    /// When the operator named an argument as the tool's idempotency key:
+    /// the key is the commitment key derived from that argument (the same
+    /// for every run making the same call), not one derived from the run
+    /// and call ids. Omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub keyed_by: Option<KeyedBy>,
+}
+
+/// The argument a call's idempotency key comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyedBy {
+    /// The argument's name.
+    pub field: String,
+    /// What the key is unique within: `<plugin>/<tool>`, by the plugin's
+    /// manifest name, so every agent using the plugin shares it.
+    pub scope: String,
+}
+
+/// [`Event::ToolCallAttemptFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallAttemptFailed {
+    /// The call.
+    pub call_id: CallId,
+    /// Which attempt failed, from 1.
+    pub attempt: u32,
+    /// How it failed.
+    pub error: ToolCallError,
+    /// What the attempt's lease used.
+    pub receipt: UsageReceipt,
+    /// Whether the effect may have happened: a write whose lease died
+    /// mid-call. The run then needs reconciliation. Omitted when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub outcome_unknown: bool,
+}
+
+/// [`Event::ToolCallDeduplicated`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallDeduplicated {
+    /// The call.
+    pub call_id: CallId,
+    /// The commitment key it shares with the call that ran.
+    pub idempotency_key: String,
+    /// The result recorded by the call that ran.
+    pub result: ToolCallResult,
+    /// The run that ran it.
+    pub origin_run: RunId,
+    /// Its call there.
+    pub origin_call: CallId,
 }
 
 /// [`Event::ToolCallCompleted`].
@@ -480,6 +549,13 @@ pub enum ToolCallError {
     Unavailable {
         /// Why.
         message: String,
+    },
+    /// The operator named an argument as the tool's idempotency key and the
+    /// call lacks it (or it is not a string, number or boolean).
+    #[error("the argument `{field}` is required: it is the tool's idempotency key")]
+    MissingIdempotencyKey {
+        /// The argument.
+        field: String,
     },
 }
 
@@ -963,6 +1039,7 @@ pub(crate) mod tests {
                     arguments: json!({"path": "a.txt", "content": "hi"}),
                     effect: EffectClass::Write,
                     idempotency_key: "9f0e".into(),
+                    keyed_by: None,
                 }),
                 r#"{"v":1,"event":{"type":"tool_call_intent","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"arguments":{"content":"hi","path":"a.txt"},"effect":"write","idempotency_key":"9f0e"}}"#,
             ),
@@ -1084,6 +1161,29 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"run_abandoned","reason":"superseded","unresolved_write":{"call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"arguments":{"path":"a.txt"}}}}"#,
             ),
+            (
+                Event::ToolCallAttemptFailed(ToolCallAttemptFailed {
+                    call_id: CallId::new(1, 1),
+                    attempt: 1,
+                    error: ToolCallError::Failed {
+                        message: "busy".into(),
+                        retryable: true,
+                    },
+                    receipt: receipt(1000),
+                    outcome_unknown: false,
+                }),
+                r#"{"v":1,"event":{"type":"tool_call_attempt_failed","call_id":"call-1-1","attempt":1,"error":{"kind":"failed","message":"busy","retryable":true},"receipt":{"outcome":"ok","fuel_consumed":1000,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+            ),
+            (
+                Event::ToolCallDeduplicated(ToolCallDeduplicated {
+                    call_id: CallId::new(2, 1),
+                    idempotency_key: "c0ffee".into(),
+                    result: ToolCallResult::Output(json!({"paid": true})),
+                    origin_run: RunId::new("r0").unwrap(),
+                    origin_call: CallId::new(1, 1),
+                }),
+                r#"{"v":1,"event":{"type":"tool_call_deduplicated","call_id":"call-2-1","idempotency_key":"c0ffee","result":{"output":{"paid":true}},"origin_run":"r0","origin_call":"call-1-1"}}"#,
+            ),
         ]
     }
 
@@ -1111,6 +1211,8 @@ pub(crate) mod tests {
             EventKind::RunFailed => 18,
             EventKind::RunCancelled => 19,
             EventKind::RunAbandoned => 20,
+            EventKind::ToolCallAttemptFailed => 21,
+            EventKind::ToolCallDeduplicated => 22,
         }
     }
 
@@ -1130,7 +1232,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 21, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 23, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

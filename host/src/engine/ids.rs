@@ -53,6 +53,19 @@ pub fn idempotency_key(run_id: &RunId, call_id: &CallId) -> String {
     hex::encode(h.finalize())
 }
 
+/// The commitment key of a call whose tool takes its idempotency key from an
+/// argument: the same for every run making the call with that argument,
+/// whatever the run and call ids. `scope` is `<plugin>/<tool>`; `value` the
+/// argument's value, canonical JSON.
+pub fn commitment_key(scope: &str, value: &serde_json::Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"warden.commitment.v1\0");
+    hasher.update(scope.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(super::canonical::canonical_json(value).as_bytes());
+    hex::encode(hasher.finalize())
+}
+
 macro_rules! hex_digest {
     ($(#[$doc:meta])* $name:ident) => {
         $(#[$doc])*

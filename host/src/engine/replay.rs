@@ -110,6 +110,7 @@ fn is_decision(event: &Event) -> bool {
         event,
         Event::ModelCallIntent(_)
             | Event::ToolCallIntent(_)
+            | Event::ToolCallDeduplicated(_)
             | Event::ToolCallRejected(_)
             | Event::ApprovalRequested(_)
             | Event::Suspended(_)
@@ -129,6 +130,13 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         }
         (Action::CallTool(call), Event::ToolCallIntent(intent)) => {
             !call.recorded && call.intent == *intent
+        }
+        // Replay does not consult commitments: the recorded deduplication
+        // stands if the agent would make the same keyed call now.
+        (Action::CallTool(call), Event::ToolCallDeduplicated(d)) => {
+            !call.recorded
+                && call.intent.call_id == d.call_id
+                && call.intent.idempotency_key == d.idempotency_key
         }
         (Action::RejectToolCall(a), Event::ToolCallRejected(b)) => a == b,
         (Action::RequestApproval(a), Event::ApprovalRequested(b)) => {

@@ -24,19 +24,25 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::agent::Agent;
-use super::decide::{Action, ApprovalRequest, Idle, ModelCall, ToolInvocation, decide};
+use super::decide::{
+    Action, ApprovalRequest, Idle, MAX_TOOL_ATTEMPTS, ModelCall, ToolInvocation, decide,
+};
 use super::events::{
-    ApprovalDenied, ApprovalGranted, ClockObserved, Event, EventError, RunAbandoned, RunCancelled,
-    RunStarted, ToolCallResolved, UnresolvedWrite, decode, encode,
+    ApprovalDenied, ApprovalGranted, ClockObserved, Event, EventError, InvocationOutcome,
+    RunAbandoned, RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite,
+    decode, encode,
 };
 use super::ids::{AgentDigest, CallId, RunId};
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
 use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
+use crate::policy::EffectClass;
 use crate::providers::{ModelProvider, ProviderError, ProviderEvent, ResponseAssembler};
-use crate::sandbox::LeaseFailure;
-use crate::store::{EventStore, Lease, RunMeta, StoreError, VerifyReport};
+use crate::sandbox::{LeaseFailure, wit};
+use crate::store::{
+    Claim, EventStore, Holder, Lease, RunMeta, Settlement, StoreError, VerifyReport,
+};
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
 /// deterministic.
@@ -240,6 +246,23 @@ pub enum RuntimeError {
         /// Why.
         error: StoreError,
     },
+    /// A keyed call's commitment is held by another run that has not
+    /// settled it (it may be running the call, or its outcome may be unknown
+    /// there); this run waited and will try again when driven again.
+    #[error(
+        "run `{run_id}`: call `{call_id}` shares idempotency commitment {key} with run `{}` call `{}`, which has not settled it",
+        holder.run_id, holder.call_id
+    )]
+    CommitmentHeld {
+        /// The waiting run.
+        run_id: RunId,
+        /// Its call.
+        call_id: CallId,
+        /// The commitment key.
+        key: String,
+        /// Who holds it.
+        holder: Holder,
+    },
 }
 
 impl From<StoreError> for RuntimeError {
@@ -314,6 +337,7 @@ struct Inner {
     record_prompts: bool,
     labels: BTreeMap<String, String>,
     provider: Option<Arc<dyn ModelProvider>>,
+    commitment_wait: Duration,
     prepared: Mutex<HashMap<AgentDigest, Arc<Prepared>>>,
     live: Mutex<HashMap<RunId, Live>>,
 }
@@ -371,6 +395,7 @@ impl Runtime {
                 record_prompts: false,
                 labels: BTreeMap::new(),
                 provider: None,
+                commitment_wait: DEFAULT_COMMITMENT_WAIT,
                 prepared: Mutex::default(),
                 live: Mutex::default(),
             }),
@@ -386,6 +411,7 @@ impl Runtime {
             record_prompts: shared.record_prompts,
             labels: shared.labels.clone(),
             provider: shared.provider.clone(),
+            commitment_wait: shared.commitment_wait,
             prepared: Mutex::default(),
             live: Mutex::default(),
         });
@@ -421,6 +447,13 @@ impl Runtime {
     /// each agent's provider, from its `[model]` table.
     pub fn with_provider(self, provider: Arc<dyn ModelProvider>) -> Self {
         self.rebuild(|i| i.provider = Some(provider))
+    }
+
+    /// How long a keyed call waits for another run that holds its
+    /// idempotency commitment unsettled before the drive stops with
+    /// [`RuntimeError::CommitmentHeld`]. Default: 2 minutes.
+    pub fn with_commitment_wait(self, wait: Duration) -> Self {
+        self.rebuild(|i| i.commitment_wait = wait)
     }
 
     /// The store.
@@ -682,13 +715,25 @@ impl Runtime {
                 status: log.state.status(),
             });
         };
+        let settlement = write.keyed_by.as_ref().map(|_| Settlement {
+            key: write.idempotency_key.clone(),
+            holder: Holder {
+                run_id: run_id.clone(),
+                call_id: write.call_id.to_string(),
+            },
+            result: Bytes::from(
+                serde_json::to_vec(&ToolCallResult::Output(output.clone()))
+                    .expect("a tool call result serializes"),
+            ),
+        });
         let event = Event::ToolCallResolved(ToolCallResolved {
             call_id: write.call_id.clone(),
             by: by.to_owned(),
             output,
             note,
         });
-        self.append(&mut log, vec![event]).await
+        self.append_with(&mut log, vec![event], settlement.as_ref())
+            .await
     }
 
     /// Ends a run for good, whatever state it is in (short of terminal),
@@ -900,6 +945,22 @@ impl Runtime {
         driver: &DriverHandle,
         invocation: ToolInvocation,
     ) -> Result<Step, RuntimeError> {
+        let holder = Holder {
+            run_id: log.run_id.clone(),
+            call_id: invocation.intent.call_id.to_string(),
+        };
+        if invocation.intent.keyed_by.is_some() {
+            // Claim the commitment before anything is recorded or run: the
+            // call runs here only if no other run ran it or is running it.
+            match self.claim(log, driver, &invocation, &holder).await? {
+                Claimed::Granted => {}
+                Claimed::Cancelled => return self.record_cancel(log, driver, None).await,
+                Claimed::Settled(event) => {
+                    self.append(log, vec![*event]).await?;
+                    return Ok(Step::Progressed);
+                }
+            }
+        }
         if !invocation.recorded {
             self.append(log, vec![invocation.intent()]).await?;
         }
@@ -909,7 +970,7 @@ impl Runtime {
             .get(&tool.plugin)
             .expect("the agent view only names loaded plugins");
         let call = invocation.wit_call(&log.run_id);
-        let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool);
+        let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool, attempt = invocation.attempt);
         let leased = {
             let _enter = span.enter();
             plugin.invoke(&call, Some(&driver.cancel))
@@ -924,9 +985,89 @@ impl Runtime {
             // write if it was one (its outcome is unknown).
             return self.record_cancel(log, driver, None).await;
         }
-        let event = invocation.completion(&leased.result, leased.receipt);
-        self.append(log, vec![event]).await?;
+        match disposition(invocation.intent.effect, invocation.attempt, &leased.result) {
+            Disposition::Complete => {
+                let event = invocation.completion(&leased.result, leased.receipt);
+                let settlement = invocation.intent.keyed_by.as_ref().map(|_| Settlement {
+                    key: invocation.intent.idempotency_key.clone(),
+                    holder,
+                    result: Bytes::from(
+                        serde_json::to_vec(&ToolCallResult::from_invocation(&leased.result))
+                            .expect("a tool call result serializes"),
+                    ),
+                });
+                self.append_with(log, vec![event], settlement.as_ref())
+                    .await?;
+            }
+            Disposition::Retry => {
+                tracing::info!(run_id = %log.run_id, call_id = %invocation.intent.call_id, attempt = invocation.attempt, "tool call failed; trying again");
+                let event = invocation.attempt_failed(&leased.result, leased.receipt, false);
+                self.append(log, vec![event]).await?;
+                let delay = Duration::from_millis(100u64 << (invocation.attempt - 1).min(4));
+                tokio::select! {
+                    () = driver.cancel.cancelled() => return self.record_cancel(log, driver, None).await,
+                    () = tokio::time::sleep(delay) => {}
+                }
+            }
+            Disposition::OutcomeUnknown => {
+                tracing::warn!(run_id = %log.run_id, call_id = %invocation.intent.call_id, "a write's lease died mid-call: its outcome is unknown");
+                let event = invocation.attempt_failed(&leased.result, leased.receipt, true);
+                self.append(log, vec![event]).await?;
+            }
+        }
         Ok(Step::Progressed)
+    }
+
+    /// Claims a keyed call's commitment, waiting while another run holds it
+    /// unsettled.
+    async fn claim(
+        &self,
+        log: &Log,
+        driver: &DriverHandle,
+        invocation: &ToolInvocation,
+        holder: &Holder,
+    ) -> Result<Claimed, RuntimeError> {
+        let key = &invocation.intent.idempotency_key;
+        let mut delay = Duration::from_millis(20);
+        let mut waited = Duration::ZERO;
+        loop {
+            match self.inner.store.claim_commitment(key, holder).await? {
+                Claim::Granted => return Ok(Claimed::Granted),
+                Claim::Settled { holder, result } => {
+                    let result: ToolCallResult =
+                        serde_json::from_slice(&result).map_err(|e| RuntimeError::Store {
+                            error: StoreError::Backend {
+                                context: format!(
+                                    "commitment {key}: the recorded result cannot be read"
+                                ),
+                                error: Box::new(e),
+                            },
+                        })?;
+                    let origin_call = CallId::from_text(holder.call_id);
+                    return Ok(Claimed::Settled(Box::new(invocation.deduplicated(
+                        result,
+                        holder.run_id,
+                        origin_call,
+                    ))));
+                }
+                Claim::Held(other) => {
+                    if waited >= self.inner.commitment_wait {
+                        return Err(RuntimeError::CommitmentHeld {
+                            run_id: log.run_id.clone(),
+                            call_id: invocation.intent.call_id.clone(),
+                            key: key.clone(),
+                            holder: other,
+                        });
+                    }
+                    tokio::select! {
+                        () = driver.cancel.cancelled() => return Ok(Claimed::Cancelled),
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    waited += delay;
+                    delay = (delay * 2).min(Duration::from_secs(1));
+                }
+            }
+        }
     }
 
     async fn request_approval(
@@ -1008,6 +1149,17 @@ impl Runtime {
     /// and is refused before it is written), then written with the length
     /// the log had, then published.
     async fn append(&self, log: &mut Log, new: Vec<Event>) -> Result<(), RuntimeError> {
+        self.append_with(log, new, None).await
+    }
+
+    /// [`append`](Self::append), settling an idempotency commitment in the
+    /// same transaction when `settlement` is given.
+    async fn append_with(
+        &self,
+        log: &mut Log,
+        new: Vec<Event>,
+        settlement: Option<&Settlement>,
+    ) -> Result<(), RuntimeError> {
         let mut state = log.state.clone();
         for event in &new {
             state.apply(event).map_err(|error| RuntimeError::Fold {
@@ -1019,15 +1171,28 @@ impl Runtime {
         let expected = log.events.len() as u64;
         let (status, now) = (state.status(), self.inner.clock.now_ms() as i64);
         let store = &self.inner.store;
-        match &log.fence {
-            None => {
+        match (settlement, &log.fence) {
+            (None, None) => {
                 store
                     .append(&log.run_id, expected, &bytes, status.as_str(), now)
                     .await?
             }
-            Some(lease) => {
+            (None, Some(lease)) => {
                 store
                     .append_fenced(lease, expected, &bytes, status.as_str(), now)
+                    .await?
+            }
+            (Some(s), fence) => {
+                store
+                    .append_settling(
+                        &log.run_id,
+                        fence.as_ref(),
+                        expected,
+                        &bytes,
+                        status.as_str(),
+                        now,
+                        s,
+                    )
                     .await?
             }
         };
@@ -1226,6 +1391,52 @@ fn plugin_error(view: &AgentView, e: PluginError) -> RuntimeError {
     RuntimeError::Agent {
         agent: view.name.clone(),
         message: e.to_string(),
+    }
+}
+
+/// How long a keyed call waits for another run holding its commitment
+/// before the drive gives up (the run stays as it was), by default.
+const DEFAULT_COMMITMENT_WAIT: Duration = Duration::from_secs(120);
+
+/// What claiming a keyed call's commitment decided.
+enum Claimed {
+    /// Run the call here.
+    Granted,
+    /// Another run ran it: record its result.
+    Settled(Box<Event>),
+    /// The run was cancelled while waiting.
+    Cancelled,
+}
+
+/// What to record after a tool call's attempt.
+#[derive(Debug, PartialEq, Eq)]
+enum Disposition {
+    /// Its completion: an output, or an error whose outcome is known.
+    Complete,
+    /// A failed attempt, then another attempt (`read` and `idempotent`
+    /// calls only).
+    Retry,
+    /// A failed attempt of a write whose lease died: it may have happened.
+    OutcomeUnknown,
+}
+
+/// Retries by effect class: a `read` or `idempotent` call is tried again
+/// after a retryable guest failure or a deadline, up to
+/// [`MAX_TOOL_ATTEMPTS`]; a write is tried once, and a write whose lease
+/// died mid-call (anything but a typed error of its own, or a lease refused
+/// before the guest ran) has an unknown outcome.
+fn disposition(effect: EffectClass, attempt: u32, outcome: &InvocationOutcome) -> Disposition {
+    let may_retry = effect != EffectClass::Write && attempt < MAX_TOOL_ATTEMPTS;
+    match outcome {
+        Ok(Ok(_)) => Disposition::Complete,
+        Ok(Err(wit::ToolError::Failed(f))) if f.retryable && may_retry => Disposition::Retry,
+        Ok(Err(_)) => Disposition::Complete,
+        Err(lease) => match lease.failure {
+            LeaseFailure::Refused { .. } => Disposition::Complete,
+            _ if effect == EffectClass::Write => Disposition::OutcomeUnknown,
+            LeaseFailure::Timeout { .. } if may_retry => Disposition::Retry,
+            _ => Disposition::Complete,
+        },
     }
 }
 

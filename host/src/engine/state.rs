@@ -21,7 +21,7 @@ use super::events::{
     RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
     UnresolvedWrite,
 };
-use super::ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
+use super::ids::{AgentDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
@@ -187,6 +187,9 @@ pub struct ToolCallState {
     pub call: ToolCall,
     /// How far it got.
     pub progress: ToolCallProgress,
+    /// Attempts that failed while it was in flight (retried, or a write's
+    /// unknown outcome).
+    pub failed_attempts: u32,
 }
 
 /// How far a tool call got.
@@ -233,6 +236,16 @@ pub enum ToolCallProgress {
         /// The input.
         input: Value,
     },
+    /// Another run had already executed the same keyed call; its result is
+    /// this call's. Settled.
+    Deduplicated {
+        /// The recorded result.
+        result: ToolCallResult,
+        /// The run that ran it.
+        origin_run: RunId,
+        /// Its call there.
+        origin_call: CallId,
+    },
 }
 
 impl ToolCallProgress {
@@ -245,6 +258,7 @@ impl ToolCallProgress {
                 | ToolCallProgress::Completed(_)
                 | ToolCallProgress::Resolved { .. }
                 | ToolCallProgress::Answered { .. }
+                | ToolCallProgress::Deduplicated { .. }
         )
     }
 
@@ -260,6 +274,7 @@ impl ToolCallProgress {
             ToolCallProgress::Completed(_) => "completed",
             ToolCallProgress::Resolved { .. } => "resolved",
             ToolCallProgress::Answered { .. } => "answered",
+            ToolCallProgress::Deduplicated { .. } => "deduplicated",
         }
     }
 
@@ -268,9 +283,17 @@ impl ToolCallProgress {
     pub fn result_for_model(&self) -> Option<(String, bool)> {
         match self {
             ToolCallProgress::Completed(ToolCallResult::Output(v))
+            | ToolCallProgress::Deduplicated {
+                result: ToolCallResult::Output(v),
+                ..
+            }
             | ToolCallProgress::Resolved { output: v, .. }
             | ToolCallProgress::Answered { input: v } => Some((value_text(v), false)),
             ToolCallProgress::Completed(ToolCallResult::Error(e))
+            | ToolCallProgress::Deduplicated {
+                result: ToolCallResult::Error(e),
+                ..
+            }
             | ToolCallProgress::Rejected(e) => Some((e.to_string(), true)),
             ToolCallProgress::Denied { by, reason } => {
                 Some((format!("the call was denied by {by}: {reason}"), true))
@@ -848,10 +871,39 @@ impl RunState {
                 if intent.arguments != call.call.arguments {
                     return Err(mismatch("arguments"));
                 }
-                if intent.idempotency_key != idempotency_key(&self.run_id, &intent.call_id) {
+                let expected_key = match &intent.keyed_by {
+                    None => idempotency_key(&self.run_id, &intent.call_id),
+                    Some(k) => match key_argument(&intent.arguments, &k.field) {
+                        Some(value) => commitment_key(&k.scope, value),
+                        None => return Err(mismatch("idempotency key argument")),
+                    },
+                };
+                if intent.idempotency_key != expected_key {
                     return Err(mismatch("idempotency key"));
                 }
                 Ok(())
+            }
+            Event::ToolCallAttemptFailed(f) => {
+                let call = self.expect_next(&f.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::InFlight(_)),
+                    "in flight",
+                )
+            }
+            Event::ToolCallDeduplicated(d) => {
+                let call = self.expect_next(&d.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| {
+                        matches!(
+                            p,
+                            ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
+                        )
+                    },
+                    "pending or approved",
+                )?;
+                self.parked_problem()
             }
             Event::ToolCallCompleted(c) => {
                 let call = self.expect_next(&c.call_id)?;
@@ -994,6 +1046,7 @@ impl RunState {
                             call_id: CallId::new(c.step, i + 1),
                             call: call.clone(),
                             progress: ToolCallProgress::Pending,
+                            failed_attempts: 0,
                         })
                         .collect(),
                 });
@@ -1025,6 +1078,17 @@ impl RunState {
             Event::ToolCallCompleted(c) => {
                 self.usage.fuel = self.usage.fuel.saturating_add(c.receipt.fuel_consumed);
                 self.settle(ToolCallProgress::Completed(c.result.clone()));
+            }
+            Event::ToolCallAttemptFailed(f) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(f.receipt.fuel_consumed);
+                self.next_call_mut().failed_attempts += 1;
+            }
+            Event::ToolCallDeduplicated(d) => {
+                self.settle(ToolCallProgress::Deduplicated {
+                    result: d.result.clone(),
+                    origin_run: d.origin_run.clone(),
+                    origin_call: d.origin_call.clone(),
+                });
             }
             Event::ToolCallResolved(r) => {
                 self.settle(ToolCallProgress::Resolved {
@@ -1074,4 +1138,12 @@ impl RunState {
             Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
         }
     }
+}
+
+/// The value of a call's idempotency-key argument: a string, number or
+/// boolean; `None` when absent or of another type.
+pub fn key_argument<'a>(arguments: &'a Value, field: &str) -> Option<&'a Value> {
+    arguments
+        .get(field)
+        .filter(|v| v.is_string() || v.is_number() || v.is_boolean())
 }

@@ -42,6 +42,7 @@ fn plugin_tool(tool: &str, effect: EffectClass, needs_approval: bool) -> AgentTo
             tool,
             effect,
             needs_approval,
+            key: None,
         },
     }
 }
@@ -188,6 +189,7 @@ fn tool_intent_of(
         tool: tool_ref(name),
         arguments: args,
         effect,
+        keyed_by: None,
     }
 }
 
@@ -1816,11 +1818,13 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
     ]
     .into_iter()
     .map(|(name, effect)| crate::plugins::ToolDescriptor {
+        plugin: "fs".into(),
         name: name.into(),
         description: name.into(),
         input_schema: json!({"type": "object"}),
         claimed_effect: effect,
         effect,
+        idempotency_key: None,
     })
     .collect();
     let view = AgentView::new(&agent, &[("fs", &fs)]).unwrap();

@@ -12,7 +12,7 @@ use serde_json::Value;
 
 use super::agent::{Agent, ApprovalRule};
 use super::budget::{BudgetLimits, Pricing};
-use super::events::ToolRef;
+use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
 use crate::plugins::ToolDescriptor;
 use crate::policy::EffectClass;
@@ -66,6 +66,9 @@ pub enum ToolTarget {
         effect: EffectClass,
         /// Whether a human must approve each call.
         needs_approval: bool,
+        /// Where its idempotency key comes from, when the operator named an
+        /// argument for it.
+        key: Option<KeyedBy>,
     },
     /// Suspends the run until a human answers.
     Human {
@@ -183,6 +186,10 @@ impl AgentView {
                     description: d.description.clone(),
                     input_schema: d.input_schema.clone(),
                     target: ToolTarget::Plugin {
+                        key: d.idempotency_key.as_ref().map(|field| KeyedBy {
+                            field: field.clone(),
+                            scope: format!("{}/{}", d.plugin, d.name),
+                        }),
                         tool,
                         effect: d.effect,
                         needs_approval,
@@ -256,11 +263,13 @@ mod tests {
 
     fn descriptor(name: &str, effect: EffectClass) -> ToolDescriptor {
         ToolDescriptor {
+            plugin: "p".into(),
             name: name.into(),
             description: format!("does {name}"),
             input_schema: json!({"type": "object"}),
             claimed_effect: effect,
             effect,
+            idempotency_key: None,
         }
     }
 

@@ -285,12 +285,16 @@ impl PluginHost {
         );
         let tools = if manifest.kinds.contains(&PluginKind::Tool) {
             let specs = self.tool_specs(&component, &granted).await?;
-            tool::descriptors(&specs, &grant.tools, &effective.capabilities).map_err(|e| {
-                PluginError::InvalidToolSpec {
-                    plugin: manifest.name.clone(),
-                    tool: e.tool,
-                    message: e.message,
-                }
+            tool::descriptors(
+                &manifest.name,
+                &specs,
+                &grant.tools,
+                &effective.capabilities,
+            )
+            .map_err(|e| PluginError::InvalidToolSpec {
+                plugin: manifest.name.clone(),
+                tool: e.tool,
+                message: e.message,
             })?
         } else {
             Vec::new()

@@ -23,6 +23,8 @@ pub const MAX_SCHEMA: usize = 64 << 10;
 /// One tool, as the agent and the dispatcher see it.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct ToolDescriptor {
+    /// The plugin's name (from its manifest).
+    pub plugin: String,
     /// The tool's name within its plugin.
     pub name: String,
     /// What it does, for the model (the operator's override if set).
@@ -33,6 +35,9 @@ pub struct ToolDescriptor {
     pub claimed_effect: EffectClass,
     /// The effect class it runs with (see [`effective_effect`]).
     pub effect: EffectClass,
+    /// The argument the operator named as the call's idempotency key across
+    /// runs, if any.
+    pub idempotency_key: Option<String>,
 }
 
 /// A tool spec the host does not accept, with the tool's name.
@@ -45,6 +50,7 @@ pub(crate) struct SpecError {
 /// Checks `specs` and applies `overrides`. Every override must name a tool
 /// the plugin offers.
 pub(crate) fn descriptors(
+    plugin: &str,
     specs: &[wit::ToolSpec],
     overrides: &BTreeMap<String, ToolOverride>,
     capabilities: &Capabilities,
@@ -92,11 +98,13 @@ pub(crate) fn descriptors(
         };
         let claimed_effect = EffectClass::from(spec.effect);
         tools.push(ToolDescriptor {
+            plugin: plugin.to_owned(),
             name: spec.name.clone(),
             description,
             input_schema,
             claimed_effect,
             effect: effective_effect(claimed_effect, o.effect, capabilities),
+            idempotency_key: o.idempotency_key.clone(),
         });
     }
     if let Some(unknown) = overrides.keys().find(|k| !seen.contains(k.as_str())) {
@@ -141,9 +149,10 @@ mod tests {
                 effect: Some(EffectClass::Idempotent),
                 description: Some("operator text".into()),
                 input_schema: Some(r#"{"type":"object","required":["x"]}"#.into()),
+                idempotency_key: Some("x".into()),
             },
         )]);
-        let tools = descriptors(&specs, &overrides, &Capabilities::none()).unwrap();
+        let tools = descriptors("p", &specs, &overrides, &Capabilities::none()).unwrap();
         assert_eq!(tools[0].effect, EffectClass::Read);
         assert_eq!(tools[1].claimed_effect, EffectClass::Write);
         assert_eq!(tools[1].effect, EffectClass::Idempotent);
@@ -194,11 +203,12 @@ mod tests {
             ),
         ];
         for (specs, tool, message) in cases {
-            let err = descriptors(&specs, &BTreeMap::new(), &none).unwrap_err();
+            let err = descriptors("p", &specs, &BTreeMap::new(), &none).unwrap_err();
             assert_eq!(err.tool, tool);
             assert!(err.message.contains(message), "{}", err.message);
         }
         let err = descriptors(
+            "p",
             &[spec("a", wit::Effect::Read)],
             &BTreeMap::from([("ghost".to_owned(), ToolOverride::default())]),
             &none,

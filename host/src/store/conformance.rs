@@ -13,8 +13,8 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ChainBreak, ChainKey, EventStore, Lease, MemoryStore, PruneFilter, QUEUED, RunFilter, RunId,
-    RunMeta, SqliteStore, StoreError,
+    ChainBreak, ChainKey, Claim, EventStore, Holder, Lease, MemoryStore, PruneFilter, QUEUED,
+    RunFilter, RunId, RunMeta, Settlement, SqliteStore, StoreError,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -1489,6 +1489,235 @@ pub(crate) async fn prune_leaves_tombstones_and_keeps_the_id(backend: &dyn Backe
     assert!(store.prune(&filter, 6_000).await.unwrap().is_empty());
 }
 
+// ---- idempotency commitments ----------------------------------------------
+
+fn holder(run: &str, call: &str) -> Holder {
+    Holder {
+        run_id: id(run),
+        call_id: call.to_owned(),
+    }
+}
+
+fn settlement(key: &str, h: &Holder, result: &str) -> Settlement {
+    Settlement {
+        key: key.to_owned(),
+        holder: h.clone(),
+        result: ev(result),
+    }
+}
+
+pub(crate) async fn claims_grant_the_first_holder_and_name_it_to_others(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let (a, b) = (holder("a", "call-1-1"), holder("b", "call-2-1"));
+    assert_eq!(
+        store.claim_commitment("k1", &a).await.unwrap(),
+        Claim::Granted
+    );
+    // The holder again (after its own crash) is granted again.
+    assert_eq!(
+        store.claim_commitment("k1", &a).await.unwrap(),
+        Claim::Granted
+    );
+    assert_eq!(
+        store.claim_commitment("k1", &b).await.unwrap(),
+        Claim::Held(a.clone())
+    );
+    // Keys are independent.
+    assert_eq!(
+        store.claim_commitment("k2", &b).await.unwrap(),
+        Claim::Granted
+    );
+}
+
+pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
+    backend: &dyn Backend,
+) {
+    let store = backend.open().await;
+    let run = id("payer");
+    new_run(&*store, &run, 2).await;
+    let a = holder("payer", "call-1-1");
+    store.claim_commitment("claim-7", &a).await.unwrap();
+    let appended = store
+        .append_settling(
+            &run,
+            None,
+            2,
+            &[ev("payer:3")],
+            "running",
+            3,
+            &settlement("claim-7", &a, "{\"paid\":true}"),
+        )
+        .await
+        .unwrap();
+    assert_eq!(appended.event_count, 3);
+    let settled = Claim::Settled {
+        holder: a.clone(),
+        result: ev("{\"paid\":true}"),
+    };
+    assert_eq!(
+        store
+            .claim_commitment("claim-7", &holder("other", "call-1-1"))
+            .await
+            .unwrap(),
+        settled
+    );
+    assert_eq!(
+        store.claim_commitment("claim-7", &a).await.unwrap(),
+        settled
+    );
+}
+
+pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwise(
+    backend: &dyn Backend,
+) {
+    let store = backend.open().await;
+    let run = id("r");
+    new_run(&*store, &run, 1).await;
+    let (a, b) = (holder("r", "call-1-1"), holder("s", "call-1-1"));
+    let not_held = |err: StoreError| matches!(err, StoreError::CommitmentNotHeld { .. });
+    // Never claimed.
+    let err = store
+        .append_settling(
+            &run,
+            None,
+            1,
+            &[ev("r:2")],
+            "running",
+            2,
+            &settlement("k", &a, "x"),
+        )
+        .await
+        .unwrap_err();
+    assert!(not_held(err));
+    // Claimed by someone else.
+    store.claim_commitment("k", &b).await.unwrap();
+    let err = store
+        .append_settling(
+            &run,
+            None,
+            1,
+            &[ev("r:2")],
+            "running",
+            2,
+            &settlement("k", &a, "x"),
+        )
+        .await
+        .unwrap_err();
+    assert!(not_held(err));
+    assert_eq!(store.load(&run).await.unwrap().len(), 1, "nothing written");
+    // A conflicting append settles nothing.
+    store.claim_commitment("mine", &a).await.unwrap();
+    let err = store
+        .append_settling(
+            &run,
+            None,
+            5,
+            &[ev("r:2")],
+            "running",
+            2,
+            &settlement("mine", &a, "x"),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+    assert_eq!(
+        store.claim_commitment("mine", &a).await.unwrap(),
+        Claim::Granted,
+        "still unsettled"
+    );
+    // Settled once; a second settlement is refused.
+    store
+        .append_settling(
+            &run,
+            None,
+            1,
+            &[ev("r:2")],
+            "running",
+            2,
+            &settlement("mine", &a, "x"),
+        )
+        .await
+        .unwrap();
+    let err = store
+        .append_settling(
+            &run,
+            None,
+            2,
+            &[ev("r:3")],
+            "running",
+            3,
+            &settlement("mine", &a, "y"),
+        )
+        .await
+        .unwrap_err();
+    assert!(not_held(err));
+    assert_eq!(store.load(&run).await.unwrap().len(), 2);
+}
+
+pub(crate) async fn racing_claims_grant_exactly_one(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let barrier = Arc::new(tokio::sync::Barrier::new(8));
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let (store, barrier) = (Arc::clone(&store), Arc::clone(&barrier));
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            store
+                .claim_commitment("contested", &holder(&format!("run-{i}"), "call-1-1"))
+                .await
+                .unwrap()
+        }));
+    }
+    let mut granted = 0;
+    for task in tasks {
+        if task.await.unwrap() == Claim::Granted {
+            granted += 1;
+        }
+    }
+    assert_eq!(granted, 1);
+}
+
+pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
+    let a = holder("kept", "call-1-1");
+    {
+        let store = backend.open().await;
+        let run = id("kept");
+        new_run(&*store, &run, 1).await;
+        store.claim_commitment("durable", &a).await.unwrap();
+        store
+            .append_settling(
+                &run,
+                None,
+                1,
+                &[ev("kept:2")],
+                "running",
+                2,
+                &settlement("durable", &a, "r"),
+            )
+            .await
+            .unwrap();
+        store.claim_commitment("pending", &a).await.unwrap();
+    }
+    let store = backend.open().await;
+    assert_eq!(
+        store
+            .claim_commitment("durable", &holder("x", "y"))
+            .await
+            .unwrap(),
+        Claim::Settled {
+            holder: a.clone(),
+            result: ev("r")
+        }
+    );
+    assert_eq!(
+        store
+            .claim_commitment("pending", &holder("x", "y"))
+            .await
+            .unwrap(),
+        Claim::Held(a)
+    );
+}
+
 /// Runs the suite against one store: `conformance_suite!(name, backend)`, or
 /// `conformance_suite!(name, backend, durable)` for stores whose data
 /// outlives the store value (adds the reopen tests). `backend` is evaluated
@@ -1499,7 +1728,7 @@ macro_rules! conformance_suite {
         conformance_suite!(@module $store, $backend, []);
     };
     ($store:ident, $backend:expr, durable) => {
-        conformance_suite!(@module $store, $backend, [reopened_store_keeps_everything]);
+        conformance_suite!(@module $store, $backend, [reopened_store_keeps_everything, commitments_survive_reopening]);
     };
     (@module $store:ident, $backend:expr, [$($extra:ident),*]) => {
         mod $store {
@@ -1523,6 +1752,10 @@ macro_rules! conformance_suite {
                 concurrent_appends_on_one_run_have_one_winner,
                 concurrent_runs_each_keep_their_own_log,
                 keyed_chain_differs_and_verifies,
+                claims_grant_the_first_holder_and_name_it_to_others,
+                settling_appends_and_records_the_result_for_everyone_after,
+                settling_needs_the_unsettled_key_and_writes_nothing_otherwise,
+                racing_claims_grant_exactly_one,
                 a_replaced_lease_is_fenced,
                 an_expired_lease_nobody_replaced_still_writes,
                 a_released_lease_frees_the_run_and_fences_its_holder,

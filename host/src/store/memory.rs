@@ -11,8 +11,9 @@ use bytes::Bytes;
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, EventStore, Lease, PruneFilter, QUEUED, RunFilter,
-    RunId, RunMeta, RunSummary, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, PruneFilter,
+    QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -23,6 +24,9 @@ pub struct MemoryStore {
     chain: Chain,
     runs: Mutex<HashMap<RunId, MemRun>>,
     tombstones: Mutex<HashMap<RunId, Tombstone>>,
+    /// Idempotency commitments: holder, and the result once settled. Locked
+    /// after `runs` when both are needed; never emptied by pruning.
+    commitments: Mutex<HashMap<String, (Holder, Option<Bytes>)>>,
 }
 
 #[derive(Debug)]
@@ -118,6 +122,7 @@ impl MemoryStore {
             chain: Chain::new(Some(key)),
             runs: Mutex::default(),
             tombstones: Mutex::default(),
+            commitments: Mutex::default(),
         }
     }
 
@@ -134,6 +139,12 @@ impl MemoryStore {
     #[cfg(test)]
     pub(crate) fn tamper(&self, run_id: &RunId, edit: impl FnOnce(&mut MemRun)) {
         edit(self.runs().get_mut(run_id).expect("tampered run exists"));
+    }
+
+    fn commitments(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Holder, Option<Bytes>)>> {
+        self.commitments
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     fn tombstones(&self) -> std::sync::MutexGuard<'_, HashMap<RunId, Tombstone>> {
@@ -488,5 +499,63 @@ impl EventStore for MemoryStore {
                 tombstone
             })
             .collect())
+    }
+
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        let mut commitments = self.commitments();
+        Ok(match commitments.get(key) {
+            None => {
+                commitments.insert(key.to_owned(), (holder.clone(), None));
+                Claim::Granted
+            }
+            Some((h, None)) if h == holder => Claim::Granted,
+            Some((h, None)) => Claim::Held(h.clone()),
+            Some((h, Some(result))) => Claim::Settled {
+                holder: h.clone(),
+                result: result.clone(),
+            },
+        })
+    }
+
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        let mut runs = self.runs();
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
+        if let Some(lease) = fence
+            && !run.holds(lease)
+        {
+            return Err(Self::fenced(lease, run));
+        }
+        let mut commitments = self.commitments();
+        match commitments.get(&settlement.key) {
+            Some((h, None)) if *h == settlement.holder => {}
+            _ => {
+                return Err(StoreError::CommitmentNotHeld {
+                    key: settlement.key.clone(),
+                    run_id: settlement.holder.run_id.clone(),
+                    call_id: settlement.holder.call_id.clone(),
+                });
+            }
+        }
+        let appended =
+            self.append_checked(run_id, run, expected_len, events, status, updated_ms)?;
+        commitments.insert(
+            settlement.key.clone(),
+            (settlement.holder.clone(), Some(settlement.result.clone())),
+        );
+        Ok(appended)
     }
 }

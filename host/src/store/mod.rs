@@ -200,6 +200,46 @@ pub struct StoredEvent {
     pub hash: ChainHash,
 }
 
+/// Who holds an idempotency commitment: the run and call that claimed it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Holder {
+    /// The run.
+    pub run_id: RunId,
+    /// Its call.
+    pub call_id: String,
+}
+
+/// The answer to [`EventStore::claim`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Claim {
+    /// The caller may execute the call: it claimed the key first, or it held
+    /// the key already (it crashed before settling and is back).
+    Granted,
+    /// Another run holds the key and has not settled it: the call may be
+    /// running there now, or its outcome may be unknown there.
+    Held(Holder),
+    /// The call was executed and settled.
+    Settled {
+        /// Who executed it.
+        holder: Holder,
+        /// The result it recorded, as the bytes given to
+        /// [`EventStore::append_settling`].
+        result: Bytes,
+    },
+}
+
+/// The settlement of a commitment, written with the events that complete the
+/// call ([`EventStore::append_settling`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Settlement {
+    /// The commitment key.
+    pub key: String,
+    /// Who holds it (and settles it now).
+    pub holder: Holder,
+    /// The result to record for every later claimant.
+    pub result: Bytes,
+}
+
 /// What a successful create or append leaves behind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Appended {
@@ -508,6 +548,18 @@ pub enum StoreError {
         /// The operation.
         operation: &'static str,
     },
+    /// A settlement named a commitment its holder does not hold (never
+    /// claimed, claimed by another run, or already settled); nothing was
+    /// written.
+    #[error("idempotency commitment {key} is not held unsettled by run {run_id} call {call_id}")]
+    CommitmentNotHeld {
+        /// The commitment key.
+        key: String,
+        /// The run that tried to settle it.
+        run_id: RunId,
+        /// Its call.
+        call_id: String,
+    },
 }
 
 /// Where runs' event logs are kept. Object-safe: the runtime holds an
@@ -645,6 +697,48 @@ pub trait EventStore: Send + Sync {
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
         let _ = (filter, now_ms);
         Err(unsupported::<Self>("pruning"))
+    }
+
+    // ---- idempotency commitments ----
+    //
+    // Every store of this crate implements them; the defaults refuse with
+    // `StoreError::Unsupported`, so a keyed call never runs unguarded.
+
+    /// Claims the idempotency commitment `key` for `holder`: the first
+    /// claimant (or the holder again) is [`Claim::Granted`]; anyone else
+    /// learns who holds it, or the result it was settled with. Commitments
+    /// are never deleted, whatever happens to the runs (pruning included).
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        let _ = (key, holder);
+        Err(unsupported::<Self>("idempotency commitments"))
+    }
+
+    /// [`append`](Self::append) (or [`append_fenced`](Self::append_fenced)
+    /// when `fence` is given), and in the same transaction settles the
+    /// commitment the appended events complete. Refused with
+    /// [`StoreError::CommitmentNotHeld`] (nothing written) unless
+    /// `settlement.holder` holds the key and it is not settled yet.
+    #[allow(clippy::too_many_arguments)]
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        let _ = (
+            run_id,
+            fence,
+            expected_len,
+            events,
+            status,
+            updated_ms,
+            settlement,
+        );
+        Err(unsupported::<Self>("idempotency commitments"))
     }
 }
 

@@ -19,8 +19,8 @@ use warden::engine::{
 };
 use warden::plugins::PluginHost;
 use warden::store::{
-    Appended, EventStore, MemoryStore, RunFilter, RunMeta, RunSummary, SqliteStore, StoreError,
-    StoredEvent, VerifyReport,
+    Appended, Claim, EventStore, Holder, Lease, MemoryStore, RunFilter, RunMeta, RunSummary,
+    Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
 };
 use warden_tests::guests;
 
@@ -52,7 +52,7 @@ impl Fixture {
         Fixture { dir }
     }
 
-    fn path(&self, rel: &str) -> PathBuf {
+    pub(crate) fn path(&self, rel: &str) -> PathBuf {
         self.dir.path().join(rel)
     }
 
@@ -77,7 +77,7 @@ access = "read-only"
 
 [plugins.hostile]
 source = "hostile.toml"
-approval = {{ fs = "never" }}
+approval = {{ fs = "never", flaky = "never", write_then_sleep = "never" }}
 [plugins.hostile.grant.mounts.workspace]
 dir = "work"
 {extra}
@@ -88,7 +88,7 @@ dir = "work"
     }
 
     /// Lines in the side-effect counter the `append` write adds to.
-    fn effects(&self) -> usize {
+    pub(crate) fn effects(&self) -> usize {
         std::fs::read_to_string(self.path("work/effects.log"))
             .map(|s| s.lines().count())
             .unwrap_or(0)
@@ -225,7 +225,10 @@ async fn writes_wait_for_approval_and_a_denial_is_the_tools_result() {
     // The same agent, but its writes need approval (the default rule).
     let text = std::fs::read_to_string(fx.path("agent.toml"))
         .unwrap()
-        .replace("approval = { fs = \"never\" }\n", "");
+        .replace(
+            "approval = { fs = \"never\", flaky = \"never\", write_then_sleep = \"never\" }\n",
+            "",
+        );
     std::fs::write(fx.path("agent-approve.toml"), text).unwrap();
     let agent = Agent::load(&fx.path("agent-approve.toml"), None).unwrap();
     let rt = runtime(Arc::new(MemoryStore::new()));
@@ -675,6 +678,51 @@ impl EventStore for CrashingStore {
 
     async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
         self.inner.run_ids().await
+    }
+
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        self.inner.claim_commitment(key, holder).await
+    }
+
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        let n = self.appends.fetch_add(1, Ordering::SeqCst);
+        if n < self.at {
+            return self
+                .inner
+                .append_settling(
+                    run_id,
+                    fence,
+                    expected_len,
+                    events,
+                    status,
+                    updated_ms,
+                    settlement,
+                )
+                .await;
+        }
+        if n == self.at && self.point == CrashPoint::AfterWrite {
+            self.inner
+                .append_settling(
+                    run_id,
+                    fence,
+                    expected_len,
+                    events,
+                    status,
+                    updated_ms,
+                    settlement,
+                )
+                .await?;
+        }
+        Err(crash())
     }
 }
 

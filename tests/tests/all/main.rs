@@ -12,6 +12,8 @@
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
 //! - `engine`: runs end to end over both stores, the verbs, subscribers,
 //!   and crash tests at every event boundary.
+//! - `effects`: idempotency commitments across runs, retries by effect
+//!   class, unknown outcomes, external tools.
 //! - `kill`: the `warden` binary killed with SIGKILL mid-run, again and again.
 //! - `network`: outbound HTTP against a loopback server (`server`): what a
 //!   host grant lets through, and every way to reach what it does not.
@@ -24,6 +26,7 @@
 //!   broken streams, cancellation, pooling, conformance with the scripted
 //!   provider, and agents end to end.
 
+mod effects;
 mod engine;
 mod filesystem;
 mod fs_plugin;

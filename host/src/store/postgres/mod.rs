@@ -37,8 +37,9 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, EventStore, Finding, Lease, PruneFilter, QUEUED,
-    RunFilter, RunId, RunMeta, RunSummary, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Finding, Holder, Lease,
+    PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
+    StoredEvent, Tombstone, VerifyReport,
 };
 
 /// An event store in one schema of a PostgreSQL database.
@@ -647,7 +648,7 @@ impl EventStore for PostgresStore {
         status: &str,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        self.append_inner(run_id, None, expected_len, events, status, updated_ms)
+        self.append_inner(run_id, None, expected_len, events, status, updated_ms, None)
             .await
     }
 
@@ -905,6 +906,70 @@ impl EventStore for PostgresStore {
             events,
             status,
             updated_ms,
+            None,
+        )
+        .await
+    }
+
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        let context = format!("postgres: cannot claim idempotency commitment {key}");
+        self.write(&context, async |tx| {
+            execute(
+                tx,
+                &context,
+                "INSERT INTO commitments (key, run_id, call_id) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
+                &[&key, &holder.run_id.as_str(), &holder.call_id],
+            )
+            .await?;
+            let rows = query(
+                tx,
+                &context,
+                "SELECT run_id, call_id, result FROM commitments WHERE key = $1",
+                &[&key],
+            )
+            .await?;
+            let row = rows.first().ok_or_else(|| StoreError::Backend {
+                context: context.clone(),
+                error: "the commitment vanished after its insert".into(),
+            })?;
+            let found = Holder {
+                run_id: RunId::new(row.get::<_, String>(0)).map_err(|e| StoreError::Backend {
+                    context: context.clone(),
+                    error: Box::new(e),
+                })?,
+                call_id: row.get(1),
+            };
+            let result: Option<Vec<u8>> = row.get(2);
+            Ok(match result {
+                Some(result) => Claim::Settled {
+                    holder: found,
+                    result: Bytes::from(result),
+                },
+                None if found == *holder => Claim::Granted,
+                None => Claim::Held(found),
+            })
+        })
+        .await
+    }
+
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        self.append_inner(
+            run_id,
+            fence,
+            expected_len,
+            events,
+            status,
+            updated_ms,
+            Some(settlement),
         )
         .await
     }
@@ -1023,6 +1088,7 @@ impl EventStore for PostgresStore {
 }
 
 impl PostgresStore {
+    #[allow(clippy::too_many_arguments)]
     async fn append_inner(
         &self,
         run_id: &RunId,
@@ -1031,6 +1097,7 @@ impl PostgresStore {
         events: &[Bytes],
         status: &str,
         updated_ms: i64,
+        settle: Option<&Settlement>,
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
             return Err(StoreError::EmptyAppend {
@@ -1044,6 +1111,27 @@ impl PostgresStore {
             reason,
         };
         self.write(&context, async |tx| {
+            if let Some(settle) = settle {
+                let rows = query(
+                    tx,
+                    &context,
+                    "SELECT run_id, call_id, result IS NULL FROM commitments WHERE key = $1 FOR UPDATE",
+                    &[&settle.key],
+                )
+                .await?;
+                let held = rows.first().is_some_and(|r| {
+                    r.get::<_, String>(0) == settle.holder.run_id.as_str()
+                        && r.get::<_, String>(1) == settle.holder.call_id
+                        && r.get::<_, bool>(2)
+                });
+                if !held {
+                    return Err(StoreError::CommitmentNotHeld {
+                        key: settle.key.clone(),
+                        run_id: settle.holder.run_id.clone(),
+                        call_id: settle.holder.call_id.clone(),
+                    });
+                }
+            }
             let rows = query(
                 tx,
                 &context,
@@ -1119,6 +1207,15 @@ impl PostgresStore {
                 ],
             )
             .await?;
+            if let Some(settle) = settle {
+                execute(
+                    tx,
+                    &context,
+                    "UPDATE commitments SET result = $2 WHERE key = $1",
+                    &[&settle.key, &settle.result.as_ref()],
+                )
+                .await?;
+            }
             Ok(Appended {
                 event_count: new_count,
                 head: new_head,

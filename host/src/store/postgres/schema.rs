@@ -24,7 +24,13 @@ use crate::store::StoreError;
 ///   the length in the same transaction. `runs_claimable` is a partial
 ///   index over the runs a claim may take.
 /// - `tombstones`: what retention leaves of a pruned run.
-const MIGRATIONS: &[&str] = &[r#"
+///
+/// Version 2 adds `commitments`: one row per idempotency key, its holder
+/// (run id as text, so it outlives the run's rows) and, once settled, the
+/// result later claimants get. Rows are never deleted, by pruning or
+/// otherwise.
+const MIGRATIONS: &[&str] = &[
+    r#"
 CREATE TABLE runs (
     pk               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     id               text   NOT NULL UNIQUE,
@@ -71,7 +77,16 @@ CREATE TABLE tombstones (
     head_hash   bytea  NOT NULL,
     pruned_ms   bigint NOT NULL
 );
-"#];
+"#,
+    r#"
+CREATE TABLE commitments (
+    key     text  NOT NULL PRIMARY KEY,
+    run_id  text  NOT NULL,
+    call_id text  NOT NULL,
+    result  bytea
+);
+"#,
+];
 
 /// The schema version this build writes and reads.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;

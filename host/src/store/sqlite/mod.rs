@@ -41,8 +41,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, EventStore, Lease, PruneFilter, RunFilter, RunId,
-    RunMeta, RunSummary, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, PruneFilter,
+    RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 use writer::{Counters, LeaseOp, Request};
 
@@ -290,6 +291,49 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: status.to_owned(),
             updated_ms,
+            settle: None,
+            reply,
+        })
+        .await
+    }
+
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(Request::Commitment {
+                key: key.to_owned(),
+                holder: holder.clone(),
+                reply,
+            })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        self.write(|reply| Request::Append {
+            run_id: run_id.clone(),
+            fence: fence.cloned(),
+            expected_len,
+            events: events.to_vec(),
+            status: status.to_owned(),
+            updated_ms,
+            settle: Some(settlement.clone()),
             reply,
         })
         .await
@@ -418,6 +462,7 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: status.to_owned(),
             updated_ms,
+            settle: None,
             reply,
         })
         .await

@@ -27,6 +27,11 @@ use crate::store::StoreError;
 /// Version 2 adds run leases (owner, fencing token, expiry; see
 /// `store/lease.rs`), a partial index over the runs a worker may claim, and
 /// `tombstones`, what retention leaves of a pruned run.
+///
+/// Version 3 adds `commitments`: one row per idempotency key, its holder
+/// (run id as text, so a commitment outlives its run's rows, pruned or not)
+/// and, once settled, the result every later claimant gets. Rows are never
+/// deleted.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -81,6 +86,14 @@ CREATE TABLE tombstones (
     event_count INTEGER NOT NULL,
     head_hash   BLOB    NOT NULL,
     pruned_ms   INTEGER NOT NULL
+) STRICT, WITHOUT ROWID;
+"#,
+    r#"
+CREATE TABLE commitments (
+    key     TEXT NOT NULL PRIMARY KEY,
+    run_id  TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    result  BLOB
 ) STRICT, WITHOUT ROWID;
 "#,
 ];

@@ -26,12 +26,15 @@ use tokio::sync::{mpsc, oneshot};
 use super::{backend, blob_hash};
 use crate::store::chain::{self, Chain};
 use crate::store::{
-    Appended, ChainBreak, ChainHash, Lease, PruneFilter, QUEUED, RunId, RunMeta, StoreError,
-    Tombstone,
+    Appended, ChainBreak, ChainHash, Claim, Holder, Lease, PruneFilter, QUEUED, RunId, RunMeta,
+    Settlement, StoreError, Tombstone,
 };
 
 /// The answer to one create or append.
 pub(super) type Reply = oneshot::Sender<Result<Appended, StoreError>>;
+
+/// The answer to one commitment claim.
+pub(super) type CommitmentReply = oneshot::Sender<Result<Claim, StoreError>>;
 /// The answer to one lease operation: the leases it issued or renewed.
 pub(super) type LeaseReply = oneshot::Sender<Result<Vec<Lease>, StoreError>>;
 /// The answer to one prune.
@@ -67,6 +70,7 @@ enum Outcome {
     Appended(Result<Appended, StoreError>),
     Leases(Result<Vec<Lease>, StoreError>),
     Pruned(Result<Vec<Tombstone>, StoreError>),
+    Claimed(Result<Claim, StoreError>),
 }
 
 impl Outcome {
@@ -75,6 +79,7 @@ impl Outcome {
             Outcome::Appended(r) => r.is_err(),
             Outcome::Leases(r) => r.is_err(),
             Outcome::Pruned(r) => r.is_err(),
+            Outcome::Claimed(r) => r.is_err(),
         }
     }
 }
@@ -96,7 +101,14 @@ pub(super) enum Request {
         events: Vec<Bytes>,
         status: String,
         updated_ms: i64,
+        /// The idempotency commitment the append settles.
+        settle: Option<Settlement>,
         reply: Reply,
+    },
+    Commitment {
+        key: String,
+        holder: Holder,
+        reply: CommitmentReply,
     },
     Lease {
         op: LeaseOp,
@@ -114,7 +126,7 @@ impl Request {
         match self {
             Request::Create { .. } => 1,
             Request::Append { events, .. } => events.len() as u64,
-            Request::Lease { .. } | Request::Prune { .. } => 0,
+            Request::Lease { .. } | Request::Prune { .. } | Request::Commitment { .. } => 0,
         }
     }
 
@@ -133,6 +145,9 @@ impl Request {
             (Request::Prune { reply, .. }, Outcome::Pruned(r)) => {
                 let _ = reply.send(r);
             }
+            (Request::Commitment { reply, .. }, Outcome::Claimed(r)) => {
+                let _ = reply.send(r);
+            }
             _ => unreachable!("each request is answered with its own kind of outcome"),
         }
     }
@@ -142,6 +157,7 @@ impl Request {
             Request::Create { .. } | Request::Append { .. } => Outcome::Appended(Err(error)),
             Request::Lease { .. } => Outcome::Leases(Err(error)),
             Request::Prune { .. } => Outcome::Pruned(Err(error)),
+            Request::Commitment { .. } => Outcome::Claimed(Err(error)),
         };
         self.answer(outcome);
     }
@@ -241,8 +257,9 @@ fn apply_all(
                 events,
                 status,
                 updated_ms,
+                settle,
                 ..
-            } => Outcome::Appended(append(
+            } => Outcome::Appended(append_settling(
                 &tx,
                 chain,
                 run_id,
@@ -251,7 +268,11 @@ fn apply_all(
                 events,
                 status,
                 *updated_ms,
+                settle.as_ref(),
             )),
+            Request::Commitment { key, holder, .. } => {
+                Outcome::Claimed(claim_commitment(&tx, key, holder))
+            }
             Request::Lease { op, .. } => Outcome::Leases(lease(&tx, op)),
             Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
         };
@@ -320,6 +341,103 @@ fn create(
         event_count: 1,
         head,
     })
+}
+
+/// Claims commitment `key` for `holder` (see `EventStore::claim_commitment`).
+fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    let context = || format!("sqlite: cannot claim idempotency commitment {key}");
+    conn.prepare_cached(
+        "INSERT INTO commitments (key, run_id, call_id) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO NOTHING",
+    )
+    .and_then(|mut s| s.execute(params![key, holder.run_id.as_str(), holder.call_id]))
+    .map_err(|e| backend(context(), e))?;
+    let (run_id, call_id, result) = commitment(conn, key)
+        .map_err(|e| backend(context(), e))?
+        .expect("the commitment exists: it was just inserted or found");
+    let found = Holder {
+        run_id: RunId::new(&run_id).map_err(|e| StoreError::Backend {
+            context: context(),
+            error: Box::new(e),
+        })?,
+        call_id,
+    };
+    Ok(match result {
+        Some(result) => Claim::Settled {
+            holder: found,
+            result: Bytes::from(result),
+        },
+        None if found == *holder => Claim::Granted,
+        None => Claim::Held(found),
+    })
+}
+
+/// A commitment row: holder run, holder call, result once settled.
+type CommitmentRow = (String, String, Option<Vec<u8>>);
+
+/// The row of commitment `key`.
+fn commitment(conn: &Connection, key: &str) -> rusqlite::Result<Option<CommitmentRow>> {
+    conn.prepare_cached("SELECT run_id, call_id, result FROM commitments WHERE key = ?1")?
+        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
+        .optional()
+}
+
+/// Appends, and settles `settle`'s commitment in the same savepoint.
+#[allow(clippy::too_many_arguments)]
+fn append_settling(
+    conn: &Connection,
+    chain: &Chain,
+    run_id: &RunId,
+    fence: Option<&Lease>,
+    expected_len: u64,
+    events: &[Bytes],
+    status: &str,
+    updated_ms: i64,
+    settle: Option<&Settlement>,
+) -> Result<Appended, StoreError> {
+    let Some(settle) = settle else {
+        return append(
+            conn,
+            chain,
+            run_id,
+            fence,
+            expected_len,
+            events,
+            status,
+            updated_ms,
+        );
+    };
+    let context = || {
+        format!(
+            "sqlite: cannot settle idempotency commitment {}",
+            settle.key
+        )
+    };
+    let row = commitment(conn, &settle.key).map_err(|e| backend(context(), e))?;
+    let held = matches!(
+        &row,
+        Some((run, call, None)) if run == settle.holder.run_id.as_str() && *call == settle.holder.call_id
+    );
+    if !held {
+        return Err(StoreError::CommitmentNotHeld {
+            key: settle.key.clone(),
+            run_id: settle.holder.run_id.clone(),
+            call_id: settle.holder.call_id.clone(),
+        });
+    }
+    let appended = append(
+        conn,
+        chain,
+        run_id,
+        fence,
+        expected_len,
+        events,
+        status,
+        updated_ms,
+    )?;
+    conn.prepare_cached("UPDATE commitments SET result = ?2 WHERE key = ?1")
+        .and_then(|mut s| s.execute(params![settle.key, settle.result.as_ref()]))
+        .map_err(|e| backend(context(), e))?;
+    Ok(appended)
 }
 
 #[allow(clippy::too_many_arguments)]

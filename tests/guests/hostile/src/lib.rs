@@ -133,6 +133,18 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
         r#"{"type":"object","properties":{"config_key":{"type":"string"}}}"#,
         Effect::Read,
     ),
+    (
+        "flaky",
+        "Fails with a retryable error the first fail_times calls (a counter in the file at path), then succeeds; appends the idempotency key it was given to <path>.keys every time.",
+        r#"{"type":"object","required":["path"],"properties":{"path":{"type":"string"},"fail_times":{"type":"integer","minimum":0}}}"#,
+        Effect::Read,
+    ),
+    (
+        "write_then_sleep",
+        "Appends content to the file at path, then blocks forever: a write whose lease dies after its effect.",
+        r#"{"type":"object","required":["path","content"],"properties":{"path":{"type":"string"},"content":{"type":"string"}}}"#,
+        Effect::Write,
+    ),
 ];
 
 struct Hostile;
@@ -181,6 +193,8 @@ impl Guest for Hostile {
             "set_marker" => set_marker(&args),
             "get_marker" => get_marker(&args),
             "echo" => echo(&args),
+            "flaky" => flaky(&args, &call.idempotency_key),
+            "write_then_sleep" => write_then_sleep(&args),
             other => Err(unknown_tool(other)),
         }?;
         Ok(ToolOutput { content })
@@ -519,6 +533,48 @@ fn get_marker(args: &Value) -> Result<String, ToolError> {
     let file = optional_str_arg(args, "path")?.map(|path| Path::new(path).exists());
     let visible = memory || env || file == Some(true);
     Ok(json!({ "memory": memory, "env": env, "file": file, "visible": visible }).to_string())
+}
+
+/// `flaky {path, fail_times?: u64 = 1}`: counts its calls in the file at
+/// `path`, appends the idempotency key it was given to `<path>.keys`, and
+/// fails with a retryable `failed` error while the count is at most
+/// `fail_times`; then returns `{"attempt": n, "key": key}`.
+fn flaky(args: &Value, key: &str) -> Result<String, ToolError> {
+    let path = str_arg(args, "path")?;
+    let fail_times = args.get("fail_times").and_then(Value::as_u64).unwrap_or(1);
+    let count = fs::read_to_string(path)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
+    fs::write(path, count.to_string()).map_err(|e| failed(format!("write {path}: {e}")))?;
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(format!("{path}.keys"))
+        .and_then(|mut f| f.write_all(format!("{key}\n").as_bytes()))
+        .map_err(|e| failed(format!("append {path}.keys: {e}")))?;
+    if count <= fail_times {
+        return Err(ToolError::Failed(Failure {
+            message: format!("transient failure {count} of {fail_times}"),
+            retryable: true,
+        }));
+    }
+    Ok(json!({ "attempt": count, "key": key }).to_string())
+}
+
+/// `write_then_sleep {path, content}`: appends `content` to the file at
+/// `path`, then blocks forever in a host call, so the lease dies by its
+/// deadline after the effect happened.
+fn write_then_sleep(args: &Value) -> Result<String, ToolError> {
+    let (path, content) = (str_arg(args, "path")?, str_arg(args, "content")?);
+    OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut f| f.write_all(content.as_bytes()))
+        .map_err(|e| failed(format!("append {path}: {e}")))?;
+    sleep_forever()
 }
 
 /// `echo {config_key?: string = "echo", ...}`: logs `echo: <arguments>` at

@@ -1,0 +1,544 @@
+//! Effects done right: idempotency commitments across runs, retries by
+//! effect class, unknown outcomes of writes whose lease died, and external
+//! tools. Real plugins in the real sandbox, over both stores where it
+//! matters; the side-effect counter (`work/effects.log`) lives outside the
+//! sandbox.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde_json::json;
+use warden::engine::events::{Event, ToolCallError};
+use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
+use warden::plugins::PluginHost;
+use warden::sandbox::Outcome;
+use warden::store::{
+    Appended, Claim, EventStore, Holder, Lease, MemoryStore, RunFilter, RunMeta, RunSummary,
+    Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
+};
+
+use super::engine::Fixture;
+use crate::sandbox;
+
+fn runtime(store: Arc<dyn EventStore>) -> Runtime {
+    Runtime::new(store, PluginHost::new(sandbox().clone()))
+}
+
+fn id(s: &str) -> RunId {
+    RunId::new(s).unwrap()
+}
+
+/// One keyed payment (an append to the counter), then an answer.
+fn pay(claim: Option<&str>) -> String {
+    let claim = claim
+        .map(|c| format!(", claim_id = \"{c}\""))
+        .unwrap_or_default();
+    format!(
+        r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = {{ op = "append", path = "/workspace/effects.log", content = "paid\n"{claim} }}
+
+[[turns]]
+text = "Paid."
+"#
+    )
+}
+
+/// The operator names `claim_id` as the payment tool's idempotency key.
+const KEYED: &str = "[plugins.hostile.grant.tools.fs]\nidempotency_key = \"claim_id\"\n";
+
+async fn run_to_end(rt: &Runtime, agent: &Agent, run: &str) -> (RunStatus, Vec<Event>) {
+    let run = rt.start_with_id(agent, id(run), json!("go")).await.unwrap();
+    let status = rt.drive(&run, agent).await.unwrap();
+    (status, rt.events(&run).await.unwrap())
+}
+
+fn find<'a, T>(events: &'a [Event], pick: impl Fn(&'a Event) -> Option<T>) -> Option<T> {
+    events.iter().find_map(pick)
+}
+
+#[tokio::test]
+async fn a_keyed_write_runs_once_across_runs_and_the_second_gets_the_first_result() {
+    for store_kind in ["memory", "sqlite"] {
+        let fx = Fixture::new();
+        let agent = fx.agent(&pay(Some("claim-42")), KEYED);
+        let store: Arc<dyn EventStore> = match store_kind {
+            "memory" => Arc::new(MemoryStore::new()),
+            _ => Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap()),
+        };
+        let rt = runtime(store);
+        let (status, first) = run_to_end(&rt, &agent, "first").await;
+        assert_eq!(status, RunStatus::Completed, "{store_kind}");
+        assert_eq!(fx.effects(), 1);
+        let intent = find(&first, |e| match e {
+            Event::ToolCallIntent(i) => Some(i.clone()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(intent.keyed_by.as_ref().unwrap().field, "claim_id");
+
+        let (status, second) = run_to_end(&rt, &agent, "second").await;
+        assert_eq!(status, RunStatus::Completed);
+        assert_eq!(
+            fx.effects(),
+            1,
+            "{store_kind}: the second run did not pay again"
+        );
+        let dedup = find(&second, |e| match e {
+            Event::ToolCallDeduplicated(d) => Some(d.clone()),
+            _ => None,
+        })
+        .expect("the second run records where its result came from");
+        assert_eq!(dedup.origin_run, id("first"));
+        assert_eq!(dedup.idempotency_key, intent.idempotency_key);
+        assert!(
+            !second.iter().any(|e| matches!(e, Event::ToolCallIntent(_))),
+            "nothing ran in the second run"
+        );
+        // The model of the second run saw the first run's output.
+        let state = rt.state(&id("second")).await.unwrap();
+        let seen = serde_json::to_string(state.conversation()).unwrap();
+        assert!(seen.contains("appended"), "{seen}");
+    }
+}
+
+#[tokio::test]
+async fn two_runs_racing_on_one_key_execute_it_once() {
+    for store_kind in ["memory", "sqlite"] {
+        let fx = Fixture::new();
+        let agent = fx.agent(&pay(Some("claim-race")), KEYED);
+        let store: Arc<dyn EventStore> = match store_kind {
+            "memory" => Arc::new(MemoryStore::new()),
+            _ => Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap()),
+        };
+        let rt = runtime(store);
+        for run in ["a", "b"] {
+            rt.start_with_id(&agent, id(run), json!("go"))
+                .await
+                .unwrap();
+        }
+        let barrier = Arc::new(tokio::sync::Barrier::new(2));
+        let tasks: Vec<_> = ["a", "b"]
+            .into_iter()
+            .map(|run| {
+                let (rt, agent, barrier) = (rt.clone(), agent.clone(), Arc::clone(&barrier));
+                tokio::spawn(async move {
+                    barrier.wait().await;
+                    rt.drive(&id(run), &agent).await.unwrap()
+                })
+            })
+            .collect();
+        for task in tasks {
+            assert_eq!(task.await.unwrap(), RunStatus::Completed);
+        }
+        assert_eq!(fx.effects(), 1, "{store_kind}: exactly one run paid");
+        let mut ran = 0;
+        let mut deduplicated = 0;
+        for run in ["a", "b"] {
+            for e in rt.events(&id(run)).await.unwrap() {
+                match e {
+                    Event::ToolCallCompleted(_) => ran += 1,
+                    Event::ToolCallDeduplicated(_) => deduplicated += 1,
+                    _ => {}
+                }
+            }
+        }
+        assert_eq!((ran, deduplicated), (1, 1), "{store_kind}");
+    }
+}
+
+#[tokio::test]
+async fn a_call_missing_its_key_is_refused_before_anything_runs() {
+    let fx = Fixture::new();
+    let agent = fx.agent(&pay(None), KEYED);
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let (status, events) = run_to_end(&rt, &agent, "unkeyed").await;
+    assert_eq!(status, RunStatus::Completed);
+    let rejected = find(&events, |e| match e {
+        Event::ToolCallRejected(r) => Some(r.error.clone()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(
+        rejected,
+        ToolCallError::MissingIdempotencyKey {
+            field: "claim_id".into()
+        }
+    );
+    assert_eq!(fx.effects(), 0);
+}
+
+#[tokio::test]
+async fn without_a_key_the_same_write_legitimately_runs_in_each_run() {
+    // This is why keys matter: two runs making the same unkeyed call are two
+    // calls, and both run.
+    let fx = Fixture::new();
+    let agent = fx.agent(&pay(Some("claim-1")), "");
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    run_to_end(&rt, &agent, "one").await;
+    run_to_end(&rt, &agent, "two").await;
+    assert_eq!(fx.effects(), 2);
+}
+
+/// A store that counts the commitments it is asked about.
+struct CountingStore {
+    inner: Arc<dyn EventStore>,
+    claims: AtomicU64,
+}
+
+#[async_trait]
+impl EventStore for CountingStore {
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError> {
+        self.inner.create(run_id, meta, first, status).await
+    }
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        self.inner
+            .append(run_id, expected_len, events, status, updated_ms)
+            .await
+    }
+    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load(run_id).await
+    }
+    async fn load_after(
+        &self,
+        run_id: &RunId,
+        after_seq: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load_after(run_id, after_seq).await
+    }
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
+        self.inner.summary(run_id).await
+    }
+    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.list(filter).await
+    }
+    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
+        self.inner.verify(run_id).await
+    }
+    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
+        self.inner.run_ids().await
+    }
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim_commitment(key, holder).await
+    }
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        status: &str,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        self.inner
+            .append_settling(
+                run_id,
+                fence,
+                expected_len,
+                events,
+                status,
+                updated_ms,
+                settlement,
+            )
+            .await
+    }
+}
+
+#[tokio::test]
+async fn replay_uses_the_recorded_deduplication_and_never_consults_commitments() {
+    let fx = Fixture::new();
+    // Pay (keyed), then a write that waits for approval.
+    let turns = format!(
+        "{}\n[[turns.tool_calls]]\nname = \"files__write_file\"\narguments = {{ path = \"receipt.txt\", content = \"ok\" }}\n\n[[turns]]\ntext = \"Done.\"\n",
+        pay(Some("claim-9")).replace(
+            "\n[[turns]]\ntext = \"Paid.\"\n",
+            "\n[[turns]]\ntext = \"Paid; filing the receipt.\"\n"
+        )
+    );
+    let agent = fx.agent(&turns, KEYED);
+    let counting = Arc::new(CountingStore {
+        inner: Arc::new(MemoryStore::new()),
+        claims: AtomicU64::new(0),
+    });
+    let rt = runtime(counting.clone());
+    for run in ["payer", "second"] {
+        rt.start_with_id(&agent, id(run), json!("go"))
+            .await
+            .unwrap();
+        assert_eq!(
+            rt.drive(&id(run), &agent).await.unwrap(),
+            RunStatus::AwaitingApproval
+        );
+    }
+    assert_eq!(
+        counting.claims.load(Ordering::SeqCst),
+        2,
+        "one live claim per run"
+    );
+    assert!(
+        rt.events(&id("second"))
+            .await
+            .unwrap()
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallDeduplicated(_)))
+    );
+
+    // A new process recovers the deduplicated run: replay folds the recorded
+    // result without asking the store about the commitment.
+    let fresh = runtime(counting.clone());
+    assert_eq!(
+        fresh
+            .recover(&id("second"), &agent, ReplayOptions::default())
+            .await
+            .unwrap(),
+        RunStatus::AwaitingApproval
+    );
+    assert_eq!(
+        counting.claims.load(Ordering::SeqCst),
+        2,
+        "replay made no claim"
+    );
+    assert_eq!(fx.effects(), 1);
+}
+
+#[tokio::test]
+async fn a_read_is_retried_after_a_transient_failure_and_every_attempt_is_recorded() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Trying."
+[[turns.tool_calls]]
+name = "hostile__flaky"
+arguments = { path = "/workspace/flaky", fail_times = 2 }
+
+[[turns]]
+text = "Done."
+"#;
+    let agent = fx.agent(
+        turns,
+        "[plugins.hostile.grant.tools.flaky]\neffect = \"read\"\n",
+    );
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let (status, events) = run_to_end(&rt, &agent, "flaky-read").await;
+    assert_eq!(status, RunStatus::Completed);
+    let attempts: Vec<u32> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolCallAttemptFailed(f) => {
+                assert!(!f.outcome_unknown);
+                assert!(matches!(
+                    f.error,
+                    ToolCallError::Failed {
+                        retryable: true,
+                        ..
+                    }
+                ));
+                Some(f.attempt)
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(attempts, [1, 2]);
+    let output = find(&events, |e| match e {
+        Event::ToolCallCompleted(c) => Some(serde_json::to_value(&c.result).unwrap()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(output["output"]["attempt"], 3);
+}
+
+#[tokio::test]
+async fn an_idempotent_call_is_retried_with_the_same_key_and_a_write_never() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Trying."
+[[turns.tool_calls]]
+name = "hostile__flaky"
+arguments = { path = "/workspace/flaky", fail_times = 1 }
+
+[[turns]]
+text = "Done."
+"#;
+    let agent = fx.agent(
+        turns,
+        "[plugins.hostile.grant.tools.flaky]\neffect = \"idempotent\"\n",
+    );
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let (status, events) = run_to_end(&rt, &agent, "flaky-idem").await;
+    assert_eq!(status, RunStatus::Completed);
+    let keys = std::fs::read_to_string(fx.path("work/flaky.keys")).unwrap();
+    let keys: Vec<&str> = keys.lines().collect();
+    assert_eq!(keys.len(), 2, "tried twice");
+    assert_eq!(keys[0], keys[1], "the plugin saw the same key both times");
+    let intent_key = find(&events, |e| match e {
+        Event::ToolCallIntent(i) => Some(i.idempotency_key.clone()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(keys[0], intent_key);
+
+    // The same flaky tool as a write is tried once: its failure is the result.
+    std::fs::remove_file(fx.path("work/flaky")).unwrap();
+    let agent = fx.agent(
+        turns,
+        "[plugins.hostile.grant.tools.flaky]\neffect = \"write\"\n",
+    );
+    let (status, events) = run_to_end(&rt, &agent, "flaky-write").await;
+    assert_eq!(status, RunStatus::Completed);
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallAttemptFailed(_)))
+    );
+    let result = find(&events, |e| match e {
+        Event::ToolCallCompleted(c) => Some(serde_json::to_value(&c.result).unwrap()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(result["error"]["kind"], "failed");
+}
+
+#[tokio::test]
+async fn a_write_whose_lease_dies_after_touching_the_mount_needs_reconciliation() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Writing."
+[[turns.tool_calls]]
+name = "hostile__write_then_sleep"
+arguments = { path = "/workspace/effects.log", content = "half-done\n" }
+
+[[turns]]
+text = "Done."
+"#;
+    let agent = fx.agent(
+        turns,
+        "[plugins.hostile.grant.limits]\ntimeout = \"300ms\"\n",
+    );
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("died"), json!("go"))
+        .await
+        .unwrap();
+    let err = rt.drive(&run, &agent).await.unwrap_err();
+    let RuntimeError::NeedsReconciliation { write, .. } = err else {
+        panic!("expected needs_reconciliation, got {err}");
+    };
+    assert_eq!(write.tool.tool, "write_then_sleep");
+    assert_eq!(
+        fx.effects(),
+        1,
+        "the write touched the mount before its lease died"
+    );
+    let events = rt.events(&run).await.unwrap();
+    let failed = find(&events, |e| match e {
+        Event::ToolCallAttemptFailed(f) => Some(f.clone()),
+        _ => None,
+    })
+    .unwrap();
+    assert!(failed.outcome_unknown);
+    assert_eq!(
+        failed.receipt.outcome,
+        Outcome::Timeout,
+        "the lease's receipt is kept"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallCompleted(_))),
+        "the model was not told it failed"
+    );
+    assert_eq!(
+        rt.state(&run).await.unwrap().status(),
+        RunStatus::NeedsReconciliation
+    );
+    // A human who checked resolves it; the run finishes without running it again.
+    rt.resolve(
+        &run,
+        json!({"appended": 10}),
+        "ops",
+        Some("the line is there".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    assert_eq!(fx.effects(), 1);
+}
+
+#[tokio::test]
+async fn an_unknown_keyed_write_holds_its_commitment_until_resolved() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__write_then_sleep"
+arguments = { path = "/workspace/effects.log", content = "paid\n", claim_id = "c-77" }
+
+[[turns]]
+text = "Paid."
+"#;
+    let agent = fx.agent(
+        turns,
+        "[plugins.hostile.grant.limits]\ntimeout = \"300ms\"\n[plugins.hostile.grant.tools.write_then_sleep]\nidempotency_key = \"claim_id\"\n",
+    );
+    let rt = runtime(Arc::new(MemoryStore::new())).with_commitment_wait(Duration::from_millis(200));
+    let a = rt
+        .start_with_id(&agent, id("a"), json!("go"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        rt.drive(&a, &agent).await,
+        Err(RuntimeError::NeedsReconciliation { .. })
+    ));
+    // Another run making the same payment waits for the holder, then stops
+    // and says who holds it.
+    let b = rt
+        .start_with_id(&agent, id("b"), json!("go"))
+        .await
+        .unwrap();
+    match rt.drive(&b, &agent).await {
+        Err(RuntimeError::CommitmentHeld { holder, .. }) => assert_eq!(holder.run_id, a),
+        other => panic!("expected the commitment to be held, got {other:?}"),
+    }
+    assert_eq!(fx.effects(), 1);
+    // Resolving the holder settles the commitment; the other run gets the
+    // resolved result without paying.
+    rt.resolve(&a, json!({"paid": true}), "ops", None)
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&b, &agent).await.unwrap(), RunStatus::Completed);
+    let dedup = find(&rt.events(&b).await.unwrap(), |e| match e {
+        Event::ToolCallDeduplicated(d) => Some(d.clone()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(dedup.origin_run, a);
+    assert_eq!(
+        serde_json::to_value(&dedup.result).unwrap()["output"]["paid"],
+        true
+    );
+    assert_eq!(fx.effects(), 1);
+}
