@@ -211,6 +211,33 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             (code, details)
         }
         RuntimeError::Store { error } => store(error),
+        RuntimeError::OutputRejected {
+            run_id,
+            call_id,
+            reason,
+        } => (
+            "output_rejected",
+            json!({ "run_id": run_id, "call_id": call_id, "reason": reason }),
+        ),
+        RuntimeError::ExternalMismatch {
+            run_id,
+            call_id,
+            field,
+            recorded,
+            given,
+        } => (
+            "external_mismatch",
+            json!({ "run_id": run_id, "call_id": call_id, "field": field, "recorded": recorded, "given": given }),
+        ),
+        RuntimeError::CommitmentHeld {
+            run_id,
+            call_id,
+            key,
+            holder,
+        } => (
+            "commitment_held",
+            json!({ "run_id": run_id, "call_id": call_id, "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("runtime_failed", json!({})),

@@ -102,6 +102,20 @@ pub(crate) fn event(event: &Event) -> Option<String> {
         }
         Event::ApprovalGranted(g) => format!("✓ {} approved by {}", g.call_id, g.by),
         Event::ApprovalDenied(d) => format!("✗ {} denied by {}: {}", d.call_id, d.by, d.reason),
+        Event::ExternalCallRequested(r) => format!(
+            "… {} {} is performed by the application: waiting for its output ({})",
+            r.call_id,
+            r.tool,
+            short(&r.arguments, 300)
+        ),
+        Event::ExternalCallCompleted(c) => format!(
+            "← {} ok {} (reported{})",
+            c.call_id,
+            short(&c.output, 300),
+            c.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default()
+        ),
         Event::Suspended(s) => format!("… suspended at {}: {}", s.call_id, s.reason),
         Event::Resumed(r) => format!("… resumed with {}", short(&r.input, 200)),
         Event::BudgetExceeded(b) => format!(
@@ -196,6 +210,15 @@ pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> 
             })?;
             Some(format!(
                 "extend with: warden runs resume {run_id} --input '{{\"{budget}\": <new limit>}}'"
+            ))
+        }
+        RunStatus::AwaitingExternal => {
+            let call = events.iter().rev().find_map(|e| match e {
+                Event::ExternalCallRequested(r) => Some(r.call_id.to_string()),
+                _ => None,
+            })?;
+            Some(format!(
+                "the application performs the call and reports it with Runtime::complete_external, or: warden runs complete {run_id} {call} --output '<its output as JSON>'"
             ))
         }
         RunStatus::NeedsReconciliation => Some(format!(

@@ -123,6 +123,20 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         accept_agent_change: bool,
     },
+    /// Report the output of an external tool call the run waits for (what
+    /// the application would do with `Runtime::complete_external`), then
+    /// continue the run.
+    Complete {
+        /// The run.
+        run: String,
+        /// The call.
+        call: String,
+        /// The output as JSON; `@FILE` reads a file.
+        #[arg(long)]
+        output: String,
+        #[command(flatten)]
+        drive: DriveArgs,
+    },
     /// Record the outcome of a write whose completion is missing.
     Resolve {
         /// The run.
@@ -368,6 +382,23 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             let run = run_id(&run)?;
             let (rt, _) = runtime(ctx, store)?;
             resume(ctx, &rt, &run, input, drive, accept_agent_change).await
+        }
+        RunsCommand::Complete {
+            run,
+            call,
+            output,
+            drive,
+        } => {
+            let run = run_id(&run)?;
+            let (rt, _) = runtime(ctx, store)?;
+            rt.complete_external(
+                &run,
+                &CallId::from_text(call),
+                json_input(&output)?,
+                Some(user(drive.by.clone())),
+            )
+            .await?;
+            continue_run(ctx, &rt, &run, drive).await
         }
         RunsCommand::Resolve {
             run,
@@ -641,6 +672,17 @@ async fn resume(
             .with_details(json!({ "run_id": run, "status": status, "call_id": call }))
             .into())
         }
+        RunStatus::AwaitingExternal => {
+            let events = rt.events(run).await?;
+            let call = state.next_call().map(|c| c.call_id.to_string());
+            let next = render::next_step(run, status, &events).unwrap_or_default();
+            Err(CliError::new(
+                "awaiting_external",
+                format!("run `{run}` waits for an external tool's output: {next}"),
+            )
+            .with_details(json!({ "run_id": run, "status": status, "call_id": call }))
+            .into())
+        }
         RunStatus::NeedsReconciliation => match state.dangling_write() {
             Some(write) => Err(refuse_reconciliation(
                 run,
@@ -750,9 +792,10 @@ async fn follow(
     }
     match status {
         RunStatus::Completed => Ok(()),
-        RunStatus::AwaitingApproval | RunStatus::Suspended | RunStatus::BudgetExceeded => {
-            Err(Exit::Parked.into())
-        }
+        RunStatus::AwaitingApproval
+        | RunStatus::Suspended
+        | RunStatus::AwaitingExternal
+        | RunStatus::BudgetExceeded => Err(Exit::Parked.into()),
         RunStatus::NeedsReconciliation => Err(Exit::NeedsReconciliation.into()),
         _ => Err(Exit::RunFailed.into()),
     }
@@ -868,10 +911,11 @@ fn now_ms() -> i64 {
 
 /// Where a run stands, for grouping.
 fn group_of(status: &str) -> &'static str {
-    match status {
-        "awaiting_approval" | "suspended" | "budget_exceeded" | "needs_reconciliation" => "waiting",
-        "running" => "in_progress",
-        _ => "terminal",
+    match status.parse::<RunStatus>() {
+        Ok(s) if s.is_terminal() => "terminal",
+        Ok(s) if s.is_parked() => "waiting",
+        // Running, or queued for a worker.
+        _ => "in_progress",
     }
 }
 

@@ -46,6 +46,12 @@
 //! arguments_schema = '{"type": "object"}'  # optional; default: {question: string}
 //! response_schema = '{"type": "string"}'   # optional; default: a string
 //!
+//! [external_tools.pay_invoice]          # a tool the embedding application performs
+//! description = "Pay an invoice"         # itself: the run parks at the call until the
+//! arguments_schema = '{"type": "object"}'  # application reports its output with
+//! output_schema = '{"type": "object"}'     # `Runtime::complete_external`
+//! must_match = ["invoice_id"]            # output fields that must equal the arguments'
+//!
 //! [budgets]                              # each optional; unset is unlimited
 //! max_steps = 20
 //! max_input_tokens = 200_000
@@ -327,6 +333,8 @@ struct AgentFile {
     plugins: BTreeMap<String, PluginEntry>,
     #[serde(default)]
     human_tools: BTreeMap<String, HumanToolEntry>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    external_tools: BTreeMap<String, ExternalToolEntry>,
     #[serde(default)]
     budgets: BudgetSettings,
     #[serde(default)]
@@ -351,6 +359,16 @@ struct HumanToolEntry {
     arguments_schema: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     response_schema: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ExternalToolEntry {
+    description: String,
+    arguments_schema: String,
+    output_schema: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    must_match: Vec<String>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -389,6 +407,8 @@ pub struct Agent {
     pub plugins: Vec<AgentPlugin>,
     /// The tools that ask a human, in name order.
     pub human_tools: Vec<HumanTool>,
+    /// The tools the embedding application performs itself, in name order.
+    pub external_tools: Vec<ExternalTool>,
     /// Its budgets, in engine units.
     pub budgets: BudgetLimits,
     /// Correlation labels (not part of the digest).
@@ -562,6 +582,25 @@ impl AgentPlugin {
     pub fn approval_rule(&self, tool: &str) -> ApprovalRule {
         self.approval.get(tool).copied().unwrap_or_default()
     }
+}
+
+/// A tool the embedding application performs itself, with its own
+/// credentials: the run parks at the call with its frozen arguments until the
+/// application reports the output (`Runtime::complete_external`), which is
+/// checked against `output_schema` and `must_match` before it is recorded.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExternalTool {
+    /// The name the model calls it by.
+    pub name: String,
+    /// What it does, for the model.
+    pub description: String,
+    /// The JSON Schema of its arguments.
+    pub arguments_schema: Value,
+    /// The JSON Schema the reported output must satisfy.
+    pub output_schema: Value,
+    /// Output fields that must equal the call's arguments of the same name
+    /// (an invoice id, an amount), so a report cannot answer another call.
+    pub must_match: Vec<String>,
 }
 
 /// A tool the model calls to ask a human: the run suspends at the call and
@@ -894,6 +933,49 @@ fn validate(
         });
     }
 
+    let mut external_tools = Vec::with_capacity(file.external_tools.len());
+    for (name, entry) in &file.external_tools {
+        let at = |k: &str| format!("external_tools.{name}.{k}");
+        if !is_valid_human_tool_name(name) {
+            return Err(invalid(
+                &format!("external_tools.{name}"),
+                "is not a valid tool name (use [a-z][a-z0-9_]*, at most 64 bytes, without `__`)"
+                    .into(),
+            ));
+        }
+        if file.human_tools.contains_key(name) {
+            return Err(invalid(
+                &format!("external_tools.{name}"),
+                "is also a human tool".into(),
+            ));
+        }
+        if entry.description.trim().is_empty() {
+            return Err(invalid(&at("description"), "must not be empty".into()));
+        }
+        let arguments_schema = json_object(&at("arguments_schema"), &entry.arguments_schema)?;
+        let output_schema = json_object(&at("output_schema"), &entry.output_schema)?;
+        let declared = arguments_schema
+            .get("properties")
+            .and_then(Value::as_object);
+        for (i, field) in entry.must_match.iter().enumerate() {
+            if let Some(props) = declared
+                && !props.contains_key(field)
+            {
+                return Err(invalid(
+                    &format!("{}[{i}]", at("must_match")),
+                    format!("`{field}` is not an argument of the tool"),
+                ));
+            }
+        }
+        external_tools.push(ExternalTool {
+            name: name.clone(),
+            description: entry.description.clone(),
+            arguments_schema,
+            output_schema,
+            must_match: entry.must_match.clone(),
+        });
+    }
+
     let b = &file.budgets;
     for (key, value) in [
         ("budgets.max_steps", b.max_steps),
@@ -964,6 +1046,7 @@ fn validate(
         },
         plugins,
         human_tools,
+        external_tools,
         budgets,
         labels: file.labels,
         output_schema,

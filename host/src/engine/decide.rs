@@ -36,10 +36,10 @@ use serde_json::Value;
 use super::budget::{BudgetKind, BudgetOverrun, Pricing, first_exhausted};
 use super::canonical::request_hash;
 use super::events::{
-    ApprovalRequested, Event, InvocationOutcome, ModelCallCompleted, ModelCallError,
-    ModelCallFailed, ModelCallIntent, PreflightOutcome, Preview, RunCompleted, RunError, RunFailed,
-    Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated, ToolCallError,
-    ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
+    ApprovalRequested, Event, ExternalCallRequested, InvocationOutcome, ModelCallCompleted,
+    ModelCallError, ModelCallFailed, ModelCallIntent, PreflightOutcome, Preview, RunCompleted,
+    RunError, RunFailed, Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated,
+    ToolCallError, ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
 };
 use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::prompt::{build_request, request_frame};
@@ -94,6 +94,7 @@ impl Action {
             Action::Finish(c) => Some(Event::RunCompleted(c.clone())),
             Action::Park(Park::BudgetExceeded(o)) => Some(Event::BudgetExceeded(*o)),
             Action::Park(Park::Suspend(s)) => Some(Event::Suspended(s.clone())),
+            Action::Park(Park::External(r)) => Some(Event::ExternalCallRequested(r.clone())),
             Action::Fail(e) => Some(Event::RunFailed(RunFailed { error: e.clone() })),
             Action::CallModel(_)
             | Action::CallTool(_)
@@ -294,6 +295,8 @@ pub enum Park {
     BudgetExceeded(BudgetOverrun),
     /// The model asked a human: suspend until input arrives.
     Suspend(Suspended),
+    /// The model called an external tool: wait for the application.
+    External(ExternalCallRequested),
 }
 
 /// Why there is nothing to do.
@@ -309,6 +312,12 @@ pub enum Idle {
     /// The run waits for input.
     Suspended {
         /// The call the input answers.
+        call_id: CallId,
+    },
+    /// The run waits for the application to report an external tool's
+    /// output.
+    AwaitingExternal {
+        /// The call.
         call_id: CallId,
     },
     /// A budget is used up.
@@ -370,6 +379,9 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
             },
             Parked::Input { call_id, .. } => Idle::Suspended {
                 call_id: call_id.clone(),
+            },
+            Parked::External(request) => Idle::AwaitingExternal {
+                call_id: request.call_id.clone(),
             },
             Parked::Budget(overrun) => Idle::BudgetExceeded(overrun),
             Parked::Reconciliation(intent) => Idle::NeedsReconciliation {
@@ -522,11 +534,26 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
                 }
             })
         }
-        // An approved call whose tool became a human tool: the agent changed
-        // under the run. Refuse it rather than guess.
-        (ToolTarget::Human { .. }, _) => reject(ToolCallError::Unavailable {
-            message: format!("`{}` is no longer a plugin tool", tool.name),
-        }),
+        (
+            ToolTarget::External {
+                output_schema,
+                must_match,
+            },
+            ToolCallProgress::Pending,
+        ) => Action::Park(Park::External(ExternalCallRequested {
+            call_id: call.call_id.clone(),
+            tool: tool.name.clone(),
+            arguments: call.call.arguments.clone(),
+            output_schema: output_schema.clone(),
+            must_match: must_match.clone(),
+        })),
+        // An approved call whose tool became a human or external tool: the
+        // agent changed under the run. Refuse it rather than guess.
+        (ToolTarget::Human { .. } | ToolTarget::External { .. }, _) => {
+            reject(ToolCallError::Unavailable {
+                message: format!("`{}` is no longer a plugin tool", tool.name),
+            })
+        }
         // Settled, in flight or parked calls are handled before this.
         (ToolTarget::Plugin { .. }, _) => {
             unreachable!("decide_call sees pending or approved calls")

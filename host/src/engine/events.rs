@@ -58,6 +58,12 @@ pub enum Event {
     /// commitment: its recorded result is this call's result, and nothing
     /// ran here.
     ToolCallDeduplicated(ToolCallDeduplicated),
+    /// The model called an external tool: the run waits for the embedding
+    /// application to perform it and report its output.
+    ExternalCallRequested(ExternalCallRequested),
+    /// The application reported an external tool's output (validated
+    /// against its schema and the recorded arguments before it was written).
+    ExternalCallCompleted(ExternalCallCompleted),
     /// A tool call waits for a human's approval.
     ApprovalRequested(ApprovalRequested),
     /// A human approved a tool call.
@@ -110,6 +116,10 @@ pub enum EventKind {
     ToolCallAttemptFailed,
     /// [`Event::ToolCallDeduplicated`].
     ToolCallDeduplicated,
+    /// [`Event::ExternalCallRequested`].
+    ExternalCallRequested,
+    /// [`Event::ExternalCallCompleted`].
+    ExternalCallCompleted,
     /// [`Event::ApprovalRequested`].
     ApprovalRequested,
     /// [`Event::ApprovalGranted`].
@@ -140,7 +150,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 23] = [
+    pub const ALL: [EventKind; 25] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -164,6 +174,8 @@ impl EventKind {
         EventKind::RunAbandoned,
         EventKind::ToolCallAttemptFailed,
         EventKind::ToolCallDeduplicated,
+        EventKind::ExternalCallRequested,
+        EventKind::ExternalCallCompleted,
     ];
 
     /// The `type` tag.
@@ -179,6 +191,8 @@ impl EventKind {
             EventKind::ToolCallResolved => "tool_call_resolved",
             EventKind::ToolCallAttemptFailed => "tool_call_attempt_failed",
             EventKind::ToolCallDeduplicated => "tool_call_deduplicated",
+            EventKind::ExternalCallRequested => "external_call_requested",
+            EventKind::ExternalCallCompleted => "external_call_completed",
             EventKind::ApprovalRequested => "approval_requested",
             EventKind::ApprovalGranted => "approval_granted",
             EventKind::ApprovalDenied => "approval_denied",
@@ -227,6 +241,8 @@ impl Event {
             Event::ToolCallResolved(_) => EventKind::ToolCallResolved,
             Event::ToolCallAttemptFailed(_) => EventKind::ToolCallAttemptFailed,
             Event::ToolCallDeduplicated(_) => EventKind::ToolCallDeduplicated,
+            Event::ExternalCallRequested(_) => EventKind::ExternalCallRequested,
+            Event::ExternalCallCompleted(_) => EventKind::ExternalCallCompleted,
             Event::ApprovalRequested(_) => EventKind::ApprovalRequested,
             Event::ApprovalGranted(_) => EventKind::ApprovalGranted,
             Event::ApprovalDenied(_) => EventKind::ApprovalDenied,
@@ -436,6 +452,36 @@ pub struct ToolCallAttemptFailed {
     /// mid-call. The run then needs reconciliation. Omitted when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub outcome_unknown: bool,
+}
+
+/// [`Event::ExternalCallRequested`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalCallRequested {
+    /// The call.
+    pub call_id: CallId,
+    /// The external tool, as the model named it.
+    pub tool: String,
+    /// The arguments, frozen as the model gave them.
+    pub arguments: Value,
+    /// The JSON Schema the reported output must satisfy.
+    pub output_schema: Value,
+    /// Output fields that must equal the arguments' fields of the same name.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub must_match: Vec<String>,
+}
+
+/// [`Event::ExternalCallCompleted`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExternalCallCompleted {
+    /// The call.
+    pub call_id: CallId,
+    /// The output the application reported.
+    pub output: Value,
+    /// Who reported it. Omitted when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
 }
 
 /// [`Event::ToolCallDeduplicated`].
@@ -1184,6 +1230,24 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"tool_call_deduplicated","call_id":"call-2-1","idempotency_key":"c0ffee","result":{"output":{"paid":true}},"origin_run":"r0","origin_call":"call-1-1"}}"#,
             ),
+            (
+                Event::ExternalCallRequested(ExternalCallRequested {
+                    call_id: CallId::new(3, 1),
+                    tool: "pay_invoice".into(),
+                    arguments: json!({"invoice_id": "inv-1", "amount": 12}),
+                    output_schema: json!({"type": "object"}),
+                    must_match: vec!["invoice_id".into()],
+                }),
+                r#"{"v":1,"event":{"type":"external_call_requested","call_id":"call-3-1","tool":"pay_invoice","arguments":{"amount":12,"invoice_id":"inv-1"},"output_schema":{"type":"object"},"must_match":["invoice_id"]}}"#,
+            ),
+            (
+                Event::ExternalCallCompleted(ExternalCallCompleted {
+                    call_id: CallId::new(3, 1),
+                    output: json!({"invoice_id": "inv-1", "status": "paid"}),
+                    by: Some("billing-service".into()),
+                }),
+                r#"{"v":1,"event":{"type":"external_call_completed","call_id":"call-3-1","output":{"invoice_id":"inv-1","status":"paid"},"by":"billing-service"}}"#,
+            ),
         ]
     }
 
@@ -1213,6 +1277,8 @@ pub(crate) mod tests {
             EventKind::RunAbandoned => 20,
             EventKind::ToolCallAttemptFailed => 21,
             EventKind::ToolCallDeduplicated => 22,
+            EventKind::ExternalCallRequested => 23,
+            EventKind::ExternalCallCompleted => 24,
         }
     }
 
@@ -1232,7 +1298,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 23, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 25, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

@@ -114,6 +114,7 @@ fn is_decision(event: &Event) -> bool {
             | Event::ToolCallRejected(_)
             | Event::ApprovalRequested(_)
             | Event::Suspended(_)
+            | Event::ExternalCallRequested(_)
             | Event::BudgetExceeded(_)
             | Event::ClockObserved(_)
             | Event::RunCompleted(_)
@@ -143,6 +144,7 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
             a.call_id == b.call_id && a.tool == b.tool
         }
         (Action::Park(Park::Suspend(a)), Event::Suspended(b)) => a == b,
+        (Action::Park(Park::External(a)), Event::ExternalCallRequested(b)) => a == b,
         (Action::Park(Park::BudgetExceeded(a)), Event::BudgetExceeded(b)) => a == b,
         (Action::ObserveClock, Event::ClockObserved(_)) => true,
         (Action::Finish(a), Event::RunCompleted(b)) => a == b,
@@ -168,6 +170,9 @@ fn describe_action(action: &Action) -> String {
         Action::Finish(c) => format!("finishing with {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => format!("parking: {o}"),
         Action::Park(Park::Suspend(s)) => format!("suspending at `{}`", s.call_id),
+        Action::Park(Park::External(r)) => {
+            format!("waiting for external tool `{}` at `{}`", r.tool, r.call_id)
+        }
         Action::Fail(e) => format!("failing: {e}"),
         Action::Idle(idle) => format!("nothing ({idle:?})"),
     }

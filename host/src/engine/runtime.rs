@@ -28,9 +28,9 @@ use super::decide::{
     Action, ApprovalRequest, Idle, MAX_TOOL_ATTEMPTS, ModelCall, ToolInvocation, decide,
 };
 use super::events::{
-    ApprovalDenied, ApprovalGranted, ClockObserved, Event, EventError, InvocationOutcome,
-    RunAbandoned, RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite,
-    decode, encode,
+    ApprovalDenied, ApprovalGranted, ClockObserved, Event, EventError, ExternalCallCompleted,
+    InvocationOutcome, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved, ToolCallResult,
+    UnresolvedWrite, decode, encode,
 };
 use super::ids::{AgentDigest, CallId, RunId};
 use super::replay::{ReplayError, ReplayOptions, replay};
@@ -245,6 +245,36 @@ pub enum RuntimeError {
     Store {
         /// Why.
         error: StoreError,
+    },
+    /// An external tool's reported output does not satisfy its schema;
+    /// nothing was written.
+    #[error(
+        "run `{run_id}`: the output reported for external call `{call_id}` is rejected: {reason}"
+    )]
+    OutputRejected {
+        /// The run.
+        run_id: RunId,
+        /// The call.
+        call_id: CallId,
+        /// The schema violation.
+        reason: String,
+    },
+    /// An external tool's reported output differs from the recorded call
+    /// in a field the operator marked; nothing was written.
+    #[error(
+        "run `{run_id}`: the output reported for external call `{call_id}` has `{field}` = {given}, but the call was made with {recorded}"
+    )]
+    ExternalMismatch {
+        /// The run.
+        run_id: RunId,
+        /// The call.
+        call_id: CallId,
+        /// The marked field.
+        field: String,
+        /// The call's argument.
+        recorded: Box<Value>,
+        /// The reported output's value (null when missing).
+        given: Box<Value>,
     },
     /// A keyed call's commitment is held by another run that has not
     /// settled it (it may be running the call, or its outcome may be unknown
@@ -693,6 +723,66 @@ impl Runtime {
             call_id: call_id.clone(),
             by: by.to_owned(),
             reason: reason.to_owned(),
+        });
+        self.append(&mut log, vec![event]).await
+    }
+
+    /// Records the output of the external tool call the run waits for, as the
+    /// embedding application reports it after performing the call. The
+    /// output is checked against the tool's output schema and every field
+    /// the operator marked must equal the recorded call's argument of the
+    /// same name; nothing is written otherwise. Exactly one event; drive the
+    /// run afterwards.
+    pub async fn complete_external(
+        &self,
+        run_id: &RunId,
+        call_id: &CallId,
+        output: Value,
+        by: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        let mut log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        let request = match log.state.parked() {
+            Some(Parked::External(request)) if &request.call_id == call_id => request.clone(),
+            Some(Parked::External(_)) => {
+                return Err(RuntimeError::NotParked {
+                    run_id: run_id.clone(),
+                    status: log.state.status(),
+                    needed: "awaiting_external for that call",
+                });
+            }
+            _ => {
+                return Err(RuntimeError::NotParked {
+                    run_id: run_id.clone(),
+                    status: log.state.status(),
+                    needed: "awaiting_external",
+                });
+            }
+        };
+        super::schema::check(&request.output_schema, &output).map_err(|e| {
+            RuntimeError::OutputRejected {
+                run_id: run_id.clone(),
+                call_id: call_id.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        for field in &request.must_match {
+            let recorded = request.arguments.get(field).cloned().unwrap_or(Value::Null);
+            let given = output.get(field).cloned().unwrap_or(Value::Null);
+            if recorded != given {
+                return Err(RuntimeError::ExternalMismatch {
+                    run_id: run_id.clone(),
+                    call_id: call_id.clone(),
+                    field: field.clone(),
+                    recorded: Box::new(recorded),
+                    given: Box::new(given),
+                });
+            }
+        }
+        let event = Event::ExternalCallCompleted(ExternalCallCompleted {
+            call_id: call_id.clone(),
+            output,
+            by,
         });
         self.append(&mut log, vec![event]).await
     }

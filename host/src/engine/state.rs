@@ -17,9 +17,9 @@ use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
 use super::events::{
-    BudgetExtended, Event, EventKind, ModelCallError, Resumed, RunAbandoned, RunCancelled,
-    RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
-    UnresolvedWrite,
+    BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError, Resumed, RunAbandoned,
+    RunCancelled, RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent,
+    ToolCallResult, UnresolvedWrite,
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::schema::{self, SchemaError};
@@ -36,6 +36,9 @@ pub enum RunStatus {
     AwaitingApproval,
     /// It waits for a human's input.
     Suspended,
+    /// It waits for the embedding application to perform an external tool
+    /// call and report its output.
+    AwaitingExternal,
     /// A budget is used up; a human may extend it.
     BudgetExceeded,
     /// A write intent has no completion: nobody knows whether the write
@@ -53,10 +56,11 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status.
-    pub const ALL: [RunStatus; 9] = [
+    pub const ALL: [RunStatus; 10] = [
         RunStatus::Running,
         RunStatus::AwaitingApproval,
         RunStatus::Suspended,
+        RunStatus::AwaitingExternal,
         RunStatus::BudgetExceeded,
         RunStatus::NeedsReconciliation,
         RunStatus::Completed,
@@ -71,6 +75,7 @@ impl RunStatus {
             RunStatus::Running => "running",
             RunStatus::AwaitingApproval => "awaiting_approval",
             RunStatus::Suspended => "suspended",
+            RunStatus::AwaitingExternal => "awaiting_external",
             RunStatus::BudgetExceeded => "budget_exceeded",
             RunStatus::NeedsReconciliation => "needs_reconciliation",
             RunStatus::Completed => "completed",
@@ -95,6 +100,7 @@ impl RunStatus {
             self,
             RunStatus::AwaitingApproval
                 | RunStatus::Suspended
+                | RunStatus::AwaitingExternal
                 | RunStatus::BudgetExceeded
                 | RunStatus::NeedsReconciliation
         )
@@ -231,6 +237,9 @@ pub enum ToolCallProgress {
         /// The output they recorded.
         output: Value,
     },
+    /// An external tool: the application performs it and reports its
+    /// output.
+    AwaitingExternal(ExternalCallRequested),
     /// A human answered a suspension at this call. Settled.
     Answered {
         /// The input.
@@ -274,6 +283,7 @@ impl ToolCallProgress {
             ToolCallProgress::Completed(_) => "completed",
             ToolCallProgress::Resolved { .. } => "resolved",
             ToolCallProgress::Answered { .. } => "answered",
+            ToolCallProgress::AwaitingExternal(_) => "awaiting external",
             ToolCallProgress::Deduplicated { .. } => "deduplicated",
         }
     }
@@ -367,6 +377,8 @@ pub enum Parked<'a> {
         /// The schema.
         schema: &'a Value,
     },
+    /// An external tool's output, reported by the application.
+    External(&'a ExternalCallRequested),
     /// A budget extension.
     Budget(BudgetOverrun),
     /// A human's word on a write whose outcome is unknown.
@@ -575,6 +587,7 @@ impl RunState {
         match self.next_call().map(|c| &c.progress) {
             Some(ToolCallProgress::AwaitingApproval) => return RunStatus::AwaitingApproval,
             Some(ToolCallProgress::Suspended { .. }) => return RunStatus::Suspended,
+            Some(ToolCallProgress::AwaitingExternal(_)) => return RunStatus::AwaitingExternal,
             _ => {}
         }
         if self.budget_exceeded.is_some() {
@@ -600,6 +613,9 @@ impl RunState {
                         reason,
                         schema,
                     });
+                }
+                ToolCallProgress::AwaitingExternal(request) => {
+                    return Some(Parked::External(request));
                 }
                 _ => {}
             }
@@ -891,6 +907,31 @@ impl RunState {
                     "in flight",
                 )
             }
+            Event::ExternalCallRequested(r) => {
+                let call = self.expect_next(&r.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
+                if r.tool != call.call.name {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: r.call_id.clone(),
+                        field: "tool",
+                    });
+                }
+                if r.arguments != call.call.arguments {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: r.call_id.clone(),
+                        field: "arguments",
+                    });
+                }
+                self.parked_problem()
+            }
+            Event::ExternalCallCompleted(c) => {
+                let call = self.expect_next(&c.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::AwaitingExternal(_)),
+                    "awaiting external",
+                )
+            }
             Event::ToolCallDeduplicated(d) => {
                 let call = self.expect_next(&d.call_id)?;
                 Self::expect_progress(
@@ -1082,6 +1123,14 @@ impl RunState {
             Event::ToolCallAttemptFailed(f) => {
                 self.usage.fuel = self.usage.fuel.saturating_add(f.receipt.fuel_consumed);
                 self.next_call_mut().failed_attempts += 1;
+            }
+            Event::ExternalCallRequested(r) => {
+                self.next_call_mut().progress = ToolCallProgress::AwaitingExternal(r.clone());
+            }
+            Event::ExternalCallCompleted(c) => {
+                self.settle(ToolCallProgress::Completed(ToolCallResult::Output(
+                    c.output.clone(),
+                )));
             }
             Event::ToolCallDeduplicated(d) => {
                 self.settle(ToolCallProgress::Deduplicated {

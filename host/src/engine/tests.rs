@@ -363,6 +363,21 @@ fn every_status_is_derived_from_the_log_alone() {
             RunStatus::Suspended,
         ),
         (
+            "awaiting an external tool",
+            log(vec![
+                model(1, 1),
+                answer(1, "", &[("pay", json!({"invoice": "i-1"}))]),
+                Event::ExternalCallRequested(crate::engine::events::ExternalCallRequested {
+                    call_id: CallId::new(1, 1),
+                    tool: "pay".into(),
+                    arguments: json!({"invoice": "i-1"}),
+                    output_schema: json!({"type": "object"}),
+                    must_match: vec!["invoice".into()],
+                }),
+            ]),
+            RunStatus::AwaitingExternal,
+        ),
+        (
             "over budget",
             log(vec![exceeded(BudgetKind::Steps, 0, 0)]),
             RunStatus::BudgetExceeded,
@@ -809,12 +824,16 @@ fn shape(action: &Action) -> String {
             format!("park budget {} {}/{}", o.budget, o.used, o.limit)
         }
         Action::Park(Park::Suspend(s)) => format!("park suspend {} {}", s.call_id, s.schema),
+        Action::Park(Park::External(r)) => format!("park external {} {}", r.call_id, r.tool),
         Action::Fail(e) => format!("fail {e}"),
         Action::Idle(Idle::Terminal(s)) => format!("idle {s}"),
         Action::Idle(Idle::AwaitingApproval { call_id }) => {
             format!("idle awaiting_approval {call_id}")
         }
         Action::Idle(Idle::Suspended { call_id }) => format!("idle suspended {call_id}"),
+        Action::Idle(Idle::AwaitingExternal { call_id }) => {
+            format!("idle awaiting_external {call_id}")
+        }
         Action::Idle(Idle::BudgetExceeded(o)) => format!("idle budget_exceeded {}", o.budget),
         Action::Idle(Idle::NeedsReconciliation { call_id }) => {
             format!("idle needs_reconciliation {call_id}")

@@ -75,6 +75,13 @@ pub enum ToolTarget {
         /// The JSON Schema the answer must satisfy.
         response_schema: Value,
     },
+    /// Parks the run until the embedding application reports the output.
+    External {
+        /// The JSON Schema the output must satisfy.
+        output_schema: Value,
+        /// Output fields that must equal the arguments'.
+        must_match: Vec<String>,
+    },
 }
 
 /// An agent whose tools do not fit together.
@@ -207,6 +214,17 @@ impl AgentView {
                 },
             });
         }
+        for external in &agent.external_tools {
+            tools.push(AgentTool {
+                name: external.name.clone(),
+                description: external.description.clone(),
+                input_schema: external.arguments_schema.clone(),
+                target: ToolTarget::External {
+                    output_schema: external.output_schema.clone(),
+                    must_match: external.must_match.clone(),
+                },
+            });
+        }
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         let mut seen = BTreeSet::new();
         for tool in &tools {
@@ -302,7 +320,9 @@ mod tests {
         );
         let approval = |name: &str| match &view.tool(name).unwrap().target {
             ToolTarget::Plugin { needs_approval, .. } => *needs_approval,
-            ToolTarget::Human { .. } => panic!("{name} is a plugin tool"),
+            ToolTarget::Human { .. } | ToolTarget::External { .. } => {
+                panic!("{name} is a plugin tool")
+            }
         };
         assert!(approval("fs__read_file"), "always");
         assert!(!approval("fs__edit_file"), "never");

@@ -542,3 +542,167 @@ text = "Paid."
     );
     assert_eq!(fx.effects(), 1);
 }
+
+/// The application pays invoices itself; the run parks at the call.
+const EXTERNAL: &str = r#"
+[external_tools.pay_invoice]
+description = "Pay an invoice (the application does it with its own credentials)"
+arguments_schema = '{"type": "object", "required": ["invoice_id", "amount"], "properties": {"invoice_id": {"type": "string"}, "amount": {"type": "integer"}}}'
+output_schema = '{"type": "object", "required": ["invoice_id", "status"], "properties": {"invoice_id": {"type": "string"}, "status": {"enum": ["paid", "declined"]}}}'
+must_match = ["invoice_id"]
+"#;
+
+const PAY_INVOICE: &str = r#"
+[[turns]]
+text = "Paying the invoice."
+[[turns.tool_calls]]
+name = "pay_invoice"
+arguments = { invoice_id = "inv-1", amount = 12 }
+
+[[turns]]
+text = "The invoice is paid."
+"#;
+
+#[tokio::test]
+async fn an_external_tool_parks_the_run_with_its_frozen_arguments_and_checks_the_report() {
+    let fx = Fixture::new();
+    let agent = fx.agent(PAY_INVOICE, EXTERNAL);
+    let rt = runtime(Arc::new(MemoryStore::new()));
+    let run = rt
+        .start_with_id(&agent, id("invoice"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingExternal
+    );
+    let events = rt.events(&run).await.unwrap();
+    let request = find(&events, |e| match e {
+        Event::ExternalCallRequested(r) => Some(r.clone()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(
+        request.arguments,
+        json!({"invoice_id": "inv-1", "amount": 12})
+    );
+    let before = events.len();
+
+    // A report for another invoice, or one the schema refuses, writes nothing.
+    let err = rt
+        .complete_external(
+            &run,
+            &request.call_id,
+            json!({"invoice_id": "inv-2", "status": "paid"}),
+            None,
+        )
+        .await
+        .unwrap_err();
+    match err {
+        RuntimeError::ExternalMismatch {
+            field,
+            recorded,
+            given,
+            ..
+        } => {
+            assert_eq!(field, "invoice_id");
+            assert_eq!((*recorded, *given), (json!("inv-1"), json!("inv-2")));
+        }
+        other => panic!("expected a mismatch, got {other}"),
+    }
+    let err = rt
+        .complete_external(
+            &run,
+            &request.call_id,
+            json!({"invoice_id": "inv-1", "status": "lost"}),
+            None,
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::OutputRejected { .. }), "{err}");
+    // Resuming it as if it were a human's input is refused too.
+    let err = rt
+        .resume(&run, &agent, json!("paid"), None)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RuntimeError::NotParked { .. }), "{err}");
+    assert_eq!(
+        rt.events(&run).await.unwrap().len(),
+        before,
+        "nothing written"
+    );
+
+    rt.complete_external(
+        &run,
+        &request.call_id,
+        json!({"invoice_id": "inv-1", "status": "paid"}),
+        Some("billing".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    let state = rt.state(&run).await.unwrap();
+    let seen = serde_json::to_string(state.conversation()).unwrap();
+    assert!(
+        seen.contains("paid"),
+        "the model saw the reported output: {seen}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_external_tool_is_completed_from_a_second_process() {
+    let fx = Fixture::new();
+    let agent = fx.agent(PAY_INVOICE, EXTERNAL);
+    let db = fx.path("runs.db");
+    {
+        let rt = runtime(Arc::new(SqliteStore::open(&db).unwrap()));
+        let run = rt
+            .start_with_id(&agent, id("remote"), json!("go"))
+            .await
+            .unwrap();
+        assert_eq!(
+            rt.drive(&run, &agent).await.unwrap(),
+            RunStatus::AwaitingExternal
+        );
+    }
+    // The application, another process, reports the payment through the CLI.
+    let out = std::process::Command::new(super::kill::warden_binary())
+        .args([
+            "runs",
+            "complete",
+            "remote",
+            "call-1-1",
+            "--output",
+            r#"{"invoice_id": "inv-1", "status": "paid"}"#,
+            "--store",
+        ])
+        .arg(&db)
+        .current_dir(fx.dir.path())
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("remote: completed"));
+    let store = SqliteStore::open(&db).unwrap();
+    assert_eq!(
+        store.summary(&id("remote")).await.unwrap().status,
+        "completed"
+    );
+    let events = store.load(&id("remote")).await.unwrap();
+    let completed = events
+        .iter()
+        .filter_map(|e| warden::engine::decode(&e.bytes).ok())
+        .find_map(|e| match e {
+            Event::ExternalCallCompleted(c) => Some(c),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(completed.output["status"], "paid");
+}

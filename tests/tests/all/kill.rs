@@ -22,7 +22,7 @@ use super::engine::Fixture;
 /// dozen kills (a debug build records about one event per millisecond).
 const TURNS: usize = 120;
 
-fn warden_binary() -> PathBuf {
+pub(crate) fn warden_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
     let profile_dir = exe.parent().unwrap().parent().unwrap();
     let bin = profile_dir.join("warden");
