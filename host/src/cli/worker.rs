@@ -125,6 +125,8 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
 
 /// `warden worker`: claims and drives runs until SIGTERM or SIGINT.
 pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()> {
+    // Signals first: a worker stopped while it starts still stops cleanly.
+    let stop = shutdown_signal()?;
     let rt = runtime(ctx, open(ctx).await?)?;
     let settings = ctx.settings.clone();
     let mut builder = Worker::builder(rt)
@@ -139,13 +141,14 @@ pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()
         builder = builder.owner(id);
     }
     let worker = builder.build()?;
+    // The line that says the worker is ready.
     eprintln!(
         "worker {} on {}: up to {} runs at once",
         worker.owner(),
         ctx.settings.store.value,
         args.concurrency
     );
-    let report = worker.run(shutdown_signal()).await;
+    let report = worker.run(stop).await;
     let summary = json!({
         "worker": worker.owner(),
         "claimed": report.claimed,
@@ -170,26 +173,26 @@ pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()
     Ok(())
 }
 
-/// Completes on SIGTERM or SIGINT (Ctrl-C).
-async fn shutdown_signal() {
+/// Completes on SIGTERM or SIGINT (Ctrl-C). The handlers are installed
+/// when this returns, before the future is first polled.
+fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = tokio::signal::ctrl_c() => {}
-                }
+        let mut term = signal(SignalKind::terminate()).context("cannot handle SIGTERM")?;
+        let mut int = signal(SignalKind::interrupt()).context("cannot handle SIGINT")?;
+        Ok(async move {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
             }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
+        })
     }
     #[cfg(not(unix))]
     {
-        let _ = tokio::signal::ctrl_c().await;
+        Ok(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
     }
 }
 

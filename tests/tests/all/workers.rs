@@ -254,8 +254,15 @@ fn warden_binary() -> std::path::PathBuf {
     bin
 }
 
-fn start_worker(dir: &Path, url: &str, n: usize) -> Child {
-    Command::new(warden_binary())
+/// A worker and the file its stderr goes to.
+struct Running {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+fn start_worker(dir: &Path, url: &str, n: usize, generation: usize) -> Running {
+    let log = dir.join(format!("worker-{n}-{generation}.log"));
+    let child = Command::new(warden_binary())
         .args([
             "worker",
             "--concurrency",
@@ -278,9 +285,10 @@ fn start_worker(dir: &Path, url: &str, n: usize) -> Child {
         .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
-        .unwrap()
+        .unwrap();
+    Running { child, log }
 }
 
 /// A small deterministic generator, so a failure can be replayed.
@@ -339,8 +347,12 @@ async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write()
         .unwrap();
     assert_eq!(queued.len(), RUNS);
 
-    let mut workers: Vec<Option<Child>> = (0..WORKERS)
-        .map(|n| Some(start_worker(dir, &pg.url, n)))
+    let mut started = 0;
+    let mut workers: Vec<Option<Running>> = (0..WORKERS)
+        .map(|n| {
+            started += 1;
+            Some(start_worker(dir, &pg.url, n, started))
+        })
         .collect();
     let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
     let (mut kills, mut resolved, mut rounds) = (0, 0, 0);
@@ -397,28 +409,47 @@ async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write()
         // Restart dead workers; now and then kill one at random.
         for (n, slot) in workers.iter_mut().enumerate() {
             if slot.is_none() {
-                *slot = Some(start_worker(dir, &pg.url, n));
+                started += 1;
+                *slot = Some(start_worker(dir, &pg.url, n, started));
             }
         }
         if kills < 60 && rng.next().is_multiple_of(2) {
             let n = (rng.next() % WORKERS as u64) as usize;
-            if let Some(mut child) = workers[n].take() {
-                child.kill().unwrap(); // SIGKILL
-                child.wait().unwrap();
+            if let Some(mut worker) = workers[n].take() {
+                worker.child.kill().unwrap(); // SIGKILL
+                worker.child.wait().unwrap();
                 kills += 1;
             }
         }
         tokio::time::sleep(Duration::from_millis(10 + rng.next() % 120)).await;
     }
-    // A graceful stop: SIGTERM, and each worker exits 0.
-    for child in workers.iter_mut().flatten() {
-        let pid = child.id().to_string();
+    // A graceful stop: SIGTERM once each worker said it is ready (its
+    // handlers are installed before that line), and each exits 0.
+    for worker in workers.iter_mut().flatten() {
+        let mut waited = 0;
+        while !std::fs::read_to_string(&worker.log)
+            .unwrap_or_default()
+            .contains("runs at once")
+        {
+            waited += 1;
+            assert!(waited < 3_000, "a worker never became ready");
+            assert!(
+                worker.child.try_wait().unwrap().is_none(),
+                "a worker died starting"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let pid = worker.child.id().to_string();
         let term = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
         assert!(term.success());
     }
-    for child in workers.iter_mut().flatten() {
-        let status = child.wait().unwrap();
-        assert!(status.success(), "a worker stopped with {status}");
+    for worker in workers.iter_mut().flatten() {
+        let status = worker.child.wait().unwrap();
+        assert!(
+            status.success(),
+            "a worker stopped with {status}: {}",
+            std::fs::read_to_string(&worker.log).unwrap_or_default()
+        );
     }
 
     // Every run completed, its log gap-free and its chain intact.
