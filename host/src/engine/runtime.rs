@@ -1250,27 +1250,37 @@ impl Runtime {
         new: Vec<Event>,
         settlement: Option<&Settlement>,
     ) -> Result<(), RuntimeError> {
-        let mut state = log.state.clone();
-        for event in &new {
-            state.apply(event).map_err(|error| RuntimeError::Fold {
-                run_id: log.run_id.clone(),
-                error,
-            })?;
+        // Fold first: an impossible event is refused before it is written.
+        // One event (the usual case) is folded in place, without copying the
+        // state and its conversation; `apply` leaves the state unchanged when
+        // it refuses.
+        let fold_error = |error| RuntimeError::Fold {
+            run_id: log.run_id.clone(),
+            error,
+        };
+        if let [event] = new.as_slice() {
+            log.state.apply(event).map_err(fold_error)?;
+        } else {
+            let mut state = log.state.clone();
+            for event in &new {
+                state.apply(event).map_err(fold_error)?;
+            }
+            log.state = state;
         }
         let bytes: Vec<Bytes> = new.iter().map(|e| Bytes::from(encode(e))).collect();
         let expected = log.events.len() as u64;
-        let (status, now) = (state.status(), self.inner.clock.now_ms() as i64);
+        let (status, now) = (log.state.status(), self.inner.clock.now_ms() as i64);
         let store = &self.inner.store;
-        match (settlement, &log.fence) {
+        let written = match (settlement, &log.fence) {
             (None, None) => {
                 store
                     .append(&log.run_id, expected, &bytes, status.as_str(), now)
-                    .await?
+                    .await
             }
             (None, Some(lease)) => {
                 store
                     .append_fenced(lease, expected, &bytes, status.as_str(), now)
-                    .await?
+                    .await
             }
             (Some(s), fence) => {
                 store
@@ -1283,10 +1293,18 @@ impl Runtime {
                         now,
                         s,
                     )
-                    .await?
+                    .await
             }
         };
-        log.state = state;
+        if let Err(error) = written {
+            // The state is ahead of the store: take the store's word again,
+            // so a caller that goes on with this log sees what is recorded.
+            if let Ok(fresh) = self.load_log(&log.run_id).await {
+                log.events = fresh.events;
+                log.state = fresh.state;
+            }
+            return Err(error.into());
+        }
         for (i, event) in new.into_iter().enumerate() {
             let seq = expected + 1 + i as u64;
             log.events.push(event.clone());
