@@ -1,6 +1,7 @@
 //! Many hosts on one store: run leases with fencing through the real
 //! engine, and `warden worker` processes killed with SIGKILL at random
-//! moments while they share 200 runs on PostgreSQL.
+//! moments while they share 200 runs on PostgreSQL, and idempotency
+//! commitments across a takeover in the middle of a call.
 //!
 //! The PostgreSQL tests use the server at `WARDEN_TEST_POSTGRES` (default
 //! `postgres://postgres@127.0.0.1:5432/test`), each in a fresh schema that
@@ -15,6 +16,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use warden::engine::events::Event;
 use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
 use warden::store::{EventStore, PostgresStore, RunFilter, SqliteStore, StoreError};
@@ -236,6 +238,238 @@ async fn racing_drivers_on_sqlite_have_one_winner_and_the_replaced_one_is_fenced
     let fx = Fixture::new();
     let store = SqliteStore::open(fx.dir.path().join("runs.db")).unwrap();
     racing_drivers(Arc::new(store), &fx).await;
+}
+
+// ---- a takeover in the middle of a keyed call ------------------------------
+
+/// An agent whose one call is `block_once`, keyed by `claim_id`, with the
+/// effect class the operator gives it; then a final answer.
+fn keyed_agent(fx: &Fixture, name: &str, effect: &str) -> Agent {
+    let dir = fx.dir.path().join("agents");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.transcript.toml")),
+        r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__block_once"
+arguments = { path = "/workspace/effects.log", content = "paid\n", claim_id = "claim-7" }
+
+[[turns]]
+text = "Paid."
+"#,
+    )
+    .unwrap();
+    let text = format!(
+        r#"
+name = "{name}"
+instructions = "Pay the claim."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "{name}.transcript.toml"
+
+[plugins.hostile]
+source = "../hostile.toml"
+approval = {{ block_once = "never" }}
+[plugins.hostile.grant.mounts.workspace]
+dir = "../work"
+[plugins.hostile.grant.tools.block_once]
+effect = "{effect}"
+idempotency_key = "claim_id"
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    Agent::load(&path.canonicalize().unwrap(), None).unwrap()
+}
+
+/// Driver A takes the run and dies in the middle of its keyed call: its task
+/// is dropped while the guest blocks, after the effect happened and with
+/// the commitment claimed and the intent recorded, but no completion. Once
+/// A's lease expires driver B takes the run over. Returns B's runtime, the
+/// run, B's lease and what B's recovery said.
+async fn die_mid_call(
+    store: Arc<dyn EventStore>,
+    fx: &Fixture,
+    agent: &Agent,
+) -> (
+    Runtime,
+    RunId,
+    warden::store::Lease,
+    Result<RunStatus, RuntimeError>,
+) {
+    let run = RunId::new("mid-call").unwrap();
+    let a = runtime(store.clone());
+    a.submit(agent, run.clone(), json!("go"), BTreeMap::new())
+        .await
+        .unwrap();
+    let lease_a = store
+        .acquire_lease(&run, "driver-a", now_ms(), 60_000)
+        .await
+        .unwrap();
+    let driving = tokio::spawn({
+        let (agent, lease) = (agent.clone(), lease_a.clone());
+        async move {
+            a.recover_leased(&agent, ReplayOptions::default(), lease)
+                .await
+        }
+    });
+    let blocked = fx.dir.path().join("work/effects.log.blocked");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !blocked.exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the call never started"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    driving.abort();
+    assert!(driving.await.unwrap_err().is_cancelled());
+    assert_eq!(effects(fx), ["paid"], "the effect happened once");
+    let events = store.load(&run).await.unwrap();
+    let last = warden::engine::decode(&events.last().unwrap().bytes).unwrap();
+    assert!(
+        matches!(last, Event::ToolCallIntent(_)),
+        "driver A died between intent and completion, got {last:?}"
+    );
+
+    let b = runtime(store.clone()).with_commitment_wait(Duration::from_millis(200));
+    let lease_b = store
+        .acquire_lease(&run, "driver-b", lease_a.expires_ms, 60_000)
+        .await
+        .unwrap();
+    assert_eq!((lease_a.token, lease_b.token), (1, 2));
+    let outcome = b
+        .recover_leased(agent, ReplayOptions::default(), lease_b.clone())
+        .await;
+    (b, run, lease_b, outcome)
+}
+
+/// The keys the plugin was handed, one line per execution.
+fn keys_seen(fx: &Fixture) -> Vec<String> {
+    std::fs::read_to_string(fx.dir.path().join("work/effects.log.keys"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Another run making the same keyed call, driven to its end: it must get
+/// the taken-over run's result without executing.
+async fn same_claim_elsewhere(rt: &Runtime, agent: &Agent, origin: &RunId) {
+    let other = rt.start(agent, json!("again")).await.unwrap();
+    assert_eq!(rt.drive(&other, agent).await.unwrap(), RunStatus::Completed);
+    let dedup = rt
+        .events(&other)
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e {
+            Event::ToolCallDeduplicated(d) => Some(d),
+            _ => None,
+        })
+        .expect("the second run was deduplicated");
+    assert_eq!(&dedup.origin_run, origin);
+}
+
+/// An idempotent keyed call: the new driver retries it with the same key
+/// (the commitment is still the run's own), settles it, and a later run
+/// with the same key gets that result without executing.
+async fn idempotent_call_across_a_takeover(store: Arc<dyn EventStore>) {
+    let fx = Fixture::new();
+    let agent = keyed_agent(&fx, "idempotent-pay", "idempotent");
+    let (b, run, lease_b, outcome) = die_mid_call(store.clone(), &fx, &agent).await;
+    assert_eq!(outcome.unwrap(), RunStatus::Completed);
+    store.release_lease(&lease_b, None).await.unwrap();
+    let keys = keys_seen(&fx);
+    assert_eq!(keys.len(), 2, "executed by A, then retried by B: {keys:?}");
+    assert_eq!(keys[0], keys[1], "the retry carried the same key");
+    let intent_key = b
+        .events(&run)
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|e| match e {
+            Event::ToolCallIntent(i) => Some(i.idempotency_key),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(keys[0], intent_key);
+
+    same_claim_elsewhere(&b, &agent, &run).await;
+    assert_eq!(keys_seen(&fx).len(), 2, "the other run executed nothing");
+    assert!(store.verify(&run).await.unwrap().is_intact());
+}
+
+/// A keyed write: the new driver must not run it again; the run needs
+/// reconciliation and keeps the commitment, so another run with the same
+/// key is told who holds it; once an operator resolves the write, that run
+/// gets the resolved result. The effect happened exactly once.
+async fn write_across_a_takeover(store: Arc<dyn EventStore>) {
+    let fx = Fixture::new();
+    let agent = keyed_agent(&fx, "write-pay", "write");
+    let (b, run, lease_b, outcome) = die_mid_call(store.clone(), &fx, &agent).await;
+    assert!(
+        matches!(outcome, Err(RuntimeError::NeedsReconciliation { .. })),
+        "{outcome:?}"
+    );
+    store
+        .release_lease(&lease_b, Some("needs_reconciliation"))
+        .await
+        .unwrap();
+    assert_eq!(keys_seen(&fx).len(), 1, "the write did not run again");
+
+    let other = b.start(&agent, json!("again")).await.unwrap();
+    match b.drive(&other, &agent).await {
+        Err(RuntimeError::CommitmentHeld { holder, .. }) => assert_eq!(holder.run_id, run),
+        other => panic!("expected the commitment to be held, got {other:?}"),
+    }
+    b.resolve(
+        &run,
+        json!({"paid": true}),
+        "ops",
+        Some("seen in the ledger".into()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(b.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    assert_eq!(b.drive(&other, &agent).await.unwrap(), RunStatus::Completed);
+    same_claim_elsewhere(&b, &agent, &run).await;
+    assert_eq!(keys_seen(&fx).len(), 1, "paid exactly once");
+    assert_eq!(effects(&fx), ["paid"]);
+}
+
+#[tokio::test]
+async fn an_idempotent_call_survives_a_takeover_mid_call_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+    idempotent_call_across_a_takeover(Arc::new(store)).await;
+}
+
+#[tokio::test]
+async fn an_idempotent_call_survives_a_takeover_mid_call_on_postgres() {
+    let Some(pg) = PgSchema::new("midcall_idem").await else {
+        return;
+    };
+    idempotent_call_across_a_takeover(Arc::new(pg.store().await)).await;
+}
+
+#[tokio::test]
+async fn a_write_is_not_repeated_after_a_takeover_mid_call_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+    write_across_a_takeover(Arc::new(store)).await;
+}
+
+#[tokio::test]
+async fn a_write_is_not_repeated_after_a_takeover_mid_call_on_postgres() {
+    let Some(pg) = PgSchema::new("midcall_write").await else {
+        return;
+    };
+    write_across_a_takeover(Arc::new(pg.store().await)).await;
 }
 
 // ---- the takeover test ------------------------------------------------------

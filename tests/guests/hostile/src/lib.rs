@@ -145,6 +145,12 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
         r#"{"type":"object","required":["path","content"],"properties":{"path":{"type":"string"},"content":{"type":"string"}}}"#,
         Effect::Write,
     ),
+    (
+        "block_once",
+        "Appends content to the file at path and the idempotency key to <path>.keys; the first time (no <path>.blocked yet) it then blocks forever, later it returns: a call whose driver dies mid-call, then succeeds on retry.",
+        r#"{"type":"object","required":["path","content"],"properties":{"path":{"type":"string"},"content":{"type":"string"}}}"#,
+        Effect::Write,
+    ),
 ];
 
 struct Hostile;
@@ -195,6 +201,7 @@ impl Guest for Hostile {
             "echo" => echo(&args),
             "flaky" => flaky(&args, &call.idempotency_key),
             "write_then_sleep" => write_then_sleep(&args),
+            "block_once" => block_once(&args, &call.idempotency_key),
             other => Err(unknown_tool(other)),
         }?;
         Ok(ToolOutput { content })
@@ -575,6 +582,30 @@ fn write_then_sleep(args: &Value) -> Result<String, ToolError> {
         .and_then(|mut f| f.write_all(content.as_bytes()))
         .map_err(|e| failed(format!("append {path}: {e}")))?;
     sleep_forever()
+}
+
+/// `block_once {path, content}`: appends `content` to the file at `path`
+/// and `key` to `<path>.keys`; then, the first time only (it leaves
+/// `<path>.blocked` behind), blocks forever in a host call.
+fn block_once(args: &Value, key: &str) -> Result<String, ToolError> {
+    let (path, content) = (str_arg(args, "path")?, str_arg(args, "content")?);
+    for (file, line) in [
+        (path.to_owned(), content.to_owned()),
+        (format!("{path}.keys"), format!("{key}\n")),
+    ] {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&file)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| failed(format!("append {file}: {e}")))?;
+    }
+    let marker = format!("{path}.blocked");
+    if fs::metadata(&marker).is_err() {
+        fs::write(&marker, "").map_err(|e| failed(format!("write {marker}: {e}")))?;
+        sleep_forever()
+    }
+    Ok(json!({ "appended": content, "key": key }).to_string())
 }
 
 /// `echo {config_key?: string = "echo", ...}`: logs `echo: <arguments>` at
