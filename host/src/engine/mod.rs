@@ -13,6 +13,7 @@
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`prompt`]: assembling the model request.
+//! - [`context`]: context sources: settings, what the log recorded, quoting.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`ids`]: run and call ids, digests, idempotency keys.
@@ -27,6 +28,7 @@
 pub mod agent;
 pub mod budget;
 pub mod canonical;
+pub mod context;
 pub mod decide;
 pub mod events;
 pub mod ids;

@@ -79,6 +79,8 @@ fn view() -> AgentView {
         ],
         budgets: BudgetLimits::default(),
         pricing: None,
+        context: Vec::new(),
+        max_invalid_tool_calls: 3,
     }
 }
 
@@ -819,6 +821,7 @@ fn shape(action: &Action) -> String {
         Action::RequestApproval(a) => format!("request_approval {} {}", a.call_id, a.tool),
         Action::RejectToolCall(r) => format!("reject {}: {}", r.call_id, r.error),
         Action::ObserveClock => "observe_clock".into(),
+        Action::ResolveContext(r) => format!("resolve_context {} step={}", r.source, r.step),
         Action::Finish(c) => format!("finish {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => {
             format!("park budget {} {}/{}", o.budget, o.used, o.limit)
@@ -1448,6 +1451,9 @@ impl Sim {
                     self.clock_ms += 1000;
                     self.events.push(clock(self.clock_ms));
                 }
+                Action::ResolveContext(r) => {
+                    self.events.push(context::sim_resolution(&r, self.clock_ms));
+                }
                 Action::Idle(idle) => return idle,
                 other => self
                     .events
@@ -1846,7 +1852,8 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         idempotency_key: None,
     })
     .collect();
-    let view = AgentView::new(&agent, &[("fs", &fs)]).unwrap();
+    // `notes-files` is the files-context source: no tools.
+    let view = AgentView::new(&agent, &[("fs", &fs), ("notes-files", &[])]).unwrap();
     let mut sim = Sim::new(view, script.turns().to_vec());
     sim.events[0] = Event::RunStarted(RunStarted {
         agent: agent.name.clone(),
@@ -1959,3 +1966,5 @@ fn resume_input_is_validated_before_anything_is_recorded() {
         assert_eq!(err, super::state::ResumeError::NotResumable { status });
     }
 }
+
+mod context;
