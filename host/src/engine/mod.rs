@@ -14,6 +14,8 @@
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`prompt`]: assembling the model request.
 //! - [`context`]: context sources: settings, what the log recorded, quoting.
+//! - [`output`]: typed results: the final answer checked against the
+//!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`ids`]: run and call ids, digests, idempotency keys.
@@ -32,6 +34,7 @@ pub mod context;
 pub mod decide;
 pub mod events;
 pub mod ids;
+pub mod output;
 pub mod prompt;
 pub mod replay;
 pub mod runtime;

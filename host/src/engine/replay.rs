@@ -6,12 +6,15 @@
 //! hash, so a changed prompt or tool set is caught without storing the
 //! prompt), tool call intents (tool, frozen arguments, effect class, key),
 //! rejections, approval requests, suspensions, budget crossings, clock reads,
-//! context resolutions (which source, for which step) and completions.
-//! Completions of effects, human acts (approvals, input, resolutions,
-//! extensions, cancellations, abandonments), random draws,
-//! what context sources returned and failures are facts, taken as recorded:
-//! a recorded context is quoted into the rebuilt request (and its hash) and
-//! no source is ever resolved again for a recorded step.
+//! context resolutions (which source, for which step), output rejections
+//! (typed results) and completions. A completion the host supplied
+//! ([`Runtime::finish_with`](super::Runtime::finish_with)) is a fact, like a
+//! human act: it was validated when it was written. Completions of effects,
+//! human acts (approvals, input, resolutions, extensions, cancellations,
+//! abandonments), random draws, what context sources returned and failures
+//! are facts, taken as recorded: a recorded context is quoted into the
+//! rebuilt request (and its hash) and no source is ever resolved again for a
+//! recorded step.
 //!
 //! A changed agent (its digest differs from the recorded one) is refused
 //! unless the caller accepts the change; an accepted change still has to
@@ -120,10 +123,10 @@ fn is_decision(event: &Event) -> bool {
             | Event::ExternalCallRequested(_)
             | Event::BudgetExceeded(_)
             | Event::ClockObserved(_)
-            | Event::RunCompleted(_)
+            | Event::OutputRejected(_)
             | Event::ContextResolved(_)
             | Event::ContextFailed(_)
-    )
+    ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
 }
 
 fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
@@ -164,6 +167,7 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         // prompts: the recorded resolutions stand.
         (_, Event::ContextResolved(_) | Event::ContextFailed(_)) => options.accept_agent_change,
         (Action::Finish(a), Event::RunCompleted(b)) => a == b,
+        (Action::RejectOutput(a), Event::OutputRejected(b)) => a == b,
         _ => false,
     }
 }
@@ -182,6 +186,10 @@ fn describe_action(action: &Action) -> String {
             format!("an approval request for `{}` to {}", a.call_id, a.tool)
         }
         Action::RejectToolCall(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
+        Action::RejectOutput(r) => format!(
+            "sending the final answer of step {} back: {}",
+            r.step, r.violation
+        ),
         Action::ObserveClock => "a clock reading".into(),
         Action::ResolveContext(r) => {
             format!(
@@ -228,6 +236,10 @@ fn describe_event(event: &Event) -> String {
             )
         }
         Event::RunCompleted(c) => format!("finishing with {}", c.output),
+        Event::OutputRejected(r) => format!(
+            "sending the final answer of step {} back: {}",
+            r.step, r.violation
+        ),
         Event::BudgetExceeded(o) => format!("parking: {o}"),
         Event::Suspended(s) => format!("suspending at `{}`", s.call_id),
         other => other.kind().to_string(),

@@ -24,6 +24,7 @@ use super::events::{
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::prompt::compact_tool_error;
+use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
@@ -177,6 +178,8 @@ pub struct RunState {
     pub invalid_calls_in_a_row: u32,
     /// The last such rejection, as the model saw it.
     pub last_invalid_call: Option<String>,
+    /// Final answers sent back for violating the output schema.
+    pub output_rejections: u32,
     /// The conversation, appended to as events settle (it only grows: turns
     /// and tool results come in log order).
     messages: Vec<Message>,
@@ -196,6 +199,9 @@ pub struct Turn {
     pub stop_reason: StopReason,
     /// Its tool calls, in order.
     pub calls: Vec<ToolCallState>,
+    /// Whether a final answer (no tool calls) was sent back to the model
+    /// (its output was rejected), so the run goes on with another step.
+    pub continued: bool,
 }
 
 /// One tool call of a turn.
@@ -531,6 +537,18 @@ pub enum FoldProblem {
     /// A budget extension while no budget is exceeded.
     #[error("no budget is exceeded")]
     NoBudgetExceeded,
+    /// An output rejection that names no final answer of the latest turn.
+    #[error("step {step} is not the latest turn's final answer")]
+    NotAFinalAnswer {
+        /// The step the event names.
+        step: u32,
+    },
+    /// More output rejections than the engine makes.
+    #[error("a final answer is sent back at most {limit} time(s)")]
+    OutputRejectedTooOften {
+        /// The most.
+        limit: u32,
+    },
     /// A resumption with no suspension.
     #[error("the run is not suspended")]
     NotSuspended,
@@ -591,6 +609,7 @@ impl RunState {
             context: BTreeMap::new(),
             invalid_calls_in_a_row: 0,
             last_invalid_call: None,
+            output_rejections: 0,
             messages: vec![Message::User {
                 content: value_text(&started.input),
             }],
@@ -647,6 +666,14 @@ impl RunState {
             }
         }
         self.budget_exceeded.map(Parked::Budget)
+    }
+
+    /// The run's output, once it completed.
+    pub fn output(&self) -> Option<&Value> {
+        match &self.terminal {
+            Some(Terminal::Completed(c)) => Some(&c.output),
+            _ => None,
+        }
     }
 
     /// The latest turn.
@@ -859,6 +886,7 @@ impl RunState {
                 if !matches!(self.model_call, ModelCallProgress::Failed { .. })
                     && let Some(turn) = self.turns.last()
                     && turn.calls.is_empty()
+                    && !turn.continued
                 {
                     return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
                 }
@@ -1048,6 +1076,21 @@ impl RunState {
             }
             Event::ContextResolved(r) => self.check_context(r.step),
             Event::ContextFailed(f) => self.check_context(f.step),
+            Event::OutputRejected(r) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()?;
+                match self.turns.last() {
+                    Some(turn)
+                        if turn.step == r.step && turn.calls.is_empty() && !turn.continued => {}
+                    _ => return Err(FoldProblem::NotAFinalAnswer { step: r.step }),
+                }
+                if self.output_rejections >= MAX_OUTPUT_REJECTIONS {
+                    return Err(FoldProblem::OutputRejectedTooOften {
+                        limit: MAX_OUTPUT_REJECTIONS,
+                    });
+                }
+                Ok(())
+            }
             Event::RunFailed(_) => self.check_unresolved(&None),
             Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
             Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
@@ -1067,6 +1110,7 @@ impl RunState {
         if !matches!(self.model_call, ModelCallProgress::Failed { .. })
             && let Some(turn) = self.turns.last()
             && turn.calls.is_empty()
+            && !turn.continued
         {
             return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
         }
@@ -1154,6 +1198,7 @@ impl RunState {
                             failed_attempts: 0,
                         })
                         .collect(),
+                    continued: false,
                 });
                 self.model_call = ModelCallProgress::Idle;
                 self.messages.push(Message::Assistant {
@@ -1270,6 +1315,15 @@ impl RunState {
                 }
                 self.context
                     .insert(f.source.clone(), ContextState::failed(f));
+            }
+            Event::OutputRejected(r) => {
+                self.output_rejections += 1;
+                if let Some(turn) = self.turns.last_mut() {
+                    turn.continued = true;
+                }
+                self.messages.push(Message::User {
+                    content: rejection_feedback(&r.violation),
+                });
             }
             Event::RunCompleted(c) => self.terminal = Some(Terminal::Completed(c.clone())),
             Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),

@@ -15,6 +15,7 @@ use super::budget::{BudgetLimits, Pricing};
 use super::context::ContextSource;
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
+use super::output::output_contract;
 use crate::plugins::ToolDescriptor;
 use crate::policy::EffectClass;
 use crate::providers::ToolSpec;
@@ -45,6 +46,9 @@ pub struct AgentView {
     pub context: Vec<ContextSource>,
     /// Invalid tool calls in a row that end the run.
     pub max_invalid_tool_calls: u32,
+    /// The JSON Schema the final output must satisfy, when declared (then
+    /// `instructions` state it too).
+    pub output_schema: Option<Value>,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -251,13 +255,17 @@ impl AgentView {
             name: agent.name.clone(),
             digest: agent.digest.clone(),
             model: agent.model.name.clone(),
-            instructions: agent.instructions.clone(),
+            instructions: match &agent.output_schema {
+                None => agent.instructions.clone(),
+                Some(schema) => output_contract(&agent.instructions, schema),
+            },
             max_tokens: agent.model.max_tokens,
             tools,
             budgets: agent.budgets,
             pricing: agent.model.pricing.clone(),
             context: agent.context.clone(),
             max_invalid_tool_calls: agent.max_invalid_tool_calls,
+            output_schema: agent.output_schema.clone(),
         })
     }
 
