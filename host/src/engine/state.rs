@@ -23,8 +23,8 @@ use super::events::{
     ToolCallResult, UnresolvedWrite,
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
-use super::prompt::compact_tool_error;
 use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
+use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
