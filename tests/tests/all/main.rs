@@ -25,6 +25,9 @@
 //!   fake model API on loopback (`model_server`): wire formats, retries,
 //!   broken streams, cancellation, pooling, conformance with the scripted
 //!   provider, and agents end to end.
+//! - `sessions`: runs in a session on every store: one active run, history
+//!   from completed runs only, a run cancelled mid-stream rolled back, two
+//!   hosts racing to start.
 
 mod effects;
 mod engine;
@@ -40,6 +43,7 @@ mod network;
 mod plugins;
 mod providers;
 mod server;
+mod sessions;
 mod workers;
 
 use std::sync::OnceLock;
