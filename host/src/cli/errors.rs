@@ -245,6 +245,14 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "session_busy",
             json!({ "session": session_id, "active_run": active_run }),
         ),
+        RuntimeError::CannotFinish { run_id, reason } => (
+            "cannot_finish",
+            json!({ "run_id": run_id, "reason": reason }),
+        ),
+        RuntimeError::FinishRejected { run_id, violation } => (
+            "finish_rejected",
+            json!({ "run_id": run_id, "violation": violation }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("runtime_failed", json!({})),

@@ -13,6 +13,8 @@
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`prompt`]: assembling the model request.
+//! - [`output`]: typed results: the final answer checked against the
+//!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`session`]: sessions: the history a run in a session sees, fixed
@@ -32,6 +34,7 @@ pub mod canonical;
 pub mod decide;
 pub mod events;
 pub mod ids;
+pub mod output;
 pub mod prompt;
 pub mod replay;
 pub mod runtime;

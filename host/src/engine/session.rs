@@ -217,6 +217,7 @@ mod tests {
         let done = |output: &str| {
             Event::RunCompleted(RunCompleted {
                 output: json!(output),
+                by_host: false,
             })
         };
         let one = ended("one", "hello", first.clone(), done("hi"));

@@ -14,6 +14,7 @@ use super::agent::{Agent, ApprovalRule};
 use super::budget::{BudgetLimits, Pricing};
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
+use super::output::output_contract;
 use crate::plugins::ToolDescriptor;
 use crate::policy::EffectClass;
 use crate::providers::ToolSpec;
@@ -40,6 +41,9 @@ pub struct AgentView {
     pub budgets: BudgetLimits,
     /// What tokens cost, recorded with each model call.
     pub pricing: Option<Pricing>,
+    /// The JSON Schema the final output must satisfy, when declared (then
+    /// `instructions` state it too).
+    pub output_schema: Option<Value>,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -246,11 +250,15 @@ impl AgentView {
             name: agent.name.clone(),
             digest: agent.digest.clone(),
             model: agent.model.name.clone(),
-            instructions: agent.instructions.clone(),
+            instructions: match &agent.output_schema {
+                None => agent.instructions.clone(),
+                Some(schema) => output_contract(&agent.instructions, schema),
+            },
             max_tokens: agent.model.max_tokens,
             tools,
             budgets: agent.budgets,
             pricing: agent.model.pricing.clone(),
+            output_schema: agent.output_schema.clone(),
         })
     }
 
