@@ -16,6 +16,7 @@ use std::collections::BTreeMap;
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
+use super::context::ContextState;
 use super::events::{
     BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError, Resumed, RunAbandoned,
     RunCancelled, RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent,
@@ -25,6 +26,7 @@ use super::ids::{
     AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
 };
 use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
+use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
@@ -176,6 +178,15 @@ pub struct RunState {
     /// The earlier completed runs of the session whose transcripts are this
     /// run's history, oldest first (recorded in `run_started`).
     pub history_runs: Vec<RunId>,
+    /// What the log recorded of each context source, by name: its latest
+    /// resolution or failure.
+    pub context: BTreeMap<String, ContextState>,
+    /// Tool calls rejected in a row for the model's own mistake (unknown
+    /// tool, arguments failing the schema, a missing key argument); any
+    /// call that goes ahead resets it.
+    pub invalid_calls_in_a_row: u32,
+    /// The last such rejection, as the model saw it.
+    pub last_invalid_call: Option<String>,
     /// Final answers sent back for violating the output schema.
     pub output_rejections: u32,
     /// The conversation, appended to as events settle (it only grows: turns
@@ -184,6 +195,9 @@ pub struct RunState {
     messages: Vec<Message>,
     /// How many messages of `messages` are the session history.
     history_len: usize,
+    /// The last tool error shown to the model, whole, and how many times in
+    /// a row it came back: repeats are collapsed to one line.
+    last_tool_error: Option<(String, u32)>,
 }
 
 /// One completed model call and its tool calls.
@@ -550,6 +564,14 @@ pub enum FoldProblem {
     /// A resumption with no suspension.
     #[error("the run is not suspended")]
     NotSuspended,
+    /// A context resolution for another step than the next model call's.
+    #[error("context resolved for step {step}, but the next model call is step {expected}")]
+    ContextStepMismatch {
+        /// The next model call's step.
+        expected: u32,
+        /// The step recorded.
+        step: u32,
+    },
     /// A terminal event whose `unresolved_write` is not the dangling write.
     #[error("unresolved_write must name the dangling write ({})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
     UnresolvedWriteMismatch {
@@ -600,6 +622,9 @@ impl RunState {
             model_call: ModelCallProgress::Idle,
             budget_exceeded: None,
             terminal: None,
+            context: BTreeMap::new(),
+            invalid_calls_in_a_row: 0,
+            last_invalid_call: None,
             output_rejections: 0,
             session_id: started.session.as_ref().map(|s| s.session_id.clone()),
             session_position: started.session.as_ref().map(|s| s.position),
@@ -616,6 +641,7 @@ impl RunState {
                 }])
                 .collect(),
             history_len: history.len(),
+            last_tool_error: None,
         }
     }
 
@@ -1089,6 +1115,8 @@ impl RunState {
                 }
                 Ok(())
             }
+            Event::ContextResolved(r) => self.check_context(r.step),
+            Event::ContextFailed(f) => self.check_context(f.step),
             Event::OutputRejected(r) => {
                 self.nothing_in_flight()?;
                 self.parked_problem()?;
@@ -1108,6 +1136,30 @@ impl RunState {
             Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
             Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
         }
+    }
+
+    /// A context source is resolved only where a model call of `step` could
+    /// be made next.
+    fn check_context(&self, step: u32) -> Result<(), FoldProblem> {
+        self.nothing_in_flight()?;
+        if let Some(call) = self.next_call() {
+            return Err(FoldProblem::ToolCallOutstanding {
+                call_id: call.call_id.clone(),
+            });
+        }
+        self.parked_problem()?;
+        if !matches!(self.model_call, ModelCallProgress::Failed { .. })
+            && let Some(turn) = self.turns.last()
+            && turn.calls.is_empty()
+            && !turn.continued
+        {
+            return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
+        }
+        let (expected, _) = self.next_model_call();
+        if step != expected {
+            return Err(FoldProblem::ContextStepMismatch { expected, step });
+        }
+        Ok(())
     }
 
     fn expect_model_in_flight(&self, step: u32) -> Result<(), FoldProblem> {
@@ -1133,13 +1185,26 @@ impl RunState {
             .progress
             .result_for_model()
             .expect("a settled call has a result");
-        let message = Message::Tool {
-            call_id: call.call.id.clone(),
-            name: call.call.name.clone(),
+        let (call_id, name) = (call.call.id.clone(), call.call.name.clone());
+        // Errors are compacted for the model; the log keeps them whole.
+        let content = if is_error {
+            let repeats = match &self.last_tool_error {
+                Some((last, n)) if *last == content => n + 1,
+                _ => 1,
+            };
+            let shown = compact_tool_error(&content, repeats);
+            self.last_tool_error = Some((content, repeats));
+            shown
+        } else {
+            self.last_tool_error = None;
+            content
+        };
+        self.messages.push(Message::Tool {
+            call_id,
+            name,
             content,
             is_error,
-        };
-        self.messages.push(message);
+        });
     }
 
     /// Applies a checked event.
@@ -1195,9 +1260,19 @@ impl RunState {
                 };
             }
             Event::ToolCallRejected(r) => {
+                if matches!(
+                    r.error,
+                    ToolCallError::UnknownTool { .. }
+                        | ToolCallError::InvalidArguments { .. }
+                        | ToolCallError::MissingIdempotencyKey { .. }
+                ) {
+                    self.invalid_calls_in_a_row += 1;
+                    self.last_invalid_call = Some(r.error.to_string());
+                }
                 self.settle(ToolCallProgress::Rejected(r.error.clone()));
             }
             Event::ToolCallIntent(i) => {
+                self.invalid_calls_in_a_row = 0;
                 self.usage.tool_calls += 1;
                 self.next_call_mut().progress = ToolCallProgress::InFlight(i.clone());
             }
@@ -1210,6 +1285,7 @@ impl RunState {
                 self.next_call_mut().failed_attempts += 1;
             }
             Event::ExternalCallRequested(r) => {
+                self.invalid_calls_in_a_row = 0;
                 self.next_call_mut().progress = ToolCallProgress::AwaitingExternal(r.clone());
             }
             Event::ExternalCallCompleted(c) => {
@@ -1218,6 +1294,7 @@ impl RunState {
                 )));
             }
             Event::ToolCallDeduplicated(d) => {
+                self.invalid_calls_in_a_row = 0;
                 self.settle(ToolCallProgress::Deduplicated {
                     result: d.result.clone(),
                     origin_run: d.origin_run.clone(),
@@ -1231,6 +1308,7 @@ impl RunState {
                 });
             }
             Event::ApprovalRequested(a) => {
+                self.invalid_calls_in_a_row = 0;
                 if let Some(receipt) = &a.receipt {
                     self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
                 }
@@ -1246,6 +1324,7 @@ impl RunState {
                 });
             }
             Event::Suspended(s) => {
+                self.invalid_calls_in_a_row = 0;
                 self.next_call_mut().progress = ToolCallProgress::Suspended {
                     reason: s.reason.clone(),
                     schema: s.schema.clone(),
@@ -1266,6 +1345,18 @@ impl RunState {
                 self.usage.wall_time_ms = c.at_ms.saturating_sub(self.clock_seed_ms);
             }
             Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::ContextResolved(r) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(r.receipt.fuel_consumed);
+                self.context
+                    .insert(r.source.clone(), ContextState::resolved(r));
+            }
+            Event::ContextFailed(f) => {
+                if let Some(receipt) = &f.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
+                self.context
+                    .insert(f.source.clone(), ContextState::failed(f));
+            }
             Event::OutputRejected(r) => {
                 self.output_rejections += 1;
                 if let Some(turn) = self.turns.last_mut() {
