@@ -7,7 +7,8 @@
 //! are its canonical JSON's bytes divided by 4, rounded up
 //! ([`estimate_tokens`]).
 //!
-//! What is cut: the run's input (the first message) always stays; the
+//! What is cut: the conversation's first message (the run's input, or in a
+//! session the first earlier turn's input) always stays; the
 //! messages after it up to a cut are summarised; the cut falls on a model
 //! turn (so no tool result is separated from the call it answers) and keeps
 //! at least `keep_recent` messages after it. A later compaction summarises
@@ -123,7 +124,7 @@ pub fn summarised_turns(message: &Message) -> Option<usize> {
 }
 
 /// The messages of the next request: the conversation, or, once a summary
-/// is in force, the run's input, the summary, and the messages after the
+/// is in force, the first message, the summary, and the messages after the
 /// cut.
 pub fn prompt_messages(conversation: &[Message], summary: Option<&Summary>) -> Vec<Message> {
     match summary {
