@@ -1599,6 +1599,10 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
+    assert!(
+        text.contains("· step 1: context `style` resolved: 1 item, "),
+        "the house style is quoted: {text}"
+    );
     assert!(text.contains("→ call-2-1 fs__search [read]"), "{text}");
     assert!(text.contains("\"line\":16"), "{text}");
     assert!(text.contains("✓ completed: Review of src/lib.rs"), "{text}");
