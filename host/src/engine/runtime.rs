@@ -42,7 +42,9 @@ use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
 use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
 use crate::policy::EffectClass;
-use crate::providers::{ModelProvider, ProviderError, ProviderEvent, ResponseAssembler};
+use crate::providers::{
+    ModelProvider, ModelRequest, ModelResponse, ProviderError, ProviderEvent, ResponseAssembler,
+};
 use crate::sandbox::{LeaseFailure, wit};
 use crate::store::{
     Claim, EventStore, Holder, Lease, RunMeta, Settlement, StoreError, VerifyReport,
@@ -1180,35 +1182,23 @@ impl Runtime {
             self.append(log, vec![call.intent(self.inner.record_prompts)])
                 .await?;
         }
-        let mut stream = prepared.provider.stream(&call.request);
-        let mut assembler = ResponseAssembler::new(prepared.provider.name());
-        let outcome = loop {
-            let next = tokio::select! {
-                () = driver.cancel.cancelled() => None,
-                item = stream.next() => Some(item),
-            };
-            let Some(item) = next else {
-                drop(stream);
-                return self.record_cancel(log, driver, None).await;
-            };
-            match item {
-                None => break assembler.finish(),
-                Some(Err(e)) => break Err(e),
-                Some(Ok(event)) => {
-                    if let ProviderEvent::TextDelta(text) = &event {
-                        self.send(
-                            &log.run_id,
-                            RunUpdate::TextDelta {
-                                step: call.step,
-                                text: text.clone(),
-                            },
-                        );
-                    }
-                    if let Err(e) = assembler.push(event) {
-                        break Err(e);
-                    }
-                }
-            }
+        let streamed = stream_response(
+            prepared.provider.as_ref(),
+            &driver.cancel,
+            &call.request,
+            |text| {
+                self.send(
+                    &log.run_id,
+                    RunUpdate::TextDelta {
+                        step: call.step,
+                        text: text.to_owned(),
+                    },
+                );
+            },
+        )
+        .await;
+        let Some(outcome) = streamed else {
+            return self.record_cancel(log, driver, None).await;
         };
         let event = match outcome {
             Ok(response) => call.completion(&response, prepared.view.pricing.as_ref()),
@@ -1391,26 +1381,16 @@ impl Runtime {
             self.append(log, vec![call.intent(self.inner.record_prompts)])
                 .await?;
         }
-        let mut stream = prepared.provider.stream(&call.request);
-        let mut assembler = ResponseAssembler::new(prepared.provider.name());
-        let outcome = loop {
-            let next = tokio::select! {
-                () = driver.cancel.cancelled() => None,
-                item = stream.next() => Some(item),
-            };
-            let Some(item) = next else {
-                drop(stream);
-                return self.record_cancel(log, driver, None).await;
-            };
-            match item {
-                None => break assembler.finish(),
-                Some(Err(e)) => break Err(e),
-                Some(Ok(event)) => {
-                    if let Err(e) = assembler.push(event) {
-                        break Err(e);
-                    }
-                }
-            }
+        // A summary is not an answer: its deltas go to no subscriber.
+        let streamed = stream_response(
+            prepared.provider.as_ref(),
+            &driver.cancel,
+            &call.request,
+            |_| {},
+        )
+        .await;
+        let Some(outcome) = streamed else {
+            return self.record_cancel(log, driver, None).await;
         };
         let event = match outcome {
             Ok(response) => call.completion(&response, prepared.view.pricing.as_ref()),
@@ -1821,6 +1801,39 @@ impl Runtime {
             l.driver = None;
             if l.updates.receiver_count() == 0 {
                 live.remove(run_id);
+            }
+        }
+    }
+}
+
+/// Streams one request to the provider and assembles the response, handing
+/// each text delta to `on_delta` as it arrives. `None` when `cancel` fired
+/// first: the stream is dropped, and the caller records the cancellation.
+/// Otherwise the response, or the provider's error (a failed stream, or
+/// events that do not assemble).
+async fn stream_response(
+    provider: &dyn ModelProvider,
+    cancel: &CancellationToken,
+    request: &ModelRequest,
+    mut on_delta: impl FnMut(&str),
+) -> Option<Result<ModelResponse, ProviderError>> {
+    let mut stream = provider.stream(request);
+    let mut assembler = ResponseAssembler::new(provider.name());
+    loop {
+        let item = tokio::select! {
+            () = cancel.cancelled() => return None,
+            item = stream.next() => item,
+        };
+        match item {
+            None => return Some(assembler.finish()),
+            Some(Err(e)) => return Some(Err(e)),
+            Some(Ok(event)) => {
+                if let ProviderEvent::TextDelta(text) = &event {
+                    on_delta(text);
+                }
+                if let Err(e) = assembler.push(event) {
+                    return Some(Err(e));
+                }
             }
         }
     }

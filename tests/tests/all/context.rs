@@ -104,6 +104,19 @@ fn id(s: &str) -> RunId {
     RunId::new(s).unwrap()
 }
 
+/// Starts `run` with `input`, drives it until it stops, and returns how it
+/// ended and its log.
+async fn run_to_rest(
+    rt: &Runtime,
+    agent: &Agent,
+    run: &RunId,
+    input: serde_json::Value,
+) -> (RunStatus, Vec<Event>) {
+    rt.start_with_id(agent, run.clone(), input).await.unwrap();
+    let status = rt.drive(run, agent).await.unwrap();
+    (status, rt.events(run).await.unwrap())
+}
+
 fn kinds(events: &[Event]) -> Vec<&'static str> {
     events.iter().map(|e| e.kind().as_str()).collect()
 }
@@ -160,12 +173,9 @@ plugin = "memory"
 "#,
     );
     let rt = runtime(Arc::new(MemoryStore::new()));
-    let run = id("quoted");
-    rt.start_with_id(&agent, run.clone(), json!("What do my notes say?"))
-        .await
-        .unwrap();
-    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
-    let events = rt.events(&run).await.unwrap();
+    let (status, events) =
+        run_to_rest(&rt, &agent, &id("quoted"), json!("What do my notes say?")).await;
+    assert_eq!(status, RunStatus::Completed);
     assert_eq!(
         kinds(&events),
         [
@@ -262,12 +272,8 @@ async fn a_failing_source_is_recorded_then_skipped_or_fails_the_run() {
         let rt = runtime(store);
 
         let agent = fx.agent(ONE_TURN, &failing("skip"));
-        let run = id("skipped");
-        rt.start_with_id(&agent, run.clone(), json!("go"))
-            .await
-            .unwrap();
-        assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
-        let events = rt.events(&run).await.unwrap();
+        let (status, events) = run_to_rest(&rt, &agent, &id("skipped"), json!("go")).await;
+        assert_eq!(status, RunStatus::Completed);
         assert_eq!(
             kinds(&events),
             [
@@ -297,12 +303,8 @@ async fn a_failing_source_is_recorded_then_skipped_or_fails_the_run() {
         );
 
         let agent = fx.agent(ONE_TURN, &failing("fail"));
-        let run = id("failed");
-        rt.start_with_id(&agent, run.clone(), json!("go"))
-            .await
-            .unwrap();
-        assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Failed);
-        let events = rt.events(&run).await.unwrap();
+        let (status, events) = run_to_rest(&rt, &agent, &id("failed"), json!("go")).await;
+        assert_eq!(status, RunStatus::Failed);
         assert_eq!(
             kinds(&events),
             ["run_started", "context_failed", "run_failed"]
@@ -425,12 +427,8 @@ async fn a_context_source_must_be_a_context_plugin_and_its_limits_hold() {
         "[context.notes]\nplugin = \"files\"\nlimits = { output = \"16B\" }\n",
     );
     let rt = runtime(Arc::new(MemoryStore::new()));
-    let run = id("limited");
-    rt.start_with_id(&agent, run.clone(), json!("go"))
-        .await
-        .unwrap();
-    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
-    let events = rt.events(&run).await.unwrap();
+    let (status, events) = run_to_rest(&rt, &agent, &id("limited"), json!("go")).await;
+    assert_eq!(status, RunStatus::Completed);
     let Event::ContextFailed(failed) = &events[1] else {
         panic!("{:?}", kinds(&events));
     };
@@ -504,11 +502,8 @@ async fn an_oversized_prompt_is_compacted_by_a_recorded_model_call_and_replays()
     let db = fx.path("runs.db");
     let run = id("compacted");
     let rt = runtime(Arc::new(SqliteStore::open(&db).unwrap()));
-    rt.start_with_id(&agent, run.clone(), json!("How big is big.md?"))
-        .await
-        .unwrap();
-    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
-    let events = rt.events(&run).await.unwrap();
+    let (status, events) = run_to_rest(&rt, &agent, &run, json!("How big is big.md?")).await;
+    assert_eq!(status, RunStatus::Completed);
     let compactions: Vec<&Event> = events
         .iter()
         .filter(|e| matches!(e, Event::CompactionCompleted(_)))
@@ -587,11 +582,8 @@ async fn a_failed_compaction_is_recorded_counted_and_never_loses_the_run() {
     let rt =
         runtime(Arc::new(MemoryStore::new())).with_provider(Arc::new(RefusesSummaries(script)));
     let run = id("uncompacted");
-    rt.start_with_id(&agent, run.clone(), json!("How big is big.md?"))
-        .await
-        .unwrap();
-    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
-    let events = rt.events(&run).await.unwrap();
+    let (status, events) = run_to_rest(&rt, &agent, &run, json!("How big is big.md?")).await;
+    assert_eq!(status, RunStatus::Completed);
     let failures: Vec<_> = events
         .iter()
         .filter_map(|e| match e {

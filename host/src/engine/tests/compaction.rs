@@ -4,6 +4,7 @@
 //! between intent and completion makes the same call again, and a failed
 //! compaction is counted and leaves the step's prompt uncompacted.
 
+use super::context::{find_event, shape_of, sim_run};
 use super::*;
 use crate::engine::compaction::{CompactionSettings, estimate_tokens, summarised_turns};
 use crate::engine::prompt::build_request;
@@ -47,7 +48,7 @@ fn compaction_kinds(events: &[Event]) -> Vec<&'static str> {
 #[test]
 fn a_prompt_over_budget_is_summarised_and_the_summary_replaces_older_history() {
     // The budget: what the request of step 3 would be without compaction.
-    let plain = sim_run_plain(reading_turns());
+    let plain = sim_run(view(), reading_turns());
     let budget = {
         let at = plain
             .events
@@ -81,14 +82,10 @@ fn a_prompt_over_budget_is_summarised_and_the_summary_replaces_older_history() {
     // The request after a compaction: the input, the summary (saying how
     // many turns it replaces), then the messages after the cut; and it is
     // within the budget again.
-    let at = sim
-        .events
-        .iter()
-        .position(|e| matches!(e, Event::CompactionCompleted(_)))
-        .unwrap();
-    let Event::CompactionCompleted(done) = &sim.events[at] else {
-        unreachable!()
-    };
+    let (at, done) = find_event(&sim.events, |e| match e {
+        Event::CompactionCompleted(c) => Some(c),
+        _ => None,
+    });
     let after = fold(&sim.events[..=at]).unwrap();
     let Action::CallModel(call) = decide(&after, &compacted) else {
         panic!("the model is called with the summary");
@@ -127,25 +124,15 @@ fn a_prompt_over_budget_is_summarised_and_the_summary_replaces_older_history() {
     ));
 }
 
-fn sim_run_plain(turns: Vec<ScriptedTurn>) -> Sim {
-    let mut sim = Sim::new(view(), turns);
-    assert_eq!(sim.drive(), Idle::Terminal(RunStatus::Completed));
-    sim
-}
-
 #[test]
 fn a_compaction_crashed_in_flight_is_made_again_with_the_same_request() {
     let view = compacting(300);
     let mut sim = Sim::new(view.clone(), reading_turns());
     sim.drive();
-    let at = sim
-        .events
-        .iter()
-        .position(|e| matches!(e, Event::CompactionIntent(_)))
-        .expect("a compaction");
-    let Event::CompactionIntent(intent) = &sim.events[at] else {
-        unreachable!()
-    };
+    let (at, intent) = find_event(&sim.events, |e| match e {
+        Event::CompactionIntent(i) => Some(i),
+        _ => None,
+    });
     let state = fold(&sim.events[..=at]).unwrap();
     let Action::Compact(call) = decide(&state, &view) else {
         panic!("the compaction in flight is made again");
@@ -281,8 +268,4 @@ fn the_fold_refuses_impossible_compactions() {
         let err = fold(&events).unwrap_err();
         assert!(err.to_string().ends_with(problem), "{name}: {err}");
     }
-}
-
-fn shape_of(events: Vec<Event>, view: &AgentView) -> String {
-    shape(&decide(&fold(&events).unwrap(), view))
 }

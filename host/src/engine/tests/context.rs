@@ -84,8 +84,32 @@ pub(super) fn sim_resolution(r: &ContextResolution, clock_ms: u64) -> Event {
     )
 }
 
-fn shape_of(events: Vec<Event>, view: &AgentView) -> String {
+/// The decision after `events`, in one line.
+pub(super) fn shape_of(events: Vec<Event>, view: &AgentView) -> String {
     shape(&decide(&fold(&events).unwrap(), view))
+}
+
+/// Where the first event `pick` takes stands in `events`, and what it took.
+pub(super) fn find_event<'a, T>(
+    events: &'a [Event],
+    pick: impl Fn(&'a Event) -> Option<&'a T>,
+) -> (usize, &'a T) {
+    events
+        .iter()
+        .enumerate()
+        .find_map(|(at, e)| pick(e).map(|taken| (at, taken)))
+        .expect("the log holds the event")
+}
+
+/// A log in which both sources of [`context_view`] were resolved (empty)
+/// for step 1, then `rest`.
+fn log_after_step_one_context(rest: Vec<Event>) -> Vec<Event> {
+    let mut events = log(vec![
+        context_resolved("memory", 1, 20_000, vec![]),
+        context_resolved("notes", 1, 20_000, vec![]),
+    ]);
+    events.extend(rest);
+    events
 }
 
 #[test]
@@ -107,18 +131,13 @@ fn sources_are_resolved_before_each_step_or_once_per_turn_in_the_agents_order() 
         ),
         (
             "then the model",
-            log(vec![
-                context_resolved("memory", 1, 20_000, vec![]),
-                context_resolved("notes", 1, 20_000, vec![]),
-            ]),
+            log_after_step_one_context(vec![]),
             sources.clone(),
             "call_model step=1 attempt=1 recorded=false max_tokens=100",
         ),
         (
             "step 2 resolves notes again, not memory",
-            log(vec![
-                context_resolved("memory", 1, 20_000, vec![]),
-                context_resolved("notes", 1, 20_000, vec![]),
+            log_after_step_one_context(vec![
                 model(1, 1),
                 answer(1, "", std::slice::from_ref(&read)),
                 tool_intent(1, 1, "fs__read_file", read_args(), EffectClass::Read),
@@ -129,20 +148,13 @@ fn sources_are_resolved_before_each_step_or_once_per_turn_in_the_agents_order() 
         ),
         (
             "a retried attempt reuses its step's context",
-            log(vec![
-                context_resolved("memory", 1, 20_000, vec![]),
-                context_resolved("notes", 1, 20_000, vec![]),
-                model(1, 1),
-                model_failed(1, true),
-            ]),
+            log_after_step_one_context(vec![model(1, 1), model_failed(1, true)]),
             sources.clone(),
             "call_model step=1 attempt=2 recorded=false max_tokens=100",
         ),
         (
             "tool calls are settled before any context is resolved",
-            log(vec![
-                context_resolved("memory", 1, 20_000, vec![]),
-                context_resolved("notes", 1, 20_000, vec![]),
+            log_after_step_one_context(vec![
                 model(1, 1),
                 answer(1, "", std::slice::from_ref(&read)),
             ]),
@@ -226,8 +238,8 @@ fn the_fold_refuses_context_where_no_model_call_could_follow() {
     }
 }
 
-/// Runs `turns` under `view` in the simulator.
-fn sim_run(view: AgentView, turns: Vec<ScriptedTurn>) -> Sim {
+/// Runs `turns` under `view` in the simulator, to completion.
+pub(super) fn sim_run(view: AgentView, turns: Vec<ScriptedTurn>) -> Sim {
     let mut sim = Sim::new(view, turns);
     assert_eq!(sim.drive(), Idle::Terminal(RunStatus::Completed));
     sim
@@ -312,14 +324,10 @@ fn a_model_call_crashed_after_its_context_is_made_again_with_the_recorded_contex
     // Cut the log right after the second step's intent: the call is made
     // again from the recorded context (no resolution first), with the hash
     // the intent recorded.
-    let at = sim
-        .events
-        .iter()
-        .rposition(|e| matches!(e, Event::ModelCallIntent(_)))
-        .unwrap();
-    let Event::ModelCallIntent(intent) = &sim.events[at] else {
-        unreachable!()
-    };
+    let (at, intent) = find_event(&sim.events, |e| match e {
+        Event::ModelCallIntent(i) if i.step == 2 => Some(i),
+        _ => None,
+    });
     let state = fold(&sim.events[..=at]).unwrap();
     let Action::CallModel(call) = decide(&state, &view) else {
         panic!("the in-flight call is made again");
