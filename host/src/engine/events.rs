@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, Pricing};
+pub use super::channels::{
+    DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
+};
 use super::ids::{AgentDigest, CallId, RequestHash, RunId};
 use crate::policy::EffectClass;
 use crate::providers::{ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage};
@@ -90,6 +93,15 @@ pub enum Event {
     RunCancelled(RunCancelled),
     /// A human abandoned the run. Terminal.
     RunAbandoned(RunAbandoned),
+    /// A delivery to a channel is about to be made (intent), with its
+    /// stable id and frozen payload. May follow a terminal event.
+    DeliveryIntent(DeliveryIntent),
+    /// One attempt at a delivery failed; it is tried again at `retry_at_ms`.
+    DeliveryAttemptFailed(DeliveryAttemptFailed),
+    /// A channel took a delivery (completion), with its lease's receipt.
+    DeliveryCompleted(DeliveryCompleted),
+    /// A delivery was given up (completion); the run's result is unchanged.
+    DeliveryFailed(DeliveryFailed),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -146,11 +158,19 @@ pub enum EventKind {
     RunCancelled,
     /// [`Event::RunAbandoned`].
     RunAbandoned,
+    /// [`Event::DeliveryIntent`].
+    DeliveryIntent,
+    /// [`Event::DeliveryAttemptFailed`].
+    DeliveryAttemptFailed,
+    /// [`Event::DeliveryCompleted`].
+    DeliveryCompleted,
+    /// [`Event::DeliveryFailed`].
+    DeliveryFailed,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 25] = [
+    pub const ALL: [EventKind; 29] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -176,6 +196,10 @@ impl EventKind {
         EventKind::ToolCallDeduplicated,
         EventKind::ExternalCallRequested,
         EventKind::ExternalCallCompleted,
+        EventKind::DeliveryIntent,
+        EventKind::DeliveryAttemptFailed,
+        EventKind::DeliveryCompleted,
+        EventKind::DeliveryFailed,
     ];
 
     /// The `type` tag.
@@ -206,6 +230,10 @@ impl EventKind {
             EventKind::RunFailed => "run_failed",
             EventKind::RunCancelled => "run_cancelled",
             EventKind::RunAbandoned => "run_abandoned",
+            EventKind::DeliveryIntent => "delivery_intent",
+            EventKind::DeliveryAttemptFailed => "delivery_attempt_failed",
+            EventKind::DeliveryCompleted => "delivery_completed",
+            EventKind::DeliveryFailed => "delivery_failed",
         }
     }
 
@@ -217,6 +245,18 @@ impl EventKind {
                 | EventKind::RunFailed
                 | EventKind::RunCancelled
                 | EventKind::RunAbandoned
+        )
+    }
+
+    /// Whether an event of this kind belongs to the deliveries' lane (it
+    /// may follow a terminal event and never changes the run's status).
+    pub fn is_delivery(self) -> bool {
+        matches!(
+            self,
+            EventKind::DeliveryIntent
+                | EventKind::DeliveryAttemptFailed
+                | EventKind::DeliveryCompleted
+                | EventKind::DeliveryFailed
         )
     }
 }
@@ -256,7 +296,16 @@ impl Event {
             Event::RunFailed(_) => EventKind::RunFailed,
             Event::RunCancelled(_) => EventKind::RunCancelled,
             Event::RunAbandoned(_) => EventKind::RunAbandoned,
+            Event::DeliveryIntent(_) => EventKind::DeliveryIntent,
+            Event::DeliveryAttemptFailed(_) => EventKind::DeliveryAttemptFailed,
+            Event::DeliveryCompleted(_) => EventKind::DeliveryCompleted,
+            Event::DeliveryFailed(_) => EventKind::DeliveryFailed,
         }
+    }
+
+    /// Whether the event belongs to the deliveries' lane.
+    pub fn is_delivery(&self) -> bool {
+        self.kind().is_delivery()
     }
 }
 
@@ -1248,6 +1297,49 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"external_call_completed","call_id":"call-3-1","output":{"invoice_id":"inv-1","status":"paid"},"by":"billing-service"}}"#,
             ),
+            (
+                Event::DeliveryIntent(DeliveryIntent {
+                    delivery_id: "r1/outbox/12".into(),
+                    channel: "outbox".into(),
+                    source: 12,
+                    kind: "completed".into(),
+                    payload: json!({"agent": "demo", "position": 12, "event": {"type": "run_completed", "output": "done"}}),
+                }),
+                r#"{"v":1,"event":{"type":"delivery_intent","delivery_id":"r1/outbox/12","channel":"outbox","source":12,"kind":"completed","payload":{"agent":"demo","event":{"output":"done","type":"run_completed"},"position":12}}}"#,
+            ),
+            (
+                Event::DeliveryAttemptFailed(DeliveryAttemptFailed {
+                    delivery_id: "r1/outbox/12".into(),
+                    attempt: 1,
+                    error: DeliveryError::Rejected {
+                        status: 503,
+                        message: "busy".into(),
+                    },
+                    receipt: receipt(300),
+                    retry_at_ms: 1_700_000_001_000,
+                }),
+                r#"{"v":1,"event":{"type":"delivery_attempt_failed","delivery_id":"r1/outbox/12","attempt":1,"error":{"kind":"rejected","status":503,"message":"busy"},"receipt":{"outcome":"ok","fuel_consumed":300,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0},"retry_at_ms":1700000001000}}"#,
+            ),
+            (
+                Event::DeliveryCompleted(DeliveryCompleted {
+                    delivery_id: "r1/outbox/12".into(),
+                    attempt: 2,
+                    receipt: receipt(400),
+                }),
+                r#"{"v":1,"event":{"type":"delivery_completed","delivery_id":"r1/outbox/12","attempt":2,"receipt":{"outcome":"ok","fuel_consumed":400,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+            ),
+            (
+                Event::DeliveryFailed(DeliveryFailed {
+                    delivery_id: "r1/outbox/12".into(),
+                    attempts: 3,
+                    error: DeliveryError::Failed {
+                        message: "disk full".into(),
+                        retryable: true,
+                    },
+                    receipt: None,
+                }),
+                r#"{"v":1,"event":{"type":"delivery_failed","delivery_id":"r1/outbox/12","attempts":3,"error":{"kind":"failed","message":"disk full","retryable":true}}}"#,
+            ),
         ]
     }
 
@@ -1279,6 +1371,10 @@ pub(crate) mod tests {
             EventKind::ToolCallDeduplicated => 22,
             EventKind::ExternalCallRequested => 23,
             EventKind::ExternalCallCompleted => 24,
+            EventKind::DeliveryIntent => 25,
+            EventKind::DeliveryAttemptFailed => 26,
+            EventKind::DeliveryCompleted => 27,
+            EventKind::DeliveryFailed => 28,
         }
     }
 
@@ -1298,7 +1394,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 25, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 29, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

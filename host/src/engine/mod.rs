@@ -12,6 +12,8 @@
 //! - [`state`]: folding, [`RunStatus`], the conversation.
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
+//! - [`channels`]: delivery channels: what each receives, the delivery
+//!   events, the next delivery a run owes, backoff.
 //! - [`prompt`]: assembling the model request.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
@@ -27,6 +29,7 @@
 pub mod agent;
 pub mod budget;
 pub mod canonical;
+pub mod channels;
 pub mod decide;
 pub mod events;
 pub mod ids;

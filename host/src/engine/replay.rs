@@ -6,7 +6,9 @@
 //! hash, so a changed prompt or tool set is caught without storing the
 //! prompt), tool call intents (tool, frozen arguments, effect class, key),
 //! rejections, approval requests, suspensions, budget crossings, clock reads
-//! and completions. Completions of effects, human acts (approvals, input,
+//! and completions; delivery intents (the channel, the event reported and
+//! the payload), unless the agent change was accepted (its channels may
+//! differ). Completions of effects (deliveries' too), human acts (approvals, input,
 //! resolutions, extensions, cancellations, abandonments), random draws and
 //! failures are facts, taken as recorded.
 //!
@@ -15,6 +17,7 @@
 //! make the same tool decisions, but its model requests may differ.
 
 use super::canonical::RequestHasher;
+use super::channels::next_delivery;
 use super::decide::{Action, Park, RequestDetail, decide_with};
 use super::events::{Event, EventKind};
 use super::ids::AgentDigest;
@@ -83,6 +86,29 @@ pub fn replay(
     }
     let mut hasher = RequestHasher::new();
     for event in rest {
+        if let Event::DeliveryIntent(recorded) = event
+            && !options.accept_agent_change
+        {
+            let owed = next_delivery(
+                &events[..state.event_count],
+                &state,
+                &view.name,
+                &view.channels,
+            );
+            if !owed
+                .as_ref()
+                .is_some_and(|d| !d.recorded && d.intent == *recorded)
+            {
+                return Err(ReplayError::Divergence {
+                    position: state.event_count,
+                    kind: event.kind(),
+                    expected: owed.map_or("no delivery".into(), |d| {
+                        format!("delivery `{}`", d.intent.delivery_id)
+                    }),
+                    recorded: format!("delivery `{}`", recorded.delivery_id),
+                });
+            }
+        }
         if is_decision(event) {
             let mut action = decide_with(&state, view, RequestDetail::Frame);
             if let Action::CallModel(call) = &mut action {

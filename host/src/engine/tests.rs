@@ -79,6 +79,7 @@ fn view() -> AgentView {
         ],
         budgets: BudgetLimits::default(),
         pricing: None,
+        channels: vec![],
     }
 }
 
@@ -1846,7 +1847,7 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         idempotency_key: None,
     })
     .collect();
-    let view = AgentView::new(&agent, &[("fs", &fs)]).unwrap();
+    let view = AgentView::new(&agent, &[("fs", &fs), ("outbox", &[])]).unwrap();
     let mut sim = Sim::new(view, script.turns().to_vec());
     sim.events[0] = Event::RunStarted(RunStarted {
         agent: agent.name.clone(),

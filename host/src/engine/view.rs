@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::agent::{Agent, ApprovalRule};
 use super::budget::{BudgetLimits, Pricing};
+use super::channels::Channel;
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
 use crate::plugins::ToolDescriptor;
@@ -40,6 +41,8 @@ pub struct AgentView {
     pub budgets: BudgetLimits,
     /// What tokens cost, recorded with each model call.
     pub pricing: Option<Pricing>,
+    /// Its delivery channels, in name order.
+    pub channels: Vec<Channel>,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -251,6 +254,7 @@ impl AgentView {
             tools,
             budgets: agent.budgets,
             pricing: agent.model.pricing.clone(),
+            channels: agent.channels.clone(),
         })
     }
 

@@ -12,6 +12,9 @@
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
 //! - `engine`: runs end to end over both stores, the verbs, subscribers,
 //!   and crash tests at every event boundary.
+//! - `channels`: delivery channels in runs: retries with backoff, failures
+//!   that leave the result alone, parked notices, recovery around a
+//!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
 //! - `kill`: the `warden` binary killed with SIGKILL mid-run, again and again.
@@ -26,6 +29,7 @@
 //!   broken streams, cancellation, pooling, conformance with the scripted
 //!   provider, and agents end to end.
 
+mod channels;
 mod effects;
 mod engine;
 mod filesystem;
