@@ -1645,3 +1645,74 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     );
     assert!(out.status.success(), "{}", stdout(&out));
 }
+
+/// An agent that declares its output's schema, with a transcript whose
+/// first answer is prose (sent back) and second is valid JSON.
+fn typed_agent(dir: &Path) {
+    std::fs::write(
+        dir.join("typed.toml"),
+        r#"
+name = "typed"
+instructions = "Count the notes."
+output_schema_file = "count.schema.json"
+
+[model]
+provider = "scripted"
+name = "demo"
+transcript = "typed.transcript.toml"
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("count.schema.json"),
+        r#"{"type": "object", "properties": {"count": {"type": "integer"}}, "required": ["count"]}"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("typed.transcript.toml"),
+        "[[turns]]\ntext = \"There are three notes.\"\n[[turns]]\ntext = '{\"count\": 3}'\n",
+    )
+    .unwrap();
+}
+
+#[test]
+fn run_and_runs_show_print_the_typed_output() {
+    let dir = tempfile::tempdir().unwrap();
+    typed_agent(dir.path());
+    let out = warden(
+        &["run", "typed.toml", "go", "--run-id", "t1", "--json"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        lines
+            .iter()
+            .any(|l| l["event"]["type"] == "output_rejected"),
+        "{lines:?}"
+    );
+    let last = lines.last().unwrap();
+    assert_eq!(last["status"], "completed");
+    assert_eq!(last["output"], serde_json::json!({"count": 3}));
+
+    let out = warden(&["run", "typed.toml", "go", "--run-id", "t2"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("final answer sent back to the model: the final answer is not a JSON value"),
+        "{text}"
+    );
+    assert!(text.contains("output:\n{\n  \"count\": 3\n}"), "{text}");
+
+    let shown = json_out(&warden(&["runs", "show", "t1", "--json"], dir.path()));
+    assert_eq!(shown["output"], serde_json::json!({"count": 3}));
+    let out = warden(&["runs", "show", "t1"], dir.path());
+    assert!(
+        stdout(&out).contains("output:\n{\n  \"count\": 3\n}"),
+        "{}",
+        stdout(&out)
+    );
+}

@@ -238,6 +238,14 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "commitment_held",
             json!({ "run_id": run_id, "call_id": call_id, "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),
         ),
+        RuntimeError::CannotFinish { run_id, reason } => (
+            "cannot_finish",
+            json!({ "run_id": run_id, "reason": reason }),
+        ),
+        RuntimeError::FinishRejected { run_id, violation } => (
+            "finish_rejected",
+            json!({ "run_id": run_id, "violation": violation }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("runtime_failed", json!({})),

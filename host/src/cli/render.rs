@@ -127,6 +127,13 @@ pub(crate) fn event(event: &Event) -> Option<String> {
             serde_json::to_string(&e.limits).unwrap_or_default()
         ),
         Event::ClockObserved(_) | Event::RandomObserved(_) => return None,
+        Event::OutputRejected(r) => format!(
+            "↺ step {}: final answer sent back to the model: {}",
+            r.step, r.violation
+        ),
+        Event::RunCompleted(c) if c.by_host => {
+            format!("✓ completed with the host's output: {}", text_of(&c.output))
+        }
         Event::RunCompleted(c) => format!("✓ completed: {}", text_of(&c.output)),
         Event::RunFailed(f) => format!("✗ failed: {}", f.error),
         Event::RunCancelled(c) => format!(
@@ -255,6 +262,14 @@ pub(crate) fn text_of(v: &Value) -> String {
     match v {
         Value::String(s) => s.clone(),
         other => other.to_string(),
+    }
+}
+
+/// A run's output for the terminal: text as itself, JSON pretty-printed.
+pub(crate) fn output(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
     }
 }
 

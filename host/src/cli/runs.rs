@@ -811,9 +811,17 @@ async fn follow(
         break status;
     };
     let events = rt.events(run).await?;
+    let output = rt.state(run).await?.output().cloned();
     if json {
-        println!("{}", json!({ "run_id": run, "status": status }));
+        let mut body = json!({ "run_id": run, "status": status });
+        if let Some(output) = &output {
+            body["output"] = output.clone();
+        }
+        println!("{body}");
     } else {
+        if let Some(output) = output.as_ref().filter(|o| !o.is_string()) {
+            println!("output:\n{}", render::output(output));
+        }
         println!("run {run}: {status}");
         if let Some(next) = render::next_step(run, status, &events) {
             println!("   {next}");
@@ -1203,6 +1211,7 @@ async fn show(
             "status": status,
             "labels": state.labels,
             "input": state.input,
+            "output": state.output(),
             "created_ms": summary.created_ms,
             "updated_ms": summary.updated_ms,
             "events": stored.iter().zip(&events).map(|(s, e)| json!({ "seq": s.seq, "event": e })).collect::<Vec<_>>(),
@@ -1246,6 +1255,9 @@ async fn show(
                 println!("               {rest}");
             }
         }
+    }
+    if let Some(output) = state.output() {
+        println!("output:\n{}", render::output(output));
     }
     println!("budget: {}", render::budget(&state.usage, &limits));
     if agent_limits.is_none() {

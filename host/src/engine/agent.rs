@@ -6,8 +6,11 @@
 //! name = "notes"                         # [a-z][a-z0-9-]*, at most 64 bytes
 //! description = "Reads and tidies notes" # optional
 //! instructions = "You keep the notes folder tidy."
-//! output_schema = '{"type": "object"}'   # optional, JSON text; enforced by
-//!                                        # the typed-results work, not yet
+//! output_schema = '{"type": "object"}'   # optional: the JSON Schema of the final
+//!                                        # output (JSON text); the final answer
+//!                                        # must be JSON satisfying it
+//! # output_schema_file = "out.schema.json" # or the schema in a file, relative
+//! #                                        # to this file (not both)
 //!
 //! [model]                                # optional: inherited whole when absent
 //! provider = "scripted"                  # scripted | openai | anthropic
@@ -338,6 +341,8 @@ struct AgentFile {
     instructions: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     output_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    output_schema_file: Option<PathBuf>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     model: Option<ModelSection>,
     #[serde(default)]
@@ -804,11 +809,26 @@ fn validate(
     if file.instructions.trim().is_empty() {
         return Err(invalid("instructions", "must not be empty".into()));
     }
-    let output_schema = file
-        .output_schema
-        .as_deref()
-        .map(|s| json_object("output_schema", s))
-        .transpose()?;
+    let output_schema = match (&file.output_schema, &file.output_schema_file) {
+        (Some(_), Some(_)) => {
+            return Err(invalid(
+                "output_schema_file",
+                "set either output_schema or output_schema_file, not both".into(),
+            ));
+        }
+        (Some(text), None) => Some(json_object("output_schema", text)?),
+        (None, Some(rel)) => {
+            let at = base.join(rel);
+            let text = std::fs::read_to_string(&at).map_err(|e| {
+                invalid(
+                    "output_schema_file",
+                    format!("cannot read `{}`: {e}", at.display()),
+                )
+            })?;
+            Some(json_object("output_schema_file", &text)?)
+        }
+        (None, None) => None,
+    };
 
     // The model: the agent's own table, or the defaults' whole.
     let (section, model_base) = match (&file.model, defaults) {
@@ -1061,7 +1081,10 @@ fn validate(
 
     validate_labels(&file.labels).map_err(|e| invalid(&e.key(), e.to_string()))?;
 
-    let digest = digest(&file, &section);
+    // A schema read from a file is digested by its content: editing the file
+    // changes the agent.
+    let schema_from_file = file.output_schema_file.as_ref().and(output_schema.as_ref());
+    let digest = digest(&file, &section, schema_from_file);
     Ok(Agent {
         path: path.to_owned(),
         name: file.name,
@@ -1347,15 +1370,19 @@ fn http_settings(section: &ModelSection) -> Result<Option<HttpModelSettings>, (S
 }
 
 /// The digest: sha256 of a versioned tag and the canonical JSON of the file
-/// as written, with the effective `[model]` table and without labels. Null
+/// as written, with the effective `[model]` table, the content of an
+/// `output_schema_file`, and without labels. Null
 /// and empty members are dropped, so a new optional key does not change the
 /// digest of agents that leave it unset. Paths are digested as written, so
 /// the digest does not depend on where the files are.
-fn digest(file: &AgentFile, model: &ModelSection) -> AgentDigest {
+fn digest(file: &AgentFile, model: &ModelSection, schema_from_file: Option<&Value>) -> AgentDigest {
     let mut form = file.clone();
     form.model = Some(model.clone());
     form.labels.clear();
-    let value = serde_json::to_value(&form).expect("an agent file serializes to JSON");
+    let mut value = serde_json::to_value(&form).expect("an agent file serializes to JSON");
+    if let (Some(schema), Value::Object(map)) = (schema_from_file, &mut value) {
+        map.insert("output_schema_file_content".into(), schema.clone());
+    }
     let mut bytes = b"warden-agent-v1\n".to_vec();
     bytes.extend_from_slice(canonical_json(&without_empty(&value)).as_bytes());
     AgentDigest::of(&bytes)
@@ -1460,6 +1487,63 @@ team = "ops"
         );
         assert_eq!(a.labels["team"], "ops");
         assert_eq!(a.output_schema, Some(serde_json::json!({"type": "object"})));
+    }
+
+    #[test]
+    fn an_output_schema_file_is_read_relative_to_the_agent_and_digested_by_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let agent_path = dir.path().join("notes.toml");
+        let text = format!("output_schema_file = \"schemas/out.json\"\n{MINIMAL}");
+        std::fs::create_dir(dir.path().join("schemas")).unwrap();
+        let schema = r#"{"type": "object", "required": ["title"]}"#;
+        std::fs::write(dir.path().join("schemas/out.json"), schema).unwrap();
+        let a = Agent::parse(&text, &agent_path, None).unwrap();
+        assert_eq!(
+            a.output_schema,
+            Some(serde_json::json!({"type": "object", "required": ["title"]}))
+        );
+        // Editing the file changes the digest.
+        std::fs::write(
+            dir.path().join("schemas/out.json"),
+            r#"{"type": "object", "required": ["name"]}"#,
+        )
+        .unwrap();
+        let b = Agent::parse(&text, &agent_path, None).unwrap();
+        assert_ne!(a.digest, b.digest);
+        // A missing or malformed file, or both keys, name the key.
+        std::fs::write(dir.path().join("schemas/out.json"), "{").unwrap();
+        let err = Agent::parse(&text, &agent_path, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("key `output_schema_file`: is not valid JSON"),
+            "{err}"
+        );
+        std::fs::write(
+            dir.path().join("schemas/out.json"),
+            r#"{"type": "nonsense"}"#,
+        )
+        .unwrap();
+        let err = Agent::parse(&text, &agent_path, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("key `output_schema_file`: invalid JSON Schema"),
+            "{err}"
+        );
+        let missing = format!("output_schema_file = \"nope.json\"\n{MINIMAL}");
+        let err = Agent::parse(&missing, &agent_path, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("key `output_schema_file`: cannot read `")
+                && err.to_string().contains("nope.json"),
+            "{err}"
+        );
+        let both = format!("output_schema = '{{}}'\n{text}");
+        let err = Agent::parse(&both, &agent_path, None).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("set either output_schema or output_schema_file, not both"),
+            "{err}"
+        );
     }
 
     /// Asserts that `text` is refused with an error naming `key` and saying

@@ -17,7 +17,9 @@
 //! | last model call failed transiently, attempts left | [`Action::CallModel`], next attempt (budgets checked) |
 //! | … transiently, [`MAX_MODEL_ATTEMPTS`] reached | [`Action::Fail`] |
 //! | last turn has no tool calls, cut by max_tokens | [`Action::Fail`] |
-//! | last turn has no tool calls                 | [`Action::Finish`] with its text |
+//! | last turn has no tool calls, output schema violated, not yet sent back | [`Action::RejectOutput`] |
+//! | … violated again                            | [`Action::Fail`] ([`RunError::OutputInvalid`]) |
+//! | last turn has no tool calls                 | [`Action::Finish`] with its text (or its validated JSON) |
 //! | otherwise (start, or every call settled)    | budgets, then [`Action::CallModel`] for the next step |
 //!
 //! Budgets are checked before every effect in [`BudgetKind::ORDER`]; see
@@ -37,11 +39,12 @@ use super::budget::{BudgetKind, BudgetOverrun, Pricing, first_exhausted};
 use super::canonical::request_hash;
 use super::events::{
     ApprovalRequested, Event, ExternalCallRequested, InvocationOutcome, ModelCallCompleted,
-    ModelCallError, ModelCallFailed, ModelCallIntent, PreflightOutcome, Preview, RunCompleted,
-    RunError, RunFailed, Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated,
-    ToolCallError, ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
+    ModelCallError, ModelCallFailed, ModelCallIntent, OutputRejected, PreflightOutcome, Preview,
+    RunCompleted, RunError, RunFailed, Suspended, ToolCallAttemptFailed, ToolCallCompleted,
+    ToolCallDeduplicated, ToolCallError, ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
 };
 use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
+use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
 use super::prompt::{build_request, request_frame};
 use super::schema::{self, SchemaError};
 use super::state::{
@@ -71,6 +74,9 @@ pub enum Action {
     RequestApproval(ApprovalRequest),
     /// Refuse a tool call the model made; the error is its result.
     RejectToolCall(ToolCallRejected),
+    /// Send a final answer that violates the output schema back to the
+    /// model.
+    RejectOutput(OutputRejected),
     /// Read the clock and record it (a wall-time budget is about to be
     /// checked).
     ObserveClock,
@@ -91,6 +97,7 @@ impl Action {
     pub fn event(&self) -> Option<Event> {
         match self {
             Action::RejectToolCall(r) => Some(Event::ToolCallRejected(r.clone())),
+            Action::RejectOutput(r) => Some(Event::OutputRejected(r.clone())),
             Action::Finish(c) => Some(Event::RunCompleted(c.clone())),
             Action::Park(Park::BudgetExceeded(o)) => Some(Event::BudgetExceeded(*o)),
             Action::Park(Park::Suspend(s)) => Some(Event::Suspended(s.clone())),
@@ -430,12 +437,32 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
     }
     if let Some(turn) = state.last_turn()
         && turn.calls.is_empty()
+        && !turn.continued
     {
         if turn.stop_reason == StopReason::MaxTokens {
             return Action::Fail(RunError::OutputTruncated { step: turn.step });
         }
+        let output = match &view.output_schema {
+            None => Value::String(turn.text.clone()),
+            Some(schema) => match check_final_answer(schema, &turn.text) {
+                Ok(value) => value,
+                Err(violation) if state.output_rejections < MAX_OUTPUT_REJECTIONS => {
+                    return Action::RejectOutput(OutputRejected {
+                        step: turn.step,
+                        violation,
+                    });
+                }
+                Err(violation) => {
+                    return Action::Fail(RunError::OutputInvalid {
+                        step: turn.step,
+                        violation,
+                    });
+                }
+            },
+        };
         return Action::Finish(RunCompleted {
-            output: Value::String(turn.text.clone()),
+            output,
+            by_host: false,
         });
     }
     let step = state.turns.len() as u32 + 1;

@@ -85,6 +85,9 @@ pub enum Event {
     ClockObserved(ClockObserved),
     /// The injected random source was read.
     RandomObserved(RandomObserved),
+    /// The model's final answer does not satisfy the agent's output schema:
+    /// the violation is sent back to the model (once).
+    OutputRejected(OutputRejected),
     /// The run finished with an output. Terminal.
     RunCompleted(RunCompleted),
     /// The run failed. Terminal.
@@ -150,6 +153,8 @@ pub enum EventKind {
     ClockObserved,
     /// [`Event::RandomObserved`].
     RandomObserved,
+    /// [`Event::OutputRejected`].
+    OutputRejected,
     /// [`Event::RunCompleted`].
     RunCompleted,
     /// [`Event::RunFailed`].
@@ -170,7 +175,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 29] = [
+    pub const ALL: [EventKind; 30] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -196,6 +201,7 @@ impl EventKind {
         EventKind::ToolCallDeduplicated,
         EventKind::ExternalCallRequested,
         EventKind::ExternalCallCompleted,
+        EventKind::OutputRejected,
         EventKind::DeliveryIntent,
         EventKind::DeliveryAttemptFailed,
         EventKind::DeliveryCompleted,
@@ -226,6 +232,7 @@ impl EventKind {
             EventKind::BudgetExtended => "budget_extended",
             EventKind::ClockObserved => "clock_observed",
             EventKind::RandomObserved => "random_observed",
+            EventKind::OutputRejected => "output_rejected",
             EventKind::RunCompleted => "run_completed",
             EventKind::RunFailed => "run_failed",
             EventKind::RunCancelled => "run_cancelled",
@@ -292,6 +299,7 @@ impl Event {
             Event::BudgetExtended(_) => EventKind::BudgetExtended,
             Event::ClockObserved(_) => EventKind::ClockObserved,
             Event::RandomObserved(_) => EventKind::RandomObserved,
+            Event::OutputRejected(_) => EventKind::OutputRejected,
             Event::RunCompleted(_) => EventKind::RunCompleted,
             Event::RunFailed(_) => EventKind::RunFailed,
             Event::RunCancelled(_) => EventKind::RunCancelled,
@@ -810,12 +818,28 @@ pub struct RandomObserved {
     pub value: u64,
 }
 
+/// [`Event::OutputRejected`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputRejected {
+    /// The step whose final answer was rejected.
+    pub step: u32,
+    /// What is wrong with it, as the model is told.
+    pub violation: String,
+}
+
 /// [`Event::RunCompleted`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunCompleted {
-    /// The run's output.
+    /// The run's output: the final answer's text, or, for an agent with an
+    /// output schema, the JSON value it validated to.
     pub output: Value,
+    /// Whether the host supplied the output ([`Runtime::finish_with`]
+    /// (super::Runtime::finish_with)) instead of the model's final answer.
+    /// Omitted when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub by_host: bool,
 }
 
 /// [`Event::RunFailed`].
@@ -854,6 +878,15 @@ pub enum RunError {
     OutputTruncated {
         /// The step.
         step: u32,
+    },
+    /// The final answer violated the agent's output schema again after the
+    /// violation was sent back to the model.
+    #[error("the final answer at step {step} is invalid: {violation}")]
+    OutputInvalid {
+        /// The step of the last answer.
+        step: u32,
+        /// What is wrong with it.
+        violation: String,
     },
     /// The host could not go on (a plugin failed to load, …).
     #[error("{message}")]
@@ -1229,6 +1262,7 @@ pub(crate) mod tests {
             (
                 Event::RunCompleted(RunCompleted {
                     output: json!("The notes say hello."),
+                    by_host: false,
                 }),
                 r#"{"v":1,"event":{"type":"run_completed","output":"The notes say hello."}}"#,
             ),
@@ -1296,6 +1330,13 @@ pub(crate) mod tests {
                     by: Some("billing-service".into()),
                 }),
                 r#"{"v":1,"event":{"type":"external_call_completed","call_id":"call-3-1","output":{"invoice_id":"inv-1","status":"paid"},"by":"billing-service"}}"#,
+            ),
+            (
+                Event::OutputRejected(OutputRejected {
+                    step: 2,
+                    violation: "the output does not satisfy the schema: at `/count`: \"3\" is not of type \"integer\"".into(),
+                }),
+                r#"{"v":1,"event":{"type":"output_rejected","step":2,"violation":"the output does not satisfy the schema: at `/count`: \"3\" is not of type \"integer\""}}"#,
             ),
             (
                 Event::DeliveryIntent(DeliveryIntent {
@@ -1371,10 +1412,11 @@ pub(crate) mod tests {
             EventKind::ToolCallDeduplicated => 22,
             EventKind::ExternalCallRequested => 23,
             EventKind::ExternalCallCompleted => 24,
-            EventKind::DeliveryIntent => 25,
-            EventKind::DeliveryAttemptFailed => 26,
-            EventKind::DeliveryCompleted => 27,
-            EventKind::DeliveryFailed => 28,
+            EventKind::OutputRejected => 25,
+            EventKind::DeliveryIntent => 26,
+            EventKind::DeliveryAttemptFailed => 27,
+            EventKind::DeliveryCompleted => 28,
+            EventKind::DeliveryFailed => 29,
         }
     }
 
@@ -1394,7 +1436,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 29, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 30, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);
@@ -1438,6 +1480,28 @@ pub(crate) mod tests {
             String::from_utf8(encode(&with_request)).unwrap(),
             r#"{"v":1,"event":{"type":"model_call_intent","step":1,"attempt":1,"request_hash":"ff","request":{"model":"m","instructions":"i","messages":[],"tools":[],"max_tokens":5}}}"#
         );
+    }
+
+    #[test]
+    fn a_host_supplied_output_and_an_invalid_output_are_pinned() {
+        let by_host = Event::RunCompleted(RunCompleted {
+            output: json!({"title": "notes", "count": 3}),
+            by_host: true,
+        });
+        assert_eq!(
+            String::from_utf8(encode(&by_host)).unwrap(),
+            r#"{"v":1,"event":{"type":"run_completed","output":{"count":3,"title":"notes"},"by_host":true}}"#
+        );
+        let failed = Event::RunFailed(RunFailed {
+            error: RunError::OutputInvalid {
+                step: 3,
+                violation:
+                    "the final answer is not a JSON value: expected value at line 1 column 1".into(),
+            },
+        });
+        let pinned = r#"{"v":1,"event":{"type":"run_failed","error":{"kind":"output_invalid","step":3,"violation":"the final answer is not a JSON value: expected value at line 1 column 1"}}}"#;
+        assert_eq!(String::from_utf8(encode(&failed)).unwrap(), pinned);
+        assert_eq!(decode(pinned.as_bytes()).unwrap(), failed);
     }
 
     #[test]

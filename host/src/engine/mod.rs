@@ -15,6 +15,8 @@
 //! - [`channels`]: delivery channels: what each receives, the delivery
 //!   events, the next delivery a run owes, backoff.
 //! - [`prompt`]: assembling the model request.
+//! - [`output`]: typed results: the final answer checked against the
+//!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`ids`]: run and call ids, digests, idempotency keys.
@@ -33,6 +35,7 @@ pub mod channels;
 pub mod decide;
 pub mod events;
 pub mod ids;
+pub mod output;
 pub mod prompt;
 pub mod replay;
 pub mod runtime;

@@ -5,10 +5,13 @@
 //! Checked positions: model call intents (step, attempt and the request
 //! hash, so a changed prompt or tool set is caught without storing the
 //! prompt), tool call intents (tool, frozen arguments, effect class, key),
-//! rejections, approval requests, suspensions, budget crossings, clock reads
-//! and completions; delivery intents (the channel, the event reported and
-//! the payload), unless the agent change was accepted (its channels may
-//! differ). Completions of effects (deliveries' too), human acts (approvals, input,
+//! rejections, approval requests, suspensions, budget crossings, clock reads,
+//! output rejections (typed results) and completions; delivery intents (the
+//! channel, the event reported and the payload), unless the agent change was
+//! accepted (its channels may differ). A completion the host supplied
+//! ([`Runtime::finish_with`](super::Runtime::finish_with)) is a fact, like a
+//! human act: it was validated when it was written. Completions of effects
+//! (deliveries' too), human acts (approvals, input,
 //! resolutions, extensions, cancellations, abandonments), random draws and
 //! failures are facts, taken as recorded.
 //!
@@ -143,8 +146,8 @@ fn is_decision(event: &Event) -> bool {
             | Event::ExternalCallRequested(_)
             | Event::BudgetExceeded(_)
             | Event::ClockObserved(_)
-            | Event::RunCompleted(_)
-    )
+            | Event::OutputRejected(_)
+    ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
 }
 
 fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
@@ -174,6 +177,7 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         (Action::Park(Park::BudgetExceeded(a)), Event::BudgetExceeded(b)) => a == b,
         (Action::ObserveClock, Event::ClockObserved(_)) => true,
         (Action::Finish(a), Event::RunCompleted(b)) => a == b,
+        (Action::RejectOutput(a), Event::OutputRejected(b)) => a == b,
         _ => false,
     }
 }
@@ -192,6 +196,10 @@ fn describe_action(action: &Action) -> String {
             format!("an approval request for `{}` to {}", a.call_id, a.tool)
         }
         Action::RejectToolCall(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
+        Action::RejectOutput(r) => format!(
+            "sending the final answer of step {} back: {}",
+            r.step, r.violation
+        ),
         Action::ObserveClock => "a clock reading".into(),
         Action::Finish(c) => format!("finishing with {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => format!("parking: {o}"),
@@ -220,6 +228,10 @@ fn describe_event(event: &Event) -> String {
         Event::ToolCallRejected(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
         Event::ClockObserved(_) => "a clock reading".into(),
         Event::RunCompleted(c) => format!("finishing with {}", c.output),
+        Event::OutputRejected(r) => format!(
+            "sending the final answer of step {} back: {}",
+            r.step, r.violation
+        ),
         Event::BudgetExceeded(o) => format!("parking: {o}"),
         Event::Suspended(s) => format!("suspending at `{}`", s.call_id),
         other => other.kind().to_string(),

@@ -279,6 +279,24 @@ pub enum RuntimeError {
         /// The reported output's value (null when missing).
         given: Box<Value>,
     },
+    /// `finish_with` on a run that cannot finish now (a call outstanding or
+    /// in flight, a model call in flight, parked); nothing was written.
+    #[error("run `{run_id}` cannot be finished now: {reason}")]
+    CannotFinish {
+        /// The run.
+        run_id: RunId,
+        /// Why.
+        reason: String,
+    },
+    /// `finish_with` was given an output that violates the agent's output
+    /// schema; nothing was written.
+    #[error("run `{run_id}`: the output given to finish the run is rejected: {violation}")]
+    FinishRejected {
+        /// The run.
+        run_id: RunId,
+        /// What is wrong with it.
+        violation: String,
+    },
     /// A keyed call's commitment is held by another run that has not
     /// settled it (it may be running the call, or its outcome may be unknown
     /// there); this run waited and will try again when driven again.
@@ -786,6 +804,58 @@ impl Runtime {
             call_id: call_id.clone(),
             output,
             by,
+        });
+        self.append(&mut log, vec![event]).await
+    }
+
+    /// Finishes the run with an output the host supplies instead of the
+    /// model's final answer, without another model call: for a host that
+    /// drives a run step by step (typically once the tool results it needs
+    /// are recorded). The output is validated against the agent's output
+    /// schema, when it declares one, exactly as a final answer is; an
+    /// invalid output, a run that is terminal, parked, or has a model or tool
+    /// call in flight or outstanding, and an agent that changed since the
+    /// run started are refused and nothing is written. Records one
+    /// `run_completed` marked `by_host`.
+    pub async fn finish_with(
+        &self,
+        run_id: &RunId,
+        agent: &Agent,
+        output: Value,
+    ) -> Result<(), RuntimeError> {
+        let mut log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        self.check_digest(&log, agent, false)?;
+        let cannot = |reason: String| RuntimeError::CannotFinish {
+            run_id: run_id.clone(),
+            reason,
+        };
+        let state = &log.state;
+        if state.parked().is_some() {
+            return Err(cannot(format!("it is {}", state.status())));
+        }
+        if let super::state::ModelCallProgress::InFlight { step, .. } = state.model_call {
+            return Err(cannot(format!(
+                "the model call of step {step} is in flight"
+            )));
+        }
+        if let Some(call) = state.next_call() {
+            return Err(cannot(format!(
+                "tool call `{}` is not settled",
+                call.call_id
+            )));
+        }
+        if let Some(schema) = &agent.output_schema {
+            super::output::check_output(schema, &output).map_err(|violation| {
+                RuntimeError::FinishRejected {
+                    run_id: run_id.clone(),
+                    violation,
+                }
+            })?;
+        }
+        let event = Event::RunCompleted(super::events::RunCompleted {
+            output,
+            by_host: true,
         });
         self.append(&mut log, vec![event]).await
     }

@@ -24,6 +24,7 @@ use super::events::{
     ToolCallResult, UnresolvedWrite,
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
+use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
@@ -168,6 +169,8 @@ pub struct RunState {
     pub budget_exceeded: Option<BudgetOverrun>,
     /// How the run ended.
     pub terminal: Option<Terminal>,
+    /// Final answers sent back for violating the output schema.
+    pub output_rejections: u32,
     /// Its deliveries to channels: a lane of their own that never changes
     /// the status and goes on after a terminal event.
     pub deliveries: Deliveries,
@@ -187,6 +190,9 @@ pub struct Turn {
     pub stop_reason: StopReason,
     /// Its tool calls, in order.
     pub calls: Vec<ToolCallState>,
+    /// Whether a final answer (no tool calls) was sent back to the model
+    /// (its output was rejected), so the run goes on with another step.
+    pub continued: bool,
 }
 
 /// One tool call of a turn.
@@ -522,6 +528,18 @@ pub enum FoldProblem {
     /// A budget extension while no budget is exceeded.
     #[error("no budget is exceeded")]
     NoBudgetExceeded,
+    /// An output rejection that names no final answer of the latest turn.
+    #[error("step {step} is not the latest turn's final answer")]
+    NotAFinalAnswer {
+        /// The step the event names.
+        step: u32,
+    },
+    /// More output rejections than the engine makes.
+    #[error("a final answer is sent back at most {limit} time(s)")]
+    OutputRejectedTooOften {
+        /// The most.
+        limit: u32,
+    },
     /// A resumption with no suspension.
     #[error("the run is not suspended")]
     NotSuspended,
@@ -585,6 +603,7 @@ impl RunState {
             model_call: ModelCallProgress::Idle,
             budget_exceeded: None,
             terminal: None,
+            output_rejections: 0,
             deliveries: Deliveries::default(),
             messages: vec![Message::User {
                 content: value_text(&started.input),
@@ -641,6 +660,14 @@ impl RunState {
             }
         }
         self.budget_exceeded.map(Parked::Budget)
+    }
+
+    /// The run's output, once it completed.
+    pub fn output(&self) -> Option<&Value> {
+        match &self.terminal {
+            Some(Terminal::Completed(c)) => Some(&c.output),
+            _ => None,
+        }
     }
 
     /// The latest turn.
@@ -871,6 +898,7 @@ impl RunState {
                 if !matches!(self.model_call, ModelCallProgress::Failed { .. })
                     && let Some(turn) = self.turns.last()
                     && turn.calls.is_empty()
+                    && !turn.continued
                 {
                     return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
                 }
@@ -1058,6 +1086,21 @@ impl RunState {
                 }
                 Ok(())
             }
+            Event::OutputRejected(r) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()?;
+                match self.turns.last() {
+                    Some(turn)
+                        if turn.step == r.step && turn.calls.is_empty() && !turn.continued => {}
+                    _ => return Err(FoldProblem::NotAFinalAnswer { step: r.step }),
+                }
+                if self.output_rejections >= MAX_OUTPUT_REJECTIONS {
+                    return Err(FoldProblem::OutputRejectedTooOften {
+                        limit: MAX_OUTPUT_REJECTIONS,
+                    });
+                }
+                Ok(())
+            }
             Event::RunFailed(_) => self.check_unresolved(&None),
             Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
             Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
@@ -1208,6 +1251,7 @@ impl RunState {
                             failed_attempts: 0,
                         })
                         .collect(),
+                    continued: false,
                 });
                 self.model_call = ModelCallProgress::Idle;
                 self.messages.push(Message::Assistant {
@@ -1299,6 +1343,15 @@ impl RunState {
                 self.usage.wall_time_ms = c.at_ms.saturating_sub(self.clock_seed_ms);
             }
             Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::OutputRejected(r) => {
+                self.output_rejections += 1;
+                if let Some(turn) = self.turns.last_mut() {
+                    turn.continued = true;
+                }
+                self.messages.push(Message::User {
+                    content: rejection_feedback(&r.violation),
+                });
+            }
             Event::RunCompleted(c) => self.terminal = Some(Terminal::Completed(c.clone())),
             Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),
             Event::RunCancelled(c) => self.terminal = Some(Terminal::Cancelled(c.clone())),

@@ -79,6 +79,7 @@ fn view() -> AgentView {
         ],
         budgets: BudgetLimits::default(),
         pricing: None,
+        output_schema: None,
         channels: vec![],
     }
 }
@@ -271,6 +272,7 @@ fn resolved(step: u32, n: usize) -> Event {
 fn completed(output: &str) -> Event {
     Event::RunCompleted(RunCompleted {
         output: json!(output),
+        by_host: false,
     })
 }
 
@@ -819,6 +821,7 @@ fn shape(action: &Action) -> String {
         ),
         Action::RequestApproval(a) => format!("request_approval {} {}", a.call_id, a.tool),
         Action::RejectToolCall(r) => format!("reject {}: {}", r.call_id, r.error),
+        Action::RejectOutput(r) => format!("reject_output step={}: {}", r.step, r.violation),
         Action::ObserveClock => "observe_clock".into(),
         Action::Finish(c) => format!("finish {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => {
@@ -1545,7 +1548,8 @@ fn a_whole_run_executes_tool_calls_in_order_each_with_its_intent_and_completion(
     assert_eq!(
         state.terminal,
         Some(super::state::Terminal::Completed(RunCompleted {
-            output: json!("Done.")
+            output: json!("Done."),
+            by_host: false,
         }))
     );
     // Every event survives the encoding.
@@ -1959,4 +1963,160 @@ fn resume_input_is_validated_before_anything_is_recorded() {
             .unwrap_err();
         assert_eq!(err, super::state::ResumeError::NotResumable { status });
     }
+}
+
+// ------------------------------------------------------------ typed results
+
+fn typed_view() -> AgentView {
+    AgentView {
+        output_schema: Some(json!({
+            "type": "object",
+            "properties": {"title": {"type": "string"}, "count": {"type": "integer"}},
+            "required": ["title", "count"]
+        })),
+        ..view()
+    }
+}
+
+#[test]
+fn a_valid_final_answer_completes_with_its_json_value() {
+    let mut sim = Sim::new(
+        typed_view(),
+        vec![turn(r#"{"title": "notes", "count": 2}"#, &[])],
+    );
+    assert_eq!(sim.drive(), Idle::Terminal(RunStatus::Completed));
+    let state = sim.state();
+    assert_eq!(state.output(), Some(&json!({"title": "notes", "count": 2})));
+    assert_eq!(state.output_rejections, 0);
+    replay(&sim.events, &sim.view, ReplayOptions::default()).unwrap();
+}
+
+#[test]
+fn an_invalid_final_answer_is_sent_back_once_with_its_violation() {
+    let mut sim = Sim::new(
+        typed_view(),
+        vec![
+            turn(r#"{"title": "notes", "count": "two"}"#, &[]),
+            turn(r#"{"title": "notes", "count": 2}"#, &[]),
+        ],
+    );
+    assert_eq!(sim.drive(), Idle::Terminal(RunStatus::Completed));
+    let kinds: Vec<&str> = sim.events.iter().map(|e| e.kind().as_str()).collect();
+    assert_eq!(
+        kinds,
+        [
+            "run_started",
+            "model_call_intent",
+            "model_call_completed",
+            "output_rejected",
+            "model_call_intent",
+            "model_call_completed",
+            "run_completed"
+        ]
+    );
+    let Event::OutputRejected(rejected) = &sim.events[3] else {
+        panic!("{:?}", sim.events[3]);
+    };
+    assert_eq!(rejected.step, 1);
+    assert!(
+        rejected.violation.contains("at `/count`"),
+        "{}",
+        rejected.violation
+    );
+    // The model saw the violation after its answer.
+    let state = sim.state();
+    let Message::User { content } = &state.conversation()[2] else {
+        panic!("{:?}", state.conversation());
+    };
+    assert!(content.contains("at `/count`"), "{content}");
+    assert_eq!(state.output(), Some(&json!({"title": "notes", "count": 2})));
+    // The second request carries the feedback after the rejected answer.
+    let Action::CallModel(call) = decide(&fold(&sim.events[..4]).unwrap(), &sim.view) else {
+        panic!("a second model call");
+    };
+    assert_eq!(call.step, 2);
+    assert!(matches!(
+        call.request.messages.last(),
+        Some(Message::User { content }) if content.starts_with("Your final answer was rejected")
+    ));
+    replay(&sim.events, &sim.view, ReplayOptions::default()).unwrap();
+    // Replay checks the rejection: an agent without the schema would have
+    // finished at step 1.
+    let err = replay(
+        &sim.events,
+        &view(),
+        ReplayOptions {
+            accept_agent_change: true,
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ReplayError::Divergence {
+                position: 3,
+                kind: EventKind::OutputRejected,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn a_final_answer_invalid_twice_fails_the_run_naming_the_violation() {
+    let mut sim = Sim::new(
+        typed_view(),
+        vec![turn("Two notes.", &[]), turn(r#"{"title": "notes"}"#, &[])],
+    );
+    assert_eq!(sim.drive(), Idle::Terminal(RunStatus::Failed));
+    let Some(Event::RunFailed(RunFailed {
+        error: RunError::OutputInvalid { step, violation },
+    })) = sim.events.last()
+    else {
+        panic!("{:?}", sim.events.last());
+    };
+    assert_eq!(*step, 2);
+    assert!(
+        violation.contains("\"count\" is a required property"),
+        "{violation}"
+    );
+    let Event::OutputRejected(first) = &sim.events[3] else {
+        panic!("{:?}", sim.events[3]);
+    };
+    assert!(
+        first
+            .violation
+            .starts_with("the final answer is not a JSON value")
+    );
+    replay(&sim.events, &sim.view, ReplayOptions::default()).unwrap();
+    // A second rejection is not a possible log.
+    let mut twice = sim.events[..6].to_vec();
+    twice.push(Event::OutputRejected(OutputRejected {
+        step: 2,
+        violation: "again".into(),
+    }));
+    let err = fold(&twice).unwrap_err();
+    assert!(
+        err.to_string().contains("sent back at most 1 time"),
+        "{err}"
+    );
+}
+
+#[test]
+fn an_output_rejection_must_name_the_latest_final_answer() {
+    let events = log(vec![
+        model(1, 1),
+        answer(1, "", &[("fs__read_file", read_args())]),
+        Event::OutputRejected(OutputRejected {
+            step: 1,
+            violation: "no".into(),
+        }),
+    ]);
+    let err = fold(&events).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("step 1 is not the latest turn's final answer"),
+        "{err}"
+    );
 }

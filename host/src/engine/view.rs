@@ -15,6 +15,7 @@ use super::budget::{BudgetLimits, Pricing};
 use super::channels::Channel;
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
+use super::output::output_contract;
 use crate::plugins::ToolDescriptor;
 use crate::policy::EffectClass;
 use crate::providers::ToolSpec;
@@ -41,6 +42,9 @@ pub struct AgentView {
     pub budgets: BudgetLimits,
     /// What tokens cost, recorded with each model call.
     pub pricing: Option<Pricing>,
+    /// The JSON Schema the final output must satisfy, when declared (then
+    /// `instructions` state it too).
+    pub output_schema: Option<Value>,
     /// Its delivery channels, in name order.
     pub channels: Vec<Channel>,
 }
@@ -249,11 +253,15 @@ impl AgentView {
             name: agent.name.clone(),
             digest: agent.digest.clone(),
             model: agent.model.name.clone(),
-            instructions: agent.instructions.clone(),
+            instructions: match &agent.output_schema {
+                None => agent.instructions.clone(),
+                Some(schema) => output_contract(&agent.instructions, schema),
+            },
             max_tokens: agent.model.max_tokens,
             tools,
             budgets: agent.budgets,
             pricing: agent.model.pricing.clone(),
+            output_schema: agent.output_schema.clone(),
             channels: agent.channels.clone(),
         })
     }

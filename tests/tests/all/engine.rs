@@ -113,7 +113,7 @@ arguments = { op = "append", path = "/workspace/effects.log", content = "effect\
 text = "All done."
 "#;
 
-fn runtime(store: Arc<dyn EventStore>) -> Runtime {
+pub(crate) fn runtime(store: Arc<dyn EventStore>) -> Runtime {
     Runtime::new(store, PluginHost::new(sandbox().clone())).with_hooks(
         Arc::new(FixedClock(1_700_000_000_000)),
         Arc::new(FixedRandom(7)),
@@ -121,7 +121,7 @@ fn runtime(store: Arc<dyn EventStore>) -> Runtime {
 }
 
 /// Both stores, fresh, in `dir`.
-fn stores(dir: &Path) -> Vec<(&'static str, Arc<dyn EventStore>)> {
+pub(crate) fn stores(dir: &Path) -> Vec<(&'static str, Arc<dyn EventStore>)> {
     vec![
         (
             "memory",
@@ -134,7 +134,7 @@ fn stores(dir: &Path) -> Vec<(&'static str, Arc<dyn EventStore>)> {
     ]
 }
 
-fn id(s: &str) -> RunId {
+pub(crate) fn id(s: &str) -> RunId {
     RunId::new(s).unwrap()
 }
 

@@ -24,6 +24,8 @@
 //! - `workers`: run leases with fencing through the engine, and `warden
 //!   worker` processes killed at random while sharing 200 runs on
 //!   PostgreSQL.
+//! - `typed_results`: agents with an output schema: validation, one
+//!   rejection sent back, typed failure, `finish_with`, replay of each.
 //! - `providers`: the OpenAI-compatible and Anthropic providers against a
 //!   fake model API on loopback (`model_server`): wire formats, retries,
 //!   broken streams, cancellation, pooling, conformance with the scripted
@@ -44,6 +46,7 @@ mod network;
 mod plugins;
 mod providers;
 mod server;
+mod typed_results;
 mod workers;
 
 use std::sync::OnceLock;
