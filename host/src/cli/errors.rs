@@ -238,6 +238,13 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "commitment_held",
             json!({ "run_id": run_id, "call_id": call_id, "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),
         ),
+        RuntimeError::SessionBusy {
+            session_id,
+            active_run,
+        } => (
+            "session_busy",
+            json!({ "session": session_id, "active_run": active_run }),
+        ),
         RuntimeError::CannotFinish { run_id, reason } => (
             "cannot_finish",
             json!({ "run_id": run_id, "reason": reason }),
@@ -299,6 +306,13 @@ fn store(e: &StoreError) -> (&'static str, Value) {
         StoreError::Unsupported { store, operation } => (
             "unsupported",
             json!({ "store": store, "operation": operation }),
+        ),
+        StoreError::SessionBusy {
+            session,
+            active_run,
+        } => (
+            "session_busy",
+            json!({ "session": session, "active_run": active_run }),
         ),
         _ => ("store_failed", json!({})),
     }

@@ -11,12 +11,24 @@ use crate::sandbox::UsageReceipt;
 /// The line(s) for one event, or `None` for events not worth a line.
 pub(crate) fn event(event: &Event) -> Option<String> {
     Some(match event {
-        Event::RunStarted(s) => format!(
-            "run {} of agent `{}` started with input {}",
-            s.run_id,
-            s.agent,
-            short(&s.input, 200)
-        ),
+        Event::RunStarted(s) => {
+            let mut line = format!(
+                "run {} of agent `{}` started with input {}",
+                s.run_id,
+                s.agent,
+                short(&s.input, 200)
+            );
+            if let Some(session) = &s.session {
+                line.push_str(&format!(
+                    "\n  in session {} (run #{}, history of {} completed run(s), {} message(s))",
+                    session.session_id,
+                    session.position,
+                    session.runs.len(),
+                    session.history.len()
+                ));
+            }
+            line
+        }
         Event::ModelCallIntent(i) if i.attempt > 1 => {
             format!(
                 "· step {}: calling the model (attempt {})",
@@ -144,6 +156,28 @@ pub(crate) fn event(event: &Event) -> Option<String> {
                 .unwrap_or_default()
         ),
         Event::RunAbandoned(a) => format!("✗ abandoned: {}", a.reason),
+        Event::ContextResolved(c) => {
+            let bytes: usize = c.items.iter().map(|i| i.content.len()).sum();
+            format!(
+                "· step {}: context `{}` resolved: {} item{}, {bytes} bytes, digest {} ({})",
+                c.step,
+                c.source,
+                c.items.len(),
+                if c.items.len() == 1 { "" } else { "s" },
+                &c.digest[..c.digest.len().min(12)],
+                receipt(&c.receipt)
+            )
+        }
+        Event::ContextFailed(f) => format!(
+            "! step {}: context `{}` failed: {}{}",
+            f.step,
+            f.source,
+            f.error,
+            f.receipt
+                .as_ref()
+                .map(|r| format!(" ({})", receipt(r)))
+                .unwrap_or_default()
+        ),
         // A delivery is shown once it is settled: one line each.
         Event::DeliveryIntent(_) => return None,
         Event::DeliveryAttemptFailed(f) => format!(

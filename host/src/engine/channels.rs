@@ -493,6 +493,7 @@ mod tests {
             clock_seed_ms: 1,
             random_seed: 2,
             agent_file: None,
+            session: None,
         })
     }
 

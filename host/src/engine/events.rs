@@ -23,9 +23,11 @@ use super::budget::{BudgetLimits, BudgetOverrun, Pricing};
 pub use super::channels::{
     DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
 };
-use super::ids::{AgentDigest, CallId, RequestHash, RunId};
+use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
 use crate::policy::EffectClass;
-use crate::providers::{ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage};
+use crate::providers::{
+    Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
+};
 use crate::sandbox::{LeaseError, Outcome, UsageReceipt, wit};
 
 /// The format version this build writes, and the newest it reads.
@@ -96,6 +98,12 @@ pub enum Event {
     RunCancelled(RunCancelled),
     /// A human abandoned the run. Terminal.
     RunAbandoned(RunAbandoned),
+    /// A context source returned items for the model call of a step: what
+    /// the prompt quotes, recorded whole so replay never resolves again.
+    ContextResolved(ContextResolved),
+    /// A context source failed before the model call of a step; the agent
+    /// says whether the step goes on without it or fails.
+    ContextFailed(ContextFailed),
     /// A delivery to a channel is about to be made (intent), with its
     /// stable id and frozen payload. May follow a terminal event.
     DeliveryIntent(DeliveryIntent),
@@ -163,6 +171,10 @@ pub enum EventKind {
     RunCancelled,
     /// [`Event::RunAbandoned`].
     RunAbandoned,
+    /// [`Event::ContextResolved`].
+    ContextResolved,
+    /// [`Event::ContextFailed`].
+    ContextFailed,
     /// [`Event::DeliveryIntent`].
     DeliveryIntent,
     /// [`Event::DeliveryAttemptFailed`].
@@ -175,7 +187,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 30] = [
+    pub const ALL: [EventKind; 32] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -202,6 +214,8 @@ impl EventKind {
         EventKind::ExternalCallRequested,
         EventKind::ExternalCallCompleted,
         EventKind::OutputRejected,
+        EventKind::ContextResolved,
+        EventKind::ContextFailed,
         EventKind::DeliveryIntent,
         EventKind::DeliveryAttemptFailed,
         EventKind::DeliveryCompleted,
@@ -237,6 +251,8 @@ impl EventKind {
             EventKind::RunFailed => "run_failed",
             EventKind::RunCancelled => "run_cancelled",
             EventKind::RunAbandoned => "run_abandoned",
+            EventKind::ContextResolved => "context_resolved",
+            EventKind::ContextFailed => "context_failed",
             EventKind::DeliveryIntent => "delivery_intent",
             EventKind::DeliveryAttemptFailed => "delivery_attempt_failed",
             EventKind::DeliveryCompleted => "delivery_completed",
@@ -304,6 +320,8 @@ impl Event {
             Event::RunFailed(_) => EventKind::RunFailed,
             Event::RunCancelled(_) => EventKind::RunCancelled,
             Event::RunAbandoned(_) => EventKind::RunAbandoned,
+            Event::ContextResolved(_) => EventKind::ContextResolved,
+            Event::ContextFailed(_) => EventKind::ContextFailed,
             Event::DeliveryIntent(_) => EventKind::DeliveryIntent,
             Event::DeliveryAttemptFailed(_) => EventKind::DeliveryAttemptFailed,
             Event::DeliveryCompleted(_) => EventKind::DeliveryCompleted,
@@ -343,6 +361,32 @@ pub struct RunStarted {
     /// the agent was not read from a file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_file: Option<String>,
+    /// The session the run was started in and the history it sees, fixed
+    /// when it started. Omitted for a run outside any session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionStart>,
+}
+
+/// The session part of [`RunStarted`]: which session, and the transcripts of
+/// its earlier completed runs, recorded whole so that folding the run needs
+/// no other run's log and replay never consults one (see `session.rs`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionStart {
+    /// The session.
+    pub session_id: SessionId,
+    /// The run's place in the session: how many runs (of any outcome) the
+    /// session held when it started, so its first run is 0.
+    pub position: u64,
+    /// The earlier completed runs whose transcripts make the history,
+    /// oldest first. Omitted when none (the session's first run, or only
+    /// cancelled or failed runs before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunId>,
+    /// Their transcripts, in order: each run's input, the model's turns and
+    /// the tool results, as the model saw them. Omitted when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
 }
 
 /// [`Event::ModelCallIntent`].
@@ -894,6 +938,162 @@ pub enum RunError {
         /// What happened.
         message: String,
     },
+    /// A context source whose agent setting is `on_error = "fail"` failed
+    /// before the model call of `step`.
+    #[error("context source `{name}` failed before the model call of step {step}: {message}")]
+    ContextFailed {
+        /// The source's name in the agent (`[context.<name>]`).
+        name: String,
+        /// The step.
+        step: u32,
+        /// The source's error.
+        message: String,
+    },
+    /// The model made `count` invalid tool calls in a row (unknown tools,
+    /// arguments failing the schema), the agent's limit.
+    #[error("the model made {count} invalid tool calls in a row; the last: {last}")]
+    InvalidToolCalls {
+        /// How many, in a row.
+        count: u32,
+        /// The last rejection, as the model saw it.
+        last: String,
+    },
+}
+
+/// [`Event::ContextResolved`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextResolved {
+    /// The source's name in the agent (`[context.<name>]`).
+    pub source: String,
+    /// The step whose model call the items are for.
+    pub step: u32,
+    /// The injected clock's reading when the items came back: their ages
+    /// in the prompt are measured from it.
+    pub at_ms: u64,
+    /// What the source returned, whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<ContextItem>,
+    /// The sha256 of the items' canonical JSON, so a source's answers can be
+    /// compared across steps and runs without reading them.
+    pub digest: String,
+    /// What the lease used.
+    pub receipt: UsageReceipt,
+}
+
+/// One piece of context, as a source returned it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextItem {
+    /// Where it came from inside the source (a path, a note's id).
+    pub source: String,
+    /// The content, possibly cut short by the source.
+    pub content: String,
+    /// The original's size in bytes.
+    pub size: u64,
+    /// Its last modification, milliseconds since the Unix epoch. Omitted
+    /// when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified_ms: Option<u64>,
+    /// Whether the source cut `content` short. Omitted when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+impl From<&wit::ContextItem> for ContextItem {
+    fn from(item: &wit::ContextItem) -> Self {
+        ContextItem {
+            source: item.source.clone(),
+            content: item.content.clone(),
+            size: item.size,
+            modified_ms: item.modified_ms,
+            truncated: item.truncated,
+        }
+    }
+}
+
+/// [`Event::ContextFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextFailed {
+    /// The source's name in the agent.
+    pub source: String,
+    /// The step whose model call it was resolving for.
+    pub step: u32,
+    /// The injected clock's reading when it failed.
+    pub at_ms: u64,
+    /// How it failed.
+    pub error: ContextError,
+    /// What the lease used. Omitted when no lease ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<UsageReceipt>,
+}
+
+/// A context source that returned no items.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum ContextError {
+    /// The source refused the request (the agent's `query`).
+    #[error("invalid request: {message}")]
+    InvalidRequest {
+        /// Why.
+        message: String,
+    },
+    /// The source was not allowed to read what it needed.
+    #[error("denied: {message}")]
+    Denied {
+        /// Why.
+        message: String,
+    },
+    /// The source tried and failed.
+    #[error("failed: {message}")]
+    Failed {
+        /// Why.
+        message: String,
+        /// Whether trying again later may succeed.
+        retryable: bool,
+    },
+    /// The sandbox ended the lease: a limit, a trap.
+    #[error("the sandbox stopped the source ({outcome}): {message}")]
+    LeaseFailed {
+        /// How the lease ended.
+        outcome: Outcome,
+        /// What happened.
+        message: String,
+    },
+    /// The source could not be called at all.
+    #[error("the source is unavailable: {message}")]
+    Unavailable {
+        /// Why.
+        message: String,
+    },
+}
+
+impl ContextError {
+    /// The error a guest returned.
+    pub fn from_wit(error: &wit::ContextError) -> ContextError {
+        match error {
+            wit::ContextError::InvalidRequest(message) => ContextError::InvalidRequest {
+                message: message.clone(),
+            },
+            wit::ContextError::Denied(message) => ContextError::Denied {
+                message: message.clone(),
+            },
+            wit::ContextError::Failed(f) => ContextError::Failed {
+                message: f.message.clone(),
+                retryable: f.retryable,
+            },
+        }
+    }
+
+    /// A lease the host stopped.
+    pub fn from_lease(error: &LeaseError) -> ContextError {
+        ContextError::LeaseFailed {
+            outcome: error.failure.outcome(),
+            message: error.to_string(),
+        }
+    }
 }
 
 /// [`Event::RunCancelled`].
@@ -1082,6 +1282,7 @@ pub(crate) mod tests {
             clock_seed_ms: 1,
             random_seed: 2,
             agent_file: Some("/agents/demo.toml".into()),
+            session: None,
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1089,6 +1290,60 @@ pub(crate) mod tests {
             r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"go","clock_seed_ms":1,"random_seed":2,"agent_file":"/agents/demo.toml"}}"#
         );
         assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started));
+    }
+
+    /// A run in a session records the session and its history; the first
+    /// run of a session records no history at all.
+    #[test]
+    fn run_started_in_a_session_carries_its_history() {
+        let mut started = RunStarted {
+            run_id: RunId::new("r3").unwrap(),
+            agent: "demo".into(),
+            agent_digest: AgentDigest::from_hex("ab12"),
+            input: json!("and now?"),
+            labels: BTreeMap::new(),
+            clock_seed_ms: 1,
+            random_seed: 2,
+            agent_file: None,
+            session: Some(SessionStart {
+                session_id: SessionId::new("chat-1").unwrap(),
+                position: 2,
+                runs: vec![RunId::new("r1").unwrap()],
+                history: vec![
+                    Message::User {
+                        content: "hello".into(),
+                    },
+                    Message::Assistant {
+                        text: "hi".into(),
+                        tool_calls: vec![],
+                        blocks: vec![],
+                    },
+                ],
+            }),
+        };
+        let bytes = encode(&Event::RunStarted(started.clone()));
+        assert_eq!(
+            String::from_utf8(bytes.clone()).unwrap(),
+            r#"{"v":1,"event":{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"and now?","clock_seed_ms":1,"random_seed":2,"session":{"session_id":"chat-1","position":2,"runs":["r1"],"history":[{"role":"user","content":"hello"},{"role":"assistant","text":"hi"}]}}}"#
+        );
+        assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started.clone()));
+        started.session = Some(SessionStart {
+            session_id: SessionId::new("chat-1").unwrap(),
+            position: 0,
+            runs: vec![],
+            history: vec![],
+        });
+        let bytes = encode(&Event::RunStarted(started.clone()));
+        assert!(
+            String::from_utf8(bytes.clone())
+                .unwrap()
+                .ends_with(r#""random_seed":2,"session":{"session_id":"chat-1","position":0}}}"#)
+        );
+        assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started));
+        let unknown = r#"{"v":1,"event":{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"x","clock_seed_ms":1,"random_seed":2,"session":{"session_id":"chat-1","position":0,"extra":1}}}"#;
+        assert!(decode(unknown.as_bytes()).is_err());
+        let invalid = r#"{"v":1,"event":{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"x","clock_seed_ms":1,"random_seed":2,"session":{"session_id":"a b","position":0}}}"#;
+        assert!(decode(invalid.as_bytes()).is_err());
     }
 
     /// One sample of every kind, with its pinned bytes.
@@ -1104,6 +1359,7 @@ pub(crate) mod tests {
                     clock_seed_ms: 1_700_000_000_000,
                     random_seed: 42,
                     agent_file: None,
+                    session: None,
                 }),
                 r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"read my notes","labels":{"team":"ops"},"clock_seed_ms":1700000000000,"random_seed":42}}"#,
             ),
@@ -1339,6 +1595,44 @@ pub(crate) mod tests {
                 r#"{"v":1,"event":{"type":"output_rejected","step":2,"violation":"the output does not satisfy the schema: at `/count`: \"3\" is not of type \"integer\""}}"#,
             ),
             (
+                Event::ContextResolved(ContextResolved {
+                    source: "notes".into(),
+                    step: 1,
+                    at_ms: 1_700_000_000_000,
+                    items: vec![
+                        ContextItem {
+                            source: "todo.md".into(),
+                            content: "- buy milk".into(),
+                            size: 10,
+                            modified_ms: Some(1_699_999_000_000),
+                            truncated: false,
+                        },
+                        ContextItem {
+                            source: "big.md".into(),
+                            content: "abc".into(),
+                            size: 9000,
+                            modified_ms: None,
+                            truncated: true,
+                        },
+                    ],
+                    digest: "e3b0".into(),
+                    receipt: receipt(300),
+                }),
+                r#"{"v":1,"event":{"type":"context_resolved","source":"notes","step":1,"at_ms":1700000000000,"items":[{"source":"todo.md","content":"- buy milk","size":10,"modified_ms":1699999000000},{"source":"big.md","content":"abc","size":9000,"truncated":true}],"digest":"e3b0","receipt":{"outcome":"ok","fuel_consumed":300,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+            ),
+            (
+                Event::ContextFailed(ContextFailed {
+                    source: "memory".into(),
+                    step: 2,
+                    at_ms: 1_700_000_000_500,
+                    error: ContextError::Denied {
+                        message: "read /notes: permission denied".into(),
+                    },
+                    receipt: None,
+                }),
+                r#"{"v":1,"event":{"type":"context_failed","source":"memory","step":2,"at_ms":1700000000500,"error":{"kind":"denied","message":"read /notes: permission denied"}}}"#,
+            ),
+            (
                 Event::DeliveryIntent(DeliveryIntent {
                     delivery_id: "r1/outbox/12".into(),
                     channel: "outbox".into(),
@@ -1413,10 +1707,12 @@ pub(crate) mod tests {
             EventKind::ExternalCallRequested => 23,
             EventKind::ExternalCallCompleted => 24,
             EventKind::OutputRejected => 25,
-            EventKind::DeliveryIntent => 26,
-            EventKind::DeliveryAttemptFailed => 27,
-            EventKind::DeliveryCompleted => 28,
-            EventKind::DeliveryFailed => 29,
+            EventKind::ContextResolved => 26,
+            EventKind::ContextFailed => 27,
+            EventKind::DeliveryIntent => 28,
+            EventKind::DeliveryAttemptFailed => 29,
+            EventKind::DeliveryCompleted => 30,
+            EventKind::DeliveryFailed => 31,
         }
     }
 
@@ -1436,7 +1732,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 30, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 32, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);
@@ -1471,6 +1767,7 @@ pub(crate) mod tests {
             request: Some(ModelRequest {
                 model: "m".into(),
                 instructions: "i".into(),
+                context: String::new(),
                 messages: vec![],
                 tools: vec![],
                 max_tokens: 5,

@@ -15,10 +15,13 @@
 //! - [`channels`]: delivery channels: what each receives, the delivery
 //!   events, the next delivery a run owes, backoff.
 //! - [`prompt`]: assembling the model request.
+//! - [`context`]: context sources: settings, what the log recorded, quoting.
 //! - [`output`]: typed results: the final answer checked against the
 //!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
+//! - [`session`]: sessions: the history a run in a session sees, fixed
+//!   when it starts.
 //! - [`ids`]: run and call ids, digests, idempotency keys.
 //! - [`canonical`]: canonical JSON for digests.
 //!
@@ -32,6 +35,7 @@ pub mod agent;
 pub mod budget;
 pub mod canonical;
 pub mod channels;
+pub mod context;
 pub mod decide;
 pub mod events;
 pub mod ids;
@@ -40,6 +44,7 @@ pub mod prompt;
 pub mod replay;
 pub mod runtime;
 pub mod schema;
+pub mod session;
 pub mod state;
 pub mod view;
 
@@ -50,11 +55,12 @@ pub use agent::{Agent, AgentError, ModelDefaults};
 pub use budget::{BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, Pricing};
 pub use decide::{Action, decide};
 pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
-pub use ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
+pub use ids::{AgentDigest, CallId, RequestHash, RunId, SessionId, idempotency_key};
 pub use replay::{ReplayError, ReplayOptions, replay};
 pub use runtime::{
     Clock, FixedClock, FixedRandom, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError,
     Step, SystemClock,
 };
+pub use session::SessionRun;
 pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
 pub use view::AgentView;

@@ -28,15 +28,17 @@ use super::channels::{
     Delivery, DeliveryError, DeliveryFailed, DeliveryIntent, next_delivery, outcome_error, settle,
 };
 use super::decide::{
-    Action, ApprovalRequest, Idle, MAX_TOOL_ATTEMPTS, ModelCall, ToolInvocation, decide,
+    Action, ApprovalRequest, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall, ToolInvocation,
+    decide,
 };
 use super::events::{
-    ApprovalDenied, ApprovalGranted, ClockObserved, Event, EventError, ExternalCallCompleted,
-    InvocationOutcome, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved, ToolCallResult,
-    UnresolvedWrite, decode, encode,
+    ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
+    ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, RunAbandoned,
+    RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite, decode, encode,
 };
-use super::ids::{AgentDigest, CallId, RunId};
+use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::replay::{ReplayError, ReplayOptions, replay};
+use super::session::{self, SessionRun};
 use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
 use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
@@ -279,6 +281,16 @@ pub enum RuntimeError {
         /// The reported output's value (null when missing).
         given: Box<Value>,
     },
+    /// A run was started in a session that has an active run (running,
+    /// queued, or parked for a human); nothing was written. The session is
+    /// released when that run ends.
+    #[error("session `{session_id}` is busy: run `{active_run}` is still active in it")]
+    SessionBusy {
+        /// The session.
+        session_id: SessionId,
+        /// The run that holds it.
+        active_run: RunId,
+    },
     /// `finish_with` on a run that cannot finish now (a call outstanding or
     /// in flight, a model call in flight, parked); nothing was written.
     #[error("run `{run_id}` cannot be finished now: {reason}")]
@@ -339,6 +351,21 @@ impl From<StoreError> for RuntimeError {
                 token,
                 current,
             },
+            StoreError::SessionBusy {
+                session,
+                active_run,
+            } => match SessionId::new(session.clone()) {
+                Ok(session_id) => RuntimeError::SessionBusy {
+                    session_id,
+                    active_run,
+                },
+                Err(_) => RuntimeError::Store {
+                    error: StoreError::SessionBusy {
+                        session,
+                        active_run,
+                    },
+                },
+            },
             error => RuntimeError::Store { error },
         }
     }
@@ -397,6 +424,9 @@ struct Inner {
 struct Prepared {
     view: AgentView,
     plugins: HashMap<String, LoadedPlugin>,
+    /// Each context source's plugin, by source name, loaded under the
+    /// plugin's grant with the source's own limits over it.
+    context: HashMap<String, LoadedPlugin>,
     provider: Arc<dyn ModelProvider>,
 }
 
@@ -515,10 +545,7 @@ impl Runtime {
     /// Starts a run of `agent` on `input` with a fresh random id. The run is
     /// recorded, not driven: call [`drive`](Self::drive).
     pub async fn start(&self, agent: &Agent, input: Value) -> Result<RunId, RuntimeError> {
-        let id = RunId::from_random(
-            (u128::from(self.inner.random.next_u64()) << 64)
-                | u128::from(self.inner.random.next_u64()),
-        );
+        let id = self.random_run_id();
         self.start_with_id(agent, id, input).await
     }
 
@@ -542,8 +569,71 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, run_id, input, labels, RunStatus::Running.as_str())
+        self.start_as(
+            agent,
+            run_id,
+            input,
+            labels,
+            RunStatus::Running.as_str(),
+            None,
+        )
+        .await
+    }
+
+    /// Starts a run of `agent` on `input` in session `session_id`, with a
+    /// fresh random id. The run sees the transcripts of the session's
+    /// earlier completed runs as history, fixed and recorded now in its
+    /// `run_started` (see `engine/session.rs`). Refused with
+    /// [`RuntimeError::SessionBusy`], writing nothing, while another run of
+    /// the session is active (running, queued or parked); the store checks
+    /// this in the same transaction as the start, so two hosts racing never
+    /// both start. Recorded, not driven: call [`drive`](Self::drive).
+    pub async fn start_in_session(
+        &self,
+        session_id: &SessionId,
+        agent: &Agent,
+        input: Value,
+    ) -> Result<RunId, RuntimeError> {
+        let id = self.random_run_id();
+        self.start_in_session_with(session_id, agent, id, input, BTreeMap::new())
             .await
+    }
+
+    /// [`start_in_session`](Self::start_in_session) with a chosen id and
+    /// labels of its own (on top of the agent's and the runtime's).
+    pub async fn start_in_session_with(
+        &self,
+        session_id: &SessionId,
+        agent: &Agent,
+        run_id: RunId,
+        input: Value,
+        labels: BTreeMap<String, String>,
+    ) -> Result<RunId, RuntimeError> {
+        self.start_as(
+            agent,
+            run_id,
+            input,
+            labels,
+            RunStatus::Running.as_str(),
+            Some(session_id),
+        )
+        .await
+    }
+
+    /// The runs of session `session_id`, in the order they were started,
+    /// with their statuses derived from their logs.
+    pub async fn session_runs(
+        &self,
+        session_id: &SessionId,
+    ) -> Result<Vec<SessionRun>, RuntimeError> {
+        session::runs(&*self.inner.store, session_id).await
+    }
+
+    fn random_run_id(&self) -> RunId {
+        RunId::from_random(
+            (u128::from(self.inner.random.next_u64()) << 64)
+                | u128::from(self.inner.random.next_u64()),
+        )
     }
 
     /// Records a run for workers to drive: like
@@ -557,7 +647,7 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, run_id, input, labels, crate::store::QUEUED)
+        self.start_as(agent, run_id, input, labels, crate::store::QUEUED, None)
             .await
     }
 
@@ -568,6 +658,7 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
         status: &str,
+        session_id: Option<&SessionId>,
     ) -> Result<RunId, RuntimeError> {
         // Load the plugins first: an agent that cannot run is refused before
         // anything is recorded.
@@ -580,27 +671,51 @@ impl Runtime {
             message: e.to_string(),
         })?;
         let now = self.inner.clock.now_ms();
-        let started = Event::RunStarted(RunStarted {
-            run_id: run_id.clone(),
-            agent: agent.name.clone(),
-            agent_digest: agent.digest.clone(),
-            input,
-            labels: all.clone(),
-            clock_seed_ms: now,
-            random_seed: self.inner.random.next_u64(),
-            agent_file: (!agent.path.as_os_str().is_empty())
-                .then(|| agent.path.display().to_string()),
-        });
-        let meta = RunMeta {
-            agent: agent.name.clone(),
-            labels: all,
-            session: None,
-            created_ms: now as i64,
+        let random_seed = self.inner.random.next_u64();
+        let mut attempt = 0;
+        let started = loop {
+            // A run in a session reads the session's history; the store
+            // refuses the start if the session changed in between, and it
+            // is read again.
+            let (session, session_runs) = match session_id {
+                Some(id) => {
+                    let (start, held) = session::read(&*self.inner.store, id).await?;
+                    (Some(start), Some(held))
+                }
+                None => (None, None),
+            };
+            let started = Event::RunStarted(RunStarted {
+                run_id: run_id.clone(),
+                agent: agent.name.clone(),
+                agent_digest: agent.digest.clone(),
+                input: input.clone(),
+                labels: all.clone(),
+                clock_seed_ms: now,
+                random_seed,
+                agent_file: (!agent.path.as_os_str().is_empty())
+                    .then(|| agent.path.display().to_string()),
+                session,
+            });
+            let meta = RunMeta {
+                agent: agent.name.clone(),
+                labels: all.clone(),
+                session: session_id.map(|s| s.as_str().to_owned()),
+                session_runs,
+                created_ms: now as i64,
+            };
+            match self
+                .inner
+                .store
+                .create(&run_id, meta, Bytes::from(encode(&started)), status)
+                .await
+            {
+                Ok(_) => break started,
+                Err(StoreError::SessionChanged { .. }) if attempt < SESSION_READ_ATTEMPTS => {
+                    attempt += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
         };
-        self.inner
-            .store
-            .create(&run_id, meta, Bytes::from(encode(&started)), status)
-            .await?;
         self.publish(&run_id, 1, started);
         Ok(run_id)
     }
@@ -1063,6 +1178,10 @@ impl Runtime {
                 self.append(log, vec![event]).await?;
                 Ok(Step::Progressed)
             }
+            Action::ResolveContext(resolution) => {
+                self.resolve_context(log, prepared, driver, resolution)
+                    .await
+            }
             other => {
                 let event = other
                     .event()
@@ -1391,6 +1510,75 @@ impl Runtime {
         Ok(Step::Progressed)
     }
 
+    /// Resolves one context source in a fresh lease and records what it
+    /// returned, or how it failed, with the clock reading ages are measured
+    /// from.
+    async fn resolve_context(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        resolution: ContextResolution,
+    ) -> Result<Step, RuntimeError> {
+        let source = prepared
+            .view
+            .context_source(&resolution.source)
+            .expect("decide names the agent's sources");
+        let plugin = prepared
+            .context
+            .get(&resolution.source)
+            .expect("every source's plugin is loaded");
+        let request = wit::ContextRequest {
+            run_id: log.run_id.to_string(),
+            query: source.query.clone(),
+        };
+        let span = tracing::info_span!("context", run_id = %log.run_id, source = %source.name, plugin = %source.plugin, step = resolution.step);
+        let leased = {
+            let _enter = span.enter();
+            plugin.resolve(&request, Some(&driver.cancel))
+        }
+        .await;
+        let at_ms = self.inner.clock.now_ms();
+        let failed = |error: ContextError, receipt| {
+            tracing::warn!(run_id = %log.run_id, source = %source.name, %error, "context source failed");
+            Event::ContextFailed(ContextFailed {
+                source: source.name.clone(),
+                step: resolution.step,
+                at_ms,
+                error,
+                receipt,
+            })
+        };
+        let event = match leased {
+            Err(e) => failed(
+                ContextError::Unavailable {
+                    message: e.to_string(),
+                },
+                None,
+            ),
+            Ok(leased) => match &leased.result {
+                Err(e) if e.failure == LeaseFailure::Cancelled => {
+                    return self.record_cancel(log, driver, None).await;
+                }
+                Err(e) => failed(ContextError::from_lease(e), Some(leased.receipt)),
+                Ok(Err(e)) => failed(ContextError::from_wit(e), Some(leased.receipt)),
+                Ok(Ok(items)) => {
+                    let items: Vec<ContextItem> = items.iter().map(ContextItem::from).collect();
+                    Event::ContextResolved(ContextResolved {
+                        source: source.name.clone(),
+                        step: resolution.step,
+                        at_ms,
+                        digest: super::context::digest(&items),
+                        items,
+                        receipt: leased.receipt,
+                    })
+                }
+            },
+        };
+        self.append(log, vec![event]).await?;
+        Ok(Step::Progressed)
+    }
+
     async fn record_cancel(
         &self,
         log: &mut Log,
@@ -1615,6 +1803,41 @@ impl Runtime {
                 });
             }
         }
+        let mut context = HashMap::new();
+        for source in &agent.context {
+            let plugin = agent
+                .plugins
+                .iter()
+                .find(|p| p.key == source.plugin)
+                .expect("validated: a context source names a plugin of the agent");
+            let mut grant = plugin.grant.clone();
+            grant.limits = super::context::overlay(&grant.limits, &source.limits);
+            let loaded = self
+                .inner
+                .plugins
+                .load(&plugin.source, &grant, &plugin.grant_base)
+                .await
+                .map_err(|e| RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: format!(
+                        "context source `{}`: plugin `{}`: {e}",
+                        source.name, plugin.key
+                    ),
+                })?;
+            if !loaded
+                .kinds()
+                .contains(&crate::sandbox::PluginKind::Context)
+            {
+                return Err(RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: format!(
+                        "key `context.{}.plugin`: plugin `{}` ({}) is not a context source",
+                        source.name, plugin.key, plugin.source
+                    ),
+                });
+            }
+            context.insert(source.name.clone(), loaded);
+        }
         let tools: Vec<(&str, &[crate::plugins::ToolDescriptor])> = agent
             .plugins
             .iter()
@@ -1638,6 +1861,7 @@ impl Runtime {
         let prepared = Arc::new(Prepared {
             view,
             plugins,
+            context,
             provider,
         });
         self.inner
@@ -1729,6 +1953,10 @@ fn plugin_error(view: &AgentView, e: PluginError) -> RuntimeError {
         message: e.to_string(),
     }
 }
+
+/// How many times a start in a session reads the session again after the
+/// store found it changed since it was read.
+const SESSION_READ_ATTEMPTS: u32 = 5;
 
 /// How long a keyed call waits for another run holding its commitment
 /// before the drive gives up (the run stays as it was), by default.

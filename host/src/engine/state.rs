@@ -18,13 +18,17 @@ use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
 use super::channels::{Deliveries, InFlightDelivery};
+use super::context::ContextState;
 use super::events::{
     BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError, Resumed, RunAbandoned,
     RunCancelled, RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent,
     ToolCallResult, UnresolvedWrite,
 };
-use super::ids::{AgentDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
+use super::ids::{
+    AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
+};
 use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
+use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
@@ -169,14 +173,36 @@ pub struct RunState {
     pub budget_exceeded: Option<BudgetOverrun>,
     /// How the run ended.
     pub terminal: Option<Terminal>,
+    /// The session the run was started in, if any.
+    pub session_id: Option<SessionId>,
+    /// Its place in the session (from 0), if in one.
+    pub session_position: Option<u64>,
+    /// The earlier completed runs of the session whose transcripts are this
+    /// run's history, oldest first (recorded in `run_started`).
+    pub history_runs: Vec<RunId>,
+    /// What the log recorded of each context source, by name: its latest
+    /// resolution or failure.
+    pub context: BTreeMap<String, ContextState>,
+    /// Tool calls rejected in a row for the model's own mistake (unknown
+    /// tool, arguments failing the schema, a missing key argument); any
+    /// call that goes ahead resets it.
+    pub invalid_calls_in_a_row: u32,
+    /// The last such rejection, as the model saw it.
+    pub last_invalid_call: Option<String>,
     /// Final answers sent back for violating the output schema.
     pub output_rejections: u32,
     /// Its deliveries to channels: a lane of their own that never changes
     /// the status and goes on after a terminal event.
     pub deliveries: Deliveries,
     /// The conversation, appended to as events settle (it only grows: turns
-    /// and tool results come in log order).
+    /// and tool results come in log order). It opens with the session
+    /// history recorded in `run_started`, `history_len` messages.
     messages: Vec<Message>,
+    /// How many messages of `messages` are the session history.
+    history_len: usize,
+    /// The last tool error shown to the model, whole, and how many times in
+    /// a row it came back: repeats are collapsed to one line.
+    last_tool_error: Option<(String, u32)>,
 }
 
 /// One completed model call and its tool calls.
@@ -543,6 +569,14 @@ pub enum FoldProblem {
     /// A resumption with no suspension.
     #[error("the run is not suspended")]
     NotSuspended,
+    /// A context resolution for another step than the next model call's.
+    #[error("context resolved for step {step}, but the next model call is step {expected}")]
+    ContextStepMismatch {
+        /// The next model call's step.
+        expected: u32,
+        /// The step recorded.
+        step: u32,
+    },
     /// A run event while a delivery is in flight.
     #[error("delivery `{delivery_id}` is still in flight")]
     DeliveryInFlight {
@@ -585,6 +619,10 @@ pub fn fold(events: &[Event]) -> Result<RunState, FoldError> {
 impl RunState {
     /// The state right after `run_started`.
     pub fn start(started: &RunStarted) -> RunState {
+        let history: &[Message] = started
+            .session
+            .as_ref()
+            .map_or(&[], |s| s.history.as_slice());
         RunState {
             run_id: started.run_id.clone(),
             agent: started.agent.clone(),
@@ -603,11 +641,27 @@ impl RunState {
             model_call: ModelCallProgress::Idle,
             budget_exceeded: None,
             terminal: None,
+            context: BTreeMap::new(),
+            invalid_calls_in_a_row: 0,
+            last_invalid_call: None,
             output_rejections: 0,
             deliveries: Deliveries::default(),
-            messages: vec![Message::User {
-                content: value_text(&started.input),
-            }],
+            session_id: started.session.as_ref().map(|s| s.session_id.clone()),
+            session_position: started.session.as_ref().map(|s| s.position),
+            history_runs: started
+                .session
+                .as_ref()
+                .map(|s| s.runs.clone())
+                .unwrap_or_default(),
+            messages: history
+                .iter()
+                .cloned()
+                .chain([Message::User {
+                    content: value_text(&started.input),
+                }])
+                .collect(),
+            history_len: history.len(),
+            last_tool_error: None,
         }
     }
 
@@ -720,10 +774,23 @@ impl RunState {
         limits.overridden_by(&self.extensions)
     }
 
-    /// The conversation the model sees: the input, then each turn and the
+    /// The conversation the model sees: the session history recorded when
+    /// the run started (if any), then the input, then each turn and the
     /// results of its settled tool calls, in order.
     pub fn conversation(&self) -> &[Message] {
         &self.messages
+    }
+
+    /// The session history this run started with (empty outside a session).
+    pub fn history(&self) -> &[Message] {
+        &self.messages[..self.history_len]
+    }
+
+    /// This run's own transcript: the conversation without the session
+    /// history. A later run of the session sees it as history once this run
+    /// has completed.
+    pub fn transcript(&self) -> &[Message] {
+        &self.messages[self.history_len..]
     }
 
     /// Checks `input` as an extension of the budget the run is parked on
@@ -1086,6 +1153,8 @@ impl RunState {
                 }
                 Ok(())
             }
+            Event::ContextResolved(r) => self.check_context(r.step),
+            Event::ContextFailed(f) => self.check_context(f.step),
             Event::OutputRejected(r) => {
                 self.nothing_in_flight()?;
                 self.parked_problem()?;
@@ -1187,6 +1256,30 @@ impl RunState {
         }
     }
 
+    /// A context source is resolved only where a model call of `step` could
+    /// be made next.
+    fn check_context(&self, step: u32) -> Result<(), FoldProblem> {
+        self.nothing_in_flight()?;
+        if let Some(call) = self.next_call() {
+            return Err(FoldProblem::ToolCallOutstanding {
+                call_id: call.call_id.clone(),
+            });
+        }
+        self.parked_problem()?;
+        if !matches!(self.model_call, ModelCallProgress::Failed { .. })
+            && let Some(turn) = self.turns.last()
+            && turn.calls.is_empty()
+            && !turn.continued
+        {
+            return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
+        }
+        let (expected, _) = self.next_model_call();
+        if step != expected {
+            return Err(FoldProblem::ContextStepMismatch { expected, step });
+        }
+        Ok(())
+    }
+
     fn expect_model_in_flight(&self, step: u32) -> Result<(), FoldProblem> {
         match self.model_call {
             ModelCallProgress::InFlight { step: s, .. } if s == step => Ok(()),
@@ -1210,13 +1303,26 @@ impl RunState {
             .progress
             .result_for_model()
             .expect("a settled call has a result");
-        let message = Message::Tool {
-            call_id: call.call.id.clone(),
-            name: call.call.name.clone(),
+        let (call_id, name) = (call.call.id.clone(), call.call.name.clone());
+        // Errors are compacted for the model; the log keeps them whole.
+        let content = if is_error {
+            let repeats = match &self.last_tool_error {
+                Some((last, n)) if *last == content => n + 1,
+                _ => 1,
+            };
+            let shown = compact_tool_error(&content, repeats);
+            self.last_tool_error = Some((content, repeats));
+            shown
+        } else {
+            self.last_tool_error = None;
+            content
+        };
+        self.messages.push(Message::Tool {
+            call_id,
+            name,
             content,
             is_error,
-        };
-        self.messages.push(message);
+        });
     }
 
     /// Applies a checked event.
@@ -1272,9 +1378,19 @@ impl RunState {
                 };
             }
             Event::ToolCallRejected(r) => {
+                if matches!(
+                    r.error,
+                    ToolCallError::UnknownTool { .. }
+                        | ToolCallError::InvalidArguments { .. }
+                        | ToolCallError::MissingIdempotencyKey { .. }
+                ) {
+                    self.invalid_calls_in_a_row += 1;
+                    self.last_invalid_call = Some(r.error.to_string());
+                }
                 self.settle(ToolCallProgress::Rejected(r.error.clone()));
             }
             Event::ToolCallIntent(i) => {
+                self.invalid_calls_in_a_row = 0;
                 self.usage.tool_calls += 1;
                 self.next_call_mut().progress = ToolCallProgress::InFlight(i.clone());
             }
@@ -1287,6 +1403,7 @@ impl RunState {
                 self.next_call_mut().failed_attempts += 1;
             }
             Event::ExternalCallRequested(r) => {
+                self.invalid_calls_in_a_row = 0;
                 self.next_call_mut().progress = ToolCallProgress::AwaitingExternal(r.clone());
             }
             Event::ExternalCallCompleted(c) => {
@@ -1295,6 +1412,7 @@ impl RunState {
                 )));
             }
             Event::ToolCallDeduplicated(d) => {
+                self.invalid_calls_in_a_row = 0;
                 self.settle(ToolCallProgress::Deduplicated {
                     result: d.result.clone(),
                     origin_run: d.origin_run.clone(),
@@ -1308,6 +1426,7 @@ impl RunState {
                 });
             }
             Event::ApprovalRequested(a) => {
+                self.invalid_calls_in_a_row = 0;
                 if let Some(receipt) = &a.receipt {
                     self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
                 }
@@ -1323,6 +1442,7 @@ impl RunState {
                 });
             }
             Event::Suspended(s) => {
+                self.invalid_calls_in_a_row = 0;
                 self.next_call_mut().progress = ToolCallProgress::Suspended {
                     reason: s.reason.clone(),
                     schema: s.schema.clone(),
@@ -1343,6 +1463,18 @@ impl RunState {
                 self.usage.wall_time_ms = c.at_ms.saturating_sub(self.clock_seed_ms);
             }
             Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::ContextResolved(r) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(r.receipt.fuel_consumed);
+                self.context
+                    .insert(r.source.clone(), ContextState::resolved(r));
+            }
+            Event::ContextFailed(f) => {
+                if let Some(receipt) = &f.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
+                self.context
+                    .insert(f.source.clone(), ContextState::failed(f));
+            }
             Event::OutputRejected(r) => {
                 self.output_rejections += 1;
                 if let Some(turn) = self.turns.last_mut() {

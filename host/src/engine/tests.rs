@@ -79,6 +79,8 @@ fn view() -> AgentView {
         ],
         budgets: BudgetLimits::default(),
         pricing: None,
+        context: Vec::new(),
+        max_invalid_tool_calls: 3,
         output_schema: None,
         channels: vec![],
     }
@@ -116,6 +118,7 @@ fn started() -> Event {
         clock_seed_ms: 10_000,
         random_seed: 7,
         agent_file: None,
+        session: None,
     })
 }
 
@@ -823,6 +826,7 @@ fn shape(action: &Action) -> String {
         Action::RejectToolCall(r) => format!("reject {}: {}", r.call_id, r.error),
         Action::RejectOutput(r) => format!("reject_output step={}: {}", r.step, r.violation),
         Action::ObserveClock => "observe_clock".into(),
+        Action::ResolveContext(r) => format!("resolve_context {} step={}", r.source, r.step),
         Action::Finish(c) => format!("finish {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => {
             format!("park budget {} {}/{}", o.budget, o.used, o.limit)
@@ -1452,6 +1456,9 @@ impl Sim {
                     self.clock_ms += 1000;
                     self.events.push(clock(self.clock_ms));
                 }
+                Action::ResolveContext(r) => {
+                    self.events.push(context::sim_resolution(&r, self.clock_ms));
+                }
                 Action::Idle(idle) => return idle,
                 other => self
                     .events
@@ -1851,7 +1858,13 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         idempotency_key: None,
     })
     .collect();
-    let view = AgentView::new(&agent, &[("fs", &fs), ("outbox", &[])]).unwrap();
+    // `notes-files` is the files-context source and `outbox` the
+    // jsonl-channel: no tools.
+    let view = AgentView::new(
+        &agent,
+        &[("fs", &fs), ("notes-files", &[]), ("outbox", &[])],
+    )
+    .unwrap();
     let mut sim = Sim::new(view, script.turns().to_vec());
     sim.events[0] = Event::RunStarted(RunStarted {
         agent: agent.name.clone(),
@@ -2120,3 +2133,5 @@ fn an_output_rejection_must_name_the_latest_final_answer() {
         "{err}"
     );
 }
+
+mod context;
