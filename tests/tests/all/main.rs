@@ -36,6 +36,8 @@
 //! - `sessions`: runs in a session on every store: one active run, history
 //!   from completed runs only, a run cancelled mid-stream rolled back, two
 //!   hosts racing to start.
+//! - `turns`: live turns through their handles: deltas before the provider
+//!   finishes, tool calls and approvals, cancel and drop.
 
 mod channels;
 mod context;
@@ -54,6 +56,7 @@ mod plugins;
 mod providers;
 mod server;
 mod sessions;
+mod turns;
 mod typed_results;
 mod workers;
 
