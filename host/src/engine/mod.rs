@@ -16,6 +16,8 @@
 //!   events, the next delivery a run owes, backoff.
 //! - [`prompt`]: assembling the model request.
 //! - [`context`]: context sources: settings, what the log recorded, quoting.
+//! - [`compaction`]: summarising older history when the prompt outgrows its
+//!   budget.
 //! - [`output`]: typed results: the final answer checked against the
 //!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
@@ -37,6 +39,7 @@ pub mod agent;
 pub mod budget;
 pub mod canonical;
 pub mod channels;
+pub mod compaction;
 pub mod context;
 pub mod decide;
 pub mod events;

@@ -81,6 +81,7 @@ fn view() -> AgentView {
         pricing: None,
         context: Vec::new(),
         max_invalid_tool_calls: 3,
+        compaction: None,
         output_schema: None,
         channels: vec![],
     }
@@ -827,6 +828,10 @@ fn shape(action: &Action) -> String {
         Action::RejectOutput(r) => format!("reject_output step={}: {}", r.step, r.violation),
         Action::ObserveClock => "observe_clock".into(),
         Action::ResolveContext(r) => format!("resolve_context {} step={}", r.source, r.step),
+        Action::Compact(c) => format!(
+            "compact step={} upto={} recorded={}",
+            c.step, c.upto, c.recorded
+        ),
         Action::Finish(c) => format!("finish {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => {
             format!("park budget {} {}/{}", o.budget, o.used, o.limit)
@@ -1455,6 +1460,18 @@ impl Sim {
                 Action::ObserveClock => {
                     self.clock_ms += 1000;
                     self.events.push(clock(self.clock_ms));
+                }
+                Action::Compact(call) => {
+                    if !call.recorded {
+                        self.events.push(call.intent(false));
+                    }
+                    let mut assembler = ResponseAssembler::new("scripted");
+                    for event in self.script.events_for(&call.request).unwrap() {
+                        assembler.push(event).unwrap();
+                    }
+                    let response = assembler.finish().unwrap();
+                    self.events
+                        .push(call.completion(&response, self.view.pricing.as_ref()));
                 }
                 Action::ResolveContext(r) => {
                     self.events.push(context::sim_resolution(&r, self.clock_ms));
@@ -2134,4 +2151,5 @@ fn an_output_rejection_must_name_the_latest_final_answer() {
     );
 }
 
+mod compaction;
 mod context;
