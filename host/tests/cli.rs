@@ -663,6 +663,20 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
             "[plugins.fs.grant.tools.format_disk]",
         );
     std::fs::write(dir.path().join("unknown-tool.toml"), unknown_tool).unwrap();
+    let notes = std::fs::read_to_string(dir.path().join("notes.toml")).unwrap();
+    for (file, plugin) in [
+        ("tool-as-source.toml", "fs"),
+        ("no-such-source.toml", "wiki"),
+    ] {
+        std::fs::write(
+            dir.path().join(file),
+            notes.replace(
+                "plugin = \"notes-files\"",
+                &format!("plugin = \"{plugin}\""),
+            ),
+        )
+        .unwrap();
+    }
     let out = warden(&["run", "notes.toml", "go", "--run-id", "done"], dir.path());
     assert_eq!(out.status.code(), Some(4));
     let ok = warden(&["runs", "approve", "done", "call-3-1"], dir.path());
@@ -677,6 +691,14 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
         (&["run", "bad.toml", "go"], "surprise"),
         (&["run", "missing.toml", "go"], "missing.toml"),
         (&["run", "unknown-tool.toml", "go"], "format_disk"),
+        (
+            &["run", "tool-as-source.toml", "go"],
+            "key `context.notes.plugin`: plugin `fs` (builtin:fs) is not a context source",
+        ),
+        (
+            &["run", "no-such-source.toml", "go"],
+            "key `context.notes.plugin`: `wiki` is not a plugin of this agent (its [plugins]: fs, notes-files)",
+        ),
         (&["runs", "show", "nope"], "nope"),
         (
             &["runs", "approve", "nope", "call-1-1"],
