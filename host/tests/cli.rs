@@ -697,7 +697,7 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
         ),
         (
             &["run", "no-such-source.toml", "go"],
-            "key `context.notes.plugin`: `wiki` is not a plugin of this agent (its [plugins]: fs, notes-files)",
+            "key `context.notes.plugin`: `wiki` is not a plugin of this agent (its [plugins]: fs, notes-files, outbox)",
         ),
         (&["runs", "show", "nope"], "nope"),
         (
