@@ -7,7 +7,11 @@
 //! | parked: approval, input, budget, a dangling write | [`Action::Idle`] (why) |
 //! | a model intent without completion (crash)   | [`Action::CallModel`], intent already recorded |
 //! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
+//! | no model call yet, a `run_start` policy has not decided | [`Action::ConsultPolicy`] |
+//! | last response recorded, an `after_response` policy has not decided | [`Action::ConsultPolicy`] |
+//! | a policy denied (not a tool call) or failed | [`Action::Fail`] |
 //! | next call names no tool, or its arguments fail the tool's schema | [`Action::RejectToolCall`] |
+//! | next call pending, a `before_tool_call` policy has not decided | [`Action::ConsultPolicy`] |
 //! | next call is a human tool                   | [`Action::Park`] (suspend, with the answer's schema) |
 //! | next call pending, budget used up           | [`Action::Park`] (budget exceeded) |
 //! | next call pending, wall-time budget, clock stale | [`Action::ObserveClock`] |
@@ -19,6 +23,7 @@
 //! | last turn has no tool calls, cut by max_tokens | [`Action::Fail`] |
 //! | last turn has no tool calls, output schema violated, not yet sent back | [`Action::RejectOutput`] |
 //! | … violated again                            | [`Action::Fail`] ([`RunError::OutputInvalid`]) |
+//! | … valid, a `before_finish` policy has not decided | [`Action::ConsultPolicy`] |
 //! | last turn has no tool calls                 | [`Action::Finish`] with its text (or its validated JSON) |
 //! | otherwise (start, or every call settled)    | budgets, then [`Action::CallModel`] for the next step |
 //!
@@ -45,6 +50,7 @@ use super::events::{
 };
 use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
+use super::policy_hooks::{PolicyConsult, PolicyPoint, PolicySubject, gate};
 use super::prompt::{build_request, request_frame};
 use super::schema::{self, SchemaError};
 use super::state::{
@@ -80,6 +86,8 @@ pub enum Action {
     /// Read the clock and record it (a wall-time budget is about to be
     /// checked).
     ObserveClock,
+    /// Ask a policy and record its decision.
+    ConsultPolicy(PolicyConsult),
     /// The run is done.
     Finish(RunCompleted),
     /// Park the run for a human.
@@ -107,6 +115,7 @@ impl Action {
             | Action::CallTool(_)
             | Action::RequestApproval(_)
             | Action::ObserveClock
+            | Action::ConsultPolicy(_)
             | Action::Idle(_) => None,
         }
     }
@@ -409,6 +418,9 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
             recorded: true,
         });
     }
+    if let Some(action) = policy_gates(state, view) {
+        return action;
+    }
     if let Some(call) = state.next_call() {
         return decide_call(state, view, call);
     }
@@ -460,6 +472,13 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
                 }
             },
         };
+        let point = PolicyPoint::BeforeFinish { step: turn.step };
+        if let Some(action) = gate(state, view, point, || PolicySubject::BeforeFinish {
+            step: turn.step,
+            output: output.clone(),
+        }) {
+            return action;
+        }
         return Action::Finish(RunCompleted {
             output,
             by_host: false,
@@ -504,6 +523,22 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
                     message: format!("the tool's input schema is unusable: {e}"),
                 });
             }
+        }
+    }
+    if matches!(call.progress, ToolCallProgress::Pending) {
+        let point = PolicyPoint::BeforeToolCall {
+            call_id: call.call_id.clone(),
+        };
+        if let Some(action) = gate(state, view, point, || PolicySubject::BeforeToolCall {
+            call_id: call.call_id.clone(),
+            tool: call.call.name.clone(),
+            arguments: call.call.arguments.clone(),
+            effect: match &tool.target {
+                ToolTarget::Plugin { effect, .. } => Some(*effect),
+                _ => None,
+            },
+        }) {
+            return action;
         }
     }
     match (&tool.target, &call.progress) {
@@ -585,6 +620,32 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
         (ToolTarget::Plugin { .. }, _) => {
             unreachable!("decide_call sees pending or approved calls")
         }
+    }
+}
+
+/// The `run_start` and `after_response` policies: asked before the first
+/// model call, and after each response before anything else is done with it.
+fn policy_gates(state: &RunState, view: &AgentView) -> Option<Action> {
+    if view.policies.is_empty() || !matches!(state.model_call, ModelCallProgress::Idle) {
+        return None;
+    }
+    match state.last_turn() {
+        None => gate(state, view, PolicyPoint::RunStart, || {
+            PolicySubject::RunStart {
+                input: state.input.clone(),
+                session: None,
+            }
+        }),
+        Some(turn) => gate(
+            state,
+            view,
+            PolicyPoint::AfterResponse { step: turn.step },
+            || PolicySubject::AfterResponse {
+                step: turn.step,
+                text: turn.text.clone(),
+                tool_calls: turn.calls.iter().map(|c| c.call.clone()).collect(),
+            },
+        ),
     }
 }
 

@@ -120,6 +120,7 @@ fn is_decision(event: &Event) -> bool {
             | Event::BudgetExceeded(_)
             | Event::ClockObserved(_)
             | Event::OutputRejected(_)
+            | Event::PolicyDecided(_)
     ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
 }
 
@@ -151,6 +152,11 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         (Action::ObserveClock, Event::ClockObserved(_)) => true,
         (Action::Finish(a), Event::RunCompleted(b)) => a == b,
         (Action::RejectOutput(a), Event::OutputRejected(b)) => a == b,
+        // The decision itself is a recorded fact: replay never asks again;
+        // that this policy was due at this point is the decision checked.
+        (Action::ConsultPolicy(a), Event::PolicyDecided(b)) => {
+            a.policy == b.policy && b.point().as_ref() == Some(&a.point)
+        }
         _ => false,
     }
 }
@@ -174,6 +180,7 @@ fn describe_action(action: &Action) -> String {
             r.step, r.violation
         ),
         Action::ObserveClock => "a clock reading".into(),
+        Action::ConsultPolicy(c) => format!("asking policy `{}` at {:?}", c.policy, c.point),
         Action::Finish(c) => format!("finishing with {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => format!("parking: {o}"),
         Action::Park(Park::Suspend(s)) => format!("suspending at `{}`", s.call_id),
@@ -200,6 +207,7 @@ fn describe_event(event: &Event) -> String {
         }
         Event::ToolCallRejected(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
         Event::ClockObserved(_) => "a clock reading".into(),
+        Event::PolicyDecided(d) => format!("asking policy `{}` at {:?}", d.policy, d.point()),
         Event::RunCompleted(c) => format!("finishing with {}", c.output),
         Event::OutputRejected(r) => format!(
             "sending the final answer of step {} back: {}",

@@ -15,6 +15,7 @@ use super::budget::{BudgetLimits, Pricing};
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
 use super::output::output_contract;
+use super::policy_hooks::EnabledPolicy;
 use crate::plugins::ToolDescriptor;
 use crate::policy::EffectClass;
 use crate::providers::ToolSpec;
@@ -44,6 +45,8 @@ pub struct AgentView {
     /// The JSON Schema the final output must satisfy, when declared (then
     /// `instructions` state it too).
     pub output_schema: Option<Value>,
+    /// The policies it enables, in name order.
+    pub policies: Vec<EnabledPolicy>,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -259,6 +262,14 @@ impl AgentView {
             budgets: agent.budgets,
             pricing: agent.model.pricing.clone(),
             output_schema: agent.output_schema.clone(),
+            policies: agent
+                .policies
+                .iter()
+                .map(|p| EnabledPolicy {
+                    name: p.name.clone(),
+                    hooks: p.hooks.clone(),
+                })
+                .collect(),
         })
     }
 
