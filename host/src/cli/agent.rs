@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::Context;
 use super::errors::report;
-use crate::engine::{Agent, AgentView};
+use crate::engine::{Agent, AgentError, AgentView};
 use crate::plugins::PluginHost;
 
 #[derive(Debug, Subcommand)]
@@ -35,6 +35,8 @@ pub(crate) enum AgentCommand {
 pub(crate) struct Checked {
     /// The tools, by the names the model calls them.
     pub(crate) tools: Vec<String>,
+    /// The context sources, by name.
+    pub(crate) context: Vec<String>,
 }
 
 /// Loads every plugin of `agent` under its grant, resolves its tools as the
@@ -59,6 +61,29 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         .zip(&loaded)
         .map(|(p, l)| (p.key.as_str(), l.tools()))
         .collect();
+    for source in &agent.context {
+        let (_, plugin) = agent
+            .plugins
+            .iter()
+            .zip(&loaded)
+            .find(|(p, _)| p.key == source.plugin)
+            .expect("validated: a context source names a plugin of the agent");
+        if !plugin
+            .kinds()
+            .contains(&crate::sandbox::PluginKind::Context)
+        {
+            return Err(AgentError::Invalid {
+                path: agent.path.clone(),
+                key: format!("context.{}.plugin", source.name),
+                message: format!(
+                    "plugin `{}` ({}) is not a context source",
+                    source.plugin,
+                    plugin.source()
+                ),
+            }
+            .into());
+        }
+    }
     let view = AgentView::new(agent, &tools).with_context(at)?;
     agent
         .model
@@ -66,6 +91,7 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         .with_context(|| format!("{}: key `model`", at()))?;
     Ok(Checked {
         tools: view.tools.iter().map(|t| t.name.clone()).collect(),
+        context: view.context.iter().map(|c| c.name.clone()).collect(),
     })
 }
 
@@ -107,15 +133,24 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
                         "agent": agent.name,
                         "digest": agent.digest.as_str(),
                         "tools": checked.tools,
+                        "context": checked.context,
                     }));
                 } else {
-                    println!(
+                    let mut line = format!(
                         "ok     {}: agent `{}`, {} tool(s): {}",
                         file.display(),
                         agent.name,
                         checked.tools.len(),
                         checked.tools.join(", ")
                     );
+                    if !checked.context.is_empty() {
+                        line.push_str(&format!(
+                            "; {} context source(s): {}",
+                            checked.context.len(),
+                            checked.context.join(", ")
+                        ));
+                    }
+                    println!("{line}");
                 }
             }
             Err(e) => {

@@ -159,6 +159,28 @@ pub(crate) fn event(event: &Event) -> Option<String> {
                 .unwrap_or_default()
         ),
         Event::RunAbandoned(a) => format!("✗ abandoned: {}", a.reason),
+        Event::ContextResolved(c) => {
+            let bytes: usize = c.items.iter().map(|i| i.content.len()).sum();
+            format!(
+                "· step {}: context `{}` resolved: {} item{}, {bytes} bytes, digest {} ({})",
+                c.step,
+                c.source,
+                c.items.len(),
+                if c.items.len() == 1 { "" } else { "s" },
+                &c.digest[..c.digest.len().min(12)],
+                receipt(&c.receipt)
+            )
+        }
+        Event::ContextFailed(f) => format!(
+            "! step {}: context `{}` failed: {}{}",
+            f.step,
+            f.source,
+            f.error,
+            f.receipt
+                .as_ref()
+                .map(|r| format!(" ({})", receipt(r)))
+                .unwrap_or_default()
+        ),
     })
 }
 

@@ -11,6 +11,9 @@
 //!                                        # must be JSON satisfying it
 //! # output_schema_file = "out.schema.json" # or the schema in a file, relative
 //! #                                        # to this file (not both)
+//! max_invalid_tool_calls = 3             # invalid tool calls in a row (unknown tool,
+//!                                        # arguments failing the schema) that end the
+//!                                        # run; default 3
 //!
 //! [model]                                # optional: inherited whole when absent
 //! provider = "scripted"                  # scripted | openai | anthropic
@@ -55,6 +58,14 @@
 //! output_schema = '{"type": "object"}'     # `Runtime::complete_external`
 //! must_match = ["invoice_id"]            # output fields that must equal the arguments'
 //!
+//! [context.notes]                        # a context source, quoted into the prompt as data
+//! plugin = "notes-files"                 # a key in [plugins] whose plugin is a context source
+//! query = '{"paths": ["*.md"]}'          # passed to the source as is; default ""
+//! resolve = "each_call"                  # each_call (before every step's model call, the
+//!                                        # default) | once_per_turn (once per run)
+//! on_error = "skip"                      # skip (recorded, noted in the prompt; the default)
+//!                                        # | fail (recorded, then the run fails)
+//! limits = { timeout = "5s" }            # its leases' limits, over the plugin's grant
 //! [policies.no-deletes]                  # a policy the application registers under
 //! hooks = ["before_tool_call"]           # this name (Runtime::with_policy); hooks:
 //!                                        # run_start, after_response,
@@ -93,9 +104,11 @@ use serde_json::Value;
 
 use super::budget::{BudgetLimits, Pricing, currency_to_nanos, price_to_micros};
 use super::canonical::{canonical_json, without_empty};
+use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
 use super::policy_hooks::PolicyHook;
 use super::schema;
+use crate::plugins::manifest::LimitSettings;
 use crate::plugins::{PluginSource, builtin};
 use crate::policy::Grant;
 use crate::providers::http::{RESERVED_HEADERS, check_base_url};
@@ -113,6 +126,8 @@ pub const MAX_LABEL_KEY: usize = 64;
 pub const MAX_LABEL_VALUE: usize = 256;
 /// Output tokens per model call when the agent does not say.
 pub const DEFAULT_MAX_TOKENS: u32 = 4096;
+/// Invalid tool calls in a row that end a run when the agent does not say.
+pub const DEFAULT_MAX_INVALID_TOOL_CALLS: u32 = 3;
 
 /// An agent file that cannot be read, parsed or accepted.
 #[derive(Debug, thiserror::Error)]
@@ -353,6 +368,24 @@ struct AgentFile {
     budgets: BudgetSettings,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    context: BTreeMap<String, ContextEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_invalid_tool_calls: Option<u32>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ContextEntry {
+    plugin: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    query: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    resolve: Option<ResolveWhen>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    on_error: Option<OnContextError>,
+    #[serde(default)]
+    limits: LimitSettings,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -438,6 +471,11 @@ pub struct Agent {
     pub labels: BTreeMap<String, String>,
     /// The JSON Schema of its final output, when declared.
     pub output_schema: Option<Value>,
+    /// Its context sources, in name order.
+    pub context: Vec<ContextSource>,
+    /// Invalid tool calls in a row (unknown tools, arguments failing the
+    /// schema) that end the run. Default: [`DEFAULT_MAX_INVALID_TOOL_CALLS`].
+    pub max_invalid_tool_calls: u32,
     /// The digest of the definition, labels excluded.
     pub digest: AgentDigest,
 }
@@ -1076,6 +1114,53 @@ fn validate(
         wall_time_ms,
     };
 
+    let mut context = Vec::with_capacity(file.context.len());
+    for (name, entry) in &file.context {
+        let at = |k: &str| format!("context.{name}.{k}");
+        if !is_valid_name(name) {
+            return Err(invalid(
+                &format!("context.{name}"),
+                "is not a valid context source name (use [a-z][a-z0-9-]*, at most 64 bytes)".into(),
+            ));
+        }
+        if !file.plugins.contains_key(&entry.plugin) {
+            let keys: Vec<&str> = file.plugins.keys().map(String::as_str).collect();
+            return Err(invalid(
+                &at("plugin"),
+                format!(
+                    "`{}` is not a plugin of this agent (its [plugins]: {})",
+                    entry.plugin,
+                    if keys.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        keys.join(", ")
+                    }
+                ),
+            ));
+        }
+        entry
+            .limits
+            .validate(&at("limits"))
+            .map_err(|(key, message)| invalid(&key, message))?;
+        context.push(ContextSource {
+            name: name.clone(),
+            plugin: entry.plugin.clone(),
+            query: entry.query.clone().unwrap_or_default(),
+            resolve: entry.resolve.unwrap_or_default(),
+            on_error: entry.on_error.unwrap_or_default(),
+            limits: entry.limits.clone(),
+        });
+    }
+    let max_invalid_tool_calls = file
+        .max_invalid_tool_calls
+        .unwrap_or(DEFAULT_MAX_INVALID_TOOL_CALLS);
+    if !(1..=100).contains(&max_invalid_tool_calls) {
+        return Err(invalid(
+            "max_invalid_tool_calls",
+            format!("must be between 1 and 100, got {max_invalid_tool_calls}"),
+        ));
+    }
+
     validate_labels(&file.labels).map_err(|e| invalid(&e.key(), e.to_string()))?;
 
     let mut policies = Vec::with_capacity(file.policies.len());
@@ -1148,6 +1233,8 @@ fn validate(
         budgets,
         labels: file.labels,
         output_schema,
+        context,
+        max_invalid_tool_calls,
         digest,
     })
 }

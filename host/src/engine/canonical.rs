@@ -138,12 +138,15 @@ impl RequestHasher {
         struct Rest<'a> {
             model: &'a str,
             instructions: &'a str,
+            #[serde(skip_serializing_if = "str::is_empty")]
+            context: &'a str,
             tools: &'a [ToolSpec],
             max_tokens: u32,
         }
         let rest = serde_json::to_value(Rest {
             model: &request.model,
             instructions: &request.instructions,
+            context: &request.context,
             tools: &request.tools,
             max_tokens: request.max_tokens,
         })
@@ -182,6 +185,7 @@ mod tests {
         let request = ModelRequest {
             model: "m".into(),
             instructions: "be brief".into(),
+            context: String::new(),
             messages: vec![Message::User {
                 content: "hi".into(),
             }],
@@ -223,6 +227,11 @@ end
         assert_ne!(request_hash(&changed), hash);
         let mut changed = request.clone();
         changed.instructions.push('!');
+        assert_ne!(request_hash(&changed), hash);
+        // Context is hashed when present; absent, the bytes (and so the
+        // hashes recorded before context existed) are unchanged.
+        let mut changed = request.clone();
+        changed.context = "quoted".into();
         assert_ne!(request_hash(&changed), hash);
     }
 }

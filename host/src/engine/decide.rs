@@ -7,6 +7,7 @@
 //! | parked: approval, input, budget, a dangling write | [`Action::Idle`] (why) |
 //! | a model intent without completion (crash)   | [`Action::CallModel`], intent already recorded |
 //! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
+//! | the model's last N tool calls were rejected as invalid (N = the agent's `max_invalid_tool_calls`) | [`Action::Fail`] |
 //! | no model call yet, a `run_start` policy has not decided | [`Action::ConsultPolicy`] |
 //! | last response recorded, an `after_response` policy has not decided | [`Action::ConsultPolicy`] |
 //! | a policy denied (not a tool call) or failed | [`Action::Fail`] |
@@ -25,6 +26,8 @@
 //! | … violated again                            | [`Action::Fail`] ([`RunError::OutputInvalid`]) |
 //! | … valid, a `before_finish` policy has not decided | [`Action::ConsultPolicy`] |
 //! | last turn has no tool calls                 | [`Action::Finish`] with its text (or its validated JSON) |
+//! | before a step's model call (new or retried), a context source with `on_error = "fail"` failed | [`Action::Fail`] |
+//! | … a context source is due (each step, or once per turn) | [`Action::ResolveContext`] |
 //! | otherwise (start, or every call settled)    | budgets, then [`Action::CallModel`] for the next step |
 //!
 //! Budgets are checked before every effect in [`BudgetKind::ORDER`]; see
@@ -42,6 +45,7 @@ use serde_json::Value;
 
 use super::budget::{BudgetKind, BudgetOverrun, Pricing, first_exhausted};
 use super::canonical::request_hash;
+use super::context::{ContextOutcome, ContextState, OnContextError, ResolveWhen};
 use super::events::{
     ApprovalRequested, Event, ExternalCallRequested, InvocationOutcome, ModelCallCompleted,
     ModelCallError, ModelCallFailed, ModelCallIntent, OutputRejected, PreflightOutcome, Preview,
@@ -88,6 +92,9 @@ pub enum Action {
     ObserveClock,
     /// Ask a policy and record its decision.
     ConsultPolicy(PolicyConsult),
+    /// Resolve a context source before the step's model call, and record
+    /// what it returned (or how it failed).
+    ResolveContext(ContextResolution),
     /// The run is done.
     Finish(RunCompleted),
     /// Park the run for a human.
@@ -116,6 +123,7 @@ impl Action {
             | Action::RequestApproval(_)
             | Action::ObserveClock
             | Action::ConsultPolicy(_)
+            | Action::ResolveContext(_)
             | Action::Idle(_) => None,
         }
     }
@@ -173,6 +181,15 @@ impl ModelCall {
             error: ModelCallError::from(error),
         })
     }
+}
+
+/// A context source to resolve.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContextResolution {
+    /// The source's name in the agent.
+    pub source: String,
+    /// The step whose model call it is for.
+    pub step: u32,
 }
 
 /// A tool call to run.
@@ -418,6 +435,12 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
             recorded: true,
         });
     }
+    if state.invalid_calls_in_a_row >= view.max_invalid_tool_calls {
+        return Action::Fail(RunError::InvalidToolCalls {
+            count: state.invalid_calls_in_a_row,
+            last: state.last_invalid_call.clone().unwrap_or_default(),
+        });
+    }
     if let Some(action) = policy_gates(state, view) {
         return action;
     }
@@ -444,7 +467,7 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
             });
         }
         return gated(state, view, &RETRY_BUDGETS, || {
-            Action::CallModel(model_call(state, view, *step, attempts + 1, false, detail))
+            context_then_call(state, view, *step, attempts + 1, detail)
         });
     }
     if let Some(turn) = state.last_turn()
@@ -486,8 +509,51 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
     }
     let step = state.turns.len() as u32 + 1;
     gated(state, view, &NEW_STEP_BUDGETS, || {
-        Action::CallModel(model_call(state, view, step, 1, false, detail))
+        context_then_call(state, view, step, 1, detail)
     })
+}
+
+/// Before the model call of `step`: a source that failed and must fail the
+/// run does; then each source not yet resolved for the step (or, resolved
+/// once per turn, not yet at all) is resolved, in the agent's order; then
+/// the call.
+fn context_then_call(
+    state: &RunState,
+    view: &AgentView,
+    step: u32,
+    attempt: u32,
+    detail: RequestDetail,
+) -> Action {
+    for source in &view.context {
+        let recorded = state.context.get(&source.name);
+        if source.on_error == OnContextError::Fail
+            && let Some(ContextState {
+                step: failed_at,
+                outcome: ContextOutcome::Failed(error),
+                ..
+            }) = recorded
+        {
+            return Action::Fail(RunError::ContextFailed {
+                name: source.name.clone(),
+                step: *failed_at,
+                message: error.to_string(),
+            });
+        }
+    }
+    for source in &view.context {
+        let recorded = state.context.get(&source.name);
+        let due = match source.resolve {
+            ResolveWhen::EachCall => recorded.is_none_or(|c| c.step != step),
+            ResolveWhen::OncePerTurn => recorded.is_none(),
+        };
+        if due {
+            return Action::ResolveContext(ContextResolution {
+                source: source.name.clone(),
+                step,
+            });
+        }
+    }
+    Action::CallModel(model_call(state, view, step, attempt, false, detail))
 }
 
 fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Action {
@@ -700,7 +766,7 @@ fn model_call(
             (request, hash)
         }
         RequestDetail::Frame => (
-            request_frame(view, max_tokens),
+            request_frame(state, view, max_tokens),
             RequestHash::from_hex(String::new()),
         ),
     };

@@ -96,6 +96,12 @@ pub enum Event {
     RunCancelled(RunCancelled),
     /// A human abandoned the run. Terminal.
     RunAbandoned(RunAbandoned),
+    /// A context source returned items for the model call of a step: what
+    /// the prompt quotes, recorded whole so replay never resolves again.
+    ContextResolved(ContextResolved),
+    /// A context source failed before the model call of a step; the agent
+    /// says whether the step goes on without it or fails.
+    ContextFailed(ContextFailed),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -156,11 +162,15 @@ pub enum EventKind {
     RunCancelled,
     /// [`Event::RunAbandoned`].
     RunAbandoned,
+    /// [`Event::ContextResolved`].
+    ContextResolved,
+    /// [`Event::ContextFailed`].
+    ContextFailed,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 27] = [
+    pub const ALL: [EventKind; 29] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -187,6 +197,8 @@ impl EventKind {
         EventKind::ExternalCallRequested,
         EventKind::ExternalCallCompleted,
         EventKind::OutputRejected,
+        EventKind::ContextResolved,
+        EventKind::ContextFailed,
         EventKind::PolicyDecided,
     ];
 
@@ -220,6 +232,8 @@ impl EventKind {
             EventKind::RunFailed => "run_failed",
             EventKind::RunCancelled => "run_cancelled",
             EventKind::RunAbandoned => "run_abandoned",
+            EventKind::ContextResolved => "context_resolved",
+            EventKind::ContextFailed => "context_failed",
         }
     }
 
@@ -272,6 +286,8 @@ impl Event {
             Event::RunFailed(_) => EventKind::RunFailed,
             Event::RunCancelled(_) => EventKind::RunCancelled,
             Event::RunAbandoned(_) => EventKind::RunAbandoned,
+            Event::ContextResolved(_) => EventKind::ContextResolved,
+            Event::ContextFailed(_) => EventKind::ContextFailed,
         }
     }
 }
@@ -897,6 +913,162 @@ pub enum RunError {
         /// What happened.
         message: String,
     },
+    /// A context source whose agent setting is `on_error = "fail"` failed
+    /// before the model call of `step`.
+    #[error("context source `{name}` failed before the model call of step {step}: {message}")]
+    ContextFailed {
+        /// The source's name in the agent (`[context.<name>]`).
+        name: String,
+        /// The step.
+        step: u32,
+        /// The source's error.
+        message: String,
+    },
+    /// The model made `count` invalid tool calls in a row (unknown tools,
+    /// arguments failing the schema), the agent's limit.
+    #[error("the model made {count} invalid tool calls in a row; the last: {last}")]
+    InvalidToolCalls {
+        /// How many, in a row.
+        count: u32,
+        /// The last rejection, as the model saw it.
+        last: String,
+    },
+}
+
+/// [`Event::ContextResolved`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextResolved {
+    /// The source's name in the agent (`[context.<name>]`).
+    pub source: String,
+    /// The step whose model call the items are for.
+    pub step: u32,
+    /// The injected clock's reading when the items came back: their ages
+    /// in the prompt are measured from it.
+    pub at_ms: u64,
+    /// What the source returned, whole.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub items: Vec<ContextItem>,
+    /// The sha256 of the items' canonical JSON, so a source's answers can be
+    /// compared across steps and runs without reading them.
+    pub digest: String,
+    /// What the lease used.
+    pub receipt: UsageReceipt,
+}
+
+/// One piece of context, as a source returned it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextItem {
+    /// Where it came from inside the source (a path, a note's id).
+    pub source: String,
+    /// The content, possibly cut short by the source.
+    pub content: String,
+    /// The original's size in bytes.
+    pub size: u64,
+    /// Its last modification, milliseconds since the Unix epoch. Omitted
+    /// when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub modified_ms: Option<u64>,
+    /// Whether the source cut `content` short. Omitted when false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+impl From<&wit::ContextItem> for ContextItem {
+    fn from(item: &wit::ContextItem) -> Self {
+        ContextItem {
+            source: item.source.clone(),
+            content: item.content.clone(),
+            size: item.size,
+            modified_ms: item.modified_ms,
+            truncated: item.truncated,
+        }
+    }
+}
+
+/// [`Event::ContextFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContextFailed {
+    /// The source's name in the agent.
+    pub source: String,
+    /// The step whose model call it was resolving for.
+    pub step: u32,
+    /// The injected clock's reading when it failed.
+    pub at_ms: u64,
+    /// How it failed.
+    pub error: ContextError,
+    /// What the lease used. Omitted when no lease ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<UsageReceipt>,
+}
+
+/// A context source that returned no items.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum ContextError {
+    /// The source refused the request (the agent's `query`).
+    #[error("invalid request: {message}")]
+    InvalidRequest {
+        /// Why.
+        message: String,
+    },
+    /// The source was not allowed to read what it needed.
+    #[error("denied: {message}")]
+    Denied {
+        /// Why.
+        message: String,
+    },
+    /// The source tried and failed.
+    #[error("failed: {message}")]
+    Failed {
+        /// Why.
+        message: String,
+        /// Whether trying again later may succeed.
+        retryable: bool,
+    },
+    /// The sandbox ended the lease: a limit, a trap.
+    #[error("the sandbox stopped the source ({outcome}): {message}")]
+    LeaseFailed {
+        /// How the lease ended.
+        outcome: Outcome,
+        /// What happened.
+        message: String,
+    },
+    /// The source could not be called at all.
+    #[error("the source is unavailable: {message}")]
+    Unavailable {
+        /// Why.
+        message: String,
+    },
+}
+
+impl ContextError {
+    /// The error a guest returned.
+    pub fn from_wit(error: &wit::ContextError) -> ContextError {
+        match error {
+            wit::ContextError::InvalidRequest(message) => ContextError::InvalidRequest {
+                message: message.clone(),
+            },
+            wit::ContextError::Denied(message) => ContextError::Denied {
+                message: message.clone(),
+            },
+            wit::ContextError::Failed(f) => ContextError::Failed {
+                message: f.message.clone(),
+                retryable: f.retryable,
+            },
+        }
+    }
+
+    /// A lease the host stopped.
+    pub fn from_lease(error: &LeaseError) -> ContextError {
+        ContextError::LeaseFailed {
+            outcome: error.failure.outcome(),
+            message: error.to_string(),
+        }
+    }
 }
 
 /// [`Event::RunCancelled`].
@@ -1342,6 +1514,44 @@ pub(crate) mod tests {
                 r#"{"v":1,"event":{"type":"output_rejected","step":2,"violation":"the output does not satisfy the schema: at `/count`: \"3\" is not of type \"integer\""}}"#,
             ),
             (
+                Event::ContextResolved(ContextResolved {
+                    source: "notes".into(),
+                    step: 1,
+                    at_ms: 1_700_000_000_000,
+                    items: vec![
+                        ContextItem {
+                            source: "todo.md".into(),
+                            content: "- buy milk".into(),
+                            size: 10,
+                            modified_ms: Some(1_699_999_000_000),
+                            truncated: false,
+                        },
+                        ContextItem {
+                            source: "big.md".into(),
+                            content: "abc".into(),
+                            size: 9000,
+                            modified_ms: None,
+                            truncated: true,
+                        },
+                    ],
+                    digest: "e3b0".into(),
+                    receipt: receipt(300),
+                }),
+                r#"{"v":1,"event":{"type":"context_resolved","source":"notes","step":1,"at_ms":1700000000000,"items":[{"source":"todo.md","content":"- buy milk","size":10,"modified_ms":1699999000000},{"source":"big.md","content":"abc","size":9000,"truncated":true}],"digest":"e3b0","receipt":{"outcome":"ok","fuel_consumed":300,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+            ),
+            (
+                Event::ContextFailed(ContextFailed {
+                    source: "memory".into(),
+                    step: 2,
+                    at_ms: 1_700_000_000_500,
+                    error: ContextError::Denied {
+                        message: "read /notes: permission denied".into(),
+                    },
+                    receipt: None,
+                }),
+                r#"{"v":1,"event":{"type":"context_failed","source":"memory","step":2,"at_ms":1700000000500,"error":{"kind":"denied","message":"read /notes: permission denied"}}}"#,
+            ),
+            (
                 Event::PolicyDecided(PolicyDecided {
                     hook: PolicyHook::BeforeToolCall,
                     step: None,
@@ -1384,7 +1594,9 @@ pub(crate) mod tests {
             EventKind::ExternalCallRequested => 23,
             EventKind::ExternalCallCompleted => 24,
             EventKind::OutputRejected => 25,
-            EventKind::PolicyDecided => 26,
+            EventKind::ContextResolved => 26,
+            EventKind::ContextFailed => 27,
+            EventKind::PolicyDecided => 28,
         }
     }
 
@@ -1404,7 +1616,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 27, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 29, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);
@@ -1439,6 +1651,7 @@ pub(crate) mod tests {
             request: Some(ModelRequest {
                 model: "m".into(),
                 instructions: "i".into(),
+                context: String::new(),
                 messages: vec![],
                 tools: vec![],
                 max_tokens: 5,

@@ -13,6 +13,7 @@
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`prompt`]: assembling the model request.
+//! - [`context`]: context sources: settings, what the log recorded, quoting.
 //! - [`policy_hooks`]: policies asked at fixed points of a run, their
 //!   decisions recorded.
 //! - [`output`]: typed results: the final answer checked against the
@@ -31,6 +32,7 @@
 pub mod agent;
 pub mod budget;
 pub mod canonical;
+pub mod context;
 pub mod decide;
 pub mod events;
 pub mod ids;

@@ -6,11 +6,15 @@
 //! hash, so a changed prompt or tool set is caught without storing the
 //! prompt), tool call intents (tool, frozen arguments, effect class, key),
 //! rejections, approval requests, suspensions, budget crossings, clock reads,
-//! output rejections (typed results) and completions. A completion the host
-//! supplied ([`Runtime::finish_with`](super::Runtime::finish_with)) is a
-//! fact, like a human act: it was validated when it was written. Completions of effects, human acts (approvals, input,
-//! resolutions, extensions, cancellations, abandonments), random draws and
-//! failures are facts, taken as recorded.
+//! context resolutions (which source, for which step), output rejections
+//! (typed results) and completions. A completion the host supplied
+//! ([`Runtime::finish_with`](super::Runtime::finish_with)) is a fact, like a
+//! human act: it was validated when it was written. Completions of effects,
+//! human acts (approvals, input, resolutions, extensions, cancellations,
+//! abandonments), random draws, what context sources returned and failures
+//! are facts, taken as recorded: a recorded context is quoted into the
+//! rebuilt request (and its hash) and no source is ever resolved again for a
+//! recorded step.
 //!
 //! A changed agent (its digest differs from the recorded one) is refused
 //! unless the caller accepts the change; an accepted change still has to
@@ -120,6 +124,8 @@ fn is_decision(event: &Event) -> bool {
             | Event::BudgetExceeded(_)
             | Event::ClockObserved(_)
             | Event::OutputRejected(_)
+            | Event::ContextResolved(_)
+            | Event::ContextFailed(_)
             | Event::PolicyDecided(_)
     ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
 }
@@ -150,6 +156,17 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         (Action::Park(Park::External(a)), Event::ExternalCallRequested(b)) => a == b,
         (Action::Park(Park::BudgetExceeded(a)), Event::BudgetExceeded(b)) => a == b,
         (Action::ObserveClock, Event::ClockObserved(_)) => true,
+        // Which source was resolved for which step is checked; what it
+        // returned is a fact, read back and never resolved again.
+        (Action::ResolveContext(r), Event::ContextResolved(e)) => {
+            r.source == e.source && r.step == e.step
+        }
+        (Action::ResolveContext(r), Event::ContextFailed(e)) => {
+            r.source == e.source && r.step == e.step
+        }
+        // An accepted agent change may have changed its sources, like its
+        // prompts: the recorded resolutions stand.
+        (_, Event::ContextResolved(_) | Event::ContextFailed(_)) => options.accept_agent_change,
         (Action::Finish(a), Event::RunCompleted(b)) => a == b,
         (Action::RejectOutput(a), Event::OutputRejected(b)) => a == b,
         // The decision itself is a recorded fact: replay never asks again;
@@ -180,6 +197,12 @@ fn describe_action(action: &Action) -> String {
             r.step, r.violation
         ),
         Action::ObserveClock => "a clock reading".into(),
+        Action::ResolveContext(r) => {
+            format!(
+                "resolving context source `{}` for step {}",
+                r.source, r.step
+            )
+        }
         Action::ConsultPolicy(c) => format!("asking policy `{}` at {:?}", c.policy, c.point),
         Action::Finish(c) => format!("finishing with {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => format!("parking: {o}"),
@@ -207,6 +230,18 @@ fn describe_event(event: &Event) -> String {
         }
         Event::ToolCallRejected(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
         Event::ClockObserved(_) => "a clock reading".into(),
+        Event::ContextResolved(c) => {
+            format!(
+                "resolving context source `{}` for step {}",
+                c.source, c.step
+            )
+        }
+        Event::ContextFailed(c) => {
+            format!(
+                "resolving context source `{}` for step {}",
+                c.source, c.step
+            )
+        }
         Event::PolicyDecided(d) => format!("asking policy `{}` at {:?}", d.policy, d.point()),
         Event::RunCompleted(c) => format!("finishing with {}", c.output),
         Event::OutputRejected(r) => format!(

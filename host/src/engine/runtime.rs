@@ -25,12 +25,13 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::Agent;
 use super::decide::{
-    Action, ApprovalRequest, Idle, MAX_TOOL_ATTEMPTS, ModelCall, ToolInvocation, decide,
+    Action, ApprovalRequest, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall, ToolInvocation,
+    decide,
 };
 use super::events::{
-    ApprovalDenied, ApprovalGranted, ClockObserved, Event, EventError, ExternalCallCompleted,
-    InvocationOutcome, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved, ToolCallResult,
-    UnresolvedWrite, decode, encode,
+    ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
+    ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, RunAbandoned,
+    RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite, decode, encode,
 };
 use super::ids::{AgentDigest, CallId, RunId};
 use super::policy_hooks::{
@@ -408,6 +409,9 @@ struct Inner {
 struct Prepared {
     view: AgentView,
     plugins: HashMap<String, LoadedPlugin>,
+    /// Each context source's plugin, by source name, loaded under the
+    /// plugin's grant with the source's own limits over it.
+    context: HashMap<String, LoadedPlugin>,
     provider: Arc<dyn ModelProvider>,
 }
 
@@ -1076,6 +1080,10 @@ impl Runtime {
                 self.append(log, vec![event]).await?;
                 Ok(Step::Progressed)
             }
+            Action::ResolveContext(resolution) => {
+                self.resolve_context(log, prepared, driver, resolution)
+                    .await
+            }
             other => {
                 let event = other
                     .event()
@@ -1330,6 +1338,75 @@ impl Runtime {
         Ok(Step::Progressed)
     }
 
+    /// Resolves one context source in a fresh lease and records what it
+    /// returned, or how it failed, with the clock reading ages are measured
+    /// from.
+    async fn resolve_context(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        resolution: ContextResolution,
+    ) -> Result<Step, RuntimeError> {
+        let source = prepared
+            .view
+            .context_source(&resolution.source)
+            .expect("decide names the agent's sources");
+        let plugin = prepared
+            .context
+            .get(&resolution.source)
+            .expect("every source's plugin is loaded");
+        let request = wit::ContextRequest {
+            run_id: log.run_id.to_string(),
+            query: source.query.clone(),
+        };
+        let span = tracing::info_span!("context", run_id = %log.run_id, source = %source.name, plugin = %source.plugin, step = resolution.step);
+        let leased = {
+            let _enter = span.enter();
+            plugin.resolve(&request, Some(&driver.cancel))
+        }
+        .await;
+        let at_ms = self.inner.clock.now_ms();
+        let failed = |error: ContextError, receipt| {
+            tracing::warn!(run_id = %log.run_id, source = %source.name, %error, "context source failed");
+            Event::ContextFailed(ContextFailed {
+                source: source.name.clone(),
+                step: resolution.step,
+                at_ms,
+                error,
+                receipt,
+            })
+        };
+        let event = match leased {
+            Err(e) => failed(
+                ContextError::Unavailable {
+                    message: e.to_string(),
+                },
+                None,
+            ),
+            Ok(leased) => match &leased.result {
+                Err(e) if e.failure == LeaseFailure::Cancelled => {
+                    return self.record_cancel(log, driver, None).await;
+                }
+                Err(e) => failed(ContextError::from_lease(e), Some(leased.receipt)),
+                Ok(Err(e)) => failed(ContextError::from_wit(e), Some(leased.receipt)),
+                Ok(Ok(items)) => {
+                    let items: Vec<ContextItem> = items.iter().map(ContextItem::from).collect();
+                    Event::ContextResolved(ContextResolved {
+                        source: source.name.clone(),
+                        step: resolution.step,
+                        at_ms,
+                        digest: super::context::digest(&items),
+                        items,
+                        receipt: leased.receipt,
+                    })
+                }
+            },
+        };
+        self.append(log, vec![event]).await?;
+        Ok(Step::Progressed)
+    }
+
     async fn record_cancel(
         &self,
         log: &mut Log,
@@ -1533,6 +1610,41 @@ impl Runtime {
                 })?;
             plugins.insert(p.key.clone(), loaded);
         }
+        let mut context = HashMap::new();
+        for source in &agent.context {
+            let plugin = agent
+                .plugins
+                .iter()
+                .find(|p| p.key == source.plugin)
+                .expect("validated: a context source names a plugin of the agent");
+            let mut grant = plugin.grant.clone();
+            grant.limits = super::context::overlay(&grant.limits, &source.limits);
+            let loaded = self
+                .inner
+                .plugins
+                .load(&plugin.source, &grant, &plugin.grant_base)
+                .await
+                .map_err(|e| RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: format!(
+                        "context source `{}`: plugin `{}`: {e}",
+                        source.name, plugin.key
+                    ),
+                })?;
+            if !loaded
+                .kinds()
+                .contains(&crate::sandbox::PluginKind::Context)
+            {
+                return Err(RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: format!(
+                        "key `context.{}.plugin`: plugin `{}` ({}) is not a context source",
+                        source.name, plugin.key, plugin.source
+                    ),
+                });
+            }
+            context.insert(source.name.clone(), loaded);
+        }
         let tools: Vec<(&str, &[crate::plugins::ToolDescriptor])> = agent
             .plugins
             .iter()
@@ -1556,6 +1668,7 @@ impl Runtime {
         let prepared = Arc::new(Prepared {
             view,
             plugins,
+            context,
             provider,
         });
         self.inner

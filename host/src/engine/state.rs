@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
+use super::context::ContextState;
 use super::events::{
     BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError, Resumed, RunAbandoned,
     RunCancelled, RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent,
@@ -26,6 +27,7 @@ use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
 use super::policy_hooks::{
     PolicyHook, PolicyPoint, PolicyVerdict, RecordedDecision, denial_result, feedback_message,
 };
+use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
 use crate::providers::{Message, StopReason, ToolCall};
@@ -170,6 +172,15 @@ pub struct RunState {
     pub budget_exceeded: Option<BudgetOverrun>,
     /// How the run ended.
     pub terminal: Option<Terminal>,
+    /// What the log recorded of each context source, by name: its latest
+    /// resolution or failure.
+    pub context: BTreeMap<String, ContextState>,
+    /// Tool calls rejected in a row for the model's own mistake (unknown
+    /// tool, arguments failing the schema, a missing key argument); any
+    /// call that goes ahead resets it.
+    pub invalid_calls_in_a_row: u32,
+    /// The last such rejection, as the model saw it.
+    pub last_invalid_call: Option<String>,
     /// Final answers sent back for violating the output schema.
     pub output_rejections: u32,
     /// Policy decisions, by the point they were made at, in log order.
@@ -177,6 +188,9 @@ pub struct RunState {
     /// The conversation, appended to as events settle (it only grows: turns
     /// and tool results come in log order).
     messages: Vec<Message>,
+    /// The last tool error shown to the model, whole, and how many times in
+    /// a row it came back: repeats are collapsed to one line.
+    last_tool_error: Option<(String, u32)>,
 }
 
 /// One completed model call and its tool calls.
@@ -580,6 +594,14 @@ pub enum FoldProblem {
     /// A resumption with no suspension.
     #[error("the run is not suspended")]
     NotSuspended,
+    /// A context resolution for another step than the next model call's.
+    #[error("context resolved for step {step}, but the next model call is step {expected}")]
+    ContextStepMismatch {
+        /// The next model call's step.
+        expected: u32,
+        /// The step recorded.
+        step: u32,
+    },
     /// A terminal event whose `unresolved_write` is not the dangling write.
     #[error("unresolved_write must name the dangling write ({})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
     UnresolvedWriteMismatch {
@@ -626,11 +648,15 @@ impl RunState {
             model_call: ModelCallProgress::Idle,
             budget_exceeded: None,
             terminal: None,
+            context: BTreeMap::new(),
+            invalid_calls_in_a_row: 0,
+            last_invalid_call: None,
             output_rejections: 0,
             policy_decisions: HashMap::new(),
             messages: vec![Message::User {
                 content: value_text(&started.input),
             }],
+            last_tool_error: None,
         }
     }
 
@@ -1096,6 +1122,8 @@ impl RunState {
                 }
                 Ok(())
             }
+            Event::ContextResolved(r) => self.check_context(r.step),
+            Event::ContextFailed(f) => self.check_context(f.step),
             Event::OutputRejected(r) => {
                 self.nothing_in_flight()?;
                 self.parked_problem()?;
@@ -1163,6 +1191,30 @@ impl RunState {
         }
     }
 
+    /// A context source is resolved only where a model call of `step` could
+    /// be made next.
+    fn check_context(&self, step: u32) -> Result<(), FoldProblem> {
+        self.nothing_in_flight()?;
+        if let Some(call) = self.next_call() {
+            return Err(FoldProblem::ToolCallOutstanding {
+                call_id: call.call_id.clone(),
+            });
+        }
+        self.parked_problem()?;
+        if !matches!(self.model_call, ModelCallProgress::Failed { .. })
+            && let Some(turn) = self.turns.last()
+            && turn.calls.is_empty()
+            && !turn.continued
+        {
+            return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
+        }
+        let (expected, _) = self.next_model_call();
+        if step != expected {
+            return Err(FoldProblem::ContextStepMismatch { expected, step });
+        }
+        Ok(())
+    }
+
     fn expect_model_in_flight(&self, step: u32) -> Result<(), FoldProblem> {
         match self.model_call {
             ModelCallProgress::InFlight { step: s, .. } if s == step => Ok(()),
@@ -1186,13 +1238,26 @@ impl RunState {
             .progress
             .result_for_model()
             .expect("a settled call has a result");
-        let message = Message::Tool {
-            call_id: call.call.id.clone(),
-            name: call.call.name.clone(),
+        let (call_id, name) = (call.call.id.clone(), call.call.name.clone());
+        // Errors are compacted for the model; the log keeps them whole.
+        let content = if is_error {
+            let repeats = match &self.last_tool_error {
+                Some((last, n)) if *last == content => n + 1,
+                _ => 1,
+            };
+            let shown = compact_tool_error(&content, repeats);
+            self.last_tool_error = Some((content, repeats));
+            shown
+        } else {
+            self.last_tool_error = None;
+            content
+        };
+        self.messages.push(Message::Tool {
+            call_id,
+            name,
             content,
             is_error,
-        };
-        self.messages.push(message);
+        });
     }
 
     /// Applies a checked event.
@@ -1248,9 +1313,19 @@ impl RunState {
                 };
             }
             Event::ToolCallRejected(r) => {
+                if matches!(
+                    r.error,
+                    ToolCallError::UnknownTool { .. }
+                        | ToolCallError::InvalidArguments { .. }
+                        | ToolCallError::MissingIdempotencyKey { .. }
+                ) {
+                    self.invalid_calls_in_a_row += 1;
+                    self.last_invalid_call = Some(r.error.to_string());
+                }
                 self.settle(ToolCallProgress::Rejected(r.error.clone()));
             }
             Event::ToolCallIntent(i) => {
+                self.invalid_calls_in_a_row = 0;
                 self.usage.tool_calls += 1;
                 self.next_call_mut().progress = ToolCallProgress::InFlight(i.clone());
             }
@@ -1263,6 +1338,7 @@ impl RunState {
                 self.next_call_mut().failed_attempts += 1;
             }
             Event::ExternalCallRequested(r) => {
+                self.invalid_calls_in_a_row = 0;
                 self.next_call_mut().progress = ToolCallProgress::AwaitingExternal(r.clone());
             }
             Event::ExternalCallCompleted(c) => {
@@ -1271,6 +1347,7 @@ impl RunState {
                 )));
             }
             Event::ToolCallDeduplicated(d) => {
+                self.invalid_calls_in_a_row = 0;
                 self.settle(ToolCallProgress::Deduplicated {
                     result: d.result.clone(),
                     origin_run: d.origin_run.clone(),
@@ -1284,6 +1361,7 @@ impl RunState {
                 });
             }
             Event::ApprovalRequested(a) => {
+                self.invalid_calls_in_a_row = 0;
                 if let Some(receipt) = &a.receipt {
                     self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
                 }
@@ -1299,6 +1377,7 @@ impl RunState {
                 });
             }
             Event::Suspended(s) => {
+                self.invalid_calls_in_a_row = 0;
                 self.next_call_mut().progress = ToolCallProgress::Suspended {
                     reason: s.reason.clone(),
                     schema: s.schema.clone(),
@@ -1319,6 +1398,18 @@ impl RunState {
                 self.usage.wall_time_ms = c.at_ms.saturating_sub(self.clock_seed_ms);
             }
             Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::ContextResolved(r) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(r.receipt.fuel_consumed);
+                self.context
+                    .insert(r.source.clone(), ContextState::resolved(r));
+            }
+            Event::ContextFailed(f) => {
+                if let Some(receipt) = &f.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
+                self.context
+                    .insert(f.source.clone(), ContextState::failed(f));
+            }
             Event::OutputRejected(r) => {
                 self.output_rejections += 1;
                 if let Some(turn) = self.turns.last_mut() {
@@ -1333,6 +1424,9 @@ impl RunState {
                 let reason = d.reason.clone().unwrap_or_default();
                 match (&point, d.decision) {
                     (PolicyPoint::BeforeToolCall { .. }, PolicyVerdict::Deny) => {
+                        // The call was valid: it does not count as the
+                        // model's mistake.
+                        self.invalid_calls_in_a_row = 0;
                         self.settle(ToolCallProgress::PolicyDenied {
                             policy: d.policy.clone(),
                             reason,

@@ -79,6 +79,8 @@ fn view() -> AgentView {
         ],
         budgets: BudgetLimits::default(),
         pricing: None,
+        context: Vec::new(),
+        max_invalid_tool_calls: 3,
         output_schema: None,
         policies: vec![],
     }
@@ -824,6 +826,7 @@ fn shape(action: &Action) -> String {
         Action::RejectOutput(r) => format!("reject_output step={}: {}", r.step, r.violation),
         Action::ObserveClock => "observe_clock".into(),
         Action::ConsultPolicy(c) => format!("consult {} at {:?}", c.policy, c.point),
+        Action::ResolveContext(r) => format!("resolve_context {} step={}", r.source, r.step),
         Action::Finish(c) => format!("finish {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => {
             format!("park budget {} {}/{}", o.budget, o.used, o.limit)
@@ -1453,6 +1456,9 @@ impl Sim {
                     self.clock_ms += 1000;
                     self.events.push(clock(self.clock_ms));
                 }
+                Action::ResolveContext(r) => {
+                    self.events.push(context::sim_resolution(&r, self.clock_ms));
+                }
                 Action::Idle(idle) => return idle,
                 other => self
                     .events
@@ -1852,7 +1858,8 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         idempotency_key: None,
     })
     .collect();
-    let view = AgentView::new(&agent, &[("fs", &fs)]).unwrap();
+    // `notes-files` is the files-context source: no tools.
+    let view = AgentView::new(&agent, &[("fs", &fs), ("notes-files", &[])]).unwrap();
     let mut sim = Sim::new(view, script.turns().to_vec());
     sim.events[0] = Event::RunStarted(RunStarted {
         agent: agent.name.clone(),
@@ -2451,3 +2458,4 @@ fn impossible_policy_decisions_are_refused() {
         assert!(err.to_string().contains(message), "{name}: {err}");
     }
 }
+mod context;

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::agent::{Agent, ApprovalRule};
 use super::budget::{BudgetLimits, Pricing};
+use super::context::ContextSource;
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
 use super::output::output_contract;
@@ -42,6 +43,10 @@ pub struct AgentView {
     pub budgets: BudgetLimits,
     /// What tokens cost, recorded with each model call.
     pub pricing: Option<Pricing>,
+    /// The context sources, in name order.
+    pub context: Vec<ContextSource>,
+    /// Invalid tool calls in a row that end the run.
+    pub max_invalid_tool_calls: u32,
     /// The JSON Schema the final output must satisfy, when declared (then
     /// `instructions` state it too).
     pub output_schema: Option<Value>,
@@ -261,6 +266,8 @@ impl AgentView {
             tools,
             budgets: agent.budgets,
             pricing: agent.model.pricing.clone(),
+            context: agent.context.clone(),
+            max_invalid_tool_calls: agent.max_invalid_tool_calls,
             output_schema: agent.output_schema.clone(),
             policies: agent
                 .policies
@@ -278,7 +285,13 @@ impl AgentView {
         self.tools.iter().find(|t| t.name == name)
     }
 
-    /// The tools as offered to the model.
+    /// The context source named `name`.
+    pub fn context_source(&self, name: &str) -> Option<&ContextSource> {
+        self.context.iter().find(|c| c.name == name)
+    }
+
+    /// The tools as offered to the model: exactly the names
+    /// [`tool`](Self::tool) accepts, from the one list built with the view.
     pub fn tool_specs(&self) -> Vec<ToolSpec> {
         self.tools
             .iter()

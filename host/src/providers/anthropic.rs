@@ -1,6 +1,7 @@
 //! The Anthropic Messages API (`POST {base_url}/v1/messages`).
 //!
-//! The request: the instructions as `system`, user messages, assistant
+//! The request: the instructions as `system`, the quoted context (if any)
+//! as the first block of the first user turn, user messages, assistant
 //! messages as content blocks (kept blocks in their recorded places, then
 //! `text` and `tool_use`), tool results as `tool_result` blocks in the next
 //! user message (consecutive results and user text merged into one user
@@ -189,6 +190,14 @@ pub(crate) fn request_body(request: &ModelRequest, stream: bool) -> Value {
         }
         messages.push(json!({"role": role, "content": blocks}));
     };
+    if !request.context.is_empty() {
+        // Quoted data, not instructions: the first block of the first user
+        // turn, never the system prompt.
+        push(
+            "user",
+            vec![json!({"type": "text", "text": request.context})],
+        );
+    }
     for message in &request.messages {
         match message {
             Message::User { content } => {
@@ -718,6 +727,7 @@ mod tests {
         let request = ModelRequest {
             model: "claude".into(),
             instructions: "Be brief.".into(),
+            context: String::new(),
             messages: vec![
                 Message::User {
                     content: "read a".into(),

@@ -38,6 +38,12 @@ pub struct ModelRequest {
     pub model: String,
     /// The system prompt: the agent's instructions.
     pub instructions: String,
+    /// Context and memory, quoted as non-authoritative data (see
+    /// `engine::context`): sent as the first user message, before the
+    /// conversation. Empty when the agent has no context source; omitted
+    /// then, so requests without context keep their recorded bytes.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub context: String,
     /// The conversation so far, oldest first.
     pub messages: Vec<Message>,
     /// The tools the model may call. The engine accepts calls to exactly

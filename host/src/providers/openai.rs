@@ -2,7 +2,8 @@
 //! OpenAI itself and the servers that speak its protocol (vLLM, llama.cpp
 //! server, Ollama, LM Studio, hosted gateways).
 //!
-//! The request: the instructions as the `system` message, user messages,
+//! The request: the instructions as the `system` message, the quoted
+//! context (if any) as the first user message, user messages,
 //! assistant messages with their `tool_calls` (arguments as JSON text),
 //! each tool result as a `tool` message naming its `tool_call_id`, the
 //! tools as `function` tools, `max_tokens` (or `max_completion_tokens`),
@@ -158,6 +159,10 @@ pub(crate) fn request_body(request: &ModelRequest, stream: bool, options: OpenAi
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if !request.instructions.is_empty() {
         messages.push(json!({"role": "system", "content": request.instructions}));
+    }
+    if !request.context.is_empty() {
+        // Quoted data, not instructions: a user message, never a system one.
+        messages.push(json!({"role": "user", "content": request.context}));
     }
     for message in &request.messages {
         messages.push(match message {
@@ -674,6 +679,7 @@ mod tests {
         let request = ModelRequest {
             model: "gpt-4o".into(),
             instructions: "Be brief.".into(),
+            context: String::new(),
             messages: vec![
                 Message::User {
                     content: "read a".into(),

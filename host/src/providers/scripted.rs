@@ -316,6 +316,7 @@ usage = { input_tokens = 120, output_tokens = 8 }
         ModelRequest {
             model: "demo".into(),
             instructions: "be brief".into(),
+            context: String::new(),
             messages,
             tools: vec![],
             max_tokens: 100,

@@ -9,6 +9,9 @@
 //!   starvation, cancellation.
 //! - `loading`: the import allow-list, integrity pins, the component cache.
 //! - `kinds`: context sources and channels through their adapters.
+//! - `context`: context sources in runs: quoted into recorded prompts,
+//!   failing sources skipped or failing the run, recovery without
+//!   resolving a recorded step again.
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
 //! - `engine`: runs end to end over both stores, the verbs, subscribers,
 //!   and crash tests at every event boundary.
@@ -32,6 +35,7 @@
 //!   broken streams, cancellation, pooling, conformance with the scripted
 //!   provider, and agents end to end.
 
+mod context;
 mod effects;
 mod engine;
 mod filesystem;
@@ -147,7 +151,7 @@ async fn assert_serves_normal_call(g: &GrantedComponent) {
 mod coverage {
     pub const backdoor: &str = "loading::an_unknown_interface_is_refused_naming_it";
     pub const channel: &str = "kinds::channels_deliver_and_report_typed_errors";
-    pub const context: &str = "kinds::context_sources_resolve_items_and_typed_errors";
+    pub const context: &str = "kinds::context_sources_resolve_items_and_typed_errors, context::recovery_uses_the_recorded_context_and_never_resolves_a_recorded_step_again";
     pub const hostile: &str = "hostile::*";
     pub const net: &str = "network::*";
     pub const noop: &str = "loading::a_minimal_component_needs_no_wasi";

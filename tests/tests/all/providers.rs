@@ -114,6 +114,7 @@ fn request(text: &str) -> ModelRequest {
     ModelRequest {
         model: "test-model".into(),
         instructions: "Be brief.".into(),
+        context: String::new(),
         messages: vec![Message::User {
             content: text.into(),
         }],

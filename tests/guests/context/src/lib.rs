@@ -8,10 +8,14 @@
 //!   "items": [{"source": "a", "content": "text", "modified_ms": 1700000000000}],
 //!   "read": ["/docs/notes.md"],
 //!   "max_bytes": 1024,
-//!   "error": {"kind": "invalid" | "denied" | "failed", "message": "why", "retryable": false}
+//!   "error": {"kind": "invalid" | "denied" | "failed", "message": "why", "retryable": false},
+//!   "count": "/state/resolves.log"
 //! }
 //! ```
 //!
+//! - `count`, if present, names a file (in a read-write mount) that gets one
+//!   line, the request's run id, per resolve, before anything else: tests
+//!   count how often the host resolved the source.
 //! - `items` are returned as given (`modified_ms` optional), then one item per
 //!   file in `read`, read through WASI (source = the path, modified time from
 //!   the file). A file that cannot be read is a `denied` error when WASI says
@@ -52,6 +56,12 @@ impl Guest for Context {
 
     fn resolve(request: ContextRequest) -> Result<Vec<ContextItem>, ContextError> {
         let query = parse_query(&request.query)?;
+        if let Some(path) = query.get("count") {
+            let path = path
+                .as_str()
+                .ok_or_else(|| invalid("`count` must be a path"))?;
+            count(path, &request.run_id)?;
+        }
         if let Some(error) = query.get("error") {
             return Err(requested_error(error));
         }
@@ -138,6 +148,22 @@ fn read_item(path: &str, max_bytes: Option<usize>) -> Result<ContextItem, Contex
     let mut item = make_item(path, content, modified_ms, max_bytes);
     item.size = bytes.len() as u64;
     Ok(item)
+}
+
+/// Appends `run_id` as a line to the file at `path`.
+fn count(path: &str, run_id: &str) -> Result<(), ContextError> {
+    use std::io::Write;
+    std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .and_then(|mut file| writeln!(file, "{run_id}"))
+        .map_err(|e| {
+            ContextError::Failed(Failure {
+                message: format!("count in {path}: {e}"),
+                retryable: false,
+            })
+        })
 }
 
 /// The error the query asks for.
