@@ -30,6 +30,7 @@ fn meta() -> RunMeta {
         agent: "bench".into(),
         labels: [("suite".to_owned(), "bench".to_owned())].into(),
         session: None,
+        session_runs: None,
         created_ms: 1_700_000_000_000,
     }
 }

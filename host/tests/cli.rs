@@ -1410,6 +1410,7 @@ fn record_dangling_write(dir: &Path, id: &str) {
             agent: "notes".into(),
             labels: started.labels.clone(),
             session: None,
+            session_runs: None,
             created_ms: started.clock_seed_ms as i64,
         };
         let bytes: Vec<bytes::Bytes> = stored[..=cut].iter().map(|e| e.bytes.clone()).collect();
@@ -1611,6 +1612,145 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
         dir.path(),
     );
     assert!(out.status.success(), "{}", stdout(&out));
+}
+
+/// `warden run --session` twice with the scripted model: the second run's
+/// recorded prompt holds the first run's transcript, so the transcript's
+/// second turn answers it; `warden sessions show` lists both; a second
+/// start while a run is active is refused naming it, with nothing recorded.
+#[test]
+fn runs_in_a_session_see_earlier_runs_and_a_busy_session_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("transcript.toml"),
+        "[[turns]]\ntext = \"Hello, Ada.\"\n\n[[turns]]\ntext = \"Your name is Ada.\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        "name = \"greeter\"\ninstructions = \"Greet.\"\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"transcript.toml\"\n",
+    )
+    .unwrap();
+    let run = |input: &str, id: &str, session: &str| {
+        warden(
+            &[
+                "run",
+                "agent.toml",
+                input,
+                "--session",
+                session,
+                "--run-id",
+                id,
+                "--record-prompts",
+            ],
+            dir.path(),
+        )
+    };
+    let first = run("My name is Ada.", "first", "chat");
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert!(stdout(&first).contains("Hello, Ada."), "{}", stdout(&first));
+    let second = run("What is my name?", "second", "chat");
+    assert!(second.status.success(), "{}", stderr(&second));
+    let text = stdout(&second);
+    assert!(
+        text.contains("in session chat (run #1, history of 1 completed run(s), 2 message(s))"),
+        "{text}"
+    );
+    assert!(text.contains("Your name is Ada."), "{text}");
+    // The recorded prompt: the first run's transcript, then the input.
+    let events = warden(&["runs", "events", "second"], dir.path());
+    let intent: Value = stdout(&events)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find(|e| e["event"]["type"] == "model_call_intent")
+        .unwrap();
+    assert_eq!(
+        intent["event"]["request"]["messages"],
+        serde_json::json!([
+            {"role": "user", "content": "My name is Ada."},
+            {"role": "assistant", "text": "Hello, Ada."},
+            {"role": "user", "content": "What is my name?"},
+        ])
+    );
+
+    let show = warden(&["sessions", "show", "chat"], dir.path());
+    assert!(show.status.success(), "{}", stderr(&show));
+    let text = stdout(&show);
+    assert!(text.starts_with("session chat: 2 run(s); idle"), "{text}");
+    assert!(text.contains("first"), "{text}");
+    assert!(
+        text.contains("\"What is my name?\" → \"Your name is Ada.\""),
+        "{text}"
+    );
+    let show = warden(&["sessions", "show", "chat", "--json"], dir.path());
+    let json: Value = serde_json::from_str(&stdout(&show)).unwrap();
+    assert_eq!(json["session"], "chat");
+    assert_eq!(json["active_run"], Value::Null);
+    assert_eq!(json["runs"][0]["run_id"], "first");
+    assert_eq!(json["runs"][1]["status"], "completed");
+    assert_eq!(json["runs"][1]["position"], 1);
+    assert_eq!(json["runs"][1]["history_runs"], 1);
+    assert_eq!(json["runs"][1]["output"], "Your name is Ada.");
+
+    // A detached run is active: the next start is refused and records nothing.
+    let detached = warden(
+        &[
+            "run",
+            "agent.toml",
+            "hi",
+            "--session",
+            "busy",
+            "--run-id",
+            "held",
+            "--detach",
+        ],
+        dir.path(),
+    );
+    assert!(detached.status.success(), "{}", stderr(&detached));
+    let refused = run("hello?", "refused", "busy");
+    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(
+        stderr(&refused).trim(),
+        "error: session `busy` is busy: run `held` is still active in it"
+    );
+    let refused = warden(
+        &[
+            "run",
+            "agent.toml",
+            "hello?",
+            "--session",
+            "busy",
+            "--run-id",
+            "refused",
+            "--json",
+        ],
+        dir.path(),
+    );
+    let json: Value = serde_json::from_str(&stdout(&refused)).unwrap();
+    assert_eq!(json["error"]["code"], "session_busy");
+    assert_eq!(json["error"]["details"]["active_run"], "held");
+    assert_eq!(json["error"]["details"]["session"], "busy");
+    let unknown = warden(&["runs", "events", "refused"], dir.path());
+    assert_eq!(unknown.status.code(), Some(2), "{}", stdout(&unknown));
+    let show = warden(&["sessions", "show", "busy"], dir.path());
+    assert!(
+        stdout(&show).starts_with("session busy: 1 run(s); busy: run held is running"),
+        "{}",
+        stdout(&show)
+    );
+    // Cancelling the active run releases the session.
+    let cancel = warden(&["runs", "cancel", "held"], dir.path());
+    assert!(cancel.status.success(), "{}", stderr(&cancel));
+    let again = run("hello?", "after", "busy");
+    assert!(again.status.success(), "{}", stderr(&again));
+
+    let bad = run("x", "bad", "a b");
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("`a b` is not a valid session id"),
+        "{}",
+        stderr(&bad)
+    );
 }
 
 /// An agent that declares its output's schema, with a transcript whose

@@ -242,6 +242,13 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "policy_not_registered",
             json!({ "agent": agent, "policy": policy }),
         ),
+        RuntimeError::SessionBusy {
+            session_id,
+            active_run,
+        } => (
+            "session_busy",
+            json!({ "session": session_id, "active_run": active_run }),
+        ),
         RuntimeError::CannotFinish { run_id, reason } => (
             "cannot_finish",
             json!({ "run_id": run_id, "reason": reason }),
@@ -303,6 +310,13 @@ fn store(e: &StoreError) -> (&'static str, Value) {
         StoreError::Unsupported { store, operation } => (
             "unsupported",
             json!({ "store": store, "operation": operation }),
+        ),
+        StoreError::SessionBusy {
+            session,
+            active_run,
+        } => (
+            "session_busy",
+            json!({ "session": session, "active_run": active_run }),
         ),
         _ => ("store_failed", json!({})),
     }

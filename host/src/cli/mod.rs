@@ -15,6 +15,7 @@
 //! - `config.rs`: `warden.toml`, flags and `WARDEN_*` variables → settings.
 //! - `errors.rs`: stable error codes and the `--json` error envelope.
 //! - `runs.rs`: `warden run`, `warden runs …`.
+//! - `sessions.rs`: `warden sessions show`.
 //! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
@@ -30,6 +31,7 @@ mod progress;
 mod render;
 mod runs;
 mod scaffold;
+mod sessions;
 mod store;
 mod worker;
 
@@ -74,6 +76,9 @@ enum Command {
     /// resume, resolve, abandon, cancel.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
+    /// Look at sessions: the runs of a conversation.
+    #[command(subcommand)]
+    Sessions(sessions::SessionsCommand),
     /// Check agent files.
     #[command(subcommand)]
     Agent(agent::AgentCommand),
@@ -212,6 +217,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         match cli.command {
             Command::Run(args) => runs::run(args, &ctx).await,
             Command::Runs(command) => runs::runs(command, &ctx).await,
+            Command::Sessions(command) => sessions::run(command, &ctx).await,
             Command::Agent(command) => agent::run(command, &ctx).await,
             Command::Plugin(command) => plugin::run(command, &ctx).await,
             Command::Config(ConfigCommand::Show) => {

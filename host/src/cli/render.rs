@@ -11,12 +11,24 @@ use crate::sandbox::UsageReceipt;
 /// The line(s) for one event, or `None` for events not worth a line.
 pub(crate) fn event(event: &Event) -> Option<String> {
     Some(match event {
-        Event::RunStarted(s) => format!(
-            "run {} of agent `{}` started with input {}",
-            s.run_id,
-            s.agent,
-            short(&s.input, 200)
-        ),
+        Event::RunStarted(s) => {
+            let mut line = format!(
+                "run {} of agent `{}` started with input {}",
+                s.run_id,
+                s.agent,
+                short(&s.input, 200)
+            );
+            if let Some(session) = &s.session {
+                line.push_str(&format!(
+                    "\n  in session {} (run #{}, history of {} completed run(s), {} message(s))",
+                    session.session_id,
+                    session.position,
+                    session.runs.len(),
+                    session.history.len()
+                ));
+            }
+            line
+        }
         Event::ModelCallIntent(i) if i.attempt > 1 => {
             format!(
                 "· step {}: calling the model (attempt {})",

@@ -40,6 +40,11 @@ pub(crate) struct RunArgs {
     /// The run's id (default: random).
     #[arg(long)]
     run_id: Option<String>,
+    /// Start the run in this session: it sees the transcripts of the
+    /// session's earlier completed runs as history. Refused while another
+    /// run of the session is active (running or parked).
+    #[arg(long, value_name = "SESSION")]
+    session: Option<String>,
     /// Record the run and return without driving it.
     #[arg(long, conflicts_with = "follow")]
     detach: bool,
@@ -251,7 +256,10 @@ pub(crate) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn Ev
 
 /// The runtime over `store`, with the settings' labels, prompt recording
 /// and component cache, and the plugin host it loads plugins with.
-fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<(Runtime, PluginHost)> {
+pub(crate) fn runtime(
+    ctx: &Context,
+    store: Arc<dyn EventStore>,
+) -> anyhow::Result<(Runtime, PluginHost)> {
     let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     let rt = Runtime::new(store, host.clone())
         .with_record_prompts(ctx.settings.record_prompts.value)
@@ -303,6 +311,11 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
         (None, None) => Value::String(String::new()),
     };
     let labels = labels(&args.labels)?;
+    let session = args
+        .session
+        .as_deref()
+        .map(super::sessions::session_id)
+        .transpose()?;
     let run_id = match &args.run_id {
         Some(id) => run_id(id)?,
         None => RunId::from_random(rand::random()),
@@ -312,8 +325,16 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
     super::agent::check(&host, &agent).await?;
     // Subscribe before the run exists so the first event is seen too.
     let updates = rt.subscribe(&run_id);
-    rt.start_with_labels(&agent, run_id.clone(), input, labels)
-        .await?;
+    match &session {
+        Some(session) => {
+            rt.start_in_session_with(session, &agent, run_id.clone(), input, labels)
+                .await?
+        }
+        None => {
+            rt.start_with_labels(&agent, run_id.clone(), input, labels)
+                .await?
+        }
+    };
     if args.detach {
         if ctx.json {
             println!(

@@ -699,7 +699,7 @@ fn policy_gates(state: &RunState, view: &AgentView) -> Option<Action> {
         None => gate(state, view, PolicyPoint::RunStart, || {
             PolicySubject::RunStart {
                 input: state.input.clone(),
-                session: None,
+                session: state.session_id.as_ref().map(ToString::to_string),
             }
         }),
         Some(turn) => gate(

@@ -20,10 +20,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, Pricing};
-use super::ids::{AgentDigest, CallId, RequestHash, RunId};
+use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
 use crate::policy::EffectClass;
-use crate::providers::{ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage};
+use crate::providers::{
+    Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
+};
 use crate::sandbox::{LeaseError, Outcome, UsageReceipt, wit};
 
 /// The format version this build writes, and the newest it reads.
@@ -318,6 +320,32 @@ pub struct RunStarted {
     /// the agent was not read from a file.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent_file: Option<String>,
+    /// The session the run was started in and the history it sees, fixed
+    /// when it started. Omitted for a run outside any session.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionStart>,
+}
+
+/// The session part of [`RunStarted`]: which session, and the transcripts of
+/// its earlier completed runs, recorded whole so that folding the run needs
+/// no other run's log and replay never consults one (see `session.rs`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionStart {
+    /// The session.
+    pub session_id: SessionId,
+    /// The run's place in the session: how many runs (of any outcome) the
+    /// session held when it started, so its first run is 0.
+    pub position: u64,
+    /// The earlier completed runs whose transcripts make the history,
+    /// oldest first. Omitted when none (the session's first run, or only
+    /// cancelled or failed runs before it).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub runs: Vec<RunId>,
+    /// Their transcripts, in order: each run's input, the model's turns and
+    /// the tool results, as the model saw them. Omitted when none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Message>,
 }
 
 /// [`Event::ModelCallIntent`].
@@ -1257,6 +1285,7 @@ pub(crate) mod tests {
             clock_seed_ms: 1,
             random_seed: 2,
             agent_file: Some("/agents/demo.toml".into()),
+            session: None,
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1264,6 +1293,60 @@ pub(crate) mod tests {
             r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"go","clock_seed_ms":1,"random_seed":2,"agent_file":"/agents/demo.toml"}}"#
         );
         assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started));
+    }
+
+    /// A run in a session records the session and its history; the first
+    /// run of a session records no history at all.
+    #[test]
+    fn run_started_in_a_session_carries_its_history() {
+        let mut started = RunStarted {
+            run_id: RunId::new("r3").unwrap(),
+            agent: "demo".into(),
+            agent_digest: AgentDigest::from_hex("ab12"),
+            input: json!("and now?"),
+            labels: BTreeMap::new(),
+            clock_seed_ms: 1,
+            random_seed: 2,
+            agent_file: None,
+            session: Some(SessionStart {
+                session_id: SessionId::new("chat-1").unwrap(),
+                position: 2,
+                runs: vec![RunId::new("r1").unwrap()],
+                history: vec![
+                    Message::User {
+                        content: "hello".into(),
+                    },
+                    Message::Assistant {
+                        text: "hi".into(),
+                        tool_calls: vec![],
+                        blocks: vec![],
+                    },
+                ],
+            }),
+        };
+        let bytes = encode(&Event::RunStarted(started.clone()));
+        assert_eq!(
+            String::from_utf8(bytes.clone()).unwrap(),
+            r#"{"v":1,"event":{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"and now?","clock_seed_ms":1,"random_seed":2,"session":{"session_id":"chat-1","position":2,"runs":["r1"],"history":[{"role":"user","content":"hello"},{"role":"assistant","text":"hi"}]}}}"#
+        );
+        assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started.clone()));
+        started.session = Some(SessionStart {
+            session_id: SessionId::new("chat-1").unwrap(),
+            position: 0,
+            runs: vec![],
+            history: vec![],
+        });
+        let bytes = encode(&Event::RunStarted(started.clone()));
+        assert!(
+            String::from_utf8(bytes.clone())
+                .unwrap()
+                .ends_with(r#""random_seed":2,"session":{"session_id":"chat-1","position":0}}}"#)
+        );
+        assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started));
+        let unknown = r#"{"v":1,"event":{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"x","clock_seed_ms":1,"random_seed":2,"session":{"session_id":"chat-1","position":0,"extra":1}}}"#;
+        assert!(decode(unknown.as_bytes()).is_err());
+        let invalid = r#"{"v":1,"event":{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"x","clock_seed_ms":1,"random_seed":2,"session":{"session_id":"a b","position":0}}}"#;
+        assert!(decode(invalid.as_bytes()).is_err());
     }
 
     /// One sample of every kind, with its pinned bytes.
@@ -1279,6 +1362,7 @@ pub(crate) mod tests {
                     clock_seed_ms: 1_700_000_000_000,
                     random_seed: 42,
                     agent_file: None,
+                    session: None,
                 }),
                 r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"read my notes","labels":{"team":"ops"},"clock_seed_ms":1700000000000,"random_seed":42}}"#,
             ),

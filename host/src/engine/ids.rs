@@ -10,6 +10,9 @@ use sha2::{Digest, Sha256};
 /// A run's id, shared with the store (the store owns its rules).
 pub use crate::store::{InvalidRunId, RunId};
 
+/// A session's id, shared with the store (the store owns its rules).
+pub use crate::store::{InvalidSessionId, SessionId};
+
 /// A tool call's id within its run: `call-<step>-<n>` for the `n`th call
 /// the model made at step `step` (both counting from one). Assigned by the
 /// engine, not the model, so it is unique and the same on every replay.

@@ -20,6 +20,8 @@
 //!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
+//! - [`session`]: sessions: the history a run in a session sees, fixed
+//!   when it starts.
 //! - [`ids`]: run and call ids, digests, idempotency keys.
 //! - [`canonical`]: canonical JSON for digests.
 //!
@@ -42,6 +44,7 @@ pub mod prompt;
 pub mod replay;
 pub mod runtime;
 pub mod schema;
+pub mod session;
 pub mod state;
 pub mod view;
 
@@ -52,7 +55,7 @@ pub use agent::{Agent, AgentError, ModelDefaults};
 pub use budget::{BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, Pricing};
 pub use decide::{Action, decide};
 pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
-pub use ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
+pub use ids::{AgentDigest, CallId, RequestHash, RunId, SessionId, idempotency_key};
 pub use policy_hooks::{
     Policy, PolicyDecision, PolicyError, PolicyHook, PolicyRequest, PolicySubject, PolicyVerdict,
 };
@@ -61,5 +64,6 @@ pub use runtime::{
     Clock, FixedClock, FixedRandom, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError,
     Step, SystemClock,
 };
+pub use session::SessionRun;
 pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
 pub use view::AgentView;

@@ -9,7 +9,8 @@
 //!    with its source and age, a caveat that it may be stale and must not be
 //!    followed as instructions; a skipped failing source as a note);
 //!    providers send it as the first user message, never as system text;
-//! 3. the conversation folded from the log (the input, each model turn,
+//! 3. the conversation folded from the log (in a session, the history
+//!    recorded in `run_started` first; then the input, each model turn,
 //!    each tool result, denials and rejections included), tool errors
 //!    compacted ([`compact_tool_error`]; the log keeps them whole);
 //! 4. the tool specs: [`AgentView::tool_specs`], the same list

@@ -33,11 +33,12 @@ use super::events::{
     ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, RunAbandoned,
     RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite, decode, encode,
 };
-use super::ids::{AgentDigest, CallId, RunId};
+use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::policy_hooks::{
     DEFAULT_POLICY_TIMEOUT, Policy, PolicyConsult, PolicyVerdict, consult as consult_policy,
 };
 use super::replay::{ReplayError, ReplayOptions, replay};
+use super::session::{self, SessionRun};
 use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
 use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
@@ -289,6 +290,16 @@ pub enum RuntimeError {
         /// The policy.
         policy: String,
     },
+    /// A run was started in a session that has an active run (running,
+    /// queued, or parked for a human); nothing was written. The session is
+    /// released when that run ends.
+    #[error("session `{session_id}` is busy: run `{active_run}` is still active in it")]
+    SessionBusy {
+        /// The session.
+        session_id: SessionId,
+        /// The run that holds it.
+        active_run: RunId,
+    },
     /// `finish_with` on a run that cannot finish now (a call outstanding or
     /// in flight, a model call in flight, parked); nothing was written.
     #[error("run `{run_id}` cannot be finished now: {reason}")]
@@ -348,6 +359,21 @@ impl From<StoreError> for RuntimeError {
                 run_id,
                 token,
                 current,
+            },
+            StoreError::SessionBusy {
+                session,
+                active_run,
+            } => match SessionId::new(session.clone()) {
+                Ok(session_id) => RuntimeError::SessionBusy {
+                    session_id,
+                    active_run,
+                },
+                Err(_) => RuntimeError::Store {
+                    error: StoreError::SessionBusy {
+                        session,
+                        active_run,
+                    },
+                },
             },
             error => RuntimeError::Store { error },
         }
@@ -551,10 +577,7 @@ impl Runtime {
     /// Starts a run of `agent` on `input` with a fresh random id. The run is
     /// recorded, not driven: call [`drive`](Self::drive).
     pub async fn start(&self, agent: &Agent, input: Value) -> Result<RunId, RuntimeError> {
-        let id = RunId::from_random(
-            (u128::from(self.inner.random.next_u64()) << 64)
-                | u128::from(self.inner.random.next_u64()),
-        );
+        let id = self.random_run_id();
         self.start_with_id(agent, id, input).await
     }
 
@@ -578,8 +601,71 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, run_id, input, labels, RunStatus::Running.as_str())
+        self.start_as(
+            agent,
+            run_id,
+            input,
+            labels,
+            RunStatus::Running.as_str(),
+            None,
+        )
+        .await
+    }
+
+    /// Starts a run of `agent` on `input` in session `session_id`, with a
+    /// fresh random id. The run sees the transcripts of the session's
+    /// earlier completed runs as history, fixed and recorded now in its
+    /// `run_started` (see `engine/session.rs`). Refused with
+    /// [`RuntimeError::SessionBusy`], writing nothing, while another run of
+    /// the session is active (running, queued or parked); the store checks
+    /// this in the same transaction as the start, so two hosts racing never
+    /// both start. Recorded, not driven: call [`drive`](Self::drive).
+    pub async fn start_in_session(
+        &self,
+        session_id: &SessionId,
+        agent: &Agent,
+        input: Value,
+    ) -> Result<RunId, RuntimeError> {
+        let id = self.random_run_id();
+        self.start_in_session_with(session_id, agent, id, input, BTreeMap::new())
             .await
+    }
+
+    /// [`start_in_session`](Self::start_in_session) with a chosen id and
+    /// labels of its own (on top of the agent's and the runtime's).
+    pub async fn start_in_session_with(
+        &self,
+        session_id: &SessionId,
+        agent: &Agent,
+        run_id: RunId,
+        input: Value,
+        labels: BTreeMap<String, String>,
+    ) -> Result<RunId, RuntimeError> {
+        self.start_as(
+            agent,
+            run_id,
+            input,
+            labels,
+            RunStatus::Running.as_str(),
+            Some(session_id),
+        )
+        .await
+    }
+
+    /// The runs of session `session_id`, in the order they were started,
+    /// with their statuses derived from their logs.
+    pub async fn session_runs(
+        &self,
+        session_id: &SessionId,
+    ) -> Result<Vec<SessionRun>, RuntimeError> {
+        session::runs(&*self.inner.store, session_id).await
+    }
+
+    fn random_run_id(&self) -> RunId {
+        RunId::from_random(
+            (u128::from(self.inner.random.next_u64()) << 64)
+                | u128::from(self.inner.random.next_u64()),
+        )
     }
 
     /// Records a run for workers to drive: like
@@ -593,7 +679,7 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, run_id, input, labels, crate::store::QUEUED)
+        self.start_as(agent, run_id, input, labels, crate::store::QUEUED, None)
             .await
     }
 
@@ -604,6 +690,7 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
         status: &str,
+        session_id: Option<&SessionId>,
     ) -> Result<RunId, RuntimeError> {
         // Load the plugins first: an agent that cannot run is refused before
         // anything is recorded.
@@ -626,27 +713,51 @@ impl Runtime {
             message: e.to_string(),
         })?;
         let now = self.inner.clock.now_ms();
-        let started = Event::RunStarted(RunStarted {
-            run_id: run_id.clone(),
-            agent: agent.name.clone(),
-            agent_digest: agent.digest.clone(),
-            input,
-            labels: all.clone(),
-            clock_seed_ms: now,
-            random_seed: self.inner.random.next_u64(),
-            agent_file: (!agent.path.as_os_str().is_empty())
-                .then(|| agent.path.display().to_string()),
-        });
-        let meta = RunMeta {
-            agent: agent.name.clone(),
-            labels: all,
-            session: None,
-            created_ms: now as i64,
+        let random_seed = self.inner.random.next_u64();
+        let mut attempt = 0;
+        let started = loop {
+            // A run in a session reads the session's history; the store
+            // refuses the start if the session changed in between, and it
+            // is read again.
+            let (session, session_runs) = match session_id {
+                Some(id) => {
+                    let (start, held) = session::read(&*self.inner.store, id).await?;
+                    (Some(start), Some(held))
+                }
+                None => (None, None),
+            };
+            let started = Event::RunStarted(RunStarted {
+                run_id: run_id.clone(),
+                agent: agent.name.clone(),
+                agent_digest: agent.digest.clone(),
+                input: input.clone(),
+                labels: all.clone(),
+                clock_seed_ms: now,
+                random_seed,
+                agent_file: (!agent.path.as_os_str().is_empty())
+                    .then(|| agent.path.display().to_string()),
+                session,
+            });
+            let meta = RunMeta {
+                agent: agent.name.clone(),
+                labels: all.clone(),
+                session: session_id.map(|s| s.as_str().to_owned()),
+                session_runs,
+                created_ms: now as i64,
+            };
+            match self
+                .inner
+                .store
+                .create(&run_id, meta, Bytes::from(encode(&started)), status)
+                .await
+            {
+                Ok(_) => break started,
+                Err(StoreError::SessionChanged { .. }) if attempt < SESSION_READ_ATTEMPTS => {
+                    attempt += 1;
+                }
+                Err(error) => return Err(error.into()),
+            }
         };
-        self.inner
-            .store
-            .create(&run_id, meta, Bytes::from(encode(&started)), status)
-            .await?;
         self.publish(&run_id, 1, started);
         Ok(run_id)
     }
@@ -1760,6 +1871,10 @@ fn plugin_error(view: &AgentView, e: PluginError) -> RuntimeError {
         message: e.to_string(),
     }
 }
+
+/// How many times a start in a session reads the session again after the
+/// store found it changed since it was read.
+const SESSION_READ_ATTEMPTS: u32 = 5;
 
 /// How long a keyed call waits for another run holding its commitment
 /// before the drive gives up (the run stays as it was), by default.

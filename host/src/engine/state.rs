@@ -22,7 +22,9 @@ use super::events::{
     RunCancelled, RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent,
     ToolCallResult, UnresolvedWrite,
 };
-use super::ids::{AgentDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
+use super::ids::{
+    AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
+};
 use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
 use super::policy_hooks::{
     PolicyHook, PolicyPoint, PolicyVerdict, RecordedDecision, denial_result, feedback_message,
@@ -172,6 +174,13 @@ pub struct RunState {
     pub budget_exceeded: Option<BudgetOverrun>,
     /// How the run ended.
     pub terminal: Option<Terminal>,
+    /// The session the run was started in, if any.
+    pub session_id: Option<SessionId>,
+    /// Its place in the session (from 0), if in one.
+    pub session_position: Option<u64>,
+    /// The earlier completed runs of the session whose transcripts are this
+    /// run's history, oldest first (recorded in `run_started`).
+    pub history_runs: Vec<RunId>,
     /// What the log recorded of each context source, by name: its latest
     /// resolution or failure.
     pub context: BTreeMap<String, ContextState>,
@@ -186,8 +195,11 @@ pub struct RunState {
     /// Policy decisions, by the point they were made at, in log order.
     policy_decisions: HashMap<PolicyPoint, Vec<RecordedDecision>>,
     /// The conversation, appended to as events settle (it only grows: turns
-    /// and tool results come in log order).
+    /// and tool results come in log order). It opens with the session
+    /// history recorded in `run_started`, `history_len` messages.
     messages: Vec<Message>,
+    /// How many messages of `messages` are the session history.
+    history_len: usize,
     /// The last tool error shown to the model, whole, and how many times in
     /// a row it came back: repeats are collapsed to one line.
     last_tool_error: Option<(String, u32)>,
@@ -630,6 +642,10 @@ pub fn fold(events: &[Event]) -> Result<RunState, FoldError> {
 impl RunState {
     /// The state right after `run_started`.
     pub fn start(started: &RunStarted) -> RunState {
+        let history: &[Message] = started
+            .session
+            .as_ref()
+            .map_or(&[], |s| s.history.as_slice());
         RunState {
             run_id: started.run_id.clone(),
             agent: started.agent.clone(),
@@ -653,9 +669,21 @@ impl RunState {
             last_invalid_call: None,
             output_rejections: 0,
             policy_decisions: HashMap::new(),
-            messages: vec![Message::User {
-                content: value_text(&started.input),
-            }],
+            session_id: started.session.as_ref().map(|s| s.session_id.clone()),
+            session_position: started.session.as_ref().map(|s| s.position),
+            history_runs: started
+                .session
+                .as_ref()
+                .map(|s| s.runs.clone())
+                .unwrap_or_default(),
+            messages: history
+                .iter()
+                .cloned()
+                .chain([Message::User {
+                    content: value_text(&started.input),
+                }])
+                .collect(),
+            history_len: history.len(),
             last_tool_error: None,
         }
     }
@@ -766,10 +794,23 @@ impl RunState {
         limits.overridden_by(&self.extensions)
     }
 
-    /// The conversation the model sees: the input, then each turn and the
+    /// The conversation the model sees: the session history recorded when
+    /// the run started (if any), then the input, then each turn and the
     /// results of its settled tool calls, in order.
     pub fn conversation(&self) -> &[Message] {
         &self.messages
+    }
+
+    /// The session history this run started with (empty outside a session).
+    pub fn history(&self) -> &[Message] {
+        &self.messages[..self.history_len]
+    }
+
+    /// This run's own transcript: the conversation without the session
+    /// history. A later run of the session sees it as history once this run
+    /// has completed.
+    pub fn transcript(&self) -> &[Message] {
+        &self.messages[self.history_len..]
     }
 
     /// Checks `input` as an extension of the budget the run is parked on

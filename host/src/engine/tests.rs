@@ -118,6 +118,7 @@ fn started() -> Event {
         clock_seed_ms: 10_000,
         random_seed: 7,
         agent_file: None,
+        session: None,
     })
 }
 

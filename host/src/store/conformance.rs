@@ -358,6 +358,7 @@ pub(crate) fn meta(agent: &str, created_ms: i64) -> RunMeta {
         agent: agent.to_owned(),
         labels: BTreeMap::new(),
         session: None,
+        session_runs: None,
         created_ms,
     }
 }
@@ -650,7 +651,8 @@ type FixtureRun = (
     Option<&'static str>,
 );
 
-/// The listing fixture: six runs with varied columns.
+/// The listing fixture: six runs with varied columns (at most one active
+/// run per session, as stores enforce).
 async fn listing_fixture(store: &dyn EventStore) {
     let runs: [FixtureRun; 6] = [
         (
@@ -659,7 +661,7 @@ async fn listing_fixture(store: &dyn EventStore) {
             100,
             "running",
             &[("team", "red"), ("env", "prod")],
-            Some("s1"),
+            None,
         ),
         (
             "run-b",
@@ -667,7 +669,7 @@ async fn listing_fixture(store: &dyn EventStore) {
             200,
             "completed",
             &[("team", "blue"), ("env", "prod")],
-            None,
+            Some("s1"),
         ),
         ("run-0c", "beta", 200, "running", &[("team", "blue")], None),
         (
@@ -696,6 +698,7 @@ async fn listing_fixture(store: &dyn EventStore) {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             session: session.map(Into::into),
+            session_runs: None,
             created_ms: created,
         };
         let run = id(run);
@@ -730,7 +733,7 @@ pub(crate) async fn list_filters_each_and_combined(backend: &dyn Backend) {
         (f().label("missing", "x"), &[]),
         (f().agent("alpha"), &["run-a", "run-d", "run-e"]),
         (f().agent("nobody"), &[]),
-        (f().session("s1"), &["run-a", "run-d"]),
+        (f().session("s1"), &["run-b", "run-d"]),
         (
             f().created_since(200),
             &["run-0c", "run-b", "run-d", "run-e", "run-f"],
@@ -775,7 +778,8 @@ pub(crate) async fn list_summaries_carry_every_column(backend: &dyn Backend) {
         .list(&RunFilter::new().agent("alpha").session("s1"))
         .await
         .unwrap();
-    let d = &found[1];
+    assert_eq!(found.len(), 1);
+    let d = &found[0];
     assert_eq!(d.run_id.as_str(), "run-d");
     assert_eq!(d.agent, "alpha");
     assert_eq!(d.status, "awaiting_approval");
@@ -1298,6 +1302,166 @@ pub(crate) async fn racing_acquirers_have_one_winner(backend: &dyn Backend) {
     );
 }
 
+/// Creates `run` in `session` with listing status `status`.
+async fn create_in_session(
+    store: &dyn EventStore,
+    run: &str,
+    session: &str,
+    status: &str,
+) -> Result<super::Appended, StoreError> {
+    let mut m = meta("agent", 1);
+    m.session = Some(session.to_owned());
+    store.create(&id(run), m, ev("start"), status).await
+}
+
+fn assert_busy(result: Result<super::Appended, StoreError>, session: &str, active: &str) {
+    match result {
+        Err(StoreError::SessionBusy {
+            session: s,
+            active_run,
+        }) => {
+            assert_eq!((s.as_str(), active_run.as_str()), (session, active));
+        }
+        other => panic!("expected SessionBusy naming {active}, got {other:?}"),
+    }
+}
+
+pub(crate) async fn a_session_holds_one_active_run_until_it_ends(backend: &dyn Backend) {
+    let store = backend.open().await;
+    create_in_session(&*store, "first", "chat", "running")
+        .await
+        .unwrap();
+    // A second start is refused, names the active run and writes nothing.
+    let refused = create_in_session(&*store, "second", "chat", "running").await;
+    assert_busy(refused, "chat", "first");
+    assert!(matches!(
+        store.load(&id("second")).await,
+        Err(StoreError::UnknownRun { .. })
+    ));
+    let message = create_in_session(&*store, "second", "chat", "queued")
+        .await
+        .unwrap_err()
+        .to_string();
+    assert_eq!(
+        message,
+        "session chat is busy: run first is still active in it"
+    );
+    // Other sessions and runs outside sessions are not affected.
+    create_in_session(&*store, "elsewhere", "other-chat", "running")
+        .await
+        .unwrap();
+    store
+        .create(&id("loose"), meta("agent", 1), ev("start"), "running")
+        .await
+        .unwrap();
+    // Every parked status keeps the session; every terminal one releases it.
+    let mut len = 1;
+    for parked in [
+        "awaiting_approval",
+        "suspended",
+        "awaiting_external",
+        "budget_exceeded",
+        "needs_reconciliation",
+        "running",
+    ] {
+        store
+            .append(&id("first"), len, &[ev(parked)], parked, 2)
+            .await
+            .unwrap();
+        len += 1;
+        assert_busy(
+            create_in_session(&*store, "second", "chat", "running").await,
+            "chat",
+            "first",
+        );
+    }
+    let mut holder = "first".to_owned();
+    for (n, settled) in super::SETTLED_STATUSES.iter().enumerate() {
+        store
+            .append(&id(&holder), len, &[ev(settled)], settled, 3)
+            .await
+            .unwrap();
+        let next = format!("next-{n}");
+        create_in_session(&*store, &next, "chat", "running")
+            .await
+            .unwrap_or_else(|e| panic!("a {settled} run must release its session: {e}"));
+        holder = next;
+        len = 1;
+    }
+    let listed = store.list(&RunFilter::new().session("chat")).await.unwrap();
+    assert_eq!(
+        ids(&listed),
+        ["first", "next-0", "next-1", "next-2", "next-3"]
+    );
+}
+
+pub(crate) async fn a_start_that_read_a_changed_session_is_refused(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let start = |run: &'static str, seen: u64| {
+        let store = store.clone();
+        async move {
+            let mut m = meta("agent", 1);
+            m.session = Some("chat".into());
+            m.session_runs = Some(seen);
+            store.create(&id(run), m, ev("start"), "running").await
+        }
+    };
+    start("one", 0).await.unwrap();
+    store
+        .append(&id("one"), 1, &[ev("done")], "completed", 2)
+        .await
+        .unwrap();
+    // A starter that read the session before `one` existed is refused.
+    match start("two", 0).await {
+        Err(StoreError::SessionChanged {
+            session,
+            expected: 0,
+            found: 1,
+        }) => assert_eq!(session, "chat"),
+        other => panic!("expected SessionChanged, got {other:?}"),
+    }
+    assert!(matches!(
+        store.load(&id("two")).await,
+        Err(StoreError::UnknownRun { .. })
+    ));
+    start("two", 1).await.unwrap();
+}
+
+pub(crate) async fn racing_starts_in_one_session_have_one_winner(backend: &dyn Backend) {
+    // Two store handles (two hosts for the persistent stores), eight
+    // starters each.
+    let stores = [backend.open().await, backend.open().await];
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let store = stores[i % 2].clone();
+            tokio::spawn(async move {
+                let run = format!("racer-{i}");
+                (
+                    run.clone(),
+                    create_in_session(&*store, &run, "contested", "running").await,
+                )
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut refusals = Vec::new();
+    for task in tasks {
+        match task.await.unwrap() {
+            (run, Ok(_)) => winners.push(run),
+            (_, Err(StoreError::SessionBusy { active_run, .. })) => refusals.push(active_run),
+            (_, Err(other)) => panic!("unexpected error: {other:?}"),
+        }
+    }
+    assert_eq!(winners.len(), 1, "{winners:?}");
+    assert_eq!(refusals.len(), 15);
+    assert!(refusals.iter().all(|r| r.as_str() == winners[0]));
+    let listed = stores[0]
+        .list(&RunFilter::new().session("contested"))
+        .await
+        .unwrap();
+    assert_eq!(ids(&listed), [winners[0].as_str()]);
+}
+
 /// Creates `run` created at `created_ms` with listing status `status`.
 async fn run_with_status(store: &dyn EventStore, run: &str, created_ms: i64, status: &str) {
     store
@@ -1762,7 +1926,10 @@ macro_rules! conformance_suite {
                 racing_acquirers_have_one_winner,
                 claims_take_queued_runs_and_runs_whose_driver_died,
                 concurrent_claims_never_share_a_run,
-                prune_leaves_tombstones_and_keeps_the_id
+                prune_leaves_tombstones_and_keeps_the_id,
+                a_session_holds_one_active_run_until_it_ends,
+                a_start_that_read_a_changed_session_is_refused,
+                racing_starts_in_one_session_have_one_winner
                 $(, $extra)*
             );
         }

@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::chain::{self, Chain, RawRow, Recorded};
+use super::session::holds_session;
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, PruneFilter,
     QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent, Tombstone,
@@ -237,6 +238,29 @@ impl EventStore for MemoryStore {
             return Err(StoreError::AlreadyExists {
                 run_id: run_id.clone(),
             });
+        }
+        if let Some(session) = &meta.session
+            && let Some((active, _)) = runs.iter().find(|(_, run)| {
+                run.meta.session.as_ref() == Some(session) && holds_session(&run.status)
+            })
+        {
+            return Err(StoreError::SessionBusy {
+                session: session.clone(),
+                active_run: active.clone(),
+            });
+        }
+        if let (Some(session), Some(expected)) = (&meta.session, meta.session_runs) {
+            let found = runs
+                .values()
+                .filter(|run| run.meta.session.as_ref() == Some(session))
+                .count() as u64;
+            if found != expected {
+                return Err(StoreError::SessionChanged {
+                    session: session.clone(),
+                    expected,
+                    found,
+                });
+            }
         }
         let hash = self
             .chain

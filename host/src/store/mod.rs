@@ -63,6 +63,7 @@ mod chain;
 mod lease;
 mod memory;
 mod postgres;
+mod session;
 mod sqlite;
 
 #[cfg(test)]
@@ -79,6 +80,7 @@ pub use chain::{ChainHash, ChainKey, InvalidChainKey};
 pub use lease::{Lease, PruneFilter, QUEUED, Tombstone};
 pub use memory::MemoryStore;
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+pub use session::{InvalidSessionId, SETTLED_STATUSES, SessionId};
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
 
 /// The id of a run: 1 to 128 ASCII letters, digits, `-`, `_`, `.` or `:`.
@@ -96,19 +98,7 @@ impl RunId {
     /// Checks and wraps an id.
     pub fn new(id: impl Into<String>) -> Result<Self, InvalidRunId> {
         let id = id.into();
-        let reason = if id.is_empty() {
-            Some("is empty")
-        } else if id.len() > Self::MAX_LEN {
-            Some("is longer than 128 bytes")
-        } else if !id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
-        {
-            Some("may only hold ASCII letters, digits, '-', '_', '.' and ':'")
-        } else {
-            None
-        };
-        match reason {
+        match id_problem(&id, Self::MAX_LEN) {
             Some(reason) => Err(InvalidRunId { id, reason }),
             None => Ok(Self(id)),
         }
@@ -166,6 +156,22 @@ impl AsRef<str> for RunId {
     }
 }
 
+/// What is wrong with `id` as a run or session id, if anything.
+fn id_problem(id: &str, max_len: usize) -> Option<&'static str> {
+    if id.is_empty() {
+        Some("is empty")
+    } else if id.len() > max_len {
+        Some("is longer than 128 bytes")
+    } else if !id
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+    {
+        Some("may only hold ASCII letters, digits, '-', '_', '.' and ':'")
+    } else {
+        None
+    }
+}
+
 /// A string that is not a valid [`RunId`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{id}` is not a valid run id: it {reason}")]
@@ -182,8 +188,16 @@ pub struct RunMeta {
     pub agent: String,
     /// Labels, for filtering lists.
     pub labels: BTreeMap<String, String>,
-    /// The session the run belongs to, if any.
+    /// The session the run belongs to, if any: a [`SessionId`] as text.
+    /// A session holds at most one active run (see `store/session.rs`):
+    /// creating a second is [`StoreError::SessionBusy`].
     pub session: Option<String>,
+    /// With `session`: how many runs the session held when the caller read
+    /// its history. The create is refused with [`StoreError::SessionChanged`]
+    /// if the session holds another number of runs now (a run was started
+    /// and finished there in between), so a run's recorded history never
+    /// misses a run that completed before it started. `None`: no check.
+    pub session_runs: Option<u64>,
     /// Creation time in milliseconds since the Unix epoch, from the caller's
     /// injected clock.
     pub created_ms: i64,
@@ -540,6 +554,27 @@ pub enum StoreError {
         /// The chain head its log had.
         head: ChainHash,
     },
+    /// The run would be a second active run in its session: another run
+    /// there has not ended (running, queued or parked); nothing was written.
+    #[error("session {session} is busy: run {active_run} is still active in it")]
+    SessionBusy {
+        /// The session.
+        session: String,
+        /// The run that holds it.
+        active_run: RunId,
+    },
+    /// The session's runs changed since the caller read them (see
+    /// [`RunMeta::session_runs`]); nothing was written. Read the session
+    /// again and retry.
+    #[error("session {session} changed: it holds {found} runs, the start expected {expected}")]
+    SessionChanged {
+        /// The session.
+        session: String,
+        /// The number of runs the caller saw.
+        expected: u64,
+        /// The number of runs it holds now.
+        found: u64,
+    },
     /// The store does not implement this operation.
     #[error("{store} does not support {operation}")]
     Unsupported {
@@ -570,7 +605,9 @@ pub enum StoreError {
 pub trait EventStore: Send + Sync {
     /// Creates run `run_id` with its metadata, its first event (seq 1) and
     /// its initial status. Refused with [`StoreError::AlreadyExists`] if the
-    /// id has any history.
+    /// id has any history, and with [`StoreError::SessionBusy`] if
+    /// `meta.session` names a session with an active run (checked in the
+    /// same transaction as the insert).
     async fn create(
         &self,
         run_id: &RunId,

@@ -34,6 +34,9 @@
 //!   fake model API on loopback (`model_server`): wire formats, retries,
 //!   broken streams, cancellation, pooling, conformance with the scripted
 //!   provider, and agents end to end.
+//! - `sessions`: runs in a session on every store: one active run, history
+//!   from completed runs only, a run cancelled mid-stream rolled back, two
+//!   hosts racing to start.
 
 mod context;
 mod effects;
@@ -51,6 +54,7 @@ mod plugins;
 mod policies;
 mod providers;
 mod server;
+mod sessions;
 mod typed_results;
 mod workers;
 

@@ -307,6 +307,84 @@ async fn recorded_decisions_are_never_asked_again_by_recovery_or_replay() {
     }
 }
 
+/// Remembers the session each `run_start` was asked about.
+#[derive(Default)]
+struct Sessions {
+    seen: std::sync::Mutex<Vec<Option<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Policy for Sessions {
+    async fn decide(&self, request: &PolicyRequest) -> Result<PolicyDecision, PolicyError> {
+        let PolicySubject::RunStart { session, input } = &request.subject else {
+            return Err(PolicyError::new("asked at the wrong hook"));
+        };
+        self.seen.lock().unwrap().push(session.clone());
+        Ok(if input == "forbidden" {
+            PolicyDecision::Deny {
+                reason: "not in this session".into(),
+            }
+        } else {
+            PolicyDecision::Allow
+        })
+    }
+}
+
+#[tokio::test]
+async fn the_run_start_hook_sees_the_session_and_a_denial_fails_the_run() {
+    let fx = Fixture::new();
+    let agent = policy_agent(
+        &fx,
+        "[[turns]]\ntext = \"Hello.\"\n",
+        "[policies.sessions]\nhooks = [\"run_start\"]\n",
+    );
+    let policy = Arc::new(Sessions::default());
+    let rt = runtime(Arc::new(MemoryStore::new())).with_policy("sessions", policy.clone());
+    let session = warden::engine::SessionId::new("chat-1").unwrap();
+    let first = rt
+        .start_in_session(&session, &agent, json!("hello"))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&first, &agent).await.unwrap(),
+        RunStatus::Completed
+    );
+    let second = rt
+        .start_in_session(&session, &agent, json!("forbidden"))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&second, &agent).await.unwrap(), RunStatus::Failed);
+    let outside = rt
+        .start_with_id(&agent, id("outside"), json!("hello"))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&outside, &agent).await.unwrap(),
+        RunStatus::Completed
+    );
+    assert_eq!(
+        *policy.seen.lock().unwrap(),
+        [Some("chat-1".to_owned()), Some("chat-1".to_owned()), None]
+    );
+    let events = rt.events(&second).await.unwrap();
+    let Some(Event::RunFailed(failed)) = events.last() else {
+        panic!("{:?}", events.last());
+    };
+    assert_eq!(
+        failed.error,
+        RunError::PolicyDenied {
+            policy: "sessions".into(),
+            hook: PolicyHook::RunStart,
+            reason: "not in this session".into(),
+        }
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::ModelCallIntent(_)))
+    );
+}
+
 #[tokio::test]
 async fn a_failing_policy_fails_the_run_closed_and_the_host_goes_on() {
     let fx = Fixture::new();

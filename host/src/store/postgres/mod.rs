@@ -590,6 +590,53 @@ impl EventStore for PostgresStore {
                 &[&run_id.as_str()],
             )
             .await?;
+            if let Some(session) = &meta.session {
+                // Starts in one session queue here until the first commits,
+                // so the check below sees its run; the unique index
+                // `runs_one_active_per_session` backs it up.
+                execute(
+                    tx,
+                    &context,
+                    "SELECT pg_advisory_xact_lock(hashtext('warden.session.' || $1))",
+                    &[session],
+                )
+                .await?;
+                let active = query(
+                    tx,
+                    &context,
+                    "SELECT id FROM runs WHERE session = $1
+                     AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned') LIMIT 1",
+                    &[session],
+                )
+                .await?;
+                if let Some(row) = active.first() {
+                    let active_run: String = row.get(0);
+                    return Err(StoreError::SessionBusy {
+                        session: session.clone(),
+                        active_run: RunId::new(&active_run).map_err(|e| StoreError::Backend {
+                            context: context.clone(),
+                            error: Box::new(e),
+                        })?,
+                    });
+                }
+                if let Some(expected) = meta.session_runs {
+                    let rows = query(
+                        tx,
+                        &context,
+                        "SELECT count(*) FROM runs WHERE session = $1",
+                        &[session],
+                    )
+                    .await?;
+                    let found = rows.first().map_or(0, |r| r.get::<_, i64>(0)) as u64;
+                    if found != expected {
+                        return Err(StoreError::SessionChanged {
+                            session: session.clone(),
+                            expected,
+                            found,
+                        });
+                    }
+                }
+            }
             let created = query(
                 tx,
                 &context,

@@ -29,6 +29,10 @@ use crate::store::StoreError;
 /// (run id as text, so it outlives the run's rows) and, once settled, the
 /// result later claimants get. Rows are never deleted, by pruning or
 /// otherwise.
+///
+/// Version 3 adds `runs_one_active_per_session`: a unique index over the
+/// session of runs not in a terminal status, so two hosts racing to start a
+/// run in one session cannot both commit (see `store/session.rs`).
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -85,6 +89,11 @@ CREATE TABLE commitments (
     call_id text  NOT NULL,
     result  bytea
 );
+"#,
+    r#"
+CREATE UNIQUE INDEX runs_one_active_per_session ON runs (session)
+    WHERE session IS NOT NULL
+      AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned');
 "#,
 ];
 

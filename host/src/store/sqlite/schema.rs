@@ -32,6 +32,11 @@ use crate::store::StoreError;
 /// (run id as text, so a commitment outlives its run's rows, pruned or not)
 /// and, once settled, the result every later claimant gets. Rows are never
 /// deleted.
+///
+/// Version 4 adds `runs_one_active_per_session`: a unique index over the
+/// session of runs that are not in a terminal status, so a session holds at
+/// most one active run (see `store/session.rs`) even if two processes
+/// sharing the file race to start one.
 const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -95,6 +100,11 @@ CREATE TABLE commitments (
     call_id TEXT NOT NULL,
     result  BLOB
 ) STRICT, WITHOUT ROWID;
+"#,
+    r#"
+CREATE UNIQUE INDEX runs_one_active_per_session ON runs (session)
+    WHERE session IS NOT NULL
+      AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned');
 "#,
 ];
 

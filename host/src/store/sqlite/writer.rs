@@ -306,6 +306,39 @@ fn create(
             run_id: run_id.clone(),
         });
     }
+    if let Some(session) = &meta.session {
+        // The unique index `runs_one_active_per_session` backs this up; the
+        // query names the run that holds the session.
+        let active: Option<String> = conn
+            .prepare_cached(
+                "SELECT id FROM runs WHERE session = ?1
+                 AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned') LIMIT 1",
+            )
+            .and_then(|mut s| s.query_row([session], |r| r.get(0)).optional())
+            .map_err(|e| backend(context(), e))?;
+        if let Some(active) = active {
+            return Err(StoreError::SessionBusy {
+                session: session.clone(),
+                active_run: RunId::new(&active).map_err(|e| StoreError::Backend {
+                    context: context(),
+                    error: Box::new(e),
+                })?,
+            });
+        }
+        if let Some(expected) = meta.session_runs {
+            let found: i64 = conn
+                .prepare_cached("SELECT count(*) FROM runs WHERE session = ?1")
+                .and_then(|mut s| s.query_row([session], |r| r.get(0)))
+                .map_err(|e| backend(context(), e))?;
+            if found as u64 != expected {
+                return Err(StoreError::SessionChanged {
+                    session: session.clone(),
+                    expected,
+                    found: found as u64,
+                });
+            }
+        }
+    }
     let head = chain.link(&chain.genesis(run_id), 1, first_event);
     let write = || -> rusqlite::Result<()> {
         conn.prepare_cached(
