@@ -342,7 +342,13 @@ async fn the_run_start_hook_sees_the_session_and_a_denial_fails_the_run() {
     let rt = runtime(Arc::new(MemoryStore::new())).with_policy("sessions", policy.clone());
     let session = warden::engine::SessionId::new("chat-1").unwrap();
     let first = rt
-        .start_in_session(&session, &agent, json!("hello"))
+        .start_in_session_with(
+            &session,
+            &agent,
+            id("s1"),
+            json!("hello"),
+            Default::default(),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -350,7 +356,13 @@ async fn the_run_start_hook_sees_the_session_and_a_denial_fails_the_run() {
         RunStatus::Completed
     );
     let second = rt
-        .start_in_session(&session, &agent, json!("forbidden"))
+        .start_in_session_with(
+            &session,
+            &agent,
+            id("s2"),
+            json!("forbidden"),
+            Default::default(),
+        )
         .await
         .unwrap();
     assert_eq!(rt.drive(&second, &agent).await.unwrap(), RunStatus::Failed);
