@@ -22,6 +22,8 @@
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`session`]: sessions: the history a run in a session sees, fixed
 //!   when it starts.
+//! - [`turn`]: live turns: a run driven in the background, watched as a
+//!   stream of turn events, cancelled through its handle or by dropping it.
 //! - [`ids`]: run and call ids, digests, idempotency keys.
 //! - [`canonical`]: canonical JSON for digests.
 //!
@@ -46,6 +48,7 @@ pub mod runtime;
 pub mod schema;
 pub mod session;
 pub mod state;
+pub mod turn;
 pub mod view;
 
 #[cfg(test)]
@@ -66,4 +69,5 @@ pub use runtime::{
 };
 pub use session::SessionRun;
 pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
+pub use turn::{TurnEvent, TurnHandle, TurnOutcome};
 pub use view::AgentView;

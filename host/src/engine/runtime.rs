@@ -1,7 +1,9 @@
 //! The [`Runtime`]: drives runs over an [`EventStore`], a [`PluginHost`] and
 //! model providers, one step at a time, and offers the verbs a host needs:
 //! `start`, `step`, `drive`, `recover`, `resume`, `approve`, `deny`,
-//! `resolve`, `abandon`, `cancel`, `verify`, `subscribe`.
+//! `resolve`, `abandon`, `cancel`, `verify`, `subscribe`; sessions
+//! (`start_in_session`, `session_runs`) and live turns (`start_turn`,
+//! `continue_turn`, in `turn.rs`).
 //!
 //! One step: load (or keep) the log, fold it, [`decide`], then perform the
 //! action: for a model or tool call, append the intent, perform the effect,
@@ -661,7 +663,8 @@ impl Runtime {
         session::runs(&*self.inner.store, session_id).await
     }
 
-    fn random_run_id(&self) -> RunId {
+    /// A fresh run id from the injected randomness.
+    pub(crate) fn random_run_id(&self) -> RunId {
         RunId::from_random(
             (u128::from(self.inner.random.next_u64()) << 64)
                 | u128::from(self.inner.random.next_u64()),

@@ -37,6 +37,8 @@
 //! - `sessions`: runs in a session on every store: one active run, history
 //!   from completed runs only, a run cancelled mid-stream rolled back, two
 //!   hosts racing to start.
+//! - `turns`: live turns through their handles: deltas before the provider
+//!   finishes, tool calls and approvals, cancel and drop.
 
 mod context;
 mod effects;
@@ -55,6 +57,7 @@ mod policies;
 mod providers;
 mod server;
 mod sessions;
+mod turns;
 mod typed_results;
 mod workers;
 

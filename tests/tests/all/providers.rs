@@ -36,12 +36,12 @@ use crate::sandbox;
 
 /// The two wire formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Wire {
+pub(crate) enum Wire {
     OpenAi,
     Anthropic,
 }
 
-const WIRES: [Wire; 2] = [Wire::OpenAi, Wire::Anthropic];
+pub(crate) const WIRES: [Wire; 2] = [Wire::OpenAi, Wire::Anthropic];
 
 impl Wire {
     fn name(self) -> &'static str {
@@ -189,7 +189,7 @@ fn halves(s: &str) -> (&str, &str) {
     s.split_at(at)
 }
 
-fn render_stream(wire: Wire, turn: &ScriptedTurn) -> String {
+pub(crate) fn render_stream(wire: Wire, turn: &ScriptedTurn) -> String {
     match wire {
         Wire::OpenAi => openai_stream(turn),
         Wire::Anthropic => anthropic_stream(turn, &[]),
@@ -1059,7 +1059,7 @@ text = "The file says “the input file”; there is no missing.txt."
 usage = { input_tokens = 330, output_tokens = 18 }
 "#;
 
-fn conversation() -> Vec<ScriptedTurn> {
+pub(crate) fn conversation() -> Vec<ScriptedTurn> {
     ScriptedProvider::parse(CONVERSATION, Path::new("conversation.toml"), false)
         .unwrap()
         .turns()
@@ -1087,7 +1087,7 @@ access = "read-only"
     )
 }
 
-fn write_agent(dir: &Path, model: &str) -> Agent {
+pub(crate) fn write_agent(dir: &Path, model: &str) -> Agent {
     std::fs::create_dir_all(dir.join("work")).unwrap();
     std::fs::write(dir.join("work/input.txt"), "the input file\n").unwrap();
     std::fs::write(dir.join("conversation.toml"), CONVERSATION).unwrap();
@@ -1095,7 +1095,7 @@ fn write_agent(dir: &Path, model: &str) -> Agent {
     Agent::load(&dir.join("agent.toml"), None).unwrap()
 }
 
-fn model_table(wire: Option<Wire>, server: Option<&FakeModel>, extra: &str) -> String {
+pub(crate) fn model_table(wire: Option<Wire>, server: Option<&FakeModel>, extra: &str) -> String {
     match (wire, server) {
         (None, _) => {
             "provider = \"scripted\"\nname = \"test-model\"\ntranscript = \"conversation.toml\""
