@@ -1844,3 +1844,79 @@ fn run_refuses_an_agent_enabling_a_policy_it_cannot_register_and_records_nothing
     let out = warden(&["runs", "show", "p1"], dir.path());
     assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
 }
+
+#[test]
+fn runs_show_counts_compactions_and_shows_context_resolutions() {
+    let dir = demo();
+    let notes = std::fs::read_to_string(dir.path().join("notes.toml")).unwrap();
+    std::fs::write(
+        dir.path().join("reads.transcript.toml"),
+        r#"
+[[turns]]
+text = "One."
+[[turns.tool_calls]]
+name = "fs__read_file"
+arguments = { path = "todo.md" }
+
+[[turns]]
+text = "Two."
+[[turns.tool_calls]]
+name = "fs__read_file"
+arguments = { path = "todo.md" }
+
+[[turns]]
+text = "Three."
+[[turns.tool_calls]]
+name = "fs__read_file"
+arguments = { path = "todo.md" }
+
+[[turns]]
+text = "Read it three times."
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("reads.toml"),
+        notes
+            .replace("notes.transcript.toml", "reads.transcript.toml")
+            .replace(
+                "[budgets]",
+                "[compaction]\nmax_prompt_tokens = 256\nkeep_recent = 1\n\n[budgets]",
+            ),
+    )
+    .unwrap();
+    let out = warden(
+        &[
+            "run",
+            "reads.toml",
+            "go",
+            "--run-id",
+            "small",
+            "--record-prompts",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("· step 1: context `notes` resolved: 1 item, "),
+        "{text}"
+    );
+    assert!(
+        text.contains("· step 3: the prompt is over its budget: summarising messages 2 to 3"),
+        "{text}"
+    );
+    assert!(
+        text.contains("· step 3: compacted: messages 2 to 3 are now a "),
+        "{text}"
+    );
+    let out = warden(&["runs", "show", "small"], dir.path());
+    let shown = stdout(&out);
+    assert!(shown.contains("compaction: 2 done, 0 failed"), "{shown}");
+    let out = warden(&["runs", "show", "small", "--json"], dir.path());
+    let body: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(
+        body["compaction"],
+        serde_json::json!({"completed": 2, "failed": 0})
+    );
+}

@@ -183,6 +183,22 @@ pub(crate) fn event(event: &Event) -> Option<String> {
                 receipt(&c.receipt)
             )
         }
+        Event::CompactionIntent(i) => format!(
+            "· step {}: the prompt is over its budget: summarising messages 2 to {}",
+            i.step, i.upto
+        ),
+        Event::CompactionCompleted(c) => format!(
+            "· step {}: compacted: messages 2 to {} are now a {}-byte summary ({} tokens in, {} out)",
+            c.step,
+            c.upto,
+            c.summary.len(),
+            c.usage.input_tokens,
+            c.usage.output_tokens
+        ),
+        Event::CompactionFailed(f) => format!(
+            "! step {}: compaction failed, the prompt goes on uncompacted: {}",
+            f.step, f.error.message
+        ),
         Event::ContextFailed(f) => format!(
             "! step {}: context `{}` failed: {}{}",
             f.step,

@@ -1208,6 +1208,10 @@ async fn show(
             "updated_ms": summary.updated_ms,
             "events": stored.iter().zip(&events).map(|(s, e)| json!({ "seq": s.seq, "event": e })).collect::<Vec<_>>(),
             "budget": budget,
+            "compaction": {
+                "completed": state.compaction.completed,
+                "failed": state.compaction.failed,
+            },
             "limits_known": agent_limits.is_some(),
             "next": next,
         });
@@ -1252,6 +1256,19 @@ async fn show(
         println!("output:\n{}", render::output(output));
     }
     println!("budget: {}", render::budget(&state.usage, &limits));
+    let c = &state.compaction;
+    if c.completed + c.failed > 0 {
+        println!(
+            "compaction: {} done, {} failed{}",
+            c.completed,
+            c.failed,
+            if c.failed > 0 {
+                " (a failed one leaves its step's prompt uncompacted)"
+            } else {
+                ""
+            }
+        );
+    }
     if agent_limits.is_none() {
         println!("   (limits unknown: the agent file cannot be read; pass --agent)");
     }

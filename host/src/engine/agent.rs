@@ -72,6 +72,10 @@
 //!                                        # before_tool_call, before_finish
 //!                                        # (default: all four)
 //!
+//! [compaction]                           # optional: summarise older history when
+//! max_prompt_tokens = 100_000            # a request's estimate (bytes / 4) exceeds this
+//! keep_recent = 4                        # messages kept verbatim after the cut; default 4
+//!
 //! [budgets]                              # each optional; unset is unlimited
 //! max_steps = 20
 //! max_input_tokens = 200_000
@@ -104,6 +108,7 @@ use serde_json::Value;
 
 use super::budget::{BudgetLimits, Pricing, currency_to_nanos, price_to_micros};
 use super::canonical::{canonical_json, without_empty};
+use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
 use super::policy_hooks::PolicyHook;
@@ -372,6 +377,16 @@ struct AgentFile {
     context: BTreeMap<String, ContextEntry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_invalid_tool_calls: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    compaction: Option<CompactionEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompactionEntry {
+    max_prompt_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    keep_recent: Option<usize>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -476,6 +491,8 @@ pub struct Agent {
     /// Invalid tool calls in a row (unknown tools, arguments failing the
     /// schema) that end the run. Default: [`DEFAULT_MAX_INVALID_TOOL_CALLS`].
     pub max_invalid_tool_calls: u32,
+    /// When older history is summarised; `None` never.
+    pub compaction: Option<CompactionSettings>,
     /// The digest of the definition, labels excluded.
     pub digest: AgentDigest,
 }
@@ -1161,6 +1178,29 @@ fn validate(
         ));
     }
 
+    let compaction = match &file.compaction {
+        None => None,
+        Some(c) => {
+            if c.max_prompt_tokens < 256 {
+                return Err(invalid(
+                    "compaction.max_prompt_tokens",
+                    format!("must be at least 256, got {}", c.max_prompt_tokens),
+                ));
+            }
+            let keep_recent = c.keep_recent.unwrap_or(DEFAULT_KEEP_RECENT);
+            if !(1..=1000).contains(&keep_recent) {
+                return Err(invalid(
+                    "compaction.keep_recent",
+                    format!("must be between 1 and 1000, got {keep_recent}"),
+                ));
+            }
+            Some(CompactionSettings {
+                max_prompt_tokens: c.max_prompt_tokens,
+                keep_recent,
+            })
+        }
+    };
+
     validate_labels(&file.labels).map_err(|e| invalid(&e.key(), e.to_string()))?;
 
     let mut policies = Vec::with_capacity(file.policies.len());
@@ -1235,6 +1275,7 @@ fn validate(
         output_schema,
         context,
         max_invalid_tool_calls,
+        compaction,
         digest,
     })
 }
@@ -1834,6 +1875,127 @@ team = "ops"
             assert!(
                 err.to_string().starts_with("agent `/agents/notes.toml`: "),
                 "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn context_sources_and_compaction_parse_strictly_with_errors_naming_the_key() {
+        const FILES: &str = "[plugins.files]\nsource = \"builtin:files-context\"\n";
+        let top = MINIMAL.replace("[model]", "max_invalid_tool_calls = 5\n[model]");
+        let agent = parse(&format!(
+            "{top}{FILES}[context.notes]\nplugin = \"files\"\nquery = '{{\"paths\": [\"*.md\"]}}'\nresolve = \"once_per_turn\"\non_error = \"fail\"\nlimits = {{ timeout = \"2s\" }}\n[context.more]\nplugin = \"files\"\n[compaction]\nmax_prompt_tokens = 8000\n"
+        ))
+        .unwrap();
+        assert_eq!(agent.max_invalid_tool_calls, 5);
+        let names: Vec<&str> = agent.context.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["more", "notes"], "in name order");
+        let notes = &agent.context[1];
+        assert_eq!(notes.plugin, "files");
+        assert_eq!(notes.query, r#"{"paths": ["*.md"]}"#);
+        assert_eq!(notes.resolve, ResolveWhen::OncePerTurn);
+        assert_eq!(notes.on_error, OnContextError::Fail);
+        assert_eq!(
+            notes.limits.timeout.map(|t| t.0),
+            Some(std::time::Duration::from_secs(2))
+        );
+        let more = &agent.context[0];
+        assert_eq!(
+            (more.query.as_str(), more.resolve, more.on_error),
+            ("", ResolveWhen::EachCall, OnContextError::Skip),
+            "the defaults"
+        );
+        assert_eq!(
+            agent.compaction,
+            Some(CompactionSettings {
+                max_prompt_tokens: 8000,
+                keep_recent: DEFAULT_KEEP_RECENT
+            })
+        );
+        let plain = parse(MINIMAL).unwrap();
+        assert_eq!(plain.max_invalid_tool_calls, DEFAULT_MAX_INVALID_TOOL_CALLS);
+        assert!(plain.context.is_empty() && plain.compaction.is_none());
+
+        // Each is in the digest.
+        let with_source = parse(&format!(
+            "{MINIMAL}{FILES}[context.notes]\nplugin = \"files\"\n"
+        ))
+        .unwrap();
+        let without = parse(&format!("{MINIMAL}{FILES}")).unwrap();
+        assert_ne!(with_source.digest, without.digest);
+        let skip = parse(&format!(
+            "{MINIMAL}{FILES}[context.notes]\nplugin = \"files\"\non_error = \"skip\"\n"
+        ))
+        .unwrap();
+        assert_ne!(skip.digest, with_source.digest);
+        let compacting = parse(&format!(
+            "{MINIMAL}[compaction]\nmax_prompt_tokens = 8000\n"
+        ))
+        .unwrap();
+        assert_ne!(compacting.digest, plain.digest);
+
+        assert_invalid(
+            &format!("{MINIMAL}{FILES}[context.notes]\nplugin = \"fs\"\n"),
+            "context.notes.plugin",
+            "`fs` is not a plugin of this agent (its [plugins]: files)",
+        );
+        assert_invalid(
+            &format!("{MINIMAL}{FILES}[context.Notes]\nplugin = \"files\"\n"),
+            "context.Notes",
+            "is not a valid context source name",
+        );
+        assert_invalid(
+            &format!(
+                "{MINIMAL}{FILES}[context.notes]\nplugin = \"files\"\nlimits = {{ timeout = \"0s\" }}\n"
+            ),
+            "context.notes.limits.timeout",
+            "must be more than zero",
+        );
+        assert_invalid(
+            &MINIMAL.replace("[model]", "max_invalid_tool_calls = 0\n[model]"),
+            "max_invalid_tool_calls",
+            "must be between 1 and 100, got 0",
+        );
+        assert_invalid(
+            &format!("{MINIMAL}[compaction]\nmax_prompt_tokens = 100\n"),
+            "compaction.max_prompt_tokens",
+            "must be at least 256, got 100",
+        );
+        assert_invalid(
+            &format!("{MINIMAL}[compaction]\nmax_prompt_tokens = 1000\nkeep_recent = 0\n"),
+            "compaction.keep_recent",
+            "must be between 1 and 1000, got 0",
+        );
+        for (text, expected) in [
+            (
+                format!(
+                    "{MINIMAL}{FILES}[context.notes]\nplugin = \"files\"\nresolve = \"always\"\n"
+                ),
+                "unknown variant `always`, expected `each_call` or `once_per_turn`",
+            ),
+            (
+                format!(
+                    "{MINIMAL}{FILES}[context.notes]\nplugin = \"files\"\non_error = \"retry\"\n"
+                ),
+                "unknown variant `retry`, expected `skip` or `fail`",
+            ),
+            (
+                format!("{MINIMAL}{FILES}[context.notes]\nplugin = \"files\"\nmax_items = 3\n"),
+                "unknown field `max_items`",
+            ),
+            (
+                format!("{MINIMAL}{FILES}[context.notes]\nquery = \"x\"\n"),
+                "missing field `plugin`",
+            ),
+            (
+                format!("{MINIMAL}[compaction]\nkeep_recent = 2\n"),
+                "missing field `max_prompt_tokens`",
+            ),
+        ] {
+            let err = parse(&text).unwrap_err();
+            assert!(
+                matches!(err, AgentError::Parse { .. }) && err.to_string().contains(expected),
+                "{expected}: {err}"
             );
         }
     }

@@ -6,6 +6,7 @@
 //! | terminal                                    | [`Action::Idle`] (terminal) |
 //! | parked: approval, input, budget, a dangling write | [`Action::Idle`] (why) |
 //! | a model intent without completion (crash)   | [`Action::CallModel`], intent already recorded |
+//! | a compaction intent without completion (crash) | [`Action::Compact`], intent already recorded |
 //! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
 //! | the model's last N tool calls were rejected as invalid (N = the agent's `max_invalid_tool_calls`) | [`Action::Fail`] |
 //! | no model call yet, a `run_start` policy has not decided | [`Action::ConsultPolicy`] |
@@ -28,6 +29,7 @@
 //! | last turn has no tool calls                 | [`Action::Finish`] with its text (or its validated JSON) |
 //! | before a step's model call (new or retried), a context source with `on_error = "fail"` failed | [`Action::Fail`] |
 //! | … a context source is due (each step, or once per turn) | [`Action::ResolveContext`] |
+//! | … a new step's prompt over the agent's budget, something left to cut, no failure this step | [`Action::Compact`] |
 //! | otherwise (start, or every call settled)    | budgets, then [`Action::CallModel`] for the next step |
 //!
 //! Budgets are checked before every effect in [`BudgetKind::ORDER`]; see
@@ -45,12 +47,14 @@ use serde_json::Value;
 
 use super::budget::{BudgetKind, BudgetOverrun, Pricing, first_exhausted};
 use super::canonical::request_hash;
+use super::compaction::{cut, estimate_tokens, request as compaction_request};
 use super::context::{ContextOutcome, ContextState, OnContextError, ResolveWhen};
 use super::events::{
-    ApprovalRequested, Event, ExternalCallRequested, InvocationOutcome, ModelCallCompleted,
-    ModelCallError, ModelCallFailed, ModelCallIntent, OutputRejected, PreflightOutcome, Preview,
-    RunCompleted, RunError, RunFailed, Suspended, ToolCallAttemptFailed, ToolCallCompleted,
-    ToolCallDeduplicated, ToolCallError, ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
+    ApprovalRequested, CompactionCompleted, CompactionFailed, CompactionIntent, Event,
+    ExternalCallRequested, InvocationOutcome, ModelCallCompleted, ModelCallError, ModelCallFailed,
+    ModelCallIntent, OutputRejected, PreflightOutcome, Preview, RunCompleted, RunError, RunFailed,
+    Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated, ToolCallError,
+    ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
 };
 use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
@@ -95,6 +99,9 @@ pub enum Action {
     /// Resolve a context source before the step's model call, and record
     /// what it returned (or how it failed).
     ResolveContext(ContextResolution),
+    /// Summarise older history before the step's model call: the prompt
+    /// outgrew the agent's budget.
+    Compact(CompactionCall),
     /// The run is done.
     Finish(RunCompleted),
     /// Park the run for a human.
@@ -124,6 +131,7 @@ impl Action {
             | Action::ObserveClock
             | Action::ConsultPolicy(_)
             | Action::ResolveContext(_)
+            | Action::Compact(_)
             | Action::Idle(_) => None,
         }
     }
@@ -190,6 +198,68 @@ pub struct ContextResolution {
     pub source: String,
     /// The step whose model call it is for.
     pub step: u32,
+}
+
+/// A compaction call to make.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompactionCall {
+    /// The step whose model call it is for.
+    pub step: u32,
+    /// The cut: messages `1..upto` are summarised.
+    pub upto: usize,
+    /// The summarising request.
+    pub request: ModelRequest,
+    /// Its hash.
+    pub request_hash: RequestHash,
+    /// Whether the intent is already in the log (a crash came between it
+    /// and the completion).
+    pub recorded: bool,
+}
+
+impl CompactionCall {
+    /// The intent to record; the request rides along when prompts are
+    /// recorded.
+    pub fn intent(&self, record_prompts: bool) -> Event {
+        Event::CompactionIntent(CompactionIntent {
+            step: self.step,
+            upto: self.upto as u32,
+            request_hash: self.request_hash.clone(),
+            request: record_prompts.then(|| self.request.clone()),
+        })
+    }
+
+    /// The completion to record for `response`: its text is the summary
+    /// (an empty one is a failure), priced with `pricing`.
+    pub fn completion(&self, response: &ModelResponse, pricing: Option<&Pricing>) -> Event {
+        if response.text.trim().is_empty() {
+            return Event::CompactionFailed(CompactionFailed {
+                step: self.step,
+                upto: self.upto as u32,
+                error: ModelCallError {
+                    transient: false,
+                    message: "the model returned an empty summary".into(),
+                    status: None,
+                },
+            });
+        }
+        Event::CompactionCompleted(CompactionCompleted {
+            step: self.step,
+            upto: self.upto as u32,
+            summary: response.text.clone(),
+            usage: response.usage,
+            cost_nanos: pricing.map(|p| p.cost_nanos(&response.usage)),
+            pricing: pricing.cloned(),
+        })
+    }
+
+    /// The failure to record for `error`.
+    pub fn failure(&self, error: &ProviderError) -> Event {
+        Event::CompactionFailed(CompactionFailed {
+            step: self.step,
+            upto: self.upto as u32,
+            error: ModelCallError::from(error),
+        })
+    }
 }
 
 /// A tool call to run.
@@ -425,6 +495,9 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
     if let ModelCallProgress::InFlight { step, attempt, .. } = state.model_call {
         return Action::CallModel(model_call(state, view, step, attempt, true, detail));
     }
+    if let Some((step, upto, _)) = &state.compaction.in_flight {
+        return Action::Compact(compaction_call(state, view, *step, *upto, true));
+    }
     if let Some(intent) = state.in_flight_tool() {
         // Not a write: a dangling write parks the run above. The same
         // intent, so the same idempotency key, on every attempt.
@@ -553,7 +626,55 @@ fn context_then_call(
             });
         }
     }
+    if attempt == 1
+        && let Some(settings) = view.compaction
+        && state.compaction.failed_at_step != Some(step)
+    {
+        let request = build_request(state, view, max_tokens(state, view));
+        if estimate_tokens(&request) > settings.max_prompt_tokens {
+            let done = state.compaction.summary.as_ref().map_or(1, |s| s.upto);
+            if let Some(upto) = cut(state.conversation(), done, settings.keep_recent) {
+                return Action::Compact(compaction_call(state, view, step, upto, false));
+            }
+        }
+    }
     Action::CallModel(model_call(state, view, step, attempt, false, detail))
+}
+
+fn compaction_call(
+    state: &RunState,
+    view: &AgentView,
+    step: u32,
+    upto: usize,
+    recorded: bool,
+) -> CompactionCall {
+    let request = compaction_request(
+        &view.model,
+        state.conversation(),
+        state.compaction.summary.as_ref(),
+        upto,
+        max_tokens(state, view),
+    );
+    CompactionCall {
+        step,
+        upto,
+        request_hash: request_hash(&request),
+        request,
+        recorded,
+    }
+}
+
+/// Output tokens for the next call: the agent's cap, within what the
+/// output-token budget has left.
+fn max_tokens(state: &RunState, view: &AgentView) -> u32 {
+    let limits = state.effective_limits(&view.budgets);
+    let remaining = limits
+        .output_tokens
+        .map(|limit| limit.saturating_sub(state.usage.output_tokens).max(1));
+    match remaining {
+        Some(r) => view.max_tokens.min(u32::try_from(r).unwrap_or(u32::MAX)),
+        None => view.max_tokens,
+    }
 }
 
 fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Action {
@@ -751,14 +872,7 @@ fn model_call(
     recorded: bool,
     detail: RequestDetail,
 ) -> ModelCall {
-    let limits = state.effective_limits(&view.budgets);
-    let remaining = limits
-        .output_tokens
-        .map(|limit| limit.saturating_sub(state.usage.output_tokens).max(1));
-    let max_tokens = match remaining {
-        Some(r) => view.max_tokens.min(u32::try_from(r).unwrap_or(u32::MAX)),
-        None => view.max_tokens,
-    };
+    let max_tokens = max_tokens(state, view);
     let (request, request_hash) = match detail {
         RequestDetail::Full => {
             let request = build_request(state, view, max_tokens);

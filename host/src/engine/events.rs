@@ -104,6 +104,15 @@ pub enum Event {
     /// A context source failed before the model call of a step; the agent
     /// says whether the step goes on without it or fails.
     ContextFailed(ContextFailed),
+    /// The prompt outgrew the agent's budget: a model call summarising the
+    /// older conversation is about to be made (intent).
+    CompactionIntent(CompactionIntent),
+    /// The summary came back; it replaces the summarised messages in later
+    /// prompts (completion).
+    CompactionCompleted(CompactionCompleted),
+    /// The summarising call failed (completion); the step goes on with the
+    /// prompt uncompacted.
+    CompactionFailed(CompactionFailed),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -168,11 +177,17 @@ pub enum EventKind {
     ContextResolved,
     /// [`Event::ContextFailed`].
     ContextFailed,
+    /// [`Event::CompactionIntent`].
+    CompactionIntent,
+    /// [`Event::CompactionCompleted`].
+    CompactionCompleted,
+    /// [`Event::CompactionFailed`].
+    CompactionFailed,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 29] = [
+    pub const ALL: [EventKind; 32] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -201,6 +216,9 @@ impl EventKind {
         EventKind::OutputRejected,
         EventKind::ContextResolved,
         EventKind::ContextFailed,
+        EventKind::CompactionIntent,
+        EventKind::CompactionCompleted,
+        EventKind::CompactionFailed,
         EventKind::PolicyDecided,
     ];
 
@@ -236,6 +254,9 @@ impl EventKind {
             EventKind::RunAbandoned => "run_abandoned",
             EventKind::ContextResolved => "context_resolved",
             EventKind::ContextFailed => "context_failed",
+            EventKind::CompactionIntent => "compaction_intent",
+            EventKind::CompactionCompleted => "compaction_completed",
+            EventKind::CompactionFailed => "compaction_failed",
         }
     }
 
@@ -290,6 +311,9 @@ impl Event {
             Event::RunAbandoned(_) => EventKind::RunAbandoned,
             Event::ContextResolved(_) => EventKind::ContextResolved,
             Event::ContextFailed(_) => EventKind::ContextFailed,
+            Event::CompactionIntent(_) => EventKind::CompactionIntent,
+            Event::CompactionCompleted(_) => EventKind::CompactionCompleted,
+            Event::CompactionFailed(_) => EventKind::CompactionFailed,
         }
     }
 }
@@ -1099,6 +1123,54 @@ impl ContextError {
     }
 }
 
+/// [`Event::CompactionIntent`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionIntent {
+    /// The step whose model call the compaction is for.
+    pub step: u32,
+    /// The cut: the conversation's messages from the second (the input
+    /// stays) up to this index, exclusive, are summarised.
+    pub upto: u32,
+    /// The hash of the summarising request, always.
+    pub request_hash: RequestHash,
+    /// The request itself, only when the operator records prompts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<ModelRequest>,
+}
+
+/// [`Event::CompactionCompleted`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionCompleted {
+    /// The step.
+    pub step: u32,
+    /// The cut, as in the intent.
+    pub upto: u32,
+    /// The summary, as the model wrote it.
+    pub summary: String,
+    /// Tokens used (counted against the token budgets, not the steps).
+    pub usage: Usage,
+    /// What the call cost. Omitted when the agent has no pricing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cost_nanos: Option<u64>,
+    /// The pricing the cost was computed with. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pricing: Option<Pricing>,
+}
+
+/// [`Event::CompactionFailed`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompactionFailed {
+    /// The step.
+    pub step: u32,
+    /// The cut, as in the intent.
+    pub upto: u32,
+    /// What went wrong.
+    pub error: ModelCallError,
+}
+
 /// [`Event::RunCancelled`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1636,6 +1708,41 @@ pub(crate) mod tests {
                 r#"{"v":1,"event":{"type":"context_failed","source":"memory","step":2,"at_ms":1700000000500,"error":{"kind":"denied","message":"read /notes: permission denied"}}}"#,
             ),
             (
+                Event::CompactionIntent(CompactionIntent {
+                    step: 7,
+                    upto: 9,
+                    request_hash: RequestHash::from_hex("ef56"),
+                    request: None,
+                }),
+                r#"{"v":1,"event":{"type":"compaction_intent","step":7,"upto":9,"request_hash":"ef56"}}"#,
+            ),
+            (
+                Event::CompactionCompleted(CompactionCompleted {
+                    step: 7,
+                    upto: 9,
+                    summary: "Read todo.md: three open items.".into(),
+                    usage: Usage {
+                        input_tokens: 900,
+                        output_tokens: 12,
+                    },
+                    cost_nanos: None,
+                    pricing: None,
+                }),
+                r#"{"v":1,"event":{"type":"compaction_completed","step":7,"upto":9,"summary":"Read todo.md: three open items.","usage":{"input_tokens":900,"output_tokens":12}}}"#,
+            ),
+            (
+                Event::CompactionFailed(CompactionFailed {
+                    step: 7,
+                    upto: 9,
+                    error: ModelCallError {
+                        transient: false,
+                        message: "the model returned an empty summary".into(),
+                        status: None,
+                    },
+                }),
+                r#"{"v":1,"event":{"type":"compaction_failed","step":7,"upto":9,"error":{"transient":false,"message":"the model returned an empty summary"}}}"#,
+            ),
+            (
                 Event::PolicyDecided(PolicyDecided {
                     hook: PolicyHook::BeforeToolCall,
                     step: None,
@@ -1680,7 +1787,10 @@ pub(crate) mod tests {
             EventKind::OutputRejected => 25,
             EventKind::ContextResolved => 26,
             EventKind::ContextFailed => 27,
-            EventKind::PolicyDecided => 28,
+            EventKind::CompactionIntent => 28,
+            EventKind::CompactionCompleted => 29,
+            EventKind::CompactionFailed => 30,
+            EventKind::PolicyDecided => 31,
         }
     }
 
@@ -1700,7 +1810,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 29, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 32, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

@@ -14,6 +14,8 @@
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`prompt`]: assembling the model request.
 //! - [`context`]: context sources: settings, what the log recorded, quoting.
+//! - [`compaction`]: summarising older history when the prompt outgrows its
+//!   budget.
 //! - [`policy_hooks`]: policies asked at fixed points of a run, their
 //!   decisions recorded.
 //! - [`output`]: typed results: the final answer checked against the
@@ -36,6 +38,7 @@
 pub mod agent;
 pub mod budget;
 pub mod canonical;
+pub mod compaction;
 pub mod context;
 pub mod decide;
 pub mod events;

@@ -12,10 +12,13 @@
 //! 3. the conversation folded from the log (in a session, the history
 //!    recorded in `run_started` first; then the input, each model turn,
 //!    each tool result, denials and rejections included), tool errors
-//!    compacted ([`compact_tool_error`]; the log keeps them whole);
+//!    compacted ([`compact_tool_error`]; the log keeps them whole); once
+//!    the history has been summarised ([`super::compaction`]), the input,
+//!    the summary, and the messages after the cut;
 //! 4. the tool specs: [`AgentView::tool_specs`], the same list
 //!    [`AgentView::tool`] accepts calls from, built once with the view.
 
+use super::compaction::prompt_messages;
 use super::context::quote;
 use super::state::RunState;
 use super::view::AgentView;
@@ -34,7 +37,7 @@ const REPEAT_QUOTE_BYTES: usize = 160;
 /// output tokens.
 pub fn build_request(state: &RunState, view: &AgentView, max_tokens: u32) -> ModelRequest {
     ModelRequest {
-        messages: state.conversation().to_vec(),
+        messages: prompt_messages(state.conversation(), state.compaction.summary.as_ref()),
         ..request_frame(state, view, max_tokens)
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! Checked positions: model call intents (step, attempt and the request
 //! hash, so a changed prompt or tool set is caught without storing the
-//! prompt), tool call intents (tool, frozen arguments, effect class, key),
+//! prompt), compaction intents (step, cut and request hash; the summary
+//! that came back is a fact, quoted into later requests), tool call intents (tool, frozen arguments, effect class, key),
 //! rejections, approval requests, suspensions, budget crossings, clock reads,
 //! context resolutions (which source, for which step), output rejections
 //! (typed results) and completions. A completion the host supplied
@@ -21,6 +22,7 @@
 //! make the same tool decisions, but its model requests may differ.
 
 use super::canonical::RequestHasher;
+use super::compaction::summary_message;
 use super::decide::{Action, Park, RequestDetail, decide_with};
 use super::events::{Event, EventKind};
 use super::ids::AgentDigest;
@@ -87,14 +89,32 @@ pub fn replay(
             current: view.digest.clone(),
         });
     }
+    // The request's messages are hashed as the conversation grows; a new
+    // summary (compaction) starts the hash over from the input, the summary
+    // and the messages after its cut.
     let mut hasher = RequestHasher::new();
+    let mut hashed_cut: Option<usize> = None;
+    let mut hashed_to = 0;
     for event in rest {
         if is_decision(event) {
             let mut action = decide_with(&state, view, RequestDetail::Frame);
             if let Action::CallModel(call) = &mut action {
-                for message in &state.conversation()[hasher.messages()..] {
+                let conversation = state.conversation();
+                let summary = state.compaction.summary.as_ref();
+                if summary.map(|s| s.upto) != hashed_cut {
+                    hasher = RequestHasher::new();
+                    hashed_to = 0;
+                    if let Some(s) = summary {
+                        hasher.push(&conversation[0]);
+                        hasher.push(&summary_message(s, conversation));
+                        hashed_to = s.upto;
+                    }
+                    hashed_cut = summary.map(|s| s.upto);
+                }
+                for message in &conversation[hashed_to..] {
                     hasher.push(message);
                 }
+                hashed_to = conversation.len();
                 call.request_hash = hasher.finish(&call.request);
             }
             if !agrees(&action, event, options) {
@@ -126,6 +146,7 @@ fn is_decision(event: &Event) -> bool {
             | Event::OutputRejected(_)
             | Event::ContextResolved(_)
             | Event::ContextFailed(_)
+            | Event::CompactionIntent(_)
             | Event::PolicyDecided(_)
     ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
 }
@@ -156,6 +177,12 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         (Action::Park(Park::External(a)), Event::ExternalCallRequested(b)) => a == b,
         (Action::Park(Park::BudgetExceeded(a)), Event::BudgetExceeded(b)) => a == b,
         (Action::ObserveClock, Event::ClockObserved(_)) => true,
+        (Action::Compact(call), Event::CompactionIntent(intent)) => {
+            !call.recorded
+                && call.step == intent.step
+                && call.upto == intent.upto as usize
+                && (options.accept_agent_change || call.request_hash == intent.request_hash)
+        }
         // Which source was resolved for which step is checked; what it
         // returned is a fact, read back and never resolved again.
         (Action::ResolveContext(r), Event::ContextResolved(e)) => {
@@ -197,6 +224,10 @@ fn describe_action(action: &Action) -> String {
             r.step, r.violation
         ),
         Action::ObserveClock => "a clock reading".into(),
+        Action::Compact(c) => format!(
+            "a compaction (step {}, messages up to {}, request {})",
+            c.step, c.upto, c.request_hash
+        ),
         Action::ResolveContext(r) => {
             format!(
                 "resolving context source `{}` for step {}",
@@ -230,6 +261,10 @@ fn describe_event(event: &Event) -> String {
         }
         Event::ToolCallRejected(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
         Event::ClockObserved(_) => "a clock reading".into(),
+        Event::CompactionIntent(i) => format!(
+            "a compaction (step {}, messages up to {}, request {})",
+            i.step, i.upto, i.request_hash
+        ),
         Event::ContextResolved(c) => {
             format!(
                 "resolving context source `{}` for step {}",

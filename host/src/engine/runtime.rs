@@ -27,8 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::Agent;
 use super::decide::{
-    Action, ApprovalRequest, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall, ToolInvocation,
-    decide,
+    Action, ApprovalRequest, CompactionCall, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall,
+    ToolInvocation, decide,
 };
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
@@ -1194,6 +1194,7 @@ impl Runtime {
                 self.append(log, vec![event]).await?;
                 Ok(Step::Progressed)
             }
+            Action::Compact(call) => self.compact(log, prepared, driver, call).await,
             Action::ResolveContext(resolution) => {
                 self.resolve_context(log, prepared, driver, resolution)
                     .await
@@ -1448,6 +1449,52 @@ impl Runtime {
             return self.record_cancel(log, driver, None).await;
         }
         let event = request.event(Some((&leased.result, leased.receipt)));
+        self.append(log, vec![event]).await?;
+        Ok(Step::Progressed)
+    }
+
+    /// Makes a compaction call: intent, the summarising request, then the
+    /// summary or the failure (never retried within the step: the step
+    /// goes on uncompacted).
+    async fn compact(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        call: CompactionCall,
+    ) -> Result<Step, RuntimeError> {
+        if !call.recorded {
+            self.append(log, vec![call.intent(self.inner.record_prompts)])
+                .await?;
+        }
+        let mut stream = prepared.provider.stream(&call.request);
+        let mut assembler = ResponseAssembler::new(prepared.provider.name());
+        let outcome = loop {
+            let next = tokio::select! {
+                () = driver.cancel.cancelled() => None,
+                item = stream.next() => Some(item),
+            };
+            let Some(item) = next else {
+                drop(stream);
+                return self.record_cancel(log, driver, None).await;
+            };
+            match item {
+                None => break assembler.finish(),
+                Some(Err(e)) => break Err(e),
+                Some(Ok(event)) => {
+                    if let Err(e) = assembler.push(event) {
+                        break Err(e);
+                    }
+                }
+            }
+        };
+        let event = match outcome {
+            Ok(response) => call.completion(&response, prepared.view.pricing.as_ref()),
+            Err(error) => {
+                tracing::warn!(run_id = %log.run_id, step = call.step, %error, "compaction failed; the prompt goes on uncompacted");
+                call.failure(&error)
+            }
+        };
         self.append(log, vec![event]).await?;
         Ok(Step::Progressed)
     }

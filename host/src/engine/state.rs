@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
+use super::compaction::{CompactionProgress, Summary};
 use super::context::ContextState;
 use super::events::{
     BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError, Resumed, RunAbandoned,
@@ -190,6 +191,8 @@ pub struct RunState {
     pub invalid_calls_in_a_row: u32,
     /// The last such rejection, as the model saw it.
     pub last_invalid_call: Option<String>,
+    /// Summaries of older history, in flight, done and failed.
+    pub compaction: CompactionProgress,
     /// Final answers sent back for violating the output schema.
     pub output_rejections: u32,
     /// Policy decisions, by the point they were made at, in log order.
@@ -606,6 +609,33 @@ pub enum FoldProblem {
     /// A resumption with no suspension.
     #[error("the run is not suspended")]
     NotSuspended,
+    /// An intent while a compaction is in flight.
+    #[error("the compaction of step {step} is still in flight")]
+    CompactionInFlight {
+        /// Its step.
+        step: u32,
+    },
+    /// A compaction completion with no matching intent.
+    #[error("no compaction of step {step} up to message {upto} is in flight")]
+    NoCompactionInFlight {
+        /// The step the event names.
+        step: u32,
+        /// The cut it names.
+        upto: u32,
+    },
+    /// A compaction whose cut summarises nothing new or cuts past the
+    /// conversation.
+    #[error(
+        "a compaction up to message {upto} must cut past message {done} and before the end ({len} messages)"
+    )]
+    CompactionCut {
+        /// The cut recorded.
+        upto: u32,
+        /// The cut of the summary in force (1 for none).
+        done: usize,
+        /// The conversation's length.
+        len: usize,
+    },
     /// A context resolution for another step than the next model call's.
     #[error("context resolved for step {step}, but the next model call is step {expected}")]
     ContextStepMismatch {
@@ -667,6 +697,7 @@ impl RunState {
             context: BTreeMap::new(),
             invalid_calls_in_a_row: 0,
             last_invalid_call: None,
+            compaction: CompactionProgress::default(),
             output_rejections: 0,
             policy_decisions: HashMap::new(),
             session_id: started.session.as_ref().map(|s| s.session_id.clone()),
@@ -897,6 +928,9 @@ impl RunState {
     fn nothing_in_flight(&self) -> Result<(), FoldProblem> {
         if let ModelCallProgress::InFlight { step, .. } = self.model_call {
             return Err(FoldProblem::ModelCallInFlight { step });
+        }
+        if let Some((step, ..)) = self.compaction.in_flight {
+            return Err(FoldProblem::CompactionInFlight { step });
         }
         if let Some(intent) = self.in_flight_tool() {
             return Err(FoldProblem::ToolCallInFlight {
@@ -1163,6 +1197,21 @@ impl RunState {
                 }
                 Ok(())
             }
+            Event::CompactionIntent(i) => {
+                self.check_context(i.step)?;
+                let done = self.compaction.summary.as_ref().map_or(1, |s| s.upto);
+                let upto = i.upto as usize;
+                if upto <= done || upto >= self.messages.len() {
+                    return Err(FoldProblem::CompactionCut {
+                        upto: i.upto,
+                        done,
+                        len: self.messages.len(),
+                    });
+                }
+                Ok(())
+            }
+            Event::CompactionCompleted(c) => self.expect_compaction_in_flight(c.step, c.upto),
+            Event::CompactionFailed(f) => self.expect_compaction_in_flight(f.step, f.upto),
             Event::ContextResolved(r) => self.check_context(r.step),
             Event::ContextFailed(f) => self.check_context(f.step),
             Event::OutputRejected(r) => {
@@ -1254,6 +1303,13 @@ impl RunState {
             return Err(FoldProblem::ContextStepMismatch { expected, step });
         }
         Ok(())
+    }
+
+    fn expect_compaction_in_flight(&self, step: u32, upto: u32) -> Result<(), FoldProblem> {
+        match self.compaction.in_flight {
+            Some((s, u, _)) if s == step && u == upto as usize => Ok(()),
+            _ => Err(FoldProblem::NoCompactionInFlight { step, upto }),
+        }
     }
 
     fn expect_model_in_flight(&self, step: u32) -> Result<(), FoldProblem> {
@@ -1439,6 +1495,27 @@ impl RunState {
                 self.usage.wall_time_ms = c.at_ms.saturating_sub(self.clock_seed_ms);
             }
             Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::CompactionIntent(i) => {
+                self.compaction.in_flight = Some((i.step, i.upto as usize, i.request_hash.clone()));
+            }
+            Event::CompactionCompleted(c) => {
+                let u = &mut self.usage;
+                u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
+                u.output_tokens = u.output_tokens.saturating_add(c.usage.output_tokens);
+                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos.unwrap_or(0));
+                self.compaction.in_flight = None;
+                self.compaction.completed += 1;
+                self.compaction.summary = Some(Summary {
+                    step: c.step,
+                    upto: c.upto as usize,
+                    text: c.summary.clone(),
+                });
+            }
+            Event::CompactionFailed(f) => {
+                self.compaction.in_flight = None;
+                self.compaction.failed += 1;
+                self.compaction.failed_at_step = Some(f.step);
+            }
             Event::ContextResolved(r) => {
                 self.usage.fuel = self.usage.fuel.saturating_add(r.receipt.fuel_consumed);
                 self.context

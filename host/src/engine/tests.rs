@@ -81,6 +81,7 @@ fn view() -> AgentView {
         pricing: None,
         context: Vec::new(),
         max_invalid_tool_calls: 3,
+        compaction: None,
         output_schema: None,
         policies: vec![],
     }
@@ -828,6 +829,10 @@ fn shape(action: &Action) -> String {
         Action::ObserveClock => "observe_clock".into(),
         Action::ConsultPolicy(c) => format!("consult {} at {:?}", c.policy, c.point),
         Action::ResolveContext(r) => format!("resolve_context {} step={}", r.source, r.step),
+        Action::Compact(c) => format!(
+            "compact step={} upto={} recorded={}",
+            c.step, c.upto, c.recorded
+        ),
         Action::Finish(c) => format!("finish {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => {
             format!("park budget {} {}/{}", o.budget, o.used, o.limit)
@@ -1456,6 +1461,18 @@ impl Sim {
                 Action::ObserveClock => {
                     self.clock_ms += 1000;
                     self.events.push(clock(self.clock_ms));
+                }
+                Action::Compact(call) => {
+                    if !call.recorded {
+                        self.events.push(call.intent(false));
+                    }
+                    let mut assembler = ResponseAssembler::new("scripted");
+                    for event in self.script.events_for(&call.request).unwrap() {
+                        assembler.push(event).unwrap();
+                    }
+                    let response = assembler.finish().unwrap();
+                    self.events
+                        .push(call.completion(&response, self.view.pricing.as_ref()));
                 }
                 Action::ResolveContext(r) => {
                     self.events.push(context::sim_resolution(&r, self.clock_ms));
@@ -2459,4 +2476,5 @@ fn impossible_policy_decisions_are_refused() {
         assert!(err.to_string().contains(message), "{name}: {err}");
     }
 }
+mod compaction;
 mod context;

@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::agent::{Agent, ApprovalRule};
 use super::budget::{BudgetLimits, Pricing};
+use super::compaction::CompactionSettings;
 use super::context::ContextSource;
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
@@ -47,6 +48,8 @@ pub struct AgentView {
     pub context: Vec<ContextSource>,
     /// Invalid tool calls in a row that end the run.
     pub max_invalid_tool_calls: u32,
+    /// When older history is summarised; `None` never.
+    pub compaction: Option<CompactionSettings>,
     /// The JSON Schema the final output must satisfy, when declared (then
     /// `instructions` state it too).
     pub output_schema: Option<Value>,
@@ -268,6 +271,7 @@ impl AgentView {
             pricing: agent.model.pricing.clone(),
             context: agent.context.clone(),
             max_invalid_tool_calls: agent.max_invalid_tool_calls,
+            compaction: agent.compaction,
             output_schema: agent.output_schema.clone(),
             policies: agent
                 .policies

@@ -22,6 +22,11 @@
 //! keeps no state, a retried call gets the same turn again, and a run
 //! recovered after a crash picks up exactly where its log ends.
 //!
+//! A summary after a compaction counts for the model turns it says it
+//! replaces. A compaction call (the request whose instructions are
+//! [`COMPACTION_INSTRUCTIONS`]) is not a turn: it is answered with a summary
+//! made from the quoted transcript itself, the first line of each entry.
+//!
 //! Without `usage`, a turn reports an estimate: a token per 4 bytes of the
 //! request's JSON (input) and of the turn's text and tool calls (output).
 //! Without `stop_reason`, a turn stops with `tool_use` if it calls tools and
@@ -31,6 +36,8 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+
+use crate::engine::compaction::{COMPACTION_INSTRUCTIONS, summarised_turns};
 
 use super::{
     Message, ModelProvider, ModelRequest, ModelStream, ProviderEvent, StopReason, ToolCall, Usage,
@@ -214,11 +221,17 @@ impl ScriptedProvider {
 
     /// The events answering `request`, or why there are none.
     pub fn events_for(&self, request: &ModelRequest) -> Result<Vec<ProviderEvent>, ScriptError> {
+        if request.instructions == COMPACTION_INSTRUCTIONS {
+            return Ok(summary_events(request));
+        }
         let index = request
             .messages
             .iter()
-            .filter(|m| matches!(m, Message::Assistant { .. }))
-            .count();
+            .map(|m| match m {
+                Message::Assistant { .. } => 1,
+                other => summarised_turns(other).unwrap_or(0),
+            })
+            .sum::<usize>();
         let turn = self
             .turns
             .get(index)
@@ -252,6 +265,38 @@ impl ScriptedProvider {
         events.push(ProviderEvent::Stop(stop));
         Ok(events)
     }
+}
+
+/// The answer to a compaction call: the first line of each entry of the
+/// quoted transcript, in order.
+fn summary_events(request: &ModelRequest) -> Vec<ProviderEvent> {
+    let transcript: String = request
+        .messages
+        .iter()
+        .filter_map(|m| match m {
+            Message::User { content } => Some(content.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut lines = transcript.lines();
+    let mut parts = Vec::new();
+    while let Some(line) = lines.next() {
+        if line.starts_with('[') && line.ends_with(']') {
+            let first = lines.next().unwrap_or_default();
+            let cut = first.char_indices().nth(80).map_or(first.len(), |(i, _)| i);
+            parts.push(format!("{} {}", line, &first[..cut]));
+        }
+    }
+    let text = format!("Scripted summary: {}", parts.join("; "));
+    let request_bytes = serde_json::to_vec(request).map_or(0, |v| v.len());
+    vec![
+        ProviderEvent::TextDelta(text.clone()),
+        ProviderEvent::Usage(Usage {
+            input_tokens: (request_bytes as u64).div_ceil(4),
+            output_tokens: (text.len() as u64).div_ceil(4),
+        }),
+        ProviderEvent::Stop(StopReason::EndTurn),
+    ]
 }
 
 fn estimate_usage(request: &ModelRequest, turn: &ScriptedTurn) -> Usage {

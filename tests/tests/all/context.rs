@@ -440,3 +440,183 @@ async fn a_context_source_must_be_a_context_plugin_and_its_limits_hold() {
         failed.error
     );
 }
+
+// ------------------------------------------------------------- compaction
+
+/// Four reads of a large file, then the answer.
+const FOUR_READS: &str = r#"
+[[turns]]
+text = "First look."
+[[turns.tool_calls]]
+name = "fs__read_file"
+arguments = { path = "big.md" }
+
+[[turns]]
+text = "Second look."
+[[turns.tool_calls]]
+name = "fs__read_file"
+arguments = { path = "big.md" }
+
+[[turns]]
+text = "Third look."
+[[turns.tool_calls]]
+name = "fs__read_file"
+arguments = { path = "big.md" }
+
+[[turns]]
+text = "Fourth look."
+[[turns.tool_calls]]
+name = "fs__read_file"
+arguments = { path = "big.md" }
+
+[[turns]]
+text = "It is a big file."
+"#;
+
+/// An agent reading `notes/big.md` (3 KB) with a prompt budget of 1,500
+/// tokens.
+fn compacting_agent(fx: &Fixture) -> Agent {
+    std::fs::write(
+        fx.path("notes/big.md"),
+        "a line of the big file\n".repeat(130),
+    )
+    .unwrap();
+    fx.agent(
+        FOUR_READS,
+        r#"
+[plugins.fs]
+source = "builtin:fs"
+[plugins.fs.grant.mounts.workspace]
+dir = "notes"
+access = "read-only"
+
+[compaction]
+max_prompt_tokens = 1500
+keep_recent = 2
+"#,
+    )
+}
+
+#[tokio::test]
+async fn an_oversized_prompt_is_compacted_by_a_recorded_model_call_and_replays() {
+    let fx = Fixture::new();
+    let agent = compacting_agent(&fx);
+    let db = fx.path("runs.db");
+    let run = id("compacted");
+    let rt = runtime(Arc::new(SqliteStore::open(&db).unwrap()));
+    rt.start_with_id(&agent, run.clone(), json!("How big is big.md?"))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    let events = rt.events(&run).await.unwrap();
+    let compactions: Vec<&Event> = events
+        .iter()
+        .filter(|e| matches!(e, Event::CompactionCompleted(_)))
+        .collect();
+    assert!(!compactions.is_empty(), "{:?}", kinds(&events));
+    let intent = events
+        .iter()
+        .find_map(|e| match e {
+            Event::CompactionIntent(i) => Some(i),
+            _ => None,
+        })
+        .unwrap();
+    // Recorded like a model call: the summarising request is in the log
+    // when prompts are recorded.
+    let request = intent.request.as_ref().unwrap();
+    assert_eq!(
+        request.instructions,
+        warden::engine::compaction::COMPACTION_INSTRUCTIONS
+    );
+    assert!(request.tools.is_empty());
+    // Later prompts carry the summary instead of the older history.
+    let Some(Event::ModelCallIntent(last)) = events
+        .iter()
+        .rev()
+        .find(|e| matches!(e, Event::ModelCallIntent(_)))
+    else {
+        unreachable!()
+    };
+    let last = last.request.as_ref().unwrap();
+    let warden::providers::Message::User { content } = &last.messages[1] else {
+        panic!("{:?}", last.messages[1]);
+    };
+    assert!(
+        content.starts_with("Summary of the earlier conversation ("),
+        "{content}"
+    );
+    let state = rt.state(&run).await.unwrap();
+    assert_eq!(state.compaction.failed, 0);
+    assert_eq!(state.compaction.completed as usize, compactions.len());
+    assert_eq!(state.output(), Some(&json!("It is a big file.")));
+    // A new process replays the log (summaries included) against the agent.
+    let rt = runtime(Arc::new(SqliteStore::open(&db).unwrap()));
+    assert_eq!(
+        rt.recover(&run, &agent, ReplayOptions::default())
+            .await
+            .unwrap(),
+        RunStatus::Completed
+    );
+}
+
+/// The scripted model, refusing every compaction call.
+struct RefusesSummaries(warden::providers::ScriptedProvider);
+
+impl warden::providers::ModelProvider for RefusesSummaries {
+    fn name(&self) -> &str {
+        "scripted"
+    }
+
+    fn stream(&self, request: &warden::providers::ModelRequest) -> warden::providers::ModelStream {
+        if request.instructions == warden::engine::compaction::COMPACTION_INSTRUCTIONS {
+            let error = warden::providers::ProviderError::InvalidRequest {
+                provider: "scripted".into(),
+                message: "no summaries today".into(),
+            };
+            return Box::pin(futures::stream::iter(vec![Err(error)]));
+        }
+        self.0.stream(request)
+    }
+}
+
+#[tokio::test]
+async fn a_failed_compaction_is_recorded_counted_and_never_loses_the_run() {
+    let fx = Fixture::new();
+    let agent = compacting_agent(&fx);
+    let script = warden::providers::ScriptedProvider::load(&fx.path("transcript.toml")).unwrap();
+    let rt =
+        runtime(Arc::new(MemoryStore::new())).with_provider(Arc::new(RefusesSummaries(script)));
+    let run = id("uncompacted");
+    rt.start_with_id(&agent, run.clone(), json!("How big is big.md?"))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    let events = rt.events(&run).await.unwrap();
+    let failures: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::CompactionFailed(f) => Some(f),
+            _ => None,
+        })
+        .collect();
+    assert!(!failures.is_empty(), "{:?}", kinds(&events));
+    assert!(failures[0].error.message.contains("no summaries today"));
+    // One attempt per step: each failure is followed by that step's model
+    // call, with the whole conversation.
+    for (i, e) in events.iter().enumerate() {
+        if let Event::CompactionFailed(f) = e {
+            let Event::ModelCallIntent(next) = &events[i + 1] else {
+                panic!("{:?}", kinds(&events));
+            };
+            assert_eq!(next.step, f.step);
+            assert!(!next.request.as_ref().unwrap().messages.iter().any(|m| matches!(
+                m,
+                warden::providers::Message::User { content } if content.starts_with("Summary of")
+            )));
+        }
+    }
+    let state = rt.state(&run).await.unwrap();
+    assert_eq!(state.compaction.failed as usize, failures.len());
+    assert_eq!(state.compaction.completed, 0);
+    assert_eq!(state.output(), Some(&json!("It is a big file.")));
+}
