@@ -630,6 +630,20 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
             "[plugins.fs.grant.tools.format_disk]",
         );
     std::fs::write(dir.path().join("unknown-tool.toml"), unknown_tool).unwrap();
+    let notes = std::fs::read_to_string(dir.path().join("notes.toml")).unwrap();
+    for (file, plugin) in [
+        ("tool-as-source.toml", "fs"),
+        ("no-such-source.toml", "wiki"),
+    ] {
+        std::fs::write(
+            dir.path().join(file),
+            notes.replace(
+                "plugin = \"notes-files\"",
+                &format!("plugin = \"{plugin}\""),
+            ),
+        )
+        .unwrap();
+    }
     let out = warden(&["run", "notes.toml", "go", "--run-id", "done"], dir.path());
     assert_eq!(out.status.code(), Some(4));
     let ok = warden(&["runs", "approve", "done", "call-3-1"], dir.path());
@@ -644,6 +658,14 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
         (&["run", "bad.toml", "go"], "surprise"),
         (&["run", "missing.toml", "go"], "missing.toml"),
         (&["run", "unknown-tool.toml", "go"], "format_disk"),
+        (
+            &["run", "tool-as-source.toml", "go"],
+            "key `context.notes.plugin`: plugin `fs` (builtin:fs) is not a context source",
+        ),
+        (
+            &["run", "no-such-source.toml", "go"],
+            "key `context.notes.plugin`: `wiki` is not a plugin of this agent (its [plugins]: fs, notes-files)",
+        ),
         (&["runs", "show", "nope"], "nope"),
         (
             &["runs", "approve", "nope", "call-1-1"],
@@ -1599,6 +1621,10 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     );
     assert!(out.status.success(), "{}", stderr(&out));
     let text = stdout(&out);
+    assert!(
+        text.contains("· step 1: context `style` resolved: 1 item, "),
+        "the house style is quoted: {text}"
+    );
     assert!(text.contains("→ call-2-1 fs__search [read]"), "{text}");
     assert!(text.contains("\"line\":16"), "{text}");
     assert!(text.contains("✓ completed: Review of src/lib.rs"), "{text}");
@@ -1913,6 +1939,34 @@ text = "Read it three times."
     let out = warden(&["runs", "show", "small"], dir.path());
     let shown = stdout(&out);
     assert!(shown.contains("compaction: 2 done, 0 failed"), "{shown}");
+    // The recorded prompts: the notes quoted, fenced, with their age.
+    let out = warden(&["runs", "show", "small", "--prompts"], dir.path());
+    let shown = stdout(&out);
+    assert!(
+        shown.contains("               context:\n                 Context for this request"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("source=\"notes\" item=\"todo.md\" age=\""),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("                 - [ ] water the plants\n"),
+        "{shown}"
+    );
+    let out = warden(&["runs", "show", "demo-none", "--prompts"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "an unknown run");
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "unrecorded"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&["runs", "show", "unrecorded", "--prompts"], dir.path());
+    assert!(
+        stdout(&out).contains("(prompt not recorded: run with --record-prompts)"),
+        "{}",
+        stdout(&out)
+    );
     let out = warden(&["runs", "show", "small", "--json"], dir.path());
     let body: Value = serde_json::from_str(&stdout(&out)).unwrap();
     assert_eq!(

@@ -212,6 +212,35 @@ pub(crate) fn event(event: &Event) -> Option<String> {
     })
 }
 
+/// A recorded prompt for `runs show --prompts`: the quoted context whole,
+/// then what else the request held.
+pub(crate) fn prompt(request: Option<&crate::providers::ModelRequest>) -> String {
+    let Some(r) = request else {
+        return "(prompt not recorded: run with --record-prompts)".into();
+    };
+    let mut out = String::new();
+    if r.context.is_empty() {
+        out.push_str("context: none\n");
+    } else {
+        out.push_str("context:\n");
+        for line in r.context.lines() {
+            if !line.is_empty() {
+                out.push_str("  ");
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!(
+        "instructions: {} bytes · messages: {} · tools: {} · max_tokens: {}",
+        r.instructions.len(),
+        r.messages.len(),
+        r.tools.len(),
+        r.max_tokens
+    ));
+    out
+}
+
 /// A receipt in a few words.
 pub(crate) fn receipt(r: &UsageReceipt) -> String {
     format!(

@@ -67,6 +67,11 @@ pub(crate) enum RunsCommand {
         /// run was started from, when it can still be read).
         #[arg(long)]
         agent: Option<PathBuf>,
+        /// Under each model call, the recorded prompt: the quoted context
+        /// in full, and what else the request held (prompts are recorded
+        /// with `--record-prompts`).
+        #[arg(long)]
+        prompts: bool,
     },
     /// The run's raw log, one stored event (JSON) per line.
     Events {
@@ -353,7 +358,11 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
     let store = open_store(&ctx.settings).await?;
     match cmd {
         RunsCommand::List(args) => list(store, args, ctx.json).await,
-        RunsCommand::Show { run, agent } => show(ctx, store, &run_id(&run)?, agent).await,
+        RunsCommand::Show {
+            run,
+            agent,
+            prompts,
+        } => show(ctx, store, &run_id(&run)?, agent, prompts).await,
         RunsCommand::Events { run } => {
             for e in store.load(&run_id(&run)?).await? {
                 println!("{}", String::from_utf8_lossy(&e.bytes));
@@ -1158,6 +1167,7 @@ async fn show(
     store: Arc<dyn EventStore>,
     run: &RunId,
     agent_file: Option<PathBuf>,
+    prompts: bool,
 ) -> anyhow::Result<()> {
     let stored = store.load(run).await?;
     let summary = store.summary(run).await?;
@@ -1249,6 +1259,11 @@ async fn show(
             );
             for rest in lines {
                 println!("               {rest}");
+            }
+        }
+        if prompts && let Event::ModelCallIntent(i) = event {
+            for line in render::prompt(i.request.as_ref()).lines() {
+                println!("               {line}");
             }
         }
     }

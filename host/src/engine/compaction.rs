@@ -20,6 +20,10 @@
 //! (the error). Replay checks the intent's hash and reads the summary back.
 //! A failed compaction is counted and the step goes on with the prompt
 //! uncompacted: it never loses the run. One attempt per step.
+//!
+//! Cost: with compaction on, deciding a new step's model call builds the
+//! whole request to estimate it, in replay too (O(conversation) per step,
+//! where replay otherwise hashes the conversation incrementally).
 
 use serde::{Deserialize, Serialize};
 
