@@ -501,6 +501,8 @@ fn demo() -> tempfile::TempDir {
         std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
     }
     std::fs::create_dir(dir.path().join("notes")).unwrap();
+    // Where the demo's channel delivers (git-ignored in the repository).
+    std::fs::create_dir(dir.path().join("out")).unwrap();
     for entry in std::fs::read_dir(examples.join("notes")).unwrap() {
         let entry = entry.unwrap();
         std::fs::copy(
@@ -570,7 +572,33 @@ fn run_parks_for_approval_and_runs_approve_finishes_it() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(lines[0]["event"]["type"], "run_started");
-    assert_eq!(lines.last().unwrap()["event"]["type"], "run_completed");
+    // The run completed, then its channel delivered the output.
+    let types: Vec<&str> = lines
+        .iter()
+        .map(|l| l["event"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        types[types.len() - 3..],
+        ["run_completed", "delivery_intent", "delivery_completed"]
+    );
+    let completed_at = lines.len() - 3;
+    let delivery_id = format!("demo-1/results/{completed_at}");
+    assert_eq!(lines[completed_at + 1]["event"]["delivery_id"], delivery_id);
+    // The quick start's JSONL line: the final output, with the stable id.
+    let text = std::fs::read_to_string(dir.path().join("out/deliveries.jsonl")).unwrap();
+    let delivered: Vec<Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(delivered.len(), 1, "{text}");
+    assert_eq!(delivered[0]["id"], delivery_id);
+    assert_eq!(delivered[0]["run_id"], "demo-1");
+    assert_eq!(delivered[0]["kind"], "completed");
+    assert_eq!(delivered[0]["payload"]["agent"], "notes");
+    assert_eq!(
+        delivered[0]["payload"]["event"]["output"],
+        "I wrote SUMMARY.md: the folder holds one todo list with three open items."
+    );
     assert!(
         lines
             .iter()
@@ -580,6 +608,11 @@ fn run_parks_for_approval_and_runs_approve_finishes_it() {
     let out = warden(&["runs", "show", "demo-1"], dir.path());
     assert!(
         stdout(&out).contains("✓ call-3-1 approved by tester"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(
+        stdout(&out).contains(&format!("✉ delivered {delivery_id} (attempt 1, ok · fuel ")),
         "{}",
         stdout(&out)
     );
@@ -664,7 +697,7 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
         ),
         (
             &["run", "no-such-source.toml", "go"],
-            "key `context.notes.plugin`: `wiki` is not a plugin of this agent (its [plugins]: fs, notes-files)",
+            "key `context.notes.plugin`: `wiki` is not a plugin of this agent (its [plugins]: fs, notes-files, outbox)",
         ),
         (&["runs", "show", "nope"], "nope"),
         (

@@ -58,4 +58,10 @@ fn the_embedding_example_parks_then_finishes_from_a_second_process() {
             .join(".warden/embed-demo/notes/SUMMARY.md")
             .exists()
     );
+    // The second process also made the run's delivery: one JSON line.
+    let delivered =
+        std::fs::read_to_string(dir.path().join(".warden/embed-demo/out/deliveries.jsonl"))
+            .unwrap();
+    assert_eq!(delivered.lines().count(), 1, "{delivered}");
+    assert!(delivered.contains("\"kind\":\"completed\""), "{delivered}");
 }

@@ -209,6 +209,28 @@ pub(crate) fn event(event: &Event) -> Option<String> {
                 .map(|r| format!(" ({})", receipt(r)))
                 .unwrap_or_default()
         ),
+        // A delivery is shown once it is settled: one line each.
+        Event::DeliveryIntent(_) => return None,
+        Event::DeliveryAttemptFailed(f) => format!(
+            "↻ delivery {} attempt {} failed: {} ({}); trying again",
+            f.delivery_id,
+            f.attempt,
+            f.error,
+            receipt(&f.receipt)
+        ),
+        Event::DeliveryCompleted(c) => format!(
+            "✉ delivered {} (attempt {}, {})",
+            c.delivery_id,
+            c.attempt,
+            receipt(&c.receipt)
+        ),
+        Event::DeliveryFailed(f) => format!(
+            "✗ delivery {} given up after {} attempt{}: {}",
+            f.delivery_id,
+            f.attempts,
+            if f.attempts == 1 { "" } else { "s" },
+            f.error
+        ),
     })
 }
 

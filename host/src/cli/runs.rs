@@ -647,6 +647,14 @@ async fn resume(
 ) -> anyhow::Result<()> {
     let state = rt.state(run).await?;
     let status = state.status();
+    // A finished run may still owe deliveries (the process died after its
+    // last event): recovering it makes them, and nothing else.
+    if status.is_terminal()
+        && input.is_none()
+        && owes_deliveries(ctx, rt, run, &drive, &state).await
+    {
+        return recover(ctx, rt, run, &drive, accept_agent_change).await;
+    }
     match status {
         RunStatus::Suspended | RunStatus::BudgetExceeded => {
             let Some(input) = input else {
@@ -730,6 +738,27 @@ async fn resume(
             status: terminal,
         }
         .into()),
+    }
+}
+
+/// Whether the terminal run in `state` owes a delivery: one in flight, or
+/// an event its agent's channels receive and were not given. An agent that
+/// cannot be loaded owes nothing here (the verb then refuses as before).
+async fn owes_deliveries(
+    ctx: &Context,
+    rt: &Runtime,
+    run: &RunId,
+    drive: &DriveArgs,
+    state: &crate::engine::RunState,
+) -> bool {
+    if state.deliveries.in_flight.is_some() {
+        return true;
+    }
+    match agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await {
+        Ok(agent) if !agent.channels.is_empty() => {
+            matches!(rt.owed_delivery(run, &agent).await, Ok(Some(_)))
+        }
+        _ => false,
     }
 }
 

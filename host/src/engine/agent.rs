@@ -58,6 +58,12 @@
 //! output_schema = '{"type": "object"}'     # `Runtime::complete_external`
 //! must_match = ["invoice_id"]            # output fields that must equal the arguments'
 //!
+//! [channels.outbox]                      # a delivery channel: deliveries are recorded
+//! plugin = "outbox"                      # effects; the key of a channel plugin in [plugins]
+//! receives = ["output", "parked"]        # output | failures | parked | events; default output
+//! max_attempts = 5                       # per delivery, 1 to 20; default 5
+//! backoff = "1s"                         # before the first retry, doubled after; default 1s
+//! backoff_cap = "1m"                     # the longest wait; default 1m, at most 1h
 //! [context.notes]                        # a context source, quoted into the prompt as data
 //! plugin = "notes-files"                 # a key in [plugins] whose plugin is a context source
 //! query = '{"paths": ["*.md"]}'          # passed to the source as is; default ""
@@ -108,6 +114,10 @@ use serde_json::Value;
 
 use super::budget::{BudgetLimits, Pricing, currency_to_nanos, price_to_micros};
 use super::canonical::{canonical_json, without_empty};
+use super::channels::{
+    BACKOFF_CAP_LIMIT_MS, Channel, DEFAULT_BACKOFF_CAP_MS, DEFAULT_BACKOFF_MS,
+    DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, Receives,
+};
 use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
@@ -368,6 +378,7 @@ struct AgentFile {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     external_tools: BTreeMap<String, ExternalToolEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    channels: BTreeMap<String, ChannelEntry>,
     policies: BTreeMap<String, PolicyEntry>,
     #[serde(default)]
     budgets: BudgetSettings,
@@ -435,6 +446,20 @@ struct ExternalToolEntry {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
+struct ChannelEntry {
+    plugin: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    receives: Option<Vec<Receives>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_attempts: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backoff: Option<HumanDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    backoff_cap: Option<HumanDuration>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 struct PolicyEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     hooks: Option<Vec<PolicyHook>>,
@@ -478,6 +503,8 @@ pub struct Agent {
     pub human_tools: Vec<HumanTool>,
     /// The tools the embedding application performs itself, in name order.
     pub external_tools: Vec<ExternalTool>,
+    /// Its delivery channels, in name order.
+    pub channels: Vec<Channel>,
     /// The policies it enables, in name order.
     pub policies: Vec<AgentPolicy>,
     /// Its budgets, in engine units.
@@ -1079,6 +1106,8 @@ fn validate(
         });
     }
 
+    let channels = validate_channels(&file, &invalid)?;
+
     let b = &file.budgets;
     for (key, value) in [
         ("budgets.max_steps", b.max_steps),
@@ -1269,6 +1298,7 @@ fn validate(
         plugins,
         human_tools,
         external_tools,
+        channels,
         policies,
         budgets,
         labels: file.labels,
@@ -1278,6 +1308,93 @@ fn validate(
         compaction,
         digest,
     })
+}
+
+/// Checks `[channels.<name>]`: a valid name, a plugin key of the agent's,
+/// what it receives (not empty, no duplicates), attempts and backoff in
+/// range.
+fn validate_channels(
+    file: &AgentFile,
+    invalid: &dyn Fn(&str, String) -> AgentError,
+) -> Result<Vec<Channel>, AgentError> {
+    let millis = |d: HumanDuration| u64::try_from(d.0.as_millis()).unwrap_or(u64::MAX);
+    let mut channels = Vec::with_capacity(file.channels.len());
+    for (name, entry) in &file.channels {
+        let at = |k: &str| format!("channels.{name}.{k}");
+        if !is_valid_name(name) {
+            return Err(invalid(
+                &format!("channels.{name}"),
+                "is not a valid channel name (use [a-z][a-z0-9-]*, at most 64 bytes)".into(),
+            ));
+        }
+        if !file.plugins.contains_key(&entry.plugin) {
+            let keys: Vec<&str> = file.plugins.keys().map(String::as_str).collect();
+            return Err(invalid(
+                &at("plugin"),
+                format!(
+                    "`{}` is not a key of [plugins] (the agent has: {})",
+                    entry.plugin,
+                    if keys.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        keys.join(", ")
+                    }
+                ),
+            ));
+        }
+        let receives = entry
+            .receives
+            .clone()
+            .unwrap_or_else(|| vec![Receives::Output]);
+        if receives.is_empty() {
+            return Err(invalid(
+                &at("receives"),
+                format!(
+                    "must name at least one of: {}",
+                    Receives::ALL.map(Receives::as_str).join(", ")
+                ),
+            ));
+        }
+        for (i, r) in receives.iter().enumerate() {
+            if receives[..i].contains(r) {
+                return Err(invalid(
+                    &format!("{}[{i}]", at("receives")),
+                    format!("`{}` is listed twice", r.as_str()),
+                ));
+            }
+        }
+        let max_attempts = entry.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+        if !(1..=MAX_ATTEMPTS_LIMIT).contains(&max_attempts) {
+            return Err(invalid(
+                &at("max_attempts"),
+                format!("must be between 1 and {MAX_ATTEMPTS_LIMIT}, got {max_attempts}"),
+            ));
+        }
+        let backoff_ms = entry.backoff.map_or(DEFAULT_BACKOFF_MS, millis);
+        if backoff_ms == 0 {
+            return Err(invalid(&at("backoff"), "must be more than zero".into()));
+        }
+        let backoff_cap_ms = entry
+            .backoff_cap
+            .map_or(DEFAULT_BACKOFF_CAP_MS.max(backoff_ms), millis);
+        if backoff_cap_ms < backoff_ms || backoff_cap_ms > BACKOFF_CAP_LIMIT_MS {
+            return Err(invalid(
+                &at("backoff_cap"),
+                format!(
+                    "must be at least the backoff ({backoff_ms} ms) and at most 1h, got {backoff_cap_ms} ms"
+                ),
+            ));
+        }
+        channels.push(Channel {
+            name: name.clone(),
+            plugin: entry.plugin.clone(),
+            receives,
+            max_attempts,
+            backoff_ms,
+            backoff_cap_ms,
+        });
+    }
+    Ok(channels)
 }
 
 /// Whether `name` can name an environment variable: `[A-Za-z_][A-Za-z0-9_]*`.
@@ -2061,6 +2178,112 @@ team = "ops"
             ),
         ] {
             assert_ne!(parse(&changed).unwrap().digest, base.digest, "{changed}");
+        }
+    }
+
+    #[test]
+    fn channels_parse_with_defaults_and_errors_name_the_key() {
+        let with = |extra: &str| {
+            format!(
+                "{MINIMAL}[plugins.outbox]\nsource = \"builtin:jsonl-channel\"\n[channels.notify]\nplugin = \"outbox\"\n{extra}"
+            )
+        };
+        let a = parse(&with("")).unwrap();
+        assert_eq!(
+            a.channels,
+            vec![Channel {
+                name: "notify".into(),
+                plugin: "outbox".into(),
+                receives: vec![Receives::Output],
+                max_attempts: DEFAULT_MAX_ATTEMPTS,
+                backoff_ms: DEFAULT_BACKOFF_MS,
+                backoff_cap_ms: DEFAULT_BACKOFF_CAP_MS,
+            }]
+        );
+        let a = parse(&with(
+            "receives = [\"parked\", \"failures\"]\nmax_attempts = 2\nbackoff = \"250ms\"\nbackoff_cap = \"2s\"\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            a.channels[0].receives,
+            [Receives::Parked, Receives::Failures]
+        );
+        assert_eq!(
+            (
+                a.channels[0].max_attempts,
+                a.channels[0].backoff_ms,
+                a.channels[0].backoff_cap_ms
+            ),
+            (2, 250, 2000)
+        );
+        // A channel is part of the digest; an agent without one keeps its
+        // digest from before channels existed (pinned above).
+        let plain = parse(&format!(
+            "{MINIMAL}[plugins.outbox]\nsource = \"builtin:jsonl-channel\"\n"
+        ))
+        .unwrap();
+        assert_ne!(parse(&with("")).unwrap().digest, plain.digest);
+        assert_ne!(
+            parse(&with("max_attempts = 2\n")).unwrap().digest,
+            parse(&with("")).unwrap().digest
+        );
+
+        assert_invalid(
+            &format!("{MINIMAL}[channels.notify]\nplugin = \"outbox\"\n"),
+            "channels.notify.plugin",
+            "`outbox` is not a key of [plugins] (the agent has: none)",
+        );
+        assert_invalid(
+            &with("receives = []\n"),
+            "channels.notify.receives",
+            "at least one of: output, failures, parked, events",
+        );
+        assert_invalid(
+            &with("receives = [\"output\", \"output\"]\n"),
+            "channels.notify.receives[1]",
+            "`output` is listed twice",
+        );
+        assert_invalid(
+            &with("max_attempts = 0\n"),
+            "channels.notify.max_attempts",
+            "between 1 and 20, got 0",
+        );
+        assert_invalid(
+            &with("max_attempts = 21\n"),
+            "channels.notify.max_attempts",
+            "got 21",
+        );
+        assert_invalid(
+            &with("backoff = \"0s\"\n"),
+            "channels.notify.backoff",
+            "more than zero",
+        );
+        assert_invalid(
+            &with("backoff = \"2s\"\nbackoff_cap = \"1s\"\n"),
+            "channels.notify.backoff_cap",
+            "at least the backoff (2000 ms)",
+        );
+        assert_invalid(
+            &with("backoff_cap = \"2h\"\n"),
+            "channels.notify.backoff_cap",
+            "at most 1h",
+        );
+        assert_invalid(
+            &with("").replace("[channels.notify]", "[channels.Notify]"),
+            "channels.Notify",
+            "not a valid channel name",
+        );
+        // Unknown keys and values are parse errors naming them.
+        for (extra, named) in [
+            ("receives = [\"everything\"]\n", "everything"),
+            ("retries = 3\n", "retries"),
+        ] {
+            match parse(&with(extra)) {
+                Err(AgentError::Parse { message, .. }) => {
+                    assert!(message.contains(named), "{message}")
+                }
+                other => panic!("{extra}: {other:?}"),
+            }
         }
     }
 

@@ -20,6 +20,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, Pricing};
+pub use super::channels::{
+    DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
+};
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
 use crate::policy::EffectClass;
@@ -113,6 +116,15 @@ pub enum Event {
     /// The summarising call failed (completion); the step goes on with the
     /// prompt uncompacted.
     CompactionFailed(CompactionFailed),
+    /// A delivery to a channel is about to be made (intent), with its
+    /// stable id and frozen payload. May follow a terminal event.
+    DeliveryIntent(DeliveryIntent),
+    /// One attempt at a delivery failed; it is tried again at `retry_at_ms`.
+    DeliveryAttemptFailed(DeliveryAttemptFailed),
+    /// A channel took a delivery (completion), with its lease's receipt.
+    DeliveryCompleted(DeliveryCompleted),
+    /// A delivery was given up (completion); the run's result is unchanged.
+    DeliveryFailed(DeliveryFailed),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -183,11 +195,19 @@ pub enum EventKind {
     CompactionCompleted,
     /// [`Event::CompactionFailed`].
     CompactionFailed,
+    /// [`Event::DeliveryIntent`].
+    DeliveryIntent,
+    /// [`Event::DeliveryAttemptFailed`].
+    DeliveryAttemptFailed,
+    /// [`Event::DeliveryCompleted`].
+    DeliveryCompleted,
+    /// [`Event::DeliveryFailed`].
+    DeliveryFailed,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 32] = [
+    pub const ALL: [EventKind; 36] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -219,6 +239,10 @@ impl EventKind {
         EventKind::CompactionIntent,
         EventKind::CompactionCompleted,
         EventKind::CompactionFailed,
+        EventKind::DeliveryIntent,
+        EventKind::DeliveryAttemptFailed,
+        EventKind::DeliveryCompleted,
+        EventKind::DeliveryFailed,
         EventKind::PolicyDecided,
     ];
 
@@ -257,6 +281,10 @@ impl EventKind {
             EventKind::CompactionIntent => "compaction_intent",
             EventKind::CompactionCompleted => "compaction_completed",
             EventKind::CompactionFailed => "compaction_failed",
+            EventKind::DeliveryIntent => "delivery_intent",
+            EventKind::DeliveryAttemptFailed => "delivery_attempt_failed",
+            EventKind::DeliveryCompleted => "delivery_completed",
+            EventKind::DeliveryFailed => "delivery_failed",
         }
     }
 
@@ -268,6 +296,18 @@ impl EventKind {
                 | EventKind::RunFailed
                 | EventKind::RunCancelled
                 | EventKind::RunAbandoned
+        )
+    }
+
+    /// Whether an event of this kind belongs to the deliveries' lane (it
+    /// may follow a terminal event and never changes the run's status).
+    pub fn is_delivery(self) -> bool {
+        matches!(
+            self,
+            EventKind::DeliveryIntent
+                | EventKind::DeliveryAttemptFailed
+                | EventKind::DeliveryCompleted
+                | EventKind::DeliveryFailed
         )
     }
 }
@@ -314,7 +354,16 @@ impl Event {
             Event::CompactionIntent(_) => EventKind::CompactionIntent,
             Event::CompactionCompleted(_) => EventKind::CompactionCompleted,
             Event::CompactionFailed(_) => EventKind::CompactionFailed,
+            Event::DeliveryIntent(_) => EventKind::DeliveryIntent,
+            Event::DeliveryAttemptFailed(_) => EventKind::DeliveryAttemptFailed,
+            Event::DeliveryCompleted(_) => EventKind::DeliveryCompleted,
+            Event::DeliveryFailed(_) => EventKind::DeliveryFailed,
         }
+    }
+
+    /// Whether the event belongs to the deliveries' lane.
+    pub fn is_delivery(&self) -> bool {
+        self.kind().is_delivery()
     }
 }
 
@@ -1743,6 +1792,49 @@ pub(crate) mod tests {
                 r#"{"v":1,"event":{"type":"compaction_failed","step":7,"upto":9,"error":{"transient":false,"message":"the model returned an empty summary"}}}"#,
             ),
             (
+                Event::DeliveryIntent(DeliveryIntent {
+                    delivery_id: "r1/outbox/12".into(),
+                    channel: "outbox".into(),
+                    source: 12,
+                    kind: "completed".into(),
+                    payload: json!({"agent": "demo", "position": 12, "event": {"type": "run_completed", "output": "done"}}),
+                }),
+                r#"{"v":1,"event":{"type":"delivery_intent","delivery_id":"r1/outbox/12","channel":"outbox","source":12,"kind":"completed","payload":{"agent":"demo","event":{"output":"done","type":"run_completed"},"position":12}}}"#,
+            ),
+            (
+                Event::DeliveryAttemptFailed(DeliveryAttemptFailed {
+                    delivery_id: "r1/outbox/12".into(),
+                    attempt: 1,
+                    error: DeliveryError::Rejected {
+                        status: 503,
+                        message: "busy".into(),
+                    },
+                    receipt: receipt(300),
+                    retry_at_ms: 1_700_000_001_000,
+                }),
+                r#"{"v":1,"event":{"type":"delivery_attempt_failed","delivery_id":"r1/outbox/12","attempt":1,"error":{"kind":"rejected","status":503,"message":"busy"},"receipt":{"outcome":"ok","fuel_consumed":300,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0},"retry_at_ms":1700000001000}}"#,
+            ),
+            (
+                Event::DeliveryCompleted(DeliveryCompleted {
+                    delivery_id: "r1/outbox/12".into(),
+                    attempt: 2,
+                    receipt: receipt(400),
+                }),
+                r#"{"v":1,"event":{"type":"delivery_completed","delivery_id":"r1/outbox/12","attempt":2,"receipt":{"outcome":"ok","fuel_consumed":400,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+            ),
+            (
+                Event::DeliveryFailed(DeliveryFailed {
+                    delivery_id: "r1/outbox/12".into(),
+                    attempts: 3,
+                    error: DeliveryError::Failed {
+                        message: "disk full".into(),
+                        retryable: true,
+                    },
+                    receipt: None,
+                }),
+                r#"{"v":1,"event":{"type":"delivery_failed","delivery_id":"r1/outbox/12","attempts":3,"error":{"kind":"failed","message":"disk full","retryable":true}}}"#,
+            ),
+            (
                 Event::PolicyDecided(PolicyDecided {
                     hook: PolicyHook::BeforeToolCall,
                     step: None,
@@ -1790,7 +1882,11 @@ pub(crate) mod tests {
             EventKind::CompactionIntent => 28,
             EventKind::CompactionCompleted => 29,
             EventKind::CompactionFailed => 30,
-            EventKind::PolicyDecided => 31,
+            EventKind::DeliveryIntent => 31,
+            EventKind::DeliveryAttemptFailed => 32,
+            EventKind::DeliveryCompleted => 33,
+            EventKind::DeliveryFailed => 34,
+            EventKind::PolicyDecided => 35,
         }
     }
 
@@ -1810,7 +1906,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 32, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 36, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

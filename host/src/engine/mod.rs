@@ -12,6 +12,8 @@
 //! - [`state`]: folding, [`RunStatus`], the conversation.
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
+//! - [`channels`]: delivery channels: what each receives, the delivery
+//!   events, the next delivery a run owes, backoff.
 //! - [`prompt`]: assembling the model request.
 //! - [`context`]: context sources: settings, what the log recorded, quoting.
 //! - [`compaction`]: summarising older history when the prompt outgrows its
@@ -38,6 +40,7 @@
 pub mod agent;
 pub mod budget;
 pub mod canonical;
+pub mod channels;
 pub mod compaction;
 pub mod context;
 pub mod decide;

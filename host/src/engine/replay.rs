@@ -8,20 +8,23 @@
 //! that came back is a fact, quoted into later requests), tool call intents (tool, frozen arguments, effect class, key),
 //! rejections, approval requests, suspensions, budget crossings, clock reads,
 //! context resolutions (which source, for which step), output rejections
-//! (typed results) and completions. A completion the host supplied
+//! (typed results) and completions; delivery intents (the channel, the event
+//! reported and the payload), unless the agent change was accepted (its
+//! channels may differ). A completion the host supplied
 //! ([`Runtime::finish_with`](super::Runtime::finish_with)) is a fact, like a
-//! human act: it was validated when it was written. Completions of effects,
-//! human acts (approvals, input, resolutions, extensions, cancellations,
-//! abandonments), random draws, what context sources returned and failures
-//! are facts, taken as recorded: a recorded context is quoted into the
-//! rebuilt request (and its hash) and no source is ever resolved again for a
-//! recorded step.
+//! human act: it was validated when it was written. Completions of effects
+//! (deliveries' too), human acts (approvals, input, resolutions, extensions,
+//! cancellations, abandonments), random draws, what context sources returned
+//! and failures are facts, taken as recorded: a recorded context is quoted
+//! into the rebuilt request (and its hash) and no source is ever resolved
+//! again for a recorded step.
 //!
 //! A changed agent (its digest differs from the recorded one) is refused
 //! unless the caller accepts the change; an accepted change still has to
 //! make the same tool decisions, but its model requests may differ.
 
 use super::canonical::RequestHasher;
+use super::channels::next_delivery;
 use super::compaction::summary_message;
 use super::decide::{Action, Park, RequestDetail, decide_with};
 use super::events::{Event, EventKind};
@@ -96,6 +99,29 @@ pub fn replay(
     let mut hashed_cut: Option<usize> = None;
     let mut hashed_to = 0;
     for event in rest {
+        if let Event::DeliveryIntent(recorded) = event
+            && !options.accept_agent_change
+        {
+            let owed = next_delivery(
+                &events[..state.event_count],
+                &state,
+                &view.name,
+                &view.channels,
+            );
+            if !owed
+                .as_ref()
+                .is_some_and(|d| !d.recorded && d.intent == *recorded)
+            {
+                return Err(ReplayError::Divergence {
+                    position: state.event_count,
+                    kind: event.kind(),
+                    expected: owed.map_or("no delivery".into(), |d| {
+                        format!("delivery `{}`", d.intent.delivery_id)
+                    }),
+                    recorded: format!("delivery `{}`", recorded.delivery_id),
+                });
+            }
+        }
         if is_decision(event) {
             let mut action = decide_with(&state, view, RequestDetail::Frame);
             if let Action::CallModel(call) = &mut action {

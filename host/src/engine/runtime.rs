@@ -26,6 +26,9 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::agent::Agent;
+use super::channels::{
+    Delivery, DeliveryError, DeliveryFailed, DeliveryIntent, next_delivery, outcome_error, settle,
+};
 use super::decide::{
     Action, ApprovalRequest, CompactionCall, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall,
     ToolInvocation, decide,
@@ -1108,6 +1111,26 @@ impl Runtime {
         self.append(&mut log, vec![event]).await
     }
 
+    /// The delivery the run owes now, if any: the one in flight, or the
+    /// next event `agent`'s channels receive and were not given. A run that
+    /// owes one, even a terminal run, is finished by [`drive`](Self::drive)
+    /// or [`recover`](Self::recover).
+    pub async fn owed_delivery(
+        &self,
+        run_id: &RunId,
+        agent: &Agent,
+    ) -> Result<Option<DeliveryIntent>, RuntimeError> {
+        let prepared = self.prepare(agent).await?;
+        let log = self.load_log(run_id).await?;
+        Ok(next_delivery(
+            &log.events,
+            &log.state,
+            &prepared.view.name,
+            &prepared.view.channels,
+        )
+        .map(|d| d.intent))
+    }
+
     /// The run's folded state, from its log.
     pub async fn state(&self, run_id: &RunId) -> Result<RunState, RuntimeError> {
         Ok(self.load_log(run_id).await?.state)
@@ -1174,7 +1197,19 @@ impl Runtime {
         driver: &DriverHandle,
     ) -> Result<Step, RuntimeError> {
         if driver.cancel.is_cancelled() {
+            if log.state.terminal.is_some() {
+                // Only deliveries are left; the next drive makes them.
+                return Ok(Step::Idle(Idle::Terminal(log.state.status())));
+            }
             return self.record_cancel(log, driver, None).await;
+        }
+        if let Some(delivery) = next_delivery(
+            &log.events,
+            &log.state,
+            &prepared.view.name,
+            &prepared.view.channels,
+        ) {
+            return self.deliver(log, prepared, driver, delivery).await;
         }
         let action = decide(&log.state, &prepared.view);
         match action {
@@ -1345,6 +1380,108 @@ impl Runtime {
                 let event = invocation.attempt_failed(&leased.result, leased.receipt, true);
                 self.append(log, vec![event]).await?;
             }
+        }
+        Ok(Step::Progressed)
+    }
+
+    /// Makes one attempt at a delivery: its intent first (unless recorded),
+    /// the wait its last failure recorded, one lease of the channel, then
+    /// its completion, a failed attempt with the time of the next, or the
+    /// delivery given up. Never fails the run: a channel's errors are
+    /// recorded as the delivery's.
+    async fn deliver(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        delivery: Delivery,
+    ) -> Result<Step, RuntimeError> {
+        if !delivery.recorded {
+            self.append(log, vec![Event::DeliveryIntent(delivery.intent.clone())])
+                .await?;
+        }
+        if let Some(due) = delivery.not_before_ms {
+            let wait = due.saturating_sub(self.inner.clock.now_ms());
+            if wait > 0 {
+                tokio::select! {
+                    () = driver.cancel.cancelled() => {
+                        if log.state.terminal.is_some() {
+                            return Ok(Step::Idle(Idle::Terminal(log.state.status())));
+                        }
+                        return self.record_cancel(log, driver, None).await;
+                    }
+                    () = tokio::time::sleep(Duration::from_millis(wait)) => {}
+                }
+            }
+        }
+        let intent = &delivery.intent;
+        let channel = prepared
+            .view
+            .channels
+            .iter()
+            .find(|c| c.name == intent.channel);
+        let plugin = channel.and_then(|c| prepared.plugins.get(&c.plugin));
+        let event = match (channel, plugin) {
+            (Some(channel), Some(plugin)) => {
+                let span = tracing::info_span!("delivery", run_id = %log.run_id, delivery_id = %intent.delivery_id, channel = %channel.name, attempt = delivery.attempt);
+                let message = intent.wit_delivery(log.run_id.as_str());
+                let leased = {
+                    let _enter = span.enter();
+                    plugin.deliver(&message, None)
+                }
+                .await;
+                let (error, receipt) = match leased {
+                    Ok(leased) => (outcome_error(&leased.result), Some(leased.receipt)),
+                    Err(e) => (
+                        Some(DeliveryError::Unavailable {
+                            message: e.to_string(),
+                        }),
+                        None,
+                    ),
+                };
+                match receipt {
+                    Some(receipt) => {
+                        if let Some(error) = &error {
+                            tracing::warn!(run_id = %log.run_id, delivery_id = %intent.delivery_id, attempt = delivery.attempt, %error, "delivery failed");
+                        }
+                        settle(
+                            &delivery,
+                            channel,
+                            error,
+                            receipt,
+                            self.inner.clock.now_ms(),
+                        )
+                    }
+                    None => Event::DeliveryFailed(DeliveryFailed {
+                        delivery_id: intent.delivery_id.clone(),
+                        attempts: delivery.attempt,
+                        error: error.expect("no receipt means the plugin refused"),
+                        receipt: None,
+                    }),
+                }
+            }
+            _ => Event::DeliveryFailed(DeliveryFailed {
+                delivery_id: intent.delivery_id.clone(),
+                attempts: delivery.attempt,
+                error: DeliveryError::Unavailable {
+                    message: format!("the agent has no channel `{}` any more", intent.channel),
+                },
+                receipt: None,
+            }),
+        };
+        match self.append(log, vec![event.clone()]).await {
+            // A human's verb (an approval, say) was recorded while the
+            // channel ran: the log was reloaded; record the outcome after it
+            // if the delivery is still the one in flight.
+            Err(RuntimeError::Conflict { .. })
+                if log.state.deliveries.in_flight.as_ref().is_some_and(|d| {
+                    d.intent.delivery_id == intent.delivery_id
+                        && d.failed_attempts + 1 == delivery.attempt
+                }) =>
+            {
+                self.append(log, vec![event]).await?;
+            }
+            other => other?,
         }
         Ok(Step::Progressed)
     }
@@ -1770,6 +1907,27 @@ impl Runtime {
                     message: format!("plugin `{}`: {e}", p.key),
                 })?;
             plugins.insert(p.key.clone(), loaded);
+        }
+        for channel in &agent.channels {
+            if !plugins[&channel.plugin]
+                .kinds()
+                .contains(&crate::sandbox::PluginKind::Channel)
+            {
+                return Err(RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: format!(
+                        "key `channels.{}.plugin`: plugin `{}` is not a channel (its kinds: {})",
+                        channel.name,
+                        channel.plugin,
+                        plugins[&channel.plugin]
+                            .kinds()
+                            .iter()
+                            .map(ToString::to_string)
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                });
+            }
         }
         let mut context = HashMap::new();
         for source in &agent.context {

@@ -4,7 +4,8 @@
 //! model sees are derived from the state, so from the log alone.
 //!
 //! Rules the fold enforces, among others: `run_started` first and only
-//! there; nothing after a terminal event; one effect in flight at a time;
+//! there; nothing after a terminal event but deliveries (their own lane,
+//! which never changes the status); one effect in flight at a time;
 //! tool calls of a model turn settled in order, each intent matching the
 //! model's call (same tool, same frozen arguments, the derived idempotency
 //! key); completions only for intents in flight; approvals only for pending
@@ -16,6 +17,7 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
+use super::channels::{Deliveries, InFlightDelivery};
 use super::compaction::{CompactionProgress, Summary};
 use super::context::ContextState;
 use super::events::{
@@ -195,6 +197,9 @@ pub struct RunState {
     pub compaction: CompactionProgress,
     /// Final answers sent back for violating the output schema.
     pub output_rejections: u32,
+    /// Its deliveries to channels: a lane of their own that never changes
+    /// the status and goes on after a terminal event.
+    pub deliveries: Deliveries,
     /// Policy decisions, by the point they were made at, in log order.
     policy_decisions: HashMap<PolicyPoint, Vec<RecordedDecision>>,
     /// The conversation, appended to as events settle (it only grows: turns
@@ -644,6 +649,20 @@ pub enum FoldProblem {
         /// The step recorded.
         step: u32,
     },
+    /// A run event while a delivery is in flight.
+    #[error("delivery `{delivery_id}` is still in flight")]
+    DeliveryInFlight {
+        /// The delivery.
+        delivery_id: String,
+    },
+    /// A delivery event that does not fit the deliveries recorded before.
+    #[error("delivery `{delivery_id}`: {reason}")]
+    DeliveryMismatch {
+        /// The delivery the event names.
+        delivery_id: String,
+        /// What does not fit.
+        reason: String,
+    },
     /// A terminal event whose `unresolved_write` is not the dangling write.
     #[error("unresolved_write must name the dangling write ({})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
     UnresolvedWriteMismatch {
@@ -699,6 +718,7 @@ impl RunState {
             last_invalid_call: None,
             compaction: CompactionProgress::default(),
             output_rejections: 0,
+            deliveries: Deliveries::default(),
             policy_decisions: HashMap::new(),
             session_id: started.session.as_ref().map(|s| s.session_id.clone()),
             session_position: started.session.as_ref().map(|s| s.position),
@@ -809,6 +829,15 @@ impl RunState {
     pub fn dangling_write(&self) -> Option<&ToolCallIntent> {
         self.in_flight_tool()
             .filter(|i| i.effect == EffectClass::Write)
+    }
+
+    /// Whether a model call, a compaction, or a tool call that may still
+    /// complete is in flight (a dangling write is not: it waits for a
+    /// human). A delivery intent is not recorded then.
+    pub fn effect_in_flight(&self) -> bool {
+        matches!(self.model_call, ModelCallProgress::InFlight { .. })
+            || self.compaction.in_flight.is_some()
+            || (self.in_flight_tool().is_some() && self.dangling_write().is_none())
     }
 
     /// The tool call with `call_id` in the latest turn.
@@ -991,6 +1020,19 @@ impl RunState {
     }
 
     fn check(&self, event: &Event) -> Result<(), FoldProblem> {
+        if event.is_delivery() {
+            return self.check_delivery(event);
+        }
+        if let Some(d) = &self.deliveries.in_flight
+            && matches!(
+                event,
+                Event::ModelCallIntent(_) | Event::ToolCallIntent(_) | Event::CompactionIntent(_)
+            )
+        {
+            return Err(FoldProblem::DeliveryInFlight {
+                delivery_id: d.intent.delivery_id.clone(),
+            });
+        }
         if self.terminal.is_some() {
             return Err(FoldProblem::AfterTerminal {
                 status: self.status(),
@@ -1278,6 +1320,86 @@ impl RunState {
             Event::RunFailed(_) => self.check_unresolved(&None),
             Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
             Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
+            Event::DeliveryIntent(_)
+            | Event::DeliveryAttemptFailed(_)
+            | Event::DeliveryCompleted(_)
+            | Event::DeliveryFailed(_) => unreachable!("delivery events are checked above"),
+        }
+    }
+
+    /// Delivery events: allowed after a terminal event and while parked;
+    /// one delivery in flight at a time, never beside a model call or a
+    /// tool call that may still complete (a dangling write may: it waits
+    /// for a human); each channel's intents in log order, each reporting an
+    /// earlier event, with the id derived from run, channel and position;
+    /// attempts counted from 1.
+    fn check_delivery(&self, event: &Event) -> Result<(), FoldProblem> {
+        let mismatch = |delivery_id: &str, reason: String| FoldProblem::DeliveryMismatch {
+            delivery_id: delivery_id.to_owned(),
+            reason,
+        };
+        let (delivery_id, attempt) = match event {
+            Event::DeliveryIntent(intent) => {
+                if let Some(d) = &self.deliveries.in_flight {
+                    return Err(FoldProblem::DeliveryInFlight {
+                        delivery_id: d.intent.delivery_id.clone(),
+                    });
+                }
+                if self.terminal.is_none() && self.effect_in_flight() {
+                    self.nothing_in_flight()?;
+                }
+                let id = &intent.delivery_id;
+                if intent.source >= self.event_count as u64 {
+                    return Err(mismatch(
+                        id,
+                        format!(
+                            "it reports position {}, which is not before it",
+                            intent.source
+                        ),
+                    ));
+                }
+                if let Some(&last) = self.deliveries.cursors.get(&intent.channel)
+                    && intent.source <= last
+                {
+                    return Err(mismatch(
+                        id,
+                        format!(
+                            "channel `{}` was already given position {last}",
+                            intent.channel
+                        ),
+                    ));
+                }
+                let expected = format!("{}/{}/{}", self.run_id, intent.channel, intent.source);
+                if *id != expected {
+                    return Err(mismatch(id, format!("the id must be `{expected}`")));
+                }
+                if !intent.payload.is_object() {
+                    return Err(mismatch(id, "the payload must be a JSON object".into()));
+                }
+                return Ok(());
+            }
+            Event::DeliveryAttemptFailed(f) => (&f.delivery_id, f.attempt),
+            Event::DeliveryCompleted(c) => (&c.delivery_id, c.attempt),
+            Event::DeliveryFailed(f) => (&f.delivery_id, f.attempts),
+            _ => unreachable!("check_delivery sees delivery events"),
+        };
+        match &self.deliveries.in_flight {
+            Some(d) if d.intent.delivery_id == *delivery_id => {
+                if attempt != d.failed_attempts + 1 {
+                    return Err(mismatch(
+                        delivery_id,
+                        format!(
+                            "expected attempt {}, found {attempt}",
+                            d.failed_attempts + 1
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            _ => Err(mismatch(
+                delivery_id,
+                "no such delivery is in flight".into(),
+            )),
         }
     }
 
@@ -1573,6 +1695,30 @@ impl RunState {
             Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),
             Event::RunCancelled(c) => self.terminal = Some(Terminal::Cancelled(c.clone())),
             Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
+            Event::DeliveryIntent(intent) => {
+                self.deliveries
+                    .cursors
+                    .insert(intent.channel.clone(), intent.source);
+                self.deliveries.in_flight = Some(InFlightDelivery {
+                    intent: intent.clone(),
+                    failed_attempts: 0,
+                    retry_at_ms: None,
+                });
+            }
+            Event::DeliveryAttemptFailed(f) => {
+                if let Some(d) = &mut self.deliveries.in_flight {
+                    d.failed_attempts += 1;
+                    d.retry_at_ms = Some(f.retry_at_ms);
+                }
+            }
+            Event::DeliveryCompleted(_) => {
+                self.deliveries.in_flight = None;
+                self.deliveries.completed += 1;
+            }
+            Event::DeliveryFailed(_) => {
+                self.deliveries.in_flight = None;
+                self.deliveries.failed += 1;
+            }
         }
     }
 }

@@ -83,6 +83,7 @@ fn view() -> AgentView {
         max_invalid_tool_calls: 3,
         compaction: None,
         output_schema: None,
+        channels: vec![],
         policies: vec![],
     }
 }
@@ -1876,8 +1877,13 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         idempotency_key: None,
     })
     .collect();
-    // `notes-files` is the files-context source: no tools.
-    let view = AgentView::new(&agent, &[("fs", &fs), ("notes-files", &[])]).unwrap();
+    // `notes-files` is the files-context source and `outbox` the
+    // jsonl-channel: no tools.
+    let view = AgentView::new(
+        &agent,
+        &[("fs", &fs), ("notes-files", &[]), ("outbox", &[])],
+    )
+    .unwrap();
     let mut sim = Sim::new(view, script.turns().to_vec());
     sim.events[0] = Event::RunStarted(RunStarted {
         agent: agent.name.clone(),

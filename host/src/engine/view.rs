@@ -12,6 +12,7 @@ use serde_json::Value;
 
 use super::agent::{Agent, ApprovalRule};
 use super::budget::{BudgetLimits, Pricing};
+use super::channels::Channel;
 use super::compaction::CompactionSettings;
 use super::context::ContextSource;
 use super::events::{KeyedBy, ToolRef};
@@ -53,6 +54,8 @@ pub struct AgentView {
     /// The JSON Schema the final output must satisfy, when declared (then
     /// `instructions` state it too).
     pub output_schema: Option<Value>,
+    /// Its delivery channels, in name order.
+    pub channels: Vec<Channel>,
     /// The policies it enables, in name order.
     pub policies: Vec<EnabledPolicy>,
 }
@@ -273,6 +276,7 @@ impl AgentView {
             max_invalid_tool_calls: agent.max_invalid_tool_calls,
             compaction: agent.compaction,
             output_schema: agent.output_schema.clone(),
+            channels: agent.channels.clone(),
             policies: agent
                 .policies
                 .iter()

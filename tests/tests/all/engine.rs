@@ -595,7 +595,7 @@ async fn subscribers_see_every_event_in_order_and_text_before_its_completion() {
 
 /// Where an injected crash strikes an append.
 #[derive(Clone, Copy, Debug, PartialEq)]
-enum CrashPoint {
+pub(crate) enum CrashPoint {
     /// The append never reaches the store.
     BeforeWrite,
     /// The append is durable, but the driver dies before it learns so.
@@ -603,11 +603,11 @@ enum CrashPoint {
 }
 
 /// A store that crashes the driver at its `at`-th append (counting from 0).
-struct CrashingStore {
-    inner: Arc<dyn EventStore>,
-    appends: AtomicU64,
-    at: u64,
-    point: CrashPoint,
+pub(crate) struct CrashingStore {
+    pub(crate) inner: Arc<dyn EventStore>,
+    pub(crate) appends: AtomicU64,
+    pub(crate) at: u64,
+    pub(crate) point: CrashPoint,
 }
 
 fn crash() -> StoreError {
@@ -826,6 +826,7 @@ async fn the_demo_agent_runs_offline_with_approval() {
         std::fs::copy(examples.join(entry), dir.path().join(entry)).unwrap();
     }
     copy_dir(&examples.join("notes"), &dir.path().join("notes"));
+    std::fs::create_dir(dir.path().join("out")).unwrap();
     let agent = Agent::load(&dir.path().join("notes.toml"), None).unwrap();
     let rt = Runtime::new(
         Arc::new(MemoryStore::new()),
@@ -843,6 +844,19 @@ async fn the_demo_agent_runs_offline_with_approval() {
     rt.approve(&run, &call, "test").await.unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
     assert!(dir.path().join("notes/SUMMARY.md").exists());
+    // The final output was delivered to the JSONL file, once.
+    let text = std::fs::read_to_string(dir.path().join("out/deliveries.jsonl")).unwrap();
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{text}");
+    assert_eq!(lines[0]["kind"], "completed");
+    assert_eq!(lines[0]["run_id"], run.to_string());
+    assert_eq!(
+        lines[0]["payload"]["event"]["output"],
+        "I wrote SUMMARY.md: the folder holds one todo list with three open items."
+    );
 }
 
 fn copy_dir(from: &Path, to: &Path) {

@@ -15,6 +15,9 @@
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
 //! - `engine`: runs end to end over both stores, the verbs, subscribers,
 //!   and crash tests at every event boundary.
+//! - `channels`: delivery channels in runs: retries with backoff, failures
+//!   that leave the result alone, parked notices, recovery around a
+//!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
 //! - `kill`: the `warden` binary killed with SIGKILL mid-run, again and again.
@@ -40,6 +43,7 @@
 //! - `turns`: live turns through their handles: deltas before the provider
 //!   finishes, tool calls and approvals, cancel and drop.
 
+mod channels;
 mod context;
 mod effects;
 mod engine;

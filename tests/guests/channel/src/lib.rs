@@ -18,6 +18,13 @@
 //! - `failed`: a `failed` error with `message` and `retryable` (default false).
 //!
 //! A payload that is not a JSON object is an `invalid-delivery` error.
+//!
+//! Failing on purpose, for the engine's retry tests: with the host config
+//! value `fail_first` set to `N`, each delivery first counts itself in the
+//! file named by the config value `attempts_file` (default
+//! `/outbox/attempts`), and the first `N` deliveries this channel sees fail
+//! with a retryable `failed` error; later ones go on as above. A large `N`
+//! makes a channel that always fails.
 
 mod bindings {
     //! wit-bindgen glue for the `channel-plugin` world, and the export of
@@ -50,6 +57,7 @@ impl Guest for Channel {
     }
 
     fn deliver(delivery: Delivery) -> Result<(), DeliveryError> {
+        fail_first()?;
         let payload = match serde_json::from_str::<Value>(&delivery.payload) {
             Ok(value @ Value::Object(_)) => value,
             _ => {
@@ -95,6 +103,36 @@ impl Guest for Channel {
             ))),
         }
     }
+}
+
+/// With `fail_first = N` configured: counts this attempt in the attempts
+/// file and fails it while the count is at most `N`.
+fn fail_first() -> Result<(), DeliveryError> {
+    let Some(limit) = host::config("fail_first") else {
+        return Ok(());
+    };
+    let limit: u64 = limit.trim().parse().map_err(|_| {
+        DeliveryError::InvalidDelivery(format!("config `fail_first` is not a number: {limit}"))
+    })?;
+    let counter = host::config("attempts_file").unwrap_or_else(|| "/outbox/attempts".to_owned());
+    let seen = std::fs::read_to_string(&counter)
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok())
+        .unwrap_or(0)
+        + 1;
+    std::fs::write(&counter, seen.to_string()).map_err(|e| {
+        DeliveryError::Failed(Failure {
+            message: format!("count the attempt in {counter}: {e}"),
+            retryable: true,
+        })
+    })?;
+    if seen <= limit {
+        return Err(DeliveryError::Failed(Failure {
+            message: format!("attempt {seen} fails: the first {limit} are configured to"),
+            retryable: true,
+        }));
+    }
+    Ok(())
 }
 
 /// Appends the delivery as one JSON line to the outbox file.
