@@ -379,6 +379,7 @@ struct AgentFile {
     external_tools: BTreeMap<String, ExternalToolEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     channels: BTreeMap<String, ChannelEntry>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     policies: BTreeMap<String, PolicyEntry>,
     #[serde(default)]
     budgets: BudgetSettings,
