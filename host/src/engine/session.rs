@@ -20,7 +20,10 @@
 //! The latest completed run's history plus its own transcript is the whole
 //! history of the next run (by induction: its history was every completed
 //! run before it). The latest is the completed run with the longest list of
-//! history runs, so ties in creation time never reorder a session.
+//! history runs, so ties in creation time never reorder a session. A start
+//! reads one log in the usual case: the completed run created last, once
+//! its recorded history names every other completed run of the session;
+//! only when creation times tie or went backwards are all read.
 
 use serde_json::Value;
 
@@ -111,15 +114,30 @@ pub(crate) async fn read(
             active_run: active.run_id.clone(),
         });
     }
-    let mut completed = Vec::new();
-    for run in runs
+    let held = runs.len() as u64;
+    let completed: Vec<&RunId> = runs
         .iter()
         .filter(|r| r.status == RunStatus::Completed.as_str())
+        .map(|r| &r.run_id)
+        .collect();
+    // The latest created is the latest completed when every other completed
+    // run is in its history (the usual case: one log read). Otherwise
+    // (creation times that tie or went backwards) read them all.
+    let Some(&candidate) = completed.last() else {
+        return Ok((session_start(session_id, held, &[]), held));
+    };
+    let latest = load_state(store, candidate).await?;
+    if completed
+        .iter()
+        .all(|r| *r == candidate || latest.history_runs.contains(r))
     {
-        completed.push(load_state(store, &run.run_id).await?);
+        return Ok((session_start(session_id, held, &[latest]), held));
     }
-    let held = runs.len() as u64;
-    Ok((session_start(session_id, held, &completed), held))
+    let mut states = vec![latest];
+    for run in completed.into_iter().filter(|r| *r != candidate) {
+        states.push(load_state(store, run).await?);
+    }
+    Ok((session_start(session_id, held, &states), held))
 }
 
 /// The session's runs, oldest first, with statuses derived from their logs.

@@ -511,3 +511,106 @@ impl Feeder {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::engine::events::{
+        ApprovalRequested, ModelCallCompleted, ToolCallError, ToolCallIntent, ToolCallRejected,
+        ToolRef,
+    };
+    use crate::providers::{StopReason, ToolCall, Usage};
+
+    fn feed(feeder: &mut Feeder, seq: u64, event: Event) -> Vec<TurnEvent> {
+        let (sender, mut receiver) = mpsc::unbounded_channel();
+        feeder.event(seq, &event, &sender);
+        drop(sender);
+        let mut out = Vec::new();
+        while let Ok(e) = receiver.try_recv() {
+            out.push(e);
+        }
+        out
+    }
+
+    #[test]
+    fn recorded_events_become_turn_events_once_each() {
+        let mut feeder = Feeder::default();
+        let model_turn = Event::ModelCallCompleted(ModelCallCompleted {
+            step: 1,
+            text: String::new(),
+            tool_calls: vec![
+                ToolCall {
+                    id: "p1".into(),
+                    name: "fs__write_file".into(),
+                    arguments: json!({ "path": "a" }),
+                },
+                ToolCall {
+                    id: "p2".into(),
+                    name: "fs__nope".into(),
+                    arguments: json!({}),
+                },
+            ],
+            blocks: vec![],
+            usage: Usage::default(),
+            cost_nanos: None,
+            pricing: None,
+            stop_reason: StopReason::ToolUse,
+        });
+        assert!(feed(&mut feeder, 2, model_turn).is_empty());
+        let tool = ToolRef {
+            plugin: "fs".into(),
+            tool: "write_file".into(),
+        };
+        let approval = Event::ApprovalRequested(ApprovalRequested {
+            call_id: CallId::new(1, 1),
+            tool: tool.clone(),
+            preview: None,
+            preflight_error: None,
+            receipt: None,
+        });
+        let expected = TurnEvent::ApprovalNeeded {
+            call_id: CallId::new(1, 1),
+            tool: "fs__write_file".into(),
+            arguments: json!({ "path": "a" }),
+            preview: None,
+        };
+        assert_eq!(feed(&mut feeder, 3, approval.clone()), [expected]);
+        // The same position again (a lagging feed read back) is not news.
+        assert!(feed(&mut feeder, 3, approval).is_empty());
+        let intent = Event::ToolCallIntent(ToolCallIntent {
+            call_id: CallId::new(1, 1),
+            tool,
+            arguments: json!({ "path": "a" }),
+            effect: EffectClass::Write,
+            idempotency_key: "k".into(),
+            keyed_by: None,
+        });
+        assert_eq!(
+            feed(&mut feeder, 4, intent),
+            [TurnEvent::ToolCallStarted {
+                call_id: CallId::new(1, 1),
+                tool: "fs__write_file".into(),
+                arguments: json!({ "path": "a" }),
+                effect: EffectClass::Write,
+            }]
+        );
+        let error = ToolCallError::UnknownTool {
+            name: "fs__nope".into(),
+        };
+        let rejected = Event::ToolCallRejected(ToolCallRejected {
+            call_id: CallId::new(1, 2),
+            error: error.clone(),
+        });
+        assert_eq!(
+            feed(&mut feeder, 5, rejected),
+            [TurnEvent::ToolCallFinished {
+                call_id: CallId::new(1, 2),
+                tool: "fs__nope".into(),
+                result: ToolCallResult::Error(error),
+                receipt: None,
+            }]
+        );
+    }
+}

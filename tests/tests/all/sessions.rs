@@ -18,7 +18,8 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use warden::engine::events::Event;
 use warden::engine::{
-    Agent, ReplayOptions, RunId, RunStatus, RunUpdate, Runtime, RuntimeError, SessionId,
+    Agent, FixedClock, FixedRandom, ReplayOptions, RunId, RunStatus, RunUpdate, Runtime,
+    RuntimeError, SessionId,
 };
 use warden::plugins::PluginHost;
 use warden::providers::{
@@ -509,4 +510,72 @@ async fn two_hosts_racing_to_start_in_one_session_have_one_winner_on_postgres() 
     let runs = hosts[1].session_runs(&s).await.unwrap();
     assert_eq!(runs.len(), 1);
     assert_eq!(runs[0].run_id, winners[0]);
+}
+
+/// Runs created in the same millisecond, with ids that sort against their
+/// order: the history still follows the order the session was lived in.
+async fn ties_in_creation_time_never_reorder_a_session(store: Arc<dyn EventStore>) {
+    let chat = ChatAgent::new("never");
+    let rt = chat_runtime(store, Arc::new(ChatModel::default())).with_hooks(
+        Arc::new(FixedClock(1_700_000_000_000)),
+        Arc::new(FixedRandom(7)),
+    );
+    let s = session("same-millisecond");
+    for (id, input) in [
+        ("c-first", "one"),
+        ("b-second", "two"),
+        ("a-third", "three"),
+    ] {
+        let run = RunId::new(id).unwrap();
+        rt.start_in_session_with(&s, &chat.agent, run.clone(), json!(input), BTreeMap::new())
+            .await
+            .unwrap();
+        assert_eq!(
+            rt.drive(&run, &chat.agent).await.unwrap(),
+            RunStatus::Completed
+        );
+    }
+    let last = RunId::new("0-fourth").unwrap();
+    rt.start_in_session_with(
+        &s,
+        &chat.agent,
+        last.clone(),
+        json!("four"),
+        BTreeMap::new(),
+    )
+    .await
+    .unwrap();
+    rt.drive(&last, &chat.agent).await.unwrap();
+    assert_eq!(
+        prompts(&rt, &last).await,
+        [vec![
+            user("one"),
+            assistant("you said: one"),
+            user("two"),
+            assistant("you said: two"),
+            user("three"),
+            assistant("you said: three"),
+            user("four"),
+        ]]
+    );
+    let order: Vec<String> = rt
+        .session_runs(&s)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.run_id.to_string())
+        .collect();
+    assert_eq!(order, ["c-first", "b-second", "a-third", "0-fourth"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ties_in_creation_time_never_reorder_a_session_on_memory() {
+    ties_in_creation_time_never_reorder_a_session(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ties_in_creation_time_never_reorder_a_session_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+    ties_in_creation_time_never_reorder_a_session(Arc::new(store)).await;
 }
