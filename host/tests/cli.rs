@@ -677,6 +677,11 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
         )
         .unwrap();
     }
+    std::fs::write(
+        dir.path().join("tool-as-channel.toml"),
+        notes.replace("plugin = \"outbox\"", "plugin = \"fs\""),
+    )
+    .unwrap();
     let out = warden(&["run", "notes.toml", "go", "--run-id", "done"], dir.path());
     assert_eq!(out.status.code(), Some(4));
     let ok = warden(&["runs", "approve", "done", "call-3-1"], dir.path());
@@ -694,6 +699,10 @@ fn run_verbs_refuse_bad_input_and_record_nothing() {
         (
             &["run", "tool-as-source.toml", "go"],
             "key `context.notes.plugin`: plugin `fs` (builtin:fs) is not a context source",
+        ),
+        (
+            &["run", "tool-as-channel.toml", "go"],
+            "key `channels.results.plugin`: plugin `fs` (builtin:fs) is not a channel",
         ),
         (
             &["run", "no-such-source.toml", "go"],
@@ -1129,7 +1138,8 @@ fn agent_validate_reports_every_file_and_hash_prints_the_recorded_digest() {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(lines.len(), files.len(), "{text}");
     assert!(
-        lines[0].starts_with("ok     notes.toml: agent `notes`, 5 tool(s)"),
+        lines[0].starts_with("ok     notes.toml: agent `notes`, 5 tool(s)")
+            && lines[0].ends_with("; 1 channel(s): results"),
         "{text}"
     );
     assert!(

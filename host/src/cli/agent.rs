@@ -37,6 +37,8 @@ pub(crate) struct Checked {
     pub(crate) tools: Vec<String>,
     /// The context sources, by name.
     pub(crate) context: Vec<String>,
+    /// The delivery channels, by name.
+    pub(crate) channels: Vec<String>,
 }
 
 /// Loads every plugin of `agent` under its grant, resolves its tools as the
@@ -84,6 +86,29 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
             .into());
         }
     }
+    for channel in &agent.channels {
+        let (_, plugin) = agent
+            .plugins
+            .iter()
+            .zip(&loaded)
+            .find(|(p, _)| p.key == channel.plugin)
+            .expect("validated: a channel names a plugin of the agent");
+        if !plugin
+            .kinds()
+            .contains(&crate::sandbox::PluginKind::Channel)
+        {
+            return Err(AgentError::Invalid {
+                path: agent.path.clone(),
+                key: format!("channels.{}.plugin", channel.name),
+                message: format!(
+                    "plugin `{}` ({}) is not a channel",
+                    channel.plugin,
+                    plugin.source()
+                ),
+            }
+            .into());
+        }
+    }
     let view = AgentView::new(agent, &tools).with_context(at)?;
     agent
         .model
@@ -92,6 +117,7 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
     Ok(Checked {
         tools: view.tools.iter().map(|t| t.name.clone()).collect(),
         context: view.context.iter().map(|c| c.name.clone()).collect(),
+        channels: view.channels.iter().map(|c| c.name.clone()).collect(),
     })
 }
 
@@ -134,6 +160,7 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
                         "digest": agent.digest.as_str(),
                         "tools": checked.tools,
                         "context": checked.context,
+                        "channels": checked.channels,
                     }));
                 } else {
                     let mut line = format!(
@@ -148,6 +175,13 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
                             "; {} context source(s): {}",
                             checked.context.len(),
                             checked.context.join(", ")
+                        ));
+                    }
+                    if !checked.channels.is_empty() {
+                        line.push_str(&format!(
+                            "; {} channel(s): {}",
+                            checked.channels.len(),
+                            checked.channels.join(", ")
                         ));
                     }
                     println!("{line}");

@@ -489,6 +489,13 @@ async fn recovery_redelivers_an_intent_without_completion_with_the_same_id_and_n
             // A new process recovers the run: completed already, so only
             // the delivery can be owed.
             let rt = runtime(inner);
+            let owed = rt.owed_delivery(&run, &agent).await.unwrap();
+            match point {
+                CrashPoint::BeforeWrite => {
+                    assert_eq!(owed.map(|i| i.delivery_id), Some(id.clone()), "{case}")
+                }
+                CrashPoint::AfterWrite => assert_eq!(owed, None, "{case}"),
+            }
             assert_eq!(
                 rt.recover(&run, &agent, ReplayOptions::default())
                     .await
@@ -520,8 +527,89 @@ async fn recovery_redelivers_an_intent_without_completion_with_the_same_id_and_n
                 .collect();
             assert_eq!(kinds, ["delivery_intent", "delivery_completed"], "{case}");
             assert_eq!(rt.state(&run).await.unwrap().status(), RunStatus::Completed);
+            assert_eq!(rt.owed_delivery(&run, &agent).await.unwrap(), None);
         }
     }
+}
+
+/// A process that dies right after `run_completed`, before the delivery's
+/// intent: the run is finished but owes its delivery, and `warden runs
+/// resume` makes it (and nothing else); a second resume has nothing to do.
+#[tokio::test]
+async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
+    let fx = Fixture::new();
+    let agent = fx.jsonl_agent(ANSWER, "owed.jsonl", "");
+    let run = RunId::new("chan-owed").unwrap();
+    let control = runtime(Arc::new(MemoryStore::new()));
+    control
+        .start_with_id(&agent, run.clone(), json!("go"))
+        .await
+        .unwrap();
+    control.drive(&run, &agent).await.unwrap();
+    let control_events = control.events(&run).await.unwrap();
+    let completed = position_of(&control_events, "run_completed");
+    std::fs::remove_file(fx.path("outbox/owed.jsonl")).unwrap();
+
+    let inner: Arc<dyn EventStore> = Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap());
+    let crashing = runtime(Arc::new(CrashingStore {
+        inner: inner.clone(),
+        appends: AtomicU64::new(0),
+        // The delivery intent's append, right after run_completed.
+        at: completed as u64,
+        point: CrashPoint::BeforeWrite,
+    }));
+    crashing
+        .start_with_id(&agent, run.clone(), json!("go"))
+        .await
+        .unwrap();
+    assert!(crashing.drive(&run, &agent).await.is_err());
+    drop(crashing);
+    assert_eq!(inner.load(&run).await.unwrap().len(), completed + 1);
+    let id = format!("{run}/notify/{completed}");
+    let owed = runtime(inner.clone())
+        .owed_delivery(&run, &agent)
+        .await
+        .unwrap();
+    assert_eq!(owed.map(|i| i.delivery_id), Some(id.clone()));
+    drop(inner);
+
+    let resume = |dir: &Path| {
+        std::process::Command::new(crate::kill::warden_binary())
+            .args(["runs", "resume", "chan-owed", "--store", "runs.db"])
+            .current_dir(dir)
+            .env(
+                "WARDEN_CACHE_DIR",
+                std::env::temp_dir().join("warden-tests-components"),
+            )
+            .env_remove("RUST_LOG")
+            .output()
+            .unwrap()
+    };
+    let out = resume(fx.dir.path());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        text.contains(&format!("✉ delivered {id} (attempt 1, ok")),
+        "{text}"
+    );
+    assert!(text.contains("run chan-owed: completed"), "{text}");
+    let lines = fx.lines("owed.jsonl");
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert_eq!(lines[0]["id"], id.as_str());
+
+    // Nothing is owed any more: the verb refuses a finished run as before.
+    let out = resume(fx.dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("already completed"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(fx.lines("owed.jsonl").len(), 1);
 }
 
 #[tokio::test]
