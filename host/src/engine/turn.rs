@@ -18,7 +18,9 @@
 //!   ended, or that parked for a human (approval, input, an external tool,
 //!   a budget), is not cancelled by a drop: the run waits, as any parked
 //!   run does, and [`Runtime::continue_turn`] watches it again once the
-//!   human acted.
+//!   human acted. A turn is over at its run's terminal event: deliveries to
+//!   channels it still owes go on in the background (a drop does not stop
+//!   them) and never change its outcome.
 //!
 //! The stream is fed from the run's subscription ([`Runtime::subscribe`]);
 //! recorded events the feeder missed (a lagging subscription, or events
@@ -97,7 +99,10 @@ pub enum TurnEvent {
         /// succeeded.
         preview: Option<Preview>,
     },
-    /// The turn's driving ended: the last event of the stream.
+    /// The turn is over: its run reached a terminal event, or its driving
+    /// stopped where it waits for a human. The last event of the stream.
+    /// Deliveries to channels the run still owes go on in the background
+    /// and never change the outcome.
     Finished(TurnOutcome),
 }
 
@@ -210,6 +215,7 @@ impl Runtime {
         let state = self.state(run_id).await?;
         let feeder = Feeder {
             last_seq: state.event_count as u64,
+            ended: false,
             calls: state
                 .turns
                 .iter()
@@ -357,24 +363,35 @@ async fn feed(
         tokio::spawn(async move { runtime.drive(&run_id, &agent).await })
     };
     tokio::pin!(driving);
+    let join =
+        |joined: Result<Result<RunStatus, RuntimeError>, tokio::task::JoinError>| match joined {
+            Ok(result) => result,
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(_) => unreachable!("the driving task is never aborted"),
+        };
+    // `None`: the run reached its terminal event while the driver goes on
+    // with deliveries to channels, which never change the outcome: the
+    // turn is over, and the driver finishes them in the background.
     let driven = loop {
         tokio::select! {
             biased;
             update = updates.next() => match update {
-                Some(update) => feeder.update(&runtime, &run_id, update, &sender).await,
-                None => break (&mut driving).await,
+                Some(update) => {
+                    feeder.update(&runtime, &run_id, update, &sender).await;
+                    if feeder.ended {
+                        break None;
+                    }
+                }
+                None => break Some(join((&mut driving).await)),
             },
-            result = &mut driving => break result,
+            result = &mut driving => break Some(join(result)),
         }
     };
-    let driven = match driven {
-        Ok(result) => result,
-        Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
-        Err(_) => unreachable!("the driving task is never aborted"),
-    };
-    // Updates already queued, then whatever the store has beyond them.
-    while let Some(Some(update)) = updates.next().now_or_never() {
-        feeder.update(&runtime, &run_id, update, &sender).await;
+    if driven.is_some() {
+        // Updates already queued, then whatever the store has beyond them.
+        while let Some(Some(update)) = updates.next().now_or_never() {
+            feeder.update(&runtime, &run_id, update, &sender).await;
+        }
     }
     let caught_up = feeder.catch_up(&runtime, &run_id, &sender).await;
     settled.store(true, Ordering::SeqCst);
@@ -384,8 +401,11 @@ async fn feed(
     let state = runtime.state(&run_id).await?;
     let outcome = match (TurnOutcome::of(&state), driven) {
         (Some(outcome), _) => outcome,
-        (None, Err(error)) => return Err(error),
-        (None, Ok(status)) => unreachable!("a drive ends terminal or parked, not {status}"),
+        (None, Some(Err(error))) => return Err(error),
+        (None, Some(Ok(status))) => {
+            unreachable!("a drive ends terminal or parked, not {status}")
+        }
+        (None, None) => unreachable!("a terminal event was fed"),
     };
     let _ = sender.send(TurnEvent::Finished(outcome.clone()));
     Ok(outcome)
@@ -396,6 +416,8 @@ async fn feed(
 struct Feeder {
     /// The last recorded event fed.
     last_seq: u64,
+    /// Whether a terminal event was fed.
+    ended: bool,
     /// The model's tool calls, by call id: its name for the tool and the
     /// arguments.
     calls: HashMap<CallId, (String, Value)>,
@@ -447,6 +469,7 @@ impl Feeder {
             return;
         }
         self.last_seq = seq;
+        self.ended |= event.kind().is_terminal();
         if let Some(turn_event) = self.map(event) {
             let _ = sender.send(turn_event);
         }

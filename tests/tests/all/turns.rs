@@ -11,18 +11,21 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use sha2::Digest as _;
+
 use futures::StreamExt as _;
 use serde_json::json;
 use tokio::sync::Semaphore;
 use warden::engine::events::{Event, ToolCallResult};
 use warden::engine::turn::{DROPPED_REASON, TurnEvent, TurnHandle, TurnOutcome};
-use warden::engine::{RunStatus, Runtime, RuntimeError};
+use warden::engine::{Agent, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
 use warden::policy::EffectClass;
 use warden::providers::{
     ModelProvider, ModelRequest, ModelStream, ProviderEvent, StopReason, Usage,
 };
 use warden::store::{EventStore, MemoryStore, SqliteStore};
+use warden_tests::guests;
 
 use super::model_server::{After, FakeModel, Reply};
 use super::providers::{WIRES, conversation, model_table, render_stream, write_agent};
@@ -415,4 +418,91 @@ async fn three_turns_with_the_middle_one_cancelled_through_its_handle_on_postgre
         return;
     };
     three_turns_with_the_middle_one_cancelled(Arc::new(pg.store().await)).await;
+}
+
+/// A turn is over at its run's terminal event: `Finished` comes while a
+/// channel is still being retried, and dropping the handle then does not
+/// stop the delivery, which completes in the background.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turn_finishes_at_its_terminal_event_and_its_deliveries_go_on_after_a_drop() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("outbox")).unwrap();
+    let wasm = std::fs::read(guests::CHANNEL).unwrap();
+    let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    std::fs::write(
+        dir.path().join("channel.toml"),
+        format!(
+            "name = \"test-channel\"\nversion = \"0.1.0\"\nkind = \"channel\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n[mounts.outbox]\naccess = \"read-write\"\n",
+            guests::CHANNEL
+        ),
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("transcript.toml"),
+        "[[turns]]\ntext = \"The answer is 42.\"\n",
+    )
+    .unwrap();
+    // The channel fails its first two attempts; retries wait 2 s each.
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        r#"
+name = "notifier"
+instructions = "Answer."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[plugins.outbox]
+source = "channel.toml"
+[plugins.outbox.grant.mounts.outbox]
+dir = "outbox"
+[plugins.outbox.grant.config]
+fail_first = "2"
+
+[channels.notify]
+plugin = "outbox"
+max_attempts = 3
+backoff = "2s"
+backoff_cap = "2s"
+"#,
+    )
+    .unwrap();
+    let agent = Agent::load(&dir.path().join("agent.toml"), None).unwrap();
+    let rt = Runtime::new(
+        Arc::new(MemoryStore::new()),
+        PluginHost::new(sandbox().clone()),
+    );
+    let mut turn = rt.start_turn(None, &agent, json!("?")).await.unwrap();
+    let run = turn.run_id().clone();
+    let events = rest(&mut turn).await;
+    assert_eq!(
+        events.last(),
+        Some(&TurnEvent::Finished(TurnOutcome::Completed {
+            output: json!("The answer is 42.")
+        }))
+    );
+    let delivered = |log: &[Event]| log.iter().any(|e| matches!(e, Event::DeliveryCompleted(_)));
+    assert!(
+        !delivered(&rt.events(&run).await.unwrap()),
+        "the turn finished before its delivery (4 s of retries)"
+    );
+    drop(turn);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let log = rt.events(&run).await.unwrap();
+        if delivered(&log) {
+            assert!(
+                !log.iter().any(|e| matches!(e, Event::RunCancelled(_))),
+                "{log:?}"
+            );
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the delivery never completed: {log:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
