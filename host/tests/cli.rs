@@ -1918,6 +1918,27 @@ fn run_and_runs_show_print_the_typed_output() {
 }
 
 #[test]
+fn run_refuses_an_agent_enabling_a_policy_it_cannot_register_and_records_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    typed_agent(dir.path());
+    let text = std::fs::read_to_string(dir.path().join("typed.toml")).unwrap();
+    std::fs::write(
+        dir.path().join("typed.toml"),
+        format!("{text}\n[policies.reviewer]\n"),
+    )
+    .unwrap();
+    let details = assert_refused(
+        dir.path(),
+        &["run", "typed.toml", "go", "--run-id", "p1"],
+        "policy_not_registered",
+        "agent `typed` enables policy `reviewer`, which is not registered on this runtime",
+    );
+    assert_eq!(details["policy"], "reviewer");
+    let out = warden(&["runs", "show", "p1"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+}
+
+#[test]
 fn runs_show_counts_compactions_and_shows_context_resolutions() {
     let dir = demo();
     let notes = std::fs::read_to_string(dir.path().join("notes.toml")).unwrap();

@@ -139,6 +139,21 @@ pub(crate) fn event(event: &Event) -> Option<String> {
             serde_json::to_string(&e.limits).unwrap_or_default()
         ),
         Event::ClockObserved(_) | Event::RandomObserved(_) => return None,
+        Event::PolicyDecided(d) => format!(
+            "§ policy `{}` at {}{}: {}{}",
+            d.policy,
+            d.hook,
+            d.call_id
+                .as_ref()
+                .map(|c| format!(" ({c})"))
+                .or_else(|| d.step.map(|s| format!(" (step {s})")))
+                .unwrap_or_default(),
+            d.decision,
+            d.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
         Event::OutputRejected(r) => format!(
             "↺ step {}: final answer sent back to the model: {}",
             r.step, r.violation

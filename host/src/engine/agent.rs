@@ -72,6 +72,11 @@
 //! on_error = "skip"                      # skip (recorded, noted in the prompt; the default)
 //!                                        # | fail (recorded, then the run fails)
 //! limits = { timeout = "5s" }            # its leases' limits, over the plugin's grant
+//! [policies.no-deletes]                  # a policy the application registers under
+//! hooks = ["before_tool_call"]           # this name (Runtime::with_policy); hooks:
+//!                                        # run_start, after_response,
+//!                                        # before_tool_call, before_finish
+//!                                        # (default: all four)
 //!
 //! [compaction]                           # optional: summarise older history when
 //! max_prompt_tokens = 100_000            # a request's estimate (bytes / 4) exceeds this
@@ -116,6 +121,7 @@ use super::channels::{
 use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
+use super::policy_hooks::PolicyHook;
 use super::schema;
 use crate::plugins::manifest::LimitSettings;
 use crate::plugins::{PluginSource, builtin};
@@ -373,6 +379,8 @@ struct AgentFile {
     external_tools: BTreeMap<String, ExternalToolEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     channels: BTreeMap<String, ChannelEntry>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    policies: BTreeMap<String, PolicyEntry>,
     #[serde(default)]
     budgets: BudgetSettings,
     #[serde(default)]
@@ -451,6 +459,13 @@ struct ChannelEntry {
     backoff_cap: Option<HumanDuration>,
 }
 
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    hooks: Option<Vec<PolicyHook>>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct BudgetSettings {
@@ -491,6 +506,8 @@ pub struct Agent {
     pub external_tools: Vec<ExternalTool>,
     /// Its delivery channels, in name order.
     pub channels: Vec<Channel>,
+    /// The policies it enables, in name order.
+    pub policies: Vec<AgentPolicy>,
     /// Its budgets, in engine units.
     pub budgets: BudgetLimits,
     /// Correlation labels (not part of the digest).
@@ -671,6 +688,16 @@ impl AgentPlugin {
     pub fn approval_rule(&self, tool: &str) -> ApprovalRule {
         self.approval.get(tool).copied().unwrap_or_default()
     }
+}
+
+/// A policy an agent enables: asked at its hooks, by the name the embedding
+/// application registers its code under.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AgentPolicy {
+    /// Its name.
+    pub name: String,
+    /// The hooks it is asked at, in the order a run meets them.
+    pub hooks: Vec<PolicyHook>,
 }
 
 /// A tool the embedding application performs itself, with its own
@@ -1206,10 +1233,56 @@ fn validate(
 
     validate_labels(&file.labels).map_err(|e| invalid(&e.key(), e.to_string()))?;
 
+    let mut policies = Vec::with_capacity(file.policies.len());
+    let mut resolved = file.clone();
+    for (name, entry) in &file.policies {
+        if !is_valid_name(name) {
+            return Err(invalid(
+                &format!("policies.{name}"),
+                format!(
+                    "`{name}` is not a valid policy name (use [a-z][a-z0-9-]*, at most 64 bytes)"
+                ),
+            ));
+        }
+        let hooks = match &entry.hooks {
+            None => PolicyHook::ALL.to_vec(),
+            Some(hooks) if hooks.is_empty() => {
+                return Err(invalid(
+                    &format!("policies.{name}.hooks"),
+                    "must name at least one hook (or be left out for all)".into(),
+                ));
+            }
+            Some(hooks) => {
+                let mut sorted = hooks.clone();
+                sorted.sort();
+                sorted.dedup();
+                if sorted.len() != hooks.len() {
+                    return Err(invalid(
+                        &format!("policies.{name}.hooks"),
+                        "names a hook twice".into(),
+                    ));
+                }
+                sorted
+            }
+        };
+        // The digest covers the effective hooks, so `[policies.x]` with no
+        // keys still changes it.
+        resolved.policies.insert(
+            name.clone(),
+            PolicyEntry {
+                hooks: Some(hooks.clone()),
+            },
+        );
+        policies.push(AgentPolicy {
+            name: name.clone(),
+            hooks,
+        });
+    }
+
     // A schema read from a file is digested by its content: editing the file
     // changes the agent.
     let schema_from_file = file.output_schema_file.as_ref().and(output_schema.as_ref());
-    let digest = digest(&file, &section, schema_from_file);
+    let digest = digest(&resolved, &section, schema_from_file);
     Ok(Agent {
         path: path.to_owned(),
         name: file.name,
@@ -1227,6 +1300,7 @@ fn validate(
         human_tools,
         external_tools,
         channels,
+        policies,
         budgets,
         labels: file.labels,
         output_schema,
@@ -1670,6 +1744,59 @@ team = "ops"
         assert!(
             err.to_string()
                 .contains("set either output_schema or output_schema_file, not both"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn policies_are_enabled_by_name_with_their_hooks_and_digested() {
+        let with = |table: &str| format!("{MINIMAL}\n{table}");
+        let a = parse(&with(
+            "[policies.audit]\n[policies.no-deletes]\nhooks = [\"before_tool_call\"]\n",
+        ))
+        .unwrap();
+        assert_eq!(
+            a.policies,
+            [
+                AgentPolicy {
+                    name: "audit".into(),
+                    hooks: PolicyHook::ALL.to_vec()
+                },
+                AgentPolicy {
+                    name: "no-deletes".into(),
+                    hooks: vec![PolicyHook::BeforeToolCall]
+                },
+            ]
+        );
+        let plain = parse(MINIMAL).unwrap();
+        let only_audit = parse(&with("[policies.audit]\n")).unwrap();
+        assert_ne!(
+            plain.digest, only_audit.digest,
+            "an empty policy table counts"
+        );
+        assert_ne!(only_audit.digest, a.digest);
+        for (table, key, message) in [
+            (
+                "[policies.Bad]\n",
+                "policies.Bad",
+                "not a valid policy name",
+            ),
+            (
+                "[policies.a]\nhooks = []\n",
+                "policies.a.hooks",
+                "at least one hook",
+            ),
+            (
+                "[policies.a]\nhooks = [\"run_start\", \"run_start\"]\n",
+                "policies.a.hooks",
+                "names a hook twice",
+            ),
+        ] {
+            assert_invalid(&with(table), key, message);
+        }
+        let err = parse(&with("[policies.a]\nhooks = [\"whenever\"]\n")).unwrap_err();
+        assert!(
+            err.to_string().contains("unknown variant `whenever`"),
             "{err}"
         );
     }

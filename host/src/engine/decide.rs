@@ -9,7 +9,11 @@
 //! | a compaction intent without completion (crash) | [`Action::Compact`], intent already recorded |
 //! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
 //! | the model's last N tool calls were rejected as invalid (N = the agent's `max_invalid_tool_calls`) | [`Action::Fail`] |
+//! | no model call yet, a `run_start` policy has not decided | [`Action::ConsultPolicy`] |
+//! | last response recorded, an `after_response` policy has not decided | [`Action::ConsultPolicy`] |
+//! | a policy denied (not a tool call) or failed | [`Action::Fail`] |
 //! | next call names no tool, or its arguments fail the tool's schema | [`Action::RejectToolCall`] |
+//! | next call pending, a `before_tool_call` policy has not decided | [`Action::ConsultPolicy`] |
 //! | next call is a human tool                   | [`Action::Park`] (suspend, with the answer's schema) |
 //! | next call pending, budget used up           | [`Action::Park`] (budget exceeded) |
 //! | next call pending, wall-time budget, clock stale | [`Action::ObserveClock`] |
@@ -21,6 +25,7 @@
 //! | last turn has no tool calls, cut by max_tokens | [`Action::Fail`] |
 //! | last turn has no tool calls, output schema violated, not yet sent back | [`Action::RejectOutput`] |
 //! | … violated again                            | [`Action::Fail`] ([`RunError::OutputInvalid`]) |
+//! | … valid, a `before_finish` policy has not decided | [`Action::ConsultPolicy`] |
 //! | last turn has no tool calls                 | [`Action::Finish`] with its text (or its validated JSON) |
 //! | before a step's model call (new or retried), a context source with `on_error = "fail"` failed | [`Action::Fail`] |
 //! | … a context source is due (each step, or once per turn) | [`Action::ResolveContext`] |
@@ -53,6 +58,7 @@ use super::events::{
 };
 use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
+use super::policy_hooks::{PolicyConsult, PolicyPoint, PolicySubject, gate};
 use super::prompt::{build_request, request_frame};
 use super::schema::{self, SchemaError};
 use super::state::{
@@ -88,6 +94,8 @@ pub enum Action {
     /// Read the clock and record it (a wall-time budget is about to be
     /// checked).
     ObserveClock,
+    /// Ask a policy and record its decision.
+    ConsultPolicy(PolicyConsult),
     /// Resolve a context source before the step's model call, and record
     /// what it returned (or how it failed).
     ResolveContext(ContextResolution),
@@ -121,6 +129,7 @@ impl Action {
             | Action::CallTool(_)
             | Action::RequestApproval(_)
             | Action::ObserveClock
+            | Action::ConsultPolicy(_)
             | Action::ResolveContext(_)
             | Action::Compact(_)
             | Action::Idle(_) => None,
@@ -505,6 +514,9 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
             last: state.last_invalid_call.clone().unwrap_or_default(),
         });
     }
+    if let Some(action) = policy_gates(state, view) {
+        return action;
+    }
     if let Some(call) = state.next_call() {
         return decide_call(state, view, call);
     }
@@ -556,6 +568,13 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
                 }
             },
         };
+        let point = PolicyPoint::BeforeFinish { step: turn.step };
+        if let Some(action) = gate(state, view, point, || PolicySubject::BeforeFinish {
+            step: turn.step,
+            output: output.clone(),
+        }) {
+            return action;
+        }
         return Action::Finish(RunCompleted {
             output,
             by_host: false,
@@ -693,6 +712,22 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
             }
         }
     }
+    if matches!(call.progress, ToolCallProgress::Pending) {
+        let point = PolicyPoint::BeforeToolCall {
+            call_id: call.call_id.clone(),
+        };
+        if let Some(action) = gate(state, view, point, || PolicySubject::BeforeToolCall {
+            call_id: call.call_id.clone(),
+            tool: call.call.name.clone(),
+            arguments: call.call.arguments.clone(),
+            effect: match &tool.target {
+                ToolTarget::Plugin { effect, .. } => Some(*effect),
+                _ => None,
+            },
+        }) {
+            return action;
+        }
+    }
     match (&tool.target, &call.progress) {
         (ToolTarget::Human { response_schema }, ToolCallProgress::Pending) => {
             Action::Park(Park::Suspend(Suspended {
@@ -772,6 +807,32 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
         (ToolTarget::Plugin { .. }, _) => {
             unreachable!("decide_call sees pending or approved calls")
         }
+    }
+}
+
+/// The `run_start` and `after_response` policies: asked before the first
+/// model call, and after each response before anything else is done with it.
+fn policy_gates(state: &RunState, view: &AgentView) -> Option<Action> {
+    if view.policies.is_empty() || !matches!(state.model_call, ModelCallProgress::Idle) {
+        return None;
+    }
+    match state.last_turn() {
+        None => gate(state, view, PolicyPoint::RunStart, || {
+            PolicySubject::RunStart {
+                input: state.input.clone(),
+                session: state.session_id.as_ref().map(ToString::to_string),
+            }
+        }),
+        Some(turn) => gate(
+            state,
+            view,
+            PolicyPoint::AfterResponse { step: turn.step },
+            || PolicySubject::AfterResponse {
+                step: turn.step,
+                text: turn.text.clone(),
+                tool_calls: turn.calls.iter().map(|c| c.call.clone()).collect(),
+            },
+        ),
     }
 }
 

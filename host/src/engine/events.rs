@@ -24,6 +24,7 @@ pub use super::channels::{
     DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
+use super::policy_hooks::{PolicyHook, PolicyVerdict};
 use crate::policy::EffectClass;
 use crate::providers::{
     Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
@@ -87,6 +88,8 @@ pub enum Event {
     ClockObserved(ClockObserved),
     /// The injected random source was read.
     RandomObserved(RandomObserved),
+    /// A policy decided at a hook (allow, deny, feedback, or failed).
+    PolicyDecided(PolicyDecided),
     /// The model's final answer does not satisfy the agent's output schema:
     /// the violation is sent back to the model (once).
     OutputRejected(OutputRejected),
@@ -170,6 +173,8 @@ pub enum EventKind {
     ClockObserved,
     /// [`Event::RandomObserved`].
     RandomObserved,
+    /// [`Event::PolicyDecided`].
+    PolicyDecided,
     /// [`Event::OutputRejected`].
     OutputRejected,
     /// [`Event::RunCompleted`].
@@ -202,7 +207,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 35] = [
+    pub const ALL: [EventKind; 36] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -238,6 +243,7 @@ impl EventKind {
         EventKind::DeliveryAttemptFailed,
         EventKind::DeliveryCompleted,
         EventKind::DeliveryFailed,
+        EventKind::PolicyDecided,
     ];
 
     /// The `type` tag.
@@ -265,6 +271,7 @@ impl EventKind {
             EventKind::ClockObserved => "clock_observed",
             EventKind::RandomObserved => "random_observed",
             EventKind::OutputRejected => "output_rejected",
+            EventKind::PolicyDecided => "policy_decided",
             EventKind::RunCompleted => "run_completed",
             EventKind::RunFailed => "run_failed",
             EventKind::RunCancelled => "run_cancelled",
@@ -337,6 +344,7 @@ impl Event {
             Event::ClockObserved(_) => EventKind::ClockObserved,
             Event::RandomObserved(_) => EventKind::RandomObserved,
             Event::OutputRejected(_) => EventKind::OutputRejected,
+            Event::PolicyDecided(_) => EventKind::PolicyDecided,
             Event::RunCompleted(_) => EventKind::RunCompleted,
             Event::RunFailed(_) => EventKind::RunFailed,
             Event::RunCancelled(_) => EventKind::RunCancelled,
@@ -886,6 +894,28 @@ pub struct RandomObserved {
     pub value: u64,
 }
 
+/// [`Event::PolicyDecided`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicyDecided {
+    /// The hook.
+    pub hook: PolicyHook,
+    /// The step, for `after_response` and `before_finish`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
+    /// The call, for `before_tool_call`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub call_id: Option<CallId>,
+    /// The policy, by the name the agent enables it under.
+    pub policy: String,
+    /// What it decided.
+    pub decision: PolicyVerdict,
+    /// Why it denied, what its feedback says, or why it failed. Omitted for
+    /// `allow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
 /// [`Event::OutputRejected`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -955,6 +985,28 @@ pub enum RunError {
         step: u32,
         /// What is wrong with it.
         violation: String,
+    },
+    /// A policy denied the run at a hook (not a tool call's: that denial is
+    /// the call's result).
+    #[error("policy `{policy}` denied the run at {hook}: {reason}")]
+    PolicyDenied {
+        /// The policy.
+        policy: String,
+        /// The hook.
+        hook: PolicyHook,
+        /// Why.
+        reason: String,
+    },
+    /// A policy failed (error, panic, timeout, or an answer its hook does
+    /// not take): the run fails closed.
+    #[error("policy `{policy}` failed at {hook}: {message}")]
+    PolicyFailed {
+        /// The policy.
+        policy: String,
+        /// The hook.
+        hook: PolicyHook,
+        /// What went wrong.
+        message: String,
     },
     /// The host could not go on (a plugin failed to load, …).
     #[error("{message}")]
@@ -1782,6 +1834,17 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"delivery_failed","delivery_id":"r1/outbox/12","attempts":3,"error":{"kind":"failed","message":"disk full","retryable":true}}}"#,
             ),
+            (
+                Event::PolicyDecided(PolicyDecided {
+                    hook: PolicyHook::BeforeToolCall,
+                    step: None,
+                    call_id: Some(CallId::new(1, 2)),
+                    policy: "no-deletes".into(),
+                    decision: PolicyVerdict::Deny,
+                    reason: Some("deleting is not allowed".into()),
+                }),
+                r#"{"v":1,"event":{"type":"policy_decided","hook":"before_tool_call","call_id":"call-1-2","policy":"no-deletes","decision":"deny","reason":"deleting is not allowed"}}"#,
+            ),
         ]
     }
 
@@ -1823,6 +1886,7 @@ pub(crate) mod tests {
             EventKind::DeliveryAttemptFailed => 32,
             EventKind::DeliveryCompleted => 33,
             EventKind::DeliveryFailed => 34,
+            EventKind::PolicyDecided => 35,
         }
     }
 
@@ -1842,7 +1906,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 35, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 36, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);
@@ -1909,6 +1973,61 @@ pub(crate) mod tests {
         let pinned = r#"{"v":1,"event":{"type":"run_failed","error":{"kind":"output_invalid","step":3,"violation":"the final answer is not a JSON value: expected value at line 1 column 1"}}}"#;
         assert_eq!(String::from_utf8(encode(&failed)).unwrap(), pinned);
         assert_eq!(decode(pinned.as_bytes()).unwrap(), failed);
+    }
+
+    #[test]
+    fn policy_decisions_and_failures_are_pinned_at_every_hook() {
+        let cases = [
+            (
+                PolicyDecided {
+                    hook: PolicyHook::RunStart,
+                    step: None,
+                    call_id: None,
+                    policy: "audit".into(),
+                    decision: PolicyVerdict::Allow,
+                    reason: None,
+                },
+                r#"{"v":1,"event":{"type":"policy_decided","hook":"run_start","policy":"audit","decision":"allow"}}"#,
+            ),
+            (
+                PolicyDecided {
+                    hook: PolicyHook::BeforeFinish,
+                    step: Some(3),
+                    call_id: None,
+                    policy: "reviewer".into(),
+                    decision: PolicyVerdict::Feedback,
+                    reason: Some("cite the file".into()),
+                },
+                r#"{"v":1,"event":{"type":"policy_decided","hook":"before_finish","step":3,"policy":"reviewer","decision":"feedback","reason":"cite the file"}}"#,
+            ),
+            (
+                PolicyDecided {
+                    hook: PolicyHook::AfterResponse,
+                    step: Some(1),
+                    call_id: None,
+                    policy: "audit".into(),
+                    decision: PolicyVerdict::Failed,
+                    reason: Some("the policy panicked: bug".into()),
+                },
+                r#"{"v":1,"event":{"type":"policy_decided","hook":"after_response","step":1,"policy":"audit","decision":"failed","reason":"the policy panicked: bug"}}"#,
+            ),
+        ];
+        for (decided, pinned) in cases {
+            let event = Event::PolicyDecided(decided);
+            assert_eq!(String::from_utf8(encode(&event)).unwrap(), pinned);
+            assert_eq!(decode(pinned.as_bytes()).unwrap(), event);
+        }
+        let failed = Event::RunFailed(RunFailed {
+            error: RunError::PolicyDenied {
+                policy: "audit".into(),
+                hook: PolicyHook::RunStart,
+                reason: "not on weekends".into(),
+            },
+        });
+        assert_eq!(
+            String::from_utf8(encode(&failed)).unwrap(),
+            r#"{"v":1,"event":{"type":"run_failed","error":{"kind":"policy_denied","policy":"audit","hook":"run_start","reason":"not on weekends"}}}"#
+        );
     }
 
     #[test]

@@ -18,6 +18,8 @@
 //! - [`context`]: context sources: settings, what the log recorded, quoting.
 //! - [`compaction`]: summarising older history when the prompt outgrows its
 //!   budget.
+//! - [`policy_hooks`]: policies asked at fixed points of a run, their
+//!   decisions recorded.
 //! - [`output`]: typed results: the final answer checked against the
 //!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
@@ -45,6 +47,7 @@ pub mod decide;
 pub mod events;
 pub mod ids;
 pub mod output;
+pub mod policy_hooks;
 pub mod prompt;
 pub mod replay;
 pub mod runtime;
@@ -62,6 +65,9 @@ pub use budget::{BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, Pricing};
 pub use decide::{Action, decide};
 pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
 pub use ids::{AgentDigest, CallId, RequestHash, RunId, SessionId, idempotency_key};
+pub use policy_hooks::{
+    Policy, PolicyDecision, PolicyError, PolicyHook, PolicyRequest, PolicySubject, PolicyVerdict,
+};
 pub use replay::{ReplayError, ReplayOptions, replay};
 pub use runtime::{
     Clock, FixedClock, FixedRandom, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError,

@@ -173,6 +173,7 @@ fn is_decision(event: &Event) -> bool {
             | Event::ContextResolved(_)
             | Event::ContextFailed(_)
             | Event::CompactionIntent(_)
+            | Event::PolicyDecided(_)
     ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
 }
 
@@ -221,6 +222,11 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         (_, Event::ContextResolved(_) | Event::ContextFailed(_)) => options.accept_agent_change,
         (Action::Finish(a), Event::RunCompleted(b)) => a == b,
         (Action::RejectOutput(a), Event::OutputRejected(b)) => a == b,
+        // The decision itself is a recorded fact: replay never asks again;
+        // that this policy was due at this point is the decision checked.
+        (Action::ConsultPolicy(a), Event::PolicyDecided(b)) => {
+            a.policy == b.policy && b.point().as_ref() == Some(&a.point)
+        }
         _ => false,
     }
 }
@@ -254,6 +260,7 @@ fn describe_action(action: &Action) -> String {
                 r.source, r.step
             )
         }
+        Action::ConsultPolicy(c) => format!("asking policy `{}` at {:?}", c.policy, c.point),
         Action::Finish(c) => format!("finishing with {}", c.output),
         Action::Park(Park::BudgetExceeded(o)) => format!("parking: {o}"),
         Action::Park(Park::Suspend(s)) => format!("suspending at `{}`", s.call_id),
@@ -296,6 +303,7 @@ fn describe_event(event: &Event) -> String {
                 c.source, c.step
             )
         }
+        Event::PolicyDecided(d) => format!("asking policy `{}` at {:?}", d.policy, d.point()),
         Event::RunCompleted(c) => format!("finishing with {}", c.output),
         Event::OutputRejected(r) => format!(
             "sending the final answer of step {} back: {}",

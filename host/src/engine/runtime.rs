@@ -39,6 +39,9 @@ use super::events::{
     RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite, decode, encode,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
+use super::policy_hooks::{
+    DEFAULT_POLICY_TIMEOUT, Policy, PolicyConsult, PolicyVerdict, consult as consult_policy,
+};
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::session::{self, SessionRun};
 use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
@@ -283,6 +286,15 @@ pub enum RuntimeError {
         /// The reported output's value (null when missing).
         given: Box<Value>,
     },
+    /// The agent enables a policy that is not registered on this runtime
+    /// ([`Runtime::with_policy`]); nothing was written.
+    #[error("agent `{agent}` enables policy `{policy}`, which is not registered on this runtime")]
+    PolicyNotRegistered {
+        /// The agent.
+        agent: String,
+        /// The policy.
+        policy: String,
+    },
     /// A run was started in a session that has an active run (running,
     /// queued, or parked for a human); nothing was written. The session is
     /// released when that run ends.
@@ -418,6 +430,8 @@ struct Inner {
     labels: BTreeMap<String, String>,
     provider: Option<Arc<dyn ModelProvider>>,
     commitment_wait: Duration,
+    policies: BTreeMap<String, Arc<dyn Policy>>,
+    policy_timeout: Duration,
     prepared: Mutex<HashMap<AgentDigest, Arc<Prepared>>>,
     live: Mutex<HashMap<RunId, Live>>,
 }
@@ -479,6 +493,8 @@ impl Runtime {
                 labels: BTreeMap::new(),
                 provider: None,
                 commitment_wait: DEFAULT_COMMITMENT_WAIT,
+                policies: BTreeMap::new(),
+                policy_timeout: DEFAULT_POLICY_TIMEOUT,
                 prepared: Mutex::default(),
                 live: Mutex::default(),
             }),
@@ -495,6 +511,8 @@ impl Runtime {
             labels: shared.labels.clone(),
             provider: shared.provider.clone(),
             commitment_wait: shared.commitment_wait,
+            policies: shared.policies.clone(),
+            policy_timeout: shared.policy_timeout,
             prepared: Mutex::default(),
             live: Mutex::default(),
         });
@@ -537,6 +555,23 @@ impl Runtime {
     /// [`RuntimeError::CommitmentHeld`]. Default: 2 minutes.
     pub fn with_commitment_wait(self, wait: Duration) -> Self {
         self.rebuild(|i| i.commitment_wait = wait)
+    }
+
+    /// Registers `policy` under `name`: agents that enable `[policies.<name>]`
+    /// have it asked at their hooks (see [`super::policy_hooks`]). A run of
+    /// an agent enabling a policy no one registered is refused at start;
+    /// replay never needs the policy (it reads the recorded decisions).
+    pub fn with_policy(self, name: impl Into<String>, policy: Arc<dyn Policy>) -> Self {
+        let name = name.into();
+        self.rebuild(|i| {
+            i.policies.insert(name, policy);
+        })
+    }
+
+    /// How long a policy may take to decide before its decision is recorded
+    /// as failed (and the run fails). Default: 30 s.
+    pub fn with_policy_timeout(self, timeout: Duration) -> Self {
+        self.rebuild(|i| i.policy_timeout = timeout)
     }
 
     /// The store.
@@ -666,6 +701,16 @@ impl Runtime {
         // Load the plugins first: an agent that cannot run is refused before
         // anything is recorded.
         self.prepare(agent).await?;
+        if let Some(missing) = agent
+            .policies
+            .iter()
+            .find(|p| !self.inner.policies.contains_key(&p.name))
+        {
+            return Err(RuntimeError::PolicyNotRegistered {
+                agent: agent.name.clone(),
+                policy: missing.name.clone(),
+            });
+        }
         let mut all = self.inner.labels.clone();
         all.extend(agent.labels.clone());
         all.extend(labels);
@@ -1174,6 +1219,9 @@ impl Runtime {
             Action::RequestApproval(request) => {
                 self.request_approval(log, prepared, driver, request).await
             }
+            Action::ConsultPolicy(consult) => {
+                self.consult_policy(log, prepared, driver, consult).await
+            }
             Action::ObserveClock => {
                 let event = Event::ClockObserved(ClockObserved {
                     at_ms: self.inner.clock.now_ms(),
@@ -1488,6 +1536,34 @@ impl Runtime {
                 }
             }
         }
+    }
+
+    /// Asks a policy and records its decision (a failure is a decision too:
+    /// `failed`, and the run then fails).
+    async fn consult_policy(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        consult: PolicyConsult,
+    ) -> Result<Step, RuntimeError> {
+        let Some(policy) = self.inner.policies.get(&consult.policy) else {
+            return Err(RuntimeError::PolicyNotRegistered {
+                agent: prepared.view.name.clone(),
+                policy: consult.policy,
+            });
+        };
+        let request = consult.request(&log.run_id, &prepared.view.name);
+        let (verdict, reason) = tokio::select! {
+            () = driver.cancel.cancelled() => return self.record_cancel(log, driver, None).await,
+            decided = consult_policy(policy, &request, self.inner.policy_timeout) => decided,
+        };
+        if verdict == PolicyVerdict::Failed {
+            tracing::warn!(run_id = %log.run_id, policy = %consult.policy, hook = %consult.point.hook(), reason = reason.as_deref().unwrap_or_default(), "policy failed; the run fails closed");
+        }
+        self.append(log, vec![consult.decided(verdict, reason)])
+            .await?;
+        Ok(Step::Progressed)
     }
 
     async fn request_approval(

@@ -12,7 +12,7 @@
 //! requests; a model call only once every tool call of the previous turn is
 //! settled; terminal events carrying exactly the dangling write, if any.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
@@ -29,6 +29,9 @@ use super::ids::{
     AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
 };
 use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
+use super::policy_hooks::{
+    PolicyHook, PolicyPoint, PolicyVerdict, RecordedDecision, denial_result, feedback_message,
+};
 use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
 use crate::policy::EffectClass;
@@ -197,6 +200,8 @@ pub struct RunState {
     /// Its deliveries to channels: a lane of their own that never changes
     /// the status and goes on after a terminal event.
     pub deliveries: Deliveries,
+    /// Policy decisions, by the point they were made at, in log order.
+    policy_decisions: HashMap<PolicyPoint, Vec<RecordedDecision>>,
     /// The conversation, appended to as events settle (it only grows: turns
     /// and tool results come in log order). It opens with the session
     /// history recorded in `run_started`, `history_len` messages.
@@ -261,6 +266,13 @@ pub enum ToolCallProgress {
     InFlight(ToolCallIntent),
     /// Refused before anything ran. Settled.
     Rejected(ToolCallError),
+    /// Denied by a policy before it ran. Settled.
+    PolicyDenied {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
     /// Denied by a human. Settled.
     Denied {
         /// Who denied.
@@ -304,6 +316,7 @@ impl ToolCallProgress {
             self,
             ToolCallProgress::Rejected(_)
                 | ToolCallProgress::Denied { .. }
+                | ToolCallProgress::PolicyDenied { .. }
                 | ToolCallProgress::Completed(_)
                 | ToolCallProgress::Resolved { .. }
                 | ToolCallProgress::Answered { .. }
@@ -320,6 +333,7 @@ impl ToolCallProgress {
             ToolCallProgress::InFlight(_) => "in flight",
             ToolCallProgress::Rejected(_) => "rejected",
             ToolCallProgress::Denied { .. } => "denied",
+            ToolCallProgress::PolicyDenied { .. } => "denied by a policy",
             ToolCallProgress::Completed(_) => "completed",
             ToolCallProgress::Resolved { .. } => "resolved",
             ToolCallProgress::Answered { .. } => "answered",
@@ -347,6 +361,9 @@ impl ToolCallProgress {
             | ToolCallProgress::Rejected(e) => Some((e.to_string(), true)),
             ToolCallProgress::Denied { by, reason } => {
                 Some((format!("the call was denied by {by}: {reason}"), true))
+            }
+            ToolCallProgress::PolicyDenied { policy, reason } => {
+                Some((denial_result(policy, reason), true))
             }
             _ => None,
         }
@@ -557,6 +574,31 @@ pub enum FoldProblem {
     /// A budget extension while no budget is exceeded.
     #[error("no budget is exceeded")]
     NoBudgetExceeded,
+    /// A policy decision whose step or call does not fit its hook.
+    #[error("a {hook} decision needs {}", match .hook { PolicyHook::RunStart => "neither a step nor a call", PolicyHook::BeforeToolCall => "a call and no step", _ => "a step and no call" })]
+    PolicyPointMalformed {
+        /// The hook.
+        hook: PolicyHook,
+    },
+    /// A policy decision where its policy already decided, or after another
+    /// policy stopped the point.
+    #[error("policy `{policy}` already decided here")]
+    PolicyAlreadyDecided {
+        /// The policy.
+        policy: String,
+    },
+    /// Feedback at a hook other than `before_finish`.
+    #[error("feedback is only possible before_finish, not at {hook}")]
+    FeedbackOutsideFinish {
+        /// The hook.
+        hook: PolicyHook,
+    },
+    /// A policy decision for a point the run is no longer (or not yet) at.
+    #[error("the run is not at that {hook} point")]
+    PolicyPointPassed {
+        /// The hook.
+        hook: PolicyHook,
+    },
     /// An output rejection that names no final answer of the latest turn.
     #[error("step {step} is not the latest turn's final answer")]
     NotAFinalAnswer {
@@ -677,6 +719,7 @@ impl RunState {
             compaction: CompactionProgress::default(),
             output_rejections: 0,
             deliveries: Deliveries::default(),
+            policy_decisions: HashMap::new(),
             session_id: started.session.as_ref().map(|s| s.session_id.clone()),
             session_position: started.session.as_ref().map(|s| s.position),
             history_runs: started
@@ -745,6 +788,11 @@ impl RunState {
             }
         }
         self.budget_exceeded.map(Parked::Budget)
+    }
+
+    /// The policy decisions recorded at `point`, in log order.
+    pub fn policy_decisions(&self, point: &PolicyPoint) -> &[RecordedDecision] {
+        self.policy_decisions.get(point).map_or(&[], Vec::as_slice)
     }
 
     /// The run's output, once it completed.
@@ -1223,6 +1271,52 @@ impl RunState {
                 }
                 Ok(())
             }
+            Event::PolicyDecided(d) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()?;
+                let point = d
+                    .point()
+                    .ok_or(FoldProblem::PolicyPointMalformed { hook: d.hook })?;
+                let decided = self.policy_decisions(&point);
+                if decided.iter().any(|r| r.policy == d.policy) {
+                    return Err(FoldProblem::PolicyAlreadyDecided {
+                        policy: d.policy.clone(),
+                    });
+                }
+                if let Some(stop) = decided.iter().find(|r| r.verdict != PolicyVerdict::Allow) {
+                    return Err(FoldProblem::PolicyAlreadyDecided {
+                        policy: stop.policy.clone(),
+                    });
+                }
+                if d.decision == PolicyVerdict::Feedback && d.hook != PolicyHook::BeforeFinish {
+                    return Err(FoldProblem::FeedbackOutsideFinish { hook: d.hook });
+                }
+                let idle = matches!(self.model_call, ModelCallProgress::Idle);
+                let latest = self.turns.last();
+                let fits = match &point {
+                    PolicyPoint::RunStart => idle && self.turns.is_empty(),
+                    PolicyPoint::AfterResponse { step } => {
+                        idle && latest.is_some_and(|t| t.step == *step)
+                    }
+                    PolicyPoint::BeforeToolCall { call_id } => {
+                        let call = self.expect_next(call_id)?;
+                        return Self::expect_progress(
+                            call,
+                            |p| matches!(p, ToolCallProgress::Pending),
+                            "pending",
+                        );
+                    }
+                    PolicyPoint::BeforeFinish { step } => {
+                        idle && latest
+                            .is_some_and(|t| t.step == *step && t.calls.is_empty() && !t.continued)
+                    }
+                };
+                if fits {
+                    Ok(())
+                } else {
+                    Err(FoldProblem::PolicyPointPassed { hook: d.hook })
+                }
+            }
             Event::RunFailed(_) => self.check_unresolved(&None),
             Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
             Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
@@ -1564,6 +1658,38 @@ impl RunState {
                 self.messages.push(Message::User {
                     content: rejection_feedback(&r.violation),
                 });
+            }
+            Event::PolicyDecided(d) => {
+                let point = d.point().expect("checked: the point fits the hook");
+                let reason = d.reason.clone().unwrap_or_default();
+                match (&point, d.decision) {
+                    (PolicyPoint::BeforeToolCall { .. }, PolicyVerdict::Deny) => {
+                        // The call was valid: it does not count as the
+                        // model's mistake.
+                        self.invalid_calls_in_a_row = 0;
+                        self.settle(ToolCallProgress::PolicyDenied {
+                            policy: d.policy.clone(),
+                            reason,
+                        });
+                    }
+                    (PolicyPoint::BeforeFinish { .. }, PolicyVerdict::Feedback) => {
+                        if let Some(turn) = self.turns.last_mut() {
+                            turn.continued = true;
+                        }
+                        self.messages.push(Message::User {
+                            content: feedback_message(&d.policy, &reason),
+                        });
+                    }
+                    _ => {}
+                }
+                self.policy_decisions
+                    .entry(point)
+                    .or_default()
+                    .push(RecordedDecision {
+                        policy: d.policy.clone(),
+                        verdict: d.decision,
+                        reason: d.reason.clone(),
+                    });
             }
             Event::RunCompleted(c) => self.terminal = Some(Terminal::Completed(c.clone())),
             Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),

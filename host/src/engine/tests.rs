@@ -84,6 +84,7 @@ fn view() -> AgentView {
         compaction: None,
         output_schema: None,
         channels: vec![],
+        policies: vec![],
     }
 }
 
@@ -827,6 +828,7 @@ fn shape(action: &Action) -> String {
         Action::RejectToolCall(r) => format!("reject {}: {}", r.call_id, r.error),
         Action::RejectOutput(r) => format!("reject_output step={}: {}", r.step, r.violation),
         Action::ObserveClock => "observe_clock".into(),
+        Action::ConsultPolicy(c) => format!("consult {} at {:?}", c.policy, c.point),
         Action::ResolveContext(r) => format!("resolve_context {} step={}", r.source, r.step),
         Action::Compact(c) => format!(
             "compact step={} upto={} recorded={}",
@@ -2151,5 +2153,334 @@ fn an_output_rejection_must_name_the_latest_final_answer() {
     );
 }
 
+// --------------------------------------------------------------- policies
+
+fn policy_view() -> AgentView {
+    AgentView {
+        policies: vec![
+            super::policy_hooks::EnabledPolicy {
+                name: "audit".into(),
+                hooks: super::policy_hooks::PolicyHook::ALL.to_vec(),
+            },
+            super::policy_hooks::EnabledPolicy {
+                name: "tools-only".into(),
+                hooks: vec![super::policy_hooks::PolicyHook::BeforeToolCall],
+            },
+        ],
+        ..view()
+    }
+}
+
+fn decided(
+    hook: super::policy_hooks::PolicyHook,
+    step: Option<u32>,
+    call: Option<CallId>,
+    policy: &str,
+    decision: super::policy_hooks::PolicyVerdict,
+    reason: Option<&str>,
+) -> Event {
+    Event::PolicyDecided(PolicyDecided {
+        hook,
+        step,
+        call_id: call,
+        policy: policy.into(),
+        decision,
+        reason: reason.map(Into::into),
+    })
+}
+
+#[test]
+fn policies_are_asked_at_every_hook_in_name_order_and_their_decisions_steer_the_run() {
+    use super::policy_hooks::PolicyHook::*;
+    use super::policy_hooks::PolicyVerdict::*;
+    let allow = |hook, step, call, policy| decided(hook, step, call, policy, Allow, None);
+    let c11 = || Some(CallId::new(1, 1));
+    let started_allowed = || vec![allow(RunStart, None, None, "audit")];
+    let answered = || {
+        let mut l = started_allowed();
+        l.extend([
+            model(1, 1),
+            answer(1, "", &[("fs__read_file", read_args())]),
+        ]);
+        l
+    };
+    let reviewed = || {
+        let mut l = answered();
+        l.push(allow(AfterResponse, Some(1), None, "audit"));
+        l
+    };
+    let denied = || {
+        let mut l = reviewed();
+        l.extend([
+            allow(BeforeToolCall, None, c11(), "audit"),
+            decided(
+                BeforeToolCall,
+                None,
+                c11(),
+                "tools-only",
+                Deny,
+                Some("not today"),
+            ),
+        ]);
+        l
+    };
+    let finished = || {
+        let mut l = denied();
+        l.extend([
+            model(2, 1),
+            answer(2, "Done.", &[]),
+            allow(AfterResponse, Some(2), None, "audit"),
+        ]);
+        l
+    };
+    assert_decisions(vec![
+        (
+            "run start",
+            log(vec![]),
+            policy_view(),
+            "consult audit at RunStart",
+        ),
+        (
+            "then the model",
+            log(started_allowed()),
+            policy_view(),
+            "call_model step=1 attempt=1 recorded=false max_tokens=100",
+        ),
+        (
+            "after the response",
+            log(answered()),
+            policy_view(),
+            "consult audit at AfterResponse { step: 1 }",
+        ),
+        (
+            "before the call",
+            log(reviewed()),
+            policy_view(),
+            "consult audit at BeforeToolCall { call_id: CallId(\"call-1-1\") }",
+        ),
+        (
+            "the next policy",
+            log({
+                let mut l = reviewed();
+                l.push(allow(BeforeToolCall, None, c11(), "audit"));
+                l
+            }),
+            policy_view(),
+            "consult tools-only at BeforeToolCall { call_id: CallId(\"call-1-1\") }",
+        ),
+        (
+            "a denied call is settled",
+            log(denied()),
+            policy_view(),
+            "call_model step=2 attempt=1 recorded=false max_tokens=100",
+        ),
+        (
+            "before finishing",
+            log(finished()),
+            policy_view(),
+            "consult audit at BeforeFinish { step: 2 }",
+        ),
+        (
+            "feedback asks again",
+            log({
+                let mut l = finished();
+                l.push(decided(
+                    BeforeFinish,
+                    Some(2),
+                    None,
+                    "audit",
+                    Feedback,
+                    Some("cite"),
+                ));
+                l
+            }),
+            policy_view(),
+            "call_model step=3 attempt=1 recorded=false max_tokens=100",
+        ),
+        (
+            "allowed: finish",
+            log({
+                let mut l = finished();
+                l.push(allow(BeforeFinish, Some(2), None, "audit"));
+                l
+            }),
+            policy_view(),
+            "finish \"Done.\"",
+        ),
+        (
+            "a denial at the start fails the run",
+            log(vec![decided(
+                RunStart,
+                None,
+                None,
+                "audit",
+                Deny,
+                Some("closed"),
+            )]),
+            policy_view(),
+            "fail policy `audit` denied the run at run_start: closed",
+        ),
+        (
+            "a failed policy fails the run",
+            log({
+                let mut l = answered();
+                l.push(decided(
+                    AfterResponse,
+                    Some(1),
+                    None,
+                    "audit",
+                    Failed,
+                    Some("the policy panicked: x"),
+                ));
+                l
+            }),
+            policy_view(),
+            "fail policy `audit` failed at after_response: the policy panicked: x",
+        ),
+        (
+            "no policies: nothing asked",
+            log(vec![]),
+            view(),
+            "call_model step=1 attempt=1 recorded=false max_tokens=100",
+        ),
+    ]);
+    // The denial is the call's result, as the model sees it.
+    let state = fold(&log(denied())).unwrap();
+    assert!(matches!(
+        state.conversation().last(),
+        Some(Message::Tool { content, is_error: true, .. })
+            if content == "the call was denied by policy `tools-only`: not today"
+    ));
+    // Feedback follows the answer in the conversation.
+    let mut with_feedback = log(finished());
+    with_feedback.push(decided(
+        BeforeFinish,
+        Some(2),
+        None,
+        "audit",
+        Feedback,
+        Some("cite"),
+    ));
+    let state = fold(&with_feedback).unwrap();
+    assert!(matches!(
+        state.conversation().last(),
+        Some(Message::User { content }) if content == "Policy `audit` sent your answer back: cite"
+    ));
+    // Replay checks that each decision was due, and never asks.
+    let mut whole = with_feedback.clone();
+    whole.extend([
+        model(3, 1),
+        answer(3, "Done, see a.txt.", &[]),
+        allow(AfterResponse, Some(3), None, "audit"),
+        allow(BeforeFinish, Some(3), None, "audit"),
+        completed("Done, see a.txt."),
+    ]);
+    let state = replay(
+        &whole,
+        &policy_view(),
+        ReplayOptions {
+            accept_agent_change: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(state.status(), RunStatus::Completed);
+    // Without the policies, the first recorded decision diverges.
+    let err = replay(
+        &whole,
+        &view(),
+        ReplayOptions {
+            accept_agent_change: true,
+        },
+    )
+    .unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            ReplayError::Divergence {
+                position: 1,
+                kind: EventKind::PolicyDecided,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn impossible_policy_decisions_are_refused() {
+    use super::policy_hooks::PolicyHook::*;
+    use super::policy_hooks::PolicyVerdict::*;
+    let call = || Some(CallId::new(1, 1));
+    let answered = || {
+        vec![
+            model(1, 1),
+            answer(1, "", &[("fs__read_file", read_args())]),
+        ]
+    };
+    let cases = vec![
+        (
+            "feedback at a tool call",
+            {
+                let mut l = answered();
+                l.push(decided(
+                    BeforeToolCall,
+                    None,
+                    call(),
+                    "audit",
+                    Feedback,
+                    Some("x"),
+                ));
+                l
+            },
+            "feedback is only possible before_finish, not at before_tool_call",
+        ),
+        (
+            "twice",
+            vec![
+                decided(RunStart, None, None, "audit", Allow, None),
+                decided(RunStart, None, None, "audit", Allow, None),
+            ],
+            "policy `audit` already decided here",
+        ),
+        (
+            "a tool call decision naming a step",
+            {
+                let mut l = answered();
+                l.push(decided(BeforeToolCall, Some(1), None, "audit", Allow, None));
+                l
+            },
+            "a before_tool_call decision needs a call and no step",
+        ),
+        (
+            "run start after the first call",
+            {
+                let mut l = answered();
+                l.push(decided(RunStart, None, None, "audit", Allow, None));
+                l
+            },
+            "the run is not at that run_start point",
+        ),
+        (
+            "a call that is not next",
+            {
+                let mut l = answered();
+                l.push(decided(
+                    BeforeToolCall,
+                    None,
+                    Some(CallId::new(1, 2)),
+                    "audit",
+                    Allow,
+                    None,
+                ));
+                l
+            },
+            "is not the next tool call to settle",
+        ),
+    ];
+    for (name, events, message) in cases {
+        let err = fold(&log(events)).unwrap_err();
+        assert!(err.to_string().contains(message), "{name}: {err}");
+    }
+}
 mod compaction;
 mod context;

@@ -18,6 +18,7 @@ use super::context::ContextSource;
 use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
 use super::output::output_contract;
+use super::policy_hooks::EnabledPolicy;
 use crate::plugins::ToolDescriptor;
 use crate::policy::EffectClass;
 use crate::providers::ToolSpec;
@@ -55,6 +56,8 @@ pub struct AgentView {
     pub output_schema: Option<Value>,
     /// Its delivery channels, in name order.
     pub channels: Vec<Channel>,
+    /// The policies it enables, in name order.
+    pub policies: Vec<EnabledPolicy>,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -274,6 +277,14 @@ impl AgentView {
             compaction: agent.compaction,
             output_schema: agent.output_schema.clone(),
             channels: agent.channels.clone(),
+            policies: agent
+                .policies
+                .iter()
+                .map(|p| EnabledPolicy {
+                    name: p.name.clone(),
+                    hooks: p.hooks.clone(),
+                })
+                .collect(),
         })
     }
 

@@ -27,6 +27,10 @@
 //! - `workers`: run leases with fencing through the engine, and `warden
 //!   worker` processes killed at random while sharing 200 runs on
 //!   PostgreSQL.
+//! - `policies`: native policies at every hook: a denied tool call never
+//!   runs, feedback asks the model again, recorded decisions are never
+//!   asked again (recovery, replay with no policy registered), failing
+//!   policies fail the run closed.
 //! - `typed_results`: agents with an output schema: validation, one
 //!   rejection sent back, typed failure, `finish_with`, replay of each.
 //! - `providers`: the OpenAI-compatible and Anthropic providers against a
@@ -53,6 +57,7 @@ mod loading;
 mod model_server;
 mod network;
 mod plugins;
+mod policies;
 mod providers;
 mod server;
 mod sessions;
