@@ -1784,6 +1784,20 @@ fn runs_in_a_session_see_earlier_runs_and_a_busy_session_is_refused() {
     assert_eq!(json["runs"][1]["position"], 1);
     assert_eq!(json["runs"][1]["history_runs"], 1);
     assert_eq!(json["runs"][1]["output"], "Your name is Ada.");
+    let listed = warden(&["runs", "list", "--session", "chat", "--json"], dir.path());
+    let json: Value = serde_json::from_str(&stdout(&listed)).unwrap();
+    let listed: Vec<(&str, &str)> = json
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap(),
+                r["session"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(listed, [("first", "chat"), ("second", "chat")]);
 
     // A detached run is active: the next start is refused and records nothing.
     let detached = warden(

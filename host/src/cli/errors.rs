@@ -318,6 +318,14 @@ fn store(e: &StoreError) -> (&'static str, Value) {
             "session_busy",
             json!({ "session": session, "active_run": active_run }),
         ),
+        StoreError::SessionChanged {
+            session,
+            expected,
+            found,
+        } => (
+            "session_changed",
+            json!({ "session": session, "expected": expected, "found": found }),
+        ),
         _ => ("store_failed", json!({})),
     }
 }
@@ -491,6 +499,25 @@ mod tests {
                 .into(),
                 "unknown_run",
                 json!({"run_id": "r1"}),
+            ),
+            (
+                RuntimeError::SessionBusy {
+                    session_id: crate::engine::SessionId::new("chat").unwrap(),
+                    active_run: run.clone(),
+                }
+                .into(),
+                "session_busy",
+                json!({"session": "chat", "active_run": "r1"}),
+            ),
+            (
+                StoreError::SessionChanged {
+                    session: "chat".into(),
+                    expected: 2,
+                    found: 3,
+                }
+                .into(),
+                "session_changed",
+                json!({"session": "chat", "expected": 2, "found": 3}),
             ),
             (CliError::new("usage", "bad").into(), "usage", json!({})),
             (anyhow::anyhow!("plain"), "invalid", json!({})),

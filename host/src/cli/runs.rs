@@ -205,6 +205,9 @@ pub(crate) struct ListArgs {
     /// Only runs of this agent.
     #[arg(long)]
     agent: Option<String>,
+    /// Only runs of this session.
+    #[arg(long)]
+    session: Option<String>,
     /// Only runs with this label (repeatable; all must match).
     #[arg(long = "label", value_name = "KEY=VALUE")]
     labels: Vec<String>,
@@ -1083,6 +1086,9 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
     if let Some(a) = &args.agent {
         filter = filter.agent(a.clone());
     }
+    if let Some(session) = &args.session {
+        filter = filter.session(super::sessions::session_id(session)?);
+    }
     for (k, v) in labels(&args.labels)? {
         filter = filter.label(k, v);
     }
@@ -1106,6 +1112,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
             "agent": r.agent,
             "status": r.status,
             "labels": r.labels,
+            "session": r.session,
             "created_ms": r.created_ms,
             "updated_ms": r.updated_ms,
             "events": r.event_count,
