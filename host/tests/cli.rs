@@ -1651,7 +1651,15 @@ fn completions_are_printed_for_each_shell() {
 #[test]
 fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     let dir = tempfile::tempdir().unwrap();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    // A copy of the example, so its delivery lands in the copy's `out/`.
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let examples = dir.path().join("agents");
+    for file in ["code-review.toml", "code-review.transcript.toml"] {
+        std::fs::create_dir_all(&examples).unwrap();
+        std::fs::copy(source.join(file), examples.join(file)).unwrap();
+    }
+    copy_tree(&source.join("review"), &examples.join("review"));
+    std::fs::create_dir(examples.join("out")).unwrap();
     let out = warden(
         &[
             "run",
@@ -1671,6 +1679,22 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     assert!(text.contains("→ call-2-1 fs__search [read]"), "{text}");
     assert!(text.contains("\"line\":16"), "{text}");
     assert!(text.contains("✓ completed: Review of src/lib.rs"), "{text}");
+    // The review was delivered: one JSON line with the output.
+    assert!(text.contains("✉ delivered cr/review/"), "{text}");
+    let delivered = std::fs::read_to_string(examples.join("out/reviews.jsonl")).unwrap();
+    let lines: Vec<Value> = delivered
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1, "{delivered}");
+    assert_eq!(lines[0]["kind"], "completed");
+    assert!(
+        lines[0]["payload"]["event"]["output"]
+            .as_str()
+            .unwrap()
+            .starts_with("Review of src/lib.rs"),
+        "{delivered}"
+    );
     // Its grant is read-only: the agent's writing tools cannot change a file.
     let out = warden(
         &[
@@ -2030,4 +2054,18 @@ text = "Read it three times."
         body["compaction"],
         serde_json::json!({"completed": 2, "failed": 0})
     );
+}
+
+/// Copies the directory `from` to `to`, recursively.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_tree(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
 }
