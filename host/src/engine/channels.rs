@@ -340,7 +340,7 @@ pub fn outcome_error(
 }
 
 /// The deliveries of a run as its log has them: folded by
-/// [`RunState`](super::state::RunState), separately from the run's own
+/// [`super::state::RunState`], separately from the run's own
 /// progress.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Deliveries {

@@ -4,7 +4,7 @@
 //! and how the prompt quotes it ([`quote`]) as non-authoritative data.
 //!
 //! When a source is resolved is the decision table's
-//! ([`super::decide`]): before the model call of every step
+//! ([`super::decide()`]): before the model call of every step
 //! ([`ResolveWhen::EachCall`], once per step: a retried attempt reuses the
 //! step's context) or once per run ([`ResolveWhen::OncePerTurn`]: a run is
 //! one turn). The runtime resolves through a fresh lease
@@ -14,7 +14,7 @@
 //!
 //! Quoting: every item sits between a header line `[[item F …]]` and an end
 //! line `[[end F]]`, where `F` is a marker derived from the quoted text
-//! itself ([`fence`]): a hash over everything quoted, re-derived with a
+//! itself (`fence`): a hash over everything quoted, re-derived with a
 //! counter until no quoted text contains it, so content cannot close its
 //! quote or forge another item, and the same recorded context always gives
 //! the same bytes (and request hash). Header values (the item's source, a

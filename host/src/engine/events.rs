@@ -933,9 +933,9 @@ pub struct RunCompleted {
     /// The run's output: the final answer's text, or, for an agent with an
     /// output schema, the JSON value it validated to.
     pub output: Value,
-    /// Whether the host supplied the output ([`Runtime::finish_with`]
-    /// (super::Runtime::finish_with)) instead of the model's final answer.
-    /// Omitted when false.
+    /// Whether the host supplied the output
+    /// ([`Runtime::finish_with`](super::Runtime::finish_with)) instead of
+    /// the model's final answer. Omitted when false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub by_host: bool,
 }

@@ -20,10 +20,10 @@
 //! At each point every enabled policy for that hook is asked in name order
 //! until one answers anything but `allow`.
 //!
-//! Deciding is pure: [`gate`] tells [`decide`](super::decide()) which policy
+//! Deciding is pure: `gate` tells [`decide`](super::decide()) which policy
 //! must be asked next at a point ([`PolicyConsult`]); the runtime asks it
 //! ([`consult`]) and records the answer as
-//! [`Event::PolicyDecided`](super::events::Event::PolicyDecided) before
+//! [`super::events::Event::PolicyDecided`] before
 //! anything else happens, so a crash after the decision does not ask again,
 //! and replay reads the recorded decision instead of asking (no policy needs
 //! to be registered to replay).

@@ -133,10 +133,15 @@ async fn killing_the_binary_at_random_moments_loses_nothing_and_repeats_no_write
     let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
     let mut kills = 0;
     let mut resolved = 0;
+    // On a loaded machine the binary may not get as far as recording the
+    // start within the random delays: each start killed before that waits
+    // longer next time, so the kills still land inside the run.
+    let mut start_floor_ms = 0;
     for _ in 0..60 {
         let exists = status(&db, &run).await.is_some();
         let args: &[&str] = if exists { &recover } else { &start };
-        let delay = Duration::from_millis(3 + rng.next() % 50);
+        let floor = if exists { 0 } else { start_floor_ms };
+        let delay = Duration::from_millis(floor + 3 + rng.next() % 50);
         let acknowledged = run_and_kill(args, dir, delay);
         kills += 1;
         let Some((state, count)) = status(&db, &run).await else {
@@ -144,6 +149,7 @@ async fn killing_the_binary_at_random_moments_loses_nothing_and_repeats_no_write
                 acknowledged.is_empty(),
                 "acknowledged events of a run that does not exist"
             );
+            start_floor_ms += 25;
             continue;
         };
         if let Some(last) = acknowledged.iter().max() {
@@ -191,7 +197,18 @@ async fn killing_the_binary_at_random_moments_loses_nothing_and_repeats_no_write
     }
     // Finish without interruption.
     loop {
-        let (state, _) = status(&db, &run).await.unwrap();
+        let Some((state, _)) = status(&db, &run).await else {
+            // Every start was killed before it was recorded: start it now.
+            let out = warden(&start, dir).output().unwrap();
+            assert!(
+                matches!(out.status.code(), Some(0) | Some(5)),
+                "exit {:?}: {}{}",
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            continue;
+        };
         match state.as_str() {
             "completed" => break,
             "needs_reconciliation" => {
