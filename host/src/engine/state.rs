@@ -980,6 +980,21 @@ impl RunState {
         }
     }
 
+    /// A call about to run (or be settled without running) must be pending
+    /// or approved.
+    fn expect_pending_or_approved(call: &ToolCallState) -> Result<(), FoldProblem> {
+        Self::expect_progress(
+            call,
+            |p| {
+                matches!(
+                    p,
+                    ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
+                )
+            },
+            "pending or approved",
+        )
+    }
+
     fn expect_progress(
         call: &ToolCallState,
         allowed: fn(&ToolCallProgress) -> bool,
@@ -1072,29 +1087,11 @@ impl RunState {
                 // An approved call is rejected when its tool disappeared
                 // from the agent in between.
                 let call = self.expect_next(&r.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| {
-                        matches!(
-                            p,
-                            ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
-                        )
-                    },
-                    "pending or approved",
-                )
+                Self::expect_pending_or_approved(call)
             }
             Event::ToolCallIntent(intent) => {
                 let call = self.expect_next(&intent.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| {
-                        matches!(
-                            p,
-                            ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
-                        )
-                    },
-                    "pending or approved",
-                )?;
+                Self::expect_pending_or_approved(call)?;
                 self.parked_problem()?;
                 let mismatch = |field| FoldProblem::CallMismatch {
                     call_id: intent.call_id.clone(),
@@ -1153,16 +1150,7 @@ impl RunState {
             }
             Event::ToolCallDeduplicated(d) => {
                 let call = self.expect_next(&d.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| {
-                        matches!(
-                            p,
-                            ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
-                        )
-                    },
-                    "pending or approved",
-                )?;
+                Self::expect_pending_or_approved(call)?;
                 self.parked_problem()
             }
             Event::ToolCallCompleted(c) => {

@@ -1430,6 +1430,15 @@ impl Sim {
         fold(&self.events).unwrap()
     }
 
+    /// The scripted model's answer to `request`.
+    fn respond(&self, request: &crate::providers::ModelRequest) -> crate::providers::ModelResponse {
+        let mut assembler = ResponseAssembler::new("scripted");
+        for event in self.script.events_for(request).unwrap() {
+            assembler.push(event).unwrap();
+        }
+        assembler.finish().unwrap()
+    }
+
     /// Drives until there is nothing to do; returns why.
     fn drive(&mut self) -> Idle {
         for _ in 0..100 {
@@ -1438,11 +1447,7 @@ impl Sim {
                     if !call.recorded {
                         self.events.push(call.intent(false));
                     }
-                    let mut assembler = ResponseAssembler::new("scripted");
-                    for event in self.script.events_for(&call.request).unwrap() {
-                        assembler.push(event).unwrap();
-                    }
-                    let response = assembler.finish().unwrap();
+                    let response = self.respond(&call.request);
                     self.events
                         .push(call.completion(&response, self.view.pricing.as_ref()));
                 }
@@ -1467,11 +1472,7 @@ impl Sim {
                     if !call.recorded {
                         self.events.push(call.intent(false));
                     }
-                    let mut assembler = ResponseAssembler::new("scripted");
-                    for event in self.script.events_for(&call.request).unwrap() {
-                        assembler.push(event).unwrap();
-                    }
-                    let response = assembler.finish().unwrap();
+                    let response = self.respond(&call.request);
                     self.events
                         .push(call.completion(&response, self.view.pricing.as_ref()));
                 }
