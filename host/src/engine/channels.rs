@@ -384,7 +384,8 @@ pub struct Delivery {
 /// The delivery the run owes next, from its log `events` (folded into
 /// `state`) and the agent's `channels`: the one in flight, else (unless a
 /// model or tool call is in flight) the earliest event some channel
-/// receives and has no intent for yet (ties in channel name order). `agent` is the agent's name, put in payloads.
+/// receives and has no intent for yet (ties in channel name order).
+/// `agent` is the agent's name, put in payloads.
 pub fn next_delivery(
     events: &[Event],
     state: &RunState,
