@@ -1,7 +1,8 @@
-//! The wit-bindgen bindings of the three Warden worlds, generated once here.
+//! The wit-bindgen bindings of the four Warden worlds, generated once here.
 //!
 //! `tool-plugin` generates the shared interfaces `warden:plugin/types` and
-//! `warden:plugin/host`; `context-plugin` and `channel-plugin` reuse them
+//! `warden:plugin/host`; `context-plugin`, `channel-plugin` and
+//! `policy-plugin` reuse them
 //! through wit-bindgen's `with` option, so every WIT type has exactly one Rust
 //! type. The export macros are public (`pub_export_macro`) and find their
 //! runtime through this crate, so a plugin crate depends on `warden-guest`
@@ -58,6 +59,24 @@ pub mod channel {
         pub_export_macro: true,
         export_macro_name: "export_channel_world",
         default_bindings_module: "::warden_guest::bindings::channel",
+        runtime_path: "::warden_guest::__private::wit_bindgen::rt",
+    });
+}
+
+/// Bindings of the `policy-plugin` world; shared interfaces come from the
+/// parent module.
+pub mod policy {
+    wit_bindgen::generate!({
+        world: "policy-plugin",
+        path: "../wit",
+        additional_derives: [PartialEq, Eq],
+        with: {
+            "warden:plugin/types@0.1.0": crate::bindings::warden::plugin::types,
+            "warden:plugin/host@0.1.0": crate::bindings::warden::plugin::host,
+        },
+        pub_export_macro: true,
+        export_macro_name: "export_policy_world",
+        default_bindings_module: "::warden_guest::bindings::policy",
         runtime_path: "::warden_guest::__private::wit_bindgen::rt",
     });
 }

@@ -143,6 +143,54 @@ macro_rules! export_channel_plugin {
     };
 }
 
+/// Exports a [`PolicyPlugin`](crate::PolicyPlugin) as the WIT world
+/// `policy-plugin`. Use it once, at the plugin crate's root.
+///
+/// ```
+/// use warden_guest::{Decision, PolicyError, PolicyPlugin, PolicyRequest, SourceSpec, Subject};
+///
+/// struct NoDeletes;
+/// impl PolicyPlugin for NoDeletes {
+///     fn describe() -> SourceSpec {
+///         SourceSpec::new("no-deletes", "Denies every tool whose name says delete")
+///     }
+///     fn decide(request: PolicyRequest) -> Result<Decision, PolicyError> {
+///         Ok(match request.subject()? {
+///             Subject::BeforeToolCall { tool, .. } if tool.contains("delete") => {
+///                 Decision::deny(format!("`{tool}` deletes"))
+///             }
+///             _ => Decision::Allow,
+///         })
+///     }
+/// }
+/// warden_guest::export_policy_plugin!(NoDeletes);
+/// ```
+#[macro_export]
+macro_rules! export_policy_plugin {
+    ($plugin:ty) => {
+        const _: () = {
+            #[allow(dead_code)]
+            struct __WardenPolicyExport;
+            impl $crate::bindings::policy::exports::warden::plugin::policy::Guest
+                for __WardenPolicyExport
+            {
+                fn describe() -> $crate::SourceSpec {
+                    <$plugin as $crate::PolicyPlugin>::describe()
+                }
+                fn decide(
+                    request: $crate::PolicyRequest,
+                ) -> ::core::result::Result<$crate::Decision, $crate::PolicyError> {
+                    <$plugin as $crate::PolicyPlugin>::decide(request)
+                }
+            }
+            #[cfg(target_arch = "wasm32")]
+            $crate::bindings::policy::export_policy_world!(
+                __WardenPolicyExport with_types_in $crate::bindings::policy
+            );
+        };
+    };
+}
+
 /// What the export macros expand to. Not public API.
 #[doc(hidden)]
 pub mod __private {

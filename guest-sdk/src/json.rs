@@ -15,6 +15,10 @@ pub(crate) fn parse<T: DeserializeOwned>(text: &str) -> Result<T, String> {
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let mut path = e.path().to_string();
         let reason = e.into_inner();
+        // A syntax error has no field to name (its path would be `?`).
+        if reason.classify() != serde_json::error::Category::Data {
+            return reason.to_string();
+        }
         // An unknown field's path ends in that field, which the reason names.
         if reason.to_string().starts_with("unknown field") {
             path = path
@@ -91,6 +95,10 @@ mod tests {
                 "invalid type: string \"a.txt\", expected struct Args",
             ),
             (r#"{"path":"a"} x"#, "trailing characters"),
+            (
+                r#"{"path":"a","limit":"#,
+                "EOF while parsing a value at line 1 column 20",
+            ),
         ];
         for (text, expected) in cases {
             let message = err(text);
@@ -98,6 +106,7 @@ mod tests {
                 message.starts_with(expected) || message.contains(expected),
                 "{text}: got {message:?}, want {expected:?}"
             );
+            assert!(!message.contains('?'), "{text}: {message}");
         }
     }
 

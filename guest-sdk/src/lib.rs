@@ -3,8 +3,9 @@
 //! ## Modules
 //!
 //! The crate root re-exports everything a plugin needs; the modules are
-//! `tool`, `context` and `channel` (one per plugin kind), `glob`, `http`, `log`, `testing`
-//! (native only) and `bindings` (generated). Every other module is private.
+//! `tool`, `context`, `channel` and `policy` (one per plugin kind), `glob`,
+//! `http`, `log`, `testing` (native only) and `bindings` (generated). Every
+//! other module is private.
 #![deny(unsafe_code)]
 
 // The generated export macros name this crate by path, also from inside it.
@@ -19,6 +20,7 @@ mod host;
 pub mod http;
 mod json;
 pub mod log;
+mod policy;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 mod tool;
@@ -30,8 +32,10 @@ pub use export::__private;
 pub use channel::ChannelPlugin;
 pub use context::ContextPlugin;
 pub use host::config;
+pub use policy::{PolicyPlugin, RequestedCall, Subject};
 pub use tool::{Tool, ToolPlugin, Toolbox};
 pub use types::{
-    Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Effect, Failure,
-    LogLevel, Preview, Rejection, SourceSpec, ToolError, ToolOutput, ToolSpec,
+    Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError, Effect,
+    Failure, LogLevel, PolicyError, PolicyHook, PolicyRequest, Preview, Rejection, SourceSpec,
+    ToolError, ToolOutput, ToolSpec,
 };

@@ -11,7 +11,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 
 use crate::http::{HttpError, Request, Response, Url};
-use crate::types::{Call, ContextRequest, Delivery, LogLevel};
+use crate::types::{Call, ContextRequest, Delivery, LogLevel, PolicyHook, PolicyRequest};
 
 /// Most log lines kept per thread; later lines still go to stderr.
 const MAX_CAPTURED_LINES: usize = 10_000;
@@ -82,6 +82,32 @@ pub fn delivery(kind: impl Into<String>, payload: serde_json::Value) -> Delivery
     }
 }
 
+/// A policy request in run `test-run` of agent `test-agent`, for policy
+/// `test-policy`, with `subject` as its subject. The hook is the one the
+/// subject's `hook` tag names, as the host writes it, for example
+/// `{"hook": "before_tool_call", "call_id": "call-1-1", "tool": "fs__write_file",
+/// "arguments": {}}`.
+///
+/// # Panics
+/// If `subject` has no `hook` tag naming a hook (`run_start`,
+/// `after_response`, `before_tool_call` or `before_finish`).
+pub fn policy_request(subject: serde_json::Value) -> PolicyRequest {
+    let tag = subject.get("hook").and_then(serde_json::Value::as_str);
+    let Some(hook) = tag.and_then(PolicyHook::from_name) else {
+        panic!(
+            "a policy request's subject needs a `hook` tag naming a hook \
+             (run_start, after_response, before_tool_call, before_finish), got {subject}"
+        );
+    };
+    PolicyRequest {
+        run_id: "test-run".into(),
+        agent: "test-agent".into(),
+        policy: "test-policy".into(),
+        hook,
+        subject: subject.to_string(),
+    }
+}
+
 pub(crate) fn native_http(request: &Request, url: &Url) -> Result<Response, HttpError> {
     HTTP.with(|http| match &*http.borrow() {
         Some(responder) => responder(request),
@@ -121,6 +147,27 @@ mod tests {
             .unwrap();
         clear_config();
         assert_eq!(crate::config("region"), None);
+    }
+
+    #[test]
+    fn policy_request_takes_its_hook_from_the_tag() {
+        let request = policy_request(serde_json::json!({"hook": "before_finish", "step": 1}));
+        assert_eq!(request.hook, PolicyHook::BeforeFinish);
+        assert_eq!(request.subject, r#"{"hook":"before_finish","step":1}"#);
+        assert_eq!(
+            (
+                request.run_id.as_str(),
+                request.agent.as_str(),
+                request.policy.as_str()
+            ),
+            ("test-run", "test-agent", "test-policy")
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "needs a `hook` tag naming a hook")]
+    fn policy_request_without_a_known_tag_panics() {
+        policy_request(serde_json::json!({"hook": "before-finish"}));
     }
 
     #[test]

@@ -3,13 +3,15 @@
 //!
 //! Constructors for the error variants live next to the plugin kind that uses
 //! them: [`ToolError`] in `tool`, [`ContextError`] in `context`,
-//! [`DeliveryError`] in `channel`.
+//! [`DeliveryError`] in `channel`, [`Decision`] and [`PolicyError`] in
+//! `policy`.
 
 use std::fmt;
 
 pub use crate::bindings::warden::plugin::types::{
-    Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Effect, Failure,
-    LogLevel, Preview, Rejection, SourceSpec, ToolError, ToolOutput, ToolSpec,
+    Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError, Effect,
+    Failure, LogLevel, PolicyError, PolicyHook, PolicyRequest, Preview, Rejection, SourceSpec,
+    ToolError, ToolOutput, ToolSpec,
 };
 
 impl Effect {
@@ -24,6 +26,41 @@ impl Effect {
 }
 
 impl fmt::Display for Effect {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PolicyHook {
+    /// Every hook, in the order a run meets them.
+    pub const ALL: [PolicyHook; 4] = [
+        PolicyHook::RunStart,
+        PolicyHook::AfterResponse,
+        PolicyHook::BeforeToolCall,
+        PolicyHook::BeforeFinish,
+    ];
+
+    /// The hook's name as the subject's `hook` tag and an agent's `hooks`
+    /// spell it: `run_start`, `after_response`, `before_tool_call` or
+    /// `before_finish`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PolicyHook::RunStart => "run_start",
+            PolicyHook::AfterResponse => "after_response",
+            PolicyHook::BeforeToolCall => "before_tool_call",
+            PolicyHook::BeforeFinish => "before_finish",
+        }
+    }
+
+    /// The hook named `name` (as [`PolicyHook::as_str`] spells it).
+    pub fn from_name(name: &str) -> Option<PolicyHook> {
+        PolicyHook::ALL
+            .into_iter()
+            .find(|hook| hook.as_str() == name)
+    }
+}
+
+impl fmt::Display for PolicyHook {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -97,5 +134,24 @@ mod tests {
         ];
         let names: Vec<&str> = levels.iter().map(|l| l.as_str()).collect();
         assert_eq!(names, ["trace", "debug", "info", "warn", "error"]);
+    }
+
+    #[test]
+    fn hook_names_are_the_subject_tags_and_parse_back() {
+        let names: Vec<String> = PolicyHook::ALL.iter().map(|h| h.to_string()).collect();
+        assert_eq!(
+            names,
+            [
+                "run_start",
+                "after_response",
+                "before_tool_call",
+                "before_finish"
+            ]
+        );
+        for hook in PolicyHook::ALL {
+            assert_eq!(PolicyHook::from_name(hook.as_str()), Some(hook));
+        }
+        assert_eq!(PolicyHook::from_name("run-start"), None);
+        assert_eq!(PolicyHook::from_name("before_answer"), None);
     }
 }
