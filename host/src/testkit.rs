@@ -205,6 +205,49 @@ impl TestPlugin {
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }
+
+    /// Asks the plugin's policy for its decision at `hook` about `subject`
+    /// (a JSON object; its `hook` tag is added if missing) in a fresh lease,
+    /// as run `test-run` of agent `test-agent`, under the plugin's name.
+    ///
+    /// # Panics
+    /// If the plugin is not a policy, or `subject` is not a JSON object.
+    pub async fn decide(
+        &self,
+        hook: wit::PolicyHook,
+        subject: Value,
+    ) -> Leased<Result<wit::Decision, wit::PolicyError>> {
+        let request = policy_request(self.plugin.name(), hook, subject);
+        self.plugin
+            .decide(&request, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+/// The request a policy named `policy` gets at `hook` about `subject`, in
+/// run `test-run` of agent `test-agent`.
+///
+/// # Panics
+/// If `subject` is not a JSON object.
+pub fn policy_request(policy: &str, hook: wit::PolicyHook, subject: Value) -> wit::PolicyRequest {
+    let Value::Object(mut subject) = subject else {
+        panic!("a policy subject is a JSON object, not {subject}");
+    };
+    subject
+        .entry("hook")
+        .or_insert_with(|| Value::String(hook_name(hook).to_owned()));
+    wit::PolicyRequest {
+        run_id: "test-run".into(),
+        agent: "test-agent".into(),
+        policy: policy.into(),
+        hook,
+        subject: Value::Object(subject).to_string(),
+    }
+}
+
+fn hook_name(hook: wit::PolicyHook) -> &'static str {
+    crate::engine::PolicyHook::from(hook).as_str()
 }
 
 fn test_call(tool: &str, arguments: &Value) -> wit::Call {

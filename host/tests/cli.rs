@@ -1945,7 +1945,7 @@ fn run_refuses_an_agent_enabling_a_policy_it_cannot_register_and_records_nothing
         dir.path(),
         &["run", "typed.toml", "go", "--run-id", "p1"],
         "policy_not_registered",
-        "agent `typed` enables policy `reviewer`, which is not registered on this runtime",
+        "agent `typed` enables policy `reviewer`, which is not registered on this runtime (set `plugin` in [policies.reviewer] to a policy plugin of the agent, or register it with Runtime::with_policy)",
     );
     assert_eq!(details["policy"], "reviewer");
     let out = warden(&["runs", "show", "p1"], dir.path());

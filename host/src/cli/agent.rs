@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::Context;
 use super::errors::report;
-use crate::engine::{Agent, AgentError, AgentView};
+use crate::engine::{Agent, AgentView};
 use crate::plugins::PluginHost;
 
 #[derive(Debug, Subcommand)]
@@ -63,52 +63,15 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         .zip(&loaded)
         .map(|(p, l)| (p.key.as_str(), l.tools()))
         .collect();
-    for source in &agent.context {
+    agent.check_plugin_kinds(|key| {
         let (_, plugin) = agent
             .plugins
             .iter()
             .zip(&loaded)
-            .find(|(p, _)| p.key == source.plugin)
-            .expect("validated: a context source names a plugin of the agent");
-        if !plugin
-            .kinds()
-            .contains(&crate::sandbox::PluginKind::Context)
-        {
-            return Err(AgentError::Invalid {
-                path: agent.path.clone(),
-                key: format!("context.{}.plugin", source.name),
-                message: format!(
-                    "plugin `{}` ({}) is not a context source",
-                    source.plugin,
-                    plugin.source()
-                ),
-            }
-            .into());
-        }
-    }
-    for channel in &agent.channels {
-        let (_, plugin) = agent
-            .plugins
-            .iter()
-            .zip(&loaded)
-            .find(|(p, _)| p.key == channel.plugin)
-            .expect("validated: a channel names a plugin of the agent");
-        if !plugin
-            .kinds()
-            .contains(&crate::sandbox::PluginKind::Channel)
-        {
-            return Err(AgentError::Invalid {
-                path: agent.path.clone(),
-                key: format!("channels.{}.plugin", channel.name),
-                message: format!(
-                    "plugin `{}` ({}) is not a channel",
-                    channel.plugin,
-                    plugin.source()
-                ),
-            }
-            .into());
-        }
-    }
+            .find(|(p, _)| p.key == key)
+            .expect("validated: the agent names its own plugins");
+        (plugin.kinds(), plugin.source().to_string())
+    })?;
     let view = AgentView::new(agent, &tools).with_context(at)?;
     agent
         .model

@@ -1,17 +1,20 @@
-//! `warden plugin inspect`, `call` (a tool), `resolve` (a context source)
-//! and `deliver` (a channel); `new` and `build` are in `scaffold.rs`.
+//! `warden plugin inspect`, `call` (a tool), `resolve` (a context source),
+//! `deliver` (a channel) and `decide` (a policy); `new` and `build` are in
+//! `scaffold.rs`.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::{Context, Exit};
 use crate::plugins::manifest::{FuelSetting, Unmetered};
 use crate::plugins::{LoadedPlugin, PluginHost, PluginSource};
 use crate::policy::{Grant, MountGrant};
-use crate::sandbox::{Access, Capabilities, Limits, PluginKind, Sandbox, UsageReceipt, wit};
+use crate::sandbox::{
+    Access, Capabilities, Leased, Limits, PluginKind, Sandbox, UsageReceipt, wit,
+};
 use crate::units::{ByteSize, HumanDuration, format_duration, parse_bytes, parse_duration};
 
 // Parsed once per process; the size difference does not matter.
@@ -32,6 +35,9 @@ pub(crate) enum PluginCommand {
     /// Deliver one message through a channel in a fresh sandbox and print
     /// the usage receipt.
     Deliver(DeliverArgs),
+    /// Ask a policy for its decision at a hook in a fresh sandbox and print
+    /// it and the usage receipt.
+    Decide(DecideArgs),
     /// Create a plugin crate: guest SDK dependency, manifest, one example
     /// tool (or context source, or channel) and a test in the real sandbox.
     New(super::scaffold::NewArgs),
@@ -60,6 +66,22 @@ pub(crate) struct DeliverArgs {
     /// The payload, a JSON object.
     #[arg(default_value = "{}")]
     payload: String,
+    #[command(flatten)]
+    grant: GrantArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct DecideArgs {
+    /// A plugin.toml or builtin:NAME.
+    plugin: String,
+    /// The hook: run_start, after_response, before_tool_call or
+    /// before_finish.
+    hook: String,
+    /// What the hook is about, a JSON object, for example
+    /// '{"tool": "fs__write_file", "arguments": {"path": "a"}}'; its `hook`
+    /// tag is added.
+    #[arg(default_value = "{}")]
+    subject: String,
     #[command(flatten)]
     grant: GrantArgs,
 }
@@ -115,6 +137,7 @@ pub(crate) async fn run(cmd: PluginCommand, ctx: &Context) -> anyhow::Result<()>
         PluginCommand::Call(args) => call(args, ctx).await,
         PluginCommand::Resolve(args) => resolve(args, ctx).await,
         PluginCommand::Deliver(args) => deliver(args, ctx).await,
+        PluginCommand::Decide(args) => decide(args, ctx).await,
         PluginCommand::New(args) => super::scaffold::new(args, ctx),
         PluginCommand::Build(args) => super::scaffold::build(args, ctx).await,
     }
@@ -158,35 +181,23 @@ async fn resolve(args: ResolveArgs, ctx: &Context) -> anyhow::Result<()> {
             .collect::<Vec<_>>()
     };
     let error = |e: &wit::ContextError| match e {
-        wit::ContextError::InvalidRequest(m) => ("invalid_request", m.clone(), false),
-        wit::ContextError::Denied(m) => ("denied", m.clone(), false),
-        wit::ContextError::Failed(f) => ("failed", f.message.clone(), f.retryable),
-    };
-    if ctx.json {
-        let mut body = match &leased.result {
-            Ok(Ok(list)) => json!({ "ok": true, "items": items(list) }),
-            Ok(Err(e)) => {
-                let (kind, message, retryable) = error(e);
-                json!({ "ok": false, "context_error": { "kind": kind, "message": message, "retryable": retryable } })
-            }
-            Err(e) => {
-                json!({ "ok": false, "lease_error": { "outcome": e.failure.outcome(), "message": e.to_string() } })
-            }
-        };
-        body["receipt"] = serde_json::to_value(&leased.receipt)?;
-        println!("{}", serde_json::to_string_pretty(&body)?);
-    } else {
-        match &leased.result {
-            Ok(Ok(list)) => println!("{}", serde_json::to_string_pretty(&items(list))?),
-            Ok(Err(e)) => {
-                let (kind, message, _) = error(e);
-                eprintln!("context error: {}: {message}", kind.replace('_', " "))
-            }
-            Err(e) => eprintln!("error: {e}"),
+        wit::ContextError::InvalidRequest(m) => json!({ "kind": "invalid_request", "message": m }),
+        wit::ContextError::Denied(m) => json!({ "kind": "denied", "message": m }),
+        wit::ContextError::Failed(f) => {
+            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
         }
-        eprintln!("{}", receipt_line("resolve", "read", &leased.receipt));
-    }
-    exit_for(&leased.result)
+    };
+    let answer = Answer {
+        operation: "resolve",
+        effect: "read",
+        error_key: "context_error",
+        extra: json!({}),
+    };
+    answer.report(ctx, &leased, error, |list| {
+        let items = items(list);
+        let text = serde_json::to_string_pretty(&items).unwrap_or_default();
+        (json!({ "items": items }), text)
+    })
 }
 
 async fn deliver(args: DeliverArgs, ctx: &Context) -> anyhow::Result<()> {
@@ -215,33 +226,141 @@ async fn deliver(args: DeliverArgs, ctx: &Context) -> anyhow::Result<()> {
             json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
         }
     };
-    if ctx.json {
-        let mut body = match &leased.result {
-            Ok(Ok(())) => json!({ "ok": true }),
-            Ok(Err(e)) => json!({ "ok": false, "delivery_error": error(e) }),
-            Err(e) => {
-                json!({ "ok": false, "lease_error": { "outcome": e.failure.outcome(), "message": e.to_string() } })
-            }
-        };
-        body["id"] = json!(delivery.id);
-        body["receipt"] = serde_json::to_value(&leased.receipt)?;
-        println!("{}", serde_json::to_string_pretty(&body)?);
-    } else {
-        match &leased.result {
-            Ok(Ok(())) => println!("delivered {}", delivery.id),
-            Ok(Err(e)) => {
-                let e = error(e);
-                eprintln!(
-                    "delivery error: {}: {}",
-                    e["kind"].as_str().unwrap_or_default().replace('_', " "),
-                    e["message"].as_str().unwrap_or_default()
-                )
-            }
-            Err(e) => eprintln!("error: {e}"),
+    let answer = Answer {
+        operation: "deliver",
+        effect: "write",
+        error_key: "delivery_error",
+        extra: json!({ "id": delivery.id }),
+    };
+    answer.report(ctx, &leased, error, |()| {
+        (json!({}), format!("delivered {}", delivery.id))
+    })
+}
+
+async fn decide(args: DecideArgs, ctx: &Context) -> anyhow::Result<()> {
+    let hook: crate::engine::PolicyHook = serde_json::from_value(Value::String(args.hook.clone()))
+        .map_err(|_| {
+            let hooks: Vec<&str> = crate::engine::PolicyHook::ALL
+                .iter()
+                .map(|h| h.as_str())
+                .collect();
+            anyhow::anyhow!(
+                "`{}` is not a policy hook (hooks: {})",
+                args.hook,
+                hooks.join(", ")
+            )
+        })?;
+    let subject: Value = serde_json::from_str(&args.subject)
+        .with_context(|| format!("the subject is not valid JSON: `{}`", args.subject))?;
+    let Value::Object(mut subject) = subject else {
+        bail!("the subject must be a JSON object, got `{}`", args.subject);
+    };
+    match subject.get("hook") {
+        Some(tag) if tag != hook.as_str() => {
+            bail!("the subject's `hook` is {tag}, but the hook asked is `{hook}`")
         }
-        eprintln!("{}", receipt_line("deliver", "write", &leased.receipt));
+        _ => subject.insert("hook".into(), json!(hook.as_str())),
+    };
+    let plugin = load_granted(&args.plugin, &args.grant, ctx).await?;
+    let request = wit::PolicyRequest {
+        run_id: String::new(),
+        agent: String::new(),
+        policy: plugin.name().to_owned(),
+        hook: hook.into(),
+        subject: Value::Object(subject).to_string(),
+    };
+    let leased = plugin.decide(&request, None).await?;
+    let error = |e: &wit::PolicyError| match e {
+        wit::PolicyError::InvalidRequest(m) => json!({ "kind": "invalid_request", "message": m }),
+        wit::PolicyError::Failed(f) => {
+            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
+        }
+    };
+    let answer = Answer {
+        operation: "decide",
+        effect: "read",
+        error_key: "policy_error",
+        extra: json!({ "hook": hook.as_str() }),
+    };
+    answer.report(ctx, &leased, error, |decision| match decision {
+        wit::Decision::Allow => (json!({ "decision": "allow" }), "allow".into()),
+        wit::Decision::Deny(reason) => (
+            json!({ "decision": "deny", "reason": reason }),
+            format!("deny: {reason}"),
+        ),
+        wit::Decision::Feedback(message) => (
+            json!({ "decision": "feedback", "message": message }),
+            format!("feedback: {message}"),
+        ),
+    })
+}
+
+/// How one lease's answer is printed by `resolve`, `deliver` and `decide`.
+struct Answer {
+    operation: &'static str,
+    effect: &'static str,
+    /// The JSON key of the guest's own error, also its name in text
+    /// (`context_error` → `context error: ...`).
+    error_key: &'static str,
+    /// Fields every JSON answer carries.
+    extra: Value,
+}
+
+impl Answer {
+    /// Prints the answer: with `--json` one object (`ok`, the answer's
+    /// fields or the guest's error or the lease error, the receipt);
+    /// otherwise the answer on stdout or the error on stderr, then the
+    /// receipt line. The result is the command's exit.
+    fn report<T, E>(
+        &self,
+        ctx: &Context,
+        leased: &Leased<Result<T, E>>,
+        error: impl Fn(&E) -> Value,
+        answer: impl Fn(&T) -> (Value, String),
+    ) -> anyhow::Result<()> {
+        if ctx.json {
+            let mut body = match &leased.result {
+                Ok(Ok(t)) => {
+                    let mut body = json!({ "ok": true });
+                    merge(&mut body, answer(t).0);
+                    body
+                }
+                Ok(Err(e)) => json!({ "ok": false, self.error_key: error(e) }),
+                Err(e) => {
+                    json!({ "ok": false, "lease_error": { "outcome": e.failure.outcome(), "message": e.to_string() } })
+                }
+            };
+            merge(&mut body, self.extra.clone());
+            body["receipt"] = serde_json::to_value(&leased.receipt)?;
+            println!("{}", serde_json::to_string_pretty(&body)?);
+        } else {
+            match &leased.result {
+                Ok(Ok(t)) => println!("{}", answer(t).1),
+                Ok(Err(e)) => {
+                    let e = error(e);
+                    eprintln!(
+                        "{}: {}: {}",
+                        self.error_key.replace('_', " "),
+                        e["kind"].as_str().unwrap_or_default().replace('_', " "),
+                        e["message"].as_str().unwrap_or_default()
+                    )
+                }
+                Err(e) => eprintln!("error: {e}"),
+            }
+            eprintln!(
+                "{}",
+                receipt_line(self.operation, self.effect, &leased.receipt)
+            );
+        }
+        exit_for(&leased.result)
     }
-    exit_for(&leased.result)
+}
+
+/// Adds the fields of the object `from` to the object `into`.
+fn merge(into: &mut Value, from: Value) {
+    if let (Value::Object(into), Value::Object(from)) = (into, from) {
+        into.extend(from);
+    }
 }
 
 fn exit_for<T, E>(result: &Result<Result<T, E>, crate::sandbox::LeaseError>) -> anyhow::Result<()> {

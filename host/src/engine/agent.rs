@@ -77,6 +77,8 @@
 //!                                        # run_start, after_response,
 //!                                        # before_tool_call, before_finish
 //!                                        # (default: all four)
+//! [policies.guard]                       # a policy carried out by a WASM plugin:
+//! plugin = "guard"                       # a key in [plugins] whose plugin is a policy
 //!
 //! [compaction]                           # optional: summarise older history when
 //! max_prompt_tokens = 100_000            # a request's estimate (bytes / 4) exceeds this
@@ -131,6 +133,7 @@ use crate::providers::{
     AnthropicOptions, AnthropicProvider, HttpConfig, MaxTokensField, ModelProvider, OpenAiOptions,
     OpenAiProvider, ProviderError, ScriptedProvider, Secret, anthropic, openai,
 };
+use crate::sandbox::PluginKind;
 use crate::units::HumanDuration;
 
 /// Most labels on an agent or a run.
@@ -463,6 +466,8 @@ struct ChannelEntry {
 #[serde(deny_unknown_fields)]
 struct PolicyEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    plugin: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     hooks: Option<Vec<PolicyHook>>,
 }
 
@@ -696,6 +701,9 @@ impl AgentPlugin {
 pub struct AgentPolicy {
     /// Its name.
     pub name: String,
+    /// The key in `[plugins]` of the policy plugin that decides; `None`: the
+    /// embedding application registers the policy under `name`.
+    pub plugin: Option<String>,
     /// The hooks it is asked at, in the order a run meets them.
     pub hooks: Vec<PolicyHook>,
 }
@@ -828,6 +836,48 @@ fn is_valid_human_tool_name(name: &str) -> bool {
 }
 
 impl Agent {
+    /// Checks that each plugin the agent names as a context source, a
+    /// channel or a policy is of that kind; `plugin` gives a plugin's kinds
+    /// and source by its key in `[plugins]`. The error names the key that
+    /// uses the plugin.
+    pub fn check_plugin_kinds<'a>(
+        &self,
+        plugin: impl Fn(&str) -> (&'a [PluginKind], String),
+    ) -> Result<(), AgentError> {
+        let context = self.context.iter().map(|c| {
+            let key = format!("context.{}.plugin", c.name);
+            (
+                key,
+                c.plugin.as_str(),
+                PluginKind::Context,
+                "a context source",
+            )
+        });
+        let channels = self.channels.iter().map(|c| {
+            let key = format!("channels.{}.plugin", c.name);
+            (key, c.plugin.as_str(), PluginKind::Channel, "a channel")
+        });
+        let policies = self.policies.iter().filter_map(|p| {
+            let key = format!("policies.{}.plugin", p.name);
+            Some((key, p.plugin.as_deref()?, PluginKind::Policy, "a policy"))
+        });
+        for (key, name, needed, noun) in context.chain(channels).chain(policies) {
+            let (kinds, source) = plugin(name);
+            if !kinds.contains(&needed) {
+                let kinds: Vec<String> = kinds.iter().map(ToString::to_string).collect();
+                return Err(AgentError::Invalid {
+                    path: self.path.clone(),
+                    key,
+                    message: format!(
+                        "plugin `{name}` ({source}) is not {noun} (its kinds: {})",
+                        kinds.join(", ")
+                    ),
+                });
+            }
+        }
+        Ok(())
+    }
+
     /// Reads, parses and validates the agent at `path`. An agent without a
     /// `[model]` table inherits `defaults`.
     pub fn load(path: &Path, defaults: Option<&ModelDefaults>) -> Result<Agent, AgentError> {
@@ -1170,21 +1220,7 @@ fn validate(
                 "is not a valid context source name (use [a-z][a-z0-9-]*, at most 64 bytes)".into(),
             ));
         }
-        if !file.plugins.contains_key(&entry.plugin) {
-            let keys: Vec<&str> = file.plugins.keys().map(String::as_str).collect();
-            return Err(invalid(
-                &at("plugin"),
-                format!(
-                    "`{}` is not a plugin of this agent (its [plugins]: {})",
-                    entry.plugin,
-                    if keys.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        keys.join(", ")
-                    }
-                ),
-            ));
-        }
+        check_plugin_key(&file, &entry.plugin, &at("plugin"), &invalid)?;
         entry
             .limits
             .validate(&at("limits"))
@@ -1265,16 +1301,21 @@ fn validate(
                 sorted
             }
         };
+        if let Some(plugin) = &entry.plugin {
+            check_plugin_key(&file, plugin, &format!("policies.{name}.plugin"), &invalid)?;
+        }
         // The digest covers the effective hooks, so `[policies.x]` with no
         // keys still changes it.
         resolved.policies.insert(
             name.clone(),
             PolicyEntry {
+                plugin: entry.plugin.clone(),
                 hooks: Some(hooks.clone()),
             },
         );
         policies.push(AgentPolicy {
             name: name.clone(),
+            plugin: entry.plugin.clone(),
             hooks,
         });
     }
@@ -1311,6 +1352,30 @@ fn validate(
     })
 }
 
+/// Checks that `plugin`, set at `key`, names one of the agent's `[plugins]`.
+fn check_plugin_key(
+    file: &AgentFile,
+    plugin: &str,
+    key: &str,
+    invalid: &dyn Fn(&str, String) -> AgentError,
+) -> Result<(), AgentError> {
+    if file.plugins.contains_key(plugin) {
+        return Ok(());
+    }
+    let keys: Vec<&str> = file.plugins.keys().map(String::as_str).collect();
+    Err(invalid(
+        key,
+        format!(
+            "`{plugin}` is not a plugin of this agent (its [plugins]: {})",
+            if keys.is_empty() {
+                "none".to_owned()
+            } else {
+                keys.join(", ")
+            }
+        ),
+    ))
+}
+
 /// Checks `[channels.<name>]`: a valid name, a plugin key of the agent's,
 /// what it receives (not empty, no duplicates), attempts and backoff in
 /// range.
@@ -1328,21 +1393,7 @@ fn validate_channels(
                 "is not a valid channel name (use [a-z][a-z0-9-]*, at most 64 bytes)".into(),
             ));
         }
-        if !file.plugins.contains_key(&entry.plugin) {
-            let keys: Vec<&str> = file.plugins.keys().map(String::as_str).collect();
-            return Err(invalid(
-                &at("plugin"),
-                format!(
-                    "`{}` is not a key of [plugins] (the agent has: {})",
-                    entry.plugin,
-                    if keys.is_empty() {
-                        "none".to_owned()
-                    } else {
-                        keys.join(", ")
-                    }
-                ),
-            ));
-        }
+        check_plugin_key(file, &entry.plugin, &at("plugin"), invalid)?;
         let receives = entry
             .receives
             .clone()
@@ -1760,10 +1811,12 @@ team = "ops"
             [
                 AgentPolicy {
                     name: "audit".into(),
+                    plugin: None,
                     hooks: PolicyHook::ALL.to_vec()
                 },
                 AgentPolicy {
                     name: "no-deletes".into(),
+                    plugin: None,
                     hooks: vec![PolicyHook::BeforeToolCall]
                 },
             ]
@@ -1775,6 +1828,19 @@ team = "ops"
             "an empty policy table counts"
         );
         assert_ne!(only_audit.digest, a.digest);
+        let guard = |policy: &str| {
+            parse(&with(&format!(
+                "[plugins.guard]\nsource = \"builtin:fs\"\n{policy}"
+            )))
+            .unwrap()
+        };
+        let by_plugin = guard("[policies.audit]\nplugin = \"guard\"\n");
+        assert_eq!(by_plugin.policies[0].plugin.as_deref(), Some("guard"));
+        assert_ne!(
+            by_plugin.digest,
+            guard("[policies.audit]\n").digest,
+            "which code decides is part of the agent"
+        );
         for (table, key, message) in [
             (
                 "[policies.Bad]\n",
@@ -1790,6 +1856,11 @@ team = "ops"
                 "[policies.a]\nhooks = [\"run_start\", \"run_start\"]\n",
                 "policies.a.hooks",
                 "names a hook twice",
+            ),
+            (
+                "[policies.a]\nplugin = \"guard\"\n",
+                "policies.a.plugin",
+                "`guard` is not a plugin of this agent (its [plugins]: none)",
             ),
         ] {
             assert_invalid(&with(table), key, message);
@@ -2232,7 +2303,7 @@ team = "ops"
         assert_invalid(
             &format!("{MINIMAL}[channels.notify]\nplugin = \"outbox\"\n"),
             "channels.notify.plugin",
-            "`outbox` is not a key of [plugins] (the agent has: none)",
+            "`outbox` is not a plugin of this agent (its [plugins]: none)",
         );
         assert_invalid(
             &with("receives = []\n"),

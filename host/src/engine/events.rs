@@ -914,6 +914,10 @@ pub struct PolicyDecided {
     /// `allow`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// What the lease of a policy plugin used (its fuel counts against the
+    /// run's budget). Omitted for a native policy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receipt: Option<UsageReceipt>,
 }
 
 /// [`Event::OutputRejected`].
@@ -1842,6 +1846,7 @@ pub(crate) mod tests {
                     policy: "no-deletes".into(),
                     decision: PolicyVerdict::Deny,
                     reason: Some("deleting is not allowed".into()),
+                    receipt: None,
                 }),
                 r#"{"v":1,"event":{"type":"policy_decided","hook":"before_tool_call","call_id":"call-1-2","policy":"no-deletes","decision":"deny","reason":"deleting is not allowed"}}"#,
             ),
@@ -1986,6 +1991,7 @@ pub(crate) mod tests {
                     policy: "audit".into(),
                     decision: PolicyVerdict::Allow,
                     reason: None,
+                    receipt: None,
                 },
                 r#"{"v":1,"event":{"type":"policy_decided","hook":"run_start","policy":"audit","decision":"allow"}}"#,
             ),
@@ -1997,6 +2003,7 @@ pub(crate) mod tests {
                     policy: "reviewer".into(),
                     decision: PolicyVerdict::Feedback,
                     reason: Some("cite the file".into()),
+                    receipt: None,
                 },
                 r#"{"v":1,"event":{"type":"policy_decided","hook":"before_finish","step":3,"policy":"reviewer","decision":"feedback","reason":"cite the file"}}"#,
             ),
@@ -2008,6 +2015,7 @@ pub(crate) mod tests {
                     policy: "audit".into(),
                     decision: PolicyVerdict::Failed,
                     reason: Some("the policy panicked: bug".into()),
+                    receipt: None,
                 },
                 r#"{"v":1,"event":{"type":"policy_decided","hook":"after_response","step":1,"policy":"audit","decision":"failed","reason":"the policy panicked: bug"}}"#,
             ),

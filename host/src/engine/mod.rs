@@ -20,6 +20,7 @@
 //!   budget.
 //! - [`policy_hooks`]: policies asked at fixed points of a run, their
 //!   decisions recorded.
+//! - [`policy_plugin`]: policies carried out by WASM components.
 //! - [`output`]: typed results: the final answer checked against the
 //!   agent's output schema.
 //! - [`mod@replay`]: folding a recorded log while checking every decision.
@@ -48,6 +49,7 @@ pub mod events;
 pub mod ids;
 pub mod output;
 pub mod policy_hooks;
+pub mod policy_plugin;
 pub mod prompt;
 pub mod replay;
 pub mod runtime;

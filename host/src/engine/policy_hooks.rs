@@ -48,6 +48,7 @@ use super::state::RunState;
 use super::view::AgentView;
 use crate::policy::EffectClass;
 use crate::providers::ToolCall;
+use crate::sandbox::UsageReceipt;
 
 /// How long the runtime waits for a policy's answer, by default.
 pub const DEFAULT_POLICY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -315,8 +316,14 @@ impl PolicyConsult {
         }
     }
 
-    /// The event recording `verdict`.
-    pub fn decided(&self, verdict: PolicyVerdict, reason: Option<String>) -> Event {
+    /// The event recording `verdict`, with the receipt of a policy plugin's
+    /// lease.
+    pub fn decided(
+        &self,
+        verdict: PolicyVerdict,
+        reason: Option<String>,
+        receipt: Option<UsageReceipt>,
+    ) -> Event {
         let (step, call_id) = match &self.point {
             PolicyPoint::RunStart => (None, None),
             PolicyPoint::AfterResponse { step } | PolicyPoint::BeforeFinish { step } => {
@@ -331,6 +338,7 @@ impl PolicyConsult {
             policy: self.policy.clone(),
             decision: verdict,
             reason,
+            receipt,
         })
     }
 }

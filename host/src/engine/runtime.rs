@@ -25,7 +25,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
-use super::agent::Agent;
+use super::agent::{Agent, AgentError};
 use super::channels::{
     Delivery, DeliveryError, DeliveryFailed, DeliveryIntent, next_delivery, outcome_error, settle,
 };
@@ -42,6 +42,7 @@ use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::policy_hooks::{
     DEFAULT_POLICY_TIMEOUT, Policy, PolicyConsult, PolicyVerdict, consult as consult_policy,
 };
+use super::policy_plugin::consult_plugin as consult_policy_plugin;
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::session::{self, SessionRun};
 use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
@@ -290,7 +291,9 @@ pub enum RuntimeError {
     },
     /// The agent enables a policy that is not registered on this runtime
     /// ([`Runtime::with_policy`]); nothing was written.
-    #[error("agent `{agent}` enables policy `{policy}`, which is not registered on this runtime")]
+    #[error(
+        "agent `{agent}` enables policy `{policy}`, which is not registered on this runtime (set `plugin` in [policies.{policy}] to a policy plugin of the agent, or register it with Runtime::with_policy)"
+    )]
     PolicyNotRegistered {
         /// The agent.
         agent: String,
@@ -445,6 +448,8 @@ struct Prepared {
     /// Each context source's plugin, by source name, loaded under the
     /// plugin's grant with the source's own limits over it.
     context: HashMap<String, LoadedPlugin>,
+    /// Each policy carried out by a plugin, by policy name.
+    policy_plugins: HashMap<String, LoadedPlugin>,
     provider: Arc<dyn ModelProvider>,
 }
 
@@ -706,7 +711,7 @@ impl Runtime {
         if let Some(missing) = agent
             .policies
             .iter()
-            .find(|p| !self.inner.policies.contains_key(&p.name))
+            .find(|p| p.plugin.is_none() && !self.inner.policies.contains_key(&p.name))
         {
             return Err(RuntimeError::PolicyNotRegistered {
                 agent: agent.name.clone(),
@@ -1537,21 +1542,29 @@ impl Runtime {
         driver: &DriverHandle,
         consult: PolicyConsult,
     ) -> Result<Step, RuntimeError> {
-        let Some(policy) = self.inner.policies.get(&consult.policy) else {
-            return Err(RuntimeError::PolicyNotRegistered {
-                agent: prepared.view.name.clone(),
-                policy: consult.policy,
-            });
-        };
         let request = consult.request(&log.run_id, &prepared.view.name);
-        let (verdict, reason) = tokio::select! {
+        let timeout = self.inner.policy_timeout;
+        let asked = async {
+            if let Some(plugin) = prepared.policy_plugins.get(&consult.policy) {
+                return Ok(consult_policy_plugin(plugin, &request, timeout).await);
+            }
+            let Some(policy) = self.inner.policies.get(&consult.policy) else {
+                return Err(RuntimeError::PolicyNotRegistered {
+                    agent: prepared.view.name.clone(),
+                    policy: consult.policy.clone(),
+                });
+            };
+            let (verdict, reason) = consult_policy(policy, &request, timeout).await;
+            Ok((verdict, reason, None))
+        };
+        let (verdict, reason, receipt) = tokio::select! {
             () = driver.cancel.cancelled() => return self.record_cancel(log, driver, None).await,
-            decided = consult_policy(policy, &request, self.inner.policy_timeout) => decided,
+            decided = asked => decided?,
         };
         if verdict == PolicyVerdict::Failed {
             tracing::warn!(run_id = %log.run_id, policy = %consult.policy, hook = %consult.point.hook(), reason = reason.as_deref().unwrap_or_default(), "policy failed; the run fails closed");
         }
-        self.append(log, vec![consult.decided(verdict, reason)])
+        self.append(log, vec![consult.decided(verdict, reason, receipt)])
             .await?;
         Ok(Step::Progressed)
     }
@@ -1888,27 +1901,18 @@ impl Runtime {
                 })?;
             plugins.insert(p.key.clone(), loaded);
         }
-        for channel in &agent.channels {
-            if !plugins[&channel.plugin]
-                .kinds()
-                .contains(&crate::sandbox::PluginKind::Channel)
-            {
-                return Err(RuntimeError::Agent {
+        agent
+            .check_plugin_kinds(|key| (plugins[key].kinds(), plugins[key].source().to_string()))
+            .map_err(|e| match e {
+                AgentError::Invalid { key, message, .. } => RuntimeError::Agent {
                     agent: agent.name.clone(),
-                    message: format!(
-                        "key `channels.{}.plugin`: plugin `{}` is not a channel (its kinds: {})",
-                        channel.name,
-                        channel.plugin,
-                        plugins[&channel.plugin]
-                            .kinds()
-                            .iter()
-                            .map(ToString::to_string)
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                });
-            }
-        }
+                    message: format!("key `{key}`: {message}"),
+                },
+                other => RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: other.to_string(),
+                },
+            })?;
         let mut context = HashMap::new();
         for source in &agent.context {
             let plugin = agent
@@ -1930,20 +1934,13 @@ impl Runtime {
                         source.name, plugin.key
                     ),
                 })?;
-            if !loaded
-                .kinds()
-                .contains(&crate::sandbox::PluginKind::Context)
-            {
-                return Err(RuntimeError::Agent {
-                    agent: agent.name.clone(),
-                    message: format!(
-                        "key `context.{}.plugin`: plugin `{}` ({}) is not a context source",
-                        source.name, plugin.key, plugin.source
-                    ),
-                });
-            }
             context.insert(source.name.clone(), loaded);
         }
+        let policy_plugins = agent
+            .policies
+            .iter()
+            .filter_map(|p| Some((p.name.clone(), plugins[p.plugin.as_ref()?].clone())))
+            .collect();
         let tools: Vec<(&str, &[crate::plugins::ToolDescriptor])> = agent
             .plugins
             .iter()
@@ -1968,6 +1965,7 @@ impl Runtime {
             view,
             plugins,
             context,
+            policy_plugins,
             provider,
         });
         self.inner

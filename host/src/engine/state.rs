@@ -1648,6 +1648,9 @@ impl RunState {
                 });
             }
             Event::PolicyDecided(d) => {
+                if let Some(receipt) = &d.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
                 let point = d.point().expect("checked: the point fits the hook");
                 let reason = d.reason.clone().unwrap_or_default();
                 match (&point, d.decision) {

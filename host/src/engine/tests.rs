@@ -2187,6 +2187,7 @@ fn decided(
         policy: policy.into(),
         decision,
         reason: reason.map(Into::into),
+        receipt: None,
     })
 }
 

@@ -5,7 +5,7 @@
 //! ```toml
 //! name = "fs"                      # [a-z][a-z0-9-]*, at most 64 bytes
 //! version = "0.1.0"
-//! kind = "tool"                    # tool | context | channel, or a list
+//! kind = "tool"                    # tool | context | channel | policy, or a list
 //!                                  # such as ["tool", "context"]
 //! description = "Read and edit files under one directory"
 //! component = "fs.wasm"            # relative to this file; with sha256

@@ -5,12 +5,13 @@
 //! ([`crate::policy::effective`]), load the component through the sandbox
 //! (integrity, cache, import allow-list), check that it exports every world
 //! the manifest declares, and ask `describe` of each (tools, context source,
-//! channel) once per component hash, under a tight lease with no
+//! channel, policy) once per component hash, under a tight lease with no
 //! capabilities, and keep the answers.
 //!
 //! A [`LoadedPlugin`] is the adapter for every kind: [`LoadedPlugin::invoke`]
 //! and [`LoadedPlugin::preflight`] for tools, [`LoadedPlugin::resolve`] for
-//! context sources, [`LoadedPlugin::deliver`] for channels; each is one lease
+//! context sources, [`LoadedPlugin::deliver`] for channels,
+//! [`LoadedPlugin::decide`] for policies; each is one lease
 //! with the plugin's limits, a receipt and typed errors. A plugin may be
 //! several kinds at once (`kind = ["tool", "context"]`).
 
@@ -158,10 +159,9 @@ struct Shared {
     components: HashMap<String, PluginComponent>,
     /// What `describe` returned, by component sha256.
     tool_specs: HashMap<String, Arc<Vec<wit::ToolSpec>>>,
-    /// What the context source's `describe` returned, by component sha256.
-    source_specs: HashMap<String, wit::SourceSpec>,
-    /// What the channel's `describe` returned, by component sha256.
-    channel_specs: HashMap<String, wit::SourceSpec>,
+    /// What the context source's, channel's or policy's `describe`
+    /// returned, by component sha256 and kind.
+    specs: HashMap<(String, PluginKind), wit::SourceSpec>,
 }
 
 impl PluginHost {
@@ -309,6 +309,11 @@ impl PluginHost {
         } else {
             None
         };
+        let policy_spec = if manifest.kinds.contains(&PluginKind::Policy) {
+            Some(self.spec(&component, &granted, PluginKind::Policy).await?)
+        } else {
+            None
+        };
         Ok(LoadedPlugin {
             inner: Arc::new(LoadedInner {
                 source,
@@ -317,47 +322,37 @@ impl PluginHost {
                 tools,
                 source_spec,
                 channel_spec,
+                policy_spec,
                 not_granted: effective.not_granted,
             }),
         })
     }
 
-    /// What a context source's or channel's `describe` says, asked once per
-    /// component hash with no capabilities.
+    /// What a context source's, channel's or policy's `describe` says,
+    /// asked once per component hash with no capabilities.
     async fn spec(
         &self,
         component: &PluginComponent,
         granted: &GrantedComponent,
         kind: PluginKind,
     ) -> Result<wit::SourceSpec, PluginError> {
-        let cached = {
-            let shared = self.lock();
-            let map = match kind {
-                PluginKind::Channel => &shared.channel_specs,
-                _ => &shared.source_specs,
-            };
-            map.get(component.sha256()).cloned()
-        };
-        if let Some(spec) = cached {
-            return Ok(spec);
+        let key = (component.sha256().to_owned(), kind);
+        if let Some(spec) = self.lock().specs.get(&key) {
+            return Ok(spec.clone());
         }
         let bare = self
             .sandbox
             .grant(component, Capabilities::none(), granted.limits().clone());
         let leased = match kind {
             PluginKind::Channel => bare.describe_channel().await,
-            _ => bare.describe_source().await,
+            PluginKind::Policy => bare.describe_policy().await,
+            PluginKind::Context | PluginKind::Tool => bare.describe_source().await,
         };
         let spec = leased.result.map_err(|error| PluginError::Describe {
             plugin: component.name().to_owned(),
             error,
         })?;
-        let mut shared = self.lock();
-        let map = match kind {
-            PluginKind::Channel => &mut shared.channel_specs,
-            _ => &mut shared.source_specs,
-        };
-        map.insert(component.sha256().to_owned(), spec.clone());
+        self.lock().specs.insert(key, spec.clone());
         Ok(spec)
     }
 
@@ -441,6 +436,7 @@ struct LoadedInner {
     tools: Vec<ToolDescriptor>,
     source_spec: Option<wit::SourceSpec>,
     channel_spec: Option<wit::SourceSpec>,
+    policy_spec: Option<wit::SourceSpec>,
     not_granted: Vec<String>,
 }
 
@@ -494,6 +490,11 @@ impl LoadedPlugin {
     /// What its channel's `describe` said (`None` unless it is a channel).
     pub fn channel_spec(&self) -> Option<&wit::SourceSpec> {
         self.inner.channel_spec.as_ref()
+    }
+
+    /// What its policy's `describe` said (`None` unless it is a policy).
+    pub fn policy_spec(&self) -> Option<&wit::SourceSpec> {
+        self.inner.policy_spec.as_ref()
     }
 
     fn check_kind(&self, needed: PluginKind) -> Result<(), PluginError> {
@@ -562,5 +563,15 @@ impl LoadedPlugin {
     ) -> Result<Leased<Result<(), wit::DeliveryError>>, PluginError> {
         self.check_kind(PluginKind::Channel)?;
         Ok(self.inner.granted.deliver(delivery, cancel).await)
+    }
+
+    /// Asks the policy for its decision in a fresh lease.
+    pub async fn decide(
+        &self,
+        request: &wit::PolicyRequest,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Leased<Result<wit::Decision, wit::PolicyError>>, PluginError> {
+        self.check_kind(PluginKind::Policy)?;
+        Ok(self.inner.granted.decide(request, cancel).await)
     }
 }

@@ -2,7 +2,7 @@
 //! `wasmtime::component::bindgen!`.
 //!
 //! Kept in a module of its own so that edits elsewhere do not re-run the
-//! macro. The `tool-plugin` world is generated in full; the other two worlds
+//! macro. The `tool-plugin` world is generated in full; the other worlds
 //! reuse its `types` and `host` interfaces through `with`, so the host import
 //! is implemented once and the shared types are one set of Rust types.
 //!
@@ -41,6 +41,20 @@ pub mod channel {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "warden:plugin/channel-plugin",
+        imports: { default: tracing },
+        exports: { default: async },
+        with: {
+            "warden:plugin/types": super::tool::warden::plugin::types,
+            "warden:plugin/host": super::tool::warden::plugin::host,
+        },
+    });
+}
+
+/// The `policy-plugin` world: `describe`, `decide`.
+pub mod policy {
+    wasmtime::component::bindgen!({
+        path: "../wit",
+        world: "warden:plugin/policy-plugin",
         imports: { default: tracing },
         exports: { default: async },
         with: {

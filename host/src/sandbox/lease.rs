@@ -24,10 +24,11 @@ use wasmtime_wasi_http::{WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::channel::ChannelPlugin;
 use super::bindings::context::ContextPlugin;
+use super::bindings::policy::PolicyPlugin;
 use super::bindings::tool::ToolPlugin;
 use super::bindings::types::{
-    Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, LogLevel, Preview,
-    SourceSpec, ToolError, ToolOutput, ToolSpec,
+    Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError, LogLevel,
+    PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
 };
 use super::bindings::{host, types};
 use super::capabilities::Access;
@@ -124,6 +125,8 @@ pub(crate) enum Request<'a> {
     Resolve(&'a ContextRequest),
     DescribeChannel,
     Deliver(&'a Delivery),
+    DescribePolicy,
+    Decide(&'a PolicyRequest),
 }
 
 impl Request<'_> {
@@ -139,6 +142,9 @@ impl Request<'_> {
             Request::DescribeChannel | Request::Deliver(_) => {
                 component.channel.is_none().then_some("channel")
             }
+            Request::DescribePolicy | Request::Decide(_) => {
+                component.policy.is_none().then_some("policy")
+            }
         }
     }
 }
@@ -152,6 +158,8 @@ pub(crate) enum Response {
     Items(Result<Vec<ContextItem>, ContextError>),
     Channel(SourceSpec),
     Delivered(Result<(), DeliveryError>),
+    Policy(SourceSpec),
+    Decided(Result<Decision, PolicyError>),
 }
 
 impl Response {
@@ -171,7 +179,9 @@ impl Response {
             Response::Preview(Ok(p)) => p.summary.len() + p.detail.len(),
             Response::Output(Ok(o)) => o.content.len(),
             Response::Preview(Err(e)) | Response::Output(Err(e)) => tool_error(e),
-            Response::Source(s) | Response::Channel(s) => s.name.len() + s.description.len(),
+            Response::Source(s) | Response::Channel(s) | Response::Policy(s) => {
+                s.name.len() + s.description.len()
+            }
             Response::Items(Ok(items)) => {
                 items.iter().map(|i| i.source.len() + i.content.len()).sum()
             }
@@ -185,6 +195,10 @@ impl Response {
             )) => s.len(),
             Response::Delivered(Err(DeliveryError::Rejected(r))) => r.message.len(),
             Response::Delivered(Err(DeliveryError::Failed(f))) => f.message.len(),
+            Response::Decided(Ok(Decision::Allow)) => 0,
+            Response::Decided(Ok(Decision::Deny(s) | Decision::Feedback(s))) => s.len(),
+            Response::Decided(Err(PolicyError::InvalidRequest(s))) => s.len(),
+            Response::Decided(Err(PolicyError::Failed(f))) => f.message.len(),
         };
         bytes as u64
     }
@@ -197,6 +211,7 @@ impl Response {
                 | Response::Output(Err(_))
                 | Response::Items(Err(_))
                 | Response::Delivered(Err(_))
+                | Response::Decided(Err(_))
         )
     }
 
@@ -221,7 +236,9 @@ impl Response {
             }
             Response::Output(Ok(o)) => r.redact(&mut o.content),
             Response::Preview(Err(e)) | Response::Output(Err(e)) => tool_error(e, r),
-            Response::Source(s) | Response::Channel(s) => r.redact(&mut s.description),
+            Response::Source(s) | Response::Channel(s) | Response::Policy(s) => {
+                r.redact(&mut s.description)
+            }
             Response::Items(Ok(items)) => {
                 for i in items {
                     r.redact(&mut i.source);
@@ -238,6 +255,10 @@ impl Response {
             )) => r.redact(s),
             Response::Delivered(Err(DeliveryError::Rejected(x))) => r.redact(&mut x.message),
             Response::Delivered(Err(DeliveryError::Failed(f))) => r.redact(&mut f.message),
+            Response::Decided(Ok(Decision::Allow)) => {}
+            Response::Decided(Ok(Decision::Deny(s) | Decision::Feedback(s))) => r.redact(s),
+            Response::Decided(Err(PolicyError::InvalidRequest(s))) => r.redact(s),
+            Response::Decided(Err(PolicyError::Failed(f))) => r.redact(&mut f.message),
         }
     }
 }
@@ -475,6 +496,20 @@ async fn perform(
                 }
                 Request::Deliver(d) => {
                     Response::Delivered(channel.call_deliver(&mut *store, d).await?)
+                }
+                _ => unreachable!("matched above"),
+            })
+        }
+        Request::DescribePolicy | Request::Decide(_) => {
+            let pre = component.policy.as_ref().ok_or_else(|| missing("policy"))?;
+            let instance: PolicyPlugin = pre.instantiate_async(&mut *store).await?;
+            let policy = instance.warden_plugin_policy();
+            Ok(match request {
+                Request::DescribePolicy => {
+                    Response::Policy(policy.call_describe(&mut *store).await?)
+                }
+                Request::Decide(req) => {
+                    Response::Decided(policy.call_decide(&mut *store, req).await?)
                 }
                 _ => unreachable!("matched above"),
             })

@@ -49,21 +49,23 @@ pub use receipt::{DeniedGrowth, GrowthResource, Outcome, UsageReceipt};
 /// The WIT types plugins exchange with the host.
 pub mod wit {
     pub use super::bindings::types::{
-        Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Effect, Failure,
-        LogLevel, Preview, Rejection, SourceSpec, ToolError, ToolOutput, ToolSpec,
+        Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError, Effect,
+        Failure, LogLevel, PolicyError, PolicyHook, PolicyRequest, Preview, Rejection, SourceSpec,
+        ToolError, ToolOutput, ToolSpec,
     };
 }
 
 use bindings::channel::ChannelPluginPre;
 use bindings::context::ContextPluginPre;
+use bindings::policy::PolicyPluginPre;
 use bindings::tool::ToolPluginPre;
 use cache::ComponentCache;
 use capture::Redactor;
 use lease::{LeaseState, Request, Response};
 use net::NetPolicy;
 use wit::{
-    Call, ContextError, ContextItem, ContextRequest, Delivery, DeliveryError, Preview, SourceSpec,
-    ToolError, ToolOutput, ToolSpec,
+    Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError,
+    PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
 };
 
 /// How the process-wide sandbox is set up.
@@ -228,16 +230,20 @@ impl Sandbox {
         let channel = exports_world("warden:plugin/channel")
             .then(|| ChannelPluginPre::new(pre.clone()))
             .transpose();
+        let policy = exports_world("warden:plugin/policy")
+            .then(|| PolicyPluginPre::new(pre.clone()))
+            .transpose();
         let link_error = |e: wasmtime::Error| SandboxError::Link {
             plugin: name.to_owned(),
             reason: format!("{e:#}"),
         };
-        let (tool, context, channel) = (
+        let (tool, context, channel, policy) = (
             tool.map_err(link_error)?,
             context.map_err(link_error)?,
             channel.map_err(link_error)?,
+            policy.map_err(link_error)?,
         );
-        if tool.is_none() && context.is_none() && channel.is_none() {
+        if tool.is_none() && context.is_none() && channel.is_none() && policy.is_none() {
             return Err(SandboxError::NotAPlugin {
                 plugin: name.to_owned(),
                 exports: exports.join(", "),
@@ -254,6 +260,7 @@ impl Sandbox {
                 tool,
                 context,
                 channel,
+                policy,
             }),
         })
     }
@@ -362,6 +369,7 @@ struct ComponentInner {
     tool: Option<ToolPluginPre<LeaseState>>,
     context: Option<ContextPluginPre<LeaseState>>,
     channel: Option<ChannelPluginPre<LeaseState>>,
+    policy: Option<PolicyPluginPre<LeaseState>>,
 }
 
 impl std::fmt::Debug for PluginComponent {
@@ -383,6 +391,8 @@ pub enum PluginKind {
     Context,
     /// `warden:plugin/channel`.
     Channel,
+    /// `warden:plugin/policy`.
+    Policy,
 }
 
 impl std::fmt::Display for PluginKind {
@@ -391,6 +401,7 @@ impl std::fmt::Display for PluginKind {
             PluginKind::Tool => "tool",
             PluginKind::Context => "context",
             PluginKind::Channel => "channel",
+            PluginKind::Policy => "policy",
         })
     }
 }
@@ -437,6 +448,9 @@ impl PluginComponent {
         }
         if self.inner.channel.is_some() {
             kinds.push(PluginKind::Channel);
+        }
+        if self.inner.policy.is_some() {
+            kinds.push(PluginKind::Policy);
         }
         kinds
     }
@@ -583,6 +597,31 @@ impl GrantedComponent {
             .map(|r| match r {
                 Response::Delivered(d) => d,
                 _ => unreachable!("deliver answers with a delivery result"),
+            })
+    }
+
+    /// Asks a policy to describe itself, under [`Limits::for_metadata`].
+    pub async fn describe_policy(&self) -> Leased<SourceSpec> {
+        let limits = self.limits.for_metadata();
+        self.lease(&limits, Request::DescribePolicy, "describe", None)
+            .await
+            .map(|r| match r {
+                Response::Policy(s) => s,
+                _ => unreachable!("describe answers with a policy spec"),
+            })
+    }
+
+    /// Asks a policy for its decision.
+    pub async fn decide(
+        &self,
+        request: &PolicyRequest,
+        cancel: Option<&CancellationToken>,
+    ) -> Leased<Result<Decision, PolicyError>> {
+        self.lease(&self.limits, Request::Decide(request), "decide", cancel)
+            .await
+            .map(|r| match r {
+                Response::Decided(d) => d,
+                _ => unreachable!("decide answers with a decision"),
             })
     }
 

@@ -416,7 +416,7 @@ async fn a_context_source_must_be_a_context_plugin_and_its_limits_hold() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "agent `reader`: key `context.files.plugin`: plugin `fs` (builtin:fs) is not a context source"
+        "agent `reader`: key `context.files.plugin`: plugin `fs` (builtin:fs) is not a context source (its kinds: tool)"
     );
     assert!(store.run_ids().await.unwrap().is_empty());
 

@@ -461,7 +461,7 @@ async fn a_run_enabling_an_unregistered_policy_is_refused_before_anything_is_rec
     );
     assert_eq!(
         err.to_string(),
-        "agent `tester` enables policy `missing`, which is not registered on this runtime"
+        "agent `tester` enables policy `missing`, which is not registered on this runtime (set `plugin` in [policies.missing] to a policy plugin of the agent, or register it with Runtime::with_policy)"
     );
     assert!(store.run_ids().await.unwrap().is_empty());
 }
