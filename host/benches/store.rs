@@ -70,7 +70,13 @@ async fn sequential(store: &SqliteStore) {
     let start = Instant::now();
     for seq in 1..=n {
         store
-            .append(&run, seq, &[event(0, seq + 1)], "running", seq as i64)
+            .append(
+                &run,
+                seq,
+                &[event(0, seq + 1)],
+                "running".into(),
+                seq as i64,
+            )
             .await
             .unwrap();
     }
@@ -98,7 +104,13 @@ async fn group_commit(store: Arc<SqliteStore>, runs: usize, steps: u64) {
                 let run = run_id(10_000 + i);
                 for step in 1..=steps {
                     store
-                        .append(&run, step, &[event(i, step + 1)], "running", step as i64)
+                        .append(
+                            &run,
+                            step,
+                            &[event(i, step + 1)],
+                            "running".into(),
+                            step as i64,
+                        )
                         .await
                         .unwrap();
                 }
@@ -132,7 +144,7 @@ async fn batched(store: &SqliteStore, batch: usize, total: usize) {
             .map(|i| event(batch, len + 1 + i))
             .collect();
         let appended = store
-            .append(&run, len, &events, "running", len as i64)
+            .append(&run, len, &events, "running".into(), len as i64)
             .await
             .unwrap();
         len = appended.event_count;
@@ -156,7 +168,7 @@ async fn load_10k(store: &dyn EventStore, label: &str) {
         let n = (10_000 - len).min(1_000);
         let events: Vec<Bytes> = (0..n).map(|i| event(0, len + 1 + i)).collect();
         len = store
-            .append(&run, len, &events, "running", 0)
+            .append(&run, len, &events, "running".into(), 0)
             .await
             .unwrap()
             .event_count;

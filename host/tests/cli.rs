@@ -1485,7 +1485,7 @@ fn record_dangling_write(dir: &Path, id: &str) {
             .await
             .unwrap();
         store
-            .append(&id, 1, &bytes[1..], "needs_reconciliation", 0)
+            .append(&id, 1, &bytes[1..], "needs_reconciliation".into(), 0)
             .await
             .unwrap();
     });

@@ -23,8 +23,8 @@ use warden::engine::{Agent, RunId, Runtime, decode};
 use warden::plugins::PluginHost;
 use warden::sandbox::{Sandbox, SandboxConfig};
 use warden::store::{
-    Appended, EventStore, Lease, PostgresStore, PruneFilter, RunFilter, RunMeta, RunSummary,
-    SqliteStore, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, EventStore, Lease, Listing, PostgresStore, PruneFilter, RunFilter, RunMeta,
+    RunSummary, SqliteStore, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 use warden::worker::Worker;
 use warden_tests::guests;
@@ -219,7 +219,7 @@ impl EventStore for Timed {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        status: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         self.inner
@@ -271,7 +271,7 @@ impl EventStore for Timed {
         lease: &Lease,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        status: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         let appended = self

@@ -744,6 +744,16 @@ async fn resume(
     }
 }
 
+/// How a listing says that a run owes deliveries: ` (owes 1 delivery)`,
+/// or nothing when it owes none.
+fn owing(n: u32) -> String {
+    match n {
+        0 => String::new(),
+        1 => " (owes 1 delivery)".to_owned(),
+        n => format!(" (owes {n} deliveries)"),
+    }
+}
+
 /// Whether the terminal run in `state` owes a delivery: one in flight, or
 /// an event its agent's channels receive and were not given. An agent that
 /// cannot be loaded owes nothing here (the verb then refuses as before).
@@ -1117,6 +1127,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
             "updated_ms": r.updated_ms,
             "events": r.event_count,
             "stalled": stalled(r),
+            "owes_deliveries": r.owes_deliveries,
         })
     };
     if json {
@@ -1151,7 +1162,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
         let status = if stalled(r) {
             format!("running (stalled {})", age(now - r.updated_ms))
         } else {
-            r.status.clone()
+            format!("{}{}", r.status, owing(r.owes_deliveries))
         };
         format!(
             "{:<id_width$}  {:<agent_width$}  {:<30}  {:>6}  {:>7}  {}",
@@ -1258,6 +1269,7 @@ async fn show(
                 "completed": state.compaction.completed,
                 "failed": state.compaction.failed,
             },
+            "owes_deliveries": summary.owes_deliveries,
             "limits_known": agent_limits.is_some(),
             "next": next,
         });
@@ -1269,8 +1281,9 @@ async fn show(
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
+    let owes = owing(summary.owes_deliveries);
     println!(
-        "run {run} · agent {} · {status}{}",
+        "run {run} · agent {} · {status}{owes}{}",
         state.agent,
         if labels.is_empty() {
             String::new()
@@ -1323,7 +1336,7 @@ async fn show(
     if agent_limits.is_none() {
         println!("   (limits unknown: the agent file cannot be read; pass --agent)");
     }
-    println!("status: {status}");
+    println!("status: {status}{owes}");
     if let Some(next) = next {
         println!("   {next}");
     }

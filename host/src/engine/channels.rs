@@ -440,6 +440,39 @@ pub fn next_delivery(
     })
 }
 
+/// How many deliveries the run owes now, from the same inputs as
+/// [`next_delivery`]: its delivery in flight, plus (unless a model or tool
+/// call is in flight) every event some channel receives after the last one
+/// it was given an intent for. 0 exactly when [`next_delivery`] is `None`,
+/// so a run listed as owing deliveries is one a driver has work for.
+pub fn owed_count<'a, I>(events: I, state: &RunState, channels: &[Channel]) -> u32
+where
+    I: IntoIterator<Item = &'a Event>,
+    I::IntoIter: Clone,
+{
+    let events = events.into_iter();
+    let in_flight = u32::from(state.deliveries.in_flight.is_some());
+    if state.terminal.is_none() && state.effect_in_flight() {
+        return in_flight;
+    }
+    let pending: usize = channels
+        .iter()
+        .map(|channel| {
+            let from = state
+                .deliveries
+                .cursors
+                .get(&channel.name)
+                .map_or(0, |c| c + 1) as usize;
+            events
+                .clone()
+                .skip(from)
+                .filter(|e| channel.kind_for(e).is_some())
+                .count()
+        })
+        .sum();
+    in_flight.saturating_add(u32::try_from(pending).unwrap_or(u32::MAX))
+}
+
 /// What to record after an attempt: its completion, a failed attempt to
 /// retry at `now_ms` plus the backoff, or the delivery given up.
 pub fn settle(
@@ -668,6 +701,49 @@ mod tests {
             backoff_ms: 100,
             backoff_cap_ms: 250,
         }
+    }
+
+    #[test]
+    fn the_owed_count_is_zero_exactly_when_nothing_is_owed() {
+        let failures = channel(&[Receives::Failures]);
+        let mut events = channel(&[Receives::Events]);
+        events.name = "all".into();
+        let both = [events.clone(), failures.clone()];
+        let count = |log: &[Event], channels: &[Channel]| {
+            let state = fold(log).unwrap();
+            let n = owed_count(log, &state, channels);
+            assert_eq!(
+                n > 0,
+                next_delivery(log, &state, "demo", channels).is_some(),
+                "{n} owed for {log:?}"
+            );
+            n
+        };
+        let mut log = vec![started(), failed()];
+        assert_eq!(count(&log, &[]), 0);
+        assert_eq!(count(&log, &[channel(&[Receives::Output])]), 0);
+        assert_eq!(count(&log, std::slice::from_ref(&failures)), 1);
+        // `all` is owed both events, `out` the failure.
+        assert_eq!(count(&log, &both), 3);
+        // Deliveries are made one at a time; each intent is owed until its
+        // outcome, and a delivery given up is owed no more.
+        while let Some(next) = owed(&log, &both) {
+            let before = count(&log, &both);
+            log.push(Event::DeliveryIntent(next.intent.clone()));
+            assert_eq!(count(&log, &both), before, "an intent is still owed");
+            let channel = both.iter().find(|c| c.name == next.intent.channel).unwrap();
+            let error = (next.intent.channel == "out").then(|| DeliveryError::Denied {
+                message: "no".into(),
+            });
+            log.push(settle(&next, channel, error, receipt(1), 0));
+            assert_eq!(count(&log, &both), before - 1);
+        }
+        assert_eq!(count(&log, &both), 0);
+        let state = fold(&log).unwrap();
+        assert_eq!(
+            (state.deliveries.completed, state.deliveries.failed),
+            (2, 1)
+        );
     }
 
     #[test]

@@ -27,7 +27,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, AgentError};
 use super::channels::{
-    Delivery, DeliveryError, DeliveryFailed, DeliveryIntent, next_delivery, outcome_error, settle,
+    Channel, Delivery, DeliveryError, DeliveryFailed, DeliveryIntent, next_delivery, outcome_error,
+    owed_count, settle,
 };
 use super::decide::{
     Action, ApprovalRequest, CompactionCall, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall,
@@ -54,7 +55,7 @@ use crate::providers::{
 };
 use crate::sandbox::{LeaseFailure, wit};
 use crate::store::{
-    Claim, EventStore, Holder, Lease, RunMeta, Settlement, StoreError, VerifyReport,
+    Claim, EventStore, Holder, Lease, Listing, RunMeta, Settlement, StoreError, VerifyReport,
 };
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
@@ -483,6 +484,11 @@ struct Log {
     /// The lease every append of this driver carries (issue 9: a driver
     /// under a lease writes only while its lease is the run's newest).
     fence: Option<Lease>,
+    /// The agent's channels, when this process knows the agent (a driver,
+    /// or a verb on a run whose agent it prepared): every append writes how
+    /// many deliveries the run owes into its listing. `None`: only the
+    /// delivery in flight is counted.
+    channels: Option<Arc<[Channel]>>,
 }
 
 impl Runtime {
@@ -782,6 +788,7 @@ impl Runtime {
         let prepared = self.prepare(agent).await?;
         let mut log = self.load_log(run_id).await?;
         self.check_digest(&log, agent, false)?;
+        log.channels = Some(prepared.view.channels.clone().into());
         let driver = self.register_driver(run_id);
         let result = self.step_once(&mut log, &prepared, &driver).await;
         self.unregister_driver(run_id);
@@ -795,6 +802,7 @@ impl Runtime {
         let prepared = self.prepare(agent).await?;
         let mut log = self.load_log(run_id).await?;
         self.check_digest(&log, agent, false)?;
+        log.channels = Some(prepared.view.channels.clone().into());
         self.drive_log(&mut log, &prepared).await
     }
 
@@ -847,6 +855,7 @@ impl Runtime {
             events,
             state,
             fence,
+            channels: Some(prepared.view.channels.clone().into()),
         };
         self.drive_log(&mut log, &prepared).await
     }
@@ -996,6 +1005,8 @@ impl Runtime {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
         self.check_digest(&log, agent, false)?;
+        // The agent's channels say which deliveries the finished run owes.
+        log.channels = Some(self.prepare(agent).await?.view.channels.clone().into());
         let cannot = |reason: String| RuntimeError::CannotFinish {
             run_id: run_id.clone(),
             reason,
@@ -1741,11 +1752,13 @@ impl Runtime {
             run_id: run_id.clone(),
             error,
         })?;
+        let channels = self.known_channels(&state.agent_digest);
         Ok(Log {
             run_id: run_id.clone(),
             events,
             state,
             fence: None,
+            channels,
         })
     }
 
@@ -1784,16 +1797,17 @@ impl Runtime {
         let bytes: Vec<Bytes> = new.iter().map(|e| Bytes::from(encode(e))).collect();
         let expected = log.events.len() as u64;
         let (status, now) = (log.state.status(), self.inner.clock.now_ms() as i64);
+        let listing = Listing::new(status.as_str()).owing(Self::owed(log, &new, status));
         let store = &self.inner.store;
         let written = match (settlement, &log.fence) {
             (None, None) => {
                 store
-                    .append(&log.run_id, expected, &bytes, status.as_str(), now)
+                    .append(&log.run_id, expected, &bytes, listing, now)
                     .await
             }
             (None, Some(lease)) => {
                 store
-                    .append_fenced(lease, expected, &bytes, status.as_str(), now)
+                    .append_fenced(lease, expected, &bytes, listing, now)
                     .await
             }
             (Some(s), fence) => {
@@ -1803,7 +1817,7 @@ impl Runtime {
                         fence.as_ref(),
                         expected,
                         &bytes,
-                        status.as_str(),
+                        listing,
                         now,
                         s,
                     )
@@ -1825,6 +1839,31 @@ impl Runtime {
             self.publish(&log.run_id, seq, event);
         }
         Ok(())
+    }
+
+    /// How many deliveries the run owes once `new` is appended to `log`
+    /// (whose state already folded `new`), for its listing: counted only
+    /// when the run waits or is finished (a running run is claimable
+    /// anyway, and counting would scan its log on every step); with the
+    /// agent's channels unknown, only the delivery in flight.
+    fn owed(log: &Log, new: &[Event], status: RunStatus) -> u32 {
+        if status == RunStatus::Running {
+            return 0;
+        }
+        match &log.channels {
+            Some(channels) => owed_count(log.events.iter().chain(new), &log.state, channels),
+            None => u32::from(log.state.deliveries.in_flight.is_some()),
+        }
+    }
+
+    /// The channels of the agent with `digest`, if this runtime prepared it.
+    fn known_channels(&self, digest: &AgentDigest) -> Option<Arc<[Channel]>> {
+        self.inner
+            .prepared
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(digest)
+            .map(|p| p.view.channels.clone().into())
     }
 
     fn check_digest(&self, log: &Log, agent: &Agent, accept: bool) -> Result<(), RuntimeError> {

@@ -13,8 +13,8 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ChainBreak, ChainKey, Claim, EventStore, Holder, Lease, MemoryStore, PruneFilter, QUEUED,
-    RunFilter, RunId, RunMeta, Settlement, SqliteStore, StoreError,
+    ChainBreak, ChainKey, Claim, EventStore, Holder, Lease, Listing, MemoryStore, PruneFilter,
+    QUEUED, RunFilter, RunId, RunMeta, Settlement, SqliteStore, StoreError,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -231,6 +231,11 @@ impl PostgresBackend {
         client
     }
 
+    /// A builder for a store in the backend's schema.
+    pub(crate) fn builder(&self) -> super::PostgresStoreBuilder {
+        super::PostgresStore::builder(&self.url).schema(&self.schema)
+    }
+
     pub(crate) async fn store(&self) -> super::PostgresStore {
         super::PostgresStore::builder(&self.url)
             .schema(&self.schema)
@@ -375,7 +380,7 @@ pub(crate) async fn new_run(store: &dyn EventStore, run: &RunId, n: u64) {
                 run,
                 seq - 1,
                 &[ev(&format!("{run}:{seq}"))],
-                "running",
+                "running".into(),
                 seq as i64,
             )
             .await
@@ -494,15 +499,18 @@ pub(crate) async fn append_extends_the_log_in_order(backend: &dyn Backend) {
         .await
         .unwrap();
     let a = store
-        .append(&run, 1, &[ev("two")], "running", 6)
+        .append(&run, 1, &[ev("two")], "running".into(), 6)
         .await
         .unwrap();
     assert_eq!(a.event_count, 2);
     let batch = [ev("three"), Bytes::copy_from_slice(binary), Bytes::new()];
-    let a = store.append(&run, 2, &batch, "running", 7).await.unwrap();
+    let a = store
+        .append(&run, 2, &batch, "running".into(), 7)
+        .await
+        .unwrap();
     assert_eq!(a.event_count, 5);
     let last = store
-        .append(&run, 5, &[ev("six")], "running", 8)
+        .append(&run, 5, &[ev("six")], "running".into(), 8)
         .await
         .unwrap();
     assert_eq!(last.event_count, 6);
@@ -530,7 +538,7 @@ pub(crate) async fn conflicting_append_writes_nothing(backend: &dyn Backend) {
     let before = store.summary(&run).await.unwrap();
     for expected in [0, 2, 4, 10] {
         let err = store
-            .append(&run, expected, &[ev("x"), ev("y")], "completed", 999)
+            .append(&run, expected, &[ev("x"), ev("y")], "completed".into(), 999)
             .await
             .unwrap_err();
         match &err {
@@ -558,7 +566,7 @@ pub(crate) async fn unknown_runs_and_empty_appends_are_typed(backend: &dyn Backe
     let is_unknown = |e: &StoreError| matches!(e, StoreError::UnknownRun { run_id } if run_id.as_str() == "ghost");
     assert!(is_unknown(
         &store
-            .append(&ghost, 1, &[ev("x")], "running", 1)
+            .append(&ghost, 1, &[ev("x")], "running".into(), 1)
             .await
             .unwrap_err()
     ));
@@ -568,7 +576,7 @@ pub(crate) async fn unknown_runs_and_empty_appends_are_typed(backend: &dyn Backe
     assert!(is_unknown(&store.verify(&ghost).await.unwrap_err()));
     assert_eq!(
         store
-            .append(&ghost, 1, &[ev("x")], "r", 1)
+            .append(&ghost, 1, &[ev("x")], "r".into(), 1)
             .await
             .unwrap_err()
             .to_string(),
@@ -578,7 +586,7 @@ pub(crate) async fn unknown_runs_and_empty_appends_are_typed(backend: &dyn Backe
     let run = id("real");
     new_run(&*store, &run, 2).await;
     let err = store
-        .append(&run, 2, &[], "completed", 50)
+        .append(&run, 2, &[], "completed".into(), 50)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::EmptyAppend { .. }), "{err:?}");
@@ -598,7 +606,7 @@ pub(crate) async fn status_and_updated_time_change_with_the_append(backend: &dyn
         .await
         .unwrap();
     store
-        .append(&run, 1, &[ev("2"), ev("3")], "awaiting_approval", 25)
+        .append(&run, 1, &[ev("2"), ev("3")], "awaiting_approval".into(), 25)
         .await
         .unwrap();
     let s = store.summary(&run).await.unwrap();
@@ -612,7 +620,7 @@ pub(crate) async fn status_and_updated_time_change_with_the_append(backend: &dyn
         .unwrap();
     assert_eq!(ids(&parked), ["status"]);
     store
-        .append(&run, 3, &[ev("4")], "completed", 40)
+        .append(&run, 3, &[ev("4")], "completed".into(), 40)
         .await
         .unwrap();
     assert!(
@@ -704,7 +712,7 @@ async fn listing_fixture(store: &dyn EventStore) {
         let run = id(run);
         store.create(&run, m, ev("start"), "running").await.unwrap();
         store
-            .append(&run, 1, &[ev("next")], status, created + 1)
+            .append(&run, 1, &[ev("next")], status.into(), created + 1)
             .await
             .unwrap();
     }
@@ -850,7 +858,7 @@ async fn tamper_case(
     // The other run is unaffected, and listing still shows both.
     assert_eq!(store.load(&bystander).await.unwrap().len(), 3);
     store
-        .append(&bystander, 3, &[ev("more")], "completed", 10)
+        .append(&bystander, 3, &[ev("more")], "completed".into(), 10)
         .await
         .unwrap();
     assert_eq!(store.load(&bystander).await.unwrap().len(), 4);
@@ -887,7 +895,7 @@ pub(crate) async fn tamper_truncated_log_is_detected(backend: &dyn Backend) {
     // Appending after the damage is refused, not chained onto a hole.
     let store = backend.open().await;
     let err = store
-        .append(&id("victim"), 6, &[ev("x")], "running", 1)
+        .append(&id("victim"), 6, &[ev("x")], "running".into(), 1)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Tampered { .. }), "{err:?}");
@@ -907,7 +915,7 @@ pub(crate) async fn tamper_rolled_back_head_is_detected(backend: &dyn Backend) {
     tamper_case(backend, Tamper::RollBackHead { to: 4 }, 5, beyond).await;
     let store = backend.open().await;
     let err = store
-        .append(&id("victim"), 4, &[ev("x")], "running", 1)
+        .append(&id("victim"), 4, &[ev("x")], "running".into(), 1)
         .await
         .unwrap_err();
     assert_tampered(err, &id("victim"), 5, beyond);
@@ -930,7 +938,7 @@ pub(crate) async fn concurrent_appends_on_one_run_have_one_winner(backend: &dyn 
                 tokio::spawn(async move {
                     let event = ev(&format!("round {round} racer {racer}"));
                     store
-                        .append(&run, len, &[event], "running", len as i64)
+                        .append(&run, len, &[event], "running".into(), len as i64)
                         .await
                 })
             })
@@ -985,7 +993,7 @@ pub(crate) async fn concurrent_runs_each_keep_their_own_log(backend: &dyn Backen
                             &run,
                             step,
                             &[ev(&format!("{i}/{step}"))],
-                            status,
+                            status.into(),
                             step as i64,
                         )
                         .await
@@ -1063,7 +1071,7 @@ pub(crate) async fn reopened_store_keeps_everything(backend: &dyn Backend) {
     // Appends continue where the log ended, from the stored head.
     let long = id("long");
     let appended = store
-        .append(&long, 50, &[ev("long:51")], "completed", 51)
+        .append(&long, 50, &[ev("long:51")], "completed".into(), 51)
         .await
         .unwrap();
     assert_eq!(appended.event_count, 51);
@@ -1124,7 +1132,7 @@ pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
         "run fenced is leased by host-a until 1100 (ms since the epoch)"
     );
     store
-        .append_fenced(&a, 1, &[ev("a:2")], "running", 1_060)
+        .append_fenced(&a, 1, &[ev("a:2")], "running".into(), 1_060)
         .await
         .unwrap();
     // A pauses past its expiry; B takes over with a higher token.
@@ -1136,7 +1144,7 @@ pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
     // A wakes up: its append (even with the right length), renewal and
     // release change nothing.
     let err = store
-        .append_fenced(&a, 2, &[ev("a:3")], "completed", 1_110)
+        .append_fenced(&a, 2, &[ev("a:3")], "completed".into(), 1_110)
         .await
         .unwrap_err();
     assert_eq!(
@@ -1157,7 +1165,7 @@ pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
     assert_eq!(s.lease_token, 2);
     // B writes.
     let appended = store
-        .append_fenced(&b, 2, &[ev("b:3")], "completed", 1_120)
+        .append_fenced(&b, 2, &[ev("b:3")], "completed".into(), 1_120)
         .await
         .unwrap();
     assert_eq!(appended.event_count, 3);
@@ -1174,7 +1182,7 @@ pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn 
     let a = store.acquire_lease(&run, "host-a", 0, 10).await.unwrap();
     // Long past the expiry, nobody took over: the token still decides.
     store
-        .append_fenced(&a, 1, &[ev("late:2")], "running", 500)
+        .append_fenced(&a, 1, &[ev("late:2")], "running".into(), 500)
         .await
         .unwrap();
     let s = store.summary(&run).await.unwrap();
@@ -1189,7 +1197,7 @@ pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn 
     assert_eq!(again.token, 2);
     assert_fenced(
         store
-            .append_fenced(&renewed, 2, &[ev("x")], "running", 506)
+            .append_fenced(&renewed, 2, &[ev("x")], "running".into(), 506)
             .await
             .unwrap_err(),
         &run,
@@ -1198,7 +1206,7 @@ pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn 
     );
     // A stale length under the current lease is still a conflict.
     let err = store
-        .append_fenced(&again, 1, &[ev("x")], "running", 506)
+        .append_fenced(&again, 1, &[ev("x")], "running".into(), 506)
         .await
         .unwrap_err();
     assert!(
@@ -1222,7 +1230,7 @@ pub(crate) async fn a_released_lease_frees_the_run_and_fences_its_holder(backend
     assert_eq!((s.lease.as_ref(), s.lease_token), (None, 1));
     assert_fenced(
         store
-            .append_fenced(&a, 2, &[ev("x")], "running", 1)
+            .append_fenced(&a, 2, &[ev("x")], "running".into(), 1)
             .await
             .unwrap_err(),
         &run,
@@ -1242,11 +1250,11 @@ pub(crate) async fn a_released_lease_frees_the_run_and_fences_its_holder(backend
     // Unfenced appends (verbs a human records) go through under a lease;
     // the driver then finds the log moved.
     store
-        .append(&run, 2, &[ev("approved")], "running", 2)
+        .append(&run, 2, &[ev("approved")], "running".into(), 2)
         .await
         .unwrap();
     let err = store
-        .append_fenced(&b, 2, &[ev("x")], "running", 3)
+        .append_fenced(&b, 2, &[ev("x")], "running".into(), 3)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
@@ -1266,7 +1274,7 @@ pub(crate) async fn a_released_lease_frees_the_run_and_fences_its_holder(backend
     assert!(unknown(&store.renew_lease(&fake, 0, 1).await.unwrap_err()));
     assert!(unknown(
         &store
-            .append_fenced(&fake, 1, &[ev("x")], "running", 1)
+            .append_fenced(&fake, 1, &[ev("x")], "running".into(), 1)
             .await
             .unwrap_err()
     ));
@@ -1365,7 +1373,7 @@ pub(crate) async fn a_session_holds_one_active_run_until_it_ends(backend: &dyn B
         "running",
     ] {
         store
-            .append(&id("first"), len, &[ev(parked)], parked, 2)
+            .append(&id("first"), len, &[ev(parked)], parked.into(), 2)
             .await
             .unwrap();
         len += 1;
@@ -1378,7 +1386,7 @@ pub(crate) async fn a_session_holds_one_active_run_until_it_ends(backend: &dyn B
     let mut holder = "first".to_owned();
     for (n, settled) in super::SETTLED_STATUSES.iter().enumerate() {
         store
-            .append(&id(&holder), len, &[ev(settled)], settled, 3)
+            .append(&id(&holder), len, &[ev(settled)], (*settled).into(), 3)
             .await
             .unwrap();
         let next = format!("next-{n}");
@@ -1408,7 +1416,7 @@ pub(crate) async fn a_start_that_read_a_changed_session_is_refused(backend: &dyn
     };
     start("one", 0).await.unwrap();
     store
-        .append(&id("one"), 1, &[ev("done")], "completed", 2)
+        .append(&id("one"), 1, &[ev("done")], "completed".into(), 2)
         .await
         .unwrap();
     // A starter that read the session before `one` existed is refused.
@@ -1497,16 +1505,16 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
 
     // w1 drives q-1 and parks it; w2 drives q-2 and dies; q-3 finishes.
     store
-        .append_fenced(&first[0], 1, &[ev("asked")], "awaiting_approval", 10)
+        .append_fenced(&first[0], 1, &[ev("asked")], "awaiting_approval".into(), 10)
         .await
         .unwrap();
     store.release_lease(&first[0], None).await.unwrap();
     store
-        .append_fenced(&rest[0], 1, &[ev("step")], "running", 10)
+        .append_fenced(&rest[0], 1, &[ev("step")], "running".into(), 10)
         .await
         .unwrap();
     store
-        .append_fenced(&rest[1], 1, &[ev("end")], "completed", 10)
+        .append_fenced(&rest[1], 1, &[ev("end")], "completed".into(), 10)
         .await
         .unwrap();
     store.release_lease(&rest[1], None).await.unwrap();
@@ -1518,7 +1526,7 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
     assert_eq!(claimed(&taken), [("q-2", 2)]);
     assert_fenced(
         store
-            .append_fenced(&rest[0], 2, &[ev("zombie")], "running", 101)
+            .append_fenced(&rest[0], 2, &[ev("zombie")], "running".into(), 101)
             .await
             .unwrap_err(),
         &id("q-2"),
@@ -1528,12 +1536,143 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
     // A human approves the parked run: it is runnable, and any worker
     // continues it.
     store
-        .append(&id("q-1"), 2, &[ev("approved")], "running", 120)
+        .append(&id("q-1"), 2, &[ev("approved")], "running".into(), 120)
         .await
         .unwrap();
     let continued = store.claim("w4", 120, 100, 10).await.unwrap();
     assert_eq!(claimed(&continued), [("q-1", 2)]);
     assert_eq!(store.summary(&id("cli")).await.unwrap().lease_token, 0);
+}
+
+/// A worker's run that owes deliveries is claimable once its lease is gone,
+/// finished or parked; one that owes none, a run no worker leased, and one
+/// under a live lease are not. The count round-trips through every kind of
+/// append, the old holder is fenced, and retention keeps an owing run.
+pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backend: &dyn Backend) {
+    let store = backend.open().await;
+    for (run, created) in [("owing", 1), ("settled", 2), ("parked", 3)] {
+        run_with_status(&*store, run, created, QUEUED).await;
+    }
+    // Driven by `warden run`: never leased, so never claimed, owing or not.
+    run_with_status(&*store, "cli", 4, "running").await;
+    store
+        .append(
+            &id("cli"),
+            1,
+            &[ev("end")],
+            Listing::new("completed").owing(1),
+            5,
+        )
+        .await
+        .unwrap();
+    let leases = store.claim("w1", 0, 100, 10).await.unwrap();
+    assert_eq!(
+        claimed(&leases),
+        [("owing", 1), ("settled", 1), ("parked", 1)]
+    );
+    // w1 finishes `owing` and dies before its delivery; finishes `settled`
+    // with nothing owed; parks `parked` owing its notice, and dies too.
+    let owing = Listing::new("completed").owing(2);
+    let appended = store
+        .append_fenced(&leases[0], 1, &[ev("end")], owing, 10)
+        .await
+        .unwrap();
+    assert_eq!(appended.event_count, 2);
+    let summary = store.summary(&id("owing")).await.unwrap();
+    assert_eq!(
+        (summary.status.as_str(), summary.owes_deliveries),
+        ("completed", 2)
+    );
+    store
+        .append_fenced(&leases[1], 1, &[ev("end")], "completed".into(), 10)
+        .await
+        .unwrap();
+    store.release_lease(&leases[1], None).await.unwrap();
+    store
+        .append_fenced(
+            &leases[2],
+            1,
+            &[ev("asked")],
+            Listing::new("awaiting_approval").owing(1),
+            10,
+        )
+        .await
+        .unwrap();
+    let listed: Vec<(String, u32)> = store
+        .list(&RunFilter::new())
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.run_id.to_string(), r.owes_deliveries))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("owing".to_owned(), 2),
+            ("settled".to_owned(), 0),
+            ("parked".to_owned(), 1),
+            ("cli".to_owned(), 1)
+        ]
+    );
+
+    // Nothing is claimable while w1's leases live; then the two runs that
+    // owe deliveries are, oldest first, with the next token.
+    assert!(store.claim("w2", 99, 100, 10).await.unwrap().is_empty());
+    let taken = store.claim("w2", 100, 100, 10).await.unwrap();
+    assert_eq!(claimed(&taken), [("owing", 2), ("parked", 2)]);
+    assert!(store.claim("w3", 150, 100, 10).await.unwrap().is_empty());
+    assert_fenced(
+        store
+            .append_fenced(&leases[0], 2, &[ev("zombie")], "completed".into(), 101)
+            .await
+            .unwrap_err(),
+        &id("owing"),
+        1,
+        2,
+    );
+    assert_eq!(store.load(&id("owing")).await.unwrap().len(), 2);
+
+    // Retention keeps a run that owes deliveries, whatever the filter says.
+    let filter = PruneFilter::new()
+        .status("completed")
+        .status("awaiting_approval")
+        .updated_before(1_000);
+    let pruned = store.prune(&filter, 500).await.unwrap();
+    assert_eq!(
+        pruned.iter().map(|t| t.run_id.as_str()).collect::<Vec<_>>(),
+        ["settled"]
+    );
+
+    // w2 makes one delivery (still owing one), then the last: owing
+    // nothing, the released run is claimed no more and may be pruned.
+    store
+        .append_fenced(
+            &taken[0],
+            2,
+            &[ev("intent")],
+            Listing::new("completed").owing(1),
+            110,
+        )
+        .await
+        .unwrap();
+    store
+        .append_fenced(&taken[0], 3, &[ev("delivered")], "completed".into(), 120)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.summary(&id("owing")).await.unwrap().owes_deliveries,
+        0
+    );
+    store.release_lease(&taken[0], None).await.unwrap();
+    let pruned = store.prune(&filter, 500).await.unwrap();
+    assert_eq!(
+        pruned.iter().map(|t| t.run_id.as_str()).collect::<Vec<_>>(),
+        ["owing"]
+    );
+    // w2's lease on the parked run expired, still owing its notice: it is
+    // claimed again; the run that owes nothing is not.
+    let again = store.claim("w3", 500, 100, 10).await.unwrap();
+    assert_eq!(claimed(&again), [("parked", 3)]);
 }
 
 pub(crate) async fn concurrent_claims_never_share_a_run(backend: &dyn Backend) {
@@ -1581,7 +1720,7 @@ pub(crate) async fn prune_leaves_tombstones_and_keeps_the_id(backend: &dyn Backe
             .await
             .unwrap();
         store
-            .append(&id(run), 1, &[ev("end")], status, updated)
+            .append(&id(run), 1, &[ev("end")], status.into(), updated)
             .await
             .unwrap();
     }
@@ -1707,7 +1846,7 @@ pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
             None,
             2,
             &[ev("payer:3")],
-            "running",
+            "running".into(),
             3,
             &settlement("claim-7", &a, "{\"paid\":true}"),
         )
@@ -1746,7 +1885,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
             None,
             1,
             &[ev("r:2")],
-            "running",
+            "running".into(),
             2,
             &settlement("k", &a, "x"),
         )
@@ -1761,7 +1900,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
             None,
             1,
             &[ev("r:2")],
-            "running",
+            "running".into(),
             2,
             &settlement("k", &a, "x"),
         )
@@ -1777,7 +1916,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
             None,
             5,
             &[ev("r:2")],
-            "running",
+            "running".into(),
             2,
             &settlement("mine", &a, "x"),
         )
@@ -1796,7 +1935,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
             None,
             1,
             &[ev("r:2")],
-            "running",
+            "running".into(),
             2,
             &settlement("mine", &a, "x"),
         )
@@ -1808,7 +1947,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
             None,
             2,
             &[ev("r:3")],
-            "running",
+            "running".into(),
             3,
             &settlement("mine", &a, "y"),
         )
@@ -1854,7 +1993,7 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
                 None,
                 1,
                 &[ev("kept:2")],
-                "running",
+                "running".into(),
                 2,
                 &settlement("durable", &a, "r"),
             )
@@ -1925,6 +2064,7 @@ macro_rules! conformance_suite {
                 a_released_lease_frees_the_run_and_fences_its_holder,
                 racing_acquirers_have_one_winner,
                 claims_take_queued_runs_and_runs_whose_driver_died,
+                claims_take_runs_that_owe_deliveries_and_nothing_else,
                 concurrent_claims_never_share_a_run,
                 prune_leaves_tombstones_and_keeps_the_id,
                 a_session_holds_one_active_run_until_it_ends,

@@ -12,9 +12,9 @@ use bytes::Bytes;
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::session::holds_session;
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, PruneFilter,
-    QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent, Tombstone,
-    VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, Listing,
+    PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
+    StoredEvent, Tombstone, VerifyReport,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -44,6 +44,8 @@ pub(crate) struct MemRun {
     lease: Option<Lease>,
     /// The newest fencing token issued.
     lease_token: u64,
+    /// Deliveries owed, as the last append said.
+    owes_deliveries: u32,
 }
 
 impl MemRun {
@@ -59,6 +61,7 @@ impl MemRun {
             event_count: self.count,
             lease: self.lease.clone(),
             lease_token: self.lease_token,
+            owes_deliveries: self.owes_deliveries,
         }
     }
 
@@ -87,7 +90,8 @@ impl MemRun {
     }
 
     fn claimable(&self, now_ms: i64) -> bool {
-        (self.status == QUEUED || (self.status == "running" && self.lease_token > 0))
+        (self.status == QUEUED
+            || (self.lease_token > 0 && (self.status == "running" || self.owes_deliveries > 0)))
             && self.live_lease(now_ms).is_none()
     }
 
@@ -183,7 +187,7 @@ impl MemoryStore {
         run: &mut MemRun,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if run.count != expected_len {
@@ -215,7 +219,8 @@ impl MemoryStore {
         }
         run.count += events.len() as u64;
         run.head = *hashes.last().expect("events is not empty");
-        run.status = status.to_owned();
+        run.status = listing.status.to_owned();
+        run.owes_deliveries = listing.owes_deliveries;
         run.updated_ms = updated_ms;
         Ok(Appended {
             event_count: run.count,
@@ -281,6 +286,7 @@ impl EventStore for MemoryStore {
                 }],
                 lease: None,
                 lease_token: 0,
+                owes_deliveries: 0,
             },
         );
         Ok(Appended {
@@ -294,7 +300,7 @@ impl EventStore for MemoryStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
@@ -304,7 +310,7 @@ impl EventStore for MemoryStore {
         }
         let mut runs = self.runs();
         let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
-        self.append_checked(run_id, run, expected_len, events, status, updated_ms)
+        self.append_checked(run_id, run, expected_len, events, listing, updated_ms)
     }
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
@@ -453,7 +459,7 @@ impl EventStore for MemoryStore {
         lease: &Lease,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         let run_id = &lease.run_id;
@@ -467,7 +473,7 @@ impl EventStore for MemoryStore {
         if !run.holds(lease) {
             return Err(Self::fenced(lease, run));
         }
-        self.append_checked(run_id, run, expected_len, events, status, updated_ms)
+        self.append_checked(run_id, run, expected_len, events, listing, updated_ms)
     }
 
     async fn claim(
@@ -499,7 +505,9 @@ impl EventStore for MemoryStore {
         let mut doomed: Vec<RunId> = runs
             .iter()
             .filter(|(_, run)| {
-                filter.matches(&run.status, run.updated_ms) && run.live_lease(now_ms).is_none()
+                filter.matches(&run.status, run.updated_ms)
+                    && run.live_lease(now_ms).is_none()
+                    && run.owes_deliveries == 0
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -547,7 +555,7 @@ impl EventStore for MemoryStore {
         fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {
@@ -575,7 +583,7 @@ impl EventStore for MemoryStore {
             }
         }
         let appended =
-            self.append_checked(run_id, run, expected_len, events, status, updated_ms)?;
+            self.append_checked(run_id, run, expected_len, events, listing, updated_ms)?;
         commitments.insert(
             settlement.key.clone(),
             (settlement.holder.clone(), Some(settlement.result.clone())),

@@ -288,6 +288,9 @@ pub struct RunSummary {
     /// The newest fencing token issued on the run; 0 if it was never
     /// leased (a run driven by `warden run`, not by workers).
     pub lease_token: u64,
+    /// How many deliveries the run owes, as written by its last append
+    /// (see [`Listing::owes_deliveries`]); 0 when it owes none.
+    pub owes_deliveries: u32,
 }
 
 impl RunSummary {
@@ -296,6 +299,49 @@ impl RunSummary {
     /// store). A worker takes it over.
     pub fn is_stalled(&self, now_ms: i64) -> bool {
         self.status == "running" && self.lease.as_ref().is_some_and(|l| l.is_expired(now_ms))
+    }
+}
+
+/// What an append writes into a run's listing columns besides its events,
+/// in the same transaction: the run's status and how many deliveries it
+/// owes. Both are derived by the engine from the folded log; the store only
+/// keeps them, for listing and for the work queue ([`EventStore::claim`]
+/// takes a worker's run that owes deliveries and has no live lease, even
+/// when it is finished or parked).
+///
+/// `"running".into()` is a listing that owes nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Listing<'a> {
+    /// The status (for listing only: the log is the truth).
+    pub status: &'a str,
+    /// How many deliveries the run owes: its delivery in flight, and every
+    /// event a channel receives and was not given yet, counted while the
+    /// runtime would make one (see `engine::channels::owed_count`). 0 when
+    /// it owes none.
+    pub owes_deliveries: u32,
+}
+
+impl<'a> Listing<'a> {
+    /// A listing with `status` that owes no delivery.
+    pub fn new(status: &'a str) -> Self {
+        Listing {
+            status,
+            owes_deliveries: 0,
+        }
+    }
+
+    /// The same listing, owing `n` deliveries.
+    pub fn owing(self, n: u32) -> Self {
+        Listing {
+            owes_deliveries: n,
+            ..self
+        }
+    }
+}
+
+impl<'a> From<&'a str> for Listing<'a> {
+    fn from(status: &'a str) -> Self {
+        Listing::new(status)
     }
 }
 
@@ -617,8 +663,8 @@ pub trait EventStore: Send + Sync {
     ) -> Result<Appended, StoreError>;
 
     /// Appends `events` to run `run_id` if its log holds exactly
-    /// `expected_len` events, and sets its status and updated time, all in
-    /// one transaction. On [`StoreError::Conflict`] (or any error) nothing is
+    /// `expected_len` events, and sets its listing (status, deliveries
+    /// owed) and updated time, all in one transaction. On [`StoreError::Conflict`] (or any error) nothing is
     /// written. If the returned future is dropped before it completes, the
     /// append may or may not have happened: load to find out.
     async fn append(
@@ -626,7 +672,7 @@ pub trait EventStore: Send + Sync {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError>;
 
@@ -707,16 +753,17 @@ pub trait EventStore: Send + Sync {
         lease: &Lease,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let _ = (lease, expected_len, events, status, updated_ms);
+        let _ = (lease, expected_len, events, listing, updated_ms);
         Err(unsupported::<Self>("leases"))
     }
 
     /// Leases up to `limit` claimable runs to `owner` (queued runs, and
-    /// workers' running runs with no live lease), oldest first, each with
-    /// its next fencing token; concurrent claimers never get the same run.
+    /// workers' runs with no live lease that are running or owe
+    /// deliveries), oldest first, each with its next fencing token;
+    /// concurrent claimers never get the same run.
     async fn claim(
         &self,
         owner: &str,
@@ -730,7 +777,8 @@ pub trait EventStore: Send + Sync {
 
     /// Deletes the runs `filter` matches, whole, leaving a [`Tombstone`]
     /// each (stamped `now_ms`), and returns the tombstones. A run with a
-    /// live lease at `now_ms` is kept.
+    /// live lease at `now_ms` is kept, and so is a run that owes
+    /// deliveries (whatever the filter says).
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
         let _ = (filter, now_ms);
         Err(unsupported::<Self>("pruning"))
@@ -762,7 +810,7 @@ pub trait EventStore: Send + Sync {
         fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {
@@ -771,7 +819,7 @@ pub trait EventStore: Send + Sync {
             fence,
             expected_len,
             events,
-            status,
+            listing,
             updated_ms,
             settlement,
         );
@@ -836,6 +884,7 @@ mod tests {
             event_count: 1,
             lease: None,
             lease_token: 0,
+            owes_deliveries: 0,
         };
         assert!(RunFilter::new().matches(&run));
         assert!(RunFilter::new().status("x").status("running").matches(&run));

@@ -16,8 +16,8 @@ use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeErr
 use warden::plugins::PluginHost;
 use warden::sandbox::Outcome;
 use warden::store::{
-    Appended, Claim, EventStore, Holder, Lease, MemoryStore, RunFilter, RunMeta, RunSummary,
-    Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
+    Appended, Claim, EventStore, Holder, Lease, Listing, MemoryStore, RunFilter, RunMeta,
+    RunSummary, Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
 };
 
 use super::engine::Fixture;
@@ -208,7 +208,7 @@ impl EventStore for CountingStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        status: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         self.inner
@@ -247,7 +247,7 @@ impl EventStore for CountingStore {
         fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        status: Listing<'_>,
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {

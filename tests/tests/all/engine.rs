@@ -19,8 +19,8 @@ use warden::engine::{
 };
 use warden::plugins::PluginHost;
 use warden::store::{
-    Appended, Claim, EventStore, Holder, Lease, MemoryStore, RunFilter, RunMeta, RunSummary,
-    Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
+    Appended, Claim, EventStore, Holder, Lease, Listing, MemoryStore, RunFilter, RunMeta,
+    RunSummary, Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
 };
 use warden_tests::guests;
 
@@ -634,7 +634,7 @@ impl EventStore for CrashingStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        status: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         let n = self.appends.fetch_add(1, Ordering::SeqCst);
@@ -690,7 +690,7 @@ impl EventStore for CrashingStore {
         fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        status: Listing<'_>,
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {

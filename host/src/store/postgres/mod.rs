@@ -15,7 +15,8 @@
 //! a commit returns after the WAL is flushed, and an append is acknowledged
 //! only after its commit.
 //!
-//! Schema (version 1, see `schema.rs`): `runs` (with the lease columns),
+//! Schema (version 4, see `schema.rs`): `runs` (with the lease columns and
+//! the deliveries a run owes),
 //! `run_labels`, `events`, `tombstones`, `store_meta` (schema version and
 //! chain mode). Opening the store applies pending migrations.
 //!
@@ -37,7 +38,7 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Finding, Holder, Lease,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Finding, Holder, Lease, Listing,
     PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
     StoredEvent, Tombstone, VerifyReport,
 };
@@ -231,7 +232,7 @@ impl std::fmt::Debug for PostgresStore {
 }
 
 /// The columns [`summary_from`] reads, in its order.
-const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms";
+const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries";
 
 impl PostgresStore {
     /// Opens the store at `url` (`postgres://user@host:port/db`, optionally
@@ -458,6 +459,7 @@ fn summary_from(row: &Row, labels: BTreeMap<String, String>) -> Option<RunSummar
         event_count: u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
         lease,
         lease_token,
+        owes_deliveries: u32::try_from(row.get::<_, i32>(11)).unwrap_or(0),
     })
 }
 
@@ -692,11 +694,19 @@ impl EventStore for PostgresStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        self.append_inner(run_id, None, expected_len, events, status, updated_ms, None)
-            .await
+        self.append_inner(
+            run_id,
+            None,
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+            None,
+        )
+        .await
     }
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
@@ -943,7 +953,7 @@ impl EventStore for PostgresStore {
         lease: &Lease,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         self.append_inner(
@@ -951,7 +961,7 @@ impl EventStore for PostgresStore {
             Some(lease),
             expected_len,
             events,
-            status,
+            listing,
             updated_ms,
             None,
         )
@@ -1005,7 +1015,7 @@ impl EventStore for PostgresStore {
         fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {
@@ -1014,7 +1024,7 @@ impl EventStore for PostgresStore {
             fence,
             expected_len,
             events,
-            status,
+            listing,
             updated_ms,
             Some(settlement),
         )
@@ -1041,7 +1051,7 @@ impl EventStore for PostgresStore {
                     "UPDATE runs SET lease_owner = $1, lease_token = lease_token + 1, lease_expires_ms = $3
                      WHERE pk IN (
                          SELECT pk FROM runs
-                         WHERE status IN ($4, 'running')
+                         WHERE (status IN ($4, 'running') OR owes_deliveries > 0)
                            AND (status = $4 OR lease_token > 0)
                            AND (lease_owner IS NULL OR lease_expires_ms <= $2)
                          ORDER BY created_ms, id
@@ -1091,6 +1101,7 @@ impl EventStore for PostgresStore {
                      FROM runs
                      WHERE status = ANY($1) AND updated_ms < $2
                        AND (lease_owner IS NULL OR lease_expires_ms <= $3)
+                       AND owes_deliveries = 0
                      ORDER BY id
                      FOR UPDATE SKIP LOCKED",
                     &[&filter.statuses, &before, &now_ms],
@@ -1142,7 +1153,7 @@ impl PostgresStore {
         fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
         settle: Option<&Settlement>,
     ) -> Result<Appended, StoreError> {
@@ -1244,12 +1255,15 @@ impl PostgresStore {
             execute(
                 tx,
                 &context,
-                "UPDATE runs SET status = $1, updated_ms = $2, event_count = $3, head_hash = $4 WHERE pk = $5",
+                "UPDATE runs SET status = $1, updated_ms = $2, event_count = $3, head_hash = $4,
+                     owes_deliveries = $5
+                 WHERE pk = $6",
                 &[
-                    &status,
+                    &listing.status,
                     &updated_ms,
                     &(new_count as i64),
                     &new_head.as_bytes().as_slice(),
+                    &(i32::try_from(listing.owes_deliveries).unwrap_or(i32::MAX)),
                     &pk,
                 ],
             )
@@ -1275,6 +1289,61 @@ impl PostgresStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::conformance::{PostgresBackend, id, new_run};
+
+    /// A schema at version 3 (before `owes_deliveries`) is migrated to 4
+    /// once, keeps its runs (owing nothing), and takes the new column; the
+    /// migration's SQL may run again harmlessly; a newer schema is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_version_3_schema_migrates_once_and_a_newer_one_is_refused() {
+        let Some(backend) = PostgresBackend::connect().await else {
+            return;
+        };
+        let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
+        assert_eq!(applied, [1, 2, 3, 4]);
+        new_run(&store, &id("old"), 3).await;
+        drop(store);
+        // What version 3 looked like.
+        let raw = backend.raw().await;
+        raw.batch_execute(
+            "DROP INDEX runs_owing;
+             ALTER TABLE runs DROP COLUMN owes_deliveries;
+             UPDATE store_meta SET value = '3' WHERE key = 'schema_version';",
+        )
+        .await
+        .unwrap();
+
+        let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
+        assert_eq!(applied, [4]);
+        let summary = store.summary(&id("old")).await.unwrap();
+        assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
+        assert!(store.verify(&id("old")).await.unwrap().is_intact());
+        store
+            .append(
+                &id("old"),
+                3,
+                &[crate::store::conformance::ev("end")],
+                Listing::new("completed").owing(1),
+                9,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.summary(&id("old")).await.unwrap().owes_deliveries, 1);
+        drop(store);
+        let (_, applied) = backend.builder().open_and_migrate().await.unwrap();
+        assert!(applied.is_empty(), "{applied:?}");
+        raw.batch_execute(schema::MIGRATIONS[3]).await.unwrap();
+
+        raw.batch_execute("UPDATE store_meta SET value = '5' WHERE key = 'schema_version'")
+            .await
+            .unwrap();
+        match backend.builder().open_and_migrate().await {
+            Err(StoreError::SchemaTooNew { found, supported }) => {
+                assert_eq!((found, supported), (5, schema::SCHEMA_VERSION))
+            }
+            other => panic!("expected SchemaTooNew, got {:?}", other.map(|(_, a)| a)),
+        }
+    }
 
     #[test]
     fn urls_lose_their_schema_and_their_password() {

@@ -33,7 +33,13 @@ use crate::store::StoreError;
 /// Version 3 adds `runs_one_active_per_session`: a unique index over the
 /// session of runs not in a terminal status, so two hosts racing to start a
 /// run in one session cannot both commit (see `store/session.rs`).
-const MIGRATIONS: &[&str] = &[
+///
+/// Version 4 adds `runs.owes_deliveries` (how many deliveries the run owes,
+/// written with every append; 0 for every run an older store held) and
+/// `runs_owing`, a partial index over the runs that owe any, which a claim
+/// takes when their worker died. `IF NOT EXISTS` makes it safe to apply
+/// over a schema that already has them.
+pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
     pk               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
@@ -94,6 +100,10 @@ CREATE TABLE commitments (
 CREATE UNIQUE INDEX runs_one_active_per_session ON runs (session)
     WHERE session IS NOT NULL
       AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned');
+"#,
+    r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS owes_deliveries integer NOT NULL DEFAULT 0;
+CREATE INDEX IF NOT EXISTS runs_owing ON runs (created_ms, id) WHERE owes_deliveries > 0;
 "#,
 ];
 

@@ -13,9 +13,9 @@
 //! every check an append makes (length, tail, head) reads the database
 //! inside that transaction, never a cache.
 //!
-//! Schema (version 2, see `schema.rs`): `runs` (one row per run: text id,
-//! agent, status, session, created/updated ms, event count, chain head, and
-//! the lease: owner, fencing token, expiry), `run_labels` (one row per
+//! Schema (version 5, see `schema.rs`): `runs` (one row per run: text id,
+//! agent, status, session, created/updated ms, event count, chain head,
+//! the lease: owner, fencing token, expiry, and the deliveries it owes), `run_labels` (one row per
 //! label), `events` (run, seq, bytes, hash; one run's events contiguous),
 //! `tombstones` (pruned runs), `store_meta` (the chain mode).
 //!
@@ -41,9 +41,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, PruneFilter,
-    RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent, Tombstone,
-    VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, Listing,
+    PruneFilter, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent,
+    Tombstone, VerifyReport,
 };
 use writer::{Counters, LeaseOp, Request};
 
@@ -276,7 +276,7 @@ impl EventStore for SqliteStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
@@ -289,7 +289,8 @@ impl EventStore for SqliteStore {
             fence: None,
             expected_len,
             events: events.to_vec(),
-            status: status.to_owned(),
+            status: listing.status.to_owned(),
+            owes_deliveries: listing.owes_deliveries,
             updated_ms,
             settle: None,
             reply,
@@ -317,7 +318,7 @@ impl EventStore for SqliteStore {
         fence: Option<&Lease>,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
         settlement: &Settlement,
     ) -> Result<Appended, StoreError> {
@@ -331,7 +332,8 @@ impl EventStore for SqliteStore {
             fence: fence.cloned(),
             expected_len,
             events: events.to_vec(),
-            status: status.to_owned(),
+            status: listing.status.to_owned(),
+            owes_deliveries: listing.owes_deliveries,
             updated_ms,
             settle: Some(settlement.clone()),
             reply,
@@ -447,7 +449,7 @@ impl EventStore for SqliteStore {
         lease: &Lease,
         expected_len: u64,
         events: &[Bytes],
-        status: &str,
+        listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
@@ -460,7 +462,8 @@ impl EventStore for SqliteStore {
             fence: Some(lease.clone()),
             expected_len,
             events: events.to_vec(),
-            status: status.to_owned(),
+            status: listing.status.to_owned(),
+            owes_deliveries: listing.owes_deliveries,
             updated_ms,
             settle: None,
             reply,
@@ -499,7 +502,7 @@ impl EventStore for SqliteStore {
 }
 
 /// The columns `query_summaries` reads, in its order.
-const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms";
+const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries";
 
 /// The error for a run with no row: [`StoreError::Pruned`] if it left a
 /// tombstone, else [`StoreError::UnknownRun`].
@@ -827,6 +830,7 @@ fn query_summaries(
                 event_count: u64::try_from(event_count).unwrap_or(0),
                 lease,
                 lease_token,
+                owes_deliveries: u32::try_from(row.get::<_, i64>(11)?).unwrap_or(0),
             });
         }
     }

@@ -37,7 +37,13 @@ use crate::store::StoreError;
 /// session of runs that are not in a terminal status, so a session holds at
 /// most one active run (see `store/session.rs`) even if two processes
 /// sharing the file race to start one.
-const MIGRATIONS: &[&str] = &[
+///
+/// Version 5 adds `runs.owes_deliveries` (how many deliveries the run owes,
+/// written with every append; 0 for every run a v4 store held) and
+/// `runs_owing`, a partial index over the runs that owe any, so a claim
+/// finds a finished or parked run whose deliveries a dead worker left
+/// without scanning the finished ones.
+pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
     pk          INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -105,6 +111,10 @@ CREATE TABLE commitments (
 CREATE UNIQUE INDEX runs_one_active_per_session ON runs (session)
     WHERE session IS NOT NULL
       AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned');
+"#,
+    r#"
+ALTER TABLE runs ADD COLUMN owes_deliveries INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX runs_owing ON runs (created_ms, id) WHERE owes_deliveries > 0;
 "#,
 ];
 

@@ -38,7 +38,7 @@ async fn one_transaction_commits_a_burst_and_a_conflict_fails_alone() {
             // Every tenth request expects a stale length and must conflict.
             let expected = if i % 10 == 0 { 7 } else { 1 };
             store
-                .append(&run, expected, &[ev("step")], "running", 2)
+                .append(&run, expected, &[ev("step")], "running".into(), 2)
                 .await
         }));
     }
@@ -89,7 +89,7 @@ async fn a_locked_database_fails_the_append_and_writes_nothing() {
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .unwrap();
     let err = store
-        .append(&run, 2, &[ev("x")], "completed", 9)
+        .append(&run, 2, &[ev("x")], "completed".into(), 9)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
@@ -103,7 +103,7 @@ async fn a_locked_database_fails_the_append_and_writes_nothing() {
     assert_eq!(store.load(&run).await.unwrap().len(), 2);
     // The writer keeps serving after a failed transaction.
     store
-        .append(&run, 2, &[ev("x")], "completed", 9)
+        .append(&run, 2, &[ev("x")], "completed".into(), 9)
         .await
         .unwrap();
     assert_eq!(store.summary(&run).await.unwrap().status, "completed");
@@ -149,6 +149,56 @@ async fn reopening_migrates_nothing_twice_and_keeps_the_version() {
         )
         .unwrap();
     assert_eq!(loose, 0);
+}
+
+/// A version 4 file (before `owes_deliveries`) is migrated to 5 on open:
+/// its runs are kept, intact and owing nothing, and take the new column.
+#[tokio::test]
+async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
+    let backend = SqliteBackend::new();
+    {
+        let store = SqliteStore::open(backend.path()).unwrap();
+        new_run(&store, &id("old"), 3).await;
+    }
+    // What version 4 looked like.
+    backend
+        .raw()
+        .execute_batch(
+            "DROP INDEX runs_owing;
+             ALTER TABLE runs DROP COLUMN owes_deliveries;
+             PRAGMA user_version = 4;",
+        )
+        .unwrap();
+    let store = SqliteStore::open(backend.path()).unwrap();
+    let version: i64 = backend
+        .raw()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 5);
+    assert_eq!(schema::SCHEMA_VERSION, 5);
+    let summary = store.summary(&id("old")).await.unwrap();
+    assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
+    assert!(store.verify(&id("old")).await.unwrap().is_intact());
+    store
+        .append(
+            &id("old"),
+            3,
+            &[ev("end")],
+            Listing::new("completed").owing(1),
+            9,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.summary(&id("old")).await.unwrap().owes_deliveries, 1);
+    let indexed: i64 = backend
+        .raw()
+        .query_row(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'index' AND name = 'runs_owing'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(indexed, 1);
 }
 
 #[tokio::test]
@@ -251,7 +301,13 @@ async fn bytes_corrupted_in_the_file_are_caught_by_the_chain() {
             .await
             .unwrap();
         store
-            .append(&victim, 1, &[ev("MARKER-0123456789-payload")], "running", 2)
+            .append(
+                &victim,
+                1,
+                &[ev("MARKER-0123456789-payload")],
+                "running".into(),
+                2,
+            )
             .await
             .unwrap();
     }
@@ -306,7 +362,7 @@ async fn a_corrupt_page_is_an_error_not_a_panic() {
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(err.to_string().contains("p-5"), "{err}");
     let err = store
-        .append(&runs[5], 30, &[ev("x")], "running", 1)
+        .append(&runs[5], 30, &[ev("x")], "running".into(), 1)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
@@ -400,7 +456,11 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
     let first = {
         let store = Arc::clone(&store);
         let run = good.clone();
-        tokio::spawn(async move { store.append(&run, 1, &[ev("g2")], "running", 2).await })
+        tokio::spawn(async move {
+            store
+                .append(&run, 1, &[ev("g2")], "running".into(), 2)
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(100)).await;
     let doomed = {
@@ -408,13 +468,17 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
         let run = bad.clone();
         tokio::spawn(async move {
             let events = [ev("fine"), ev("boom")];
-            store.append(&run, 1, &events, "completed", 2).await
+            store.append(&run, 1, &events, "completed".into(), 2).await
         })
     };
     let second = {
         let store = Arc::clone(&store);
         let run = good.clone();
-        tokio::spawn(async move { store.append(&run, 2, &[ev("g3")], "completed", 3).await })
+        tokio::spawn(async move {
+            store
+                .append(&run, 2, &[ev("g3")], "completed".into(), 3)
+                .await
+        })
     };
     tokio::time::sleep(Duration::from_millis(200)).await;
     let before = store.stats();
@@ -438,7 +502,7 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
     assert!(store.verify(&bad).await.unwrap().is_intact());
     // And the run takes its next append normally.
     store
-        .append(&bad, 1, &[ev("fine")], "running", 4)
+        .append(&bad, 1, &[ev("fine")], "running".into(), 4)
         .await
         .unwrap();
 }

@@ -26,8 +26,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::{backend, blob_hash};
 use crate::store::chain::{self, Chain};
 use crate::store::{
-    Appended, ChainBreak, ChainHash, Claim, Holder, Lease, PruneFilter, QUEUED, RunId, RunMeta,
-    Settlement, StoreError, Tombstone,
+    Appended, ChainBreak, ChainHash, Claim, Holder, Lease, Listing, PruneFilter, QUEUED, RunId,
+    RunMeta, Settlement, StoreError, Tombstone,
 };
 
 /// The answer to one create or append.
@@ -100,6 +100,8 @@ pub(super) enum Request {
         expected_len: u64,
         events: Vec<Bytes>,
         status: String,
+        /// Deliveries the run owes after the append.
+        owes_deliveries: u32,
         updated_ms: i64,
         /// The idempotency commitment the append settles.
         settle: Option<Settlement>,
@@ -256,6 +258,7 @@ fn apply_all(
                 expected_len,
                 events,
                 status,
+                owes_deliveries,
                 updated_ms,
                 settle,
                 ..
@@ -266,7 +269,10 @@ fn apply_all(
                 fence.as_ref(),
                 *expected_len,
                 events,
-                status,
+                Listing {
+                    status,
+                    owes_deliveries: *owes_deliveries,
+                },
                 *updated_ms,
                 settle.as_ref(),
             )),
@@ -423,7 +429,7 @@ fn append_settling(
     fence: Option<&Lease>,
     expected_len: u64,
     events: &[Bytes],
-    status: &str,
+    listing: Listing<'_>,
     updated_ms: i64,
     settle: Option<&Settlement>,
 ) -> Result<Appended, StoreError> {
@@ -435,7 +441,7 @@ fn append_settling(
             fence,
             expected_len,
             events,
-            status,
+            listing,
             updated_ms,
         );
     };
@@ -464,7 +470,7 @@ fn append_settling(
         fence,
         expected_len,
         events,
-        status,
+        listing,
         updated_ms,
     )?;
     conn.prepare_cached("UPDATE commitments SET result = ?2 WHERE key = ?1")
@@ -481,7 +487,7 @@ fn append(
     fence: Option<&Lease>,
     expected_len: u64,
     events: &[Bytes],
-    status: &str,
+    listing: Listing<'_>,
     updated_ms: i64,
 ) -> Result<Appended, StoreError> {
     let context = || format!("sqlite: cannot append to run {run_id}");
@@ -562,13 +568,16 @@ fn append(
         }
         let new_head = hashes.last().expect("events is not empty");
         conn.prepare_cached(
-            "UPDATE runs SET status = ?1, updated_ms = ?2, event_count = ?3, head_hash = ?4 WHERE pk = ?5",
+            "UPDATE runs SET status = ?1, updated_ms = ?2, event_count = ?3, head_hash = ?4,
+                 owes_deliveries = ?5
+             WHERE pk = ?6",
         )?
         .execute(params![
-            status,
+            listing.status,
             updated_ms,
             (count + events.len() as u64) as i64,
             new_head.as_bytes().as_slice(),
+            listing.owes_deliveries,
             pk
         ])?;
         Ok(())
@@ -721,7 +730,7 @@ fn lease(conn: &Connection, op: &LeaseOp) -> Result<Vec<Lease>, StoreError> {
             let ids: Vec<String> = conn
                 .prepare_cached(
                     "SELECT id FROM runs
-                     WHERE status IN (?1, 'running')
+                     WHERE (status IN (?1, 'running') OR owes_deliveries > 0)
                        AND (status = ?1 OR lease_token > 0)
                        AND (lease_owner IS NULL OR lease_expires_ms <= ?2)
                      ORDER BY created_ms, id LIMIT ?3",
@@ -761,6 +770,7 @@ fn prune(
                  FROM runs
                  WHERE status = ?1 AND updated_ms < ?2
                    AND (lease_owner IS NULL OR lease_expires_ms <= ?3)
+                   AND owes_deliveries = 0
                  ORDER BY id",
             )
             .map_err(|e| backend(context(), e))?;
