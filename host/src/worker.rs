@@ -1,7 +1,8 @@
 //! The [`Worker`]: a process's share of the work queue. It claims runs from
-//! the store (queued runs, and workers' runs whose lease expired), drives
-//! each under its lease with `recover` semantics, renews the lease while it
-//! drives, and releases it when the run finishes or parks.
+//! the store (queued runs, and workers' runs whose lease is gone that are
+//! still running or owe deliveries), drives each under its lease with
+//! `recover` semantics, renews the lease while it drives, and releases it
+//! when the run finishes or parks and owes nothing.
 //!
 //! What a worker guarantees (see `store/lease.rs` for the store's part):
 //! - **one writer per run**: every append carries the lease's fencing
@@ -15,7 +16,17 @@
 //!   to live another worker claims the run; one that stops on a signal
 //!   ([`Worker::run`]'s shutdown) stops claiming, lets its runs finish
 //!   within the grace period, then abandons the drives still going and
-//!   releases their leases, so others take them over at once.
+//!   releases their leases, so others take them over at once;
+//! - **nothing owed is left behind**: a worker that dies after a run's
+//!   terminal event (or its parked notice) and before the delivery leaves
+//!   the run listed as owing deliveries; another claims it once the lease
+//!   is gone and its recovery makes them (an intent without an outcome
+//!   again with the same id, a completed one never). A delivery that fails
+//!   retryably is retried within that drive, at the time its failure
+//!   recorded (the driver sleeps under its renewed lease), so a failing
+//!   channel never makes the run bounce between workers; a drive that
+//!   fails otherwise leaves the lease to expire, and the run is tried again
+//!   one time to live later.
 //!
 //! The agent of a run is the file its `run_started` event records, loaded
 //! on the worker's machine (once per file and worker) by the worker's

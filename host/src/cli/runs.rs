@@ -516,7 +516,8 @@ async fn prune(
             .list(&filter)
             .await?
             .into_iter()
-            .filter(|r| r.updated_ms < cutoff)
+            // What the store's prune keeps: a run that owes deliveries.
+            .filter(|r| r.updated_ms < cutoff && r.owes_deliveries == 0)
             .map(|r| json!({ "run_id": r.run_id, "agent": r.agent, "status": r.status, "events": r.event_count }))
             .collect()
     } else {

@@ -2,8 +2,10 @@
 //! ([`Channel`]), which recorded events each channel receives
 //! ([`Receives`]), the delivery events' payloads ([`DeliveryIntent`],
 //! [`DeliveryAttemptFailed`], [`DeliveryCompleted`], [`DeliveryFailed`]),
-//! the next delivery a run owes ([`next_delivery`]) and the backoff between
-//! attempts ([`Channel::backoff_ms`]).
+//! the next delivery a run owes ([`next_delivery`]), how many it owes
+//! ([`owed_count`], written into the run's listing so workers find a
+//! finished run whose deliveries a dead worker left) and the backoff
+//! between attempts ([`Channel::backoff_ms`]).
 //!
 //! A delivery is an effect like a tool call: its intent is recorded (with a
 //! stable id, the channel, the event it reports and the frozen payload)

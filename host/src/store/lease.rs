@@ -42,18 +42,23 @@
 //! for a worker. [`EventStore::claim`](super::EventStore::claim) leases, in
 //! creation order, runs that are
 //! - `queued`, or
-//! - `running` and leased before (token above 0: a worker's run), with no
-//!   live lease: its worker died, or a human verb made a parked run
-//!   runnable again,
+//! - leased before (token above 0: a worker's run), with no live lease,
+//!   and either `running` (its worker died, or a human verb made a parked
+//!   run runnable again) or owing deliveries (its worker died after the
+//!   run's terminal event or parked notice and before the delivery: the
+//!   count the last append wrote, see [`Listing`](super::Listing)),
 //!
 //! skipping rows another claimer holds locked, so concurrent workers never
 //! claim the same run. Runs started and driven by `warden run` are never
-//! leased, so workers leave them alone.
+//! leased, so workers leave them alone, owing or not (`warden runs resume`
+//! makes their deliveries).
 //!
 //! # Retention
 //!
 //! [`EventStore::prune`](super::EventStore::prune) deletes finished runs
-//! whole (events, labels, run row) and keeps a [`Tombstone`]: the id, the
+//! whole (events, labels, run row), never one under a live lease nor one
+//! that owes deliveries (whatever the filter says: a result nobody received
+//! is not history yet), and keeps a [`Tombstone`]: the id, the
 //! chain head and the event count, so the run's id stays taken and its
 //! final head can still be compared with one recorded elsewhere. Loading a
 //! pruned run is a [`StoreError::Pruned`](super::StoreError::Pruned).

@@ -12,8 +12,8 @@
 //! Guarantees every store gives (the conformance suite in `conformance.rs`
 //! checks each of them against every store):
 //! - **optimistic concurrency**: [`EventStore::append`] names the log length it
-//!   expects; all its events and the new status are written in one
-//!   transaction, or nothing is, and a stale expectation is a typed
+//!   expects; all its events and the new listing (status, deliveries owed)
+//!   are written in one transaction, or nothing is, and a stale expectation is a typed
 //!   [`StoreError::Conflict`];
 //! - **durability** (persistent stores): an append has been synced when it
 //!   returns `Ok`; an I/O failure is an error, never an acknowledgement;

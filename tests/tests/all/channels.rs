@@ -573,10 +573,11 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
     assert_eq!(owed.map(|i| i.delivery_id), Some(id.clone()));
     drop(inner);
 
-    let resume = |dir: &Path| {
+    let warden = |args: &[&str]| {
         std::process::Command::new(crate::kill::warden_binary())
-            .args(["runs", "resume", "chan-owed", "--store", "runs.db"])
-            .current_dir(dir)
+            .args(args)
+            .args(["--store", "runs.db"])
+            .current_dir(fx.dir.path())
             .env(
                 "WARDEN_CACHE_DIR",
                 std::env::temp_dir().join("warden-tests-components"),
@@ -585,7 +586,35 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
             .output()
             .unwrap()
     };
-    let out = resume(fx.dir.path());
+    let resume = || warden(&["runs", "resume", "chan-owed"]);
+    // Listed as finished and owing its delivery, in text and JSON.
+    let listed = |json: bool| {
+        let out = warden(if json {
+            &["runs", "list", "--json"]
+        } else {
+            &["runs", "list"]
+        });
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    assert!(
+        listed(false).contains("completed (owes 1 delivery)"),
+        "{}",
+        listed(false)
+    );
+    let runs: Value = serde_json::from_str(&listed(true)).unwrap();
+    assert_eq!(runs[0]["owes_deliveries"], 1, "{runs}");
+    let out = warden(&["runs", "show", "chan-owed"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("status: completed (owes 1 delivery)"),
+        "{text}"
+    );
+    let out = warden(&["runs", "show", "chan-owed", "--json"]);
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(shown["owes_deliveries"], 1);
+
+    let out = resume();
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
         out.status.success(),
@@ -600,9 +629,12 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
     let lines = fx.lines("owed.jsonl");
     assert_eq!(lines.len(), 1, "{lines:?}");
     assert_eq!(lines[0]["id"], id.as_str());
+    let runs: Value = serde_json::from_str(&listed(true)).unwrap();
+    assert_eq!(runs[0]["owes_deliveries"], 0, "{runs}");
+    assert!(!listed(false).contains("owes"), "{}", listed(false));
 
     // Nothing is owed any more: the verb refuses a finished run as before.
-    let out = resume(fx.dir.path());
+    let out = resume();
     assert_eq!(out.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("already completed"),

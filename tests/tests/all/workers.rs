@@ -1,7 +1,9 @@
 //! Many hosts on one store: run leases with fencing through the real
 //! engine, and `warden worker` processes killed with SIGKILL at random
-//! moments while they share 200 runs on PostgreSQL, and idempotency
-//! commitments across a takeover in the middle of a call.
+//! moments while they share 200 runs on PostgreSQL, idempotency
+//! commitments across a takeover in the middle of a call, and a worker
+//! dying between a run's terminal event and its delivery (another worker
+//! makes it, once).
 //!
 //! The PostgreSQL tests use the server at `WARDEN_TEST_POSTGRES` (default
 //! `postgres://postgres@127.0.0.1:5432/test`), each in a fresh schema that
@@ -13,13 +15,20 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use bytes::Bytes;
 use serde_json::json;
 use warden::engine::events::Event;
 use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
-use warden::store::{EventStore, PostgresStore, RunFilter, SqliteStore, StoreError};
+use warden::store::{
+    Appended, EventStore, Lease, Listing, PostgresStore, RunFilter, RunMeta, RunSummary,
+    SqliteStore, StoreError, StoredEvent, VerifyReport,
+};
+use warden::worker::Worker;
 
 use super::engine::Fixture;
 use crate::sandbox;
@@ -735,4 +744,291 @@ async fn status_counts(store: &dyn EventStore) -> BTreeMap<String, usize> {
         *counts.entry(r.status).or_default() += 1;
     }
     counts
+}
+
+// ---- a worker dies between a run's terminal event and its delivery ----------
+
+/// A store whose fenced append of a delivery's intent never returns: the
+/// worker driving through it stops between the run's terminal event and
+/// its delivery, as if it died there (its task is then aborted, and its
+/// lease left to expire).
+struct StallingStore {
+    inner: Arc<dyn EventStore>,
+    stalled: Arc<AtomicBool>,
+}
+
+#[async_trait]
+impl EventStore for StallingStore {
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first_event: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError> {
+        self.inner.create(run_id, meta, first_event, status).await
+    }
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: Listing<'_>,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        self.inner
+            .append(run_id, expected_len, events, status, updated_ms)
+            .await
+    }
+    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load(run_id).await
+    }
+    async fn load_after(&self, run_id: &RunId, after: u64) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load_after(run_id, after).await
+    }
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
+        self.inner.summary(run_id).await
+    }
+    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.list(filter).await
+    }
+    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
+        self.inner.verify(run_id).await
+    }
+    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
+        self.inner.run_ids().await
+    }
+    async fn acquire_lease(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        self.inner
+            .acquire_lease(run_id, owner, now_ms, ttl_ms)
+            .await
+    }
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        self.inner.renew_lease(lease, now_ms, ttl_ms).await
+    }
+    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+        self.inner.release_lease(lease, status).await
+    }
+    async fn append_fenced(
+        &self,
+        lease: &Lease,
+        expected_len: u64,
+        events: &[Bytes],
+        status: Listing<'_>,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let delivers = events.iter().any(|e| {
+            warden::engine::decode(e).is_ok_and(|e| matches!(e, Event::DeliveryIntent(_)))
+        });
+        if delivers {
+            self.stalled.store(true, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
+        self.inner
+            .append_fenced(lease, expected_len, events, status, updated_ms)
+            .await
+    }
+    async fn claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        self.inner.claim(owner, now_ms, ttl_ms, limit).await
+    }
+}
+
+/// An agent file in `dir` that answers at once and whose channel `notify`
+/// (`builtin:jsonl-channel`) writes the output to `outbox/results.jsonl`.
+fn delivering_agent(dir: &Path) -> Agent {
+    std::fs::create_dir_all(dir.join("outbox")).unwrap();
+    std::fs::write(
+        dir.join("transcript.toml"),
+        "[[turns]]\ntext = \"The answer is 42.\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("agent.toml"),
+        r#"
+name = "notifier"
+instructions = "Answer; the channel tells people."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[plugins.jsonl]
+source = "builtin:jsonl-channel"
+[plugins.jsonl.grant.mounts.outbox]
+dir = "outbox"
+[plugins.jsonl.grant.config]
+file = "results.jsonl"
+
+[channels.notify]
+plugin = "jsonl"
+"#,
+    )
+    .unwrap();
+    Agent::load(&dir.join("agent.toml").canonicalize().unwrap(), None).unwrap()
+}
+
+fn delivered(dir: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(dir.join("outbox/results.jsonl"))
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+/// Polls `done` every 20 ms for up to 60 s; panics with `what` after.
+async fn wait_for<F: AsyncFnMut() -> bool>(what: &str, mut done: F) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !done().await {
+        assert!(std::time::Instant::now() < deadline, "{what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn quick_worker(rt: Runtime, owner: &str) -> Worker {
+    Worker::builder(rt)
+        .owner(owner)
+        .lease_ttl(Duration::from_millis(300))
+        .poll(Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
+/// Worker A completes a submitted run and dies before its delivery: the run
+/// is listed `completed`, owing one delivery, under A's dead lease. Worker
+/// B claims it once the lease expires, makes the delivery exactly once
+/// (one line in the file, with the stable id), releases the run and never
+/// claims it again; A's lease is fenced.
+async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, dir: &Path) {
+    let agent = delivering_agent(dir);
+    let run = RunId::new("owed").unwrap();
+    let stalled = Arc::new(AtomicBool::new(false));
+    let rt_a = runtime(Arc::new(StallingStore {
+        inner: store.clone(),
+        stalled: stalled.clone(),
+    }));
+    rt_a.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+        .await
+        .unwrap();
+    let worker_a = quick_worker(rt_a, "worker-a");
+    let a = tokio::spawn(async move { worker_a.run(std::future::pending()).await });
+    wait_for("worker A never reached the delivery", async || {
+        stalled.load(Ordering::SeqCst)
+    })
+    .await;
+    a.abort();
+    assert!(a.await.unwrap_err().is_cancelled());
+
+    let summary = store.summary(&run).await.unwrap();
+    assert_eq!(
+        (summary.status.as_str(), summary.owes_deliveries),
+        ("completed", 1),
+        "the finished run is listed as owing its delivery"
+    );
+    let lease_a = summary.lease.clone().expect("worker A's lease is left");
+    assert_eq!((lease_a.owner.as_str(), lease_a.token), ("worker-a", 1));
+    let events = runtime(store.clone()).events(&run).await.unwrap();
+    assert!(
+        matches!(events.last(), Some(Event::RunCompleted(_))),
+        "worker A died right after the terminal event: {events:?}"
+    );
+    let completed_at = events.len() - 1;
+    assert!(delivered(dir).is_empty());
+
+    let worker_b = quick_worker(runtime(store.clone()), "worker-b");
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let b = tokio::spawn(async move {
+        worker_b
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    wait_for(
+        "worker B never made the delivery a dead worker owed",
+        async || {
+            let s = store.summary(&run).await.unwrap();
+            s.owes_deliveries == 0 && s.lease.is_none()
+        },
+    )
+    .await;
+    // Polling on, B finds nothing more to do with the run.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    stop.send(()).unwrap();
+    let report = b.await.unwrap();
+    assert_eq!((report.claimed, report.settled), (1, 1), "{report:?}");
+
+    let lines = delivered(dir);
+    assert_eq!(lines.len(), 1, "delivered exactly once: {lines:?}");
+    assert_eq!(lines[0]["id"], format!("{run}/notify/{completed_at}"));
+    let events = runtime(store.clone()).events(&run).await.unwrap();
+    let kinds: Vec<&str> = events[completed_at + 1..]
+        .iter()
+        .map(|e| e.kind().as_str())
+        .collect();
+    assert_eq!(kinds, ["delivery_intent", "delivery_completed"]);
+    let summary = store.summary(&run).await.unwrap();
+    assert_eq!(
+        (
+            summary.status.as_str(),
+            summary.owes_deliveries,
+            summary.lease_token
+        ),
+        ("completed", 0, 2)
+    );
+    let err = store
+        .append_fenced(
+            &lease_a,
+            events.len() as u64,
+            &[Bytes::from_static(b"{}")],
+            "completed".into(),
+            0,
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            StoreError::Fenced {
+                token: 1,
+                current: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(store.verify(&run).await.unwrap().is_intact());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_owed_delivery_is_made_once_by_another_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+    a_dead_workers_delivery_is_made_by_another(Arc::new(store), dir.path()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_workers_owed_delivery_is_made_once_by_another_on_postgres() {
+    let Some(pg) = PgSchema::new("owed").await else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    a_dead_workers_delivery_is_made_by_another(Arc::new(pg.store().await), dir.path()).await;
 }

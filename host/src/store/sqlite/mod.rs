@@ -14,10 +14,11 @@
 //! inside that transaction, never a cache.
 //!
 //! Schema (version 5, see `schema.rs`): `runs` (one row per run: text id,
-//! agent, status, session, created/updated ms, event count, chain head,
-//! the lease: owner, fencing token, expiry, and the deliveries it owes), `run_labels` (one row per
-//! label), `events` (run, seq, bytes, hash; one run's events contiguous),
-//! `tombstones` (pruned runs), `store_meta` (the chain mode).
+//! agent, status, session, created/updated ms, event count, chain head, the
+//! lease: owner, fencing token, expiry; the deliveries it owes),
+//! `run_labels` (one row per label), `events` (run, seq, bytes, hash; one
+//! run's events contiguous), `tombstones` (pruned runs), `commitments`,
+//! `store_meta` (the chain mode).
 //!
 //! Leases (see `store/lease.rs`) hold across processes on one machine: every
 //! lease operation and fenced append runs in the writer's `BEGIN IMMEDIATE`
