@@ -1677,6 +1677,14 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
         "the house style is quoted: {text}"
     );
     assert!(text.contains("→ call-2-1 fs__search [read]"), "{text}");
+    // The sandboxed guard denied reading a secret file; the tool never ran.
+    assert!(
+        text.contains(
+            "§ policy `guard` at before_tool_call (call-3-1): deny: path `.env` is denied by the operator (deny_paths `.env`)"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("→ call-3-1"), "{text}");
     assert!(text.contains("\"line\":16"), "{text}");
     assert!(text.contains("✓ completed: Review of src/lib.rs"), "{text}");
     // The review was delivered: one JSON line with the output.

@@ -81,8 +81,8 @@ mod tests {
             let mut grant: crate::policy::Grant =
                 toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(
-                !grant.mounts.is_empty() || !grant.hosts.is_empty(),
-                "{}",
+                !grant.mounts.is_empty() || !grant.hosts.is_empty() || !grant.config.is_empty(),
+                "{}: the example grants nothing",
                 b.name
             );
             for mount in grant.mounts.values_mut() {

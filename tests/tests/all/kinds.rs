@@ -1,5 +1,5 @@
-//! Context sources and channels through their adapters: same leases, limits,
-//! receipts and typed errors as tools.
+//! Context sources, channels and policies through their adapters: same
+//! leases, limits, receipts and typed errors as tools.
 
 use std::time::Duration;
 
@@ -160,4 +160,193 @@ async fn a_component_is_only_called_through_the_worlds_it_exports() {
         other => panic!("{other:?}"),
     }
     assert_eq!(leased.receipt.outcome, Outcome::Refused);
+}
+
+fn policy_request(hook: wit::PolicyHook, subject: serde_json::Value) -> wit::PolicyRequest {
+    wit::PolicyRequest {
+        run_id: "run-1".into(),
+        agent: "agent".into(),
+        policy: "guard".into(),
+        hook,
+        subject: subject.to_string(),
+    }
+}
+
+#[tokio::test]
+async fn policies_decide_from_their_config_and_count_their_calls() {
+    let count = tempfile::tempdir().unwrap();
+    let component = load(guests::POLICY);
+    assert_eq!(component.kinds(), [PluginKind::Policy]);
+    let caps = Capabilities::none()
+        .mount("count", count.path(), Access::ReadWrite)
+        .unwrap()
+        .config("deny_tools", "fs__delete, fs__write_file")
+        .config("require_in_output", "42");
+    let g = sandbox().grant(&component, caps, test_limits());
+    assert_eq!(
+        g.describe_policy().await.result.unwrap().name,
+        "test-policy"
+    );
+
+    let tool_call = |tool: &str| {
+        policy_request(
+            wit::PolicyHook::BeforeToolCall,
+            json!({ "hook": "before_tool_call", "call_id": "call-1-1", "tool": tool,
+                    "arguments": { "path": "a.md" }, "effect": "write" }),
+        )
+    };
+    let finish = |output: serde_json::Value| {
+        policy_request(
+            wit::PolicyHook::BeforeFinish,
+            json!({ "hook": "before_finish", "step": 2, "output": output }),
+        )
+    };
+    let cases = [
+        (
+            tool_call("fs__write_file"),
+            wit::Decision::Deny("tool `fs__write_file` is not allowed by policy `guard`".into()),
+        ),
+        (tool_call("fs__read_file"), wit::Decision::Allow),
+        (
+            finish(json!("the answer is 41")),
+            wit::Decision::Feedback("the answer must mention `42`".into()),
+        ),
+        (finish(json!({ "answer": 42 })), wit::Decision::Allow),
+        (
+            policy_request(
+                wit::PolicyHook::RunStart,
+                json!({ "hook": "run_start", "input": "hi", "session": "s-1" }),
+            ),
+            wit::Decision::Allow,
+        ),
+    ];
+    for (request, expected) in &cases {
+        let leased = g.decide(request, None).await;
+        assert_eq!(leased.result.unwrap(), Ok(expected.clone()), "{request:?}");
+        assert_eq!(leased.receipt.outcome, Outcome::Ok);
+    }
+
+    // A subject that does not fit its hook is the guest's typed error.
+    let leased = g
+        .decide(
+            &policy_request(
+                wit::PolicyHook::BeforeFinish,
+                json!({ "hook": "before_finish", "step": 2 }),
+            ),
+            None,
+        )
+        .await;
+    match leased.result.unwrap() {
+        Err(wit::PolicyError::InvalidRequest(message)) => assert!(
+            message.starts_with("invalid subject for hook `before_finish`: missing field `output`"),
+            "{message}"
+        ),
+        other => panic!("expected an invalid request, got {other:?}"),
+    }
+    assert_eq!(leased.receipt.outcome, Outcome::GuestError);
+
+    let calls = std::fs::read_to_string(count.path().join("calls")).unwrap();
+    let lines: Vec<&str> = calls.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "before_tool_call run-1",
+            "before_tool_call run-1",
+            "before_finish run-1",
+            "before_finish run-1",
+            "run_start run-1",
+            "before_finish run-1",
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_misbehaving_policy_is_stopped_with_a_typed_failure() {
+    let component = load(guests::POLICY);
+    let in_mode = |mode: &str, limits: Limits| {
+        sandbox().grant(
+            &component,
+            Capabilities::none().config("mode", mode),
+            limits,
+        )
+    };
+    let run_start = policy_request(
+        wit::PolicyHook::RunStart,
+        json!({ "hook": "run_start", "input": "hi" }),
+    );
+
+    let leased = in_mode("error", test_limits())
+        .decide(&run_start, None)
+        .await;
+    assert_eq!(
+        leased.result.unwrap(),
+        Err(wit::PolicyError::Failed(wit::Failure {
+            message: "policy backend unavailable".into(),
+            retryable: false,
+        }))
+    );
+
+    // The adapter passes misplaced feedback on; the engine is the one that
+    // counts it as a failure.
+    let leased = in_mode("feedback_everywhere", test_limits())
+        .decide(&run_start, None)
+        .await;
+    assert_eq!(
+        leased.result.unwrap(),
+        Ok(wit::Decision::Feedback(
+            "feedback from policy `guard` at `run_start`".into()
+        ))
+    );
+
+    let leased = in_mode("trap", test_limits())
+        .decide(&run_start, None)
+        .await;
+    match leased.result.unwrap_err().failure {
+        LeaseFailure::Trap { message } => assert!(message.contains("unreachable"), "{message}"),
+        other => panic!("expected a trap, got {other:?}"),
+    }
+    assert_eq!(leased.receipt.outcome, Outcome::Trap);
+    // The panic message went to the guest's stderr, which was captured.
+    assert!(leased.receipt.stderr_bytes > 0);
+
+    let fuel = Limits {
+        fuel: Some(50_000_000),
+        ..test_limits()
+    };
+    let leased = in_mode("loop", fuel).decide(&run_start, None).await;
+    assert!(
+        matches!(
+            leased.result.as_ref().unwrap_err().failure,
+            LeaseFailure::OutOfFuel { limit: 50_000_000 }
+        ),
+        "{:?}",
+        leased.result
+    );
+
+    let unmetered = Limits {
+        fuel: None,
+        timeout: Duration::from_millis(300),
+        ..test_limits()
+    };
+    let leased = in_mode("loop", unmetered).decide(&run_start, None).await;
+    assert!(
+        matches!(
+            leased.result.as_ref().unwrap_err().failure,
+            LeaseFailure::Timeout { .. }
+        ),
+        "{:?}",
+        leased.result
+    );
+
+    let leased = in_mode("huge", test_limits())
+        .decide(&run_start, None)
+        .await;
+    assert!(
+        matches!(
+            leased.result.as_ref().unwrap_err().failure,
+            LeaseFailure::OutputLimit { limit, bytes } if limit == test_limits().output_bytes && bytes >= 16 << 20
+        ),
+        "{:?}",
+        leased.result.as_ref().map(|_| ())
+    );
 }

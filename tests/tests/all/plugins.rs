@@ -1,6 +1,7 @@
 //! The first-party plugins (`plugins/http`, `files-context`,
-//! `notes-memory`, `jsonl-channel`, `webhook-channel`) built from their
-//! crates and run through `warden::testkit`, as their authors would, under
+//! `notes-memory`, `jsonl-channel`, `webhook-channel`, `tool-guard`) built
+//! from their crates (or embedded, as `builtin:<name>`) and run through
+//! `warden::testkit`, as their authors would, under
 //! real grants and against the loopback server of `server.rs`. (Each crate
 //! also has native unit tests; `plugins/fs` keeps its testkit tests in its
 //! own crate as the example for plugin authors.)
@@ -370,4 +371,79 @@ async fn webhook_channel_posts_json_and_reports_status_timeouts_and_denials() {
         other => panic!("expected a denial, got {other:?}"),
     }
     assert_eq!(server.connections(), 3);
+}
+
+// ------------------------------------------------------------ tool-guard
+
+#[tokio::test]
+async fn tool_guard_denies_by_name_effect_and_path_and_fails_closed_on_bad_config() {
+    let guard = TestPlugin::source("builtin:tool-guard")
+        .config("deny_tools", "fs__delete_*")
+        .config("deny_effects", "idempotent")
+        .config("deny_paths", "secrets/**")
+        .load()
+        .await
+        .unwrap();
+    assert_eq!(guard.plugin().kinds(), [PluginKind::Policy]);
+    let ask = |tool: &str, effect: &str, arguments: Value| json!({ "call_id": "call-1-1", "tool": tool, "effect": effect, "arguments": arguments });
+    let cases = [
+        (
+            ask("fs__delete_file", "write", json!({"path": "a.md"})),
+            Some("tool `fs__delete_file` is denied by the operator (deny_tools `fs__delete_*`)"),
+        ),
+        (
+            ask("http__put", "idempotent", json!({})),
+            Some(
+                "tool `http__put` has effect `idempotent`, which the operator denies (deny_effects)",
+            ),
+        ),
+        (
+            ask(
+                "fs__read_file",
+                "read",
+                json!({"path": "notes/../secrets/key"}),
+            ),
+            Some("path `notes/../secrets/key` is denied by the operator (deny_paths `secrets/**`)"),
+        ),
+        (
+            ask("fs__read_file", "read", json!({"path": "notes/a.md"})),
+            None,
+        ),
+    ];
+    for (subject, denied) in cases {
+        let leased = guard
+            .decide(wit::PolicyHook::BeforeToolCall, subject.clone())
+            .await;
+        assert_eq!(leased.receipt.outcome, Outcome::Ok, "{subject}");
+        let expected = match denied {
+            Some(reason) => wit::Decision::Deny(reason.into()),
+            None => wit::Decision::Allow,
+        };
+        assert_eq!(leased.result.unwrap().unwrap(), expected, "{subject}");
+    }
+    // Every other hook is allowed.
+    let start = guard
+        .decide(wit::PolicyHook::RunStart, json!({"input": "go"}))
+        .await;
+    assert_eq!(start.result.unwrap().unwrap(), wit::Decision::Allow);
+
+    // A config it cannot read is an error (the host fails the run closed).
+    let misconfigured = TestPlugin::source("builtin:tool-guard")
+        .config("deny_effects", "wrte")
+        .load()
+        .await
+        .unwrap();
+    let leased = misconfigured
+        .decide(
+            wit::PolicyHook::BeforeToolCall,
+            ask("fs__read_file", "read", json!({})),
+        )
+        .await;
+    match leased.result.unwrap() {
+        Err(wit::PolicyError::Failed(f)) => assert_eq!(
+            f.message,
+            "config `deny_effects`: `wrte` is not an effect class (read, idempotent, write)"
+        ),
+        other => panic!("{other:?}"),
+    }
 }
