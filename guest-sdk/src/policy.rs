@@ -62,8 +62,8 @@ pub enum Subject {
         tool: String,
         /// The call's arguments.
         arguments: Value,
-        /// The tool's effect class after the operator's overrides, when the
-        /// host knows it.
+        /// The tool's effect class after the operator's overrides; `None`
+        /// for human and external tools.
         effect: Option<Effect>,
     },
     /// `before_finish`: before the run completes.

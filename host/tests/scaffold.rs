@@ -194,6 +194,40 @@ fn a_new_plugin_of_each_kind_builds_and_passes_its_tests_without_edits() {
     assert_eq!(delivered.len(), 1);
     cargo_test(&channel);
 
+    // A policy: a denial and an allow through the pinned manifest, then its
+    // tests.
+    let policy = new_and_build(&root, "guard", "policy");
+    let decide = |tool: &str, json: bool| {
+        let subject = format!(r#"{{"call_id": "call-1-1", "tool": "{tool}", "arguments": {{}}}}"#);
+        let mut args = vec![
+            "plugin",
+            "decide",
+            "guard/plugin.toml",
+            "before_tool_call",
+            &subject,
+            "--config",
+            "deny=fs__write_file",
+        ];
+        if json {
+            args.push("--json");
+        }
+        let out = warden(&args, &root);
+        assert_ok(&out, "plugin decide");
+        text(&out.stdout)
+    };
+    let denied: Value = serde_json::from_str(&decide("fs__write_file", true)).unwrap();
+    assert_eq!(denied["decision"], "deny", "{denied}");
+    assert_eq!(
+        denied["reason"],
+        "tool `fs__write_file` is denied by policy `guard`"
+    );
+    assert_eq!(decide("fs__read_file", false).trim(), "allow");
+    let tested = cargo_test(&policy);
+    assert!(
+        tested.matches("test result: ok").count() >= 2,
+        "unit tests and the sandbox test ran:\n{tested}"
+    );
+
     let _ = std::fs::remove_dir_all(&root);
 }
 

@@ -1,6 +1,8 @@
 //! Benchmarks of the run engine, printing figures:
 //! - replay (load + decode + checked fold) of a 10,000-event run, on the
-//!   in-memory and SQLite stores;
+//!   in-memory and SQLite stores, and in memory of the same run delivering
+//!   its output through a channel (finding the next delivery must not scan
+//!   the log at every event);
 //! - steps per second for 1,000 concurrent runs with the scripted provider
 //!   and a no-op tool plugin, on both stores;
 //! - memory per parked run (resident set growth over 1,000 runs parked for
@@ -48,6 +50,11 @@ fn main() {
 /// turn for `turns` turns, then answers; its `noop` needs approval when
 /// `approval` is set.
 fn agent(dir: &Path, name: &str, turns: usize, approval: bool) -> Agent {
+    agent_with(dir, name, turns, approval, "")
+}
+
+/// [`agent`] with `extra` appended to its file.
+fn agent_with(dir: &Path, name: &str, turns: usize, approval: bool, extra: &str) -> Agent {
     let wasm = std::fs::read(guests::NOOP).unwrap();
     let sha = hex::encode(sha2::Sha256::digest(&wasm));
     std::fs::write(
@@ -69,7 +76,7 @@ fn agent(dir: &Path, name: &str, turns: usize, approval: bool) -> Agent {
     std::fs::write(
         dir.join(format!("{name}.toml")),
         format!(
-            "name = \"{name}\"\ninstructions = \"bench\"\n[model]\nprovider = \"scripted\"\nname = \"s\"\ntranscript = \"{name}.transcript.toml\"\n[plugins.noop]\nsource = \"noop.toml\"\napproval = {{ noop = \"{rule}\" }}\n"
+            "name = \"{name}\"\ninstructions = \"bench\"\n[model]\nprovider = \"scripted\"\nname = \"s\"\ntranscript = \"{name}.transcript.toml\"\n[plugins.noop]\nsource = \"noop.toml\"\napproval = {{ noop = \"{rule}\" }}\n{extra}"
         ),
     )
     .unwrap();
@@ -79,17 +86,33 @@ fn agent(dir: &Path, name: &str, turns: usize, approval: bool) -> Agent {
 async fn replay_bench(dir: &Path, sandbox: &Sandbox) {
     // Four events per turn (model intent and completion, tool intent and
     // completion): 2,500 turns make a 10,000-event run.
-    let agent = agent(dir, "long", 2_499, false);
-    for (name, store) in [
+    let plain = agent(dir, "long", 2_499, false);
+    std::fs::create_dir_all(dir.join("out")).unwrap();
+    let delivered = agent_with(
+        dir,
+        "long-delivered",
+        2_499,
+        false,
+        "[plugins.outbox]\nsource = \"builtin:jsonl-channel\"\n[plugins.outbox.grant.mounts.outbox]\ndir = \"out\"\n[channels.results]\nplugin = \"outbox\"\nreceives = [\"output\"]\n",
+    );
+    for (name, store, agent) in [
         (
             "memory",
             Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+            &plain,
         ),
         (
             "sqlite",
             Arc::new(SqliteStore::open(dir.join("replay.db")).unwrap()) as Arc<dyn EventStore>,
+            &plain,
+        ),
+        (
+            "memory, output delivered through a channel",
+            Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+            &delivered,
         ),
     ] {
+        let agent = agent.clone();
         let runtime = Runtime::new(store.clone(), PluginHost::new(sandbox.clone()));
         let run = RunId::new("long").unwrap();
         runtime

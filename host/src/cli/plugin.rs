@@ -39,7 +39,8 @@ pub(crate) enum PluginCommand {
     /// it and the usage receipt.
     Decide(DecideArgs),
     /// Create a plugin crate: guest SDK dependency, manifest, one example
-    /// tool (or context source, or channel) and a test in the real sandbox.
+    /// tool (or context source, channel or policy) and a test in the real
+    /// sandbox.
     New(super::scaffold::NewArgs),
     /// Build a plugin crate for wasm32-wasip2, copy the component next to
     /// its plugin.toml and pin it there (component and sha256).

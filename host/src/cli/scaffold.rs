@@ -3,7 +3,7 @@
 //!
 //! `new` writes a crate that builds and passes its tests without edits: the
 //! guest SDK and the testkit as dependencies, a manifest, one example tool
-//! (or context source, or channel) with a native unit test, and a test that
+//! (or context source, channel or policy) with native unit tests, and a test that
 //! loads the built component into the real sandbox. The dependencies are
 //! paths into a Warden checkout (and its `Cargo.lock` is copied, so the
 //! crate builds with the versions Warden is tested with): the checkout the
@@ -62,6 +62,8 @@ pub(crate) enum Kind {
     Context,
     /// A channel that delivers results.
     Channel,
+    /// A policy that steers or stops runs.
+    Policy,
 }
 
 impl Kind {
@@ -70,6 +72,7 @@ impl Kind {
             Kind::Tool => "tool",
             Kind::Context => "context",
             Kind::Channel => "channel",
+            Kind::Policy => "policy",
         }
     }
 }
@@ -409,6 +412,7 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
             "\n[mounts.outbox]                     # seen by the component at /outbox\naccess = \"read-write\"\ndescription = \"The directory deliveries are written to\"\n",
             "An example channel",
         ),
+        Kind::Policy => (POLICY_LIB, POLICY_TEST, "", "An example policy"),
     };
     let manifest = MANIFEST
         .replace("{name}", name)
@@ -770,6 +774,131 @@ async fn delivers_into_the_mount_and_nowhere_else() {
 }
 "##;
 
+const POLICY_LIB: &str = r##"//! `{name}`: a Warden policy. At `before_tool_call` it denies the tools the
+//! operator lists in the config value `deny` (comma-separated model names,
+//! `<plugin>__<tool>`, such as `fs__write_file`); the model sees the reason as
+//! the call's result, and the tool never runs. Everything else is allowed.
+//!
+//! An agent enables it with `[policies.{name}] plugin = "{name}"`. If it
+//! errors, panics or runs out of fuel, memory or time, the run fails: policies
+//! fail closed.
+#![forbid(unsafe_code)]
+
+use warden_guest::{Decision, PolicyError, PolicyPlugin, PolicyRequest, SourceSpec, Subject};
+
+/// Whether `tool` is one of the comma-separated names in `denied`.
+pub fn is_denied(tool: &str, denied: &str) -> bool {
+    denied.split(',').any(|name| name.trim() == tool)
+}
+
+/// The decision for `request`.
+pub fn decide(request: &PolicyRequest) -> Result<Decision, PolicyError> {
+    match request.subject()? {
+        Subject::BeforeToolCall { tool, .. } => {
+            let denied = warden_guest::config("deny").unwrap_or_default();
+            if is_denied(&tool, &denied) {
+                return Ok(Decision::deny(format!(
+                    "tool `{tool}` is denied by policy `{}`",
+                    request.policy
+                )));
+            }
+            Ok(Decision::Allow)
+        }
+        // `run_start`, `after_response`, `before_finish`. At `before_finish` a
+        // policy may also answer `Decision::feedback(..)`: the model gets the
+        // message and is asked again (anywhere else feedback is a failure).
+        _ => Ok(Decision::Allow),
+    }
+}
+
+/// The plugin as the component exports it.
+pub struct Plugin;
+
+impl PolicyPlugin for Plugin {
+    fn describe() -> SourceSpec {
+        SourceSpec::new("{name}", "Denies the tools the operator lists in `deny`")
+    }
+
+    fn decide(request: PolicyRequest) -> Result<Decision, PolicyError> {
+        decide(&request)
+    }
+}
+
+warden_guest::export_policy_plugin!(Plugin);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use warden_guest::testing;
+
+    fn tool_call(tool: &str) -> PolicyRequest {
+        testing::policy_request(json!({
+            "hook": "before_tool_call",
+            "call_id": "call-1-1",
+            "tool": tool,
+            "arguments": { "path": "notes.md" },
+            "effect": "write",
+        }))
+    }
+
+    #[test]
+    fn denies_the_configured_tools_only() {
+        testing::set_config("deny", "fs__write_file, fs__delete");
+        assert_eq!(
+            decide(&tool_call("fs__write_file")).unwrap(),
+            Decision::deny("tool `fs__write_file` is denied by policy `test-policy`")
+        );
+        assert_eq!(decide(&tool_call("fs__read_file")).unwrap(), Decision::Allow);
+        let finish = testing::policy_request(json!({
+            "hook": "before_finish", "step": 1, "output": "done",
+        }));
+        assert_eq!(decide(&finish).unwrap(), Decision::Allow);
+    }
+
+    #[test]
+    fn a_bad_subject_names_the_field() {
+        let err = decide(&testing::policy_request(json!({
+            "hook": "before_tool_call", "call_id": "call-1-1", "arguments": {},
+        })))
+        .unwrap_err();
+        assert!(err.message().contains("missing field `tool`"), "{}", err.message());
+    }
+}
+"##;
+
+const POLICY_TEST: &str = r##"//! The component in the real sandbox, through `warden::testkit`.
+
+use serde_json::json;
+use warden::sandbox::wit;
+use warden::testkit::TestPlugin;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn denies_the_configured_tool_in_the_sandbox() {
+    let plugin = TestPlugin::build(env!("CARGO_MANIFEST_DIR"))
+        .config("deny", "fs__write_file")
+        .load()
+        .await
+        .unwrap();
+    let call = |tool: &str| {
+        json!({ "call_id": "call-1-1", "tool": tool, "arguments": { "path": "notes.md" } })
+    };
+    let leased = plugin
+        .decide(wit::PolicyHook::BeforeToolCall, call("fs__write_file"))
+        .await;
+    assert_eq!(
+        leased.result.unwrap().unwrap(),
+        wit::Decision::Deny("tool `fs__write_file` is denied by policy `{name}`".into())
+    );
+    assert!(leased.receipt.fuel_consumed > 0);
+
+    let leased = plugin
+        .decide(wit::PolicyHook::BeforeToolCall, call("fs__read_file"))
+        .await;
+    assert_eq!(leased.result.unwrap().unwrap(), wit::Decision::Allow);
+}
+"##;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -804,13 +933,14 @@ mod tests {
 
     #[test]
     fn every_kind_has_a_manifest_that_parses() {
-        for kind in [Kind::Tool, Kind::Context, Kind::Channel] {
+        for kind in [Kind::Tool, Kind::Context, Kind::Channel, Kind::Policy] {
             let files = files("my-plugin", kind, &Dependency::Path("..".into()));
             let manifest = &files.iter().find(|(p, _)| p == "plugin.toml").unwrap().1;
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("plugin.toml"), manifest).unwrap();
             let m = Manifest::load(&dir.path().join("plugin.toml")).unwrap();
             assert_eq!(m.name, "my-plugin");
+            assert_eq!(m.kind.to_string(), kind.as_str());
             let cargo = &files.iter().find(|(p, _)| p == "Cargo.toml").unwrap().1;
             let parsed: toml::Table = toml::from_str(cargo).unwrap();
             assert_eq!(parsed["package"]["name"].as_str(), Some("my-plugin"));

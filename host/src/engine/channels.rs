@@ -355,6 +355,20 @@ pub struct Deliveries {
     pub completed: u32,
     /// Deliveries given up.
     pub failed: u32,
+    /// The positions of the events the `output`, `failures` and `parked`
+    /// receivers take, in log order, with their group: a channel that does
+    /// not receive `events` finds its next delivery here instead of
+    /// scanning the log.
+    pub notable: Vec<(u64, Receives)>,
+}
+
+impl Deliveries {
+    /// Notes `event`, folded at `position`.
+    pub(crate) fn note(&mut self, position: u64, event: &Event) {
+        if let Some((group, _)) = notable_kind(event) {
+            self.notable.push((position, group));
+        }
+    }
 }
 
 /// A delivery whose intent is recorded and which is neither completed nor
@@ -414,11 +428,25 @@ pub fn next_delivery(
             .get(&channel.name)
             .map_or(0, |c| c + 1);
         let until = best.map_or(events.len() as u64, |(p, ..)| p);
-        for position in from..until {
-            if let Some(kind) = channel.kind_for(&events[position as usize]) {
-                best = Some((position, channel, kind));
-                break;
-            }
+        let next = if channel.receives.contains(&Receives::Events) {
+            // Almost every event is received: the scan stops at once.
+            (from..until).find(|&p| channel.kind_for(&events[p as usize]).is_some())
+        } else {
+            // Only notable events are received: look them up, so a step
+            // costs no scan of the log.
+            let notable = &state.deliveries.notable;
+            let start = notable.partition_point(|&(p, _)| p < from);
+            notable[start..]
+                .iter()
+                .take_while(|&&(p, _)| p < until)
+                .find(|(_, group)| channel.receives.contains(group))
+                .map(|&(p, _)| p)
+        };
+        if let Some(position) = next {
+            let kind = channel
+                .kind_for(&events[position as usize])
+                .expect("the position was found by the channel's own rule");
+            best = Some((position, channel, kind));
         }
     }
     let (position, channel, kind) = best?;

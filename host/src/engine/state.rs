@@ -940,6 +940,7 @@ impl RunState {
             kind,
             problem,
         })?;
+        self.deliveries.note(position as u64, event);
         self.update(event);
         self.clock_fresh = matches!(event, Event::ClockObserved(_));
         self.event_count += 1;

@@ -58,6 +58,7 @@ mod model_server;
 mod network;
 mod plugins;
 mod policies;
+mod policy_plugins;
 mod providers;
 mod server;
 mod sessions;
@@ -165,7 +166,7 @@ mod coverage {
     pub const context: &str = "kinds::context_sources_resolve_items_and_typed_errors, context::recovery_uses_the_recorded_context_and_never_resolves_a_recorded_step_again";
     pub const hostile: &str = "hostile::*";
     pub const net: &str = "network::*";
-    pub const policy: &str = "kinds::policies_decide_from_their_config_and_count_their_calls, kinds::a_misbehaving_policy_is_stopped_with_a_typed_failure";
+    pub const policy: &str = "kinds::policies_decide_from_their_config_and_count_their_calls, kinds::a_misbehaving_policy_is_stopped_with_a_typed_failure, policy_plugins::*";
     pub const noop: &str = "loading::a_minimal_component_needs_no_wasi";
     pub const sockets: &str = "loading::network_access_without_a_grant_is_refused_at_load";
     pub const table_grow: &str = "hostile::table_growth_is_denied_at_the_limit";
