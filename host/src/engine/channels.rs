@@ -492,12 +492,23 @@ where
                 .deliveries
                 .cursors
                 .get(&channel.name)
-                .map_or(0, |c| c + 1) as usize;
-            events
-                .clone()
-                .skip(from)
-                .filter(|e| channel.kind_for(e).is_some())
-                .count()
+                .map_or(0, |c| c + 1);
+            if channel.receives.contains(&Receives::Events) {
+                events
+                    .clone()
+                    .skip(from as usize)
+                    .filter(|e| channel.kind_for(e).is_some())
+                    .count()
+            } else {
+                // Only notable events are received: count them from the
+                // fold's index, without a scan of the log.
+                let notable = &state.deliveries.notable;
+                let start = notable.partition_point(|&(p, _)| p < from);
+                notable[start..]
+                    .iter()
+                    .filter(|(_, group)| channel.receives.contains(group))
+                    .count()
+            }
         })
         .sum();
     in_flight.saturating_add(u32::try_from(pending).unwrap_or(u32::MAX))
