@@ -1715,6 +1715,82 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     assert!(out.status.success(), "{}", stdout(&out));
 }
 
+/// `warden submit --session`: the queued run holds the session (a second
+/// submit or run there is refused, naming it, with nothing recorded); once
+/// it is driven (here by `runs resume`, as a worker would), the next
+/// submit's run carries the first run's transcript as its history.
+#[test]
+fn submit_in_a_session_queues_a_run_that_holds_the_session_and_sees_its_history() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("transcript.toml"),
+        "[[turns]]\ntext = \"Hello, Ada.\"\n\n[[turns]]\ntext = \"Your name is Ada.\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        "name = \"greeter\"\ninstructions = \"Greet.\"\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"transcript.toml\"\n",
+    )
+    .unwrap();
+    let submit = |input: &str, id: &str| {
+        warden(
+            &[
+                "submit",
+                "agent.toml",
+                input,
+                "--session",
+                "chat",
+                "--run-id",
+                id,
+                "--json",
+            ],
+            dir.path(),
+        )
+    };
+    let first = submit("My name is Ada.", "first");
+    assert!(first.status.success(), "{}", stderr(&first));
+    let queued: Value = serde_json::from_str(&stdout(&first)).unwrap();
+    assert_eq!(
+        queued,
+        serde_json::json!({"run_id": "first", "status": "queued", "session": "chat"})
+    );
+    let refused = submit("What is my name?", "second");
+    assert_eq!(refused.status.code(), Some(2));
+    let json: Value = serde_json::from_str(&stdout(&refused)).unwrap();
+    assert_eq!(json["error"]["code"], "session_busy");
+    assert_eq!(json["error"]["details"]["active_run"], "first");
+    let unknown = warden(&["runs", "events", "second"], dir.path());
+    assert_eq!(unknown.status.code(), Some(2), "nothing was recorded");
+
+    let driven = warden(&["runs", "resume", "first"], dir.path());
+    assert!(driven.status.success(), "{}", stderr(&driven));
+    let second = submit("What is my name?", "second");
+    assert!(second.status.success(), "{}", stderr(&second));
+    let events = warden(&["runs", "events", "second"], dir.path());
+    let started: Value = serde_json::from_str(stdout(&events).lines().next().unwrap()).unwrap();
+    let session = &started["event"]["session"];
+    assert_eq!(session["session_id"], "chat");
+    assert_eq!(session["position"], 1);
+    assert_eq!(session["runs"], serde_json::json!(["first"]));
+    assert_eq!(
+        session["history"],
+        serde_json::json!([
+            {"role": "user", "content": "My name is Ada."},
+            {"role": "assistant", "text": "Hello, Ada."},
+        ])
+    );
+    let bad = warden(
+        &["submit", "agent.toml", "x", "--session", "a b"],
+        dir.path(),
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        stderr(&bad).contains("`a b` is not a valid session id"),
+        "{}",
+        stderr(&bad)
+    );
+}
+
 /// `warden run --session` twice with the scripted model: the second run's
 /// recorded prompt holds the first run's transcript, so the transcript's
 /// second turn answers it; `warden sessions show` lists both; a second

@@ -299,7 +299,7 @@ pub(crate) fn json_input(text: &str) -> anyhow::Result<Value> {
     Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
-fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+pub(crate) fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     pairs
         .iter()
         .map(|kv| {

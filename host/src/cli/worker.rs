@@ -32,6 +32,11 @@ pub(crate) struct SubmitArgs {
     /// The run's id (default: random).
     #[arg(long)]
     run_id: Option<String>,
+    /// Queue the run in this session: it sees the transcripts of the
+    /// session's earlier completed runs as history. Refused while another
+    /// run of the session is queued or active.
+    #[arg(long)]
+    session: Option<String>,
 }
 
 /// `warden worker`.
@@ -100,23 +105,31 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
         Some(text) => super::runs::json_input(text)?,
         None => serde_json::Value::String(String::new()),
     };
-    let mut labels = std::collections::BTreeMap::new();
-    for kv in &args.labels {
-        let (k, v) = kv
-            .split_once('=')
-            .ok_or_else(|| CliError::new("usage", format!("--label `{kv}`: expected KEY=VALUE")))?;
-        labels.insert(k.to_owned(), v.to_owned());
-    }
+    let labels = super::runs::labels(&args.labels)?;
     let run_id = match &args.run_id {
         Some(id) => {
             RunId::new(id.as_str()).map_err(|e| CliError::new("invalid_run_id", e.to_string()))?
         }
         None => RunId::from_random(rand::random()),
     };
+    let session = args
+        .session
+        .as_deref()
+        .map(super::sessions::session_id)
+        .transpose()?;
     let rt = runtime(ctx, open(ctx).await?)?;
-    rt.submit(&agent, run_id.clone(), input, labels).await?;
+    match &session {
+        Some(session) => {
+            rt.submit_in_session(session, &agent, run_id.clone(), input, labels)
+                .await?
+        }
+        None => rt.submit(&agent, run_id.clone(), input, labels).await?,
+    };
     if ctx.json {
-        println!("{}", json!({ "run_id": run_id, "status": QUEUED }));
+        println!(
+            "{}",
+            json!({ "run_id": run_id, "status": QUEUED, "session": session })
+        );
     } else {
         println!("{run_id}");
     }

@@ -702,6 +702,31 @@ impl Runtime {
             .await
     }
 
+    /// [`submit`](Self::submit) in session `session_id`: the run's history
+    /// (the session's earlier completed runs) is fixed now, as for
+    /// [`start_in_session`](Self::start_in_session), and the session counts
+    /// the queued run as active, so another start or submit there is
+    /// refused ([`StoreError::SessionBusy`](crate::store::StoreError)) until
+    /// it settles.
+    pub async fn submit_in_session(
+        &self,
+        session_id: &SessionId,
+        agent: &Agent,
+        run_id: RunId,
+        input: Value,
+        labels: BTreeMap<String, String>,
+    ) -> Result<RunId, RuntimeError> {
+        self.start_as(
+            agent,
+            run_id,
+            input,
+            labels,
+            crate::store::QUEUED,
+            Some(session_id),
+        )
+        .await
+    }
+
     async fn start_as(
         &self,
         agent: &Agent,
