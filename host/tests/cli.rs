@@ -1715,6 +1715,21 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     assert!(out.status.success(), "{}", stdout(&out));
 }
 
+/// Writes `agent.toml`, a scripted greeter, and its two-turn transcript
+/// into `dir`.
+fn greeter(dir: &Path) {
+    std::fs::write(
+        dir.join("transcript.toml"),
+        "[[turns]]\ntext = \"Hello, Ada.\"\n\n[[turns]]\ntext = \"Your name is Ada.\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("agent.toml"),
+        "name = \"greeter\"\ninstructions = \"Greet.\"\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"transcript.toml\"\n",
+    )
+    .unwrap();
+}
+
 /// `warden submit --session`: the queued run holds the session (a second
 /// submit or run there is refused, naming it, with nothing recorded); once
 /// it is driven (here by `runs resume`, as a worker would), the next
@@ -1722,16 +1737,7 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
 #[test]
 fn submit_in_a_session_queues_a_run_that_holds_the_session_and_sees_its_history() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("transcript.toml"),
-        "[[turns]]\ntext = \"Hello, Ada.\"\n\n[[turns]]\ntext = \"Your name is Ada.\"\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("agent.toml"),
-        "name = \"greeter\"\ninstructions = \"Greet.\"\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"transcript.toml\"\n",
-    )
-    .unwrap();
+    greeter(dir.path());
     let submit = |input: &str, id: &str| {
         warden(
             &[
@@ -1798,16 +1804,7 @@ fn submit_in_a_session_queues_a_run_that_holds_the_session_and_sees_its_history(
 #[test]
 fn runs_in_a_session_see_earlier_runs_and_a_busy_session_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(
-        dir.path().join("transcript.toml"),
-        "[[turns]]\ntext = \"Hello, Ada.\"\n\n[[turns]]\ntext = \"Your name is Ada.\"\n",
-    )
-    .unwrap();
-    std::fs::write(
-        dir.path().join("agent.toml"),
-        "name = \"greeter\"\ninstructions = \"Greet.\"\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"transcript.toml\"\n",
-    )
-    .unwrap();
+    greeter(dir.path());
     let run = |input: &str, id: &str, session: &str| {
         warden(
             &[

@@ -574,15 +574,8 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
     drop(inner);
 
     let warden = |args: &[&str]| {
-        std::process::Command::new(crate::kill::warden_binary())
-            .args(args)
+        crate::kill::warden(args, fx.dir.path())
             .args(["--store", "runs.db"])
-            .current_dir(fx.dir.path())
-            .env(
-                "WARDEN_CACHE_DIR",
-                std::env::temp_dir().join("warden-tests-components"),
-            )
-            .env_remove("RUST_LOG")
             .output()
             .unwrap()
     };

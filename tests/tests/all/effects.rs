@@ -666,8 +666,8 @@ async fn an_external_tool_is_completed_from_a_second_process() {
         );
     }
     // The application, another process, reports the payment through the CLI.
-    let out = std::process::Command::new(super::kill::warden_binary())
-        .args([
+    let out = super::kill::warden(
+        &[
             "runs",
             "complete",
             "remote",
@@ -675,15 +675,12 @@ async fn an_external_tool_is_completed_from_a_second_process() {
             "--output",
             r#"{"invoice_id": "inv-1", "status": "paid"}"#,
             "--store",
-        ])
-        .arg(&db)
-        .current_dir(fx.dir.path())
-        .env(
-            "WARDEN_CACHE_DIR",
-            std::env::temp_dir().join("warden-tests-components"),
-        )
-        .output()
-        .unwrap();
+        ],
+        fx.dir.path(),
+    )
+    .arg(&db)
+    .output()
+    .unwrap();
     assert!(
         out.status.success(),
         "{}",

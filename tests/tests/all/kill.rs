@@ -57,7 +57,9 @@ impl XorShift {
     }
 }
 
-fn warden(args: &[&str], dir: &Path) -> Command {
+/// The `warden` binary running `args` in `dir`, with the tests' component
+/// cache and no `RUST_LOG`.
+pub(crate) fn warden(args: &[&str], dir: &Path) -> Command {
     let mut cmd = Command::new(warden_binary());
     cmd.args(args)
         .current_dir(dir)

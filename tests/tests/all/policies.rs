@@ -20,7 +20,7 @@ use warden::store::{EventStore, MemoryStore};
 use crate::engine::{Fixture, id, runtime, stores};
 
 /// Reads the input file, appends to the effects log (a write), finishes.
-const READ_APPEND_FINISH: &str = r#"
+pub(crate) const READ_APPEND_FINISH: &str = r#"
 [[turns]]
 text = "Reading the input."
 [[turns.tool_calls]]

@@ -19,26 +19,14 @@ use warden_tests::guests;
 
 use crate::engine::{Fixture, id, runtime, stores};
 
-/// Reads the input file, appends to the effects log (a write), finishes.
-const READ_APPEND_FINISH: &str = r#"
-[[turns]]
-text = "Reading the input."
-[[turns.tool_calls]]
-name = "files__read_file"
-arguments = { path = "input.txt" }
-
-[[turns]]
-text = "Recording the effect."
-[[turns.tool_calls]]
-name = "hostile__fs"
-arguments = { op = "append", path = "/workspace/effects.log", content = "effect\n" }
-
-[[turns]]
-text = "All done."
-
-[[turns]]
-text = "Done: I read input.txt."
-"#;
+/// The policies tests' transcript (read, append, finish) with one more
+/// answer, for a policy that sends the first one back.
+fn transcript() -> String {
+    format!(
+        "{}\n[[turns]]\ntext = \"Done: I read input.txt.\"\n",
+        crate::policies::READ_APPEND_FINISH
+    )
+}
 
 /// Writes the policy guest's manifest into the fixture (with a `count`
 /// mount, bound to `count/`), and returns the agent with the guest enabled
@@ -62,7 +50,7 @@ fn guarded(fx: &Fixture, config: &str, limits: &str) -> Agent {
         format!("[plugins.guard.grant.limits]\n{limits}\n")
     };
     fx.agent(
-        READ_APPEND_FINISH,
+        &transcript(),
         &format!(
             "[plugins.guard]\nsource = \"guard.toml\"\n[plugins.guard.grant.mounts.count]\ndir = \"count\"\n[plugins.guard.grant.config]\n{config}\n{limits}[policies.guard]\nplugin = \"guard\"\n"
         ),
@@ -318,7 +306,7 @@ async fn a_hostile_wasm_policy_fails_its_run_closed_and_the_host_goes_on() {
 #[tokio::test]
 async fn an_agent_naming_a_plugin_that_is_not_a_policy_is_refused_before_anything_is_recorded() {
     let fx = Fixture::new();
-    let agent = fx.agent(READ_APPEND_FINISH, "[policies.guard]\nplugin = \"files\"\n");
+    let agent = fx.agent(&transcript(), "[policies.guard]\nplugin = \"files\"\n");
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let err = runtime(Arc::clone(&store))
         .start_with_id(&agent, id("refused"), json!("go"))
@@ -338,18 +326,7 @@ async fn an_agent_naming_a_plugin_that_is_not_a_policy_is_refused_before_anythin
 fn the_command_line_runs_an_agent_guarded_by_a_wasm_policy() {
     let fx = Fixture::new();
     guarded(&fx, "deny_tools = \"hostile__fs\"", "");
-    let warden = |args: &[&str]| {
-        std::process::Command::new(crate::kill::warden_binary())
-            .args(args)
-            .current_dir(fx.dir.path())
-            .env(
-                "WARDEN_CACHE_DIR",
-                std::env::temp_dir().join("warden-tests-components"),
-            )
-            .env_remove("RUST_LOG")
-            .output()
-            .unwrap()
-    };
+    let warden = |args: &[&str]| crate::kill::warden(args, fx.dir.path()).output().unwrap();
     let out = warden(&[
         "run",
         "agent.toml",
