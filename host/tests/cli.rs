@@ -1713,6 +1713,11 @@ fn the_code_review_example_reads_its_tree_read_only_and_reports() {
         dir.path(),
     );
     assert!(out.status.success(), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("; 1 policy(ies): guard (plugin `guard`)"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 /// Writes `agent.toml`, a scripted greeter, and its two-turn transcript

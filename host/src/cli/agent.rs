@@ -124,6 +124,11 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
                         "tools": checked.tools,
                         "context": checked.context,
                         "channels": checked.channels,
+                        "policies": agent.policies.iter().map(|p| json!({
+                            "name": p.name,
+                            "plugin": p.plugin,
+                            "hooks": p.hooks,
+                        })).collect::<Vec<_>>(),
                     }));
                 } else {
                     let mut line = format!(
@@ -145,6 +150,21 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
                             "; {} channel(s): {}",
                             checked.channels.len(),
                             checked.channels.join(", ")
+                        ));
+                    }
+                    if !agent.policies.is_empty() {
+                        let policies: Vec<String> = agent
+                            .policies
+                            .iter()
+                            .map(|p| match &p.plugin {
+                                Some(plugin) => format!("{} (plugin `{plugin}`)", p.name),
+                                None => format!("{} (registered by the application)", p.name),
+                            })
+                            .collect();
+                        line.push_str(&format!(
+                            "; {} policy(ies): {}",
+                            policies.len(),
+                            policies.join(", ")
                         ));
                     }
                     println!("{line}");
