@@ -15,19 +15,19 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::json;
 use sha2::Digest;
 use warden::engine::{Agent, RunId, Runtime, decode};
 use warden::plugins::PluginHost;
 use warden::sandbox::{Sandbox, SandboxConfig};
-use warden::store::{
-    Appended, EventStore, Lease, Listing, PostgresStore, PruneFilter, RunFilter, RunMeta,
-    RunSummary, SqliteStore, StoreError, StoredEvent, Tombstone, VerifyReport,
-};
+use warden::store::{EventStore, Lease, PostgresStore, RunFilter, SqliteStore};
 use warden::worker::Worker;
 use warden_tests::guests;
+
+#[path = "../common/intercepted.rs"]
+mod intercepted;
+use intercepted::{AppendVia, Hooks, Intercepted};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -141,9 +141,11 @@ async fn bench<F, Fut>(
     let started = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..workers {
-        let store: Arc<dyn EventStore> = Arc::new(Timed {
+        let store: Arc<dyn EventStore> = Arc::new(Intercepted {
             inner: open().await,
-            steps: Arc::clone(&steps),
+            hooks: Timed {
+                steps: Arc::clone(&steps),
+            },
         });
         let worker = Worker::builder(Runtime::new(store, PluginHost::new(sandbox.clone())))
             .concurrency(4)
@@ -197,116 +199,34 @@ struct Steps {
     latencies: Mutex<Vec<Duration>>,
 }
 
-/// The store, timing the steps its fenced appends finish.
+/// Times the steps a store's fenced appends finish.
 struct Timed {
-    inner: Arc<dyn EventStore>,
     steps: Arc<Steps>,
 }
 
-#[async_trait]
-impl EventStore for Timed {
-    async fn create(
-        &self,
-        run_id: &RunId,
-        meta: RunMeta,
-        first_event: Bytes,
-        status: &str,
-    ) -> Result<Appended, StoreError> {
-        self.inner.create(run_id, meta, first_event, status).await
-    }
-    async fn append(
-        &self,
-        run_id: &RunId,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-    ) -> Result<Appended, StoreError> {
-        self.inner
-            .append(run_id, expected_len, events, status, updated_ms)
-            .await
-    }
-    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load(run_id).await
-    }
-    async fn load_after(&self, run_id: &RunId, after: u64) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load_after(run_id, after).await
-    }
-    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
-        self.inner.summary(run_id).await
-    }
-    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.list(filter).await
-    }
-    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
-        self.inner.verify(run_id).await
-    }
-    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
-        self.inner.run_ids().await
-    }
-    async fn acquire_lease(
-        &self,
-        run_id: &RunId,
-        owner: &str,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        self.inner
-            .acquire_lease(run_id, owner, now_ms, ttl_ms)
-            .await
-    }
-    async fn renew_lease(
-        &self,
-        lease: &Lease,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        self.inner.renew_lease(lease, now_ms, ttl_ms).await
-    }
-    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
-        self.inner.release_lease(lease, status).await
-    }
-    async fn append_fenced(
-        &self,
-        lease: &Lease,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-    ) -> Result<Appended, StoreError> {
-        let appended = self
-            .inner
-            .append_fenced(lease, expected_len, events, status, updated_ms)
-            .await?;
+impl Hooks for Timed {
+    fn after_append(&self, via: AppendVia, run_id: &RunId, events: &[Bytes]) {
+        if via != AppendVia::Fenced {
+            return;
+        }
         let now = Instant::now();
         let ends_step = events
             .iter()
             .any(|e| decode(e).is_ok_and(|e| e.kind().as_str().ends_with("call_completed")));
         let mut last = self.steps.last.lock().unwrap();
-        if ends_step && let Some(prev) = last.get(&lease.run_id) {
+        if ends_step && let Some(prev) = last.get(run_id) {
             self.steps.latencies.lock().unwrap().push(now - *prev);
         }
-        if ends_step || !last.contains_key(&lease.run_id) {
-            last.insert(lease.run_id.clone(), now);
+        if ends_step || !last.contains_key(run_id) {
+            last.insert(run_id.clone(), now);
         }
-        Ok(appended)
     }
-    async fn claim(
-        &self,
-        owner: &str,
-        now_ms: i64,
-        ttl_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<Lease>, StoreError> {
-        let leases = self.inner.claim(owner, now_ms, ttl_ms, limit).await?;
+
+    fn after_claim(&self, leases: &[Lease]) {
         let now = Instant::now();
         let mut last = self.steps.last.lock().unwrap();
-        for lease in &leases {
+        for lease in leases {
             last.insert(lease.run_id.clone(), now);
         }
-        Ok(leases)
-    }
-    async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
-        self.inner.prune(filter, now_ms).await
     }
 }

@@ -7,7 +7,6 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 
 use serde_json::{Value, json};
 use sha2::Digest;
@@ -20,7 +19,7 @@ use warden::plugins::PluginHost;
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 use warden_tests::guests;
 
-use crate::engine::{CrashPoint, CrashingStore};
+use crate::engine::{CrashPoint, crashing};
 use crate::sandbox;
 use crate::server::TestServer;
 
@@ -464,12 +463,7 @@ async fn recovery_redelivers_an_intent_without_completion_with_the_same_id_and_n
                 _ => Arc::new(SqliteStore::open(fx.path(&format!("crash-{point:?}.db"))).unwrap()),
             };
             // Appends are counted from the first event after run_started.
-            let crashing = runtime(Arc::new(CrashingStore {
-                inner: inner.clone(),
-                appends: AtomicU64::new(0),
-                at: completion_at as u64 - 1,
-                point,
-            }));
+            let crashing = runtime(crashing(inner.clone(), completion_at as u64 - 1, point));
             crashing
                 .start_with_id(&agent, run.clone(), json!("go"))
                 .await
@@ -551,13 +545,12 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
     std::fs::remove_file(fx.path("outbox/owed.jsonl")).unwrap();
 
     let inner: Arc<dyn EventStore> = Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap());
-    let crashing = runtime(Arc::new(CrashingStore {
-        inner: inner.clone(),
-        appends: AtomicU64::new(0),
-        // The delivery intent's append, right after run_completed.
-        at: completed as u64,
-        point: CrashPoint::BeforeWrite,
-    }));
+    // The delivery intent's append, right after run_completed.
+    let crashing = runtime(crashing(
+        inner.clone(),
+        completed as u64,
+        CrashPoint::BeforeWrite,
+    ));
     crashing
         .start_with_id(&agent, run.clone(), json!("go"))
         .await

@@ -8,19 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use serde_json::json;
 use warden::engine::events::{Event, ToolCallError};
 use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
 use warden::sandbox::Outcome;
-use warden::store::{
-    Appended, Claim, EventStore, Holder, Lease, Listing, MemoryStore, RunFilter, RunMeta,
-    RunSummary, Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
-};
+use warden::store::{EventStore, MemoryStore, SqliteStore};
 
 use super::engine::Fixture;
+use crate::intercepted::{Hooks, Intercepted};
 use crate::sandbox;
 
 fn runtime(store: Arc<dyn EventStore>) -> Runtime {
@@ -186,82 +182,13 @@ async fn without_a_key_the_same_write_legitimately_runs_in_each_run() {
     assert_eq!(fx.effects(), 2);
 }
 
-/// A store that counts the commitments it is asked about.
-struct CountingStore {
-    inner: Arc<dyn EventStore>,
-    claims: AtomicU64,
-}
+/// Counts the commitments a store is asked about.
+#[derive(Default)]
+struct CountClaims(AtomicU64);
 
-#[async_trait]
-impl EventStore for CountingStore {
-    async fn create(
-        &self,
-        run_id: &RunId,
-        meta: RunMeta,
-        first: Bytes,
-        status: &str,
-    ) -> Result<Appended, StoreError> {
-        self.inner.create(run_id, meta, first, status).await
-    }
-    async fn append(
-        &self,
-        run_id: &RunId,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-    ) -> Result<Appended, StoreError> {
-        self.inner
-            .append(run_id, expected_len, events, status, updated_ms)
-            .await
-    }
-    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load(run_id).await
-    }
-    async fn load_after(
-        &self,
-        run_id: &RunId,
-        after_seq: u64,
-    ) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load_after(run_id, after_seq).await
-    }
-    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
-        self.inner.summary(run_id).await
-    }
-    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.list(filter).await
-    }
-    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
-        self.inner.verify(run_id).await
-    }
-    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
-        self.inner.run_ids().await
-    }
-    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim_commitment(key, holder).await
-    }
-    async fn append_settling(
-        &self,
-        run_id: &RunId,
-        fence: Option<&Lease>,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-        settlement: &Settlement,
-    ) -> Result<Appended, StoreError> {
-        self.inner
-            .append_settling(
-                run_id,
-                fence,
-                expected_len,
-                events,
-                status,
-                updated_ms,
-                settlement,
-            )
-            .await
+impl Hooks for CountClaims {
+    fn before_claim_commitment(&self, _: &str) {
+        self.0.fetch_add(1, Ordering::SeqCst);
     }
 }
 
@@ -277,9 +204,9 @@ async fn replay_uses_the_recorded_deduplication_and_never_consults_commitments()
         )
     );
     let agent = fx.agent(&turns, KEYED);
-    let counting = Arc::new(CountingStore {
+    let counting = Arc::new(Intercepted {
         inner: Arc::new(MemoryStore::new()),
-        claims: AtomicU64::new(0),
+        hooks: CountClaims::default(),
     });
     let rt = runtime(counting.clone());
     for run in ["payer", "second"] {
@@ -292,7 +219,7 @@ async fn replay_uses_the_recorded_deduplication_and_never_consults_commitments()
         );
     }
     assert_eq!(
-        counting.claims.load(Ordering::SeqCst),
+        counting.hooks.0.load(Ordering::SeqCst),
         2,
         "one live claim per run"
     );
@@ -315,7 +242,7 @@ async fn replay_uses_the_recorded_deduplication_and_never_consults_commitments()
         RunStatus::AwaitingApproval
     );
     assert_eq!(
-        counting.claims.load(Ordering::SeqCst),
+        counting.hooks.0.load(Ordering::SeqCst),
         2,
         "replay made no claim"
     );

@@ -18,12 +18,10 @@ use warden::engine::{
     RunUpdate, Runtime, RuntimeError,
 };
 use warden::plugins::PluginHost;
-use warden::store::{
-    Appended, Claim, EventStore, Holder, Lease, Listing, MemoryStore, RunFilter, RunMeta,
-    RunSummary, Settlement, SqliteStore, StoreError, StoredEvent, VerifyReport,
-};
+use warden::store::{EventStore, MemoryStore, SqliteStore, StoreError};
 use warden_tests::guests;
 
+use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use crate::sandbox;
 
 /// A directory with an agent whose plugins are the built-in fs plugin (the
@@ -602,12 +600,27 @@ pub(crate) enum CrashPoint {
     AfterWrite,
 }
 
-/// A store that crashes the driver at its `at`-th append (counting from 0).
-pub(crate) struct CrashingStore {
-    pub(crate) inner: Arc<dyn EventStore>,
+/// Crashes the driver at its `at`-th append of any kind (counting from 0).
+pub(crate) struct CrashAt {
     pub(crate) appends: AtomicU64,
     pub(crate) at: u64,
     pub(crate) point: CrashPoint,
+}
+
+/// A store whose `at`-th append crashes the driver at `point`.
+pub(crate) fn crashing(
+    inner: Arc<dyn EventStore>,
+    at: u64,
+    point: CrashPoint,
+) -> Arc<Intercepted<CrashAt>> {
+    Arc::new(Intercepted {
+        inner,
+        hooks: CrashAt {
+            appends: AtomicU64::new(0),
+            at,
+            point,
+        },
+    })
 }
 
 fn crash() -> StoreError {
@@ -618,111 +631,16 @@ fn crash() -> StoreError {
 }
 
 #[async_trait]
-impl EventStore for CrashingStore {
-    async fn create(
-        &self,
-        run_id: &RunId,
-        meta: RunMeta,
-        first: Bytes,
-        status: &str,
-    ) -> Result<Appended, StoreError> {
-        self.inner.create(run_id, meta, first, status).await
-    }
-
-    async fn append(
-        &self,
-        run_id: &RunId,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-    ) -> Result<Appended, StoreError> {
+impl Hooks for CrashAt {
+    async fn before_append(&self, _: AppendVia, _: &RunId, _: &[Bytes]) -> BeforeAppend {
         let n = self.appends.fetch_add(1, Ordering::SeqCst);
         if n < self.at {
-            return self
-                .inner
-                .append(run_id, expected_len, events, status, updated_ms)
-                .await;
+            BeforeAppend::Write
+        } else if n == self.at && self.point == CrashPoint::AfterWrite {
+            BeforeAppend::WriteThenFail(crash())
+        } else {
+            BeforeAppend::Fail(crash())
         }
-        if n == self.at && self.point == CrashPoint::AfterWrite {
-            self.inner
-                .append(run_id, expected_len, events, status, updated_ms)
-                .await?;
-        }
-        Err(crash())
-    }
-
-    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load(run_id).await
-    }
-
-    async fn load_after(
-        &self,
-        run_id: &RunId,
-        after_seq: u64,
-    ) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load_after(run_id, after_seq).await
-    }
-
-    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
-        self.inner.summary(run_id).await
-    }
-
-    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.list(filter).await
-    }
-
-    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
-        self.inner.verify(run_id).await
-    }
-
-    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
-        self.inner.run_ids().await
-    }
-
-    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
-        self.inner.claim_commitment(key, holder).await
-    }
-
-    async fn append_settling(
-        &self,
-        run_id: &RunId,
-        fence: Option<&Lease>,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-        settlement: &Settlement,
-    ) -> Result<Appended, StoreError> {
-        let n = self.appends.fetch_add(1, Ordering::SeqCst);
-        if n < self.at {
-            return self
-                .inner
-                .append_settling(
-                    run_id,
-                    fence,
-                    expected_len,
-                    events,
-                    status,
-                    updated_ms,
-                    settlement,
-                )
-                .await;
-        }
-        if n == self.at && self.point == CrashPoint::AfterWrite {
-            self.inner
-                .append_settling(
-                    run_id,
-                    fence,
-                    expected_len,
-                    events,
-                    status,
-                    updated_ms,
-                    settlement,
-                )
-                .await?;
-        }
-        Err(crash())
     }
 }
 
@@ -759,12 +677,7 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
                         SqliteStore::open(fx.path(&format!("crash-{at}-{point:?}.db"))).unwrap(),
                     ),
                 };
-                let crashing = runtime(Arc::new(CrashingStore {
-                    inner: inner.clone(),
-                    appends: AtomicU64::new(0),
-                    at,
-                    point,
-                }));
+                let crashing = runtime(crashing(inner.clone(), at, point));
                 crashing
                     .start_with_id(&agent, run.clone(), json!("go"))
                     .await

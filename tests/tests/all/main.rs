@@ -42,6 +42,11 @@
 //!   hosts racing to start.
 //! - `turns`: live turns through their handles: deltas before the provider
 //!   finishes, tool calls and approvals, cancel and drop.
+//! - `policy_plugins`: policies as WASM components in runs, through the
+//!   engine and the `warden` binary: denial, feedback, receipts, recovery
+//!   and replay without asking again, hostile policies failing closed.
+//! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
+//!   crashes, stalls and counts injected around appends.
 
 mod channels;
 mod context;
@@ -50,6 +55,8 @@ mod engine;
 mod filesystem;
 mod fs_plugin;
 mod hostile;
+#[path = "../../common/intercepted.rs"]
+mod intercepted;
 mod isolation;
 mod kill;
 mod kinds;

@@ -97,6 +97,19 @@ fn policy_agent(fx: &Fixture, turns: &str, policies: &str) -> Agent {
     fx.agent(turns, policies)
 }
 
+/// The messages of the run's last recorded model request, as JSON text.
+pub(crate) fn last_prompt(events: &[Event]) -> String {
+    let Some(Event::ModelCallIntent(last)) = events
+        .iter()
+        .rev()
+        .find(|e| matches!(e, Event::ModelCallIntent(_)))
+    else {
+        panic!("no model call");
+    };
+    let request = last.request.as_ref().expect("prompts are recorded");
+    serde_json::to_string(&request.messages).unwrap()
+}
+
 fn decisions(events: &[Event]) -> Vec<&PolicyDecided> {
     events
         .iter()
@@ -146,14 +159,7 @@ async fn a_denied_tool_call_never_runs_and_its_denial_is_the_result() {
         );
         assert_eq!(policy.asked.load(Ordering::SeqCst), 2);
         // The model saw the denial as the call's result.
-        let Some(Event::ModelCallIntent(last)) = events
-            .iter()
-            .rev()
-            .find(|e| matches!(e, Event::ModelCallIntent(_)))
-        else {
-            panic!("no model call");
-        };
-        let seen = serde_json::to_string(&last.request.as_ref().unwrap().messages).unwrap();
+        let seen = last_prompt(&events);
         assert!(
             seen.contains(
                 "the call was denied by policy `no-appends`: appending is not allowed here"

@@ -148,14 +148,7 @@ async fn a_wasm_policy_denies_a_named_tool_and_every_decision_is_recorded_with_i
         }
         assert_eq!(asked(&fx), decided.len(), "{name}");
         // The model saw the denial as the call's result, and the feedback.
-        let Some(Event::ModelCallIntent(last)) = events
-            .iter()
-            .rev()
-            .find(|e| matches!(e, Event::ModelCallIntent(_)))
-        else {
-            panic!("no model call");
-        };
-        let sent = serde_json::to_string(&last.request.as_ref().unwrap().messages).unwrap();
+        let sent = crate::policies::last_prompt(&events);
         assert!(
             sent.contains(
                 "the call was denied by policy `guard`: tool `hostile__fs` is not allowed by policy `guard`"

@@ -24,13 +24,11 @@ use serde_json::json;
 use warden::engine::events::Event;
 use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
-use warden::store::{
-    Appended, EventStore, Lease, Listing, PostgresStore, RunFilter, RunMeta, RunSummary,
-    SqliteStore, StoreError, StoredEvent, VerifyReport,
-};
+use warden::store::{EventStore, PostgresStore, RunFilter, SqliteStore, StoreError};
 use warden::worker::Worker;
 
 use super::engine::Fixture;
+use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use crate::sandbox;
 
 /// A fresh schema in the test database, dropped on drop.
@@ -748,105 +746,25 @@ async fn status_counts(store: &dyn EventStore) -> BTreeMap<String, usize> {
 
 // ---- a worker dies between a run's terminal event and its delivery ----------
 
-/// A store whose fenced append of a delivery's intent never returns: the
-/// worker driving through it stops between the run's terminal event and
-/// its delivery, as if it died there (its task is then aborted, and its
-/// lease left to expire).
-struct StallingStore {
-    inner: Arc<dyn EventStore>,
+/// Makes a store's fenced append of a delivery's intent never return
+/// (raising `stalled` first): the worker driving through it stops between
+/// the run's terminal event and its delivery, as if it died there (its task
+/// is then aborted, and its lease left to expire).
+struct StallAtDelivery {
     stalled: Arc<AtomicBool>,
 }
 
 #[async_trait]
-impl EventStore for StallingStore {
-    async fn create(
-        &self,
-        run_id: &RunId,
-        meta: RunMeta,
-        first_event: Bytes,
-        status: &str,
-    ) -> Result<Appended, StoreError> {
-        self.inner.create(run_id, meta, first_event, status).await
-    }
-    async fn append(
-        &self,
-        run_id: &RunId,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-    ) -> Result<Appended, StoreError> {
-        self.inner
-            .append(run_id, expected_len, events, status, updated_ms)
-            .await
-    }
-    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load(run_id).await
-    }
-    async fn load_after(&self, run_id: &RunId, after: u64) -> Result<Vec<StoredEvent>, StoreError> {
-        self.inner.load_after(run_id, after).await
-    }
-    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
-        self.inner.summary(run_id).await
-    }
-    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
-        self.inner.list(filter).await
-    }
-    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
-        self.inner.verify(run_id).await
-    }
-    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
-        self.inner.run_ids().await
-    }
-    async fn acquire_lease(
-        &self,
-        run_id: &RunId,
-        owner: &str,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        self.inner
-            .acquire_lease(run_id, owner, now_ms, ttl_ms)
-            .await
-    }
-    async fn renew_lease(
-        &self,
-        lease: &Lease,
-        now_ms: i64,
-        ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        self.inner.renew_lease(lease, now_ms, ttl_ms).await
-    }
-    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
-        self.inner.release_lease(lease, status).await
-    }
-    async fn append_fenced(
-        &self,
-        lease: &Lease,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-    ) -> Result<Appended, StoreError> {
+impl Hooks for StallAtDelivery {
+    async fn before_append(&self, via: AppendVia, _: &RunId, events: &[Bytes]) -> BeforeAppend {
         let delivers = events.iter().any(|e| {
             warden::engine::decode(e).is_ok_and(|e| matches!(e, Event::DeliveryIntent(_)))
         });
-        if delivers {
+        if via == AppendVia::Fenced && delivers {
             self.stalled.store(true, Ordering::SeqCst);
             std::future::pending::<()>().await;
         }
-        self.inner
-            .append_fenced(lease, expected_len, events, status, updated_ms)
-            .await
-    }
-    async fn claim(
-        &self,
-        owner: &str,
-        now_ms: i64,
-        ttl_ms: i64,
-        limit: usize,
-    ) -> Result<Vec<Lease>, StoreError> {
-        self.inner.claim(owner, now_ms, ttl_ms, limit).await
+        BeforeAppend::Write
     }
 }
 
@@ -920,9 +838,11 @@ async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, 
     let agent = delivering_agent(dir);
     let run = RunId::new("owed").unwrap();
     let stalled = Arc::new(AtomicBool::new(false));
-    let rt_a = runtime(Arc::new(StallingStore {
+    let rt_a = runtime(Arc::new(Intercepted {
         inner: store.clone(),
-        stalled: stalled.clone(),
+        hooks: StallAtDelivery {
+            stalled: stalled.clone(),
+        },
     }));
     rt_a.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
         .await

@@ -1,0 +1,244 @@
+//! [`Intercepted`]: an [`EventStore`] that forwards every call to an inner
+//! store and lets a test or bench act around what it cares about (appends of
+//! each kind, claims, commitment claims) through [`Hooks`]: a crash at the
+//! n-th append, a driver stalled at a delivery, a count, a timing. Each user
+//! writes its hook, not another twenty-method forwarding store.
+//!
+//! Shared by the integration tests and the benches with
+//! `#[path = "…/common/intercepted.rs"] mod intercepted;`.
+
+#![allow(dead_code)]
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use warden::engine::RunId;
+use warden::store::{
+    Appended, Claim, EventStore, Holder, Lease, Listing, PruneFilter, RunFilter, RunMeta,
+    RunSummary, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
+};
+
+/// Which kind of append a hook sees.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppendVia {
+    /// [`EventStore::append`].
+    Append,
+    /// [`EventStore::append_fenced`].
+    Fenced,
+    /// [`EventStore::append_settling`].
+    Settling,
+}
+
+/// What happens to an append, as [`Hooks::before_append`] decides.
+#[derive(Debug)]
+pub enum BeforeAppend {
+    /// It goes to the inner store.
+    Write,
+    /// It goes to the inner store, and then the caller gets this error
+    /// anyway (the write is durable, the driver never learns so).
+    WriteThenFail(StoreError),
+    /// It never reaches the inner store; the caller gets this error.
+    Fail(StoreError),
+}
+
+/// What a test or bench does around the calls it intercepts. Every hook
+/// defaults to doing nothing.
+#[async_trait]
+pub trait Hooks: Send + Sync {
+    /// Before an append of `events` to `run_id`. May wait forever (a stalled
+    /// driver).
+    async fn before_append(
+        &self,
+        via: AppendVia,
+        run_id: &RunId,
+        events: &[Bytes],
+    ) -> BeforeAppend {
+        let _ = (via, run_id, events);
+        BeforeAppend::Write
+    }
+
+    /// After an append the inner store took.
+    fn after_append(&self, via: AppendVia, run_id: &RunId, events: &[Bytes]) {
+        let _ = (via, run_id, events);
+    }
+
+    /// After a claim, with the leases it granted.
+    fn after_claim(&self, leases: &[Lease]) {
+        let _ = leases;
+    }
+
+    /// Before a commitment is claimed.
+    fn before_claim_commitment(&self, key: &str) {
+        let _ = key;
+    }
+}
+
+/// `inner` with `hooks` around it.
+pub struct Intercepted<H> {
+    /// The store that does the work.
+    pub inner: Arc<dyn EventStore>,
+    /// What the test or bench does around it.
+    pub hooks: H,
+}
+
+impl<H: Hooks> Intercepted<H> {
+    /// Runs `write` unless the hook says otherwise, then tells the hook.
+    async fn intercept(
+        &self,
+        via: AppendVia,
+        run_id: &RunId,
+        events: &[Bytes],
+        write: impl std::future::Future<Output = Result<Appended, StoreError>>,
+    ) -> Result<Appended, StoreError> {
+        match self.hooks.before_append(via, run_id, events).await {
+            BeforeAppend::Fail(error) => Err(error),
+            BeforeAppend::WriteThenFail(error) => {
+                write.await?;
+                self.hooks.after_append(via, run_id, events);
+                Err(error)
+            }
+            BeforeAppend::Write => {
+                let appended = write.await?;
+                self.hooks.after_append(via, run_id, events);
+                Ok(appended)
+            }
+        }
+    }
+}
+
+#[async_trait]
+impl<H: Hooks> EventStore for Intercepted<H> {
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first_event: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError> {
+        self.inner.create(run_id, meta, first_event, status).await
+    }
+
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        status: Listing<'_>,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let write = self
+            .inner
+            .append(run_id, expected_len, events, status, updated_ms);
+        self.intercept(AppendVia::Append, run_id, events, write)
+            .await
+    }
+
+    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load(run_id).await
+    }
+
+    async fn load_after(&self, run_id: &RunId, after: u64) -> Result<Vec<StoredEvent>, StoreError> {
+        self.inner.load_after(run_id, after).await
+    }
+
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
+        self.inner.summary(run_id).await
+    }
+
+    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.inner.list(filter).await
+    }
+
+    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
+        self.inner.verify(run_id).await
+    }
+
+    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
+        self.inner.run_ids().await
+    }
+
+    async fn acquire_lease(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        self.inner
+            .acquire_lease(run_id, owner, now_ms, ttl_ms)
+            .await
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        self.inner.renew_lease(lease, now_ms, ttl_ms).await
+    }
+
+    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+        self.inner.release_lease(lease, status).await
+    }
+
+    async fn append_fenced(
+        &self,
+        lease: &Lease,
+        expected_len: u64,
+        events: &[Bytes],
+        status: Listing<'_>,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let write = self
+            .inner
+            .append_fenced(lease, expected_len, events, status, updated_ms);
+        self.intercept(AppendVia::Fenced, &lease.run_id, events, write)
+            .await
+    }
+
+    async fn claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        let leases = self.inner.claim(owner, now_ms, ttl_ms, limit).await?;
+        self.hooks.after_claim(&leases);
+        Ok(leases)
+    }
+
+    async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
+        self.inner.prune(filter, now_ms).await
+    }
+
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        self.hooks.before_claim_commitment(key);
+        self.inner.claim_commitment(key, holder).await
+    }
+
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        status: Listing<'_>,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        let write = self.inner.append_settling(
+            run_id,
+            fence,
+            expected_len,
+            events,
+            status,
+            updated_ms,
+            settlement,
+        );
+        self.intercept(AppendVia::Settling, run_id, events, write)
+            .await
+    }
+}
