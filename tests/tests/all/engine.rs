@@ -94,7 +94,7 @@ dir = "work"
 }
 
 /// Read a file, append one line (a write), finish.
-const READ_WRITE_FINISH: &str = r#"
+pub(crate) const READ_WRITE_FINISH: &str = r#"
 [[turns]]
 text = "Reading the input."
 [[turns.tool_calls]]

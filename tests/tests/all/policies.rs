@@ -17,25 +17,7 @@ use warden::engine::{
 };
 use warden::store::{EventStore, MemoryStore};
 
-use crate::engine::{Fixture, id, runtime, stores};
-
-/// Reads the input file, appends to the effects log (a write), finishes.
-pub(crate) const READ_APPEND_FINISH: &str = r#"
-[[turns]]
-text = "Reading the input."
-[[turns.tool_calls]]
-name = "files__read_file"
-arguments = { path = "input.txt" }
-
-[[turns]]
-text = "Recording the effect."
-[[turns.tool_calls]]
-name = "hostile__fs"
-arguments = { op = "append", path = "/workspace/effects.log", content = "effect\n" }
-
-[[turns]]
-text = "All done."
-"#;
+use crate::engine::{Fixture, READ_WRITE_FINISH, id, runtime, stores};
 
 /// Denies every `append` through the hostile plugin's `fs` tool; counts
 /// how often it is asked.
@@ -93,10 +75,6 @@ impl Policy for Panics {
     }
 }
 
-fn policy_agent(fx: &Fixture, turns: &str, policies: &str) -> Agent {
-    fx.agent(turns, policies)
-}
-
 /// The messages of the run's last recorded model request, as JSON text.
 pub(crate) fn last_prompt(events: &[Event]) -> String {
     let Some(Event::ModelCallIntent(last)) = events
@@ -123,9 +101,8 @@ fn decisions(events: &[Event]) -> Vec<&PolicyDecided> {
 #[tokio::test]
 async fn a_denied_tool_call_never_runs_and_its_denial_is_the_result() {
     let fx = Fixture::new();
-    let agent = policy_agent(
-        &fx,
-        READ_APPEND_FINISH,
+    let agent = fx.agent(
+        READ_WRITE_FINISH,
         "[policies.no-appends]\nhooks = [\"before_tool_call\"]\n",
     );
     for (name, store) in stores(fx.dir.path()) {
@@ -169,7 +146,7 @@ async fn a_denied_tool_call_never_runs_and_its_denial_is_the_result() {
     }
     // The same call without the policy does run (the denial is the
     // policy's, not the plugin's).
-    let plain = fx.agent(READ_APPEND_FINISH, "");
+    let plain = fx.agent(READ_WRITE_FINISH, "");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
         .start_with_id(&plain, id("plain"), json!("go"))
@@ -189,11 +166,7 @@ text = "Done."
 [[turns]]
 text = "Done: I read input.txt."
 "#;
-    let agent = policy_agent(
-        &fx,
-        turns,
-        "[policies.must-cite]\nhooks = [\"before_finish\"]\n",
-    );
+    let agent = fx.agent(turns, "[policies.must-cite]\nhooks = [\"before_finish\"]\n");
     for (name, store) in stores(fx.dir.path()) {
         let policy = Arc::new(MustCite::default());
         let rt = runtime(Arc::clone(&store))
@@ -255,9 +228,8 @@ async fn step_until(rt: &Runtime, run: &RunId, agent: &Agent, stop: impl Fn(&Eve
 #[tokio::test]
 async fn recorded_decisions_are_never_asked_again_by_recovery_or_replay() {
     let fx = Fixture::new();
-    let agent = policy_agent(
-        &fx,
-        READ_APPEND_FINISH,
+    let agent = fx.agent(
+        READ_WRITE_FINISH,
         "[policies.no-appends]\nhooks = [\"before_tool_call\"]\n",
     );
     for (name, store) in stores(fx.dir.path()) {
@@ -339,8 +311,7 @@ impl Policy for Sessions {
 #[tokio::test]
 async fn the_run_start_hook_sees_the_session_and_a_denial_fails_the_run() {
     let fx = Fixture::new();
-    let agent = policy_agent(
-        &fx,
+    let agent = fx.agent(
         "[[turns]]\ntext = \"Hello.\"\n",
         "[policies.sessions]\nhooks = [\"run_start\"]\n",
     );
@@ -406,7 +377,7 @@ async fn the_run_start_hook_sees_the_session_and_a_denial_fails_the_run() {
 #[tokio::test]
 async fn a_failing_policy_fails_the_run_closed_and_the_host_goes_on() {
     let fx = Fixture::new();
-    let agent = policy_agent(&fx, READ_APPEND_FINISH, "[policies.buggy]\n");
+    let agent = fx.agent(READ_WRITE_FINISH, "[policies.buggy]\n");
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store)).with_policy("buggy", Arc::new(Panics));
     let run = rt
@@ -440,7 +411,7 @@ async fn a_failing_policy_fails_the_run_closed_and_the_host_goes_on() {
             .any(|e| matches!(e, Event::ModelCallIntent(_)))
     );
     // The host is fine: the same runtime runs another agent.
-    let plain = fx.agent(READ_APPEND_FINISH, "");
+    let plain = fx.agent(READ_WRITE_FINISH, "");
     let other = rt
         .start_with_id(&plain, id("after"), json!("go"))
         .await
@@ -454,7 +425,7 @@ async fn a_failing_policy_fails_the_run_closed_and_the_host_goes_on() {
 #[tokio::test]
 async fn a_run_enabling_an_unregistered_policy_is_refused_before_anything_is_recorded() {
     let fx = Fixture::new();
-    let agent = policy_agent(&fx, READ_APPEND_FINISH, "[policies.missing]\n");
+    let agent = fx.agent(READ_WRITE_FINISH, "[policies.missing]\n");
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store));
     let err = rt

@@ -24,7 +24,7 @@ use crate::engine::{Fixture, id, runtime, stores};
 fn transcript() -> String {
     format!(
         "{}\n[[turns]]\ntext = \"Done: I read input.txt.\"\n",
-        crate::policies::READ_APPEND_FINISH
+        crate::engine::READ_WRITE_FINISH
     )
 }
 
