@@ -183,25 +183,55 @@ fn parse_artifact(line: &str) -> Option<Artifact> {
     })
 }
 
-/// Fails with [`Error::TargetMissing`] unless the toolchain (`$RUSTC`, else
-/// `rustc`) has a standard library for `target`.
+/// Checks that the toolchain has the standard library for `target`, and
+/// where it does not and rustup manages the toolchain, adds it with
+/// `rustup target add` first.
+///
+/// `rust-toolchain.toml` lists the target, but rustup adds listed targets
+/// only when it installs the toolchain itself; with `RUSTUP_AUTO_INSTALL=0`
+/// (locked-down machines, many CI images) an existing toolchain without the
+/// target stays so, and a fresh clone's first `cargo build` would fail. The
+/// toolchain named is the one running this build (`RUSTUP_TOOLCHAIN`, which
+/// rustup's proxies set), so the target lands where the inner cargo looks.
 pub(crate) fn check_target_installed(target: &str) -> Result<(), Error> {
     let rustc = PathBuf::from(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()));
-    let output = Command::new(&rustc)
+    match target_libdir_state(&rustc, target)? {
+        TargetState::Installed => return Ok(()),
+        TargetState::Missing(detail) if !rustup_manages_toolchain() => {
+            return Err(Error::TargetMissing {
+                target: target.to_owned(),
+                detail,
+            });
+        }
+        TargetState::Missing(_) => {}
+    }
+    rustup_add_target(target)?;
+    match target_libdir_state(&rustc, target)? {
+        TargetState::Installed => Ok(()),
+        TargetState::Missing(detail) => Err(Error::TargetMissing {
+            target: target.to_owned(),
+            detail: format!("`rustup target add {target}` succeeded, yet {detail}"),
+        }),
+    }
+}
+
+enum TargetState {
+    Installed,
+    Missing(String),
+}
+
+fn target_libdir_state(rustc: &Path, target: &str) -> Result<TargetState, Error> {
+    let output = Command::new(rustc)
         .args(["--print", "target-libdir", "--target", target])
         .stdin(Stdio::null())
         .output()
         .map_err(|source| Error::Spawn {
-            program: rustc.clone(),
+            program: rustc.to_owned(),
             source,
         })?;
-    let missing = |detail: String| Error::TargetMissing {
-        target: target.to_owned(),
-        detail,
-    };
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
-        return Err(missing(format!(
+        return Ok(TargetState::Missing(format!(
             "`{} --print target-libdir --target {target}` failed: {}",
             rustc.display(),
             stderr.trim()
@@ -213,13 +243,51 @@ pub(crate) fn check_target_installed(target: &str) -> Result<(), Error> {
             .flatten()
             .any(|e| e.file_name().to_string_lossy().starts_with("libcore-"))
     });
-    if has_core {
+    Ok(if has_core {
+        TargetState::Installed
+    } else {
+        TargetState::Missing(format!("no standard library in {}", libdir.display()))
+    })
+}
+
+/// Whether the toolchain running this build is rustup's: rustup's proxies
+/// set `RUSTUP_TOOLCHAIN` (and `RUSTUP_HOME`) for everything below them.
+fn rustup_manages_toolchain() -> bool {
+    std::env::var_os("RUSTUP_TOOLCHAIN").is_some() || std::env::var_os("RUSTUP_HOME").is_some()
+}
+
+fn rustup_add_target(target: &str) -> Result<(), Error> {
+    let rustup = PathBuf::from(std::env::var_os("RUSTUP").unwrap_or_else(|| "rustup".into()));
+    let mut cmd = Command::new(&rustup);
+    cmd.args(["target", "add", target]);
+    if let Some(toolchain) = std::env::var_os("RUSTUP_TOOLCHAIN") {
+        cmd.arg("--toolchain").arg(toolchain);
+    }
+    // Cargo shows a build script's stderr only when it fails; a `warning`
+    // line tells the user at once why the first build pauses.
+    if std::env::var_os("OUT_DIR").is_some() {
+        println!(
+            "cargo:warning=adding the Rust target `{target}` with `rustup target add {target}` (guests are built for it)"
+        );
+    }
+    eprintln!("adding the Rust target `{target}` (rustup target add {target})");
+    let output = cmd
+        .stdin(Stdio::null())
+        .output()
+        .map_err(|source| Error::Spawn {
+            program: rustup.clone(),
+            source,
+        })?;
+    if output.status.success() {
         Ok(())
     } else {
-        Err(missing(format!(
-            "no standard library in {}",
-            libdir.display()
-        )))
+        Err(Error::TargetMissing {
+            target: target.to_owned(),
+            detail: format!(
+                "`rustup target add {target}` failed: {}",
+                String::from_utf8_lossy(&output.stderr).trim()
+            ),
+        })
     }
 }
 
