@@ -11,6 +11,8 @@
 //!   and the Anthropic Messages API over one pooled HTTP client.
 //! - [`worker`]: the work queue's consumer: claims runs from a shared
 //!   store and drives them under fenced leases (`warden worker`).
+//! - [`json_limits`]: how deeply nested a JSON value a run accepts, so
+//!   that every recorded event can be read back.
 //! - [`testkit`]: for plugin authors' tests: load a component under chosen
 //!   grants and limits, call it, assert on the result and receipt.
 //!
@@ -18,6 +20,7 @@
 
 pub mod cli;
 pub mod engine;
+pub mod json_limits;
 pub mod plugins;
 pub mod policy;
 pub mod providers;

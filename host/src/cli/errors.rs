@@ -238,6 +238,10 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "commitment_held",
             json!({ "run_id": run_id, "call_id": call_id, "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),
         ),
+        RuntimeError::Unrecordable { run_id, error } => (
+            "value_too_deep",
+            json!({ "run_id": run_id, "event": error.kind, "depth": error.depth, "limit": error.limit }),
+        ),
         RuntimeError::PolicyNotRegistered { agent, policy } => (
             "policy_not_registered",
             json!({ "agent": agent, "policy": policy }),

@@ -1355,7 +1355,7 @@ async fn verify(store: Arc<dyn EventStore>, runs: Vec<String>, json: bool) -> an
     let mut broken = 0;
     let mut rows = Vec::new();
     for id in ids {
-        let report = store.verify(&id).await?;
+        let report = crate::engine::runtime::verify_log(store.as_ref(), &id).await?;
         if !report.is_intact() {
             broken += 1;
         }

@@ -65,8 +65,9 @@ use super::state::{
     ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState, key_argument,
 };
 use super::view::{AgentView, ToolTarget};
+use crate::json_limits;
 use crate::policy::EffectClass;
-use crate::providers::{ModelRequest, ModelResponse, ProviderError, StopReason};
+use crate::providers::{ModelRequest, ModelResponse, ProviderError, StopReason, ToolCall};
 use crate::sandbox::{UsageReceipt, wit};
 
 /// Attempts at one step's model call before a run of transient failures
@@ -169,11 +170,26 @@ impl ModelCall {
 
     /// The completion to record for `response`, priced with `pricing` (the
     /// agent's, recorded with it).
+    ///
+    /// A tool call's arguments nested deeper than [`json_limits::MAX_DEPTH`]
+    /// are recorded as their JSON text: the event stays readable, and the
+    /// call is refused to the model as invalid arguments saying why.
     pub fn completion(&self, response: &ModelResponse, pricing: Option<&Pricing>) -> Event {
+        let tool_calls = response
+            .tool_calls
+            .iter()
+            .map(|call| match json_limits::check(&call.arguments) {
+                Ok(()) => call.clone(),
+                Err(_) => ToolCall {
+                    arguments: Value::String(call.arguments.to_string()),
+                    ..call.clone()
+                },
+            })
+            .collect();
         Event::ModelCallCompleted(ModelCallCompleted {
             step: self.step,
             text: response.text.clone(),
-            tool_calls: response.tool_calls.clone(),
+            tool_calls,
             blocks: response.blocks.clone(),
             usage: response.usage,
             cost_nanos: pricing.map(|p| p.cost_nanos(&response.usage)),
@@ -677,6 +693,29 @@ fn max_tokens(state: &RunState, view: &AgentView) -> u32 {
     }
 }
 
+/// Why arguments that are not an object were refused. Arguments recorded as
+/// text (a provider could not parse them, or they were nested too deeply to
+/// record as a value) say which.
+fn not_an_object(arguments: &Value) -> String {
+    const SHOWN: usize = 200;
+    match arguments {
+        Value::String(text) => match json_limits::parse(text) {
+            Err(e) => format!("arguments must be a JSON object; they were {e}"),
+            Ok(_) => format!(
+                "arguments must be a JSON object, got a string: `{}`",
+                text.chars().take(SHOWN).collect::<String>()
+            ),
+        },
+        other => {
+            let text = other.to_string();
+            format!(
+                "arguments must be a JSON object, got `{}`",
+                text.chars().take(SHOWN).collect::<String>()
+            )
+        }
+    }
+}
+
 fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Action {
     let reject = |error| {
         Action::RejectToolCall(ToolCallRejected {
@@ -692,10 +731,7 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
     if matches!(call.progress, ToolCallProgress::Pending) {
         if !call.call.arguments.is_object() {
             return reject(ToolCallError::InvalidArguments {
-                message: format!(
-                    "arguments must be a JSON object, got `{}`",
-                    call.call.arguments
-                ),
+                message: not_an_object(&call.call.arguments),
             });
         }
         match schema::check(&tool.input_schema, &call.call.arguments) {

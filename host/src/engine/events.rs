@@ -25,6 +25,7 @@ pub use super::channels::{
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
+use crate::json_limits;
 use crate::policy::EffectClass;
 use crate::providers::{
     Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
@@ -666,11 +667,18 @@ impl ToolCallResult {
     /// The result of an invocation: the lease's outcome, then the guest's.
     pub fn from_invocation(outcome: &InvocationOutcome) -> ToolCallResult {
         match outcome {
-            Ok(Ok(output)) => match serde_json::from_str::<Value>(&output.content) {
+            Ok(Ok(output)) => match json_limits::parse(&output.content) {
                 Ok(value) => ToolCallResult::Output(value),
-                Err(e) => ToolCallResult::Error(ToolCallError::InvalidOutput {
-                    message: format!("the tool's output is not JSON: {e}"),
-                }),
+                Err(json_limits::ParseError::Syntax(e)) => {
+                    ToolCallResult::Error(ToolCallError::InvalidOutput {
+                        message: format!("the tool's output is not JSON: {e}"),
+                    })
+                }
+                Err(json_limits::ParseError::TooDeep(e)) => {
+                    ToolCallResult::Error(ToolCallError::InvalidOutput {
+                        message: format!("the tool's output is {e}"),
+                    })
+                }
             },
             Ok(Err(error)) => ToolCallResult::Error(ToolCallError::from_wit(error)),
             Err(lease) => ToolCallResult::Error(ToolCallError::from_lease(lease)),
@@ -1336,6 +1344,36 @@ pub fn encode(event: &Event) -> Vec<u8> {
         event,
     })
     .expect("events serialize to JSON")
+}
+
+/// An event whose bytes could not be read back once stored: nested deeper
+/// than decoding reads. Values from outside are bounded when accepted
+/// ([`json_limits::MAX_DEPTH`]), so this refuses only what slipped past
+/// that, before anything is written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "a `{kind}` event would be stored nested {depth} levels deep, and stored events are read back only to {limit}"
+)]
+pub struct Unrecordable {
+    /// The event's type.
+    pub kind: &'static str,
+    /// How deeply its encoding nests.
+    pub depth: usize,
+    /// What decoding reads, [`json_limits::DECODE_DEPTH`].
+    pub limit: usize,
+}
+
+/// [`encode`], refusing an event that [`decode`] could not read back.
+pub fn encode_readable(event: &Event) -> Result<Vec<u8>, Unrecordable> {
+    let bytes = encode(event);
+    match json_limits::text_depth(&bytes) {
+        depth if depth > json_limits::DECODE_DEPTH => Err(Unrecordable {
+            kind: event.kind().as_str(),
+            depth,
+            limit: json_limits::DECODE_DEPTH,
+        }),
+        _ => Ok(bytes),
+    }
 }
 
 /// Reads stored bytes back. A newer format is refused, never misread.
@@ -2135,5 +2173,32 @@ pub(crate) mod tests {
             message,
             "plugin `fs` tool `write_file` ran out of fuel (limit 10)"
         );
+    }
+
+    /// What [`encode_readable`] lets through decodes; one level more is
+    /// refused before it could be stored.
+    #[test]
+    fn encode_readable_refuses_exactly_what_decode_cannot_read() {
+        let completed = |levels: usize| {
+            let output = (0..levels).fold(json!(1), |inner, _| json!([inner]));
+            Event::RunCompleted(RunCompleted {
+                output,
+                by_host: false,
+            })
+        };
+        // The output sits two levels down: {"v":1,"event":{…,"output":…}}.
+        let deepest = completed(json_limits::DECODE_DEPTH - 2);
+        let bytes = encode_readable(&deepest).unwrap();
+        assert_eq!(decode(&bytes).unwrap(), deepest);
+        let refused = encode_readable(&completed(json_limits::DECODE_DEPTH - 1)).unwrap_err();
+        assert_eq!(
+            refused,
+            Unrecordable {
+                kind: "run_completed",
+                depth: json_limits::DECODE_DEPTH + 1,
+                limit: json_limits::DECODE_DEPTH,
+            }
+        );
+        assert!(decode(&encode(&completed(json_limits::DECODE_DEPTH - 1))).is_err());
     }
 }

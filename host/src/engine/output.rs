@@ -19,6 +19,7 @@
 use serde_json::Value;
 
 use super::schema::{self, SchemaError};
+use crate::json_limits;
 
 /// How many times a final answer that violates the output schema is sent
 /// back to the model before the run fails.
@@ -28,8 +29,10 @@ pub const MAX_OUTPUT_REJECTIONS: u32 = 1;
 /// as one line naming what is wrong.
 pub fn check_final_answer(schema: &Value, text: &str) -> Result<Value, String> {
     let body = strip_code_fence(text.trim());
-    let value: Value = serde_json::from_str(body)
-        .map_err(|e| format!("the final answer is not a JSON value: {e}"))?;
+    let value = json_limits::parse(body).map_err(|e| match e {
+        json_limits::ParseError::Syntax(e) => format!("the final answer is not a JSON value: {e}"),
+        e @ json_limits::ParseError::TooDeep(_) => format!("the final answer is {e}"),
+    })?;
     check_output(schema, &value)?;
     Ok(value)
 }

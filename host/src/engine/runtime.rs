@@ -37,7 +37,8 @@ use super::decide::{
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
     ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, RunAbandoned,
-    RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite, decode, encode,
+    RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite, Unrecordable,
+    decode, encode_readable,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::policy_hooks::{
@@ -55,7 +56,8 @@ use crate::providers::{
 };
 use crate::sandbox::{LeaseFailure, wit};
 use crate::store::{
-    Claim, EventStore, Holder, Lease, Listing, RunMeta, Settlement, StoreError, VerifyReport,
+    ChainBreak, Claim, EventStore, Finding, Holder, Lease, Listing, RunMeta, Settlement, StoreError,
+    VerifyReport,
 };
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
@@ -329,6 +331,16 @@ pub enum RuntimeError {
         /// What is wrong with it.
         violation: String,
     },
+    /// An event holds a value nested too deeply to be read back once
+    /// stored (an input, a reported output, a resolution); nothing was
+    /// written.
+    #[error("run `{run_id}`: refused before recording: {error}")]
+    Unrecordable {
+        /// The run.
+        run_id: RunId,
+        /// What was too deep.
+        error: Unrecordable,
+    },
     /// A keyed call's commitment is held by another run that has not
     /// settled it (it may be running the call, or its outcome may be unknown
     /// there); this run waited and will try again when driven again.
@@ -346,6 +358,40 @@ pub enum RuntimeError {
         /// Who holds it.
         holder: Holder,
     },
+}
+
+/// A full check of one run's log: the store's chain check, then, when the
+/// chain holds, every event decoded (an event that does not decode is a
+/// finding: the run could not be shown, driven or recovered).
+pub async fn verify_log(
+    store: &dyn EventStore,
+    run_id: &RunId,
+) -> Result<VerifyReport, StoreError> {
+    let mut report = store.verify(run_id).await?;
+    if report.is_intact() {
+        for event in store.load(run_id).await? {
+            if let Err(error) = decode(&event.bytes) {
+                report.findings.push(Finding {
+                    seq: event.seq,
+                    kind: ChainBreak::Unreadable {
+                        detail: format!("the event does not decode: {error}"),
+                    },
+                });
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// The bytes to store for `event`, or the typed refusal of an event that
+/// could not be read back.
+fn recordable(run_id: &RunId, event: &Event) -> Result<Bytes, RuntimeError> {
+    encode_readable(event)
+        .map(Bytes::from)
+        .map_err(|error| RuntimeError::Unrecordable {
+            run_id: run_id.clone(),
+            error,
+        })
 }
 
 impl From<StoreError> for RuntimeError {
@@ -792,7 +838,7 @@ impl Runtime {
             match self
                 .inner
                 .store
-                .create(&run_id, meta, Bytes::from(encode(&started)), status)
+                .create(&run_id, meta, recordable(&run_id, &started)?, status)
                 .await
             {
                 Ok(_) => break started,
@@ -1186,7 +1232,7 @@ impl Runtime {
 
     /// Checks the run's hash chain end to end and reports every break.
     pub async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, RuntimeError> {
-        Ok(self.inner.store.verify(run_id).await?)
+        Ok(verify_log(self.inner.store.as_ref(), run_id).await?)
     }
 
     /// Every event appended to the run from now on, plus the model's text
@@ -1802,10 +1848,14 @@ impl Runtime {
         new: Vec<Event>,
         settlement: Option<&Settlement>,
     ) -> Result<(), RuntimeError> {
-        // Fold first: an impossible event is refused before it is written.
-        // One event (the usual case) is folded in place, without copying the
-        // state and its conversation; `apply` leaves the state unchanged when
-        // it refuses.
+        // Encode and fold first: an event that could not be read back, or
+        // an impossible one, is refused before it is written. One event (the
+        // usual case) is folded in place, without copying the state and its
+        // conversation; `apply` leaves the state unchanged when it refuses.
+        let bytes = new
+            .iter()
+            .map(|e| recordable(&log.run_id, e))
+            .collect::<Result<Vec<Bytes>, _>>()?;
         let fold_error = |error| RuntimeError::Fold {
             run_id: log.run_id.clone(),
             error,
@@ -1819,7 +1869,6 @@ impl Runtime {
             }
             log.state = state;
         }
-        let bytes: Vec<Bytes> = new.iter().map(|e| Bytes::from(encode(e))).collect();
         let expected = log.events.len() as u64;
         let (status, now) = (log.state.status(), self.inner.clock.now_ms() as i64);
         let listing = Listing::new(status.as_str()).owing(Self::owed(log, &new, status));

@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use crate::json_limits;
 use crate::policy::{EffectClass, ToolOverride, effective_effect};
 use crate::sandbox::{Capabilities, wit};
 
@@ -91,10 +92,10 @@ pub(crate) fn descriptors(
                 schema_text.len()
             )));
         }
-        let input_schema: serde_json::Value = match serde_json::from_str(schema_text) {
+        let input_schema = match json_limits::parse(schema_text) {
             Ok(v @ serde_json::Value::Object(_)) => v,
             Ok(_) => return Err(error("input schema is not a JSON object".into())),
-            Err(e) => return Err(error(format!("input schema is not valid JSON: {e}"))),
+            Err(e) => return Err(error(format!("input schema is {e}"))),
         };
         let claimed_effect = EffectClass::from(spec.effect);
         tools.push(ToolDescriptor {

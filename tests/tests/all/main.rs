@@ -20,9 +20,14 @@
 //!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
+//! - `journal`: JSON nested past what decoding reads, from a hostile model,
+//!   tool or final answer, is answered and recorded readably; arbitrary
+//!   values round-trip through append and decode on both stores.
 //! - `kill`: the `warden` binary killed with SIGKILL mid-run, again and again.
 //! - `network`: outbound HTTP against a loopback server (`server`): what a
 //!   host grant lets through, and every way to reach what it does not.
+//! - `parsing`: agent files, manifests, stored events and guest output,
+//!   mangled at random, parse or fail typed, never panic.
 //! - `plugins`: the other first-party plugins through the testkit.
 //! - `workers`: run leases with fencing through the engine, and `warden
 //!   worker` processes killed at random while sharing 200 runs on
@@ -58,11 +63,13 @@ mod hostile;
 #[path = "../../common/intercepted.rs"]
 mod intercepted;
 mod isolation;
+mod journal;
 mod kill;
 mod kinds;
 mod loading;
 mod model_server;
 mod network;
+mod parsing;
 mod plugins;
 mod policies;
 mod policy_plugins;

@@ -7,9 +7,9 @@
 //!
 //! The PostgreSQL tests use the server at `WARDEN_TEST_POSTGRES` (default
 //! `postgres://postgres@127.0.0.1:5432/test`), each in a fresh schema that
-//! is dropped afterwards. Where no server is reachable they say so loudly
-//! on stderr and pass without testing, unless `WARDEN_REQUIRE_POSTGRES` is
-//! set (CI sets it): then they fail.
+//! is dropped afterwards. Where no server is reachable they fail, unless
+//! `WARDEN_SKIP_POSTGRES=1` is set by hand: then they say so loudly on
+//! stderr and test nothing.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -37,19 +37,22 @@ pub(crate) struct PgSchema {
 }
 
 impl PgSchema {
-    /// A fresh schema, or `None` (said loudly) when no server is reachable.
+    /// A fresh schema; an unreachable server fails the test, unless
+    /// `WARDEN_SKIP_POSTGRES=1` was set by hand (then `None`, said loudly).
     pub(crate) async fn new(name: &str) -> Option<PgSchema> {
         let base = std::env::var("WARDEN_TEST_POSTGRES")
             .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/test".to_owned());
         if let Err(error) = tokio_postgres::connect(&base, tokio_postgres::NoTls).await {
-            assert!(
-                std::env::var_os("WARDEN_REQUIRE_POSTGRES").is_none(),
-                "WARDEN_REQUIRE_POSTGRES is set but PostgreSQL at {base} is unreachable: {error}"
+            if std::env::var_os("WARDEN_SKIP_POSTGRES").is_some_and(|v| v == "1") {
+                eprintln!(
+                    "\n*** SKIPPED {name} (WARDEN_SKIP_POSTGRES=1): no PostgreSQL at {base} ({error}) ***\n"
+                );
+                return None;
+            }
+            panic!(
+                "PostgreSQL at {base} is unreachable: {error}. Start it (see .ci/run), point \
+                 WARDEN_TEST_POSTGRES at one, or set WARDEN_SKIP_POSTGRES=1 to skip these tests"
             );
-            eprintln!(
-                "\n*** SKIPPED {name}: no PostgreSQL at {base} ({error}); set WARDEN_TEST_POSTGRES to run it ***\n"
-            );
-            return None;
         }
         let schema = format!("warden_{name}_{}_{:08x}", std::process::id(), rand_u32());
         let sep = if base.contains('?') { '&' } else { '?' };

@@ -134,6 +134,12 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
         Effect::Read,
     ),
     (
+        "nested_output",
+        "Returns a JSON array nested depth (default 125) levels deep.",
+        r#"{"type":"object","properties":{"depth":{"type":"integer","minimum":0}}}"#,
+        Effect::Read,
+    ),
+    (
         "flaky",
         "Fails with a retryable error the first fail_times calls (a counter in the file at path), then succeeds; appends the idempotency key it was given to <path>.keys every time.",
         r#"{"type":"object","required":["path"],"properties":{"path":{"type":"string"},"fail_times":{"type":"integer","minimum":0}}}"#,
@@ -199,6 +205,7 @@ impl Guest for Hostile {
             "set_marker" => set_marker(&args),
             "get_marker" => get_marker(&args),
             "echo" => echo(&args),
+            "nested_output" => nested_output(&args),
             "flaky" => flaky(&args, &call.idempotency_key),
             "write_then_sleep" => write_then_sleep(&args),
             "block_once" => block_once(&args, &call.idempotency_key),
@@ -617,6 +624,13 @@ fn echo(args: &Value) -> Result<String, ToolError> {
     host::log(LogLevel::Info, &format!("echo: {args}"));
     let config = host::config(key);
     Ok(json!({ "arguments": args, "config_key": key, "config": config }).to_string())
+}
+
+/// `nested_output {depth: u64}`: returns `[[…[1]…]]` nested `depth` levels
+/// deep, built as text (so no parser limit applies on this side).
+fn nested_output(args: &Value) -> Result<String, ToolError> {
+    let depth = u64_arg(args, "depth", 125)? as usize;
+    Ok(format!("{}1{}", "[".repeat(depth), "]".repeat(depth)))
 }
 
 /// The arguments as a JSON object; empty text counts as `{}`.
