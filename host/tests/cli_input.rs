@@ -91,12 +91,25 @@ fn run_statuses(dir: &Path) -> Vec<(String, String)> {
 fn a_non_utf8_argument_is_refused_naming_the_argument_and_records_nothing() {
     let dir = demo();
     let cases: [(&[&[u8]], &str); 5] = [
-        (&[b"run", b"notes.toml", b"go\xff", b"--run-id", b"a"], "<INPUT>"),
-        (&[b"run", b"notes.toml", b"go", b"--run-id", b"r\xfe"], "--run-id"),
+        (
+            &[b"run", b"notes.toml", b"go\xff", b"--run-id", b"a"],
+            "<INPUT>",
+        ),
+        (
+            &[b"run", b"notes.toml", b"go", b"--run-id", b"r\xfe"],
+            "--run-id",
+        ),
         (&[b"runs", b"show", b"r\xff"], "<RUN>"),
         (&[b"--store", b"s\xff.db", b"runs", b"list"], "--store"),
         (
-            &[b"plugin", b"call", b"builtin:fs", b"list_dir", b"--mount", b"workspace=n\xffotes"],
+            &[
+                b"plugin",
+                b"call",
+                b"builtin:fs",
+                b"list_dir",
+                b"--mount",
+                b"workspace=n\xffotes",
+            ],
             "--mount",
         ),
     ];
@@ -135,7 +148,12 @@ fn an_agent_file_named_in_non_utf8_is_refused_before_a_run_is_recorded() {
             "{verb}: {err}"
         );
         let out = warden(
-            &[OsStr::new(verb), &name, OsStr::new("go"), OsStr::new("--json")],
+            &[
+                OsStr::new(verb),
+                &name,
+                OsStr::new("go"),
+                OsStr::new("--json"),
+            ],
             dir.path(),
         );
         assert_eq!(json_out(&out)["error"]["code"], "path_not_utf8");
@@ -143,25 +161,43 @@ fn an_agent_file_named_in_non_utf8_is_refused_before_a_run_is_recorded() {
     assert_eq!(run_statuses(dir.path()), []);
     // Only read, the path is used as the system gives it.
     let out = warden(
-        &[OsStr::new("agent"), OsStr::new("validate"), &name, OsStr::new("--json")],
+        &[
+            OsStr::new("agent"),
+            OsStr::new("validate"),
+            &name,
+            OsStr::new("--json"),
+        ],
         dir.path(),
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert_eq!(json_out(&out)[0]["file"], "no\\xFFtes.toml");
     assert_eq!(json_out(&out)[0]["ok"], true);
     let out = warden(
-        &[OsStr::new("agent"), OsStr::new("hash"), &name, OsStr::new("--json")],
+        &[
+            OsStr::new("agent"),
+            OsStr::new("hash"),
+            &name,
+            OsStr::new("--json"),
+        ],
         dir.path(),
     );
     assert!(out.status.success(), "{}", stderr(&out));
     // A missing one is reported with the same escapes, not a crash.
     let missing = raw(b"mis\xfesing.toml");
     let out = warden(
-        &[OsStr::new("agent"), OsStr::new("validate"), &missing, OsStr::new("--json")],
+        &[
+            OsStr::new("agent"),
+            OsStr::new("validate"),
+            &missing,
+            OsStr::new("--json"),
+        ],
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
-    assert_eq!(json_out(&out)[0]["error"]["details"]["file"], "mis\\xFEsing.toml");
+    assert_eq!(
+        json_out(&out)[0]["error"]["details"]["file"],
+        "mis\\xFEsing.toml"
+    );
 }
 
 /// `warden run … | head`: the reader goes away while the run is live. The
@@ -191,7 +227,9 @@ fn a_closed_stdout_does_not_leave_a_run_half_driven() {
         let out = with_closed_stdout(&mut approve);
         assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
         assert!(
-            stderr(&out).contains(&format!("run {id} was driven on without it and is completed")),
+            stderr(&out).contains(&format!(
+                "run {id} was driven on without it and is completed"
+            )),
             "{}",
             stderr(&out)
         );
@@ -228,7 +266,11 @@ fn agent_validate_takes_the_readme_form_and_checks_transcripts_as_transcripts() 
         .filter(|n| Path::new(n).extension() == Some(OsStr::new("toml")))
         .collect();
     files.sort();
-    assert!(files.iter().any(|f| f.as_bytes().ends_with(b".transcript.toml")));
+    assert!(
+        files
+            .iter()
+            .any(|f| f.as_bytes().ends_with(b".transcript.toml"))
+    );
     let mut argv: Vec<OsString> = vec!["agent".into(), "validate".into()];
     argv.extend(files.iter().cloned());
     let out = warden(&argv, &examples);
@@ -248,7 +290,10 @@ fn agent_validate_takes_the_readme_form_and_checks_transcripts_as_transcripts() 
         .map(|r| (r["file"].as_str().unwrap(), r["kind"].as_str().unwrap()))
         .collect();
     assert!(kinds.contains(&("notes.toml", "agent")), "{kinds:?}");
-    assert!(kinds.contains(&("notes.transcript.toml", "transcript")), "{kinds:?}");
+    assert!(
+        kinds.contains(&("notes.transcript.toml", "transcript")),
+        "{kinds:?}"
+    );
 
     // A broken transcript is checked as one: the turn is named.
     let dir = demo();
@@ -276,7 +321,13 @@ fn agent_validate_takes_the_readme_form_and_checks_transcripts_as_transcripts() 
 fn a_mount_not_granted_is_named_with_how_to_grant_it() {
     let dir = demo();
     let out = warden(
-        &["plugin", "call", "builtin:fs", "read_file", r#"{"path":"todo.md"}"#],
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "read_file",
+            r#"{"path":"todo.md"}"#,
+        ],
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
@@ -307,13 +358,23 @@ fn a_mount_not_granted_is_named_with_how_to_grant_it() {
     );
     // Granted, the same call works and no note is printed.
     let out = warden(
-        &["plugin", "call", "builtin:fs", "list_dir", "--mount", "workspace=notes:ro"],
+        &[
+            "plugin",
+            "call",
+            "builtin:fs",
+            "list_dir",
+            "--mount",
+            "workspace=notes:ro",
+        ],
         dir.path(),
     );
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stderr(&out).contains("note:"), "{}", stderr(&out));
     // The context source says it too.
-    let out = warden(&["plugin", "resolve", "builtin:files-context", "--json"], dir.path());
+    let out = warden(
+        &["plugin", "resolve", "builtin:files-context", "--json"],
+        dir.path(),
+    );
     let body = json_out(&out);
     assert_eq!(body["context_error"]["kind"], "denied", "{body}");
     assert!(
@@ -337,17 +398,33 @@ fn the_session_example_works_twice_in_a_row() {
     }
     for round in 0..2 {
         let out = warden(
-            &["run", "chat.toml", "My name is Ada.", "--session", "chat-42"],
+            &[
+                "run",
+                "chat.toml",
+                "My name is Ada.",
+                "--session",
+                "chat-42",
+            ],
             dir.path(),
         );
         assert!(out.status.success(), "round {round}: {}", stderr(&out));
         assert!(stdout(&out).contains("Hello, Ada."), "{}", stdout(&out));
         let out = warden(
-            &["run", "chat.toml", "What is my name?", "--session", "chat-42"],
+            &[
+                "run",
+                "chat.toml",
+                "What is my name?",
+                "--session",
+                "chat-42",
+            ],
             dir.path(),
         );
         assert!(out.status.success(), "round {round}: {}", stderr(&out));
-        assert!(stdout(&out).contains("Your name is Ada"), "{}", stdout(&out));
+        assert!(
+            stdout(&out).contains("Your name is Ada"),
+            "{}",
+            stdout(&out)
+        );
     }
     let out = warden(&["sessions", "show", "chat-42", "--json"], dir.path());
     let shown = json_out(&out);
@@ -357,7 +434,8 @@ fn the_session_example_works_twice_in_a_row() {
     // The README's commands, as written there, validate.
     let readme = std::fs::read_to_string(examples.join("../../README.md")).unwrap();
     assert!(
-        readme.contains("warden run examples/agents/chat.toml \"My name is Ada.\" --session chat-42"),
+        readme
+            .contains("warden run examples/agents/chat.toml \"My name is Ada.\" --session chat-42"),
         "README shows the session example"
     );
 }
@@ -372,7 +450,14 @@ fn stderr_follows_the_command_line_conventions() {
     let call = |flags: &[&str]| {
         let mut cmd = command(dir.path());
         cmd.env("WARDEN_CACHE_DIR", cache.path())
-            .args(["plugin", "call", "builtin:fs", "list_dir", "--mount", "workspace=notes:ro"])
+            .args([
+                "plugin",
+                "call",
+                "builtin:fs",
+                "list_dir",
+                "--mount",
+                "workspace=notes:ro",
+            ])
             .args(flags);
         cmd.output().unwrap()
     };
@@ -466,7 +551,10 @@ fn a_dns_failure_is_said_in_words() {
         err.contains("request to `no-such-host.invalid:80` failed: the name does not resolve"),
         "{err}"
     );
-    assert!(!err.contains("Payload") && !err.contains("DnsError"), "{err}");
+    assert!(
+        !err.contains("Payload") && !err.contains("DnsError"),
+        "{err}"
+    );
 }
 
 /// After a deny, the demo's last answer does not claim the file was written.

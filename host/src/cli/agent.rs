@@ -248,7 +248,10 @@ fn is_transcript(file: &Path) -> bool {
     let Ok(text) = std::fs::read_to_string(file) else {
         return false;
     };
-    if file.extension().is_some_and(|e| e.eq_ignore_ascii_case("json")) {
+    if file
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
         return serde_json::from_str::<serde_json::Value>(&text)
             .is_ok_and(|v| v.get("turns").is_some());
     }

@@ -111,16 +111,24 @@ mod tests {
     use std::os::unix::ffi::OsStringExt as _;
 
     fn args(list: &[&[u8]]) -> Vec<OsString> {
-        list.iter().map(|a| OsString::from_vec(a.to_vec())).collect()
+        list.iter()
+            .map(|a| OsString::from_vec(a.to_vec()))
+            .collect()
     }
 
     #[test]
     fn names_the_argument_holding_invalid_utf8() {
         let cases: [(&[&[u8]], &str); 4] = [
             (&[b"warden", b"run", b"a.toml", b"hi\xff"], "<INPUT>"),
-            (&[b"warden", b"run", b"a.toml", b"--run-id", b"r\xfe"], "--run-id"),
+            (
+                &[b"warden", b"run", b"a.toml", b"--run-id", b"r\xfe"],
+                "--run-id",
+            ),
             (&[b"warden", b"runs", b"show", b"\xff"], "<RUN>"),
-            (&[b"warden", b"--store", b"s\xff.db", b"runs", b"list"], "--store"),
+            (
+                &[b"warden", b"--store", b"s\xff.db", b"runs", b"list"],
+                "--store",
+            ),
         ];
         for (list, name) in cases {
             let (got, _) = first_non_utf8(&args(list)).unwrap();
@@ -131,6 +139,9 @@ mod tests {
 
     #[test]
     fn escapes_only_the_invalid_bytes() {
-        assert_eq!(escaped(&OsString::from_vec(b"na\xffme.toml".to_vec())), "na\\xFFme.toml");
+        assert_eq!(
+            escaped(&OsString::from_vec(b"na\xffme.toml".to_vec())),
+            "na\\xFFme.toml"
+        );
     }
 }

@@ -374,9 +374,10 @@ fn manifest(e: &ManifestError) -> (&'static str, Value) {
     match e {
         ManifestError::Read { path, .. } => ("manifest_unreadable", json!({ "file": shown(path) })),
         ManifestError::Parse { path, .. } => ("manifest_invalid", json!({ "file": shown(path) })),
-        ManifestError::Invalid { path, key, .. } => {
-            ("manifest_invalid", json!({ "file": shown(path), "key": key }))
-        }
+        ManifestError::Invalid { path, key, .. } => (
+            "manifest_invalid",
+            json!({ "file": shown(path), "key": key }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("manifest_invalid", json!({})),

@@ -296,13 +296,15 @@ fn account() -> String {
     let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
         return "unknown user".into();
     };
-    let named = std::fs::read_to_string("/etc/passwd").ok().and_then(|passwd| {
-        passwd.lines().find_map(|line| {
-            let mut fields = line.split(':');
-            let name = fields.next()?;
-            (fields.nth(1)? == uid.to_string()).then(|| name.to_owned())
-        })
-    });
+    let named = std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| {
+            passwd.lines().find_map(|line| {
+                let mut fields = line.split(':');
+                let name = fields.next()?;
+                (fields.nth(1)? == uid.to_string()).then(|| name.to_owned())
+            })
+        });
     named.unwrap_or_else(|| format!("uid {uid}"))
 }
 
