@@ -452,6 +452,12 @@ fn provider(e: &ProviderError) -> (&'static str, Value) {
     }
 }
 
+/// A path as evidence: serde refuses a path that is not UTF-8, so each such
+/// byte is shown as `\xNN`.
+fn shown(path: &std::path::Path) -> String {
+    super::args::escaped(path.as_os_str())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -545,8 +551,3 @@ mod tests {
     }
 }
 
-/// A path as evidence: serde refuses a path that is not UTF-8, so each such
-/// byte is shown as `\xNN`.
-fn shown(path: &std::path::Path) -> String {
-    super::args::escaped(path.as_os_str())
-}
