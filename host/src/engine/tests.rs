@@ -1881,6 +1881,7 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         claimed_effect: effect,
         effect,
         idempotency_key: None,
+        withheld: None,
     })
     .collect();
     // `notes-files` is the files-context source and `outbox` the

@@ -199,7 +199,10 @@ impl AgentView {
                     });
                 }
             }
-            for d in descriptors.iter() {
+            // A tool whose effect the grant forbids is not offered: the
+            // model never plans around it, and a call by name is refused as
+            // unknown before any approval is asked.
+            for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
                 let tool = ToolRef {
                     plugin: plugin.key.clone(),
                     tool: d.name.clone(),
@@ -332,6 +335,7 @@ mod tests {
             claimed_effect: effect,
             effect,
             idempotency_key: None,
+            withheld: None,
         }
     }
 
