@@ -283,9 +283,16 @@ fn log_filter(verbose: u8, quiet: bool) -> &'static str {
         (false, 0) => "warn",
         (false, 1) => "warn,warden=debug",
         (false, 2) => "info,warden=trace",
-        (false, _) => "trace",
+        // wasmtime-wasi's generated bindings trace every WASI call with its
+        // arguments (paths, strings) as the guest passed them, unredacted:
+        // they stay at debug even here.
+        (false, _) => TRACE_FILTER,
     }
 }
+
+/// The filter of `-vvv`: everything at trace but the WASI bindings'
+/// call-by-call traces, which carry guest strings unredacted.
+pub const TRACE_FILTER: &str = "trace,wasmtime_wasi=debug,wasmtime_wasi_http=debug";
 
 fn init_tracing(verbose: u8, quiet: bool) {
     use tracing_subscriber::EnvFilter;
@@ -315,6 +322,7 @@ pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<crate::sandbox::San
     Ok(crate::sandbox::Sandbox::new(
         crate::sandbox::SandboxConfig {
             cache_dir: settings.cache_dir.value.clone(),
+            ceilings: settings.ceilings.clone(),
             ..crate::sandbox::SandboxConfig::default()
         },
     )?)
