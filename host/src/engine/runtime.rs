@@ -37,7 +37,7 @@ use super::decide::{
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
     ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, RunAbandoned,
-    RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, UnresolvedWrite, Unrecordable,
+    RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, Unrecordable, UnresolvedWrite,
     decode, encode_readable,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
@@ -54,10 +54,10 @@ use crate::policy::EffectClass;
 use crate::providers::{
     ModelProvider, ModelRequest, ModelResponse, ProviderError, ProviderEvent, ResponseAssembler,
 };
-use crate::sandbox::{LeaseFailure, wit};
+use crate::sandbox::{LeaseFailure, RunBound, wit};
 use crate::store::{
-    ChainBreak, Claim, EventStore, Finding, Holder, Lease, Listing, RunMeta, Settlement, StoreError,
-    VerifyReport,
+    ChainBreak, Claim, EventStore, Finding, Holder, Lease, Listing, RunMeta, Settlement,
+    StoreError, VerifyReport,
 };
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
@@ -824,8 +824,13 @@ impl Runtime {
                 labels: all.clone(),
                 clock_seed_ms: now,
                 random_seed,
-                agent_file: (!agent.path.as_os_str().is_empty())
-                    .then(|| agent.path.display().to_string()),
+                // Only a path text holds faithfully: a mangled one would
+                // name another file when the run is continued.
+                agent_file: agent
+                    .path
+                    .to_str()
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_owned),
                 session,
             });
             let meta = RunMeta {
@@ -1371,9 +1376,14 @@ impl Runtime {
             return self.record_cancel(log, driver, None).await;
         };
         let event = match outcome {
-            Ok(response) => call.completion(&response, prepared.view.pricing.as_ref()),
+            Ok(response) => call.completion(
+                &response,
+                prepared.view.pricing.as_ref(),
+                self.inner.clock.now_ms(),
+            ),
             Err(error) => {
-                tracing::warn!(run_id = %log.run_id, step = call.step, attempt = call.attempt, %error, "model call failed");
+                // Recorded, and shown from the record: not logged again.
+                tracing::debug!(run_id = %log.run_id, step = call.step, attempt = call.attempt, %error, "model call failed");
                 call.failure(&error)
             }
         };
@@ -1412,6 +1422,7 @@ impl Runtime {
             .plugins
             .get(&tool.plugin)
             .expect("the agent view only names loaded plugins");
+        let plugin = plugin.bounded(&lease_bound(log, prepared));
         let call = invocation.wit_call(&log.run_id);
         let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool, attempt = invocation.attempt);
         let leased = {
@@ -1628,7 +1639,8 @@ impl Runtime {
         let timeout = self.inner.policy_timeout;
         let asked = async {
             if let Some(plugin) = prepared.policy_plugins.get(&consult.policy) {
-                return Ok(consult_policy_plugin(plugin, &request, timeout).await);
+                let plugin = plugin.bounded(&lease_bound(log, prepared));
+                return Ok(consult_policy_plugin(&plugin, &request, timeout).await);
             }
             let Some(policy) = self.inner.policies.get(&consult.policy) else {
                 return Err(RuntimeError::PolicyNotRegistered {
@@ -1664,6 +1676,7 @@ impl Runtime {
             .expect("the agent view only names loaded plugins");
         let call = request.wit_call(&log.run_id);
         let leased = plugin
+            .bounded(&lease_bound(log, prepared))
             .preflight(&call, Some(&driver.cancel))
             .await
             .map_err(|e| plugin_error(&prepared.view, e))?;
@@ -1734,6 +1747,7 @@ impl Runtime {
             query: source.query.clone(),
         };
         let span = tracing::info_span!("context", run_id = %log.run_id, source = %source.name, plugin = %source.plugin, step = resolution.step);
+        let plugin = plugin.bounded(&lease_bound(log, prepared));
         let leased = {
             let _enter = span.enter();
             plugin.resolve(&request, Some(&driver.cancel))
@@ -2194,6 +2208,20 @@ struct DriverHandle {
 impl Drop for DriverHandle {
     fn drop(&mut self) {
         let _ = self.done.send(true);
+    }
+}
+
+/// What is left of the run's wall-time and fuel budgets (with recorded
+/// extensions): every lease the run makes fits in it, whatever the plugin's
+/// own limits say.
+fn lease_bound(log: &Log, prepared: &Prepared) -> RunBound {
+    let state = &log.state;
+    let limits = state.effective_limits(&prepared.view.budgets);
+    RunBound {
+        wall_time: limits
+            .wall_time_ms
+            .map(|max| Duration::from_millis(max.saturating_sub(state.usage.wall_time_ms))),
+        fuel: limits.fuel.map(|max| max.saturating_sub(state.usage.fuel)),
     }
 }
 

@@ -58,7 +58,10 @@ fn openai_server(arguments: String) -> impl Fn(&crate::model_server::Seen, usize
             ));
             body.push_str(&chunk(json!({}), json!("tool_calls")));
         } else {
-            body.push_str(&chunk(json!({"role": "assistant", "content": "Done."}), Value::Null));
+            body.push_str(&chunk(
+                json!({"role": "assistant", "content": "Done."}),
+                Value::Null,
+            ));
             body.push_str(&chunk(json!({}), json!("stop")));
         }
         body.push_str("data: [DONE]\n\n");
@@ -76,11 +79,7 @@ fn edited_agent(fx: &Fixture, from: &str, to: &str) -> Agent {
 
 fn openai_agent(fx: &Fixture, server: &FakeModel) -> Agent {
     fx.agent("[[turns]]\ntext = \"unused\"\n", "");
-    edited_agent(
-        fx,
-        "fs = \"never\"",
-        "fs = \"never\", echo = \"never\"",
-    );
+    edited_agent(fx, "fs = \"never\"", "fs = \"never\", echo = \"never\"");
     edited_agent(
         fx,
         "provider = \"scripted\"\nname = \"script\"\ntranscript = \"transcript.toml\"",
@@ -157,7 +156,11 @@ arguments = { depth = 64 }
 text = "Done."
 "#;
     fx.agent(turns, "");
-    let agent = edited_agent(&fx, "fs = \"never\"", "fs = \"never\", nested_output = \"never\"");
+    let agent = edited_agent(
+        &fx,
+        "fs = \"never\"",
+        "fs = \"never\", nested_output = \"never\"",
+    );
     for (name, store) in stores(fx.dir.path()) {
         let rt = runtime(store.clone());
         let run = rt
@@ -182,7 +185,10 @@ text = "Done."
         assert_eq!(results.len(), 2, "{name}");
         match &results[0] {
             ToolCallResult::Error(ToolCallError::InvalidOutput { message }) => {
-                assert!(message.contains("nested 125 levels deep"), "{name}: {message}");
+                assert!(
+                    message.contains("nested 125 levels deep"),
+                    "{name}: {message}"
+                );
             }
             other => panic!("{name}: {other:?}"),
         }
@@ -227,7 +233,10 @@ async fn a_final_answer_nested_past_the_decoder_is_sent_back_not_recorded_as_the
                 _ => None,
             })
             .unwrap_or_else(|| panic!("{name}: no rejection"));
-        assert!(violation.contains("nested 125 levels deep"), "{name}: {violation}");
+        assert!(
+            violation.contains("nested 125 levels deep"),
+            "{name}: {violation}"
+        );
         match events.last().unwrap() {
             Event::RunCompleted(c) => assert_eq!(c.output, json!([1]), "{name}"),
             other => panic!("{name}: {other:?}"),
@@ -258,7 +267,11 @@ async fn an_input_too_deep_to_read_back_is_refused_before_anything_is_written() 
         );
         // The same runtime and store go on serving.
         let ok = rt
-            .start_with_id(&agent, id(&format!("after-{name}")), nested_object(MAX_DEPTH))
+            .start_with_id(
+                &agent,
+                id(&format!("after-{name}")),
+                nested_object(MAX_DEPTH),
+            )
             .await
             .unwrap();
         assert_eq!(rt.drive(&ok, &agent).await.unwrap(), RunStatus::Completed);

@@ -34,9 +34,7 @@ enum Edit {
 fn edit() -> impl Strategy<Value = Edit> {
     // Bytes that matter to TOML and JSON, and any byte at all.
     let interesting = prop_oneof![
-        proptest::sample::select(
-            b"[]{}\"'\\=,:.#\n\r\t 0123456789-+eE_tfnu\xff\xc3\x80".to_vec()
-        ),
+        proptest::sample::select(b"[]{}\"'\\=,:.#\n\r\t 0123456789-+eE_tfnu\xff\xc3\x80".to_vec()),
         any::<u8>(),
     ];
     let bytes = proptest::collection::vec(interesting, 1..6);
@@ -196,9 +194,10 @@ fn guest_output_text_parses_bounded_or_fails_typed() {
             .run(&mangled(text), |bytes| {
                 let text = String::from_utf8_lossy(&bytes);
                 if let Ok(value) = warden::json_limits::parse(&text) {
-                    prop_assert!(warden::json_limits::depth(&value) <= warden::json_limits::MAX_DEPTH);
-                    let back: serde_json::Value =
-                        serde_json::from_str(&value.to_string()).unwrap();
+                    prop_assert!(
+                        warden::json_limits::depth(&value) <= warden::json_limits::MAX_DEPTH
+                    );
+                    let back: serde_json::Value = serde_json::from_str(&value.to_string()).unwrap();
                     prop_assert_eq!(back, value);
                 }
                 Ok(())
