@@ -257,6 +257,14 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "finish_rejected",
             json!({ "run_id": run_id, "violation": violation }),
         ),
+        RuntimeError::ReconciliationRequired {
+            run_id,
+            reason,
+            since_ms,
+        } => (
+            "needs_reconciliation",
+            json!({ "run_id": run_id, "reason": reason, "since_ms": since_ms }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("runtime_failed", json!({})),

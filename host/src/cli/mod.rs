@@ -33,6 +33,7 @@ mod runs;
 mod scaffold;
 mod sessions;
 mod store;
+mod witness;
 mod worker;
 
 use std::path::PathBuf;
@@ -185,7 +186,13 @@ pub fn main() -> ExitCode {
                 } else {
                     eprintln!("error: {}", report.message);
                 }
-                ExitCode::from(2)
+                // A chain check that failed is a failure of the run's
+                // record, not bad usage: exit 1, as for `runs verify`.
+                if report.code == "tampered" {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::from(2)
+                }
             }
         },
     }
@@ -213,7 +220,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => runs::run(args, &ctx).await,
             Command::Runs(command) => runs::runs(command, &ctx).await,
@@ -233,7 +240,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Worker(args) => worker::worker(args, &ctx).await,
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
-    })
+    });
+    result.map_err(|e| store::name_store(e, &ctx.settings))
 }
 
 fn init_tracing(verbose: u8) {
@@ -247,7 +255,11 @@ fn init_tracing(verbose: u8) {
         _ => "trace",
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    // Colour codes only on a terminal: a pipe or a log file gets plain text.
+    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     let logs = tracing_subscriber::fmt::layer()
+        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .with_filter(filter);
     let progress =

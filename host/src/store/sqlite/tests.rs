@@ -506,3 +506,123 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
         .await
         .unwrap();
 }
+
+/// Every write commits on the writer's connection with `synchronous=FULL`
+/// in WAL mode: read back from that connection itself, since a kill test
+/// cannot tell FULL from NORMAL (a killed process leaves the page cache).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_commits_with_synchronous_full_in_wal_mode() {
+    let (_backend, store) = backend_store();
+    new_run(&*store, &id("r"), 1).await;
+    assert_eq!(store.writer_pragma("synchronous").await.unwrap(), "2");
+    assert_eq!(store.writer_pragma("journal_mode").await.unwrap(), "wal");
+    assert!(store.writer_pragma("cache_size").await.is_err());
+}
+
+/// The bytes of the database, and whether its WAL holds any, to show
+/// nothing was written (a reader may leave an empty WAL file behind).
+fn files(path: &std::path::Path) -> (Vec<u8>, bool) {
+    let wal = std::fs::metadata(format!("{}-wal", path.display())).map_or(0, |m| m.len());
+    (std::fs::read(path).unwrap(), wal > 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_open_writes_nothing_and_refuses_writes() {
+    let (backend, store) = backend_store();
+    new_run(&*store, &id("r"), 3).await;
+    drop(store);
+    // Everything committed is in the database file itself from here on.
+    backend
+        .raw()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    let before = files(&backend.path());
+    assert!(!before.1);
+
+    let read_only = SqliteStore::builder(backend.path())
+        .mode(OpenMode::ReadOnly)
+        .open()
+        .unwrap();
+    assert_eq!(read_only.load(&id("r")).await.unwrap().len(), 3);
+    assert!(read_only.verify(&id("r")).await.unwrap().is_intact());
+    assert_eq!(read_only.list(&RunFilter::new()).await.unwrap().len(), 1);
+    match read_only
+        .append(&id("r"), 3, &[ev("x")], "running".into(), 9)
+        .await
+    {
+        Err(StoreError::ReadOnly { location, .. }) => {
+            assert_eq!(location, backend.path().display().to_string())
+        }
+        other => panic!("expected ReadOnly, got {other:?}"),
+    }
+    assert!(matches!(
+        read_only.acquire_lease(&id("r"), "w", 0, 10).await,
+        Err(StoreError::ReadOnly { .. })
+    ));
+    drop(read_only);
+    assert_eq!(files(&backend.path()), before, "a read-only open wrote");
+
+    // An older schema is not migrated by a read-only open: refused.
+    backend
+        .raw()
+        .pragma_update(None, "user_version", 4)
+        .unwrap();
+    let before = files(&backend.path());
+    match SqliteStore::builder(backend.path())
+        .mode(OpenMode::ReadOnly)
+        .open()
+    {
+        Err(StoreError::SchemaTooOld { found, supported }) => {
+            assert_eq!((found, supported), (4, schema::SCHEMA_VERSION))
+        }
+        other => panic!("expected SchemaTooOld, got {other:?}"),
+    }
+    assert_eq!(files(&backend.path()), before);
+}
+
+#[test]
+fn only_a_creating_open_creates_and_none_takes_an_empty_file_for_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo.db");
+    for mode in [OpenMode::ReadOnly, OpenMode::Existing] {
+        match SqliteStore::builder(&missing).mode(mode).open() {
+            Err(StoreError::NoStore { location, reason }) => {
+                assert!(location.contains("typo.db"), "{location}");
+                assert!(reason.contains("no such file"), "{reason}");
+            }
+            other => panic!("{mode:?}: expected NoStore, got {other:?}"),
+        }
+        assert!(!missing.exists(), "{mode:?} created the file");
+    }
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    for mode in [OpenMode::ReadOnly, OpenMode::Existing, OpenMode::Create] {
+        match SqliteStore::builder(&empty).mode(mode).open() {
+            Err(StoreError::NoStore { reason, .. }) => {
+                assert!(reason.contains("empty (0 bytes)"), "{reason}")
+            }
+            other => panic!("{mode:?}: expected NoStore, got {other:?}"),
+        }
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
+    }
+    let other = dir.path().join("other.db");
+    rusqlite::Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE t (x)")
+        .unwrap();
+    for mode in [OpenMode::ReadOnly, OpenMode::Existing] {
+        assert!(
+            matches!(
+                SqliteStore::builder(&other).mode(mode).open(),
+                Err(StoreError::NoStore { .. })
+            ),
+            "{mode:?}"
+        );
+    }
+    let created = SqliteStore::builder(&missing).open().unwrap();
+    drop(created);
+    SqliteStore::builder(&missing)
+        .mode(OpenMode::ReadOnly)
+        .open()
+        .unwrap();
+}

@@ -39,6 +39,8 @@ pub(super) type CommitmentReply = oneshot::Sender<Result<Claim, StoreError>>;
 pub(super) type LeaseReply = oneshot::Sender<Result<Vec<Lease>, StoreError>>;
 /// The answer to one prune.
 pub(super) type PruneReply = oneshot::Sender<Result<Vec<Tombstone>, StoreError>>;
+/// The answer to one pragma read.
+pub(super) type PragmaReply = oneshot::Sender<Result<String, StoreError>>;
 
 /// A lease operation (see `store/lease.rs`).
 pub(super) enum LeaseOp {
@@ -71,6 +73,7 @@ enum Outcome {
     Leases(Result<Vec<Lease>, StoreError>),
     Pruned(Result<Vec<Tombstone>, StoreError>),
     Claimed(Result<Claim, StoreError>),
+    Pragma(Result<String, StoreError>),
 }
 
 impl Outcome {
@@ -80,6 +83,7 @@ impl Outcome {
             Outcome::Leases(r) => r.is_err(),
             Outcome::Pruned(r) => r.is_err(),
             Outcome::Claimed(r) => r.is_err(),
+            Outcome::Pragma(r) => r.is_err(),
         }
     }
 }
@@ -121,6 +125,12 @@ pub(super) enum Request {
         now_ms: i64,
         reply: PruneReply,
     },
+    /// Reads a pragma on the writer's own connection (what a write runs
+    /// under, such as `synchronous`).
+    Pragma {
+        name: &'static str,
+        reply: PragmaReply,
+    },
 }
 
 impl Request {
@@ -128,7 +138,10 @@ impl Request {
         match self {
             Request::Create { .. } => 1,
             Request::Append { events, .. } => events.len() as u64,
-            Request::Lease { .. } | Request::Prune { .. } | Request::Commitment { .. } => 0,
+            Request::Lease { .. }
+            | Request::Prune { .. }
+            | Request::Commitment { .. }
+            | Request::Pragma { .. } => 0,
         }
     }
 
@@ -150,6 +163,9 @@ impl Request {
             (Request::Commitment { reply, .. }, Outcome::Claimed(r)) => {
                 let _ = reply.send(r);
             }
+            (Request::Pragma { reply, .. }, Outcome::Pragma(r)) => {
+                let _ = reply.send(r);
+            }
             _ => unreachable!("each request is answered with its own kind of outcome"),
         }
     }
@@ -160,6 +176,7 @@ impl Request {
             Request::Lease { .. } => Outcome::Leases(Err(error)),
             Request::Prune { .. } => Outcome::Pruned(Err(error)),
             Request::Commitment { .. } => Outcome::Claimed(Err(error)),
+            Request::Pragma { .. } => Outcome::Pragma(Err(error)),
         };
         self.answer(outcome);
     }
@@ -281,6 +298,17 @@ fn apply_all(
             }
             Request::Lease { op, .. } => Outcome::Leases(lease(&tx, op)),
             Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
+            Request::Pragma { name, .. } => Outcome::Pragma(
+                tx.query_row(&format!("PRAGMA {name}"), [], |row| {
+                    row.get::<_, rusqlite::types::Value>(0)
+                })
+                .map(|v| match v {
+                    rusqlite::types::Value::Integer(n) => n.to_string(),
+                    rusqlite::types::Value::Text(t) => t,
+                    other => format!("{other:?}"),
+                })
+                .map_err(|e| backend(format!("sqlite: cannot read PRAGMA {name}"), e)),
+            ),
         };
         if result.is_err() {
             tx.prepare_cached("ROLLBACK TO request")?.execute([])?;
