@@ -325,7 +325,7 @@ fn the_store_is_found_where_the_settings_say_and_errors_name_it() {
         dir.path(),
         &["runs", "approve", "nosuch", "call-1"],
         "unknown_run",
-        &format!("does not exist in the store sqlite:{store}"),
+        &format!("unknown run `nosuch` in the store sqlite:{store}"),
     );
 
     // From a subdirectory, the default store is the subdirectory's: none

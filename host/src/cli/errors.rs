@@ -334,6 +334,13 @@ fn store(e: &StoreError) -> (&'static str, Value) {
             "session_changed",
             json!({ "session": session, "expected": expected, "found": found }),
         ),
+        StoreError::Damaged { location, .. } => ("store_damaged", json!({ "store": location })),
+        StoreError::ReadOnly { location, .. } => ("store_read_only", json!({ "store": location })),
+        StoreError::SchemaTooOld { found, supported } => (
+            "store_too_old",
+            json!({ "found": found, "supported": supported }),
+        ),
+        StoreError::NoStore { location, .. } => ("store_missing", json!({ "store": location })),
         _ => ("store_failed", json!({})),
     }
 }

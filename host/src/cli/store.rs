@@ -140,23 +140,22 @@ fn no_store(settings: &Settings, error: StoreError) -> anyhow::Error {
 /// `error`, naming the store when it says a run does not exist, so a
 /// command run from the wrong directory says which store it looked in.
 pub(crate) fn name_store(error: anyhow::Error, settings: &Settings) -> anyhow::Error {
-    let run_id = error.chain().find_map(|cause| {
+    let found = error.chain().find_map(|cause| {
         match (
             cause.downcast_ref::<StoreError>(),
             cause.downcast_ref::<RuntimeError>(),
         ) {
             (Some(StoreError::UnknownRun { run_id }), _)
-            | (_, Some(RuntimeError::UnknownRun { run_id })) => Some(run_id.clone()),
+            | (_, Some(RuntimeError::UnknownRun { run_id })) => {
+                Some((run_id.clone(), cause.to_string()))
+            }
             _ => None,
         }
     });
-    match run_id {
-        Some(run_id) => CliError::new(
+    match found {
+        Some((run_id, message)) => CliError::new(
             "unknown_run",
-            format!(
-                "run {run_id} does not exist in the store {}",
-                settings.store.value
-            ),
+            format!("{message} in the store {}", settings.store.value),
         )
         .with_details(json!({ "run_id": run_id, "store": settings.store.value.to_string() }))
         .into(),

@@ -569,6 +569,16 @@ pub enum StoreError {
         /// What was found there instead.
         reason: String,
     },
+    /// SQLite reports the database file as damaged (`PRAGMA quick_check`):
+    /// it is not opened for writing, so nothing is written into a damaged
+    /// file; open it read-only to read and verify what is left.
+    #[error("the store at {location} is damaged, so it is not opened for writing: {detail}")]
+    Damaged {
+        /// The store.
+        location: String,
+        /// SQLite's first findings.
+        detail: String,
+    },
     /// A write on a store opened with [`OpenMode::ReadOnly`].
     #[error("the store at {location} is open read-only: {operation} is refused")]
     ReadOnly {

@@ -70,6 +70,7 @@ pub struct SqliteStore {
 pub struct SqliteStoreBuilder {
     path: PathBuf,
     busy_timeout: Duration,
+    lock_wait: Option<Duration>,
     chain_key: Option<ChainKey>,
     max_batch: usize,
     max_readers: usize,
@@ -81,6 +82,16 @@ impl SqliteStoreBuilder {
     /// before failing. Default: 5 seconds.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// How long a write waits, in all, for the write lock another process
+    /// holds: each busy timeout that passes is logged and the write tried
+    /// again, so a completion is not lost to a lock held a while. `None`
+    /// (the default): wait as long as it takes; `Some(d)`: fail the write
+    /// with "database is locked" after about `d`.
+    pub fn lock_wait(mut self, wait: Option<Duration>) -> Self {
+        self.lock_wait = wait;
         self
     }
 
@@ -145,6 +156,7 @@ impl SqliteStoreBuilder {
             });
         }
         let mut conn = schema::open_writer(&self.path, self.busy_timeout)?;
+        schema::check_integrity(&conn, &self.path)?;
         schema::migrate(
             &mut conn,
             &self.path,
@@ -158,8 +170,11 @@ impl SqliteStoreBuilder {
             .spawn({
                 let chain = Arc::clone(&chain);
                 let counters = Arc::clone(&counters);
-                let max_batch = self.max_batch;
-                move || writer::run(conn, chain, inbox, max_batch, counters)
+                let limits = writer::Limits {
+                    max_batch: self.max_batch,
+                    lock_wait: self.lock_wait,
+                };
+                move || writer::run(conn, chain, inbox, limits, counters)
             })
             .map_err(|e| StoreError::Backend {
                 context: format!(
@@ -200,6 +215,9 @@ pub struct WriterStats {
     pub events: u64,
     /// Transactions that failed to commit.
     pub failed_commits: u64,
+    /// Times a transaction found the write lock held by another process
+    /// for a whole busy timeout, and was tried again.
+    pub lock_retries: u64,
 }
 
 impl SqliteStore {
@@ -213,6 +231,7 @@ impl SqliteStore {
         SqliteStoreBuilder {
             path: path.as_ref().to_owned(),
             busy_timeout: Duration::from_secs(5),
+            lock_wait: None,
             chain_key: None,
             max_batch: 1024,
             max_readers: 4,
@@ -234,6 +253,7 @@ impl SqliteStore {
             requests: c.requests.load(Ordering::Relaxed),
             events: c.events.load(Ordering::Relaxed),
             failed_commits: c.failed_commits.load(Ordering::Relaxed),
+            lock_retries: c.lock_retries.load(Ordering::Relaxed),
         }
     }
 

@@ -191,6 +191,27 @@ fn wal_len(path: &Path) -> u64 {
     std::fs::metadata(wal).map_or(0, |m| m.len())
 }
 
+/// Refuses to write into a file SQLite reports as damaged: `PRAGMA
+/// quick_check` reads every page once (it skips the slower index-content
+/// checks of `integrity_check`), so opening for writing costs a scan of
+/// the file.
+pub(super) fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let findings: Vec<String> = conn
+        .prepare("PRAGMA quick_check(5)")
+        .and_then(|mut s| {
+            s.query_map([], |row| row.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .unwrap_or_else(|e| vec![e.to_string()]);
+    if findings.len() == 1 && findings[0] == "ok" {
+        return Ok(());
+    }
+    Err(StoreError::Damaged {
+        location: format!("`{}`", path.display()),
+        detail: findings.join("; "),
+    })
+}
+
 /// Opens a connection for a store opened read-only, and says whether it is
 /// immutable. It never writes the database, so it works while another
 /// process holds the write lock. Reading a WAL database needs its shared

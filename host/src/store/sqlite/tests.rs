@@ -75,11 +75,14 @@ async fn one_transaction_commits_a_burst_and_a_conflict_fails_alone() {
     }
 }
 
+/// With a bounded lock wait (the default waits as long as it takes: see
+/// `an_append_waits_out_a_write_lock_held_past_the_busy_timeout`).
 #[tokio::test]
 async fn a_locked_database_fails_the_append_and_writes_nothing() {
     let backend = SqliteBackend::new();
     let store = SqliteStore::builder(backend.path())
         .busy_timeout(Duration::from_millis(100))
+        .lock_wait(Some(Duration::ZERO))
         .open()
         .unwrap();
     let run = id("locked");
@@ -357,15 +360,23 @@ async fn a_corrupt_page_is_an_error_not_a_panic() {
     bytes[first..first + page].fill(0xa5);
     std::fs::write(backend.path(), bytes).unwrap();
 
-    let store = SqliteStore::open(backend.path()).unwrap();
+    // Not opened for writing: nothing is written into a damaged file.
+    for mode in [OpenMode::Create, OpenMode::Existing] {
+        match SqliteStore::builder(backend.path()).mode(mode).open() {
+            Err(StoreError::Damaged { location, .. }) => {
+                assert!(location.contains("runs.db"), "{location}")
+            }
+            other => panic!("{mode:?}: expected Damaged, got {other:?}"),
+        }
+    }
+    // Read-only, what is left is read and verified, run by run.
+    let store = SqliteStore::builder(backend.path())
+        .mode(OpenMode::ReadOnly)
+        .open()
+        .unwrap();
     let err = store.load(&runs[5]).await.unwrap_err();
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(err.to_string().contains("p-5"), "{err}");
-    let err = store
-        .append(&runs[5], 30, &[ev("x")], "running".into(), 1)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     // Every other operation answers (the damage may reach neighbours on the
     // same page, but never as a panic or as silently wrong events).
     for run in &runs {
@@ -625,4 +636,56 @@ fn only_a_creating_open_creates_and_none_takes_an_empty_file_for_a_store() {
         .mode(OpenMode::ReadOnly)
         .open()
         .unwrap();
+}
+
+/// Another process holds the write lock past the busy timeout: the append
+/// (a completion, say) waits it out and commits instead of failing with
+/// "database is locked"; with a bounded `lock_wait` it fails, nothing
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_waits_out_a_write_lock_held_past_the_busy_timeout() {
+    let backend = SqliteBackend::new();
+    let store = Arc::new(
+        SqliteStore::builder(backend.path())
+            .busy_timeout(Duration::from_millis(20))
+            .open()
+            .unwrap(),
+    );
+    new_run(&*store, &id("r"), 1).await;
+    let mut blocker = backend.raw();
+    let lock = blocker
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let append = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .append(&id("r"), 1, &[ev("done")], "completed".into(), 2)
+                .await
+        }
+    });
+    // Released only once the writer has found it held for three whole busy
+    // timeouts (counted, not timed).
+    while store.stats().lock_retries < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!append.is_finished());
+    lock.commit().unwrap();
+    assert_eq!(append.await.unwrap().unwrap().event_count, 2);
+
+    let bounded = SqliteStore::builder(backend.path())
+        .busy_timeout(Duration::from_millis(20))
+        .lock_wait(Some(Duration::ZERO))
+        .open()
+        .unwrap();
+    let lock = blocker
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let error = bounded
+        .append(&id("r"), 2, &[ev("more")], "completed".into(), 3)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("locked"), "{error}");
+    lock.rollback().unwrap();
+    assert_eq!(store.load(&id("r")).await.unwrap().len(), 2);
 }
