@@ -13,6 +13,9 @@
 //! ```toml
 //! env = ["API_TOKEN"]              # values come from the host's environment
 //! hosts = ["api.example.com", "127.0.0.1:8080"]  # see `HostPattern`
+//! widened = false                  # context sources and policies only: resolve /
+//!                                  # decide with this whole grant, not the narrowed
+//!                                  # one (read-only mounts, no hosts)
 //!
 //! [mounts.workspace]
 //! dir = "./project"                # relative to the file the grant is in
@@ -62,6 +65,12 @@ pub struct Grant {
     /// Per-tool overrides of effect class, description and schema.
     #[serde(default)]
     pub tools: BTreeMap<String, ToolOverride>,
+    /// For a context source or a policy: run `resolve` and `decide` with
+    /// this whole grant instead of the narrowed one (mounts read-only, no
+    /// outbound host) every call ahead of an approved effect gets by
+    /// default. Preflight and describe are never widened. Default: false.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub widened: bool,
 }
 
 /// A directory bound to a requested mount.

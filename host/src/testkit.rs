@@ -351,6 +351,14 @@ impl TestPluginBuilder {
         self
     }
 
+    /// Widens a context source or a policy: `resolve` and `decide` run with
+    /// the whole grant instead of the narrowed one (read-only mounts, no
+    /// host). Preflights are never widened.
+    pub fn widened(mut self) -> Self {
+        self.grant.widened = true;
+        self
+    }
+
     /// Sets the operator's effect class for `tool`.
     pub fn effect(mut self, tool: &str, effect: crate::policy::EffectClass) -> Self {
         self.grant.tools.entry(tool.into()).or_default().effect = Some(effect);

@@ -15,6 +15,11 @@
 //! name = "demo"                    # relative to this file)
 //! transcript = "demo.transcript.toml"
 //!
+//! [ceilings]                       # the most any plugin gets, whatever its
+//! timeout = "60s"                  # manifest or grant says (keys as in a
+//! fuel = 100_000_000_000           # manifest's [limits]; defaults:
+//!                                  # `Limits::CEILINGS`)
+//!
 //! [grants.fs.mounts.workspace]     # the grant of the plugin an agent calls `fs`
 //! dir = "/srv/notes"               # ([plugins.fs] in the agent), unless the agent
 //! access = "read-only"             # grants it inline; relative to this file
@@ -45,7 +50,9 @@ use serde_json::{Value, json};
 
 use crate::engine::agent::{ModelSection, validate_labels};
 use crate::engine::{Agent, AgentError, ModelDefaults};
+use crate::plugins::manifest::LimitSettings;
 use crate::policy::Grant;
+use crate::sandbox::Limits;
 
 /// The file looked for in the working directory.
 pub(crate) const DEFAULT_FILE: &str = "warden.toml";
@@ -125,6 +132,8 @@ struct ConfigFile {
     defaults: DefaultsSection,
     #[serde(default)]
     grants: BTreeMap<String, Grant>,
+    #[serde(default)]
+    ceilings: LimitSettings,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -257,6 +266,9 @@ pub(crate) struct Settings {
     /// The store's chain key, from `WARDEN_CHAIN_KEY` only (hex, at least
     /// 32 bytes): a secret never read from, or shown in, the file.
     pub(crate) chain_key: Option<crate::store::ChainKey>,
+    /// The most any plugin gets of each limit: `[ceilings]` over
+    /// [`Limits::CEILINGS`].
+    pub(crate) ceilings: Limits,
 }
 
 /// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
@@ -464,6 +476,10 @@ impl Settings {
                 .validate(&format!("grants.{key}.limits"))
                 .map_err(|(key, message)| invalid(&key, message))?;
         }
+        file.ceilings
+            .validate("ceilings")
+            .map_err(|(key, message)| invalid(&key, message))?;
+        let ceilings = file.ceilings.apply_to(&Limits::CEILINGS);
 
         Ok(Settings {
             file: file_path,
@@ -478,6 +494,7 @@ impl Settings {
                 None => None,
                 Some(text) => Some(chain_key(&text)?),
             },
+            ceilings,
         })
     }
 
@@ -716,6 +733,26 @@ mod tests {
             Some(PathBuf::from("/home/u/.cache/warden/components"))
         );
         assert!(s.model.is_none() && s.grants.is_empty() && s.labels.value.is_empty());
+    }
+
+    #[test]
+    fn ceilings_default_to_the_safe_ones_and_the_file_sets_each() {
+        let (s, _dir) = load_with(None, &[], Overrides::default());
+        assert_eq!(s.unwrap().ceilings, Limits::CEILINGS);
+        let file = "[ceilings]\ntimeout = \"5s\"\nfuel = \"unmetered\"\nstdio = \"4KiB\"\n";
+        let (s, _dir) = load_with(Some(file), &[], Overrides::default());
+        let ceilings = s.unwrap().ceilings;
+        assert_eq!(ceilings.timeout, std::time::Duration::from_secs(5));
+        assert_eq!(ceilings.fuel, None);
+        assert_eq!(ceilings.stdio_bytes, 4096);
+        assert_eq!(ceilings.output_bytes, Limits::CEILINGS.output_bytes);
+        let (s, _dir) = load_with(
+            Some("[ceilings]\ntimeout = \"0s\"\n"),
+            &[],
+            Overrides::default(),
+        );
+        let err = s.unwrap_err().to_string();
+        assert!(err.contains("ceilings.timeout"), "{err}");
     }
 
     #[test]

@@ -244,6 +244,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     result.map_err(|e| store::name_store(e, &ctx.settings))
 }
 
+/// The filter of `-vv`: everything at trace but the WASI bindings'
+/// call-by-call traces, which carry guest strings unredacted.
+pub const TRACE_FILTER: &str = "trace,wasmtime_wasi=debug,wasmtime_wasi_http=debug";
+
 fn init_tracing(verbose: u8) {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::Layer as _;
@@ -252,7 +256,10 @@ fn init_tracing(verbose: u8) {
     let default = match verbose {
         0 => "warn",
         1 => "debug",
-        _ => "trace",
+        // wasmtime-wasi's generated bindings trace every WASI call with its
+        // arguments (paths, strings) as the guest passed them, unredacted:
+        // they stay at debug.
+        _ => TRACE_FILTER,
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // Colour codes only on a terminal: a pipe or a log file gets plain text.
@@ -279,6 +286,7 @@ pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<crate::sandbox::San
     Ok(crate::sandbox::Sandbox::new(
         crate::sandbox::SandboxConfig {
             cache_dir: settings.cache_dir.value.clone(),
+            ceilings: settings.ceilings.clone(),
             ..crate::sandbox::SandboxConfig::default()
         },
     )?)

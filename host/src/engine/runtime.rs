@@ -54,7 +54,7 @@ use crate::policy::EffectClass;
 use crate::providers::{
     ModelProvider, ModelRequest, ModelResponse, ProviderError, ProviderEvent, ResponseAssembler,
 };
-use crate::sandbox::{LeaseFailure, wit};
+use crate::sandbox::{LeaseFailure, RunBound, wit};
 use crate::store::{
     Claim, EventStore, Holder, Lease, Listing, RunMeta, Settlement, StoreError, VerifyReport,
 };
@@ -1421,6 +1421,7 @@ impl Runtime {
             .plugins
             .get(&tool.plugin)
             .expect("the agent view only names loaded plugins");
+        let plugin = plugin.bounded(&lease_bound(log, prepared));
         let call = invocation.wit_call(&log.run_id);
         let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool, attempt = invocation.attempt);
         let leased = {
@@ -1637,7 +1638,8 @@ impl Runtime {
         let timeout = self.inner.policy_timeout;
         let asked = async {
             if let Some(plugin) = prepared.policy_plugins.get(&consult.policy) {
-                return Ok(consult_policy_plugin(plugin, &request, timeout).await);
+                let plugin = plugin.bounded(&lease_bound(log, prepared));
+                return Ok(consult_policy_plugin(&plugin, &request, timeout).await);
             }
             let Some(policy) = self.inner.policies.get(&consult.policy) else {
                 return Err(RuntimeError::PolicyNotRegistered {
@@ -1673,6 +1675,7 @@ impl Runtime {
             .expect("the agent view only names loaded plugins");
         let call = request.wit_call(&log.run_id);
         let leased = plugin
+            .bounded(&lease_bound(log, prepared))
             .preflight(&call, Some(&driver.cancel))
             .await
             .map_err(|e| plugin_error(&prepared.view, e))?;
@@ -1743,6 +1746,7 @@ impl Runtime {
             query: source.query.clone(),
         };
         let span = tracing::info_span!("context", run_id = %log.run_id, source = %source.name, plugin = %source.plugin, step = resolution.step);
+        let plugin = plugin.bounded(&lease_bound(log, prepared));
         let leased = {
             let _enter = span.enter();
             plugin.resolve(&request, Some(&driver.cancel))
@@ -2200,6 +2204,20 @@ struct DriverHandle {
 impl Drop for DriverHandle {
     fn drop(&mut self) {
         let _ = self.done.send(true);
+    }
+}
+
+/// What is left of the run's wall-time and fuel budgets (with recorded
+/// extensions): every lease the run makes fits in it, whatever the plugin's
+/// own limits say.
+fn lease_bound(log: &Log, prepared: &Prepared) -> RunBound {
+    let state = &log.state;
+    let limits = state.effective_limits(&prepared.view.budgets);
+    RunBound {
+        wall_time: limits
+            .wall_time_ms
+            .map(|max| Duration::from_millis(max.saturating_sub(state.usage.wall_time_ms))),
+        fuel: limits.fuel.map(|max| max.saturating_sub(state.usage.fuel)),
     }
 }
 

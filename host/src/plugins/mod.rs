@@ -13,7 +13,14 @@
 //! context sources, [`LoadedPlugin::deliver`] for channels,
 //! [`LoadedPlugin::decide`] for policies; each is one lease
 //! with the plugin's limits, a receipt and typed errors. A plugin may be
-//! several kinds at once (`kind = ["tool", "context"]`).
+//! several kinds at once (`kind = ["tool", "context"]`). Calls made before
+//! or instead of an approved effect (preflight, and unless the grant says
+//! `widened`, resolve and decide) run under the narrowed grant: mounts
+//! read-only, no outbound host.
+//!
+//! The component file is read before anything else is done with it: it
+//! must be a regular file (a device or a FIFO could block the load or never
+//! end) of at most [`MAX_COMPONENT_BYTES`].
 
 pub mod builtin;
 pub mod manifest;
@@ -32,8 +39,8 @@ pub use tool::ToolDescriptor;
 
 use crate::policy::{self, Grant, PolicyError};
 use crate::sandbox::{
-    Capabilities, GrantedComponent, LeaseError, Leased, PluginComponent, PluginKind, Sandbox,
-    SandboxError, wit,
+    Capabilities, GrantedComponent, LeaseError, Leased, PluginComponent, PluginKind, RunBound,
+    Sandbox, SandboxError, wit,
 };
 
 /// Where a plugin comes from.
@@ -94,6 +101,17 @@ pub enum PluginError {
         /// The manifest.
         path: PathBuf,
     },
+    /// The component file named by the manifest is refused before it is
+    /// read: not a regular file, too large, or unreadable.
+    #[error("plugin manifest `{manifest}`: component `{path}` {problem}")]
+    ComponentFile {
+        /// The manifest.
+        manifest: PathBuf,
+        /// The component file it names.
+        path: PathBuf,
+        /// What is wrong with it.
+        problem: ComponentFileError,
+    },
     /// The component does not export the world the manifest declares.
     #[error(
         "plugin `{plugin}`: the manifest says kind `{declared}`, but the component exports {exported}"
@@ -142,6 +160,100 @@ pub enum PluginError {
         /// The kind the call needs.
         needed: PluginKind,
     },
+}
+
+/// The largest component file read: 256 MiB.
+pub const MAX_COMPONENT_BYTES: u64 = 256 << 20;
+
+/// Why a component file is refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ComponentFileError {
+    /// A device, FIFO, socket or directory: reading it could block or never
+    /// end.
+    #[error("is a {kind}, not a regular file")]
+    NotARegularFile {
+        /// What it is.
+        kind: &'static str,
+    },
+    /// Larger than [`MAX_COMPONENT_BYTES`].
+    #[error("is larger than {limit} bytes")]
+    TooLarge {
+        /// The limit.
+        limit: u64,
+    },
+    /// It cannot be opened or read.
+    #[error("cannot be read: {0}")]
+    Unreadable(#[source] std::io::Error),
+}
+
+/// Reads a component file: checked to be a regular file before it is
+/// opened (so a FIFO never blocks the load), opened without blocking,
+/// checked again through the open handle (a swap in between is caught),
+/// and read up to [`MAX_COMPONENT_BYTES`] (so an endless file cannot grow
+/// memory).
+fn read_component(path: &Path) -> Result<Vec<u8>, ComponentFileError> {
+    use std::io::Read as _;
+    let regular = |meta: &std::fs::Metadata| {
+        if meta.is_file() {
+            Ok(())
+        } else {
+            Err(ComponentFileError::NotARegularFile {
+                kind: file_kind(meta),
+            })
+        }
+    };
+    let meta = std::fs::metadata(path).map_err(ComponentFileError::Unreadable)?;
+    regular(&meta)?;
+    if meta.len() > MAX_COMPONENT_BYTES {
+        return Err(ComponentFileError::TooLarge {
+            limit: MAX_COMPONENT_BYTES,
+        });
+    }
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(ComponentFileError::Unreadable)?;
+    regular(&file.metadata().map_err(ComponentFileError::Unreadable)?)?;
+    let mut wasm = Vec::with_capacity(meta.len() as usize);
+    file.take(MAX_COMPONENT_BYTES + 1)
+        .read_to_end(&mut wasm)
+        .map_err(ComponentFileError::Unreadable)?;
+    if wasm.len() as u64 > MAX_COMPONENT_BYTES {
+        return Err(ComponentFileError::TooLarge {
+            limit: MAX_COMPONENT_BYTES,
+        });
+    }
+    Ok(wasm)
+}
+
+/// What a file that is not a regular file is, for the refusal.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    let kind = meta.file_type();
+    if kind.is_dir() {
+        return "directory";
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        if kind.is_fifo() {
+            return "FIFO";
+        }
+        if kind.is_char_device() {
+            return "character device";
+        }
+        if kind.is_block_device() {
+            return "block device";
+        }
+        if kind.is_socket() {
+            return "socket";
+        }
+    }
+    "special file"
 }
 
 /// Loads plugins into one sandbox, sharing compiled components and the
@@ -207,13 +319,17 @@ impl PluginHost {
                     .component
                     .clone()
                     .ok_or_else(|| PluginError::NoComponent { path: path.clone() })?;
-                let wasm = tokio::fs::read(&component)
-                    .await
-                    .map_err(|error| SandboxError::Io {
-                        action: "cannot read component",
-                        path: component.clone(),
-                        error,
-                    })?;
+                let wasm = tokio::task::spawn_blocking({
+                    let component = component.clone();
+                    move || read_component(&component)
+                })
+                .await
+                .expect("reading a component does not panic")
+                .map_err(|problem| PluginError::ComponentFile {
+                    manifest: path.clone(),
+                    path: component.clone(),
+                    problem,
+                })?;
                 let expected = manifest.sha256.clone();
                 (manifest, Cow::Owned(wasm), expected)
             }
@@ -278,11 +394,32 @@ impl PluginHost {
                 },
             });
         }
+        if grant.widened
+            && !manifest
+                .kinds
+                .iter()
+                .any(|k| matches!(k, PluginKind::Context | PluginKind::Policy))
+        {
+            return Err(PolicyError::Invalid {
+                plugin: manifest.name.clone(),
+                key: "widened".into(),
+                message:
+                    "only a context source or a policy can be widened (a tool's preflight never is)"
+                        .into(),
+            }
+            .into());
+        }
+        warn_of_secret_with_egress(&manifest.name, &effective.capabilities);
         let granted = self.sandbox.grant(
             &component,
             effective.capabilities.clone(),
             effective.limits.clone(),
         );
+        let granted = if grant.widened {
+            granted.widened()
+        } else {
+            granted
+        };
         let tools = if manifest.kinds.contains(&PluginKind::Tool) {
             let specs = self.tool_specs(&component, &granted).await?;
             tool::descriptors(
@@ -422,13 +559,50 @@ impl PluginHost {
     }
 }
 
+/// Warns when a plugin holds a granted secret and a way to send it out (an
+/// outbound host, a read-write mount): redaction catches a secret only in
+/// the forms the host itself decodes, and a plugin that encodes it first
+/// (base64, reversed, split) gets it past any redactor. The real defence is
+/// not to grant both; this makes the combination visible.
+fn warn_of_secret_with_egress(plugin: &str, capabilities: &Capabilities) {
+    if capabilities.env_vars().is_empty() {
+        return;
+    }
+    let mut egress: Vec<String> = capabilities
+        .hosts()
+        .iter()
+        .map(|h| format!("host `{h}`"))
+        .collect();
+    egress.extend(
+        capabilities
+            .mounts()
+            .iter()
+            .filter(|m| m.access == crate::sandbox::Access::ReadWrite)
+            .map(|m| format!("read-write mount `{}`", m.name)),
+    );
+    if egress.is_empty() {
+        return;
+    }
+    let secrets: Vec<&str> = capabilities
+        .env_vars()
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
+    tracing::warn!(
+        plugin,
+        secrets = %secrets.join(", "),
+        egress = %egress.join(", "),
+        "plugin `{plugin}` is granted a secret and a way out: redaction cannot catch a secret the plugin encodes itself; grant one or the other"
+    );
+}
+
 /// A plugin loaded under its grant. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct LoadedPlugin {
     inner: Arc<LoadedInner>,
 }
 
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 struct LoadedInner {
     source: PluginSource,
     manifest: Manifest,
@@ -459,6 +633,16 @@ impl LoadedPlugin {
     /// The component with its effective capabilities and limits.
     pub fn granted(&self) -> &GrantedComponent {
         &self.inner.granted
+    }
+
+    /// The same plugin, each of whose leases also fits in what is left of a
+    /// run's budgets (see [`GrantedComponent::bounded`]).
+    pub fn bounded(&self, bound: &RunBound) -> LoadedPlugin {
+        let mut inner = (*self.inner).clone();
+        inner.granted = inner.granted.bounded(bound);
+        LoadedPlugin {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The tools it offers (empty unless it is a tool plugin).

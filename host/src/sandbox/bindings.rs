@@ -16,7 +16,6 @@ pub mod tool {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "warden:plugin/tool-plugin",
-        imports: { default: tracing },
         exports: { default: async },
         additional_derives: [PartialEq, Eq],
     });
@@ -27,7 +26,6 @@ pub mod context {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "warden:plugin/context-plugin",
-        imports: { default: tracing },
         exports: { default: async },
         with: {
             "warden:plugin/types": super::tool::warden::plugin::types,
@@ -41,7 +39,6 @@ pub mod channel {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "warden:plugin/channel-plugin",
-        imports: { default: tracing },
         exports: { default: async },
         with: {
             "warden:plugin/types": super::tool::warden::plugin::types,
@@ -55,7 +52,6 @@ pub mod policy {
     wasmtime::component::bindgen!({
         path: "../wit",
         world: "warden:plugin/policy-plugin",
-        imports: { default: tracing },
         exports: { default: async },
         with: {
             "warden:plugin/types": super::tool::warden::plugin::types,

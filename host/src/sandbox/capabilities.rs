@@ -173,6 +173,19 @@ impl Capabilities {
         Arc::clone(&self.config)
     }
 
+    /// The narrowed grant every call ahead of an approved effect runs under
+    /// (preflight, describe, and by default context sources and policies):
+    /// the same mounts read-only, no outbound host; environment and
+    /// configuration as granted.
+    pub fn narrowed(&self) -> Capabilities {
+        let mut narrowed = self.clone();
+        for mount in &mut narrowed.mounts {
+            mount.access = Access::ReadOnly;
+        }
+        narrowed.hosts.clear();
+        narrowed
+    }
+
     /// Whether the plugin can change anything outside itself: a read-write
     /// mount or any outbound host.
     pub fn can_cause_effects(&self) -> bool {
@@ -235,6 +248,24 @@ mod tests {
         assert!(caps.can_cause_effects());
         assert_eq!(caps.mounts()[0].guest_path(), "/data");
         assert!(caps.mount("data", dir.path(), Access::ReadOnly).is_err());
+    }
+
+    #[test]
+    fn the_narrowed_grant_is_read_only_without_hosts() {
+        let dir = tempfile::tempdir().unwrap();
+        let caps = Capabilities::none()
+            .mount("data", dir.path(), Access::ReadWrite)
+            .unwrap()
+            .host("api.example.com")
+            .env("TOKEN", "value")
+            .config("k", "v");
+        let narrowed = caps.narrowed();
+        assert!(!narrowed.can_cause_effects());
+        assert_eq!(narrowed.mounts()[0].access, Access::ReadOnly);
+        assert_eq!(narrowed.mounts()[0].host_dir, caps.mounts()[0].host_dir);
+        assert!(narrowed.hosts().is_empty());
+        assert_eq!(narrowed.env_vars(), caps.env_vars());
+        assert_eq!(narrowed.config_values(), caps.config_values());
     }
 
     #[test]

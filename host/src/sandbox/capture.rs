@@ -185,7 +185,11 @@ impl StdoutStream for CaptureSink {
 pub const MIN_REDACTED_LEN: usize = 4;
 
 /// Replaces the values of granted environment variables with
-/// `[redacted:NAME]`, both as raw text and in their JSON-escaped form.
+/// `[redacted:NAME]`: as raw text, in their JSON-escaped form, and after the
+/// host's own decoding: a text that is JSON is parsed and every string and
+/// key redacted as the host will read it, so `\u` escapes do not carry a
+/// secret past it. Encodings a plugin applies itself (base64, reversal,
+/// splitting) are beyond any redactor; see the README's security model.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Redactor {
     /// (needle, replacement), longest needle first.
@@ -215,11 +219,67 @@ impl Redactor {
         self.needles.is_empty()
     }
 
-    /// Redacts `text` in place.
+    /// Redacts `text` in place: the raw text, then, if it is JSON, what
+    /// decoding it yields (re-encoded only when that held a secret).
     pub(crate) fn redact(&self, text: &mut String) {
+        if self.needles.is_empty() {
+            return;
+        }
+        self.redact_raw(text);
+        let starts_like_json = text.trim_start().starts_with(['{', '[', '"']);
+        if starts_like_json
+            && let Ok(mut value) = serde_json::from_str::<serde_json::Value>(text)
+            && self.redact_value(&mut value)
+        {
+            *text = value.to_string();
+        }
+    }
+
+    /// Replaces every needle in `text`; returns whether any was there.
+    fn redact_raw(&self, text: &mut String) -> bool {
+        let mut changed = false;
         for (needle, replacement) in &self.needles {
             if text.contains(needle.as_str()) {
                 *text = text.replace(needle.as_str(), replacement);
+                changed = true;
+            }
+        }
+        changed
+    }
+
+    /// Redacts every string and key of a decoded value; returns whether
+    /// any held a secret.
+    fn redact_value(&self, value: &mut serde_json::Value) -> bool {
+        use serde_json::Value;
+        match value {
+            Value::String(s) => self.redact_raw(s),
+            Value::Array(items) => items
+                .iter_mut()
+                .fold(false, |changed, v| self.redact_value(v) | changed),
+            Value::Object(map) => {
+                let mut changed = false;
+                for (mut key, mut v) in std::mem::take(map) {
+                    changed |= self.redact_raw(&mut key);
+                    changed |= self.redact_value(&mut v);
+                    map.insert(key, v);
+                }
+                changed
+            }
+            _ => false,
+        }
+    }
+
+    /// Cuts a trailing beginning of a secret off `text`: what is left when
+    /// a secret was cut by a byte budget after redaction could not see it
+    /// whole.
+    pub(crate) fn cut_partial_tail(&self, text: &mut String) {
+        for (needle, _) in &self.needles {
+            let longest = needle.len().saturating_sub(1).min(text.len());
+            for len in (1..=longest).rev() {
+                if needle.is_char_boundary(len) && text.ends_with(&needle[..len]) {
+                    text.truncate(text.len() - len);
+                    return;
+                }
             }
         }
     }
@@ -261,5 +321,32 @@ mod tests {
         assert_eq!(raw, "token=[redacted:TOKEN] ab");
         let json = serde_json::json!({ "t": "s3cr\"et" }).to_string();
         assert_eq!(redactor.redacted(&json), r#"{"t":"[redacted:TOKEN]"}"#);
+    }
+
+    #[test]
+    fn redaction_sees_what_json_decoding_yields_in_strings_and_keys() {
+        let redactor = Redactor::new([("TOKEN", "sk-live-0123")]);
+        // `\u0073` is `s`: the raw text holds no secret, its decoding does.
+        let escaped =
+            r#"{"note":"\u0073k-live-0123","\u0073k-live-0123":[1,"x\u0073k-live-0123"]}"#;
+        let redacted = redactor.redacted(escaped);
+        let value: serde_json::Value = serde_json::from_str(&redacted).unwrap();
+        assert!(!value.to_string().contains("sk-live-0123"), "{value}");
+        assert_eq!(value["note"], "[redacted:TOKEN]");
+        assert_eq!(value["[redacted:TOKEN]"][1], "x[redacted:TOKEN]");
+        // JSON without a secret keeps its bytes.
+        let clean = r#"{ "b": 1,  "a": "\u0041" }"#;
+        assert_eq!(redactor.redacted(clean), clean);
+    }
+
+    #[test]
+    fn a_secret_cut_at_the_end_leaves_no_prefix() {
+        let redactor = Redactor::new([("TOKEN", "abcdefgh")]);
+        let mut text = String::from("log: abcdefg");
+        redactor.cut_partial_tail(&mut text);
+        assert_eq!(text, "log: ");
+        let mut text = String::from("log: done");
+        redactor.cut_partial_tail(&mut text);
+        assert_eq!(text, "log: done");
     }
 }

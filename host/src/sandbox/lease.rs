@@ -31,7 +31,7 @@ use super::bindings::types::{
     PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
 };
 use super::bindings::{host, types};
-use super::capabilities::Access;
+use super::capabilities::{Access, Capabilities};
 use super::capture::{Capture, Redactor, Stream};
 use super::limits::{Denial, LeaseLimiter};
 use super::net::NetLease;
@@ -87,18 +87,21 @@ const MAX_LOG_LINE: usize = 4096;
 impl host::Host for LeaseState {
     fn log(&mut self, level: LogLevel, message: String) {
         let mut message = message;
+        if !self.capture.charge_log(message.len()) {
+            return;
+        }
+        // Redacted whole, then cut: a cut first could split a secret so
+        // that no part of it matches.
+        self.redactor.redact(&mut message);
         if message.len() > MAX_LOG_LINE {
             let mut cut = MAX_LOG_LINE;
             while !message.is_char_boundary(cut) {
                 cut -= 1;
             }
             message.truncate(cut);
+            self.redactor.cut_partial_tail(&mut message);
             message.push('…');
         }
-        if !self.capture.charge_log(message.len()) {
-            return;
-        }
-        self.redactor.redact(&mut message);
         let plugin = &*self.plugin;
         match level {
             LogLevel::Trace => tracing::trace!(target: "warden::plugin", plugin, "{message}"),
@@ -115,6 +118,18 @@ impl host::Host for LeaseState {
 }
 
 impl types::Host for LeaseState {}
+
+/// What a lease may reach of its plugin's grant.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Reach {
+    /// The whole grant: an effect the engine decided to make (an invoke
+    /// after approval when one is needed, a delivery).
+    Full,
+    /// [`Capabilities::narrowed`](super::Capabilities::narrowed): mounts
+    /// read-only, no outbound host. For every call made before or instead
+    /// of an approved effect.
+    Narrowed,
+}
 
 /// What a lease is asked to do.
 pub(crate) enum Request<'a> {
@@ -274,6 +289,7 @@ enum Ended {
 pub(crate) async fn run(
     plugin: &GrantedComponent,
     limits: &Limits,
+    reach: Reach,
     request: Request<'_>,
     cancel: Option<&CancellationToken>,
 ) -> (Result<Response, LeaseFailure>, UsageReceipt) {
@@ -296,8 +312,12 @@ pub(crate) async fn run(
             plugin.component.inner.name
         ));
     }
+    let (capabilities, net_policy) = match reach {
+        Reach::Full => (&*plugin.capabilities, Arc::clone(&plugin.net_policy)),
+        Reach::Narrowed => (&*plugin.narrowed, Arc::default()),
+    };
     let capture = Capture::new(limits.stdio_bytes);
-    let wasi = match wasi_context(plugin, &capture) {
+    let wasi = match wasi_context(capabilities, &capture) {
         Ok(wasi) => wasi,
         Err(reason) => return refuse(reason),
     };
@@ -312,7 +332,8 @@ pub(crate) async fn run(
         net: plugin.component.inner.network.then(|| {
             Box::new(NetLease::new(
                 Arc::clone(&plugin.component.inner.name),
-                Arc::clone(&plugin.net_policy),
+                net_policy,
+                Arc::clone(&plugin.redactor),
                 limits.http_requests,
                 limits.http_response_bytes,
             ))
@@ -351,7 +372,22 @@ pub(crate) async fn run(
     let fuel_consumed = fuel_budget - store.get_fuel().unwrap_or(0);
     let peak_memory_bytes = store.data().limiter.memory_peak();
     let denial = store.data().limiter.denial();
-    let network = store.data().net.as_ref().and_then(|n| n.usage());
+    let network = store
+        .data()
+        .net
+        .as_ref()
+        .and_then(|n| n.usage())
+        .map(|mut usage| {
+            // A denied target is what the guest asked for: it may carry a
+            // secret (`https://<secret>.example`).
+            for denial in &mut usage.denials {
+                plugin.redactor.redact(&mut denial.target);
+            }
+            for host in &mut usage.hosts {
+                plugin.redactor.redact(host);
+            }
+            usage
+        });
     drop(store);
 
     let result = match ended {
@@ -359,7 +395,7 @@ pub(crate) async fn run(
         Ended::DeadlinePassed => Err(LeaseFailure::Timeout {
             limit: limits.timeout,
         }),
-        Ended::Returned(Err(error)) => Err(attribute(error, limits, denial)),
+        Ended::Returned(Err(error)) => Err(attribute(error, limits, denial, &plugin.redactor)),
         Ended::Returned(Ok(response)) => {
             let bytes = response.output_bytes();
             if bytes > limits.output_bytes {
@@ -380,8 +416,9 @@ pub(crate) async fn run(
     });
 
     let captured = capture.take();
-    emit_stdio(plugin, Stream::Stdout, &captured.stdout);
-    emit_stdio(plugin, Stream::Stderr, &captured.stderr);
+    let cut = captured.dropped_bytes > 0;
+    emit_stdio(plugin, Stream::Stdout, &captured.stdout, cut);
+    emit_stdio(plugin, Stream::Stderr, &captured.stderr, cut);
     if captured.dropped_bytes > 0 {
         tracing::warn!(
             target: "warden::plugin",
@@ -413,17 +450,17 @@ pub(crate) async fn run(
 }
 
 /// Builds the lease's WASI context from the plugin's effective grants.
-fn wasi_context(plugin: &GrantedComponent, capture: &Capture) -> Result<WasiCtx, String> {
+fn wasi_context(capabilities: &Capabilities, capture: &Capture) -> Result<WasiCtx, String> {
     let mut builder = WasiCtxBuilder::new();
     // Filesystem calls run inline instead of hopping to a blocking thread:
     // mounts are local directories. Must be set before adding preopens.
     builder.allow_blocking_current_thread(true);
     builder.stdout(capture.sink(Stream::Stdout));
     builder.stderr(capture.sink(Stream::Stderr));
-    for (name, value) in plugin.capabilities.env_vars() {
+    for (name, value) in capabilities.env_vars() {
         builder.env(name, value);
     }
-    for mount in plugin.capabilities.mounts() {
+    for mount in capabilities.mounts() {
         let perms = match mount.access {
             Access::ReadOnly => FsPerms::ReadOnly,
             Access::ReadWrite => FsPerms::ReadWrite,
@@ -522,7 +559,12 @@ const MAX_TRAP_MESSAGE: usize = 8192;
 
 /// Names the limit a failed call hit: deadline, out of fuel, a recorded
 /// denial, or else a plain trap.
-fn attribute(error: wasmtime::Error, limits: &Limits, denial: Option<Denial>) -> LeaseFailure {
+fn attribute(
+    error: wasmtime::Error,
+    limits: &Limits,
+    denial: Option<Denial>,
+    redactor: &Redactor,
+) -> LeaseFailure {
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => {
             return LeaseFailure::Timeout {
@@ -549,24 +591,32 @@ fn attribute(error: wasmtime::Error, limits: &Limits, denial: Option<Denial>) ->
         Some(exit) => format!("guest exited with status {}", exit.0),
         None => format!("{error:?}"),
     };
+    // Redacted before the cut, like every text the host keeps.
+    redactor.redact(&mut message);
     if message.len() > MAX_TRAP_MESSAGE {
         let mut cut = MAX_TRAP_MESSAGE;
         while !message.is_char_boundary(cut) {
             cut -= 1;
         }
         message.truncate(cut);
+        redactor.cut_partial_tail(&mut message);
         message.push('…');
     }
     LeaseFailure::Trap { message }
 }
 
-/// Sends captured guest output to `tracing`, one event per line.
-fn emit_stdio(plugin: &GrantedComponent, stream: Stream, bytes: &[u8]) {
+/// Sends captured guest output to `tracing`, one event per line, redacted;
+/// when the budget `cut` the output, a secret's beginning left at its end
+/// goes too.
+fn emit_stdio(plugin: &GrantedComponent, stream: Stream, bytes: &[u8], cut: bool) {
     if bytes.is_empty() {
         return;
     }
     let text = String::from_utf8_lossy(bytes);
-    let text = plugin.redactor.redacted(&text);
+    let mut text = plugin.redactor.redacted(&text);
+    if cut {
+        plugin.redactor.cut_partial_tail(&mut text);
+    }
     let stream = match stream {
         Stream::Stdout => "stdout",
         Stream::Stderr => "stderr",
@@ -586,6 +636,7 @@ mod tests {
 
     #[test]
     fn failures_are_attributed_deadline_then_fuel_then_denial_then_trap() {
+        let none = Redactor::default();
         let limits = Limits {
             fuel: Some(7),
             ..Limits::default()
@@ -595,15 +646,15 @@ mod tests {
             limit: 100,
         });
         assert!(matches!(
-            attribute(trap(Trap::Interrupt), &limits, denial),
+            attribute(trap(Trap::Interrupt), &limits, denial, &none),
             LeaseFailure::Timeout { .. }
         ));
         assert_eq!(
-            attribute(trap(Trap::OutOfFuel), &limits, denial),
+            attribute(trap(Trap::OutOfFuel), &limits, denial, &none),
             LeaseFailure::OutOfFuel { limit: 7 }
         );
         assert_eq!(
-            attribute(trap(Trap::UnreachableCodeReached), &limits, denial),
+            attribute(trap(Trap::UnreachableCodeReached), &limits, denial, &none),
             LeaseFailure::MemoryLimit {
                 requested: 200,
                 limit: 100
@@ -614,13 +665,13 @@ mod tests {
             limit: 10,
         });
         assert_eq!(
-            attribute(trap(Trap::UnreachableCodeReached), &limits, table),
+            attribute(trap(Trap::UnreachableCodeReached), &limits, table, &none),
             LeaseFailure::TableLimit {
                 requested: 11,
                 limit: 10
             }
         );
-        match attribute(trap(Trap::StackOverflow), &limits, None) {
+        match attribute(trap(Trap::StackOverflow), &limits, None, &none) {
             LeaseFailure::Trap { message } => assert!(message.contains("stack"), "{message}"),
             other => panic!("{other:?}"),
         }
@@ -628,6 +679,7 @@ mod tests {
             wasmtime::Error::from(wasmtime_wasi::I32Exit(3)),
             &limits,
             None,
+            &none,
         ) {
             LeaseFailure::Trap { message } => {
                 assert_eq!(message, "guest exited with status 3")
@@ -639,7 +691,7 @@ mod tests {
     #[test]
     fn long_trap_messages_are_cut() {
         let long = wasmtime::format_err!("{}", "é".repeat(MAX_TRAP_MESSAGE));
-        match attribute(long, &Limits::default(), None) {
+        match attribute(long, &Limits::default(), None, &Redactor::default()) {
             LeaseFailure::Trap { message } => {
                 assert!(message.len() <= MAX_TRAP_MESSAGE + '…'.len_utf8());
                 assert!(message.ends_with('…'));

@@ -82,7 +82,88 @@ impl Limits {
             ..self.clone()
         }
     }
+
+    /// Limits for a preflight: each of the plugin's limits, at most
+    /// [`PREVIEW_CEILING`] (2,000,000,000 fuel, 5 s, 256 KiB of output,
+    /// 16 KiB of stdio, no HTTP request).
+    pub fn for_preview(&self) -> Limits {
+        self.at_most(&PREVIEW_CEILING)
+    }
+
+    /// The operator ceilings when `warden.toml` sets none (`[ceilings]`):
+    /// 100,000,000,000 fuel (an `unmetered` manifest gets this much), 60 s,
+    /// 1 GiB of memory, 100,000 table elements, 16 MiB of output, 1 MiB of
+    /// stdio, 256 HTTP requests and 64 MiB of response bytes per lease.
+    pub const CEILINGS: Limits = Limits {
+        fuel: Some(100_000_000_000),
+        timeout: Duration::from_secs(60),
+        memory_bytes: 1 << 30,
+        table_elements: 100_000,
+        output_bytes: 16 << 20,
+        stdio_bytes: 1 << 20,
+        http_requests: 256,
+        http_response_bytes: 64 << 20,
+    };
+
+    /// These limits, with the deadline and fuel fit in what is left of a
+    /// run's budgets.
+    pub fn within(&self, bound: &RunBound) -> Limits {
+        let fuel = match (self.fuel, bound.fuel) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, None) => a,
+            (None, b) => b,
+        };
+        Limits {
+            fuel,
+            timeout: bound
+                .wall_time
+                .map_or(self.timeout, |left| self.timeout.min(left)),
+            ..self.clone()
+        }
+    }
+
+    /// Each limit, at most `ceiling`'s (no fuel budget is more than any).
+    pub fn at_most(&self, ceiling: &Limits) -> Limits {
+        let fuel = match (self.fuel, ceiling.fuel) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, None) => a,
+            (None, b) => b,
+        };
+        Limits {
+            fuel,
+            timeout: self.timeout.min(ceiling.timeout),
+            memory_bytes: self.memory_bytes.min(ceiling.memory_bytes),
+            table_elements: self.table_elements.min(ceiling.table_elements),
+            output_bytes: self.output_bytes.min(ceiling.output_bytes),
+            stdio_bytes: self.stdio_bytes.min(ceiling.stdio_bytes),
+            http_requests: self.http_requests.min(ceiling.http_requests),
+            http_response_bytes: self.http_response_bytes.min(ceiling.http_response_bytes),
+        }
+    }
 }
+
+/// What is left of a run's budgets when it makes a lease: each lease's
+/// deadline and fuel fit in it. `None`: that budget is not limited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RunBound {
+    /// Wall time left.
+    pub wall_time: Option<Duration>,
+    /// Fuel left.
+    pub fuel: Option<u64>,
+}
+
+/// The most a preflight lease gets, whatever the plugin's limits say: a
+/// preview is asked before approval and must be cheap.
+pub const PREVIEW_CEILING: Limits = Limits {
+    fuel: Some(2_000_000_000),
+    timeout: Duration::from_secs(5),
+    memory_bytes: u64::MAX,
+    table_elements: u64::MAX,
+    output_bytes: 256 << 10,
+    stdio_bytes: 16 << 10,
+    http_requests: 0,
+    http_response_bytes: 0,
+};
 
 /// A growth the limiter refused.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -223,6 +304,65 @@ mod tests {
                 requested: 11,
                 limit: 10
             })
+        );
+    }
+
+    #[test]
+    fn a_ceiling_bounds_every_limit_and_unmetered_fuel() {
+        let huge = Limits {
+            fuel: None,
+            timeout: Duration::from_secs(3600),
+            memory_bytes: 1 << 40,
+            table_elements: 1 << 40,
+            output_bytes: 1 << 40,
+            stdio_bytes: 1 << 40,
+            http_requests: 1 << 40,
+            http_response_bytes: 1 << 40,
+        };
+        assert_eq!(huge.for_preview().fuel, Some(2_000_000_000));
+        assert_eq!(huge.for_preview().http_requests, 0);
+        assert_eq!(huge.at_most(&Limits::default()), Limits::default());
+        let small = Limits {
+            fuel: Some(5),
+            ..Limits::default()
+        };
+        assert_eq!(small.for_preview().fuel, Some(5));
+        assert_eq!(
+            small.at_most(&Limits {
+                fuel: None,
+                ..Limits::default()
+            }),
+            small
+        );
+    }
+
+    #[test]
+    fn what_is_left_of_a_run_bounds_the_deadline_and_the_fuel() {
+        let unmetered = Limits {
+            fuel: None,
+            timeout: Duration::from_secs(3600),
+            ..Limits::default()
+        };
+        let bound = RunBound {
+            wall_time: Some(Duration::from_secs(3)),
+            fuel: Some(1_000),
+        };
+        let within = unmetered.within(&bound);
+        assert_eq!(within.timeout, Duration::from_secs(3));
+        assert_eq!(within.fuel, Some(1_000));
+        assert_eq!(within.memory_bytes, unmetered.memory_bytes);
+        assert_eq!(
+            Limits::default().within(&RunBound::default()),
+            Limits::default()
+        );
+        assert_eq!(
+            Limits::default()
+                .within(&RunBound {
+                    wall_time: Some(Duration::from_secs(3600)),
+                    fuel: Some(u64::MAX),
+                })
+                .timeout,
+            Limits::default().timeout
         );
     }
 

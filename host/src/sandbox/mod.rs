@@ -42,7 +42,7 @@ pub use cache::CacheStatus;
 pub use capabilities::{Access, Capabilities, Mount, MountError, is_valid_mount_name};
 pub use capture::MIN_REDACTED_LEN;
 pub use error::{LeaseError, LeaseFailure, SandboxError};
-pub use limits::Limits;
+pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
 pub use receipt::{DeniedGrowth, GrowthResource, Outcome, UsageReceipt};
 
@@ -61,7 +61,7 @@ use bindings::policy::PolicyPluginPre;
 use bindings::tool::ToolPluginPre;
 use cache::ComponentCache;
 use capture::Redactor;
-use lease::{LeaseState, Request, Response};
+use lease::{LeaseState, Reach, Request, Response};
 use net::NetPolicy;
 use wit::{
     Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError,
@@ -86,6 +86,9 @@ pub struct SandboxConfig {
     /// How often the epoch ticks; deadlines are checked at each tick.
     /// Default: 5 ms.
     pub epoch_tick: Duration,
+    /// The operator's ceiling for every limit: no manifest or grant gets
+    /// more. Default: [`Limits::CEILINGS`].
+    pub ceilings: Limits,
 }
 
 impl Default for SandboxConfig {
@@ -96,6 +99,7 @@ impl Default for SandboxConfig {
             max_memory_bytes: 1 << 30,
             max_table_elements: 100_000,
             epoch_tick: Duration::from_millis(5),
+            ceilings: Limits::CEILINGS,
         }
     }
 }
@@ -268,8 +272,9 @@ impl Sandbox {
     /// Binds a loaded component to its effective capabilities and limits,
     /// ready to lease.
     ///
-    /// Limits are clamped to the sandbox's ceilings
-    /// ([`SandboxConfig::max_memory_bytes`],
+    /// Every limit is clamped to the operator's
+    /// [`SandboxConfig::ceilings`], memory and tables also to what the
+    /// allocator was sized for ([`SandboxConfig::max_memory_bytes`],
     /// [`SandboxConfig::max_table_elements`]).
     pub fn grant(
         &self,
@@ -277,11 +282,11 @@ impl Sandbox {
         capabilities: Capabilities,
         limits: Limits,
     ) -> GrantedComponent {
+        let config = &self.inner.config;
+        let limits = limits.at_most(&config.ceilings);
         let limits = Limits {
-            memory_bytes: limits.memory_bytes.min(self.inner.config.max_memory_bytes),
-            table_elements: limits
-                .table_elements
-                .min(self.inner.config.max_table_elements),
+            memory_bytes: limits.memory_bytes.min(config.max_memory_bytes),
+            table_elements: limits.table_elements.min(config.max_table_elements),
             ..limits
         };
         let redactor = Redactor::new(
@@ -291,10 +296,13 @@ impl Sandbox {
                 .map(|(k, v)| (k.as_str(), v.as_str())),
         );
         let net_policy = NetPolicy::new(component.name(), capabilities.hosts());
+        let narrowed = capabilities.narrowed();
         GrantedComponent {
             sandbox: self.clone(),
             component: component.clone(),
             capabilities: Arc::new(capabilities),
+            narrowed: Arc::new(narrowed),
+            widened: false,
             limits,
             redactor: Arc::new(redactor),
             net_policy: Arc::new(net_policy),
@@ -472,6 +480,10 @@ pub struct GrantedComponent {
     sandbox: Sandbox,
     component: PluginComponent,
     capabilities: Arc<Capabilities>,
+    /// [`Capabilities::narrowed`]: what calls ahead of an effect run with.
+    narrowed: Arc<Capabilities>,
+    /// Whether `resolve` and `decide` run with the whole grant.
+    widened: bool,
     limits: Limits,
     redactor: Arc<Redactor>,
     net_policy: Arc<NetPolicy>,
@@ -482,6 +494,7 @@ impl std::fmt::Debug for GrantedComponent {
         f.debug_struct("GrantedComponent")
             .field("name", &self.component.inner.name)
             .field("capabilities", &self.capabilities)
+            .field("widened", &self.widened)
             .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
@@ -508,30 +521,87 @@ impl GrantedComponent {
         &self.limits
     }
 
+    /// The same component whose every lease also fits in what is left of a
+    /// run's budgets: its deadline at most `bound.wall_time`, its fuel at
+    /// most `bound.fuel`.
+    pub fn bounded(&self, bound: &RunBound) -> GrantedComponent {
+        GrantedComponent {
+            limits: self.limits.within(bound),
+            ..self.clone()
+        }
+    }
+
+    /// The narrowed capabilities (mounts read-only, no outbound host) that
+    /// preflight and describe always run with, and `resolve` and `decide`
+    /// unless [`widened`](Self::widened).
+    pub fn narrowed_capabilities(&self) -> &Capabilities {
+        &self.narrowed
+    }
+
+    /// Lets `resolve` (a context source) and `decide` (a policy) run with
+    /// the whole grant instead of the narrowed one: the operator's explicit
+    /// choice for a source or policy that must write or reach a host.
+    /// Preflight and describe are never widened.
+    pub fn widened(mut self) -> Self {
+        self.widened = true;
+        self
+    }
+
+    /// Whether `resolve` and `decide` run with the whole grant.
+    pub fn is_widened(&self) -> bool {
+        self.widened
+    }
+
+    /// The reach of `resolve` and `decide` leases.
+    fn read_reach(&self) -> Reach {
+        if self.widened {
+            Reach::Full
+        } else {
+            Reach::Narrowed
+        }
+    }
+
     /// Asks a tool plugin for its tool specs, under [`Limits::for_metadata`].
     pub async fn describe_tools(&self) -> Leased<Vec<ToolSpec>> {
         let limits = self.limits.for_metadata();
-        self.lease(&limits, Request::DescribeTools, "describe", None)
-            .await
-            .map(|r| match r {
-                Response::Tools(specs) => specs,
-                _ => unreachable!("describe answers with tool specs"),
-            })
+        self.lease(
+            &limits,
+            Reach::Narrowed,
+            Request::DescribeTools,
+            "describe",
+            None,
+        )
+        .await
+        .map(|r| match r {
+            Response::Tools(specs) => specs,
+            _ => unreachable!("describe answers with tool specs"),
+        })
     }
 
-    /// Asks a tool for a side-effect-free preview of `call`.
+    /// Asks a tool for a side-effect-free preview of `call`. The preview
+    /// comes before the human's approval, so it always runs under the
+    /// narrowed grant (mounts read-only, no outbound host) and
+    /// [`Limits::for_preview`]: a plugin cannot make its effect happen, or
+    /// reach out, before it is approved.
     pub async fn preflight(
         &self,
         call: &Call,
         cancel: Option<&CancellationToken>,
     ) -> Leased<Result<Preview, ToolError>> {
         let op = format!("preflight of tool `{}`", call.tool);
-        self.lease(&self.limits, Request::Preflight(call), &op, cancel)
-            .await
-            .map(|r| match r {
-                Response::Preview(p) => p,
-                _ => unreachable!("preflight answers with a preview"),
-            })
+        let limits = self.limits.for_preview();
+        self.lease(
+            &limits,
+            Reach::Narrowed,
+            Request::Preflight(call),
+            &op,
+            cancel,
+        )
+        .await
+        .map(|r| match r {
+            Response::Preview(p) => p,
+            _ => unreachable!("preflight answers with a preview"),
+        })
     }
 
     /// Invokes a tool.
@@ -541,49 +611,75 @@ impl GrantedComponent {
         cancel: Option<&CancellationToken>,
     ) -> Leased<Result<ToolOutput, ToolError>> {
         let op = format!("tool `{}`", call.tool);
-        self.lease(&self.limits, Request::Invoke(call), &op, cancel)
-            .await
-            .map(|r| match r {
-                Response::Output(o) => o,
-                _ => unreachable!("invoke answers with an output"),
-            })
+        self.lease(
+            &self.limits,
+            Reach::Full,
+            Request::Invoke(call),
+            &op,
+            cancel,
+        )
+        .await
+        .map(|r| match r {
+            Response::Output(o) => o,
+            _ => unreachable!("invoke answers with an output"),
+        })
     }
 
     /// Asks a context source to describe itself, under
     /// [`Limits::for_metadata`].
     pub async fn describe_source(&self) -> Leased<SourceSpec> {
         let limits = self.limits.for_metadata();
-        self.lease(&limits, Request::DescribeSource, "describe", None)
-            .await
-            .map(|r| match r {
-                Response::Source(s) => s,
-                _ => unreachable!("describe answers with a source spec"),
-            })
+        self.lease(
+            &limits,
+            Reach::Narrowed,
+            Request::DescribeSource,
+            "describe",
+            None,
+        )
+        .await
+        .map(|r| match r {
+            Response::Source(s) => s,
+            _ => unreachable!("describe answers with a source spec"),
+        })
     }
 
-    /// Resolves a context request into items.
+    /// Resolves a context request into items, under the narrowed grant
+    /// unless [`widened`](Self::widened): a source is read before the model
+    /// call it feeds, ahead of any approved effect.
     pub async fn resolve(
         &self,
         request: &ContextRequest,
         cancel: Option<&CancellationToken>,
     ) -> Leased<Result<Vec<ContextItem>, ContextError>> {
-        self.lease(&self.limits, Request::Resolve(request), "resolve", cancel)
-            .await
-            .map(|r| match r {
-                Response::Items(items) => items,
-                _ => unreachable!("resolve answers with items"),
-            })
+        self.lease(
+            &self.limits,
+            self.read_reach(),
+            Request::Resolve(request),
+            "resolve",
+            cancel,
+        )
+        .await
+        .map(|r| match r {
+            Response::Items(items) => items,
+            _ => unreachable!("resolve answers with items"),
+        })
     }
 
     /// Asks a channel to describe itself, under [`Limits::for_metadata`].
     pub async fn describe_channel(&self) -> Leased<SourceSpec> {
         let limits = self.limits.for_metadata();
-        self.lease(&limits, Request::DescribeChannel, "describe", None)
-            .await
-            .map(|r| match r {
-                Response::Channel(s) => s,
-                _ => unreachable!("describe answers with a channel spec"),
-            })
+        self.lease(
+            &limits,
+            Reach::Narrowed,
+            Request::DescribeChannel,
+            "describe",
+            None,
+        )
+        .await
+        .map(|r| match r {
+            Response::Channel(s) => s,
+            _ => unreachable!("describe answers with a channel spec"),
+        })
     }
 
     /// Delivers one message through a channel.
@@ -592,47 +688,68 @@ impl GrantedComponent {
         delivery: &Delivery,
         cancel: Option<&CancellationToken>,
     ) -> Leased<Result<(), DeliveryError>> {
-        self.lease(&self.limits, Request::Deliver(delivery), "deliver", cancel)
-            .await
-            .map(|r| match r {
-                Response::Delivered(d) => d,
-                _ => unreachable!("deliver answers with a delivery result"),
-            })
+        self.lease(
+            &self.limits,
+            Reach::Full,
+            Request::Deliver(delivery),
+            "deliver",
+            cancel,
+        )
+        .await
+        .map(|r| match r {
+            Response::Delivered(d) => d,
+            _ => unreachable!("deliver answers with a delivery result"),
+        })
     }
 
     /// Asks a policy to describe itself, under [`Limits::for_metadata`].
     pub async fn describe_policy(&self) -> Leased<SourceSpec> {
         let limits = self.limits.for_metadata();
-        self.lease(&limits, Request::DescribePolicy, "describe", None)
-            .await
-            .map(|r| match r {
-                Response::Policy(s) => s,
-                _ => unreachable!("describe answers with a policy spec"),
-            })
+        self.lease(
+            &limits,
+            Reach::Narrowed,
+            Request::DescribePolicy,
+            "describe",
+            None,
+        )
+        .await
+        .map(|r| match r {
+            Response::Policy(s) => s,
+            _ => unreachable!("describe answers with a policy spec"),
+        })
     }
 
-    /// Asks a policy for its decision.
+    /// Asks a policy for its decision, under the narrowed grant unless
+    /// [`widened`](Self::widened): a decision comes before the effect it
+    /// allows.
     pub async fn decide(
         &self,
         request: &PolicyRequest,
         cancel: Option<&CancellationToken>,
     ) -> Leased<Result<Decision, PolicyError>> {
-        self.lease(&self.limits, Request::Decide(request), "decide", cancel)
-            .await
-            .map(|r| match r {
-                Response::Decided(d) => d,
-                _ => unreachable!("decide answers with a decision"),
-            })
+        self.lease(
+            &self.limits,
+            self.read_reach(),
+            Request::Decide(request),
+            "decide",
+            cancel,
+        )
+        .await
+        .map(|r| match r {
+            Response::Decided(d) => d,
+            _ => unreachable!("decide answers with a decision"),
+        })
     }
 
     async fn lease(
         &self,
         limits: &Limits,
+        reach: Reach,
         request: Request<'_>,
         operation: &str,
         cancel: Option<&CancellationToken>,
     ) -> Leased<Response> {
-        let (result, receipt) = lease::run(self, limits, request, cancel).await;
+        let (result, receipt) = lease::run(self, limits, reach, request, cancel).await;
         let result = result.map_err(|failure| {
             tracing::debug!(plugin = self.name(), operation, %failure, "lease failed");
             LeaseError {

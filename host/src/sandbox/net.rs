@@ -9,7 +9,9 @@
 //!   no capabilities), and every request it makes is denied before anything
 //!   leaves. `wasi:sockets` is never linked.
 //! - **Before a request leaves**, its scheme, host and port must match a
-//!   granted [`HostPattern`], and the lease must be under its request limit
+//!   granted [`HostPattern`], its authority must carry no user info
+//!   (`user:pw@host`, which would reach the server in the `host` header),
+//!   and the lease must be under its request limit
 //!   ([`Limits::http_requests`](super::Limits::http_requests)).
 //! - **After name resolution** (done here, not by the guest), every
 //!   resolved address must be public, or be an address the operator granted
@@ -17,7 +19,8 @@
 //!   and the name is never resolved again, so DNS rebinding gains nothing.
 //!   A `*` or a name pattern never allows a non-public address.
 //! - **Limits**: response body bytes over the whole lease
-//!   ([`Limits::http_response_bytes`](super::Limits::http_response_bytes));
+//!   ([`Limits::http_response_bytes`](super::Limits::http_response_bytes)),
+//!   one budget charged frame by frame, so concurrent requests share it;
 //!   the lease deadline covers resolving, connecting and waiting, because
 //!   the guest waits inside a host call the deadline wraps.
 //! - **Accounting**: every request, host contacted, byte in and out and
@@ -44,6 +47,8 @@ use serde::{Deserialize, Serialize};
 use tokio::net::TcpStream;
 use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpCtx, WasiHttpHooks};
+
+use super::capture::Redactor;
 
 /// Most denials a receipt lists; later ones are counted only.
 const MAX_LISTED_DENIALS: usize = 32;
@@ -273,6 +278,8 @@ pub enum DenialReason {
         /// The addresses it resolved to.
         addresses: Vec<IpAddr>,
     },
+    /// The request's authority carries user info (`user:pw@host`).
+    UserInfo,
     /// The lease had already sent [`Limits::http_requests`](super::Limits::http_requests)
     /// requests.
     RequestLimit {
@@ -285,6 +292,7 @@ impl std::fmt::Display for DenialReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             DenialReason::NotGranted => f.write_str("not among the granted hosts"),
+            DenialReason::UserInfo => f.write_str("user info in the authority is refused"),
             DenialReason::AddressNotAllowed { addresses } => {
                 let list: Vec<String> = addresses.iter().map(IpAddr::to_string).collect();
                 write!(
@@ -400,6 +408,7 @@ impl NetLease {
     pub(crate) fn new(
         plugin: Arc<str>,
         policy: Arc<NetPolicy>,
+        redactor: Arc<Redactor>,
         max_requests: u64,
         max_response_bytes: u64,
     ) -> Self {
@@ -408,6 +417,7 @@ impl NetLease {
             hooks: NetHooks {
                 plugin,
                 policy,
+                redactor,
                 max_requests,
                 max_response_bytes,
                 meter: SharedMeter::default(),
@@ -418,7 +428,7 @@ impl NetLease {
     /// A lease state that denies every request: what a `wasi:http` call
     /// finds if the lease was set up without network state.
     pub(crate) fn deny_all(plugin: Arc<str>) -> Self {
-        NetLease::new(plugin, Arc::default(), 0, 0)
+        NetLease::new(plugin, Arc::default(), Arc::default(), 0, 0)
     }
 
     /// What the lease did, if it attempted any request.
@@ -432,6 +442,8 @@ impl NetLease {
 pub(crate) struct NetHooks {
     plugin: Arc<str>,
     policy: Arc<NetPolicy>,
+    /// For the targets logged: what the guest asks for may hold a secret.
+    redactor: Arc<Redactor>,
     max_requests: u64,
     max_response_bytes: u64,
     meter: SharedMeter,
@@ -458,7 +470,7 @@ impl Target {
 
 impl NetHooks {
     fn deny(&self, target: String, reason: DenialReason) {
-        tracing::debug!(plugin = &*self.plugin, %target, %reason, "outbound request denied");
+        tracing::debug!(plugin = &*self.plugin, target = %self.redactor.redacted(&target), %reason, "outbound request denied");
         let mut meter = lock(&self.meter);
         meter.attempted = true;
         meter.usage.denied += 1;
@@ -483,6 +495,12 @@ impl NetHooks {
             host,
             port,
         };
+        // User info would be sent on in the `host` header (`user:pw@host`),
+        // naming to the server something the grant never checked.
+        if uri.authority().is_some_and(|a| a.as_str().contains('@')) {
+            self.deny(target.url(), DenialReason::UserInfo);
+            return Err(Error::HttpRequestDenied);
+        }
         if !self.policy.allows(scheme, &target.host, port) {
             self.deny(target.url(), DenialReason::NotGranted);
             return Err(Error::HttpRequestDenied);
@@ -524,6 +542,7 @@ impl WasiHttpHooks for NetHooks {
         let connection = Connection {
             plugin: Arc::clone(&self.plugin),
             policy: Arc::clone(&self.policy),
+            redactor: Arc::clone(&self.redactor),
             meter: Arc::clone(&self.meter),
             max_response_bytes: self.max_response_bytes,
         };
@@ -535,6 +554,7 @@ impl WasiHttpHooks for NetHooks {
 struct Connection {
     plugin: Arc<str>,
     policy: Arc<NetPolicy>,
+    redactor: Arc<Redactor>,
     meter: SharedMeter,
     max_response_bytes: u64,
 }
@@ -603,20 +623,15 @@ impl Connection {
             Poll::Pending
         })
         .await?;
-        let remaining = {
-            let meter = lock(&self.meter);
-            self.max_response_bytes.saturating_sub(meter.usage.bytes_in)
-        };
         let between = options.between_bytes_timeout;
         let response = response.map(|incoming| {
             Metered::new(
                 incoming,
                 Arc::clone(&self.meter),
                 Direction::In,
-                Some(remaining),
+                Some(self.max_response_bytes),
             )
             .with_idle_timeout(between)
-            .with_limit_reported(self.max_response_bytes)
             .boxed_unsync()
         });
         let io: IoFuture = Box::new(async move {
@@ -661,7 +676,7 @@ impl Connection {
             let mut ips: Vec<IpAddr> = addresses.iter().map(SocketAddr::ip).collect();
             ips.dedup();
             let reason = DenialReason::AddressNotAllowed { addresses: ips };
-            tracing::debug!(plugin = &*self.plugin, target = %target.url(), %reason, "outbound request denied");
+            tracing::debug!(plugin = &*self.plugin, target = %self.redactor.redacted(&target.url()), %reason, "outbound request denied");
             let mut meter = lock(&self.meter);
             // It was admitted and counted as a request; it is a denial now.
             meter.usage.requests = meter.usage.requests.saturating_sub(1);
@@ -747,25 +762,25 @@ enum Direction {
 }
 
 /// A body that counts its data bytes into the lease's meter and, for
-/// responses, stops at the lease's remaining response byte budget.
+/// responses, charges each frame to the lease's one response byte budget,
+/// shared by all its requests, however many are in flight at once.
 struct Metered<B> {
     inner: B,
     meter: SharedMeter,
     direction: Direction,
-    remaining: Option<u64>,
+    /// The lease's response byte limit, for responses.
     limit: Option<u64>,
     idle: Option<Duration>,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
 impl<B> Metered<B> {
-    fn new(inner: B, meter: SharedMeter, direction: Direction, remaining: Option<u64>) -> Self {
+    fn new(inner: B, meter: SharedMeter, direction: Direction, limit: Option<u64>) -> Self {
         Metered {
             inner,
             meter,
             direction,
-            remaining,
-            limit: None,
+            limit,
             idle: None,
             sleep: None,
         }
@@ -773,11 +788,6 @@ impl<B> Metered<B> {
 
     fn with_idle_timeout(mut self, idle: Option<Duration>) -> Self {
         self.idle = idle;
-        self
-    }
-
-    fn with_limit_reported(mut self, limit: u64) -> Self {
-        self.limit = Some(limit);
         self
     }
 }
@@ -800,15 +810,20 @@ where
                 this.sleep = None;
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;
-                    if let Some(remaining) = &mut this.remaining {
-                        if n > *remaining {
-                            return Poll::Ready(Some(Err(Error::HttpResponseBodySize(this.limit))));
-                        }
-                        *remaining -= n;
-                    }
+                    // Checked and charged under one lock: concurrent
+                    // responses draw on the same budget.
                     let mut meter = lock(&this.meter);
                     match this.direction {
-                        Direction::In => meter.usage.bytes_in += n,
+                        Direction::In => {
+                            if let Some(limit) = this.limit
+                                && meter.usage.bytes_in.saturating_add(n) > limit
+                            {
+                                return Poll::Ready(Some(Err(Error::HttpResponseBodySize(Some(
+                                    limit,
+                                )))));
+                            }
+                            meter.usage.bytes_in += n;
+                        }
                         Direction::Out => meter.usage.bytes_out += n,
                     }
                 }

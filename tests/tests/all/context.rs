@@ -74,6 +74,9 @@ dir = "notes"
 
 [plugins.counter]
 source = "counter.toml"
+# The guest counts its resolutions by writing: the operator widens it.
+[plugins.counter.grant]
+widened = true
 [plugins.counter.grant.mounts.state]
 dir = "state"
 {extra}

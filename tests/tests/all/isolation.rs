@@ -9,7 +9,7 @@ use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use warden::sandbox::{Capabilities, LeaseFailure, Limits, Outcome};
 
-use crate::{assert_serves_normal_call, call, hostile, invoke, output, test_limits};
+use crate::{Logs, assert_serves_normal_call, call, failure, hostile, invoke, output, test_limits};
 
 #[tokio::test]
 async fn nothing_leaks_from_one_lease_to_the_next() {
@@ -40,6 +40,7 @@ async fn only_granted_environment_variables_are_visible() {
 #[tokio::test]
 async fn granted_secrets_are_redacted_from_output_and_logs() {
     let secret = "sk-live-0123456789";
+    let logs = Logs::capture();
     let g = hostile(Capabilities::none().env("API_TOKEN", secret), test_limits());
     let leased = invoke(&g, "env", json!({ "names": ["API_TOKEN"] })).await;
     let out = match &leased.result {
@@ -49,7 +50,8 @@ async fn granted_secrets_are_redacted_from_output_and_logs() {
     assert!(!out.contains(secret), "{out}");
     assert!(out.contains("[redacted:API_TOKEN]"), "{out}");
 
-    // Echoed back in arguments, the value is redacted too.
+    // Echoed back in arguments, the value is redacted too (the guest also
+    // logs the arguments through the host).
     let leased = invoke(&g, "echo", json!({ "note": secret })).await;
     let out = output(&leased);
     assert_eq!(out["arguments"]["note"], "[redacted:API_TOKEN]");
@@ -65,6 +67,87 @@ async fn granted_secrets_are_redacted_from_output_and_logs() {
         Ok(Err(e)) => assert!(!format!("{e:?}").contains(secret), "{e:?}"),
         other => panic!("{other:?}"),
     }
+
+    // Written to stdout and stderr, logged through the host, and in a
+    // panic (stderr, then a trap).
+    let said = format!("token {secret} said");
+    let leased = invoke(
+        &g,
+        "say",
+        json!({ "log": said, "stdout": said, "stderr": said }),
+    )
+    .await;
+    assert_eq!(leased.receipt.outcome, Outcome::Ok);
+    let leased = invoke(&g, "panic", json!({ "message": said })).await;
+    let failure = leased.result.unwrap_err();
+    assert!(!failure.to_string().contains(secret), "{failure}");
+
+    let text = logs.text();
+    assert!(!text.contains(secret), "{text}");
+    for stream in ["stdout", "stderr"] {
+        assert!(
+            text.lines()
+                .any(|l| l.contains(stream) && l.contains("token [redacted:API_TOKEN] said")),
+            "{stream}: {text}"
+        );
+    }
+    assert!(
+        text.contains("echo: {\"note\":\"[redacted:API_TOKEN]\"}"),
+        "{text}"
+    );
+    assert_serves_normal_call(&g).await;
+}
+
+/// The host parses a tool's output as JSON; a secret written with `\u`
+/// escapes is redacted in what that decoding yields, strings and keys.
+#[tokio::test]
+async fn a_secret_in_json_escapes_is_redacted_after_decoding() {
+    let secret = "sk-live-0123456789";
+    let g = hostile(Capabilities::none().env("API_TOKEN", secret), test_limits());
+    let escaped: String = secret
+        .chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect();
+    let text = format!(r#"{{"token": "{escaped}", "{escaped}": ["x{escaped}"]}}"#);
+    let leased = invoke(&g, "say", json!({ "output": text })).await;
+    let decoded = output(&leased);
+    assert!(!decoded.to_string().contains(secret), "{decoded}");
+    assert_eq!(decoded["token"], "[redacted:API_TOKEN]");
+    assert_eq!(decoded["[redacted:API_TOKEN]"][0], "x[redacted:API_TOKEN]");
+    // In a typed error the same.
+    let leased = invoke(&g, "say", json!({ "error": text })).await;
+    let message = failure(&leased);
+    let decoded: serde_json::Value = serde_json::from_str(&message).unwrap();
+    assert!(!decoded.to_string().contains(secret), "{decoded}");
+    assert_serves_normal_call(&g).await;
+}
+
+/// A host log line is cut at 4096 bytes after redaction, not before: no
+/// beginning of a secret straddling the cut is left.
+#[tokio::test]
+async fn a_log_line_is_redacted_before_it_is_cut() {
+    let secret = "sk-live-0123456789abcdefgh";
+    let logs = Logs::capture();
+    let g = hostile(Capabilities::none().env("API_TOKEN", secret), test_limits());
+    let line = format!("{}{secret}", "y".repeat(4096 - 25));
+    let leased = invoke(&g, "say", json!({ "log": line })).await;
+    assert_eq!(leased.receipt.outcome, Outcome::Ok);
+    // Cut by the stdio budget, the end of stdout keeps no prefix either.
+    let small = hostile(
+        Capabilities::none().env("API_TOKEN", secret),
+        Limits {
+            stdio_bytes: 100,
+            ..test_limits()
+        },
+    );
+    let out = format!("{}{secret}", "z".repeat(90));
+    let leased = invoke(&small, "say", json!({ "stdout": out })).await;
+    assert!(leased.receipt.stdio_dropped_bytes > 0);
+    let text = logs.text();
+    assert!(text.contains(&"y".repeat(100)), "the line was logged");
+    assert!(text.contains(&"z".repeat(90)), "stdout was logged");
+    assert!(!text.contains("sk-l"), "{text}");
+    assert_serves_normal_call(&g).await;
 }
 
 #[tokio::test]

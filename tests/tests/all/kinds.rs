@@ -182,7 +182,8 @@ async fn policies_decide_from_their_config_and_count_their_calls() {
         .unwrap()
         .config("deny_tools", "fs__delete, fs__write_file")
         .config("require_in_output", "42");
-    let g = sandbox().grant(&component, caps, test_limits());
+    // Widened: the guest counts its calls by writing in its mount.
+    let g = sandbox().grant(&component, caps, test_limits()).widened();
     assert_eq!(
         g.describe_policy().await.result.unwrap().name,
         "test-policy"

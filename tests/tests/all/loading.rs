@@ -132,3 +132,80 @@ async fn a_corrupt_or_truncated_cache_entry_is_recompiled_not_trusted() {
         );
     }
 }
+
+/// A component file is checked before it is read: a device, a FIFO, a
+/// directory or a file over the size cap is a typed refusal, never a hang
+/// (a FIFO with no writer) or a read that grows without end (`/dev/zero`).
+#[tokio::test]
+async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() {
+    use warden::plugins::{ComponentFileError, MAX_COMPONENT_BYTES, PluginError, PluginHost};
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("component.fifo");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let sparse = dir.path().join("huge.wasm");
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(MAX_COMPONENT_BYTES + 1)
+        .unwrap();
+    std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.wasm")).unwrap();
+    let host = PluginHost::new(sandbox().clone());
+    let grant = warden::policy::Grant::default();
+    let cases: [(&str, &str); 5] = [
+        ("/dev/zero", "character device"),
+        ("zero.wasm", "character device"),
+        ("component.fifo", "FIFO"),
+        (".", "directory"),
+        ("huge.wasm", "larger than"),
+    ];
+    for (component, expected) in cases {
+        std::fs::write(
+            dir.path().join("plugin.toml"),
+            format!(
+                "name = \"p\"\nversion = \"1\"\nkind = \"tool\"\ncomponent = {component:?}\nsha256 = \"{}\"\n",
+                "0".repeat(64)
+            ),
+        )
+        .unwrap();
+        let source = warden::plugins::PluginSource::Manifest(dir.path().join("plugin.toml"));
+        // A hang would be the bug itself: bound the wait so it fails, not stalls.
+        let loaded = tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            host.load(&source, &grant, dir.path()),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("loading `{component}` hung"));
+        match loaded {
+            Err(PluginError::ComponentFile { problem, .. }) => {
+                let text = problem.to_string();
+                assert!(text.contains(expected), "{component}: {text}");
+                assert!(
+                    matches!(
+                        problem,
+                        ComponentFileError::NotARegularFile { .. }
+                            | ComponentFileError::TooLarge { .. }
+                    ),
+                    "{component}: {problem:?}"
+                );
+            }
+            other => panic!("{component}: {other:?}"),
+        }
+    }
+    // A regular component still loads, and serves a call.
+    let wasm = std::fs::read(guests::HOSTILE).unwrap();
+    std::fs::write(
+        dir.path().join("plugin.toml"),
+        format!(
+            "name = \"p\"\nversion = \"1\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{}\"\n",
+            guests::HOSTILE,
+            hex::encode(sha2::Sha256::digest(&wasm))
+        ),
+    )
+    .unwrap();
+    let source = warden::plugins::PluginSource::Manifest(dir.path().join("plugin.toml"));
+    let plugin = host.load(&source, &grant, dir.path()).await.unwrap();
+    assert_serves_normal_call(plugin.granted()).await;
+}

@@ -8,6 +8,8 @@
 //! - `isolation`: leakage between leases, environment grants and redaction,
 //!   starvation, cancellation.
 //! - `loading`: the import allow-list, integrity pins, the component cache.
+//! - `ceilings`: operator ceilings over a manifest's huge limits, and leases
+//!   bounded by what is left of their run's fuel and wall time.
 //! - `kinds`: context sources, channels and policies through their adapters.
 //! - `context`: context sources in runs: quoted into recorded prompts,
 //!   failing sources skipped or failing the run, recovery without
@@ -23,6 +25,9 @@
 //! - `kill`: the `warden` binary killed with SIGKILL mid-run, again and again.
 //! - `network`: outbound HTTP against a loopback server (`server`): what a
 //!   host grant lets through, and every way to reach what it does not.
+//! - `narrowed`: calls ahead of an effect (a preflight, and by default a
+//!   context source or a policy) under the narrowed grant: a write and a
+//!   request planted in a preflight are refused, the approval still shows.
 //! - `plugins`: the other first-party plugins through the testkit.
 //! - `workers`: run leases with fencing through the engine, and `warden
 //!   worker` processes killed at random while sharing 200 runs on
@@ -48,6 +53,7 @@
 //! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
 //!   crashes, stalls and counts injected around appends.
 
+mod ceilings;
 mod channels;
 mod context;
 mod effects;
@@ -62,6 +68,7 @@ mod kill;
 mod kinds;
 mod loading;
 mod model_server;
+mod narrowed;
 mod network;
 mod plugins;
 mod policies;
@@ -162,6 +169,54 @@ async fn assert_serves_normal_call(g: &GrantedComponent) {
     let leased = invoke(g, "noop", json!({})).await;
     assert_eq!(leased.receipt.outcome, Outcome::Ok, "{:?}", leased.result);
     assert_eq!(output(&leased), json!({}));
+}
+
+/// Everything the host logs at the `warden` binary's most verbose level on this thread
+/// while the guard lives, as plain text: for tests that prove what never
+/// reaches the logs. Tests using it run on the current-thread runtime, so
+/// every lease they start logs on this thread.
+struct Logs {
+    text: std::sync::Arc<std::sync::Mutex<Vec<u8>>>,
+    _guard: tracing::subscriber::DefaultGuard,
+}
+
+impl Logs {
+    fn capture() -> Logs {
+        let text = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = {
+            let text = std::sync::Arc::clone(&text);
+            move || LogWriter(std::sync::Arc::clone(&text))
+        };
+        // The most the `warden` binary logs (`-vv`).
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                warden::cli::TRACE_FILTER,
+            ))
+            .with_ansi(false)
+            .with_writer(writer)
+            .finish();
+        Logs {
+            text,
+            _guard: tracing::subscriber::set_default(subscriber),
+        }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.text.lock().unwrap()).into_owned()
+    }
+}
+
+struct LogWriter(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for LogWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Every test guest must be used by some test: a guest added without one

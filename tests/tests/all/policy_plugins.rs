@@ -29,7 +29,8 @@ fn transcript() -> String {
 }
 
 /// Writes the policy guest's manifest into the fixture (with a `count`
-/// mount, bound to `count/`), and returns the agent with the guest enabled
+/// mount, bound to `count/`, and the grant widened so the guest may write
+/// there while it decides), and returns the agent with the guest enabled
 /// as policy `guard` under `config` (TOML lines of the grant's config) and
 /// `limits` (a TOML inline table of the grant's limits, or empty).
 fn guarded(fx: &Fixture, config: &str, limits: &str) -> Agent {
@@ -52,7 +53,7 @@ fn guarded(fx: &Fixture, config: &str, limits: &str) -> Agent {
     fx.agent(
         &transcript(),
         &format!(
-            "[plugins.guard]\nsource = \"guard.toml\"\n[plugins.guard.grant.mounts.count]\ndir = \"count\"\n[plugins.guard.grant.config]\n{config}\n{limits}[policies.guard]\nplugin = \"guard\"\n"
+            "[plugins.guard]\nsource = \"guard.toml\"\n[plugins.guard.grant]\nwidened = true\n[plugins.guard.grant.mounts.count]\ndir = \"count\"\n[plugins.guard.grant.config]\n{config}\n{limits}[policies.guard]\nplugin = \"guard\"\n"
         ),
     )
 }

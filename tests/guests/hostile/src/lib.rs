@@ -151,6 +151,12 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
         r#"{"type":"object","required":["path","content"],"properties":{"path":{"type":"string"},"content":{"type":"string"}}}"#,
         Effect::Write,
     ),
+    (
+        "say",
+        "Says exactly what it is given: logs log through the host, writes stdout and stderr, then returns output as its output text (default {}), or fails with error.",
+        r#"{"type":"object","properties":{"output":{"type":"string"},"log":{"type":"string"},"stdout":{"type":"string"},"stderr":{"type":"string"},"error":{"type":"string"}}}"#,
+        Effect::Read,
+    ),
 ];
 
 struct Hostile;
@@ -199,6 +205,7 @@ impl Guest for Hostile {
             "set_marker" => set_marker(&args),
             "get_marker" => get_marker(&args),
             "echo" => echo(&args),
+            "say" => say(&args),
             "flaky" => flaky(&args, &call.idempotency_key),
             "write_then_sleep" => write_then_sleep(&args),
             "block_once" => block_once(&args, &call.idempotency_key),
@@ -617,6 +624,27 @@ fn echo(args: &Value) -> Result<String, ToolError> {
     host::log(LogLevel::Info, &format!("echo: {args}"));
     let config = host::config(key);
     Ok(json!({ "arguments": args, "config_key": key, "config": config }).to_string())
+}
+
+/// `say {output?, log?, stdout?, stderr?, error?}`: passes each text on
+/// verbatim (no JSON re-encoding on the way), so tests can hand the host
+/// exactly the bytes a plugin would.
+fn say(args: &Value) -> Result<String, ToolError> {
+    if let Some(text) = optional_str_arg(args, "log")? {
+        host::log(LogLevel::Info, text);
+    }
+    if let Some(text) = optional_str_arg(args, "stdout")? {
+        let mut out = io::stdout().lock();
+        let _ = out.write_all(text.as_bytes()).and_then(|()| out.flush());
+    }
+    if let Some(text) = optional_str_arg(args, "stderr")? {
+        let mut err = io::stderr().lock();
+        let _ = err.write_all(text.as_bytes()).and_then(|()| err.flush());
+    }
+    if let Some(text) = optional_str_arg(args, "error")? {
+        return Err(failed(text.to_owned()));
+    }
+    Ok(optional_str_arg(args, "output")?.unwrap_or("{}").to_owned())
 }
 
 /// The arguments as a JSON object; empty text counts as `{}`.
