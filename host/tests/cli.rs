@@ -1012,8 +1012,15 @@ api_token = "sk-live-do-not-print"
 
     // `bare` grants fs nothing inline, so the configured grant applies; an
     // inline grant would win whole.
+    // Its inline grant holds no mount, so fs cannot write: `write_file` is
+    // not offered, the demo's call to it is refused, and the run completes.
     let out = warden(&["run", "bare.toml", "go", "--run-id", "b1"], dir.path());
-    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("rejected: there is no tool `fs__write_file`"),
+        "{}",
+        stdout(&out)
+    );
     assert!(
         stdout(&out).contains("→ call-1-1 fs__list_dir [read]"),
         "{}",
@@ -1034,7 +1041,7 @@ api_token = "sk-live-do-not-print"
         dir.path(),
         &env,
     );
-    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
     let runs = json_out(&warden_env(&["runs", "list", "--json"], dir.path(), &env));
     assert_eq!(runs[0]["run_id"], "b2");
     assert_eq!(runs[0]["labels"]["team"], "sre");

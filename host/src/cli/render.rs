@@ -6,6 +6,7 @@ use serde_json::Value;
 use crate::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage};
 use crate::engine::events::{Event, ToolCallResult};
 use crate::engine::{RunId, RunStatus};
+use crate::providers::StopReason;
 use crate::sandbox::UsageReceipt;
 
 /// The line(s) for one event, or `None` for events not worth a line.
@@ -36,6 +37,15 @@ pub(crate) fn event(event: &Event) -> Option<String> {
             )
         }
         Event::ModelCallIntent(i) => format!("· step {}: calling the model", i.step),
+        Event::ModelCallCompleted(c) if c.stop_reason == StopReason::Refusal => format!(
+            "⊘ step {}: the model refused: {}",
+            c.step,
+            if c.text.is_empty() {
+                "(no text)"
+            } else {
+                c.text.as_str()
+            }
+        ),
         Event::ModelCallCompleted(c) => {
             let mut line = format!(
                 "· step {}: {} tokens in, {} out",

@@ -1372,8 +1372,11 @@ async fn show(
     let start = state.clock_seed_ms;
     let mut clock = start;
     for (s, event) in stored.iter().zip(&events) {
-        if let Event::ClockObserved(c) = event {
-            clock = c.at_ms;
+        match event {
+            Event::ClockObserved(c) => clock = c.at_ms,
+            // When the answer arrived, not when it was asked for.
+            Event::ModelCallCompleted(c) => clock = c.at_ms.unwrap_or(clock),
+            _ => {}
         }
         if let Some(line) = render::event(event) {
             let offset = clock.saturating_sub(start) as f64 / 1000.0;

@@ -14,6 +14,9 @@
 //! max_invalid_tool_calls = 3             # invalid tool calls in a row (unknown tool,
 //!                                        # arguments failing the schema) that end the
 //!                                        # run; default 3
+//! on_refusal = "fail"                    # when the model refuses (or a content filter
+//!                                        # stops it): fail the run (default) or
+//!                                        # "complete" with the refusal's text
 //!
 //! [model]                                # optional: inherited whole when absent
 //! provider = "scripted"                  # scripted | openai | anthropic
@@ -124,6 +127,7 @@ use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
 use super::policy_hooks::PolicyHook;
+use super::refusal::OnRefusal;
 use super::schema;
 use crate::plugins::manifest::LimitSettings;
 use crate::plugins::{PluginSource, builtin};
@@ -393,6 +397,8 @@ struct AgentFile {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_invalid_tool_calls: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    on_refusal: Option<OnRefusal>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     compaction: Option<CompactionEntry>,
 }
 
@@ -524,6 +530,8 @@ pub struct Agent {
     /// Invalid tool calls in a row (unknown tools, arguments failing the
     /// schema) that end the run. Default: [`DEFAULT_MAX_INVALID_TOOL_CALLS`].
     pub max_invalid_tool_calls: u32,
+    /// What a refusal does. Default: fail the run.
+    pub on_refusal: OnRefusal,
     /// When older history is summarised; `None` never.
     pub compaction: Option<CompactionSettings>,
     /// The digest of the definition, labels excluded.
@@ -1347,6 +1355,7 @@ fn validate(
         output_schema,
         context,
         max_invalid_tool_calls,
+        on_refusal: file.on_refusal.unwrap_or_default(),
         compaction,
         digest,
     })
@@ -2066,6 +2075,22 @@ team = "ops"
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn on_refusal_defaults_to_fail_and_parses_strictly() {
+        assert_eq!(parse(MINIMAL).unwrap().on_refusal, OnRefusal::Fail);
+        let complete = MINIMAL.replace("[model]", "on_refusal = \"complete\"\n[model]");
+        let agent = parse(&complete).unwrap();
+        assert_eq!(agent.on_refusal, OnRefusal::Complete);
+        assert_ne!(agent.digest, parse(MINIMAL).unwrap().digest);
+        let err = parse(&MINIMAL.replace("[model]", "on_refusal = \"retry\"\n[model]"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("on_refusal") || err.contains("`fail` or `complete`"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -23,6 +23,8 @@
 //! | last model call failed transiently, attempts left | [`Action::CallModel`], next attempt (budgets checked) |
 //! | … transiently, [`MAX_MODEL_ATTEMPTS`] reached | [`Action::Fail`] |
 //! | last turn has no tool calls, cut by max_tokens | [`Action::Fail`] |
+//! | last turn has no tool calls, the model refused, `on_refusal = "fail"` | [`Action::Fail`] ([`RunError::Refused`]) |
+//! | … `on_refusal = "complete"` | [`Action::Finish`] with the refusal's text |
 //! | last turn has no tool calls, output schema violated, not yet sent back | [`Action::RejectOutput`] |
 //! | … violated again                            | [`Action::Fail`] ([`RunError::OutputInvalid`]) |
 //! | … valid, a `before_finish` policy has not decided | [`Action::ConsultPolicy`] |
@@ -60,6 +62,7 @@ use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
 use super::policy_hooks::{PolicyConsult, PolicyPoint, PolicySubject, gate};
 use super::prompt::{build_request, request_frame};
+use super::refusal::OnRefusal;
 use super::schema::{self, SchemaError};
 use super::state::{
     ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState, key_argument,
@@ -169,8 +172,14 @@ impl ModelCall {
 
     /// The completion to record for `response`, priced with `pricing` (the
     /// agent's, recorded with it).
-    pub fn completion(&self, response: &ModelResponse, pricing: Option<&Pricing>) -> Event {
+    pub fn completion(
+        &self,
+        response: &ModelResponse,
+        pricing: Option<&Pricing>,
+        at_ms: u64,
+    ) -> Event {
         Event::ModelCallCompleted(ModelCallCompleted {
+            at_ms: Some(at_ms),
             step: self.step,
             text: response.text.clone(),
             tool_calls: response.tool_calls.clone(),
@@ -559,7 +568,16 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
         if turn.stop_reason == StopReason::MaxTokens {
             return Action::Fail(RunError::OutputTruncated { step: turn.step });
         }
+        let refused = turn.stop_reason == StopReason::Refusal;
+        if refused && view.on_refusal == OnRefusal::Fail {
+            return Action::Fail(RunError::Refused {
+                step: turn.step,
+                message: preview_text(&turn.text),
+            });
+        }
         let output = match &view.output_schema {
+            // A refusal completes with its text: it cannot meet a schema.
+            _ if refused => Value::String(turn.text.clone()),
             None => Value::String(turn.text.clone()),
             Some(schema) => match check_final_answer(schema, &turn.text) {
                 Ok(value) => value,
@@ -686,6 +704,43 @@ fn max_tokens(state: &RunState, view: &AgentView) -> u32 {
     }
 }
 
+/// Why a call's arguments are not a JSON object, if they are not: cut off
+/// by the token cap (the turn stopped at `max_tokens` and they are not
+/// whole JSON), not JSON at all (kept as the text that came), or some
+/// other JSON value.
+fn malformed_arguments(state: &RunState, arguments: &Value) -> Option<ToolCallError> {
+    if arguments.is_object() {
+        return None;
+    }
+    let cut = state
+        .last_turn()
+        .is_some_and(|t| t.stop_reason == StopReason::MaxTokens);
+    Some(match arguments {
+        Value::String(text) if cut => ToolCallError::TruncatedCall {
+            received: preview_text(text),
+        },
+        Value::String(text) => ToolCallError::InvalidArguments {
+            message: format!("the arguments are not valid JSON: `{}`", preview_text(text)),
+        },
+        other => ToolCallError::InvalidArguments {
+            message: format!("arguments must be a JSON object, got `{other}`"),
+        },
+    })
+}
+
+/// At most 200 bytes of `text`, cut at a character boundary.
+fn preview_text(text: &str) -> String {
+    const MAX: usize = 200;
+    if text.len() <= MAX {
+        return text.to_owned();
+    }
+    let mut end = MAX;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &text[..end])
+}
+
 fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Action {
     let reject = |error| {
         Action::RejectToolCall(ToolCallRejected {
@@ -699,13 +754,8 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
         });
     };
     if matches!(call.progress, ToolCallProgress::Pending) {
-        if !call.call.arguments.is_object() {
-            return reject(ToolCallError::InvalidArguments {
-                message: format!(
-                    "arguments must be a JSON object, got `{}`",
-                    call.call.arguments
-                ),
-            });
+        if let Some(error) = malformed_arguments(state, &call.call.arguments) {
+            return reject(error);
         }
         match schema::check(&tool.input_schema, &call.call.arguments) {
             Ok(()) => {}

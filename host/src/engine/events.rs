@@ -481,6 +481,11 @@ pub struct ModelCallCompleted {
     pub pricing: Option<Pricing>,
     /// Why the model stopped.
     pub stop_reason: StopReason,
+    /// When the completion arrived, in the injected clock's milliseconds
+    /// (timings and the wall-time budget count the call up to here).
+    /// Omitted in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::ModelCallFailed`].
@@ -711,6 +716,15 @@ pub enum ToolCallError {
     InvalidArguments {
         /// Why.
         message: String,
+    },
+    /// The model's answer was cut off by `max_tokens` in the middle of the
+    /// call: its arguments are incomplete, so nothing ran.
+    #[error(
+        "the call was cut off by max_tokens before its arguments were complete (received `{received}`): call the tool again with complete arguments, asking for less at once"
+    )]
+    TruncatedCall {
+        /// The argument text that arrived, at most 200 bytes of it.
+        received: String,
     },
     /// The tool refused (outside its mount, not permitted, …).
     #[error("denied by the tool: {message}")]
@@ -990,6 +1004,15 @@ pub enum RunError {
         /// How many attempts were made.
         attempts: u32,
         /// The last error.
+        message: String,
+    },
+    /// The model refused to answer (a refusal, or a content filter), and
+    /// the agent's `on_refusal` is `fail` (the default).
+    #[error("the model refused at step {step}: {message}")]
+    Refused {
+        /// The step.
+        step: u32,
+        /// What the model said, at most 200 bytes of it.
         message: String,
     },
     /// The model's final answer was cut short by `max_tokens`.
@@ -1563,6 +1586,7 @@ pub(crate) mod tests {
                         output_micros_per_million: 15_000_000,
                     }),
                     stop_reason: StopReason::ToolUse,
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"model_call_completed","step":1,"text":"Let me look.","tool_calls":[{"id":"c1","name":"fs__write_file","arguments":{"content":"hi","path":"a.txt"}}],"usage":{"input_tokens":120,"output_tokens":9},"cost_nanos":495000,"pricing":{"currency":"USD","input_micros_per_million":3000000,"output_micros_per_million":15000000},"stop_reason":"tool_use"}}"#,
             ),

@@ -51,6 +51,7 @@ pub mod output;
 pub mod policy_hooks;
 pub mod policy_plugin;
 pub mod prompt;
+pub mod refusal;
 pub mod replay;
 pub mod runtime;
 pub mod schema;

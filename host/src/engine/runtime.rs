@@ -1380,9 +1380,14 @@ impl Runtime {
             return self.record_cancel(log, driver, None).await;
         };
         let event = match outcome {
-            Ok(response) => call.completion(&response, prepared.view.pricing.as_ref()),
+            Ok(response) => call.completion(
+                &response,
+                prepared.view.pricing.as_ref(),
+                self.inner.clock.now_ms(),
+            ),
             Err(error) => {
-                tracing::warn!(run_id = %log.run_id, step = call.step, attempt = call.attempt, %error, "model call failed");
+                // Recorded, and shown from the record: not logged again.
+                tracing::debug!(run_id = %log.run_id, step = call.step, attempt = call.attempt, %error, "model call failed");
                 call.failure(&error)
             }
         };

@@ -1504,6 +1504,14 @@ impl RunState {
                 };
             }
             Event::ModelCallCompleted(c) => {
+                if let Some(at) = c.at_ms {
+                    // The call's time counts up to when its answer arrived.
+                    self.last_clock_ms = Some(at);
+                    self.usage.wall_time_ms = self
+                        .usage
+                        .wall_time_ms
+                        .max(at.saturating_sub(self.clock_seed_ms));
+                }
                 let u = &mut self.usage;
                 u.steps += 1;
                 u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
@@ -1549,6 +1557,7 @@ impl RunState {
                     r.error,
                     ToolCallError::UnknownTool { .. }
                         | ToolCallError::InvalidArguments { .. }
+                        | ToolCallError::TruncatedCall { .. }
                         | ToolCallError::MissingIdempotencyKey { .. }
                 ) {
                     self.invalid_calls_in_a_row += 1;

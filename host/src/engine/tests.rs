@@ -81,6 +81,7 @@ fn view() -> AgentView {
         pricing: None,
         context: Vec::new(),
         max_invalid_tool_calls: 3,
+        on_refusal: Default::default(),
         compaction: None,
         output_schema: None,
         channels: vec![],
@@ -158,6 +159,7 @@ fn answer_with(step: u32, text: &str, calls: &[(&str, Value)], stop: StopReason)
             output_tokens: 10,
         },
         cost_nanos: Some(5),
+        at_ms: None,
         pricing: None,
         stop_reason: stop,
     })
@@ -1379,7 +1381,7 @@ fn action_events_record_exactly_the_decision() {
         },
         stop_reason: Some(StopReason::EndTurn),
     };
-    let Event::ModelCallCompleted(c) = call.completion(&response, Some(&pricing)) else {
+    let Event::ModelCallCompleted(c) = call.completion(&response, Some(&pricing), 0) else {
         unreachable!()
     };
     assert_eq!(c.cost_nanos, Some(1_000_000 + 20_000));
@@ -1451,8 +1453,11 @@ impl Sim {
                         self.events.push(call.intent(false));
                     }
                     let response = self.respond(&call.request);
-                    self.events
-                        .push(call.completion(&response, self.view.pricing.as_ref()));
+                    self.events.push(call.completion(
+                        &response,
+                        self.view.pricing.as_ref(),
+                        self.clock_ms,
+                    ));
                 }
                 Action::CallTool(invocation) => {
                     if !invocation.recorded {
@@ -1879,6 +1884,7 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         claimed_effect: effect,
         effect,
         idempotency_key: None,
+        withheld: None,
     })
     .collect();
     // `notes-files` is the files-context source and `outbox` the

@@ -580,6 +580,7 @@ mod tests {
             cost_nanos: None,
             pricing: None,
             stop_reason: StopReason::ToolUse,
+            at_ms: None,
         });
         assert!(feed(&mut feeder, 2, model_turn).is_empty());
         let tool = ToolRef {

@@ -6,6 +6,7 @@
 //! Built by the runtime once the agent's plugins are loaded; plain data, so
 //! tests build it directly.
 
+use super::refusal::OnRefusal;
 use std::collections::BTreeSet;
 
 use serde_json::Value;
@@ -49,6 +50,8 @@ pub struct AgentView {
     pub context: Vec<ContextSource>,
     /// Invalid tool calls in a row that end the run.
     pub max_invalid_tool_calls: u32,
+    /// What a refusal does.
+    pub on_refusal: OnRefusal,
     /// When older history is summarised; `None` never.
     pub compaction: Option<CompactionSettings>,
     /// The JSON Schema the final output must satisfy, when declared (then
@@ -196,7 +199,10 @@ impl AgentView {
                     });
                 }
             }
-            for d in descriptors.iter() {
+            // A tool whose effect the grant forbids is not offered: the
+            // model never plans around it, and a call by name is refused as
+            // unknown before any approval is asked.
+            for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
                 let tool = ToolRef {
                     plugin: plugin.key.clone(),
                     tool: d.name.clone(),
@@ -274,6 +280,7 @@ impl AgentView {
             pricing: agent.model.pricing.clone(),
             context: agent.context.clone(),
             max_invalid_tool_calls: agent.max_invalid_tool_calls,
+            on_refusal: agent.on_refusal,
             compaction: agent.compaction,
             output_schema: agent.output_schema.clone(),
             channels: agent.channels.clone(),
@@ -328,6 +335,7 @@ mod tests {
             claimed_effect: effect,
             effect,
             idempotency_key: None,
+            withheld: None,
         }
     }
 

@@ -38,6 +38,13 @@ pub struct ToolDescriptor {
     /// The argument the operator named as the call's idempotency key across
     /// runs, if any.
     pub idempotency_key: Option<String>,
+    /// Why the tool is not offered to the model, if it is not: its effect
+    /// is one the grant forbids (a `write` or `idempotent` tool of a plugin
+    /// with no read-write mount and no outbound host, unless the operator
+    /// set its effect class). Such a call could only fail, after asking a
+    /// human to approve an effect that cannot happen.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub withheld: Option<String>,
 }
 
 /// A tool spec the host does not accept, with the tool's name.
@@ -97,6 +104,14 @@ pub(crate) fn descriptors(
             Err(e) => return Err(error(format!("input schema is not valid JSON: {e}"))),
         };
         let claimed_effect = EffectClass::from(spec.effect);
+        let withheld = (o.effect.is_none()
+            && claimed_effect != EffectClass::Read
+            && !capabilities.can_cause_effects())
+        .then(|| {
+            format!(
+                "its effect is `{claimed_effect}` and the grant allows no change (no read-write mount, no outbound host)"
+            )
+        });
         tools.push(ToolDescriptor {
             plugin: plugin.to_owned(),
             name: spec.name.clone(),
@@ -105,6 +120,7 @@ pub(crate) fn descriptors(
             claimed_effect,
             effect: effective_effect(claimed_effect, o.effect, capabilities),
             idempotency_key: o.idempotency_key.clone(),
+            withheld,
         });
     }
     if let Some(unknown) = overrides.keys().find(|k| !seen.contains(k.as_str())) {

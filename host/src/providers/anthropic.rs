@@ -26,6 +26,13 @@
 //! [`RawBlock`], so it is recorded and sent back in its
 //! place.
 //!
+//! Strict and lenient: data that is not JSON, an event out of order, or
+//! bytes that are not UTF-8 before the response is complete are a protocol
+//! error; anything after `message_stop` is ignored; a body that ends after
+//! `message_delta` carried the stop reason is complete even without
+//! `message_stop` (or the blank line that would dispatch it); one that ends
+//! before is incomplete (transient).
+//!
 //! Input usage counts cache writes and reads (`cache_creation_input_tokens`,
 //! `cache_read_input_tokens`) with `input_tokens`: all of it was read.
 
@@ -37,7 +44,7 @@ use serde_json::{Map, Value, json};
 
 use super::http::{
     DecodeError, HttpClient, HttpConfig, HttpModel, RetrySleep, Secret, StreamDecoder, TokioSleep,
-    WireFormat, preview,
+    WireFormat, error_is_transient, preview,
 };
 use super::sse::SseEvent;
 use super::{
@@ -273,6 +280,9 @@ fn usage_parts(usage: &Value) -> (Option<u64>, Option<u64>) {
     (input, n("output_tokens"))
 }
 
+/// An `error` event's or response's error object as a remote error,
+/// classified by its type, then its code, then its status (see
+/// [`error_is_transient`]).
 fn remote_error(error: &Value) -> DecodeError {
     let kind = error
         .get("type")
@@ -284,14 +294,10 @@ fn remote_error(error: &Value) -> DecodeError {
         .and_then(Value::as_str)
         .map(str::to_owned)
         .unwrap_or_else(|| error.to_string());
-    let transient = matches!(
-        kind.as_str(),
-        "overloaded_error" | "api_error" | "rate_limit_error" | "timeout_error"
-    );
     DecodeError::Remote {
         kind,
         message,
-        transient,
+        transient: error_is_transient(error, None),
     }
 }
 
@@ -398,6 +404,22 @@ fn index_of(data: &Value, kind: &str) -> Result<u64, DecodeError> {
 }
 
 impl Decoder {
+    /// The response's last events: blocks that never stopped (they still
+    /// count), usage, the stop reason.
+    fn complete(&mut self, stop: StopReason) -> Vec<ProviderEvent> {
+        self.done = true;
+        let mut out = Vec::new();
+        for (index, block) in std::mem::take(&mut self.blocks) {
+            out.extend(block.stop(index));
+        }
+        out.push(ProviderEvent::Usage(Usage {
+            input_tokens: self.input,
+            output_tokens: self.output,
+        }));
+        out.push(ProviderEvent::Stop(stop));
+        out
+    }
+
     fn usage(&mut self, usage: &Value) {
         let (input, output) = usage_parts(usage);
         self.input = self.input.max(input.unwrap_or(0));
@@ -500,16 +522,7 @@ impl StreamDecoder for Decoder {
                 let stop = self.stop.ok_or_else(|| {
                     DecodeError::Malformed("`message_stop` came before any stop reason".into())
                 })?;
-                self.done = true;
-                // A block that never stopped still counts.
-                for (index, block) in std::mem::take(&mut self.blocks) {
-                    out.extend(block.stop(index));
-                }
-                out.push(ProviderEvent::Usage(Usage {
-                    input_tokens: self.input,
-                    output_tokens: self.output,
-                }));
-                out.push(ProviderEvent::Stop(stop));
+                out.extend(self.complete(stop));
             }
             "error" => {
                 return Err(remote_error(data.get("error").unwrap_or(&data)));
@@ -528,6 +541,12 @@ impl StreamDecoder for Decoder {
     fn end(&mut self) -> Result<Vec<ProviderEvent>, DecodeError> {
         if self.done {
             return Ok(Vec::new());
+        }
+        if let Some(stop) = self.stop {
+            // `message_delta` carried the stop reason: it comes after every
+            // content block, so only `message_stop` can be missing (or its
+            // blank line, so it was never dispatched). The answer is whole.
+            return Ok(self.complete(stop));
         }
         Err(DecodeError::Incomplete(if self.started {
             "the stream ended before `message_stop`".into()

@@ -32,6 +32,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::client::conn::http1::SendRequest;
+use serde_json::Value;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tracing::Instrument;
 use wasmtime_wasi_http::io::TokioIo;
@@ -171,11 +172,17 @@ pub fn backoff(failed_attempt: u32, retry_after_ms: Option<u64>, jitter: u64) ->
 
 /// What `Retry-After` (or `retry-after-ms`, which some APIs send) asks for,
 /// in milliseconds: seconds, fractional seconds, or an HTTP date (measured
-/// from `now`).
+/// from `now`). A response with neither is read for the same headers as a
+/// proxy forwards them from the server behind it (LiteLLM's
+/// `llm_provider-retry-after`).
 pub fn retry_after_ms(headers: &HeaderMap, now: SystemTime) -> Option<u64> {
+    retry_after_with(headers, now, "").or_else(|| retry_after_with(headers, now, "llm_provider-"))
+}
+
+fn retry_after_with(headers: &HeaderMap, now: SystemTime, prefix: &str) -> Option<u64> {
     let text = |name: &str| {
         headers
-            .get(name)
+            .get(format!("{prefix}{name}").as_str())
             .and_then(|v| v.to_str().ok())
             .map(str::trim)
     };
@@ -196,6 +203,88 @@ pub fn retry_after_ms(headers: &HeaderMap, now: SystemTime) -> Option<u64> {
     }
     let at = httpdate::parse_http_date(value).ok()?;
     Some(at.duration_since(now).map_or(0, |d| d.as_millis() as u64))
+}
+
+/// Error types the OpenAI and Anthropic APIs (and the servers that speak
+/// them) document as worth trying again.
+const TRANSIENT_TYPES: &[&str] = &[
+    "server_error",
+    "api_error",
+    "overloaded_error",
+    "rate_limit_error",
+    "rate_limit_exceeded",
+    "timeout_error",
+    "timeout",
+    "service_unavailable",
+    "service_unavailable_error",
+];
+/// Error types that say the same request can never succeed.
+const PERMANENT_TYPES: &[&str] = &[
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "request_too_large",
+    "billing_error",
+    "insufficient_quota",
+    "invalid_api_key",
+    "context_length_exceeded",
+    "model_not_found",
+    "unsupported_country_region_territory",
+];
+
+/// Whether an HTTP status says trying again later may succeed: 408, 409,
+/// 429, 529 and 5xx.
+pub fn status_is_transient(status: u16) -> bool {
+    matches!(status, 408 | 409 | 429 | 529) || (500..600).contains(&status)
+}
+
+/// Whether an API's error object (`{"type", "code", "message", …}`) says
+/// trying again may succeed. By its `type` when the type is one the APIs
+/// document; else by its `code` (a number, or a string of digits, is read
+/// as an HTTP status, as proxies send it; a documented name as a type);
+/// else by `status` (the response's HTTP status, or the object's own
+/// `status` field). With none of them known, it is permanent.
+pub fn error_is_transient(error: &Value, status: Option<u16>) -> bool {
+    let known = |name: &str| {
+        if TRANSIENT_TYPES.contains(&name) {
+            Some(true)
+        } else if PERMANENT_TYPES.contains(&name) {
+            Some(false)
+        } else {
+            None
+        }
+    };
+    if let Some(verdict) = error.get("type").and_then(Value::as_str).and_then(known) {
+        return verdict;
+    }
+    let code = error.get("code");
+    let numeric = code.and_then(|c| {
+        c.as_u64()
+            .or_else(|| c.as_str().and_then(|s| s.trim().parse::<u64>().ok()))
+    });
+    if let Some(n) = numeric.and_then(|n| u16::try_from(n).ok()) {
+        return status_is_transient(n);
+    }
+    if let Some(verdict) = code.and_then(Value::as_str).and_then(known) {
+        return verdict;
+    }
+    let own = error
+        .get("status")
+        .and_then(Value::as_u64)
+        .and_then(|n| u16::try_from(n).ok());
+    own.or(status).is_some_and(status_is_transient)
+}
+
+/// The error object of an error response body: OpenAI's `{"error": {…}}`,
+/// Anthropic's `{"type": "error", "error": {…}}`, or `None` when the body
+/// is not such JSON.
+pub fn error_object(body: &str) -> Option<Value> {
+    let value: Value = serde_json::from_str(body).ok()?;
+    match value.get("error") {
+        Some(e @ Value::Object(_)) => Some(e.clone()),
+        _ => None,
+    }
 }
 
 /// A URL as errors and logs show it: no user info, and a query reduced to
@@ -812,6 +901,10 @@ struct Open {
     /// came before an error is handed out before the error is seen.
     queued: VecDeque<SseEvent>,
     decoder: Box<dyn StreamDecoder>,
+    /// The event stream cannot be read past this point (bytes that are not
+    /// UTF-8, an oversized event): an error once `queued` is used up,
+    /// unless the response was complete by then.
+    broken: Option<ProviderError>,
     span: tracing::Span,
     _permit: OwnedSemaphorePermit,
 }
@@ -929,12 +1022,17 @@ impl Call {
         if !parts.status.is_success() {
             let retry_after_ms = retry_after_ms(&parts.headers, SystemTime::now());
             let text = read_error_body(&mut body, e.timeout).await;
+            let status = parts.status.as_u16();
+            let transient = error_object(&text).map_or(status_is_transient(status), |error| {
+                error_is_transient(&error, Some(status))
+            });
             return Err(ProviderError::Http {
                 provider: e.wire.name().into(),
-                status: parts.status.as_u16(),
+                status,
                 url: e.display_url.clone(),
                 body: scrub(&text, &e.secrets),
                 retry_after_ms,
+                transient,
             });
         }
         let json = parts
@@ -955,6 +1053,7 @@ impl Call {
             sse: SseParser::new(MAX_RESPONSE_EVENT),
             queued: VecDeque::new(),
             decoder: e.wire.decoder(),
+            broken: None,
             span,
             _permit: permit,
         });
@@ -1000,7 +1099,18 @@ impl Call {
             self.pending.extend(decoded);
             return Ok(());
         }
+        if !open.decoder.is_complete()
+            && let Some(error) = open.broken.take()
+        {
+            return Err(error);
+        }
         if open.decoder.is_complete() {
+            if open.broken.is_some() {
+                // The stream broke after the response's end: the
+                // connection is not worth pooling.
+                self.finished = true;
+                return Ok(());
+            }
             // Everything was decoded; read on to the body's end so the
             // connection can be pooled, but never fail the call for it.
             let drain = async { while let Ok(Some(_)) = open.body.chunk().await {} };
@@ -1019,11 +1129,17 @@ impl Call {
             self.finished = true;
             return Ok(());
         };
-        let events = open.sse.push(&chunk).map_err(|e| ProviderError::Protocol {
-            provider: self.endpoint.wire.name().into(),
-            message: e.to_string(),
-        })?;
+        let mut events = Vec::new();
+        let pushed = open.sse.push_into(&chunk, &mut events);
         open.queued.extend(events);
+        if let Err(e) = pushed {
+            // Raised only if the events before it leave the response
+            // incomplete: bytes after its end are not part of it.
+            open.broken = Some(ProviderError::Protocol {
+                provider: self.endpoint.wire.name().into(),
+                message: e.to_string(),
+            });
+        }
         Ok(())
     }
 }
@@ -1112,6 +1228,54 @@ mod tests {
     }
 
     #[test]
+    fn error_shapes_are_classified_by_type_then_code_then_status() {
+        use serde_json::json;
+        let cases = [
+            // OpenAI, Anthropic, and their documented types.
+            (json!({"type": "server_error", "code": null}), None, true),
+            (json!({"type": "overloaded_error"}), None, true),
+            (json!({"type": "invalid_request_error"}), Some(500), false),
+            // A 429 that no wait cures.
+            (
+                json!({"type": "insufficient_quota", "code": "insufficient_quota"}),
+                Some(429),
+                false,
+            ),
+            // A proxy: no type, the status as the code, as text or a number.
+            (
+                json!({"message": "x", "type": null, "code": "500"}),
+                None,
+                true,
+            ),
+            (
+                json!({"type": "throttling_error", "code": "429"}),
+                None,
+                true,
+            ),
+            (json!({"type": null, "code": 503}), None, true),
+            (json!({"type": null, "code": "400"}), Some(500), false),
+            // A documented code, then the object's status, then the response's.
+            (json!({"code": "rate_limit_exceeded"}), None, true),
+            (json!({"message": "x", "status": 502}), None, true),
+            (json!({"message": "x"}), Some(503), true),
+            (json!({"message": "x"}), Some(404), false),
+            (json!({"message": "x"}), None, false),
+        ];
+        for (error, status, transient) in cases {
+            assert_eq!(
+                error_is_transient(&error, status),
+                transient,
+                "{error} {status:?}"
+            );
+        }
+        assert_eq!(
+            error_object(r#"{"type":"error","error":{"type":"api_error"}}"#),
+            Some(json!({"type": "api_error"}))
+        );
+        assert_eq!(error_object("<html>"), None);
+    }
+
+    #[test]
     fn retry_after_reads_seconds_fractions_dates_and_milliseconds() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
         let later = httpdate::fmt_http_date(now + Duration::from_secs(30));
@@ -1132,6 +1296,12 @@ mod tests {
             ),
             (vec![("retry-after", &later)], Some(30_000)),
             (vec![("retry-after", &earlier)], Some(0)),
+            // What a proxy forwards from the server behind it.
+            (vec![("llm_provider-retry-after", "120")], Some(120_000)),
+            (
+                vec![("llm_provider-retry-after", "120"), ("retry-after", "2")],
+                Some(2_000),
+            ),
             (vec![], None),
         ];
         for (pairs, expected) in cases {

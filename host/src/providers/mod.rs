@@ -313,8 +313,9 @@ pub enum ProviderError {
         /// What went wrong.
         message: String,
     },
-    /// The server answered with an error status. Transient for 408, 409,
-    /// 429, 529 and 5xx; permanent otherwise.
+    /// The server answered with an error status. Transient or not as the
+    /// body's error object says (its type, then its code), else by status:
+    /// 408, 409, 429, 529 and 5xx are transient.
     #[error("provider `{provider}`: {url} answered {status}: {body}")]
     Http {
         /// The provider.
@@ -327,6 +328,8 @@ pub enum ProviderError {
         body: String,
         /// What `Retry-After` asked for, in milliseconds.
         retry_after_ms: Option<u64>,
+        /// Whether trying again may succeed (see above).
+        transient: bool,
     },
     /// The model's API reported an error in the middle of a response (an
     /// `error` event). Transient when its kind says so (overloaded, a
@@ -371,10 +374,9 @@ impl ProviderError {
     pub fn is_transient(&self) -> bool {
         match self {
             ProviderError::Transport { .. } => true,
-            ProviderError::Http { status, .. } => {
-                matches!(status, 408 | 409 | 429 | 529) || (500..600).contains(status)
+            ProviderError::Http { transient, .. } | ProviderError::Remote { transient, .. } => {
+                *transient
             }
-            ProviderError::Remote { transient, .. } => *transient,
             ProviderError::Protocol { .. }
             | ProviderError::InvalidRequest { .. }
             | ProviderError::Script(_) => false,
@@ -474,6 +476,7 @@ mod tests {
             url: "https://api.example.com/v1".into(),
             body: String::new(),
             retry_after_ms: None,
+            transient: http::status_is_transient(status),
         };
         for status in [408, 409, 429, 500, 503, 529] {
             assert!(http(status).is_transient(), "{status}");

@@ -21,9 +21,21 @@
 //! no `[DONE]`). A chunk with an `error` member is the server reporting an
 //! error mid-stream.
 //!
-//! Arguments that are not valid JSON are kept as a JSON string, so the
-//! engine rejects the call as invalid arguments and the model sees why;
-//! sent back, a string is sent as it came.
+//! Arguments that are not valid JSON are kept as a JSON string (what came,
+//! recorded as it was), and so are a call's empty arguments when the
+//! finish reason is `length` (the call was cut off before them): the engine
+//! rejects such a call with a typed error the model sees. Sent back, any
+//! arguments that are not an object are sent as `{}`: a request Warden
+//! builds is always valid JSON where the protocol wants JSON.
+//!
+//! Strict and lenient: a chunk that is not JSON, or bytes that are not
+//! UTF-8, before the response is complete are a protocol error (the answer
+//! cannot be known); anything after `[DONE]` is ignored, whatever it is;
+//! a body that ends after a `finish_reason` without `[DONE]` is complete;
+//! one that ends before any `finish_reason` is incomplete (transient). An
+//! `error` member mid-stream is the server's error, transient or not by
+//! its type, then its code (a proxy's `"code": "500"` is a server error),
+//! then its status.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -34,7 +46,7 @@ use serde_json::{Value, json};
 
 use super::http::{
     DecodeError, HttpClient, HttpConfig, HttpModel, RetrySleep, Secret, StreamDecoder, TokioSleep,
-    WireFormat, preview,
+    WireFormat, error_is_transient, preview,
 };
 use super::sse::SseEvent;
 use super::{
@@ -221,11 +233,15 @@ pub(crate) fn request_body(request: &ModelRequest, stream: bool, options: OpenAi
     body
 }
 
-/// Arguments as the wire wants them: JSON text (a string kept as it came).
+/// Arguments as the wire wants them: the JSON text of an object. Anything
+/// else (arguments that were not valid JSON, or cut off, kept as a string
+/// in the log) is sent as `{}`: the server parses what it is sent back, and
+/// broken text would make the whole conversation unusable. The tool's
+/// result tells the model what was wrong with its call.
 fn arguments_text(arguments: &Value) -> String {
     match arguments {
-        Value::String(raw) => raw.clone(),
-        other => other.to_string(),
+        Value::Object(_) => arguments.to_string(),
+        _ => "{}".into(),
     }
 }
 
@@ -257,38 +273,31 @@ fn usage_of(value: &Value) -> Option<Usage> {
     })
 }
 
-/// A chunk's or response's `error` member as a remote error.
+/// A chunk's or response's `error` member as a remote error, classified
+/// by its type, then its code, then its status (see
+/// [`error_is_transient`]): a proxy's `{"type": null, "code": "500"}` is
+/// a transient server error.
 fn remote_error(error: &Value) -> DecodeError {
-    let kind = error
-        .get("type")
-        .or_else(|| error.get("code"))
-        .and_then(|v| {
+    let name = |v: Option<&Value>| {
+        v.and_then(|v| {
             v.as_str()
+                .filter(|s| !s.is_empty())
                 .map(str::to_owned)
                 .or_else(|| v.as_u64().map(|n| n.to_string()))
         })
+    };
+    let kind = name(error.get("type"))
+        .or_else(|| name(error.get("code")))
         .unwrap_or_else(|| "error".into());
     let message = error
         .get("message")
         .and_then(Value::as_str)
         .map(str::to_owned)
         .unwrap_or_else(|| error.to_string());
-    let transient = matches!(
-        kind.as_str(),
-        "server_error"
-            | "rate_limit_exceeded"
-            | "rate_limit_error"
-            | "overloaded_error"
-            | "timeout"
-            | "500"
-            | "502"
-            | "503"
-            | "529"
-    );
     DecodeError::Remote {
         kind,
         message,
-        transient,
+        transient: error_is_transient(error, None),
     }
 }
 
@@ -316,8 +325,21 @@ struct Decoder {
 impl Decoder {
     fn flush_calls(&mut self) -> Result<Vec<ProviderEvent>, DecodeError> {
         let calls = std::mem::take(&mut self.calls);
+        // Cut off by the token cap, the last call is partial unless its
+        // arguments are a whole JSON object: then they are kept as the text
+        // that came, never run as a call with empty arguments.
+        let cut_at = match self.finish {
+            Some(StopReason::MaxTokens) => calls.keys().next_back().copied(),
+            _ => None,
+        };
         let mut out = Vec::with_capacity(calls.len());
         for (index, call) in calls {
+            let arguments = match parse_arguments(&call.arguments) {
+                Value::Object(_) if cut_at == Some(index) && call.arguments.trim().is_empty() => {
+                    Value::String(call.arguments.clone())
+                }
+                parsed => parsed,
+            };
             if call.name.is_empty() {
                 return Err(DecodeError::Malformed(format!(
                     "the tool call at index {index} has no function name"
@@ -331,7 +353,7 @@ impl Decoder {
             out.push(ProviderEvent::ToolCall(ToolCall {
                 id,
                 name: call.name,
-                arguments: parse_arguments(&call.arguments),
+                arguments,
             }));
         }
         self.calls_out += out.len();
@@ -659,7 +681,7 @@ mod tests {
     }
 
     #[test]
-    fn arguments_that_are_not_json_are_kept_as_text_and_sent_back_as_they_came() {
+    fn arguments_that_are_not_json_are_kept_as_text_and_sent_back_as_an_empty_object() {
         let events = decode(&[
             r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"c","function":{"name":"t","arguments":"{oops"}}]},"finish_reason":"tool_calls"}]}"#,
             "[DONE]",
@@ -669,7 +691,27 @@ mod tests {
             panic!("{events:?}")
         };
         assert_eq!(call.arguments, json!("{oops"));
-        assert_eq!(arguments_text(&call.arguments), "{oops");
+        assert_eq!(arguments_text(&call.arguments), "{}");
+        assert_eq!(arguments_text(&json!([1])), "{}");
+        // Cut off by the token cap: the last call's empty arguments are
+        // kept as what came, not run as `{}`.
+        let events = decode(&[
+            r#"{"choices":[{"delta":{"tool_calls":[{"index":0,"id":"a","function":{"name":"t","arguments":"{}"}},{"index":1,"id":"b","function":{"name":"t"}}]},"finish_reason":"length"}]}"#,
+            "[DONE]",
+        ])
+        .unwrap();
+        let args: Vec<&Value> = events
+            .iter()
+            .filter_map(|e| match e {
+                ProviderEvent::ToolCall(c) => Some(&c.arguments),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(args, [&json!({}), &json!("")]);
+        assert_eq!(
+            events.last(),
+            Some(&ProviderEvent::Stop(StopReason::MaxTokens))
+        );
         assert_eq!(arguments_text(&json!({"a": 1})), r#"{"a":1}"#);
         assert_eq!(parse_arguments("  "), json!({}));
     }

@@ -68,10 +68,23 @@ impl SseParser {
     }
 
     /// Takes the next piece of the body; returns the events it completed.
-    pub fn push(&mut self, mut bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
+    #[cfg(test)]
+    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
         let mut events = Vec::new();
+        self.push_into(bytes, &mut events)?;
+        Ok(events)
+    }
+
+    /// Takes the next piece of the body and appends the events it completed
+    /// to `events`; on an error, the events completed before it are there,
+    /// so a caller can tell whether the response was already whole.
+    pub fn push_into(
+        &mut self,
+        mut bytes: &[u8],
+        events: &mut Vec<SseEvent>,
+    ) -> Result<(), SseError> {
         if bytes.is_empty() {
-            return Ok(events);
+            return Ok(());
         }
         if self.after_cr {
             self.after_cr = false;
@@ -101,7 +114,7 @@ impl SseParser {
         }
         self.line.extend_from_slice(bytes);
         self.check_size()?;
-        Ok(events)
+        Ok(())
     }
 
     fn check_size(&self) -> Result<(), SseError> {

@@ -195,9 +195,10 @@ impl Hooks for CountClaims {
 #[tokio::test]
 async fn replay_uses_the_recorded_deduplication_and_never_consults_commitments() {
     let fx = Fixture::new();
-    // Pay (keyed), then a write that waits for approval.
+    // Pay (keyed), then a write that waits for approval (`set_marker` is a
+    // write on the read-write mount and, unlike `fs`, needs approval).
     let turns = format!(
-        "{}\n[[turns.tool_calls]]\nname = \"files__write_file\"\narguments = {{ path = \"receipt.txt\", content = \"ok\" }}\n\n[[turns]]\ntext = \"Done.\"\n",
+        "{}\n[[turns.tool_calls]]\nname = \"hostile__set_marker\"\narguments = {{}}\n\n[[turns]]\ntext = \"Done.\"\n",
         pay(Some("claim-9")).replace(
             "\n[[turns]]\ntext = \"Paid.\"\n",
             "\n[[turns]]\ntext = \"Paid; filing the receipt.\"\n"

@@ -45,6 +45,9 @@ async fn effect_classes_follow_the_grant_not_the_plugins_claim() {
         plugin.tool("write_file").unwrap().effect,
         EffectClass::Write
     );
+    // A write on a read-only mount is withheld from the model.
+    assert!(plugin.tool("write_file").unwrap().withheld.is_some());
+    assert!(plugin.tool("read_file").unwrap().withheld.is_none());
     assert_eq!(
         plugin.not_granted(),
         ["mount `workspace`: read-write requested, read-only granted"]

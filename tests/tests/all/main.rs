@@ -42,6 +42,9 @@
 //!   fake model API on loopback (`model_server`): wire formats, retries,
 //!   broken streams, cancellation, pooling, conformance with the scripted
 //!   provider, and agents end to end.
+//! - `corpus`: responses recorded byte for byte from third-party servers
+//!   (`tests/fixtures/providers/corpus/`), replayed exactly and in pieces
+//!   into the providers and through the engine.
 //! - `sessions`: runs in a session on every store: one active run, history
 //!   from completed runs only, a run cancelled mid-stream rolled back, two
 //!   hosts racing to start.
@@ -56,6 +59,7 @@
 mod ceilings;
 mod channels;
 mod context;
+mod corpus;
 mod effects;
 mod engine;
 mod filesystem;

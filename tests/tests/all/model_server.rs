@@ -61,9 +61,26 @@ pub struct Reply {
     pub after: After,
     /// Wait this long before the status line.
     pub delay: Duration,
+    /// The pieces are a whole recorded response (status line, headers,
+    /// framing and body), written as they are; the connection is closed
+    /// after them, as the recording's `Connection: close` says.
+    pub raw: bool,
 }
 
 impl Reply {
+    /// A recorded response (see `tests/fixtures/providers/corpus`), its
+    /// bytes written exactly, in `pieces`.
+    pub fn raw(pieces: Vec<Vec<u8>>) -> Reply {
+        Reply {
+            status: 0,
+            headers: Vec::new(),
+            pieces,
+            after: After::Cut,
+            delay: Duration::ZERO,
+            raw: true,
+        }
+    }
+
     /// A `text/event-stream` answer written in `pieces`.
     pub fn sse(pieces: Vec<Vec<u8>>) -> Reply {
         Reply {
@@ -72,6 +89,7 @@ impl Reply {
             pieces,
             after: After::End,
             delay: Duration::ZERO,
+            raw: false,
         }
     }
 
@@ -83,6 +101,7 @@ impl Reply {
             pieces: vec![body.to_string().into_bytes()],
             after: After::End,
             delay: Duration::ZERO,
+            raw: false,
         }
     }
 
@@ -245,6 +264,17 @@ async fn serve(mut stream: TcpStream, state: Arc<State>) {
 async fn answer(stream: &mut TcpStream, reply: &Reply, state: &State) -> bool {
     if !reply.delay.is_zero() {
         tokio::time::sleep(reply.delay).await;
+    }
+    if reply.raw {
+        for piece in &reply.pieces {
+            if stream.write_all(piece).await.is_err() || stream.flush().await.is_err() {
+                state.closed_by_client.fetch_add(1, Ordering::SeqCst);
+                return false;
+            }
+            tokio::task::yield_now().await;
+        }
+        let _ = stream.shutdown().await;
+        return false;
     }
     let mut head = format!(
         "HTTP/1.1 {} X\r\ntransfer-encoding: chunked\r\n",

@@ -235,3 +235,66 @@ async fn context_sources_and_policies_run_narrowed_unless_their_grant_widens_the
         other => panic!("{other:?}"),
     }
 }
+
+/// A tool whose effect the grant forbids (a write on a read-only mount) is
+/// not offered to the model; called by name anyway, it is refused as an
+/// unknown tool before any approval is asked, and nothing is written.
+#[tokio::test]
+async fn a_write_tool_on_a_read_only_mount_is_not_offered_and_never_asks_for_approval() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Overwriting."
+[[turns.tool_calls]]
+name = "files__write_file"
+arguments = { path = "input.txt", content = "overwritten" }
+
+[[turns]]
+text = "Done."
+"#;
+    let agent = fx.agent(turns, "");
+    let rt = runtime(Arc::new(MemoryStore::new())).with_record_prompts(true);
+    let run = rt
+        .start_with_id(&agent, id("read-only"), json!("go"))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    let events = rt.events(&run).await.unwrap();
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::ApprovalRequested(_))),
+        "no approval was asked"
+    );
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallRejected(_))),
+        "the call was refused"
+    );
+    let offered: Vec<String> = events
+        .iter()
+        .find_map(|e| match e {
+            Event::ModelCallIntent(i) => i.request.as_ref(),
+            _ => None,
+        })
+        .expect("the prompt is recorded")
+        .tools
+        .iter()
+        .map(|t| t.name.clone())
+        .collect();
+    assert!(
+        offered.contains(&"files__read_file".to_owned()),
+        "{offered:?}"
+    );
+    assert!(
+        !offered
+            .iter()
+            .any(|t| t == "files__write_file" || t == "files__edit_file"),
+        "{offered:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fx.path("work/input.txt")).unwrap(),
+        "the input file\n"
+    );
+}

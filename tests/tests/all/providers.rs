@@ -645,6 +645,7 @@ async fn attempts_run_out_and_the_error_keeps_status_url_and_a_capped_body() {
             pieces: vec![format!("upstream unavailable {big}").into_bytes()],
             after: After::End,
             delay: Duration::ZERO,
+            raw: false,
         })
         .await;
         let sleeps = Arc::new(RecordedSleeps::default());
@@ -848,6 +849,7 @@ async fn invalid_json_is_a_permanent_protocol_error_naming_what_was_malformed() 
         pieces: vec![b"<html>gateway</html>".to_vec()],
         after: After::End,
         delay: Duration::ZERO,
+        raw: false,
     })
     .await;
     let sleeps = Arc::new(RecordedSleeps::default());
