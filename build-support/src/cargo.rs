@@ -132,7 +132,14 @@ impl Cargo {
     /// diagnostics go to this process's stderr.
     pub(crate) fn build(&self, request: &BuildRequest<'_>) -> Result<Vec<Artifact>, Error> {
         let mut cmd = self.build_command(request);
-        eprintln!("warden-build-support: running {cmd:?}");
+        // The command as one would type it: `Command`'s Debug form would
+        // show the environment scrubbing (`env -u …`) as if it were part
+        // of it.
+        let shown: Vec<String> = std::iter::once(cmd.get_program())
+            .chain(cmd.get_args())
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        eprintln!("warden-build-support: running {}", shown.join(" "));
         let mut child = cmd.spawn().map_err(|source| Error::Spawn {
             program: self.program.clone(),
             source,

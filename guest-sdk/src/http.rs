@@ -555,8 +555,51 @@ mod imp {
             ErrorCode::HttpResponseBodySize(limit) => HttpError::TooLarge { host, limit },
             other => HttpError::Failed {
                 host,
-                reason: format!("{other:?}"),
+                reason: reason(&other),
             },
+        }
+    }
+
+    /// A failure in words, never the bindings' debug text.
+    fn reason(code: &ErrorCode) -> String {
+        let or = |text: &Option<String>, default: &str| {
+            text.clone()
+                .filter(|t| !t.is_empty())
+                .unwrap_or_else(|| default.to_owned())
+        };
+        match code {
+            ErrorCode::DnsError(p) => format!(
+                "the name does not resolve ({})",
+                or(&p.rcode, "no detail given")
+            ),
+            ErrorCode::DestinationNotFound => "the name resolves to no address".into(),
+            ErrorCode::DestinationUnavailable => "the server is unavailable".into(),
+            ErrorCode::DestinationIpUnroutable => "the address is unroutable".into(),
+            ErrorCode::ConnectionRefused => "the connection was refused".into(),
+            ErrorCode::ConnectionTerminated => "the connection was closed early".into(),
+            ErrorCode::TlsProtocolError => "TLS failed".into(),
+            ErrorCode::TlsCertificateError => "the server's TLS certificate is not valid".into(),
+            ErrorCode::TlsAlertReceived(p) => format!(
+                "the server ended TLS ({})",
+                or(&p.alert_message, "an alert")
+            ),
+            ErrorCode::HttpRequestUriInvalid => "the URL is not valid".into(),
+            ErrorCode::HttpResponseIncomplete => "the response ended early".into(),
+            ErrorCode::HttpProtocolError => "the server broke the HTTP protocol".into(),
+            ErrorCode::InternalError(text) => or(text, "an internal error"),
+            // The rest are rare; their names read well enough in lower case.
+            other => {
+                let name = format!("{other:?}");
+                let name = name.split('(').next().unwrap_or_default();
+                let mut words = String::new();
+                for c in name.chars() {
+                    if c.is_uppercase() && !words.is_empty() {
+                        words.push(' ');
+                    }
+                    words.extend(c.to_lowercase());
+                }
+                words
+            }
         }
     }
 

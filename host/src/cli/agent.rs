@@ -1,8 +1,11 @@
 //! `warden agent validate|hash`: check agent files the way `warden run`
 //! would before recording anything (the file, its plugins under their
 //! grants, its tools, its model provider), and print an agent's digest.
+//! `validate` recognises a scripted model's transcript among its files (a
+//! table of `[[turns]]` and no agent `name`) and checks it as a transcript,
+//! so `warden agent validate examples/agents/*.toml` works.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use clap::Subcommand;
@@ -16,10 +19,11 @@ use crate::plugins::PluginHost;
 #[derive(Debug, Subcommand)]
 pub(crate) enum AgentCommand {
     /// Check agent files: syntax and keys, plugins loaded under their
-    /// grants, tools, model provider. Every file is reported; exits 2 if
+    /// grants, tools, model provider. A scripted model's transcript among
+    /// them is checked as a transcript. Every file is reported; exits 2 if
     /// any fails.
     Validate {
-        /// The agent files.
+        /// The agent files (and transcripts).
         #[arg(required = true)]
         files: Vec<PathBuf>,
     },
@@ -92,7 +96,7 @@ pub(crate) async fn run(cmd: AgentCommand, ctx: &Context) -> anyhow::Result<()> 
             if ctx.json {
                 println!(
                     "{}",
-                    json!({ "file": file, "agent": agent.name, "digest": agent.digest.as_str() })
+                    json!({ "file": super::args::escaped(file.as_os_str()), "agent": agent.name, "digest": agent.digest.as_str() })
                 );
             } else {
                 println!("{}  {}", agent.digest.as_str(), file.display());
@@ -107,6 +111,41 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
     let mut rows = Vec::new();
     let mut failed = 0;
     for file in &files {
+        if is_transcript(file) {
+            match crate::providers::ScriptedProvider::load(file) {
+                Ok(script) => {
+                    let turns = script.turns().len();
+                    if ctx.json {
+                        rows.push(json!({
+                            "file": super::args::escaped(file.as_os_str()),
+                            "ok": true,
+                            "kind": "transcript",
+                            "turns": turns,
+                        }));
+                    } else {
+                        println!(
+                            "ok     {}: a scripted model's transcript, {turns} turn(s)",
+                            file.display()
+                        );
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    let r = report(&e.into());
+                    if ctx.json {
+                        rows.push(json!({
+                            "file": super::args::escaped(file.as_os_str()),
+                            "ok": false,
+                            "kind": "transcript",
+                            "error": r.envelope()["error"],
+                        }));
+                    } else {
+                        println!("error  {}: {}", file.display(), r.message);
+                    }
+                }
+            }
+            continue;
+        }
         let result = async {
             let agent = ctx.settings.load_agent(file)?;
             let checked = check(&host, &agent).await?;
@@ -117,8 +156,9 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
             Ok((agent, checked)) => {
                 if ctx.json {
                     rows.push(json!({
-                        "file": file,
+                        "file": super::args::escaped(file.as_os_str()),
                         "ok": true,
+                        "kind": "agent",
                         "agent": agent.name,
                         "digest": agent.digest.as_str(),
                         "tools": checked.tools,
@@ -174,7 +214,12 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
                 failed += 1;
                 let r = report(&e);
                 if ctx.json {
-                    rows.push(json!({ "file": file, "ok": false, "error": r.envelope()["error"] }));
+                    rows.push(json!({
+                        "file": super::args::escaped(file.as_os_str()),
+                        "ok": false,
+                        "kind": "agent",
+                        "error": r.envelope()["error"],
+                    }));
                 } else {
                     println!("error  {}: {}", file.display(), r.message);
                 }
@@ -194,4 +239,22 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
         return Err(super::Exit::Usage.into());
     }
     Ok(())
+}
+
+/// Whether `file` is a scripted model's transcript rather than an agent: a
+/// JSON file, or a TOML table with `turns` and no agent `name`. A file that
+/// does not parse is taken as an agent, whose loader then names the problem.
+fn is_transcript(file: &Path) -> bool {
+    let Ok(text) = std::fs::read_to_string(file) else {
+        return false;
+    };
+    if file
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("json"))
+    {
+        return serde_json::from_str::<serde_json::Value>(&text)
+            .is_ok_and(|v| v.get("turns").is_some());
+    }
+    toml::from_str::<toml::Table>(&text)
+        .is_ok_and(|t| t.contains_key("turns") && !t.contains_key("name"))
 }

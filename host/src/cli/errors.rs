@@ -347,10 +347,10 @@ fn store(e: &StoreError) -> (&'static str, Value) {
 
 fn agent(e: &AgentError) -> (&'static str, Value) {
     match e {
-        AgentError::Read { path, .. } => ("agent_unreadable", json!({ "file": path })),
-        AgentError::Parse { path, .. } => ("agent_invalid", json!({ "file": path })),
+        AgentError::Read { path, .. } => ("agent_unreadable", json!({ "file": shown(path) })),
+        AgentError::Parse { path, .. } => ("agent_invalid", json!({ "file": shown(path) })),
         AgentError::Invalid { path, key, .. } => {
-            ("agent_invalid", json!({ "file": path, "key": key }))
+            ("agent_invalid", json!({ "file": shown(path), "key": key }))
         }
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
@@ -367,7 +367,7 @@ fn plugin(e: &PluginError) -> (&'static str, Value) {
             "unknown_plugin",
             json!({ "plugin": format!("builtin:{name}") }),
         ),
-        PluginError::NoComponent { path } => ("manifest_invalid", json!({ "file": path })),
+        PluginError::NoComponent { path } => ("manifest_invalid", json!({ "file": shown(path) })),
         PluginError::KindMismatch { plugin, .. } | PluginError::WrongKind { plugin, .. } => {
             ("wrong_kind", json!({ "plugin": plugin }))
         }
@@ -387,11 +387,12 @@ fn plugin(e: &PluginError) -> (&'static str, Value) {
 
 fn manifest(e: &ManifestError) -> (&'static str, Value) {
     match e {
-        ManifestError::Read { path, .. } => ("manifest_unreadable", json!({ "file": path })),
-        ManifestError::Parse { path, .. } => ("manifest_invalid", json!({ "file": path })),
-        ManifestError::Invalid { path, key, .. } => {
-            ("manifest_invalid", json!({ "file": path, "key": key }))
-        }
+        ManifestError::Read { path, .. } => ("manifest_unreadable", json!({ "file": shown(path) })),
+        ManifestError::Parse { path, .. } => ("manifest_invalid", json!({ "file": shown(path) })),
+        ManifestError::Invalid { path, key, .. } => (
+            "manifest_invalid",
+            json!({ "file": shown(path), "key": key }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("manifest_invalid", json!({})),
@@ -439,7 +440,7 @@ fn sandbox(e: &SandboxError) -> (&'static str, Value) {
             "import_refused",
             json!({ "plugin": plugin, "import": import }),
         ),
-        SandboxError::Io { path, .. } => ("io_failed", json!({ "file": path })),
+        SandboxError::Io { path, .. } => ("io_failed", json!({ "file": shown(path) })),
         _ => ("component_refused", json!({})),
     }
 }
@@ -464,6 +465,12 @@ fn provider(e: &ProviderError) -> (&'static str, Value) {
         ProviderError::Script(_) => ("transcript_invalid", json!({})),
         _ => ("provider_failed", json!({})),
     }
+}
+
+/// A path as evidence: serde refuses a path that is not UTF-8, so each such
+/// byte is shown as `\xNN`.
+fn shown(path: &std::path::Path) -> String {
+    super::args::escaped(path.as_os_str())
 }
 
 #[cfg(test)]

@@ -22,10 +22,14 @@
 //! - `store.rs`: `warden store backup|compact`.
 //! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
+//! - `args.rs`: arguments that are not valid UTF-8; `out.rs`: stdout while
+//!   a run is driven (a closed pipe does not stop the drive).
 
 mod agent;
+mod args;
 pub(crate) mod config;
 pub(crate) mod errors;
+mod out;
 mod plugin;
 mod progress;
 mod render;
@@ -47,9 +51,14 @@ use config::{Overrides, Settings};
 #[derive(Debug, Parser)]
 #[command(name = "warden", version, about)]
 pub struct Cli {
-    /// More log output on stderr (-v debug, -vv trace). RUST_LOG overrides.
-    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    /// More log output on stderr: -v Warden's own debug events, -vv
+    /// Warden's trace and its libraries' info, -vvv everything. RUST_LOG
+    /// overrides.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count, conflicts_with = "quiet")]
     verbose: u8,
+    /// Only errors on stderr: no warnings, notes, receipts or progress.
+    #[arg(short, long, global = true)]
+    quiet: bool,
     /// Print JSON on stdout; an error is {"error": {"code", "message", "details"}}.
     #[arg(long, global = true)]
     json: bool,
@@ -145,11 +154,24 @@ pub(crate) enum Exit {
 
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind;
-            let json = std::env::args().any(|a| a == "--json");
+            let json = argv.iter().any(|a| a == "--json");
+            // clap's own line does not say which argument was not UTF-8.
+            if e.kind() == ErrorKind::InvalidUtf8
+                && let Some((name, shown)) = args::first_non_utf8(&argv)
+            {
+                let report = errors::report(&args::refusal(&name, &shown).into());
+                if json {
+                    println!("{}", report.envelope());
+                } else {
+                    eprintln!("error: {}", report.message);
+                }
+                return ExitCode::from(2);
+            }
             if json && !matches!(e.kind(), ErrorKind::DisplayHelp | ErrorKind::DisplayVersion) {
                 let message = e.to_string();
                 let first = message
@@ -168,7 +190,8 @@ pub fn main() -> ExitCode {
             e.exit();
         }
     };
-    init_tracing(cli.verbose);
+    QUIET.store(cli.quiet, std::sync::atomic::Ordering::Relaxed);
+    init_tracing(cli.verbose, cli.quiet);
     let json = cli.json;
     let result = run(cli);
     match result {
@@ -182,7 +205,8 @@ pub fn main() -> ExitCode {
             None => {
                 let report = errors::report(&e);
                 if json {
-                    println!("{}", report.envelope());
+                    // Through `out`: after a drive, stdout may be closed.
+                    out::line(report.envelope());
                 } else {
                     eprintln!("error: {}", report.message);
                 }
@@ -244,34 +268,55 @@ fn run(cli: Cli) -> anyhow::Result<()> {
     result.map_err(|e| store::name_store(e, &ctx.settings))
 }
 
-/// The filter of `-vv`: everything at trace but the WASI bindings'
+/// `-q`: only errors on stderr.
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether `-q` was given: notes, receipts and progress stay off stderr.
+pub(crate) fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// Whether stderr gets colour: on a terminal, unless `NO_COLOR` is set
+/// (non-empty), as <https://no-color.org> and cargo have it.
+fn colour_on_stderr() -> bool {
+    use std::io::IsTerminal as _;
+    std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|v| v.is_empty())
+}
+
+/// The log filter for `-v`s and `-q`: Warden's own events first, its
+/// libraries' (wasmtime, cranelift, hyper …) only at `-vv` and beyond.
+fn log_filter(verbose: u8, quiet: bool) -> &'static str {
+    match (quiet, verbose) {
+        (true, _) => "error",
+        (false, 0) => "warn",
+        (false, 1) => "warn,warden=debug",
+        (false, 2) => "info,warden=trace",
+        // wasmtime-wasi's generated bindings trace every WASI call with its
+        // arguments (paths, strings) as the guest passed them, unredacted:
+        // they stay at debug even here.
+        (false, _) => TRACE_FILTER,
+    }
+}
+
+/// The filter of `-vvv`: everything at trace but the WASI bindings'
 /// call-by-call traces, which carry guest strings unredacted.
 pub const TRACE_FILTER: &str = "trace,wasmtime_wasi=debug,wasmtime_wasi_http=debug";
 
-fn init_tracing(verbose: u8) {
+fn init_tracing(verbose: u8, quiet: bool) {
     use tracing_subscriber::EnvFilter;
     use tracing_subscriber::Layer as _;
     use tracing_subscriber::layer::SubscriberExt as _;
     use tracing_subscriber::util::SubscriberInitExt as _;
-    let default = match verbose {
-        0 => "warn",
-        1 => "debug",
-        // wasmtime-wasi's generated bindings trace every WASI call with its
-        // arguments (paths, strings) as the guest passed them, unredacted:
-        // they stay at debug.
-        _ => TRACE_FILTER,
-    };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
-    // Colour codes only on a terminal: a pipe or a log file gets plain text.
-    let colour = std::io::IsTerminal::is_terminal(&std::io::stderr())
-        && std::env::var_os("NO_COLOR").is_none();
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new(log_filter(verbose, quiet)));
     let logs = tracing_subscriber::fmt::layer()
         .with_ansi(colour)
         .with_writer(std::io::stderr)
+        .with_ansi(colour_on_stderr())
         .with_filter(filter);
     let progress =
-        progress::ProgressLayer.with_filter(tracing_subscriber::filter::filter_fn(|m| {
-            m.target() == progress::TARGET
+        progress::ProgressLayer.with_filter(tracing_subscriber::filter::filter_fn(move |m| {
+            !quiet && m.target() == progress::TARGET
         }));
     let _ = tracing_subscriber::registry()
         .with(logs)

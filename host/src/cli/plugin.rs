@@ -154,6 +154,23 @@ async fn load_granted(
     let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     let source: PluginSource = plugin.parse().expect("infallible");
     let plugin = host.load(&source, &grant, &base).await?;
+    // A mount left out is the usual reason a tool "finds no file": say so
+    // by default, with the flag that grants it.
+    for (name, request) in &plugin.manifest().mounts {
+        if !grant.mounts.contains_key(name) && !super::quiet() {
+            eprintln!(
+                "note: plugin `{}` requested mount `{name}` ({}) and it is not granted, so the \
+                 plugin sees no files there; grant it with --mount {name}=DIR{}",
+                plugin.name(),
+                request.access,
+                if request.access == Access::ReadWrite {
+                    " (or DIR:ro, read-only)"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     for line in plugin.not_granted() {
         tracing::info!("not granted: {line}");
     }
@@ -348,10 +365,12 @@ impl Answer {
                 }
                 Err(e) => eprintln!("error: {e}"),
             }
-            eprintln!(
-                "{}",
-                receipt_line(self.operation, self.effect, &leased.receipt)
-            );
+            if !super::quiet() {
+                eprintln!(
+                    "{}",
+                    receipt_line(self.operation, self.effect, &leased.receipt)
+                );
+            }
         }
         exit_for(&leased.result)
     }
@@ -509,7 +528,9 @@ async fn call(args: CallArgs, ctx: &Context) -> anyhow::Result<()> {
             Ok(Err(e)) => eprintln!("tool error: {}", describe_tool_error(e)),
             Err(e) => eprintln!("error: {e}"),
         }
-        eprintln!("{}", receipt_line(&args.tool, &effect, &receipt));
+        if !super::quiet() {
+            eprintln!("{}", receipt_line(&args.tool, &effect, &receipt));
+        }
     }
     match content {
         Ok(Ok(_)) => Ok(()),

@@ -32,7 +32,7 @@ impl Spinner {
     /// Starts a spinner saying `message`, or returns `None` when stderr is
     /// not a terminal.
     pub(crate) fn start(message: String) -> Option<Spinner> {
-        if !std::io::stderr().is_terminal() {
+        if !std::io::stderr().is_terminal() || super::quiet() {
             return None;
         }
         let stop = Arc::new(AtomicBool::new(false));

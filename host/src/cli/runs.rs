@@ -274,9 +274,38 @@ fn run_id(text: &str) -> anyhow::Result<RunId> {
     RunId::new(text).map_err(|e| CliError::new("invalid_run_id", e.to_string()).into())
 }
 
+/// Who a verb is recorded as done by: `--by`, else the login name
+/// (`$USER`, `$LOGNAME`), else the account of the process's user id as
+/// `/etc/passwd` names it, else `uid N`. Never a made-up name.
 fn user(by: Option<String>) -> String {
-    by.or_else(|| std::env::var("USER").ok())
-        .unwrap_or_else(|| "cli".into())
+    let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
+    by.or_else(|| env("USER"))
+        .or_else(|| env("LOGNAME"))
+        .unwrap_or_else(account)
+}
+
+#[cfg(unix)]
+fn account() -> String {
+    use std::os::unix::fs::MetadataExt as _;
+    // The owner of /proc/self is the process's real user id.
+    let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
+        return "unknown user".into();
+    };
+    let named = std::fs::read_to_string("/etc/passwd")
+        .ok()
+        .and_then(|passwd| {
+            passwd.lines().find_map(|line| {
+                let mut fields = line.split(':');
+                let name = fields.next()?;
+                (fields.nth(1)? == uid.to_string()).then(|| name.to_owned())
+            })
+        });
+    named.unwrap_or_else(|| format!("uid {uid}"))
+}
+
+#[cfg(not(unix))]
+fn account() -> String {
+    std::env::var("USERNAME").unwrap_or_else(|_| "unknown user".into())
 }
 
 /// JSON, or text taken as a JSON string; `@FILE` reads the file first.
@@ -309,6 +338,7 @@ pub(crate) fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String
 
 pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
     let agent = ctx.settings.load_agent(&args.agent)?;
+    super::args::text_path("agent file", &agent.path, "the run's log")?;
     let input = match (&args.input, &args.input_flag) {
         (Some(text), _) | (None, Some(text)) => json_input(text)?,
         (None, None) => Value::String(String::new()),
@@ -629,6 +659,9 @@ async fn continue_run(
     run: &RunId,
     drive: DriveArgs,
 ) -> anyhow::Result<()> {
+    // The verb is recorded: from here on, a closed stdout must not stop the
+    // drive it started.
+    super::out::survive_a_closed_stdout();
     // The event the verb just recorded, so the output tells the whole story.
     if let Some(last) = rt.store().load(run).await?.last() {
         print_event(last.seq, &decode(&last.bytes)?, ctx.json);
@@ -637,12 +670,9 @@ async fn continue_run(
     let workers = rt.store().summary(run).await?.lease_token > 0;
     if drive.detach || workers {
         if ctx.json {
-            println!(
-                "{}",
-                json!({ "run_id": run, "status": rt.state(run).await?.status() })
-            );
+            super::out::line(json!({ "run_id": run, "status": rt.state(run).await?.status() }));
         } else if workers {
-            println!("run {run}: recorded; a worker continues it");
+            super::out::line(format_args!("run {run}: recorded; a worker continues it"));
         }
         return Ok(());
     }
@@ -894,6 +924,7 @@ async fn follow(
     json: bool,
     how: Drive,
 ) -> anyhow::Result<()> {
+    super::out::survive_a_closed_stdout();
     let interactive = !json && std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let mut how = how;
     let mut last_seq = 0;
@@ -930,16 +961,17 @@ async fn follow(
         if let Some(output) = &output {
             body["output"] = output.clone();
         }
-        println!("{body}");
+        super::out::line(&body);
     } else {
         if let Some(output) = output.as_ref().filter(|o| !o.is_string()) {
-            println!("output:\n{}", render::output(output));
+            super::out::line(format_args!("output:\n{}", render::output(output)));
         }
-        println!("run {run}: {status}");
+        super::out::line(format_args!("run {run}: {status}"));
         if let Some(next) = render::next_step(run, status, &events) {
-            println!("   {next}");
+            super::out::line(format_args!("   {next}"));
         }
     }
+    super::out::report_closed(run, status);
     match status {
         RunStatus::Completed => Ok(()),
         RunStatus::AwaitingApproval
@@ -1007,7 +1039,7 @@ async fn drive_and_print(
                 Some(RunUpdate::Event { seq, event }) => {
                     waiting = None;
                     if in_text {
-                        println!();
+                        super::out::line("");
                         in_text = false;
                     }
                     if seq > *last_seq {
@@ -1021,10 +1053,10 @@ async fn drive_and_print(
                 Some(RunUpdate::TextDelta { text, .. }) if !json => {
                     waiting = None;
                     if !in_text {
-                        print!("  ");
+                        super::out::text("  ");
                         in_text = true;
                     }
-                    print!("{text}");
+                    super::out::text(&text);
                 }
                 Some(_) | None => {}
             },
@@ -1033,7 +1065,7 @@ async fn drive_and_print(
     };
     drop(waiting);
     if in_text {
-        println!();
+        super::out::line("");
     }
     // Whatever was recorded after the last update seen.
     for stored in rt.store().load_after(run, *last_seq).await? {
@@ -1047,9 +1079,9 @@ async fn drive_and_print(
 
 fn print_event(seq: u64, event: &Event, json: bool) {
     if json {
-        println!("{}", json!({ "seq": seq, "event": event }));
+        super::out::line(json!({ "seq": seq, "event": event }));
     } else if let Some(line) = render::event(event) {
-        println!("{line}");
+        super::out::line(line);
     }
 }
 

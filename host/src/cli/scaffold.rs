@@ -239,17 +239,13 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
         for (path, _) in &files {
             println!("  {path}");
         }
+        // Every hint after the `cd` runs inside the crate.
         let shown = relative(&cwd, &dir);
         println!("next:");
-        println!(
-            "  cd {} && cargo test          # unit tests, then the component in the sandbox",
-            shown.display()
-        );
-        println!(
-            "  warden plugin build {}      # component + sha256 into plugin.toml",
-            shown.display()
-        );
-        println!("  warden plugin inspect {}/plugin.toml", shown.display());
+        println!("  cd {}", shown.display());
+        println!("  cargo test                    # unit tests, then the component in the sandbox");
+        println!("  warden plugin build           # component + sha256 into plugin.toml");
+        println!("  warden plugin inspect plugin.toml");
     }
     Ok(())
 }
@@ -425,7 +421,9 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
         ("plugin.toml".into(), manifest),
         ("src/lib.rs".into(), fill(lib)),
         ("tests/sandbox.rs".into(), fill(test)),
-        (".gitignore".into(), "/target\n/*.wasm\n".into()),
+        // The built `<name>.wasm` is what plugin.toml pins: it is kept
+        // with the crate, not ignored.
+        (".gitignore".into(), "/target\n".into()),
     ]
 }
 

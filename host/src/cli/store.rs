@@ -282,6 +282,7 @@ async fn compact(ctx: &Context) -> anyhow::Result<()> {
 
 async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
     let source = sqlite_file(ctx, "backup")?;
+    super::args::text_path("backup file", &dest, "SQLite's VACUUM INTO")?;
     if dest.exists() {
         return Err(CliError::new(
             "usage",

@@ -82,6 +82,7 @@ fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<Runtime>
 /// `warden submit`: records the run as queued and prints its id.
 pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()> {
     let agent = ctx.settings.load_agent(&args.agent)?;
+    super::args::text_path("agent file", &agent.path, "the run's log")?;
     let input = match &args.input {
         Some(text) => super::runs::json_input(text)?,
         None => serde_json::Value::String(String::new()),

@@ -792,8 +792,13 @@ impl Runtime {
                 labels: all.clone(),
                 clock_seed_ms: now,
                 random_seed,
-                agent_file: (!agent.path.as_os_str().is_empty())
-                    .then(|| agent.path.display().to_string()),
+                // Only a path text holds faithfully: a mangled one would
+                // name another file when the run is continued.
+                agent_file: agent
+                    .path
+                    .to_str()
+                    .filter(|p| !p.is_empty())
+                    .map(str::to_owned),
                 session,
             });
             let meta = RunMeta {

@@ -1510,6 +1510,7 @@ fn turn(text: &str, calls: &[(&str, Value)]) -> ScriptedTurn {
             .collect(),
         usage: None,
         stop_reason: None,
+        text_after_error: None,
     }
 }
 

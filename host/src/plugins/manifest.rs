@@ -227,9 +227,30 @@ impl LimitSettings {
 impl Manifest {
     /// Reads, parses and validates the manifest at `path`.
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ManifestError::Read {
+        let bytes = std::fs::read(path).map_err(|error| ManifestError::Read {
             path: path.to_owned(),
             error,
+        })?;
+        // A component where a manifest belongs: say so, not "invalid UTF-8".
+        if bytes.starts_with(b"\0asm") {
+            let next_to = path.with_file_name("plugin.toml");
+            let hint = if next_to.is_file() {
+                format!(" (`{}` is next to it)", next_to.display())
+            } else {
+                String::new()
+            };
+            return Err(ManifestError::Parse {
+                path: path.to_owned(),
+                message: format!(
+                    "is a WebAssembly component, not a manifest: name the plugin.toml that \
+                     pins it, with its mounts, limits and tool effects{hint}; \
+                     `warden plugin inspect` shows what a bare component exports"
+                ),
+            });
+        }
+        let text = String::from_utf8(bytes).map_err(|e| ManifestError::Read {
+            path: path.to_owned(),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
         Manifest::parse(&text, path, base)

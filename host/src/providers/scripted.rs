@@ -13,9 +13,13 @@
 //!
 //! [[turns]]
 //! text = "The notes say hello."
+//! text_after_error = "I could not read the notes."  # optional: after a failed or denied call
 //! usage = { input_tokens = 120, output_tokens = 8 }   # optional
 //! stop_reason = "end_turn"                 # optional
 //! ```
+//!
+//! With `repeat = true` at the top, the turns start again at the first
+//! after the last, so a session's runs can go on past the transcript.
 //!
 //! Which turn answers a request is read off the request itself: the turn
 //! after the assistant messages already in its conversation. So the provider
@@ -94,6 +98,11 @@ pub struct ScriptedTurn {
     /// The answer's text. Default: none.
     #[serde(default)]
     pub text: String,
+    /// The text instead of `text` when a tool result just before this turn
+    /// is an error (a call denied, rejected or failed), so a transcript can
+    /// tell the truth after a refusal. Default: `text` either way.
+    #[serde(default)]
+    pub text_after_error: Option<String>,
     /// The tools it calls, in order. Default: none.
     #[serde(default)]
     pub tool_calls: Vec<ScriptedToolCall>,
@@ -124,6 +133,9 @@ fn empty_object() -> serde_json::Value {
 #[serde(deny_unknown_fields)]
 struct TranscriptFile {
     turns: Vec<ScriptedTurn>,
+    /// After the last turn, start again at the first.
+    #[serde(default)]
+    repeat: bool,
 }
 
 /// Replays a transcript. Cheap to share: it holds no state between calls.
@@ -131,6 +143,7 @@ struct TranscriptFile {
 pub struct ScriptedProvider {
     path: PathBuf,
     turns: Vec<ScriptedTurn>,
+    repeat: bool,
 }
 
 impl ScriptedProvider {
@@ -158,7 +171,14 @@ impl ScriptedProvider {
             path: path.to_owned(),
             message,
         })?;
-        Self::from_turns(path, file.turns)
+        Ok(Self::from_turns(path, file.turns)?.repeating(file.repeat))
+    }
+
+    /// The same provider, starting again at the first turn after the last
+    /// when `repeat` is set (a session example that can be run again).
+    pub fn repeating(mut self, repeat: bool) -> Self {
+        self.repeat = repeat;
+        self
     }
 
     /// A provider over `turns`; `path` names the transcript in errors.
@@ -206,7 +226,11 @@ impl ScriptedProvider {
                 }
             }
         }
-        Ok(ScriptedProvider { path, turns })
+        Ok(ScriptedProvider {
+            path,
+            turns,
+            repeat: false,
+        })
     }
 
     /// The transcript's path.
@@ -232,6 +256,11 @@ impl ScriptedProvider {
                 other => summarised_turns(other).unwrap_or(0),
             })
             .sum::<usize>();
+        let index = if self.repeat {
+            index % self.turns.len()
+        } else {
+            index
+        };
         let turn = self
             .turns
             .get(index)
@@ -240,8 +269,20 @@ impl ScriptedProvider {
                 turns: self.turns.len(),
                 requested: index + 1,
             })?;
-        let mut events: Vec<ProviderEvent> = turn
-            .text
+        let after_error = request
+            .messages
+            .iter()
+            .rev()
+            .map_while(|m| match m {
+                Message::Tool { is_error, .. } => Some(*is_error),
+                _ => None,
+            })
+            .any(|e| e);
+        let text = match &turn.text_after_error {
+            Some(text) if after_error => text,
+            _ => &turn.text,
+        };
+        let mut events: Vec<ProviderEvent> = text
             .split_inclusive(' ')
             .map(|chunk| ProviderEvent::TextDelta(chunk.to_owned()))
             .collect();

@@ -102,6 +102,15 @@ impl Settings {
 
 /// Resolves `settings` into items under `root`.
 pub fn resolve(root: &Path, settings: &Settings) -> Result<Vec<ContextItem>, ContextError> {
+    // No root at all: the operator did not grant the mount. Said as such,
+    // not as files that happen to be missing.
+    if !root.is_dir() {
+        return Err(ContextError::denied(
+            "mount `files` was requested and not granted, so this source sees no files; grant \
+             it: `--mount files=DIR` with `warden plugin resolve`, or \
+             `[plugins.<key>.grant.mounts.files]` in the agent file",
+        ));
+    }
     let mut files: BTreeMap<String, PathBuf> = BTreeMap::new();
     let mut globs = Vec::new();
     for path in &settings.paths {

@@ -23,6 +23,14 @@ pub enum FsError {
         /// The path as given.
         path: String,
     },
+    /// The component sees no `workspace` directory: the operator did not
+    /// grant the mount. Said as such, not as a missing file.
+    #[error(
+        "mount `workspace` was requested and not granted, so this plugin sees no files; \
+         grant it: `--mount workspace=DIR` with `warden plugin call`, or \
+         `[plugins.<key>.grant.mounts.workspace]` in the agent file"
+    )]
+    MountNotGranted,
     /// An I/O operation failed.
     #[error("cannot {action} `{path}`: {}", io_reason(source))]
     Io {
@@ -139,9 +147,9 @@ impl From<FsError> for ToolError {
     fn from(err: FsError) -> Self {
         let message = err.to_string();
         match &err {
-            FsError::AbsolutePath { .. } | FsError::ParentComponent { .. } => {
-                ToolError::denied(message)
-            }
+            FsError::AbsolutePath { .. }
+            | FsError::ParentComponent { .. }
+            | FsError::MountNotGranted => ToolError::denied(message),
             FsError::Io { source, .. } => match source.kind() {
                 io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
                     ToolError::denied(message)

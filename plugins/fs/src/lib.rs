@@ -101,13 +101,22 @@ pub fn toolbox(root: impl Into<PathBuf>) -> Toolbox {
         )
 }
 
-/// Binds a tool function to the mount, converting its error.
+/// Binds a tool function to the mount, converting its error. A failure
+/// with no mount at all is reported as the missing grant it is.
 fn on<A: 'static, O: 'static>(
     mount: &Mount,
     tool: fn(&Mount, A) -> Result<O, FsError>,
 ) -> impl Fn(A, &Call) -> Result<O, ToolError> + 'static {
     let mount = mount.clone();
-    move |args, _call| tool(&mount, args).map_err(ToolError::from)
+    move |args, _call| {
+        tool(&mount, args).map_err(|e| {
+            if mount.is_missing() {
+                FsError::MountNotGranted.into()
+            } else {
+                ToolError::from(e)
+            }
+        })
+    }
 }
 
 /// The plugin as the component exports it: the tools under [`MOUNT_ROOT`].

@@ -68,6 +68,12 @@ impl Mount {
         Ok(Resolved { shown, full })
     }
 
+    /// Whether the mount's root is absent: in the component, the operator
+    /// did not grant the mount.
+    pub fn is_missing(&self) -> bool {
+        !self.root.is_dir()
+    }
+
     /// The path shown for `full`, a path under the mount found by walking
     /// it.
     pub fn shown(&self, full: &Path) -> String {
