@@ -310,7 +310,6 @@ fn init_tracing(verbose: u8, quiet: bool) {
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new(log_filter(verbose, quiet)));
     let logs = tracing_subscriber::fmt::layer()
-        .with_ansi(colour)
         .with_writer(std::io::stderr)
         .with_ansi(colour_on_stderr())
         .with_filter(filter);
