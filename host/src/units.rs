@@ -134,6 +134,29 @@ impl Serialize for HumanDuration {
     }
 }
 
+/// A time in milliseconds since the Unix epoch as UTC text:
+/// `2025-01-31T12:00:00Z` (whole seconds; the milliseconds are dropped).
+pub fn utc_text(ms: i64) -> String {
+    let secs = ms.div_euclid(1000);
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,6 +176,13 @@ mod tests {
         for bad in ["", "MiB", "12XB", "-1", "99999999999999999999GiB"] {
             assert!(parse_bytes(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn utc_times() {
+        assert_eq!(utc_text(0), "1970-01-01T00:00:00Z");
+        assert_eq!(utc_text(1_700_000_000_999), "2023-11-14T22:13:20Z");
+        assert_eq!(utc_text(951_782_400_000), "2000-02-29T00:00:00Z");
     }
 
     #[test]

@@ -263,9 +263,26 @@ pub(crate) struct Settings {
     pub(crate) grants: BTreeMap<String, Grant>,
     /// What relative directories in `grants` resolve against.
     grants_base: PathBuf,
+    /// The store's chain key, from `WARDEN_CHAIN_KEY` only (hex, at least
+    /// 32 bytes): a secret never read from, or shown in, the file.
+    pub(crate) chain_key: Option<crate::store::ChainKey>,
     /// The most any plugin gets of each limit: `[ceilings]` over
     /// [`Limits::CEILINGS`].
     pub(crate) ceilings: Limits,
+}
+
+/// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
+fn chain_key(text: &str) -> Result<crate::store::ChainKey, ConfigError> {
+    let invalid = |message: String| ConfigError::Env {
+        var: "WARDEN_CHAIN_KEY",
+        message,
+    };
+    let bytes = hex::decode(text.trim()).map_err(|e| {
+        invalid(format!(
+            "not hex digits ({e}); use e.g. `openssl rand -hex 32`"
+        ))
+    })?;
+    crate::store::ChainKey::new(&bytes).map_err(|e| invalid(e.to_string()))
 }
 
 fn truthy(var: &'static str, text: &str) -> Result<bool, ConfigError> {
@@ -473,6 +490,10 @@ impl Settings {
             model,
             grants: file.grants,
             grants_base: base,
+            chain_key: match env("WARDEN_CHAIN_KEY") {
+                None => None,
+                Some(text) => Some(chain_key(&text)?),
+            },
             ceilings,
         })
     }

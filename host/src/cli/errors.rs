@@ -261,6 +261,14 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "finish_rejected",
             json!({ "run_id": run_id, "violation": violation }),
         ),
+        RuntimeError::ReconciliationRequired {
+            run_id,
+            reason,
+            since_ms,
+        } => (
+            "needs_reconciliation",
+            json!({ "run_id": run_id, "reason": reason, "since_ms": since_ms }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("runtime_failed", json!({})),
@@ -330,6 +338,13 @@ fn store(e: &StoreError) -> (&'static str, Value) {
             "session_changed",
             json!({ "session": session, "expected": expected, "found": found }),
         ),
+        StoreError::Damaged { location, .. } => ("store_damaged", json!({ "store": location })),
+        StoreError::ReadOnly { location, .. } => ("store_read_only", json!({ "store": location })),
+        StoreError::SchemaTooOld { found, supported } => (
+            "store_too_old",
+            json!({ "found": found, "supported": supported }),
+        ),
+        StoreError::NoStore { location, .. } => ("store_missing", json!({ "store": location })),
         _ => ("store_failed", json!({})),
     }
 }

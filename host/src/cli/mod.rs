@@ -37,6 +37,7 @@ mod runs;
 mod scaffold;
 mod sessions;
 mod store;
+mod witness;
 mod worker;
 
 use std::path::PathBuf;
@@ -209,7 +210,13 @@ pub fn main() -> ExitCode {
                 } else {
                     eprintln!("error: {}", report.message);
                 }
-                ExitCode::from(2)
+                // A chain check that failed is a failure of the run's
+                // record, not bad usage: exit 1, as for `runs verify`.
+                if report.code == "tampered" {
+                    ExitCode::from(1)
+                } else {
+                    ExitCode::from(2)
+                }
             }
         },
     }
@@ -237,7 +244,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         .enable_all()
         .build()
         .map_err(|e| anyhow::anyhow!("cannot start the async runtime: {e}"))?;
-    runtime.block_on(async {
+    let result = runtime.block_on(async {
         match cli.command {
             Command::Run(args) => runs::run(args, &ctx).await,
             Command::Runs(command) => runs::runs(command, &ctx).await,
@@ -257,7 +264,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Worker(args) => worker::worker(args, &ctx).await,
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
-    })
+    });
+    result.map_err(|e| store::name_store(e, &ctx.settings))
 }
 
 /// `-q`: only errors on stderr.

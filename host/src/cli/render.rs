@@ -241,6 +241,17 @@ pub(crate) fn event(event: &Event) -> Option<String> {
             if f.attempts == 1 { "" } else { "s" },
             f.error
         ),
+        Event::ReconciliationRequired(r) => {
+            format!("! needs reconciliation ({}): {}", r.by, r.reason)
+        }
+        Event::Reconciled(r) => format!(
+            "✓ reconciled by {}{}",
+            r.by,
+            r.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
     })
 }
 
@@ -352,6 +363,17 @@ pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> 
             })?;
             Some(format!(
                 "the application performs the call and reports it with Runtime::complete_external, or: warden runs complete {run_id} {call} --output '<its output as JSON>'"
+            ))
+        }
+        RunStatus::NeedsReconciliation
+            if events.iter().rev().find_map(|e| match e {
+                Event::ReconciliationRequired(_) => Some(true),
+                Event::Reconciled(_) => Some(false),
+                _ => None,
+            }) == Some(true) =>
+        {
+            Some(format!(
+                "its log may be missing what it did after its backup: check, then go on from the log with: warden runs resolve {run_id} --note '<what you found>'\n   or give up with: warden runs abandon {run_id} --reason '…'"
             ))
         }
         RunStatus::NeedsReconciliation => Some(format!(

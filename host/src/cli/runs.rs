@@ -10,9 +10,10 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
-use super::config::{Settings, StoreLocation};
+use super::config::Settings;
 use super::errors::CliError;
 use super::progress::Spinner;
+use super::store::Access;
 use super::{Context, Exit, render};
 use crate::engine::budget::BudgetKind;
 use crate::engine::events::{Event, UnresolvedWrite, decode};
@@ -21,7 +22,7 @@ use crate::engine::{
     RuntimeError, fold,
 };
 use crate::plugins::PluginHost;
-use crate::store::{EventStore, PostgresStore, PruneFilter, RunFilter, RunSummary, SqliteStore};
+use crate::store::{EventStore, PruneFilter, RunFilter, RunSummary};
 
 /// `warden run`.
 #[derive(Debug, Args)]
@@ -82,6 +83,11 @@ pub(crate) enum RunsCommand {
     Verify {
         /// The runs (default: every run).
         runs: Vec<String>,
+        /// Also check each run against the chain heads `warden store
+        /// witness` recorded (a file, or a directory of them): a log with
+        /// fewer events than its witness saw, or another head, is broken.
+        #[arg(long, value_name = "PATH", env = "WARDEN_WITNESS")]
+        witness: Option<PathBuf>,
     },
     /// Replay a run's log against its agent, checking every decision, then
     /// continue it.
@@ -93,6 +99,10 @@ pub(crate) enum RunsCommand {
         /// Continue even though the agent file changed since the run started.
         #[arg(long)]
         accept_agent_change: bool,
+        /// Refuse unless the run's log holds everything `warden store
+        /// witness` recorded of it (a file, or a directory of them).
+        #[arg(long, value_name = "PATH", env = "WARDEN_WITNESS")]
+        witness: Option<PathBuf>,
     },
     /// Approve the call awaiting approval, then continue the run.
     Approve {
@@ -151,9 +161,10 @@ pub(crate) enum RunsCommand {
     Resolve {
         /// The run.
         run: String,
-        /// The write's output as JSON; `@FILE` reads a file.
+        /// The write's output as JSON; `@FILE` reads a file. Not needed for
+        /// a run restored from a backup, which goes on from its log.
         #[arg(long)]
-        output: String,
+        output: Option<String>,
         /// What you checked.
         #[arg(long)]
         note: Option<String>,
@@ -238,28 +249,12 @@ pub(crate) struct DriveArgs {
     detach: bool,
 }
 
-/// Opens the store the settings name, creating a SQLite file's directory.
-pub(crate) async fn open_store(settings: &Settings) -> anyhow::Result<Arc<dyn EventStore>> {
-    match &settings.store.value {
-        StoreLocation::Postgres(url) => {
-            let store = PostgresStore::open(url)
-                .await
-                .with_context(|| format!("cannot open the store {}", settings.store.value))?;
-            Ok(Arc::new(store))
-        }
-        StoreLocation::Sqlite(path) => {
-            if let Some(dir) = path.parent()
-                && !dir.as_os_str().is_empty()
-            {
-                std::fs::create_dir_all(dir).with_context(|| {
-                    format!("cannot create the store's directory `{}`", dir.display())
-                })?;
-            }
-            let store = SqliteStore::open(path)
-                .with_context(|| format!("cannot open the store `{}`", path.display()))?;
-            Ok(Arc::new(store))
-        }
-    }
+/// Opens the store the settings name for `access` (see `cli/store.rs`).
+pub(crate) async fn open_store(
+    settings: &Settings,
+    access: Access,
+) -> anyhow::Result<Arc<dyn EventStore>> {
+    super::store::open(settings, access).await
 }
 
 /// The runtime over `store`, with the settings' labels, prompt recording
@@ -358,7 +353,7 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
         Some(id) => run_id(id)?,
         None => RunId::from_random(rand::random()),
     };
-    let (rt, host) = runtime(ctx, open_store(&ctx.settings).await?)?;
+    let (rt, host) = runtime(ctx, open_store(&ctx.settings, Access::Start).await?)?;
     // Everything the run needs is checked before anything is recorded.
     super::agent::check(&host, &agent).await?;
     // Subscribe before the run exists so the first event is seen too.
@@ -388,7 +383,14 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
 }
 
 pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> {
-    let store = open_store(&ctx.settings).await?;
+    let access = match &cmd {
+        RunsCommand::List(_)
+        | RunsCommand::Show { .. }
+        | RunsCommand::Events { .. }
+        | RunsCommand::Verify { .. } => Access::Read,
+        _ => Access::Write,
+    };
+    let store = open_store(&ctx.settings, access).await?;
     match cmd {
         RunsCommand::List(args) => list(store, args, ctx.json).await,
         RunsCommand::Show {
@@ -402,13 +404,34 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             }
             Ok(())
         }
-        RunsCommand::Verify { runs } => verify(store, runs, ctx.json).await,
+        RunsCommand::Verify { runs, witness } => {
+            let witness = match &witness {
+                Some(path) => Some(super::witness::Witness::read(path, &ctx.settings)?),
+                None => None,
+            };
+            verify(store, runs, witness, ctx.json).await
+        }
         RunsCommand::Recover {
             run,
             drive,
             accept_agent_change,
+            witness,
         } => {
             let run = run_id(&run)?;
+            if let Some(path) = &witness {
+                let witness = super::witness::Witness::read(path, &ctx.settings)?;
+                if let Some(problem) = witness.check(&*store, &run).await? {
+                    return Err(CliError::new(
+                        "rolled_back",
+                        format!(
+                            "run {run} is not recovered: {problem} (witness `{}`)",
+                            path.display()
+                        ),
+                    )
+                    .with_details(json!({ "run_id": run, "witness": path, "problem": problem }))
+                    .into());
+                }
+            }
             let (rt, _) = runtime(ctx, store)?;
             recover(ctx, &rt, &run, &drive, accept_agent_change).await
         }
@@ -471,8 +494,20 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
         } => {
             let run = run_id(&run)?;
             let (rt, _) = runtime(ctx, store)?;
-            rt.resolve(&run, json_input(&output)?, &user(by), note)
-                .await?;
+            let output = match output {
+                Some(text) => json_input(&text)?,
+                None if rt.state(&run).await?.held().is_some() => Value::Null,
+                None => {
+                    return Err(CliError::new(
+                        "usage",
+                        format!(
+                            "run {run}: resolving a write takes --output '<its output as JSON>'"
+                        ),
+                    )
+                    .into());
+                }
+            };
+            rt.resolve(&run, output, &user(by), note).await?;
             let next = format!("warden runs resume {run}");
             if ctx.json {
                 println!(
@@ -755,6 +790,17 @@ async fn resume(
             .with_details(json!({ "run_id": run, "status": status, "call_id": call }))
             .into())
         }
+        RunStatus::NeedsReconciliation if state.held().is_some() => {
+            let hold = state.held().expect("checked");
+            Err(refuse_hold(
+                RuntimeError::ReconciliationRequired {
+                    run_id: run.clone(),
+                    reason: hold.reason.clone(),
+                    since_ms: hold.since_ms,
+                },
+                ctx.json,
+            ))
+        }
         RunStatus::NeedsReconciliation => match state.dangling_write() {
             Some(write) => Err(refuse_reconciliation(
                 run,
@@ -832,6 +878,26 @@ fn refuse_reconciliation(run: &RunId, write: &UnresolvedWrite, json: bool) -> an
     Exit::NeedsReconciliation.into()
 }
 
+/// Prints why a run whose log may be missing what it did is not continued,
+/// and what to do, and returns the exit for it.
+fn refuse_hold(error: RuntimeError, json: bool) -> anyhow::Error {
+    let RuntimeError::ReconciliationRequired { run_id, .. } = &error else {
+        return error.into();
+    };
+    let resolve = format!("warden runs resolve {run_id} --note '<what you found>'");
+    let abandon = format!("warden runs abandon {run_id} --reason '…'");
+    if json {
+        let mut report = super::errors::report(&anyhow::Error::new(error));
+        report.details["next"] = json!([resolve, abandon]);
+        println!("{}", report.envelope());
+    } else {
+        eprintln!("{error}");
+        eprintln!("   when it is settled, go on from the log with: {resolve}");
+        eprintln!("   or give up with: {abandon}");
+    }
+    Exit::NeedsReconciliation.into()
+}
+
 /// How to continue a run while following it.
 #[derive(Clone)]
 enum Drive {
@@ -869,6 +935,9 @@ async fn follow(
             Ok(status) => status,
             Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
                 return Err(refuse_reconciliation(&run_id, &write, json));
+            }
+            Err(e @ RuntimeError::ReconciliationRequired { .. }) => {
+                return Err(refuse_hold(e, json));
             }
             Err(e) => return Err(e.into()),
         };
@@ -1016,7 +1085,7 @@ fn print_event(seq: u64, event: &Event, json: bool) {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_millis() as i64)
@@ -1143,6 +1212,14 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
         .map_err(|e| CliError::new("usage", format!("--stalled-after: {e}")))?
         .as_millis() as i64;
     let runs = store.list(&filter).await?;
+    // A run whose stored id was damaged cannot be listed as a run: say so
+    // rather than let it vanish.
+    for id in store.invalid_run_ids().await? {
+        eprintln!(
+            "warning: the store holds a run whose id `{}` is not a valid run id (a damaged or tampered row); `warden runs verify` reports it",
+            id.escape_debug()
+        );
+    }
     // A worker's run is stalled once its lease expired; another is after
     // `--stalled-after` without an append.
     let stalled = |r: &RunSummary| {
@@ -1379,8 +1456,14 @@ async fn show(
     Ok(())
 }
 
-async fn verify(store: Arc<dyn EventStore>, runs: Vec<String>, json: bool) -> anyhow::Result<()> {
-    let ids = if runs.is_empty() {
+async fn verify(
+    store: Arc<dyn EventStore>,
+    runs: Vec<String>,
+    witness: Option<super::witness::Witness>,
+    json: bool,
+) -> anyhow::Result<()> {
+    let all = runs.is_empty();
+    let ids = if all {
         store.run_ids().await?
     } else {
         runs.iter()
@@ -1389,8 +1472,57 @@ async fn verify(store: Arc<dyn EventStore>, runs: Vec<String>, json: bool) -> an
     };
     let mut broken = 0;
     let mut rows = Vec::new();
+    // Runs that cannot be checked at all are reported as broken, each, and
+    // the check goes on with the others.
+    let unreadable = |id: &str, problem: String, rows: &mut Vec<Value>| {
+        if json {
+            rows.push(json!({
+                "run_id": id,
+                "intact": false,
+                "events": 0,
+                "findings": [{ "seq": 0, "problem": problem }],
+            }));
+        } else {
+            println!("{}: BROKEN", id.escape_debug());
+            println!("   {problem}");
+        }
+    };
+    if let Some(witness) = &witness {
+        // Runs the witness saw that the store no longer has at all.
+        for id in witness.runs().filter(|id| all && !ids.contains(id)) {
+            if let Some(problem) = witness.check(&*store, id).await? {
+                broken += 1;
+                unreadable(id.as_str(), problem, &mut rows);
+            }
+        }
+    }
+    if all {
+        for id in store.invalid_run_ids().await? {
+            broken += 1;
+            unreadable(
+                &id,
+                "the stored run id is not a valid run id (a damaged or tampered row)".into(),
+                &mut rows,
+            );
+        }
+    }
     for id in ids {
-        let report = crate::engine::runtime::verify_log(store.as_ref(), &id).await?;
+        let report = match crate::engine::runtime::verify_log(store.as_ref(), &id).await {
+            Ok(report) => report,
+            Err(e) => {
+                broken += 1;
+                unreadable(id.as_str(), format!("cannot be read: {e}"), &mut rows);
+                continue;
+            }
+        };
+        if report.is_intact()
+            && let Some(witness) = &witness
+            && let Some(problem) = witness.check(&*store, &id).await?
+        {
+            broken += 1;
+            unreadable(id.as_str(), problem, &mut rows);
+            continue;
+        }
         if !report.is_intact() {
             broken += 1;
         }

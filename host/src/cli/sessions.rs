@@ -28,7 +28,10 @@ pub(crate) async fn run(cmd: SessionsCommand, ctx: &Context) -> anyhow::Result<(
     match cmd {
         SessionsCommand::Show { session } => {
             let session = session_id(&session)?;
-            let (rt, _) = runtime(ctx, open_store(&ctx.settings).await?)?;
+            let (rt, _) = runtime(
+                ctx,
+                open_store(&ctx.settings, super::store::Access::Read).await?,
+            )?;
             let runs = rt.session_runs(&session).await?;
             show(&session, &runs, ctx.json);
             Ok(())

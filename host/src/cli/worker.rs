@@ -13,9 +13,10 @@ use serde_json::json;
 use super::Context;
 use super::config::StoreLocation;
 use super::errors::CliError;
+use super::store::Access;
 use crate::engine::{RunId, Runtime};
 use crate::plugins::PluginHost;
-use crate::store::{EventStore, PostgresStore, QUEUED, SqliteStore};
+use crate::store::{EventStore, PostgresStore, QUEUED};
 use crate::worker::Worker;
 
 /// `warden submit`.
@@ -66,29 +67,9 @@ fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
         .map_err(|e| CliError::new("usage", format!("{flag}: {e}")).into())
 }
 
-/// Opens the store the settings name (creating a SQLite file's directory;
-/// migrating either).
-async fn open(ctx: &Context) -> anyhow::Result<Arc<dyn EventStore>> {
-    match &ctx.settings.store.value {
-        StoreLocation::Postgres(url) => {
-            let store = PostgresStore::open(url)
-                .await
-                .with_context(|| format!("cannot open the store {}", ctx.settings.store.value))?;
-            Ok(Arc::new(store))
-        }
-        StoreLocation::Sqlite(path) => {
-            if let Some(dir) = path.parent()
-                && !dir.as_os_str().is_empty()
-            {
-                std::fs::create_dir_all(dir).with_context(|| {
-                    format!("cannot create the store's directory `{}`", dir.display())
-                })?;
-            }
-            let store = SqliteStore::open(path)
-                .with_context(|| format!("cannot open the store `{}`", path.display()))?;
-            Ok(Arc::new(store))
-        }
-    }
+/// Opens the store the settings name for `access` (see `cli/store.rs`).
+async fn open(ctx: &Context, access: Access) -> anyhow::Result<Arc<dyn EventStore>> {
+    super::store::open(&ctx.settings, access).await
 }
 
 fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<Runtime> {
@@ -118,7 +99,7 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
         .as_deref()
         .map(super::sessions::session_id)
         .transpose()?;
-    let rt = runtime(ctx, open(ctx).await?)?;
+    let rt = runtime(ctx, open(ctx, Access::Start).await?)?;
     match &session {
         Some(session) => {
             rt.submit_in_session(session, &agent, run_id.clone(), input, labels)
@@ -141,7 +122,7 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
 pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()> {
     // Signals first: a worker stopped while it starts still stops cleanly.
     let stop = shutdown_signal()?;
-    let rt = runtime(ctx, open(ctx).await?)?;
+    let rt = runtime(ctx, open(ctx, Access::Write).await?)?;
     let settings = ctx.settings.clone();
     let mut builder = Worker::builder(rt)
         .concurrency(args.concurrency)
@@ -224,7 +205,7 @@ pub(crate) async fn migrate(ctx: &Context) -> anyhow::Result<()> {
         }
         StoreLocation::Sqlite(_) => {
             // Opening a SQLite store migrates it.
-            open(ctx).await?;
+            open(ctx, Access::Start).await?;
             Vec::new()
         }
     };

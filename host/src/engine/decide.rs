@@ -455,6 +455,12 @@ pub enum Idle {
         /// The write.
         call_id: CallId,
     },
+    /// The log may be missing what the run did (a restore): a human must
+    /// check and record `reconciled`, or abandon the run.
+    ReconciliationRequired {
+        /// Since when, if known (milliseconds since the epoch).
+        since_ms: Option<i64>,
+    },
 }
 
 /// Budgets checked before a model call for a new step.
@@ -514,6 +520,9 @@ pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDet
             Parked::Budget(overrun) => Idle::BudgetExceeded(overrun),
             Parked::Reconciliation(intent) => Idle::NeedsReconciliation {
                 call_id: intent.call_id.clone(),
+            },
+            Parked::Hold(hold) => Idle::ReconciliationRequired {
+                since_ms: hold.since_ms,
             },
         });
     }

@@ -126,6 +126,13 @@ pub enum Event {
     DeliveryCompleted(DeliveryCompleted),
     /// A delivery was given up (completion); the run's result is unchanged.
     DeliveryFailed(DeliveryFailed),
+    /// The log may be missing what the run did (it was restored from a
+    /// backup): the run needs reconciliation until a human says what
+    /// happened ([`Event::Reconciled`]) or abandons it.
+    ReconciliationRequired(ReconciliationRequired),
+    /// A human checked what the run did that its log may be missing, and
+    /// let it go on from its log.
+    Reconciled(Reconciled),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -204,11 +211,15 @@ pub enum EventKind {
     DeliveryCompleted,
     /// [`Event::DeliveryFailed`].
     DeliveryFailed,
+    /// [`Event::ReconciliationRequired`].
+    ReconciliationRequired,
+    /// [`Event::Reconciled`].
+    Reconciled,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 36] = [
+    pub const ALL: [EventKind; 38] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -245,6 +256,8 @@ impl EventKind {
         EventKind::DeliveryCompleted,
         EventKind::DeliveryFailed,
         EventKind::PolicyDecided,
+        EventKind::ReconciliationRequired,
+        EventKind::Reconciled,
     ];
 
     /// The `type` tag.
@@ -286,6 +299,8 @@ impl EventKind {
             EventKind::DeliveryAttemptFailed => "delivery_attempt_failed",
             EventKind::DeliveryCompleted => "delivery_completed",
             EventKind::DeliveryFailed => "delivery_failed",
+            EventKind::ReconciliationRequired => "reconciliation_required",
+            EventKind::Reconciled => "reconciled",
         }
     }
 
@@ -359,6 +374,8 @@ impl Event {
             Event::DeliveryAttemptFailed(_) => EventKind::DeliveryAttemptFailed,
             Event::DeliveryCompleted(_) => EventKind::DeliveryCompleted,
             Event::DeliveryFailed(_) => EventKind::DeliveryFailed,
+            Event::ReconciliationRequired(_) => EventKind::ReconciliationRequired,
+            Event::Reconciled(_) => EventKind::Reconciled,
         }
     }
 
@@ -1267,6 +1284,31 @@ pub struct RunCancelled {
     pub unresolved_write: Option<UnresolvedWrite>,
 }
 
+/// [`Event::ReconciliationRequired`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReconciliationRequired {
+    /// Why, for the human who must check.
+    pub reason: String,
+    /// Since when the log may be missing what the run did (milliseconds
+    /// since the epoch): a backup's time. Omitted when unknown.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub since_ms: Option<i64>,
+    /// Who recorded it.
+    pub by: String,
+}
+
+/// [`Event::Reconciled`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reconciled {
+    /// Who checked.
+    pub by: String,
+    /// What they found. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
 /// [`Event::RunAbandoned`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1912,6 +1954,21 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"policy_decided","hook":"before_tool_call","call_id":"call-1-2","policy":"no-deletes","decision":"deny","reason":"deleting is not allowed"}}"#,
             ),
+            (
+                Event::ReconciliationRequired(ReconciliationRequired {
+                    reason: "restored from a backup".into(),
+                    since_ms: Some(1_700_000_000_000),
+                    by: "ops".into(),
+                }),
+                r#"{"v":1,"event":{"type":"reconciliation_required","reason":"restored from a backup","since_ms":1700000000000,"by":"ops"}}"#,
+            ),
+            (
+                Event::Reconciled(Reconciled {
+                    by: "ops".into(),
+                    note: None,
+                }),
+                r#"{"v":1,"event":{"type":"reconciled","by":"ops"}}"#,
+            ),
         ]
     }
 
@@ -1954,6 +2011,8 @@ pub(crate) mod tests {
             EventKind::DeliveryCompleted => 33,
             EventKind::DeliveryFailed => 34,
             EventKind::PolicyDecided => 35,
+            EventKind::ReconciliationRequired => 36,
+            EventKind::Reconciled => 37,
         }
     }
 
@@ -1973,7 +2032,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 36, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 38, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

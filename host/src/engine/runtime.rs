@@ -36,9 +36,9 @@ use super::decide::{
 };
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
-    ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, RunAbandoned,
-    RunCancelled, RunStarted, ToolCallResolved, ToolCallResult, Unrecordable, UnresolvedWrite,
-    decode, encode_readable,
+    ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, Reconciled,
+    ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved,
+    ToolCallResult, Unrecordable, UnresolvedWrite, decode, encode_readable,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::policy_hooks::{
@@ -180,6 +180,19 @@ pub enum RuntimeError {
         run_id: RunId,
         /// The write, with its frozen arguments.
         write: Box<UnresolvedWrite>,
+    },
+    /// An automatic verb on a run whose log may be missing what it did (it
+    /// was restored from a backup): a human must check, then record it
+    /// (`resolve`) or abandon the run.
+    #[error("run `{run_id}` needs reconciliation: {reason}; check what it did{}, then resolve it (it goes on from its log) or abandon it", since_ms.map(|ms| format!(" after {}", crate::units::utc_text(ms))).unwrap_or_default())]
+    ReconciliationRequired {
+        /// The run.
+        run_id: RunId,
+        /// Why.
+        reason: String,
+        /// Since when its log may be missing events (milliseconds since
+        /// the epoch), if known.
+        since_ms: Option<i64>,
     },
     /// The verb needs a run that is not over.
     #[error("run `{run_id}` is already {status}")]
@@ -1129,6 +1142,14 @@ impl Runtime {
     ) -> Result<(), RuntimeError> {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
+        // What a restore may have lost comes first: it includes any write.
+        if log.state.held().is_some() {
+            let event = Event::Reconciled(Reconciled {
+                by: by.to_owned(),
+                note,
+            });
+            return self.append(&mut log, vec![event]).await;
+        }
         let Some(write) = log.state.dangling_write() else {
             return Err(RuntimeError::NotReconcilable {
                 run_id: run_id.clone(),
@@ -1154,6 +1175,27 @@ impl Runtime {
         });
         self.append_with(&mut log, vec![event], settlement.as_ref())
             .await
+    }
+
+    /// Records that the run's log may be missing what it did since
+    /// `since_ms` (it was restored from a backup taken then): the run needs
+    /// reconciliation until a human [`resolve`](Self::resolve)s it (it then
+    /// goes on from its log) or abandons it. Refused on a finished run.
+    pub async fn require_reconciliation(
+        &self,
+        run_id: &RunId,
+        reason: &str,
+        since_ms: Option<i64>,
+        by: &str,
+    ) -> Result<(), RuntimeError> {
+        let mut log = self.load_log(run_id).await?;
+        self.refuse_terminal(&log)?;
+        let event = Event::ReconciliationRequired(ReconciliationRequired {
+            reason: reason.to_owned(),
+            since_ms,
+            by: by.to_owned(),
+        });
+        self.append(&mut log, vec![event]).await
     }
 
     /// Ends a run for good, whatever state it is in (short of terminal),
@@ -1264,6 +1306,18 @@ impl Runtime {
             loop {
                 match self.step_once(log, prepared, &driver).await? {
                     Step::Progressed => continue,
+                    Step::Idle(Idle::ReconciliationRequired { since_ms }) => {
+                        let reason = log
+                            .state
+                            .held()
+                            .map(|h| h.reason.clone())
+                            .unwrap_or_default();
+                        return Err(RuntimeError::ReconciliationRequired {
+                            run_id: log.run_id.clone(),
+                            reason,
+                            since_ms,
+                        });
+                    }
                     Step::Idle(Idle::NeedsReconciliation { .. }) => {
                         let write = log
                             .state

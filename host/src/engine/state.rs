@@ -21,9 +21,9 @@ use super::channels::{Deliveries, InFlightDelivery};
 use super::compaction::{CompactionProgress, Summary};
 use super::context::ContextState;
 use super::events::{
-    BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError, Resumed, RunAbandoned,
-    RunCancelled, RunCompleted, RunFailed, RunStarted, ToolCallError, ToolCallIntent,
-    ToolCallResult, UnresolvedWrite,
+    BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError,
+    ReconciliationRequired, Resumed, RunAbandoned, RunCancelled, RunCompleted, RunFailed,
+    RunStarted, ToolCallError, ToolCallIntent, ToolCallResult, UnresolvedWrite,
 };
 use super::ids::{
     AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
@@ -211,6 +211,10 @@ pub struct RunState {
     /// The last tool error shown to the model, whole, and how many times in
     /// a row it came back: repeats are collapsed to one line.
     last_tool_error: Option<(String, u32)>,
+    /// What a human must check before the run goes on, when its log may be
+    /// missing what it did (a restore): set by `reconciliation_required`,
+    /// cleared by `reconciled`.
+    hold: Option<ReconciliationRequired>,
 }
 
 /// One completed model call and its tool calls.
@@ -440,6 +444,9 @@ pub enum Parked<'a> {
     Budget(BudgetOverrun),
     /// A human's word on a write whose outcome is unknown.
     Reconciliation(&'a ToolCallIntent),
+    /// A human's word on what the run did that its log may be missing
+    /// (it was restored from a backup).
+    Hold(&'a ReconciliationRequired),
 }
 
 /// A `resume` that cannot be recorded.
@@ -574,6 +581,9 @@ pub enum FoldProblem {
     /// A budget extension while no budget is exceeded.
     #[error("no budget is exceeded")]
     NoBudgetExceeded,
+    /// A `reconciled` event while nothing required reconciliation.
+    #[error("nothing requires reconciliation")]
+    NothingToReconcile,
     /// A policy decision whose step or call does not fit its hook.
     #[error("a {hook} decision needs {}", match .hook { PolicyHook::RunStart => "neither a step nor a call", PolicyHook::BeforeToolCall => "a call and no step", _ => "a step and no call" })]
     PolicyPointMalformed {
@@ -736,6 +746,7 @@ impl RunState {
                 .collect(),
             history_len: history.len(),
             last_tool_error: None,
+            hold: None,
         }
     }
 
@@ -748,7 +759,7 @@ impl RunState {
             Some(Terminal::Abandoned(_)) => return RunStatus::Abandoned,
             None => {}
         }
-        if self.dangling_write().is_some() {
+        if self.hold.is_some() || self.dangling_write().is_some() {
             return RunStatus::NeedsReconciliation;
         }
         match self.next_call().map(|c| &c.progress) {
@@ -767,6 +778,9 @@ impl RunState {
     pub fn parked(&self) -> Option<Parked<'_>> {
         if self.terminal.is_some() {
             return None;
+        }
+        if let Some(hold) = &self.hold {
+            return Some(Parked::Hold(hold));
         }
         if let Some(intent) = self.dangling_write() {
             return Some(Parked::Reconciliation(intent));
@@ -823,6 +837,12 @@ impl RunState {
             ToolCallProgress::InFlight(intent) => Some(intent),
             _ => None,
         }
+    }
+
+    /// What a human must check before the run goes on, when its log may
+    /// be missing what it did (a restore), if anything.
+    pub fn held(&self) -> Option<&ReconciliationRequired> {
+        self.hold.as_ref()
     }
 
     /// The write whose intent has no completion, if any.
@@ -1309,6 +1329,10 @@ impl RunState {
             Event::RunFailed(_) => self.check_unresolved(&None),
             Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
             Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
+            // Any time before the end: a restore may catch a run anywhere.
+            Event::ReconciliationRequired(_) => Ok(()),
+            Event::Reconciled(_) if self.hold.is_none() => Err(FoldProblem::NothingToReconcile),
+            Event::Reconciled(_) => Ok(()),
             Event::DeliveryIntent(_)
             | Event::DeliveryAttemptFailed(_)
             | Event::DeliveryCompleted(_)
@@ -1696,6 +1720,8 @@ impl RunState {
             Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),
             Event::RunCancelled(c) => self.terminal = Some(Terminal::Cancelled(c.clone())),
             Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
+            Event::ReconciliationRequired(r) => self.hold = Some(r.clone()),
+            Event::Reconciled(_) => self.hold = None,
             Event::DeliveryIntent(intent) => {
                 self.deliveries
                     .cursors

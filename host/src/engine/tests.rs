@@ -855,6 +855,9 @@ fn shape(action: &Action) -> String {
         Action::Idle(Idle::NeedsReconciliation { call_id }) => {
             format!("idle needs_reconciliation {call_id}")
         }
+        Action::Idle(Idle::ReconciliationRequired { since_ms }) => {
+            format!("idle reconciliation_required {since_ms:?}")
+        }
     }
 }
 

@@ -91,6 +91,22 @@ impl ChainKey {
         Ok(Self { mac, id })
     }
 
+    /// HMAC-SHA-256 of `parts` (each length-prefixed) under the key, with
+    /// `tag` naming what is authenticated: for records kept outside the
+    /// store, such as witnesses of chain heads.
+    pub fn authenticate(&self, tag: &str, parts: &[&[u8]]) -> ChainHash {
+        let mut mac = self.mac.clone();
+        mac.update(tag.as_bytes());
+        mac.update(&[0]);
+        for part in parts {
+            mac.update(&(part.len() as u64).to_be_bytes());
+            mac.update(part);
+        }
+        let mut out = [0u8; 32];
+        out.copy_from_slice(&mac.finalize().into_bytes());
+        ChainHash::from_bytes(out)
+    }
+
     /// A public fingerprint of the key (16 hex digits), safe to log.
     pub fn id(&self) -> &str {
         &self.id

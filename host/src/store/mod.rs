@@ -496,6 +496,26 @@ impl VerifyReport {
     }
 }
 
+/// How a persistent store is opened.
+///
+/// Only commands that start runs create a store; every other command opens
+/// an existing one, and commands that only read open it read-only, so they
+/// work on a full disk, a read-only file or mount, and while another process
+/// holds the write lock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum OpenMode {
+    /// Create the store if there is none, and migrate it.
+    #[default]
+    Create,
+    /// Open an existing store for reading and writing, migrating it; where
+    /// there is none, [`StoreError::NoStore`] and nothing is created.
+    Existing,
+    /// Open an existing store for reading only: no migration, no write
+    /// (every write is [`StoreError::ReadOnly`]); a schema older than this
+    /// build's is [`StoreError::SchemaTooOld`].
+    ReadOnly,
+}
+
 /// A store operation failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -538,6 +558,45 @@ pub enum StoreError {
         seq: u64,
         /// What is wrong.
         reason: ChainBreak,
+    },
+    /// There is no store where one was looked for: no file, an empty
+    /// (0-byte) file, a database without Warden's schema. Only a store
+    /// opened with [`OpenMode::Create`] is ever created; nothing was written.
+    #[error("there is no Warden store at {location}: {reason}")]
+    NoStore {
+        /// Where the store was looked for: a file, or a PostgreSQL schema.
+        location: String,
+        /// What was found there instead.
+        reason: String,
+    },
+    /// SQLite reports the database file as damaged (`PRAGMA quick_check`):
+    /// it is not opened for writing, so nothing is written into a damaged
+    /// file; open it read-only to read and verify what is left.
+    #[error("the store at {location} is damaged, so it is not opened for writing: {detail}")]
+    Damaged {
+        /// The store.
+        location: String,
+        /// SQLite's first findings.
+        detail: String,
+    },
+    /// A write on a store opened with [`OpenMode::ReadOnly`].
+    #[error("the store at {location} is open read-only: {operation} is refused")]
+    ReadOnly {
+        /// The store.
+        location: String,
+        /// What was refused.
+        operation: &'static str,
+    },
+    /// The database's schema is older than this build's, and the store was
+    /// opened read-only (migrating it would write).
+    #[error(
+        "store schema version {found} is older than this build's ({supported}): open it for writing once to migrate it (`warden store migrate`)"
+    )]
+    SchemaTooOld {
+        /// The version found in the database.
+        found: i64,
+        /// The version this build reads.
+        supported: i64,
     },
     /// The database was written by a newer Warden, with a schema this build
     /// does not know.
@@ -702,6 +761,15 @@ pub trait EventStore: Send + Sync {
 
     /// Every run id in the store, in id order (to verify them all).
     async fn run_ids(&self) -> Result<Vec<RunId>, StoreError>;
+
+    /// The ids stored for runs that are not valid [`RunId`]s, in id order:
+    /// a damaged or tampered run row. Such a run can be neither loaded nor
+    /// listed as a [`RunSummary`], so callers report these instead of
+    /// letting the run vanish. A store that only ever holds valid ids (the
+    /// [`MemoryStore`]) returns none.
+    async fn invalid_run_ids(&self) -> Result<Vec<String>, StoreError> {
+        Ok(Vec::new())
+    }
 
     // ---- leases, the queue and retention (see `lease.rs`) ----
     //

@@ -11,9 +11,11 @@
 //! Claims pick runs with `FOR UPDATE SKIP LOCKED`, so concurrent workers
 //! never wait on or share a run.
 //!
-//! Durability is the server's: with the default `synchronous_commit = on`,
-//! a commit returns after the WAL is flushed, and an append is acknowledged
-//! only after its commit.
+//! Durability: every connection sets `synchronous_commit = on` (whatever
+//! the server's or the role's default), so a commit returns after the WAL
+//! is flushed to disk, and an append is acknowledged only after its commit.
+//! A store opened read-only ([`OpenMode::ReadOnly`]) runs no migration and
+//! its connections set `default_transaction_read_only = on`.
 //!
 //! Schema (version 4, see `schema.rs`): `runs` (with the lease columns and
 //! the deliveries a run owes),
@@ -39,7 +41,7 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Finding, Holder, Lease, Listing,
-    PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
+    OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
     StoredEvent, Tombstone, VerifyReport,
 };
 
@@ -62,6 +64,7 @@ pub struct PostgresStoreBuilder {
     chain_key: Option<ChainKey>,
     max_connections: usize,
     connect_timeout: Duration,
+    mode: OpenMode,
 }
 
 impl PostgresStoreBuilder {
@@ -93,8 +96,15 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// Connects, creates the schema if needed and applies pending
-    /// migrations.
+    /// Whether to create the schema, and whether to write. Default:
+    /// [`OpenMode::Create`].
+    pub fn mode(mut self, mode: OpenMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Connects, creates the schema if needed (in [`OpenMode::Create`]) and
+    /// applies pending migrations; read-only, only checks the schema.
     pub async fn open(self) -> Result<PostgresStore, StoreError> {
         let (store, _) = self.open_and_migrate().await?;
         Ok(store)
@@ -117,8 +127,12 @@ impl PostgresStoreBuilder {
                 "connection `options` are not supported; name the schema with `schema=`".into(),
             ));
         }
+        let mut options = format!("-c search_path={schema} -c synchronous_commit=on");
+        if self.mode == OpenMode::ReadOnly {
+            options.push_str(" -c default_transaction_read_only=on");
+        }
         config
-            .options(format!("-c search_path={schema}"))
+            .options(options)
             .application_name("warden")
             .connect_timeout(self.connect_timeout);
         let target = redact(&self.url);
@@ -145,12 +159,24 @@ impl PostgresStoreBuilder {
         };
         let mut client = store.client().await?;
         let context = || format!("postgres: cannot migrate schema {}", store.schema);
-        let tx = client
-            .transaction()
-            .await
-            .map_err(|e| pg_error(context(), e))?;
-        let applied = schema::migrate(&tx, &store.schema, &store.chain.mode()).await?;
-        tx.commit().await.map_err(|e| pg_error(context(), e))?;
+        if self.mode != OpenMode::Create {
+            schema::present(&client, &store.schema, &store.target).await?;
+        }
+        let applied = match self.mode {
+            OpenMode::ReadOnly => {
+                schema::check(&client, &store.schema, &store.chain.mode()).await?;
+                Vec::new()
+            }
+            OpenMode::Existing | OpenMode::Create => {
+                let tx = client
+                    .transaction()
+                    .await
+                    .map_err(|e| pg_error(context(), e))?;
+                let applied = schema::migrate(&tx, &store.schema, &store.chain.mode()).await?;
+                tx.commit().await.map_err(|e| pg_error(context(), e))?;
+                applied
+            }
+        };
         drop(client);
         tracing::debug!(target = %store.target, schema = %store.schema, mode = %store.chain.mode(), "opened postgres store");
         Ok((store, applied))
@@ -249,6 +275,7 @@ impl PostgresStore {
             chain_key: None,
             max_connections: 16,
             connect_timeout: Duration::from_secs(10),
+            mode: OpenMode::Create,
         }
     }
 
@@ -834,6 +861,20 @@ impl EventStore for PostgresStore {
         Ok(rows.iter().filter_map(|r| valid_id(r.get(0))).collect())
     }
 
+    async fn invalid_run_ids(&self) -> Result<Vec<String>, StoreError> {
+        let context = "postgres: cannot list run ids";
+        let rows = self
+            .snapshot(context, async |tx| {
+                query(tx, context, "SELECT id FROM runs ORDER BY id", &[]).await
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .filter(|id| RunId::new(id.as_str()).is_err())
+            .collect())
+    }
+
     async fn acquire_lease(
         &self,
         run_id: &RunId,
@@ -1343,6 +1384,137 @@ mod tests {
             }
             other => panic!("expected SchemaTooNew, got {:?}", other.map(|(_, a)| a)),
         }
+    }
+
+    /// The store's own connections run with `synchronous_commit = on`, even
+    /// where the role's default is off; a read-only open creates nothing,
+    /// writes nothing and refuses a schema that holds no store.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_commit_synchronously_and_read_only_opens_write_nothing() {
+        let Some(backend) = PostgresBackend::connect().await else {
+            return;
+        };
+        // Nothing there yet: neither a read-only nor an existing-store open
+        // creates the schema.
+        for mode in [OpenMode::ReadOnly, OpenMode::Existing] {
+            match backend.builder().mode(mode).open().await {
+                Err(StoreError::NoStore { location, .. }) => {
+                    assert!(location.contains(&backend_schema(&backend)), "{location}")
+                }
+                other => panic!("{mode:?}: expected NoStore, got {other:?}"),
+            }
+        }
+        let raw = backend.raw().await;
+        let schemas = raw
+            .query(
+                "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1",
+                &[&backend_schema(&backend)],
+            )
+            .await
+            .unwrap();
+        assert!(schemas.is_empty(), "a read-only open created the schema");
+
+        // A role whose default is off: the store's sessions still set on.
+        let role = format!("{}_async", backend_schema(&backend));
+        let database: String = raw
+            .query_one("SELECT current_database()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        raw.batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             ALTER ROLE {role} SET synchronous_commit = off;
+             GRANT CREATE ON DATABASE {database} TO {role};"
+        ))
+        .await
+        .unwrap();
+        let url = PostgresBackend::url();
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+        let as_role = format!("{scheme}://{role}@{host}");
+        let (client, connection) = tokio_postgres::connect(&as_role, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let shown: String = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            shown, "off",
+            "the role's own sessions commit asynchronously"
+        );
+        let store = PostgresStore::builder(&as_role)
+            .schema(backend_schema(&backend))
+            .open()
+            .await
+            .unwrap();
+        new_run(&store, &id("r"), 2).await;
+        let shown: String = store
+            .client()
+            .await
+            .unwrap()
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(shown, "on");
+        drop(store);
+
+        let version = || async {
+            raw.query_one(
+                "SELECT xmin::text::bigint FROM store_meta WHERE key = 'schema_version'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        };
+        let before = version().await;
+        let read_only = backend
+            .builder()
+            .mode(OpenMode::ReadOnly)
+            .open()
+            .await
+            .unwrap();
+        assert_eq!(read_only.load(&id("r")).await.unwrap().len(), 2);
+        assert_eq!(
+            version().await,
+            before,
+            "a read-only open rewrote the schema version"
+        );
+        let client = read_only.client().await.unwrap();
+        let shown: String = client
+            .query_one("SHOW default_transaction_read_only", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(shown, "on");
+        assert!(
+            read_only
+                .append(
+                    &id("r"),
+                    2,
+                    &[crate::store::conformance::ev("x")],
+                    "running".into(),
+                    3
+                )
+                .await
+                .is_err()
+        );
+        assert_eq!(read_only.load(&id("r")).await.unwrap().len(), 2);
+        drop(read_only);
+        raw.batch_execute(&format!(
+            "DROP SCHEMA {} CASCADE; DROP OWNED BY {role}; DROP ROLE {role};",
+            backend_schema(&backend)
+        ))
+        .await
+        .unwrap();
+    }
+
+    fn backend_schema(backend: &PostgresBackend) -> String {
+        backend.builder().schema
     }
 
     #[test]

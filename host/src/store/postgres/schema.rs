@@ -110,6 +110,78 @@ CREATE INDEX IF NOT EXISTS runs_owing ON runs (created_ms, id) WHERE owes_delive
 /// The schema version this build writes and reads.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
 
+/// Refuses a schema that holds no Warden store (no `store_meta` table), so
+/// a mistyped schema is never created by a command that does not start runs.
+pub(super) async fn present(
+    client: &deadpool_postgres::Object,
+    schema: &str,
+    target: &str,
+) -> Result<(), StoreError> {
+    let row = client
+        .query_one(
+            "SELECT to_regclass(format('%I.store_meta', $1::text)) IS NOT NULL",
+            &[&schema],
+        )
+        .await
+        .map_err(|e| pg_error(format!("postgres: cannot read schema {schema}"), e))?;
+    if row.get::<_, bool>(0) {
+        Ok(())
+    } else {
+        Err(StoreError::NoStore {
+            location: format!("{target} (schema `{schema}`)"),
+            reason: "the schema holds no Warden tables; nothing was created".into(),
+        })
+    }
+}
+
+/// Checks, without writing, that the schema is this build's and was chained
+/// in `chain_mode`: for a store opened read-only.
+pub(super) async fn check(
+    client: &deadpool_postgres::Object,
+    schema: &str,
+    chain_mode: &str,
+) -> Result<(), StoreError> {
+    let context = || format!("postgres: cannot read schema {schema}");
+    let rows = client
+        .query(
+            &format!("SELECT key, value FROM {schema}.store_meta WHERE key IN ('schema_version', 'chain_mode')"),
+            &[],
+        )
+        .await
+        .map_err(|e| pg_error(context(), e))?;
+    let value = |key: &str| {
+        rows.iter()
+            .find(|r| r.get::<_, &str>(0) == key)
+            .map(|r| r.get::<_, String>(1))
+    };
+    let found: i64 = match value("schema_version") {
+        Some(v) => v.parse().map_err(|_| StoreError::Backend {
+            context: context(),
+            error: format!("schema_version is `{v}`, not a number").into(),
+        })?,
+        None => 0,
+    };
+    if found < SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooOld {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    if found > SCHEMA_VERSION {
+        return Err(StoreError::SchemaTooNew {
+            found,
+            supported: SCHEMA_VERSION,
+        });
+    }
+    match value("chain_mode") {
+        Some(found) if found != chain_mode => Err(StoreError::ChainModeMismatch {
+            found,
+            configured: chain_mode.to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Creates the schema if needed, brings it up to [`SCHEMA_VERSION`] in the
 /// caller's transaction, and records the chain mode on first use (or checks
 /// it against the recorded one). Refuses a database written by a newer

@@ -42,7 +42,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, Listing,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, Listing, OpenMode,
     PruneFilter, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent,
     Tombstone, VerifyReport,
 };
@@ -50,8 +50,10 @@ use writer::{Counters, LeaseOp, Request};
 
 /// An event store in one SQLite file.
 ///
-/// Opening applies pending schema migrations. Dropping the store stops its
-/// writer thread after it has answered every queued write.
+/// Opening for writing applies pending schema migrations; opening read-only
+/// ([`OpenMode::ReadOnly`]) writes nothing and starts no writer. Dropping
+/// the store stops its writer thread after it has answered every queued
+/// write.
 pub struct SqliteStore {
     path: PathBuf,
     chain: Arc<Chain>,
@@ -68,9 +70,11 @@ pub struct SqliteStore {
 pub struct SqliteStoreBuilder {
     path: PathBuf,
     busy_timeout: Duration,
+    lock_wait: Option<Duration>,
     chain_key: Option<ChainKey>,
     max_batch: usize,
     max_readers: usize,
+    mode: OpenMode,
 }
 
 impl SqliteStoreBuilder {
@@ -78,6 +82,16 @@ impl SqliteStoreBuilder {
     /// before failing. Default: 5 seconds.
     pub fn busy_timeout(mut self, timeout: Duration) -> Self {
         self.busy_timeout = timeout;
+        self
+    }
+
+    /// How long a write waits, in all, for the write lock another process
+    /// holds: each busy timeout that passes is logged and the write tried
+    /// again, so a completion is not lost to a lock held a while. `None`
+    /// (the default): wait as long as it takes; `Some(d)`: fail the write
+    /// with "database is locked" after about `d`.
+    pub fn lock_wait(mut self, wait: Option<Duration>) -> Self {
+        self.lock_wait = wait;
         self
     }
 
@@ -104,12 +118,51 @@ impl SqliteStoreBuilder {
         self
     }
 
-    /// Opens (creating if needed) and migrates the database, and starts the
-    /// writer thread. Blocks briefly on file I/O.
+    /// Whether to create the file, and whether to write. Default:
+    /// [`OpenMode::Create`]. Whatever the mode, an empty (0-byte) file is
+    /// refused ([`StoreError::NoStore`]): Warden never leaves one, so it is a
+    /// lost or mistyped store, not a new one.
+    pub fn mode(mut self, mode: OpenMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Opens the database in the builder's [`mode`](Self::mode): for
+    /// writing, creates it if allowed, migrates it and starts the writer
+    /// thread; read-only, only checks its schema and chain mode. Blocks
+    /// briefly on file I/O.
     pub fn open(self) -> Result<SqliteStore, StoreError> {
         let chain = Arc::new(Chain::new(self.chain_key));
+        schema::check_file(&self.path, self.mode)?;
+        if self.mode == OpenMode::ReadOnly {
+            let (conn, immutable) = schema::open_read_only(&self.path, self.busy_timeout)?;
+            schema::check(&conn, &self.path, &chain.mode())?;
+            tracing::debug!(path = %self.path.display(), immutable, "opened sqlite store read-only");
+            let readers = Readers {
+                path: self.path.clone(),
+                busy_timeout: self.busy_timeout,
+                idle: Mutex::new(vec![conn]),
+                max_idle: self.max_readers,
+                read_only: Some(immutable),
+            };
+            return Ok(SqliteStore {
+                readers: Arc::new(readers),
+                path: self.path,
+                chain,
+                queue: None,
+                writer: None,
+                counters: Arc::new(Counters::default()),
+                read_turns: Arc::new(Semaphore::new(self.max_readers)),
+            });
+        }
         let mut conn = schema::open_writer(&self.path, self.busy_timeout)?;
-        schema::migrate(&mut conn, &self.path, &chain.mode())?;
+        schema::check_integrity(&conn, &self.path)?;
+        schema::migrate(
+            &mut conn,
+            &self.path,
+            &chain.mode(),
+            self.mode == OpenMode::Create,
+        )?;
         let counters = Arc::new(Counters::default());
         let (queue, inbox) = mpsc::channel(self.max_batch.saturating_mul(4));
         let writer = std::thread::Builder::new()
@@ -117,8 +170,11 @@ impl SqliteStoreBuilder {
             .spawn({
                 let chain = Arc::clone(&chain);
                 let counters = Arc::clone(&counters);
-                let max_batch = self.max_batch;
-                move || writer::run(conn, chain, inbox, max_batch, counters)
+                let limits = writer::Limits {
+                    max_batch: self.max_batch,
+                    lock_wait: self.lock_wait,
+                };
+                move || writer::run(conn, chain, inbox, limits, counters)
             })
             .map_err(|e| StoreError::Backend {
                 context: format!(
@@ -134,6 +190,7 @@ impl SqliteStoreBuilder {
                 busy_timeout: self.busy_timeout,
                 idle: Mutex::new(Vec::new()),
                 max_idle: self.max_readers,
+                read_only: None,
             }),
             path: self.path,
             chain,
@@ -158,6 +215,9 @@ pub struct WriterStats {
     pub events: u64,
     /// Transactions that failed to commit.
     pub failed_commits: u64,
+    /// Times a transaction found the write lock held by another process
+    /// for a whole busy timeout, and was tried again.
+    pub lock_retries: u64,
 }
 
 impl SqliteStore {
@@ -171,9 +231,11 @@ impl SqliteStore {
         SqliteStoreBuilder {
             path: path.as_ref().to_owned(),
             busy_timeout: Duration::from_secs(5),
+            lock_wait: None,
             chain_key: None,
             max_batch: 1024,
             max_readers: 4,
+            mode: OpenMode::Create,
         }
     }
 
@@ -191,6 +253,7 @@ impl SqliteStore {
             requests: c.requests.load(Ordering::Relaxed),
             events: c.events.load(Ordering::Relaxed),
             failed_commits: c.failed_commits.load(Ordering::Relaxed),
+            lock_retries: c.lock_retries.load(Ordering::Relaxed),
         }
     }
 
@@ -198,13 +261,93 @@ impl SqliteStore {
         &self,
         request: impl FnOnce(oneshot::Sender<Result<T, StoreError>>) -> Request,
     ) -> Result<T, StoreError> {
-        let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
+        let queue = self.queue.as_ref().ok_or_else(|| self.read_only())?;
         let (reply, answer) = oneshot::channel();
         queue
             .send(request(reply))
             .await
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    /// Writes a consistent copy of the database to the new file `dest`
+    /// (`VACUUM INTO`, one read transaction: writers go on meanwhile),
+    /// records in the copy when it was taken (`taken_ms`, from the caller's
+    /// clock; see [`backup_taken_ms`](Self::backup_taken_ms)), and syncs
+    /// it and its directory. Works on a store opened read-only.
+    pub async fn backup_into(&self, dest: &Path, taken_ms: i64) -> Result<(), StoreError> {
+        let dest = dest.to_owned();
+        self.read(move |conn, _| {
+            let context = || format!("sqlite: cannot back up to {}", dest.display());
+            conn.execute("VACUUM INTO ?1", [dest.to_string_lossy()])
+                .map_err(|e| backend(context(), e))?;
+            let copy = Connection::open_with_flags(
+                &dest,
+                rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE
+                    | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+            )
+            .map_err(|e| backend(context(), e))?;
+            copy.execute(
+                "INSERT OR REPLACE INTO store_meta (key, value) VALUES ('backup_taken_ms', ?1)",
+                [taken_ms.to_string()],
+            )
+            .map_err(|e| backend(context(), e))?;
+            drop(copy);
+            let sync = |p: &Path| std::fs::File::open(p).and_then(|f| f.sync_all());
+            sync(&dest)
+                .and_then(|()| match dest.parent() {
+                    Some(dir) if !dir.as_os_str().is_empty() => sync(dir),
+                    _ => Ok(()),
+                })
+                .map_err(|e| StoreError::Backend {
+                    context: context(),
+                    error: Box::new(e),
+                })
+        })
+        .await
+    }
+
+    /// When the store was taken as a backup by [`backup_into`](Self::backup_into)
+    /// (milliseconds since the epoch), if it is such a copy.
+    pub async fn backup_taken_ms(&self) -> Result<Option<i64>, StoreError> {
+        self.read(|conn, _| {
+            let value: Option<String> = conn
+                .query_row(
+                    "SELECT value FROM store_meta WHERE key = 'backup_taken_ms'",
+                    [],
+                    |row| row.get(0),
+                )
+                .optional()
+                .map_err(|e| backend("sqlite: cannot read store_meta", e))?;
+            Ok(value.and_then(|v| v.parse().ok()))
+        })
+        .await
+    }
+
+    /// The value of `PRAGMA name` on the writer's own connection, the one
+    /// every write commits on (`synchronous` is `2`, FULL; `journal_mode`
+    /// is `wal`). Only `synchronous`, `journal_mode`, `busy_timeout` and
+    /// `foreign_keys` are read.
+    pub async fn writer_pragma(&self, name: &'static str) -> Result<String, StoreError> {
+        if !matches!(
+            name,
+            "synchronous" | "journal_mode" | "busy_timeout" | "foreign_keys"
+        ) {
+            return Err(StoreError::Unsupported {
+                store: "SqliteStore",
+                operation: "reading that pragma",
+            });
+        }
+        self.write(|reply| Request::Pragma { name, reply }).await
+    }
+
+    /// The error for a write on a store opened read-only (the only store
+    /// without a writer queue).
+    fn read_only(&self) -> StoreError {
+        StoreError::ReadOnly {
+            location: self.path.display().to_string(),
+            operation: "writing",
+        }
     }
 
     async fn read<T: Send + 'static>(
@@ -300,7 +443,7 @@ impl EventStore for SqliteStore {
     }
 
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
-        let queue = self.queue.as_ref().ok_or(StoreError::Closed)?;
+        let queue = self.queue.as_ref().ok_or_else(|| self.read_only())?;
         let (reply, answer) = oneshot::channel();
         queue
             .send(Request::Commitment {
@@ -400,6 +543,24 @@ impl EventStore for SqliteStore {
                 .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                 .map_err(|e| backend(context, e))?;
             Ok(ids.into_iter().filter_map(|id| valid_id(&id)).collect())
+        })
+        .await
+    }
+
+    async fn invalid_run_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.read(|conn, _| {
+            let context = "sqlite: cannot list run ids";
+            let mut stmt = conn
+                .prepare_cached("SELECT id FROM runs ORDER BY id")
+                .map_err(|e| backend(context, e))?;
+            let ids = stmt
+                .query_map([], |row| text(row, 0))
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| backend(context, e))?;
+            Ok(ids
+                .into_iter()
+                .filter(|id| RunId::new(id.as_str()).is_err())
+                .collect())
         })
         .await
     }
@@ -535,14 +696,20 @@ struct Readers {
     busy_timeout: Duration,
     idle: Mutex<Vec<Connection>>,
     max_idle: usize,
+    /// For a store opened read-only: whether its connections open the file
+    /// as immutable (see `schema::open_read_only`).
+    read_only: Option<bool>,
 }
 
 impl Readers {
     fn take(&self) -> Result<Connection, StoreError> {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
-        match idle {
-            Some(conn) => Ok(conn),
-            None => schema::open_reader(&self.path, self.busy_timeout),
+        match (idle, self.read_only) {
+            (Some(conn), _) => Ok(conn),
+            (None, None) => schema::open_reader(&self.path, self.busy_timeout),
+            (None, Some(immutable)) => {
+                schema::open_read_only_as(&self.path, self.busy_timeout, immutable)
+            }
         }
     }
 

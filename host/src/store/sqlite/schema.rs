@@ -7,7 +7,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::backend;
-use crate::store::StoreError;
+use crate::store::{OpenMode, StoreError};
 
 /// Migrations in order; migration `i` (0-based) takes the schema from
 /// version `i` to `i + 1`. Never edit one that has shipped: add another.
@@ -157,15 +157,204 @@ pub(super) fn open_reader(path: &Path, busy_timeout: Duration) -> Result<Connect
     Ok(conn)
 }
 
+/// Refuses, before SQLite opens (and so creates) anything, a path that
+/// cannot be a store in `mode`: an empty (0-byte) file always (Warden never
+/// leaves one: it is a truncated or mistyped store, and SQLite would take it
+/// for a new empty database), and unless the mode creates, a path with no
+/// file.
+pub(super) fn check_file(path: &Path, mode: OpenMode) -> Result<(), StoreError> {
+    let no_store = |reason: String| StoreError::NoStore {
+        location: format!("`{}`", path.display()),
+        reason,
+    };
+    match std::fs::metadata(path) {
+        Ok(meta) if meta.is_dir() => Err(no_store("it is a directory".into())),
+        // A fresh database's first commit can sit in the WAL alone.
+        Ok(meta) if meta.len() == 0 && wal_len(path) == 0 => Err(no_store(
+            "the file is empty (0 bytes); remove it to start a new store there".into(),
+        )),
+        Ok(_) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => match mode {
+            OpenMode::Create => Ok(()),
+            OpenMode::Existing | OpenMode::ReadOnly => {
+                Err(no_store("no such file; nothing was created".into()))
+            }
+        },
+        Err(e) => Err(no_store(format!("cannot read it: {e}"))),
+    }
+}
+
+/// The size of the store's write-ahead log, 0 when it has none.
+fn wal_len(path: &Path) -> u64 {
+    let mut wal = path.as_os_str().to_owned();
+    wal.push("-wal");
+    std::fs::metadata(wal).map_or(0, |m| m.len())
+}
+
+/// Refuses to write into a file SQLite reports as damaged: `PRAGMA
+/// quick_check` reads every page once (it skips the slower index-content
+/// checks of `integrity_check`), so opening for writing costs a scan of
+/// the file.
+pub(super) fn check_integrity(conn: &Connection, path: &Path) -> Result<(), StoreError> {
+    let findings: Vec<String> = conn
+        .prepare("PRAGMA quick_check(5)")
+        .and_then(|mut s| {
+            s.query_map([], |row| row.get::<_, String>(0))?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .unwrap_or_else(|e| vec![e.to_string()]);
+    if findings.len() == 1 && findings[0] == "ok" {
+        return Ok(());
+    }
+    Err(StoreError::Damaged {
+        location: format!("`{}`", path.display()),
+        detail: findings.join("; "),
+    })
+}
+
+/// Opens a connection for a store opened read-only, and says whether it is
+/// immutable. It never writes the database, so it works while another
+/// process holds the write lock. Reading a WAL database needs its shared
+/// index (`-shm`), which SQLite creates if missing: on a full disk or a
+/// read-only mount it cannot, and then, provided no write-ahead log holds
+/// transactions (no writer has the file open), the file is opened as
+/// immutable, read as it is on disk with no locks.
+pub(super) fn open_read_only(
+    path: &Path,
+    busy_timeout: Duration,
+) -> Result<(Connection, bool), StoreError> {
+    let plain = open_read_only_as(path, busy_timeout, false).and_then(|conn| {
+        // The first read maps the index: this is where a full disk fails.
+        conn.query_row("SELECT count(*) FROM sqlite_schema", [], |_| Ok(()))
+            .map_err(|e| backend(format!("sqlite: cannot read {}", path.display()), e))?;
+        Ok(conn)
+    });
+    match plain {
+        Ok(conn) => Ok((conn, false)),
+        Err(error) if wal_len(path) == 0 => {
+            tracing::debug!(path = %path.display(), %error, "reading the sqlite store as immutable");
+            Ok((open_read_only_as(path, busy_timeout, true)?, true))
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Opens one read-only connection (see [`open_read_only`]).
+pub(super) fn open_read_only_as(
+    path: &Path,
+    busy_timeout: Duration,
+    immutable: bool,
+) -> Result<Connection, StoreError> {
+    let context = || format!("sqlite: cannot open {} read-only", path.display());
+    let flags = OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn = if immutable {
+        Connection::open_with_flags(
+            format!("file:{}?immutable=1", uri_path(path)),
+            flags | OpenFlags::SQLITE_OPEN_URI,
+        )
+    } else {
+        Connection::open_with_flags(path, flags)
+    }
+    .map_err(|e| backend(context(), e))?;
+    conn.busy_timeout(busy_timeout)
+        .map_err(|e| backend(context(), e))?;
+    Ok(conn)
+}
+
+/// `path` as the path of a `file:` URI: bytes outside the unreserved set
+/// and `/` percent-encoded.
+fn uri_path(path: &Path) -> String {
+    use std::fmt::Write as _;
+    let mut uri = String::new();
+    for &b in path.as_os_str().as_encoded_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'/' | b'-' | b'_' | b'.' | b'~') {
+            uri.push(b as char);
+        } else {
+            let _ = write!(uri, "%{b:02X}");
+        }
+    }
+    uri
+}
+
+/// Checks, without writing, that the database holds this build's schema
+/// and was chained in `chain_mode`: for a store opened read-only.
+pub(super) fn check(conn: &Connection, path: &Path, chain_mode: &str) -> Result<(), StoreError> {
+    let context = || format!("sqlite: cannot read the schema of {}", path.display());
+    let found: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|e| backend(context(), e))?;
+    match found {
+        0 => {
+            return Err(StoreError::NoStore {
+                location: format!("`{}`", path.display()),
+                reason: "the file is a SQLite database without Warden's tables".into(),
+            });
+        }
+        v if v < SCHEMA_VERSION => {
+            return Err(StoreError::SchemaTooOld {
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        v if v > SCHEMA_VERSION => {
+            return Err(StoreError::SchemaTooNew {
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
+        _ => {}
+    }
+    let recorded: Option<String> = conn
+        .query_row(
+            "SELECT value FROM store_meta WHERE key = 'chain_mode'",
+            [],
+            |row| row.get(0),
+        )
+        .optional()
+        .map_err(|e| backend(context(), e))?;
+    match recorded {
+        Some(found) if found != chain_mode => Err(StoreError::ChainModeMismatch {
+            found,
+            configured: chain_mode.to_owned(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Brings the schema up to [`SCHEMA_VERSION`] in one transaction, and records
 /// the chain mode on first use (or checks it against the recorded one).
-/// Refuses a database written by a newer schema.
+/// Refuses a database written by a newer schema, and unless `create`, one
+/// without Warden's schema. A current store is only read: no write
+/// transaction, so opening it does not wait for another process's writes.
 pub(super) fn migrate(
     conn: &mut Connection,
     path: &Path,
     chain_mode: &str,
+    create: bool,
 ) -> Result<(), StoreError> {
     let context = || format!("sqlite: cannot migrate {}", path.display());
+    let found: i64 = conn
+        .query_row("PRAGMA user_version", [], |row| row.get(0))
+        .map_err(|e| backend(context(), e))?;
+    if found == 0 && !create {
+        return Err(StoreError::NoStore {
+            location: format!("`{}`", path.display()),
+            reason: "the file is a SQLite database without Warden's tables".into(),
+        });
+    }
+    if found == SCHEMA_VERSION {
+        let recorded: Option<String> = conn
+            .query_row(
+                "SELECT value FROM store_meta WHERE key = 'chain_mode'",
+                [],
+                |row| row.get(0),
+            )
+            .optional()
+            .map_err(|e| backend(context(), e))?;
+        if recorded.as_deref() == Some(chain_mode) {
+            return Ok(());
+        }
+    }
     let tx = conn
         .transaction_with_behavior(TransactionBehavior::Immediate)
         .map_err(|e| backend(context(), e))?;

@@ -75,11 +75,14 @@ async fn one_transaction_commits_a_burst_and_a_conflict_fails_alone() {
     }
 }
 
+/// With a bounded lock wait (the default waits as long as it takes: see
+/// `an_append_waits_out_a_write_lock_held_past_the_busy_timeout`).
 #[tokio::test]
 async fn a_locked_database_fails_the_append_and_writes_nothing() {
     let backend = SqliteBackend::new();
     let store = SqliteStore::builder(backend.path())
         .busy_timeout(Duration::from_millis(100))
+        .lock_wait(Some(Duration::ZERO))
         .open()
         .unwrap();
     let run = id("locked");
@@ -357,15 +360,23 @@ async fn a_corrupt_page_is_an_error_not_a_panic() {
     bytes[first..first + page].fill(0xa5);
     std::fs::write(backend.path(), bytes).unwrap();
 
-    let store = SqliteStore::open(backend.path()).unwrap();
+    // Not opened for writing: nothing is written into a damaged file.
+    for mode in [OpenMode::Create, OpenMode::Existing] {
+        match SqliteStore::builder(backend.path()).mode(mode).open() {
+            Err(StoreError::Damaged { location, .. }) => {
+                assert!(location.contains("runs.db"), "{location}")
+            }
+            other => panic!("{mode:?}: expected Damaged, got {other:?}"),
+        }
+    }
+    // Read-only, what is left is read and verified, run by run.
+    let store = SqliteStore::builder(backend.path())
+        .mode(OpenMode::ReadOnly)
+        .open()
+        .unwrap();
     let err = store.load(&runs[5]).await.unwrap_err();
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     assert!(err.to_string().contains("p-5"), "{err}");
-    let err = store
-        .append(&runs[5], 30, &[ev("x")], "running".into(), 1)
-        .await
-        .unwrap_err();
-    assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
     // Every other operation answers (the damage may reach neighbours on the
     // same page, but never as a panic or as silently wrong events).
     for run in &runs {
@@ -505,4 +516,176 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
         .append(&bad, 1, &[ev("fine")], "running".into(), 4)
         .await
         .unwrap();
+}
+
+/// Every write commits on the writer's connection with `synchronous=FULL`
+/// in WAL mode: read back from that connection itself, since a kill test
+/// cannot tell FULL from NORMAL (a killed process leaves the page cache).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_commits_with_synchronous_full_in_wal_mode() {
+    let (_backend, store) = backend_store();
+    new_run(&*store, &id("r"), 1).await;
+    assert_eq!(store.writer_pragma("synchronous").await.unwrap(), "2");
+    assert_eq!(store.writer_pragma("journal_mode").await.unwrap(), "wal");
+    assert!(store.writer_pragma("cache_size").await.is_err());
+}
+
+/// The bytes of the database, and whether its WAL holds any, to show
+/// nothing was written (a reader may leave an empty WAL file behind).
+fn files(path: &std::path::Path) -> (Vec<u8>, bool) {
+    let wal = std::fs::metadata(format!("{}-wal", path.display())).map_or(0, |m| m.len());
+    (std::fs::read(path).unwrap(), wal > 0)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_only_open_writes_nothing_and_refuses_writes() {
+    let (backend, store) = backend_store();
+    new_run(&*store, &id("r"), 3).await;
+    drop(store);
+    // Everything committed is in the database file itself from here on.
+    backend
+        .raw()
+        .execute_batch("PRAGMA wal_checkpoint(TRUNCATE);")
+        .unwrap();
+    let before = files(&backend.path());
+    assert!(!before.1);
+
+    let read_only = SqliteStore::builder(backend.path())
+        .mode(OpenMode::ReadOnly)
+        .open()
+        .unwrap();
+    assert_eq!(read_only.load(&id("r")).await.unwrap().len(), 3);
+    assert!(read_only.verify(&id("r")).await.unwrap().is_intact());
+    assert_eq!(read_only.list(&RunFilter::new()).await.unwrap().len(), 1);
+    match read_only
+        .append(&id("r"), 3, &[ev("x")], "running".into(), 9)
+        .await
+    {
+        Err(StoreError::ReadOnly { location, .. }) => {
+            assert_eq!(location, backend.path().display().to_string())
+        }
+        other => panic!("expected ReadOnly, got {other:?}"),
+    }
+    assert!(matches!(
+        read_only.acquire_lease(&id("r"), "w", 0, 10).await,
+        Err(StoreError::ReadOnly { .. })
+    ));
+    drop(read_only);
+    assert_eq!(files(&backend.path()), before, "a read-only open wrote");
+
+    // An older schema is not migrated by a read-only open: refused.
+    backend
+        .raw()
+        .pragma_update(None, "user_version", 4)
+        .unwrap();
+    let before = files(&backend.path());
+    match SqliteStore::builder(backend.path())
+        .mode(OpenMode::ReadOnly)
+        .open()
+    {
+        Err(StoreError::SchemaTooOld { found, supported }) => {
+            assert_eq!((found, supported), (4, schema::SCHEMA_VERSION))
+        }
+        other => panic!("expected SchemaTooOld, got {other:?}"),
+    }
+    assert_eq!(files(&backend.path()), before);
+}
+
+#[test]
+fn only_a_creating_open_creates_and_none_takes_an_empty_file_for_a_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("typo.db");
+    for mode in [OpenMode::ReadOnly, OpenMode::Existing] {
+        match SqliteStore::builder(&missing).mode(mode).open() {
+            Err(StoreError::NoStore { location, reason }) => {
+                assert!(location.contains("typo.db"), "{location}");
+                assert!(reason.contains("no such file"), "{reason}");
+            }
+            other => panic!("{mode:?}: expected NoStore, got {other:?}"),
+        }
+        assert!(!missing.exists(), "{mode:?} created the file");
+    }
+    let empty = dir.path().join("empty.db");
+    std::fs::write(&empty, b"").unwrap();
+    for mode in [OpenMode::ReadOnly, OpenMode::Existing, OpenMode::Create] {
+        match SqliteStore::builder(&empty).mode(mode).open() {
+            Err(StoreError::NoStore { reason, .. }) => {
+                assert!(reason.contains("empty (0 bytes)"), "{reason}")
+            }
+            other => panic!("{mode:?}: expected NoStore, got {other:?}"),
+        }
+        assert_eq!(std::fs::metadata(&empty).unwrap().len(), 0);
+    }
+    let other = dir.path().join("other.db");
+    rusqlite::Connection::open(&other)
+        .unwrap()
+        .execute_batch("CREATE TABLE t (x)")
+        .unwrap();
+    for mode in [OpenMode::ReadOnly, OpenMode::Existing] {
+        assert!(
+            matches!(
+                SqliteStore::builder(&other).mode(mode).open(),
+                Err(StoreError::NoStore { .. })
+            ),
+            "{mode:?}"
+        );
+    }
+    let created = SqliteStore::builder(&missing).open().unwrap();
+    drop(created);
+    SqliteStore::builder(&missing)
+        .mode(OpenMode::ReadOnly)
+        .open()
+        .unwrap();
+}
+
+/// Another process holds the write lock past the busy timeout: the append
+/// (a completion, say) waits it out and commits instead of failing with
+/// "database is locked"; with a bounded `lock_wait` it fails, nothing
+/// written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_append_waits_out_a_write_lock_held_past_the_busy_timeout() {
+    let backend = SqliteBackend::new();
+    let store = Arc::new(
+        SqliteStore::builder(backend.path())
+            .busy_timeout(Duration::from_millis(20))
+            .open()
+            .unwrap(),
+    );
+    new_run(&*store, &id("r"), 1).await;
+    let mut blocker = backend.raw();
+    let lock = blocker
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let append = tokio::spawn({
+        let store = Arc::clone(&store);
+        async move {
+            store
+                .append(&id("r"), 1, &[ev("done")], "completed".into(), 2)
+                .await
+        }
+    });
+    // Released only once the writer has found it held for three whole busy
+    // timeouts (counted, not timed).
+    while store.stats().lock_retries < 3 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert!(!append.is_finished());
+    lock.commit().unwrap();
+    assert_eq!(append.await.unwrap().unwrap().event_count, 2);
+
+    let bounded = SqliteStore::builder(backend.path())
+        .busy_timeout(Duration::from_millis(20))
+        .lock_wait(Some(Duration::ZERO))
+        .open()
+        .unwrap();
+    let lock = blocker
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .unwrap();
+    let error = bounded
+        .append(&id("r"), 2, &[ev("more")], "completed".into(), 3)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("locked"), "{error}");
+    lock.rollback().unwrap();
+    assert_eq!(store.load(&id("r")).await.unwrap().len(), 2);
 }

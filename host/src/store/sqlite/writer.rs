@@ -39,6 +39,8 @@ pub(super) type CommitmentReply = oneshot::Sender<Result<Claim, StoreError>>;
 pub(super) type LeaseReply = oneshot::Sender<Result<Vec<Lease>, StoreError>>;
 /// The answer to one prune.
 pub(super) type PruneReply = oneshot::Sender<Result<Vec<Tombstone>, StoreError>>;
+/// The answer to one pragma read.
+pub(super) type PragmaReply = oneshot::Sender<Result<String, StoreError>>;
 
 /// A lease operation (see `store/lease.rs`).
 pub(super) enum LeaseOp {
@@ -71,6 +73,7 @@ enum Outcome {
     Leases(Result<Vec<Lease>, StoreError>),
     Pruned(Result<Vec<Tombstone>, StoreError>),
     Claimed(Result<Claim, StoreError>),
+    Pragma(Result<String, StoreError>),
 }
 
 impl Outcome {
@@ -80,6 +83,7 @@ impl Outcome {
             Outcome::Leases(r) => r.is_err(),
             Outcome::Pruned(r) => r.is_err(),
             Outcome::Claimed(r) => r.is_err(),
+            Outcome::Pragma(r) => r.is_err(),
         }
     }
 }
@@ -121,6 +125,12 @@ pub(super) enum Request {
         now_ms: i64,
         reply: PruneReply,
     },
+    /// Reads a pragma on the writer's own connection (what a write runs
+    /// under, such as `synchronous`).
+    Pragma {
+        name: &'static str,
+        reply: PragmaReply,
+    },
 }
 
 impl Request {
@@ -128,7 +138,10 @@ impl Request {
         match self {
             Request::Create { .. } => 1,
             Request::Append { events, .. } => events.len() as u64,
-            Request::Lease { .. } | Request::Prune { .. } | Request::Commitment { .. } => 0,
+            Request::Lease { .. }
+            | Request::Prune { .. }
+            | Request::Commitment { .. }
+            | Request::Pragma { .. } => 0,
         }
     }
 
@@ -150,6 +163,9 @@ impl Request {
             (Request::Commitment { reply, .. }, Outcome::Claimed(r)) => {
                 let _ = reply.send(r);
             }
+            (Request::Pragma { reply, .. }, Outcome::Pragma(r)) => {
+                let _ = reply.send(r);
+            }
             _ => unreachable!("each request is answered with its own kind of outcome"),
         }
     }
@@ -160,6 +176,7 @@ impl Request {
             Request::Lease { .. } => Outcome::Leases(Err(error)),
             Request::Prune { .. } => Outcome::Pruned(Err(error)),
             Request::Commitment { .. } => Outcome::Claimed(Err(error)),
+            Request::Pragma { .. } => Outcome::Pragma(Err(error)),
         };
         self.answer(outcome);
     }
@@ -172,6 +189,15 @@ pub(super) struct Counters {
     pub(super) requests: AtomicU64,
     pub(super) events: AtomicU64,
     pub(super) failed_commits: AtomicU64,
+    pub(super) lock_retries: AtomicU64,
+}
+
+/// How the writer batches, and how long it waits for the write lock.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Limits {
+    pub(super) max_batch: usize,
+    /// In all, per transaction; `None`: as long as it takes.
+    pub(super) lock_wait: Option<std::time::Duration>,
 }
 
 /// The writer thread's loop: runs until every sender is dropped, then
@@ -180,19 +206,19 @@ pub(super) fn run(
     mut conn: Connection,
     chain: Arc<Chain>,
     mut queue: mpsc::Receiver<Request>,
-    max_batch: usize,
+    limits: Limits,
     counters: Arc<Counters>,
 ) {
-    let mut batch = Vec::with_capacity(max_batch);
+    let mut batch = Vec::with_capacity(limits.max_batch);
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
-        while batch.len() < max_batch {
+        while batch.len() < limits.max_batch {
             match queue.try_recv() {
                 Ok(request) => batch.push(request),
                 Err(_) => break,
             }
         }
-        commit_batch(&mut conn, &chain, &mut batch, &counters);
+        commit_batch(&mut conn, &chain, &mut batch, &counters, limits);
     }
     tracing::debug!("sqlite store writer stopped");
 }
@@ -202,11 +228,31 @@ fn commit_batch(
     chain: &Chain,
     batch: &mut Vec<Request>,
     counters: &Counters,
+    limits: Limits,
 ) {
     let started = Instant::now();
     let requests = batch.len();
     let events: u64 = batch.iter().map(Request::events).sum();
-    let outcome = apply_all(conn, chain, batch);
+    let outcome = loop {
+        match apply_all(conn, chain, batch) {
+            // Another process held the write lock for a whole busy
+            // timeout, before this transaction wrote anything: wait again
+            // rather than fail the writes (a tool's completion among them).
+            Err(Failed::Busy(error))
+                if limits.lock_wait.is_none_or(|wait| started.elapsed() < wait) =>
+            {
+                counters.lock_retries.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(
+                    requests,
+                    waited = ?started.elapsed(),
+                    %error,
+                    "the sqlite store's write lock is held by another process; still waiting"
+                );
+            }
+            Err(Failed::Busy(error) | Failed::Other(error)) => break Err(error),
+            Ok(results) => break Ok(results),
+        }
+    };
     match outcome {
         Ok(results) => {
             counters.transactions.fetch_add(1, Ordering::Relaxed);
@@ -233,14 +279,34 @@ fn commit_batch(
     }
 }
 
+/// Why a transaction did not commit.
+enum Failed {
+    /// It could not take the write lock (nothing was done).
+    Busy(rusqlite::Error),
+    Other(rusqlite::Error),
+}
+
+impl From<rusqlite::Error> for Failed {
+    fn from(error: rusqlite::Error) -> Self {
+        Failed::Other(error)
+    }
+}
+
 /// Applies every request in one transaction, each in its own savepoint, and
 /// commits. `Err` means the transaction did not commit.
 fn apply_all(
     conn: &mut Connection,
     chain: &Chain,
     batch: &[Request],
-) -> Result<Vec<Outcome>, rusqlite::Error> {
-    let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate)?;
+) -> Result<Vec<Outcome>, Failed> {
+    let tx = conn
+        .transaction_with_behavior(TransactionBehavior::Immediate)
+        .map_err(|e| match e.sqlite_error_code() {
+            Some(rusqlite::ErrorCode::DatabaseBusy | rusqlite::ErrorCode::DatabaseLocked) => {
+                Failed::Busy(e)
+            }
+            _ => Failed::Other(e),
+        })?;
     let mut results = Vec::with_capacity(batch.len());
     for request in batch {
         tx.prepare_cached("SAVEPOINT request")?.execute([])?;
@@ -281,6 +347,17 @@ fn apply_all(
             }
             Request::Lease { op, .. } => Outcome::Leases(lease(&tx, op)),
             Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
+            Request::Pragma { name, .. } => Outcome::Pragma(
+                tx.query_row(&format!("PRAGMA {name}"), [], |row| {
+                    row.get::<_, rusqlite::types::Value>(0)
+                })
+                .map(|v| match v {
+                    rusqlite::types::Value::Integer(n) => n.to_string(),
+                    rusqlite::types::Value::Text(t) => t,
+                    other => format!("{other:?}"),
+                })
+                .map_err(|e| backend(format!("sqlite: cannot read PRAGMA {name}"), e)),
+            ),
         };
         if result.is_err() {
             tx.prepare_cached("ROLLBACK TO request")?.execute([])?;
