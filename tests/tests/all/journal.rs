@@ -41,7 +41,12 @@ async fn assert_readable(store: &Arc<dyn EventStore>, rt: &warden::engine::Runti
 /// An OpenAI-compatible stream: one tool call with `arguments` (text), then
 /// on the next request a plain answer.
 fn openai_server(arguments: String) -> impl Fn(&crate::model_server::Seen, usize) -> Reply {
-    move |_, n| {
+    move |seen, _| {
+        // The first request of a run gets the tool call; the one that
+        // carries its answer gets the final text.
+        let answered = seen.json()["messages"]
+            .as_array()
+            .is_some_and(|m| m.iter().any(|m| m["role"] == "tool"));
         let chunk = |delta: Value, finish: Value| {
             format!(
                 "data: {}\n\n",
@@ -50,7 +55,7 @@ fn openai_server(arguments: String) -> impl Fn(&crate::model_server::Seen, usize
             )
         };
         let mut body = String::new();
-        if n == 0 {
+        if !answered {
             body.push_str(&chunk(
                 json!({"role": "assistant", "tool_calls": [{"index": 0, "id": "call_deep", "type": "function",
                         "function": {"name": "hostile__echo", "arguments": arguments}}]}),
