@@ -38,6 +38,23 @@ async fn assert_readable(store: &Arc<dyn EventStore>, rt: &warden::engine::Runti
     assert!(report.is_intact(), "{:?}", report.findings);
 }
 
+/// A run of `agent` on `store`, started with id `run` and driven to
+/// completion.
+async fn completed_run(
+    store: &Arc<dyn EventStore>,
+    agent: &Agent,
+    run: &str,
+) -> (warden::engine::Runtime, warden::engine::RunId) {
+    let rt = runtime(store.clone());
+    let run = rt.start_with_id(agent, id(run), json!("go")).await.unwrap();
+    assert_eq!(
+        rt.drive(&run, agent).await.unwrap(),
+        RunStatus::Completed,
+        "{run}"
+    );
+    (rt, run)
+}
+
 /// An OpenAI-compatible stream: one tool call with `arguments` (text), then
 /// on the next request a plain answer.
 fn openai_server(arguments: String) -> impl Fn(&crate::model_server::Seen, usize) -> Reply {
@@ -104,16 +121,7 @@ async fn a_model_sending_arguments_nested_past_the_decoder_is_answered_and_the_r
     let server = FakeModel::start(openai_server(nested_object(125).to_string())).await;
     let agent = openai_agent(&fx, &server);
     for (name, store) in stores(fx.dir.path()) {
-        let rt = runtime(store.clone());
-        let run = rt
-            .start_with_id(&agent, id(&format!("deep-args-{name}")), json!("go"))
-            .await
-            .unwrap();
-        assert_eq!(
-            rt.drive(&run, &agent).await.unwrap(),
-            RunStatus::Completed,
-            "{name}"
-        );
+        let (rt, run) = completed_run(&store, &agent, &format!("deep-args-{name}")).await;
         let events = rt.events(&run).await.unwrap();
         let rejected = events
             .iter()
@@ -167,16 +175,7 @@ text = "Done."
         "fs = \"never\", nested_output = \"never\"",
     );
     for (name, store) in stores(fx.dir.path()) {
-        let rt = runtime(store.clone());
-        let run = rt
-            .start_with_id(&agent, id(&format!("deep-output-{name}")), json!("go"))
-            .await
-            .unwrap();
-        assert_eq!(
-            rt.drive(&run, &agent).await.unwrap(),
-            RunStatus::Completed,
-            "{name}"
-        );
+        let (rt, run) = completed_run(&store, &agent, &format!("deep-output-{name}")).await;
         let results: Vec<ToolCallResult> = rt
             .events(&run)
             .await
@@ -220,16 +219,7 @@ async fn a_final_answer_nested_past_the_decoder_is_sent_back_not_recorded_as_the
         "instructions = \"Test the engine.\"\noutput_schema = '{\"type\": \"array\"}'",
     );
     for (name, store) in stores(fx.dir.path()) {
-        let rt = runtime(store.clone());
-        let run = rt
-            .start_with_id(&agent, id(&format!("deep-answer-{name}")), json!("go"))
-            .await
-            .unwrap();
-        assert_eq!(
-            rt.drive(&run, &agent).await.unwrap(),
-            RunStatus::Completed,
-            "{name}"
-        );
+        let (rt, run) = completed_run(&store, &agent, &format!("deep-answer-{name}")).await;
         let events = rt.events(&run).await.unwrap();
         let violation = events
             .iter()
