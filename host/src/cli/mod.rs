@@ -16,6 +16,7 @@
 //! - `errors.rs`: stable error codes and the `--json` error envelope.
 //! - `runs.rs`: `warden run`, `warden runs …`.
 //! - `sessions.rs`: `warden sessions show`.
+//! - `keys.rs`: `warden keys list|show|release`: idempotency keys.
 //! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
@@ -29,6 +30,7 @@ mod agent;
 mod args;
 pub(crate) mod config;
 pub(crate) mod errors;
+mod keys;
 mod out;
 mod plugin;
 mod progress;
@@ -89,6 +91,9 @@ enum Command {
     /// Look at sessions: the runs of a conversation.
     #[command(subcommand)]
     Sessions(sessions::SessionsCommand),
+    /// See and settle idempotency keys: list, show, release.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Check agent files.
     #[command(subcommand)]
     Agent(agent::AgentCommand),
@@ -249,6 +254,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Run(args) => runs::run(args, &ctx).await,
             Command::Runs(command) => runs::runs(command, &ctx).await,
             Command::Sessions(command) => sessions::run(command, &ctx).await,
+            Command::Keys(command) => keys::run(command, &ctx).await,
             Command::Agent(command) => agent::run(command, &ctx).await,
             Command::Plugin(command) => plugin::run(command, &ctx).await,
             Command::Config(ConfigCommand::Show) => {

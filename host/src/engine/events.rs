@@ -133,6 +133,9 @@ pub enum Event {
     /// A human checked what the run did that its log may be missing, and
     /// let it go on from its log.
     Reconciled(Reconciled),
+    /// An operator released an idempotency key this run held: the next run
+    /// with the key makes the call. May follow a terminal event.
+    KeyReleased(KeyReleased),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -215,11 +218,13 @@ pub enum EventKind {
     ReconciliationRequired,
     /// [`Event::Reconciled`].
     Reconciled,
+    /// [`Event::KeyReleased`].
+    KeyReleased,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 38] = [
+    pub const ALL: [EventKind; 39] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -258,6 +263,7 @@ impl EventKind {
         EventKind::PolicyDecided,
         EventKind::ReconciliationRequired,
         EventKind::Reconciled,
+        EventKind::KeyReleased,
     ];
 
     /// The `type` tag.
@@ -301,6 +307,7 @@ impl EventKind {
             EventKind::DeliveryFailed => "delivery_failed",
             EventKind::ReconciliationRequired => "reconciliation_required",
             EventKind::Reconciled => "reconciled",
+            EventKind::KeyReleased => "key_released",
         }
     }
 
@@ -376,6 +383,7 @@ impl Event {
             Event::DeliveryFailed(_) => EventKind::DeliveryFailed,
             Event::ReconciliationRequired(_) => EventKind::ReconciliationRequired,
             Event::Reconciled(_) => EventKind::Reconciled,
+            Event::KeyReleased(_) => EventKind::KeyReleased,
         }
     }
 
@@ -1309,6 +1317,21 @@ pub struct Reconciled {
     pub note: Option<String>,
 }
 
+/// [`Event::KeyReleased`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyReleased {
+    /// The idempotency key.
+    pub key: String,
+    /// The call of this run that held it.
+    pub call_id: CallId,
+    /// Who released it.
+    pub by: String,
+    /// What they found. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
 /// [`Event::RunAbandoned`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -1969,6 +1992,15 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"reconciled","by":"ops"}}"#,
             ),
+            (
+                Event::KeyReleased(KeyReleased {
+                    key: "k-1".into(),
+                    call_id: CallId::from_text("call-1-1"),
+                    by: "ops".into(),
+                    note: Some("never paid".into()),
+                }),
+                r#"{"v":1,"event":{"type":"key_released","key":"k-1","call_id":"call-1-1","by":"ops","note":"never paid"}}"#,
+            ),
         ]
     }
 
@@ -2013,6 +2045,7 @@ pub(crate) mod tests {
             EventKind::PolicyDecided => 35,
             EventKind::ReconciliationRequired => 36,
             EventKind::Reconciled => 37,
+            EventKind::KeyReleased => 38,
         }
     }
 
@@ -2032,7 +2065,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 38, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 39, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);
