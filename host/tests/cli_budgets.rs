@@ -105,9 +105,16 @@ fn approving_long_after_the_park_succeeds_within_the_wall_time_budget() {
             RunStatus::AwaitingApproval
         );
     });
-    let out = warden(&["runs", "approve", "late", "call-3-1", "--by", "tester"], dir.path());
+    let out = warden(
+        &["runs", "approve", "late", "call-3-1", "--by", "tester"],
+        dir.path(),
+    );
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
-    assert!(stdout(&out).contains("run late: completed"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("run late: completed"),
+        "{}",
+        stdout(&out)
+    );
     assert!(dir.path().join("notes/SUMMARY.md").exists());
     // What the run used is active time: seconds, not the 20 minutes.
     let out = warden(&["runs", "show", "late", "--json"], dir.path());
@@ -142,7 +149,10 @@ usage = { input_tokens = 10, output_tokens = 10 }
 #[test]
 fn a_budget_crossed_mid_turn_runs_no_further_tool() {
     let dir = costly_demo();
-    let out = warden(&["run", "notes.toml", "go", "--run-id", "costly"], dir.path());
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "costly"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
@@ -168,7 +178,13 @@ fn a_budget_crossed_mid_turn_runs_no_further_tool() {
         stdout(&out)
     );
     let out = warden(
-        &["runs", "resume", "costly", "--input", r#"{"max_cost": 0.55}"#],
+        &[
+            "runs",
+            "resume",
+            "costly",
+            "--input",
+            r#"{"max_cost": 0.55}"#,
+        ],
         dir.path(),
     );
     assert_eq!(out.status.code(), Some(2));
@@ -179,7 +195,15 @@ fn a_budget_crossed_mid_turn_runs_no_further_tool() {
     );
     assert_eq!(event_types(dir.path(), "costly"), types);
     let out = warden(
-        &["runs", "resume", "costly", "--input", r#"{"max_cost": 1}"#, "--by", "tester"],
+        &[
+            "runs",
+            "resume",
+            "costly",
+            "--input",
+            r#"{"max_cost": 1}"#,
+            "--by",
+            "tester",
+        ],
         dir.path(),
     );
     assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
@@ -202,11 +226,16 @@ fn a_model_call_whose_input_alone_would_cross_the_cost_budget_is_not_made() {
         serde_json::to_string(&"note ".repeat(180_000)).unwrap(),
     )
     .unwrap();
-    let out = warden(&["run", "notes.toml", "@big.json", "--run-id", "big"], dir.path());
+    let out = warden(
+        &["run", "notes.toml", "@big.json", "--run-id", "big"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
-        text.contains("! budget exceeded: cost: $0.00 used of $0.50; the next model call needs $0.6"),
+        text.contains(
+            "! budget exceeded: cost: $0.00 used of $0.50; the next model call needs $0.6"
+        ),
         "{text}"
     );
     let types = event_types(dir.path(), "big");
@@ -240,18 +269,31 @@ fn an_input_over_the_cap_is_refused_before_anything_is_recorded() {
     // The cap is the agent's to raise.
     let agent = std::fs::read_to_string(dir.path().join("notes.toml"))
         .unwrap()
-        .replace("max_cost = 0.50", "max_cost = 0.50\nmax_input_size = \"4MiB\"");
+        .replace(
+            "max_cost = 0.50",
+            "max_cost = 0.50\nmax_input_size = \"4MiB\"",
+        );
     std::fs::write(dir.path().join("notes.toml"), agent).unwrap();
-    let out = warden(&["run", "notes.toml", "@huge.json", "--run-id", "raised"], dir.path());
+    let out = warden(
+        &["run", "notes.toml", "@huge.json", "--run-id", "raised"],
+        dir.path(),
+    );
     // Accepted now; the cost budget stops its first model call instead.
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
-    assert!(stdout(&out).contains("the next model call needs"), "{}", stdout(&out));
+    assert!(
+        stdout(&out).contains("the next model call needs"),
+        "{}",
+        stdout(&out)
+    );
 }
 
 #[test]
 fn runs_show_reports_the_limits_the_log_records() {
     let dir = costly_demo();
-    let out = warden(&["run", "notes.toml", "go", "--run-id", "limits"], dir.path());
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "limits"],
+        dir.path(),
+    );
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     // The agent file changes after the run started: the run's limits do not.
     let agent = std::fs::read_to_string(dir.path().join("notes.toml"))

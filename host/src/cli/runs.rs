@@ -331,11 +331,12 @@ pub(crate) fn run_input(text: Option<&str>, agent: &Agent) -> anyhow::Result<Val
         Some(text) => json_input(text)?,
         None => Value::String(String::new()),
     };
-    check_input_size(&input, agent.max_input_bytes)
-        .map_err(|error| RuntimeError::InputTooLarge {
+    check_input_size(&input, agent.max_input_bytes).map_err(|error| {
+        RuntimeError::InputTooLarge {
             run_id: None,
             error,
-        })?;
+        }
+    })?;
     Ok(input)
 }
 
@@ -678,7 +679,12 @@ async fn continue_run(
     // The event the verb just recorded, so the output tells the whole story.
     let currency = run_currency(rt, run).await;
     if let Some(last) = rt.store().load(run).await?.last() {
-        print_event(last.seq, &decode(&last.bytes)?, ctx.json, currency.as_deref());
+        print_event(
+            last.seq,
+            &decode(&last.bytes)?,
+            ctx.json,
+            currency.as_deref(),
+        );
     }
     // A worker's run (leased before): any worker continues it.
     let workers = rt.store().summary(run).await?.lease_token > 0;

@@ -257,9 +257,7 @@ impl BudgetOverrun {
     /// The least new limit that lifts this overrun: above what was used,
     /// and at least what the refused call needed.
     pub fn least_lifting_limit(&self) -> u64 {
-        self.needed
-            .unwrap_or(0)
-            .max(self.used.saturating_add(1))
+        self.needed.unwrap_or(0).max(self.used.saturating_add(1))
     }
 }
 
@@ -748,7 +746,10 @@ mod tests {
         for (kind, n, expected) in cases {
             assert_eq!(format_amount(kind, n, Some("USD")), expected, "{kind} {n}");
         }
-        assert_eq!(format_amount(BudgetKind::Cost, 1_250_000_000, Some("CHF")), "1.25 CHF");
+        assert_eq!(
+            format_amount(BudgetKind::Cost, 1_250_000_000, Some("CHF")),
+            "1.25 CHF"
+        );
         assert_eq!(format_amount(BudgetKind::Cost, 1_250_000_000, None), "1.25");
         let overrun = BudgetOverrun {
             budget: BudgetKind::WallTime,
@@ -756,10 +757,7 @@ mod tests {
             limit: 300_000,
             needed: None,
         };
-        assert_eq!(
-            overrun.to_string(),
-            "budget wall_time: 14m 10s used of 5m"
-        );
+        assert_eq!(overrun.to_string(), "budget wall_time: 14m 10s used of 5m");
     }
 
     #[test]

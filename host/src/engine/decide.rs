@@ -406,11 +406,7 @@ impl ApprovalRequest {
 
     /// The event to record for what the preflight returned (`None` when no
     /// preflight ran), at the clock reading `at_ms`: the run parks there.
-    pub fn event(
-        &self,
-        preflight: Option<(&PreflightOutcome, UsageReceipt)>,
-        at_ms: u64,
-    ) -> Event {
+    pub fn event(&self, preflight: Option<(&PreflightOutcome, UsageReceipt)>, at_ms: u64) -> Event {
         let (preview, preflight_error, receipt) = match preflight {
             None => (None, None, None),
             Some((Ok(Ok(p)), receipt)) => (Some(Preview::from(p)), None, Some(receipt)),

@@ -805,8 +805,12 @@ impl Runtime {
         status: &str,
         session_id: Option<&SessionId>,
     ) -> Result<RunId, RuntimeError> {
-        check_input_size(&input, agent.max_input_bytes)
-            .map_err(|error| RuntimeError::InputTooLarge { run_id: None, error })?;
+        check_input_size(&input, agent.max_input_bytes).map_err(|error| {
+            RuntimeError::InputTooLarge {
+                run_id: None,
+                error,
+            }
+        })?;
         // Load the plugins first: an agent that cannot run is refused before
         // anything is recorded.
         self.prepare(agent).await?;

@@ -252,7 +252,11 @@ fn suspended(step: u32, n: usize) -> Event {
 }
 
 fn resumed(input: Value) -> Event {
-    Event::Resumed(Resumed { input, by: None, at_ms: None })
+    Event::Resumed(Resumed {
+        input,
+        by: None,
+        at_ms: None,
+    })
 }
 
 fn exceeded(budget: BudgetKind, used: u64, limit: u64) -> Event {
@@ -265,7 +269,11 @@ fn exceeded(budget: BudgetKind, used: u64, limit: u64) -> Event {
 }
 
 fn extended(limits: BudgetLimits) -> Event {
-    Event::BudgetExtended(BudgetExtended { limits, by: None, at_ms: None })
+    Event::BudgetExtended(BudgetExtended {
+        limits,
+        by: None,
+        at_ms: None,
+    })
 }
 
 fn clock(at_ms: u64) -> Event {
@@ -1390,7 +1398,11 @@ fn a_model_call_whose_input_alone_would_cross_a_budget_parks_with_what_it_needed
         .check_extension(&tight.budgets, &json!({"max_cost": 0.0}), None)
         .unwrap_err();
     assert!(matches!(err, ExtensionError::TooSmall { .. }), "{err}");
-    assert!(err.to_string().contains("what the refused model call needs"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("what the refused model call needs"),
+        "{err}"
+    );
     let extension = parked
         .check_extension(&tight.budgets, &json!({"max_cost": 1.0}), None)
         .unwrap();
@@ -1632,7 +1644,9 @@ impl Sim {
                     self.events
                         .push(invocation.completion(&outcome, receipt(100)));
                 }
-                Action::RequestApproval(request) => self.events.push(request.event(None, self.clock_ms)),
+                Action::RequestApproval(request) => {
+                    self.events.push(request.event(None, self.clock_ms))
+                }
                 Action::ObserveClock => {
                     self.clock_ms += 1000;
                     self.events.push(clock(self.clock_ms));

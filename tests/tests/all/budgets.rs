@@ -36,7 +36,8 @@ const START_MS: u64 = 1_700_000_000_000;
 const HOUR_MS: u64 = 3_600_000;
 
 fn runtime(store: Arc<dyn EventStore>, clock: Arc<TickingClock>) -> Runtime {
-    Runtime::new(store, PluginHost::new(sandbox().clone())).with_hooks(clock, Arc::new(FixedRandom(7)))
+    Runtime::new(store, PluginHost::new(sandbox().clone()))
+        .with_hooks(clock, Arc::new(FixedRandom(7)))
 }
 
 fn kinds(events: &[Event]) -> Vec<&'static str> {
@@ -76,15 +77,16 @@ usage = { input_tokens = 10, output_tokens = 10 }
     );
     assert_eq!(fx.effects(), 0, "the tool call never ran");
     let events = rt.events(&run).await.unwrap();
-    assert!(!kinds(&events).contains(&"tool_call_intent"), "{:?}", kinds(&events));
+    assert!(
+        !kinds(&events).contains(&"tool_call_intent"),
+        "{:?}",
+        kinds(&events)
+    );
     let Some(Event::BudgetExceeded(overrun)) = events.last() else {
         panic!("{:?}", kinds(&events))
     };
     assert_eq!(overrun.budget, BudgetKind::Cost);
-    assert_eq!(
-        overrun.describe(Some("USD")),
-        "cost: $0.60 used of $0.50"
-    );
+    assert_eq!(overrun.describe(Some("USD")), "cost: $0.60 used of $0.50");
     // Raised, the tool call runs, then the run finishes.
     rt.resume(&run, &agent, json!({"max_cost": 1.0}), Some("erin".into()))
         .await
@@ -196,21 +198,24 @@ text = "All done."
     );
     assert_eq!(agent.max_input_bytes, 1024);
     let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap());
-    let rt = runtime(store.clone(), Arc::new(TickingClock(AtomicU64::new(START_MS))));
+    let rt = runtime(
+        store.clone(),
+        Arc::new(TickingClock(AtomicU64::new(START_MS))),
+    );
     let err = rt
         .start_with_id(&agent, id("huge"), json!("x".repeat(2048)))
         .await
         .unwrap_err();
     match &err {
-        RuntimeError::InputTooLarge { run_id: None, error } => {
+        RuntimeError::InputTooLarge {
+            run_id: None,
+            error,
+        } => {
             assert_eq!((error.size, error.limit), (2050, 1024));
         }
         other => panic!("{other}"),
     }
-    assert!(
-        err.to_string().contains("over the limit of 1 KiB"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("over the limit of 1 KiB"), "{err}");
     assert!(matches!(
         rt.events(&id("huge")).await,
         Err(RuntimeError::UnknownRun { .. })
@@ -227,7 +232,13 @@ text = "All done."
         .await
         .unwrap_err();
     assert!(
-        matches!(err, RuntimeError::InputTooLarge { run_id: Some(_), .. }),
+        matches!(
+            err,
+            RuntimeError::InputTooLarge {
+                run_id: Some(_),
+                ..
+            }
+        ),
         "{err}"
     );
     assert_eq!(rt.events(&run).await.unwrap().len(), recorded);
