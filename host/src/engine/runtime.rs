@@ -397,8 +397,8 @@ pub enum RuntimeError {
         call_id: CallId,
         /// The commitment key.
         key: String,
-        /// Who holds it.
-        holder: Holder,
+        /// Who holds it (boxed: the error stays small).
+        holder: Box<Holder>,
         /// The holder run's status, or `gone` when it was pruned.
         holder_status: String,
     },
@@ -1837,7 +1837,7 @@ impl Runtime {
                             run_id: log.run_id.clone(),
                             call_id: invocation.intent.call_id.clone(),
                             key: key.clone(),
-                            holder: other,
+                            holder: Box::new(other),
                             holder_status: status,
                         });
                     }
