@@ -16,6 +16,7 @@ use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 
 use super::bindings;
+use super::fs::WardenPreopens;
 use super::lease::LeaseState;
 
 /// Interfaces of `warden:plugin` a component may import, at version 0.1.x.
@@ -83,7 +84,8 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<LeaseState>> {
     clocks::wall_clock::add_to_linker::<_, WasiClocks>(&mut l, |s| s.clocks())?;
     clocks::monotonic_clock::add_to_linker::<_, WasiClocks>(&mut l, |s| s.clocks())?;
     filesystem::types::add_to_linker::<_, WasiFilesystem>(&mut l, |s| s.filesystem())?;
-    filesystem::preopens::add_to_linker::<_, WasiFilesystem>(&mut l, |s| s.filesystem())?;
+    // Preopens come from the mounts' held handles (`fs.rs`), not from paths.
+    filesystem::preopens::add_to_linker::<_, WardenPreopens>(&mut l, |s| s.preopens())?;
     random::random::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;
     random::insecure::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;
     random::insecure_seed::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;

@@ -155,3 +155,77 @@ async fn without_a_mount_there_is_no_filesystem() {
     }
     assert_serves_normal_call(&g).await;
 }
+
+/// A mount is the directory the operator granted, by identity, for the life
+/// of the grant. A plugin with a read-write mount above another grant's
+/// directory moves that directory away and plants a relative symlink to a
+/// private sibling in its place: the other grant still sees the original
+/// directory, never the sibling.
+#[tokio::test]
+async fn a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_symlink() {
+    let root = tempfile::tempdir().unwrap();
+    let outer = root.path().join("outer");
+    let shared = outer.join("shared");
+    let private = root.path().join("private");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::write(shared.join("notes.txt"), "shared notes").unwrap();
+    std::fs::write(private.join("id_rsa"), "PRIVATE KEY").unwrap();
+    let victim = Capabilities::none()
+        .mount("workspace", &shared, Access::ReadOnly)
+        .unwrap();
+    let attacker = Capabilities::none()
+        .mount("workspace", &outer, Access::ReadWrite)
+        .unwrap();
+    let (ok, err) = fs_op(&victim, json!({ "op": "list", "path": "/workspace" })).await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["entries"], json!(["notes.txt"]));
+
+    // The swap, made by the attacking plugin through its own mount.
+    let (_, err) = fs_op(
+        &attacker,
+        json!({ "op": "rename", "from": "/workspace/shared", "to": "/workspace/moved" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    let (_, err) = fs_op(
+        &attacker,
+        json!({ "op": "symlink", "path": "/workspace/shared", "target": "../private" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    // By path, the granted directory now leads to the private sibling.
+    assert_eq!(
+        std::fs::read_to_string(shared.join("id_rsa")).unwrap(),
+        "PRIVATE KEY"
+    );
+
+    // The victim's grant still holds the original directory.
+    let (ok, err) = fs_op(&victim, json!({ "op": "list", "path": "/workspace" })).await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["entries"], json!(["notes.txt"]));
+    let (ok, err) = fs_op(
+        &victim,
+        json!({ "op": "read", "path": "/workspace/notes.txt" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["content"], "shared notes");
+    let (ok, err) = fs_op(&victim, json!({ "op": "read", "path": "/workspace/id_rsa" })).await;
+    assert!(ok.is_none(), "the victim read the sibling: {ok:?}");
+    assert!(err.unwrap().contains("NotFound"));
+    // Its narrowed leases (a preflight) hold it too.
+    let g = hostile(victim.clone(), test_limits());
+    let preview = g
+        .preflight(
+            &crate::call("fs", json!({ "op": "read", "path": "/workspace/id_rsa" })),
+            None,
+        )
+        .await;
+    assert!(
+        !format!("{:?}", preview.result).contains("PRIVATE KEY"),
+        "{:?}",
+        preview.result
+    );
+    assert_serves_normal_call(&g).await;
+}
