@@ -33,7 +33,7 @@ use super::bindings::types::{
 use super::bindings::{host, types};
 use super::capabilities::Capabilities;
 use super::capture::{Capture, Redactor, Stream};
-use super::fs::{Preopens, PreopensView};
+use super::fs::{FsView, LeaseFs, Preopens};
 use super::limits::{Denial, LeaseLimiter};
 use super::net::NetLease;
 use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
@@ -41,8 +41,9 @@ use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, Usa
 /// The data of one lease's `Store`.
 pub(crate) struct LeaseState {
     wasi: WasiCtx,
-    /// The mounts, as preopens made from their held handles.
-    preopens: Preopens,
+    /// The host's filesystem layer: preopens made from the mounts' held
+    /// handles, and the checks in front of wasmtime-wasi.
+    fs: LeaseFs,
     table: ResourceTable,
     limiter: LeaseLimiter,
     plugin: Arc<str>,
@@ -63,11 +64,12 @@ impl WasiView for LeaseState {
 }
 
 impl LeaseState {
-    /// The `wasi:filesystem/preopens` view.
-    pub(crate) fn preopens(&mut self) -> PreopensView<'_> {
-        PreopensView {
-            preopens: &self.preopens,
+    /// The `wasi:filesystem` view.
+    pub(crate) fn fs(&mut self) -> FsView<'_> {
+        FsView {
+            wasi: self.wasi.filesystem(),
             table: &mut self.table,
+            fs: &mut self.fs,
         }
     }
 }
@@ -336,7 +338,7 @@ pub(crate) async fn run(
     };
     let state = LeaseState {
         wasi,
-        preopens,
+        fs: LeaseFs::new(Arc::clone(&plugin.component.inner.name), preopens),
         table: ResourceTable::new(),
         limiter: LeaseLimiter::new(limits),
         plugin: Arc::clone(&plugin.component.inner.name),

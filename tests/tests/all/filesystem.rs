@@ -229,3 +229,47 @@ async fn a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_syml
     );
     assert_serves_normal_call(&g).await;
 }
+
+/// The host opens nothing but regular files and directories: a FIFO (which
+/// would block its opener), a socket and devices (`/dev/zero` never ends)
+/// are refused at open with `unsupported`, through raw WASI, before any
+/// deadline; they can still be listed and inspected.
+#[tokio::test]
+async fn the_host_refuses_to_open_fifos_sockets_and_devices() {
+    let t = tree();
+    let _fifo = crate::Fifo::new(t.mounted.join("pipe"));
+    let _socket = std::os::unix::net::UnixListener::bind(t.mounted.join("sock")).unwrap();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadWrite)
+        .unwrap()
+        .mount("dev", "/dev", Access::ReadOnly)
+        .unwrap();
+    let cases = [
+        json!({ "op": "read", "path": "/workspace/pipe" }),
+        json!({ "op": "write", "path": "/workspace/pipe", "content": "x" }),
+        json!({ "op": "append", "path": "/workspace/pipe", "content": "x" }),
+        json!({ "op": "read", "path": "/workspace/sock" }),
+        json!({ "op": "write", "path": "/workspace/sock", "content": "x" }),
+        json!({ "op": "read", "path": "/dev/zero" }),
+        json!({ "op": "read", "path": "/dev/urandom" }),
+        json!({ "op": "contains", "path": "/dev/null", "needle": "x" }),
+    ];
+    for args in cases {
+        let (ok, err) = fs_op(&caps, args.clone()).await;
+        assert!(ok.is_none(), "{args}: the guest got {ok:?}");
+        let err = err.unwrap();
+        assert!(err.contains("Unsupported"), "{args}: {err}");
+    }
+    let (ok, err) = fs_op(&caps, json!({ "op": "stat", "path": "/workspace/pipe" })).await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["kind"], "other");
+    let (ok, _) = fs_op(&caps, json!({ "op": "list", "path": "/workspace" })).await;
+    assert_eq!(
+        ok.unwrap()["entries"],
+        json!(["dirlink", "file.txt", "link", "pipe", "sock"])
+    );
+    let (ok, err) = fs_op(&caps, json!({ "op": "read", "path": "/workspace/file.txt" })).await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["content"], "original");
+    assert_serves_normal_call(&hostile(caps, test_limits())).await;
+}

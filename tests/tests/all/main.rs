@@ -182,6 +182,62 @@ async fn assert_serves_normal_call(g: &GrantedComponent) {
     assert_eq!(output(&leased), json!({}));
 }
 
+/// A FIFO made with `mkfifo`: opening it blocks until its other end is
+/// opened. While it lives a rescue thread opens its other end now and then
+/// (non-blocking), so that a host that ever opened it blocking makes the test
+/// fail instead of hang.
+struct Fifo {
+    path: std::path::PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    rescue: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Fifo {
+    fn new(path: std::path::PathBuf) -> Fifo {
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success(), "mkfifo {}", path.display());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let rescue = {
+            let (path, stop) = (path.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                const O_NONBLOCK: i32 = 0o4000; // Linux
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(500));
+                    let open = |write: bool| {
+                        std::fs::OpenOptions::new()
+                            .read(!write)
+                            .write(write)
+                            .custom_flags(O_NONBLOCK)
+                            .open(&path)
+                    };
+                    // Releases a blocked writer, then a blocked reader.
+                    drop(open(false));
+                    drop(open(true));
+                }
+            })
+        };
+        Fifo {
+            path,
+            stop,
+            rescue: Some(rescue),
+        }
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(rescue) = self.rescue.take() {
+            let _ = rescue.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Everything the host logs at the `warden` binary's most verbose level on this thread
 /// while the guard lives, as plain text: for tests that prove what never
 /// reaches the logs. Tests using it run on the current-thread runtime, so
