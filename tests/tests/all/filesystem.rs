@@ -181,19 +181,16 @@ async fn a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_syml
     assert_eq!(err, None);
     assert_eq!(ok.unwrap()["entries"], json!(["notes.txt"]));
 
-    // The swap, made by the attacking plugin through its own mount.
+    // The swap: the attacking plugin moves the directory away through its
+    // own mount, and a relative symlink to the sibling takes its place (Rust
+    // on WASI has no stable symlink call, so the test plants it).
     let (_, err) = fs_op(
         &attacker,
         json!({ "op": "rename", "from": "/workspace/shared", "to": "/workspace/moved" }),
     )
     .await;
     assert_eq!(err, None);
-    let (_, err) = fs_op(
-        &attacker,
-        json!({ "op": "symlink", "path": "/workspace/shared", "target": "../private" }),
-    )
-    .await;
-    assert_eq!(err, None);
+    std::os::unix::fs::symlink("../private", &shared).unwrap();
     // By path, the granted directory now leads to the private sibling.
     assert_eq!(
         std::fs::read_to_string(shared.join("id_rsa")).unwrap(),

@@ -1108,8 +1108,11 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
             .is_ok_and(|s| s.status == "completed")
     })
     .await;
+    // Still stuck, in their write, under the worker's lease.
     for run in &stuck {
-        assert_eq!(store.summary(run).await.unwrap().status, "running");
+        let s = store.summary(run).await.unwrap();
+        assert_eq!(s.status, "needs_reconciliation", "{run}: {s:?}");
+        assert!(s.lease.is_some(), "{run}: {s:?}");
     }
 
     // SIGTERM: the worker stops within its grace, long before the stuck

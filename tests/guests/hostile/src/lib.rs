@@ -105,8 +105,8 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
     ),
     (
         "fs",
-        "Performs one filesystem operation: op is read, write, append, contains, truncate, create, rename, unlink, set_times, mkdir, rmdir, list, read_link, symlink or stat.",
-        r#"{"type":"object","required":["op"],"properties":{"op":{"enum":["read","write","append","contains","truncate","create","rename","unlink","set_times","mkdir","rmdir","list","read_link","symlink","stat"]},"needle":{"type":"string"},"path":{"type":"string"},"target":{"type":"string"},"content":{"type":"string"},"len":{"type":"integer","minimum":0},"from":{"type":"string"},"to":{"type":"string"},"modified_ms":{"type":"integer","minimum":0}}}"#,
+        "Performs one filesystem operation: op is read, write, append, contains, truncate, create, rename, unlink, set_times, mkdir, rmdir, list, read_link or stat.",
+        r#"{"type":"object","required":["op"],"properties":{"op":{"enum":["read","write","append","contains","truncate","create","rename","unlink","set_times","mkdir","rmdir","list","read_link","stat"]},"needle":{"type":"string"},"path":{"type":"string"},"content":{"type":"string"},"len":{"type":"integer","minimum":0},"from":{"type":"string"},"to":{"type":"string"},"modified_ms":{"type":"integer","minimum":0}}}"#,
         Effect::Write,
     ),
     (
@@ -378,7 +378,6 @@ fn panic_now(args: &Value) -> ! {
 /// | `mkdir` / `rmdir` | `path` | `{"created": path}` / `{"removed": path}` |
 /// | `list` | `path` | `{"entries": [names, sorted]}` |
 /// | `read_link` | `path` | `{"target": text}` |
-/// | `symlink` | `path`, `target` | `{"linked": path}` (a symlink at `path` to `target`, taken as is) |
 /// | `stat` | `path` | `{"kind": "file"/"dir"/"symlink"/"other", "len", "modified_ms"}` (does not follow a final symlink) |
 ///
 /// An I/O error is a `failed` tool error: `"<op> <path>: <error> (kind: <ErrorKind>)"`.
@@ -447,11 +446,6 @@ fn fs_op(args: &Value) -> Result<String, ToolError> {
                 "mkdir" => fs::create_dir(path).map(|()| json!({ "created": path })),
                 "rmdir" => fs::remove_dir(path).map(|()| json!({ "removed": path })),
                 "list" => list_dir(path).map(|entries| json!({ "entries": entries })),
-                "symlink" => {
-                    let target = str_arg(args, "target")?;
-                    std::os::wasi::fs::symlink_path(target, path)
-                        .map(|()| json!({ "linked": path }))
-                }
                 "read_link" => {
                     fs::read_link(path).map(|target| json!({ "target": target.to_string_lossy() }))
                 }
