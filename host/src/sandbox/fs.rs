@@ -221,13 +221,10 @@ fn open_options(
     } else {
         FollowSymlinks::No
     });
-    if flags.intersects(
-        D::FILE_INTEGRITY_SYNC | D::DATA_INTEGRITY_SYNC | D::REQUESTED_WRITE_SYNC,
-    ) {
+    if flags.intersects(D::FILE_INTEGRITY_SYNC | D::DATA_INTEGRITY_SYNC | D::REQUESTED_WRITE_SYNC) {
         return Err(ErrorCode::Unsupported);
     }
-    if oflags.contains(O::DIRECTORY) && oflags.intersects(O::CREATE | O::EXCLUSIVE | O::TRUNCATE)
-    {
+    if oflags.contains(O::DIRECTORY) && oflags.intersects(O::CREATE | O::EXCLUSIVE | O::TRUNCATE) {
         return Err(ErrorCode::Invalid);
     }
     if perms.write_not_permitted() && (create || mode.contains(OpenMode::WRITE)) {
@@ -378,7 +375,11 @@ impl HostDescriptor for FsView<'_> {
         HostDescriptor::sync(&mut self.inner(), fd).await
     }
 
-    async fn create_directory_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+    async fn create_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
         HostDescriptor::create_directory_at(&mut self.inner(), fd, path).await
     }
 
@@ -433,7 +434,11 @@ impl HostDescriptor for FsView<'_> {
         HostDescriptor::readlink_at(&mut self.inner(), fd, path).await
     }
 
-    async fn remove_directory_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+    async fn remove_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
         HostDescriptor::remove_directory_at(&mut self.inner(), fd, path).await
     }
 
@@ -476,7 +481,10 @@ impl HostDescriptor for FsView<'_> {
         HostDescriptor::write_via_stream(&mut self.inner(), fd, offset)
     }
 
-    fn append_via_stream(&mut self, fd: Resource<Descriptor>) -> FsResult<Resource<DynOutputStream>> {
+    fn append_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<DynOutputStream>> {
         HostDescriptor::append_via_stream(&mut self.inner(), fd)
     }
 
@@ -488,7 +496,10 @@ impl HostDescriptor for FsView<'_> {
         HostDescriptor::is_same_object(&mut self.inner(), a, b).await
     }
 
-    async fn metadata_hash(&mut self, fd: Resource<Descriptor>) -> FsResult<types::MetadataHashValue> {
+    async fn metadata_hash(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<types::MetadataHashValue> {
         HostDescriptor::metadata_hash(&mut self.inner(), fd).await
     }
 
@@ -531,9 +542,6 @@ mod tests {
         assert!(MountRoot::open(&dir.path().join("file")).is_err());
         // Identity survives a rename of the path.
         std::fs::rename(&real, dir.path().join("moved")).unwrap();
-        assert_eq!(
-            MountRoot::open(&dir.path().join("moved")).unwrap(),
-            opened
-        );
+        assert_eq!(MountRoot::open(&dir.path().join("moved")).unwrap(), opened);
     }
 }

@@ -50,7 +50,9 @@ pub enum FsError {
     /// The path names something that is neither a regular file nor a
     /// directory (a FIFO, a device, a socket): reading or writing it could
     /// wait forever or never end, so the tools refuse it.
-    #[error("`{path}` is not a regular file (a FIFO, device or socket); the tools only read and write regular files")]
+    #[error(
+        "`{path}` is not a regular file (a FIFO, device or socket); the tools only read and write regular files"
+    )]
     NotAFile {
         /// The path, relative to the mount.
         path: String,

@@ -104,9 +104,7 @@ pub fn search(mount: &Mount, args: SearchArgs) -> Result<SearchOutput, FsError> 
     } else if meta.is_file() {
         search.file(&target.full, &target.shown, meta.len(), true)?;
     } else {
-        return Err(FsError::NotAFile {
-            path: target.shown,
-        });
+        return Err(FsError::NotAFile { path: target.shown });
     }
     Ok(search.out)
 }

@@ -208,7 +208,11 @@ async fn a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_syml
     .await;
     assert_eq!(err, None);
     assert_eq!(ok.unwrap()["content"], "shared notes");
-    let (ok, err) = fs_op(&victim, json!({ "op": "read", "path": "/workspace/id_rsa" })).await;
+    let (ok, err) = fs_op(
+        &victim,
+        json!({ "op": "read", "path": "/workspace/id_rsa" }),
+    )
+    .await;
     assert!(ok.is_none(), "the victim read the sibling: {ok:?}");
     assert!(err.unwrap().contains("NotFound"));
     // Its narrowed leases (a preflight) hold it too.
@@ -265,7 +269,11 @@ async fn the_host_refuses_to_open_fifos_sockets_and_devices() {
         ok.unwrap()["entries"],
         json!(["dirlink", "file.txt", "link", "pipe", "sock"])
     );
-    let (ok, err) = fs_op(&caps, json!({ "op": "read", "path": "/workspace/file.txt" })).await;
+    let (ok, err) = fs_op(
+        &caps,
+        json!({ "op": "read", "path": "/workspace/file.txt" }),
+    )
+    .await;
     assert_eq!(err, None);
     assert_eq!(ok.unwrap()["content"], "original");
     assert_serves_normal_call(&hostile(caps, test_limits())).await;

@@ -208,7 +208,10 @@ async fn the_fs_tools_refuse_a_fifo_with_a_typed_error() {
     let cases = [
         ("read_file", json!({ "path": "pipe" })),
         ("write_file", json!({ "path": "pipe", "content": "x" })),
-        ("edit_file", json!({ "path": "pipe", "old": "a", "new": "b" })),
+        (
+            "edit_file",
+            json!({ "path": "pipe", "old": "a", "new": "b" }),
+        ),
         ("search", json!({ "pattern": "needle", "path": "pipe" })),
     ];
     for (tool, args) in &cases {
@@ -218,7 +221,10 @@ async fn the_fs_tools_refuse_a_fifo_with_a_typed_error() {
             .unwrap();
         match &leased.result {
             Ok(Err(wit::ToolError::Denied(message))) => {
-                assert!(message.contains("`pipe` is not a regular file"), "{tool}: {message}")
+                assert!(
+                    message.contains("`pipe` is not a regular file"),
+                    "{tool}: {message}"
+                )
             }
             other => panic!("{tool}: {other:?}"),
         }
@@ -242,7 +248,10 @@ async fn the_fs_tools_refuse_a_fifo_with_a_typed_error() {
         serde_json::from_str(&search.result.unwrap().unwrap().content).unwrap();
     assert_eq!(out["matches"][0]["path"], "notes.txt", "{out}");
     let read = plugin
-        .invoke(&tool_call("read_file", json!({ "path": "notes.txt" })), None)
+        .invoke(
+            &tool_call("read_file", json!({ "path": "notes.txt" })),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(read.receipt.outcome, Outcome::Ok, "{:?}", read.result);
@@ -280,7 +289,10 @@ async fn an_endless_file_is_bounded_by_the_lease_limits() {
         leased.result
     );
     let read = plugin
-        .invoke(&tool_call("read_file", json!({ "path": "notes.txt" })), None)
+        .invoke(
+            &tool_call("read_file", json!({ "path": "notes.txt" })),
+            None,
+        )
         .await
         .unwrap();
     assert_eq!(read.receipt.outcome, Outcome::Ok, "{:?}", read.result);

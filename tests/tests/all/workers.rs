@@ -1098,9 +1098,14 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
 
     // A third run is driven to completion meanwhile.
     let free = RunId::new("free").unwrap();
-    rt.submit(&job_agent(&fx, "free"), free.clone(), json!("go"), BTreeMap::new())
-        .await
-        .unwrap();
+    rt.submit(
+        &job_agent(&fx, "free"),
+        free.clone(),
+        json!("go"),
+        BTreeMap::new(),
+    )
+    .await
+    .unwrap();
     wait_for("the third run was not driven", async || {
         store
             .summary(&free)
