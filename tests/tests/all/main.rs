@@ -4,7 +4,8 @@
 //! - `hostile`: guests that try to exhaust fuel, time, memory, tables,
 //!   stack, stdio or output; each case asserts the typed outcome and that the
 //!   host then serves a normal call.
-//! - `filesystem`: escapes from a mount and writes through a read-only one.
+//! - `filesystem`: escapes from a mount, writes through a read-only one,
+//!   a mount's path swapped for a symlink, FIFOs, sockets and devices.
 //! - `isolation`: leakage between leases, environment grants and redaction,
 //!   starvation, cancellation.
 //! - `loading`: the import allow-list, integrity pins, the component cache.
