@@ -4,7 +4,7 @@
 //! (`warden_guest::fs::write_atomic`) keep a file's permissions.
 //!
 //! Confined like the guest's own file access: both paths are resolved
-//! inside the lease's mounts through `cap-std` (no `..`, no absolute
+//! under the mounts' held directory handles through `cap-std` (no `..`, no absolute
 //! symlink, no escape through a link), both must name regular files, and the
 //! file whose permissions change must be on a read-write mount, so a
 //! read-only mount (and every narrowed lease, whose mounts are all
@@ -13,7 +13,6 @@
 
 use std::path::{Component, Path, PathBuf};
 
-use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 
 use super::capabilities::{Access, Mount};
@@ -70,7 +69,10 @@ fn open<'m>(mounts: &'m [Mount], path: &str) -> Result<(&'m Mount, Dir, PathBuf)
     if rel.as_os_str().is_empty() {
         return Err(format!("`{path}` is a mount, not a file"));
     }
-    let dir = Dir::open_ambient_dir(&mount.host_dir, ambient_authority())
+    // The mount's held handle, never a reopen by path (see `fs.rs`).
+    let dir = mount
+        .root
+        .cap_dir()
         .map_err(|e| format!("cannot open mount `{}`: {e}", mount.name))?;
     Ok((mount, dir, rel))
 }
@@ -126,9 +128,11 @@ mod tests {
     }
 
     fn mount(name: &str, dir: &Path, access: Access) -> Mount {
+        let host_dir = dir.canonicalize().unwrap();
         Mount {
             name: name.into(),
-            host_dir: dir.canonicalize().unwrap(),
+            root: super::super::fs::MountRoot::open(&host_dir).unwrap(),
+            host_dir,
             access,
         }
     }
