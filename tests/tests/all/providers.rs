@@ -1467,7 +1467,7 @@ async fn the_cli_runs_an_openai_agent_with_its_key_from_the_environment_and_neve
         !stdout.contains(key) && !stderr.contains(key),
         "the key leaked"
     );
-    assert!(stderr.contains("model_http_attempt"), "attempts are traced");
+    assert!(stderr.contains("model_http_request"), "requests are traced");
     let seen = server.seen();
     assert_eq!(seen.len(), 3);
     for s in &seen {
