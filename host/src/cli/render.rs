@@ -69,8 +69,10 @@ pub(crate) fn event(event: &Event) -> Option<String> {
   next attempt in {}{asked}",
                     wait_text(due.saturating_sub(at))
                 )),
-                _ if !f.error.transient => line.push_str("
-  not retried: the error is permanent"),
+                _ if !f.error.transient => line.push_str(
+                    "
+  not retried: the error is permanent",
+                ),
                 _ => {}
             }
             line

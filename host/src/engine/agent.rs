@@ -1655,7 +1655,10 @@ fn retry_policy(section: &ModelSection) -> Result<RetryPolicy, (String, String)>
         Some(w) if w.0 > MAX_RETRY_WAIT_LIMIT => {
             return Err(err(
                 "max_retry_wait",
-                format!("must be at most 1h, got {}", crate::units::format_duration(w.0)),
+                format!(
+                    "must be at most 1h, got {}",
+                    crate::units::format_duration(w.0)
+                ),
             ));
         }
         Some(w) => w.0.as_millis() as u64,

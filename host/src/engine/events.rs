@@ -2100,7 +2100,10 @@ pub(crate) mod tests {
         let old = br#"{"v":1,"event":{"type":"model_call_failed","step":2,"error":{"transient":true,"message":"busy","status":503}}}"#;
         match decode(old).unwrap() {
             Event::ModelCallFailed(f) => {
-                assert_eq!((f.at_ms, f.retry_at_ms, f.error.retry_after_ms), (None, None, None));
+                assert_eq!(
+                    (f.at_ms, f.retry_at_ms, f.error.retry_after_ms),
+                    (None, None, None)
+                );
                 assert_eq!(encode(&Event::ModelCallFailed(f)), old.to_vec());
             }
             other => panic!("{other:?}"),

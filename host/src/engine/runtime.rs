@@ -50,9 +50,7 @@ use super::policy_plugin::consult_plugin as consult_policy_plugin;
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{RetrySleep, TokioSleep};
 use super::session::{self, SessionRun};
-use super::state::{
-    FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold,
-};
+use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
 use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
 use crate::policy::EffectClass;

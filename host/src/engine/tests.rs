@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 
 use super::budget::{BudgetKind, BudgetLimits, BudgetOverrun, ExtensionError, Pricing};
 use super::decide::{Action, Idle, Park, decide};
-use super::retry::{DEFAULT_MAX_ATTEMPTS as MAX_MODEL_ATTEMPTS, RetryPolicy};
 use super::events::*;
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
 use super::replay::{ReplayError, ReplayOptions, replay};
+use super::retry::{DEFAULT_MAX_ATTEMPTS as MAX_MODEL_ATTEMPTS, RetryPolicy};
 use super::state::{FoldError, RunState, RunStatus, fold};
 use super::view::{AgentTool, AgentView, ToolTarget};
 use crate::policy::EffectClass;
@@ -582,10 +582,10 @@ fn impossible_sequences_are_refused_naming_the_position() {
         (
             "a wait without a failed model call",
             log(vec![Event::WaitStarted(WaitStarted {
-                    step: 1,
-                    since_ms: 1_000,
-                    until_ms: 121_000,
-                })]),
+                step: 1,
+                since_ms: 1_000,
+                until_ms: 121_000,
+            })]),
             1,
             "wait_started needs a failed model call",
         ),

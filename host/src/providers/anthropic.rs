@@ -42,8 +42,8 @@ use http::{HeaderMap, HeaderValue};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    DecodeError, HttpClient, HttpConfig, HttpModel, Secret, StreamDecoder,
-    WireFormat, error_is_transient, preview,
+    DecodeError, HttpClient, HttpConfig, HttpModel, Secret, StreamDecoder, WireFormat,
+    error_is_transient, preview,
 };
 use super::sse::SseEvent;
 use super::{

@@ -44,8 +44,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::http::{
-    DecodeError, HttpClient, HttpConfig, HttpModel, Secret, StreamDecoder,
-    WireFormat, error_is_transient, preview,
+    DecodeError, HttpClient, HttpConfig, HttpModel, Secret, StreamDecoder, WireFormat,
+    error_is_transient, preview,
 };
 use super::sse::SseEvent;
 use super::{

@@ -81,9 +81,9 @@ fn provider_on(
     config.timeout = Duration::from_secs(10);
     tweak(&mut config);
     match wire {
-        Wire::OpenAi => Arc::new(
-            OpenAiProvider::with_client(config, OpenAiOptions::default(), client).unwrap(),
-        ),
+        Wire::OpenAi => {
+            Arc::new(OpenAiProvider::with_client(config, OpenAiOptions::default(), client).unwrap())
+        }
         Wire::Anthropic => Arc::new(
             AnthropicProvider::with_client(config, AnthropicOptions::default(), client).unwrap(),
         ),
@@ -578,7 +578,11 @@ async fn a_429_is_one_request_whose_error_carries_retry_after() {
             } => assert!(e.is_transient(), "{wire:?}"),
             other => panic!("{wire:?}: {other:?}"),
         }
-        assert_eq!(server.seen().len(), 1, "{wire:?}: the provider never retries");
+        assert_eq!(
+            server.seen().len(),
+            1,
+            "{wire:?}: the provider never retries"
+        );
     }
 }
 
@@ -867,8 +871,8 @@ async fn a_refused_connection_is_a_transient_transport_error() {
     let port = listener.local_addr().unwrap().port();
     drop(listener);
     let config = HttpConfig::new(format!("http://127.0.0.1:{port}/v1"));
-    let p = OpenAiProvider::with_client(config, OpenAiOptions::default(), HttpClient::new())
-        .unwrap();
+    let p =
+        OpenAiProvider::with_client(config, OpenAiOptions::default(), HttpClient::new()).unwrap();
     let p: Arc<dyn ModelProvider> = Arc::new(p);
     let err = call(&p).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
@@ -942,9 +946,7 @@ async fn a_provider_caps_its_calls_in_flight() {
         Some(Arc::clone(&gate)),
     )
     .await;
-    let p = provider(Wire::OpenAi, &server, |c| {
-        c.max_concurrent_calls = 2
-    });
+    let p = provider(Wire::OpenAi, &server, |c| c.max_concurrent_calls = 2);
     let calls: Vec<_> = (0..5)
         .map(|_| {
             let p = Arc::clone(&p);

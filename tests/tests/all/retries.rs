@@ -98,7 +98,10 @@ fn runtime(
     sleep: Arc<dyn RetrySleep>,
 ) -> Runtime {
     Runtime::new(store, PluginHost::new(sandbox().clone()))
-        .with_hooks(Arc::clone(clock) as Arc<dyn Clock>, Arc::new(FixedRandom(7)))
+        .with_hooks(
+            Arc::clone(clock) as Arc<dyn Clock>,
+            Arc::new(FixedRandom(7)),
+        )
         .with_sleep(sleep)
 }
 
@@ -384,9 +387,11 @@ async fn a_retry_after_beyond_the_cap_parks_the_run_until_it_is_due() {
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
         assert_eq!(server.seen().len(), 2, "{retry_after}");
         let events = rt.events(&run).await.unwrap();
-        assert!(events.contains(&Event::WaitEnded(warden::engine::events::WaitEnded {
-            at_ms: due
-        })));
+        assert!(
+            events.contains(&Event::WaitEnded(warden::engine::events::WaitEnded {
+                at_ms: due
+            }))
+        );
         assert_eq!(store.summary(&run).await.unwrap().wake_ms, None);
     }
 }
@@ -518,18 +523,17 @@ async fn a_run_parked_on_a_long_retry_after_survives_its_worker_and_is_driven_wh
         _ => Reply::sse(vec![ok.clone()]),
     })
     .await;
-    agent(
-        dir.path(),
-        Wire::OpenAi,
-        &server,
-        "max_retry_wait = \"1s\"",
-    );
+    agent(dir.path(), Wire::OpenAi, &server, "max_retry_wait = \"1s\"");
     let out = warden(
         dir.path(),
         &pg.url,
         &["submit", "openai.toml", "hi", "--run-id", "r1"],
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let store = pg.store().await;
     let run = RunId::new("r1").unwrap();
 
@@ -548,10 +552,13 @@ async fn a_run_parked_on_a_long_retry_after_survives_its_worker_and_is_driven_wh
     first.wait().unwrap();
     let due = parked.wake_ms.unwrap();
     assert_eq!(server.seen().len(), 1);
-    let events = Runtime::new(Arc::new(pg.store().await), PluginHost::new(sandbox().clone()))
-        .events(&run)
-        .await
-        .unwrap();
+    let events = Runtime::new(
+        Arc::new(pg.store().await),
+        PluginHost::new(sandbox().clone()),
+    )
+    .events(&run)
+    .await
+    .unwrap();
     let f = failures(&events).remove(0);
     assert_eq!(f.error.retry_after_ms, Some(3_000));
     assert_eq!(f.retry_at_ms, Some(due as u64));
@@ -560,10 +567,7 @@ async fn a_run_parked_on_a_long_retry_after_survives_its_worker_and_is_driven_wh
     let show = warden(dir.path(), &pg.url, &["runs", "show", "r1"]);
     let text = String::from_utf8_lossy(&show.stdout);
     assert!(
-        text.contains(&format!(
-            "waiting until {}",
-            warden::units::utc_text(due)
-        )),
+        text.contains(&format!("waiting until {}", warden::units::utc_text(due))),
         "{text}"
     );
     // Past its wake-up time nobody drives it: no process is left.
@@ -591,10 +595,13 @@ async fn a_run_parked_on_a_long_retry_after_survives_its_worker_and_is_driven_wh
     second.kill().unwrap();
     second.wait().unwrap();
     assert_eq!(server.seen().len(), 2);
-    let events = Runtime::new(Arc::new(pg.store().await), PluginHost::new(sandbox().clone()))
-        .events(&run)
-        .await
-        .unwrap();
+    let events = Runtime::new(
+        Arc::new(pg.store().await),
+        PluginHost::new(sandbox().clone()),
+    )
+    .events(&run)
+    .await
+    .unwrap();
     let woke = events.iter().find_map(|e| match e {
         Event::WaitEnded(w) => Some(w.at_ms),
         _ => None,
