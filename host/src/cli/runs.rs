@@ -226,7 +226,7 @@ pub(crate) struct ListArgs {
     /// UTC date or time (2025-01-31, 2025-01-31T12:00:00Z).
     #[arg(long, value_name = "WHEN")]
     since: Option<String>,
-    /// Group runs: waiting for a human, in progress, terminal.
+    /// Group runs: waiting for a human or a time, in progress, terminal.
     #[arg(long)]
     group: bool,
     /// Flag a run marked running as stalled after this long without

@@ -14,7 +14,9 @@
 //!   drive or a worker, and never before;
 //! - a real `warden worker` process parks a run on a long `Retry-After` and
 //!   exits; the run stays waiting with nobody driving it, and another
-//!   `warden worker` drives it to completion once it is due.
+//!   `warden worker` drives it to completion once it is due; `warden run`
+//!   exits parked (4) on such a wait and `warden runs resume` finishes the
+//!   run once due.
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -607,4 +609,58 @@ async fn a_run_parked_on_a_long_retry_after_survives_its_worker_and_is_driven_wh
         _ => None,
     });
     assert!(woke.is_some_and(|at| at >= due as u64), "{woke:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warden_run_exits_parked_on_a_long_wait_and_runs_resume_drives_it_once_due() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = ok_stream(Wire::Anthropic);
+    let server = FakeModel::start(move |_, n| match n {
+        0 => rate_limited("2"),
+        _ => Reply::sse(vec![ok.clone()]),
+    })
+    .await;
+    agent(
+        dir.path(),
+        Wire::Anthropic,
+        &server,
+        "max_retry_wait = \"1s\"",
+    );
+    let store = dir.path().join("runs.db");
+    let store = store.to_str().unwrap();
+    let ran = warden(
+        dir.path(),
+        store,
+        &["run", "anthropic.toml", "hi", "--run-id", "r1"],
+    );
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ran.stdout),
+        String::from_utf8_lossy(&ran.stderr)
+    );
+    // Exit 4: parked, with when it continues and how.
+    assert_eq!(ran.status.code(), Some(4), "{text}");
+    assert!(
+        text.contains("next attempt in 2s (Retry-After: 2s)"),
+        "{text}"
+    );
+    assert!(text.contains("run r1: waiting"), "{text}");
+    assert!(text.contains("warden runs resume r1"), "{text}");
+    assert_eq!(server.seen().len(), 1);
+    let listed = warden(dir.path(), store, &["runs", "list", "--json"]);
+    let listed: serde_json::Value = serde_json::from_slice(&listed.stdout).unwrap();
+    assert_eq!(listed[0]["status"], json!("waiting"));
+    let due = listed[0]["wake_ms"].as_i64().unwrap();
+    while crate::workers::now_ms() < due {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let resumed = warden(dir.path(), store, &["runs", "resume", "r1"]);
+    let text = String::from_utf8_lossy(&resumed.stdout);
+    assert!(
+        resumed.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert!(text.contains("run r1: completed"), "{text}");
+    assert_eq!(server.seen().len(), 2);
 }
