@@ -204,6 +204,10 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "log_invalid",
             json!({ "run_id": run_id, "reason": error.to_string() }),
         ),
+        RuntimeError::InputTooLarge { run_id, error } => (
+            "input_too_large",
+            json!({ "run_id": run_id, "size": error.size, "limit": error.limit }),
+        ),
         RuntimeError::Agent { agent, .. } => ("agent_unusable", json!({ "agent": agent })),
         RuntimeError::Provider { agent, error } => {
             let (code, mut details) = provider(error);

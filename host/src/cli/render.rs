@@ -3,14 +3,15 @@
 
 use serde_json::Value;
 
-use crate::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage};
+use crate::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage, format_amount};
 use crate::engine::events::{Event, ToolCallResult};
 use crate::engine::{RunId, RunStatus};
 use crate::providers::StopReason;
 use crate::sandbox::UsageReceipt;
 
 /// The line(s) for one event, or `None` for events not worth a line.
-pub(crate) fn event(event: &Event) -> Option<String> {
+/// Costs are shown in `currency` (the run's, from its log) when known.
+pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
     Some(match event {
         Event::RunStarted(s) => {
             let mut line = format!(
@@ -52,7 +53,11 @@ pub(crate) fn event(event: &Event) -> Option<String> {
                 c.step, c.usage.input_tokens, c.usage.output_tokens
             );
             if let Some(cost) = c.cost_nanos {
-                line.push_str(&format!(", cost {:.6}", cost as f64 / 1e9));
+                let priced_in = c.pricing.as_ref().map(|p| p.currency.as_str());
+                line.push_str(&format!(
+                    ", cost {}",
+                    format_amount(BudgetKind::Cost, cost, priced_in.or(currency))
+                ));
             }
             line
         }
@@ -158,13 +163,13 @@ pub(crate) fn event(event: &Event) -> Option<String> {
         ),
         Event::Suspended(s) => format!("… suspended at {}: {}", s.call_id, s.reason),
         Event::Resumed(r) => format!("… resumed with {}", short(&r.input, 200)),
-        Event::BudgetExceeded(b) => format!(
-            "! budget {} exceeded: used {} of {}",
-            b.budget, b.used, b.limit
-        ),
+        Event::BudgetExceeded(b) => format!("! budget exceeded: {}", b.describe(currency)),
         Event::BudgetExtended(e) => format!(
-            "… budget extended: {}",
-            serde_json::to_string(&e.limits).unwrap_or_default()
+            "… budget extended{}: {}",
+            e.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default(),
+            limits_text(&e.limits, currency)
         ),
         Event::ClockObserved(_) | Event::RandomObserved(_) => return None,
         Event::WaitStarted(w) => format!(
@@ -330,8 +335,9 @@ pub(crate) fn receipt(r: &UsageReceipt) -> String {
     )
 }
 
-/// Budget use on one line: each budget used or limited, as `used of limit`.
-pub(crate) fn budget(usage: &BudgetUsage, limits: &BudgetLimits) -> String {
+/// Budget use on one line: each budget used or limited, as `used of
+/// limit`, in human units (costs in `currency`).
+pub(crate) fn budget(usage: &BudgetUsage, limits: &BudgetLimits, currency: Option<&str>) -> String {
     let parts: Vec<String> = BudgetKind::ORDER
         .iter()
         .filter_map(|&kind| {
@@ -340,14 +346,7 @@ pub(crate) fn budget(usage: &BudgetUsage, limits: &BudgetLimits) -> String {
             if used == 0 && limit.is_none() {
                 return None;
             }
-            let amount = |n: u64| match kind {
-                BudgetKind::Cost => format!("{:.6}", n as f64 / 1e9),
-                BudgetKind::WallTime if n.is_multiple_of(1000) && n > 0 => {
-                    crate::units::format_duration(std::time::Duration::from_millis(n))
-                }
-                BudgetKind::WallTime => format!("{:.1}s", n as f64 / 1000.0),
-                _ => n.to_string(),
-            };
+            let amount = |n: u64| format_amount(kind, n, currency);
             let name = kind.as_str().replace('_', " ");
             Some(match limit {
                 Some(l) => format!("{name} {} of {}", amount(used), amount(l)),
@@ -360,6 +359,22 @@ pub(crate) fn budget(usage: &BudgetUsage, limits: &BudgetLimits) -> String {
     } else {
         parts.join(" · ")
     }
+}
+
+/// The limits `limits` sets, as `max_cost $8.00, max_wall_time 15m`.
+pub(crate) fn limits_text(limits: &BudgetLimits, currency: Option<&str>) -> String {
+    BudgetKind::ORDER
+        .iter()
+        .filter_map(|&kind| {
+            let limit = limits.get(kind)?;
+            Some(format!(
+                "{} {}",
+                kind.setting(),
+                format_amount(kind, limit, currency)
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// What to do next with a run in `status`, as a command line.

@@ -15,7 +15,7 @@ use super::errors::CliError;
 use super::progress::Spinner;
 use super::store::Access;
 use super::{Context, Exit, render};
-use crate::engine::budget::BudgetKind;
+use crate::engine::budget::{BudgetKind, check_input_size};
 use crate::engine::events::{Event, UnresolvedWrite, decode};
 use crate::engine::{
     Agent, BudgetLimits, CallId, ReplayOptions, RunId, RunState, RunStatus, RunUpdate, Runtime,
@@ -323,6 +323,23 @@ pub(crate) fn json_input(text: &str) -> anyhow::Result<Value> {
     Ok(serde_json::from_str(&text).unwrap_or(Value::String(text)))
 }
 
+/// A new run's input (`--input` or the positional INPUT, else the empty
+/// string), refused when over the agent's `max_input_size` before anything
+/// (not even the store) is touched.
+pub(crate) fn run_input(text: Option<&str>, agent: &Agent) -> anyhow::Result<Value> {
+    let input = match text {
+        Some(text) => json_input(text)?,
+        None => Value::String(String::new()),
+    };
+    check_input_size(&input, agent.max_input_bytes).map_err(|error| {
+        RuntimeError::InputTooLarge {
+            run_id: None,
+            error,
+        }
+    })?;
+    Ok(input)
+}
+
 pub(crate) fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
     pairs
         .iter()
@@ -339,10 +356,7 @@ pub(crate) fn labels(pairs: &[String]) -> anyhow::Result<BTreeMap<String, String
 pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
     let agent = ctx.settings.load_agent(&args.agent)?;
     super::args::text_path("agent file", &agent.path, "the run's log")?;
-    let input = match (&args.input, &args.input_flag) {
-        (Some(text), _) | (None, Some(text)) => json_input(text)?,
-        (None, None) => Value::String(String::new()),
-    };
+    let input = run_input(args.input.as_deref().or(args.input_flag.as_deref()), &agent)?;
     let labels = labels(&args.labels)?;
     let session = args
         .session
@@ -663,8 +677,14 @@ async fn continue_run(
     // drive it started.
     super::out::survive_a_closed_stdout();
     // The event the verb just recorded, so the output tells the whole story.
+    let currency = run_currency(rt, run).await;
     if let Some(last) = rt.store().load(run).await?.last() {
-        print_event(last.seq, &decode(&last.bytes)?, ctx.json);
+        print_event(
+            last.seq,
+            &decode(&last.bytes)?,
+            ctx.json,
+            currency.as_deref(),
+        );
     }
     // A worker's run (leased before): any worker continues it.
     let workers = rt.store().summary(run).await?.lease_token > 0;
@@ -940,9 +960,18 @@ async fn follow(
     let interactive = !json && std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let mut how = how;
     let mut last_seq = 0;
+    let currency = run_currency(rt, run).await;
     let status = loop {
-        let result =
-            drive_and_print(rt, run, &mut updates, json, how.clone(), &mut last_seq).await?;
+        let result = drive_and_print(
+            rt,
+            run,
+            &mut updates,
+            json,
+            how.clone(),
+            &mut last_seq,
+            currency.as_deref(),
+        )
+        .await?;
         let status = match result {
             Ok(status) => status,
             Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
@@ -1032,6 +1061,7 @@ async fn drive_and_print(
     json: bool,
     how: Drive,
     last_seq: &mut u64,
+    currency: Option<&str>,
 ) -> anyhow::Result<Result<RunStatus, RuntimeError>> {
     let driving = {
         let (rt, run) = (rt.clone(), run.clone());
@@ -1056,7 +1086,7 @@ async fn drive_and_print(
                         in_text = false;
                     }
                     if seq > *last_seq {
-                        print_event(seq, &event, json);
+                        print_event(seq, &event, json, currency);
                         *last_seq = seq;
                     }
                     if !json && let Event::ModelCallIntent(i) = &*event {
@@ -1083,17 +1113,23 @@ async fn drive_and_print(
     // Whatever was recorded after the last update seen.
     for stored in rt.store().load_after(run, *last_seq).await? {
         if let Ok(event) = decode(&stored.bytes) {
-            print_event(stored.seq, &event, json);
+            print_event(stored.seq, &event, json, currency);
             *last_seq = stored.seq;
         }
     }
     Ok(result)
 }
 
-fn print_event(seq: u64, event: &Event, json: bool) {
+/// The currency the run's log counts cost in, if it records one.
+async fn run_currency(rt: &Runtime, run: &RunId) -> Option<String> {
+    let state = rt.state(run).await.ok()?;
+    state.currency().map(str::to_owned)
+}
+
+fn print_event(seq: u64, event: &Event, json: bool, currency: Option<&str>) {
     if json {
         super::out::line(json!({ "seq": seq, "event": event }));
-    } else if let Some(line) = render::event(event) {
+    } else if let Some(line) = render::event(event, currency) {
         super::out::line(line);
     }
 }
@@ -1361,17 +1397,29 @@ async fn show(
         error,
     })?;
     let status = state.status();
-    // The limits: the agent's (when its file can still be read), with the
-    // recorded extensions.
-    let agent_path = agent_file.or_else(|| match events.first() {
-        Some(Event::RunStarted(s)) => s.agent_file.clone().map(PathBuf::from),
-        _ => None,
-    });
-    let agent_limits: Option<BudgetLimits> = agent_path
-        .as_deref()
-        .and_then(|p| ctx.settings.load_agent(p).ok())
-        .map(|a| a.budgets);
-    let limits = state.effective_limits(&agent_limits.unwrap_or_default());
+    // The limits: what the log records was in force when the run started,
+    // with the recorded extensions. Only a log written before limits were
+    // recorded falls back to the agent file as it is now.
+    let limits_from = if state.limits.is_some() {
+        LimitsFrom::Log
+    } else {
+        let agent_path = agent_file.or_else(|| match events.first() {
+            Some(Event::RunStarted(s)) => s.agent_file.clone().map(PathBuf::from),
+            _ => None,
+        });
+        match agent_path
+            .as_deref()
+            .and_then(|p| ctx.settings.load_agent(p).ok())
+        {
+            Some(agent) => LimitsFrom::AgentFile(agent.budgets),
+            None => LimitsFrom::Unknown,
+        }
+    };
+    let agent_limits = match &limits_from {
+        LimitsFrom::AgentFile(budgets) => *budgets,
+        LimitsFrom::Log | LimitsFrom::Unknown => BudgetLimits::default(),
+    };
+    let limits = state.effective_limits(&agent_limits);
     let next = render::next_step(run, status, &events);
     if ctx.json {
         let budget: serde_json::Map<String, Value> = BudgetKind::ORDER
@@ -1400,7 +1448,13 @@ async fn show(
             },
             "owes_deliveries": summary.owes_deliveries,
             "wake_ms": state.waiting().map(|w| w.until_ms),
-            "limits_known": agent_limits.is_some(),
+            "limits_known": !matches!(limits_from, LimitsFrom::Unknown),
+            "limits_from": match limits_from {
+                LimitsFrom::Log => "log",
+                LimitsFrom::AgentFile(_) => "agent_file",
+                LimitsFrom::Unknown => "unknown",
+            },
+            "max_input_bytes": state.limits.as_ref().map(|l| l.max_input_bytes),
             "next": next,
         });
         println!("{}", serde_json::to_string_pretty(&body)?);
@@ -1434,7 +1488,7 @@ async fn show(
             Event::ModelCallCompleted(c) => clock = c.at_ms.unwrap_or(clock),
             _ => {}
         }
-        if let Some(line) = render::event(event) {
+        if let Some(line) = render::event(event, state.currency()) {
             let offset = clock.saturating_sub(start) as f64 / 1000.0;
             let mut lines = line.lines();
             println!(
@@ -1456,7 +1510,10 @@ async fn show(
     if let Some(output) = state.output() {
         println!("output:\n{}", render::output(output));
     }
-    println!("budget: {}", render::budget(&state.usage, &limits));
+    println!(
+        "budget: {}",
+        render::budget(&state.usage, &limits, state.currency())
+    );
     let c = &state.compaction;
     if c.completed + c.failed > 0 {
         println!(
@@ -1470,14 +1527,30 @@ async fn show(
             }
         );
     }
-    if agent_limits.is_none() {
-        println!("   (limits unknown: the agent file cannot be read; pass --agent)");
+    match limits_from {
+        LimitsFrom::Log => {}
+        LimitsFrom::AgentFile(_) => println!(
+            "   (limits from the agent file as it is now: this run's log does not record the limits it started with)"
+        ),
+        LimitsFrom::Unknown => println!(
+            "   (limits unknown: the log does not record them and the agent file cannot be read; pass --agent)"
+        ),
     }
     println!("status: {status}{owes}");
     if let Some(next) = next {
         println!("   {next}");
     }
     Ok(())
+}
+
+/// Where `runs show` took a run's limits from.
+enum LimitsFrom {
+    /// The log's `run_started` (with the recorded extensions).
+    Log,
+    /// The agent file as it is now: the log predates recorded limits.
+    AgentFile(BudgetLimits),
+    /// Neither.
+    Unknown,
 }
 
 async fn verify(

@@ -83,10 +83,7 @@ fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<Runtime>
 pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()> {
     let agent = ctx.settings.load_agent(&args.agent)?;
     super::args::text_path("agent file", &agent.path, "the run's log")?;
-    let input = match &args.input {
-        Some(text) => super::runs::json_input(text)?,
-        None => serde_json::Value::String(String::new()),
-    };
+    let input = super::runs::run_input(args.input.as_deref(), &agent)?;
     let labels = super::runs::labels(&args.labels)?;
     let run_id = match &args.run_id {
         Some(id) => {

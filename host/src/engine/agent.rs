@@ -99,6 +99,8 @@
 //! max_fuel = 50_000_000_000
 //! max_wall_time = "10m"
 //! max_cost = 1.50                        # needs [model.pricing]
+//! max_input_size = "1MiB"                # the largest input (and resume input),
+//!                                        # as JSON text; default 1 MiB
 //!
 //! [labels]                               # at most 16; not part of the digest
 //! team = "ops"
@@ -121,7 +123,10 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::budget::{BudgetLimits, Pricing, currency_to_nanos, price_to_micros};
+use super::budget::{
+    BudgetLimits, DEFAULT_MAX_INPUT_BYTES, Pricing, RecordedLimits, currency_to_nanos,
+    price_to_micros,
+};
 use super::canonical::{canonical_json, without_empty};
 use super::channels::{
     BACKOFF_CAP_LIMIT_MS, Channel, DEFAULT_BACKOFF_CAP_MS, DEFAULT_BACKOFF_MS,
@@ -143,7 +148,7 @@ use crate::providers::{
     OpenAiProvider, ProviderError, ScriptedProvider, Secret, anthropic, openai,
 };
 use crate::sandbox::PluginKind;
-use crate::units::HumanDuration;
+use crate::units::{ByteSize, HumanDuration};
 
 /// Most labels on an agent or a run.
 pub const MAX_LABELS: usize = 16;
@@ -504,6 +509,8 @@ struct BudgetSettings {
     max_wall_time: Option<HumanDuration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_cost: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_input_size: Option<ByteSize>,
 }
 
 /// A parsed and validated agent.
@@ -531,6 +538,9 @@ pub struct Agent {
     pub policies: Vec<AgentPolicy>,
     /// Its budgets, in engine units.
     pub budgets: BudgetLimits,
+    /// The largest input a run (or a resume) takes, in bytes of its JSON
+    /// text. Default: [`DEFAULT_MAX_INPUT_BYTES`].
+    pub max_input_bytes: u64,
     /// Correlation labels (not part of the digest).
     pub labels: BTreeMap<String, String>,
     /// The JSON Schema of its final output, when declared.
@@ -854,6 +864,16 @@ fn is_valid_human_tool_name(name: &str) -> bool {
 }
 
 impl Agent {
+    /// The limits a run of this agent starts under, as its `run_started`
+    /// records them.
+    pub fn recorded_limits(&self) -> RecordedLimits {
+        RecordedLimits {
+            budgets: self.budgets,
+            max_input_bytes: self.max_input_bytes,
+            currency: self.model.pricing.as_ref().map(|p| p.currency.clone()),
+        }
+    }
+
     /// Checks that each plugin the agent names as a context source, a
     /// channel or a policy is of that kind; `plugin` gives a plugin's kinds
     /// and source by its key in `[plugins]`. The error names the key that
@@ -1220,6 +1240,16 @@ fn validate(
             }
         }
     };
+    let max_input_bytes = match b.max_input_size {
+        Some(ByteSize(0)) => {
+            return Err(invalid(
+                "budgets.max_input_size",
+                "must be more than zero".into(),
+            ));
+        }
+        Some(ByteSize(n)) => n,
+        None => DEFAULT_MAX_INPUT_BYTES,
+    };
     let budgets = BudgetLimits {
         steps: b.max_steps,
         input_tokens: b.max_input_tokens,
@@ -1363,6 +1393,7 @@ fn validate(
         channels,
         policies,
         budgets,
+        max_input_bytes,
         labels: file.labels,
         output_schema,
         context,

@@ -19,7 +19,25 @@
 //! | `wall_time`     | any of the above           |
 //!
 //! A budget is exhausted when what was used reaches its limit; the first
-//! exhausted budget in this order parks the run.
+//! exhausted budget in this order parks the run. Two more checks keep a
+//! crossed budget from being crossed further:
+//! - before a model call, the call's input alone (estimated as a token per
+//!   4 bytes of the request) must fit what is left of `input_tokens` and
+//!   `cost`; otherwise the run parks and the overrun records what the call
+//!   needed ([`BudgetOverrun::needed`]);
+//! - before a tool call or its approval request, `input_tokens`,
+//!   `output_tokens` and `cost` must not be over their limits: the model
+//!   call that crossed one starts none of the tool calls it asked for.
+//!
+//! Wall time is active time: what the recorded clock readings span while
+//! the run was not parked. The time from parking (for an approval, input,
+//! an external tool, a budget, a reconciliation, a timer) to the human act
+//! or event that ends the park is not counted (see
+//! [`RunState`](super::state::RunState)'s fold).
+//!
+//! A run's input has a size cap too ([`check_input_size`], the agent's
+//! `max_input_size`, default [`DEFAULT_MAX_INPUT_BYTES`]); what was in force
+//! when a run started is recorded in its log ([`RecordedLimits`]).
 
 use serde::{Deserialize, Serialize};
 
@@ -41,7 +59,8 @@ pub enum BudgetKind {
     ToolCalls,
     /// Sandbox fuel, summed over every lease (previews included).
     Fuel,
-    /// Milliseconds from the run's start to the latest recorded clock reading.
+    /// Active milliseconds: between recorded clock readings, parked time
+    /// excluded.
     WallTime,
 }
 
@@ -178,7 +197,7 @@ pub struct BudgetUsage {
     pub tool_calls: u64,
     /// Fuel over every lease.
     pub fuel: u64,
-    /// Milliseconds from the run's start to the latest clock reading.
+    /// Active milliseconds, parked time excluded.
     pub wall_time_ms: u64,
 }
 
@@ -197,7 +216,8 @@ impl BudgetUsage {
     }
 }
 
-/// A budget that was used up.
+/// A budget that was used up, or that the next effect would take past its
+/// limit.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BudgetOverrun {
@@ -207,16 +227,109 @@ pub struct BudgetOverrun {
     pub used: u64,
     /// The limit.
     pub limit: u64,
+    /// What the refused effect needed in all (what was used plus the
+    /// estimate of a model call's input), when the limit was not yet
+    /// reached but the call would have crossed it. Omitted otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub needed: Option<u64>,
+}
+
+impl BudgetOverrun {
+    /// The overrun in human units, cost in `currency` when known:
+    /// `cost: $7.87 used of $0.50`, `wall_time: 14m 10s used of 5m`.
+    pub fn describe(&self, currency: Option<&str>) -> String {
+        let amount = |n| format_amount(self.budget, n, currency);
+        let mut text = format!(
+            "{}: {} used of {}",
+            self.budget,
+            amount(self.used),
+            amount(self.limit)
+        );
+        if let Some(needed) = self.needed {
+            text.push_str(&format!(
+                "; the next model call needs {} in all by its input alone",
+                amount(needed)
+            ));
+        }
+        text
+    }
+
+    /// The least new limit that lifts this overrun: above what was used,
+    /// and at least what the refused call needed.
+    pub fn least_lifting_limit(&self) -> u64 {
+        self.needed.unwrap_or(0).max(self.used.saturating_add(1))
+    }
 }
 
 impl std::fmt::Display for BudgetOverrun {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "budget `{}` is used up: {} used of {}",
-            self.budget, self.used, self.limit
-        )
+        write!(f, "budget {}", self.describe(None))
     }
+}
+
+/// `n` engine units of `kind` in human units: wall time as `14m 10s`,
+/// `4.5s` or `850ms`; cost as `$7.87` (`€`, `£`, else `7.87 CHF`; a bare
+/// amount when the currency is not known), in cents unless smaller; counts
+/// with thousands separators (`1,234,567`).
+pub fn format_amount(kind: BudgetKind, n: u64, currency: Option<&str>) -> String {
+    match kind {
+        BudgetKind::WallTime => format_active_time(n),
+        BudgetKind::Cost => format_cost(n, currency),
+        _ => thousands(n),
+    }
+}
+
+/// Milliseconds as `1h 2m 3s`, `14m 10s`, `4.5s` or `850ms`.
+fn format_active_time(ms: u64) -> String {
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    if ms < 60_000 {
+        return match ms % 1000 {
+            0 => format!("{}s", ms / 1000),
+            _ => format!("{:.1}s", ms as f64 / 1000.0),
+        };
+    }
+    let s = ms / 1000;
+    let parts = [(s / 3600, "h"), (s % 3600 / 60, "m"), (s % 60, "s")];
+    parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n}{unit}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Nano-units as an amount of `currency`.
+fn format_cost(nanos: u64, currency: Option<&str>) -> String {
+    let amount = nanos as f64 / 1e9;
+    // Cents, unless that would show a small amount as nothing.
+    let number = if nanos == 0 || nanos >= 10_000_000 {
+        format!("{amount:.2}")
+    } else {
+        let text = format!("{amount:.9}");
+        text.trim_end_matches('0').to_owned()
+    };
+    match currency {
+        Some("USD") => format!("${number}"),
+        Some("EUR") => format!("€{number}"),
+        Some("GBP") => format!("£{number}"),
+        Some(code) => format!("{number} {code}"),
+        None => number,
+    }
+}
+
+/// `n` with a comma between each group of three digits.
+fn thousands(n: u64) -> String {
+    let digits = n.to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// The first of `kinds` (taken in [`BudgetKind::ORDER`]) whose usage has
@@ -226,18 +339,138 @@ pub fn first_exhausted(
     usage: &BudgetUsage,
     limits: &BudgetLimits,
 ) -> Option<BudgetOverrun> {
+    first_where(kinds, usage, limits, |used, limit| used >= limit)
+}
+
+/// The first of `kinds` (taken in [`BudgetKind::ORDER`]) whose usage is
+/// over its limit: crossed, not merely reached.
+pub fn first_crossed(
+    kinds: &[BudgetKind],
+    usage: &BudgetUsage,
+    limits: &BudgetLimits,
+) -> Option<BudgetOverrun> {
+    first_where(kinds, usage, limits, |used, limit| used > limit)
+}
+
+fn first_where(
+    kinds: &[BudgetKind],
+    usage: &BudgetUsage,
+    limits: &BudgetLimits,
+    over: impl Fn(u64, u64) -> bool,
+) -> Option<BudgetOverrun> {
     BudgetKind::ORDER
         .into_iter()
         .filter(|k| kinds.contains(k))
         .find_map(|budget| {
             let limit = limits.get(budget)?;
             let used = usage.get(budget);
-            (used >= limit).then_some(BudgetOverrun {
+            over(used, limit).then_some(BudgetOverrun {
                 budget,
                 used,
                 limit,
+                needed: None,
             })
         })
+}
+
+/// The overrun a model call would cause by its input alone, estimated at
+/// `input_tokens`: the first of `input_tokens` and `cost` (priced with
+/// `pricing`) that it would take past its limit.
+pub fn input_overrun(
+    input_tokens: u64,
+    usage: &BudgetUsage,
+    limits: &BudgetLimits,
+    pricing: Option<&Pricing>,
+) -> Option<BudgetOverrun> {
+    let over = |budget, used: u64, more: u64| {
+        let limit = limits.get(budget)?;
+        let needed = used.saturating_add(more);
+        (needed > limit).then_some(BudgetOverrun {
+            budget,
+            used,
+            limit,
+            needed: Some(needed),
+        })
+    };
+    over(BudgetKind::InputTokens, usage.input_tokens, input_tokens).or_else(|| {
+        let price = pricing?.cost_nanos(&Usage {
+            input_tokens,
+            output_tokens: 0,
+        });
+        over(BudgetKind::Cost, usage.cost_nanos, price)
+    })
+}
+
+/// The input-size cap when the agent sets none: 1 MiB.
+pub const DEFAULT_MAX_INPUT_BYTES: u64 = 1 << 20;
+
+/// The limits in force when a run started, recorded in its `run_started`
+/// so that what a run may use is read from its log (with the extensions
+/// recorded since), never from the agent file as it is now.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecordedLimits {
+    /// The budgets, in engine units. Omitted when none is set.
+    #[serde(default, skip_serializing_if = "BudgetLimits::is_empty")]
+    pub budgets: BudgetLimits,
+    /// The largest input (and resume input) accepted, in bytes of its JSON
+    /// text.
+    pub max_input_bytes: u64,
+    /// The currency cost is counted in (the agent's pricing's). Omitted
+    /// without pricing.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub currency: Option<String>,
+}
+
+/// An input over the size cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "the input is {} of JSON, over the limit of {} (the agent's budgets.max_input_size): pass a smaller input, or raise max_input_size in the agent file",
+    size_text(*.size),
+    size_text(*.limit)
+)]
+pub struct InputTooLarge {
+    /// The input's size, in bytes of its JSON text.
+    pub size: u64,
+    /// The cap.
+    pub limit: u64,
+}
+
+/// Refuses `input` when its JSON text is longer than `limit` bytes.
+pub fn check_input_size(input: &serde_json::Value, limit: u64) -> Result<(), InputTooLarge> {
+    let size = json_size(input);
+    if size > limit {
+        return Err(InputTooLarge { size, limit });
+    }
+    Ok(())
+}
+
+/// The length of `value`'s JSON text, counted without building it.
+fn json_size(value: &serde_json::Value) -> u64 {
+    struct Counter(u64);
+    impl std::io::Write for Counter {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut counter = Counter(0);
+    serde_json::to_writer(&mut counter, value).expect("a JSON value serializes");
+    counter.0
+}
+
+/// Bytes as `10.0 MiB`, `512 KiB` or `900 bytes`.
+fn size_text(bytes: u64) -> String {
+    match bytes {
+        0..1024 => format!("{bytes} bytes"),
+        1024..1_048_576 if bytes.is_multiple_of(1024) => format!("{} KiB", bytes / 1024),
+        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
+        _ if bytes.is_multiple_of(1_048_576) => format!("{} MiB", bytes / 1_048_576),
+        _ => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
+    }
 }
 
 /// What model tokens cost, per million, in millionths of `currency`.
@@ -301,8 +534,15 @@ pub enum ExtensionError {
         /// What is wrong.
         message: String,
     },
-    /// The extension leaves the exceeded budget used up.
-    #[error("the extension must raise `{}` above {} (its usage), got {}", .needed.budget.setting(), .needed.used, .given.map_or("no new limit".to_owned(), |l| l.to_string()))]
+    /// The extension leaves the exceeded budget used up (or too small for
+    /// the model call that was refused).
+    #[error(
+        "the extension must raise `{}` to at least {} ({}), got {}",
+        .needed.budget.setting(),
+        format_amount(.needed.budget, .needed.least_lifting_limit(), None),
+        if .needed.needed.is_some() { "what the refused model call needs" } else { "more than was used" },
+        .given.map_or("no new limit".to_owned(), |l| format_amount(.needed.budget, l, None))
+    )]
     TooSmall {
         /// The overrun the run is parked on.
         needed: BudgetOverrun,
@@ -394,7 +634,8 @@ mod tests {
                 Some(BudgetOverrun {
                     budget: first,
                     used: usage.get(first),
-                    limit: all.get(first).unwrap()
+                    limit: all.get(first).unwrap(),
+                    needed: None,
                 })
             );
             expected.remove(0);
@@ -405,6 +646,132 @@ mod tests {
             ..BudgetLimits::default()
         };
         assert_eq!(first_exhausted(&BudgetKind::ORDER, &usage, &roomy), None);
+    }
+
+    #[test]
+    fn crossed_is_over_the_limit_not_at_it() {
+        let limits = BudgetLimits {
+            cost_nanos: Some(10),
+            output_tokens: Some(5),
+            ..BudgetLimits::default()
+        };
+        let at = BudgetUsage {
+            cost_nanos: 10,
+            output_tokens: 5,
+            ..BudgetUsage::default()
+        };
+        let kinds = [BudgetKind::OutputTokens, BudgetKind::Cost];
+        assert_eq!(first_crossed(&kinds, &at, &limits), None);
+        assert!(first_exhausted(&kinds, &at, &limits).is_some());
+        let over = BudgetUsage {
+            cost_nanos: 11,
+            ..at
+        };
+        assert_eq!(
+            first_crossed(&kinds, &over, &limits),
+            Some(BudgetOverrun {
+                budget: BudgetKind::Cost,
+                used: 11,
+                limit: 10,
+                needed: None
+            })
+        );
+    }
+
+    #[test]
+    fn a_call_whose_input_alone_would_cross_a_budget_is_an_overrun() {
+        let pricing = Pricing {
+            currency: "USD".into(),
+            input_micros_per_million: price_to_micros(3.0).unwrap(),
+            output_micros_per_million: 0,
+        };
+        let limits = BudgetLimits {
+            cost_nanos: currency_to_nanos(0.5),
+            ..BudgetLimits::default()
+        };
+        let usage = BudgetUsage::default();
+        // 100k tokens cost $0.30: within. 200k cost $0.60: refused, with
+        // what the call needed.
+        assert_eq!(
+            input_overrun(100_000, &usage, &limits, Some(&pricing)),
+            None
+        );
+        let overrun = input_overrun(200_000, &usage, &limits, Some(&pricing)).unwrap();
+        assert_eq!(
+            overrun,
+            BudgetOverrun {
+                budget: BudgetKind::Cost,
+                used: 0,
+                limit: 500_000_000,
+                needed: Some(600_000_000)
+            }
+        );
+        assert_eq!(
+            overrun.describe(Some("USD")),
+            "cost: $0.00 used of $0.50; the next model call needs $0.60 in all by its input alone"
+        );
+        assert_eq!(overrun.least_lifting_limit(), 600_000_000);
+        // Input tokens come first, and count what was used before.
+        let tokens = BudgetLimits {
+            input_tokens: Some(1_000),
+            ..limits
+        };
+        let used = BudgetUsage {
+            input_tokens: 900,
+            ..usage
+        };
+        assert_eq!(
+            input_overrun(101, &used, &tokens, Some(&pricing)).map(|o| (o.budget, o.needed)),
+            Some((BudgetKind::InputTokens, Some(1_001)))
+        );
+        assert_eq!(input_overrun(100, &used, &tokens, None), None);
+    }
+
+    #[test]
+    fn amounts_are_written_in_human_units() {
+        let cases = [
+            (BudgetKind::WallTime, 850_979, "14m 10s"),
+            (BudgetKind::WallTime, 300_000, "5m"),
+            (BudgetKind::WallTime, 3_723_000, "1h 2m 3s"),
+            (BudgetKind::WallTime, 4_500, "4.5s"),
+            (BudgetKind::WallTime, 850, "850ms"),
+            (BudgetKind::Cost, 7_870_000_000, "$7.87"),
+            (BudgetKind::Cost, 500_000_000, "$0.50"),
+            (BudgetKind::Cost, 75, "$0.000000075"),
+            (BudgetKind::Cost, 0, "$0.00"),
+            (BudgetKind::InputTokens, 2_623_412, "2,623,412"),
+            (BudgetKind::Steps, 10, "10"),
+            (BudgetKind::Fuel, 50_000_000_000, "50,000,000,000"),
+        ];
+        for (kind, n, expected) in cases {
+            assert_eq!(format_amount(kind, n, Some("USD")), expected, "{kind} {n}");
+        }
+        assert_eq!(
+            format_amount(BudgetKind::Cost, 1_250_000_000, Some("CHF")),
+            "1.25 CHF"
+        );
+        assert_eq!(format_amount(BudgetKind::Cost, 1_250_000_000, None), "1.25");
+        let overrun = BudgetOverrun {
+            budget: BudgetKind::WallTime,
+            used: 850_979,
+            limit: 300_000,
+            needed: None,
+        };
+        assert_eq!(overrun.to_string(), "budget wall_time: 14m 10s used of 5m");
+    }
+
+    #[test]
+    fn an_input_over_the_cap_is_refused_with_both_sizes() {
+        let input = json!("x".repeat(2 * 1024 * 1024));
+        let err = check_input_size(&input, DEFAULT_MAX_INPUT_BYTES).unwrap_err();
+        assert_eq!(err.size, 2 * 1024 * 1024 + 2);
+        assert!(
+            err.to_string()
+                .starts_with("the input is 2.0 MiB of JSON, over the limit of 1 MiB"),
+            "{err}"
+        );
+        check_input_size(&json!("small"), 7).unwrap();
+        assert!(check_input_size(&json!("small"), 6).is_err());
     }
 
     #[test]

@@ -88,12 +88,24 @@ pub fn request_hash(request: &ModelRequest) -> RequestHash {
     hasher.finish(request)
 }
 
+/// How many bytes [`request_hash`] covers after its domain tag: the
+/// request's canonical size, from which budgets estimate its input tokens.
+pub fn request_size(request: &ModelRequest) -> u64 {
+    let mut hasher = RequestHasher::new();
+    for message in &request.messages {
+        hasher.push(message);
+    }
+    hasher.size(request)
+}
+
 /// Computes [`request_hash`] over a growing conversation: push each
 /// message once, finish as often as needed.
 #[derive(Clone)]
 pub struct RequestHasher {
     sha: Sha256,
     messages: usize,
+    /// Bytes hashed for the messages so far.
+    bytes: u64,
 }
 
 impl Default for RequestHasher {
@@ -115,7 +127,11 @@ impl RequestHasher {
     pub fn new() -> Self {
         let mut sha = Sha256::new();
         sha.update(b"warden-model-request-v2\n");
-        RequestHasher { sha, messages: 0 }
+        RequestHasher {
+            sha,
+            messages: 0,
+            bytes: 0,
+        }
     }
 
     /// How many messages were pushed.
@@ -126,36 +142,51 @@ impl RequestHasher {
     /// Adds the next message of the conversation.
     pub fn push(&mut self, message: &Message) {
         let value = serde_json::to_value(message).expect("a message serializes to JSON");
-        self.sha.update(canonical_json(&value).as_bytes());
+        let text = canonical_json(&value);
+        self.sha.update(text.as_bytes());
         self.sha.update(b"\n");
         self.messages += 1;
+        self.bytes += text.len() as u64 + 1;
+    }
+
+    /// The bytes [`finish`](Self::finish) would hash after the domain tag:
+    /// the messages pushed so far and the rest of `request`.
+    pub fn size(&self, request: &ModelRequest) -> u64 {
+        self.bytes + END.len() as u64 + canonical_json(&rest_of(request)).len() as u64
     }
 
     /// The hash of `request` with the messages pushed so far in place of
     /// its own (which are ignored).
     pub fn finish(&self, request: &ModelRequest) -> RequestHash {
-        #[derive(serde::Serialize)]
-        struct Rest<'a> {
-            model: &'a str,
-            instructions: &'a str,
-            #[serde(skip_serializing_if = "str::is_empty")]
-            context: &'a str,
-            tools: &'a [ToolSpec],
-            max_tokens: u32,
-        }
-        let rest = serde_json::to_value(Rest {
-            model: &request.model,
-            instructions: &request.instructions,
-            context: &request.context,
-            tools: &request.tools,
-            max_tokens: request.max_tokens,
-        })
-        .expect("a model request serializes to JSON");
         let mut sha = self.sha.clone();
-        sha.update(b"end\n");
-        sha.update(canonical_json(&rest).as_bytes());
+        sha.update(END);
+        sha.update(canonical_json(&rest_of(request)).as_bytes());
         RequestHash::from_hex(hex::encode(sha.finalize()))
     }
+}
+
+/// The line between a request's messages and the rest, in its hash.
+const END: &[u8] = b"end\n";
+
+/// A request without its messages, as its hash covers it.
+fn rest_of(request: &ModelRequest) -> Value {
+    #[derive(serde::Serialize)]
+    struct Rest<'a> {
+        model: &'a str,
+        instructions: &'a str,
+        #[serde(skip_serializing_if = "str::is_empty")]
+        context: &'a str,
+        tools: &'a [ToolSpec],
+        max_tokens: u32,
+    }
+    serde_json::to_value(Rest {
+        model: &request.model,
+        instructions: &request.instructions,
+        context: &request.context,
+        tools: &request.tools,
+        max_tokens: request.max_tokens,
+    })
+    .expect("a model request serializes to JSON")
 }
 
 #[cfg(test)]

@@ -569,6 +569,7 @@ mod tests {
             random_seed: 2,
             agent_file: None,
             session: None,
+            limits: None,
         })
     }
 

@@ -15,7 +15,7 @@
 //! | next call names no tool, or its arguments fail the tool's schema | [`Action::RejectToolCall`] |
 //! | next call pending, a `before_tool_call` policy has not decided | [`Action::ConsultPolicy`] |
 //! | next call is a human tool                   | [`Action::Park`] (suspend, with the answer's schema) |
-//! | next call pending, budget used up           | [`Action::Park`] (budget exceeded) |
+//! | next call pending, budget used up, or a model budget crossed | [`Action::Park`] (budget exceeded) |
 //! | next call pending, wall-time budget, clock stale | [`Action::ObserveClock`] |
 //! | next call pending and needs approval        | [`Action::RequestApproval`] |
 //! | next call pending (no approval) or approved | [`Action::CallTool`] with frozen arguments |
@@ -34,6 +34,7 @@
 //! | … a context source is due (each step, or once per turn) | [`Action::ResolveContext`] |
 //! | … a new step's prompt over the agent's budget, something left to cut, no failure this step | [`Action::Compact`] |
 //! | otherwise (start, or every call settled)    | budgets, then [`Action::CallModel`] for the next step |
+//! | a model call or compaction not yet made whose input alone would cross the input-token or cost budget | [`Action::Park`] (budget exceeded, with what it needed) |
 //!
 //! Budgets are checked before every effect in [`BudgetKind::ORDER`]; see
 //! [`super::budget`] for which apply to which effect. Wall time is only
@@ -48,8 +49,10 @@
 
 use serde_json::Value;
 
-use super::budget::{BudgetKind, BudgetOverrun, Pricing, first_exhausted};
-use super::canonical::request_hash;
+use super::budget::{
+    BudgetKind, BudgetOverrun, Pricing, first_crossed, first_exhausted, input_overrun,
+};
+use super::canonical::{RequestHasher, request_hash, request_size};
 use super::compaction::{cut, estimate_tokens, request as compaction_request};
 use super::context::{ContextOutcome, ContextState, OnContextError, ResolveWhen};
 use super::events::{
@@ -151,6 +154,10 @@ pub struct ModelCall {
     pub request: ModelRequest,
     /// Its hash.
     pub request_hash: RequestHash,
+    /// How many bytes its hash covers ([`request_size`]): what its input
+    /// is estimated from. 0 when the request was built without its
+    /// messages.
+    pub request_size: u64,
     /// Whether the intent is already in the log (a crash came between it
     /// and the completion): then make the call without recording a new
     /// intent. [`replay`](super::replay::replay) has compared the recorded
@@ -409,8 +416,8 @@ impl ApprovalRequest {
     }
 
     /// The event to record for what the preflight returned (`None` when no
-    /// preflight ran).
-    pub fn event(&self, preflight: Option<(&PreflightOutcome, UsageReceipt)>) -> Event {
+    /// preflight ran), at the clock reading `at_ms`: the run parks there.
+    pub fn event(&self, preflight: Option<(&PreflightOutcome, UsageReceipt)>, at_ms: u64) -> Event {
         let (preview, preflight_error, receipt) = match preflight {
             None => (None, None, None),
             Some((Ok(Ok(p)), receipt)) => (Some(Preview::from(p)), None, Some(receipt)),
@@ -423,6 +430,7 @@ impl ApprovalRequest {
             preview,
             preflight_error,
             receipt,
+            at_ms: Some(at_ms),
         })
     }
 }
@@ -504,6 +512,14 @@ const TOOL_BUDGETS: [BudgetKind; 3] = [
     BudgetKind::Fuel,
     BudgetKind::WallTime,
 ];
+/// Budgets that must not be crossed (over, not merely at, the limit) for a
+/// tool call or its approval request to start: the model call that crossed
+/// one starts none of the tool calls it asked for.
+const CROSSED_BEFORE_TOOLS: [BudgetKind; 3] = [
+    BudgetKind::InputTokens,
+    BudgetKind::OutputTokens,
+    BudgetKind::Cost,
+];
 
 /// The next action of the run in `state`, for the agent `view`.
 pub fn decide(state: &RunState, view: &AgentView) -> Action {
@@ -521,8 +537,37 @@ pub(crate) enum RequestDetail {
     Frame,
 }
 
-/// [`decide`], building model requests in `detail`.
+/// [`decide`], building model requests in `detail`. With
+/// [`RequestDetail::Frame`], a new model call's input is not checked
+/// against the budgets (its size is not known here): the caller does it
+/// with [`input_gate`] once it knows the size.
 pub(crate) fn decide_with(state: &RunState, view: &AgentView, detail: RequestDetail) -> Action {
+    let action = decide_unchecked(state, view, detail);
+    let size = match &action {
+        Action::CallModel(call) if !call.recorded && detail == RequestDetail::Full => {
+            call.request_size
+        }
+        Action::Compact(call) if !call.recorded => request_size(&call.request),
+        _ => return action,
+    };
+    input_gate(state, view, size).unwrap_or(action)
+}
+
+/// Parks the run, when a model call whose request is `request_size` bytes
+/// (of what its hash covers) would cross the input-token or cost budget by
+/// its input alone: its input is estimated at a token per 4 bytes.
+pub(crate) fn input_gate(state: &RunState, view: &AgentView, request_size: u64) -> Option<Action> {
+    let limits = state.effective_limits(&view.budgets);
+    input_overrun(
+        request_size.div_ceil(4),
+        &state.usage,
+        &limits,
+        view.pricing.as_ref(),
+    )
+    .map(|overrun| Action::Park(Park::BudgetExceeded(overrun)))
+}
+
+fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -> Action {
     if state.terminal.is_some() {
         return Action::Idle(Idle::Terminal(state.status()));
     }
@@ -872,7 +917,7 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
                     }
                 },
             };
-            gated(state, view, &TOOL_BUDGETS, || {
+            gated_tool(state, view, || {
                 if *needs_approval && matches!(progress, ToolCallProgress::Pending) {
                     Action::RequestApproval(ApprovalRequest {
                         call_id: call.call_id.clone(),
@@ -949,6 +994,15 @@ fn policy_gates(state: &RunState, view: &AgentView) -> Option<Action> {
     }
 }
 
+/// [`gated`] for a tool call: a model budget crossed parks the run too.
+fn gated_tool(state: &RunState, view: &AgentView, then: impl FnOnce() -> Action) -> Action {
+    let limits = state.effective_limits(&view.budgets);
+    if let Some(overrun) = first_crossed(&CROSSED_BEFORE_TOOLS, &state.usage, &limits) {
+        return Action::Park(Park::BudgetExceeded(overrun));
+    }
+    gated(state, view, &TOOL_BUDGETS, then)
+}
+
 /// `then()` unless a budget in `kinds` is used up (park) or the wall time
 /// must be read first.
 fn gated(
@@ -986,15 +1040,20 @@ fn model_call(
     detail: RequestDetail,
 ) -> ModelCall {
     let max_tokens = max_tokens(state, view);
-    let (request, request_hash) = match detail {
+    let (request, request_hash, request_size) = match detail {
         RequestDetail::Full => {
             let request = build_request(state, view, max_tokens);
-            let hash = request_hash(&request);
-            (request, hash)
+            let mut hasher = RequestHasher::new();
+            for message in &request.messages {
+                hasher.push(message);
+            }
+            let (hash, size) = (hasher.finish(&request), hasher.size(&request));
+            (request, hash, size)
         }
         RequestDetail::Frame => (
             request_frame(state, view, max_tokens),
             RequestHash::from_hex(String::new()),
+            0,
         ),
     };
     ModelCall {
@@ -1002,6 +1061,7 @@ fn model_call(
         attempt,
         request,
         request_hash,
+        request_size,
         recorded,
     }
 }

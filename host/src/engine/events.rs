@@ -19,7 +19,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::budget::{BudgetLimits, BudgetOverrun, Pricing};
+use super::budget::{BudgetLimits, BudgetOverrun, Pricing, RecordedLimits};
 pub use super::channels::{
     DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
 };
@@ -349,6 +349,29 @@ impl std::fmt::Display for EventKind {
 }
 
 impl Event {
+    /// The injected clock's reading the event carries, if any. Wall time is
+    /// measured between readings, parked time excluded (see
+    /// [`RunState`](super::state::RunState)).
+    pub fn clock_reading(&self) -> Option<u64> {
+        match self {
+            Event::ClockObserved(c) => Some(c.at_ms),
+            Event::ContextResolved(c) => Some(c.at_ms),
+            Event::ContextFailed(c) => Some(c.at_ms),
+            Event::ModelCallCompleted(c) => c.at_ms,
+            Event::ModelCallFailed(f) => f.at_ms,
+            Event::WaitEnded(e) => Some(e.at_ms),
+            Event::ApprovalRequested(e) => e.at_ms,
+            Event::ApprovalGranted(e) => e.at_ms,
+            Event::ApprovalDenied(e) => e.at_ms,
+            Event::Resumed(e) => e.at_ms,
+            Event::BudgetExtended(e) => e.at_ms,
+            Event::ExternalCallCompleted(e) => e.at_ms,
+            Event::ToolCallResolved(e) => e.at_ms,
+            Event::Reconciled(e) => e.at_ms,
+            _ => None,
+        }
+    }
+
     /// The event's kind.
     pub fn kind(&self) -> EventKind {
         match self {
@@ -431,6 +454,12 @@ pub struct RunStarted {
     /// when it started. Omitted for a run outside any session.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub session: Option<SessionStart>,
+    /// The limits in force when the run started: its budgets (raised later
+    /// only by recorded extensions), its input-size cap and its cost's
+    /// currency. Omitted in logs written before they were recorded (the
+    /// agent's limits apply then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limits: Option<RecordedLimits>,
 }
 
 /// The session part of [`RunStarted`]: which session, and the transcripts of
@@ -697,6 +726,11 @@ pub struct ExternalCallCompleted {
     /// Who reported it. Omitted when not given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::ToolCallDeduplicated`].
@@ -875,6 +909,11 @@ pub struct ToolCallResolved {
     /// What they found, for the audit trail. Omitted when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::ApprovalRequested`].
@@ -895,6 +934,11 @@ pub struct ApprovalRequested {
     /// The preflight lease's receipt. Omitted when no lease ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<UsageReceipt>,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// What a preflight shows the approver.
@@ -925,6 +969,11 @@ pub struct ApprovalGranted {
     pub call_id: CallId,
     /// Who approved.
     pub by: String,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::ApprovalDenied`].
@@ -937,6 +986,11 @@ pub struct ApprovalDenied {
     pub by: String,
     /// Why; the model sees it.
     pub reason: String,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::Suspended`].
@@ -960,6 +1014,11 @@ pub struct Resumed {
     /// Who gave it. Omitted when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::BudgetExceeded`].
@@ -974,6 +1033,11 @@ pub struct BudgetExtended {
     /// Who extended. Omitted when unknown.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub by: Option<String>,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::ClockObserved`].
@@ -1366,6 +1430,11 @@ pub struct Reconciled {
     /// What they found. Omitted when none.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub note: Option<String>,
+    /// The injected clock's reading when it was recorded (wall time stops
+    /// while the run is parked, and goes on from a human's act). Omitted in
+    /// logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
 }
 
 /// [`Event::RunAbandoned`].
@@ -1573,6 +1642,7 @@ pub(crate) mod tests {
             random_seed: 2,
             agent_file: Some("/agents/demo.toml".into()),
             session: None,
+            limits: None,
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1610,6 +1680,7 @@ pub(crate) mod tests {
                     },
                 ],
             }),
+            limits: None,
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1650,6 +1721,7 @@ pub(crate) mod tests {
                     random_seed: 42,
                     agent_file: None,
                     session: None,
+                    limits: None,
                 }),
                 r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"read my notes","labels":{"team":"ops"},"clock_seed_ms":1700000000000,"random_seed":42}}"#,
             ),
@@ -1735,6 +1807,7 @@ pub(crate) mod tests {
                     by: "alice".into(),
                     output: json!({"written": 2}),
                     note: Some("file is there".into()),
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"tool_call_resolved","call_id":"call-1-1","by":"alice","output":{"written":2},"note":"file is there"}}"#,
             ),
@@ -1748,6 +1821,7 @@ pub(crate) mod tests {
                     }),
                     preflight_error: None,
                     receipt: Some(receipt(500)),
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"approval_requested","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"preview":{"summary":"write 2 bytes to a.txt","detail":"+hi"},"receipt":{"outcome":"ok","fuel_consumed":500,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
             ),
@@ -1755,6 +1829,7 @@ pub(crate) mod tests {
                 Event::ApprovalGranted(ApprovalGranted {
                     call_id: CallId::new(1, 1),
                     by: "alice".into(),
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"approval_granted","call_id":"call-1-1","by":"alice"}}"#,
             ),
@@ -1763,6 +1838,7 @@ pub(crate) mod tests {
                     call_id: CallId::new(1, 1),
                     by: "bob".into(),
                     reason: "not that file".into(),
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"approval_denied","call_id":"call-1-1","by":"bob","reason":"not that file"}}"#,
             ),
@@ -1778,6 +1854,7 @@ pub(crate) mod tests {
                 Event::Resumed(Resumed {
                     input: json!("notes.txt"),
                     by: Some("alice".into()),
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"resumed","input":"notes.txt","by":"alice"}}"#,
             ),
@@ -1786,6 +1863,7 @@ pub(crate) mod tests {
                     budget: BudgetKind::Steps,
                     used: 10,
                     limit: 10,
+                    needed: None,
                 }),
                 r#"{"v":1,"event":{"type":"budget_exceeded","budget":"steps","used":10,"limit":10}}"#,
             ),
@@ -1796,6 +1874,7 @@ pub(crate) mod tests {
                         ..BudgetLimits::default()
                     },
                     by: None,
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"budget_extended","limits":{"steps":20}}}"#,
             ),
@@ -1878,6 +1957,7 @@ pub(crate) mod tests {
                     call_id: CallId::new(3, 1),
                     output: json!({"invoice_id": "inv-1", "status": "paid"}),
                     by: Some("billing-service".into()),
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"external_call_completed","call_id":"call-3-1","output":{"invoice_id":"inv-1","status":"paid"},"by":"billing-service"}}"#,
             ),
@@ -2029,6 +2109,7 @@ pub(crate) mod tests {
                 Event::Reconciled(Reconciled {
                     by: "ops".into(),
                     note: None,
+                    at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"reconciled","by":"ops"}}"#,
             ),

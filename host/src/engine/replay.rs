@@ -27,7 +27,7 @@
 use super::canonical::RequestHasher;
 use super::channels::next_delivery;
 use super::compaction::summary_message;
-use super::decide::{Action, Park, RequestDetail, decide_with};
+use super::decide::{Action, Park, RequestDetail, decide_with, input_gate};
 use super::events::{Event, EventKind};
 use super::ids::AgentDigest;
 use super::state::{FoldError, RunState, fold};
@@ -125,6 +125,7 @@ pub fn replay(
         }
         if is_decision(event) {
             let mut action = decide_with(&state, view, RequestDetail::Frame);
+            let mut input_refused = None;
             if let Action::CallModel(call) = &mut action {
                 let conversation = state.conversation();
                 let summary = state.compaction.summary.as_ref();
@@ -143,6 +144,17 @@ pub fn replay(
                 }
                 hashed_to = conversation.len();
                 call.request_hash = hasher.finish(&call.request);
+                call.request_size = hasher.size(&call.request);
+                // The input check `decide` leaves to whoever knows the
+                // request's size.
+                if !call.recorded
+                    && let Some(park) = input_gate(&state, view, call.request_size)
+                {
+                    input_refused = Some(park);
+                }
+            }
+            if let Some(park) = input_refused {
+                action = park;
             }
             if !agrees(&action, event, options) {
                 return Err(ReplayError::Divergence {

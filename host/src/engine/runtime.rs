@@ -28,6 +28,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, AgentError};
+use super::budget::{InputTooLarge, check_input_size};
 use super::channels::{
     Channel, Delivery, DeliveryError, DeliveryFailed, DeliveryIntent, next_delivery, outcome_error,
     owed_count, settle,
@@ -255,6 +256,15 @@ pub enum RuntimeError {
         run_id: RunId,
         /// Where and why.
         error: FoldError,
+    },
+    /// An input (of a new run, or given to a parked one) is over the
+    /// agent's size cap; nothing was written.
+    #[error("{}{error}", run_id.as_ref().map(|r| format!("run `{r}`: ")).unwrap_or_default())]
+    InputTooLarge {
+        /// The run, when the input was for a run that exists.
+        run_id: Option<RunId>,
+        /// The sizes.
+        error: InputTooLarge,
     },
     /// The agent's plugins cannot be loaded or do not fit together.
     #[error("agent `{agent}`: {message}")]
@@ -808,6 +818,12 @@ impl Runtime {
         status: &str,
         session_id: Option<&SessionId>,
     ) -> Result<RunId, RuntimeError> {
+        check_input_size(&input, agent.max_input_bytes).map_err(|error| {
+            RuntimeError::InputTooLarge {
+                run_id: None,
+                error,
+            }
+        })?;
         // Load the plugins first: an agent that cannot run is refused before
         // anything is recorded.
         self.prepare(agent).await?;
@@ -858,6 +874,7 @@ impl Runtime {
                     .filter(|p| !p.is_empty())
                     .map(str::to_owned),
                 session,
+                limits: Some(agent.recorded_limits()),
             });
             let meta = RunMeta {
                 agent: agent.name.clone(),
@@ -983,13 +1000,24 @@ impl Runtime {
                 needed: "suspended or budget_exceeded",
             });
         }
-        let event = log
+        let limit = log.state.max_input_bytes(agent.max_input_bytes);
+        check_input_size(&input, limit).map_err(|error| RuntimeError::InputTooLarge {
+            run_id: Some(run_id.clone()),
+            error,
+        })?;
+        let mut event = log
             .state
             .check_resume(&agent.budgets, &input, by)
             .map_err(|error| RuntimeError::InputRejected {
                 run_id: run_id.clone(),
                 error,
             })?;
+        let now = self.inner.clock.now_ms();
+        match &mut event {
+            Event::Resumed(e) => e.at_ms = Some(now),
+            Event::BudgetExtended(e) => e.at_ms = Some(now),
+            _ => {}
+        }
         let mut log = log;
         self.append(&mut log, vec![event]).await?;
         Ok(log.state.status())
@@ -1007,6 +1035,7 @@ impl Runtime {
         let event = Event::ApprovalGranted(ApprovalGranted {
             call_id: call_id.clone(),
             by: by.to_owned(),
+            at_ms: Some(self.inner.clock.now_ms()),
         });
         self.append(&mut log, vec![event]).await
     }
@@ -1025,6 +1054,7 @@ impl Runtime {
             call_id: call_id.clone(),
             by: by.to_owned(),
             reason: reason.to_owned(),
+            at_ms: Some(self.inner.clock.now_ms()),
         });
         self.append(&mut log, vec![event]).await
     }
@@ -1085,6 +1115,7 @@ impl Runtime {
             call_id: call_id.clone(),
             output,
             by,
+            at_ms: Some(self.inner.clock.now_ms()),
         });
         self.append(&mut log, vec![event]).await
     }
@@ -1160,6 +1191,7 @@ impl Runtime {
             let event = Event::Reconciled(Reconciled {
                 by: by.to_owned(),
                 note,
+                at_ms: Some(self.inner.clock.now_ms()),
             });
             return self.append(&mut log, vec![event]).await;
         }
@@ -1185,6 +1217,7 @@ impl Runtime {
             by: by.to_owned(),
             output,
             note,
+            at_ms: Some(self.inner.clock.now_ms()),
         });
         self.append_with(&mut log, vec![event], settlement.as_ref())
             .await
@@ -1775,7 +1808,10 @@ impl Runtime {
         if matches!(&leased.result, Err(e) if e.failure == LeaseFailure::Cancelled) {
             return self.record_cancel(log, driver, None).await;
         }
-        let event = request.event(Some((&leased.result, leased.receipt)));
+        let event = request.event(
+            Some((&leased.result, leased.receipt)),
+            self.inner.clock.now_ms(),
+        );
         self.append(log, vec![event]).await?;
         Ok(Step::Progressed)
     }

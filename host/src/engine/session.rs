@@ -216,6 +216,7 @@ mod tests {
             random_seed: 1,
             agent_file: None,
             session: Some(session),
+            limits: None,
         }
     }
 

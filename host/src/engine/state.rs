@@ -16,7 +16,9 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
 
-use super::budget::{BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, parse_extension};
+use super::budget::{
+    BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, RecordedLimits, parse_extension,
+};
 use super::channels::{Deliveries, InFlightDelivery};
 use super::compaction::{CompactionProgress, Summary};
 use super::context::ContextState;
@@ -168,6 +170,9 @@ pub struct RunState {
     pub event_count: usize,
     /// What it has used.
     pub usage: BudgetUsage,
+    /// The limits in force when it started, as recorded (`None` in logs
+    /// written before they were recorded).
+    pub limits: Option<RecordedLimits>,
     /// Budget limits raised by humans, replacing the agent's.
     pub extensions: BudgetLimits,
     /// The latest clock reading, in milliseconds since the Unix epoch.
@@ -760,6 +765,7 @@ impl RunState {
             random_seed: started.random_seed,
             event_count: 1,
             usage: BudgetUsage::default(),
+            limits: started.limits.clone(),
             extensions: BudgetLimits::default(),
             last_clock_ms: None,
             clock_fresh: false,
@@ -927,9 +933,27 @@ impl RunState {
             .find(|c| &c.call_id == call_id)
     }
 
-    /// The agent's `limits` with the recorded extensions applied.
+    /// The budgets in force: those recorded when the run started (else,
+    /// in a log that does not record them, the agent's `limits`), with the
+    /// recorded extensions applied.
     pub fn effective_limits(&self, limits: &BudgetLimits) -> BudgetLimits {
-        limits.overridden_by(&self.extensions)
+        self.limits
+            .as_ref()
+            .map_or(limits, |recorded| &recorded.budgets)
+            .overridden_by(&self.extensions)
+    }
+
+    /// The input-size cap in force: the recorded one, else the agent's
+    /// `max_input_bytes`.
+    pub fn max_input_bytes(&self, max_input_bytes: u64) -> u64 {
+        self.limits
+            .as_ref()
+            .map_or(max_input_bytes, |recorded| recorded.max_input_bytes)
+    }
+
+    /// The currency cost is counted in, when the log records it.
+    pub fn currency(&self) -> Option<&str> {
+        self.limits.as_ref().and_then(|l| l.currency.as_deref())
     }
 
     /// The conversation the model sees: the session history recorded when
@@ -967,7 +991,7 @@ impl RunState {
             .effective_limits(limits)
             .overridden_by(&extension)
             .get(overrun.budget);
-        if effective.is_some_and(|limit| limit <= overrun.used) {
+        if effective.is_some_and(|limit| limit < overrun.least_lifting_limit()) {
             return Err(ExtensionError::TooSmall {
                 needed: overrun,
                 given,
@@ -976,6 +1000,7 @@ impl RunState {
         Ok(BudgetExtended {
             limits: extension,
             by,
+            at_ms: None,
         })
     }
 
@@ -997,6 +1022,7 @@ impl RunState {
                 Ok(Event::Resumed(Resumed {
                     input: input.clone(),
                     by,
+                    at_ms: None,
                 }))
             }
             Some(Parked::Budget(_)) => self
@@ -1019,10 +1045,31 @@ impl RunState {
             problem,
         })?;
         self.deliveries.note(position as u64, event);
+        let parked_before = self.parked().is_some();
         self.update(event);
+        if let Some(at) = event.clock_reading() {
+            self.observe_clock(at, parked_before);
+        }
         self.clock_fresh = matches!(event, Event::ClockObserved(_));
         self.event_count += 1;
         Ok(())
+    }
+
+    /// Counts the time up to the clock reading `at` as active unless the
+    /// run was parked until this event: then the time since the last
+    /// reading (the park, up to the act or event that ended it) is not
+    /// counted. Any park counts, whatever ended it, so wall time is active
+    /// time however a run comes to wait.
+    fn observe_clock(&mut self, at: u64, parked_before: bool) {
+        if !parked_before {
+            let since = self.last_clock_ms.unwrap_or(self.clock_seed_ms);
+            self.usage.wall_time_ms = self
+                .usage
+                .wall_time_ms
+                .saturating_add(at.saturating_sub(since));
+        }
+        // A reading behind the last one (a clock set back) moves nothing.
+        self.last_clock_ms = Some(self.last_clock_ms.map_or(at, |last| last.max(at)));
     }
 
     fn parked_problem(&self) -> Result<(), FoldProblem> {
@@ -1580,14 +1627,6 @@ impl RunState {
                 };
             }
             Event::ModelCallCompleted(c) => {
-                if let Some(at) = c.at_ms {
-                    // The call's time counts up to when its answer arrived.
-                    self.last_clock_ms = Some(at);
-                    self.usage.wall_time_ms = self
-                        .usage
-                        .wall_time_ms
-                        .max(at.saturating_sub(self.clock_seed_ms));
-                }
                 let u = &mut self.usage;
                 u.steps += 1;
                 u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
@@ -1712,10 +1751,8 @@ impl RunState {
                 self.extensions = self.extensions.overridden_by(&e.limits);
                 self.budget_exceeded = None;
             }
-            Event::ClockObserved(c) => {
-                self.last_clock_ms = Some(c.at_ms);
-                self.usage.wall_time_ms = c.at_ms.saturating_sub(self.clock_seed_ms);
-            }
+            // Readings are counted in `apply`.
+            Event::ClockObserved(_) => {}
             Event::RandomObserved(r) => self.random_values.push(r.value),
             Event::WaitStarted(w) => {
                 self.wait = Some(RetryWait {

@@ -124,6 +124,7 @@ fn started() -> Event {
         random_seed: 7,
         agent_file: None,
         session: None,
+        limits: None,
     })
 }
 
@@ -241,6 +242,7 @@ fn approval(step: u32, n: usize, name: &str) -> Event {
         preview: None,
         preflight_error: None,
         receipt: Some(receipt(50)),
+        at_ms: None,
     })
 }
 
@@ -248,6 +250,7 @@ fn granted(step: u32, n: usize) -> Event {
     Event::ApprovalGranted(ApprovalGranted {
         call_id: CallId::new(step, n),
         by: "alice".into(),
+        at_ms: None,
     })
 }
 
@@ -256,6 +259,7 @@ fn denied(step: u32, n: usize) -> Event {
         call_id: CallId::new(step, n),
         by: "bob".into(),
         reason: "not that file".into(),
+        at_ms: None,
     })
 }
 
@@ -268,7 +272,11 @@ fn suspended(step: u32, n: usize) -> Event {
 }
 
 fn resumed(input: Value) -> Event {
-    Event::Resumed(Resumed { input, by: None })
+    Event::Resumed(Resumed {
+        input,
+        by: None,
+        at_ms: None,
+    })
 }
 
 fn exceeded(budget: BudgetKind, used: u64, limit: u64) -> Event {
@@ -276,11 +284,16 @@ fn exceeded(budget: BudgetKind, used: u64, limit: u64) -> Event {
         budget,
         used,
         limit,
+        needed: None,
     })
 }
 
 fn extended(limits: BudgetLimits) -> Event {
-    Event::BudgetExtended(BudgetExtended { limits, by: None })
+    Event::BudgetExtended(BudgetExtended {
+        limits,
+        by: None,
+        at_ms: None,
+    })
 }
 
 fn clock(at_ms: u64) -> Event {
@@ -293,6 +306,7 @@ fn resolved(step: u32, n: usize) -> Event {
         by: "alice".into(),
         output: json!({"written": true}),
         note: None,
+        at_ms: None,
     })
 }
 
@@ -1475,8 +1489,167 @@ fn budgets_park_in_the_fixed_order_before_each_effect() {
             limits(|l| l.tool_calls = Some(1)),
             "call_tool call-1-1 fs.read_file read recorded=true",
         ),
+        (
+            "a model call that crossed the cost budget starts none of its tool calls",
+            one_read(),
+            limits(|l| l.cost_nanos = Some(4)),
+            "park budget cost 5/4",
+        ),
+        (
+            "… nor its approval requests",
+            log(vec![
+                model(1, 1),
+                answer(1, "", &[("fs__write_file", write_args())]),
+            ]),
+            limits(|l| l.output_tokens = Some(9)),
+            "park budget output_tokens 10/9",
+        ),
+        (
+            "a model budget reached, not crossed, lets the tool calls run",
+            one_read(),
+            limits(|l| {
+                l.cost_nanos = Some(5);
+                l.input_tokens = Some(10);
+                l.output_tokens = Some(10);
+            }),
+            "call_tool call-1-1 fs.read_file read recorded=false",
+        ),
+        (
+            "a first model call whose input alone would cross the input tokens is not made",
+            log(vec![]),
+            limits(|l| l.input_tokens = Some(5)),
+            "park budget input_tokens 0/5",
+        ),
     ];
     assert_decisions(cases);
+}
+
+#[test]
+fn a_model_call_whose_input_alone_would_cross_a_budget_parks_with_what_it_needed() {
+    let pricing = Pricing {
+        currency: "USD".into(),
+        input_micros_per_million: 3_000_000,
+        output_micros_per_million: 0,
+    };
+    let state = fold(&log(vec![])).unwrap();
+    let roomy = AgentView {
+        pricing: Some(pricing.clone()),
+        ..view_with(BudgetLimits {
+            cost_nanos: Some(1_000_000_000),
+            ..BudgetLimits::default()
+        })
+    };
+    let Action::CallModel(call) = decide(&state, &roomy) else {
+        panic!("a call within the budget is made")
+    };
+    assert!(call.request_size > 0);
+    // The same request against a cost budget smaller than its input's price.
+    let estimate = call.request_size.div_ceil(4);
+    let price = estimate * 3_000;
+    let tight = AgentView {
+        budgets: BudgetLimits {
+            cost_nanos: Some(price - 1),
+            ..BudgetLimits::default()
+        },
+        ..roomy.clone()
+    };
+    let action = decide(&state, &tight);
+    assert_eq!(
+        action,
+        Action::Park(Park::BudgetExceeded(BudgetOverrun {
+            budget: BudgetKind::Cost,
+            used: 0,
+            limit: price - 1,
+            needed: Some(price),
+        }))
+    );
+    // Recorded, the park replays; an extension must cover what was needed.
+    let mut events = log(vec![]);
+    events.push(action.event().unwrap());
+    let parked = replay(&events, &tight, ReplayOptions::default()).unwrap();
+    assert_eq!(parked.status(), RunStatus::BudgetExceeded);
+    let err = parked
+        .check_extension(&tight.budgets, &json!({"max_cost": 0.0}), None)
+        .unwrap_err();
+    assert!(matches!(err, ExtensionError::TooSmall { .. }), "{err}");
+    assert!(
+        err.to_string()
+            .contains("what the refused model call needs"),
+        "{err}"
+    );
+    let extension = parked
+        .check_extension(&tight.budgets, &json!({"max_cost": 1.0}), None)
+        .unwrap();
+    events.push(Event::BudgetExtended(extension));
+    let state = replay(&events, &tight, ReplayOptions::default()).unwrap();
+    assert!(matches!(decide(&state, &tight), Action::CallModel(_)));
+}
+
+#[test]
+fn wall_time_is_active_time_and_a_park_does_not_count_whatever_ends_it() {
+    // The run's seed is 10_000. Each park lasts a day; the human acts are
+    // stamped with the clock.
+    const DAY: u64 = 86_400_000;
+    let at = |mut e: Event, ms: u64| {
+        match &mut e {
+            Event::ApprovalRequested(x) => x.at_ms = Some(ms),
+            Event::ApprovalGranted(x) => x.at_ms = Some(ms),
+            Event::ApprovalDenied(x) => x.at_ms = Some(ms),
+            Event::Resumed(x) => x.at_ms = Some(ms),
+            Event::BudgetExtended(x) => x.at_ms = Some(ms),
+            Event::ToolCallResolved(x) => x.at_ms = Some(ms),
+            Event::ModelCallCompleted(x) => x.at_ms = Some(ms),
+            _ => unreachable!(),
+        }
+        e
+    };
+    let approved = log(vec![
+        clock(11_000),
+        model(1, 1),
+        at(answer(1, "", &[("fs__write_file", write_args())]), 12_000),
+        clock(12_500),
+        at(approval(1, 1, "fs__write_file"), 12_600),
+        at(granted(1, 1), 12_600 + DAY),
+        clock(13_000 + DAY),
+    ]);
+    let state = fold(&approved).unwrap();
+    // 1s to the first reading, 1s for the model call, 0.6s to the park,
+    // then 0.4s after the approval.
+    assert_eq!(state.usage.wall_time_ms, 3_000);
+    let five_seconds = view_with(BudgetLimits {
+        wall_time_ms: Some(5_000),
+        ..BudgetLimits::default()
+    });
+    assert_eq!(
+        shape(&decide(&state, &five_seconds)),
+        "call_tool call-1-1 fs.write_file write recorded=false"
+    );
+    // Suspended for input, then over budget: each park is left out.
+    let parked_twice = log(vec![
+        model(1, 1),
+        at(answer(1, "", &[("ask", json!({}))]), 11_000),
+        suspended(1, 1),
+        at(resumed(json!("yes")), 11_000 + DAY),
+        clock(12_000 + DAY),
+        exceeded(BudgetKind::Steps, 1, 1),
+        at(
+            extended(BudgetLimits {
+                steps: Some(2),
+                ..BudgetLimits::default()
+            }),
+            12_000 + 2 * DAY,
+        ),
+        clock(12_500 + 2 * DAY),
+    ]);
+    assert_eq!(fold(&parked_twice).unwrap().usage.wall_time_ms, 2_500);
+    // A write with no recorded outcome waits for a human too.
+    let mut resolved_later = dangling_write();
+    resolved_later.push(at(resolved(1, 1), 10_000 + DAY));
+    resolved_later.push(clock(10_700 + DAY));
+    assert_eq!(fold(&resolved_later).unwrap().usage.wall_time_ms, 700);
+    // A clock set back counts nothing, and what was counted stays.
+    let back = log(vec![clock(11_000), clock(10_500), clock(11_200)]);
+    assert_eq!(fold(&back).unwrap().usage.wall_time_ms, 1_200);
 }
 
 #[test]
@@ -1496,7 +1669,7 @@ fn extensions_are_checked_against_the_overrun() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "the extension must raise `max_steps` above 3 (its usage), got 3"
+        "the extension must raise `max_steps` to at least 4 (more than was used), got 3"
     );
     let err = state
         .check_extension(&agent, &json!({"max_fuel": 10}), None)
@@ -1645,7 +1818,9 @@ impl Sim {
                     self.events
                         .push(invocation.completion(&outcome, receipt(100)));
                 }
-                Action::RequestApproval(request) => self.events.push(request.event(None)),
+                Action::RequestApproval(request) => {
+                    self.events.push(request.event(None, self.clock_ms))
+                }
                 Action::ObserveClock => {
                     self.clock_ms += 1000;
                     self.events.push(clock(self.clock_ms));
@@ -1806,6 +1981,7 @@ fn recovery_from_every_prefix_reaches_the_same_log_and_never_reruns_a_write() {
                         by: "alice".into(),
                         output: output.clone(),
                         note: None,
+                        at_ms: None,
                     }));
                 }
                 // A human act: the one the control run recorded next.
@@ -1958,7 +2134,8 @@ fn a_budgeted_run_reads_the_clock_before_each_effect_and_replays_identically() {
         Idle::BudgetExceeded(BudgetOverrun {
             budget: BudgetKind::WallTime,
             used: 5_000,
-            limit: 4_500
+            limit: 4_500,
+            needed: None,
         })
     );
     let kinds: Vec<&str> = sim.events.iter().map(|e| e.kind().as_str()).collect();
@@ -1995,10 +2172,12 @@ fn a_budgeted_run_reads_the_clock_before_each_effect_and_replays_identically() {
 
 #[test]
 fn a_cost_budget_uses_recorded_pricing() {
+    // Output is what costs: the input check lets the first call be made,
+    // and its answer crosses the budget.
     let pricing = Pricing {
         currency: "USD".into(),
-        input_micros_per_million: 1_000_000_000,
-        output_micros_per_million: 0,
+        input_micros_per_million: 0,
+        output_micros_per_million: 1_000_000_000,
     };
     let view = AgentView {
         pricing: Some(pricing.clone()),
@@ -2086,6 +2265,7 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
     sim.events.push(Event::ApprovalGranted(ApprovalGranted {
         call_id,
         by: "demo".into(),
+        at_ms: None,
     }));
     assert_eq!(sim.drive(), Idle::Terminal(RunStatus::Completed));
     // Every call the transcript makes names a tool the agent offers.
@@ -2139,7 +2319,8 @@ fn resume_input_is_validated_before_anything_is_recorded() {
         event,
         Event::Resumed(Resumed {
             input: json!({"file": "a.txt"}),
-            by: Some("alice".into())
+            by: Some("alice".into()),
+            at_ms: None,
         })
     );
     let mut resumed = state.clone();

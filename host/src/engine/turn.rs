@@ -593,6 +593,7 @@ mod tests {
             preview: None,
             preflight_error: None,
             receipt: None,
+            at_ms: None,
         });
         let expected = TurnEvent::ApprovalNeeded {
             call_id: CallId::new(1, 1),

@@ -8,6 +8,10 @@
 //! - `isolation`: leakage between leases, environment grants and redaction,
 //!   starvation, cancellation.
 //! - `loading`: the import allow-list, integrity pins, the component cache.
+//! - `budgets`: budgets through the runtime on the injected clock: a tool
+//!   call of an answer that crossed a budget never runs, a call whose input
+//!   alone would cross one is not made, parked time is not active time,
+//!   inputs over the cap are refused before anything is recorded.
 //! - `ceilings`: operator ceilings over a manifest's huge limits, and leases
 //!   bounded by what is left of their run's fuel and wall time.
 //! - `kinds`: context sources, channels and policies through their adapters.
@@ -65,6 +69,7 @@
 //! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
 //!   crashes, stalls and counts injected around appends.
 
+mod budgets;
 mod ceilings;
 mod channels;
 mod context;

@@ -395,6 +395,9 @@ async fn a_retry_after_beyond_the_cap_parks_the_run_until_it_is_due() {
             }))
         );
         assert_eq!(store.summary(&run).await.unwrap().wake_ms, None);
+        // The park is a parked interval: its two minutes are not wall time.
+        let state = rt.state(&run).await.unwrap();
+        assert_eq!(state.usage.wall_time_ms, 0, "{retry_after}");
     }
 }
 

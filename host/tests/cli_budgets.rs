@@ -1,0 +1,314 @@
+//! Budgets from the operator's side, with the real binary, the real SQLite
+//! store and the real plugins: parked time is not active time, a budget
+//! crossed by a model call starts none of its tool calls, a call whose input
+//! alone would cross the cost budget is not made, an input over the cap is
+//! refused before anything (even the store) exists, messages are in human
+//! units, and `runs show` reports the limits the log records.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::sync::Arc;
+
+use serde_json::Value;
+
+fn warden(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_warden"))
+        .args(args)
+        .current_dir(cwd)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-cli-test-cache"),
+        )
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_STORE")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// The quick start's demo (notes agent, transcript, notes folder) in a
+/// fresh directory.
+fn demo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    for file in ["notes.toml", "notes.transcript.toml"] {
+        std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("notes")).unwrap();
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    for entry in std::fs::read_dir(examples.join("notes")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            dir.path().join("notes").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+fn event_types(dir: &Path, run: &str) -> Vec<String> {
+    let out = warden(&["runs", "events", run], dir);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out)
+        .lines()
+        .map(|l| {
+            let v: Value = serde_json::from_str(l).unwrap();
+            v["event"]["type"].as_str().unwrap().to_owned()
+        })
+        .collect()
+}
+
+/// The quick start, approved 20 minutes after it parked: the run started
+/// and parked under a clock 20 minutes behind (the library's injected
+/// clock), the binary approves now. Its 5-minute wall-time budget counts
+/// only the time the run was active.
+#[test]
+fn approving_long_after_the_park_succeeds_within_the_wall_time_budget() {
+    use warden::engine::{Agent, FixedClock, FixedRandom, RunId, RunStatus, Runtime};
+    let dir = demo();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let twenty_minutes_ago = now - 20 * 60_000;
+    std::fs::create_dir(dir.path().join(".warden")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let store = Arc::new(
+            warden::store::SqliteStore::open(dir.path().join(".warden/warden.db")).unwrap(),
+        );
+        let sandbox = warden::sandbox::Sandbox::new(warden::sandbox::SandboxConfig {
+            cache_dir: Some(std::env::temp_dir().join("warden-cli-test-cache")),
+            ..Default::default()
+        })
+        .unwrap();
+        let runtime = Runtime::new(store, warden::plugins::PluginHost::new(sandbox)).with_hooks(
+            Arc::new(FixedClock(twenty_minutes_ago)),
+            Arc::new(FixedRandom(7)),
+        );
+        let agent = Agent::load(&dir.path().join("notes.toml"), None).unwrap();
+        let run = RunId::new("late").unwrap();
+        runtime
+            .start_with_id(&agent, run.clone(), serde_json::json!("Summarise my notes"))
+            .await
+            .unwrap();
+        assert_eq!(
+            runtime.drive(&run, &agent).await.unwrap(),
+            RunStatus::AwaitingApproval
+        );
+    });
+    let out = warden(
+        &["runs", "approve", "late", "call-3-1", "--by", "tester"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("run late: completed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(dir.path().join("notes/SUMMARY.md").exists());
+    // What the run used is active time: seconds, not the 20 minutes.
+    let out = warden(&["runs", "show", "late", "--json"], dir.path());
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    let used = shown["budget"]["wall_time"]["used"].as_u64().unwrap();
+    assert!(used < 60_000, "{used} ms counted");
+    assert_eq!(shown["budget"]["wall_time"]["limit"], 300_000);
+}
+
+/// The notes agent with a transcript whose first answer reports 200,000
+/// input tokens ($0.60 at $3 a million, against $0.50) and calls a tool.
+fn costly_demo() -> tempfile::TempDir {
+    let dir = demo();
+    std::fs::write(
+        dir.path().join("notes.transcript.toml"),
+        r#"
+[[turns]]
+text = "Let me see what is in the notes folder."
+usage = { input_tokens = 200_000, output_tokens = 10 }
+[[turns.tool_calls]]
+name = "fs__list_dir"
+
+[[turns]]
+text = "The folder holds one todo list."
+usage = { input_tokens = 10, output_tokens = 10 }
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn a_budget_crossed_mid_turn_runs_no_further_tool() {
+    let dir = costly_demo();
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "costly"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("! budget exceeded: cost: $0.60 used of $0.50"),
+        "{text}"
+    );
+    assert!(!text.contains("→ call-1-1"), "the tool call ran: {text}");
+    assert!(text.contains("run costly: budget_exceeded"), "{text}");
+    assert!(
+        text.contains(r#"warden runs resume costly --input '{"max_cost": <new limit>}'"#),
+        "{text}"
+    );
+    let types = event_types(dir.path(), "costly");
+    assert!(!types.iter().any(|t| t == "tool_call_intent"), "{types:?}");
+    assert_eq!(types.last().map(String::as_str), Some("budget_exceeded"));
+
+    // The summary is in human units, and an extension too small says what
+    // is needed without recording anything.
+    let out = warden(&["runs", "show", "costly"], dir.path());
+    assert!(
+        stdout(&out).contains("cost $0.60 of $0.50"),
+        "{}",
+        stdout(&out)
+    );
+    let out = warden(
+        &[
+            "runs",
+            "resume",
+            "costly",
+            "--input",
+            r#"{"max_cost": 0.55}"#,
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("must raise `max_cost` to at least 0.60"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(event_types(dir.path(), "costly"), types);
+    let out = warden(
+        &[
+            "runs",
+            "resume",
+            "costly",
+            "--input",
+            r#"{"max_cost": 1}"#,
+            "--by",
+            "tester",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains("… budget extended by tester: max_cost $1.00"),
+        "{text}"
+    );
+    assert!(text.contains("→ call-1-1 fs__list_dir"), "{text}");
+    assert!(text.contains("run costly: completed"), "{text}");
+}
+
+#[test]
+fn a_model_call_whose_input_alone_would_cross_the_cost_budget_is_not_made() {
+    let dir = demo();
+    // 900 KB of input (under the 1 MiB cap): some 225,000 tokens, $0.68 at
+    // $3 a million, against the demo's $0.50.
+    std::fs::write(
+        dir.path().join("big.json"),
+        serde_json::to_string(&"note ".repeat(180_000)).unwrap(),
+    )
+    .unwrap();
+    let out = warden(
+        &["run", "notes.toml", "@big.json", "--run-id", "big"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let text = stdout(&out);
+    assert!(
+        text.contains(
+            "! budget exceeded: cost: $0.00 used of $0.50; the next model call needs $0.6"
+        ),
+        "{text}"
+    );
+    let types = event_types(dir.path(), "big");
+    assert!(!types.iter().any(|t| t == "model_call_intent"), "{types:?}");
+}
+
+#[test]
+fn an_input_over_the_cap_is_refused_before_anything_is_recorded() {
+    let dir = demo();
+    std::fs::write(
+        dir.path().join("huge.json"),
+        serde_json::to_string(&"x".repeat(2 * 1024 * 1024)).unwrap(),
+    )
+    .unwrap();
+    let out = warden(&["run", "notes.toml", "@huge.json"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("the input is 2.0 MiB of JSON, over the limit of 1 MiB (the agent's budgets.max_input_size)"),
+        "{}",
+        stderr(&out)
+    );
+    assert!(!dir.path().join(".warden").exists(), "a store was created");
+    let out = warden(&["run", "notes.toml", "@huge.json", "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    let error: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(error["error"]["code"], "input_too_large");
+    assert_eq!(error["error"]["details"]["limit"], 1_048_576);
+    let out = warden(&["submit", "notes.toml", "@huge.json"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(!dir.path().join(".warden").exists(), "a store was created");
+    // The cap is the agent's to raise.
+    let agent = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace(
+            "max_cost = 0.50",
+            "max_cost = 0.50\nmax_input_size = \"4MiB\"",
+        );
+    std::fs::write(dir.path().join("notes.toml"), agent).unwrap();
+    let out = warden(
+        &["run", "notes.toml", "@huge.json", "--run-id", "raised"],
+        dir.path(),
+    );
+    // Accepted now; the cost budget stops its first model call instead.
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("the next model call needs"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn runs_show_reports_the_limits_the_log_records() {
+    let dir = costly_demo();
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "limits"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    // The agent file changes after the run started: the run's limits do not.
+    let agent = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace("max_cost = 0.50", "max_cost = 9.00")
+        .replace("max_wall_time = \"5m\"", "max_wall_time = \"1h\"");
+    std::fs::write(dir.path().join("notes.toml"), agent).unwrap();
+    let out = warden(&["runs", "show", "limits"], dir.path());
+    let text = stdout(&out);
+    assert!(text.contains("cost $0.60 of $0.50"), "{text}");
+    assert!(text.contains("of 5m"), "{text}");
+    assert!(!text.contains("limits from the agent file"), "{text}");
+    let out = warden(&["runs", "show", "limits", "--json"], dir.path());
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["limits_from"], "log");
+    assert_eq!(shown["budget"]["cost"]["limit"], 500_000_000);
+    assert_eq!(shown["max_input_bytes"], 1_048_576);
+}
