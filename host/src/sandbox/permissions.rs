@@ -4,8 +4,9 @@
 //! (`warden_guest::fs::write_atomic`) keep a file's permissions.
 //!
 //! Confined like the guest's own file access: both paths are resolved
-//! under the mounts' held directory handles through `cap-std` (no `..`, no absolute
-//! symlink, no escape through a link), both must name regular files, and the
+//! under the mounts' held directory handles through `cap-std` (no `..`, no
+//! escape through a link), neither may be excluded from its mount, both
+//! must name regular files (not symlinks: the guest resolves those), and the
 //! file whose permissions change must be on a read-write mount, so a
 //! read-only mount (and every narrowed lease, whose mounts are all
 //! read-only) refuses it. Only the read, write and execute bits are copied:
@@ -59,15 +60,25 @@ fn open<'m>(mounts: &'m [Mount], path: &str) -> Result<(&'m Mount, Dir, PathBuf)
         .find(|m| *m.name == *name)
         .ok_or_else(|| format!("`{path}` is not in a mount of this plugin"))?;
     let mut rel = PathBuf::new();
+    let mut shown = Vec::new();
     for component in components {
         match component {
-            Component::Normal(part) => rel.push(part),
+            Component::Normal(part) => {
+                rel.push(part);
+                shown.push(part.to_string_lossy());
+            }
             Component::CurDir => {}
             _ => return Err(format!("`{path}` contains `..`")),
         }
     }
     if rel.as_os_str().is_empty() {
         return Err(format!("`{path}` is a mount, not a file"));
+    }
+    if let Some(pattern) = mount.exclude.excluding(&shown.join("/")) {
+        return Err(format!(
+            "`{path}` is excluded from mount `{}` (`{pattern}`)",
+            mount.name
+        ));
     }
     // The mount's held handle, never a reopen by path (see `fs.rs`).
     let dir = mount
@@ -79,7 +90,7 @@ fn open<'m>(mounts: &'m [Mount], path: &str) -> Result<(&'m Mount, Dir, PathBuf)
 
 fn regular_file(dir: &Dir, rel: &Path, shown: &str) -> Result<cap_std::fs::Metadata, String> {
     let meta = dir
-        .metadata(rel)
+        .symlink_metadata(rel)
         .map_err(|e| format!("cannot inspect `{shown}`: {e}"))?;
     if !meta.is_file() {
         return Err(format!("`{shown}` is not a regular file"));
@@ -134,6 +145,7 @@ mod tests {
             root: super::super::fs::MountRoot::open(&host_dir).unwrap(),
             host_dir,
             access,
+            exclude: crate::sandbox::Exclusions::new(&["*.pem"]).unwrap(),
         }
     }
 
@@ -164,6 +176,7 @@ mod tests {
         let ro = tempfile::tempdir().unwrap();
         let outside = tempfile::tempdir().unwrap();
         std::fs::write(rw.path().join("a"), "x").unwrap();
+        std::fs::write(rw.path().join("key.pem"), "x").unwrap();
         std::fs::create_dir(rw.path().join("d")).unwrap();
         std::fs::write(ro.path().join("b"), "x").unwrap();
         std::fs::write(outside.path().join("secret"), "x").unwrap();
@@ -187,8 +200,27 @@ mod tests {
             ("/work/a", "/work", "`/work` is a mount, not a file"),
             ("/work/a", "/work/d", "`/work/d` is not a regular file"),
             ("/work/nope", "/work/a", "cannot inspect `/work/nope`"),
-            ("/work/a", "/work/link", "cannot inspect `/work/link`"),
-            ("/work/link", "/work/a", "cannot inspect `/work/link`"),
+            (
+                "/work/a",
+                "/work/link",
+                "`/work/link` is not a regular file",
+            ),
+            (
+                "/work/link",
+                "/work/a",
+                "`/work/link` is not a regular file",
+            ),
+            (
+                "/work/key.pem",
+                "/work/a",
+                "`/work/key.pem` is excluded from mount `work` (`*.pem`)",
+            ),
+            (
+                "/work/a",
+                "/work/d/../key.pem",
+                "`/work/d/../key.pem` contains `..`",
+            ),
+            ("/work/a", "/work/key.pem", "`/work/key.pem` is excluded"),
         ];
         for (original, replacement, expected) in cases {
             let err = keep_permissions(&mounts, original, replacement).unwrap_err();

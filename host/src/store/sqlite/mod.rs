@@ -435,6 +435,7 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: listing.status.to_owned(),
             owes_deliveries: listing.owes_deliveries,
+            wake_ms: listing.wake_ms,
             updated_ms,
             settle: None,
             reply,
@@ -521,6 +522,7 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: listing.status.to_owned(),
             owes_deliveries: listing.owes_deliveries,
+            wake_ms: listing.wake_ms,
             updated_ms,
             settle: Some(settlement.clone()),
             reply,
@@ -669,6 +671,7 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: listing.status.to_owned(),
             owes_deliveries: listing.owes_deliveries,
+            wake_ms: listing.wake_ms,
             updated_ms,
             settle: None,
             reply,
@@ -707,7 +710,7 @@ impl EventStore for SqliteStore {
 }
 
 /// The columns `query_summaries` reads, in its order.
-const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries";
+const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries, wake_ms";
 
 /// The error for a run with no row: [`StoreError::Pruned`] if it left a
 /// tombstone, else [`StoreError::UnknownRun`].
@@ -1042,6 +1045,7 @@ fn query_summaries(
                 lease,
                 lease_token,
                 owes_deliveries: u32::try_from(row.get::<_, i64>(11)?).unwrap_or(0),
+                wake_ms: row.get(12)?,
             });
         }
     }
