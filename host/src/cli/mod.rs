@@ -265,6 +265,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
     });
+    // The command is done and everything it recorded is written. A plugin's
+    // filesystem call stuck on the blocking pool (its lease long abandoned)
+    // must not hold up the exit, as dropping the runtime would.
+    runtime.shutdown_background();
     result.map_err(|e| store::name_store(e, &ctx.settings))
 }
 

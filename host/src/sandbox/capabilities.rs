@@ -11,6 +11,8 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::fs::MountRoot;
+
 /// Whether a mounted directory may be changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -41,15 +43,21 @@ impl std::fmt::Display for Access {
     }
 }
 
-/// A host directory visible to the guest at `/<name>`.
+/// A host directory visible to the guest at `/<name>`: the directory
+/// `host_dir` named when the grant was built, held open by identity; a later
+/// rename or symlink swap of that path does not redirect it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct Mount {
     /// The mount's name, as requested in the manifest.
     pub name: String,
-    /// The host directory, canonicalized.
+    /// The host directory, canonicalized, as it was when granted.
     pub host_dir: PathBuf,
     /// What the guest may do there.
     pub access: Access,
+    /// The directory itself, opened once; every lease's preopen is made
+    /// from it.
+    #[serde(skip)]
+    pub(crate) root: MountRoot,
 }
 
 impl Mount {
@@ -90,8 +98,9 @@ impl Capabilities {
     }
 
     /// Mounts `dir` at `/<name>` with `access`. The directory must exist; it
-    /// is canonicalized now, so a later rename of a symlink cannot redirect
-    /// the grant.
+    /// is canonicalized and opened now (not following a symlink), and the
+    /// grant holds that handle: a later rename, or a swap of the path for a
+    /// symlink, cannot redirect the grant.
     pub fn mount(
         mut self,
         name: &str,
@@ -118,10 +127,13 @@ impl Capabilities {
         if !host_dir.is_dir() {
             return Err(error("is not a directory".into()));
         }
+        let root = MountRoot::open(&host_dir)
+            .map_err(|e| error(format!("cannot be opened as a directory: {e}")))?;
         self.mounts.push(Mount {
             name: name.to_owned(),
             host_dir,
             access,
+            root,
         });
         Ok(self)
     }

@@ -11,11 +11,11 @@ use wasmtime::Engine;
 use wasmtime::component::{HasSelf, Linker};
 use wasmtime_wasi::cli::{WasiCli, WasiCliView};
 use wasmtime_wasi::clocks::{WasiClocks, WasiClocksView};
-use wasmtime_wasi::filesystem::{WasiFilesystem, WasiFilesystemView};
 use wasmtime_wasi::p2::bindings::{cli, clocks, filesystem, random};
 use wasmtime_wasi::random::{WasiRandom, WasiRandomView};
 
 use super::bindings;
+use super::fs::WardenFilesystem;
 use super::lease::LeaseState;
 
 /// Interfaces of `warden:plugin` a component may import, at version 0.1.x.
@@ -82,8 +82,9 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<LeaseState>> {
     wasmtime_wasi_io::add_to_linker_async(&mut l)?;
     clocks::wall_clock::add_to_linker::<_, WasiClocks>(&mut l, |s| s.clocks())?;
     clocks::monotonic_clock::add_to_linker::<_, WasiClocks>(&mut l, |s| s.clocks())?;
-    filesystem::types::add_to_linker::<_, WasiFilesystem>(&mut l, |s| s.filesystem())?;
-    filesystem::preopens::add_to_linker::<_, WasiFilesystem>(&mut l, |s| s.filesystem())?;
+    // The host's filesystem layer (`fs.rs`) in front of wasmtime-wasi's.
+    filesystem::types::add_to_linker::<_, WardenFilesystem>(&mut l, |s| s.fs())?;
+    filesystem::preopens::add_to_linker::<_, WardenFilesystem>(&mut l, |s| s.fs())?;
     random::random::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;
     random::insecure::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;
     random::insecure_seed::add_to_linker::<_, WasiRandom>(&mut l, |s| s.random())?;

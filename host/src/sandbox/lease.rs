@@ -19,7 +19,7 @@ use std::time::Instant;
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::ResourceTable;
 use wasmtime::{Store, Trap, UpdateDeadline};
-use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtxView, WasiHttpView};
 
 use super::bindings::channel::ChannelPlugin;
@@ -31,8 +31,9 @@ use super::bindings::types::{
     PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
 };
 use super::bindings::{host, types};
-use super::capabilities::{Access, Capabilities};
+use super::capabilities::Capabilities;
 use super::capture::{Capture, Redactor, Stream};
+use super::fs::{FsView, LeaseFs, Preopens};
 use super::limits::{Denial, LeaseLimiter};
 use super::net::NetLease;
 use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
@@ -40,6 +41,9 @@ use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, Usa
 /// The data of one lease's `Store`.
 pub(crate) struct LeaseState {
     wasi: WasiCtx,
+    /// The host's filesystem layer: preopens made from the mounts' held
+    /// handles, and the checks in front of wasmtime-wasi.
+    fs: LeaseFs,
     table: ResourceTable,
     limiter: LeaseLimiter,
     plugin: Arc<str>,
@@ -55,6 +59,17 @@ impl WasiView for LeaseState {
         WasiCtxView {
             ctx: &mut self.wasi,
             table: &mut self.table,
+        }
+    }
+}
+
+impl LeaseState {
+    /// The `wasi:filesystem` view.
+    pub(crate) fn fs(&mut self) -> FsView<'_> {
+        FsView {
+            wasi: self.wasi.filesystem(),
+            table: &mut self.table,
+            fs: &mut self.fs,
         }
     }
 }
@@ -317,12 +332,13 @@ pub(crate) async fn run(
         Reach::Narrowed => (&*plugin.narrowed, Arc::default()),
     };
     let capture = Capture::new(limits.stdio_bytes);
-    let wasi = match wasi_context(capabilities, &capture) {
-        Ok(wasi) => wasi,
+    let (wasi, preopens) = match wasi_context(capabilities, &capture) {
+        Ok(built) => built,
         Err(reason) => return refuse(reason),
     };
     let state = LeaseState {
         wasi,
+        fs: LeaseFs::new(Arc::clone(&plugin.component.inner.name), preopens),
         table: ResourceTable::new(),
         limiter: LeaseLimiter::new(limits),
         plugin: Arc::clone(&plugin.component.inner.name),
@@ -449,33 +465,32 @@ pub(crate) async fn run(
     (result, receipt)
 }
 
-/// Builds the lease's WASI context from the plugin's effective grants.
-fn wasi_context(capabilities: &Capabilities, capture: &Capture) -> Result<WasiCtx, String> {
+/// Builds the lease's WASI context and preopens from the plugin's effective
+/// grants. Filesystem calls run on the blocking pool (the default), so the
+/// lease deadline races them; each preopen is a duplicate of its mount's held
+/// handle.
+fn wasi_context(
+    capabilities: &Capabilities,
+    capture: &Capture,
+) -> Result<(WasiCtx, Preopens), String> {
     let mut builder = WasiCtxBuilder::new();
-    // Filesystem calls run inline instead of hopping to a blocking thread:
-    // mounts are local directories. Must be set before adding preopens.
-    builder.allow_blocking_current_thread(true);
     builder.stdout(capture.sink(Stream::Stdout));
     builder.stderr(capture.sink(Stream::Stderr));
     for (name, value) in capabilities.env_vars() {
         builder.env(name, value);
     }
+    let mut preopens = Preopens::default();
     for mount in capabilities.mounts() {
-        let perms = match mount.access {
-            Access::ReadOnly => FsPerms::ReadOnly,
-            Access::ReadWrite => FsPerms::ReadWrite,
-        };
-        builder
-            .preopened_dir(&mount.host_dir, mount.guest_path(), perms)
-            .map_err(|e| {
-                format!(
-                    "mount `{}`: cannot open directory `{}`: {e:#}",
-                    mount.name,
-                    mount.host_dir.display()
-                )
-            })?;
+        let dir = mount.root.preopen(mount.access).map_err(|e| {
+            format!(
+                "mount `{}`: cannot use directory `{}`: {e}",
+                mount.name,
+                mount.host_dir.display()
+            )
+        })?;
+        preopens.push(dir, mount.guest_path());
     }
-    Ok(builder.build())
+    Ok((builder.build(), preopens))
 }
 
 /// Instantiates the component in `store` and makes the one call.

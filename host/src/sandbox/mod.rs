@@ -22,6 +22,7 @@ mod cache;
 mod capabilities;
 mod capture;
 mod error;
+mod fs;
 mod imports;
 mod lease;
 mod limits;

@@ -77,6 +77,7 @@ fn plan_write(mount: &Mount, args: &WriteFileArgs) -> Result<WritePlan, FsError>
     let path = &target.shown;
     let old = match fs::metadata(&target.full) {
         Ok(meta) if meta.is_dir() => return Err(FsError::IsADirectory { path: path.clone() }),
+        Ok(meta) if !meta.is_file() => return Err(FsError::NotAFile { path: path.clone() }),
         Ok(_) => {
             let bytes = fs::read(&target.full).map_err(|e| FsError::io("read", path, e))?;
             Some(String::from_utf8(bytes).map_err(|_| ()))
@@ -201,6 +202,9 @@ fn plan_edit(mount: &Mount, args: &EditFileArgs) -> Result<EditPlan, FsError> {
     let meta = fs::metadata(&target.full).map_err(|e| FsError::io("edit", &path, e))?;
     if meta.is_dir() {
         return Err(FsError::IsADirectory { path });
+    }
+    if !meta.is_file() {
+        return Err(FsError::NotAFile { path });
     }
     let bytes = fs::read(&target.full).map_err(|e| FsError::io("read", &path, e))?;
     let old_text = match String::from_utf8(bytes) {

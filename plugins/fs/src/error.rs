@@ -47,6 +47,16 @@ pub enum FsError {
         /// The path, relative to the mount.
         path: String,
     },
+    /// The path names something that is neither a regular file nor a
+    /// directory (a FIFO, a device, a socket): reading or writing it could
+    /// wait forever or never end, so the tools refuse it.
+    #[error(
+        "`{path}` is not a regular file (a FIFO, device or socket); the tools only read and write regular files"
+    )]
+    NotAFile {
+        /// The path, relative to the mount.
+        path: String,
+    },
     /// The path names something other than a directory where one is needed.
     #[error("`{path}` is not a directory")]
     NotADirectory {
@@ -149,11 +159,14 @@ impl From<FsError> for ToolError {
         match &err {
             FsError::AbsolutePath { .. }
             | FsError::ParentComponent { .. }
+            | FsError::NotAFile { .. }
             | FsError::MountNotGranted => ToolError::denied(message),
             FsError::Io { source, .. } => match source.kind() {
-                io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
-                    ToolError::denied(message)
-                }
+                // `Unsupported`: the host refused to open a file that is not
+                // a regular one.
+                io::ErrorKind::PermissionDenied
+                | io::ErrorKind::ReadOnlyFilesystem
+                | io::ErrorKind::Unsupported => ToolError::denied(message),
                 io::ErrorKind::Interrupted
                 | io::ErrorKind::WouldBlock
                 | io::ErrorKind::TimedOut
@@ -199,6 +212,7 @@ fn io_reason(err: &io::Error) -> String {
         DirectoryNotEmpty => "directory not empty",
         InvalidFilename => "invalid file name",
         FileTooLarge => "file too large",
+        Unsupported => "not a regular file or directory (refused by the host)",
         _ => "",
     };
     if !known.is_empty() {

@@ -319,4 +319,26 @@ mod tests {
         let err = invoke(&tools, "edit_file", json!({"path": "a", "old": "x"})).unwrap_err();
         assert!(err.message().contains("missing field `new`"), "{err:?}");
     }
+
+    #[test]
+    fn a_fifo_is_refused_by_every_tool_before_it_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = std::process::Command::new("mkfifo")
+            .arg(dir.path().join("pipe"))
+            .status()
+            .unwrap();
+        assert!(made.success());
+        let tools = toolbox(dir.path());
+        let refused = ToolError::denied(
+            "`pipe` is not a regular file (a FIFO, device or socket); the tools only read and write regular files",
+        );
+        for (tool, args) in [
+            ("read_file", json!({"path": "pipe"})),
+            ("write_file", json!({"path": "pipe", "content": "x"})),
+            ("edit_file", json!({"path": "pipe", "old": "a", "new": "b"})),
+            ("search", json!({"pattern": "a", "path": "pipe"})),
+        ] {
+            assert_eq!(invoke(&tools, tool, args).unwrap_err(), refused, "{tool}");
+        }
+    }
 }

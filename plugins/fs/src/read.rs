@@ -76,6 +76,9 @@ pub fn read_file(mount: &Mount, args: ReadFileArgs) -> Result<ReadFileOutput, Fs
     if meta.is_dir() {
         return Err(FsError::IsADirectory { path });
     }
+    if !meta.is_file() {
+        return Err(FsError::NotAFile { path });
+    }
     let file = File::open(&target.full).map_err(|e| FsError::io("read", &path, e))?;
     let mut reader = BufReader::with_capacity(64 * 1024, file);
 

@@ -101,8 +101,10 @@ pub fn search(mount: &Mount, args: SearchArgs) -> Result<SearchOutput, FsError> 
     let meta = fs::metadata(&target.full).map_err(|e| FsError::io("search", &target.shown, e))?;
     if meta.is_dir() {
         search.dir(&target.full, &target.shown)?;
-    } else {
+    } else if meta.is_file() {
         search.file(&target.full, &target.shown, meta.len(), true)?;
+    } else {
+        return Err(FsError::NotAFile { path: target.shown });
     }
     Ok(search.out)
 }

@@ -155,3 +155,126 @@ async fn without_a_mount_there_is_no_filesystem() {
     }
     assert_serves_normal_call(&g).await;
 }
+
+/// A mount is the directory the operator granted, by identity, for the life
+/// of the grant. A plugin with a read-write mount above another grant's
+/// directory moves that directory away and plants a relative symlink to a
+/// private sibling in its place: the other grant still sees the original
+/// directory, never the sibling.
+#[tokio::test]
+async fn a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_symlink() {
+    let root = tempfile::tempdir().unwrap();
+    let outer = root.path().join("outer");
+    let shared = outer.join("shared");
+    let private = root.path().join("private");
+    std::fs::create_dir_all(&shared).unwrap();
+    std::fs::create_dir_all(&private).unwrap();
+    std::fs::write(shared.join("notes.txt"), "shared notes").unwrap();
+    std::fs::write(private.join("id_rsa"), "PRIVATE KEY").unwrap();
+    let victim = Capabilities::none()
+        .mount("workspace", &shared, Access::ReadOnly)
+        .unwrap();
+    let attacker = Capabilities::none()
+        .mount("workspace", &outer, Access::ReadWrite)
+        .unwrap();
+    let (ok, err) = fs_op(&victim, json!({ "op": "list", "path": "/workspace" })).await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["entries"], json!(["notes.txt"]));
+
+    // The swap: the attacking plugin moves the directory away through its
+    // own mount, and a relative symlink to the sibling takes its place (Rust
+    // on WASI has no stable symlink call, so the test plants it).
+    let (_, err) = fs_op(
+        &attacker,
+        json!({ "op": "rename", "from": "/workspace/shared", "to": "/workspace/moved" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    std::os::unix::fs::symlink("../private", &shared).unwrap();
+    // By path, the granted directory now leads to the private sibling.
+    assert_eq!(
+        std::fs::read_to_string(shared.join("id_rsa")).unwrap(),
+        "PRIVATE KEY"
+    );
+
+    // The victim's grant still holds the original directory.
+    let (ok, err) = fs_op(&victim, json!({ "op": "list", "path": "/workspace" })).await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["entries"], json!(["notes.txt"]));
+    let (ok, err) = fs_op(
+        &victim,
+        json!({ "op": "read", "path": "/workspace/notes.txt" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["content"], "shared notes");
+    let (ok, err) = fs_op(
+        &victim,
+        json!({ "op": "read", "path": "/workspace/id_rsa" }),
+    )
+    .await;
+    assert!(ok.is_none(), "the victim read the sibling: {ok:?}");
+    assert!(err.unwrap().contains("NotFound"));
+    // Its narrowed leases (a preflight) hold it too.
+    let g = hostile(victim.clone(), test_limits());
+    let preview = g
+        .preflight(
+            &crate::call("fs", json!({ "op": "read", "path": "/workspace/id_rsa" })),
+            None,
+        )
+        .await;
+    assert!(
+        !format!("{:?}", preview.result).contains("PRIVATE KEY"),
+        "{:?}",
+        preview.result
+    );
+    assert_serves_normal_call(&g).await;
+}
+
+/// The host opens nothing but regular files and directories: a FIFO (which
+/// would block its opener), a socket and devices (`/dev/zero` never ends)
+/// are refused at open with `unsupported`, through raw WASI, before any
+/// deadline; they can still be listed and inspected.
+#[tokio::test]
+async fn the_host_refuses_to_open_fifos_sockets_and_devices() {
+    let t = tree();
+    let _fifo = crate::Fifo::new(t.mounted.join("pipe"));
+    let _socket = std::os::unix::net::UnixListener::bind(t.mounted.join("sock")).unwrap();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadWrite)
+        .unwrap()
+        .mount("dev", "/dev", Access::ReadOnly)
+        .unwrap();
+    let cases = [
+        json!({ "op": "read", "path": "/workspace/pipe" }),
+        json!({ "op": "write", "path": "/workspace/pipe", "content": "x" }),
+        json!({ "op": "append", "path": "/workspace/pipe", "content": "x" }),
+        json!({ "op": "read", "path": "/workspace/sock" }),
+        json!({ "op": "write", "path": "/workspace/sock", "content": "x" }),
+        json!({ "op": "read", "path": "/dev/zero" }),
+        json!({ "op": "read", "path": "/dev/urandom" }),
+        json!({ "op": "contains", "path": "/dev/null", "needle": "x" }),
+    ];
+    for args in cases {
+        let (ok, err) = fs_op(&caps, args.clone()).await;
+        assert!(ok.is_none(), "{args}: the guest got {ok:?}");
+        let err = err.unwrap();
+        assert!(err.contains("Unsupported"), "{args}: {err}");
+    }
+    let (ok, err) = fs_op(&caps, json!({ "op": "stat", "path": "/workspace/pipe" })).await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["kind"], "other");
+    let (ok, _) = fs_op(&caps, json!({ "op": "list", "path": "/workspace" })).await;
+    assert_eq!(
+        ok.unwrap()["entries"],
+        json!(["dirlink", "file.txt", "link", "pipe", "sock"])
+    );
+    let (ok, err) = fs_op(
+        &caps,
+        json!({ "op": "read", "path": "/workspace/file.txt" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["content"], "original");
+    assert_serves_normal_call(&hostile(caps, test_limits())).await;
+}

@@ -182,3 +182,118 @@ async fn the_fs_tools_work_inside_the_mount_and_nowhere_else() {
         "{unknown}"
     );
 }
+
+fn tool_call(tool: &str, args: serde_json::Value) -> wit::Call {
+    wit::Call {
+        id: "c".into(),
+        run_id: "r".into(),
+        tool: tool.into(),
+        arguments: args.to_string(),
+        idempotency_key: "k".into(),
+    }
+}
+
+/// Every fs tool, and every preview, refuses a FIFO in the mount with a
+/// typed `denied` naming it, at once (the plugin checks before it opens;
+/// the host would refuse the open too), where reading or writing it would
+/// block forever. A search over the mount passes it by.
+#[tokio::test]
+async fn the_fs_tools_refuse_a_fifo_with_a_typed_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "needle\n").unwrap();
+    let _fifo = crate::Fifo::new(dir.path().join("pipe"));
+    let host = PluginHost::new(sandbox().clone());
+    let rw = grant(&format!("[mounts.workspace]\ndir = {:?}\n", dir.path()));
+    let plugin = host.load(&fs(), &rw, Path::new(".")).await.unwrap();
+    let cases = [
+        ("read_file", json!({ "path": "pipe" })),
+        ("write_file", json!({ "path": "pipe", "content": "x" })),
+        (
+            "edit_file",
+            json!({ "path": "pipe", "old": "a", "new": "b" }),
+        ),
+        ("search", json!({ "pattern": "needle", "path": "pipe" })),
+    ];
+    for (tool, args) in &cases {
+        let leased = plugin
+            .invoke(&tool_call(tool, args.clone()), None)
+            .await
+            .unwrap();
+        match &leased.result {
+            Ok(Err(wit::ToolError::Denied(message))) => {
+                assert!(
+                    message.contains("`pipe` is not a regular file"),
+                    "{tool}: {message}"
+                )
+            }
+            other => panic!("{tool}: {other:?}"),
+        }
+    }
+    for (tool, args) in &cases[1..3] {
+        let preview = plugin
+            .preflight(&tool_call(tool, args.clone()), None)
+            .await
+            .unwrap();
+        assert!(
+            matches!(&preview.result, Ok(Err(wit::ToolError::Denied(_)))),
+            "{tool}: {:?}",
+            preview.result
+        );
+    }
+    let search = plugin
+        .invoke(&tool_call("search", json!({ "pattern": "needle" })), None)
+        .await
+        .unwrap();
+    let out: serde_json::Value =
+        serde_json::from_str(&search.result.unwrap().unwrap().content).unwrap();
+    assert_eq!(out["matches"][0]["path"], "notes.txt", "{out}");
+    let read = plugin
+        .invoke(
+            &tool_call("read_file", json!({ "path": "notes.txt" })),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.receipt.outcome, Outcome::Ok, "{:?}", read.result);
+}
+
+/// A file that never ends for a reader (a sparse terabyte of zeros, the
+/// regular-file cousin of `/dev/zero`) is bounded by the lease's limits:
+/// `read_file` on it is stopped at its deadline (or fuel), and the plugin
+/// serves the next call.
+#[tokio::test]
+async fn an_endless_file_is_bounded_by_the_lease_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "one\n").unwrap();
+    std::fs::File::create(dir.path().join("zeros"))
+        .unwrap()
+        .set_len(1 << 40)
+        .unwrap();
+    let host = PluginHost::new(sandbox().clone());
+    let ro = grant(&format!(
+        "[mounts.workspace]\ndir = {:?}\naccess = \"read-only\"\n[limits]\ntimeout = \"1s\"\n",
+        dir.path()
+    ));
+    let plugin = host.load(&fs(), &ro, Path::new(".")).await.unwrap();
+    let leased = plugin
+        .invoke(&tool_call("read_file", json!({ "path": "zeros" })), None)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            leased.receipt.outcome,
+            Outcome::Timeout | Outcome::OutOfFuel
+        ),
+        "{:?}: {:?}",
+        leased.receipt.outcome,
+        leased.result
+    );
+    let read = plugin
+        .invoke(
+            &tool_call("read_file", json!({ "path": "notes.txt" })),
+            None,
+        )
+        .await
+        .unwrap();
+    assert_eq!(read.receipt.outcome, Outcome::Ok, "{:?}", read.result);
+}

@@ -4,7 +4,8 @@
 //! - `hostile`: guests that try to exhaust fuel, time, memory, tables,
 //!   stack, stdio or output; each case asserts the typed outcome and that the
 //!   host then serves a normal call.
-//! - `filesystem`: escapes from a mount and writes through a read-only one.
+//! - `filesystem`: escapes from a mount, writes through a read-only one,
+//!   a mount's path swapped for a symlink, FIFOs, sockets and devices.
 //! - `isolation`: leakage between leases, environment grants and redaction,
 //!   starvation, cancellation.
 //! - `loading`: the import allow-list, integrity pins, the component cache.
@@ -185,6 +186,62 @@ async fn assert_serves_normal_call(g: &GrantedComponent) {
     let leased = invoke(g, "noop", json!({})).await;
     assert_eq!(leased.receipt.outcome, Outcome::Ok, "{:?}", leased.result);
     assert_eq!(output(&leased), json!({}));
+}
+
+/// A FIFO made with `mkfifo`: opening it blocks until its other end is
+/// opened. While it lives a rescue thread opens its other end now and then
+/// (non-blocking), so that a host that ever opened it blocking makes the test
+/// fail instead of hang.
+struct Fifo {
+    path: std::path::PathBuf,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    rescue: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Fifo {
+    fn new(path: std::path::PathBuf) -> Fifo {
+        let made = std::process::Command::new("mkfifo")
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(made.success(), "mkfifo {}", path.display());
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let rescue = {
+            let (path, stop) = (path.clone(), std::sync::Arc::clone(&stop));
+            std::thread::spawn(move || {
+                use std::os::unix::fs::OpenOptionsExt as _;
+                const O_NONBLOCK: i32 = 0o4000; // Linux
+                while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(500));
+                    let open = |write: bool| {
+                        std::fs::OpenOptions::new()
+                            .read(!write)
+                            .write(write)
+                            .custom_flags(O_NONBLOCK)
+                            .open(&path)
+                    };
+                    // Releases a blocked writer, then a blocked reader.
+                    drop(open(false));
+                    drop(open(true));
+                }
+            })
+        };
+        Fifo {
+            path,
+            stop,
+            rescue: Some(rescue),
+        }
+    }
+}
+
+impl Drop for Fifo {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        if let Some(rescue) = self.rescue.take() {
+            let _ = rescue.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
 }
 
 /// Everything the host logs at the `warden` binary's most verbose level on this thread

@@ -955,3 +955,197 @@ async fn a_dead_workers_owed_delivery_is_made_once_by_another_on_postgres() {
     let dir = tempfile::tempdir().unwrap();
     a_dead_workers_delivery_is_made_by_another(Arc::new(pg.store().await), dir.path()).await;
 }
+
+// ---- a worker stays responsive while runs are stuck --------------------------
+
+/// A run whose first tool call reads a FIFO in its mount (a read that, run
+/// inline on a runtime thread, never returns) and whose second blocks in a
+/// host call until its lease deadline.
+fn stuck_agent(fx: &Fixture, name: &str) -> Agent {
+    let dir = fx.dir.path().join("agents");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.transcript.toml")),
+        r#"
+[[turns]]
+text = "Reading the pipe."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = { op = "read", path = "/workspace/pipe" }
+
+[[turns]]
+text = "Waiting."
+[[turns.tool_calls]]
+name = "hostile__sleep_forever"
+arguments = {}
+
+[[turns]]
+text = "Done waiting."
+"#,
+    )
+    .unwrap();
+    let text = format!(
+        r#"
+name = "{name}"
+instructions = "Get stuck."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "{name}.transcript.toml"
+
+[plugins.hostile]
+source = "../hostile.toml"
+approval = {{ fs = "never", sleep_forever = "never" }}
+[plugins.hostile.grant.mounts.workspace]
+dir = "../work"
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    Agent::load(&path.canonicalize().unwrap(), None).unwrap()
+}
+
+/// Kills the worker if the test fails before it stops.
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// A `warden worker` with two runtime threads drives two runs that get
+/// stuck (a FIFO read, then a host call that lasts until the lease
+/// deadline, a minute away), still drives a third run to completion, and on
+/// SIGTERM stops within its one-second grace, releasing the two stuck runs:
+/// a stuck lease holds no runtime thread and delays neither another run nor
+/// a shutdown.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
+    let Some(pg) = PgSchema::new("stuck").await else {
+        return;
+    };
+    let fx = Fixture::new();
+    let dir = fx.dir.path();
+    let fifo = dir.join("work/pipe");
+    let made = Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
+    let rt = runtime(store.clone());
+    let stuck = ["stuck-a", "stuck-b"].map(|name| RunId::new(name).unwrap());
+    for run in &stuck {
+        rt.submit(
+            &stuck_agent(&fx, run.as_str()),
+            run.clone(),
+            json!("go"),
+            BTreeMap::new(),
+        )
+        .await
+        .unwrap();
+    }
+    let out = dir.join("worker.out");
+    let log = dir.join("worker.log");
+    let child = Command::new(warden_binary())
+        .args([
+            "--json",
+            "worker",
+            "--concurrency",
+            "3",
+            "--lease-ttl",
+            "2s",
+            "--poll",
+            "50ms",
+            "--grace",
+            "1s",
+            "--id",
+            "stuck-worker",
+        ])
+        .env("WARDEN_STORE", &pg.url)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        // As many runtime threads as stuck runs: one held by a stuck call
+        // would leave none for the third run or the signal.
+        .env("TOKIO_WORKER_THREADS", "2")
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(std::fs::File::create(&out).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let mut worker = KillOnDrop(child);
+
+    // Both stuck runs got past the FIFO (the host refused it) and are now
+    // in the call that waits for its deadline.
+    for run in &stuck {
+        wait_for(&format!("{run} never got past the FIFO"), async || {
+            let events = rt.events(run).await.unwrap_or_default();
+            format!("{events:?}").contains("sleep_forever")
+        })
+        .await;
+    }
+    let events = rt.events(&stuck[0]).await.unwrap();
+    assert!(
+        format!("{events:?}").contains("Unsupported"),
+        "the FIFO read was refused as unsupported: {events:?}"
+    );
+
+    // A third run is driven to completion meanwhile.
+    let free = RunId::new("free").unwrap();
+    rt.submit(
+        &job_agent(&fx, "free"),
+        free.clone(),
+        json!("go"),
+        BTreeMap::new(),
+    )
+    .await
+    .unwrap();
+    wait_for("the third run was not driven", async || {
+        store
+            .summary(&free)
+            .await
+            .is_ok_and(|s| s.status == "completed")
+    })
+    .await;
+    // Still stuck, in their write, under the worker's lease.
+    for run in &stuck {
+        let s = store.summary(run).await.unwrap();
+        assert_eq!(s.status, "needs_reconciliation", "{run}: {s:?}");
+        assert!(s.lease.is_some(), "{run}: {s:?}");
+    }
+
+    // SIGTERM: the worker stops within its grace, long before the stuck
+    // calls' deadline, and releases their runs.
+    let pid = worker.0.id().to_string();
+    let term = Command::new("kill").args(["-TERM", &pid]).status().unwrap();
+    assert!(term.success());
+    let mut status = None;
+    wait_for("the worker did not stop on SIGTERM", async || {
+        status = worker.0.try_wait().unwrap();
+        status.is_some()
+    })
+    .await;
+    let status = status.unwrap();
+    assert!(
+        status.success(),
+        "the worker stopped with {status}: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(std::fs::read_to_string(&out).unwrap().trim()).unwrap();
+    assert_eq!(
+        (&report["claimed"], &report["settled"], &report["released"]),
+        (&json!(3), &json!(1), &json!(2)),
+        "{report}"
+    );
+    for run in &stuck {
+        let s = store.summary(run).await.unwrap();
+        assert!(s.lease.is_none(), "{run}'s lease was not released: {s:?}");
+    }
+}

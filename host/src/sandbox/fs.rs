@@ -1,0 +1,547 @@
+//! The host's filesystem layer: what a guest's `wasi:filesystem` calls
+//! reach of its mounts. It sits in front of wasmtime-wasi's implementation,
+//! which does the sandboxed path resolution and the I/O.
+//!
+//! - **Identity.** A mount is the directory the operator granted, by
+//!   identity, for the life of the grant: [`MountRoot`] opens it once, when
+//!   the grant is built (`O_DIRECTORY | O_NOFOLLOW`, after canonicalizing),
+//!   and every lease's preopen is a duplicate of that handle, never a reopen
+//!   by path. Renaming the directory, or swapping its path for a symlink
+//!   (which a plugin with a read-write mount above it could do), changes
+//!   nothing for the grant.
+//! - **No blocking on the runtime.** Every filesystem operation runs on
+//!   tokio's blocking pool (wasmtime-wasi's default, which the lease keeps),
+//!   so the lease deadline races it and a stuck call holds no runtime
+//!   worker.
+//! - **Regular files only.** [`FsView::open_at`] opens non-blocking, looks
+//!   at what it opened and refuses anything that is neither a regular file
+//!   nor a directory (FIFOs, character and block devices, sockets) with
+//!   `unsupported`: an open cannot hang on a FIFO, and a read cannot wait on
+//!   a device.
+
+use std::io;
+use std::path::Path;
+use std::sync::Arc;
+
+use wasmtime::component::{HasData, Resource, ResourceTable};
+use wasmtime_wasi::filesystem::{Descriptor, Dir, File, WasiFilesystemCtx, WasiFilesystemCtxView};
+use wasmtime_wasi::p2::bindings::filesystem::preopens;
+use wasmtime_wasi::p2::bindings::filesystem::types::{
+    self, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
+};
+use wasmtime_wasi::p2::{FsError, FsResult};
+use wasmtime_wasi::{FsPerms, OpenMode};
+use wasmtime_wasi_io::streams::{DynInputStream, DynOutputStream};
+
+use super::capabilities::Access;
+
+/// The directory handle of one mount, opened when the grant was built.
+/// Cheap to clone; equal when it is the same directory (device and inode).
+#[derive(Clone)]
+pub(crate) struct MountRoot {
+    dir: Arc<std::fs::File>,
+    device: u64,
+    inode: u64,
+}
+
+impl std::fmt::Debug for MountRoot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountRoot")
+            .field("device", &self.device)
+            .field("inode", &self.inode)
+            .finish()
+    }
+}
+
+impl PartialEq for MountRoot {
+    fn eq(&self, other: &Self) -> bool {
+        (self.device, self.inode) == (other.device, other.inode)
+    }
+}
+
+impl Eq for MountRoot {}
+
+impl MountRoot {
+    /// Opens the directory at `path` without following a symlink in its last
+    /// component: a path that is (or was just swapped for) a symlink is
+    /// refused, not followed.
+    pub(crate) fn open(path: &Path) -> io::Result<MountRoot> {
+        use rustix::fs::{Mode, OFlags};
+        let fd = rustix::fs::open(
+            path,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)?;
+        let stat = rustix::fs::fstat(&fd).map_err(io::Error::from)?;
+        Ok(MountRoot {
+            dir: Arc::new(std::fs::File::from(fd)),
+            device: stat.st_dev as u64,
+            inode: stat.st_ino as u64,
+        })
+    }
+
+    /// A preopen for one lease: a duplicate of the held handle, with the
+    /// access the lease gets. Everything under it runs on the blocking pool,
+    /// never inline on the runtime's thread.
+    pub(crate) fn preopen(&self, access: Access) -> io::Result<Dir> {
+        let (perms, mode) = match access {
+            Access::ReadOnly => (FsPerms::ReadOnly, OpenMode::READ),
+            Access::ReadWrite => (FsPerms::ReadWrite, OpenMode::READ | OpenMode::WRITE),
+        };
+        Ok(Dir::new(self.dir.try_clone()?, perms, mode, false))
+    }
+}
+
+/// The preopens of one lease, made from its mounts' held handles.
+#[derive(Default)]
+pub(crate) struct Preopens(Vec<(Dir, String)>);
+
+impl Preopens {
+    /// Adds the mount at `guest_path`.
+    pub(crate) fn push(&mut self, dir: Dir, guest_path: String) {
+        self.0.push((dir, guest_path));
+    }
+}
+
+/// The host's filesystem state of one lease.
+pub(crate) struct LeaseFs {
+    plugin: Arc<str>,
+    preopens: Preopens,
+}
+
+impl LeaseFs {
+    pub(crate) fn new(plugin: Arc<str>, preopens: Preopens) -> LeaseFs {
+        LeaseFs { plugin, preopens }
+    }
+}
+
+/// What a lease's `wasi:filesystem` calls see: wasmtime-wasi's view, with
+/// the host's checks in front.
+pub(crate) struct FsView<'a> {
+    pub(crate) wasi: &'a mut WasiFilesystemCtx,
+    pub(crate) table: &'a mut ResourceTable,
+    pub(crate) fs: &'a mut LeaseFs,
+}
+
+impl FsView<'_> {
+    /// wasmtime-wasi's own view, for the calls passed through unchanged.
+    fn inner(&mut self) -> WasiFilesystemCtxView<'_> {
+        WasiFilesystemCtxView {
+            ctx: self.wasi,
+            table: self.table,
+        }
+    }
+}
+
+/// [`HasData`] for the host's `wasi:filesystem/{types,preopens}`.
+pub(crate) struct WardenFilesystem;
+
+impl HasData for WardenFilesystem {
+    type Data<'a> = FsView<'a>;
+}
+
+impl preopens::Host for FsView<'_> {
+    fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
+        let mut out = Vec::with_capacity(self.fs.preopens.0.len());
+        for (dir, name) in &self.fs.preopens.0 {
+            let fd = self.table.push(Descriptor::Dir(dir.clone()))?;
+            out.push((fd, name.clone()));
+        }
+        Ok(out)
+    }
+}
+
+impl types::Host for FsView<'_> {
+    fn convert_error_code(&mut self, err: FsError) -> wasmtime::Result<ErrorCode> {
+        types::Host::convert_error_code(&mut self.inner(), err)
+    }
+
+    fn filesystem_error_code(
+        &mut self,
+        err: Resource<wasmtime::Error>,
+    ) -> wasmtime::Result<Option<ErrorCode>> {
+        types::Host::filesystem_error_code(&mut self.inner(), err)
+    }
+}
+
+/// What an open found, decided on the blocking pool.
+enum Opened {
+    Dir(std::fs::File),
+    File(std::fs::File),
+    /// Something other than a regular file or a directory.
+    Refused(&'static str),
+    NotDir,
+}
+
+/// How an `open-at` asks to open, as cap-primitives options plus the mode
+/// the descriptor records. The same rules as wasmtime-wasi's own `open_at`,
+/// plus `O_NONBLOCK`.
+fn open_options(
+    perms: FsPerms,
+    path_flags: types::PathFlags,
+    oflags: types::OpenFlags,
+    flags: types::DescriptorFlags,
+) -> Result<(cap_primitives::fs::OpenOptions, OpenMode), ErrorCode> {
+    use cap_primitives::fs::FollowSymlinks;
+    use types::{DescriptorFlags as D, OpenFlags as O};
+    let mut opts = cap_primitives::fs::OpenOptions::new();
+    opts._cap_fs_ext_maybe_dir(true);
+    let mut mode = OpenMode::empty();
+    let mut create = false;
+    if oflags.contains(O::CREATE) {
+        if oflags.contains(O::EXCLUSIVE) {
+            opts.create_new(true);
+        } else {
+            opts.create(true);
+        }
+        create = true;
+        opts.write(true);
+        mode |= OpenMode::WRITE;
+    }
+    if oflags.contains(O::TRUNCATE) {
+        opts.truncate(true).write(true);
+        mode |= OpenMode::WRITE;
+    }
+    if flags.contains(D::READ) {
+        opts.read(true);
+        mode |= OpenMode::READ;
+    }
+    if flags.contains(D::WRITE) {
+        opts.write(true);
+        mode |= OpenMode::WRITE;
+    } else {
+        // Opened for reading at least, so the OS lets it open; the
+        // descriptor's permissions refuse writes later.
+        opts.read(true);
+        mode |= OpenMode::READ;
+    }
+    opts._cap_fs_ext_follow(if path_flags.contains(types::PathFlags::SYMLINK_FOLLOW) {
+        FollowSymlinks::Yes
+    } else {
+        FollowSymlinks::No
+    });
+    if flags.intersects(D::FILE_INTEGRITY_SYNC | D::DATA_INTEGRITY_SYNC | D::REQUESTED_WRITE_SYNC) {
+        return Err(ErrorCode::Unsupported);
+    }
+    if oflags.contains(O::DIRECTORY) && oflags.intersects(O::CREATE | O::EXCLUSIVE | O::TRUNCATE) {
+        return Err(ErrorCode::Invalid);
+    }
+    if perms.write_not_permitted() && (create || mode.contains(OpenMode::WRITE)) {
+        return Err(ErrorCode::NotPermitted);
+    }
+    // A FIFO opened for reading would wait for a writer, one opened for
+    // writing for a reader; non-blocking, neither waits.
+    opts._cap_fs_ext_nonblock(true);
+    Ok((opts, mode))
+}
+
+/// Opens `path` under `dir` with `opts` and sorts out what it is. Runs on
+/// the blocking pool.
+fn open_checked(
+    dir: &std::fs::File,
+    path: &Path,
+    opts: &cap_primitives::fs::OpenOptions,
+    want_dir: bool,
+) -> io::Result<Opened> {
+    use rustix::fs::{FileType, OFlags};
+    let file = match cap_primitives::fs::open(dir, path, opts) {
+        Ok(file) => file,
+        // A FIFO without a reader opened for writing, or a socket.
+        Err(e) if e.raw_os_error() == Some(rustix::io::Errno::NXIO.raw_os_error()) => {
+            return Ok(Opened::Refused("a FIFO or socket"));
+        }
+        Err(e) => return Err(e),
+    };
+    let stat = rustix::fs::fstat(&file)?;
+    Ok(match FileType::from_raw_mode(stat.st_mode) {
+        FileType::Directory => Opened::Dir(file),
+        FileType::RegularFile if want_dir => Opened::NotDir,
+        FileType::RegularFile => {
+            // Reads and writes of a regular file block as usual.
+            let flags = rustix::fs::fcntl_getfl(&file)?;
+            rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK)?;
+            Opened::File(file)
+        }
+        FileType::Fifo => Opened::Refused("a FIFO"),
+        FileType::CharacterDevice => Opened::Refused("a character device"),
+        FileType::BlockDevice => Opened::Refused("a block device"),
+        FileType::Socket => Opened::Refused("a socket"),
+        _ => Opened::Refused("not a regular file"),
+    })
+}
+
+impl HostDescriptor for FsView<'_> {
+    async fn open_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+        oflags: types::OpenFlags,
+        flags: types::DescriptorFlags,
+    ) -> FsResult<Resource<Descriptor>> {
+        let dir = match self.table.get(&fd)? {
+            Descriptor::Dir(dir) => dir,
+            Descriptor::File(_) => return Err(ErrorCode::NotDirectory.into()),
+        };
+        let perms = dir.perms;
+        let (opts, mode) = open_options(perms, path_flags, oflags, flags)?;
+        let parent = Arc::clone(&dir.dir);
+        let want_dir = oflags.contains(types::OpenFlags::DIRECTORY);
+        let target = path.clone();
+        let opened = wasmtime_wasi::runtime::spawn_blocking(move || {
+            open_checked(&parent, Path::new(&target), &opts, want_dir)
+        })
+        .await
+        .map_err(ErrorCode::from)?;
+        let descriptor = match opened {
+            Opened::Dir(file) => Descriptor::Dir(Dir::new(file, perms, mode, false)),
+            Opened::File(file) => Descriptor::File(File::new(file, perms, mode, false)),
+            Opened::NotDir => return Err(ErrorCode::NotDirectory.into()),
+            Opened::Refused(what) => {
+                tracing::debug!(
+                    plugin = &*self.fs.plugin,
+                    path,
+                    what,
+                    "open refused: not a regular file or directory"
+                );
+                return Err(ErrorCode::Unsupported.into());
+            }
+        };
+        Ok(self.table.push(descriptor)?)
+    }
+
+    async fn advise(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+        len: types::Filesize,
+        advice: types::Advice,
+    ) -> FsResult<()> {
+        HostDescriptor::advise(&mut self.inner(), fd, offset, len, advice).await
+    }
+
+    async fn sync_data(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync_data(&mut self.inner(), fd).await
+    }
+
+    async fn get_flags(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorFlags> {
+        HostDescriptor::get_flags(&mut self.inner(), fd).await
+    }
+
+    async fn get_type(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorType> {
+        HostDescriptor::get_type(&mut self.inner(), fd).await
+    }
+
+    async fn set_size(&mut self, fd: Resource<Descriptor>, size: types::Filesize) -> FsResult<()> {
+        HostDescriptor::set_size(&mut self.inner(), fd, size).await
+    }
+
+    async fn set_times(
+        &mut self,
+        fd: Resource<Descriptor>,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        HostDescriptor::set_times(&mut self.inner(), fd, atim, mtim).await
+    }
+
+    async fn read(
+        &mut self,
+        fd: Resource<Descriptor>,
+        len: types::Filesize,
+        offset: types::Filesize,
+    ) -> FsResult<(Vec<u8>, bool)> {
+        HostDescriptor::read(&mut self.inner(), fd, len, offset).await
+    }
+
+    async fn write(
+        &mut self,
+        fd: Resource<Descriptor>,
+        buf: Vec<u8>,
+        offset: types::Filesize,
+    ) -> FsResult<types::Filesize> {
+        HostDescriptor::write(&mut self.inner(), fd, buf, offset).await
+    }
+
+    async fn read_directory(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<types::DirectoryEntryStream>> {
+        HostDescriptor::read_directory(&mut self.inner(), fd).await
+    }
+
+    async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
+        HostDescriptor::sync(&mut self.inner(), fd).await
+    }
+
+    async fn create_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::create_directory_at(&mut self.inner(), fd, path).await
+    }
+
+    async fn stat(&mut self, fd: Resource<Descriptor>) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat(&mut self.inner(), fd).await
+    }
+
+    async fn stat_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+    ) -> FsResult<types::DescriptorStat> {
+        HostDescriptor::stat_at(&mut self.inner(), fd, path_flags, path).await
+    }
+
+    async fn set_times_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+        atim: types::NewTimestamp,
+        mtim: types::NewTimestamp,
+    ) -> FsResult<()> {
+        HostDescriptor::set_times_at(&mut self.inner(), fd, path_flags, path, atim, mtim).await
+    }
+
+    async fn link_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path_flags: types::PathFlags,
+        old_path: String,
+        new_descriptor: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::link_at(
+            &mut self.inner(),
+            fd,
+            old_path_flags,
+            old_path,
+            new_descriptor,
+            new_path,
+        )
+        .await
+    }
+
+    fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
+        HostDescriptor::drop(&mut self.inner(), fd)
+    }
+
+    async fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
+        HostDescriptor::readlink_at(&mut self.inner(), fd, path).await
+    }
+
+    async fn remove_directory_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::remove_directory_at(&mut self.inner(), fd, path).await
+    }
+
+    async fn rename_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        old_path: String,
+        new_fd: Resource<Descriptor>,
+        new_path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::rename_at(&mut self.inner(), fd, old_path, new_fd, new_path).await
+    }
+
+    async fn symlink_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        src_path: String,
+        dest_path: String,
+    ) -> FsResult<()> {
+        HostDescriptor::symlink_at(&mut self.inner(), fd, src_path, dest_path).await
+    }
+
+    async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        HostDescriptor::unlink_file_at(&mut self.inner(), fd, path).await
+    }
+
+    fn read_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<DynInputStream>> {
+        HostDescriptor::read_via_stream(&mut self.inner(), fd, offset)
+    }
+
+    fn write_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+        offset: types::Filesize,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        HostDescriptor::write_via_stream(&mut self.inner(), fd, offset)
+    }
+
+    fn append_via_stream(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        HostDescriptor::append_via_stream(&mut self.inner(), fd)
+    }
+
+    async fn is_same_object(
+        &mut self,
+        a: Resource<Descriptor>,
+        b: Resource<Descriptor>,
+    ) -> wasmtime::Result<bool> {
+        HostDescriptor::is_same_object(&mut self.inner(), a, b).await
+    }
+
+    async fn metadata_hash(
+        &mut self,
+        fd: Resource<Descriptor>,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash(&mut self.inner(), fd).await
+    }
+
+    async fn metadata_hash_at(
+        &mut self,
+        fd: Resource<Descriptor>,
+        path_flags: types::PathFlags,
+        path: String,
+    ) -> FsResult<types::MetadataHashValue> {
+        HostDescriptor::metadata_hash_at(&mut self.inner(), fd, path_flags, path).await
+    }
+}
+
+impl HostDirectoryEntryStream for FsView<'_> {
+    async fn read_directory_entry(
+        &mut self,
+        stream: Resource<types::DirectoryEntryStream>,
+    ) -> FsResult<Option<types::DirectoryEntry>> {
+        HostDirectoryEntryStream::read_directory_entry(&mut self.inner(), stream).await
+    }
+
+    fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
+        HostDirectoryEntryStream::drop(&mut self.inner(), stream)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mount_root_is_a_directory_opened_without_following_a_symlink() {
+        let dir = tempfile::tempdir().unwrap();
+        let real = dir.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        std::os::unix::fs::symlink("real", dir.path().join("link")).unwrap();
+        let opened = MountRoot::open(&real).unwrap();
+        assert!(MountRoot::open(&dir.path().join("link")).is_err());
+        std::fs::write(dir.path().join("file"), "x").unwrap();
+        assert!(MountRoot::open(&dir.path().join("file")).is_err());
+        // Identity survives a rename of the path.
+        std::fs::rename(&real, dir.path().join("moved")).unwrap();
+        assert_eq!(MountRoot::open(&dir.path().join("moved")).unwrap(), opened);
+    }
+}
