@@ -1231,7 +1231,11 @@ fn runs_list_filters_groups_and_flags_stalled_runs() {
     assert!(text.contains("warden runs resume RUN"), "{text}");
     let out = warden(&["runs", "list", "--group"], dir.path());
     let text = stdout(&out);
-    for heading in ["waiting for a human (1)", "in progress (1)", "terminal (1)"] {
+    for heading in [
+        "waiting for a human or a time (1)",
+        "in progress (1)",
+        "terminal (1)",
+    ] {
         assert!(text.contains(heading), "{text}");
     }
 

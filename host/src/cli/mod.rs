@@ -9,7 +9,7 @@
 //! file `agent validate` rejects; bad grant; refused component; unknown run;
 //! a verb that does not fit the run); 3 the sandbox stopped a call (a limit,
 //! a trap, cancelled); 4 the run is parked waiting for a human (approval,
-//! input, budget); 5 the run needs reconciliation (a write with no recorded
+//! input, budget) or for a retry's due time (`waiting`); 5 the run needs reconciliation (a write with no recorded
 //! outcome).
 //!
 //! - `config.rs`: `warden.toml`, flags and `WARDEN_*` variables → settings.

@@ -62,7 +62,25 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             line
         }
         Event::ModelCallFailed(f) => {
-            format!("! step {}: model call failed: {}", f.step, f.error.message)
+            let mut line = format!("! step {}: model call failed: {}", f.step, f.error.message);
+            let asked = f
+                .error
+                .retry_after_ms
+                .map(|ms| format!(" (Retry-After: {})", wait_text(ms)))
+                .unwrap_or_default();
+            match (f.at_ms, f.retry_at_ms) {
+                (Some(at), Some(due)) => line.push_str(&format!(
+                    "
+  next attempt in {}{asked}",
+                    wait_text(due.saturating_sub(at))
+                )),
+                _ if !f.error.transient => line.push_str(
+                    "
+  not retried: the error is permanent",
+                ),
+                _ => {}
+            }
+            line
         }
         Event::ToolCallRejected(r) => format!("✗ {} rejected: {}", r.call_id, r.error),
         Event::ToolCallIntent(i) => format!(
@@ -154,6 +172,16 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             limits_text(&e.limits, currency)
         ),
         Event::ClockObserved(_) | Event::RandomObserved(_) => return None,
+        Event::WaitStarted(w) => format!(
+            "… step {}: the next attempt is due at {} ({} after the failure, more than model.max_retry_wait): the run waits, parked; a worker or `warden runs resume` continues it then",
+            w.step,
+            crate::units::utc_text(w.until_ms as i64),
+            wait_text(w.until_ms.saturating_sub(w.since_ms))
+        ),
+        Event::WaitEnded(e) => format!(
+            "… the wait is over ({}): calling the model again",
+            crate::units::utc_text(e.at_ms as i64)
+        ),
         Event::PolicyDecided(d) => format!(
             "§ policy `{}` at {}{}: {}{}",
             d.policy,
@@ -258,6 +286,14 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
                 .unwrap_or_default()
         ),
     })
+}
+
+/// A wait in milliseconds as a duration: `2s`, `1m`, `250ms`, `1.5s`.
+pub(crate) fn wait_text(ms: u64) -> String {
+    if ms >= 1000 && !ms.is_multiple_of(1000) {
+        return format!("{:.1}s", ms as f64 / 1000.0);
+    }
+    crate::units::format_duration(std::time::Duration::from_millis(ms))
 }
 
 /// A recorded prompt for `runs show --prompts`: the quoted context whole,
@@ -369,6 +405,16 @@ pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> 
             })?;
             Some(format!(
                 "extend with: warden runs resume {run_id} --input '{{\"{budget}\": <new limit>}}'"
+            ))
+        }
+        RunStatus::Waiting => {
+            let until = events.iter().rev().find_map(|e| match e {
+                Event::WaitStarted(w) => Some(w.until_ms),
+                _ => None,
+            })?;
+            Some(format!(
+                "waits until {}: a `warden worker` on this store continues it then, or: warden runs resume {run_id}",
+                crate::units::utc_text(until as i64)
             ))
         }
         RunStatus::AwaitingExternal => {

@@ -220,7 +220,7 @@ pub(crate) struct ListArgs {
     /// UTC date or time (2025-01-31, 2025-01-31T12:00:00Z).
     #[arg(long, value_name = "WHEN")]
     since: Option<String>,
-    /// Group runs: waiting for a human, in progress, terminal.
+    /// Group runs: waiting for a human or a time, in progress, terminal.
     #[arg(long)]
     group: bool,
     /// Flag a run marked running as stalled after this long without
@@ -826,11 +826,13 @@ async fn resume(
                 .await?;
             continue_run(ctx, rt, run, plan).await
         }
-        RunStatus::Running => {
+        // A waiting run is recovered like a running one: its drive ends
+        // the wait if it is due, and reports it waiting if not.
+        RunStatus::Running | RunStatus::Waiting => {
             if input.is_some() {
                 return Err(CliError::new(
                     "input_not_expected",
-                    format!("run `{run}` is running: it takes no input; resume without --input to recover it"),
+                    format!("run `{run}` is {status}: it takes no input; resume without --input to recover it"),
                 )
                 .with_details(json!({ "run_id": run, "status": status }))
                 .into());
@@ -838,7 +840,7 @@ async fn resume(
             if drive.detach {
                 return Err(CliError::new(
                     "usage",
-                    format!("run `{run}` is running: recovering it means driving it, so --detach does not apply"),
+                    format!("run `{run}` is {status}: recovering it means driving it, so --detach does not apply"),
                 )
                 .into());
             }
@@ -898,6 +900,16 @@ async fn resume(
             status: terminal,
         }
         .into()),
+    }
+}
+
+/// How a listing says when a waiting run wakes up: ` (due in 1m)`,
+/// ` (due now)`, or nothing for a run that is not waiting.
+fn waking(wake_ms: Option<i64>, now: i64) -> String {
+    match wake_ms {
+        Some(at) if at > now => format!(" (due in {})", age(at - now)),
+        Some(_) => " (due now)".to_owned(),
+        None => String::new(),
     }
 }
 
@@ -1072,7 +1084,8 @@ async fn follow(
         RunStatus::AwaitingApproval
         | RunStatus::Suspended
         | RunStatus::AwaitingExternal
-        | RunStatus::BudgetExceeded => Err(Exit::Parked.into()),
+        | RunStatus::BudgetExceeded
+        | RunStatus::Waiting => Err(Exit::Parked.into()),
         RunStatus::NeedsReconciliation => Err(Exit::NeedsReconciliation.into()),
         _ => Err(Exit::RunFailed.into()),
     }
@@ -1340,6 +1353,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
             "events": r.event_count,
             "stalled": stalled(r),
             "owes_deliveries": r.owes_deliveries,
+            "wake_ms": r.wake_ms,
         })
     };
     if json {
@@ -1374,7 +1388,12 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
         let status = if stalled(r) {
             format!("running (stalled {})", age(now - r.updated_ms))
         } else {
-            format!("{}{}", r.status, owing(r.owes_deliveries))
+            format!(
+                "{}{}{}",
+                r.status,
+                waking(r.wake_ms, now),
+                owing(r.owes_deliveries)
+            )
         };
         format!(
             "{:<id_width$}  {:<agent_width$}  {:<30}  {:>6}  {:>7}  {}",
@@ -1388,7 +1407,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
     };
     if args.group {
         for (group, title) in [
-            ("waiting", "waiting for a human"),
+            ("waiting", "waiting for a human or a time"),
             ("in_progress", "in progress"),
             ("terminal", "terminal"),
         ] {
@@ -1494,6 +1513,7 @@ async fn show(
                 "failed": state.compaction.failed,
             },
             "owes_deliveries": summary.owes_deliveries,
+            "wake_ms": state.waiting().map(|w| w.until_ms),
             "limits_known": !matches!(limits_from, LimitsFrom::Unknown),
             "limits_from": match limits_from {
                 LimitsFrom::Log => "log",
@@ -1512,8 +1532,12 @@ async fn show(
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     let owes = owing(summary.owes_deliveries);
+    let wakes = match state.waiting() {
+        Some(w) => format!(" until {}", crate::units::utc_text(w.until_ms as i64)),
+        None => String::new(),
+    };
     println!(
-        "run {run} · agent {} · {status}{owes}{}",
+        "run {run} · agent {} · {status}{wakes}{owes}{}",
         state.agent,
         if labels.is_empty() {
             String::new()

@@ -22,6 +22,11 @@
 //! provider = "scripted"                  # scripted | openai | anthropic
 //! name = "demo"                          # the model, as the provider names it
 //! max_tokens = 1024                      # per call; default 4096
+//! max_attempts = 3                       # requests per model call in total, 1 to 10;
+//!                                        # transient failures only; default 3
+//! max_retry_wait = "60s"                 # the longest backoff or Retry-After slept
+//!                                        # through; a longer one parks the run
+//!                                        # (`waiting`) until due; default 60s
 //! transcript = "notes.transcript.toml"   # scripted only; relative to this file
 //! # openai and anthropic only:
 //! # base_url = "http://localhost:11434/v1"  # default: the provider's public API
@@ -31,7 +36,6 @@
 //! #                                         # the key); required for the public APIs
 //! # timeout = "60s"                         # connect, response start, and between
 //! #                                         # two pieces of the stream; default 60s
-//! # max_attempts = 3                        # per call, before anything streamed
 //! # max_concurrent_calls = 8                # calls in flight per provider
 //! # stream = true                           # ask for server-sent events
 //! # headers = { "OpenAI-Organization" = "org-1" }   # no credentials here
@@ -133,6 +137,7 @@ use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
 use super::policy_hooks::PolicyHook;
 use super::refusal::OnRefusal;
+use super::retry::RetryPolicy;
 use super::schema;
 use crate::plugins::manifest::LimitSettings;
 use crate::plugins::{PluginSource, builtin};
@@ -229,10 +234,15 @@ pub struct ModelSection {
     /// response to start, and between two pieces of it. Default: 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<HumanDuration>,
-    /// HTTP providers: attempts per call (1 to 10) at transient failures
-    /// before anything streamed. Default: 3.
+    /// Requests per model call in total (1 to 10), the first included:
+    /// transient failures are tried again up to this. Default: 3.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_attempts: Option<u32>,
+    /// The longest wait before another attempt (backoff, or what
+    /// `Retry-After` asks for) that a driver sleeps through, at most 1 hour;
+    /// a longer wait parks the run until it is due. Default: 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_retry_wait: Option<HumanDuration>,
     /// HTTP providers: calls in flight at once (1 to 1024). Default: 8.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_concurrent_calls: Option<u32>,
@@ -266,6 +276,7 @@ impl ModelSection {
             header_env: BTreeMap::new(),
             timeout: None,
             max_attempts: None,
+            max_retry_wait: None,
             max_concurrent_calls: None,
             stream: None,
             api_version: None,
@@ -288,7 +299,6 @@ impl ModelSection {
         set(!self.headers.is_empty(), "headers");
         set(!self.header_env.is_empty(), "header_env");
         set(self.timeout.is_some(), "timeout");
-        set(self.max_attempts.is_some(), "max_attempts");
         set(self.max_concurrent_calls.is_some(), "max_concurrent_calls");
         set(self.stream.is_some(), "stream");
         set(self.api_version.is_some(), "api_version");
@@ -561,6 +571,9 @@ pub struct ModelSettings {
     pub transcript: Option<PathBuf>,
     /// What tokens cost.
     pub pricing: Option<Pricing>,
+    /// How a failed model call is tried again (`max_attempts`,
+    /// `max_retry_wait`).
+    pub retry: RetryPolicy,
     /// How the HTTP providers reach their API; `None` for `scripted`.
     pub http: Option<HttpModelSettings>,
 }
@@ -581,8 +594,6 @@ pub struct HttpModelSettings {
     pub header_env: BTreeMap<String, String>,
     /// See [`HttpConfig::timeout`].
     pub timeout: std::time::Duration,
-    /// See [`HttpConfig::max_attempts`].
-    pub max_attempts: u32,
     /// See [`HttpConfig::max_concurrent_calls`].
     pub max_concurrent_calls: usize,
     /// See [`HttpConfig::stream`].
@@ -636,7 +647,6 @@ impl HttpModelSettings {
                 .collect(),
             secret_headers,
             timeout: self.timeout,
-            max_attempts: self.max_attempts,
             max_concurrent_calls: self.max_concurrent_calls,
             stream: self.stream,
         })
@@ -1031,6 +1041,7 @@ fn validate(
         (_, None) => None,
     };
     let http = http_settings(&section).map_err(|(key, message)| invalid(&key, message))?;
+    let retry = retry_policy(&section).map_err(|(key, message)| invalid(&key, message))?;
     let pricing = match &section.pricing {
         None => None,
         Some(p) => {
@@ -1373,6 +1384,7 @@ fn validate(
             max_tokens,
             transcript,
             pricing,
+            retry,
             http,
         },
         plugins,
@@ -1619,13 +1631,6 @@ fn http_settings(section: &ModelSection) -> Result<Option<HttpModelSettings>, (S
         Some(t) => t.0,
         None => std::time::Duration::from_secs(60),
     };
-    let max_attempts = section.max_attempts.unwrap_or(3);
-    if !(1..=10).contains(&max_attempts) {
-        return Err(err(
-            "max_attempts",
-            format!("must be between 1 and 10, got {max_attempts}"),
-        ));
-    }
     let max_concurrent_calls = section.max_concurrent_calls.unwrap_or(8);
     if !(1..=1024).contains(&max_concurrent_calls) {
         return Err(err(
@@ -1653,13 +1658,47 @@ fn http_settings(section: &ModelSection) -> Result<Option<HttpModelSettings>, (S
         headers: section.headers.clone(),
         header_env: section.header_env.clone(),
         timeout,
-        max_attempts,
         max_concurrent_calls: max_concurrent_calls as usize,
         stream: section.stream.unwrap_or(true),
         api_version,
         max_tokens_field: section.max_tokens_field.unwrap_or_default(),
         stream_usage: section.stream_usage.unwrap_or(true),
     }))
+}
+
+/// The most `[model] max_retry_wait` may be: a longer wait parks the run
+/// anyway, and a driver asleep for hours holds a worker's slot.
+pub const MAX_RETRY_WAIT_LIMIT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// Checks the retry keys of a `[model]` table (every provider has them:
+/// the engine retries, not the provider).
+fn retry_policy(section: &ModelSection) -> Result<RetryPolicy, (String, String)> {
+    let err = |key: &str, message: String| (format!("model.{key}"), message);
+    let defaults = RetryPolicy::default();
+    let max_attempts = section.max_attempts.unwrap_or(defaults.max_attempts);
+    if !(1..=10).contains(&max_attempts) {
+        return Err(err(
+            "max_attempts",
+            format!("must be between 1 and 10, got {max_attempts}"),
+        ));
+    }
+    let max_wait_ms = match section.max_retry_wait {
+        Some(w) if w.0 > MAX_RETRY_WAIT_LIMIT => {
+            return Err(err(
+                "max_retry_wait",
+                format!(
+                    "must be at most 1h, got {}",
+                    crate::units::format_duration(w.0)
+                ),
+            ));
+        }
+        Some(w) => w.0.as_millis() as u64,
+        None => defaults.max_wait_ms,
+    };
+    Ok(RetryPolicy {
+        max_attempts,
+        max_wait_ms,
+    })
 }
 
 /// The digest: sha256 of a versioned tag and the canonical JSON of the file
@@ -2440,7 +2479,6 @@ base_url = "http://127.0.0.1:11434/v1"
                 headers: BTreeMap::new(),
                 header_env: BTreeMap::new(),
                 timeout: std::time::Duration::from_secs(60),
-                max_attempts: 3,
                 max_concurrent_calls: 8,
                 stream: true,
                 api_version: "2023-06-01".into(),
@@ -2473,9 +2511,13 @@ header_env = { "x-gateway-key" = "HOME" }
         let http = a.model.http.clone().unwrap();
         assert_eq!(http.base_url, "https://api.anthropic.com");
         assert_eq!(http.timeout, std::time::Duration::from_secs(5));
+        assert_eq!((http.max_concurrent_calls, http.stream), (2, false));
         assert_eq!(
-            (http.max_attempts, http.max_concurrent_calls, http.stream),
-            (5, 2, false)
+            a.model.retry,
+            RetryPolicy {
+                max_attempts: 5,
+                max_wait_ms: 60_000
+            }
         );
         // The variables are read when the provider is made; an unset
         // base-URL variable falls back to base_url or the public API.
@@ -2564,6 +2606,11 @@ header_env = { "x-gateway-key" = "HOME" }
                 with("max_attempts = 0"),
                 "model.max_attempts",
                 "between 1 and 10, got 0",
+            ),
+            (
+                with("max_retry_wait = \"2h\""),
+                "model.max_retry_wait",
+                "must be at most 1h, got 2h",
             ),
             (
                 with("max_concurrent_calls = 5000"),

@@ -725,7 +725,10 @@ mod tests {
                 transient: true,
                 message: "busy".into(),
                 status: Some(503),
+                retry_after_ms: None,
             },
+            at_ms: None,
+            retry_at_ms: None,
         }));
         // Then: the clock reading is not delivered; the model intent is,
         // and no delivery event ever is.

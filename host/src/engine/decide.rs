@@ -4,7 +4,7 @@
 //! | the state                                   | the action |
 //! | ------------------------------------------- | ---------- |
 //! | terminal                                    | [`Action::Idle`] (terminal) |
-//! | parked: approval, input, budget, a dangling write | [`Action::Idle`] (why) |
+//! | parked: approval, input, budget, a wait, a dangling write | [`Action::Idle`] (why) |
 //! | a model intent without completion (crash)   | [`Action::CallModel`], intent already recorded |
 //! | a compaction intent without completion (crash) | [`Action::Compact`], intent already recorded |
 //! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
@@ -20,8 +20,9 @@
 //! | next call pending and needs approval        | [`Action::RequestApproval`] |
 //! | next call pending (no approval) or approved | [`Action::CallTool`] with frozen arguments |
 //! | last model call failed permanently          | [`Action::Fail`] |
-//! | last model call failed transiently, attempts left | [`Action::CallModel`], next attempt (budgets checked) |
-//! | … transiently, [`MAX_MODEL_ATTEMPTS`] reached | [`Action::Fail`] |
+//! | … transiently, the agent's `max_attempts` reached | [`Action::Fail`] |
+//! | … transiently, its next attempt due later than `max_retry_wait` after it, not waited for yet | [`Action::Park`] (wait until due) |
+//! | … transiently, attempts left | [`Action::CallModel`], next attempt (budgets checked; the driver waits until its recorded due time) |
 //! | last turn has no tool calls, cut by max_tokens | [`Action::Fail`] |
 //! | last turn has no tool calls, the model refused, `on_refusal = "fail"` | [`Action::Fail`] ([`RunError::Refused`]) |
 //! | … `on_refusal = "complete"` | [`Action::Finish`] with the refusal's text |
@@ -59,13 +60,14 @@ use super::events::{
     ExternalCallRequested, InvocationOutcome, ModelCallCompleted, ModelCallError, ModelCallFailed,
     ModelCallIntent, OutputRejected, PreflightOutcome, Preview, RunCompleted, RunError, RunFailed,
     Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated, ToolCallError,
-    ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef,
+    ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef, WaitStarted,
 };
 use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
 use super::policy_hooks::{PolicyConsult, PolicyPoint, PolicySubject, gate};
 use super::prompt::{build_request, request_frame};
 use super::refusal::OnRefusal;
+use super::retry::RetryPolicy;
 use super::schema::{self, SchemaError};
 use super::state::{
     ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState, key_argument,
@@ -75,10 +77,6 @@ use crate::json_limits;
 use crate::policy::EffectClass;
 use crate::providers::{ModelRequest, ModelResponse, ProviderError, StopReason, ToolCall};
 use crate::sandbox::{UsageReceipt, wit};
-
-/// Attempts at one step's model call before a run of transient failures
-/// fails the run.
-pub const MAX_MODEL_ATTEMPTS: u32 = 3;
 
 /// Attempts at one `read` or `idempotent` tool call before a run of
 /// retryable failures becomes its result. A `write` is tried once.
@@ -131,6 +129,7 @@ impl Action {
             Action::Park(Park::BudgetExceeded(o)) => Some(Event::BudgetExceeded(*o)),
             Action::Park(Park::Suspend(s)) => Some(Event::Suspended(s.clone())),
             Action::Park(Park::External(r)) => Some(Event::ExternalCallRequested(r.clone())),
+            Action::Park(Park::Wait(w)) => Some(Event::WaitStarted(*w)),
             Action::Fail(e) => Some(Event::RunFailed(RunFailed { error: e.clone() })),
             Action::CallModel(_)
             | Action::CallTool(_)
@@ -214,11 +213,22 @@ impl ModelCall {
         })
     }
 
-    /// The failure to record for `error`.
-    pub fn failure(&self, error: &ProviderError) -> Event {
+    /// The failure to record for `error`, which arrived at `at_ms`, with
+    /// the next attempt due when `retry` says (see `engine/retry.rs`).
+    pub fn failure(
+        &self,
+        error: &ProviderError,
+        at_ms: u64,
+        retry: &RetryPolicy,
+        jitter: u64,
+    ) -> Event {
+        let error = ModelCallError::from(error);
+        let retry_at_ms = retry.next_attempt_at(self.attempt, &error, at_ms, jitter);
         Event::ModelCallFailed(ModelCallFailed {
             step: self.step,
-            error: ModelCallError::from(error),
+            error,
+            at_ms: Some(at_ms),
+            retry_at_ms,
         })
     }
 }
@@ -271,6 +281,7 @@ impl CompactionCall {
                     transient: false,
                     message: "the model returned an empty summary".into(),
                     status: None,
+                    retry_after_ms: None,
                 },
             });
         }
@@ -433,6 +444,9 @@ pub enum Park {
     Suspend(Suspended),
     /// The model called an external tool: wait for the application.
     External(ExternalCallRequested),
+    /// A failed model call's next attempt is due later than a driver
+    /// waits: park until then.
+    Wait(WaitStarted),
 }
 
 /// Why there is nothing to do.
@@ -458,6 +472,12 @@ pub enum Idle {
     },
     /// A budget is used up.
     BudgetExceeded(BudgetOverrun),
+    /// A failed model call's next attempt is due at `until_ms`: a driver
+    /// that finds the time has come records `wait_ended` and goes on.
+    Waiting {
+        /// The wake-up time, in the injected clock's milliseconds.
+        until_ms: u64,
+    },
     /// A write's outcome is unknown: a human must resolve it.
     NeedsReconciliation {
         /// The write.
@@ -563,6 +583,9 @@ fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -
                 call_id: request.call_id.clone(),
             },
             Parked::Budget(overrun) => Idle::BudgetExceeded(overrun),
+            Parked::Wait(wait) => Idle::Waiting {
+                until_ms: wait.until_ms,
+            },
             Parked::Reconciliation(intent) => Idle::NeedsReconciliation {
                 call_id: intent.call_id.clone(),
             },
@@ -603,6 +626,8 @@ fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -
         step,
         attempts,
         error,
+        at_ms,
+        retry_at_ms,
     } = &state.model_call
     {
         if !error.transient {
@@ -611,12 +636,22 @@ fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -
                 message: error.message.clone(),
             });
         }
-        if *attempts >= MAX_MODEL_ATTEMPTS {
+        if *attempts >= view.retry.max_attempts {
             return Action::Fail(RunError::ModelAttemptsExhausted {
                 step: *step,
                 attempts: *attempts,
                 message: error.message.clone(),
             });
+        }
+        if let (Some(since_ms), Some(until_ms)) = (*at_ms, *retry_at_ms)
+            && view.retry.parks(since_ms, until_ms)
+            && state.wait.is_none()
+        {
+            return Action::Park(Park::Wait(WaitStarted {
+                step: *step,
+                since_ms,
+                until_ms,
+            }));
         }
         return gated(state, view, &RETRY_BUDGETS, || {
             context_then_call(state, view, *step, attempts + 1, detail)

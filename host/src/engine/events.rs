@@ -61,6 +61,12 @@ pub enum Event {
     /// `read` or `idempotent` call about to be tried again, or a write whose
     /// lease died mid-call, so its outcome is unknown.
     ToolCallAttemptFailed(ToolCallAttemptFailed),
+    /// A failed model call's next attempt is due later than a driver waits
+    /// (`[model] max_retry_wait`): the run is parked until then.
+    WaitStarted(WaitStarted),
+    /// A parked run's wait is over (it was driven again at or after its
+    /// wake-up time); the model call's next attempt follows.
+    WaitEnded(WaitEnded),
     /// Another run already executed this call under the same idempotency
     /// commitment: its recorded result is this call's result, and nothing
     /// ran here.
@@ -159,6 +165,10 @@ pub enum EventKind {
     ToolCallAttemptFailed,
     /// [`Event::ToolCallDeduplicated`].
     ToolCallDeduplicated,
+    /// [`Event::WaitStarted`].
+    WaitStarted,
+    /// [`Event::WaitEnded`].
+    WaitEnded,
     /// [`Event::ExternalCallRequested`].
     ExternalCallRequested,
     /// [`Event::ExternalCallCompleted`].
@@ -219,7 +229,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 38] = [
+    pub const ALL: [EventKind; 40] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -258,6 +268,8 @@ impl EventKind {
         EventKind::PolicyDecided,
         EventKind::ReconciliationRequired,
         EventKind::Reconciled,
+        EventKind::WaitStarted,
+        EventKind::WaitEnded,
     ];
 
     /// The `type` tag.
@@ -273,6 +285,8 @@ impl EventKind {
             EventKind::ToolCallResolved => "tool_call_resolved",
             EventKind::ToolCallAttemptFailed => "tool_call_attempt_failed",
             EventKind::ToolCallDeduplicated => "tool_call_deduplicated",
+            EventKind::WaitStarted => "wait_started",
+            EventKind::WaitEnded => "wait_ended",
             EventKind::ExternalCallRequested => "external_call_requested",
             EventKind::ExternalCallCompleted => "external_call_completed",
             EventKind::ApprovalRequested => "approval_requested",
@@ -344,6 +358,8 @@ impl Event {
             Event::ContextResolved(c) => Some(c.at_ms),
             Event::ContextFailed(c) => Some(c.at_ms),
             Event::ModelCallCompleted(c) => c.at_ms,
+            Event::ModelCallFailed(f) => f.at_ms,
+            Event::WaitEnded(e) => Some(e.at_ms),
             Event::ApprovalRequested(e) => e.at_ms,
             Event::ApprovalGranted(e) => e.at_ms,
             Event::ApprovalDenied(e) => e.at_ms,
@@ -369,6 +385,8 @@ impl Event {
             Event::ToolCallResolved(_) => EventKind::ToolCallResolved,
             Event::ToolCallAttemptFailed(_) => EventKind::ToolCallAttemptFailed,
             Event::ToolCallDeduplicated(_) => EventKind::ToolCallDeduplicated,
+            Event::WaitStarted(_) => EventKind::WaitStarted,
+            Event::WaitEnded(_) => EventKind::WaitEnded,
             Event::ExternalCallRequested(_) => EventKind::ExternalCallRequested,
             Event::ExternalCallCompleted(_) => EventKind::ExternalCallCompleted,
             Event::ApprovalRequested(_) => EventKind::ApprovalRequested,
@@ -516,7 +534,8 @@ pub struct ModelCallCompleted {
     pub at_ms: Option<u64>,
 }
 
-/// [`Event::ModelCallFailed`].
+/// [`Event::ModelCallFailed`]: one attempt's failure, as the engine's one
+/// retry layer decides from it (see `engine/retry.rs`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ModelCallFailed {
@@ -524,6 +543,38 @@ pub struct ModelCallFailed {
     pub step: u32,
     /// What went wrong.
     pub error: ModelCallError,
+    /// When the failure arrived, in the injected clock's milliseconds.
+    /// Omitted in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
+    /// When the next attempt is due (the backoff, or what `Retry-After`
+    /// asked for, from `at_ms`), so a driver that recovers the run after a
+    /// crash waits the same. Omitted when there is no next attempt (the
+    /// error is permanent or the attempts are used up), and in logs written
+    /// before it was recorded (the next attempt is then due at once).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_at_ms: Option<u64>,
+}
+
+/// [`Event::WaitStarted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitStarted {
+    /// The step whose model call waits.
+    pub step: u32,
+    /// Since when the run waits: the failure's time.
+    pub since_ms: u64,
+    /// The wake-up time: when the next attempt is due.
+    pub until_ms: u64,
+}
+
+/// [`Event::WaitEnded`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WaitEnded {
+    /// When a driver took the run up again, in the injected clock's
+    /// milliseconds (at or after the wake-up time).
+    pub at_ms: u64,
 }
 
 /// A failed model call, as recorded.
@@ -537,17 +588,27 @@ pub struct ModelCallError {
     /// The HTTP status, if the provider got one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub status: Option<u16>,
+    /// What the server's `Retry-After` asked for, in milliseconds, if it
+    /// said.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_after_ms: Option<u64>,
 }
 
 impl From<&ProviderError> for ModelCallError {
     fn from(e: &ProviderError) -> Self {
+        let (status, retry_after_ms) = match e {
+            ProviderError::Http {
+                status,
+                retry_after_ms,
+                ..
+            } => (Some(*status), *retry_after_ms),
+            _ => (None, None),
+        };
         ModelCallError {
             transient: e.is_transient(),
             message: e.to_string(),
-            status: match e {
-                ProviderError::Http { status, .. } => Some(*status),
-                _ => None,
-            },
+            status,
+            retry_after_ms,
         }
     }
 }
@@ -1703,11 +1764,14 @@ pub(crate) mod tests {
                     step: 2,
                     error: ModelCallError {
                         transient: true,
-                        message: "provider `p`: https://api.example.com answered 503: busy".into(),
-                        status: Some(503),
+                        message: "provider `p`: https://api.example.com answered 429: slow".into(),
+                        status: Some(429),
+                        retry_after_ms: Some(120_000),
                     },
+                    at_ms: Some(1_700_000_000_000),
+                    retry_at_ms: Some(1_700_000_120_000),
                 }),
-                r#"{"v":1,"event":{"type":"model_call_failed","step":2,"error":{"transient":true,"message":"provider `p`: https://api.example.com answered 503: busy","status":503}}}"#,
+                r#"{"v":1,"event":{"type":"model_call_failed","step":2,"error":{"transient":true,"message":"provider `p`: https://api.example.com answered 429: slow","status":429,"retry_after_ms":120000},"at_ms":1700000000000,"retry_at_ms":1700000120000}}"#,
             ),
             (
                 Event::ToolCallRejected(ToolCallRejected {
@@ -1973,6 +2037,7 @@ pub(crate) mod tests {
                         transient: false,
                         message: "the model returned an empty summary".into(),
                         status: None,
+                        retry_after_ms: None,
                     },
                 }),
                 r#"{"v":1,"event":{"type":"compaction_failed","step":7,"upto":9,"error":{"transient":false,"message":"the model returned an empty summary"}}}"#,
@@ -2048,6 +2113,20 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"reconciled","by":"ops"}}"#,
             ),
+            (
+                Event::WaitStarted(WaitStarted {
+                    step: 2,
+                    since_ms: 1_700_000_000_000,
+                    until_ms: 1_700_000_120_000,
+                }),
+                r#"{"v":1,"event":{"type":"wait_started","step":2,"since_ms":1700000000000,"until_ms":1700000120000}}"#,
+            ),
+            (
+                Event::WaitEnded(WaitEnded {
+                    at_ms: 1_700_000_120_250,
+                }),
+                r#"{"v":1,"event":{"type":"wait_ended","at_ms":1700000120250}}"#,
+            ),
         ]
     }
 
@@ -2092,6 +2171,23 @@ pub(crate) mod tests {
             EventKind::PolicyDecided => 35,
             EventKind::ReconciliationRequired => 36,
             EventKind::Reconciled => 37,
+            EventKind::WaitStarted => 38,
+            EventKind::WaitEnded => 39,
+        }
+    }
+
+    #[test]
+    fn a_model_call_failure_written_before_retry_times_still_decodes() {
+        let old = br#"{"v":1,"event":{"type":"model_call_failed","step":2,"error":{"transient":true,"message":"busy","status":503}}}"#;
+        match decode(old).unwrap() {
+            Event::ModelCallFailed(f) => {
+                assert_eq!(
+                    (f.at_ms, f.retry_at_ms, f.error.retry_after_ms),
+                    (None, None, None)
+                );
+                assert_eq!(encode(&Event::ModelCallFailed(f)), old.to_vec());
+            }
+            other => panic!("{other:?}"),
         }
     }
 
@@ -2111,7 +2207,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 38, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 40, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

@@ -14,6 +14,8 @@
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
 //! - [`channels`]: delivery channels: what each receives, the delivery
 //!   events, the next delivery a run owes, backoff.
+//! - [`retry`]: the one retry layer for model calls: attempts, backoff,
+//!   `Retry-After` up to a cap, and parking on a longer wait.
 //! - [`prompt`]: assembling the model request.
 //! - [`context`]: context sources: settings, what the log recorded, quoting.
 //! - [`compaction`]: summarising older history when the prompt outgrows its
@@ -53,6 +55,7 @@ pub mod policy_plugin;
 pub mod prompt;
 pub mod refusal;
 pub mod replay;
+pub mod retry;
 pub mod runtime;
 pub mod schema;
 pub mod session;
@@ -72,6 +75,7 @@ pub use policy_hooks::{
     Policy, PolicyDecision, PolicyError, PolicyHook, PolicyRequest, PolicySubject, PolicyVerdict,
 };
 pub use replay::{ReplayError, ReplayOptions, replay};
+pub use retry::{RetryPolicy, RetrySleep, TokioSleep};
 pub use runtime::{
     Clock, FixedClock, FixedRandom, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError,
     Step, SystemClock,

@@ -6,7 +6,8 @@
 //! hash, so a changed prompt or tool set is caught without storing the
 //! prompt), compaction intents (step, cut and request hash; the summary
 //! that came back is a fact, quoted into later requests), tool call intents (tool, frozen arguments, effect class, key),
-//! rejections, approval requests, suspensions, budget crossings, clock reads,
+//! rejections, approval requests, suspensions, budget crossings, waits for a
+//! retry's due time, clock reads,
 //! context resolutions (which source, for which step), output rejections
 //! (typed results) and completions; delivery intents (the channel, the event
 //! reported and the payload), unless the agent change was accepted (its
@@ -14,7 +15,7 @@
 //! ([`Runtime::finish_with`](super::Runtime::finish_with)) is a fact, like a
 //! human act: it was validated when it was written. Completions of effects
 //! (deliveries' too), human acts (approvals, input, resolutions, extensions,
-//! cancellations, abandonments), random draws, what context sources returned
+//! cancellations, abandonments), a wait's end, random draws, what context sources returned
 //! and failures are facts, taken as recorded: a recorded context is quoted
 //! into the rebuilt request (and its hash) and no source is ever resolved
 //! again for a recorded step.
@@ -180,6 +181,7 @@ fn is_decision(event: &Event) -> bool {
             | Event::Suspended(_)
             | Event::ExternalCallRequested(_)
             | Event::BudgetExceeded(_)
+            | Event::WaitStarted(_)
             | Event::ClockObserved(_)
             | Event::OutputRejected(_)
             | Event::ContextResolved(_)
@@ -214,6 +216,7 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         (Action::Park(Park::Suspend(a)), Event::Suspended(b)) => a == b,
         (Action::Park(Park::External(a)), Event::ExternalCallRequested(b)) => a == b,
         (Action::Park(Park::BudgetExceeded(a)), Event::BudgetExceeded(b)) => a == b,
+        (Action::Park(Park::Wait(a)), Event::WaitStarted(b)) => a == b,
         (Action::ObserveClock, Event::ClockObserved(_)) => true,
         (Action::Compact(call), Event::CompactionIntent(intent)) => {
             !call.recorded
@@ -279,6 +282,7 @@ fn describe_action(action: &Action) -> String {
         Action::Park(Park::External(r)) => {
             format!("waiting for external tool `{}` at `{}`", r.tool, r.call_id)
         }
+        Action::Park(Park::Wait(w)) => format!("waiting until {} (step {})", w.until_ms, w.step),
         Action::Fail(e) => format!("failing: {e}"),
         Action::Idle(idle) => format!("nothing ({idle:?})"),
     }
@@ -323,6 +327,7 @@ fn describe_event(event: &Event) -> String {
         ),
         Event::BudgetExceeded(o) => format!("parking: {o}"),
         Event::Suspended(s) => format!("suspending at `{}`", s.call_id),
+        Event::WaitStarted(w) => format!("waiting until {} (step {})", w.until_ms, w.step),
         other => other.kind().to_string(),
     }
 }

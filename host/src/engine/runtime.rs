@@ -13,7 +13,9 @@
 //! nothing).
 //!
 //! Clock and randomness are injected ([`Runtime::with_hooks`]) so that a
-//! killed-and-recovered run records the same log as an uninterrupted one.
+//! killed-and-recovered run records the same log as an uninterrupted one;
+//! so is the sleep a driver waits out a model call's backoff with
+//! ([`Runtime::with_sleep`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -39,7 +41,7 @@ use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
     ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, Reconciled,
     ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved,
-    ToolCallResult, Unrecordable, UnresolvedWrite, decode, encode_readable,
+    ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode, encode_readable,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::policy_hooks::{
@@ -47,8 +49,9 @@ use super::policy_hooks::{
 };
 use super::policy_plugin::consult_plugin as consult_policy_plugin;
 use super::replay::{ReplayError, ReplayOptions, replay};
+use super::retry::{RetrySleep, TokioSleep};
 use super::session::{self, SessionRun};
-use super::state::{FoldError, Parked, ResumeError, RunState, RunStatus, fold};
+use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
 use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
 use crate::policy::EffectClass;
@@ -501,6 +504,7 @@ struct Inner {
     plugins: PluginHost,
     clock: Arc<dyn Clock>,
     random: Arc<dyn Random>,
+    sleep: Arc<dyn RetrySleep>,
     record_prompts: bool,
     labels: BTreeMap<String, String>,
     provider: Option<Arc<dyn ModelProvider>>,
@@ -571,6 +575,7 @@ impl Runtime {
                 plugins,
                 clock: Arc::new(SystemClock),
                 random: Arc::new(OsRandom),
+                sleep: Arc::new(TokioSleep),
                 record_prompts: false,
                 labels: BTreeMap::new(),
                 provider: None,
@@ -589,6 +594,7 @@ impl Runtime {
             plugins: shared.plugins.clone(),
             clock: Arc::clone(&shared.clock),
             random: Arc::clone(&shared.random),
+            sleep: Arc::clone(&shared.sleep),
             record_prompts: shared.record_prompts,
             labels: shared.labels.clone(),
             provider: shared.provider.clone(),
@@ -612,6 +618,13 @@ impl Runtime {
             i.clock = clock;
             i.random = random;
         })
+    }
+
+    /// Waits out a model call's backoff with `sleep` instead of the tokio
+    /// timer (a test's sleep can move an injected clock instead). Default:
+    /// [`TokioSleep`].
+    pub fn with_sleep(self, sleep: Arc<dyn RetrySleep>) -> Self {
+        self.rebuild(|i| i.sleep = sleep)
     }
 
     /// Records each model request in full with its intent. Default: off
@@ -1394,6 +1407,17 @@ impl Runtime {
         }
         let action = decide(&log.state, &prepared.view);
         match action {
+            Action::Idle(Idle::Waiting { until_ms }) => {
+                // A durable timer: whoever drives the run once it is due
+                // ends the wait; before that the run stays parked.
+                let now = self.inner.clock.now_ms();
+                if now < until_ms {
+                    return Ok(Step::Idle(Idle::Waiting { until_ms }));
+                }
+                self.append(log, vec![Event::WaitEnded(WaitEnded { at_ms: now })])
+                    .await?;
+                Ok(Step::Progressed)
+            }
             Action::Idle(idle) => Ok(Step::Idle(idle)),
             Action::CallModel(call) => self.call_model(log, prepared, driver, call).await,
             Action::CallTool(invocation) => self.call_tool(log, prepared, driver, invocation).await,
@@ -1432,12 +1456,21 @@ impl Runtime {
         driver: &DriverHandle,
         call: ModelCall,
     ) -> Result<Step, RuntimeError> {
-        if call.attempt > 1 {
-            // Back off before retrying a transient failure: 250 ms, 500 ms, …
-            let delay = Duration::from_millis(250u64 << (call.attempt - 2).min(6));
-            tokio::select! {
-                () = driver.cancel.cancelled() => return self.record_cancel(log, driver, None).await,
-                () = tokio::time::sleep(delay) => {}
+        if let ModelCallProgress::Failed {
+            retry_at_ms: Some(due),
+            ..
+        } = log.state.model_call
+        {
+            // Wait until the recorded due time (the backoff, or what
+            // Retry-After asked for), so a driver that recovers after a
+            // crash waits only what is left of it.
+            let wait = due.saturating_sub(self.inner.clock.now_ms());
+            if wait > 0 {
+                tracing::debug!(run_id = %log.run_id, step = call.step, attempt = call.attempt, wait_ms = wait, "waiting before the next model call attempt");
+                tokio::select! {
+                    () = driver.cancel.cancelled() => return self.record_cancel(log, driver, None).await,
+                    () = self.inner.sleep.sleep(Duration::from_millis(wait)) => {}
+                }
             }
         }
         if !call.recorded {
@@ -1471,7 +1504,12 @@ impl Runtime {
             Err(error) => {
                 // Recorded, and shown from the record: not logged again.
                 tracing::debug!(run_id = %log.run_id, step = call.step, attempt = call.attempt, %error, "model call failed");
-                call.failure(&error)
+                call.failure(
+                    &error,
+                    self.inner.clock.now_ms(),
+                    &prepared.view.retry,
+                    self.inner.random.next_u64(),
+                )
             }
         };
         self.append(log, vec![event]).await?;
@@ -1975,7 +2013,9 @@ impl Runtime {
         }
         let expected = log.events.len() as u64;
         let (status, now) = (log.state.status(), self.inner.clock.now_ms() as i64);
-        let listing = Listing::new(status.as_str()).owing(Self::owed(log, &new, status));
+        let listing = Listing::new(status.as_str())
+            .owing(Self::owed(log, &new, status))
+            .waking_at(log.state.waiting().map(|w| w.until_ms as i64));
         let store = &self.inner.store;
         let written = match (settlement, &log.fence) {
             (None, None) => {

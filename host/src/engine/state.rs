@@ -54,6 +54,10 @@ pub enum RunStatus {
     AwaitingExternal,
     /// A budget is used up; a human may extend it.
     BudgetExceeded,
+    /// A failed model call's next attempt is due later than a driver waits:
+    /// the run is parked until its wake-up time, when a worker (or `runs
+    /// resume`) drives it again.
+    Waiting,
     /// A write intent has no completion: nobody knows whether the write
     /// happened, so a human must resolve it. Every automatic verb refuses.
     NeedsReconciliation,
@@ -69,12 +73,13 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status.
-    pub const ALL: [RunStatus; 10] = [
+    pub const ALL: [RunStatus; 11] = [
         RunStatus::Running,
         RunStatus::AwaitingApproval,
         RunStatus::Suspended,
         RunStatus::AwaitingExternal,
         RunStatus::BudgetExceeded,
+        RunStatus::Waiting,
         RunStatus::NeedsReconciliation,
         RunStatus::Completed,
         RunStatus::Failed,
@@ -90,6 +95,7 @@ impl RunStatus {
             RunStatus::Suspended => "suspended",
             RunStatus::AwaitingExternal => "awaiting_external",
             RunStatus::BudgetExceeded => "budget_exceeded",
+            RunStatus::Waiting => "waiting",
             RunStatus::NeedsReconciliation => "needs_reconciliation",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
@@ -106,8 +112,8 @@ impl RunStatus {
         )
     }
 
-    /// Whether the run waits for a human (approval, input, a budget, or a
-    /// reconciliation).
+    /// Whether the run waits: for a human (approval, input, a budget, or a
+    /// reconciliation), the application, or its wake-up time.
     pub fn is_parked(self) -> bool {
         matches!(
             self,
@@ -115,6 +121,7 @@ impl RunStatus {
                 | RunStatus::Suspended
                 | RunStatus::AwaitingExternal
                 | RunStatus::BudgetExceeded
+                | RunStatus::Waiting
                 | RunStatus::NeedsReconciliation
         )
     }
@@ -178,6 +185,9 @@ pub struct RunState {
     pub turns: Vec<Turn>,
     /// The model call in progress, or the last one's failure.
     pub model_call: ModelCallProgress,
+    /// The wait the last failure parked the run on (`wait_started`), and
+    /// whether it ended; cleared by the next model call intent.
+    pub wait: Option<RetryWait>,
     /// The budget the run is parked on.
     pub budget_exceeded: Option<BudgetOverrun>,
     /// How the run ended.
@@ -220,6 +230,19 @@ pub struct RunState {
     /// missing what it did (a restore): set by `reconciliation_required`,
     /// cleared by `reconciled`.
     hold: Option<ReconciliationRequired>,
+}
+
+/// A run parked until a failed model call's next attempt is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryWait {
+    /// The step whose model call waits.
+    pub step: u32,
+    /// Since when (the failure's time).
+    pub since_ms: u64,
+    /// The wake-up time.
+    pub until_ms: u64,
+    /// When a driver took the run up again (`wait_ended`), if it did.
+    pub ended_ms: Option<u64>,
 }
 
 /// One completed model call and its tool calls.
@@ -410,6 +433,11 @@ pub enum ModelCallProgress {
         attempts: u32,
         /// The last error.
         error: ModelCallError,
+        /// When it failed, if recorded.
+        at_ms: Option<u64>,
+        /// When the next attempt is due, if there is one and it was
+        /// recorded (a log written before it was: at once).
+        retry_at_ms: Option<u64>,
     },
 }
 
@@ -447,6 +475,8 @@ pub enum Parked<'a> {
     External(&'a ExternalCallRequested),
     /// A budget extension.
     Budget(BudgetOverrun),
+    /// Its wake-up time: a failed model call's next attempt is due then.
+    Wait(&'a RetryWait),
     /// A human's word on a write whose outcome is unknown.
     Reconciliation(&'a ToolCallIntent),
     /// A human's word on what the run did that its log may be missing
@@ -501,6 +531,21 @@ pub enum FoldProblem {
     /// `run_started` after the first event.
     #[error("the run has already started")]
     AlreadyStarted,
+    /// `wait_started` without a failed model call of its step to wait for,
+    /// or while a wait was already recorded for it.
+    #[error("wait_started needs a failed model call of its step that no wait was recorded for")]
+    NoFailedModelCall,
+    /// `wait_ended` while the run is not waiting.
+    #[error("wait_ended while the run is not waiting")]
+    NotWaiting,
+    /// `wait_ended` before the wake-up time.
+    #[error("wait_ended at {at_ms} is before the wake-up time {until_ms}")]
+    WokeEarly {
+        /// When it was recorded.
+        at_ms: u64,
+        /// The wake-up time.
+        until_ms: u64,
+    },
     /// An event after a terminal one.
     #[error("the run is already {status}")]
     AfterTerminal {
@@ -727,6 +772,7 @@ impl RunState {
             random_values: Vec::new(),
             turns: Vec::new(),
             model_call: ModelCallProgress::Idle,
+            wait: None,
             budget_exceeded: None,
             terminal: None,
             context: BTreeMap::new(),
@@ -777,7 +823,16 @@ impl RunState {
         if self.budget_exceeded.is_some() {
             return RunStatus::BudgetExceeded;
         }
+        if self.waiting().is_some() {
+            return RunStatus::Waiting;
+        }
         RunStatus::Running
+    }
+
+    /// The wait the run is parked on, if it is: one `wait_started` has
+    /// recorded and no `wait_ended` has closed.
+    pub fn waiting(&self) -> Option<&RetryWait> {
+        self.wait.as_ref().filter(|w| w.ended_ms.is_none())
     }
 
     /// What the run waits for, if it is parked.
@@ -807,7 +862,10 @@ impl RunState {
                 _ => {}
             }
         }
-        self.budget_exceeded.map(Parked::Budget)
+        if let Some(overrun) = self.budget_exceeded {
+            return Some(Parked::Budget(overrun));
+        }
+        self.waiting().map(Parked::Wait)
     }
 
     /// The policy decisions recorded at `point`, in log order.
@@ -1285,6 +1343,23 @@ impl RunState {
                 Ok(())
             }
             Event::ClockObserved(_) | Event::RandomObserved(_) => Ok(()),
+            Event::WaitStarted(w) => {
+                let ModelCallProgress::Failed { step, .. } = self.model_call else {
+                    return Err(FoldProblem::NoFailedModelCall);
+                };
+                if w.step != step || self.wait.is_some() {
+                    return Err(FoldProblem::NoFailedModelCall);
+                }
+                self.parked_problem()
+            }
+            Event::WaitEnded(e) => match self.waiting() {
+                Some(w) if e.at_ms >= w.until_ms => Ok(()),
+                Some(w) => Err(FoldProblem::WokeEarly {
+                    at_ms: e.at_ms,
+                    until_ms: w.until_ms,
+                }),
+                None => Err(FoldProblem::NotWaiting),
+            },
             Event::RunCompleted(_) => {
                 self.nothing_in_flight()?;
                 self.parked_problem()?;
@@ -1544,6 +1619,7 @@ impl RunState {
         match event {
             Event::RunStarted(_) => unreachable!("checked: run_started is only first"),
             Event::ModelCallIntent(i) => {
+                self.wait = None;
                 self.model_call = ModelCallProgress::InFlight {
                     step: i.step,
                     attempt: i.attempt,
@@ -1589,6 +1665,8 @@ impl RunState {
                     step: f.step,
                     attempts,
                     error: f.error.clone(),
+                    at_ms: f.at_ms,
+                    retry_at_ms: f.retry_at_ms,
                 };
             }
             Event::ToolCallRejected(r) => {
@@ -1676,6 +1754,19 @@ impl RunState {
             // Readings are counted in `apply`.
             Event::ClockObserved(_) => {}
             Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::WaitStarted(w) => {
+                self.wait = Some(RetryWait {
+                    step: w.step,
+                    since_ms: w.since_ms,
+                    until_ms: w.until_ms,
+                    ended_ms: None,
+                });
+            }
+            Event::WaitEnded(e) => {
+                if let Some(w) = &mut self.wait {
+                    w.ended_ms = Some(e.at_ms);
+                }
+            }
             Event::CompactionIntent(i) => {
                 self.compaction.in_flight = Some((i.step, i.upto as usize, i.request_hash.clone()));
             }

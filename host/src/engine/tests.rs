@@ -12,10 +12,11 @@ use std::path::Path;
 use serde_json::{Value, json};
 
 use super::budget::{BudgetKind, BudgetLimits, BudgetOverrun, ExtensionError, Pricing};
-use super::decide::{Action, Idle, MAX_MODEL_ATTEMPTS, Park, decide};
+use super::decide::{Action, Idle, Park, decide};
 use super::events::*;
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
 use super::replay::{ReplayError, ReplayOptions, replay};
+use super::retry::{DEFAULT_MAX_ATTEMPTS as MAX_MODEL_ATTEMPTS, RetryPolicy};
 use super::state::{FoldError, RunState, RunStatus, fold};
 use super::view::{AgentTool, AgentView, ToolTarget};
 use crate::policy::EffectClass;
@@ -56,6 +57,7 @@ fn view() -> AgentView {
         model: "demo".into(),
         instructions: "You keep notes.".into(),
         max_tokens: 100,
+        retry: RetryPolicy::default(),
         tools: vec![
             AgentTool {
                 name: "ask".into(),
@@ -166,6 +168,21 @@ fn answer_with(step: u32, text: &str, calls: &[(&str, Value)], stop: StopReason)
     })
 }
 
+/// A transient failure at `at_ms` whose next attempt is due at `retry_at_ms`.
+fn model_failed_at(step: u32, at_ms: u64, retry_at_ms: u64) -> Event {
+    Event::ModelCallFailed(ModelCallFailed {
+        step,
+        error: ModelCallError {
+            transient: true,
+            message: "slow down".into(),
+            status: Some(429),
+            retry_after_ms: Some(retry_at_ms - at_ms),
+        },
+        at_ms: Some(at_ms),
+        retry_at_ms: Some(retry_at_ms),
+    })
+}
+
 fn model_failed(step: u32, transient: bool) -> Event {
     Event::ModelCallFailed(ModelCallFailed {
         step,
@@ -173,7 +190,10 @@ fn model_failed(step: u32, transient: bool) -> Event {
             transient,
             message: "busy".into(),
             status: None,
+            retry_after_ms: None,
         },
+        at_ms: None,
+        retry_at_ms: None,
     })
 }
 
@@ -418,6 +438,33 @@ fn every_status_is_derived_from_the_log_alone() {
             RunStatus::Running,
         ),
         (
+            "waiting for a retry's due time",
+            log(vec![
+                model(1, 1),
+                model_failed_at(1, 1_000, 121_000),
+                Event::WaitStarted(WaitStarted {
+                    step: 1,
+                    since_ms: 1_000,
+                    until_ms: 121_000,
+                }),
+            ]),
+            RunStatus::Waiting,
+        ),
+        (
+            "the wait ended",
+            log(vec![
+                model(1, 1),
+                model_failed_at(1, 1_000, 121_000),
+                Event::WaitStarted(WaitStarted {
+                    step: 1,
+                    since_ms: 1_000,
+                    until_ms: 121_000,
+                }),
+                Event::WaitEnded(WaitEnded { at_ms: 121_000 }),
+            ]),
+            RunStatus::Running,
+        ),
+        (
             "dangling write",
             dangling_write(),
             RunStatus::NeedsReconciliation,
@@ -545,6 +592,62 @@ fn impossible_sequences_are_refused_naming_the_position() {
             log(vec![model(1, 1), model_failed(1, true), model(1, 1)]),
             3,
             "expected step 1 attempt 2",
+        ),
+        (
+            "a wait without a failed model call",
+            log(vec![Event::WaitStarted(WaitStarted {
+                step: 1,
+                since_ms: 1_000,
+                until_ms: 121_000,
+            })]),
+            1,
+            "wait_started needs a failed model call",
+        ),
+        (
+            "a wait ended before its wake-up time",
+            log(vec![
+                model(1, 1),
+                model_failed_at(1, 1_000, 121_000),
+                Event::WaitStarted(WaitStarted {
+                    step: 1,
+                    since_ms: 1_000,
+                    until_ms: 121_000,
+                }),
+                Event::WaitEnded(WaitEnded { at_ms: 120_999 }),
+            ]),
+            4,
+            "before the wake-up time 121000",
+        ),
+        (
+            "a model call while waiting",
+            log(vec![
+                model(1, 1),
+                model_failed_at(1, 1_000, 121_000),
+                Event::WaitStarted(WaitStarted {
+                    step: 1,
+                    since_ms: 1_000,
+                    until_ms: 121_000,
+                }),
+                model(1, 2),
+            ]),
+            4,
+            "waiting",
+        ),
+        (
+            "a wait ended twice",
+            log(vec![
+                model(1, 1),
+                model_failed_at(1, 1_000, 121_000),
+                Event::WaitStarted(WaitStarted {
+                    step: 1,
+                    since_ms: 1_000,
+                    until_ms: 121_000,
+                }),
+                Event::WaitEnded(WaitEnded { at_ms: 121_000 }),
+                Event::WaitEnded(WaitEnded { at_ms: 121_001 }),
+            ]),
+            5,
+            "not waiting",
         ),
         (
             "model call after the final answer",
@@ -856,6 +959,9 @@ fn shape(action: &Action) -> String {
         }
         Action::Park(Park::Suspend(s)) => format!("park suspend {} {}", s.call_id, s.schema),
         Action::Park(Park::External(r)) => format!("park external {} {}", r.call_id, r.tool),
+        Action::Park(Park::Wait(w)) => {
+            format!("park wait step={} {}..{}", w.step, w.since_ms, w.until_ms)
+        }
         Action::Fail(e) => format!("fail {e}"),
         Action::Idle(Idle::Terminal(s)) => format!("idle {s}"),
         Action::Idle(Idle::AwaitingApproval { call_id }) => {
@@ -872,6 +978,7 @@ fn shape(action: &Action) -> String {
         Action::Idle(Idle::ReconciliationRequired { since_ms }) => {
             format!("idle reconciliation_required {since_ms:?}")
         }
+        Action::Idle(Idle::Waiting { until_ms }) => format!("idle waiting until {until_ms}"),
     }
 }
 
@@ -1077,6 +1184,73 @@ fn every_decision() {
                 .collect()),
             view(),
             "fail the model call at step 1 failed 3 times: busy",
+        ),
+        (
+            "max_attempts is the agent's: more attempts",
+            log((1..=MAX_MODEL_ATTEMPTS)
+                .flat_map(|a| [model(1, a), model_failed(1, true)])
+                .collect()),
+            AgentView {
+                retry: RetryPolicy {
+                    max_attempts: 5,
+                    ..RetryPolicy::default()
+                },
+                ..view()
+            },
+            "call_model step=1 attempt=4 recorded=false max_tokens=100",
+        ),
+        (
+            "max_attempts is the agent's: one attempt only",
+            log(vec![model(1, 1), model_failed(1, true)]),
+            AgentView {
+                retry: RetryPolicy {
+                    max_attempts: 1,
+                    ..RetryPolicy::default()
+                },
+                ..view()
+            },
+            "fail the model call at step 1 failed 1 times: busy",
+        ),
+        (
+            "a wait up to max_retry_wait: the driver waits, then calls",
+            log(vec![model(1, 1), model_failed_at(1, 1_000, 61_000)]),
+            view(),
+            "call_model step=1 attempt=2 recorded=false max_tokens=100",
+        ),
+        (
+            "a wait beyond max_retry_wait parks the run until due",
+            log(vec![model(1, 1), model_failed_at(1, 1_000, 121_000)]),
+            view(),
+            "park wait step=1 1000..121000",
+        ),
+        (
+            "parked on a wait",
+            log(vec![
+                model(1, 1),
+                model_failed_at(1, 1_000, 121_000),
+                Event::WaitStarted(WaitStarted {
+                    step: 1,
+                    since_ms: 1_000,
+                    until_ms: 121_000,
+                }),
+            ]),
+            view(),
+            "idle waiting until 121000",
+        ),
+        (
+            "the wait ended: the next attempt",
+            log(vec![
+                model(1, 1),
+                model_failed_at(1, 1_000, 121_000),
+                Event::WaitStarted(WaitStarted {
+                    step: 1,
+                    since_ms: 1_000,
+                    until_ms: 121_000,
+                }),
+                Event::WaitEnded(WaitEnded { at_ms: 121_500 }),
+            ]),
+            view(),
+            "call_model step=1 attempt=2 recorded=false max_tokens=100",
         ),
         (
             "completed",

@@ -7,6 +7,7 @@
 //! tests build it directly.
 
 use super::refusal::OnRefusal;
+use super::retry::RetryPolicy;
 use std::collections::BTreeSet;
 
 use serde_json::Value;
@@ -40,6 +41,8 @@ pub struct AgentView {
     pub instructions: String,
     /// Output tokens per model call.
     pub max_tokens: u32,
+    /// How a failed model call is tried again.
+    pub retry: RetryPolicy,
     /// The tools, sorted by name.
     pub tools: Vec<AgentTool>,
     /// The budgets.
@@ -275,6 +278,7 @@ impl AgentView {
                 Some(schema) => output_contract(&agent.instructions, schema),
             },
             max_tokens: agent.model.max_tokens,
+            retry: agent.model.retry,
             tools,
             budgets: agent.budgets,
             pricing: agent.model.pricing.clone(),

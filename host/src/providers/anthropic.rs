@@ -37,14 +37,13 @@
 //! `cache_read_input_tokens`) with `input_tokens`: all of it was read.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue};
 use serde_json::{Map, Value, json};
 
 use super::http::{
-    DecodeError, HttpClient, HttpConfig, HttpModel, RetrySleep, Secret, StreamDecoder, TokioSleep,
-    WireFormat, error_is_transient, preview,
+    DecodeError, HttpClient, HttpConfig, HttpModel, Secret, StreamDecoder, WireFormat,
+    error_is_transient, preview,
 };
 use super::sse::SseEvent;
 use super::{
@@ -81,21 +80,19 @@ pub struct AnthropicProvider {
 }
 
 impl AnthropicProvider {
-    /// A provider for `config` on the process-wide client, waiting on the
-    /// tokio timer between attempts.
+    /// A provider for `config` on the process-wide client.
     pub fn new(config: HttpConfig, options: AnthropicOptions) -> Result<Self, ProviderError> {
-        Self::with_client(config, options, HttpClient::shared(), Arc::new(TokioSleep))
+        Self::with_client(config, options, HttpClient::shared())
     }
 
-    /// A provider on `client`, waiting between attempts with `sleep`.
+    /// A provider on `client`.
     pub fn with_client(
         config: HttpConfig,
         options: AnthropicOptions,
         client: HttpClient,
-        sleep: Arc<dyn RetrySleep>,
     ) -> Result<Self, ProviderError> {
         Ok(AnthropicProvider {
-            model: HttpModel::new(Box::new(AnthropicWire { options }), config, client, sleep)?,
+            model: HttpModel::new(Box::new(AnthropicWire { options }), config, client)?,
         })
     }
 

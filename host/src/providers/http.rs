@@ -1,17 +1,19 @@
 //! What the HTTP providers share: the process-wide [`HttpClient`] (HTTP/1.1
 //! over TCP or rustls, idle connections pooled per origin), an endpoint's
-//! settings ([`HttpConfig`], secrets as [`Secret`]), the retry policy
-//! (backoff with jitter, `Retry-After`), and the one streaming call loop
-//! both wire formats run through (`HttpModel`).
+//! settings ([`HttpConfig`], secrets as [`Secret`]), what an error response
+//! says about trying again (its status, its error object, `Retry-After`),
+//! and the one streaming call loop both wire formats run through
+//! (`HttpModel`).
 //!
-//! One call: wait for a permit (a provider's cap on concurrent calls), send
-//! the request, check the status, then read the body (server-sent events,
-//! or one JSON document) through the wire format's decoder. A failure
-//! before any event was handed out is retried here when it is transient and
-//! attempts remain; once an event is out, a failure ends the stream with
-//! the error (the engine records it and retries the whole step, so a
-//! recorded completion is never duplicated). Each attempt is a tracing span
-//! (`model_http_attempt`, with `provider`, `attempt` and `url`).
+//! One call is exactly one request: wait for a permit (a provider's cap on
+//! concurrent calls), send the request, check the status, then read the
+//! body (server-sent events, or one JSON document) through the wire
+//! format's decoder. A failure ends the stream with a typed error that
+//! says whether it is transient and what `Retry-After` asked for; the
+//! engine records it and decides whether and when to try again (see
+//! `engine::retry`: one retry layer, so `max_attempts` counts requests).
+//! Each request is a tracing span (`model_http_request`, with `provider`,
+//! `model` and `url`).
 //!
 //! Dropping the stream drops the response body; a body dropped before its
 //! end aborts its connection's task, which closes the socket. Only a body
@@ -26,7 +28,6 @@ use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use bytes::Bytes;
-use futures::future::BoxFuture;
 use http::header::{ACCEPT, CONTENT_TYPE, HOST, RETRY_AFTER, USER_AGENT};
 use http::{HeaderMap, HeaderName, HeaderValue, Method, Request, Uri};
 use http_body_util::{BodyExt, Full};
@@ -44,13 +45,6 @@ use super::{ModelRequest, ModelStream, ProviderError, ProviderEvent};
 pub const MAX_ERROR_BODY: usize = 16 * 1024;
 /// Most bytes of one server-sent event, or of a whole JSON response.
 pub const MAX_RESPONSE_EVENT: usize = 32 * 1024 * 1024;
-/// The longest `Retry-After` honoured inside a call. A server asking for
-/// more gets its error handed to the engine, which records it.
-pub const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
-/// The first backoff delay; it doubles with each attempt.
-pub const BACKOFF_BASE: Duration = Duration::from_millis(500);
-/// The longest backoff delay.
-pub const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// How long an idle pooled connection is kept.
 pub const POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Most idle connections kept per origin.
@@ -110,9 +104,6 @@ pub struct HttpConfig {
     /// The most a call waits for a connection, for the response to start,
     /// and then between two pieces of the body. Default: 60 s.
     pub timeout: Duration,
-    /// Attempts per call, the first included, for transient failures before
-    /// anything was handed to the engine. Default: 3.
-    pub max_attempts: u32,
     /// Calls in flight at once through this provider; more wait their turn.
     /// Default: 8.
     pub max_concurrent_calls: usize,
@@ -131,43 +122,10 @@ impl HttpConfig {
             headers: Vec::new(),
             secret_headers: Vec::new(),
             timeout: Duration::from_secs(60),
-            max_attempts: 3,
             max_concurrent_calls: 8,
             stream: true,
         }
     }
-}
-
-/// How an HTTP provider waits between attempts. Injected so tests can see
-/// the delays without waiting them out.
-pub trait RetrySleep: Send + Sync {
-    /// Waits `delay`.
-    fn sleep(&self, delay: Duration) -> BoxFuture<'static, ()>;
-}
-
-/// Waits on the tokio timer: the default.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct TokioSleep;
-
-impl RetrySleep for TokioSleep {
-    fn sleep(&self, delay: Duration) -> BoxFuture<'static, ()> {
-        Box::pin(tokio::time::sleep(delay))
-    }
-}
-
-/// The delay before the attempt after `failed_attempt` (counting from 1):
-/// what `Retry-After` asked for when it did, otherwise exponential backoff
-/// from [`BACKOFF_BASE`] up to [`BACKOFF_MAX`], with half of it jittered by
-/// `jitter`.
-pub fn backoff(failed_attempt: u32, retry_after_ms: Option<u64>, jitter: u64) -> Duration {
-    if let Some(ms) = retry_after_ms {
-        return Duration::from_millis(ms);
-    }
-    let exp = BACKOFF_BASE
-        .saturating_mul(1u32 << failed_attempt.saturating_sub(1).min(16))
-        .min(BACKOFF_MAX);
-    let half = exp.as_millis() as u64 / 2;
-    Duration::from_millis(half + jitter % (half + 1))
 }
 
 /// What `Retry-After` (or `retry-after-ms`, which some APIs send) asks for,
@@ -719,10 +677,8 @@ struct Endpoint {
     headers: HeaderMap,
     secrets: Vec<String>,
     timeout: Duration,
-    max_attempts: u32,
     stream: bool,
     permits: Arc<Semaphore>,
-    sleep: Arc<dyn RetrySleep>,
 }
 
 impl std::fmt::Debug for HttpModel {
@@ -732,7 +688,6 @@ impl std::fmt::Debug for HttpModel {
             .field("provider", &e.wire.name())
             .field("url", &e.display_url)
             .field("timeout", &e.timeout)
-            .field("max_attempts", &e.max_attempts)
             .field("stream", &e.stream)
             .finish_non_exhaustive()
     }
@@ -755,7 +710,6 @@ impl HttpModel {
         wire: Box<dyn WireFormat>,
         config: HttpConfig,
         client: HttpClient,
-        sleep: Arc<dyn RetrySleep>,
     ) -> Result<HttpModel, ProviderError> {
         let provider = wire.name();
         let invalid = |message: String| ProviderError::InvalidRequest {
@@ -764,9 +718,6 @@ impl HttpModel {
         };
         let url = join_url(&config.base_url, wire.path())
             .map_err(|m| invalid(format!("base URL: {m}")))?;
-        if config.max_attempts == 0 {
-            return Err(invalid("max_attempts must be at least 1".into()));
-        }
         if config.max_concurrent_calls == 0 {
             return Err(invalid("max_concurrent_calls must be at least 1".into()));
         }
@@ -836,12 +787,10 @@ impl HttpModel {
                 headers,
                 secrets,
                 timeout: config.timeout,
-                max_attempts: config.max_attempts,
                 stream: config.stream,
                 permits: Arc::new(Semaphore::new(config.max_concurrent_calls)),
                 wire,
                 client,
-                sleep,
             }),
         })
     }
@@ -867,8 +816,6 @@ impl HttpModel {
             endpoint,
             body,
             model: request.model.clone(),
-            attempt: 0,
-            yielded: false,
             pending: VecDeque::new(),
             open: None,
             finished: false,
@@ -885,9 +832,6 @@ struct Call {
     endpoint: Arc<Endpoint>,
     body: Bytes,
     model: String,
-    attempt: u32,
-    /// Whether an event was handed out: then no retry.
-    yielded: bool,
     pending: VecDeque<ProviderEvent>,
     open: Option<Open>,
     finished: bool,
@@ -913,7 +857,6 @@ impl Call {
     async fn next(&mut self) -> Option<Result<ProviderEvent, ProviderError>> {
         loop {
             if let Some(event) = self.pending.pop_front() {
-                self.yielded = true;
                 return Some(Ok(event));
             }
             if self.finished {
@@ -921,12 +864,10 @@ impl Call {
             }
             let result = match self.open.take() {
                 None => {
-                    self.attempt += 1;
                     let span = tracing::info_span!(
-                        "model_http_attempt",
+                        "model_http_request",
                         provider = self.endpoint.wire.name(),
                         model = %self.model,
-                        attempt = self.attempt,
                         url = %self.endpoint.display_url,
                     );
                     self.start(span.clone()).instrument(span).await
@@ -941,30 +882,11 @@ impl Call {
                 }
             };
             let Err(error) = result else { continue };
-            let e = &self.endpoint;
-            let retry = !self.yielded && error.is_transient() && self.attempt < e.max_attempts;
-            let retry_after = match &error {
-                ProviderError::Http { retry_after_ms, .. } => *retry_after_ms,
-                _ => None,
-            };
-            let too_long = retry_after.is_some_and(|ms| ms > MAX_RETRY_AFTER.as_millis() as u64);
-            // Events of a failed attempt that were never handed out go
-            // with it.
+            // Events decoded but never handed out go with the request; the
+            // engine records the failure and decides about another attempt.
             self.pending.clear();
-            if !retry || too_long {
-                tracing::debug!(provider = e.wire.name(), attempt = self.attempt, %error, "model call failed");
-                self.finished = true;
-                return Some(Err(error));
-            }
-            let delay = backoff(self.attempt, retry_after, rand::random());
-            tracing::info!(
-                provider = e.wire.name(),
-                attempt = self.attempt,
-                delay_ms = delay.as_millis() as u64,
-                %error,
-                "model call attempt failed; retrying"
-            );
-            e.sleep.sleep(delay).await;
+            self.finished = true;
+            return Some(Err(error));
         }
     }
 
@@ -1000,7 +922,7 @@ impl Call {
         }
     }
 
-    /// One attempt's request, up to the start of its body.
+    /// The request, up to the start of its body.
     async fn start(&mut self, span: tracing::Span) -> Result<(), ProviderError> {
         let e = Arc::clone(&self.endpoint);
         let permit = match Arc::clone(&e.permits).try_acquire_owned() {
@@ -1201,31 +1123,6 @@ pub(crate) fn preview(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_doubles_with_jitter_and_honours_retry_after() {
-        // Half fixed, half jittered: 250..=500 ms, then 500..=1000 ms, …
-        for (attempt, low, high) in [(1, 250, 500), (2, 500, 1000), (3, 1000, 2000)] {
-            assert_eq!(backoff(attempt, None, 0), Duration::from_millis(low));
-            assert_eq!(
-                backoff(attempt, None, high - low),
-                Duration::from_millis(high)
-            );
-            assert_eq!(
-                backoff(attempt, None, high - low + 1),
-                Duration::from_millis(low)
-            );
-        }
-        // Capped at BACKOFF_MAX.
-        assert_eq!(
-            backoff(30, None, u64::MAX),
-            BACKOFF_MAX.mul_f64(0.5) + Duration::from_millis(u64::MAX % 15_001)
-        );
-        assert!(backoff(30, None, 7) <= BACKOFF_MAX);
-        // Retry-After wins, exactly.
-        assert_eq!(backoff(1, Some(7_000), 12345), Duration::from_secs(7));
-        assert_eq!(backoff(1, Some(0), 12345), Duration::ZERO);
-    }
 
     #[test]
     fn error_shapes_are_classified_by_type_then_code_then_status() {

@@ -7,7 +7,7 @@
 //! [`scripted`] replays a transcript file, offline and deterministically: the
 //! default for the demo and the tests. [`openai`] speaks OpenAI-compatible
 //! chat completions and [`anthropic`] the Anthropic Messages API, both over
-//! [`http`] (the shared client, retries, the call loop) and `sse`
+//! [`http`] (the shared client, error classification, the call loop) and `sse`
 //! (server-sent events).
 //!
 //! Invariant: this module knows nothing about runs, events or budgets. The
@@ -26,7 +26,7 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 
 pub use anthropic::{AnthropicOptions, AnthropicProvider};
-pub use http::{HttpClient, HttpConfig, RetrySleep, Secret, TokioSleep};
+pub use http::{HttpClient, HttpConfig, Secret};
 pub use openai::{MaxTokensField, OpenAiOptions, OpenAiProvider};
 pub use scripted::{ScriptError, ScriptedProvider};
 
@@ -206,9 +206,10 @@ pub type ModelStream =
 /// A model behind some protocol. Object-safe: the engine holds an
 /// `Arc<dyn ModelProvider>`.
 ///
-/// A provider may retry inside [`stream`](ModelProvider::stream) as long as
-/// it has handed nothing to the caller yet; once an event is out, a failure
-/// ends the stream with an error.
+/// A provider makes one request per [`stream`](ModelProvider::stream) and
+/// never retries: a failure ends the stream with a typed error (transient
+/// or not, with what `Retry-After` asked for), and the engine, the one
+/// retry layer, records it and decides whether and when to call again.
 pub trait ModelProvider: Send + Sync {
     /// The provider's name, as written in agent files (`scripted`, …).
     fn name(&self) -> &str;

@@ -38,15 +38,14 @@
 //! then its status.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use http::{HeaderMap, HeaderValue};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::http::{
-    DecodeError, HttpClient, HttpConfig, HttpModel, RetrySleep, Secret, StreamDecoder, TokioSleep,
-    WireFormat, error_is_transient, preview,
+    DecodeError, HttpClient, HttpConfig, HttpModel, Secret, StreamDecoder, WireFormat,
+    error_is_transient, preview,
 };
 use super::sse::SseEvent;
 use super::{
@@ -95,21 +94,19 @@ pub struct OpenAiProvider {
 }
 
 impl OpenAiProvider {
-    /// A provider for `config` on the process-wide client, waiting on the
-    /// tokio timer between attempts.
+    /// A provider for `config` on the process-wide client.
     pub fn new(config: HttpConfig, options: OpenAiOptions) -> Result<Self, ProviderError> {
-        Self::with_client(config, options, HttpClient::shared(), Arc::new(TokioSleep))
+        Self::with_client(config, options, HttpClient::shared())
     }
 
-    /// A provider on `client`, waiting between attempts with `sleep`.
+    /// A provider on `client`.
     pub fn with_client(
         config: HttpConfig,
         options: OpenAiOptions,
         client: HttpClient,
-        sleep: Arc<dyn RetrySleep>,
     ) -> Result<Self, ProviderError> {
         Ok(OpenAiProvider {
-            model: HttpModel::new(Box::new(OpenAiWire { options }), config, client, sleep)?,
+            model: HttpModel::new(Box::new(OpenAiWire { options }), config, client)?,
         })
     }
 

@@ -14,7 +14,7 @@ use sha2::{Digest, Sha256};
 
 use super::{
     ChainBreak, ChainKey, Claim, EventStore, Holder, Lease, Listing, MemoryStore, PruneFilter,
-    QUEUED, RunFilter, RunId, RunMeta, Settlement, SqliteStore, StoreError,
+    QUEUED, RunFilter, RunId, RunMeta, Settlement, SqliteStore, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -1677,6 +1677,99 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
     assert_eq!(claimed(&again), [("parked", 3)]);
 }
 
+/// A waiting run is a durable timer: claimable once its wake-up time has
+/// come and no live lease holds it, whoever parked it (a worker, or
+/// `warden run`, which never leases); not before. The wake-up time
+/// round-trips through every kind of append and the summary, the next
+/// append clears it, and a released or expired lease does not change it.
+pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Backend) {
+    let store = backend.open().await;
+    run_with_status(&*store, "worker", 1, QUEUED).await;
+    run_with_status(&*store, "cli", 2, "running").await;
+    run_with_status(&*store, "later", 3, "running").await;
+    let leases = store.claim("w1", 0, 100, 10).await.unwrap();
+    assert_eq!(claimed(&leases), [("worker", 1)]);
+    // The worker parks its run until 1000 and releases it; `warden run`
+    // parks two runs, until 500 and 5000, and exits.
+    store
+        .append_fenced(
+            &leases[0],
+            1,
+            &[ev("wait")],
+            Listing::new(WAITING).waking_at(Some(1_000)),
+            10,
+        )
+        .await
+        .unwrap();
+    store.release_lease(&leases[0], None).await.unwrap();
+    for (run, wake) in [("cli", 500), ("later", 5_000)] {
+        store
+            .append(
+                &id(run),
+                1,
+                &[ev("wait")],
+                Listing::new(WAITING).waking_at(Some(wake)),
+                10,
+            )
+            .await
+            .unwrap();
+    }
+    let summary = store.summary(&id("worker")).await.unwrap();
+    assert_eq!(
+        (summary.status.as_str(), summary.wake_ms),
+        (WAITING, Some(1_000))
+    );
+    let listed: Vec<(String, Option<i64>)> = store
+        .list(&RunFilter::new().status(WAITING))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| (r.run_id.to_string(), r.wake_ms))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("worker".to_owned(), Some(1_000)),
+            ("cli".to_owned(), Some(500)),
+            ("later".to_owned(), Some(5_000))
+        ]
+    );
+
+    // Nothing is due before 500; then `cli`; at 1000 `worker` too (oldest
+    // first among the due), never `later`.
+    assert!(store.claim("w2", 499, 100, 10).await.unwrap().is_empty());
+    let due = store.claim("w2", 500, 100, 10).await.unwrap();
+    assert_eq!(claimed(&due), [("cli", 1)]);
+    assert!(
+        store.claim("w3", 599, 100, 10).await.unwrap().is_empty(),
+        "a live lease holds a due run"
+    );
+    let due = store.claim("w3", 1_000, 100, 1).await.unwrap();
+    assert_eq!(claimed(&due), [("worker", 2)]);
+    // The driver ends the wait: the wake-up time goes with the status.
+    store
+        .append_fenced(&due[0], 2, &[ev("woke")], "running".into(), 1_001)
+        .await
+        .unwrap();
+    assert_eq!(store.summary(&id("worker")).await.unwrap().wake_ms, None);
+    store
+        .append_fenced(&due[0], 3, &[ev("end")], "completed".into(), 1_002)
+        .await
+        .unwrap();
+    store.release_lease(&due[0], None).await.unwrap();
+    // Its lease expires with the run still waiting (the driver died before
+    // ending the wait): due, it is claimed again.
+    let cli = store.summary(&id("cli")).await.unwrap();
+    assert_eq!((cli.status.as_str(), cli.wake_ms), (WAITING, Some(500)));
+    let again = store.claim("w4", 1_100, 100, 10).await.unwrap();
+    assert_eq!(claimed(&again), [("cli", 2)]);
+    assert_eq!(
+        store.summary(&id("later")).await.unwrap().lease_token,
+        0,
+        "not due, never claimed"
+    );
+}
+
 pub(crate) async fn concurrent_claims_never_share_a_run(backend: &dyn Backend) {
     let store = backend.open().await;
     const RUNS: usize = 30;
@@ -2067,6 +2160,7 @@ macro_rules! conformance_suite {
                 racing_acquirers_have_one_winner,
                 claims_take_queued_runs_and_runs_whose_driver_died,
                 claims_take_runs_that_owe_deliveries_and_nothing_else,
+                claims_take_waiting_runs_once_they_are_due,
                 concurrent_claims_never_share_a_run,
                 prune_leaves_tombstones_and_keeps_the_id,
                 a_session_holds_one_active_run_until_it_ends,

@@ -46,7 +46,11 @@
 //!   and either `running` (its worker died, or a human verb made a parked
 //!   run runnable again) or owing deliveries (its worker died after the
 //!   run's terminal event or parked notice and before the delivery: the
-//!   count the last append wrote, see [`Listing`](super::Listing)),
+//!   count the last append wrote, see [`Listing`](super::Listing)), or
+//! - `waiting` with no live lease and a wake-up time at or before now (the
+//!   [`Listing::wake_ms`](super::Listing::wake_ms) its last append wrote: a
+//!   durable timer, whoever parked it, `warden run` included, since nobody
+//!   drives a waiting run),
 //!
 //! skipping rows another claimer holds locked, so concurrent workers never
 //! claim the same run. Runs started and driven by `warden run` are never
@@ -67,6 +71,8 @@ use super::{ChainHash, RunId};
 
 /// The listing status of a submitted run that no worker has started.
 pub const QUEUED: &str = "queued";
+/// The listing status of a run parked until its wake-up time.
+pub const WAITING: &str = "waiting";
 
 /// A lease on one run, as issued to its owner.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,7 +14,7 @@ use super::session::holds_session;
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, Listing,
     PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
-    StoredEvent, Tombstone, VerifyReport,
+    StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -46,6 +46,8 @@ pub(crate) struct MemRun {
     lease_token: u64,
     /// Deliveries owed, as the last append said.
     owes_deliveries: u32,
+    /// When a waiting run wakes up, as the last append said.
+    wake_ms: Option<i64>,
 }
 
 impl MemRun {
@@ -62,6 +64,7 @@ impl MemRun {
             lease: self.lease.clone(),
             lease_token: self.lease_token,
             owes_deliveries: self.owes_deliveries,
+            wake_ms: self.wake_ms,
         }
     }
 
@@ -91,7 +94,8 @@ impl MemRun {
 
     fn claimable(&self, now_ms: i64) -> bool {
         (self.status == QUEUED
-            || (self.lease_token > 0 && (self.status == "running" || self.owes_deliveries > 0)))
+            || (self.lease_token > 0 && (self.status == "running" || self.owes_deliveries > 0))
+            || (self.status == WAITING && self.wake_ms.is_some_and(|at| at <= now_ms)))
             && self.live_lease(now_ms).is_none()
     }
 
@@ -221,6 +225,7 @@ impl MemoryStore {
         run.head = *hashes.last().expect("events is not empty");
         run.status = listing.status.to_owned();
         run.owes_deliveries = listing.owes_deliveries;
+        run.wake_ms = listing.wake_ms;
         run.updated_ms = updated_ms;
         Ok(Appended {
             event_count: run.count,
@@ -287,6 +292,7 @@ impl EventStore for MemoryStore {
                 lease: None,
                 lease_token: 0,
                 owes_deliveries: 0,
+                wake_ms: None,
             },
         );
         Ok(Appended {

@@ -77,7 +77,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
-pub use lease::{Lease, PruneFilter, QUEUED, Tombstone};
+pub use lease::{Lease, PruneFilter, QUEUED, Tombstone, WAITING};
 pub use memory::MemoryStore;
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 pub use session::{InvalidSessionId, SETTLED_STATUSES, SessionId};
@@ -291,6 +291,9 @@ pub struct RunSummary {
     /// How many deliveries the run owes, as written by its last append
     /// (see [`Listing::owes_deliveries`]); 0 when it owes none.
     pub owes_deliveries: u32,
+    /// When the run wakes up, if its last append parked it `waiting` (see
+    /// [`Listing::wake_ms`]).
+    pub wake_ms: Option<i64>,
 }
 
 impl RunSummary {
@@ -303,11 +306,12 @@ impl RunSummary {
 }
 
 /// What an append writes into a run's listing columns besides its events,
-/// in the same transaction: the run's status and how many deliveries it
-/// owes. Both are derived by the engine from the folded log; the store only
-/// keeps them, for listing and for the work queue ([`EventStore::claim`]
-/// takes a worker's run that owes deliveries and has no live lease, even
-/// when it is finished or parked).
+/// in the same transaction: the run's status, how many deliveries it owes,
+/// and when a waiting run wakes up. All are derived by the engine from the
+/// folded log; the store only keeps them, for listing and for the work
+/// queue ([`EventStore::claim`] takes a worker's run that owes deliveries
+/// and has no live lease, even when it is finished or parked, and a
+/// waiting run once its wake-up time has come).
 ///
 /// `"running".into()` is a listing that owes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,15 +323,26 @@ pub struct Listing<'a> {
     /// runtime would make one (see `engine::channels::owed_count`). 0 when
     /// it owes none.
     pub owes_deliveries: u32,
+    /// When a `waiting` run is due to be driven again, in milliseconds
+    /// since the Unix epoch (the engine's clock): a durable timer that
+    /// [`EventStore::claim`] honours. `None` for a run that is not waiting.
+    pub wake_ms: Option<i64>,
 }
 
 impl<'a> Listing<'a> {
-    /// A listing with `status` that owes no delivery.
+    /// A listing with `status` that owes no delivery and waits for no
+    /// time.
     pub fn new(status: &'a str) -> Self {
         Listing {
             status,
             owes_deliveries: 0,
+            wake_ms: None,
         }
+    }
+
+    /// The same listing, due to be driven again at `wake_ms` (when `Some`).
+    pub fn waking_at(self, wake_ms: Option<i64>) -> Self {
+        Listing { wake_ms, ..self }
     }
 
     /// The same listing, owing `n` deliveries.
@@ -828,10 +843,11 @@ pub trait EventStore: Send + Sync {
         Err(unsupported::<Self>("leases"))
     }
 
-    /// Leases up to `limit` claimable runs to `owner` (queued runs, and
+    /// Leases up to `limit` claimable runs to `owner` (queued runs;
     /// workers' runs with no live lease that are running or owe
-    /// deliveries), oldest first, each with its next fencing token;
-    /// concurrent claimers never get the same run.
+    /// deliveries; and waiting runs with no live lease whose wake-up time
+    /// is at or before `now_ms`), oldest first, each with its next fencing
+    /// token; concurrent claimers never get the same run.
     async fn claim(
         &self,
         owner: &str,
@@ -953,6 +969,7 @@ mod tests {
             lease: None,
             lease_token: 0,
             owes_deliveries: 0,
+            wake_ms: None,
         };
         assert!(RunFilter::new().matches(&run));
         assert!(RunFilter::new().status("x").status("running").matches(&run));

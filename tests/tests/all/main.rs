@@ -49,9 +49,13 @@
 //! - `typed_results`: agents with an output schema: validation, one
 //!   rejection sent back, typed failure, `finish_with`, replay of each.
 //! - `providers`: the OpenAI-compatible and Anthropic providers against a
-//!   fake model API on loopback (`model_server`): wire formats, retries,
-//!   broken streams, cancellation, pooling, conformance with the scripted
+//!   fake model API on loopback (`model_server`): wire formats, one
+//!   request per call, errors, broken streams, cancellation, pooling, conformance with the scripted
 //!   provider, and agents end to end.
+//! - `retries`: the one retry layer for model calls through the engine:
+//!   requests counted per `max_attempts`, `Retry-After` waited by the
+//!   injected clock, recovery mid-wait, a long wait parking the run until a
+//!   later drive, a worker or a new `warden worker` process takes it up.
 //! - `corpus`: responses recorded byte for byte from third-party servers
 //!   (`tests/fixtures/providers/corpus/`), replayed exactly and in pieces
 //!   into the providers and through the engine.
@@ -91,6 +95,7 @@ mod plugins;
 mod policies;
 mod policy_plugins;
 mod providers;
+mod retries;
 mod server;
 mod sessions;
 mod turns;

@@ -1,8 +1,10 @@
 //! The HTTP model providers against a fake model API on loopback
 //! (`model_server`): both wire formats streamed at awkward byte boundaries
-//! (recorded fixtures in `tests/fixtures/providers/`), retries (429 with
-//! `Retry-After`, 5xx, 529, errors mid-stream), what is never retried, a
-//! stream cut mid-way, invalid JSON, timeouts, cancellation reaching the
+//! (recorded fixtures in `tests/fixtures/providers/`), one request per
+//! call whatever the error (the engine is the one retry layer: see
+//! `retries.rs`), errors that say whether they are transient and what
+//! `Retry-After` asked for, a stream cut mid-way, invalid JSON, timeouts,
+//! cancellation reaching the
 //! socket, connection pooling and the concurrency cap, secrets kept out of
 //! errors; then conformance (scripted, OpenAI and Anthropic feed the engine
 //! the same events and record the same run; streamed and whole responses
@@ -10,11 +12,10 @@
 //! in the sandbox.
 
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 use warden::engine::events::{Event, ModelCallCompleted};
@@ -24,7 +25,7 @@ use warden::providers::scripted::ScriptedTurn;
 use warden::providers::{
     AnthropicOptions, AnthropicProvider, HttpClient, HttpConfig, Message, ModelProvider,
     ModelRequest, ModelResponse, OpenAiOptions, OpenAiProvider, ProviderError, ProviderEvent,
-    RawBlock, RetrySleep, ScriptedProvider, Secret, StopReason, ToolCall, Usage, collect_response,
+    RawBlock, ScriptedProvider, Secret, StopReason, ToolCall, Usage, collect_response,
 };
 use warden::store::{EventStore, MemoryStore};
 
@@ -44,7 +45,7 @@ pub(crate) enum Wire {
 pub(crate) const WIRES: [Wire; 2] = [Wire::OpenAi, Wire::Anthropic];
 
 impl Wire {
-    fn name(self) -> &'static str {
+    pub(crate) fn name(self) -> &'static str {
         match self {
             Wire::OpenAi => "openai",
             Wire::Anthropic => "anthropic",
@@ -60,52 +61,31 @@ impl Wire {
     }
 }
 
-/// Records the delays a provider asked to wait, and waits none of them.
-#[derive(Default)]
-struct RecordedSleeps(Mutex<Vec<Duration>>);
-
-impl RetrySleep for RecordedSleeps {
-    fn sleep(&self, delay: Duration) -> BoxFuture<'static, ()> {
-        self.0.lock().unwrap().push(delay);
-        Box::pin(async {})
-    }
-}
-
-impl RecordedSleeps {
-    fn delays(&self) -> Vec<Duration> {
-        self.0.lock().unwrap().clone()
-    }
-}
-
 /// A provider of `wire` for `server`, on its own client, with `tweak`
 /// applied to the default settings.
-fn provider(
+pub(crate) fn provider(
     wire: Wire,
     server: &FakeModel,
-    sleeps: &Arc<RecordedSleeps>,
     tweak: impl FnOnce(&mut HttpConfig),
 ) -> Arc<dyn ModelProvider> {
-    provider_on(wire, server, sleeps, HttpClient::new(), tweak)
+    provider_on(wire, server, HttpClient::new(), tweak)
 }
 
 fn provider_on(
     wire: Wire,
     server: &FakeModel,
-    sleeps: &Arc<RecordedSleeps>,
     client: HttpClient,
     tweak: impl FnOnce(&mut HttpConfig),
 ) -> Arc<dyn ModelProvider> {
     let mut config = HttpConfig::new(wire.base_url(server));
     config.timeout = Duration::from_secs(10);
     tweak(&mut config);
-    let sleep: Arc<dyn RetrySleep> = Arc::clone(sleeps) as _;
     match wire {
-        Wire::OpenAi => Arc::new(
-            OpenAiProvider::with_client(config, OpenAiOptions::default(), client, sleep).unwrap(),
-        ),
+        Wire::OpenAi => {
+            Arc::new(OpenAiProvider::with_client(config, OpenAiOptions::default(), client).unwrap())
+        }
         Wire::Anthropic => Arc::new(
-            AnthropicProvider::with_client(config, AnthropicOptions::default(), client, sleep)
-                .unwrap(),
+            AnthropicProvider::with_client(config, AnthropicOptions::default(), client).unwrap(),
         ),
     }
 }
@@ -135,7 +115,7 @@ fn fixture(name: &str) -> Vec<u8> {
 }
 
 /// A short streamed answer saying "ok", in `wire`'s format.
-fn ok_stream(wire: Wire) -> Vec<u8> {
+pub(crate) fn ok_stream(wire: Wire) -> Vec<u8> {
     let turn = ScriptedTurn {
         text: "ok".into(),
         usage: Some(Usage {
@@ -473,8 +453,7 @@ async fn recorded_streams_split_at_awkward_boundaries_assemble_exactly() {
             bytes.chunks(1).map(<[u8]>::to_vec).collect(),
         ] {
             let server = FakeModel::start(move |_, _| Reply::sse(pieces.clone())).await;
-            let sleeps = Arc::new(RecordedSleeps::default());
-            let p = provider(wire, &server, &sleeps, |_| {});
+            let p = provider(wire, &server, |_| {});
             assert_eq!(call(&p).await.unwrap(), expected, "{name}");
             assert_eq!(server.seen().len(), 1, "{name}");
         }
@@ -493,8 +472,7 @@ async fn whole_recorded_responses_assemble_like_their_streams() {
     ] {
         let body: Value = serde_json::from_slice(&fixture(name)).unwrap();
         let server = FakeModel::start(move |_, _| Reply::json(200, &body)).await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |c| c.stream = false);
+        let p = provider(wire, &server, |c| c.stream = false);
         assert_eq!(call(&p).await.unwrap(), expected, "{name}");
         let sent = server.seen()[0].json();
         assert_eq!(sent["stream"], json!(false), "{name}");
@@ -516,8 +494,7 @@ async fn requests_carry_the_key_headers_and_usage_options_and_errors_never_show_
             )
         })
         .await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |c| {
+        let p = provider(wire, &server, |c| {
             c.api_key = Some(Secret::new(key));
             c.headers = vec![("x-team".into(), "ops".into())];
             c.secret_headers = vec![("x-gateway-key".into(), Secret::new("gw-secret-42"))];
@@ -545,10 +522,7 @@ async fn requests_carry_the_key_headers_and_usage_options_and_errors_never_show_
             other => panic!("{other:?}"),
         }
         assert!(!err.is_transient(), "401 is permanent");
-        assert!(
-            sleeps.delays().is_empty(),
-            "a permanent error is not retried"
-        );
+        assert_eq!(server.seen().len(), 1, "one request per call");
 
         let seen = &server.seen()[0];
         assert!(seen.path.ends_with("?tenant=t1"), "{}", seen.path);
@@ -582,61 +556,60 @@ async fn requests_carry_the_key_headers_and_usage_options_and_errors_never_show_
 }
 
 // ---------------------------------------------------------------------------
-// Retries.
+// Errors: one request per call, and what the engine needs to retry.
 
 #[tokio::test]
-async fn a_429_with_retry_after_is_retried_after_exactly_that_delay() {
+async fn a_429_is_one_request_whose_error_carries_retry_after() {
     for wire in WIRES {
-        let ok = ok_stream(wire);
-        let server = FakeModel::start(move |_, n| match n {
-            0 => Reply::json(
+        let server = FakeModel::start(move |_, _| {
+            Reply::json(
                 429,
                 &json!({"error": {"type": "rate_limit_error", "message": "slow down"}}),
             )
-            .header("retry-after", "7"),
-            _ => Reply::sse(awkward_pieces(&ok)),
+            .header("retry-after", "7")
         })
         .await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |_| {});
-        assert_eq!(call(&p).await.unwrap(), ok_response(), "{wire:?}");
-        assert_eq!(sleeps.delays(), [Duration::from_secs(7)], "{wire:?}");
-        assert_eq!(server.seen().len(), 2);
-        // The same request both times.
-        assert_eq!(server.seen()[0].body, server.seen()[1].body);
+        let p = provider(wire, &server, |_| {});
+        match call(&p).await.unwrap_err() {
+            e @ ProviderError::Http {
+                status: 429,
+                retry_after_ms: Some(7_000),
+                ..
+            } => assert!(e.is_transient(), "{wire:?}"),
+            other => panic!("{wire:?}: {other:?}"),
+        }
+        assert_eq!(
+            server.seen().len(),
+            1,
+            "{wire:?}: the provider never retries"
+        );
     }
 }
 
 #[tokio::test]
-async fn server_errors_then_success_are_retried_with_jittered_backoff() {
+async fn server_errors_are_one_request_each_and_transient() {
     for (wire, status) in [
         (Wire::OpenAi, 500),
         (Wire::OpenAi, 503),
         (Wire::Anthropic, 529),
         (Wire::Anthropic, 500),
     ] {
-        let ok = ok_stream(wire);
-        let server = FakeModel::start(move |_, n| match n {
-            0 | 1 => Reply::json(
+        let server = FakeModel::start(move |_, _| {
+            Reply::json(
                 status,
                 &json!({"error": {"type": "overloaded_error", "message": "busy"}}),
-            ),
-            _ => Reply::sse(vec![ok.clone()]),
+            )
         })
         .await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |_| {});
-        assert_eq!(call(&p).await.unwrap(), ok_response(), "{wire:?} {status}");
-        let delays = sleeps.delays();
-        assert_eq!(delays.len(), 2, "{wire:?} {status}");
-        // Backoff doubles from 500 ms, half of it jittered.
-        assert!((250..=500).contains(&delays[0].as_millis()), "{delays:?}");
-        assert!((500..=1000).contains(&delays[1].as_millis()), "{delays:?}");
+        let p = provider(wire, &server, |_| {});
+        let err = call(&p).await.unwrap_err();
+        assert!(err.is_transient(), "{wire:?} {status}: {err}");
+        assert_eq!(server.seen().len(), 1, "{wire:?} {status}");
     }
 }
 
 #[tokio::test]
-async fn attempts_run_out_and_the_error_keeps_status_url_and_a_capped_body() {
+async fn an_error_keeps_status_url_and_a_capped_body() {
     for wire in WIRES {
         let big = "x".repeat(100_000);
         let server = FakeModel::start(move |_, _| Reply {
@@ -648,8 +621,7 @@ async fn attempts_run_out_and_the_error_keeps_status_url_and_a_capped_body() {
             raw: false,
         })
         .await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |c| c.max_attempts = 2);
+        let p = provider(wire, &server, |_| {});
         let err = call(&p).await.unwrap_err();
         assert!(err.is_transient(), "{wire:?}");
         match &err {
@@ -667,19 +639,17 @@ async fn attempts_run_out_and_the_error_keeps_status_url_and_a_capped_body() {
             }
             other => panic!("{other:?}"),
         }
-        assert_eq!(server.seen().len(), 2, "{wire:?}: max_attempts = 2");
-        assert_eq!(sleeps.delays().len(), 1);
+        assert_eq!(server.seen().len(), 1, "{wire:?}");
     }
 }
 
 #[tokio::test]
-async fn a_retry_after_beyond_the_cap_is_handed_to_the_engine_at_once() {
+async fn a_long_retry_after_is_handed_to_the_engine_with_its_value() {
     let server = FakeModel::start(|_, _| {
         Reply::json(429, &json!({"error": {"message": "quota"}})).header("retry-after", "3600")
     })
     .await;
-    let sleeps = Arc::new(RecordedSleeps::default());
-    let p = provider(Wire::OpenAi, &server, &sleeps, |_| {});
+    let p = provider(Wire::OpenAi, &server, |_| {});
     match call(&p).await.unwrap_err() {
         ProviderError::Http {
             status: 429,
@@ -689,12 +659,10 @@ async fn a_retry_after_beyond_the_cap_is_handed_to_the_engine_at_once() {
         other => panic!("{other:?}"),
     }
     assert_eq!(server.seen().len(), 1);
-    assert!(sleeps.delays().is_empty());
 }
 
 #[tokio::test]
-async fn an_overloaded_error_event_before_any_content_is_retried_after_content_it_ends_the_stream()
-{
+async fn an_overloaded_error_event_ends_the_stream_before_or_after_content() {
     let start = r#"event: message_start
 data: {"type":"message_start","message":{"id":"msg_1","type":"message","role":"assistant","content":[],"model":"m","stop_reason":null,"usage":{"input_tokens":3,"output_tokens":1}}}
 
@@ -710,23 +678,22 @@ data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text
 data: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}
 
 "#;
-    // Before any content: retried inside the provider.
-    let ok = ok_stream(Wire::Anthropic);
+    // Before any content: a transient error, for the engine to retry.
     let first = format!("{start}{error}");
-    let server = FakeModel::start(move |_, n| match n {
-        0 => Reply::sse(vec![first.clone().into_bytes()]),
-        _ => Reply::sse(vec![ok.clone()]),
-    })
-    .await;
-    let sleeps = Arc::new(RecordedSleeps::default());
-    let p = provider(Wire::Anthropic, &server, &sleeps, |_| {});
-    assert_eq!(call(&p).await.unwrap(), ok_response());
-    assert_eq!(server.seen().len(), 2);
+    let server = FakeModel::start(move |_, _| Reply::sse(vec![first.clone().into_bytes()])).await;
+    let p = provider(Wire::Anthropic, &server, |_| {});
+    let err = call(&p).await.unwrap_err();
+    assert!(
+        matches!(&err, ProviderError::Remote { kind, .. } if kind == "overloaded_error")
+            && err.is_transient(),
+        "{err:?}"
+    );
+    assert_eq!(server.seen().len(), 1);
 
     // After content: the stream hands out what it had, then the error.
     let second = format!("{start}{text}{error}");
     let server = FakeModel::start(move |_, _| Reply::sse(vec![second.clone().into_bytes()])).await;
-    let p = provider(Wire::Anthropic, &server, &sleeps, |_| {});
+    let p = provider(Wire::Anthropic, &server, |_| {});
     let items: Vec<_> = p.stream(&request("hi")).collect().await;
     assert_eq!(items.len(), 2, "{items:?}");
     assert_eq!(
@@ -744,11 +711,7 @@ data: {"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}
         }
         other => panic!("{other:?}"),
     }
-    assert_eq!(
-        server.seen().len(),
-        1,
-        "no retry once content was handed out"
-    );
+    assert_eq!(server.seen().len(), 1, "one request per call");
 }
 
 // ---------------------------------------------------------------------------
@@ -784,8 +747,7 @@ async fn a_stream_that_stops_mid_way_is_retried_only_if_nothing_was_handed_out()
             Reply::sse(awkward_pieces(cut.as_bytes())).then(After::Cut)
         })
         .await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |_| {});
+        let p = provider(wire, &server, |_| {});
         let items: Vec<_> = p.stream(&request("hi")).collect().await;
         let deltas: Vec<_> = items
             .iter()
@@ -802,19 +764,19 @@ async fn a_stream_that_stops_mid_way_is_retried_only_if_nothing_was_handed_out()
             }
             other => panic!("{wire:?}: {other:?}"),
         }
-        assert_eq!(server.seen().len(), 1, "{wire:?}: no retry after events");
+        assert_eq!(server.seen().len(), 1, "{wire:?}: one request per call");
 
-        // Cut before any content: retried, and the retry succeeds.
-        let ok = ok_stream(wire);
+        // Cut before any content: a transient error, for the engine to
+        // retry; still one request.
         let head = full[..full.find("\n\n").unwrap() + 2].to_owned();
-        let server = FakeModel::start(move |_, n| match n {
-            0 => Reply::sse(vec![head.clone().into_bytes()]).then(After::Cut),
-            _ => Reply::sse(vec![ok.clone()]),
+        let server = FakeModel::start(move |_, _| {
+            Reply::sse(vec![head.clone().into_bytes()]).then(After::Cut)
         })
         .await;
-        let p = provider(wire, &server, &sleeps, |_| {});
-        assert_eq!(call(&p).await.unwrap(), ok_response(), "{wire:?}");
-        assert_eq!(server.seen().len(), 2);
+        let p = provider(wire, &server, |_| {});
+        let err = call(&p).await.unwrap_err();
+        assert!(err.is_transient(), "{wire:?}: {err}");
+        assert_eq!(server.seen().len(), 1, "{wire:?}");
     }
 }
 
@@ -834,8 +796,7 @@ async fn invalid_json_is_a_permanent_protocol_error_naming_what_was_malformed() 
     ] {
         let server =
             FakeModel::start(move |_, _| Reply::sse(awkward_pieces(body.as_bytes()))).await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |_| {});
+        let p = provider(wire, &server, |_| {});
         let err = call(&p).await.unwrap_err();
         assert!(matches!(err, ProviderError::Protocol { .. }), "{err:?}");
         assert!(!err.is_transient());
@@ -852,8 +813,7 @@ async fn invalid_json_is_a_permanent_protocol_error_naming_what_was_malformed() 
         raw: false,
     })
     .await;
-    let sleeps = Arc::new(RecordedSleeps::default());
-    let p = provider(Wire::OpenAi, &server, &sleeps, |_| {});
+    let p = provider(Wire::OpenAi, &server, |_| {});
     let err = call(&p).await.unwrap_err();
     assert!(
         err.to_string().contains("the response is not JSON")
@@ -871,10 +831,8 @@ async fn a_slow_server_past_the_timeout_is_a_transient_transport_error() {
             ..Reply::sse(vec![])
         })
         .await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |c| {
+        let p = provider(wire, &server, |c| {
             c.timeout = Duration::from_millis(300);
-            c.max_attempts = 2;
         });
         let err = call(&p).await.unwrap_err();
         assert!(err.is_transient(), "{err}");
@@ -882,16 +840,16 @@ async fn a_slow_server_past_the_timeout_is_a_transient_transport_error() {
             matches!(&err, ProviderError::Transport { message, .. } if message.ends_with("no response within 300ms")),
             "{err}"
         );
-        assert_eq!(server.seen().len(), 2, "timeouts are retried");
+        assert!(err.is_transient(), "timeouts are transient");
+        assert_eq!(server.seen().len(), 1, "one request per call");
 
         // A stream that stalls after its first event.
         let stall = ok_stream(wire);
         let first = stall[..stall.windows(2).position(|w| w == b"\n\n").unwrap() + 2].to_vec();
         let server =
             FakeModel::start(move |_, _| Reply::sse(vec![first.clone()]).then(After::Hang)).await;
-        let p = provider(wire, &server, &sleeps, |c| {
+        let p = provider(wire, &server, |c| {
             c.timeout = Duration::from_millis(300);
-            c.max_attempts = 1;
         });
         let err = call(&p).await.unwrap_err();
         assert!(
@@ -912,18 +870,9 @@ async fn a_refused_connection_is_a_transient_transport_error() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     drop(listener);
-    let config = HttpConfig {
-        max_attempts: 2,
-        ..HttpConfig::new(format!("http://127.0.0.1:{port}/v1"))
-    };
-    let sleeps = Arc::new(RecordedSleeps::default());
-    let p = OpenAiProvider::with_client(
-        config,
-        OpenAiOptions::default(),
-        HttpClient::new(),
-        sleeps.clone() as _,
-    )
-    .unwrap();
+    let config = HttpConfig::new(format!("http://127.0.0.1:{port}/v1"));
+    let p =
+        OpenAiProvider::with_client(config, OpenAiOptions::default(), HttpClient::new()).unwrap();
     let p: Arc<dyn ModelProvider> = Arc::new(p);
     let err = call(&p).await.unwrap_err();
     assert!(err.is_transient(), "{err}");
@@ -933,7 +882,6 @@ async fn a_refused_connection_is_a_transient_transport_error() {
         )),
         "{err}"
     );
-    assert_eq!(sleeps.delays().len(), 1);
 }
 
 // ---------------------------------------------------------------------------
@@ -954,8 +902,7 @@ async fn dropping_the_stream_mid_way_closes_the_connection() {
         let head = stream[..end].to_vec();
         let server =
             FakeModel::start(move |_, _| Reply::sse(vec![head.clone()]).then(After::Hang)).await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let p = provider(wire, &server, &sleeps, |_| {});
+        let p = provider(wire, &server, |_| {});
         let mut s = p.stream(&request("hi"));
         assert_eq!(
             s.next().await.unwrap().unwrap(),
@@ -976,14 +923,13 @@ async fn connections_are_pooled_per_origin_and_reused() {
     for wire in WIRES {
         let ok = ok_stream(wire);
         let server = FakeModel::start(move |_, _| Reply::sse(awkward_pieces(&ok))).await;
-        let sleeps = Arc::new(RecordedSleeps::default());
         let client = HttpClient::new();
-        let p = provider_on(wire, &server, &sleeps, client.clone(), |_| {});
+        let p = provider_on(wire, &server, client.clone(), |_| {});
         for _ in 0..3 {
             assert_eq!(call(&p).await.unwrap(), ok_response());
         }
         // A second provider on the same client shares the pool.
-        let q = provider_on(wire, &server, &sleeps, client.clone(), |_| {});
+        let q = provider_on(wire, &server, client.clone(), |_| {});
         assert_eq!(call(&q).await.unwrap(), ok_response());
         assert_eq!(server.seen().len(), 4);
         assert_eq!(server.connections(), 1, "{wire:?}: one connection, reused");
@@ -1000,10 +946,7 @@ async fn a_provider_caps_its_calls_in_flight() {
         Some(Arc::clone(&gate)),
     )
     .await;
-    let sleeps = Arc::new(RecordedSleeps::default());
-    let p = provider(Wire::OpenAi, &server, &sleeps, |c| {
-        c.max_concurrent_calls = 2
-    });
+    let p = provider(Wire::OpenAi, &server, |c| c.max_concurrent_calls = 2);
     let calls: Vec<_> = (0..5)
         .map(|_| {
             let p = Arc::clone(&p);
@@ -1199,8 +1142,7 @@ async fn every_provider_feeds_the_engine_the_same_events_for_the_same_conversati
 
     for wire in WIRES {
         let server = scripted_server(wire, conversation()).await;
-        let sleeps = Arc::new(RecordedSleeps::default());
-        let http = provider(wire, &server, &sleeps, |_| {});
+        let http = provider(wire, &server, |_| {});
         // Provider by provider, request by request: the same events.
         for r in &requests {
             assert_eq!(
@@ -1215,7 +1157,6 @@ async fn every_provider_feeds_the_engine_the_same_events_for_the_same_conversati
         assert_eq!(status, RunStatus::Completed, "{wire:?}");
         assert_eq!(comparable(&events), comparable(&control), "{wire:?}");
         assert_eq!(deltas, control_deltas, "{wire:?}");
-        assert!(sleeps.delays().is_empty());
     }
 }
 
@@ -1528,7 +1469,7 @@ async fn the_cli_runs_an_openai_agent_with_its_key_from_the_environment_and_neve
         !stdout.contains(key) && !stderr.contains(key),
         "the key leaked"
     );
-    assert!(stderr.contains("model_http_attempt"), "attempts are traced");
+    assert!(stderr.contains("model_http_request"), "requests are traced");
     let seen = server.seen();
     assert_eq!(seen.len(), 3);
     for s in &seen {

@@ -487,7 +487,7 @@ async fn a_write_is_not_repeated_after_a_takeover_mid_call_on_postgres() {
 const RUNS: usize = 200;
 const WORKERS: usize = 3;
 
-fn warden_binary() -> std::path::PathBuf {
+pub(crate) fn warden_binary() -> std::path::PathBuf {
     let exe = std::env::current_exe().unwrap();
     let bin = exe.parent().unwrap().parent().unwrap().join("warden");
     assert!(
@@ -732,7 +732,7 @@ async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write()
     assert!(kills >= 1, "no worker was killed: the test tested nothing");
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()

@@ -188,6 +188,7 @@ fn a_failed_compaction_is_counted_and_the_step_goes_on_uncompacted() {
                 transient: true,
                 message: "overloaded".into(),
                 status: Some(529),
+                retry_after_ms: None,
             },
         }),
     ]);

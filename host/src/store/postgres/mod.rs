@@ -42,7 +42,7 @@ use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Finding, Holder, Lease, Listing,
     OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
-    StoredEvent, Tombstone, VerifyReport,
+    StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
 /// An event store in one schema of a PostgreSQL database.
@@ -258,7 +258,7 @@ impl std::fmt::Debug for PostgresStore {
 }
 
 /// The columns [`summary_from`] reads, in its order.
-const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries";
+const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries, wake_ms";
 
 impl PostgresStore {
     /// Opens the store at `url` (`postgres://user@host:port/db`, optionally
@@ -487,6 +487,7 @@ fn summary_from(row: &Row, labels: BTreeMap<String, String>) -> Option<RunSummar
         lease,
         lease_token,
         owes_deliveries: u32::try_from(row.get::<_, i32>(11)).unwrap_or(0),
+        wake_ms: row.get(12),
     })
 }
 
@@ -1092,8 +1093,9 @@ impl EventStore for PostgresStore {
                     "UPDATE runs SET lease_owner = $1, lease_token = lease_token + 1, lease_expires_ms = $3
                      WHERE pk IN (
                          SELECT pk FROM runs
-                         WHERE (status IN ($4, 'running') OR owes_deliveries > 0)
-                           AND (status = $4 OR lease_token > 0)
+                         WHERE (((status IN ($4, 'running') OR owes_deliveries > 0)
+                                 AND (status = $4 OR lease_token > 0))
+                                OR (status = $6 AND wake_ms <= $2))
                            AND (lease_owner IS NULL OR lease_expires_ms <= $2)
                          ORDER BY created_ms, id
                          LIMIT $5
@@ -1105,6 +1107,7 @@ impl EventStore for PostgresStore {
                         &expires_ms,
                         &QUEUED,
                         &i64::try_from(limit).unwrap_or(i64::MAX),
+                        &WAITING,
                     ],
                 )
                 .await
@@ -1297,14 +1300,15 @@ impl PostgresStore {
                 tx,
                 &context,
                 "UPDATE runs SET status = $1, updated_ms = $2, event_count = $3, head_hash = $4,
-                     owes_deliveries = $5
-                 WHERE pk = $6",
+                     owes_deliveries = $5, wake_ms = $6
+                 WHERE pk = $7",
                 &[
                     &listing.status,
                     &updated_ms,
                     &(new_count as i64),
                     &new_head.as_bytes().as_slice(),
                     &(i32::try_from(listing.owes_deliveries).unwrap_or(i32::MAX)),
+                    &listing.wake_ms,
                     &pk,
                 ],
             )
@@ -1341,7 +1345,7 @@ mod tests {
             return;
         };
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [1, 2, 3, 4]);
+        assert_eq!(applied, [1, 2, 3, 4, 5]);
         new_run(&store, &id("old"), 3).await;
         drop(store);
         // What version 3 looked like.
@@ -1355,7 +1359,7 @@ mod tests {
         .unwrap();
 
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [4]);
+        assert_eq!(applied, [4, 5]);
         let summary = store.summary(&id("old")).await.unwrap();
         assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
         assert!(store.verify(&id("old")).await.unwrap().is_intact());
@@ -1374,13 +1378,14 @@ mod tests {
         let (_, applied) = backend.builder().open_and_migrate().await.unwrap();
         assert!(applied.is_empty(), "{applied:?}");
         raw.batch_execute(schema::MIGRATIONS[3]).await.unwrap();
+        raw.batch_execute(schema::MIGRATIONS[4]).await.unwrap();
 
-        raw.batch_execute("UPDATE store_meta SET value = '5' WHERE key = 'schema_version'")
+        raw.batch_execute("UPDATE store_meta SET value = '6' WHERE key = 'schema_version'")
             .await
             .unwrap();
         match backend.builder().open_and_migrate().await {
             Err(StoreError::SchemaTooNew { found, supported }) => {
-                assert_eq!((found, supported), (5, schema::SCHEMA_VERSION))
+                assert_eq!((found, supported), (6, schema::SCHEMA_VERSION))
             }
             other => panic!("expected SchemaTooNew, got {:?}", other.map(|(_, a)| a)),
         }

@@ -39,6 +39,12 @@ use crate::store::StoreError;
 /// `runs_owing`, a partial index over the runs that owe any, which a claim
 /// takes when their worker died. `IF NOT EXISTS` makes it safe to apply
 /// over a schema that already has them.
+///
+/// Version 5 adds `runs.wake_ms` (when a `waiting` run is due to be driven
+/// again, written with every append; null otherwise and for every run an
+/// older store held) and `runs_waking`, a partial index over the waiting
+/// runs by wake-up time, which a claim takes once due. `IF NOT EXISTS` as
+/// above.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -104,6 +110,10 @@ CREATE UNIQUE INDEX runs_one_active_per_session ON runs (session)
     r#"
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS owes_deliveries integer NOT NULL DEFAULT 0;
 CREATE INDEX IF NOT EXISTS runs_owing ON runs (created_ms, id) WHERE owes_deliveries > 0;
+"#,
+    r#"
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS wake_ms bigint;
+CREATE INDEX IF NOT EXISTS runs_waking ON runs (wake_ms, created_ms, id) WHERE status = 'waiting';
 "#,
 ];
 

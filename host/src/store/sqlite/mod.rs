@@ -435,6 +435,7 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: listing.status.to_owned(),
             owes_deliveries: listing.owes_deliveries,
+            wake_ms: listing.wake_ms,
             updated_ms,
             settle: None,
             reply,
@@ -478,6 +479,7 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: listing.status.to_owned(),
             owes_deliveries: listing.owes_deliveries,
+            wake_ms: listing.wake_ms,
             updated_ms,
             settle: Some(settlement.clone()),
             reply,
@@ -626,6 +628,7 @@ impl EventStore for SqliteStore {
             events: events.to_vec(),
             status: listing.status.to_owned(),
             owes_deliveries: listing.owes_deliveries,
+            wake_ms: listing.wake_ms,
             updated_ms,
             settle: None,
             reply,
@@ -664,7 +667,7 @@ impl EventStore for SqliteStore {
 }
 
 /// The columns `query_summaries` reads, in its order.
-const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries";
+const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries, wake_ms";
 
 /// The error for a run with no row: [`StoreError::Pruned`] if it left a
 /// tombstone, else [`StoreError::UnknownRun`].
@@ -999,6 +1002,7 @@ fn query_summaries(
                 lease,
                 lease_token,
                 owes_deliveries: u32::try_from(row.get::<_, i64>(11)?).unwrap_or(0),
+                wake_ms: row.get(12)?,
             });
         }
     }

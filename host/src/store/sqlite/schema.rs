@@ -43,6 +43,11 @@ use crate::store::{OpenMode, StoreError};
 /// `runs_owing`, a partial index over the runs that owe any, so a claim
 /// finds a finished or parked run whose deliveries a dead worker left
 /// without scanning the finished ones.
+///
+/// Version 6 adds `runs.wake_ms` (when a `waiting` run is due to be driven
+/// again, written with every append; null for every other run and every run
+/// a v5 store held) and `runs_waking`, a partial index over the waiting
+/// runs by wake-up time, so a claim finds the due ones without a scan.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -115,6 +120,10 @@ CREATE UNIQUE INDEX runs_one_active_per_session ON runs (session)
     r#"
 ALTER TABLE runs ADD COLUMN owes_deliveries INTEGER NOT NULL DEFAULT 0;
 CREATE INDEX runs_owing ON runs (created_ms, id) WHERE owes_deliveries > 0;
+"#,
+    r#"
+ALTER TABLE runs ADD COLUMN wake_ms INTEGER;
+CREATE INDEX runs_waking ON runs (wake_ms, created_ms, id) WHERE status = 'waiting';
 "#,
 ];
 

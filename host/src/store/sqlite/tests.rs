@@ -154,8 +154,52 @@ async fn reopening_migrates_nothing_twice_and_keeps_the_version() {
     assert_eq!(loose, 0);
 }
 
-/// A version 4 file (before `owes_deliveries`) is migrated to 5 on open:
-/// its runs are kept, intact and owing nothing, and take the new column.
+/// A version 5 file (before `wake_ms`) is migrated to 6 on open: its runs
+/// are kept, intact and waking at no time, and a waiting run written after
+/// the migration is claimed once due.
+#[tokio::test]
+async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
+    let backend = SqliteBackend::new();
+    {
+        let store = SqliteStore::open(backend.path()).unwrap();
+        new_run(&store, &id("old"), 3).await;
+    }
+    backend
+        .raw()
+        .execute_batch(
+            "DROP INDEX runs_waking;
+             ALTER TABLE runs DROP COLUMN wake_ms;
+             PRAGMA user_version = 5;",
+        )
+        .unwrap();
+    let store = SqliteStore::open(backend.path()).unwrap();
+    let version: i64 = backend
+        .raw()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, 6);
+    let summary = store.summary(&id("old")).await.unwrap();
+    assert_eq!((summary.event_count, summary.wake_ms), (3, None));
+    assert!(store.verify(&id("old")).await.unwrap().is_intact());
+    store
+        .append(
+            &id("old"),
+            3,
+            &[ev("park")],
+            Listing::new("waiting").waking_at(Some(500)),
+            9,
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.summary(&id("old")).await.unwrap().wake_ms, Some(500));
+    assert!(store.claim("w", 499, 1000, 10).await.unwrap().is_empty());
+    let claimed = store.claim("w", 500, 1000, 10).await.unwrap();
+    assert_eq!(claimed.len(), 1);
+}
+
+/// A version 4 file (before `owes_deliveries`) is migrated to the current
+/// version on open: its runs are kept, intact and owing nothing, and take
+/// the new columns.
 #[tokio::test]
 async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
     let backend = SqliteBackend::new();
@@ -167,7 +211,9 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
     backend
         .raw()
         .execute_batch(
-            "DROP INDEX runs_owing;
+            "DROP INDEX runs_waking;
+             ALTER TABLE runs DROP COLUMN wake_ms;
+             DROP INDEX runs_owing;
              ALTER TABLE runs DROP COLUMN owes_deliveries;
              PRAGMA user_version = 4;",
         )
@@ -177,8 +223,8 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .raw()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 5);
-    assert_eq!(schema::SCHEMA_VERSION, 5);
+    assert_eq!(version, 6);
+    assert_eq!(schema::SCHEMA_VERSION, 6);
     let summary = store.summary(&id("old")).await.unwrap();
     assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
     assert!(store.verify(&id("old")).await.unwrap().is_intact());

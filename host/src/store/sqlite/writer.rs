@@ -27,7 +27,7 @@ use super::{backend, blob_hash};
 use crate::store::chain::{self, Chain};
 use crate::store::{
     Appended, ChainBreak, ChainHash, Claim, Holder, Lease, Listing, PruneFilter, QUEUED, RunId,
-    RunMeta, Settlement, StoreError, Tombstone,
+    RunMeta, Settlement, StoreError, Tombstone, WAITING,
 };
 
 /// The answer to one create or append.
@@ -106,6 +106,8 @@ pub(super) enum Request {
         status: String,
         /// Deliveries the run owes after the append.
         owes_deliveries: u32,
+        /// When the run wakes up, if the append leaves it waiting.
+        wake_ms: Option<i64>,
         updated_ms: i64,
         /// The idempotency commitment the append settles.
         settle: Option<Settlement>,
@@ -325,6 +327,7 @@ fn apply_all(
                 events,
                 status,
                 owes_deliveries,
+                wake_ms,
                 updated_ms,
                 settle,
                 ..
@@ -338,6 +341,7 @@ fn apply_all(
                 Listing {
                     status,
                     owes_deliveries: *owes_deliveries,
+                    wake_ms: *wake_ms,
                 },
                 *updated_ms,
                 settle.as_ref(),
@@ -646,8 +650,8 @@ fn append(
         let new_head = hashes.last().expect("events is not empty");
         conn.prepare_cached(
             "UPDATE runs SET status = ?1, updated_ms = ?2, event_count = ?3, head_hash = ?4,
-                 owes_deliveries = ?5
-             WHERE pk = ?6",
+                 owes_deliveries = ?5, wake_ms = ?6
+             WHERE pk = ?7",
         )?
         .execute(params![
             listing.status,
@@ -655,6 +659,7 @@ fn append(
             (count + events.len() as u64) as i64,
             new_head.as_bytes().as_slice(),
             listing.owes_deliveries,
+            listing.wake_ms,
             pk
         ])?;
         Ok(())
@@ -807,14 +812,20 @@ fn lease(conn: &Connection, op: &LeaseOp) -> Result<Vec<Lease>, StoreError> {
             let ids: Vec<String> = conn
                 .prepare_cached(
                     "SELECT id FROM runs
-                     WHERE (status IN (?1, 'running') OR owes_deliveries > 0)
-                       AND (status = ?1 OR lease_token > 0)
+                     WHERE (((status IN (?1, 'running') OR owes_deliveries > 0)
+                             AND (status = ?1 OR lease_token > 0))
+                            OR (status = ?4 AND wake_ms <= ?2))
                        AND (lease_owner IS NULL OR lease_expires_ms <= ?2)
                      ORDER BY created_ms, id LIMIT ?3",
                 )
                 .and_then(|mut s| {
                     s.query_map(
-                        params![QUEUED, now_ms, i64::try_from(*limit).unwrap_or(i64::MAX)],
+                        params![
+                            QUEUED,
+                            now_ms,
+                            i64::try_from(*limit).unwrap_or(i64::MAX),
+                            WAITING
+                        ],
                         |row| row.get(0),
                     )?
                     .collect()
