@@ -20,6 +20,7 @@
 //! [mounts.workspace]
 //! dir = "./project"                # relative to the file the grant is in
 //! access = "read-only"             # optional; may only narrow
+//! exclude = [".env", "*.pem", "secrets/**"]  # optional; never opened or listed
 //!
 //! [limits]                         # optional; overrides the manifest's
 //! timeout = "5s"
@@ -83,6 +84,12 @@ pub struct MountGrant {
     /// Narrows the requested access (`read-only` where `read-write` was
     /// asked). Default: the requested access.
     pub access: Option<Access>,
+    /// Paths under `dir` taken out of the grant (`[".env", "*.pem",
+    /// "secrets/**"]`, see [`Exclusions`](crate::sandbox::Exclusions)): the
+    /// host refuses to open, change or list them for every tool. Default:
+    /// none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exclude: Vec<String>,
 }
 
 /// The operator's word on one tool. Set fields win over the plugin's.
@@ -264,6 +271,7 @@ pub fn effective(
         }
         capabilities = capabilities
             .mount(mount, base_dir.join(&bound.dir), access)
+            .and_then(|c| c.exclude(mount, &bound.exclude))
             .map_err(|error| PolicyError::Mount {
                 plugin: plugin.clone(),
                 error,
@@ -513,6 +521,42 @@ mod tests {
         assert_eq!(
             e.capabilities.mounts()[0].host_dir,
             dir.path().join("data").canonicalize().unwrap()
+        );
+    }
+
+    #[test]
+    fn a_mount_grant_excludes_paths_and_refuses_a_bad_pattern() {
+        let dir = tempfile::tempdir().unwrap();
+        let m = manifest("[mounts.work]\naccess = \"read-only\"\n");
+        let e = effective(
+            &m,
+            &grant(&format!(
+                "[mounts.work]\ndir = {:?}\nexclude = [\".env\", \"secrets/**\"]\n",
+                dir.path()
+            )),
+            dir.path(),
+            no_env,
+        )
+        .unwrap();
+        let mount = &e.capabilities.mounts()[0];
+        assert!(mount.exclude.excludes("app/.env"));
+        assert!(mount.exclude.excludes("secrets/key"));
+        assert!(!mount.exclude.excludes("src/main.rs"));
+        // The narrowed grant keeps them.
+        assert_eq!(e.capabilities.narrowed().mounts()[0].exclude, mount.exclude);
+        let err = effective(
+            &m,
+            &grant(&format!(
+                "[mounts.work]\ndir = {:?}\nexclude = [\"a/../b\"]\n",
+                dir.path()
+            )),
+            dir.path(),
+            no_env,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, PolicyError::Mount { .. }) && err.to_string().contains("`a/../b`"),
+            "{err}"
         );
     }
 

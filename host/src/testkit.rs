@@ -276,6 +276,7 @@ impl TestPluginBuilder {
             MountGrant {
                 dir: dir.as_ref().to_owned(),
                 access: None,
+                exclude: Vec::new(),
             },
         );
         self
@@ -288,6 +289,7 @@ impl TestPluginBuilder {
             MountGrant {
                 dir: dir.as_ref().to_owned(),
                 access: Some(Access::ReadOnly),
+                exclude: Vec::new(),
             },
         );
         self

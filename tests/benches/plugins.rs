@@ -49,6 +49,7 @@ async fn run(iters: usize) {
             MountGrant {
                 dir: dir.path().to_owned(),
                 access: None,
+                exclude: Vec::new(),
             },
         );
         g

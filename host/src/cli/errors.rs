@@ -376,6 +376,10 @@ fn plugin(e: &PluginError) -> (&'static str, Value) {
             json!({ "plugin": format!("builtin:{name}") }),
         ),
         PluginError::NoComponent { path } => ("manifest_invalid", json!({ "file": shown(path) })),
+        PluginError::ComponentFile { manifest, path, .. } => (
+            "component_refused",
+            json!({ "file": shown(path), "manifest": shown(manifest) }),
+        ),
         PluginError::KindMismatch { plugin, .. } | PluginError::WrongKind { plugin, .. } => {
             ("wrong_kind", json!({ "plugin": plugin }))
         }
@@ -548,6 +552,16 @@ mod tests {
                 .into(),
                 "session_changed",
                 json!({"session": "chat", "expected": 2, "found": 3}),
+            ),
+            (
+                crate::plugins::PluginError::ComponentFile {
+                    manifest: "plugins/p/plugin.toml".into(),
+                    path: "/dev/zero".into(),
+                    problem: crate::plugins::ComponentFileError::TooLarge { limit: 1 },
+                }
+                .into(),
+                "component_refused",
+                json!({"file": "/dev/zero", "manifest": "plugins/p/plugin.toml"}),
             ),
             (CliError::new("usage", "bad").into(), "usage", json!({})),
             (anyhow::anyhow!("plain"), "invalid", json!({})),

@@ -429,6 +429,7 @@ impl GrantArgs {
                 MountGrant {
                     dir: cwd.join(dir),
                     access,
+                    exclude: Vec::new(),
                 },
             );
         }

@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use super::exclusions::Exclusions;
 use super::fs::MountRoot;
 
 /// Whether a mounted directory may be changed.
@@ -54,6 +55,9 @@ pub struct Mount {
     pub host_dir: PathBuf,
     /// What the guest may do there.
     pub access: Access,
+    /// Paths under the directory taken out of the grant: never opened,
+    /// changed or listed, by any tool. Default: none.
+    pub exclude: Exclusions,
     /// The directory itself, opened once; every lease's preopen is made
     /// from it.
     #[serde(skip)]
@@ -133,8 +137,34 @@ impl Capabilities {
             name: name.to_owned(),
             host_dir,
             access,
+            exclude: Exclusions::default(),
             root,
         });
+        Ok(self)
+    }
+
+    /// Excludes `patterns` (see [`Exclusions`]) from the mount `name`, added
+    /// before: the host's filesystem layer refuses to open, change or list
+    /// what they match, whatever tool asks.
+    pub fn exclude<S: AsRef<str>>(
+        mut self,
+        name: &str,
+        patterns: &[S],
+    ) -> Result<Self, MountError> {
+        let Some(mount) = self.mounts.iter_mut().find(|m| m.name == name) else {
+            return Err(MountError {
+                mount: name.to_owned(),
+                dir: PathBuf::new(),
+                reason: "is not mounted, so nothing can be excluded from it".into(),
+            });
+        };
+        let mut all: Vec<String> = mount.exclude.patterns().map(str::to_owned).collect();
+        all.extend(patterns.iter().map(|p| p.as_ref().to_owned()));
+        mount.exclude = Exclusions::new(&all).map_err(|e| MountError {
+            mount: name.to_owned(),
+            dir: mount.host_dir.clone(),
+            reason: format!("has an {e}"),
+        })?;
         Ok(self)
     }
 

@@ -18,9 +18,16 @@
 //!   nor a directory (FIFOs, character and block devices, sockets) with
 //!   `unsupported`: an open cannot hang on a FIFO, and a read cannot wait on
 //!   a device.
+//! - **Exclusions.** For a mount with [`Exclusions`], every path a call
+//!   names is checked as written and with its parent directory resolved
+//!   (symlinks included), and every opened file by where it really is
+//!   (`/proc/self/fd`): an excluded path cannot be opened, created, changed,
+//!   renamed or removed (`access`), and directory listings leave it out.
+//!   Each directory descriptor of such a mount remembers its place in it.
 
+use std::collections::HashMap;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use wasmtime::component::{HasData, Resource, ResourceTable};
@@ -34,6 +41,7 @@ use wasmtime_wasi::{FsPerms, OpenMode};
 use wasmtime_wasi_io::streams::{DynInputStream, DynOutputStream};
 
 use super::capabilities::Access;
+use super::exclusions::Exclusions;
 
 /// The directory handle of one mount, opened when the grant was built.
 /// Cheap to clone; equal when it is the same directory (device and inode).
@@ -81,6 +89,17 @@ impl MountRoot {
         })
     }
 
+    /// What the checks need of a mount with `exclusions`: none when there
+    /// are none.
+    pub(crate) fn scope(&self, exclusions: &Exclusions) -> Option<Arc<Scope>> {
+        (!exclusions.is_empty()).then(|| {
+            Arc::new(Scope {
+                root: Arc::clone(&self.dir),
+                exclusions: exclusions.clone(),
+            })
+        })
+    }
+
     /// A preopen for one lease: a duplicate of the held handle, with the
     /// access the lease gets. Everything under it runs on the blocking pool,
     /// never inline on the runtime's thread.
@@ -95,24 +114,47 @@ impl MountRoot {
 
 /// The preopens of one lease, made from its mounts' held handles.
 #[derive(Default)]
-pub(crate) struct Preopens(Vec<(Dir, String)>);
+pub(crate) struct Preopens(Vec<(Dir, String, Option<Arc<Scope>>)>);
 
 impl Preopens {
-    /// Adds the mount at `guest_path`.
-    pub(crate) fn push(&mut self, dir: Dir, guest_path: String) {
-        self.0.push((dir, guest_path));
+    /// Adds the mount at `guest_path`, with its exclusions' scope if any.
+    pub(crate) fn push(&mut self, dir: Dir, guest_path: String, scope: Option<Arc<Scope>>) {
+        self.0.push((dir, guest_path, scope));
     }
+}
+
+/// A mount with exclusions: its root and what is excluded under it.
+pub(crate) struct Scope {
+    root: Arc<std::fs::File>,
+    exclusions: Exclusions,
+}
+
+/// Where a directory descriptor (or a listing of one) of a mount with
+/// exclusions is: its path relative to the mount root.
+#[derive(Clone)]
+struct Place {
+    scope: Arc<Scope>,
+    rel: String,
 }
 
 /// The host's filesystem state of one lease.
 pub(crate) struct LeaseFs {
     plugin: Arc<str>,
     preopens: Preopens,
+    /// Directory descriptors under mounts with exclusions, by handle.
+    places: HashMap<u32, Place>,
+    /// Directory listings under mounts with exclusions, by handle.
+    listings: HashMap<u32, Place>,
 }
 
 impl LeaseFs {
     pub(crate) fn new(plugin: Arc<str>, preopens: Preopens) -> LeaseFs {
-        LeaseFs { plugin, preopens }
+        LeaseFs {
+            plugin,
+            preopens,
+            places: HashMap::new(),
+            listings: HashMap::new(),
+        }
     }
 }
 
@@ -132,6 +174,125 @@ impl FsView<'_> {
             table: self.table,
         }
     }
+
+    /// Refuses `path` under the directory `fd` if the mount excludes it, as
+    /// written or with its parent resolved; with `moving`, also a directory
+    /// whose move would carry an excluded path out from under its pattern.
+    async fn check_path(
+        &mut self,
+        fd: &Resource<Descriptor>,
+        path: &str,
+        moving: bool,
+    ) -> FsResult<()> {
+        let Some(place) = self.fs.places.get(&fd.rep()).cloned() else {
+            return Ok(());
+        };
+        let refused = |rel: &str| {
+            let exclusions = &place.scope.exclusions;
+            exclusions
+                .excluding(rel)
+                .or_else(|| (moving && exclusions.anchors_below(rel)).then_some("(below)"))
+                .map(str::to_owned)
+        };
+        let lexical = lexical_join(&place.rel, path);
+        if let Some(pattern) = lexical.as_deref().and_then(refused) {
+            return Err(self.refuse(lexical.as_deref().unwrap_or(path), &pattern));
+        }
+        let dir = dir_handle(self.table.get(fd)?)?;
+        let root = Arc::clone(&place.scope.root);
+        let target = path.to_owned();
+        let resolved =
+            wasmtime_wasi::runtime::spawn_blocking(move || resolved_rel(&root, &dir, &target))
+                .await;
+        if let Some(pattern) = resolved.as_deref().and_then(refused) {
+            return Err(self.refuse(resolved.as_deref().unwrap_or(path), &pattern));
+        }
+        Ok(())
+    }
+
+    fn refuse(&self, rel: &str, pattern: &str) -> FsError {
+        tracing::debug!(
+            plugin = &*self.fs.plugin,
+            path = rel,
+            pattern,
+            "excluded path refused"
+        );
+        ErrorCode::Access.into()
+    }
+}
+
+/// The directory handle of a descriptor.
+fn dir_handle(descriptor: &Descriptor) -> Result<Arc<std::fs::File>, ErrorCode> {
+    match descriptor {
+        Descriptor::Dir(dir) => Ok(Arc::clone(&dir.dir)),
+        Descriptor::File(_) => Err(ErrorCode::NotDirectory),
+    }
+}
+
+/// `path` joined to `base` without touching the filesystem, `.` and `..`
+/// folded; `None` if it climbs above the root (the open refuses that).
+fn lexical_join(base: &str, path: &str) -> Option<String> {
+    let mut names: Vec<&str> = base.split('/').filter(|s| !s.is_empty()).collect();
+    for name in path.split('/') {
+        match name {
+            "" | "." => {}
+            ".." => {
+                names.pop()?;
+            }
+            name => names.push(name),
+        }
+    }
+    Some(names.join("/"))
+}
+
+/// Where `path` under `dir` is, relative to the mount `root`, with its
+/// parent directory resolved as the open would resolve it; `None` when the
+/// parent cannot be opened (the call fails anyway) or placed.
+fn resolved_rel(root: &std::fs::File, dir: &std::fs::File, path: &str) -> Option<String> {
+    let trimmed = path.trim_end_matches('/');
+    let (parent, name) = match trimmed.rsplit_once('/') {
+        Some((parent, name)) => (parent, name),
+        None => ("", trimmed),
+    };
+    let (parent, name) = match name {
+        "" | "." | ".." => (trimmed, ""),
+        name => (parent, name),
+    };
+    let opened;
+    let parent_dir = if parent.is_empty() {
+        dir
+    } else {
+        opened = cap_primitives::fs::open_dir(dir, Path::new(parent)).ok()?;
+        &opened
+    };
+    let base = handle_rel(root, parent_dir)?;
+    Some(match (base.is_empty(), name.is_empty()) {
+        (_, true) => base,
+        (true, false) => name.to_owned(),
+        (false, false) => format!("{base}/{name}"),
+    })
+}
+
+/// Where the open `file` is, relative to the mount `root`: the kernel's
+/// name for each, compared at the same moment.
+fn handle_rel(root: &std::fs::File, file: &std::fs::File) -> Option<String> {
+    let root = handle_path(root)?;
+    let file = handle_path(file)?;
+    let rel = file.strip_prefix(&root).ok()?;
+    rel.to_str().map(str::to_owned)
+}
+
+#[cfg(target_os = "linux")]
+fn handle_path(file: &std::fs::File) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd as _;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+/// Elsewhere the kernel's name is not read; exclusions are checked on
+/// paths as written and resolved by their parents only.
+#[cfg(not(target_os = "linux"))]
+fn handle_path(_file: &std::fs::File) -> Option<PathBuf> {
+    None
 }
 
 /// [`HasData`] for the host's `wasi:filesystem/{types,preopens}`.
@@ -144,8 +305,15 @@ impl HasData for WardenFilesystem {
 impl preopens::Host for FsView<'_> {
     fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
         let mut out = Vec::with_capacity(self.fs.preopens.0.len());
-        for (dir, name) in &self.fs.preopens.0 {
+        for (dir, name, scope) in &self.fs.preopens.0 {
             let fd = self.table.push(Descriptor::Dir(dir.clone()))?;
+            if let Some(scope) = scope {
+                let place = Place {
+                    scope: Arc::clone(scope),
+                    rel: String::new(),
+                };
+                self.fs.places.insert(fd.rep(), place);
+            }
             out.push((fd, name.clone()));
         }
         Ok(out)
@@ -172,6 +340,12 @@ enum Opened {
     /// Something other than a regular file or a directory.
     Refused(&'static str),
     NotDir,
+}
+
+/// An opened handle and, under a mount with exclusions, where it really is.
+struct Checked {
+    opened: Opened,
+    rel: Option<String>,
 }
 
 /// How an `open-at` asks to open, as cap-primitives options plus the mode
@@ -280,21 +454,46 @@ impl HostDescriptor for FsView<'_> {
         oflags: types::OpenFlags,
         flags: types::DescriptorFlags,
     ) -> FsResult<Resource<Descriptor>> {
-        let dir = match self.table.get(&fd)? {
-            Descriptor::Dir(dir) => dir,
+        let perms = match self.table.get(&fd)? {
+            Descriptor::Dir(dir) => dir.perms,
             Descriptor::File(_) => return Err(ErrorCode::NotDirectory.into()),
         };
-        let perms = dir.perms;
         let (opts, mode) = open_options(perms, path_flags, oflags, flags)?;
-        let parent = Arc::clone(&dir.dir);
+        self.check_path(&fd, &path, false).await?;
+        let place = self.fs.places.get(&fd.rep()).cloned();
+        let parent = dir_handle(self.table.get(&fd)?)?;
+        let root = place.as_ref().map(|p| Arc::clone(&p.scope.root));
         let want_dir = oflags.contains(types::OpenFlags::DIRECTORY);
         let target = path.clone();
-        let opened = wasmtime_wasi::runtime::spawn_blocking(move || {
-            open_checked(&parent, Path::new(&target), &opts, want_dir)
+        let checked = wasmtime_wasi::runtime::spawn_blocking(move || {
+            let opened = open_checked(&parent, Path::new(&target), &opts, want_dir)?;
+            let rel = match (&root, &opened) {
+                (Some(root), Opened::Dir(file) | Opened::File(file)) => handle_rel(root, file),
+                _ => None,
+            };
+            io::Result::Ok(Checked { opened, rel })
         })
         .await
         .map_err(ErrorCode::from)?;
-        let descriptor = match opened {
+        // Where the opened file really is (a symlink followed, say), checked
+        // like the path was; where that cannot be read, the path as written.
+        let child = match place {
+            Some(place) => {
+                let rel = checked
+                    .rel
+                    .or_else(|| lexical_join(&place.rel, &path))
+                    .unwrap_or_default();
+                if let Some(pattern) = place.scope.exclusions.excluding(&rel) {
+                    return Err(self.refuse(&rel, pattern));
+                }
+                Some(Place {
+                    scope: place.scope,
+                    rel,
+                })
+            }
+            None => None,
+        };
+        let descriptor = match checked.opened {
             Opened::Dir(file) => Descriptor::Dir(Dir::new(file, perms, mode, false)),
             Opened::File(file) => Descriptor::File(File::new(file, perms, mode, false)),
             Opened::NotDir => return Err(ErrorCode::NotDirectory.into()),
@@ -308,7 +507,12 @@ impl HostDescriptor for FsView<'_> {
                 return Err(ErrorCode::Unsupported.into());
             }
         };
-        Ok(self.table.push(descriptor)?)
+        let is_dir = matches!(descriptor, Descriptor::Dir(_));
+        let opened = self.table.push(descriptor)?;
+        if let Some(child) = child.filter(|_| is_dir) {
+            self.fs.places.insert(opened.rep(), child);
+        }
+        Ok(opened)
     }
 
     async fn advise(
@@ -368,7 +572,12 @@ impl HostDescriptor for FsView<'_> {
         &mut self,
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
-        HostDescriptor::read_directory(&mut self.inner(), fd).await
+        let place = self.fs.places.get(&fd.rep()).cloned();
+        let listing = HostDescriptor::read_directory(&mut self.inner(), fd).await?;
+        if let Some(place) = place {
+            self.fs.listings.insert(listing.rep(), place);
+        }
+        Ok(listing)
     }
 
     async fn sync(&mut self, fd: Resource<Descriptor>) -> FsResult<()> {
@@ -380,6 +589,7 @@ impl HostDescriptor for FsView<'_> {
         fd: Resource<Descriptor>,
         path: String,
     ) -> FsResult<()> {
+        self.check_path(&fd, &path, false).await?;
         HostDescriptor::create_directory_at(&mut self.inner(), fd, path).await
     }
 
@@ -393,6 +603,7 @@ impl HostDescriptor for FsView<'_> {
         path_flags: types::PathFlags,
         path: String,
     ) -> FsResult<types::DescriptorStat> {
+        self.check_path(&fd, &path, false).await?;
         HostDescriptor::stat_at(&mut self.inner(), fd, path_flags, path).await
     }
 
@@ -404,6 +615,7 @@ impl HostDescriptor for FsView<'_> {
         atim: types::NewTimestamp,
         mtim: types::NewTimestamp,
     ) -> FsResult<()> {
+        self.check_path(&fd, &path, false).await?;
         HostDescriptor::set_times_at(&mut self.inner(), fd, path_flags, path, atim, mtim).await
     }
 
@@ -415,6 +627,8 @@ impl HostDescriptor for FsView<'_> {
         new_descriptor: Resource<Descriptor>,
         new_path: String,
     ) -> FsResult<()> {
+        self.check_path(&fd, &old_path, false).await?;
+        self.check_path(&new_descriptor, &new_path, false).await?;
         HostDescriptor::link_at(
             &mut self.inner(),
             fd,
@@ -427,10 +641,12 @@ impl HostDescriptor for FsView<'_> {
     }
 
     fn drop(&mut self, fd: Resource<Descriptor>) -> wasmtime::Result<()> {
+        self.fs.places.remove(&fd.rep());
         HostDescriptor::drop(&mut self.inner(), fd)
     }
 
     async fn readlink_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<String> {
+        self.check_path(&fd, &path, false).await?;
         HostDescriptor::readlink_at(&mut self.inner(), fd, path).await
     }
 
@@ -439,6 +655,7 @@ impl HostDescriptor for FsView<'_> {
         fd: Resource<Descriptor>,
         path: String,
     ) -> FsResult<()> {
+        self.check_path(&fd, &path, false).await?;
         HostDescriptor::remove_directory_at(&mut self.inner(), fd, path).await
     }
 
@@ -449,6 +666,8 @@ impl HostDescriptor for FsView<'_> {
         new_fd: Resource<Descriptor>,
         new_path: String,
     ) -> FsResult<()> {
+        self.check_path(&fd, &old_path, true).await?;
+        self.check_path(&new_fd, &new_path, true).await?;
         HostDescriptor::rename_at(&mut self.inner(), fd, old_path, new_fd, new_path).await
     }
 
@@ -458,10 +677,12 @@ impl HostDescriptor for FsView<'_> {
         src_path: String,
         dest_path: String,
     ) -> FsResult<()> {
+        self.check_path(&fd, &dest_path, false).await?;
         HostDescriptor::symlink_at(&mut self.inner(), fd, src_path, dest_path).await
     }
 
     async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
+        self.check_path(&fd, &path, false).await?;
         HostDescriptor::unlink_file_at(&mut self.inner(), fd, path).await
     }
 
@@ -509,6 +730,7 @@ impl HostDescriptor for FsView<'_> {
         path_flags: types::PathFlags,
         path: String,
     ) -> FsResult<types::MetadataHashValue> {
+        self.check_path(&fd, &path, false).await?;
         HostDescriptor::metadata_hash_at(&mut self.inner(), fd, path_flags, path).await
     }
 }
@@ -518,10 +740,29 @@ impl HostDirectoryEntryStream for FsView<'_> {
         &mut self,
         stream: Resource<types::DirectoryEntryStream>,
     ) -> FsResult<Option<types::DirectoryEntry>> {
-        HostDirectoryEntryStream::read_directory_entry(&mut self.inner(), stream).await
+        let place = self.fs.listings.get(&stream.rep()).cloned();
+        loop {
+            let again = Resource::new_borrow(stream.rep());
+            let entry =
+                HostDirectoryEntryStream::read_directory_entry(&mut self.inner(), again).await?;
+            let excluded = match (&place, &entry) {
+                (Some(place), Some(entry)) => {
+                    let rel = match place.rel.as_str() {
+                        "" => entry.name.clone(),
+                        dir => format!("{dir}/{}", entry.name),
+                    };
+                    place.scope.exclusions.excludes(&rel)
+                }
+                _ => false,
+            };
+            if !excluded {
+                return Ok(entry);
+            }
+        }
     }
 
     fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
+        self.fs.listings.remove(&stream.rep());
         HostDirectoryEntryStream::drop(&mut self.inner(), stream)
     }
 }

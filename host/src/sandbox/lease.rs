@@ -488,7 +488,7 @@ fn wasi_context(
                 mount.host_dir.display()
             )
         })?;
-        preopens.push(dir, mount.guest_path());
+        preopens.push(dir, mount.guest_path(), mount.root.scope(&mount.exclude));
     }
     Ok((builder.build(), preopens))
 }

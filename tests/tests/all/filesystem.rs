@@ -278,3 +278,87 @@ async fn the_host_refuses_to_open_fifos_sockets_and_devices() {
     assert_eq!(ok.unwrap()["content"], "original");
     assert_serves_normal_call(&hostile(caps, test_limits())).await;
 }
+
+/// Grant-level exclusions hold for a third-party plugin using raw WASI,
+/// whatever path leads there: as written, through `..`, through a symlink
+/// it plants (to the file or to its directory), by rename, link or stat;
+/// and listings leave excluded names out.
+#[tokio::test]
+async fn excluded_paths_are_refused_to_raw_wasi_by_every_route() {
+    let t = tree();
+    std::fs::write(t.mounted.join(".env"), "API_KEY=sk-live-0123456789").unwrap();
+    std::fs::create_dir(t.mounted.join("secrets")).unwrap();
+    std::fs::write(t.mounted.join("secrets/key"), "PRIVATE KEY").unwrap();
+    std::fs::create_dir(t.mounted.join("config")).unwrap();
+    std::fs::write(t.mounted.join("config/prod.toml"), "password = 1").unwrap();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadWrite)
+        .unwrap()
+        .exclude("workspace", &[".env", "secrets/**", "config/prod.toml"])
+        .unwrap();
+    // Routes planted in the mount (Rust on WASI has no stable symlink call,
+    // so the test plants them): symlinks to an excluded file and to an
+    // excluded directory.
+    std::os::unix::fs::symlink(".env", t.mounted.join("innocent")).unwrap();
+    std::os::unix::fs::symlink("secrets", t.mounted.join("s")).unwrap();
+    let refused = [
+        json!({ "op": "read", "path": "/workspace/.env" }),
+        json!({ "op": "read", "path": "/workspace/secrets/../.env" }),
+        json!({ "op": "read", "path": "/workspace/secrets/key" }),
+        json!({ "op": "read", "path": "/workspace/innocent" }),
+        json!({ "op": "read", "path": "/workspace/s/key" }),
+        json!({ "op": "list", "path": "/workspace/s" }),
+        json!({ "op": "list", "path": "/workspace/secrets" }),
+        json!({ "op": "stat", "path": "/workspace/.env" }),
+        json!({ "op": "write", "path": "/workspace/.env", "content": "changed" }),
+        json!({ "op": "write", "path": "/workspace/s/planted", "content": "x" }),
+        json!({ "op": "unlink", "path": "/workspace/s/key" }),
+        json!({ "op": "rename", "from": "/workspace/.env", "to": "/workspace/env.txt" }),
+        json!({ "op": "rename", "from": "/workspace/secrets", "to": "/workspace/public" }),
+        json!({ "op": "rename", "from": "/workspace/config", "to": "/workspace/cfg" }),
+        json!({ "op": "rename", "from": "/workspace/file.txt", "to": "/workspace/.env" }),
+    ];
+    for args in refused {
+        let (ok, err) = fs_op(&caps, args.clone()).await;
+        assert!(ok.is_none(), "{args}: the guest got {ok:?}");
+        let err = err.unwrap();
+        assert!(err.contains("PermissionDenied"), "{args}: {err}");
+    }
+    let (ok, _) = fs_op(&caps, json!({ "op": "list", "path": "/workspace" })).await;
+    assert_eq!(
+        ok.unwrap()["entries"],
+        json!(["config", "dirlink", "file.txt", "innocent", "link", "s"])
+    );
+    let (ok, _) = fs_op(&caps, json!({ "op": "list", "path": "/workspace/config" })).await;
+    assert_eq!(ok.unwrap()["entries"], json!([]));
+    assert_eq!(
+        std::fs::read_to_string(t.mounted.join(".env")).unwrap(),
+        "API_KEY=sk-live-0123456789"
+    );
+    assert_eq!(
+        std::fs::read_to_string(t.mounted.join("secrets/key")).unwrap(),
+        "PRIVATE KEY"
+    );
+    assert!(t.mounted.join("config/prod.toml").exists());
+    // What is not excluded works as before, narrowed leases included.
+    let (ok, err) = fs_op(
+        &caps,
+        json!({ "op": "read", "path": "/workspace/file.txt" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    assert_eq!(ok.unwrap()["content"], "original");
+    let g = hostile(caps.clone(), test_limits());
+    let preview = g
+        .preflight(
+            &crate::call("fs", json!({ "op": "read", "path": "/workspace/.env" })),
+            None,
+        )
+        .await;
+    assert!(
+        !format!("{:?}", preview.result).contains("sk-live"),
+        "{:?}",
+        preview.result
+    );
+    assert_serves_normal_call(&g).await;
+}

@@ -297,3 +297,104 @@ async fn an_endless_file_is_bounded_by_the_lease_limits() {
         .unwrap();
     assert_eq!(read.receipt.outcome, Outcome::Ok, "{:?}", read.result);
 }
+
+/// Paths the operator excludes on the grant (`exclude = [".env", "*.pem",
+/// "secrets/**"]`) are gone for every fs tool: not readable, not listed,
+/// not found by a search, not writable; the rest of the mount works.
+#[tokio::test]
+async fn grant_exclusions_hide_paths_from_every_fs_tool() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    std::fs::write(root.join(".env"), "API_KEY=sk-live-0123456789\n").unwrap();
+    std::fs::create_dir_all(root.join("secrets")).unwrap();
+    std::fs::write(root.join("secrets/key"), "PRIVATE KEY MATERIAL\n").unwrap();
+    std::fs::create_dir_all(root.join("certs")).unwrap();
+    std::fs::write(root.join("certs/server.pem"), "PRIVATE KEY PEM\n").unwrap();
+    std::fs::write(root.join("certs/README"), "certs go here\n").unwrap();
+    std::fs::write(
+        root.join("main.rs"),
+        "// reads API_KEY from the environment\n",
+    )
+    .unwrap();
+    let host = PluginHost::new(sandbox().clone());
+    let rw = grant(&format!(
+        "[mounts.workspace]\ndir = {:?}\nexclude = [\".env\", \"*.pem\", \"secrets/**\"]\n",
+        root
+    ));
+    let plugin = host.load(&fs(), &rw, Path::new(".")).await.unwrap();
+    assert_eq!(
+        plugin.granted().capabilities().mounts()[0]
+            .exclude
+            .patterns()
+            .collect::<Vec<_>>(),
+        [".env", "*.pem", "secrets/**"]
+    );
+    let run = async |tool: &str, args: serde_json::Value| {
+        plugin
+            .invoke(&tool_call(tool, args), None)
+            .await
+            .unwrap()
+            .result
+            .unwrap()
+    };
+    for (tool, args) in [
+        ("read_file", json!({ "path": ".env" })),
+        ("read_file", json!({ "path": "secrets/key" })),
+        ("read_file", json!({ "path": "certs/server.pem" })),
+        ("list_dir", json!({ "path": "secrets" })),
+        ("search", json!({ "pattern": "KEY", "path": ".env" })),
+        (
+            "write_file",
+            json!({ "path": ".env", "content": "API_KEY=changed\n" }),
+        ),
+        (
+            "write_file",
+            json!({ "path": "secrets/new", "content": "x", "create_dirs": true }),
+        ),
+        (
+            "edit_file",
+            json!({ "path": "secrets/key", "old": "PRIVATE", "new": "PUBLIC" }),
+        ),
+    ] {
+        match run(tool, args.clone()).await {
+            Err(wit::ToolError::Denied(message)) => {
+                assert!(
+                    message.contains("permission denied"),
+                    "{tool} {args}: {message}"
+                )
+            }
+            other => panic!("{tool} {args}: {other:?}"),
+        }
+    }
+    let names = |out: &wit::ToolOutput| -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(&out.content).unwrap();
+        v["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let listed = run("list_dir", json!({})).await.unwrap();
+    assert_eq!(names(&listed), ["certs", "main.rs"]);
+    let listed = run("list_dir", json!({ "path": "certs" })).await.unwrap();
+    assert_eq!(names(&listed), ["README"]);
+    let found = run("search", json!({ "pattern": "KEY" })).await.unwrap();
+    let found: serde_json::Value = serde_json::from_str(&found.content).unwrap();
+    let paths: Vec<&str> = found["matches"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, ["main.rs"], "{found}");
+    assert_eq!(
+        std::fs::read_to_string(root.join(".env")).unwrap(),
+        "API_KEY=sk-live-0123456789\n"
+    );
+    assert!(!root.join("secrets/new").exists());
+    let read = run("read_file", json!({ "path": "certs/README" }))
+        .await
+        .unwrap();
+    assert!(read.content.contains("certs go here"));
+}
