@@ -96,9 +96,6 @@ pub(crate) enum RunsCommand {
         run: String,
         #[command(flatten)]
         drive: DriveArgs,
-        /// Continue even though the agent file changed since the run started.
-        #[arg(long)]
-        accept_agent_change: bool,
         /// Refuse unless the run's log holds everything `warden store
         /// witness` recorded of it (a file, or a directory of them).
         #[arg(long, value_name = "PATH", env = "WARDEN_WITNESS")]
@@ -139,9 +136,6 @@ pub(crate) enum RunsCommand {
         input: Option<String>,
         #[command(flatten)]
         drive: DriveArgs,
-        /// When recovering: continue even though the agent file changed.
-        #[arg(long)]
-        accept_agent_change: bool,
     },
     /// Report the output of an external tool call the run waits for (what
     /// the application would do with `Runtime::complete_external`), then
@@ -247,6 +241,12 @@ pub(crate) struct DriveArgs {
     /// Record the verb and return without continuing the run.
     #[arg(long)]
     detach: bool,
+    /// Continue even though the agent file changed since the run started:
+    /// the log is replayed against the file as it is now (its recorded
+    /// decisions must still hold; its prompts may differ). Without it, a
+    /// changed agent file is refused before anything is recorded.
+    #[arg(long)]
+    accept_agent_change: bool,
 }
 
 /// Opens the store the settings name for `access` (see `cli/store.rs`).
@@ -428,7 +428,6 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
         RunsCommand::Recover {
             run,
             drive,
-            accept_agent_change,
             witness,
         } => {
             let run = run_id(&run)?;
@@ -446,15 +445,16 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
                     .into());
                 }
             }
-            let (rt, _) = runtime(ctx, store)?;
-            recover(ctx, &rt, &run, &drive, accept_agent_change).await
+            let (rt, host) = runtime(ctx, store)?;
+            recover(ctx, &rt, &host, &run, &drive).await
         }
         RunsCommand::Approve { run, call, drive } => {
             let run = run_id(&run)?;
-            let (rt, _) = runtime(ctx, store)?;
+            let (rt, host) = runtime(ctx, store)?;
+            let plan = ready_to_drive(ctx, &rt, &host, &run, &drive).await?;
             rt.approve(&run, &CallId::from_text(call), &user(drive.by.clone()))
                 .await?;
-            continue_run(ctx, &rt, &run, drive).await
+            continue_run(ctx, &rt, &run, plan).await
         }
         RunsCommand::Deny {
             run,
@@ -463,7 +463,8 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             drive,
         } => {
             let run = run_id(&run)?;
-            let (rt, _) = runtime(ctx, store)?;
+            let (rt, host) = runtime(ctx, store)?;
+            let plan = ready_to_drive(ctx, &rt, &host, &run, &drive).await?;
             rt.deny(
                 &run,
                 &CallId::from_text(call),
@@ -471,17 +472,12 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
                 &reason,
             )
             .await?;
-            continue_run(ctx, &rt, &run, drive).await
+            continue_run(ctx, &rt, &run, plan).await
         }
-        RunsCommand::Resume {
-            run,
-            input,
-            drive,
-            accept_agent_change,
-        } => {
+        RunsCommand::Resume { run, input, drive } => {
             let run = run_id(&run)?;
-            let (rt, _) = runtime(ctx, store)?;
-            resume(ctx, &rt, &run, input, drive, accept_agent_change).await
+            let (rt, host) = runtime(ctx, store)?;
+            resume(ctx, &rt, &host, &run, input, drive).await
         }
         RunsCommand::Complete {
             run,
@@ -490,15 +486,17 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             drive,
         } => {
             let run = run_id(&run)?;
-            let (rt, _) = runtime(ctx, store)?;
+            let (rt, host) = runtime(ctx, store)?;
+            let output = json_input(&output)?;
+            let plan = ready_to_drive(ctx, &rt, &host, &run, &drive).await?;
             rt.complete_external(
                 &run,
                 &CallId::from_text(call),
-                json_input(&output)?,
+                output,
                 Some(user(drive.by.clone())),
             )
             .await?;
-            continue_run(ctx, &rt, &run, drive).await
+            continue_run(ctx, &rt, &run, plan).await
         }
         RunsCommand::Resolve {
             run,
@@ -667,11 +665,74 @@ async fn agent_of(
     }
 }
 
+/// Checks, before a verb records anything, what continuing the run after it
+/// needs: the agent file (readable, its plugins loadable) and, unless
+/// `--accept-agent-change`, the definition the run started with. Returns
+/// how to drive the run, or `None` when the verb only records (`--detach`,
+/// or a worker's run, which a worker continues).
+async fn ready_to_drive(
+    ctx: &Context,
+    rt: &Runtime,
+    host: &PluginHost,
+    run: &RunId,
+    drive: &DriveArgs,
+) -> anyhow::Result<Option<Drive>> {
+    // A finished run is refused by the verb itself, with its status.
+    let finished = rt.state(run).await?.status().is_terminal();
+    let workers = rt.store().summary(run).await?.lease_token > 0;
+    if drive.detach || workers || finished {
+        return Ok(None);
+    }
+    driving(ctx, rt, host, run, drive).await.map(Some)
+}
+
+/// How to drive `run` with its agent file as it is now: refused, naming
+/// the flag, when the file changed since the run started and the change is
+/// not accepted.
+async fn driving(
+    ctx: &Context,
+    rt: &Runtime,
+    host: &PluginHost,
+    run: &RunId,
+    drive: &DriveArgs,
+) -> anyhow::Result<Drive> {
+    let agent = agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?;
+    super::agent::check(host, &agent).await?;
+    let recorded = rt.state(run).await?.agent_digest;
+    if recorded == agent.digest {
+        return Ok(Drive::Drive(agent));
+    }
+    if !drive.accept_agent_change {
+        return Err(CliError::new(
+            "agent_changed",
+            format!(
+                "run {run}: agent file `{}` changed since the run started (digest {recorded}, now {}); nothing was recorded: pass --accept-agent-change to go on with the file as it is now",
+                agent.path.display(),
+                agent.digest
+            ),
+        )
+        .with_details(json!({
+            "run_id": run,
+            "agent": agent.name,
+            "recorded": recorded.as_str(),
+            "current": agent.digest.as_str(),
+            "flag": "--accept-agent-change",
+        }))
+        .into());
+    }
+    Ok(Drive::Recover(
+        agent,
+        ReplayOptions {
+            accept_agent_change: true,
+        },
+    ))
+}
+
 async fn continue_run(
     ctx: &Context,
     rt: &Runtime,
     run: &RunId,
-    drive: DriveArgs,
+    plan: Option<Drive>,
 ) -> anyhow::Result<()> {
     // The verb is recorded: from here on, a closed stdout must not stop the
     // drive it started.
@@ -686,29 +747,28 @@ async fn continue_run(
             currency.as_deref(),
         );
     }
-    // A worker's run (leased before): any worker continues it.
-    let workers = rt.store().summary(run).await?.lease_token > 0;
-    if drive.detach || workers {
+    let Some(plan) = plan else {
+        // A worker's run (leased before): any worker continues it.
+        let workers = rt.store().summary(run).await?.lease_token > 0;
         if ctx.json {
             super::out::line(json!({ "run_id": run, "status": rt.state(run).await?.status() }));
         } else if workers {
             super::out::line(format_args!("run {run}: recorded; a worker continues it"));
         }
         return Ok(());
-    }
-    let agent = agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?;
+    };
     let updates = rt.subscribe(run);
-    follow(rt, run, updates, ctx.json, Drive::Drive(agent)).await
+    follow(rt, run, updates, ctx.json, plan).await
 }
 
 async fn recover(
     ctx: &Context,
     rt: &Runtime,
+    host: &PluginHost,
     run: &RunId,
     drive: &DriveArgs,
-    accept_agent_change: bool,
 ) -> anyhow::Result<()> {
-    let agent = agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?;
+    let agent = driving(ctx, rt, host, run, drive).await?.agent().clone();
     let updates = rt.subscribe(run);
     follow(
         rt,
@@ -718,7 +778,7 @@ async fn recover(
         Drive::Recover(
             agent,
             ReplayOptions {
-                accept_agent_change,
+                accept_agent_change: drive.accept_agent_change,
             },
         ),
     )
@@ -729,10 +789,10 @@ async fn recover(
 async fn resume(
     ctx: &Context,
     rt: &Runtime,
+    host: &PluginHost,
     run: &RunId,
     input: Option<String>,
     drive: DriveArgs,
-    accept_agent_change: bool,
 ) -> anyhow::Result<()> {
     let state = rt.state(run).await?;
     let status = state.status();
@@ -742,7 +802,7 @@ async fn resume(
         && input.is_none()
         && owes_deliveries(ctx, rt, run, &drive, &state).await
     {
-        return recover(ctx, rt, run, &drive, accept_agent_change).await;
+        return recover(ctx, rt, host, run, &drive).await;
     }
     match status {
         RunStatus::Suspended | RunStatus::BudgetExceeded => {
@@ -756,15 +816,15 @@ async fn resume(
                 .with_details(json!({ "run_id": run, "status": status }))
                 .into());
             };
-            let agent = agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?;
-            rt.resume(
-                run,
-                &agent,
-                json_input(&input)?,
-                Some(user(drive.by.clone())),
-            )
-            .await?;
-            continue_run(ctx, rt, run, drive).await
+            let input = json_input(&input)?;
+            let plan = ready_to_drive(ctx, rt, host, run, &drive).await?;
+            let agent = match &plan {
+                Some(plan) => plan.agent().clone(),
+                None => agent_of(&ctx.settings, rt, run, drive.agent.as_deref()).await?,
+            };
+            rt.resume(run, &agent, input, Some(user(drive.by.clone())))
+                .await?;
+            continue_run(ctx, rt, run, plan).await
         }
         // A waiting run is recovered like a running one: its drive ends
         // the wait if it is due, and reports it waiting if not.
@@ -784,7 +844,7 @@ async fn resume(
                 )
                 .into());
             }
-            recover(ctx, rt, run, &drive, accept_agent_change).await
+            recover(ctx, rt, host, run, &drive).await
         }
         RunStatus::AwaitingApproval => {
             let events = rt.events(run).await?;
@@ -989,7 +1049,13 @@ async fn follow(
                 _ => None,
             }) {
                 ask_approval(rt, run, &call).await?;
-                how = Drive::Drive(how.agent().clone());
+                // The log was replayed once; an accepted agent change is
+                // still a change, and only a replay accepts it.
+                if let Drive::Recover(agent, options) = &how
+                    && !options.accept_agent_change
+                {
+                    how = Drive::Drive(agent.clone());
+                }
                 continue;
             }
         }

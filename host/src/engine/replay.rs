@@ -50,7 +50,7 @@ pub enum ReplayError {
     Fold(#[from] FoldError),
     /// The agent's definition changed since the run started.
     #[error(
-        "agent `{agent}` changed since the run started (digest {recorded}, now {current}): accept the change explicitly to continue"
+        "agent `{agent}` changed since the run started (digest {recorded}, now {current}): accept the change explicitly to continue (ReplayOptions::accept_agent_change; --accept-agent-change on the command line)"
     )]
     AgentChanged {
         /// The agent.

@@ -1,0 +1,197 @@
+//! The verbs that record something and then drive a run, from the
+//! operator's side with the real binary, store and plugins: each checks
+//! everything before it writes (a changed agent file is refused, naming
+//! the flag that accepts it, and nothing is recorded), every driving verb
+//! has that flag, and one status vocabulary is used everywhere (`runs
+//! list`, `runs show`, `sessions`, `--status`, JSON).
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn warden(args: &[&str], cwd: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_warden"))
+        .args(args)
+        .current_dir(cwd)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-cli-test-cache"),
+        )
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_STORE")
+        .output()
+        .unwrap()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn json_out(o: &Output) -> Value {
+    serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(o), stderr(o)))
+}
+
+/// The quick start's demo in a fresh directory.
+fn demo() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    for file in ["notes.toml", "notes.transcript.toml"] {
+        std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
+    }
+    std::fs::create_dir(dir.path().join("notes")).unwrap();
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    for entry in std::fs::read_dir(examples.join("notes")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(
+            entry.path(),
+            dir.path().join("notes").join(entry.file_name()),
+        )
+        .unwrap();
+    }
+    dir
+}
+
+fn events(dir: &Path, run: &str) -> Vec<String> {
+    let out = warden(&["runs", "events", run], dir);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out).lines().map(str::to_owned).collect()
+}
+
+fn change_agent(dir: &Path) {
+    let text = std::fs::read_to_string(dir.join("notes.toml"))
+        .unwrap()
+        .replace("max_steps = 10", "max_steps = 12");
+    std::fs::write(dir.join("notes.toml"), text).unwrap();
+}
+
+#[test]
+fn approve_after_the_agent_changed_records_nothing_and_names_the_flag() {
+    let dir = demo();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "a"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let before = events(dir.path(), "a");
+    change_agent(dir.path());
+    for verb in [
+        vec!["runs", "approve", "a", "call-3-1"],
+        vec!["runs", "deny", "a", "call-3-1", "--reason", "no"],
+    ] {
+        let out = warden(&verb, dir.path());
+        assert_eq!(out.status.code(), Some(2), "{verb:?}: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(err.contains("changed since the run started"), "{err}");
+        assert!(err.contains("nothing was recorded"), "{err}");
+        assert!(err.contains("--accept-agent-change"), "{err}");
+        assert_eq!(stdout(&out), "", "the history is not reprinted");
+        assert_eq!(
+            events(dir.path(), "a"),
+            before,
+            "{verb:?} recorded something"
+        );
+    }
+    let out = warden(&["runs", "approve", "a", "call-3-1", "--json"], dir.path());
+    let envelope = json_out(&out);
+    assert_eq!(envelope["error"]["code"], "agent_changed");
+    assert_eq!(
+        envelope["error"]["details"]["flag"],
+        "--accept-agent-change"
+    );
+    assert_eq!(events(dir.path(), "a"), before);
+    // The run is still waiting, not "running" with nothing driving it.
+    let shown = json_out(&warden(&["runs", "show", "a", "--json"], dir.path()));
+    assert_eq!(shown["status"], "awaiting_approval");
+    // Accepted, the approval is recorded and the run goes on under the
+    // file as it is now (its recorded decisions still hold).
+    let out = warden(
+        &["runs", "approve", "a", "call-3-1", "--accept-agent-change"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("run a: completed"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn resume_input_after_the_agent_changed_records_nothing() {
+    let dir = demo();
+    // An extension of a run over budget: the demo with one step allowed.
+    let text = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace("max_steps = 10", "max_steps = 1");
+    std::fs::write(dir.path().join("notes.toml"), text).unwrap();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "b"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run b: budget_exceeded"),
+        "{}",
+        stdout(&out)
+    );
+    let before = events(dir.path(), "b");
+    change_agent(dir.path());
+    let text = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace("max_steps = 1\n", "max_steps = 2\n");
+    std::fs::write(dir.path().join("notes.toml"), text).unwrap();
+    let out = warden(
+        &["runs", "resume", "b", "--input", r#"{"max_steps": 5}"#],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("--accept-agent-change"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        events(dir.path(), "b"),
+        before,
+        "budget_extended was recorded"
+    );
+    let shown = json_out(&warden(&["runs", "show", "b", "--json"], dir.path()));
+    assert_eq!(shown["status"], "budget_exceeded");
+    let out = warden(
+        &[
+            "runs",
+            "resume",
+            "b",
+            "--input",
+            r#"{"max_steps": 5}"#,
+            "--accept-agent-change",
+        ],
+        dir.path(),
+    );
+    // Extended, it goes on to the approval of its write.
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("run b: awaiting_approval"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn every_driving_verb_takes_the_flag_that_accepts_a_changed_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    for verb in ["approve", "deny", "resume", "complete", "recover"] {
+        let out = warden(&["runs", verb, "--help"], dir.path());
+        assert!(out.status.success(), "{verb}");
+        assert!(
+            stdout(&out).contains("--accept-agent-change"),
+            "runs {verb} --help: {}",
+            stdout(&out)
+        );
+    }
+}
