@@ -150,6 +150,14 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "not_awaiting_approval",
             json!({ "run_id": run_id, "call_id": call_id, "awaiting": awaiting }),
         ),
+        RuntimeError::NotAwaitingExternal {
+            run_id,
+            call_id,
+            awaiting,
+        } => (
+            "not_awaiting_external",
+            json!({ "run_id": run_id, "call_id": call_id, "awaiting": awaiting }),
+        ),
         RuntimeError::InputRejected { run_id, error } => (
             "input_rejected",
             json!({ "run_id": run_id, "reason": error.to_string() }),
@@ -539,6 +547,16 @@ mod tests {
                 .into(),
                 "not_awaiting_approval",
                 json!({"run_id": "r1", "call_id": "call-9-9", "awaiting": "call-3-1"}),
+            ),
+            (
+                RuntimeError::NotAwaitingExternal {
+                    run_id: run.clone(),
+                    call_id: CallId::from_text("call-9-9"),
+                    awaiting: CallId::from_text("call-1-1"),
+                }
+                .into(),
+                "not_awaiting_external",
+                json!({"run_id": "r1", "call_id": "call-9-9", "awaiting": "call-1-1"}),
             ),
             (
                 RuntimeError::NotReconcilable {

@@ -148,6 +148,18 @@ pub enum RuntimeError {
         /// What the verb needs.
         needed: &'static str,
     },
+    /// `complete` named a call that is not the external call the run waits for.
+    #[error(
+        "run `{run_id}`: call `{call_id}` is not the external call it awaits (awaiting: {awaiting})"
+    )]
+    NotAwaitingExternal {
+        /// The run.
+        run_id: RunId,
+        /// The call named.
+        call_id: CallId,
+        /// The external call the run waits for.
+        awaiting: CallId,
+    },
     /// `approve`/`deny` named a call that is not the one awaiting approval.
     #[error("run `{run_id}`: call `{call_id}` is not awaiting approval (awaiting: {awaiting})")]
     NotAwaitingApproval {
@@ -1129,11 +1141,11 @@ impl Runtime {
         self.refuse_terminal(&log)?;
         let request = match log.state.parked() {
             Some(Parked::External(request)) if &request.call_id == call_id => request.clone(),
-            Some(Parked::External(_)) => {
-                return Err(RuntimeError::NotParked {
+            Some(Parked::External(request)) => {
+                return Err(RuntimeError::NotAwaitingExternal {
                     run_id: run_id.clone(),
-                    status: log.state.status(),
-                    needed: "awaiting_external for that call",
+                    call_id: call_id.clone(),
+                    awaiting: request.call_id.clone(),
                 });
             }
             _ => {

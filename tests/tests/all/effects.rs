@@ -593,6 +593,41 @@ async fn an_external_tool_is_completed_from_a_second_process() {
             RunStatus::AwaitingExternal
         );
     }
+    // A report for a call the run does not wait for is refused, naming the
+    // one it does wait for, and records nothing.
+    let wrong = super::kill::warden(
+        &[
+            "runs",
+            "complete",
+            "remote",
+            "call-9-9",
+            "--output",
+            r#"{"invoice_id": "inv-1", "status": "paid"}"#,
+            "--json",
+            "--store",
+        ],
+        fx.dir.path(),
+    )
+    .arg(&db)
+    .output()
+    .unwrap();
+    assert!(!wrong.status.success());
+    let said = format!(
+        "{}{}",
+        String::from_utf8_lossy(&wrong.stdout),
+        String::from_utf8_lossy(&wrong.stderr)
+    );
+    assert!(
+        said.contains("not_awaiting_external") && said.contains("call-1-1"),
+        "names the call the run waits for: {said}"
+    );
+    {
+        let store = SqliteStore::open(&db).unwrap();
+        assert_eq!(
+            store.summary(&id("remote")).await.unwrap().status,
+            "awaiting_external"
+        );
+    }
     // The application, another process, reports the payment through the CLI.
     let out = super::kill::warden(
         &[
