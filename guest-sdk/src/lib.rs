@@ -3,8 +3,8 @@
 //! ## Modules
 //!
 //! The crate root re-exports everything a plugin needs; the modules are
-//! `tool`, `context`, `channel` and `policy` (one per plugin kind), `glob`,
-//! `http`, `log`, `testing` (native only) and `bindings` (generated). Every
+//! `tool`, `context`, `channel` and `policy` (one per plugin kind), `fs`,
+//! `glob`, `http`, `log`, `testing` (native only) and `bindings` (generated). Every
 //! other module is private.
 #![deny(unsafe_code)]
 
@@ -15,6 +15,7 @@ pub mod bindings;
 mod channel;
 mod context;
 mod export;
+pub mod fs;
 pub mod glob;
 mod host;
 pub mod http;

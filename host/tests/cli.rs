@@ -2166,3 +2166,146 @@ fn copy_tree(from: &Path, to: &Path) {
         }
     }
 }
+
+/// An agent whose one write, `write_file` of `out/a.txt`, is keyed by its
+/// `path` (the operator's grant), then an answer.
+fn keyed_writer() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("work")).unwrap();
+    std::fs::write(
+        dir.path().join("transcript.toml"),
+        r#"
+[[turns]]
+text = "Writing."
+[[turns.tool_calls]]
+name = "fs__write_file"
+arguments = { path = "out/a.txt", content = "one\n" }
+
+[[turns]]
+text = "Done."
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.path().join("agent.toml"),
+        r#"
+name = "writer"
+instructions = "Write the file."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[plugins.fs]
+source = "builtin:fs"
+approval = { write_file = "never" }
+[plugins.fs.grant.mounts.workspace]
+dir = "work"
+[plugins.fs.grant.tools.write_file]
+idempotency_key = "path"
+"#,
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn keys_are_listed_shown_and_released_and_a_failed_write_leaves_its_key_free() {
+    let dir = keyed_writer();
+    let keys = |dir: &Path| json_out(&warden(&["keys", "list", "--json"], dir))["keys"].clone();
+    // The write fails (`out/` is missing): nothing is kept for its key.
+    let out = warden(
+        &["run", "agent.toml", "go", "--run-id", "first"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(keys(dir.path()), serde_json::json!([]));
+    // Once the cause is fixed, a later run makes the call.
+    std::fs::create_dir(dir.path().join("work/out")).unwrap();
+    let out = warden(
+        &["run", "agent.toml", "go", "--run-id", "second"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("work/out/a.txt")).unwrap(),
+        "one\n"
+    );
+    let listed = keys(dir.path());
+    let listed = listed.as_array().unwrap();
+    assert_eq!(listed.len(), 1, "{listed:?}");
+    assert_eq!(listed[0]["state"], "settled");
+    assert_eq!(listed[0]["run_id"], "second");
+    assert_eq!(listed[0]["call_id"], "call-1-1");
+    let key = listed[0]["key"].as_str().unwrap().to_owned();
+    let text = stdout(&warden(&["keys", "list"], dir.path()));
+    assert!(text.contains(&key) && text.contains("settled"), "{text}");
+
+    // A third run gets the recorded result: the file is not written again.
+    std::fs::write(dir.path().join("work/out/a.txt"), "changed by hand\n").unwrap();
+    let out = warden(
+        &["run", "agent.toml", "go", "--run-id", "third"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("work/out/a.txt")).unwrap(),
+        "changed by hand\n"
+    );
+
+    let shown = json_out(&warden(&["keys", "show", &key, "--json"], dir.path()));
+    assert_eq!(shown["state"], "settled");
+    assert_eq!(shown["run_status"], "completed");
+    assert_eq!(shown["result"]["output"]["path"], "out/a.txt");
+    let text = stdout(&warden(&["keys", "show", &key], dir.path()));
+    assert!(
+        text.contains("holder: run second (completed), call call-1-1"),
+        "{text}"
+    );
+
+    // Released, with who and why in the holder run's log.
+    let out = warden(
+        &[
+            "keys", "release", &key, "--by", "ops", "--note", "redo it", "--json",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let released = json_out(&out);
+    assert_eq!(released["released"], key.as_str());
+    assert_eq!(released["was"], "settled");
+    assert_eq!(keys(dir.path()), serde_json::json!([]));
+    let events = stdout(&warden(&["runs", "events", "second", "--json"], dir.path()));
+    let last: Value = serde_json::from_str(events.lines().last().unwrap()).unwrap();
+    assert_eq!(last["event"]["type"], "key_released", "{events}");
+    assert_eq!(last["event"]["by"], "ops");
+    assert_eq!(last["event"]["note"], "redo it");
+    let out = warden(&["runs", "verify", "second"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    // The next run makes the call again.
+    let out = warden(
+        &["run", "agent.toml", "go", "--run-id", "fourth"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("work/out/a.txt")).unwrap(),
+        "one\n"
+    );
+
+    let details = assert_refused(
+        dir.path(),
+        &["keys", "release", "no-such-key"],
+        "unknown_key",
+        "no idempotency key `no-such-key` is recorded",
+    );
+    assert_eq!(details["key"], "no-such-key");
+    let details = assert_refused(
+        dir.path(),
+        &["keys", "show", "no-such-key"],
+        "unknown_key",
+        "no-such-key",
+    );
+    assert_eq!(details["key"], "no-such-key");
+}

@@ -242,6 +242,29 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "commitment_held",
             json!({ "run_id": run_id, "call_id": call_id, "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),
         ),
+        RuntimeError::CommitmentOrphaned {
+            run_id,
+            call_id,
+            key,
+            holder,
+            holder_status,
+        } => (
+            "commitment_orphaned",
+            json!({ "run_id": run_id, "call_id": call_id, "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id, "holder_status": holder_status, "next": format!("warden keys release {key}") }),
+        ),
+        RuntimeError::UnknownKey { key } => ("unknown_key", json!({ "key": key })),
+        RuntimeError::KeyInUse {
+            key,
+            holder,
+            status,
+        } => (
+            "key_in_use",
+            json!({ "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id, "holder_status": status }),
+        ),
+        RuntimeError::KeyHolderGone { key, holder } => (
+            "key_holder_gone",
+            json!({ "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),
+        ),
         RuntimeError::Unrecordable { run_id, error } => (
             "value_too_deep",
             json!({ "run_id": run_id, "event": error.kind, "depth": error.depth, "limit": error.limit }),

@@ -18,6 +18,7 @@
 //! - `sessions.rs`: `warden sessions list|show`.
 //! - `status.rs`: the one status vocabulary (`queued` and the statuses a
 //!   log derives) and what a human can do next about a run in each.
+//! - `keys.rs`: `warden keys list|show|release`: idempotency keys.
 //! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
 //!   `build`.
 //! - `agent.rs`: `warden agent validate|hash`.
@@ -31,6 +32,7 @@ mod agent;
 mod args;
 pub(crate) mod config;
 pub(crate) mod errors;
+mod keys;
 mod out;
 mod plugin;
 mod progress;
@@ -95,6 +97,9 @@ enum Command {
     /// Look at sessions: list them, or show the runs of one conversation.
     #[command(subcommand)]
     Sessions(sessions::SessionsCommand),
+    /// See and settle idempotency keys: list, show, release.
+    #[command(subcommand)]
+    Keys(keys::KeysCommand),
     /// Check agent files.
     #[command(subcommand)]
     Agent(agent::AgentCommand),
@@ -255,6 +260,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Run(args) => runs::run(args, &ctx).await,
             Command::Runs(command) => runs::runs(command, &ctx).await,
             Command::Sessions(command) => sessions::run(command, &ctx).await,
+            Command::Keys(command) => keys::run(command, &ctx).await,
             Command::Agent(command) => agent::run(command, &ctx).await,
             Command::Plugin(command) => plugin::run(command, &ctx).await,
             Command::Config(ConfigCommand::Show) => {

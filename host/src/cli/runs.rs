@@ -278,14 +278,14 @@ pub(crate) fn runtime(
     Ok((rt, host))
 }
 
-fn run_id(text: &str) -> anyhow::Result<RunId> {
+pub(crate) fn run_id(text: &str) -> anyhow::Result<RunId> {
     RunId::new(text).map_err(|e| CliError::new("invalid_run_id", e.to_string()).into())
 }
 
 /// Who a verb is recorded as done by: `--by`, else the login name
 /// (`$USER`, `$LOGNAME`), else the account of the process's user id as
 /// `/etc/passwd` names it, else `uid N`. Never a made-up name.
-fn user(by: Option<String>) -> String {
+pub(crate) fn user(by: Option<String>) -> String {
     let env = |k: &str| std::env::var(k).ok().filter(|v| !v.trim().is_empty());
     by.or_else(|| env("USER"))
         .or_else(|| env("LOGNAME"))

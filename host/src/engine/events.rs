@@ -139,6 +139,9 @@ pub enum Event {
     /// A human checked what the run did that its log may be missing, and
     /// let it go on from its log.
     Reconciled(Reconciled),
+    /// An operator released an idempotency key this run held: the next run
+    /// with the key makes the call. May follow a terminal event.
+    KeyReleased(KeyReleased),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -225,11 +228,13 @@ pub enum EventKind {
     ReconciliationRequired,
     /// [`Event::Reconciled`].
     Reconciled,
+    /// [`Event::KeyReleased`].
+    KeyReleased,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 40] = [
+    pub const ALL: [EventKind; 41] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -270,6 +275,7 @@ impl EventKind {
         EventKind::Reconciled,
         EventKind::WaitStarted,
         EventKind::WaitEnded,
+        EventKind::KeyReleased,
     ];
 
     /// The `type` tag.
@@ -315,6 +321,7 @@ impl EventKind {
             EventKind::DeliveryFailed => "delivery_failed",
             EventKind::ReconciliationRequired => "reconciliation_required",
             EventKind::Reconciled => "reconciled",
+            EventKind::KeyReleased => "key_released",
         }
     }
 
@@ -415,6 +422,7 @@ impl Event {
             Event::DeliveryFailed(_) => EventKind::DeliveryFailed,
             Event::ReconciliationRequired(_) => EventKind::ReconciliationRequired,
             Event::Reconciled(_) => EventKind::Reconciled,
+            Event::KeyReleased(_) => EventKind::KeyReleased,
         }
     }
 
@@ -1437,6 +1445,21 @@ pub struct Reconciled {
     pub at_ms: Option<u64>,
 }
 
+/// [`Event::KeyReleased`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeyReleased {
+    /// The idempotency key.
+    pub key: String,
+    /// The call of this run that held it.
+    pub call_id: CallId,
+    /// Who released it.
+    pub by: String,
+    /// What they found. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
 /// [`Event::RunAbandoned`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -2127,6 +2150,15 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"wait_ended","at_ms":1700000120250}}"#,
             ),
+            (
+                Event::KeyReleased(KeyReleased {
+                    key: "k-1".into(),
+                    call_id: CallId::from_text("call-1-1"),
+                    by: "ops".into(),
+                    note: Some("never paid".into()),
+                }),
+                r#"{"v":1,"event":{"type":"key_released","key":"k-1","call_id":"call-1-1","by":"ops","note":"never paid"}}"#,
+            ),
         ]
     }
 
@@ -2173,6 +2205,7 @@ pub(crate) mod tests {
             EventKind::Reconciled => 37,
             EventKind::WaitStarted => 38,
             EventKind::WaitEnded => 39,
+            EventKind::KeyReleased => 40,
         }
     }
 
@@ -2207,7 +2240,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 40, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 41, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

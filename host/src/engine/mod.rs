@@ -49,6 +49,7 @@ pub mod context;
 pub mod decide;
 pub mod events;
 pub mod ids;
+pub mod keys;
 pub mod output;
 pub mod policy_hooks;
 pub mod policy_plugin;
@@ -71,6 +72,7 @@ pub use budget::{BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, Pricing};
 pub use decide::{Action, decide};
 pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
 pub use ids::{AgentDigest, CallId, RequestHash, RunId, SessionId, idempotency_key};
+pub use keys::{KeyInfo, KeyState};
 pub use policy_hooks::{
     Policy, PolicyDecision, PolicyError, PolicyHook, PolicyRequest, PolicySubject, PolicyVerdict,
 };

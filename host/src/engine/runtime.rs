@@ -39,11 +39,12 @@ use super::decide::{
 };
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
-    ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, Reconciled,
-    ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved,
+    ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, KeyReleased,
+    Reconciled, ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved,
     ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode, encode_readable,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
+use super::keys::{KeyInfo, KeyState};
 use super::policy_hooks::{
     DEFAULT_POLICY_TIMEOUT, Policy, PolicyConsult, PolicyVerdict, consult as consult_policy,
 };
@@ -60,8 +61,8 @@ use crate::providers::{
 };
 use crate::sandbox::{LeaseFailure, RunBound, wit};
 use crate::store::{
-    ChainBreak, Claim, EventStore, Finding, Holder, Lease, Listing, RunMeta, Settlement,
-    StoreError, VerifyReport,
+    ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, Lease, Listing, RunMeta,
+    SETTLED_STATUSES, Settle, Settlement, StoreError, VerifyReport,
 };
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
@@ -380,6 +381,58 @@ pub enum RuntimeError {
         /// Its call.
         call_id: CallId,
         /// The commitment key.
+        key: String,
+        /// Who holds it.
+        holder: Holder,
+    },
+    /// A keyed call's commitment is held unsettled by a run that ended
+    /// (abandoned or cancelled with the call's outcome unknown) or is gone:
+    /// nothing will settle it but an operator. Reported at once, not after
+    /// a wait.
+    #[error(
+        "run `{run_id}`: call `{call_id}` shares idempotency commitment {key} with run `{}` call `{}`, which ended ({holder_status}) without settling it: check whether that call had its effect; if it did not, `warden keys release {key}` lets this run make the call",
+        holder.run_id, holder.call_id
+    )]
+    CommitmentOrphaned {
+        /// The run that wanted the key.
+        run_id: RunId,
+        /// Its call.
+        call_id: CallId,
+        /// The commitment key.
+        key: String,
+        /// Who holds it (boxed: the error stays small).
+        holder: Box<Holder>,
+        /// The holder run's status, or `gone` when it was pruned.
+        holder_status: String,
+    },
+    /// No idempotency commitment has this key.
+    #[error("no idempotency key `{key}` is recorded")]
+    UnknownKey {
+        /// The key.
+        key: String,
+    },
+    /// The key is held unsettled by a run that has not ended: its call may
+    /// be running, or wait for a human there. Nothing was released.
+    #[error(
+        "idempotency key `{key}` is held by run `{}` call `{}`, which is {status} and may still make the call: resolve or abandon that run first",
+        holder.run_id, holder.call_id
+    )]
+    KeyInUse {
+        /// The key.
+        key: String,
+        /// Who holds it.
+        holder: Holder,
+        /// The holder run's status.
+        status: String,
+    },
+    /// The run that holds the key was pruned: no log is left to record a
+    /// release in. Nothing was released.
+    #[error(
+        "idempotency key `{key}` is held by run `{}`, which was pruned: no log is left to record its release in",
+        holder.run_id
+    )]
+    KeyHolderGone {
+        /// The key.
         key: String,
         /// Who holds it.
         holder: Holder,
@@ -1207,10 +1260,10 @@ impl Runtime {
                 run_id: run_id.clone(),
                 call_id: write.call_id.to_string(),
             },
-            result: Bytes::from(
+            outcome: Settle::Result(Bytes::from(
                 serde_json::to_vec(&ToolCallResult::Output(output.clone()))
                     .expect("a tool call result serializes"),
-            ),
+            )),
         });
         let event = Event::ToolCallResolved(ToolCallResolved {
             call_id: write.call_id.clone(),
@@ -1221,6 +1274,84 @@ impl Runtime {
         });
         self.append_with(&mut log, vec![event], settlement.as_ref())
             .await
+    }
+
+    /// The idempotency keys `filter` matches, in key order, each with the
+    /// state its holder run leaves it in.
+    pub async fn keys(&self, filter: &CommitmentFilter) -> Result<Vec<KeyInfo>, RuntimeError> {
+        let mut keys = Vec::new();
+        for commitment in self.inner.store.commitments(filter).await? {
+            let status = self.listed_status(&commitment.holder.run_id).await?;
+            keys.push(KeyInfo::new(commitment, status));
+        }
+        Ok(keys)
+    }
+
+    /// The idempotency key `key`, or [`RuntimeError::UnknownKey`].
+    pub async fn key(&self, key: &str) -> Result<KeyInfo, RuntimeError> {
+        self.keys(&CommitmentFilter::new().key(key))
+            .await?
+            .pop()
+            .ok_or_else(|| RuntimeError::UnknownKey {
+                key: key.to_owned(),
+            })
+    }
+
+    /// Releases idempotency key `key`, so that the next run with it makes
+    /// the call: recorded as [`Event::KeyReleased`] in the holder run's log,
+    /// in the transaction that deletes the commitment. Refused while the
+    /// holder run has not ended and the key is unsettled
+    /// ([`RuntimeError::KeyInUse`]: its call may be running) and when the
+    /// holder run was pruned ([`RuntimeError::KeyHolderGone`]). Returns the
+    /// key as it was.
+    pub async fn release_key(
+        &self,
+        key: &str,
+        by: &str,
+        note: Option<String>,
+    ) -> Result<KeyInfo, RuntimeError> {
+        let info = self.key(key).await?;
+        let holder = Holder {
+            run_id: info.run_id.clone(),
+            call_id: info.call_id.clone(),
+        };
+        let Some(status) = &info.run_status else {
+            return Err(RuntimeError::KeyHolderGone {
+                key: key.to_owned(),
+                holder,
+            });
+        };
+        if info.state == KeyState::Held {
+            return Err(RuntimeError::KeyInUse {
+                key: key.to_owned(),
+                status: status.clone(),
+                holder,
+            });
+        }
+        let mut log = self.load_log(&holder.run_id).await?;
+        let event = Event::KeyReleased(KeyReleased {
+            key: key.to_owned(),
+            call_id: CallId::from_text(holder.call_id.clone()),
+            by: by.to_owned(),
+            note,
+        });
+        let release = Settlement {
+            key: key.to_owned(),
+            holder,
+            outcome: Settle::Release,
+        };
+        self.append_with(&mut log, vec![event], Some(&release))
+            .await?;
+        Ok(info)
+    }
+
+    /// The listed status of run `run_id`, `None` when it was pruned.
+    async fn listed_status(&self, run_id: &RunId) -> Result<Option<String>, RuntimeError> {
+        match self.inner.store.summary(run_id).await {
+            Ok(s) => Ok(Some(s.status)),
+            Err(StoreError::UnknownRun { .. }) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Records that the run's log may be missing what it did since
@@ -1567,13 +1698,20 @@ impl Runtime {
         match disposition(invocation.intent.effect, invocation.attempt, &leased.result) {
             Disposition::Complete => {
                 let event = invocation.completion(&leased.result, leased.receipt);
+                // A call that failed leaves nothing to reuse: its key is
+                // released, so a later run (once the cause is fixed) makes
+                // the call instead of being handed this error.
+                let result = ToolCallResult::from_invocation(&leased.result);
+                let outcome = match &result {
+                    ToolCallResult::Output(_) => Settle::Result(Bytes::from(
+                        serde_json::to_vec(&result).expect("a tool call result serializes"),
+                    )),
+                    ToolCallResult::Error(_) => Settle::Release,
+                };
                 let settlement = invocation.intent.keyed_by.as_ref().map(|_| Settlement {
                     key: invocation.intent.idempotency_key.clone(),
                     holder,
-                    result: Bytes::from(
-                        serde_json::to_vec(&ToolCallResult::from_invocation(&leased.result))
-                            .expect("a tool call result serializes"),
-                    ),
+                    outcome,
                 });
                 self.append_with(log, vec![event], settlement.as_ref())
                     .await?;
@@ -1732,6 +1870,15 @@ impl Runtime {
                     ))));
                 }
                 Claim::Held(other) => {
+                    if let Some(status) = self.ended_status(&other.run_id).await? {
+                        return Err(RuntimeError::CommitmentOrphaned {
+                            run_id: log.run_id.clone(),
+                            call_id: invocation.intent.call_id.clone(),
+                            key: key.clone(),
+                            holder: Box::new(other),
+                            holder_status: status,
+                        });
+                    }
                     if waited >= self.inner.commitment_wait {
                         return Err(RuntimeError::CommitmentHeld {
                             run_id: log.run_id.clone(),
@@ -1748,6 +1895,17 @@ impl Runtime {
                     delay = (delay * 2).min(Duration::from_secs(1));
                 }
             }
+        }
+    }
+
+    /// The listed status of run `run_id` if it ended (`gone` when it was
+    /// pruned), `None` while it has not.
+    async fn ended_status(&self, run_id: &RunId) -> Result<Option<String>, RuntimeError> {
+        match self.inner.store.summary(run_id).await {
+            Ok(s) if SETTLED_STATUSES.contains(&s.status.as_str()) => Ok(Some(s.status)),
+            Ok(_) => Ok(None),
+            Err(StoreError::UnknownRun { .. }) => Ok(Some("gone".to_owned())),
+            Err(e) => Err(e.into()),
         }
     }
 

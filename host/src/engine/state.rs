@@ -1164,6 +1164,11 @@ impl RunState {
         if event.is_delivery() {
             return self.check_delivery(event);
         }
+        // An operator's release of a key: at any time, finished runs
+        // included (the store checked the run held the key).
+        if matches!(event, Event::KeyReleased(_)) {
+            return Ok(());
+        }
         if let Some(d) = &self.deliveries.in_flight
             && matches!(
                 event,
@@ -1455,6 +1460,7 @@ impl RunState {
             Event::ReconciliationRequired(_) => Ok(()),
             Event::Reconciled(_) if self.hold.is_none() => Err(FoldProblem::NothingToReconcile),
             Event::Reconciled(_) => Ok(()),
+            Event::KeyReleased(_) => unreachable!("key releases are checked above"),
             Event::DeliveryIntent(_)
             | Event::DeliveryAttemptFailed(_)
             | Event::DeliveryCompleted(_)
@@ -1850,6 +1856,7 @@ impl RunState {
             Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
             Event::ReconciliationRequired(r) => self.hold = Some(r.clone()),
             Event::Reconciled(_) => self.hold = None,
+            Event::KeyReleased(_) => {}
             Event::DeliveryIntent(intent) => {
                 self.deliveries
                     .cursors

@@ -6,8 +6,10 @@
 //! reuse its `types` and `host` interfaces through `with`, so the host import
 //! is implemented once and the shared types are one set of Rust types.
 //!
-//! Host imports never trap: `log` and `config` cannot fail. Errors a guest can
-//! handle are WIT variants; a host bug or a limit hit is a trap.
+//! Host imports never trap: `log` and `config` cannot fail, and
+//! `keep-permissions` (in `permissions.rs`) answers a refusal as a `result`
+//! error the guest handles. Errors a guest can handle are WIT variants; a
+//! host bug or a limit hit is a trap.
 
 #![allow(missing_docs)]
 

@@ -110,6 +110,12 @@ impl MountRoot {
         };
         Ok(Dir::new(self.dir.try_clone()?, perms, mode, false))
     }
+
+    /// A duplicate of the held handle as a `cap-std` directory, for the host
+    /// imports that act under a mount (`permissions.rs`).
+    pub(crate) fn cap_dir(&self) -> io::Result<cap_std::fs::Dir> {
+        Ok(cap_std::fs::Dir::from_std_file(self.dir.try_clone()?))
+    }
 }
 
 /// The preopens of one lease, made from its mounts' held handles.

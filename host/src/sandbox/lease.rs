@@ -48,6 +48,9 @@ pub(crate) struct LeaseState {
     limiter: LeaseLimiter,
     plugin: Arc<str>,
     config: Arc<BTreeMap<String, String>>,
+    /// The grant this lease runs with (whole or narrowed), for the host
+    /// imports that touch mounts.
+    capabilities: Arc<Capabilities>,
     capture: Capture,
     redactor: Arc<Redactor>,
     /// HTTP state, only for a component that imports `wasi:http`.
@@ -129,6 +132,18 @@ impl host::Host for LeaseState {
 
     fn config(&mut self, key: String) -> Option<String> {
         self.config.get(&key).cloned()
+    }
+
+    fn keep_permissions(&mut self, original: String, replacement: String) -> Result<(), String> {
+        let kept = super::permissions::keep_permissions(
+            self.capabilities.mounts(),
+            &original,
+            &replacement,
+        );
+        if let Err(reason) = &kept {
+            tracing::debug!(target: "warden::plugin", plugin = &*self.plugin, %reason, "keep-permissions refused");
+        }
+        kept
     }
 }
 
@@ -328,11 +343,14 @@ pub(crate) async fn run(
         ));
     }
     let (capabilities, net_policy) = match reach {
-        Reach::Full => (&*plugin.capabilities, Arc::clone(&plugin.net_policy)),
-        Reach::Narrowed => (&*plugin.narrowed, Arc::default()),
+        Reach::Full => (
+            Arc::clone(&plugin.capabilities),
+            Arc::clone(&plugin.net_policy),
+        ),
+        Reach::Narrowed => (Arc::clone(&plugin.narrowed), Arc::default()),
     };
     let capture = Capture::new(limits.stdio_bytes);
-    let (wasi, preopens) = match wasi_context(capabilities, &capture) {
+    let (wasi, preopens) = match wasi_context(&capabilities, &capture) {
         Ok(built) => built,
         Err(reason) => return refuse(reason),
     };
@@ -343,6 +361,7 @@ pub(crate) async fn run(
         limiter: LeaseLimiter::new(limits),
         plugin: Arc::clone(&plugin.component.inner.name),
         config: plugin.capabilities.shared_config(),
+        capabilities,
         capture: capture.clone(),
         redactor: Arc::clone(&plugin.redactor),
         net: plugin.component.inner.network.then(|| {

@@ -14,6 +14,8 @@
 //!
 //! Outbound HTTP (`net`) is linked only for components that import
 //! `wasi:http`, and every request is checked against the granted hosts.
+//! The `keep-permissions` host import (`permissions`) copies a file's
+//! permission bits within the lease's mounts, for atomic replacement.
 //!
 //! The sandbox knows nothing about manifests, runs or events.
 
@@ -28,6 +30,7 @@ mod imports;
 mod lease;
 mod limits;
 mod net;
+mod permissions;
 mod receipt;
 
 use std::path::PathBuf;

@@ -13,8 +13,9 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ChainBreak, ChainKey, Claim, EventStore, Holder, Lease, Listing, MemoryStore, PruneFilter,
-    QUEUED, RunFilter, RunId, RunMeta, Settlement, SqliteStore, StoreError, WAITING,
+    ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder, Lease, Listing,
+    MemoryStore, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, Settle, Settlement, SqliteStore,
+    StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -1900,7 +1901,15 @@ fn settlement(key: &str, h: &Holder, result: &str) -> Settlement {
     Settlement {
         key: key.to_owned(),
         holder: h.clone(),
-        result: ev(result),
+        outcome: Settle::Result(ev(result)),
+    }
+}
+
+fn release(key: &str, h: &Holder) -> Settlement {
+    Settlement {
+        key: key.to_owned(),
+        holder: h.clone(),
+        outcome: Settle::Release,
     }
 }
 
@@ -2052,6 +2061,164 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     assert_eq!(store.load(&run).await.unwrap().len(), 2);
 }
 
+pub(crate) async fn commitments_are_listed_by_key_and_by_run(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("lister");
+    new_run(&*store, &run, 1).await;
+    let (a, b) = (holder("lister", "call-1-1"), holder("other", "call-2-1"));
+    assert_eq!(
+        store.commitments(&CommitmentFilter::new()).await.unwrap(),
+        []
+    );
+    store.claim_commitment("k-b", &a).await.unwrap();
+    store.claim_commitment("k-a", &b).await.unwrap();
+    store.claim_commitment("k-c", &a).await.unwrap();
+    store
+        .append_settling(
+            &run,
+            None,
+            1,
+            &[ev("lister:2")],
+            "running".into(),
+            2,
+            &settlement("k-c", &a, "{\"ok\":1}"),
+        )
+        .await
+        .unwrap();
+    let listed = |key: &str, h: &Holder, result: Option<&str>| Commitment {
+        key: key.to_owned(),
+        holder: h.clone(),
+        result: result.map(ev),
+    };
+    assert_eq!(
+        store.commitments(&CommitmentFilter::new()).await.unwrap(),
+        [
+            listed("k-a", &b, None),
+            listed("k-b", &a, None),
+            listed("k-c", &a, Some("{\"ok\":1}")),
+        ]
+    );
+    assert_eq!(
+        store
+            .commitments(&CommitmentFilter::new().run(id("lister")))
+            .await
+            .unwrap(),
+        [
+            listed("k-b", &a, None),
+            listed("k-c", &a, Some("{\"ok\":1}"))
+        ]
+    );
+    assert_eq!(
+        store
+            .commitments(&CommitmentFilter::new().key("k-a"))
+            .await
+            .unwrap(),
+        [listed("k-a", &b, None)]
+    );
+    assert_eq!(
+        store
+            .commitments(&CommitmentFilter::new().key("k-a").run(id("lister")))
+            .await
+            .unwrap(),
+        []
+    );
+}
+
+pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let run = id("freer");
+    new_run(&*store, &run, 1).await;
+    let (a, b) = (holder("freer", "call-1-1"), holder("next", "call-1-1"));
+    let not_held = |err: StoreError| matches!(err, StoreError::CommitmentNotHeld { .. });
+    // Only the holder may release: nothing is written otherwise.
+    store.claim_commitment("failed", &a).await.unwrap();
+    let err = store
+        .append_settling(
+            &run,
+            None,
+            1,
+            &[ev("freer:2")],
+            "running".into(),
+            2,
+            &release("failed", &b),
+        )
+        .await
+        .unwrap_err();
+    assert!(not_held(err));
+    assert_eq!(store.load(&run).await.unwrap().len(), 1, "nothing written");
+    // An unsettled key (a call that failed) is released with its events.
+    store
+        .append_settling(
+            &run,
+            None,
+            1,
+            &[ev("freer:2")],
+            "running".into(),
+            2,
+            &release("failed", &a),
+        )
+        .await
+        .unwrap();
+    assert_eq!(store.load(&run).await.unwrap().len(), 2);
+    assert_eq!(
+        store.claim_commitment("failed", &b).await.unwrap(),
+        Claim::Granted,
+        "the next claimant runs the call"
+    );
+    // A settled key may be released too (an operator's choice).
+    store.claim_commitment("done", &a).await.unwrap();
+    store
+        .append_settling(
+            &run,
+            None,
+            2,
+            &[ev("freer:3")],
+            "running".into(),
+            3,
+            &settlement("done", &a, "r"),
+        )
+        .await
+        .unwrap();
+    store
+        .append_settling(
+            &run,
+            None,
+            3,
+            &[ev("freer:4")],
+            "completed".into(),
+            4,
+            &release("done", &a),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        store
+            .commitments(&CommitmentFilter::new().run(id("freer")))
+            .await
+            .unwrap(),
+        []
+    );
+    // A release that conflicts releases nothing.
+    store.claim_commitment("kept", &a).await.unwrap();
+    let err = store
+        .append_settling(
+            &run,
+            None,
+            9,
+            &[ev("freer:5")],
+            "completed".into(),
+            5,
+            &release("kept", &a),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
+    assert_eq!(
+        store.claim_commitment("kept", &b).await.unwrap(),
+        Claim::Held(a)
+    );
+}
+
 pub(crate) async fn racing_claims_grant_exactly_one(backend: &dyn Backend) {
     let store = backend.open().await;
     let barrier = Arc::new(tokio::sync::Barrier::new(8));
@@ -2154,6 +2321,8 @@ macro_rules! conformance_suite {
                 settling_appends_and_records_the_result_for_everyone_after,
                 settling_needs_the_unsettled_key_and_writes_nothing_otherwise,
                 racing_claims_grant_exactly_one,
+                commitments_are_listed_by_key_and_by_run,
+                a_release_frees_the_key_for_the_next_claimant,
                 a_replaced_lease_is_fenced,
                 an_expired_lease_nobody_replaced_still_writes,
                 a_released_lease_frees_the_run_and_fences_its_holder,

@@ -12,9 +12,9 @@ use bytes::Bytes;
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::session::holds_session;
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, Listing,
-    PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
-    StoredEvent, Tombstone, VerifyReport, WAITING,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    Holder, Lease, Listing, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settle,
+    Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -578,8 +578,10 @@ impl EventStore for MemoryStore {
             return Err(Self::fenced(lease, run));
         }
         let mut commitments = self.commitments();
+        let release = settlement.outcome == Settle::Release;
         match commitments.get(&settlement.key) {
             Some((h, None)) if *h == settlement.holder => {}
+            Some((h, Some(_))) if release && *h == settlement.holder => {}
             _ => {
                 return Err(StoreError::CommitmentNotHeld {
                     key: settlement.key.clone(),
@@ -590,10 +592,32 @@ impl EventStore for MemoryStore {
         }
         let appended =
             self.append_checked(run_id, run, expected_len, events, listing, updated_ms)?;
-        commitments.insert(
-            settlement.key.clone(),
-            (settlement.holder.clone(), Some(settlement.result.clone())),
-        );
+        match &settlement.outcome {
+            Settle::Result(result) => {
+                commitments.insert(
+                    settlement.key.clone(),
+                    (settlement.holder.clone(), Some(result.clone())),
+                );
+            }
+            Settle::Release => {
+                commitments.remove(&settlement.key);
+            }
+        }
         Ok(appended)
+    }
+
+    async fn commitments(&self, filter: &CommitmentFilter) -> Result<Vec<Commitment>, StoreError> {
+        let mut listed: Vec<Commitment> = self
+            .commitments()
+            .iter()
+            .map(|(key, (holder, result))| Commitment {
+                key: key.clone(),
+                holder: holder.clone(),
+                result: result.clone(),
+            })
+            .filter(|c| filter.matches(c))
+            .collect();
+        listed.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(listed)
     }
 }

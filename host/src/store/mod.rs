@@ -250,8 +250,66 @@ pub struct Settlement {
     pub key: String,
     /// Who holds it (and settles it now).
     pub holder: Holder,
-    /// The result to record for every later claimant.
-    pub result: Bytes,
+    /// What becomes of the key.
+    pub outcome: Settle,
+}
+
+/// What a [`Settlement`] does to its commitment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Settle {
+    /// The call ran: every later claimant gets this result (the bytes it
+    /// is given back as [`Claim::Settled::result`]). Refused unless the
+    /// holder holds the key unsettled.
+    Result(Bytes),
+    /// Nothing to reuse (the call failed, or an operator released the key):
+    /// the commitment is deleted, so the next claimant runs the call.
+    /// Refused unless the holder holds the key, settled or not.
+    Release,
+}
+
+/// A commitment as listed ([`EventStore::commitments`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Commitment {
+    /// The commitment key.
+    pub key: String,
+    /// The run and call that claimed it.
+    pub holder: Holder,
+    /// The settled result, `None` while it is held unsettled.
+    pub result: Option<Bytes>,
+}
+
+/// Which commitments [`EventStore::commitments`] lists. By default, all.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CommitmentFilter {
+    /// Only this key.
+    pub key: Option<String>,
+    /// Only keys claimed by this run.
+    pub run_id: Option<RunId>,
+}
+
+impl CommitmentFilter {
+    /// Every commitment.
+    pub fn new() -> Self {
+        CommitmentFilter::default()
+    }
+
+    /// Only the commitment `key`.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Only the commitments run `run_id` claimed.
+    pub fn run(mut self, run_id: RunId) -> Self {
+        self.run_id = Some(run_id);
+        self
+    }
+
+    /// Whether `c` passes the filter.
+    pub fn matches(&self, c: &Commitment) -> bool {
+        self.key.as_ref().is_none_or(|k| *k == c.key)
+            && self.run_id.as_ref().is_none_or(|r| *r == c.holder.run_id)
+    }
 }
 
 /// What a successful create or append leaves behind.
@@ -704,8 +762,8 @@ pub enum StoreError {
         operation: &'static str,
     },
     /// A settlement named a commitment its holder does not hold (never
-    /// claimed, claimed by another run, or already settled); nothing was
-    /// written.
+    /// claimed, claimed by another run, or, to record a result, already
+    /// settled); nothing was written.
     #[error("idempotency commitment {key} is not held unsettled by run {run_id} call {call_id}")]
     CommitmentNotHeld {
         /// The commitment key.
@@ -876,17 +934,25 @@ pub trait EventStore: Send + Sync {
     /// Claims the idempotency commitment `key` for `holder`: the first
     /// claimant (or the holder again) is [`Claim::Granted`]; anyone else
     /// learns who holds it, or the result it was settled with. Commitments
-    /// are never deleted, whatever happens to the runs (pruning included).
+    /// outlive their runs (pruning included); only a [`Settle::Release`]
+    /// deletes one.
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
         let _ = (key, holder);
         Err(unsupported::<Self>("idempotency commitments"))
     }
 
+    /// The commitments `filter` matches, in key order.
+    async fn commitments(&self, filter: &CommitmentFilter) -> Result<Vec<Commitment>, StoreError> {
+        let _ = filter;
+        Err(unsupported::<Self>("idempotency commitments"))
+    }
+
     /// [`append`](Self::append) (or [`append_fenced`](Self::append_fenced)
     /// when `fence` is given), and in the same transaction settles the
-    /// commitment the appended events complete. Refused with
-    /// [`StoreError::CommitmentNotHeld`] (nothing written) unless
-    /// `settlement.holder` holds the key and it is not settled yet.
+    /// commitment the appended events complete, or releases it (see
+    /// [`Settle`]). Refused with [`StoreError::CommitmentNotHeld`] (nothing
+    /// written) unless `settlement.holder` holds the key (and, to record a
+    /// result, it is not settled yet).
     #[allow(clippy::too_many_arguments)]
     async fn append_settling(
         &self,

@@ -1,6 +1,9 @@
 //! The write tools, `write_file` and `edit_file`, and their previews. A
 //! preview runs the same checks as the tool and diffs the file's current
-//! text against what the tool would write, touching nothing.
+//! text against what the tool would write, touching nothing. Both tools
+//! replace a file with the SDK's `fs::write_atomic`, so a call cut short
+//! leaves the old content or the new, never a mix, and the file keeps its
+//! permissions.
 
 use std::fs;
 use std::io;
@@ -140,7 +143,8 @@ pub fn write_file(mount: &Mount, args: WriteFileArgs) -> Result<WriteFileOutput,
         let parent = plan.target.full.parent().unwrap_or(Path::new("."));
         fs::create_dir_all(parent).map_err(|e| FsError::io("create the directory of", &path, e))?;
     }
-    fs::write(&plan.target.full, &args.content).map_err(|e| FsError::io("write", &path, e))?;
+    warden_guest::fs::write_atomic(&plan.target.full, &args.content)
+        .map_err(|e| FsError::io("write", &path, e))?;
     Ok(WriteFileOutput {
         path,
         bytes_written: args.content.len() as u64,
@@ -238,7 +242,8 @@ fn plan_edit(mount: &Mount, args: &EditFileArgs) -> Result<EditPlan, FsError> {
 pub fn edit_file(mount: &Mount, args: EditFileArgs) -> Result<EditFileOutput, FsError> {
     let plan = plan_edit(mount, &args)?;
     let path = plan.target.shown;
-    fs::write(&plan.target.full, &plan.new_text).map_err(|e| FsError::io("write", &path, e))?;
+    warden_guest::fs::write_atomic(&plan.target.full, &plan.new_text)
+        .map_err(|e| FsError::io("write", &path, e))?;
     Ok(EditFileOutput {
         path,
         replacements: plan.replacements,
@@ -488,6 +493,47 @@ mod tests {
             assert!(err.starts_with(expected), "{err}");
         }
         assert_eq!(snapshot(dir.path()), before);
+    }
+
+    /// The names in `dir`, sorted: no temporary file is left behind.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn writes_and_edits_replace_whole_files_keeping_permissions() {
+        use std::os::unix::fs::PermissionsExt;
+        let (dir, mount) = workspace(&[("run.sh", b"echo one\n"), ("ro.txt", b"a\n")]);
+        let mode = |name: &str| {
+            fs::metadata(dir.path().join(name))
+                .unwrap()
+                .permissions()
+                .mode()
+                & 0o777
+        };
+        let chmod = |name: &str, mode: u32| {
+            fs::set_permissions(dir.path().join(name), fs::Permissions::from_mode(mode)).unwrap()
+        };
+        chmod("run.sh", 0o750);
+        chmod("ro.txt", 0o640);
+        edit_file(&mount, edit_args("run.sh", "one", "two", false)).unwrap();
+        write_file(&mount, write_args("ro.txt", "b\n", false)).unwrap();
+        assert_eq!((mode("run.sh"), mode("ro.txt")), (0o750, 0o640));
+        assert_eq!(
+            fs::read_to_string(dir.path().join("run.sh")).unwrap(),
+            "echo two\n"
+        );
+        assert_eq!(
+            fs::read_to_string(dir.path().join("ro.txt")).unwrap(),
+            "b\n"
+        );
+        assert_eq!(names(dir.path()), ["ro.txt", "run.sh"]);
     }
 
     #[test]

@@ -146,3 +146,95 @@ async fn limits_are_enforced_on_the_real_component() {
     );
     call.assert_outcome(Outcome::OutOfFuel);
 }
+
+#[cfg(unix)]
+#[tokio::test]
+async fn writes_keep_permissions_through_the_host() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = workspace();
+    let notes = dir.path().join("notes.md");
+    std::fs::set_permissions(&notes, std::fs::Permissions::from_mode(0o751)).unwrap();
+    let fs = load(dir.path(), false).await;
+    fs.call(
+        "edit_file",
+        json!({ "path": "notes.md", "old": "beta", "new": "gamma" }),
+    )
+    .await
+    .ok();
+    fs.call(
+        "write_file",
+        json!({ "path": "src/new.rs", "content": "fn beta() {}\n" }),
+    )
+    .await
+    .ok();
+    let mode = std::fs::metadata(&notes).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode, 0o751);
+    assert_eq!(
+        std::fs::read_to_string(&notes).unwrap(),
+        "# Notes\nalpha\ngamma\n"
+    );
+    // Only the files the tools wrote: no temporary file is left.
+    let mut names: Vec<String> = std::fs::read_dir(dir.path().join("src"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["lib.rs", "new.rs"]);
+}
+
+/// A write whose lease runs out of time part way holds the old content or
+/// the new, never a mix: the deadline grows from 1 ms until one edit
+/// completes, and after every try the file is checked whole. (With a plain
+/// truncate-and-write, deadlines that land in the write left the file cut
+/// short.)
+#[tokio::test]
+async fn a_write_cut_short_by_its_deadline_leaves_the_old_content_or_the_new() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("big.txt");
+    let mut old = String::new();
+    for i in 0..200_000 {
+        old.push_str(&format!("line {i:06} of the file that is edited\n"));
+    }
+    old.push_str("MARKER\n");
+    let new = old.replace("MARKER", "EDITED");
+    std::fs::write(&file, &old).unwrap();
+    let args = json!({ "path": "big.txt", "old": "MARKER", "new": "EDITED" });
+    let (mut cut, mut timeout_ms) = (0, 1);
+    loop {
+        let fs = TestPlugin::build(env!("CARGO_MANIFEST_DIR"))
+            .mount("workspace", dir.path())
+            .timeout(Duration::from_millis(timeout_ms))
+            .load()
+            .await
+            .unwrap();
+        let call = fs.call("edit_file", args.clone()).await;
+        let now = std::fs::read_to_string(&file).unwrap();
+        assert!(
+            now == old || now == new,
+            "with a {timeout_ms} ms deadline the file holds {} bytes of neither version",
+            now.len()
+        );
+        if call.receipt.outcome == Outcome::Ok {
+            assert_eq!(now, new);
+            break;
+        }
+        assert_eq!(
+            call.lease_failure(),
+            &LeaseFailure::Timeout {
+                limit: Duration::from_millis(timeout_ms)
+            }
+        );
+        cut += 1;
+        if now == new {
+            // The rename happened and the deadline hit after it: done.
+            break;
+        }
+        timeout_ms = timeout_ms * 3 / 2 + 1;
+        assert!(timeout_ms < 60_000, "the edit never completed");
+    }
+    assert!(
+        cut >= 1,
+        "no deadline cut the edit short: nothing was tested"
+    );
+    eprintln!("{cut} edits cut short before one finished ({timeout_ms} ms)");
+}

@@ -136,11 +136,9 @@ impl Notebook {
         };
         let path = self.path(&note.id);
         let json = serde_json::to_string_pretty(&note).expect("a note serializes");
-        // Write beside, then rename: a reader never sees half a note.
-        let partial = self.root.join(format!(".{}.tmp", note.id));
-        std::fs::write(&partial, json)
-            .and_then(|()| std::fs::rename(&partial, &path))
-            .map_err(|e| io_error("write", &note.id, e))?;
+        // A reader never sees half a note, and a crash leaves the note
+        // whole or absent (synced, the rename included).
+        warden_guest::fs::write_atomic(&path, json).map_err(|e| io_error("write", &note.id, e))?;
         Ok(Remembered {
             bytes: note.text.len(),
             id: note.id,

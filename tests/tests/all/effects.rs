@@ -10,10 +10,10 @@ use std::time::Duration;
 
 use serde_json::json;
 use warden::engine::events::{Event, ToolCallError};
-use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
+use warden::engine::{Agent, KeyState, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
 use warden::sandbox::Outcome;
-use warden::store::{EventStore, MemoryStore, SqliteStore};
+use warden::store::{CommitmentFilter, EventStore, MemoryStore, SqliteStore};
 
 use super::engine::Fixture;
 use crate::intercepted::{Hooks, Intercepted};
@@ -630,4 +630,172 @@ async fn an_external_tool_is_completed_from_a_second_process() {
         })
         .unwrap();
     assert_eq!(completed.output["status"], "paid");
+}
+
+/// A keyed write that fails leaves nothing for its key: a later run, once
+/// the cause is fixed, makes the call instead of being handed the error.
+#[tokio::test]
+async fn a_failed_keyed_write_leaves_its_key_to_a_later_run() {
+    for store_kind in ["memory", "sqlite"] {
+        let fx = Fixture::new();
+        let turns = r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = { op = "append", path = "/workspace/ledger/effects.log", content = "paid\n", claim_id = "c-9" }
+
+[[turns]]
+text = "Paid."
+"#;
+        let agent = fx.agent(turns, KEYED);
+        let store: Arc<dyn EventStore> = match store_kind {
+            "memory" => Arc::new(MemoryStore::new()),
+            _ => Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap()),
+        };
+        let rt = runtime(store.clone());
+        // `ledger/` is missing: the append fails.
+        let (status, first) = run_to_end(&rt, &agent, "first").await;
+        assert_eq!(status, RunStatus::Completed, "{store_kind}");
+        assert!(
+            first.iter().any(|e| matches!(
+                e,
+                Event::ToolCallCompleted(c)
+                    if matches!(c.result, warden::engine::events::ToolCallResult::Error(_))
+            )),
+            "{store_kind}: the failure is the first run's result"
+        );
+        assert_eq!(
+            rt.keys(&CommitmentFilter::new()).await.unwrap(),
+            [],
+            "{store_kind}: nothing kept for the key"
+        );
+        std::fs::create_dir(fx.path("work/ledger")).unwrap();
+        let (status, second) = run_to_end(&rt, &agent, "second").await;
+        assert_eq!(status, RunStatus::Completed);
+        assert!(
+            !second
+                .iter()
+                .any(|e| matches!(e, Event::ToolCallDeduplicated(_))),
+            "{store_kind}: the second run was not handed the first run's error"
+        );
+        assert_eq!(
+            std::fs::read_to_string(fx.path("work/ledger/effects.log")).unwrap(),
+            "paid\n"
+        );
+        let keys = rt.keys(&CommitmentFilter::new()).await.unwrap();
+        assert_eq!(keys.len(), 1);
+        assert_eq!(
+            (keys[0].state, keys[0].run_id.as_str()),
+            (KeyState::Settled, "second")
+        );
+    }
+}
+
+/// A keyed write whose outcome is unknown when its run is abandoned leaves
+/// its key orphaned: a later run stops at once saying so (no wait), the
+/// key cannot be released while its holder may still make the call, and an
+/// operator's release (recorded in the holder's log) lets the next run
+/// make it.
+#[tokio::test]
+async fn an_abandoned_keyed_write_orphans_its_key_until_an_operator_releases_it() {
+    for store_kind in ["memory", "sqlite"] {
+        let fx = Fixture::new();
+        let turns = r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__write_then_sleep"
+arguments = { path = "/workspace/effects.log", content = "paid\n", claim_id = "c-78" }
+
+[[turns]]
+text = "Paid."
+"#;
+        let agent = fx.agent(
+            turns,
+            "[plugins.hostile.grant.limits]\ntimeout = \"300ms\"\n[plugins.hostile.grant.tools.write_then_sleep]\nidempotency_key = \"claim_id\"\n",
+        );
+        let store: Arc<dyn EventStore> = match store_kind {
+            "memory" => Arc::new(MemoryStore::new()),
+            _ => Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap()),
+        };
+        // A wait this long would fail the test's time budget: the orphaned
+        // key must be reported without it.
+        let rt = runtime(store).with_commitment_wait(Duration::from_secs(600));
+        let a = rt
+            .start_with_id(&agent, id("a"), json!("go"))
+            .await
+            .unwrap();
+        assert!(matches!(
+            rt.drive(&a, &agent).await,
+            Err(RuntimeError::NeedsReconciliation { .. })
+        ));
+        let key = rt.keys(&CommitmentFilter::new()).await.unwrap()[0]
+            .key
+            .clone();
+        // Held by a run that may still be reconciled: not released.
+        match rt.release_key(&key, "ops", None).await {
+            Err(RuntimeError::KeyInUse { holder, status, .. }) => {
+                assert_eq!(
+                    (holder.run_id, status.as_str()),
+                    (a.clone(), "needs_reconciliation")
+                )
+            }
+            other => panic!("{store_kind}: expected the key in use, got {other:?}"),
+        }
+        rt.abandon(&a, "the payment provider is down")
+            .await
+            .unwrap();
+        assert_eq!(rt.key(&key).await.unwrap().state, KeyState::Orphaned);
+
+        let b = rt
+            .start_with_id(&agent, id("b"), json!("go"))
+            .await
+            .unwrap();
+        match rt.drive(&b, &agent).await {
+            Err(RuntimeError::CommitmentOrphaned {
+                holder,
+                holder_status,
+                ..
+            }) => {
+                assert_eq!(
+                    (holder.run_id, holder_status.as_str()),
+                    (a.clone(), "abandoned")
+                )
+            }
+            other => panic!("{store_kind}: expected an orphaned key, got {other:?}"),
+        }
+        assert_eq!(fx.effects(), 1);
+
+        // The operator checked: the payment did not reach the provider.
+        let released = rt
+            .release_key(&key, "ops", Some("not in the provider's ledger".into()))
+            .await
+            .unwrap();
+        assert_eq!(released.state, KeyState::Orphaned);
+        let events = rt.events(&a).await.unwrap();
+        match events.last() {
+            Some(Event::KeyReleased(r)) => {
+                assert_eq!((r.key.as_str(), r.by.as_str()), (key.as_str(), "ops"))
+            }
+            other => panic!("{store_kind}: expected key_released last, got {other:?}"),
+        }
+        assert_eq!(rt.state(&a).await.unwrap().status(), RunStatus::Abandoned);
+        assert!(matches!(
+            rt.key(&key).await,
+            Err(RuntimeError::UnknownKey { .. })
+        ));
+        // b's next drive makes the call (b's wait was cut short, not its
+        // claim: it simply tries again).
+        let drove = tokio::time::timeout(Duration::from_secs(20), rt.drive(&b, &agent)).await;
+        // write_then_sleep outlives its lease: the write happened, its
+        // outcome is unknown, and it holds the key for b now.
+        assert!(
+            matches!(drove, Ok(Err(RuntimeError::NeedsReconciliation { .. }))),
+            "{store_kind}: {drove:?}"
+        );
+        assert_eq!(fx.effects(), 2);
+        let held = rt.key(&key).await.unwrap();
+        assert_eq!((held.state, held.run_id), (KeyState::Held, b.clone()));
+    }
 }

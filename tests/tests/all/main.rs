@@ -31,6 +31,9 @@
 //!   tool or final answer, is answered and recorded readably; arbitrary
 //!   values round-trip through append and decode on both stores.
 //! - `kill`: the `warden` binary killed with SIGKILL mid-run, again and again.
+//! - `torn_edits`: the fs plugin's `edit_file` under SIGKILLs of `warden
+//!   run` and `warden worker` on SQLite and PostgreSQL: no file torn, each
+//!   holding exactly the edits the log records.
 //! - `network`: outbound HTTP against a loopback server (`server`): what a
 //!   host grant lets through, and every way to reach what it does not.
 //! - `narrowed`: calls ahead of an effect (a preflight, and by default a
@@ -98,6 +101,7 @@ mod providers;
 mod retries;
 mod server;
 mod sessions;
+mod torn_edits;
 mod turns;
 mod typed_results;
 mod workers;

@@ -40,9 +40,9 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Finding, Holder, Lease, Listing,
-    OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError,
-    StoredEvent, Tombstone, VerifyReport, WAITING,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    Finding, Holder, Lease, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
+    RunSummary, Settle, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
 /// An event store in one schema of a PostgreSQL database.
@@ -1010,6 +1010,39 @@ impl EventStore for PostgresStore {
         .await
     }
 
+    async fn commitments(&self, filter: &CommitmentFilter) -> Result<Vec<Commitment>, StoreError> {
+        let context = "postgres: cannot list idempotency commitments";
+        let key = filter.key.clone();
+        let run_id = filter.run_id.as_ref().map(|r| r.as_str().to_owned());
+        let rows = self
+            .snapshot(context, async |tx| {
+                query(
+                    tx,
+                    context,
+                    r#"SELECT key, run_id, call_id, result FROM commitments
+                     WHERE ($1::text IS NULL OR key = $1) AND ($2::text IS NULL OR run_id = $2)
+                     ORDER BY key COLLATE "C""#,
+                    &[&key, &run_id],
+                )
+                .await
+            })
+            .await?;
+        // A holder that is not a valid run id is skipped, as its run is.
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some(Commitment {
+                    key: r.get(0),
+                    holder: Holder {
+                        run_id: valid_id(r.get(1))?,
+                        call_id: r.get(2),
+                    },
+                    result: r.get::<_, Option<Vec<u8>>>(3).map(Bytes::from),
+                })
+            })
+            .collect())
+    }
+
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
         let context = format!("postgres: cannot claim idempotency commitment {key}");
         self.write(&context, async |tx| {
@@ -1221,10 +1254,11 @@ impl PostgresStore {
                     &[&settle.key],
                 )
                 .await?;
+                let release = settle.outcome == Settle::Release;
                 let held = rows.first().is_some_and(|r| {
                     r.get::<_, String>(0) == settle.holder.run_id.as_str()
                         && r.get::<_, String>(1) == settle.holder.call_id
-                        && r.get::<_, bool>(2)
+                        && (r.get::<_, bool>(2) || release)
                 });
                 if !held {
                     return Err(StoreError::CommitmentNotHeld {
@@ -1313,14 +1347,26 @@ impl PostgresStore {
                 ],
             )
             .await?;
-            if let Some(settle) = settle {
-                execute(
-                    tx,
-                    &context,
-                    "UPDATE commitments SET result = $2 WHERE key = $1",
-                    &[&settle.key, &settle.result.as_ref()],
-                )
-                .await?;
+            match settle.map(|s| (&s.key, &s.outcome)) {
+                Some((key, Settle::Result(result))) => {
+                    execute(
+                        tx,
+                        &context,
+                        "UPDATE commitments SET result = $2 WHERE key = $1",
+                        &[key, &result.as_ref()],
+                    )
+                    .await?;
+                }
+                Some((key, Settle::Release)) => {
+                    execute(
+                        tx,
+                        &context,
+                        "DELETE FROM commitments WHERE key = $1",
+                        &[key],
+                    )
+                    .await?;
+                }
+                None => {}
             }
             Ok(Appended {
                 event_count: new_count,

@@ -42,9 +42,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, EventStore, Holder, Lease, Listing, OpenMode,
-    PruneFilter, RunFilter, RunId, RunMeta, RunSummary, Settlement, StoreError, StoredEvent,
-    Tombstone, VerifyReport,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    Holder, Lease, Listing, OpenMode, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
+    Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 use writer::{Counters, LeaseOp, Request};
 
@@ -455,6 +455,49 @@ impl EventStore for SqliteStore {
             .await
             .map_err(|_| StoreError::Closed)?;
         answer.await.map_err(|_| StoreError::Closed)?
+    }
+
+    async fn commitments(&self, filter: &CommitmentFilter) -> Result<Vec<Commitment>, StoreError> {
+        let filter = filter.clone();
+        self.read(move |conn, _| {
+            let context = "sqlite: cannot list idempotency commitments";
+            let mut stmt = conn
+                .prepare_cached(
+                    "SELECT key, run_id, call_id, result FROM commitments
+                     WHERE (?1 IS NULL OR key = ?1) AND (?2 IS NULL OR run_id = ?2)
+                     ORDER BY key",
+                )
+                .map_err(|e| backend(context, e))?;
+            let rows = stmt
+                .query_map(
+                    rusqlite::params![filter.key, filter.run_id.as_ref().map(RunId::as_str)],
+                    |row| {
+                        Ok((
+                            text(row, 0)?,
+                            text(row, 1)?,
+                            text(row, 2)?,
+                            row.get::<_, Option<Vec<u8>>>(3)?,
+                        ))
+                    },
+                )
+                .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
+                .map_err(|e| backend(context, e))?;
+            // A holder that is not a valid run id is skipped, as its run is.
+            Ok(rows
+                .into_iter()
+                .filter_map(|(key, run_id, call_id, result)| {
+                    Some(Commitment {
+                        key,
+                        holder: Holder {
+                            run_id: valid_id(&run_id)?,
+                            call_id,
+                        },
+                        result: result.map(Bytes::from),
+                    })
+                })
+                .collect())
+        })
+        .await
     }
 
     async fn append_settling(

@@ -27,7 +27,7 @@ use super::{backend, blob_hash};
 use crate::store::chain::{self, Chain};
 use crate::store::{
     Appended, ChainBreak, ChainHash, Claim, Holder, Lease, Listing, PruneFilter, QUEUED, RunId,
-    RunMeta, Settlement, StoreError, Tombstone, WAITING,
+    RunMeta, Settle, Settlement, StoreError, Tombstone, WAITING,
 };
 
 /// The answer to one create or append.
@@ -533,9 +533,13 @@ fn append_settling(
         )
     };
     let row = commitment(conn, &settle.key).map_err(|e| backend(context(), e))?;
+    let release = settle.outcome == Settle::Release;
     let held = matches!(
         &row,
-        Some((run, call, None)) if run == settle.holder.run_id.as_str() && *call == settle.holder.call_id
+        Some((run, call, result))
+            if run == settle.holder.run_id.as_str()
+                && *call == settle.holder.call_id
+                && (result.is_none() || release)
     );
     if !held {
         return Err(StoreError::CommitmentNotHeld {
@@ -554,9 +558,15 @@ fn append_settling(
         listing,
         updated_ms,
     )?;
-    conn.prepare_cached("UPDATE commitments SET result = ?2 WHERE key = ?1")
-        .and_then(|mut s| s.execute(params![settle.key, settle.result.as_ref()]))
-        .map_err(|e| backend(context(), e))?;
+    match &settle.outcome {
+        Settle::Result(result) => conn
+            .prepare_cached("UPDATE commitments SET result = ?2 WHERE key = ?1")
+            .and_then(|mut s| s.execute(params![settle.key, result.as_ref()])),
+        Settle::Release => conn
+            .prepare_cached("DELETE FROM commitments WHERE key = ?1")
+            .and_then(|mut s| s.execute(params![settle.key])),
+    }
+    .map_err(|e| backend(context(), e))?;
     Ok(appended)
 }
 
