@@ -1207,7 +1207,7 @@ fn runs_list_filters_groups_and_flags_stalled_runs() {
     );
     assert_eq!(
         json_out(&out),
-        serde_json::json!({"run_id": "detached", "status": "running"})
+        serde_json::json!({"run_id": "detached", "status": "queued"})
     );
 
     let grouped = json_out(&warden(&["runs", "list", "--group", "--json"], dir.path()));
@@ -1224,11 +1224,11 @@ fn runs_list_filters_groups_and_flags_stalled_runs() {
     assert_eq!(ids("terminal"), ["done"]);
     assert_eq!(grouped["in_progress"][0]["stalled"], false);
 
-    // With no grace at all, the run no process drives is stalled.
+    // Recorded for a driver, the detached run is queued, never stalled.
     let out = warden(&["runs", "list", "--stalled-after", "0s"], dir.path());
     let text = stdout(&out);
-    assert!(text.contains("running (stalled"), "{text}");
-    assert!(text.contains("warden runs resume RUN"), "{text}");
+    assert!(text.contains("queued"), "{text}");
+    assert!(!text.contains("stalled"), "{text}");
     let out = warden(&["runs", "list", "--group"], dir.path());
     let text = stdout(&out);
     for heading in [
@@ -1418,7 +1418,7 @@ fn resume_gives_input_to_a_suspended_run_and_recovers_a_run_nobody_drives() {
         dir.path(),
         &["runs", "resume", "idle", "--input", "{}"],
         "input_not_expected",
-        "run `idle` is running: it takes no input",
+        "run `idle` is queued: it takes no input",
     );
     let out = warden(&["runs", "resume", "idle"], dir.path());
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
@@ -1938,7 +1938,7 @@ fn runs_in_a_session_see_earlier_runs_and_a_busy_session_is_refused() {
     assert_eq!(unknown.status.code(), Some(2), "{}", stdout(&unknown));
     let show = warden(&["sessions", "show", "busy"], dir.path());
     assert!(
-        stdout(&show).starts_with("session busy: 1 run(s); busy: run held is running"),
+        stdout(&show).starts_with("session busy: 1 run(s); busy: run held is queued"),
         "{}",
         stdout(&show)
     );

@@ -195,3 +195,179 @@ fn every_driving_verb_takes_the_flag_that_accepts_a_changed_agent() {
         );
     }
 }
+
+#[test]
+fn one_status_vocabulary_in_list_show_and_filters() {
+    let dir = demo();
+    // Recorded for a driver, not driven: queued, in every view.
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--run-id",
+            "later",
+            "--detach",
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(
+        json_out(&out),
+        serde_json::json!({"run_id": "later", "status": "queued"})
+    );
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--run-id",
+            "later-too",
+            "--detach",
+        ],
+        dir.path(),
+    );
+    assert_eq!(stdout(&out), "later-too\n");
+    assert!(stderr(&out).contains("queued"), "{}", stderr(&out));
+    let out = warden(
+        &["submit", "notes.toml", "go", "--run-id", "submitted"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "parked"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+
+    let listed = json_out(&warden(&["runs", "list", "--json"], dir.path()));
+    for row in listed.as_array().unwrap() {
+        let run = row["run_id"].as_str().unwrap();
+        let shown = json_out(&warden(&["runs", "show", run, "--json"], dir.path()));
+        assert_eq!(
+            shown["status"], row["status"],
+            "{run}: list and show disagree"
+        );
+    }
+    let queued = json_out(&warden(
+        &["runs", "list", "--status", "queued", "--json"],
+        dir.path(),
+    ));
+    let ids: Vec<&str> = queued
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["later", "later-too", "submitted"]);
+    // Every status is a filter; anything else is refused naming them all.
+    for status in [
+        "queued",
+        "running",
+        "awaiting_approval",
+        "suspended",
+        "awaiting_external",
+        "budget_exceeded",
+        "waiting",
+        "needs_reconciliation",
+        "completed",
+        "failed",
+        "cancelled",
+        "abandoned",
+    ] {
+        let out = warden(&["runs", "list", "--status", status, "--json"], dir.path());
+        assert!(out.status.success(), "--status {status}: {}", stderr(&out));
+    }
+    let out = warden(&["runs", "list", "--status", "sleeping"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("use one of queued, running, awaiting_approval"),
+        "{}",
+        stderr(&out)
+    );
+
+    // `runs show` says honestly that nothing drives it, and what to do.
+    let text = stdout(&warden(&["runs", "show", "later"], dir.path()));
+    assert!(text.contains("status: queued"), "{text}");
+    assert!(text.contains("nothing drives it yet"), "{text}");
+    assert!(text.contains("warden runs resume later"), "{text}");
+    let shown = json_out(&warden(&["runs", "show", "parked", "--json"], dir.path()));
+    assert!(
+        shown["next"]
+            .as_str()
+            .unwrap()
+            .contains("warden runs approve parked call-3-1")
+    );
+    // Driven, it goes on; over, show says there is nothing left to do.
+    let out = warden(&["runs", "resume", "later"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run later: awaiting_approval"),
+        "{}",
+        stdout(&out)
+    );
+    let out = warden(&["runs", "cancel", "later-too"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&warden(&["runs", "show", "later-too"], dir.path()));
+    assert!(text.contains("status: cancelled"), "{text}");
+    assert!(text.contains("nothing: the run is over"), "{text}");
+
+    // The help names the same words.
+    let help = stdout(&warden(&["runs", "list", "--help"], dir.path()));
+    let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("queued, running, awaiting_approval, suspended, awaiting_external, budget_exceeded, waiting, needs_reconciliation, completed, failed, cancelled, abandoned"),
+        "{help}"
+    );
+}
+
+#[test]
+fn sessions_are_listed_and_an_unknown_one_is_an_error() {
+    let dir = demo();
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--session",
+            "chat",
+            "--run-id",
+            "held",
+            "--detach",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "alone"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    // A session no run was started in is an error, naming the store.
+    let out = warden(&["sessions", "show", "nosuch"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("session `nosuch` has no runs in the store"),
+        "{}",
+        stderr(&out)
+    );
+    let out = warden(&["sessions", "show", "nosuch", "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_out(&out)["error"]["code"], "unknown_session");
+
+    let listed = json_out(&warden(&["sessions", "list", "--json"], dir.path()));
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["session"], "chat");
+    assert_eq!(listed[0]["runs"], 1);
+    assert_eq!(listed[0]["active_run"], "held");
+    assert_eq!(listed[0]["active_status"], "queued");
+    let text = stdout(&warden(&["sessions", "list"], dir.path()));
+    assert!(text.contains("busy: run held is queued"), "{text}");
+    let text = stdout(&warden(&["sessions", "show", "chat"], dir.path()));
+    assert!(
+        text.starts_with("session chat: 1 run(s); busy: run held is queued"),
+        "{text}"
+    );
+    let shown = json_out(&warden(&["sessions", "show", "chat", "--json"], dir.path()));
+    assert_eq!(shown["runs"][0]["status"], "queued");
+}

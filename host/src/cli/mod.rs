@@ -15,7 +15,9 @@
 //! - `config.rs`: `warden.toml`, flags and `WARDEN_*` variables → settings.
 //! - `errors.rs`: stable error codes and the `--json` error envelope.
 //! - `runs.rs`: `warden run`, `warden runs …`.
-//! - `sessions.rs`: `warden sessions show`.
+//! - `sessions.rs`: `warden sessions list|show`.
+//! - `status.rs`: the one status vocabulary (`queued` and the statuses a
+//!   log derives) and what a human can do next about a run in each.
 //! - `keys.rs`: `warden keys list|show|release`: idempotency keys.
 //! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
 //!   `build`.
@@ -38,6 +40,7 @@ mod render;
 mod runs;
 mod scaffold;
 mod sessions;
+mod status;
 mod store;
 mod witness;
 mod worker;
@@ -85,10 +88,13 @@ enum Command {
     /// Start a run of an agent and follow it live.
     Run(runs::RunArgs),
     /// Operate runs: list, show, events, verify, recover, approve, deny,
-    /// resume, resolve, abandon, cancel.
+    /// resume, complete, resolve, abandon, cancel, prune. A run is queued,
+    /// running, awaiting_approval, suspended, awaiting_external,
+    /// budget_exceeded, waiting, needs_reconciliation, completed, failed,
+    /// cancelled or abandoned.
     #[command(subcommand)]
     Runs(runs::RunsCommand),
-    /// Look at sessions: the runs of a conversation.
+    /// Look at sessions: list them, or show the runs of one conversation.
     #[command(subcommand)]
     Sessions(sessions::SessionsCommand),
     /// See and settle idempotency keys: list, show, release.

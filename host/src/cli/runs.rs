@@ -46,7 +46,8 @@ pub(crate) struct RunArgs {
     /// run of the session is active (running or parked).
     #[arg(long, value_name = "SESSION")]
     session: Option<String>,
-    /// Record the run and return without driving it.
+    /// Record the run as queued and return without driving it: a worker
+    /// takes it, or `warden runs resume RUN` drives it.
     #[arg(long, conflicts_with = "follow")]
     detach: bool,
     /// Drive the run and print its events as they happen (the default).
@@ -204,7 +205,10 @@ pub(crate) enum RunsCommand {
 /// `warden runs list`.
 #[derive(Debug, Args)]
 pub(crate) struct ListArgs {
-    /// Only runs with this status (repeatable).
+    /// Only runs with this status (repeatable): queued, running,
+    /// awaiting_approval, suspended, awaiting_external, budget_exceeded,
+    /// waiting, needs_reconciliation, completed, failed, cancelled,
+    /// abandoned.
     #[arg(long)]
     status: Vec<String>,
     /// Only runs of this agent.
@@ -228,6 +232,10 @@ pub(crate) struct ListArgs {
     #[arg(long, value_name = "DURATION", default_value = "10m")]
     stalled_after: String,
 }
+
+/// How long a run marked running may go without an append before `runs
+/// show` calls it stalled (`runs list --stalled-after`'s default).
+const DEFAULT_STALLED_AFTER_MS: i64 = 10 * 60_000;
 
 /// How a verb that continues a run drives it.
 #[derive(Debug, Args)]
@@ -370,6 +378,32 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
     let (rt, host) = runtime(ctx, open_store(&ctx.settings, Access::Start).await?)?;
     // Everything the run needs is checked before anything is recorded.
     super::agent::check(&host, &agent).await?;
+    if args.detach {
+        // Queued: what drives it is a worker, or a later `runs resume`.
+        match &session {
+            Some(session) => {
+                rt.submit_in_session(session, &agent, run_id.clone(), input, labels)
+                    .await?
+            }
+            None => rt.submit(&agent, run_id.clone(), input, labels).await?,
+        };
+        if ctx.json {
+            println!(
+                "{}",
+                json!({ "run_id": run_id, "status": crate::store::QUEUED })
+            );
+        } else {
+            println!("{run_id}");
+            if !super::quiet() {
+                eprintln!(
+                    "run {run_id}: queued; {}",
+                    super::status::next(run_id.as_str(), crate::store::QUEUED, false)
+                        .unwrap_or_default()
+                );
+            }
+        }
+        return Ok(());
+    }
     // Subscribe before the run exists so the first event is seen too.
     let updates = rt.subscribe(&run_id);
     match &session {
@@ -382,17 +416,6 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
                 .await?
         }
     };
-    if args.detach {
-        if ctx.json {
-            println!(
-                "{}",
-                json!({ "run_id": run_id, "status": RunStatus::Running })
-            );
-        } else {
-            println!("{run_id}");
-        }
-        return Ok(());
-    }
     follow(&rt, &run_id, updates, ctx.json, Drive::Drive(agent)).await
 }
 
@@ -829,10 +852,12 @@ async fn resume(
         // A waiting run is recovered like a running one: its drive ends
         // the wait if it is due, and reports it waiting if not.
         RunStatus::Running | RunStatus::Waiting => {
+            let listed = rt.store().summary(run).await?.status;
+            let shown = super::status::shown(&listed, status);
             if input.is_some() {
                 return Err(CliError::new(
                     "input_not_expected",
-                    format!("run `{run}` is {status}: it takes no input; resume without --input to recover it"),
+                    format!("run `{run}` is {shown}: it takes no input; resume without --input to drive it"),
                 )
                 .with_details(json!({ "run_id": run, "status": status }))
                 .into());
@@ -840,7 +865,7 @@ async fn resume(
             if drive.detach {
                 return Err(CliError::new(
                     "usage",
-                    format!("run `{run}` is {status}: recovering it means driving it, so --detach does not apply"),
+                    format!("run `{run}` is {shown}: resuming it means driving it, so --detach does not apply"),
                 )
                 .into());
             }
@@ -1298,17 +1323,8 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
     let now = now_ms();
     let mut filter = RunFilter::new();
     for s in &args.status {
-        if RunStatus::ALL.iter().all(|known| known.as_str() != s) {
-            return Err(CliError::new(
-                "usage",
-                format!(
-                    "--status `{s}`: not a status (use one of {})",
-                    RunStatus::ALL.map(RunStatus::as_str).join(", ")
-                ),
-            )
-            .into());
-        }
-        filter = filter.status(s.clone());
+        let status = super::status::parse(s).map_err(|m| CliError::new("usage", m))?;
+        filter = filter.status(status);
     }
     if let Some(a) = &args.agent {
         filter = filter.agent(a.clone());
@@ -1337,10 +1353,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
     }
     // A worker's run is stalled once its lease expired; another is after
     // `--stalled-after` without an append.
-    let stalled = |r: &RunSummary| {
-        r.is_stalled(now)
-            || (r.status == "running" && r.lease.is_none() && now - r.updated_ms >= stalled_after)
-    };
+    let stalled = |r: &RunSummary| super::status::stalled(r, now, stalled_after);
     let row = |r: &RunSummary| {
         json!({
             "run_id": r.run_id,
@@ -1462,7 +1475,9 @@ async fn show(
         run_id: run.clone(),
         error,
     })?;
-    let status = state.status();
+    let derived = state.status();
+    let status = super::status::shown(&summary.status, derived);
+    let stalled = super::status::stalled(&summary, now_ms(), DEFAULT_STALLED_AFTER_MS);
     // The limits: what the log records was in force when the run started,
     // with the recorded extensions. Only a log written before limits were
     // recorded falls back to the agent file as it is now.
@@ -1486,7 +1501,8 @@ async fn show(
         LimitsFrom::Log | LimitsFrom::Unknown => BudgetLimits::default(),
     };
     let limits = state.effective_limits(&agent_limits);
-    let next = render::next_step(run, status, &events);
+    let next = render::next_step(run, derived, &events)
+        .or_else(|| super::status::next(run.as_str(), status, stalled));
     if ctx.json {
         let budget: serde_json::Map<String, Value> = BudgetKind::ORDER
             .iter()
@@ -1501,6 +1517,7 @@ async fn show(
             "run_id": run,
             "agent": state.agent,
             "status": status,
+            "stalled": stalled,
             "labels": state.labels,
             "input": state.input,
             "output": state.output(),
@@ -1532,6 +1549,11 @@ async fn show(
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
     let owes = owing(summary.owes_deliveries);
+    let status = if stalled {
+        format!("{status} (stalled {})", age(now_ms() - summary.updated_ms))
+    } else {
+        status.to_owned()
+    };
     let wakes = match state.waiting() {
         Some(w) => format!(" until {}", crate::units::utc_text(w.until_ms as i64)),
         None => String::new(),

@@ -1,17 +1,27 @@
-//! `warden sessions show`: the runs of a session, in the order they were
-//! started, with their statuses (derived from their logs), when they
-//! started, and what they were asked and answered.
+//! `warden sessions list`: every session in the store, with how many runs
+//! it holds, its active run and its last activity. `warden sessions show`:
+//! the runs of a session, in the order they were started, with their
+//! statuses (in the vocabulary of `status.rs`), when they started, and what
+//! they were asked and answered. A session exists once a run was started in
+//! it: showing one that has none is an error.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use clap::Subcommand;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::errors::CliError;
 use super::runs::{open_store, runtime};
 use super::{Context, render};
 use crate::engine::{SessionId, SessionRun};
+use crate::store::{EventStore, RunFilter, RunSummary};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SessionsCommand {
+    /// Every session, oldest first: its runs, its active run (if any) with
+    /// its status, and its last activity.
+    List,
     /// The runs of a session, oldest first: status, start time, input and
     /// output; and whether the session is busy (a run is active in it).
     Show {
@@ -25,39 +35,118 @@ pub(crate) fn session_id(text: &str) -> anyhow::Result<SessionId> {
 }
 
 pub(crate) async fn run(cmd: SessionsCommand, ctx: &Context) -> anyhow::Result<()> {
+    let store = open_store(&ctx.settings, super::store::Access::Read).await?;
     match cmd {
+        SessionsCommand::List => list(store, ctx.json).await,
         SessionsCommand::Show { session } => {
             let session = session_id(&session)?;
-            let (rt, _) = runtime(
-                ctx,
-                open_store(&ctx.settings, super::store::Access::Read).await?,
-            )?;
+            let (rt, _) = runtime(ctx, store.clone())?;
             let runs = rt.session_runs(&session).await?;
-            show(&session, &runs, ctx.json);
+            if runs.is_empty() {
+                return Err(CliError::new(
+                    "unknown_session",
+                    format!(
+                        "session `{session}` has no runs in the store {} (`warden sessions list` lists the sessions it holds)",
+                        ctx.settings.store.value
+                    ),
+                )
+                .with_details(json!({
+                    "session": session,
+                    "store": ctx.settings.store.value.to_string(),
+                }))
+                .into());
+            }
+            let mut statuses = Vec::with_capacity(runs.len());
+            for r in &runs {
+                let listed = store.summary(&r.run_id).await?.status;
+                statuses.push(super::status::shown(&listed, r.status));
+            }
+            show(&session, &runs, &statuses, ctx.json);
             Ok(())
         }
     }
 }
 
-fn show(session: &SessionId, runs: &[SessionRun], json: bool) {
-    let active = runs.iter().find(|r| !r.status.is_terminal());
+/// `sessions list`: the sessions the store's runs belong to.
+async fn list(store: Arc<dyn EventStore>, json: bool) -> anyhow::Result<()> {
+    let mut sessions: BTreeMap<String, Vec<RunSummary>> = BTreeMap::new();
+    for run in store.list(&RunFilter::new()).await? {
+        if let Some(session) = run.session.clone() {
+            sessions.entry(session).or_default().push(run);
+        }
+    }
+    let rows: Vec<Value> = sessions
+        .iter()
+        .map(|(session, runs)| {
+            let active = runs.iter().find(|r| {
+                r.status
+                    .parse::<crate::engine::RunStatus>()
+                    .map_or(true, |s| !s.is_terminal())
+            });
+            json!({
+                "session": session,
+                "runs": runs.len(),
+                "active_run": active.map(|r| &r.run_id),
+                "active_status": active.map(|r| &r.status),
+                "created_ms": runs.iter().map(|r| r.created_ms).min(),
+                "updated_ms": runs.iter().map(|r| r.updated_ms).max(),
+            })
+        })
+        .collect();
     if json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    let width = sessions.keys().map(String::len).max().unwrap_or(0).max(7);
+    println!(
+        "{:<width$}  {:>4}  {:<24}  STATE",
+        "SESSION", "RUNS", "UPDATED"
+    );
+    for row in &rows {
+        let state = match (row["active_run"].as_str(), row["active_status"].as_str()) {
+            (Some(run), Some(status)) => format!("busy: run {run} is {status}"),
+            _ => "idle".to_owned(),
+        };
+        println!(
+            "{:<width$}  {:>4}  {:<24}  {state}",
+            row["session"].as_str().unwrap_or_default(),
+            row["runs"],
+            utc(row["updated_ms"].as_i64().unwrap_or(0).max(0) as u64),
+        );
+    }
+    Ok(())
+}
+
+fn show(session: &SessionId, runs: &[SessionRun], statuses: &[&str], json: bool) {
+    let active = runs
+        .iter()
+        .zip(statuses)
+        .find(|(r, _)| !r.status.is_terminal());
+    if json {
+        let rows: Vec<Value> = runs
+            .iter()
+            .zip(statuses)
+            .map(|(r, status)| {
+                let mut row = json!(r);
+                row["status"] = json!(status);
+                row
+            })
+            .collect();
         println!(
             "{}",
             json!({
                 "session": session,
-                "active_run": active.map(|r| &r.run_id),
-                "runs": runs,
+                "active_run": active.map(|(r, _)| &r.run_id),
+                "runs": rows,
             })
         );
         return;
     }
     match active {
-        Some(r) => println!(
-            "session {session}: {} run(s); busy: run {} is {}",
+        Some((r, status)) => println!(
+            "session {session}: {} run(s); busy: run {} is {status}",
             runs.len(),
             r.run_id,
-            r.status
         ),
         None => println!("session {session}: {} run(s); idle", runs.len()),
     }
@@ -73,7 +162,7 @@ fn show(session: &SessionId, runs: &[SessionRun], json: bool) {
         "  {:>3}  {:<id_width$}  {:<20}  {:<24}  INPUT → OUTPUT",
         "#", "RUN", "STATUS", "STARTED"
     );
-    for r in runs {
+    for (r, status) in runs.iter().zip(statuses) {
         let output = r
             .output
             .as_ref()
@@ -83,7 +172,7 @@ fn show(session: &SessionId, runs: &[SessionRun], json: bool) {
             "  {:>3}  {:<id_width$}  {:<20}  {:<24}  {}{output}",
             r.position,
             r.run_id.as_str(),
-            r.status.as_str(),
+            status,
             utc(r.started_ms),
             render::short(&r.input, 60),
         );
