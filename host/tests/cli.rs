@@ -2,31 +2,13 @@
 //! checks its output and exit code, including bad input (each error is one
 //! clear line naming the file, key, tool or value).
 
+mod common;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
+use common::{demo, json_out, stderr, stdout, warden};
 use serde_json::Value;
-
-fn warden(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_warden"))
-        .args(args)
-        .current_dir(cwd)
-        .env(
-            "WARDEN_CACHE_DIR",
-            std::env::temp_dir().join("warden-cli-test-cache"),
-        )
-        .env_remove("RUST_LOG")
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
 
 /// A workspace directory with one file.
 fn workspace() -> tempfile::TempDir {
@@ -493,27 +475,6 @@ fn context_sources_resolve_and_channels_deliver_from_the_shell() {
     );
 }
 
-/// A copy of the notes demo agent in a fresh directory.
-fn demo() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
-    for file in ["notes.toml", "notes.transcript.toml"] {
-        std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
-    }
-    std::fs::create_dir(dir.path().join("notes")).unwrap();
-    // Where the demo's channel delivers (git-ignored in the repository).
-    std::fs::create_dir(dir.path().join("out")).unwrap();
-    for entry in std::fs::read_dir(examples.join("notes")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(
-            entry.path(),
-            dir.path().join("notes").join(entry.file_name()),
-        )
-        .unwrap();
-    }
-    dir
-}
-
 #[test]
 fn run_parks_for_approval_and_runs_approve_finishes_it() {
     let dir = demo();
@@ -831,11 +792,6 @@ fn warden_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
 }
 
 /// The JSON document a `--json` command printed.
-fn json_out(o: &Output) -> Value {
-    serde_json::from_str(&stdout(o))
-        .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", stdout(o), stderr(o)))
-}
-
 /// Asserts that `args` fails with exit 2, one line on stderr containing
 /// `message`, and, with `--json`, the envelope with `code` on stdout.
 fn assert_refused(dir: &Path, args: &[&str], code: &str, message: &str) -> Value {

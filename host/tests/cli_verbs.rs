@@ -5,56 +5,11 @@
 //! has that flag, and one status vocabulary is used everywhere (`runs
 //! list`, `runs show`, `sessions`, `--status`, JSON).
 
+mod common;
+
 use std::path::Path;
-use std::process::{Command, Output};
 
-use serde_json::Value;
-
-fn warden(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_warden"))
-        .args(args)
-        .current_dir(cwd)
-        .env(
-            "WARDEN_CACHE_DIR",
-            std::env::temp_dir().join("warden-cli-test-cache"),
-        )
-        .env_remove("RUST_LOG")
-        .env_remove("WARDEN_STORE")
-        .output()
-        .unwrap()
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn json_out(o: &Output) -> Value {
-    serde_json::from_str(&stdout(o)).unwrap_or_else(|e| panic!("{e}: {}\n{}", stdout(o), stderr(o)))
-}
-
-/// The quick start's demo in a fresh directory.
-fn demo() -> tempfile::TempDir {
-    let dir = tempfile::tempdir().unwrap();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
-    for file in ["notes.toml", "notes.transcript.toml"] {
-        std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
-    }
-    std::fs::create_dir(dir.path().join("notes")).unwrap();
-    std::fs::create_dir(dir.path().join("out")).unwrap();
-    for entry in std::fs::read_dir(examples.join("notes")).unwrap() {
-        let entry = entry.unwrap();
-        std::fs::copy(
-            entry.path(),
-            dir.path().join("notes").join(entry.file_name()),
-        )
-        .unwrap();
-    }
-    dir
-}
+use common::{demo, json_out, stderr, stdout, warden};
 
 fn events(dir: &Path, run: &str) -> Vec<String> {
     let out = warden(&["runs", "events", run], dir);
