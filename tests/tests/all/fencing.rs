@@ -72,9 +72,11 @@ async fn a_lease_whose_validity_has_passed_never_runs() {
     assert_serves_normal_call(&hostile(Capabilities::none(), test_limits())).await;
 }
 
-/// Each filesystem change the `fs` tool can make, with the state that
-/// shows whether it happened.
-fn changes() -> Vec<(&'static str, Value, fn(&Path) -> bool)> {
+/// One filesystem change the `fs` tool can make: its name, its arguments,
+/// and whether the directory shows it happened.
+type Change = (&'static str, Value, fn(&Path) -> bool);
+
+fn changes() -> Vec<Change> {
     vec![
         (
             "write",
