@@ -1,9 +1,10 @@
-//! Every link in the repository's Markdown resolves: a relative link names a
-//! file or directory that exists, a `#heading` names a heading of the file
-//! it points into, and a repository path quoted in backticks
-//! (`host/src/lib.rs`, `tests/tests/all/`) exists. External links are not
-//! fetched. Its own binary, apart from `all`, because it needs none of the
-//! host: it builds and runs in a moment.
+//! Every reference in the repository's Markdown resolves: a relative link
+//! names a file or directory that exists, a `#heading` names a heading of
+//! the file it points into, a repository path quoted in backticks
+//! (`host/src/lib.rs`, `tests/tests/all/`) exists, and a test cited by its
+//! path (`all::kill::killing_the_binary_at_random_moments_…`) names a
+//! function some `.rs` file defines. External links are not fetched. Its
+//! own binary, apart from `all`, because it links none of the host.
 
 use std::collections::HashSet;
 use std::fs;
@@ -27,7 +28,7 @@ fn repository() -> PathBuf {
 }
 
 #[test]
-fn every_link_anchor_and_quoted_path_in_the_markdown_resolves() {
+fn every_link_anchor_path_and_cited_test_in_the_markdown_resolves() {
     let root = repository();
     let files = markdown_files(&root);
     for expected in ["README.md", "ARCHITECTURE.md", "docs/README.md"] {
@@ -37,7 +38,8 @@ fn every_link_anchor_and_quoted_path_in_the_markdown_resolves() {
             files.len()
         );
     }
-    let problems: Vec<String> = files.iter().flat_map(|f| check_file(&root, f)).collect();
+    let repo = Repo::read(&root);
+    let problems: Vec<String> = files.iter().flat_map(|f| repo.check(f)).collect();
     assert!(
         problems.is_empty(),
         "{} broken reference(s):\n{}",
@@ -49,12 +51,16 @@ fn every_link_anchor_and_quoted_path_in_the_markdown_resolves() {
 /// The checker itself: each kind of broken reference is reported, on its
 /// line, and the sound ones next to it are not.
 #[test]
-fn the_checker_reports_each_broken_link_anchor_and_path() {
+fn the_checker_reports_each_broken_link_anchor_path_and_test() {
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     fs::create_dir_all(root.join("docs/dev")).unwrap();
     fs::create_dir_all(root.join("host/src")).unwrap();
-    fs::write(root.join("host/src/lib.rs"), "").unwrap();
+    fs::write(
+        root.join("host/src/lib.rs"),
+        "#[test]\nfn a_lease_owns_its_store() {}\nasync fn racing_claims_grant_one() {}\n",
+    )
+    .unwrap();
     fs::write(
         root.join("docs/dev/target.md"),
         "# Target\n\n## Configuration: `warden.toml`\n\n## Twice\n\n## Twice\n\n```sh\n# not a heading\n```\n",
@@ -71,21 +77,27 @@ fn the_checker_reports_each_broken_link_anchor_and_path() {
 - [missing here](#nowhere) and [not a heading](dev/target.md#not-a-heading)
 - `host/src/lib.rs` exists, `host/src/gone.rs` does not, `host/src/lib.rs::item` is fine
 - `[not a link](nowhere.md)` is code, and so is `target/debug/warden`
+- `all::isolation::a_lease_owns_its_store`, `…::racing_claims_grant_one`, `store::conformance::*`
+- `all::isolation::a_lease_owns_no_store` and `store::racing_{claims,leases}_grant_{one,two}`
 
 ```md
 [in a fence](fenced.md) `host/src/fenced.rs`
 ```
-[escaping](../../outside.md)
+[escaping](../../outside.md) and `plugins::tool`, `Runtime::start_in_session`
 ";
     fs::write(root.join("docs/README.md"), text).unwrap();
-    let problems = check_file(root, &root.join("docs/README.md"));
+    let problems = Repo::read(root).check(&root.join("docs/README.md"));
     let expected = [
         "docs/README.md:6: link `dev/nothing.md`: no such file",
         "docs/README.md:7: link `dev/target.md#no-such-heading`: no heading with anchor `no-such-heading` in docs/dev/target.md",
         "docs/README.md:8: link `#nowhere`: no heading with anchor `nowhere` in docs/README.md",
         "docs/README.md:8: link `dev/target.md#not-a-heading`: no heading with anchor `not-a-heading` in docs/dev/target.md",
         "docs/README.md:9: path `host/src/gone.rs`: no such file in the repository",
-        "docs/README.md:15: link `../../outside.md`: leads out of the repository",
+        "docs/README.md:12: test `a_lease_owns_no_store` (in `all::isolation::a_lease_owns_no_store`): no such fn in the repository",
+        "docs/README.md:12: test `racing_claims_grant_two` (in `store::racing_{claims,leases}_grant_{one,two}`): no such fn in the repository",
+        "docs/README.md:12: test `racing_leases_grant_one` (in `store::racing_{claims,leases}_grant_{one,two}`): no such fn in the repository",
+        "docs/README.md:12: test `racing_leases_grant_two` (in `store::racing_{claims,leases}_grant_{one,two}`): no such fn in the repository",
+        "docs/README.md:17: link `../../outside.md`: leads out of the repository",
     ];
     assert_eq!(problems, expected);
 }
@@ -116,6 +128,12 @@ fn anchors_are_githubs() {
 
 /// Every `*.md` in the repository but build output and hidden directories.
 fn markdown_files(root: &Path) -> Vec<PathBuf> {
+    files_ending(root, ".md")
+}
+
+/// Every file whose name ends with `suffix`, but in build output and
+/// hidden directories.
+fn files_ending(root: &Path, suffix: &str) -> Vec<PathBuf> {
     let mut found = Vec::new();
     let mut dirs = vec![root.to_path_buf()];
     while let Some(dir) = dirs.pop() {
@@ -126,7 +144,7 @@ fn markdown_files(root: &Path) -> Vec<PathBuf> {
                 if !name.starts_with('.') && name != "target" {
                     dirs.push(path);
                 }
-            } else if name.ends_with(".md") {
+            } else if name.ends_with(suffix) {
                 found.push(path);
             }
         }
@@ -135,37 +153,111 @@ fn markdown_files(root: &Path) -> Vec<PathBuf> {
     found
 }
 
-/// The problems of one Markdown file, as `file:line: what`.
-fn check_file(root: &Path, file: &Path) -> Vec<String> {
-    let text = fs::read_to_string(file).unwrap();
-    let shown = relative(root, file);
-    let prose = without_fences(&text);
-    let (links, spans) = scan(&prose);
-    let mut problems = Vec::new();
-    for (offset, target) in links {
-        let line = prose[..offset].matches('\n').count() + 1;
-        if let Err(why) = check_link(root, file, &text, &target) {
-            problems.push((line, format!("{shown}:{line}: link `{target}`: {why}")));
+/// What a Markdown file may refer to in the repository.
+struct Repo {
+    root: PathBuf,
+    /// The top-level entries a quoted path may start with.
+    top: HashSet<String>,
+    /// Every function name some `.rs` file defines.
+    fns: HashSet<String>,
+}
+
+impl Repo {
+    fn read(root: &Path) -> Repo {
+        let mut fns = HashSet::new();
+        for file in files_ending(root, ".rs") {
+            let text = fs::read_to_string(file).unwrap_or_default();
+            for (at, _) in text.match_indices("fn ") {
+                if at > 0 && is_ident(text.as_bytes()[at - 1]) {
+                    continue;
+                }
+                let name: String = text[at + 3..]
+                    .bytes()
+                    .take_while(|b| is_ident(*b))
+                    .map(char::from)
+                    .collect();
+                fns.insert(name);
+            }
+        }
+        Repo {
+            root: root.to_path_buf(),
+            top: top_level_entries(root),
+            fns,
         }
     }
-    let top = top_level_entries(root);
-    for (offset, span) in spans {
-        let Some(path) = quoted_path(&span, &top) else {
-            continue;
-        };
-        if NOT_REPOSITORY_PATHS.contains(&(shown.as_str(), path)) {
-            continue;
+
+    /// The problems of one Markdown file, as `file:line: what`.
+    fn check(&self, file: &Path) -> Vec<String> {
+        let root = &self.root;
+        let text = fs::read_to_string(file).unwrap();
+        let shown = relative(root, file);
+        let prose = without_fences(&text);
+        let (links, spans) = scan(&prose);
+        let line_of = |offset: usize| prose[..offset].matches('\n').count() + 1;
+        let mut problems = Vec::new();
+        for (offset, target) in links {
+            if let Err(why) = check_link(root, file, &text, &target) {
+                let line = line_of(offset);
+                problems.push((line, format!("{shown}:{line}: link `{target}`: {why}")));
+            }
         }
-        if !root.join(path).exists() {
-            let line = prose[..offset].matches('\n').count() + 1;
-            problems.push((
-                line,
-                format!("{shown}:{line}: path `{path}`: no such file in the repository"),
-            ));
+        for (offset, span) in spans {
+            if let Some(path) = quoted_path(&span, &self.top)
+                && !NOT_REPOSITORY_PATHS.contains(&(shown.as_str(), path))
+                && !root.join(path).exists()
+            {
+                let line = line_of(offset);
+                problems.push((
+                    line,
+                    format!("{shown}:{line}: path `{path}`: no such file in the repository"),
+                ));
+            }
+            for name in cited_tests(&span) {
+                if !self.fns.contains(&name) {
+                    let line = line_of(offset);
+                    problems.push((
+                        line,
+                        format!(
+                            "{shown}:{line}: test `{name}` (in `{span}`): no such fn in the repository"
+                        ),
+                    ));
+                }
+            }
         }
+        problems.sort_by_key(|(line, _)| *line);
+        problems.into_iter().map(|(_, problem)| problem).collect()
     }
-    problems.sort_by_key(|(line, _)| *line);
-    problems.into_iter().map(|(_, problem)| problem).collect()
+}
+
+fn is_ident(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'_'
+}
+
+/// The test names a code span cites: a lowercase `::` path
+/// (`all::kill::…`, `…::name`) whose last segment is a sentence of at least
+/// three words (so `plugins::tool` is a module, not a test), with each
+/// `{a,b}` expanded; none for a glob (`engine::tests::*`).
+fn cited_tests(span: &str) -> Vec<String> {
+    let is_path = span.contains("::")
+        && span
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "_:…*{},".contains(c));
+    let last = span.rsplit("::").next().unwrap_or_default();
+    if !is_path || last.contains('*') || last.matches('_').count() < 2 {
+        return Vec::new();
+    }
+    expand(last)
+}
+
+/// `name` with each `{a,b}` group expanded, left to right.
+fn expand(name: &str) -> Vec<String> {
+    match (name.find('{'), name.find('}')) {
+        (Some(open), Some(close)) if open < close => name[open + 1..close]
+            .split(',')
+            .flat_map(|alt| expand(&format!("{}{alt}{}", &name[..open], &name[close + 1..])))
+            .collect(),
+        _ => vec![name.to_owned()],
+    }
 }
 
 fn check_link(root: &Path, file: &Path, text: &str, target: &str) -> Result<(), String> {
