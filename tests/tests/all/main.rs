@@ -78,6 +78,9 @@
 //! - `policy_plugins`: policies as WASM components in runs, through the
 //!   engine and the `warden` binary: denial, feedback, receipts, recovery
 //!   and replay without asking again, hostile policies failing closed.
+//! - `python_guest`: a Python tool plugin built with componentize-py by
+//!   the Python SDK, through the `warden` binary: typed output and errors,
+//!   denials outside its mount, the receipt.
 //! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
 //!   crashes, stalls and counts injected around appends.
 
@@ -108,6 +111,7 @@ mod plugins;
 mod policies;
 mod policy_plugins;
 mod providers;
+mod python_guest;
 mod retries;
 mod server;
 mod sessions;
