@@ -109,14 +109,30 @@ def pin(manifest, component):
     return digest
 
 
+def copy_sources(src, dest):
+    """Copies the `.py` files under `src` to `dest`: componentize-py bundles
+    what its Python path holds, and its build run writes `__pycache__`
+    there, so it gets a clean copy of the sources and nothing else."""
+    for root, dirs, names in os.walk(src):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and not d.startswith("."))
+        for name in sorted(names):
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(root, name), src)
+                os.makedirs(os.path.dirname(os.path.join(dest, rel)), exist_ok=True)
+                shutil.copyfile(os.path.join(root, name), os.path.join(dest, rel))
+
+
 def build(app_dir, module, output, wit_dir, world="tool-plugin"):
     """Builds `module` in `app_dir` into the component `output`."""
     with tempfile.TemporaryDirectory() as work:
         raw = os.path.join(work, "raw.wasm")
         plugged = os.path.join(work, "plugged.wasm")
+        app, sdk = os.path.join(work, "app"), os.path.join(work, "sdk")
+        copy_sources(app_dir, app)
+        copy_sources(os.path.join(HERE, "warden_guest"), os.path.join(sdk, "warden_guest"))
         run(
             "componentize-py", "-q", "-d", wit_dir, "-w", world, "componentize", module,
-            "-p", app_dir, "-p", HERE, "-o", raw,
+            "-p", app, "-p", sdk, "-o", raw,
         )
         plug_sockets(raw, plugged, work)
         wit = run("wasm-tools", "component", "wit", plugged, capture=True)

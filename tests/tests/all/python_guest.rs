@@ -118,6 +118,7 @@ fn build_or_reuse() -> PathBuf {
     let started = Instant::now();
     let out = Command::new("python3")
         .arg(repo.join("guest-sdk/python/warden_build.py"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .arg(repo.join("examples/plugins/py-wordcount"))
         .arg("-o")
         .arg(&partial)
@@ -324,6 +325,7 @@ fn a_python_tool_describes_its_schema_from_annotations() {
 fn the_python_sdk_unit_tests_pass() {
     let out = Command::new("python3")
         .arg(repo().join("guest-sdk/python/tests/test_sdk.py"))
+        .env("PYTHONDONTWRITEBYTECODE", "1")
         .output()
         .expect("python3 runs");
     assert!(
