@@ -929,11 +929,9 @@ async fn resume(
             ))
         }
         RunStatus::NeedsReconciliation => match state.dangling_write() {
-            Some(write) => Err(refuse_reconciliation(
-                run,
-                &UnresolvedWrite::from(write),
-                ctx.json,
-            )),
+            Some(write) => {
+                Err(refuse_reconciliation(rt, run, &UnresolvedWrite::from(write), ctx.json).await)
+            }
             None => Err(RuntimeError::NotReconcilable {
                 run_id: run.clone(),
                 status,
@@ -990,27 +988,76 @@ async fn owes_deliveries(
 }
 
 /// Prints the evidence of a write with no recorded outcome and what to do,
-/// and returns the exit for it.
-fn refuse_reconciliation(run: &RunId, write: &UnresolvedWrite, json: bool) -> anyhow::Error {
+/// and returns the exit for it. A write under another driver's live lease
+/// may merely be in progress: then the advice is to wait for that driver
+/// (named, with when its lease runs out), not to check and resolve.
+async fn refuse_reconciliation(
+    rt: &Runtime,
+    run: &RunId,
+    write: &UnresolvedWrite,
+    json: bool,
+) -> anyhow::Error {
     let resolve = format!("warden runs resolve {run} --output '<its output as JSON>'");
     let abandon = format!("warden runs abandon {run} --reason '…'");
+    let summary = rt.store().summary(run).await.ok();
+    let now = now_ms();
+    let held = summary
+        .as_ref()
+        .and_then(|s| s.lease.clone())
+        .filter(|lease| !lease.is_expired(now));
+    // Runs `warden run` drives hold no lease: whether one still drives it
+    // is not recorded anywhere the store can tell.
+    let never_leased = summary.as_ref().is_some_and(|s| s.lease_token == 0);
+    let wait = held.as_ref().map(|lease| {
+        format!(
+            "wait for worker {} to finish it; if that worker is gone, its lease runs out in {}: then check whether the write happened, and resolve with: warden runs resolve {run} --output '<its output as JSON>'",
+            lease.owner,
+            age(lease.expires_ms - now)
+        )
+    });
     if json {
         let error = RuntimeError::NeedsReconciliation {
             run_id: run.clone(),
             write: Box::new(write.clone()),
         };
         let mut report = super::errors::report(&error.into());
-        report.details["next"] = json!([resolve, abandon]);
+        match (&held, &wait) {
+            (Some(lease), Some(wait)) => {
+                report.details["held_by"] = json!({
+                    "owner": lease.owner,
+                    "token": lease.token,
+                    "expires_ms": lease.expires_ms,
+                });
+                report.details["next"] = json!([wait]);
+            }
+            _ => report.details["next"] = json!([resolve, abandon]),
+        }
         println!("{}", report.envelope());
     } else {
-        eprintln!(
-            "run {run} needs reconciliation: write {} to {} with {} has no recorded outcome",
+        let what = format!(
+            "write {} to {} with {}",
             write.call_id,
             write.tool.model_name(),
             write.arguments
         );
-        eprintln!("   check whether the write happened, then: {resolve}");
-        eprintln!("   or give up with: {abandon}");
+        match (&held, wait) {
+            (Some(_), Some(wait)) => {
+                eprintln!(
+                    "run {run} is held by another driver: {what} has no recorded outcome yet and may still be in progress; nothing was done"
+                );
+                eprintln!("   {wait}");
+            }
+            _ => {
+                eprintln!("run {run} needs reconciliation: {what} has no recorded outcome");
+                if never_leased {
+                    eprintln!(
+                        "   if the `warden run` driving it is still running, the write may be in progress: let it end first"
+                    );
+                }
+                eprintln!("   check whether the write happened, then: {resolve}");
+                eprintln!("   or give up with: {abandon}");
+            }
+        }
     }
     Exit::NeedsReconciliation.into()
 }
@@ -1082,7 +1129,7 @@ async fn follow(
         let status = match result {
             Ok(status) => status,
             Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
-                return Err(refuse_reconciliation(&run_id, &write, json));
+                return Err(refuse_reconciliation(rt, &run_id, &write, json).await);
             }
             Err(e @ RuntimeError::ReconciliationRequired { .. }) => {
                 return Err(refuse_hold(e, json));
