@@ -625,7 +625,7 @@ struct Live {
 
 struct Driver {
     cancel: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Cancellation>>,
     done: watch::Receiver<bool>,
 }
 
@@ -1492,12 +1492,19 @@ impl Runtime {
     }
 
     /// Ends a run for good, whatever state it is in (short of terminal),
-    /// carrying the unresolved write if there is one.
-    pub async fn abandon(&self, run_id: &RunId, reason: &str) -> Result<(), RuntimeError> {
+    /// carrying the unresolved write if there is one; `by` is recorded as
+    /// who did it, as an approval records its approver.
+    pub async fn abandon(
+        &self,
+        run_id: &RunId,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), RuntimeError> {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
         let event = Event::RunAbandoned(RunAbandoned {
             reason: reason.to_owned(),
+            by: Some(by.to_owned()),
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(&mut log, vec![event]).await
@@ -1507,8 +1514,19 @@ impl Runtime {
     /// interrupted (an in-flight lease through its cancellation, an
     /// in-flight model stream by dropping it) and records the cancellation;
     /// otherwise the cancellation is recorded now. A write interrupted
-    /// mid-call is carried in the event as unresolved.
-    pub async fn cancel(&self, run_id: &RunId, reason: Option<String>) -> Result<(), RuntimeError> {
+    /// mid-call is carried in the event as unresolved. `by`, when given, is
+    /// recorded as who cancelled it (an application cancelling its own turn
+    /// may name no one).
+    pub async fn cancel(
+        &self,
+        run_id: &RunId,
+        by: Option<&str>,
+        reason: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        let asked = Cancellation {
+            reason,
+            by: by.map(str::to_owned),
+        };
         let driver = {
             let live = self.lock_live();
             live.get(run_id).and_then(|l| {
@@ -1518,7 +1536,7 @@ impl Runtime {
             })
         };
         if let Some((token, slot, mut done)) = driver {
-            *slot.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = asked.clone();
             token.cancel();
             // The driver records the cancellation when it stops.
             while !*done.borrow() {
@@ -1534,7 +1552,8 @@ impl Runtime {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
         let event = Event::RunCancelled(RunCancelled {
-            reason,
+            reason: asked.reason,
+            by: asked.by,
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(&mut log, vec![event]).await
@@ -2209,15 +2228,14 @@ impl Runtime {
         driver: &DriverHandle,
         reason: Option<String>,
     ) -> Result<Step, RuntimeError> {
-        let reason = reason.or_else(|| {
-            driver
-                .reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        });
+        let asked = driver
+            .reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let event = Event::RunCancelled(RunCancelled {
-            reason,
+            reason: reason.or(asked.reason),
+            by: asked.by,
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(log, vec![event]).await?;
@@ -2553,7 +2571,7 @@ impl Runtime {
 
     fn register_driver(&self, run_id: &RunId) -> DriverHandle {
         let cancel = CancellationToken::new();
-        let reason = Arc::new(Mutex::new(None));
+        let reason = Arc::new(Mutex::new(Cancellation::default()));
         let (done_tx, done_rx) = watch::channel(false);
         self.live_entry(run_id, |l| {
             l.driver = Some(Driver {
@@ -2616,8 +2634,16 @@ async fn stream_response(
 /// What the driver of one run holds.
 struct DriverHandle {
     cancel: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Cancellation>>,
     done: watch::Sender<bool>,
+}
+
+/// What a [`Runtime::cancel`] asked of the driver it interrupts, for the
+/// event the driver records when it stops.
+#[derive(Clone, Debug, Default)]
+struct Cancellation {
+    reason: Option<String>,
+    by: Option<String>,
 }
 
 impl Drop for DriverHandle {
