@@ -779,7 +779,7 @@ text = "Paid."
             ),
             "{store_kind}: settled while its holder may still resolve it"
         );
-        rt.abandon(&a, "the operator gave up on the run")
+        rt.abandon(&a, "ops", "the operator gave up on the run")
             .await
             .unwrap();
         assert_eq!(rt.key(&key).await.unwrap().state, KeyState::Orphaned);
