@@ -40,8 +40,9 @@ use super::decide::{
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
     ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, KeyReleased,
-    Reconciled, ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved,
-    ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode, encode_readable,
+    KeySettled, Reconciled, ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted,
+    ToolCallResolved, ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode,
+    encode_readable,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::keys::{KeyInfo, KeyState};
@@ -448,6 +449,18 @@ pub enum RuntimeError {
         /// The holder run's status.
         status: String,
     },
+    /// The key is settled already: later runs get its result. Nothing was
+    /// recorded.
+    #[error(
+        "idempotency key `{key}` is already settled by run `{}` call `{}`: later runs get its result; release it first to settle it again",
+        holder.run_id, holder.call_id
+    )]
+    KeyAlreadySettled {
+        /// The key.
+        key: String,
+        /// Who holds it.
+        holder: Holder,
+    },
     /// The run that holds the key was pruned: no log is left to record a
     /// release in. Nothing was released.
     #[error(
@@ -612,7 +625,7 @@ struct Live {
 
 struct Driver {
     cancel: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Cancellation>>,
     done: watch::Receiver<bool>,
 }
 
@@ -1385,6 +1398,69 @@ impl Runtime {
         Ok(info)
     }
 
+    /// Settles idempotency key `key`, held unsettled by a run that ended
+    /// (orphaned), with `output`, the call's outcome as the operator found
+    /// it: later runs with the key get it (a `tool_call_deduplicated`) and
+    /// make no call. Recorded as [`Event::KeySettled`] in the holder run's
+    /// log, in the transaction that settles the key, with `by` and `note`.
+    /// Refused while the holder has not ended ([`RuntimeError::KeyInUse`]:
+    /// `resolve` settles it there), when it is settled already
+    /// ([`RuntimeError::KeyAlreadySettled`]) and when the holder was pruned.
+    pub async fn settle_key(
+        &self,
+        key: &str,
+        output: Value,
+        by: &str,
+        note: Option<String>,
+    ) -> Result<KeyInfo, RuntimeError> {
+        let info = self.key(key).await?;
+        let holder = Holder {
+            run_id: info.run_id.clone(),
+            call_id: info.call_id.clone(),
+        };
+        let Some(status) = &info.run_status else {
+            return Err(RuntimeError::KeyHolderGone {
+                key: key.to_owned(),
+                holder,
+            });
+        };
+        match info.state {
+            KeyState::Held => {
+                return Err(RuntimeError::KeyInUse {
+                    key: key.to_owned(),
+                    status: status.clone(),
+                    holder,
+                });
+            }
+            KeyState::Settled => {
+                return Err(RuntimeError::KeyAlreadySettled {
+                    key: key.to_owned(),
+                    holder,
+                });
+            }
+            KeyState::Orphaned => {}
+        }
+        let result = ToolCallResult::Output(output.clone());
+        let mut log = self.load_log(&holder.run_id).await?;
+        let event = Event::KeySettled(KeySettled {
+            key: key.to_owned(),
+            call_id: CallId::from_text(holder.call_id.clone()),
+            output,
+            by: by.to_owned(),
+            note,
+        });
+        let settle = Settlement {
+            key: key.to_owned(),
+            holder,
+            outcome: Settle::Result(Bytes::from(
+                serde_json::to_vec(&result).expect("a tool call result serializes"),
+            )),
+        };
+        self.append_with(&mut log, vec![event], Some(&settle))
+            .await?;
+        Ok(info)
+    }
+
     /// The listed status of run `run_id`, `None` when it was pruned.
     async fn listed_status(&self, run_id: &RunId) -> Result<Option<String>, RuntimeError> {
         match self.inner.store.summary(run_id).await {
@@ -1416,12 +1492,19 @@ impl Runtime {
     }
 
     /// Ends a run for good, whatever state it is in (short of terminal),
-    /// carrying the unresolved write if there is one.
-    pub async fn abandon(&self, run_id: &RunId, reason: &str) -> Result<(), RuntimeError> {
+    /// carrying the unresolved write if there is one; `by` is recorded as
+    /// who did it, as an approval records its approver.
+    pub async fn abandon(
+        &self,
+        run_id: &RunId,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), RuntimeError> {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
         let event = Event::RunAbandoned(RunAbandoned {
             reason: reason.to_owned(),
+            by: Some(by.to_owned()),
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(&mut log, vec![event]).await
@@ -1431,8 +1514,19 @@ impl Runtime {
     /// interrupted (an in-flight lease through its cancellation, an
     /// in-flight model stream by dropping it) and records the cancellation;
     /// otherwise the cancellation is recorded now. A write interrupted
-    /// mid-call is carried in the event as unresolved.
-    pub async fn cancel(&self, run_id: &RunId, reason: Option<String>) -> Result<(), RuntimeError> {
+    /// mid-call is carried in the event as unresolved. `by`, when given, is
+    /// recorded as who cancelled it (an application cancelling its own turn
+    /// may name no one).
+    pub async fn cancel(
+        &self,
+        run_id: &RunId,
+        by: Option<&str>,
+        reason: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        let asked = Cancellation {
+            reason,
+            by: by.map(str::to_owned),
+        };
         let driver = {
             let live = self.lock_live();
             live.get(run_id).and_then(|l| {
@@ -1442,7 +1536,7 @@ impl Runtime {
             })
         };
         if let Some((token, slot, mut done)) = driver {
-            *slot.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = asked.clone();
             token.cancel();
             // The driver records the cancellation when it stops.
             while !*done.borrow() {
@@ -1458,7 +1552,8 @@ impl Runtime {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
         let event = Event::RunCancelled(RunCancelled {
-            reason,
+            reason: asked.reason,
+            by: asked.by,
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(&mut log, vec![event]).await
@@ -2133,15 +2228,14 @@ impl Runtime {
         driver: &DriverHandle,
         reason: Option<String>,
     ) -> Result<Step, RuntimeError> {
-        let reason = reason.or_else(|| {
-            driver
-                .reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        });
+        let asked = driver
+            .reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let event = Event::RunCancelled(RunCancelled {
-            reason,
+            reason: reason.or(asked.reason),
+            by: asked.by,
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(log, vec![event]).await?;
@@ -2477,7 +2571,7 @@ impl Runtime {
 
     fn register_driver(&self, run_id: &RunId) -> DriverHandle {
         let cancel = CancellationToken::new();
-        let reason = Arc::new(Mutex::new(None));
+        let reason = Arc::new(Mutex::new(Cancellation::default()));
         let (done_tx, done_rx) = watch::channel(false);
         self.live_entry(run_id, |l| {
             l.driver = Some(Driver {
@@ -2540,8 +2634,16 @@ async fn stream_response(
 /// What the driver of one run holds.
 struct DriverHandle {
     cancel: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Cancellation>>,
     done: watch::Sender<bool>,
+}
+
+/// What a [`Runtime::cancel`] asked of the driver it interrupts, for the
+/// event the driver records when it stops.
+#[derive(Clone, Debug, Default)]
+struct Cancellation {
+    reason: Option<String>,
+    by: Option<String>,
 }
 
 impl Drop for DriverHandle {

@@ -24,6 +24,13 @@
 //!   (`/proc/self/fd`): an excluded path cannot be opened, created, changed,
 //!   renamed or removed (`access`), and directory listings leave it out.
 //!   Each directory descriptor of such a mount remembers its place in it.
+//! - **Names that are not UTF-8.** A WASI name is a string, so an entry
+//!   whose name is not UTF-8 cannot be handed to a guest, and wasmtime-wasi
+//!   yields an error in its place, which ends a guest's `std::fs::read_dir`
+//!   there. The listing leaves such an entry out instead, so the guest sees
+//!   every other entry, and the lease reports it: named with its bytes
+//!   escaped (`caf\xe9.txt`) in the receipt's `unlisted`, and in a warning.
+//!   No stand-in name is made up: one could be another file's real name.
 //! - **Validity.** Every call that changes something (an open for writing,
 //!   each write to a file or its stream, resizing, setting times, creating,
 //!   linking, renaming and removing) first checks the lease's
@@ -34,7 +41,7 @@
 //!   a write handed over just before the process was paused is refused when
 //!   it resumes; the other changes are checked before they are handed over.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -55,6 +62,7 @@ use wasmtime_wasi_io::streams::{
 
 use super::capabilities::Access;
 use super::exclusions::Exclusions;
+use super::receipt::Unlisted;
 use super::validity::{Expired, LeaseFence};
 
 /// The directory handle of one mount, opened when the grant was built.
@@ -166,6 +174,18 @@ pub(crate) struct LeaseFs {
     /// Directory listings under mounts with exclusions, by handle.
     listings: HashMap<u32, Place>,
     fence: LeaseFence,
+    /// Every directory listing's directory, by handle, to name an entry
+    /// left out of it.
+    listed: HashMap<u32, Listed>,
+    /// The entries left out of listings because their names are not UTF-8.
+    unlisted: Unlisted,
+}
+
+/// The directory a listing reads, and the names (escaped) of its entries
+/// that are not UTF-8, once one was met.
+struct Listed {
+    dir: Arc<std::fs::File>,
+    pending: Option<VecDeque<String>>,
 }
 
 impl LeaseFs {
@@ -175,9 +195,74 @@ impl LeaseFs {
             preopens,
             places: HashMap::new(),
             listings: HashMap::new(),
+            listed: HashMap::new(),
+            unlisted: Unlisted::default(),
             fence,
         }
     }
+
+    /// What the lease's listings left out, if anything.
+    pub(crate) fn unlisted(&self) -> Option<Unlisted> {
+        (self.unlisted.count > 0).then(|| self.unlisted.clone())
+    }
+}
+
+/// A name's bytes as text, faithfully: UTF-8 as itself, a backslash as
+/// `\\`, any other byte as `\xNN`.
+pub(crate) fn escaped_name(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(&chunk.valid().replace('\\', "\\\\"));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// The entries of `dir` whose names are not UTF-8, escaped, in the order
+/// the directory lists them, each under `shown` (where the guest sees
+/// `dir`). Runs on the blocking pool.
+fn names_not_utf8(dir: &std::fs::File, shown: &str) -> VecDeque<String> {
+    let Ok(dup) = dir.try_clone() else {
+        return VecDeque::new();
+    };
+    let Ok(entries) = cap_std::fs::Dir::from_std_file(dup).entries() else {
+        return VecDeque::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|name| name.to_str().is_none())
+        .map(|name| {
+            let name = escaped_name(name.as_encoded_bytes());
+            match shown {
+                "" => name,
+                dir => format!("{}/{name}", dir.trim_end_matches('/')),
+            }
+        })
+        .collect()
+}
+
+/// Where the guest sees `dir`: the guest path of the mount it is under,
+/// joined with its place there; empty when that cannot be told.
+fn guest_dir(dir: &std::fs::File, mounts: &[(Arc<std::fs::File>, String)]) -> String {
+    let Some(path) = handle_path(dir) else {
+        return String::new();
+    };
+    mounts
+        .iter()
+        .filter_map(|(root, guest)| {
+            let rel = path.strip_prefix(handle_path(root)?).ok()?;
+            Some((rel.components().count(), guest, rel.to_owned()))
+        })
+        .min_by_key(|(depth, ..)| *depth)
+        .map(|(_, guest, rel)| match rel.to_str() {
+            Some("") => guest.clone(),
+            Some(rel) => format!("{}/{rel}", guest.trim_end_matches('/')),
+            None => escaped_name(rel.as_os_str().as_encoded_bytes()),
+        })
+        .unwrap_or_default()
 }
 
 /// What a lease's `wasi:filesystem` calls see: wasmtime-wasi's view, with
@@ -230,6 +315,44 @@ impl FsView<'_> {
             return Err(self.refuse(resolved.as_deref().unwrap_or(path), &pattern));
         }
         Ok(())
+    }
+
+    /// Records that the listing `stream` left out an entry whose name is
+    /// not UTF-8, named by what a scan of its directory finds (once per
+    /// listing, on the blocking pool, only when there is such an entry).
+    async fn unlist(&mut self, stream: u32) {
+        let mounts: Vec<(Arc<std::fs::File>, String)> = self
+            .fs
+            .preopens
+            .0
+            .iter()
+            .map(|(dir, guest, _)| (Arc::clone(&dir.dir), guest.clone()))
+            .collect();
+        let name = match self.fs.listed.get_mut(&stream) {
+            Some(listed) => {
+                if listed.pending.is_none() {
+                    let dir = Arc::clone(&listed.dir);
+                    let names = wasmtime_wasi::runtime::spawn_blocking(move || {
+                        names_not_utf8(&dir, &guest_dir(&dir, &mounts))
+                    })
+                    .await;
+                    listed.pending = Some(names);
+                }
+                listed.pending.as_mut().and_then(VecDeque::pop_front)
+            }
+            None => None,
+        };
+        let name = name.unwrap_or_else(|| "(a name that is not UTF-8)".to_owned());
+        tracing::warn!(
+            target: "warden::plugin",
+            plugin = &*self.fs.plugin,
+            "directory entry `{name}` is left out of the plugin's listing: its name is not UTF-8"
+        );
+        let unlisted = &mut self.fs.unlisted;
+        unlisted.count += 1;
+        if unlisted.names.len() < Unlisted::NAMED {
+            unlisted.names.push(name);
+        }
     }
 
     /// Traps once the lease's validity has passed: called right before a
@@ -643,10 +766,13 @@ impl HostDescriptor for FsView<'_> {
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
         let place = self.fs.places.get(&fd.rep()).cloned();
+        let dir = dir_handle(self.table.get(&fd)?)?;
         let listing = HostDescriptor::read_directory(&mut self.inner(), fd).await?;
         if let Some(place) = place {
             self.fs.listings.insert(listing.rep(), place);
         }
+        let listed = Listed { dir, pending: None };
+        self.fs.listed.insert(listing.rep(), listed);
         Ok(listing)
     }
 
@@ -820,8 +946,20 @@ impl HostDirectoryEntryStream for FsView<'_> {
         let place = self.fs.listings.get(&stream.rep()).cloned();
         loop {
             let again = Resource::new_borrow(stream.rep());
-            let entry =
-                HostDirectoryEntryStream::read_directory_entry(&mut self.inner(), again).await?;
+            let entry = match HostDirectoryEntryStream::read_directory_entry(
+                &mut self.inner(),
+                again,
+            )
+            .await
+            {
+                Err(e) if e.downcast_ref() == Some(&ErrorCode::IllegalByteSequence) => {
+                    // An entry whose name is not UTF-8: left out and
+                    // reported; the listing goes on.
+                    self.unlist(stream.rep()).await;
+                    continue;
+                }
+                other => other?,
+            };
             let excluded = match (&place, &entry) {
                 (Some(place), Some(entry)) => {
                     let rel = match place.rel.as_str() {
@@ -840,6 +978,7 @@ impl HostDirectoryEntryStream for FsView<'_> {
 
     fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
         self.fs.listings.remove(&stream.rep());
+        self.fs.listed.remove(&stream.rep());
         HostDirectoryEntryStream::drop(&mut self.inner(), stream)
     }
 }

@@ -455,6 +455,7 @@ pub(crate) async fn run(
             }
             usage
         });
+    let unlisted = store.data().fs.unlisted();
     drop(store);
 
     let result = match ended {
@@ -516,6 +517,7 @@ pub(crate) async fn run(
         stdio_dropped_bytes: captured.dropped_bytes,
         denied_growth: denial.map(Denial::to_receipt),
         network,
+        unlisted,
     };
     (result, receipt)
 }

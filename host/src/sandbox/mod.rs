@@ -53,7 +53,7 @@ pub use error::{LeaseError, LeaseFailure, SandboxError};
 pub use exclusions::{ExclusionError, Exclusions};
 pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
-pub use receipt::{DeniedGrowth, GrowthResource, Outcome, UsageReceipt};
+pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
 pub use validity::{Moment, ValidUntil};
 
 /// The WIT types plugins exchange with the host.
