@@ -1,6 +1,7 @@
 //! Builds the first-party plugins under `plugins/` for `wasm32-wasip2` and
 //! generates `builtin_plugins.rs`, which embeds each component with its
-//! `plugin.toml` and sha256 (see `src/plugins/builtin.rs`).
+//! `plugin.toml` and sha256 (see `src/builtin.rs`). Without the `builtin`
+//! feature it builds nothing and no plugin is built in.
 //!
 //! Each directory `plugins/<name>/` holds the crate `warden-plugin-<name>` and
 //! its `plugin.toml`.
@@ -12,9 +13,16 @@ use sha2::{Digest, Sha256};
 
 fn main() {
     let manifest_dir = PathBuf::from(std::env::var_os("CARGO_MANIFEST_DIR").unwrap());
-    let root = manifest_dir.parent().unwrap();
+    // host/plugins/ → the repository root.
+    let root = manifest_dir.parent().unwrap().parent().unwrap();
     let plugins_dir = root.join("plugins");
     println!("cargo:rerun-if-changed={}", plugins_dir.display());
+    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
+    if std::env::var_os("CARGO_FEATURE_BUILTIN").is_none() {
+        let none = "/// Every plugin built into this binary: none (no `builtin` feature).\nstatic BUILTINS: &[Builtin] = &[];\n";
+        std::fs::write(out_dir.join("builtin_plugins.rs"), none).unwrap();
+        return;
+    }
 
     let mut plugins: Vec<(String, PathBuf)> = std::fs::read_dir(&plugins_dir)
         .unwrap_or_else(|e| panic!("cannot list {}: {e}", plugins_dir.display()))
@@ -57,7 +65,6 @@ fn main() {
         .unwrap();
     }
     out.push_str("];\n");
-    let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap());
     std::fs::write(out_dir.join("builtin_plugins.rs"), out).unwrap();
 }
 

@@ -13,8 +13,8 @@ use serde_json::json;
 
 use super::Context;
 use super::errors::report;
-use crate::engine::{Agent, AgentView};
-use crate::plugins::PluginHost;
+use warden::engine::{Agent, AgentView};
+use warden::plugins::PluginHost;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum AgentCommand {
@@ -61,7 +61,7 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         }
         loaded.push(plugin);
     }
-    let tools: Vec<(&str, &[crate::plugins::ToolDescriptor])> = agent
+    let tools: Vec<(&str, &[warden::plugins::ToolDescriptor])> = agent
         .plugins
         .iter()
         .zip(&loaded)
@@ -112,7 +112,7 @@ async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
     let mut failed = 0;
     for file in &files {
         if is_transcript(file) {
-            match crate::providers::ScriptedProvider::load(file) {
+            match warden::providers::ScriptedProvider::load(file) {
                 Ok(script) => {
                     let turns = script.turns().len();
                     if ctx.json {

@@ -48,11 +48,12 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use crate::engine::agent::{ModelSection, validate_labels};
-use crate::engine::{Agent, AgentError, ModelDefaults};
-use crate::plugins::manifest::LimitSettings;
-use crate::policy::Grant;
-use crate::sandbox::Limits;
+use warden::engine::agent::validate_labels;
+use warden::engine::{Agent, AgentError, ModelDefaults};
+use warden::plugins::manifest::LimitSettings;
+use warden::policy::Grant;
+use warden::providers::config::ModelSection;
+use warden::sandbox::Limits;
 
 /// The file looked for in the working directory.
 pub(crate) const DEFAULT_FILE: &str = "warden.toml";
@@ -265,14 +266,14 @@ pub(crate) struct Settings {
     grants_base: PathBuf,
     /// The store's chain key, from `WARDEN_CHAIN_KEY` only (hex, at least
     /// 32 bytes): a secret never read from, or shown in, the file.
-    pub(crate) chain_key: Option<crate::store::ChainKey>,
+    pub(crate) chain_key: Option<warden::store::ChainKey>,
     /// The most any plugin gets of each limit: `[ceilings]` over
     /// [`Limits::CEILINGS`].
     pub(crate) ceilings: Limits,
 }
 
 /// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
-fn chain_key(text: &str) -> Result<crate::store::ChainKey, ConfigError> {
+fn chain_key(text: &str) -> Result<warden::store::ChainKey, ConfigError> {
     let invalid = |message: String| ConfigError::Env {
         var: "WARDEN_CHAIN_KEY",
         message,
@@ -282,7 +283,7 @@ fn chain_key(text: &str) -> Result<crate::store::ChainKey, ConfigError> {
             "not hex digits ({e}); use e.g. `openssl rand -hex 32`"
         ))
     })?;
-    crate::store::ChainKey::new(&bytes).map_err(|e| invalid(e.to_string()))
+    warden::store::ChainKey::new(&bytes).map_err(|e| invalid(e.to_string()))
 }
 
 fn truthy(var: &'static str, text: &str) -> Result<bool, ConfigError> {
@@ -337,7 +338,7 @@ impl Settings {
                 })?;
                 let file: ConfigFile = toml::from_str(&text).map_err(|e| ConfigError::Parse {
                     path: path.clone(),
-                    message: crate::toml_errors::one_line(&text, &e),
+                    message: warden::toml_errors::one_line(&text, &e),
                 })?;
                 let base = path.parent().map_or(cwd.to_owned(), Path::to_owned);
                 (file, base)

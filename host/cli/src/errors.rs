@@ -12,13 +12,13 @@
 
 use serde_json::{Value, json};
 
-use crate::engine::{AgentError, ReplayError, RuntimeError};
-use crate::plugins::PluginError;
-use crate::plugins::manifest::ManifestError;
-use crate::policy::PolicyError;
-use crate::providers::ProviderError;
-use crate::sandbox::SandboxError;
-use crate::store::StoreError;
+use warden::engine::{AgentError, ReplayError, RuntimeError};
+use warden::plugins::PluginError;
+use warden::plugins::manifest::ManifestError;
+use warden::policy::PolicyError;
+use warden::providers::ProviderError;
+use warden::sandbox::SandboxError;
+use warden::store::StoreError;
 
 /// An error the command line finds itself, with its code and evidence.
 #[derive(Debug, thiserror::Error)]
@@ -119,7 +119,7 @@ fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static str, 
         return Some(provider(e));
     }
     if cause
-        .downcast_ref::<crate::engine::view::AgentViewError>()
+        .downcast_ref::<warden::engine::view::AgentViewError>()
         .is_some()
     {
         return Some(("agent_invalid", json!({})));
@@ -196,6 +196,7 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
                 "log_invalid",
                 json!({ "run_id": run_id, "reason": fold.to_string() }),
             ),
+            _ => ("runtime_failed", json!({ "run_id": run_id })),
         },
         RuntimeError::Conflict {
             run_id,
@@ -519,7 +520,7 @@ fn shown(path: &std::path::Path) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::{CallId, RunId, RunStatus};
+    use warden::engine::{CallId, RunId, RunStatus};
 
     fn code_of(error: anyhow::Error) -> (&'static str, Value) {
         let r = report(&error);
@@ -577,7 +578,7 @@ mod tests {
             ),
             (
                 RuntimeError::SessionBusy {
-                    session_id: crate::engine::SessionId::new("chat").unwrap(),
+                    session_id: warden::engine::SessionId::new("chat").unwrap(),
                     active_run: run.clone(),
                 }
                 .into(),
@@ -595,10 +596,10 @@ mod tests {
                 json!({"session": "chat", "expected": 2, "found": 3}),
             ),
             (
-                crate::plugins::PluginError::ComponentFile {
+                warden::plugins::PluginError::ComponentFile {
                     manifest: "plugins/p/plugin.toml".into(),
                     path: "/dev/zero".into(),
-                    problem: crate::plugins::ComponentFileError::TooLarge { limit: 1 },
+                    problem: warden::plugins::ComponentFileError::TooLarge { limit: 1 },
                 }
                 .into(),
                 "component_refused",

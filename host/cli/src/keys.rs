@@ -9,8 +9,8 @@ use serde_json::json;
 use super::Context;
 use super::runs::{open_store, run_id, runtime, user};
 use super::store::Access;
-use crate::engine::{KeyInfo, KeyState};
-use crate::store::CommitmentFilter;
+use warden::engine::{KeyInfo, KeyState};
+use warden::store::CommitmentFilter;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum KeysCommand {
@@ -128,6 +128,8 @@ fn show(info: &KeyInfo, json: bool) {
             "nothing will settle it: check whether call {} of run {} had its effect; if not, `warden keys release {}`",
             info.call_id, info.run_id, info.key
         ),
+        // A state this binary does not know yet: its name says enough.
+        _ => format!("key state `{}`", info.state.as_str()),
     };
     if json {
         let mut value = serde_json::to_value(info).expect("a key serializes");

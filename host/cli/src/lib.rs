@@ -342,12 +342,12 @@ fn init_tracing(verbose: u8, quiet: bool) {
 /// The process's sandbox, caching compiled components where the settings
 /// say (`WARDEN_CACHE_DIR`, `cache_dir`, else `$XDG_CACHE_HOME/warden/components`,
 /// else `~/.cache/warden/components`).
-pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<crate::sandbox::Sandbox> {
-    Ok(crate::sandbox::Sandbox::new(
-        crate::sandbox::SandboxConfig {
+pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<warden::sandbox::Sandbox> {
+    Ok(warden::sandbox::Sandbox::new(
+        warden::sandbox::SandboxConfig {
             cache_dir: settings.cache_dir.value.clone(),
             ceilings: settings.ceilings.clone(),
-            ..crate::sandbox::SandboxConfig::default()
+            ..warden::sandbox::SandboxConfig::default()
         },
     )?)
 }

@@ -2,7 +2,7 @@
 
 fn main() -> std::process::ExitCode {
     restore_sigpipe();
-    warden::cli::main()
+    warden_cli::main()
 }
 
 /// Rust ignores SIGPIPE, so `warden runs events … | head` would panic on the

@@ -61,7 +61,7 @@ pub(crate) fn closed() -> bool {
 
 /// Says on stderr, once a drive ended, that stdout had been closed and where
 /// the run stands; nothing when stdout stayed open.
-pub(crate) fn report_closed(run: &crate::engine::RunId, status: crate::engine::RunStatus) {
+pub(crate) fn report_closed(run: &warden::engine::RunId, status: warden::engine::RunStatus) {
     if !closed() {
         return;
     }

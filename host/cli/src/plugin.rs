@@ -9,13 +9,13 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::{Context, Exit};
-use crate::plugins::manifest::{FuelSetting, Unmetered};
-use crate::plugins::{LoadedPlugin, PluginHost, PluginSource};
-use crate::policy::{Grant, MountGrant};
-use crate::sandbox::{
+use warden::plugins::manifest::{FuelSetting, Unmetered};
+use warden::plugins::{LoadedPlugin, PluginHost, PluginSource};
+use warden::policy::{Grant, MountGrant};
+use warden::sandbox::{
     Access, Capabilities, Leased, Limits, PluginKind, Sandbox, UsageReceipt, wit,
 };
-use crate::units::{ByteSize, HumanDuration, format_duration, parse_bytes, parse_duration};
+use warden::units::{ByteSize, HumanDuration, format_duration, parse_bytes, parse_duration};
 
 // Parsed once per process; the size difference does not matter.
 #[allow(clippy::large_enum_variant)]
@@ -256,9 +256,9 @@ async fn deliver(args: DeliverArgs, ctx: &Context) -> anyhow::Result<()> {
 }
 
 async fn decide(args: DecideArgs, ctx: &Context) -> anyhow::Result<()> {
-    let hook: crate::engine::PolicyHook = serde_json::from_value(Value::String(args.hook.clone()))
+    let hook: warden::engine::PolicyHook = serde_json::from_value(Value::String(args.hook.clone()))
         .map_err(|_| {
-            let hooks: Vec<&str> = crate::engine::PolicyHook::ALL
+            let hooks: Vec<&str> = warden::engine::PolicyHook::ALL
                 .iter()
                 .map(|h| h.as_str())
                 .collect();
@@ -383,7 +383,9 @@ fn merge(into: &mut Value, from: Value) {
     }
 }
 
-fn exit_for<T, E>(result: &Result<Result<T, E>, crate::sandbox::LeaseError>) -> anyhow::Result<()> {
+fn exit_for<T, E>(
+    result: &Result<Result<T, E>, warden::sandbox::LeaseError>,
+) -> anyhow::Result<()> {
     match result {
         Ok(Ok(_)) => Ok(()),
         Ok(Err(_)) => Err(Exit::ToolFailed.into()),
@@ -404,7 +406,7 @@ impl GrantArgs {
                     anyhow::anyhow!(
                         "grant file `{}`: {}",
                         path.display(),
-                        crate::toml_errors::one_line(&text, &e)
+                        warden::toml_errors::one_line(&text, &e)
                     )
                 })?;
                 let base = path.parent().map_or(cwd.clone(), |p| cwd.join(p));
@@ -661,7 +663,7 @@ async fn inspect_component(sandbox: &Sandbox, path: &Path, as_json: bool) -> any
                 schema: serde_json::from_str(&t.input_schema).unwrap_or(json!(t.input_schema)),
                 name: t.name,
                 description: t.description,
-                effect: crate::policy::EffectClass::from(t.effect).to_string(),
+                effect: warden::policy::EffectClass::from(t.effect).to_string(),
             })
             .collect(),
     };

@@ -3,11 +3,11 @@
 
 use serde_json::Value;
 
-use crate::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage, format_amount};
-use crate::engine::events::{Event, ToolCallResult};
-use crate::engine::{RunId, RunStatus};
-use crate::providers::StopReason;
-use crate::sandbox::UsageReceipt;
+use warden::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage, format_amount};
+use warden::engine::events::{Event, ToolCallResult};
+use warden::engine::{RunId, RunStatus};
+use warden::providers::StopReason;
+use warden::sandbox::UsageReceipt;
 
 /// The line(s) for one event, or `None` for events not worth a line.
 /// Costs are shown in `currency` (the run's, from its log) when known.
@@ -175,12 +175,12 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
         Event::WaitStarted(w) => format!(
             "… step {}: the next attempt is due at {} ({} after the failure, more than model.max_retry_wait): the run waits, parked; a worker or `warden runs resume` continues it then",
             w.step,
-            crate::units::utc_text(w.until_ms as i64),
+            warden::units::utc_text(w.until_ms as i64),
             wait_text(w.until_ms.saturating_sub(w.since_ms))
         ),
         Event::WaitEnded(e) => format!(
             "… the wait is over ({}): calling the model again",
-            crate::units::utc_text(e.at_ms as i64)
+            warden::units::utc_text(e.at_ms as i64)
         ),
         Event::PolicyDecided(d) => format!(
             "§ policy `{}` at {}{}: {}{}",
@@ -303,12 +303,12 @@ pub(crate) fn wait_text(ms: u64) -> String {
     if ms >= 1000 && !ms.is_multiple_of(1000) {
         return format!("{:.1}s", ms as f64 / 1000.0);
     }
-    crate::units::format_duration(std::time::Duration::from_millis(ms))
+    warden::units::format_duration(std::time::Duration::from_millis(ms))
 }
 
 /// A recorded prompt for `runs show --prompts`: the quoted context whole,
 /// then what else the request held.
-pub(crate) fn prompt(request: Option<&crate::providers::ModelRequest>) -> String {
+pub(crate) fn prompt(request: Option<&warden::providers::ModelRequest>) -> String {
     let Some(r) = request else {
         return "(prompt not recorded: run with --record-prompts)".into();
     };
@@ -424,7 +424,7 @@ pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> 
             })?;
             Some(format!(
                 "waits until {}: a `warden worker` on this store continues it then, or: warden runs resume {run_id}",
-                crate::units::utc_text(until as i64)
+                warden::units::utc_text(until as i64)
             ))
         }
         RunStatus::AwaitingExternal => {

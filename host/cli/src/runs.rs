@@ -15,14 +15,14 @@ use super::errors::CliError;
 use super::progress::Spinner;
 use super::store::Access;
 use super::{Context, Exit, render};
-use crate::engine::budget::{BudgetKind, check_input_size};
-use crate::engine::events::{Event, UnresolvedWrite, decode};
-use crate::engine::{
+use warden::engine::budget::{BudgetKind, check_input_size};
+use warden::engine::events::{Event, UnresolvedWrite, decode};
+use warden::engine::{
     Agent, BudgetLimits, CallId, ReplayOptions, RunId, RunState, RunStatus, RunUpdate, Runtime,
     RuntimeError, fold,
 };
-use crate::plugins::PluginHost;
-use crate::store::{EventStore, PruneFilter, RunFilter, RunSummary};
+use warden::plugins::PluginHost;
+use warden::store::{EventStore, PruneFilter, RunFilter, RunSummary};
 
 /// `warden run`.
 #[derive(Debug, Args)]
@@ -390,14 +390,14 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
         if ctx.json {
             println!(
                 "{}",
-                json!({ "run_id": run_id, "status": crate::store::QUEUED })
+                json!({ "run_id": run_id, "status": warden::store::QUEUED })
             );
         } else {
             println!("{run_id}");
             if !super::quiet() {
                 eprintln!(
                     "run {run_id}: queued; {}",
-                    super::status::next(run_id.as_str(), crate::store::QUEUED, false)
+                    super::status::next(run_id.as_str(), warden::store::QUEUED, false)
                         .unwrap_or_default()
                 );
             }
@@ -956,7 +956,7 @@ async fn owes_deliveries(
     rt: &Runtime,
     run: &RunId,
     drive: &DriveArgs,
-    state: &crate::engine::RunState,
+    state: &warden::engine::RunState,
 ) -> bool {
     if state.deliveries.in_flight.is_some() {
         return true;
@@ -1037,7 +1037,7 @@ impl Drive {
 async fn follow(
     rt: &Runtime,
     run: &RunId,
-    mut updates: crate::engine::RunUpdates,
+    mut updates: warden::engine::RunUpdates,
     json: bool,
     how: Drive,
 ) -> anyhow::Result<()> {
@@ -1148,7 +1148,7 @@ async fn ask_approval(rt: &Runtime, run: &RunId, call: &CallId) -> anyhow::Resul
 async fn drive_and_print(
     rt: &Runtime,
     run: &RunId,
-    updates: &mut crate::engine::RunUpdates,
+    updates: &mut warden::engine::RunUpdates,
     json: bool,
     how: Drive,
     last_seq: &mut u64,
@@ -1289,7 +1289,7 @@ pub(crate) fn parse_since(text: &str, now: i64) -> Result<i64, String> {
     } else if let Some(n) = text.strip_suffix('d') {
         (n, 86_400_000)
     } else {
-        let d = crate::units::parse_duration(text).map_err(|_| bad())?;
+        let d = warden::units::parse_duration(text).map_err(|_| bad())?;
         return Ok(now - d.as_millis() as i64);
     };
     let n: u32 = number.trim().parse().map_err(|_| bad())?;
@@ -1339,7 +1339,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
         filter =
             filter.created_since(parse_since(since, now).map_err(|m| CliError::new("usage", m))?);
     }
-    let stalled_after = crate::units::parse_duration(&args.stalled_after)
+    let stalled_after = warden::units::parse_duration(&args.stalled_after)
         .map_err(|e| CliError::new("usage", format!("--stalled-after: {e}")))?
         .as_millis() as i64;
     let runs = store.list(&filter).await?;
@@ -1555,7 +1555,7 @@ async fn show(
         status.to_owned()
     };
     let wakes = match state.waiting() {
-        Some(w) => format!(" until {}", crate::units::utc_text(w.until_ms as i64)),
+        Some(w) => format!(" until {}", warden::units::utc_text(w.until_ms as i64)),
         None => String::new(),
     };
     println!(
@@ -1692,7 +1692,7 @@ async fn verify(
         }
     }
     for id in ids {
-        let report = match crate::engine::runtime::verify_log(store.as_ref(), &id).await {
+        let report = match warden::engine::runtime::verify_log(store.as_ref(), &id).await {
             Ok(report) => report,
             Err(e) => {
                 broken += 1;

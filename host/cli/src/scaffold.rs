@@ -25,7 +25,7 @@ use sha2::{Digest as _, Sha256};
 
 use super::Context;
 use super::errors::CliError;
-use crate::plugins::manifest::{Manifest, is_valid_plugin_name};
+use warden::plugins::manifest::{Manifest, is_valid_plugin_name};
 
 /// `warden plugin new`.
 #[derive(Debug, Args)]
@@ -95,20 +95,21 @@ impl Dependency {
 
     fn host(&self) -> String {
         match self {
-            Dependency::Path(root) => format!("{{ path = \"{root}/host\" }}"),
+            Dependency::Path(root) => format!("{{ path = \"{root}/host/warden\" }}"),
             Dependency::Git(url) => format!("{{ git = \"{url}\" }}"),
         }
     }
 }
 
 /// The Warden checkout `dir` is inside, if any: a directory holding both
-/// `guest-sdk/` (the `warden-guest` crate) and `host/`.
+/// `guest-sdk/` (the `warden-guest` crate) and `host/warden/` (the `warden`
+/// crate).
 fn enclosing_checkout(dir: &Path) -> Option<PathBuf> {
     dir.ancestors().find(|d| is_checkout(d)).map(Path::to_owned)
 }
 
 fn is_checkout(dir: &Path) -> bool {
-    dir.join("host/Cargo.toml").is_file()
+    dir.join("host/warden/Cargo.toml").is_file()
         && std::fs::read_to_string(dir.join("guest-sdk/Cargo.toml"))
             .is_ok_and(|t| t.contains("name = \"warden-guest\""))
 }
@@ -175,7 +176,7 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
                 return Err(CliError::new(
                     "usage",
                     format!(
-                        "--warden-path `{}` is not a Warden checkout (no guest-sdk/ and host/)",
+                        "--warden-path `{}` is not a Warden checkout (no guest-sdk/ and host/warden/)",
                         path.display()
                     ),
                 )
@@ -185,8 +186,10 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
         }
         None => enclosing_checkout(&parent).or_else(|| {
             // The checkout this binary was built from, if it is still there.
+            // host/cli/ → the checkout.
             Path::new(env!("CARGO_MANIFEST_DIR"))
-                .parent()
+                .ancestors()
+                .nth(2)
                 .filter(|d| is_checkout(d))
                 .map(Path::to_owned)
         }),
@@ -395,7 +398,7 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
             match dependency {
                 Dependency::Path(_) => "# Paths into a Warden checkout (`warden plugin new --warden-path` picks another).",
                 Dependency::Git(_) => {
-                    "# Warden from git; to use a local checkout instead:\n#   warden-guest = { path = \"../warden/guest-sdk\" }  and  warden = { path = \"../warden/host\" }"
+                    "# Warden from git; to use a local checkout instead:\n#   warden-guest = { path = \"../warden/guest-sdk\" }  and  warden = { path = \"../warden/host/warden\" }"
                 }
             },
         );

@@ -14,8 +14,8 @@ use serde_json::{Value, json};
 use super::errors::CliError;
 use super::runs::{open_store, runtime};
 use super::{Context, render};
-use crate::engine::{SessionId, SessionRun};
-use crate::store::{EventStore, RunFilter, RunSummary};
+use warden::engine::{SessionId, SessionRun};
+use warden::store::{EventStore, RunFilter, RunSummary};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SessionsCommand {
@@ -80,7 +80,7 @@ async fn list(store: Arc<dyn EventStore>, json: bool) -> anyhow::Result<()> {
         .map(|(session, runs)| {
             let active = runs.iter().find(|r| {
                 r.status
-                    .parse::<crate::engine::RunStatus>()
+                    .parse::<warden::engine::RunStatus>()
                     .map_or(true, |s| !s.is_terminal())
             });
             json!({

@@ -5,8 +5,8 @@
 //! README's table all use these words; [`next`] says what a human can do
 //! about a run in each.
 
-use crate::engine::RunStatus;
-use crate::store::{QUEUED, RunSummary};
+use warden::engine::RunStatus;
+use warden::store::{QUEUED, RunSummary};
 
 /// Every status, in the order of the README's table.
 pub(crate) const ALL: [&str; 12] = [
@@ -94,7 +94,7 @@ mod tests {
     #[test]
     fn the_help_names_every_status() {
         use clap::CommandFactory as _;
-        let mut cli = crate::cli::Cli::command();
+        let mut cli = crate::Cli::command();
         let runs = cli.find_subcommand_mut("runs").unwrap();
         let list = runs.find_subcommand_mut("list").unwrap();
         let help = list.render_long_help().to_string();

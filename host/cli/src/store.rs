@@ -30,8 +30,8 @@ use serde_json::json;
 use super::config::{DEFAULT_STORE, Settings, Source, StoreLocation};
 use super::errors::CliError;
 use super::{Context, Exit};
-use crate::engine::RuntimeError;
-use crate::store::{EventStore, OpenMode, PostgresStore, SqliteStore, StoreError};
+use warden::engine::RuntimeError;
+use warden::store::{EventStore, OpenMode, PostgresStore, SqliteStore, StoreError};
 
 /// What a command does with the store, which decides how it is opened.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +87,7 @@ pub(crate) fn sqlite(
     path: &Path,
     mode: OpenMode,
     settings: &Settings,
-) -> crate::store::SqliteStoreBuilder {
+) -> warden::store::SqliteStoreBuilder {
     let builder = SqliteStore::builder(path).mode(mode);
     match &settings.chain_key {
         Some(key) => builder.chain_key(key.clone()),
@@ -96,9 +96,9 @@ pub(crate) fn sqlite(
 }
 
 fn with_key(
-    builder: crate::store::PostgresStoreBuilder,
+    builder: warden::store::PostgresStoreBuilder,
     settings: &Settings,
-) -> crate::store::PostgresStoreBuilder {
+) -> warden::store::PostgresStoreBuilder {
     match &settings.chain_key {
         Some(key) => builder.chain_key(key.clone()),
         None => builder,
@@ -439,7 +439,7 @@ async fn restore(
             .unwrap_or_else(|| "cli".into());
         let reason = format!(
             "restored from a backup taken at {}: what the run did after then is not in its log",
-            crate::units::utc_text(taken_ms)
+            warden::units::utc_text(taken_ms)
         );
         for id in store.run_ids().await? {
             if rt.state(&id).await?.status().is_terminal() {
@@ -482,7 +482,7 @@ async fn restore(
             .with_context(|| format!("cannot sync `{}`", dir.display()))?;
     }
 
-    let taken = crate::units::utc_text(taken_ms);
+    let taken = warden::units::utc_text(taken_ms);
     if ctx.json {
         println!(
             "{}",

@@ -24,7 +24,7 @@ use super::Context;
 use super::config::Settings;
 use super::errors::CliError;
 use super::store::{Access, open};
-use crate::store::{ChainHash, ChainKey, EventStore, RunId, StoreError};
+use warden::store::{ChainHash, ChainKey, EventStore, RunId, StoreError};
 
 const TAG: &str = "warden.witness.v1";
 

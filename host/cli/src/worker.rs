@@ -14,10 +14,10 @@ use super::Context;
 use super::config::StoreLocation;
 use super::errors::CliError;
 use super::store::Access;
-use crate::engine::{RunId, Runtime};
-use crate::plugins::PluginHost;
-use crate::store::{EventStore, PostgresStore, QUEUED};
-use crate::worker::Worker;
+use warden::engine::{RunId, Runtime};
+use warden::plugins::PluginHost;
+use warden::store::{EventStore, PostgresStore, QUEUED};
+use warden::worker::Worker;
 
 /// `warden submit`.
 #[derive(Debug, Args)]
@@ -63,7 +63,7 @@ pub(crate) struct WorkerArgs {
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
-    crate::units::parse_duration(text)
+    warden::units::parse_duration(text)
         .map_err(|e| CliError::new("usage", format!("{flag}: {e}")).into())
 }
 

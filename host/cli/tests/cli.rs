@@ -1619,7 +1619,7 @@ fn completions_are_printed_for_each_shell() {
 fn the_code_review_example_reads_its_tree_read_only_and_reports() {
     let dir = tempfile::tempdir().unwrap();
     // A copy of the example, so its delivery lands in the copy's `out/`.
-    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     let examples = dir.path().join("agents");
     for file in ["code-review.toml", "code-review.transcript.toml"] {
         std::fs::create_dir_all(&examples).unwrap();

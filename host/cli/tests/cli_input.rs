@@ -55,7 +55,7 @@ fn args(list: &[&[u8]]) -> Vec<OsString> {
 /// A copy of the notes demo agent in a fresh directory.
 fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     for file in ["notes.toml", "notes.transcript.toml"] {
         std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
     }
@@ -263,7 +263,7 @@ fn with_closed_stdout(cmd: &mut Command) -> Output {
 
 #[test]
 fn agent_validate_takes_the_readme_form_and_checks_transcripts_as_transcripts() {
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     let mut files: Vec<OsString> = std::fs::read_dir(&examples)
         .unwrap()
         .map(|e| e.unwrap().file_name())
@@ -395,7 +395,7 @@ fn a_mount_not_granted_is_named_with_how_to_grant_it() {
 /// history.
 #[test]
 fn the_session_example_works_twice_in_a_row() {
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     let dir = tempfile::tempdir().unwrap();
     for file in ["chat.toml", "chat.transcript.toml"] {
         std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();

@@ -66,7 +66,10 @@ fn assert_ok(out: &Output, what: &str) {
 /// build`, checks the pin, and returns the crate's directory.
 fn new_and_build(root: &Path, name: &str, kind: &str) -> PathBuf {
     // The checkout named explicitly: the target directory may be anywhere.
-    let checkout = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let checkout = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .nth(2)
+        .unwrap();
     let out = warden(
         &[
             "plugin",

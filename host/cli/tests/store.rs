@@ -46,7 +46,7 @@ fn json_out(o: &Output) -> Value {
 /// A copy of the notes demo agent in a fresh directory.
 fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     for file in ["notes.toml", "notes.transcript.toml"] {
         std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
     }

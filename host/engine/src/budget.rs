@@ -41,7 +41,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::providers::Usage;
+use warden_providers::Usage;
 
 /// One budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -583,7 +583,7 @@ pub fn parse_extension(input: &serde_json::Value) -> Result<BudgetLimits, Extens
                 let text = value
                     .as_str()
                     .ok_or_else(|| invalid("must be a duration such as \"10m\""))?;
-                let d = crate::units::parse_duration(text).map_err(|m| invalid(&m))?;
+                let d = warden_syntax::units::parse_duration(text).map_err(|m| invalid(&m))?;
                 u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
             }
             _ => value

@@ -8,7 +8,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 
 use super::ids::RequestHash;
-use crate::providers::{Message, ModelRequest, ToolSpec};
+use warden_providers::{Message, ModelRequest, ToolSpec};
 
 /// Writes `value` canonically.
 pub fn canonical_json(value: &Value) -> String {

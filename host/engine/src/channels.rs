@@ -29,7 +29,7 @@ use serde_json::{Value, json};
 
 use super::events::Event;
 use super::state::RunState;
-use crate::sandbox::{LeaseError, Outcome, UsageReceipt, wit};
+use warden_sandbox::{LeaseError, Outcome, UsageReceipt, wit};
 
 /// Attempts at one delivery when the agent does not say.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
@@ -551,12 +551,12 @@ pub fn settle(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::events::{
+    use crate::events::{
         ModelCallError, ModelCallFailed, ModelCallIntent, RunError, RunFailed, RunStarted,
         tests::receipt,
     };
-    use crate::engine::ids::{AgentDigest, RequestHash, RunId};
-    use crate::engine::state::{FoldError, FoldProblem, RunStatus, fold};
+    use crate::ids::{AgentDigest, RequestHash, RunId};
+    use crate::state::{FoldError, FoldProblem, RunStatus, fold};
 
     fn started() -> Event {
         Event::RunStarted(RunStarted {
@@ -713,7 +713,7 @@ mod tests {
         );
         assert!(matches!(&gave_up, Event::DeliveryFailed(f) if f.attempts == 2));
         log.push(gave_up);
-        log.push(Event::ClockObserved(crate::engine::events::ClockObserved {
+        log.push(Event::ClockObserved(crate::events::ClockObserved {
             at_ms: 9,
         }));
         log.push(model);

@@ -8,7 +8,7 @@
 //! ([`ResolveWhen::EachCall`], once per step: a retried attempt reuses the
 //! step's context) or once per run ([`ResolveWhen::OncePerTurn`]: a run is
 //! one turn). The runtime resolves through a fresh lease
-//! ([`crate::plugins::LoadedPlugin::resolve`]) and records the items whole
+//! ([`warden_plugins::LoadedPlugin::resolve`]) and records the items whole
 //! with a digest, or the typed error with the receipt; replay reads them
 //! back and never resolves again.
 //!
@@ -31,7 +31,7 @@ use sha2::{Digest, Sha256};
 
 use super::canonical::canonical_json;
 use super::events::{ContextError, ContextFailed, ContextItem, ContextResolved};
-use crate::plugins::manifest::LimitSettings;
+use warden_plugins::manifest::LimitSettings;
 
 /// When a context source is resolved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]

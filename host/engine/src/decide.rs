@@ -73,10 +73,10 @@ use super::state::{
     ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState, key_argument,
 };
 use super::view::{AgentView, ToolTarget};
-use crate::json_limits;
-use crate::policy::EffectClass;
-use crate::providers::{ModelRequest, ModelResponse, ProviderError, StopReason, ToolCall};
-use crate::sandbox::{UsageReceipt, wit};
+use warden_plugins::policy::EffectClass;
+use warden_providers::{ModelRequest, ModelResponse, ProviderError, StopReason, ToolCall};
+use warden_sandbox::{UsageReceipt, wit};
+use warden_syntax::json_limits;
 
 /// Attempts at one `read` or `idempotent` tool call before a run of
 /// retryable failures becomes its result. A `write` is tried once.

@@ -25,12 +25,12 @@ pub use super::channels::{
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
-use crate::json_limits;
-use crate::policy::EffectClass;
-use crate::providers::{
+use warden_plugins::policy::EffectClass;
+use warden_providers::{
     Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
 };
-use crate::sandbox::{LeaseError, Outcome, UsageReceipt, wit};
+use warden_sandbox::{LeaseError, Outcome, UsageReceipt, wit};
+use warden_syntax::json_limits;
 
 /// The format version this build writes, and the newest it reads.
 pub const FORMAT_VERSION: u32 = 1;
@@ -1624,9 +1624,9 @@ pub fn decode(bytes: &[u8]) -> Result<Event, EventError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::engine::budget::BudgetKind;
-    use crate::sandbox::{LeaseFailure, Outcome};
+    use crate::budget::BudgetKind;
     use serde_json::json;
+    use warden_sandbox::{LeaseFailure, Outcome};
 
     pub(crate) fn receipt(fuel: u64) -> UsageReceipt {
         UsageReceipt {

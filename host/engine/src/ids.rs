@@ -8,10 +8,10 @@ use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 /// A run's id, shared with the store (the store owns its rules).
-pub use crate::store::{InvalidRunId, RunId};
+pub use warden_store::{InvalidRunId, RunId};
 
 /// A session's id, shared with the store (the store owns its rules).
-pub use crate::store::{InvalidSessionId, SessionId};
+pub use warden_store::{InvalidSessionId, SessionId};
 
 /// A tool call's id within its run: `call-<step>-<n>` for the `n`th call
 /// the model made at step `step` (both counting from one). Assigned by the

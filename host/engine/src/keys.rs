@@ -14,7 +14,7 @@
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::store::{Commitment, RunId, SETTLED_STATUSES};
+use warden_store::{Commitment, RunId, SETTLED_STATUSES};
 
 /// What a key's holder leaves it as.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -91,7 +91,7 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::store::Holder;
+    use warden_store::Holder;
 
     fn commitment(result: Option<&str>) -> Commitment {
         Commitment {

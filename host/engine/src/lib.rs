@@ -63,6 +63,7 @@ pub mod session;
 pub mod state;
 pub mod turn;
 pub mod view;
+pub mod worker;
 
 #[cfg(test)]
 mod tests;

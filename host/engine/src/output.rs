@@ -19,7 +19,7 @@
 use serde_json::Value;
 
 use super::schema::{self, SchemaError};
-use crate::json_limits;
+use warden_syntax::json_limits;
 
 /// How many times a final answer that violates the output schema is sent
 /// back to the model before the run fails.

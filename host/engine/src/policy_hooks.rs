@@ -46,9 +46,9 @@ use super::events::{Event, PolicyDecided, RunError};
 use super::ids::{CallId, RunId};
 use super::state::RunState;
 use super::view::AgentView;
-use crate::policy::EffectClass;
-use crate::providers::ToolCall;
-use crate::sandbox::UsageReceipt;
+use warden_plugins::policy::EffectClass;
+use warden_providers::ToolCall;
+use warden_sandbox::UsageReceipt;
 
 /// How long the runtime waits for a policy's answer, by default.
 pub const DEFAULT_POLICY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -434,7 +434,7 @@ pub async fn consult(
             PolicyVerdict::Failed,
             Some(format!(
                 "no decision within {}",
-                crate::units::format_duration(timeout)
+                warden_syntax::units::format_duration(timeout)
             )),
         ),
         Ok(Err(panic)) => (

@@ -14,8 +14,8 @@
 use std::time::Duration;
 
 use super::policy_hooks::{PolicyDecision, PolicyHook, PolicyRequest, PolicyVerdict, verdict_of};
-use crate::plugins::LoadedPlugin;
-use crate::sandbox::{UsageReceipt, wit};
+use warden_plugins::LoadedPlugin;
+use warden_sandbox::{UsageReceipt, wit};
 
 impl From<wit::PolicyHook> for PolicyHook {
     fn from(hook: wit::PolicyHook) -> Self {
@@ -76,7 +76,7 @@ pub async fn consult_plugin(
     let asked = plugin.decide(&wit, None);
     let leased = match tokio::time::timeout(timeout, asked).await {
         Err(_) => {
-            let waited = crate::units::format_duration(timeout);
+            let waited = warden_syntax::units::format_duration(timeout);
             return (
                 PolicyVerdict::Failed,
                 Some(format!("no decision within {waited}")),
@@ -110,9 +110,9 @@ pub async fn consult_plugin(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::ids::{CallId, RunId};
-    use crate::engine::policy_hooks::PolicySubject;
-    use crate::policy::EffectClass;
+    use crate::ids::{CallId, RunId};
+    use crate::policy_hooks::PolicySubject;
+    use warden_plugins::policy::EffectClass;
 
     #[test]
     fn hooks_translate_both_ways() {

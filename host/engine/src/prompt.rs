@@ -22,7 +22,7 @@ use super::compaction::prompt_messages;
 use super::context::quote;
 use super::state::RunState;
 use super::view::AgentView;
-use crate::providers::ModelRequest;
+use warden_providers::ModelRequest;
 
 /// Tool errors longer than this many bytes are cut for the model.
 pub const MAX_TOOL_ERROR_BYTES: usize = 2048;

@@ -54,13 +54,13 @@ use super::retry::{RetrySleep, TokioSleep};
 use super::session::{self, SessionRun};
 use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
-use crate::plugins::{LoadedPlugin, PluginError, PluginHost};
-use crate::policy::EffectClass;
-use crate::providers::{
+use warden_plugins::policy::EffectClass;
+use warden_plugins::{LoadedPlugin, PluginError, PluginHost};
+use warden_providers::{
     ModelProvider, ModelRequest, ModelResponse, ProviderError, ProviderEvent, ResponseAssembler,
 };
-use crate::sandbox::{LeaseFailure, RunBound, wit};
-use crate::store::{
+use warden_sandbox::{LeaseFailure, RunBound, wit};
+use warden_store::{
     ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, Lease, Listing, RunMeta,
     SETTLED_STATUSES, Settle, Settlement, StoreError, VerifyReport,
 };
@@ -201,7 +201,7 @@ pub enum RuntimeError {
     /// An automatic verb on a run whose log may be missing what it did (it
     /// was restored from a backup): a human must check, then record it
     /// (`resolve`) or abandon the run.
-    #[error("run `{run_id}` needs reconciliation: {reason}; check what it did{}, then resolve it (it goes on from its log) or abandon it", since_ms.map(|ms| format!(" after {}", crate::units::utc_text(ms))).unwrap_or_default())]
+    #[error("run `{run_id}` needs reconciliation: {reason}; check what it did{}, then resolve it (it goes on from its log) or abandon it", since_ms.map(|ms| format!(" after {}", warden_syntax::units::utc_text(ms))).unwrap_or_default())]
     ReconciliationRequired {
         /// The run.
         run_id: RunId,
@@ -836,7 +836,7 @@ impl Runtime {
 
     /// Records a run for workers to drive: like
     /// [`start_with_labels`](Self::start_with_labels), but listed as
-    /// [`QUEUED`](crate::store::QUEUED) until a worker claims it (see
+    /// [`QUEUED`](warden_store::QUEUED) until a worker claims it (see
     /// `store/lease.rs`). Nothing drives it here.
     pub async fn submit(
         &self,
@@ -845,7 +845,7 @@ impl Runtime {
         input: Value,
         labels: BTreeMap<String, String>,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, run_id, input, labels, crate::store::QUEUED, None)
+        self.start_as(agent, run_id, input, labels, warden_store::QUEUED, None)
             .await
     }
 
@@ -853,7 +853,7 @@ impl Runtime {
     /// (the session's earlier completed runs) is fixed now, as for
     /// [`start_in_session`](Self::start_in_session), and the session counts
     /// the queued run as active, so another start or submit there is
-    /// refused ([`StoreError::SessionBusy`](crate::store::StoreError)) until
+    /// refused ([`StoreError::SessionBusy`](warden_store::StoreError)) until
     /// it settles.
     pub async fn submit_in_session(
         &self,
@@ -868,7 +868,7 @@ impl Runtime {
             run_id,
             input,
             labels,
-            crate::store::QUEUED,
+            warden_store::QUEUED,
             Some(session_id),
         )
         .await
@@ -2368,7 +2368,7 @@ impl Runtime {
             .iter()
             .filter_map(|p| Some((p.name.clone(), plugins[p.plugin.as_ref()?].clone())))
             .collect();
-        let tools: Vec<(&str, &[crate::plugins::ToolDescriptor])> = agent
+        let tools: Vec<(&str, &[warden_plugins::ToolDescriptor])> = agent
             .plugins
             .iter()
             .map(|p| (p.key.as_str(), plugins[&p.key].tools()))
@@ -2636,8 +2636,8 @@ impl RunUpdates {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sandbox::{Sandbox, SandboxConfig};
-    use crate::store::MemoryStore;
+    use warden_sandbox::{Sandbox, SandboxConfig};
+    use warden_store::MemoryStore;
 
     fn runtime() -> Runtime {
         let sandbox = Sandbox::new(SandboxConfig {

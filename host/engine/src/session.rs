@@ -14,7 +14,7 @@
 //!   log.
 //! - **Reading and starting are checked together**: the start carries the
 //!   number of runs the session held when its history was read
-//!   ([`RunMeta::session_runs`](crate::store::RunMeta::session_runs)); the
+//!   ([`RunMeta::session_runs`](warden_store::RunMeta::session_runs)); the
 //!   store refuses it if that changed, and the runtime reads again.
 //!
 //! The latest completed run's history plus its own transcript is the whole
@@ -31,7 +31,7 @@ use super::events::{SessionStart, decode};
 use super::ids::{RunId, SessionId};
 use super::runtime::RuntimeError;
 use super::state::{RunState, RunStatus, Terminal, fold};
-use crate::store::{EventStore, RunFilter, SETTLED_STATUSES};
+use warden_store::{EventStore, RunFilter, SETTLED_STATUSES};
 
 /// One run of a session, as `warden sessions show` lists it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -96,7 +96,7 @@ pub fn session_start(
 
 /// Reads the session as the store has it now: the history a run starting
 /// now sees, and how many runs the session holds (for
-/// [`RunMeta::session_runs`](crate::store::RunMeta::session_runs)).
+/// [`RunMeta::session_runs`](warden_store::RunMeta::session_runs)).
 /// A session with an active run is [`RuntimeError::SessionBusy`] at once.
 pub(crate) async fn read(
     store: &dyn EventStore,
@@ -195,9 +195,9 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::events::{Event, RunCancelled, RunCompleted, RunStarted};
-    use crate::engine::ids::AgentDigest;
-    use crate::providers::Message;
+    use crate::events::{Event, RunCancelled, RunCompleted, RunStarted};
+    use crate::ids::AgentDigest;
+    use warden_providers::Message;
 
     fn user(text: &str) -> Message {
         Message::User {

@@ -36,8 +36,8 @@ use super::policy_hooks::{
 };
 use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
-use crate::policy::EffectClass;
-use crate::providers::{Message, StopReason, ToolCall};
+use warden_plugins::policy::EffectClass;
+use warden_providers::{Message, StopReason, ToolCall};
 
 /// Where a run stands, derived from its log alone.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]

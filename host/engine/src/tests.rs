@@ -19,10 +19,10 @@ use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{DEFAULT_MAX_ATTEMPTS as MAX_MODEL_ATTEMPTS, RetryPolicy};
 use super::state::{FoldError, RunState, RunStatus, fold};
 use super::view::{AgentTool, AgentView, ToolTarget};
-use crate::policy::EffectClass;
-use crate::providers::scripted::{ScriptedProvider, ScriptedToolCall, ScriptedTurn};
-use crate::providers::{Message, ResponseAssembler, StopReason, ToolCall, Usage};
-use crate::sandbox::{Outcome, UsageReceipt};
+use warden_plugins::policy::EffectClass;
+use warden_providers::scripted::{ScriptedProvider, ScriptedToolCall, ScriptedTurn};
+use warden_providers::{Message, ResponseAssembler, StopReason, ToolCall, Usage};
+use warden_sandbox::{Outcome, UsageReceipt};
 
 // ---------------------------------------------------------------- fixtures
 
@@ -411,7 +411,7 @@ fn every_status_is_derived_from_the_log_alone() {
             log(vec![
                 model(1, 1),
                 answer(1, "", &[("pay", json!({"invoice": "i-1"}))]),
-                Event::ExternalCallRequested(crate::engine::events::ExternalCallRequested {
+                Event::ExternalCallRequested(crate::events::ExternalCallRequested {
                     call_id: CallId::new(1, 1),
                     tool: "pay".into(),
                     arguments: json!({"invoice": "i-1"}),
@@ -1718,7 +1718,7 @@ fn action_events_record_exactly_the_decision() {
         input_micros_per_million: 1_000_000,
         output_micros_per_million: 2_000_000,
     };
-    let response = crate::providers::ModelResponse {
+    let response = warden_providers::ModelResponse {
         text: "hi".into(),
         tool_calls: vec![],
         blocks: vec![],
@@ -1783,7 +1783,7 @@ impl Sim {
     }
 
     /// The scripted model's answer to `request`.
-    fn respond(&self, request: &crate::providers::ModelRequest) -> crate::providers::ModelResponse {
+    fn respond(&self, request: &warden_providers::ModelRequest) -> warden_providers::ModelResponse {
         let mut assembler = ResponseAssembler::new("scripted");
         for event in self.script.events_for(request).unwrap() {
             assembler.push(event).unwrap();
@@ -1812,7 +1812,7 @@ impl Sim {
                     }
                     self.tool_runs.push(invocation.intent.call_id.clone());
                     let output = json!({"ran": invocation.intent.tool.tool, "with": invocation.intent.arguments});
-                    let outcome = Ok(Ok(crate::sandbox::wit::ToolOutput {
+                    let outcome = Ok(Ok(warden_sandbox::wit::ToolOutput {
                         content: output.to_string(),
                     }));
                     self.events
@@ -2219,10 +2219,10 @@ fn a_cost_budget_uses_recorded_pricing() {
 
 #[test]
 fn the_demo_agent_and_transcript_in_examples_fit_together() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     let agent = super::agent::Agent::load(&root.join("notes.toml"), None).unwrap();
     let script = ScriptedProvider::load(agent.model.transcript.as_deref().unwrap()).unwrap();
-    let fs: Vec<crate::plugins::ToolDescriptor> = [
+    let fs: Vec<warden_plugins::ToolDescriptor> = [
         ("read_file", EffectClass::Read),
         ("list_dir", EffectClass::Read),
         ("search", EffectClass::Read),
@@ -2230,7 +2230,7 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
         ("edit_file", EffectClass::Write),
     ]
     .into_iter()
-    .map(|(name, effect)| crate::plugins::ToolDescriptor {
+    .map(|(name, effect)| warden_plugins::ToolDescriptor {
         plugin: "fs".into(),
         name: name.into(),
         description: name.into(),

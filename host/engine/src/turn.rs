@@ -45,8 +45,8 @@ use super::events::{Event, Preview, RunError, ToolCallResult};
 use super::ids::{CallId, RunId, SessionId};
 use super::runtime::{RunUpdate, RunUpdates, Runtime, RuntimeError};
 use super::state::{RunState, RunStatus, Terminal};
-use crate::policy::EffectClass;
-use crate::sandbox::UsageReceipt;
+use warden_plugins::policy::EffectClass;
+use warden_sandbox::UsageReceipt;
 
 /// The reason recorded when a handle is dropped while its turn runs.
 pub const DROPPED_REASON: &str = "the turn's handle was dropped";
@@ -540,11 +540,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::engine::events::{
+    use crate::events::{
         ApprovalRequested, ModelCallCompleted, ToolCallError, ToolCallIntent, ToolCallRejected,
         ToolRef,
     };
-    use crate::providers::{StopReason, ToolCall, Usage};
+    use warden_providers::{StopReason, ToolCall, Usage};
 
     fn feed(feeder: &mut Feeder, seq: u64, event: Event) -> Vec<TurnEvent> {
         let (sender, mut receiver) = mpsc::unbounded_channel();

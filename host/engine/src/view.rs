@@ -21,9 +21,9 @@ use super::events::{KeyedBy, ToolRef};
 use super::ids::AgentDigest;
 use super::output::output_contract;
 use super::policy_hooks::EnabledPolicy;
-use crate::plugins::ToolDescriptor;
-use crate::policy::EffectClass;
-use crate::providers::ToolSpec;
+use warden_plugins::ToolDescriptor;
+use warden_plugins::policy::EffectClass;
+use warden_providers::ToolSpec;
 
 /// Longest tool name a model accepts (OpenAI and Anthropic both cap at 64).
 pub const MAX_MODEL_TOOL_NAME: usize = 64;
@@ -326,7 +326,7 @@ impl AgentView {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::agent::tests::MINIMAL;
+    use crate::agent::tests::MINIMAL;
     use serde_json::json;
     use std::path::Path;
 

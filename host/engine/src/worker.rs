@@ -41,9 +41,9 @@ use std::time::Duration;
 
 use tokio::task::JoinSet;
 
-use crate::engine::events::Event;
-use crate::engine::{Agent, Clock, ReplayOptions, RunStatus, Runtime, RuntimeError, SystemClock};
-use crate::store::{Lease, StoreError};
+use crate::events::Event;
+use crate::{Agent, Clock, ReplayOptions, RunStatus, Runtime, RuntimeError, SystemClock};
+use warden_store::{Lease, StoreError};
 
 /// How a worker turns a run's recorded agent file into an [`Agent`].
 pub type AgentLoader = Arc<dyn Fn(&Path) -> Result<Agent, String> + Send + Sync>;

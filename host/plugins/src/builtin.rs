@@ -72,7 +72,7 @@ mod tests {
     /// directories are swapped for a temporary one, which exists).
     #[test]
     fn every_builtin_has_an_example_grant_that_applies() {
-        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/plugins");
+        let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/plugins");
         let scratch = tempfile::tempdir().unwrap();
         for b in all() {
             let path = examples.join(b.name).join("grant.toml");

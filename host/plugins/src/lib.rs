@@ -24,6 +24,7 @@
 
 pub mod builtin;
 pub mod manifest;
+pub mod policy;
 pub mod tool;
 
 use std::borrow::Cow;
@@ -37,8 +38,8 @@ use tokio_util::sync::CancellationToken;
 pub use manifest::{Manifest, ManifestError};
 pub use tool::ToolDescriptor;
 
-use crate::policy::{self, Grant, PolicyError};
-use crate::sandbox::{
+use crate::policy::{Grant, PolicyError};
+use warden_sandbox::{
     Capabilities, GrantedComponent, LeaseError, Leased, PluginComponent, PluginKind, RunBound,
     Sandbox, SandboxError, wit,
 };
@@ -358,10 +359,10 @@ impl PluginHost {
         .await
     }
 
-    /// Loads `wasm` as the component of `manifest`, pinned to `expected`
-    /// when given.
+    /// Loads `wasm` as the component of `manifest` (both already read, as
+    /// the testkit has them), pinned to `expected` when given.
     #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn load_parts(
+    pub async fn load_parts(
         &self,
         source: PluginSource,
         manifest: Manifest,
@@ -577,7 +578,7 @@ fn warn_of_secret_with_egress(plugin: &str, capabilities: &Capabilities) {
         capabilities
             .mounts()
             .iter()
-            .filter(|m| m.access == crate::sandbox::Access::ReadWrite)
+            .filter(|m| m.access == warden_sandbox::Access::ReadWrite)
             .map(|m| format!("read-write mount `{}`", m.name)),
     );
     if egress.is_empty() {

@@ -33,8 +33,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::sandbox::{Access, Limits, PluginKind, is_valid_mount_name};
-use crate::units::{ByteSize, HumanDuration};
+use warden_sandbox::{Access, Limits, PluginKind, is_valid_mount_name};
+use warden_syntax::units::{ByteSize, HumanDuration};
 
 /// A parsed and validated `plugin.toml`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -261,7 +261,7 @@ impl Manifest {
     pub fn parse(text: &str, path: &Path, base_dir: &Path) -> Result<Manifest, ManifestError> {
         let raw: RawManifest = toml::from_str(text).map_err(|e| ManifestError::Parse {
             path: path.to_owned(),
-            message: crate::toml_errors::one_line(text, &e),
+            message: warden_syntax::toml_errors::one_line(text, &e),
         })?;
         let invalid = |key: &str, message: String| ManifestError::Invalid {
             path: path.to_owned(),

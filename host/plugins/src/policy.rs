@@ -39,9 +39,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::plugins::manifest::{LimitSettings, Manifest};
-pub use crate::sandbox::HostPattern;
-use crate::sandbox::{Access, Capabilities, Limits, MountError, wit};
+use crate::manifest::{LimitSettings, Manifest};
+pub use warden_sandbox::HostPattern;
+use warden_sandbox::{Access, Capabilities, Limits, MountError, wit};
 
 /// What the operator grants one plugin. By default, nothing.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -85,7 +85,7 @@ pub struct MountGrant {
     /// asked). Default: the requested access.
     pub access: Option<Access>,
     /// Paths under `dir` taken out of the grant (`[".env", "*.pem",
-    /// "secrets/**"]`, see [`Exclusions`](crate::sandbox::Exclusions)): the
+    /// "secrets/**"]`, see [`Exclusions`](warden_sandbox::Exclusions)): the
     /// host refuses to open, change or list them for every tool. Default:
     /// none.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -391,7 +391,7 @@ pub fn validate_host_pattern(text: &str) -> Result<(), String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plugins::manifest::Manifest;
+    use crate::manifest::Manifest;
 
     fn manifest(extra: &str) -> Manifest {
         let text = format!("name = \"p\"\nversion = \"1\"\nkind = \"tool\"\n{extra}");

@@ -10,9 +10,9 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::json_limits;
 use crate::policy::{EffectClass, ToolOverride, effective_effect};
-use crate::sandbox::{Capabilities, wit};
+use warden_sandbox::{Capabilities, wit};
+use warden_syntax::json_limits;
 
 /// Most tools one plugin may offer.
 pub const MAX_TOOLS: usize = 128;

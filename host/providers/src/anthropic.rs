@@ -180,8 +180,8 @@ fn assistant_content(text: &str, calls: &[ToolCall], blocks: &[RawBlock]) -> Vec
     content
 }
 
-/// The request body for `request`.
-pub(crate) fn request_body(request: &ModelRequest, stream: bool) -> Value {
+/// The request body for `request`, as sent.
+pub fn request_body(request: &ModelRequest, stream: bool) -> Value {
     let mut messages: Vec<Value> = Vec::new();
     // Appends content to the last message if it has `role`, else starts one.
     let mut push = |role: &str, blocks: Vec<Value>| {
@@ -628,7 +628,7 @@ pub(crate) fn whole_response(body: &[u8]) -> Result<Vec<ProviderEvent>, DecodeEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{ResponseAssembler, ToolSpec};
+    use crate::{ResponseAssembler, ToolSpec};
 
     fn decode(events: &[(&str, &str)]) -> Result<Vec<ProviderEvent>, DecodeError> {
         let mut d = Decoder::default();

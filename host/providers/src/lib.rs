@@ -15,6 +15,8 @@
 //! model.
 
 pub mod anthropic;
+pub mod compaction;
+pub mod config;
 pub mod http;
 pub mod openai;
 pub mod scripted;

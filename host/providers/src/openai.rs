@@ -163,8 +163,8 @@ impl WireFormat for OpenAiWire {
     }
 }
 
-/// The request body for `request`.
-pub(crate) fn request_body(request: &ModelRequest, stream: bool, options: OpenAiOptions) -> Value {
+/// The request body for `request`, as sent.
+pub fn request_body(request: &ModelRequest, stream: bool, options: OpenAiOptions) -> Value {
     let mut messages = Vec::with_capacity(request.messages.len() + 1);
     if !request.instructions.is_empty() {
         messages.push(json!({"role": "system", "content": request.instructions}));
@@ -560,7 +560,7 @@ pub(crate) fn whole_response(body: &[u8]) -> Result<Vec<ProviderEvent>, DecodeEr
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{ResponseAssembler, ToolSpec};
+    use crate::{ResponseAssembler, ToolSpec};
 
     fn sse(data: &str) -> SseEvent {
         SseEvent {

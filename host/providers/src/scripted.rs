@@ -41,7 +41,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-use crate::engine::compaction::{COMPACTION_INSTRUCTIONS, summarised_turns};
+use crate::compaction::{COMPACTION_INSTRUCTIONS, summarised_turns};
 
 use super::{
     Message, ModelProvider, ModelRequest, ModelStream, ProviderEvent, StopReason, ToolCall, Usage,
@@ -165,7 +165,7 @@ impl ScriptedProvider {
         let parsed: Result<TranscriptFile, String> = if json {
             serde_json::from_str(text).map_err(|e| e.to_string())
         } else {
-            toml::from_str(text).map_err(|e| crate::toml_errors::one_line(text, &e))
+            toml::from_str(text).map_err(|e| warden_syntax::toml_errors::one_line(text, &e))
         };
         let file = parsed.map_err(|message| ScriptError::Parse {
             path: path.to_owned(),
@@ -373,7 +373,7 @@ impl ModelProvider for ScriptedProvider {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::providers::{ProviderError, collect_response};
+    use crate::{ProviderError, collect_response};
     use serde_json::json;
 
     const TRANSCRIPT: &str = r#"

@@ -16,7 +16,7 @@
 /// The `tool-plugin` world: `describe`, `preflight`, `invoke`.
 pub mod tool {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../../wit",
         world: "warden:plugin/tool-plugin",
         exports: { default: async },
         additional_derives: [PartialEq, Eq],
@@ -26,7 +26,7 @@ pub mod tool {
 /// The `context-plugin` world: `describe`, `resolve`.
 pub mod context {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../../wit",
         world: "warden:plugin/context-plugin",
         exports: { default: async },
         with: {
@@ -39,7 +39,7 @@ pub mod context {
 /// The `channel-plugin` world: `describe`, `deliver`.
 pub mod channel {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../../wit",
         world: "warden:plugin/channel-plugin",
         exports: { default: async },
         with: {
@@ -52,7 +52,7 @@ pub mod channel {
 /// The `policy-plugin` world: `describe`, `decide`.
 pub mod policy {
     wasmtime::component::bindgen!({
-        path: "../wit",
+        path: "../../wit",
         world: "warden:plugin/policy-plugin",
         exports: { default: async },
         with: {

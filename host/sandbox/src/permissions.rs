@@ -145,7 +145,7 @@ mod tests {
             root: super::super::fs::MountRoot::open(&host_dir).unwrap(),
             host_dir,
             access,
-            exclude: crate::sandbox::Exclusions::new(&["*.pem"]).unwrap(),
+            exclude: crate::Exclusions::new(&["*.pem"]).unwrap(),
         }
     }
 

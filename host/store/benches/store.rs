@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use warden::store::{EventStore, MemoryStore, RunId, RunMeta, SqliteStore};
+use warden_store::{EventStore, MemoryStore, RunId, RunMeta, SqliteStore};
 
 /// A realistic event: about 300 bytes of JSON, like a tool completion.
 fn event(run: usize, seq: u64) -> Bytes {

@@ -39,6 +39,7 @@ impl ChainHash {
     }
 
     /// Reads a stored hash, which must be exactly 32 bytes.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn from_stored(bytes: &[u8]) -> Result<Self, ChainBreak> {
         <[u8; 32]>::try_from(bytes)
             .map(Self)
@@ -139,6 +140,7 @@ impl Chain {
 
     /// The mode's name, recorded by persistent stores: `sha256`, or
     /// `hmac-sha256:<key id>`.
+    #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
     pub(crate) fn mode(&self) -> String {
         match &self.key {
             None => "sha256".to_owned(),

@@ -2344,21 +2344,17 @@ macro_rules! conformance_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $test() {
                 let backend = $backend;
-                crate::store::conformance::$test(&backend).await;
+                crate::conformance::$test(&backend).await;
             }
         )*
     };
 }
 
-conformance_suite!(memory, crate::store::conformance::MemoryBackend::new());
-conformance_suite!(
-    sqlite,
-    crate::store::conformance::SqliteBackend::new(),
-    durable
-);
+conformance_suite!(memory, crate::conformance::MemoryBackend::new());
+conformance_suite!(sqlite, crate::conformance::SqliteBackend::new(), durable);
 conformance_suite!(
     postgres,
-    match crate::store::conformance::PostgresBackend::connect().await {
+    match crate::conformance::PostgresBackend::connect().await {
         Some(backend) => backend,
         None => return,
     },

@@ -62,11 +62,15 @@
 mod chain;
 mod lease;
 mod memory;
+#[cfg(feature = "postgres")]
 mod postgres;
 mod session;
+#[cfg(feature = "sqlite")]
 mod sqlite;
 
-#[cfg(test)]
+// The suite runs every store against the same expectations, so it needs
+// both persistent backends.
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod conformance;
 
 use std::collections::BTreeMap;
@@ -79,8 +83,10 @@ use bytes::Bytes;
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
 pub use lease::{Lease, PruneFilter, QUEUED, Tombstone, WAITING};
 pub use memory::MemoryStore;
+#[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 pub use session::{InvalidSessionId, SETTLED_STATUSES, SessionId};
+#[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
 
 /// The id of a run: 1 to 128 ASCII letters, digits, `-`, `_`, `.` or `:`.

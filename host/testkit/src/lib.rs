@@ -4,7 +4,7 @@
 //! receipt at hand.
 //!
 //! ```no_run
-//! use warden::testkit::TestPlugin;
+//! use warden_testkit::TestPlugin;
 //! use serde_json::json;
 //!
 //! # async fn example() {
@@ -37,15 +37,15 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use crate::plugins::manifest::{FuelSetting, Unmetered};
-use crate::plugins::{
+use warden_plugins::manifest::{FuelSetting, Unmetered};
+use warden_plugins::policy::{Grant, MountGrant};
+use warden_plugins::{
     LoadedPlugin, Manifest, PluginError, PluginHost, PluginSource, ToolDescriptor,
 };
-use crate::policy::{Grant, MountGrant};
-use crate::sandbox::{
+use warden_sandbox::{
     Access, LeaseError, LeaseFailure, Leased, Outcome, Sandbox, SandboxConfig, UsageReceipt, wit,
 };
-use crate::units::{ByteSize, HumanDuration};
+use warden_syntax::units::{ByteSize, HumanDuration};
 
 /// The sandbox every test in this process shares.
 pub fn shared_sandbox() -> &'static Sandbox {
@@ -247,7 +247,7 @@ pub fn policy_request(policy: &str, hook: wit::PolicyHook, subject: Value) -> wi
 }
 
 fn hook_name(hook: wit::PolicyHook) -> &'static str {
-    crate::engine::PolicyHook::from(hook).as_str()
+    warden_engine::PolicyHook::from(hook).as_str()
 }
 
 fn test_call(tool: &str, arguments: &Value) -> wit::Call {
@@ -362,7 +362,7 @@ impl TestPluginBuilder {
     }
 
     /// Sets the operator's effect class for `tool`.
-    pub fn effect(mut self, tool: &str, effect: crate::policy::EffectClass) -> Self {
+    pub fn effect(mut self, tool: &str, effect: warden_plugins::policy::EffectClass) -> Self {
         self.grant.tools.entry(tool.into()).or_default().effect = Some(effect);
         self
     }
@@ -435,7 +435,7 @@ async fn load_unpinned(
     let mut manifest = Manifest::load(manifest)?;
     manifest.component = Some(wasm.to_owned());
     manifest.sha256 = None;
-    let bytes = std::fs::read(wasm).map_err(|error| crate::sandbox::SandboxError::Io {
+    let bytes = std::fs::read(wasm).map_err(|error| warden_sandbox::SandboxError::Io {
         action: "cannot read component",
         path: wasm.to_owned(),
         error,

@@ -42,7 +42,7 @@ pub fn json_out(o: &Output) -> Value {
 /// folder, and the `out/` its channel delivers to) in a fresh directory.
 pub fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
-    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     for file in ["notes.toml", "notes.transcript.toml"] {
         std::fs::copy(examples.join(file), dir.path().join(file)).unwrap();
     }

@@ -6,8 +6,9 @@
 
 use super::context::{find_event, shape_of, sim_run};
 use super::*;
-use crate::engine::compaction::{CompactionSettings, estimate_tokens, summarised_turns};
-use crate::engine::prompt::build_request;
+use crate::compaction::{CompactionSettings, estimate_tokens};
+use crate::prompt::build_request;
+use warden_providers::compaction::summarised_turns;
 
 fn compacting(max_prompt_tokens: u64) -> AgentView {
     AgentView {

@@ -6,12 +6,12 @@
 //! rewrites them).
 
 use super::*;
-use crate::engine::canonical::request_hash;
-use crate::engine::context::{ContextSource, OnContextError, ResolveWhen};
-use crate::engine::decide::ContextResolution;
-use crate::engine::prompt::build_request;
-use crate::plugins::manifest::LimitSettings;
-use crate::providers::ModelRequest;
+use crate::canonical::request_hash;
+use crate::context::{ContextSource, OnContextError, ResolveWhen};
+use crate::decide::ContextResolution;
+use crate::prompt::build_request;
+use warden_plugins::manifest::LimitSettings;
+use warden_providers::ModelRequest;
 
 fn source(name: &str, resolve: ResolveWhen, on_error: OnContextError) -> ContextSource {
     ContextSource {
@@ -51,7 +51,7 @@ fn context_resolved(source: &str, step: u32, at_ms: u64, items: Vec<ContextItem>
         source: source.into(),
         step,
         at_ms,
-        digest: crate::engine::context::digest(&items),
+        digest: crate::context::digest(&items),
         items,
         receipt: receipt(30),
     })
@@ -575,7 +575,7 @@ fn render(request: &ModelRequest) -> String {
 
 fn assert_golden(name: &str, actual: &str) {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("src/engine/testdata")
+        .join("src/testdata")
         .join(name);
     if std::env::var_os("WARDEN_UPDATE_GOLDEN").is_some() {
         std::fs::create_dir_all(path.parent().unwrap()).unwrap();
@@ -675,10 +675,10 @@ fn golden_prompt_with_context_memory_a_skipped_source_and_an_injection_attempt()
             .is_some()
     );
     // Providers send it as data: a user message, never the system prompt.
-    let openai = crate::providers::openai::request_body(
+    let openai = warden_providers::openai::request_body(
         &call.request,
         false,
-        crate::providers::OpenAiOptions::default(),
+        warden_providers::OpenAiOptions::default(),
     );
     assert_eq!(openai["messages"][0]["role"], "system");
     assert_eq!(openai["messages"][0]["content"], view.instructions);
@@ -687,7 +687,7 @@ fn golden_prompt_with_context_memory_a_skipped_source_and_an_injection_attempt()
         openai["messages"][1]["content"],
         call.request.context.as_str()
     );
-    let anthropic = crate::providers::anthropic::request_body(&call.request, false);
+    let anthropic = warden_providers::anthropic::request_body(&call.request, false);
     assert_eq!(anthropic["system"], view.instructions);
     assert_eq!(anthropic["messages"][0]["role"], "user");
     assert_eq!(

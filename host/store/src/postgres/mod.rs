@@ -1377,10 +1377,10 @@ impl PostgresStore {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod tests {
     use super::*;
-    use crate::store::conformance::{PostgresBackend, id, new_run};
+    use crate::conformance::{PostgresBackend, id, new_run};
 
     /// A schema at version 3 (before `owes_deliveries`) is migrated to 4
     /// once, keeps its runs (owing nothing), and takes the new column; the
@@ -1413,7 +1413,7 @@ mod tests {
             .append(
                 &id("old"),
                 3,
-                &[crate::store::conformance::ev("end")],
+                &[crate::conformance::ev("end")],
                 Listing::new("completed").owing(1),
                 9,
             )
@@ -1547,7 +1547,7 @@ mod tests {
                 .append(
                     &id("r"),
                     2,
-                    &[crate::store::conformance::ev("x")],
+                    &[crate::conformance::ev("x")],
                     "running".into(),
                     3
                 )

@@ -5,7 +5,7 @@
 use tokio_postgres::Transaction;
 
 use super::pg_error;
-use crate::store::StoreError;
+use crate::StoreError;
 
 /// Migrations in order; migration `i` (0-based) takes the schema from
 /// version `i` to `i + 1`. Never edit one that has shipped: add another.

@@ -1053,5 +1053,5 @@ fn query_summaries(
     Ok(summaries)
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod tests;

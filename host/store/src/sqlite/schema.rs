@@ -7,7 +7,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::backend;
-use crate::store::{OpenMode, StoreError};
+use crate::{OpenMode, StoreError};
 
 /// Migrations in order; migration `i` (0-based) takes the schema from
 /// version `i` to `i + 1`. Never edit one that has shipped: add another.

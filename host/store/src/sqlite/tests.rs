@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::store::conformance::{SqliteBackend, ev, id, meta, new_run};
+use crate::conformance::{SqliteBackend, ev, id, meta, new_run};
 
 fn backend_store() -> (SqliteBackend, Arc<SqliteStore>) {
     let backend = SqliteBackend::new();

@@ -24,8 +24,8 @@ use rusqlite::{Connection, OptionalExtension, TransactionBehavior, params};
 use tokio::sync::{mpsc, oneshot};
 
 use super::{backend, blob_hash};
-use crate::store::chain::{self, Chain};
-use crate::store::{
+use crate::chain::{self, Chain};
+use crate::{
     Appended, ChainBreak, ChainHash, Claim, Holder, Lease, Listing, PruneFilter, QUEUED, RunId,
     RunMeta, Settle, Settlement, StoreError, Tombstone, WAITING,
 };
