@@ -1,6 +1,6 @@
 //! The first-party plugins built into the `warden` binary.
 //!
-//! `host/build.rs` compiles every crate under `plugins/` for `wasm32-wasip2`
+//! `host/plugins/build.rs` compiles every crate under `plugins/` for `wasm32-wasip2`
 //! and embeds each component with its `plugin.toml` and sha256, so an
 //! installed `warden` works from any directory and an agent can name them as
 //! `builtin:<name>`. The digest is computed at build time from the embedded
