@@ -2,13 +2,13 @@
 //! status a run's log derives ([`RunStatus`]), and `queued` for a run
 //! recorded for a driver (`warden submit`, `warden run --detach`) that none
 //! has started. `runs list`, `runs show`, `sessions`, `--status` and the
-//! README's table all use these words; [`next`] says what a human can do
+//! table in docs/operating-runs.md all use these words; [`next`] says what a human can do
 //! about a run in each.
 
 use warden::engine::RunStatus;
 use warden::store::{QUEUED, RunSummary};
 
-/// Every status, in the order of the README's table.
+/// Every status, in the order of docs/operating-runs.md's table.
 pub(crate) const ALL: [&str; 12] = [
     QUEUED,
     "running",

@@ -390,7 +390,7 @@ fn a_mount_not_granted_is_named_with_how_to_grant_it() {
     );
 }
 
-/// README's session example, offline, run twice in a row in the same
+/// The session example of docs/sessions.md, offline, run twice in a row in the same
 /// session: every run completes, and each second run answers from the
 /// history.
 #[test]
@@ -435,12 +435,12 @@ fn the_session_example_works_twice_in_a_row() {
     let runs = shown["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 4, "{shown}");
     assert!(runs.iter().all(|r| r["status"] == "completed"), "{shown}");
-    // The README's commands, as written there, validate.
-    let readme = std::fs::read_to_string(examples.join("../../README.md")).unwrap();
+    // The guide's commands, as written there, validate.
+    let guide = std::fs::read_to_string(examples.join("../../docs/sessions.md")).unwrap();
     assert!(
-        readme
+        guide
             .contains("warden run examples/agents/chat.toml \"My name is Ada.\" --session chat-42"),
-        "README shows the session example"
+        "docs/sessions.md shows the session example"
     );
 }
 

@@ -189,7 +189,7 @@ pub const MIN_REDACTED_LEN: usize = 4;
 /// host's own decoding: a text that is JSON is parsed and every string and
 /// key redacted as the host will read it, so `\u` escapes do not carry a
 /// secret past it. Encodings a plugin applies itself (base64, reversal,
-/// splitting) are beyond any redactor; see the README's security model.
+/// splitting) are beyond any redactor; see docs/security.md.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Redactor {
     /// (needle, replacement), longest needle first.
