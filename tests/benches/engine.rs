@@ -57,11 +57,12 @@ fn agent(dir: &Path, name: &str, turns: usize, approval: bool) -> Agent {
 fn agent_with(dir: &Path, name: &str, turns: usize, approval: bool, extra: &str) -> Agent {
     let wasm = std::fs::read(guests::NOOP).unwrap();
     let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    // Next to its manifest: a component elsewhere would need a grant.
+    std::fs::write(dir.join("noop.wasm"), &wasm).unwrap();
     std::fs::write(
         dir.join("noop.toml"),
         format!(
-            "name = \"noop\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n",
-            guests::NOOP
+            "name = \"noop\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = \"noop.wasm\"\nsha256 = \"{sha}\"\n",
         ),
     )
     .unwrap();

@@ -70,11 +70,12 @@ fn transcript(turns: usize) -> String {
 fn agent(dir: &std::path::Path, turns: usize) -> Agent {
     let wasm = std::fs::read(guests::NOOP).unwrap();
     let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    // Next to its manifest: a component elsewhere would need a grant.
+    std::fs::write(dir.join("noop.wasm"), &wasm).unwrap();
     std::fs::write(
         dir.join("noop.toml"),
         format!(
-            "name = \"noop\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n",
-            guests::NOOP
+            "name = \"noop\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = \"noop.wasm\"\nsha256 = \"{sha}\"\n",
         ),
     )
     .unwrap();

@@ -94,11 +94,12 @@ fn main() {
 fn agent(dir: &Path) -> Agent {
     let wasm = std::fs::read(guests::NOOP).unwrap();
     let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    // Next to its manifest: a component elsewhere would need a grant.
+    std::fs::write(dir.join("noop.wasm"), &wasm).unwrap();
     std::fs::write(
         dir.join("noop.toml"),
         format!(
-            "name = \"noop\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n",
-            guests::NOOP
+            "name = \"noop\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = \"noop.wasm\"\nsha256 = \"{sha}\"\n",
         ),
     )
     .unwrap();

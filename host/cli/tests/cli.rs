@@ -352,6 +352,59 @@ fn a_plugin_on_disk_is_pinned_by_its_manifest() {
     assert!(stderr(&out).contains("surprise"), "{}", stderr(&out));
 }
 
+/// A manifest naming a component outside its directory (`../fs.wasm`, here
+/// a real, correctly pinned component) is refused with `component_refused`,
+/// the path and how to allow it; the operator's grant naming that file lets
+/// it load.
+#[test]
+fn a_component_outside_its_plugin_directory_is_refused_until_the_grant_names_it() {
+    let dir = workspace();
+    let builtin = warden::plugins::builtin::find("fs").unwrap();
+    std::fs::write(dir.path().join("fs.wasm"), builtin.wasm).unwrap();
+    std::fs::create_dir(dir.path().join("plugin")).unwrap();
+    std::fs::write(
+        dir.path().join("plugin/plugin.toml"),
+        format!(
+            "name = \"fs\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = \"../fs.wasm\"\nsha256 = \"{}\"\n[mounts.workspace]\naccess = \"read-write\"\n",
+            builtin.sha256
+        ),
+    )
+    .unwrap();
+    let call = [
+        "plugin",
+        "call",
+        "plugin/plugin.toml",
+        "list_dir",
+        "{}",
+        "--mount",
+        "workspace=.:ro",
+    ];
+    let details = assert_refused(
+        dir.path(),
+        &call,
+        "component_refused",
+        "component `plugin/../fs.wasm` is outside the plugin's directory",
+    );
+    assert_eq!(details["file"], "plugin/../fs.wasm", "{details}");
+    let out = warden(&call, dir.path());
+    let canonical = std::fs::canonicalize(dir.path().join("fs.wasm")).unwrap();
+    assert!(
+        stderr(&out).contains(&format!(
+            "naming it in the plugin's grant as `component = \"{}\"`",
+            canonical.display()
+        )),
+        "{}",
+        stderr(&out)
+    );
+    // The grant names the file: it loads and answers.
+    std::fs::write(dir.path().join("grant.toml"), "component = \"fs.wasm\"\n").unwrap();
+    let mut granted = call.to_vec();
+    granted.extend(["--grant", "grant.toml"]);
+    let out = warden(&granted, dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stdout(&out).contains("fs.wasm"), "{}", stdout(&out));
+}
+
 /// A one-route HTTP server on loopback in a thread: every request gets
 /// `200 hello`. Returns its port.
 fn hello_server() -> u16 {

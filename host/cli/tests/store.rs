@@ -1,7 +1,7 @@
 //! End-to-end tests of how the `warden` binary opens, backs up, restores
 //! and checks its store: the real executable on real SQLite files (on real
-//! tmpfs mounts where a full disk or a read-only mount is needed), and
-//! PostgreSQL at 127.0.0.1:5432 where named.
+//! tmpfs mounts where a full disk or a read-only mount is needed; mounting
+//! needs root, and a failed mount fails the test).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -2,7 +2,7 @@
 //!
 //! A refusal (Anthropic's `refusal` stop reason, OpenAI's `refusal` text
 //! or `content_filter` finish) ends the turn with `stop_reason =
-//! "refusal"` recorded on the completion; [`decide`](super::decide) then
+//! "refusal"` recorded on the completion; [`decide`](fn@super::decide) then
 //! fails the run with [`RunError::Refused`](super::events::RunError::Refused)
 //! or completes it with the refusal's text, as the agent says.
 

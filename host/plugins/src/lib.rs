@@ -20,7 +20,10 @@
 //!
 //! The component file is read before anything else is done with it: it
 //! must be a regular file (a device or a FIFO could block the load or never
-//! end) of at most [`MAX_COMPONENT_BYTES`].
+//! end) of at most [`MAX_COMPONENT_BYTES`], inside the plugin's directory
+//! (the manifest's, after symlinks; opened beneath it, so no `..` or symlink
+//! leads out) unless the operator's grant names the file as `component`,
+//! which is then the only file the manifest may name.
 
 pub mod builtin;
 pub mod manifest;
@@ -186,41 +189,71 @@ pub enum ComponentFileError {
     /// It cannot be opened or read.
     #[error("cannot be read: {0}")]
     Unreadable(#[source] std::io::Error),
+    /// It is outside the plugin's directory (after symlinks), and the
+    /// operator's grant does not name it.
+    #[error(
+        "is outside the plugin's directory `{}` (after following symlinks): move it into that directory, or allow this one file by naming it in the plugin's grant as `component = {:?}`",
+        dir.display(),
+        resolved.display()
+    )]
+    OutsidePluginDir {
+        /// The plugin's directory.
+        dir: PathBuf,
+        /// Where the component path leads.
+        resolved: PathBuf,
+    },
+    /// The operator's grant names a different component file, the only one
+    /// the manifest may name.
+    #[error(
+        "is not the component the grant allows (`{}`): the grant's `component` is the only file this plugin may load",
+        granted.display()
+    )]
+    NotGranted {
+        /// The file the grant names.
+        granted: PathBuf,
+    },
 }
 
-/// Reads a component file: checked to be a regular file before it is
-/// opened (so a FIFO never blocks the load), opened without blocking,
-/// checked again through the open handle (a swap in between is caught),
-/// and read up to [`MAX_COMPONENT_BYTES`] (so an endless file cannot grow
-/// memory).
-fn read_component(path: &Path) -> Result<Vec<u8>, ComponentFileError> {
+/// Reads the component file `component` that a manifest in `plugin_dir`
+/// names. Without `granted` it must resolve (after symlinks) inside
+/// `plugin_dir`, and is opened beneath it, so a `..` or symlink swapped in
+/// after the check still cannot lead out; with `granted` (the file the
+/// operator's grant names) it must be that file. Either way it is opened
+/// without blocking (a FIFO never blocks the load), checked to be a regular
+/// file through the open handle, and read up to [`MAX_COMPONENT_BYTES`] (an
+/// endless file cannot grow memory).
+fn read_component(
+    plugin_dir: &Path,
+    component: &Path,
+    granted: Option<&Path>,
+) -> Result<Vec<u8>, ComponentFileError> {
     use std::io::Read as _;
-    let regular = |meta: &std::fs::Metadata| {
-        if meta.is_file() {
-            Ok(())
-        } else {
-            Err(ComponentFileError::NotARegularFile {
-                kind: file_kind(meta),
-            })
+    let resolved = std::fs::canonicalize(component).map_err(ComponentFileError::Unreadable)?;
+    let file = match granted {
+        Some(granted) => {
+            if std::fs::canonicalize(granted).ok().as_ref() != Some(&resolved) {
+                return Err(ComponentFileError::NotGranted {
+                    granted: granted.to_owned(),
+                });
+            }
+            open_granted(&resolved)?
+        }
+        None => {
+            let dir = std::fs::canonicalize(plugin_dir).map_err(ComponentFileError::Unreadable)?;
+            let Ok(rel) = resolved.strip_prefix(&dir) else {
+                return Err(ComponentFileError::OutsidePluginDir { dir, resolved });
+            };
+            let rel = if rel.as_os_str().is_empty() {
+                Path::new(".")
+            } else {
+                rel
+            };
+            open_beneath(&dir, rel)?
         }
     };
-    let meta = std::fs::metadata(path).map_err(ComponentFileError::Unreadable)?;
+    let meta = file.metadata().map_err(ComponentFileError::Unreadable)?;
     regular(&meta)?;
-    if meta.len() > MAX_COMPONENT_BYTES {
-        return Err(ComponentFileError::TooLarge {
-            limit: MAX_COMPONENT_BYTES,
-        });
-    }
-    let mut options = std::fs::OpenOptions::new();
-    options.read(true);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::OpenOptionsExt as _;
-        options.custom_flags(libc::O_NONBLOCK);
-    }
-    let file = options.open(path).map_err(ComponentFileError::Unreadable)?;
-    regular(&file.metadata().map_err(ComponentFileError::Unreadable)?)?;
-    let mut wasm = Vec::with_capacity(meta.len() as usize);
+    let mut wasm = Vec::with_capacity(meta.len().min(MAX_COMPONENT_BYTES) as usize);
     file.take(MAX_COMPONENT_BYTES + 1)
         .read_to_end(&mut wasm)
         .map_err(ComponentFileError::Unreadable)?;
@@ -232,29 +265,96 @@ fn read_component(path: &Path) -> Result<Vec<u8>, ComponentFileError> {
     Ok(wasm)
 }
 
-/// What a file that is not a regular file is, for the refusal.
-fn file_kind(meta: &std::fs::Metadata) -> &'static str {
-    let kind = meta.file_type();
-    if kind.is_dir() {
-        return "directory";
+/// Refuses what is not a regular file of at most [`MAX_COMPONENT_BYTES`].
+fn regular(meta: &std::fs::Metadata) -> Result<(), ComponentFileError> {
+    if !meta.is_file() {
+        return Err(ComponentFileError::NotARegularFile {
+            kind: file_kind(meta),
+        });
     }
+    if meta.len() > MAX_COMPONENT_BYTES {
+        return Err(ComponentFileError::TooLarge {
+            limit: MAX_COMPONENT_BYTES,
+        });
+    }
+    Ok(())
+}
+
+/// Opens `rel` beneath `dir` for reading, without blocking. cap-primitives
+/// resolves every step under `dir`, so nothing leads out of it (a symlink
+/// swapped in after the check included).
+fn open_beneath(dir: &Path, rel: &Path) -> Result<std::fs::File, ComponentFileError> {
+    let root = std::fs::File::open(dir).map_err(ComponentFileError::Unreadable)?;
+    // Looked at before it is opened, so a device is never opened at all.
+    let meta = cap_primitives::fs::stat(&root, rel, cap_primitives::fs::FollowSymlinks::Yes)
+        .map_err(ComponentFileError::Unreadable)?;
+    if !meta.is_file() {
+        return Err(ComponentFileError::NotARegularFile {
+            kind: cap_file_kind(&meta),
+        });
+    }
+    let mut options = cap_primitives::fs::OpenOptions::new();
+    options.read(true);
+    options._cap_fs_ext_nonblock(true);
+    cap_primitives::fs::open(&root, rel, &options).map_err(ComponentFileError::Unreadable)
+}
+
+/// Opens the file the operator's grant names: anywhere, so checked to be a
+/// regular file before it is opened (a device is never opened at all), then
+/// opened without blocking.
+fn open_granted(path: &Path) -> Result<std::fs::File, ComponentFileError> {
+    regular(&std::fs::metadata(path).map_err(ComponentFileError::Unreadable)?)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
     #[cfg(unix)]
     {
-        use std::os::unix::fs::FileTypeExt as _;
-        if kind.is_fifo() {
-            return "FIFO";
-        }
-        if kind.is_char_device() {
-            return "character device";
-        }
-        if kind.is_block_device() {
-            return "block device";
-        }
-        if kind.is_socket() {
-            return "socket";
-        }
+        use std::os::unix::fs::OpenOptionsExt as _;
+        options.custom_flags(libc::O_NONBLOCK);
     }
-    "special file"
+    options.open(path).map_err(ComponentFileError::Unreadable)
+}
+
+/// What a file that is not a regular file is, for the refusal.
+fn file_kind(meta: &std::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt as _;
+        kind_of_mode(meta.mode())
+    }
+    #[cfg(not(unix))]
+    if meta.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
+}
+
+/// The same for a file looked at beneath a directory.
+fn cap_file_kind(meta: &cap_primitives::fs::Metadata) -> &'static str {
+    #[cfg(unix)]
+    {
+        use cap_primitives::fs::MetadataExt as _;
+        kind_of_mode(meta.mode())
+    }
+    #[cfg(not(unix))]
+    if meta.is_dir() {
+        "directory"
+    } else {
+        "special file"
+    }
+}
+
+#[cfg(unix)]
+fn kind_of_mode(mode: u32) -> &'static str {
+    use rustix::fs::FileType;
+    match FileType::from_raw_mode(mode as _) {
+        FileType::Directory => "directory",
+        FileType::Fifo => "FIFO",
+        FileType::CharacterDevice => "character device",
+        FileType::BlockDevice => "block device",
+        FileType::Socket => "socket",
+        _ => "special file",
+    }
 }
 
 /// Loads plugins into one sandbox, sharing compiled components and the
@@ -320,9 +420,14 @@ impl PluginHost {
                     .component
                     .clone()
                     .ok_or_else(|| PluginError::NoComponent { path: path.clone() })?;
+                let plugin_dir = match path.parent() {
+                    Some(dir) if !dir.as_os_str().is_empty() => dir.to_owned(),
+                    _ => PathBuf::from("."),
+                };
+                let granted = grant.component.as_ref().map(|c| grant_base.join(c));
                 let wasm = tokio::task::spawn_blocking({
                     let component = component.clone();
-                    move || read_component(&component)
+                    move || read_component(&plugin_dir, &component, granted.as_deref())
                 })
                 .await
                 .expect("reading a component does not panic")
@@ -340,6 +445,14 @@ impl PluginHost {
                     available: builtin::names().join(", "),
                 })?;
                 let manifest = builtin.manifest()?;
+                if grant.component.is_some() {
+                    return Err(PolicyError::Invalid {
+                        plugin: manifest.name,
+                        key: "component".into(),
+                        message: "a built-in plugin's component is inside the binary; only a plugin.toml's component file can be granted".into(),
+                    }
+                    .into());
+                }
                 (
                     manifest,
                     Cow::Borrowed(builtin.wasm),
@@ -758,5 +871,38 @@ impl LoadedPlugin {
     ) -> Result<Leased<Result<wit::Decision, wit::PolicyError>>, PluginError> {
         self.check_kind(PluginKind::Policy)?;
         Ok(self.inner.granted.decide(request, cancel).await)
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use super::*;
+
+    /// The second line of defence: should a path that resolved inside the
+    /// plugin's directory become a way out before it is opened (a
+    /// directory swapped for a symlink), the open beneath the directory
+    /// still refuses it.
+    #[test]
+    fn a_symlink_swapped_in_after_the_check_does_not_lead_out() {
+        let root = tempfile::tempdir().unwrap();
+        let (plugin, outside) = (root.path().join("plugin"), root.path().join("outside"));
+        std::fs::create_dir_all(plugin.join("lib")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(plugin.join("lib/c.wasm"), b"inside").unwrap();
+        std::fs::write(outside.join("c.wasm"), b"outside").unwrap();
+        let dir = std::fs::canonicalize(&plugin).unwrap();
+        let mut inside = open_beneath(&dir, Path::new("lib/c.wasm")).unwrap();
+        let mut read = String::new();
+        std::io::Read::read_to_string(&mut inside, &mut read).unwrap();
+        assert_eq!(read, "inside");
+        // The swap, between the containment check and the open.
+        std::fs::remove_dir_all(plugin.join("lib")).unwrap();
+        std::os::unix::fs::symlink("../outside", plugin.join("lib")).unwrap();
+        match open_beneath(&dir, Path::new("lib/c.wasm")) {
+            Err(ComponentFileError::Unreadable(_)) => {}
+            other => panic!("the open left the directory: {other:?}"),
+        }
+        std::os::unix::fs::symlink(outside.join("c.wasm"), plugin.join("abs.wasm")).unwrap();
+        assert!(open_beneath(&dir, Path::new("abs.wasm")).is_err());
     }
 }

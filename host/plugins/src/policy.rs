@@ -16,6 +16,8 @@
 //! widened = false                  # context sources and policies only: resolve /
 //!                                  # decide with this whole grant, not the narrowed
 //!                                  # one (read-only mounts, no hosts)
+//! component = "/opt/wasm/x.wasm"   # optional: the one component file this plugin
+//!                                  # may load from outside its directory
 //!
 //! [mounts.workspace]
 //! dir = "./project"                # relative to the file the grant is in
@@ -72,6 +74,12 @@ pub struct Grant {
     /// default. Preflight and describe are never widened. Default: false.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub widened: bool,
+    /// The component file the plugin's manifest may name, relative to the
+    /// file the grant is in. Without it, a manifest's component must be
+    /// inside the plugin's directory (after symlinks); with it, this file is
+    /// the only one allowed, wherever it is. Default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub component: Option<PathBuf>,
 }
 
 /// A directory bound to a requested mount.

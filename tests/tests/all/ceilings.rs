@@ -16,7 +16,7 @@ use warden::store::MemoryStore;
 use warden_tests::guests;
 
 use crate::engine::{id, runtime};
-use crate::narrowed::manifest;
+use crate::plugin_manifest as manifest;
 use crate::{call, output};
 
 /// What a third-party manifest may ask for: everything, without end.

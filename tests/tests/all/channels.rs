@@ -9,7 +9,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use sha2::Digest;
 use warden::engine::channels::DeliveryError;
 use warden::engine::events::Event;
 use warden::engine::{
@@ -55,16 +54,13 @@ impl Fixture {
         for sub in ["outbox", "work"] {
             std::fs::create_dir(dir.path().join(sub)).unwrap();
         }
-        let wasm = std::fs::read(guests::CHANNEL).unwrap();
-        let sha = hex::encode(sha2::Sha256::digest(&wasm));
-        std::fs::write(
-            dir.path().join("channel.toml"),
-            format!(
-                "name = \"test-channel\"\nversion = \"0.1.0\"\nkind = \"channel\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n[mounts.outbox]\naccess = \"read-write\"\n",
-                guests::CHANNEL
-            ),
-        )
-        .unwrap();
+        crate::plugin_manifest(
+            dir.path(),
+            "test-channel",
+            "channel",
+            guests::CHANNEL,
+            "[mounts.outbox]\naccess = \"read-write\"\n",
+        );
         Fixture { dir }
     }
 
@@ -105,7 +101,7 @@ dir = "work"
             &format!(
                 r#"
 [plugins.outbox]
-source = "channel.toml"
+source = "test-channel.toml"
 [plugins.outbox.grant.mounts.outbox]
 dir = "outbox"
 [plugins.outbox.grant.config]

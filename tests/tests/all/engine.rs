@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use async_trait::async_trait;
 use bytes::Bytes;
 use serde_json::json;
-use sha2::Digest;
 use warden::engine::events::Event;
 use warden::engine::{
     Agent, CallId, FixedClock, FixedRandom, ReplayError, ReplayOptions, RunId, RunStatus,
@@ -37,16 +36,13 @@ impl Fixture {
         let dir = tempfile::tempdir().unwrap();
         std::fs::create_dir(dir.path().join("work")).unwrap();
         std::fs::write(dir.path().join("work/input.txt"), "the input file\n").unwrap();
-        let wasm = std::fs::read(guests::HOSTILE).unwrap();
-        let sha = hex::encode(sha2::Sha256::digest(&wasm));
-        std::fs::write(
-            dir.path().join("hostile.toml"),
-            format!(
-                "name = \"hostile\"\nversion = \"0.1.0\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n[mounts.workspace]\naccess = \"read-write\"\n[limits]\ntimeout = \"60s\"\n",
-                guests::HOSTILE
-            ),
-        )
-        .unwrap();
+        crate::plugin_manifest(
+            dir.path(),
+            "hostile",
+            "tool",
+            guests::HOSTILE,
+            "[mounts.workspace]\naccess = \"read-write\"\n[limits]\ntimeout = \"60s\"\n",
+        );
         Fixture { dir }
     }
 

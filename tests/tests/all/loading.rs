@@ -136,6 +136,8 @@ async fn a_corrupt_or_truncated_cache_entry_is_recompiled_not_trusted() {
 /// A component file is checked before it is read: a device, a FIFO, a
 /// directory or a file over the size cap is a typed refusal, never a hang
 /// (a FIFO with no writer) or a read that grows without end (`/dev/zero`).
+/// A device is outside the plugin's directory, so it is reached only
+/// through a grant naming it, and refused there too.
 #[tokio::test]
 async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() {
     use warden::plugins::{ComponentFileError, MAX_COMPONENT_BYTES, PluginError, PluginHost};
@@ -153,15 +155,18 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
         .unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.wasm")).unwrap();
     let host = PluginHost::new(sandbox().clone());
-    let grant = warden::policy::Grant::default();
-    let cases: [(&str, &str); 5] = [
-        ("/dev/zero", "character device"),
-        ("zero.wasm", "character device"),
-        ("component.fifo", "FIFO"),
-        (".", "directory"),
-        ("huge.wasm", "larger than"),
+    let granted = |component: &str| warden::policy::Grant {
+        component: Some(component.into()),
+        ..Default::default()
+    };
+    let cases: [(&str, Option<&str>, &str); 5] = [
+        ("/dev/zero", Some("/dev/zero"), "character device"),
+        ("zero.wasm", Some("zero.wasm"), "character device"),
+        ("component.fifo", None, "FIFO"),
+        (".", None, "directory"),
+        ("huge.wasm", None, "larger than"),
     ];
-    for (component, expected) in cases {
+    for (component, grant, expected) in cases {
         std::fs::write(
             dir.path().join("plugin.toml"),
             format!(
@@ -171,6 +176,7 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
         )
         .unwrap();
         let source = warden::plugins::PluginSource::Manifest(dir.path().join("plugin.toml"));
+        let grant = grant.map(granted).unwrap_or_default();
         // A hang would be the bug itself: bound the wait so it fails, not stalls.
         let loaded = tokio::time::timeout(
             std::time::Duration::from_secs(30),
@@ -195,17 +201,137 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
         }
     }
     // A regular component still loads, and serves a call.
-    let wasm = std::fs::read(guests::HOSTILE).unwrap();
-    std::fs::write(
-        dir.path().join("plugin.toml"),
-        format!(
-            "name = \"p\"\nversion = \"1\"\nkind = \"tool\"\ncomponent = {:?}\nsha256 = \"{}\"\n",
-            guests::HOSTILE,
-            hex::encode(sha2::Sha256::digest(&wasm))
-        ),
-    )
-    .unwrap();
-    let source = warden::plugins::PluginSource::Manifest(dir.path().join("plugin.toml"));
-    let plugin = host.load(&source, &grant, dir.path()).await.unwrap();
+    let source = crate::plugin_manifest(dir.path(), "p", "tool", guests::HOSTILE, "");
+    let plugin = host
+        .load(&source, &Default::default(), dir.path())
+        .await
+        .unwrap();
     assert_serves_normal_call(plugin.granted()).await;
+}
+
+/// A manifest's component must be inside the plugin's directory after
+/// symlinks: an absolute path elsewhere, a `..` out, a symlink to a file
+/// outside and a symlinked directory leading out are refused with the path
+/// and how to allow it, though the pin matches and the file would load; a
+/// `..` or symlink that stays inside is followed. The operator's grant can
+/// name one file elsewhere, and then only that file loads.
+#[tokio::test]
+async fn a_component_outside_the_plugin_directory_loads_only_when_the_grant_names_it() {
+    use std::os::unix::fs::symlink;
+    use warden::plugins::{ComponentFileError, PluginError, PluginHost, PluginSource};
+    use warden::policy::{Grant, PolicyError};
+    let root = tempfile::tempdir().unwrap();
+    let root = root.path();
+    let plugin_dir = root.join("plugin");
+    let elsewhere = root.join("elsewhere");
+    std::fs::create_dir_all(plugin_dir.join("lib")).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    let wasm = std::fs::read(guests::HOSTILE).unwrap();
+    let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    std::fs::write(elsewhere.join("hostile.wasm"), &wasm).unwrap();
+    std::fs::write(elsewhere.join("other.wasm"), &wasm).unwrap();
+    std::fs::write(plugin_dir.join("lib/hostile.wasm"), &wasm).unwrap();
+    symlink("../elsewhere/hostile.wasm", plugin_dir.join("out.wasm")).unwrap();
+    symlink("../elsewhere", plugin_dir.join("out")).unwrap();
+    symlink("lib/hostile.wasm", plugin_dir.join("in.wasm")).unwrap();
+    symlink("lib", plugin_dir.join("in")).unwrap();
+    let host = PluginHost::new(sandbox().clone());
+    let source = PluginSource::Manifest(plugin_dir.join("plugin.toml"));
+    let load = |component: String, grant: Grant| {
+        std::fs::write(
+            plugin_dir.join("plugin.toml"),
+            format!(
+                "name = \"p\"\nversion = \"1\"\nkind = \"tool\"\ncomponent = {component:?}\nsha256 = \"{sha}\"\n"
+            ),
+        )
+        .unwrap();
+        let (host, source) = (host.clone(), source.clone());
+        async move { host.load(&source, &grant, root).await }
+    };
+    let outside = elsewhere.join("hostile.wasm").display().to_string();
+    for component in [
+        outside.clone(),
+        "../elsewhere/hostile.wasm".into(),
+        "lib/../../elsewhere/hostile.wasm".into(),
+        "out.wasm".into(),
+        "out/hostile.wasm".into(),
+        guests::HOSTILE.into(),
+    ] {
+        match load(component.clone(), Grant::default()).await {
+            Err(error @ PluginError::ComponentFile { .. }) => {
+                let text = error.to_string();
+                let PluginError::ComponentFile { path, problem, .. } = &error else {
+                    unreachable!()
+                };
+                assert!(
+                    matches!(problem, ComponentFileError::OutsidePluginDir { .. }),
+                    "{component}: {problem:?}"
+                );
+                assert_eq!(*path, plugin_dir.join(&component), "{component}");
+                assert!(text.contains(&component), "{component}: {text}");
+                assert!(
+                    text.contains("outside the plugin's directory")
+                        && text.contains("in the plugin's grant as `component = "),
+                    "{component}: {text}"
+                );
+            }
+            other => panic!("{component}: {other:?}"),
+        }
+    }
+    // Inside, through `..` and symlinks that stay inside, and absolute.
+    for component in [
+        "lib/hostile.wasm".to_owned(),
+        "lib/../in.wasm".into(),
+        "in.wasm".into(),
+        "in/hostile.wasm".into(),
+        plugin_dir.join("lib/hostile.wasm").display().to_string(),
+    ] {
+        let plugin = load(component.clone(), Grant::default())
+            .await
+            .unwrap_or_else(|e| panic!("{component}: {e}"));
+        assert_serves_normal_call(plugin.granted()).await;
+    }
+    // The grant names the file elsewhere (relative to the grant's file, or
+    // absolute): the manifest may name it, however it gets there.
+    let granting = |component: &str| Grant {
+        component: Some(component.into()),
+        ..Grant::default()
+    };
+    for (component, granted) in [
+        ("../elsewhere/hostile.wasm", "elsewhere/hostile.wasm"),
+        ("out.wasm", outside.as_str()),
+        (outside.as_str(), "plugin/out/hostile.wasm"),
+    ] {
+        let plugin = load(component.into(), granting(granted))
+            .await
+            .unwrap_or_else(|e| panic!("{component} granted as {granted}: {e}"));
+        assert_serves_normal_call(plugin.granted()).await;
+    }
+    // ... and then it is the only file: not another one elsewhere, not one
+    // inside the plugin's directory, not a granted file that is missing.
+    for (component, granted) in [
+        ("../elsewhere/other.wasm", "elsewhere/hostile.wasm"),
+        ("lib/hostile.wasm", "elsewhere/hostile.wasm"),
+        ("../elsewhere/hostile.wasm", "elsewhere/missing.wasm"),
+    ] {
+        match load(component.into(), granting(granted)).await {
+            Err(PluginError::ComponentFile {
+                problem: ComponentFileError::NotGranted { granted: named },
+                ..
+            }) => assert_eq!(named, root.join(granted)),
+            other => panic!("{component} granted as {granted}: {other:?}"),
+        }
+    }
+    // A built-in plugin's component is in the binary: granting one is an error.
+    match host
+        .load(
+            &PluginSource::Builtin("fs".into()),
+            &granting("elsewhere/hostile.wasm"),
+            root,
+        )
+        .await
+    {
+        Err(PluginError::Policy(PolicyError::Invalid { key, .. })) => assert_eq!(key, "component"),
+        other => panic!("{other:?}"),
+    }
 }

@@ -147,6 +147,32 @@ fn load(path: &str) -> PluginComponent {
     sandbox().load(&name, &wasm, None).unwrap()
 }
 
+/// Writes `dir/<name>.toml`, the manifest of plugin `name` of `kind` whose
+/// component is the test guest at `guest`, copied into `dir` as
+/// `<name>.wasm` (a manifest's component must be inside the plugin's
+/// directory) and pinned to its digest; `extra` is appended as it is.
+fn plugin_manifest(
+    dir: &std::path::Path,
+    name: &str,
+    kind: &str,
+    guest: &str,
+    extra: &str,
+) -> warden::plugins::PluginSource {
+    use sha2::Digest as _;
+    let wasm = std::fs::read(guest).unwrap();
+    let sha = hex::encode(sha2::Sha256::digest(&wasm));
+    std::fs::write(dir.join(format!("{name}.wasm")), &wasm).unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            "name = \"{name}\"\nversion = \"0.1.0\"\nkind = \"{kind}\"\ncomponent = \"{name}.wasm\"\nsha256 = \"{sha}\"\n{extra}"
+        ),
+    )
+    .unwrap();
+    warden::plugins::PluginSource::Manifest(path)
+}
+
 /// Limits small enough for tests to hit quickly.
 fn test_limits() -> Limits {
     Limits {

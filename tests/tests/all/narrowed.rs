@@ -6,42 +6,20 @@
 //! request in its preflight; the `context` and `policy` guests write in
 //! their mounts when they resolve and decide.
 
-use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
-use sha2::Digest as _;
 use warden::engine::RunStatus;
 use warden::engine::events::Event;
-use warden::plugins::{PluginError, PluginHost, PluginSource};
+use warden::plugins::{PluginError, PluginHost};
 use warden::policy::{Grant, PolicyError};
 use warden::sandbox::{DenialReason, Outcome, wit};
 use warden::store::MemoryStore;
 use warden_tests::guests;
 
 use crate::engine::{Fixture, id, runtime};
-use crate::sandbox;
 use crate::server::TestServer;
-
-/// Writes a manifest for the guest at `wasm` into `dir/<name>.toml`.
-pub(crate) fn manifest(
-    dir: &Path,
-    name: &str,
-    kind: &str,
-    wasm: &str,
-    extra: &str,
-) -> PluginSource {
-    let sha = hex::encode(sha2::Sha256::digest(std::fs::read(wasm).unwrap()));
-    let path = dir.join(format!("{name}.toml"));
-    std::fs::write(
-        &path,
-        format!(
-            "name = \"{name}\"\nversion = \"0.1.0\"\nkind = \"{kind}\"\ncomponent = {wasm:?}\nsha256 = \"{sha}\"\n{extra}"
-        ),
-    )
-    .unwrap();
-    PluginSource::Manifest(path)
-}
+use crate::{plugin_manifest as manifest, sandbox};
 
 fn grant(text: &str) -> Grant {
     toml::from_str(text).unwrap()

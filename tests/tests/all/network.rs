@@ -436,7 +436,7 @@ async fn a_denied_targets_secret_is_redacted_in_the_receipt_and_the_logs() {
 #[tokio::test]
 async fn a_plugin_granted_a_secret_and_an_egress_path_is_warned_about_at_load() {
     let dir = tempfile::tempdir().unwrap();
-    let source = crate::narrowed::manifest(
+    let source = crate::plugin_manifest(
         dir.path(),
         "net",
         "tool",

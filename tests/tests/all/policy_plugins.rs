@@ -11,7 +11,6 @@
 use std::sync::Arc;
 
 use serde_json::json;
-use sha2::Digest as _;
 use warden::engine::events::{Event, PolicyDecided, RunError};
 use warden::engine::{Agent, PolicyHook, PolicyVerdict, ReplayOptions, RunStatus, RuntimeError};
 use warden::store::{EventStore, MemoryStore};
@@ -34,16 +33,13 @@ fn transcript() -> String {
 /// as policy `guard` under `config` (TOML lines of the grant's config) and
 /// `limits` (a TOML inline table of the grant's limits, or empty).
 fn guarded(fx: &Fixture, config: &str, limits: &str) -> Agent {
-    let wasm = std::fs::read(guests::POLICY).unwrap();
-    let sha = hex::encode(sha2::Sha256::digest(&wasm));
-    std::fs::write(
-        fx.path("guard.toml"),
-        format!(
-            "name = \"guard\"\nversion = \"0.1.0\"\nkind = \"policy\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n[mounts.count]\naccess = \"read-write\"\n",
-            guests::POLICY
-        ),
-    )
-    .unwrap();
+    crate::plugin_manifest(
+        fx.dir.path(),
+        "guard",
+        "policy",
+        guests::POLICY,
+        "[mounts.count]\naccess = \"read-write\"\n",
+    );
     let _ = std::fs::create_dir(fx.path("count"));
     let limits = if limits.is_empty() {
         String::new()

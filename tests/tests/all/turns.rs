@@ -11,8 +11,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use sha2::Digest as _;
-
 use futures::StreamExt as _;
 use serde_json::json;
 use tokio::sync::Semaphore;
@@ -427,16 +425,13 @@ async fn three_turns_with_the_middle_one_cancelled_through_its_handle_on_postgre
 async fn a_turn_finishes_at_its_terminal_event_and_its_deliveries_go_on_after_a_drop() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("outbox")).unwrap();
-    let wasm = std::fs::read(guests::CHANNEL).unwrap();
-    let sha = hex::encode(sha2::Sha256::digest(&wasm));
-    std::fs::write(
-        dir.path().join("channel.toml"),
-        format!(
-            "name = \"test-channel\"\nversion = \"0.1.0\"\nkind = \"channel\"\ncomponent = {:?}\nsha256 = \"{sha}\"\n[mounts.outbox]\naccess = \"read-write\"\n",
-            guests::CHANNEL
-        ),
-    )
-    .unwrap();
+    crate::plugin_manifest(
+        dir.path(),
+        "test-channel",
+        "channel",
+        guests::CHANNEL,
+        "[mounts.outbox]\naccess = \"read-write\"\n",
+    );
     std::fs::write(
         dir.path().join("transcript.toml"),
         "[[turns]]\ntext = \"The answer is 42.\"\n",
@@ -455,7 +450,7 @@ name = "script"
 transcript = "transcript.toml"
 
 [plugins.outbox]
-source = "channel.toml"
+source = "test-channel.toml"
 [plugins.outbox.grant.mounts.outbox]
 dir = "outbox"
 [plugins.outbox.grant.config]
