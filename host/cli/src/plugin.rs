@@ -594,6 +594,9 @@ fn receipt_line(tool: &str, effect: &str, r: &UsageReceipt) -> String {
             line.push_str(&format!(", {} denied", n.denied));
         }
     }
+    if let Some(u) = &r.unlisted {
+        line.push_str(&format!(" · {}", super::render::unlisted(u)));
+    }
     line
 }
 

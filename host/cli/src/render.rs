@@ -207,13 +207,22 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
         Event::RunCompleted(c) => format!("✓ completed: {}", text_of(&c.output)),
         Event::RunFailed(f) => format!("✗ failed: {}", f.error),
         Event::RunCancelled(c) => format!(
-            "✗ cancelled{}",
+            "✗ cancelled{}{}",
+            c.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default(),
             c.reason
                 .as_deref()
                 .map(|r| format!(": {r}"))
                 .unwrap_or_default()
         ),
-        Event::RunAbandoned(a) => format!("✗ abandoned: {}", a.reason),
+        Event::RunAbandoned(a) => format!(
+            "✗ abandoned{}: {}",
+            a.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default(),
+            a.reason
+        ),
         Event::ContextResolved(c) => {
             let bytes: usize = c.items.iter().map(|i| i.content.len()).sum();
             format!(
@@ -335,13 +344,34 @@ pub(crate) fn prompt(request: Option<&warden::providers::ModelRequest>) -> Strin
     out
 }
 
-/// A receipt in a few words.
+/// A receipt in a few words; the lease's wall time in milliseconds, or in
+/// seconds from one second on.
 pub(crate) fn receipt(r: &UsageReceipt) -> String {
+    let took = match r.wall_time_us {
+        us if us < 1_000_000 => format!("{:.2} ms", us as f64 / 1000.0),
+        us => format!("{:.2}s", us as f64 / 1_000_000.0),
+    };
+    let mut line = format!("{} · fuel {} · {took}", r.outcome, r.fuel_consumed);
+    if let Some(u) = &r.unlisted {
+        line.push_str(&format!(" · {}", unlisted(u)));
+    }
+    line
+}
+
+/// The entries a lease's listings left out, as `left out 1 entry whose
+/// name is not UTF-8: /workspace/caf\xe9.md`.
+pub(crate) fn unlisted(u: &warden::sandbox::Unlisted) -> String {
+    let more = u.count.saturating_sub(u.names.len() as u64);
     format!(
-        "{} · fuel {} · {:.2} ms",
-        r.outcome,
-        r.fuel_consumed,
-        r.wall_time_us as f64 / 1000.0
+        "left out {} entr{} whose name is not UTF-8: {}{}",
+        u.count,
+        if u.count == 1 { "y" } else { "ies" },
+        u.names.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
     )
 }
 

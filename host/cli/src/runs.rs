@@ -174,6 +174,9 @@ pub(crate) enum RunsCommand {
         /// Why.
         #[arg(long)]
         reason: String,
+        /// Who abandons it (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
     },
     /// Cancel a run.
     Cancel {
@@ -182,6 +185,9 @@ pub(crate) enum RunsCommand {
         /// Why.
         #[arg(long)]
         reason: Option<String>,
+        /// Who cancels it (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
     },
     /// Erase finished runs for good: each run's log (inputs, outputs,
     /// recorded prompts), labels and listing row are deleted, and a
@@ -416,7 +422,7 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
                 .await?
         }
     };
-    follow(&rt, &run_id, updates, ctx.json, Drive::Drive(agent)).await
+    follow(&rt, &run_id, updates, ctx.json, Drive::Drive(agent), 0).await
 }
 
 pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> {
@@ -554,15 +560,21 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             }
             Ok(())
         }
-        RunsCommand::Abandon { run, reason } => {
+        RunsCommand::Abandon { run, reason, by } => {
             let run = run_id(&run)?;
-            runtime(ctx, store)?.0.abandon(&run, &reason).await?;
+            runtime(ctx, store)?
+                .0
+                .abandon(&run, &user(by), &reason)
+                .await?;
             done(ctx, &run, RunStatus::Abandoned);
             Ok(())
         }
-        RunsCommand::Cancel { run, reason } => {
+        RunsCommand::Cancel { run, reason, by } => {
             let run = run_id(&run)?;
-            runtime(ctx, store)?.0.cancel(&run, reason).await?;
+            runtime(ctx, store)?
+                .0
+                .cancel(&run, Some(&user(by)), reason)
+                .await?;
             done(ctx, &run, RunStatus::Cancelled);
             Ok(())
         }
@@ -760,8 +772,12 @@ async fn continue_run(
     // The verb is recorded: from here on, a closed stdout must not stop the
     // drive it started.
     super::out::survive_a_closed_stdout();
-    // The event the verb just recorded, so the output tells the whole story.
+    // Subscribed first, so nothing recorded from here on is missed.
+    let updates = rt.subscribe(run);
+    // The event the verb just recorded, and from there on only what this
+    // command causes: the history before it is `runs show`'s.
     let currency = run_currency(rt, run).await;
+    let mut printed = 0;
     if let Some(last) = rt.store().load(run).await?.last() {
         print_event(
             last.seq,
@@ -769,6 +785,7 @@ async fn continue_run(
             ctx.json,
             currency.as_deref(),
         );
+        printed = last.seq;
     }
     let Some(plan) = plan else {
         // A worker's run (leased before): any worker continues it.
@@ -780,8 +797,7 @@ async fn continue_run(
         }
         return Ok(());
     };
-    let updates = rt.subscribe(run);
-    follow(rt, run, updates, ctx.json, plan).await
+    follow(rt, run, updates, ctx.json, plan, printed).await
 }
 
 async fn recover(
@@ -793,6 +809,9 @@ async fn recover(
 ) -> anyhow::Result<()> {
     let agent = driving(ctx, rt, host, run, drive).await?.agent().clone();
     let updates = rt.subscribe(run);
+    // What the log held before is not this command's doing: only what the
+    // recovery records is printed.
+    let before = rt.store().summary(run).await?.event_count;
     follow(
         rt,
         run,
@@ -804,6 +823,7 @@ async fn recover(
                 accept_agent_change: drive.accept_agent_change,
             },
         ),
+        before,
     )
     .await
 }
@@ -909,11 +929,9 @@ async fn resume(
             ))
         }
         RunStatus::NeedsReconciliation => match state.dangling_write() {
-            Some(write) => Err(refuse_reconciliation(
-                run,
-                &UnresolvedWrite::from(write),
-                ctx.json,
-            )),
+            Some(write) => {
+                Err(refuse_reconciliation(rt, run, &UnresolvedWrite::from(write), ctx.json).await)
+            }
             None => Err(RuntimeError::NotReconcilable {
                 run_id: run.clone(),
                 status,
@@ -970,27 +988,76 @@ async fn owes_deliveries(
 }
 
 /// Prints the evidence of a write with no recorded outcome and what to do,
-/// and returns the exit for it.
-fn refuse_reconciliation(run: &RunId, write: &UnresolvedWrite, json: bool) -> anyhow::Error {
+/// and returns the exit for it. A write under another driver's live lease
+/// may merely be in progress: then the advice is to wait for that driver
+/// (named, with when its lease runs out), not to check and resolve.
+async fn refuse_reconciliation(
+    rt: &Runtime,
+    run: &RunId,
+    write: &UnresolvedWrite,
+    json: bool,
+) -> anyhow::Error {
     let resolve = format!("warden runs resolve {run} --output '<its output as JSON>'");
     let abandon = format!("warden runs abandon {run} --reason '…'");
+    let summary = rt.store().summary(run).await.ok();
+    let now = now_ms();
+    let held = summary
+        .as_ref()
+        .and_then(|s| s.lease.clone())
+        .filter(|lease| !lease.is_expired(now));
+    // Runs `warden run` drives hold no lease: whether one still drives it
+    // is not recorded anywhere the store can tell.
+    let never_leased = summary.as_ref().is_some_and(|s| s.lease_token == 0);
+    let wait = held.as_ref().map(|lease| {
+        format!(
+            "wait for worker {} to finish it; if that worker is gone, its lease runs out in {}: then check whether the write happened, and resolve with: warden runs resolve {run} --output '<its output as JSON>'",
+            lease.owner,
+            age(lease.expires_ms - now)
+        )
+    });
     if json {
         let error = RuntimeError::NeedsReconciliation {
             run_id: run.clone(),
             write: Box::new(write.clone()),
         };
         let mut report = super::errors::report(&error.into());
-        report.details["next"] = json!([resolve, abandon]);
+        match (&held, &wait) {
+            (Some(lease), Some(wait)) => {
+                report.details["held_by"] = json!({
+                    "owner": lease.owner,
+                    "token": lease.token,
+                    "expires_ms": lease.expires_ms,
+                });
+                report.details["next"] = json!([wait]);
+            }
+            _ => report.details["next"] = json!([resolve, abandon]),
+        }
         println!("{}", report.envelope());
     } else {
-        eprintln!(
-            "run {run} needs reconciliation: write {} to {} with {} has no recorded outcome",
+        let what = format!(
+            "write {} to {} with {}",
             write.call_id,
             write.tool.model_name(),
             write.arguments
         );
-        eprintln!("   check whether the write happened, then: {resolve}");
-        eprintln!("   or give up with: {abandon}");
+        match (&held, wait) {
+            (Some(_), Some(wait)) => {
+                eprintln!(
+                    "run {run} is held by another driver: {what} has no recorded outcome yet and may still be in progress; nothing was done"
+                );
+                eprintln!("   {wait}");
+            }
+            _ => {
+                eprintln!("run {run} needs reconciliation: {what} has no recorded outcome");
+                if never_leased {
+                    eprintln!(
+                        "   if the `warden run` driving it is still running, the write may be in progress: let it end first"
+                    );
+                }
+                eprintln!("   check whether the write happened, then: {resolve}");
+                eprintln!("   or give up with: {abandon}");
+            }
+        }
     }
     Exit::NeedsReconciliation.into()
 }
@@ -1032,19 +1099,21 @@ impl Drive {
 
 /// Drives the run while printing its events as they are recorded (and the
 /// model's text as it streams), then says how the run stands and what to do
-/// next. On a terminal, a call awaiting approval is put to the user, and the
-/// run goes on with their answer.
+/// next. Events up to `printed` (the log before this command, or what it
+/// already printed) are not printed again. On a terminal, a call awaiting
+/// approval is put to the user, and the run goes on with their answer.
 async fn follow(
     rt: &Runtime,
     run: &RunId,
     mut updates: warden::engine::RunUpdates,
     json: bool,
     how: Drive,
+    printed: u64,
 ) -> anyhow::Result<()> {
     super::out::survive_a_closed_stdout();
     let interactive = !json && std::io::stdin().is_terminal() && std::io::stdout().is_terminal();
     let mut how = how;
-    let mut last_seq = 0;
+    let mut last_seq = printed;
     let currency = run_currency(rt, run).await;
     let status = loop {
         let result = drive_and_print(
@@ -1060,7 +1129,7 @@ async fn follow(
         let status = match result {
             Ok(status) => status,
             Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
-                return Err(refuse_reconciliation(&run_id, &write, json));
+                return Err(refuse_reconciliation(rt, &run_id, &write, json).await);
             }
             Err(e @ RuntimeError::ReconciliationRequired { .. }) => {
                 return Err(refuse_hold(e, json));
@@ -1568,16 +1637,11 @@ async fn show(
         }
     );
     let start = state.clock_seed_ms;
-    let mut clock = start;
+    let mut clock = Timeline::new(start);
     for (s, event) in stored.iter().zip(&events) {
-        match event {
-            Event::ClockObserved(c) => clock = c.at_ms,
-            // When the answer arrived, not when it was asked for.
-            Event::ModelCallCompleted(c) => clock = c.at_ms.unwrap_or(clock),
-            _ => {}
-        }
+        let at = clock.moment(event);
         if let Some(line) = render::event(event, state.currency()) {
-            let offset = clock.saturating_sub(start) as f64 / 1000.0;
+            let offset = at.saturating_sub(start) as f64 / 1000.0;
             let mut lines = line.lines();
             println!(
                 "{:>4} {:>8}  {}",
@@ -1629,6 +1693,49 @@ async fn show(
         println!("   {next}");
     }
     Ok(())
+}
+
+/// The time column of `runs show`: when each event happened on the run's
+/// clock, as far as the log says. An event that carries a clock reading is
+/// at that reading; one that ends a lease (a tool call, a delivery attempt)
+/// is the lease's recorded wall time after the moment before it, or after
+/// the retry time a failed attempt named; anything else is at the moment
+/// before it.
+struct Timeline {
+    clock: u64,
+    /// When a failed attempt said the next one is due.
+    retry_at: Option<u64>,
+}
+
+impl Timeline {
+    fn new(start: u64) -> Timeline {
+        Timeline {
+            clock: start,
+            retry_at: None,
+        }
+    }
+
+    fn moment(&mut self, event: &Event) -> u64 {
+        let lease = match event {
+            Event::ToolCallCompleted(c) => Some(&c.receipt),
+            Event::ToolCallAttemptFailed(f) => Some(&f.receipt),
+            Event::DeliveryAttemptFailed(f) => Some(&f.receipt),
+            Event::DeliveryCompleted(c) => Some(&c.receipt),
+            Event::DeliveryFailed(f) => f.receipt.as_ref(),
+            _ => None,
+        };
+        if let Some(at) = event.clock_reading() {
+            self.retry_at = None;
+            self.clock = self.clock.max(at);
+        } else if let Some(receipt) = lease {
+            let began = self.clock.max(self.retry_at.take().unwrap_or(0));
+            self.clock = began + receipt.wall_time_us / 1000;
+        }
+        if let Event::DeliveryAttemptFailed(f) = event {
+            self.retry_at = Some(f.retry_at_ms);
+        }
+        self.clock
+    }
 }
 
 /// Where `runs show` took a run's limits from.

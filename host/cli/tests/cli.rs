@@ -1578,6 +1578,72 @@ fn a_dangling_write_is_refused_with_its_evidence_until_resolved() {
     );
 }
 
+/// A write under another driver's live lease may be in progress: `runs
+/// recover` names the driver and says to wait, not to check and resolve;
+/// once the lease is gone the usual advice comes back. A run `warden run`
+/// drives has no lease: the advice then says to let a live one end first.
+#[test]
+fn recovering_a_write_another_driver_holds_names_the_driver() {
+    use warden::store::{EventStore, RunId, SqliteStore};
+    let dir = demo_with_runs();
+    record_dangling_write(dir.path(), "crashed");
+    let out = warden(&["runs", "recover", "crashed"], dir.path());
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("if the `warden run` driving it is still running"),
+        "{}",
+        stderr(&out)
+    );
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let store = SqliteStore::open(dir.path().join(".warden/warden.db")).unwrap();
+    let id = RunId::new("crashed").unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64;
+    let lease = rt
+        .block_on(store.acquire_lease(&id, "worker-7", now, 600_000))
+        .unwrap();
+    let out = warden(&["runs", "recover", "crashed"], dir.path());
+    assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
+    let err = stderr(&out);
+    assert!(
+        err.contains("run crashed is held by another driver")
+            && err.contains("may still be in progress")
+            && err.contains("wait for worker worker-7")
+            && err.contains("lease runs out in 9m"),
+        "{err}"
+    );
+    assert!(!err.contains("needs reconciliation"), "{err}");
+    let out = warden(&["runs", "resume", "crashed", "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(5));
+    let envelope = json_out(&out);
+    let details = &envelope["error"]["details"];
+    assert_eq!(details["held_by"]["owner"], "worker-7");
+    assert_eq!(details["held_by"]["expires_ms"], lease.expires_ms);
+    assert!(
+        details["next"][0]
+            .as_str()
+            .unwrap()
+            .starts_with("wait for worker worker-7")
+    );
+    // Nothing was recorded.
+    assert_eq!(run_statuses(dir.path())[2].1, "needs_reconciliation");
+
+    // The lease gone, the write is the operator's to check.
+    rt.block_on(store.release_lease(&lease, None)).unwrap();
+    let out = warden(&["runs", "recover", "crashed"], dir.path());
+    assert_eq!(out.status.code(), Some(5));
+    let err = stderr(&out);
+    assert!(
+        err.contains("run crashed needs reconciliation")
+            && err.contains("check whether the write happened")
+            && !err.contains("`warden run` driving it"),
+        "{err}"
+    );
+}
+
 #[test]
 fn store_backup_is_an_online_verified_copy_and_prune_erases_finished_runs() {
     let dir = demo_with_runs();

@@ -72,6 +72,21 @@ fn demo() -> tempfile::TempDir {
     dir
 }
 
+/// `plugin call builtin:fs list_dir` over `notes/`, read-only, with `more`
+/// flags.
+fn list_notes(dir: &Path, more: &[&str]) -> Output {
+    let mut args = vec![
+        "plugin",
+        "call",
+        "builtin:fs",
+        "list_dir",
+        "--mount",
+        "workspace=notes:ro",
+    ];
+    args.extend_from_slice(more);
+    warden(&args, dir)
+}
+
 /// The ids and statuses `runs list` shows; none where no store was ever
 /// created (`runs list` refuses a store that does not exist).
 fn run_statuses(dir: &Path) -> Vec<(String, String)> {
@@ -361,17 +376,7 @@ fn a_mount_not_granted_is_named_with_how_to_grant_it() {
         "{body}"
     );
     // Granted, the same call works and no note is printed.
-    let out = warden(
-        &[
-            "plugin",
-            "call",
-            "builtin:fs",
-            "list_dir",
-            "--mount",
-            "workspace=notes:ro",
-        ],
-        dir.path(),
-    );
+    let out = list_notes(dir.path(), &[]);
     assert!(out.status.success(), "{}", stderr(&out));
     assert!(!stderr(&out).contains("note:"), "{}", stderr(&out));
     // The context source says it too.
@@ -576,4 +581,106 @@ fn after_a_deny_the_demo_says_it_did_not_write() {
     assert!(text.contains("I did not write SUMMARY.md"), "{text}");
     assert!(!text.contains("I wrote SUMMARY.md"), "{text}");
     assert!(!dir.path().join("notes/SUMMARY.md").exists());
+}
+
+/// The receipt's `unlisted` of a JSON tool call, context resolution or
+/// event.
+fn unlisted(receipt: &Value) -> Vec<String> {
+    receipt["unlisted"]["names"]
+        .as_array()
+        .map(|names| {
+            names
+                .iter()
+                .map(|n| n.as_str().unwrap().to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_non_utf8_name_in_a_mount_is_left_out_and_reported_and_the_rest_goes_on() {
+    use std::os::unix::ffi::OsStrExt as _;
+    let dir = demo();
+    let notes = dir.path().join("notes");
+    // Latin-1 names, which are not UTF-8, with files listed after them that
+    // a listing stopped at the first would lose; one in a subdirectory.
+    std::fs::write(notes.join(OsStr::from_bytes(b"caf\xe9.md")), "latin-1").unwrap();
+    std::fs::write(notes.join("zz.md"), "- last\n").unwrap();
+    std::fs::create_dir(notes.join("sub")).unwrap();
+    std::fs::write(notes.join("sub").join(OsStr::from_bytes(b"\xff.md")), "x").unwrap();
+    std::fs::write(notes.join("sub/ok.md"), "- ok\n").unwrap();
+
+    // The fs plugin's list_dir, called directly.
+    let out = list_notes(dir.path(), &[]);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stderr(&out).contains(r"/workspace/caf\xe9.md"),
+        "the entry is named on stderr: {}",
+        stderr(&out)
+    );
+    assert!(
+        stderr(&out).contains(r"left out 1 entry whose name is not UTF-8: /workspace/caf\xe9.md"),
+        "{}",
+        stderr(&out)
+    );
+    let out = list_notes(dir.path(), &["--json"]);
+    let body = json_out(&out);
+    let names: Vec<&str> = body["output"]["entries"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{body}"))
+        .iter()
+        .map(|e| e["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["sub", "todo.md", "zz.md"], "{body}");
+    assert_eq!(unlisted(&body["receipt"]), [r"/workspace/caf\xe9.md"]);
+    assert_eq!(body["receipt"]["unlisted"]["count"], 1);
+
+    // The demo run: its context source and its list_dir both see every
+    // other file, and the log records what was left out.
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "n", "--json"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let lines: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let event = |kind: &str| {
+        lines
+            .iter()
+            .find(|l| l["event"]["type"] == kind)
+            .unwrap_or_else(|| panic!("no {kind} in {lines:?}"))["event"]
+            .clone()
+    };
+    let context = event("context_resolved");
+    let sources: Vec<&str> = context["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(sources, ["sub/ok.md", "todo.md", "zz.md"], "{context}");
+    let mut left_out = unlisted(&context["receipt"]);
+    left_out.sort();
+    assert_eq!(left_out, [r"/files/caf\xe9.md", r"/files/sub/\xff.md"]);
+    let listed = event("tool_call_completed");
+    assert_eq!(
+        listed["result"]["output"]["entries"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3,
+        "{listed}"
+    );
+    assert_eq!(unlisted(&listed["receipt"]), [r"/workspace/caf\xe9.md"]);
+    let shown = stdout(&warden(&["runs", "show", "n"], dir.path()));
+    assert!(
+        shown.contains(r"left out 1 entry whose name is not UTF-8: /workspace/caf\xe9.md"),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(r"left out 2 entries whose name is not UTF-8:"),
+        "{shown}"
+    );
 }

@@ -17,6 +17,17 @@ fn events(dir: &Path, run: &str) -> Vec<String> {
     stdout(&out).lines().map(str::to_owned).collect()
 }
 
+/// Runs the demo with one step allowed, so run `id` parks over budget.
+fn over_budget(dir: &Path, id: &str) -> std::process::Output {
+    let text = std::fs::read_to_string(dir.join("notes.toml"))
+        .unwrap()
+        .replace("max_steps = 10", "max_steps = 1");
+    std::fs::write(dir.join("notes.toml"), text).unwrap();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", id], dir);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    out
+}
+
 fn change_agent(dir: &Path) {
     let text = std::fs::read_to_string(dir.join("notes.toml"))
         .unwrap()
@@ -76,13 +87,8 @@ fn approve_after_the_agent_changed_records_nothing_and_names_the_flag() {
 #[test]
 fn resume_input_after_the_agent_changed_records_nothing() {
     let dir = demo();
-    // An extension of a run over budget: the demo with one step allowed.
-    let text = std::fs::read_to_string(dir.path().join("notes.toml"))
-        .unwrap()
-        .replace("max_steps = 10", "max_steps = 1");
-    std::fs::write(dir.path().join("notes.toml"), text).unwrap();
-    let out = warden(&["run", "notes.toml", "go", "--run-id", "b"], dir.path());
-    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    // An extension of a run over budget.
+    let out = over_budget(dir.path(), "b");
     assert!(
         stdout(&out).contains("run b: budget_exceeded"),
         "{}",
@@ -325,4 +331,173 @@ fn sessions_are_listed_and_an_unknown_one_is_an_error() {
     );
     let shown = json_out(&warden(&["sessions", "show", "chat", "--json"], dir.path()));
     assert_eq!(shown["runs"][0]["status"], "queued");
+}
+
+/// The binary as user `who` (`$USER`), for the verbs that record an actor.
+fn warden_as(who: &str, args: &[&str], dir: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
+        .args(args)
+        .current_dir(dir)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-cli-test-cache"),
+        )
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_STORE")
+        .env("USER", who)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cancel_and_abandon_record_who_did_it_as_approve_does() {
+    let dir = demo();
+    for id in ["c", "d"] {
+        let out = warden(&["run", "notes.toml", "go", "--run-id", id], dir.path());
+        assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    }
+    // `--by` names who; without it, `$USER`.
+    let out = warden(
+        &[
+            "runs",
+            "cancel",
+            "c",
+            "--reason",
+            "not today",
+            "--by",
+            "alice",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden_as(
+        "bob",
+        &["runs", "abandon", "d", "--reason", "superseded"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (run, kind, who, line) in [
+        (
+            "c",
+            "run_cancelled",
+            "alice",
+            "✗ cancelled by alice: not today",
+        ),
+        (
+            "d",
+            "run_abandoned",
+            "bob",
+            "✗ abandoned by bob: superseded",
+        ),
+    ] {
+        let last: serde_json::Value =
+            serde_json::from_str(events(dir.path(), run).last().unwrap()).unwrap();
+        assert_eq!(last["event"]["type"], kind);
+        assert_eq!(last["event"]["by"], who, "{last}");
+        let text = stdout(&warden(&["runs", "show", run], dir.path()));
+        assert!(text.contains(line), "{text}");
+    }
+}
+
+#[test]
+fn resume_prints_only_what_it_caused() {
+    let dir = demo();
+    over_budget(dir.path(), "r");
+    let before = events(dir.path(), "r").len() as u64;
+    let out = warden(
+        &[
+            "runs",
+            "resume",
+            "r",
+            "--input",
+            r#"{"max_steps": 5}"#,
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let after = events(dir.path(), "r").len() as u64;
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
+    // Each event this command recorded, once, in order; nothing from before.
+    assert_eq!(seqs, (before + 1..=after).collect::<Vec<_>>(), "{lines:?}");
+    assert_eq!(lines.last().unwrap()["status"], "awaiting_approval");
+
+    // A drive that records nothing (the run parks where it was) prints no
+    // event at all, in JSON or as text: only how the run stands.
+    for json in [true, false] {
+        let mut args = vec!["runs", "recover", "r"];
+        if json {
+            args.push("--json");
+        }
+        let out = warden(&args, dir.path());
+        assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+        assert_eq!(events(dir.path(), "r").len() as u64, after);
+        let printed = stdout(&out);
+        assert_eq!(
+            printed.lines().count(),
+            if json { 1 } else { 3 },
+            "{printed}"
+        );
+        assert!(!printed.contains("\"seq\""), "{printed}");
+        assert!(!printed.contains("started with input"), "{printed}");
+    }
+}
+
+#[test]
+fn a_slow_delivery_takes_its_real_time_in_the_timeline() {
+    use std::io::{Read as _, Write as _};
+    // A webhook receiver that takes 1.5 s to answer.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let mut stream = stream.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    let dir = demo();
+    let mut text = std::fs::read_to_string(dir.path().join("notes.toml")).unwrap();
+    text.push_str(&format!(
+        "\n[plugins.hook]\nsource = \"builtin:webhook-channel\"\n[plugins.hook.grant]\nhosts = [\"127.0.0.1:{port}\"]\n[plugins.hook.grant.config]\nurl = \"http://127.0.0.1:{port}/hook\"\n\n[channels.slow]\nplugin = \"hook\"\nreceives = [\"output\"]\n"
+    ));
+    std::fs::write(dir.path().join("notes.toml"), text).unwrap();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "t"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&["runs", "approve", "t", "call-3-1"], dir.path());
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let shown = stdout(&warden(&["runs", "show", "t"], dir.path()));
+    // `  12   +0.35s  ✓ completed: …`: the offset of the first line with `needle`.
+    let offset = |needle: &str| -> f64 {
+        let line = shown
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` in:\n{shown}"));
+        let field = line.split_whitespace().nth(1).unwrap();
+        field
+            .trim_start_matches('+')
+            .trim_end_matches('s')
+            .parse()
+            .unwrap()
+    };
+    let completed = offset("✓ completed");
+    let slow = offset("✉ delivered t/slow/");
+    assert!(
+        slow - completed >= 1.4,
+        "the 1.5 s delivery is shown {:.2}s after the completion:\n{shown}",
+        slow - completed
+    );
+    // Its own line says how long it took, in seconds.
+    let line = shown
+        .lines()
+        .find(|l| l.contains("✉ delivered t/slow/"))
+        .unwrap();
+    assert!(line.contains("1.5") && line.ends_with("s)"), "{line}");
 }

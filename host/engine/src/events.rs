@@ -1410,6 +1410,10 @@ pub struct RunCancelled {
     /// Why. Omitted when none was given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// Who cancelled it. Omitted when no one was named (an application's
+    /// turn, a dropped handle) and in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
     /// The write left without a completion, if the log ended at one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unresolved_write: Option<UnresolvedWrite>,
@@ -1466,6 +1470,9 @@ pub struct KeyReleased {
 pub struct RunAbandoned {
     /// Why.
     pub reason: String,
+    /// Who abandoned it. Omitted in logs written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
     /// The write left without a completion, if the log ended at one: the
     /// abandonment never claims to know what it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1641,6 +1648,7 @@ pub(crate) mod tests {
             stdio_dropped_bytes: 0,
             denied_growth: None,
             network: None,
+            unlisted: None,
         }
     }
 
@@ -1927,20 +1935,23 @@ pub(crate) mod tests {
             (
                 Event::RunCancelled(RunCancelled {
                     reason: Some("operator pressed ctrl-c".into()),
+                    by: None,
                     unresolved_write: None,
                 }),
                 r#"{"v":1,"event":{"type":"run_cancelled","reason":"operator pressed ctrl-c"}}"#,
             ),
+
             (
                 Event::RunAbandoned(RunAbandoned {
                     reason: "superseded".into(),
+                    by: Some("alice".into()),
                     unresolved_write: Some(UnresolvedWrite {
                         call_id: CallId::new(1, 1),
                         tool: fs_write(),
                         arguments: json!({"path": "a.txt"}),
                     }),
                 }),
-                r#"{"v":1,"event":{"type":"run_abandoned","reason":"superseded","unresolved_write":{"call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"arguments":{"path":"a.txt"}}}}"#,
+                r#"{"v":1,"event":{"type":"run_abandoned","reason":"superseded","by":"alice","unresolved_write":{"call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"arguments":{"path":"a.txt"}}}}"#,
             ),
             (
                 Event::ToolCallAttemptFailed(ToolCallAttemptFailed {

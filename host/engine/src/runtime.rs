@@ -59,7 +59,7 @@ use warden_plugins::{LoadedPlugin, PluginError, PluginHost};
 use warden_providers::{
     ModelProvider, ModelRequest, ModelResponse, ProviderError, ProviderEvent, ResponseAssembler,
 };
-use warden_sandbox::{LeaseFailure, RunBound, wit};
+use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
 use warden_store::{
     ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, Lease, Listing, RunMeta,
     SETTLED_STATUSES, Settle, Settlement, StoreError, VerifyReport,
@@ -239,6 +239,17 @@ pub enum RuntimeError {
         token: u64,
         /// The run's newest token.
         current: u64,
+    },
+    /// This driver's lease ran out by its own clock before it was renewed
+    /// (the process was paused, say, or the store did not answer): it
+    /// stopped before any further effect or append, and another driver
+    /// takes the run over once the lease expires in the store.
+    #[error(
+        "run `{run_id}`: this driver's lease ran out before it could renew it; it stopped without further effect, and another driver takes the run over"
+    )]
+    LeaseExpired {
+        /// The run.
+        run_id: RunId,
     },
     /// Another driver appended to the run first; nothing was written.
     #[error(
@@ -601,7 +612,7 @@ struct Live {
 
 struct Driver {
     cancel: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Cancellation>>,
     done: watch::Receiver<bool>,
 }
 
@@ -622,6 +633,10 @@ struct Log {
     /// The lease every append of this driver carries (issue 9: a driver
     /// under a lease writes only while its lease is the run's newest).
     fence: Option<Lease>,
+    /// This driver's own view of that lease (issue 15): once it has passed,
+    /// the driver makes no further effect (every lease it starts carries
+    /// it) and appends nothing.
+    valid: Option<ValidUntil>,
     /// The agent's channels, when this process knows the agent (a driver,
     /// or a verb on a run whose agent it prepared): every append writes how
     /// many deliveries the run owes into its listing. `None`: only the
@@ -1008,15 +1023,26 @@ impl Runtime {
     /// [`recover`](Self::recover) under `lease`: every append carries the
     /// lease's fencing token, and once a newer lease exists on the run the
     /// next append is refused ([`RuntimeError::Fenced`]) and nothing more is
-    /// written. Renewing and releasing the lease is the caller's (a worker).
+    /// written.
+    ///
+    /// `valid` is the caller's own view of the lease, on its monotonic
+    /// clock: every plugin lease the drive starts carries it, so once it
+    /// passes no tool call, delivery or other plugin call makes a further
+    /// effect (the sandbox traps it), no step starts and nothing is
+    /// appended; the drive ends with [`RuntimeError::LeaseExpired`]. This is
+    /// what stops a driver that was paused past its lease and wakes after
+    /// another took the run over. Renewing the lease, extending `valid`
+    /// from the start of each successful renewal, and releasing it are the
+    /// caller's (a worker).
     pub async fn recover_leased(
         &self,
         agent: &Agent,
         options: ReplayOptions,
         lease: Lease,
+        valid: ValidUntil,
     ) -> Result<RunStatus, RuntimeError> {
         let run_id = lease.run_id.clone();
-        self.recover_with(&run_id, agent, options, Some(lease))
+        self.recover_with(&run_id, agent, options, Some((lease, valid)))
             .await
     }
 
@@ -1025,8 +1051,9 @@ impl Runtime {
         run_id: &RunId,
         agent: &Agent,
         options: ReplayOptions,
-        fence: Option<Lease>,
+        leased: Option<(Lease, ValidUntil)>,
     ) -> Result<RunStatus, RuntimeError> {
+        let (fence, valid) = leased.unzip();
         let prepared = self.prepare(agent).await?;
         let events = self.load_events(run_id).await?;
         let state =
@@ -1039,6 +1066,7 @@ impl Runtime {
             events,
             state,
             fence,
+            valid,
             channels: Some(prepared.view.channels.clone().into()),
         };
         self.drive_log(&mut log, &prepared).await
@@ -1388,12 +1416,19 @@ impl Runtime {
     }
 
     /// Ends a run for good, whatever state it is in (short of terminal),
-    /// carrying the unresolved write if there is one.
-    pub async fn abandon(&self, run_id: &RunId, reason: &str) -> Result<(), RuntimeError> {
+    /// carrying the unresolved write if there is one; `by` is recorded as
+    /// who did it, as an approval records its approver.
+    pub async fn abandon(
+        &self,
+        run_id: &RunId,
+        by: &str,
+        reason: &str,
+    ) -> Result<(), RuntimeError> {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
         let event = Event::RunAbandoned(RunAbandoned {
             reason: reason.to_owned(),
+            by: Some(by.to_owned()),
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(&mut log, vec![event]).await
@@ -1403,8 +1438,19 @@ impl Runtime {
     /// interrupted (an in-flight lease through its cancellation, an
     /// in-flight model stream by dropping it) and records the cancellation;
     /// otherwise the cancellation is recorded now. A write interrupted
-    /// mid-call is carried in the event as unresolved.
-    pub async fn cancel(&self, run_id: &RunId, reason: Option<String>) -> Result<(), RuntimeError> {
+    /// mid-call is carried in the event as unresolved. `by`, when given, is
+    /// recorded as who cancelled it (an application cancelling its own turn
+    /// may name no one).
+    pub async fn cancel(
+        &self,
+        run_id: &RunId,
+        by: Option<&str>,
+        reason: Option<String>,
+    ) -> Result<(), RuntimeError> {
+        let asked = Cancellation {
+            reason,
+            by: by.map(str::to_owned),
+        };
         let driver = {
             let live = self.lock_live();
             live.get(run_id).and_then(|l| {
@@ -1414,7 +1460,7 @@ impl Runtime {
             })
         };
         if let Some((token, slot, mut done)) = driver {
-            *slot.lock().unwrap_or_else(|p| p.into_inner()) = reason.clone();
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = asked.clone();
             token.cancel();
             // The driver records the cancellation when it stops.
             while !*done.borrow() {
@@ -1430,7 +1476,8 @@ impl Runtime {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
         let event = Event::RunCancelled(RunCancelled {
-            reason,
+            reason: asked.reason,
+            by: asked.by,
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(&mut log, vec![event]).await
@@ -1533,6 +1580,7 @@ impl Runtime {
         prepared: &Prepared,
         driver: &DriverHandle,
     ) -> Result<Step, RuntimeError> {
+        still_valid(log)?;
         if driver.cancel.is_cancelled() {
             if log.state.terminal.is_some() {
                 // Only deliveries are left; the next drive makes them.
@@ -1690,8 +1738,11 @@ impl Runtime {
             .plugins
             .get(&tool.plugin)
             .expect("the agent view only names loaded plugins");
-        let plugin = plugin.bounded(&lease_bound(log, prepared));
+        let plugin = for_run(plugin, log, prepared);
         let call = invocation.wit_call(&log.run_id);
+        // The intent may have taken a while to record: no effect starts
+        // past the lease.
+        still_valid(log)?;
         let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool, attempt = invocation.attempt);
         let leased = {
             let _enter = span.enter();
@@ -1788,6 +1839,10 @@ impl Runtime {
             (Some(channel), Some(plugin)) => {
                 let span = tracing::info_span!("delivery", run_id = %log.run_id, delivery_id = %intent.delivery_id, channel = %channel.name, attempt = delivery.attempt);
                 let message = intent.wit_delivery(log.run_id.as_str());
+                // Not bounded by the run's budgets (a finished run still
+                // delivers), but stopped with the driver's lease.
+                let plugin = fenced(plugin, log);
+                still_valid(log)?;
                 let leased = {
                     let _enter = span.enter();
                     plugin.deliver(&message, None)
@@ -1934,7 +1989,7 @@ impl Runtime {
         let timeout = self.inner.policy_timeout;
         let asked = async {
             if let Some(plugin) = prepared.policy_plugins.get(&consult.policy) {
-                let plugin = plugin.bounded(&lease_bound(log, prepared));
+                let plugin = for_run(plugin, log, prepared);
                 return Ok(consult_policy_plugin(&plugin, &request, timeout).await);
             }
             let Some(policy) = self.inner.policies.get(&consult.policy) else {
@@ -1970,8 +2025,7 @@ impl Runtime {
             .get(&request.tool.plugin)
             .expect("the agent view only names loaded plugins");
         let call = request.wit_call(&log.run_id);
-        let leased = plugin
-            .bounded(&lease_bound(log, prepared))
+        let leased = for_run(plugin, log, prepared)
             .preflight(&call, Some(&driver.cancel))
             .await
             .map_err(|e| plugin_error(&prepared.view, e))?;
@@ -2045,7 +2099,7 @@ impl Runtime {
             query: source.query.clone(),
         };
         let span = tracing::info_span!("context", run_id = %log.run_id, source = %source.name, plugin = %source.plugin, step = resolution.step);
-        let plugin = plugin.bounded(&lease_bound(log, prepared));
+        let plugin = for_run(plugin, log, prepared);
         let leased = {
             let _enter = span.enter();
             plugin.resolve(&request, Some(&driver.cancel))
@@ -2098,15 +2152,14 @@ impl Runtime {
         driver: &DriverHandle,
         reason: Option<String>,
     ) -> Result<Step, RuntimeError> {
-        let reason = reason.or_else(|| {
-            driver
-                .reason
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .clone()
-        });
+        let asked = driver
+            .reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let event = Event::RunCancelled(RunCancelled {
-            reason,
+            reason: reason.or(asked.reason),
+            by: asked.by,
             unresolved_write: log.state.dangling_write().map(UnresolvedWrite::from),
         });
         self.append(log, vec![event]).await?;
@@ -2141,6 +2194,7 @@ impl Runtime {
             events,
             state,
             fence: None,
+            valid: None,
             channels,
         })
     }
@@ -2160,6 +2214,9 @@ impl Runtime {
         new: Vec<Event>,
         settlement: Option<&Settlement>,
     ) -> Result<(), RuntimeError> {
+        // A driver past its own view of its lease records nothing more:
+        // what it would record may come from a lease the sandbox stopped.
+        still_valid(log)?;
         // Encode and fold first: an event that could not be read back, or
         // an impossible one, is refused before it is written. One event (the
         // usual case) is folded in place, without copying the state and its
@@ -2438,7 +2495,7 @@ impl Runtime {
 
     fn register_driver(&self, run_id: &RunId) -> DriverHandle {
         let cancel = CancellationToken::new();
-        let reason = Arc::new(Mutex::new(None));
+        let reason = Arc::new(Mutex::new(Cancellation::default()));
         let (done_tx, done_rx) = watch::channel(false);
         self.live_entry(run_id, |l| {
             l.driver = Some(Driver {
@@ -2501,8 +2558,16 @@ async fn stream_response(
 /// What the driver of one run holds.
 struct DriverHandle {
     cancel: CancellationToken,
-    reason: Arc<Mutex<Option<String>>>,
+    reason: Arc<Mutex<Cancellation>>,
     done: watch::Sender<bool>,
+}
+
+/// What a [`Runtime::cancel`] asked of the driver it interrupts, for the
+/// event the driver records when it stops.
+#[derive(Clone, Debug, Default)]
+struct Cancellation {
+    reason: Option<String>,
+    by: Option<String>,
 }
 
 impl Drop for DriverHandle {
@@ -2522,6 +2587,32 @@ fn lease_bound(log: &Log, prepared: &Prepared) -> RunBound {
             .wall_time_ms
             .map(|max| Duration::from_millis(max.saturating_sub(state.usage.wall_time_ms))),
         fuel: limits.fuel.map(|max| max.saturating_sub(state.usage.fuel)),
+    }
+}
+
+/// `plugin` as the run's leases use it: within what is left of the run's
+/// budgets, and [`fenced`].
+fn for_run(plugin: &LoadedPlugin, log: &Log, prepared: &Prepared) -> LoadedPlugin {
+    fenced(&plugin.bounded(&lease_bound(log, prepared)), log)
+}
+
+/// `plugin` whose leases stop making effects once the driver's view of its
+/// lease has passed; unchanged for a driver without a lease (`warden run`).
+fn fenced(plugin: &LoadedPlugin, log: &Log) -> LoadedPlugin {
+    match &log.valid {
+        Some(valid) => plugin.valid_until(valid.clone()),
+        None => plugin.clone(),
+    }
+}
+
+/// [`RuntimeError::LeaseExpired`] once the driver's view of its lease has
+/// passed.
+fn still_valid(log: &Log) -> Result<(), RuntimeError> {
+    match &log.valid {
+        Some(valid) if !valid.is_valid() => Err(RuntimeError::LeaseExpired {
+            run_id: log.run_id.clone(),
+        }),
+        _ => Ok(()),
     }
 }
 

@@ -250,6 +250,7 @@ mod tests {
             after_one.clone(),
             Event::RunCancelled(RunCancelled {
                 reason: None,
+                by: None,
                 unresolved_write: None,
             }),
         );

@@ -108,6 +108,7 @@ fn receipt(fuel: u64) -> UsageReceipt {
         stdio_dropped_bytes: 0,
         denied_growth: None,
         network: None,
+        unlisted: None,
     }
 }
 
@@ -328,6 +329,7 @@ fn run_failed() -> Event {
 fn cancelled(unresolved: Option<&ToolCallIntent>) -> Event {
     Event::RunCancelled(RunCancelled {
         reason: None,
+        by: None,
         unresolved_write: unresolved.map(UnresolvedWrite::from),
     })
 }
@@ -335,6 +337,7 @@ fn cancelled(unresolved: Option<&ToolCallIntent>) -> Event {
 fn abandoned(unresolved: Option<&ToolCallIntent>) -> Event {
     Event::RunAbandoned(RunAbandoned {
         reason: "superseded".into(),
+        by: None,
         unresolved_write: unresolved.map(UnresolvedWrite::from),
     })
 }

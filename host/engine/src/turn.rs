@@ -299,7 +299,7 @@ impl TurnHandle {
     /// that already ended is left as it is; [`finish`](Self::finish) says
     /// how it ended.
     pub async fn cancel(&self, reason: Option<String>) -> Result<(), RuntimeError> {
-        match self.runtime.cancel(&self.run_id, reason).await {
+        match self.runtime.cancel(&self.run_id, None, reason).await {
             Ok(()) | Err(RuntimeError::AlreadyTerminal { .. }) => Ok(()),
             Err(e) => Err(e),
         }
@@ -336,7 +336,7 @@ impl Drop for TurnHandle {
         tracing::info!(run_id = %run_id, "a live turn's handle was dropped: cancelling the turn");
         self.tokio.spawn(async move {
             match runtime
-                .cancel(&run_id, Some(DROPPED_REASON.to_owned()))
+                .cancel(&run_id, None, Some(DROPPED_REASON.to_owned()))
                 .await
             {
                 Ok(()) | Err(RuntimeError::AlreadyTerminal { .. }) => {}

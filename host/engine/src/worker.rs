@@ -8,6 +8,17 @@
 //! - **one writer per run**: every append carries the lease's fencing
 //!   token; once another worker holds a newer lease, this one's appends are
 //!   refused and it drops the run ([`RuntimeError::Fenced`]);
+//! - **no effect past the lease**: the worker keeps its own view of each
+//!   lease, a [`ValidUntil`] on its monotonic clock, set at the start of
+//!   the claim and moved at the start of each successful renewal to four
+//!   fifths of the time to live after it (the fifth is the margin for the
+//!   store's clock against this one). Every plugin lease of the drive
+//!   carries it: once it passes, the sandbox traps the plugin before any
+//!   further effect and the drive stops without appending
+//!   ([`RuntimeError::LeaseExpired`]). A worker paused past its lease
+//!   (SIGSTOP, a VM pause, a partition) therefore makes no further effect
+//!   when it wakes, even though another worker took the run over and an
+//!   operator resolved its write meanwhile;
 //! - **a write never runs twice**: a run taken over from a dead worker is
 //!   recovered, so a `write` intent without a completion parks it as
 //!   `needs_reconciliation` (the listing status is written on release), and
@@ -43,6 +54,7 @@ use tokio::task::JoinSet;
 
 use crate::events::Event;
 use crate::{Agent, Clock, ReplayOptions, RunStatus, Runtime, RuntimeError, SystemClock};
+use warden_sandbox::{Moment, ValidUntil};
 use warden_store::{Lease, StoreError};
 
 /// How a worker turns a run's recorded agent file into an [`Agent`].
@@ -107,7 +119,9 @@ impl WorkerBuilder {
     }
 
     /// How long a lease lasts unless renewed; it is renewed every third of
-    /// it, and a dead worker's runs are taken over after it. Default: 15
+    /// it, and a dead worker's runs are taken over after it. A worker that
+    /// could not renew makes no further effect four fifths of it after the
+    /// start of its last renewal (see the [module docs](self)). Default: 15
     /// seconds.
     pub fn lease_ttl(mut self, ttl: Duration) -> Self {
         self.lease_ttl = ttl.max(Duration::from_millis(30));
@@ -215,6 +229,13 @@ impl Worker {
         self.inner.lease_ttl.as_millis() as i64
     }
 
+    /// How long after the start of a claim or renewal this worker takes its
+    /// lease to hold: the time to live less a fifth, the margin for the
+    /// store's (and other workers') clocks running ahead of this one.
+    fn valid_for(&self) -> Duration {
+        self.inner.lease_ttl - self.inner.lease_ttl / 5
+    }
+
     /// Claims and drives runs until `shutdown` completes, then stops as the
     /// [module docs](self) say.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> WorkerReport {
@@ -227,6 +248,9 @@ impl Worker {
             let mut claimed_any = false;
             if free > 0 {
                 let store = self.inner.runtime.store();
+                // Before the request: the lease is valid from the store's
+                // point of view no earlier than this.
+                let started = Moment::now();
                 match store
                     .claim(&self.inner.owner, self.now(), self.ttl_ms(), free)
                     .await
@@ -237,10 +261,11 @@ impl Worker {
                             report.claimed += 1;
                             tracing::debug!(owner = %self.inner.owner, run_id = %lease.run_id, token = lease.token, "claimed run");
                             let worker = self.clone();
+                            let valid = ValidUntil::at(started.after(self.valid_for()));
                             let handle = drives.spawn({
                                 let lease = lease.clone();
                                 async move {
-                                    let ended = worker.drive(&lease).await;
+                                    let ended = worker.drive(&lease, valid).await;
                                     (lease, ended)
                                 }
                             });
@@ -317,11 +342,12 @@ impl Worker {
         }
     }
 
-    /// Drives one claimed run under its lease, renewing it meanwhile.
-    async fn drive(&self, lease: &Lease) -> Ended {
-        let renewing = self.renew_while_driving(lease.clone());
+    /// Drives one claimed run under its lease, renewing it (and `valid`,
+    /// this worker's view of it) meanwhile.
+    async fn drive(&self, lease: &Lease, valid: ValidUntil) -> Ended {
+        let renewing = self.renew_while_driving(lease.clone(), valid.clone());
         let result = tokio::select! {
-            result = self.recover(lease) => result,
+            result = self.recover(lease, valid) => result,
             () = renewing => Err(RuntimeError::Fenced {
                 run_id: lease.run_id.clone(),
                 token: lease.token,
@@ -345,6 +371,12 @@ impl Worker {
                 tracing::info!(%run_id, "lease superseded: another worker drives the run");
                 (None, Ended::Lost)
             }
+            Err(RuntimeError::LeaseExpired { run_id }) => {
+                // Released (a no-op if another worker holds the run now), so
+                // that the run is taken over at once.
+                tracing::warn!(%run_id, "lease ran out before it was renewed: the drive stopped without further effect");
+                (Some(None), Ended::Lost)
+            }
             Err(RuntimeError::Conflict { run_id, .. }) => {
                 // A verb recorded by someone else: release, and the run is
                 // claimable again if it is still running.
@@ -366,12 +398,15 @@ impl Worker {
         ended
     }
 
-    /// Renews `lease` every third of its time to live; returns once it is
-    /// fenced (another driver owns the run). Store errors are retried.
-    async fn renew_while_driving(&self, lease: Lease) {
+    /// Renews `lease` every third of its time to live, moving `valid` on
+    /// from the start of each renewal that succeeds; returns once it is
+    /// fenced (another driver owns the run), `valid` revoked. Store errors
+    /// are retried; meanwhile `valid` runs out on its own.
+    async fn renew_while_driving(&self, lease: Lease, valid: ValidUntil) {
         let every = self.inner.lease_ttl / 3;
         loop {
             tokio::time::sleep(every).await;
+            let started = Moment::now();
             match self
                 .inner
                 .runtime
@@ -379,8 +414,13 @@ impl Worker {
                 .renew_lease(&lease, self.now(), self.ttl_ms())
                 .await
             {
-                Ok(_) => {}
-                Err(StoreError::Fenced { .. }) => return,
+                Ok(_) => {
+                    valid.extend(started.after(self.valid_for()));
+                }
+                Err(StoreError::Fenced { .. }) => {
+                    valid.revoke();
+                    return;
+                }
                 Err(error) => {
                     tracing::warn!(run_id = %lease.run_id, %error, "cannot renew lease; retrying");
                 }
@@ -388,7 +428,7 @@ impl Worker {
         }
     }
 
-    async fn recover(&self, lease: &Lease) -> Result<RunStatus, RuntimeError> {
+    async fn recover(&self, lease: &Lease, valid: ValidUntil) -> Result<RunStatus, RuntimeError> {
         let runtime = &self.inner.runtime;
         let events = runtime.events(&lease.run_id).await?;
         let agent = match events.first() {
@@ -418,7 +458,7 @@ impl Worker {
             }
         };
         runtime
-            .recover_leased(&agent, ReplayOptions::default(), lease.clone())
+            .recover_leased(&agent, ReplayOptions::default(), lease.clone(), valid)
             .await
     }
 

@@ -44,7 +44,7 @@ pub use tool::ToolDescriptor;
 use crate::policy::{Grant, PolicyError};
 use warden_sandbox::{
     Capabilities, GrantedComponent, LeaseError, Leased, PluginComponent, PluginKind, RunBound,
-    Sandbox, SandboxError, wit,
+    Sandbox, SandboxError, ValidUntil, wit,
 };
 
 /// Where a plugin comes from.
@@ -754,6 +754,16 @@ impl LoadedPlugin {
     pub fn bounded(&self, bound: &RunBound) -> LoadedPlugin {
         let mut inner = (*self.inner).clone();
         inner.granted = inner.granted.bounded(bound);
+        LoadedPlugin {
+            inner: Arc::new(inner),
+        }
+    }
+
+    /// The same plugin, whose leases make no further effect once `valid`
+    /// has passed (see [`GrantedComponent::valid_until`]).
+    pub fn valid_until(&self, valid: ValidUntil) -> LoadedPlugin {
+        let mut inner = (*self.inner).clone();
+        inner.granted = inner.granted.valid_until(valid);
         LoadedPlugin {
             inner: Arc::new(inner),
         }

@@ -128,6 +128,11 @@ pub enum LeaseFailure {
     /// The host cancelled the lease.
     #[error("was cancelled")]
     Cancelled,
+    /// The lease's [`ValidUntil`](super::ValidUntil) passed: the authority
+    /// it was made under ended, and the host stopped it before any further
+    /// effect (or refused to start it).
+    #[error("was stopped: the authority it ran under expired")]
+    Expired,
     /// The lease could not be set up, so the guest never ran.
     #[error("was refused: {reason}")]
     Refused {
@@ -153,7 +158,8 @@ impl LeaseFailure {
             LeaseFailure::TableLimit { .. } => Outcome::TableLimit,
             LeaseFailure::OutputLimit { .. } => Outcome::OutputLimit,
             LeaseFailure::Trap { .. } | LeaseFailure::InvalidResult { .. } => Outcome::Trap,
-            LeaseFailure::Cancelled => Outcome::Cancelled,
+            // Stopped by the host, as a cancellation is.
+            LeaseFailure::Cancelled | LeaseFailure::Expired => Outcome::Cancelled,
             LeaseFailure::Refused { .. } => Outcome::Refused,
         }
     }

@@ -24,8 +24,24 @@
 //!   (`/proc/self/fd`): an excluded path cannot be opened, created, changed,
 //!   renamed or removed (`access`), and directory listings leave it out.
 //!   Each directory descriptor of such a mount remembers its place in it.
+//! - **Names that are not UTF-8.** A WASI name is a string, so an entry
+//!   whose name is not UTF-8 cannot be handed to a guest, and wasmtime-wasi
+//!   yields an error in its place, which ends a guest's `std::fs::read_dir`
+//!   there. The listing leaves such an entry out instead, so the guest sees
+//!   every other entry, and the lease reports it: named with its bytes
+//!   escaped (`caf\xe9.txt`) in the receipt's `unlisted`, and in a warning.
+//!   No stand-in name is made up: one could be another file's real name.
+//! - **Validity.** Every call that changes something (an open for writing,
+//!   each write to a file or its stream, resizing, setting times, creating,
+//!   linking, renaming and removing) first checks the lease's
+//!   [`ValidUntil`](super::ValidUntil) and traps once it has passed
+//!   (`validity.rs`); reads do not, and the epoch check stops those. Writes
+//!   (`write`, and the file output streams, which are the host's own for
+//!   this) check again on the blocking pool right before each syscall, so
+//!   a write handed over just before the process was paused is refused when
+//!   it resumes; the other changes are checked before they are handed over.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -37,11 +53,17 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
     self, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
 };
 use wasmtime_wasi::p2::{FsError, FsResult};
+use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
 use wasmtime_wasi::{FsPerms, OpenMode};
-use wasmtime_wasi_io::streams::{DynInputStream, DynOutputStream};
+use wasmtime_wasi_io::poll::Pollable;
+use wasmtime_wasi_io::streams::{
+    DynInputStream, DynOutputStream, OutputStream, StreamError, StreamResult,
+};
 
 use super::capabilities::Access;
 use super::exclusions::Exclusions;
+use super::receipt::Unlisted;
+use super::validity::{Expired, LeaseFence};
 
 /// The directory handle of one mount, opened when the grant was built.
 /// Cheap to clone; equal when it is the same directory (device and inode).
@@ -151,17 +173,96 @@ pub(crate) struct LeaseFs {
     places: HashMap<u32, Place>,
     /// Directory listings under mounts with exclusions, by handle.
     listings: HashMap<u32, Place>,
+    fence: LeaseFence,
+    /// Every directory listing's directory, by handle, to name an entry
+    /// left out of it.
+    listed: HashMap<u32, Listed>,
+    /// The entries left out of listings because their names are not UTF-8.
+    unlisted: Unlisted,
+}
+
+/// The directory a listing reads, and the names (escaped) of its entries
+/// that are not UTF-8, once one was met.
+struct Listed {
+    dir: Arc<std::fs::File>,
+    pending: Option<VecDeque<String>>,
 }
 
 impl LeaseFs {
-    pub(crate) fn new(plugin: Arc<str>, preopens: Preopens) -> LeaseFs {
+    pub(crate) fn new(plugin: Arc<str>, preopens: Preopens, fence: LeaseFence) -> LeaseFs {
         LeaseFs {
             plugin,
             preopens,
             places: HashMap::new(),
             listings: HashMap::new(),
+            listed: HashMap::new(),
+            unlisted: Unlisted::default(),
+            fence,
         }
     }
+
+    /// What the lease's listings left out, if anything.
+    pub(crate) fn unlisted(&self) -> Option<Unlisted> {
+        (self.unlisted.count > 0).then(|| self.unlisted.clone())
+    }
+}
+
+/// A name's bytes as text, faithfully: UTF-8 as itself, a backslash as
+/// `\\`, any other byte as `\xNN`.
+pub(crate) fn escaped_name(bytes: &[u8]) -> String {
+    let mut out = String::new();
+    for chunk in bytes.utf8_chunks() {
+        out.push_str(&chunk.valid().replace('\\', "\\\\"));
+        for b in chunk.invalid() {
+            out.push_str(&format!("\\x{b:02x}"));
+        }
+    }
+    out
+}
+
+/// The entries of `dir` whose names are not UTF-8, escaped, in the order
+/// the directory lists them, each under `shown` (where the guest sees
+/// `dir`). Runs on the blocking pool.
+fn names_not_utf8(dir: &std::fs::File, shown: &str) -> VecDeque<String> {
+    let Ok(dup) = dir.try_clone() else {
+        return VecDeque::new();
+    };
+    let Ok(entries) = cap_std::fs::Dir::from_std_file(dup).entries() else {
+        return VecDeque::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| e.file_name())
+        .filter(|name| name.to_str().is_none())
+        .map(|name| {
+            let name = escaped_name(name.as_encoded_bytes());
+            match shown {
+                "" => name,
+                dir => format!("{}/{name}", dir.trim_end_matches('/')),
+            }
+        })
+        .collect()
+}
+
+/// Where the guest sees `dir`: the guest path of the mount it is under,
+/// joined with its place there; empty when that cannot be told.
+fn guest_dir(dir: &std::fs::File, mounts: &[(Arc<std::fs::File>, String)]) -> String {
+    let Some(path) = handle_path(dir) else {
+        return String::new();
+    };
+    mounts
+        .iter()
+        .filter_map(|(root, guest)| {
+            let rel = path.strip_prefix(handle_path(root)?).ok()?;
+            Some((rel.components().count(), guest, rel.to_owned()))
+        })
+        .min_by_key(|(depth, ..)| *depth)
+        .map(|(_, guest, rel)| match rel.to_str() {
+            Some("") => guest.clone(),
+            Some(rel) => format!("{}/{rel}", guest.trim_end_matches('/')),
+            None => escaped_name(rel.as_os_str().as_encoded_bytes()),
+        })
+        .unwrap_or_default()
 }
 
 /// What a lease's `wasi:filesystem` calls see: wasmtime-wasi's view, with
@@ -214,6 +315,71 @@ impl FsView<'_> {
             return Err(self.refuse(resolved.as_deref().unwrap_or(path), &pattern));
         }
         Ok(())
+    }
+
+    /// Records that the listing `stream` left out an entry whose name is
+    /// not UTF-8, named by what a scan of its directory finds (once per
+    /// listing, on the blocking pool, only when there is such an entry).
+    async fn unlist(&mut self, stream: u32) {
+        let mounts: Vec<(Arc<std::fs::File>, String)> = self
+            .fs
+            .preopens
+            .0
+            .iter()
+            .map(|(dir, guest, _)| (Arc::clone(&dir.dir), guest.clone()))
+            .collect();
+        let name = match self.fs.listed.get_mut(&stream) {
+            Some(listed) => {
+                if listed.pending.is_none() {
+                    let dir = Arc::clone(&listed.dir);
+                    let names = wasmtime_wasi::runtime::spawn_blocking(move || {
+                        names_not_utf8(&dir, &guest_dir(&dir, &mounts))
+                    })
+                    .await;
+                    listed.pending = Some(names);
+                }
+                listed.pending.as_mut().and_then(VecDeque::pop_front)
+            }
+            None => None,
+        };
+        let name = name.unwrap_or_else(|| "(a name that is not UTF-8)".to_owned());
+        tracing::warn!(
+            target: "warden::plugin",
+            plugin = &*self.fs.plugin,
+            "directory entry `{name}` is left out of the plugin's listing: its name is not UTF-8"
+        );
+        let unlisted = &mut self.fs.unlisted;
+        unlisted.count += 1;
+        if unlisted.names.len() < Unlisted::NAMED {
+            unlisted.names.push(name);
+        }
+    }
+
+    /// Traps once the lease's validity has passed: called right before a
+    /// change is made.
+    fn fenced(&self) -> FsResult<()> {
+        self.fs.fence.trap().map_err(FsError::trap)
+    }
+
+    /// A fenced output stream over the file of `fd` (see
+    /// [`FencedFileOutput`]), in place of wasmtime-wasi's.
+    fn output_stream(
+        &mut self,
+        fd: &Resource<Descriptor>,
+        mode: OutputMode,
+    ) -> FsResult<Resource<DynOutputStream>> {
+        let file = file_handle(self.table.get(fd)?)?;
+        if file.perms.write_not_permitted() {
+            return Err(ErrorCode::NotPermitted.into());
+        }
+        self.fenced()?;
+        let stream: DynOutputStream = Box::new(FencedFileOutput {
+            file: Arc::clone(&file.file),
+            mode,
+            state: OutputState::Ready,
+            fence: self.fs.fence.clone(),
+        });
+        Ok(self.table.push(stream)?)
     }
 
     fn refuse(&self, rel: &str, pattern: &str) -> FsError {
@@ -466,6 +632,11 @@ impl HostDescriptor for FsView<'_> {
         };
         let (opts, mode) = open_options(perms, path_flags, oflags, flags)?;
         self.check_path(&fd, &path, false).await?;
+        if mode.contains(OpenMode::WRITE) {
+            // Creating or truncating is the change; a descriptor opened for
+            // writing is checked again at each write.
+            self.fenced()?;
+        }
         let place = self.fs.places.get(&fd.rep()).cloned();
         let parent = dir_handle(self.table.get(&fd)?)?;
         let root = place.as_ref().map(|p| Arc::clone(&p.scope.root));
@@ -544,6 +715,7 @@ impl HostDescriptor for FsView<'_> {
     }
 
     async fn set_size(&mut self, fd: Resource<Descriptor>, size: types::Filesize) -> FsResult<()> {
+        self.fenced()?;
         HostDescriptor::set_size(&mut self.inner(), fd, size).await
     }
 
@@ -553,6 +725,7 @@ impl HostDescriptor for FsView<'_> {
         atim: types::NewTimestamp,
         mtim: types::NewTimestamp,
     ) -> FsResult<()> {
+        self.fenced()?;
         HostDescriptor::set_times(&mut self.inner(), fd, atim, mtim).await
     }
 
@@ -571,7 +744,21 @@ impl HostDescriptor for FsView<'_> {
         buf: Vec<u8>,
         offset: types::Filesize,
     ) -> FsResult<types::Filesize> {
-        HostDescriptor::write(&mut self.inner(), fd, buf, offset).await
+        // As wasmtime-wasi's, with the validity checked again right before
+        // the syscall.
+        let file = file_handle(self.table.get(&fd)?)?;
+        if file.perms.write_not_permitted() {
+            return Err(ErrorCode::NotPermitted.into());
+        }
+        self.fenced()?;
+        let (file, fence) = (Arc::clone(&file.file), self.fs.fence.clone());
+        let written = wasmtime_wasi::runtime::spawn_blocking(move || {
+            fenced_write(&fence, &file, &buf, OutputMode::At(offset))
+        })
+        .await
+        .map_err(FsError::trap)?
+        .map_err(ErrorCode::from)?;
+        Ok(written as types::Filesize)
     }
 
     async fn read_directory(
@@ -579,10 +766,13 @@ impl HostDescriptor for FsView<'_> {
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<types::DirectoryEntryStream>> {
         let place = self.fs.places.get(&fd.rep()).cloned();
+        let dir = dir_handle(self.table.get(&fd)?)?;
         let listing = HostDescriptor::read_directory(&mut self.inner(), fd).await?;
         if let Some(place) = place {
             self.fs.listings.insert(listing.rep(), place);
         }
+        let listed = Listed { dir, pending: None };
+        self.fs.listed.insert(listing.rep(), listed);
         Ok(listing)
     }
 
@@ -596,6 +786,7 @@ impl HostDescriptor for FsView<'_> {
         path: String,
     ) -> FsResult<()> {
         self.check_path(&fd, &path, false).await?;
+        self.fenced()?;
         HostDescriptor::create_directory_at(&mut self.inner(), fd, path).await
     }
 
@@ -622,6 +813,7 @@ impl HostDescriptor for FsView<'_> {
         mtim: types::NewTimestamp,
     ) -> FsResult<()> {
         self.check_path(&fd, &path, false).await?;
+        self.fenced()?;
         HostDescriptor::set_times_at(&mut self.inner(), fd, path_flags, path, atim, mtim).await
     }
 
@@ -635,6 +827,7 @@ impl HostDescriptor for FsView<'_> {
     ) -> FsResult<()> {
         self.check_path(&fd, &old_path, false).await?;
         self.check_path(&new_descriptor, &new_path, false).await?;
+        self.fenced()?;
         HostDescriptor::link_at(
             &mut self.inner(),
             fd,
@@ -662,6 +855,7 @@ impl HostDescriptor for FsView<'_> {
         path: String,
     ) -> FsResult<()> {
         self.check_path(&fd, &path, false).await?;
+        self.fenced()?;
         HostDescriptor::remove_directory_at(&mut self.inner(), fd, path).await
     }
 
@@ -674,6 +868,7 @@ impl HostDescriptor for FsView<'_> {
     ) -> FsResult<()> {
         self.check_path(&fd, &old_path, true).await?;
         self.check_path(&new_fd, &new_path, true).await?;
+        self.fenced()?;
         HostDescriptor::rename_at(&mut self.inner(), fd, old_path, new_fd, new_path).await
     }
 
@@ -684,11 +879,13 @@ impl HostDescriptor for FsView<'_> {
         dest_path: String,
     ) -> FsResult<()> {
         self.check_path(&fd, &dest_path, false).await?;
+        self.fenced()?;
         HostDescriptor::symlink_at(&mut self.inner(), fd, src_path, dest_path).await
     }
 
     async fn unlink_file_at(&mut self, fd: Resource<Descriptor>, path: String) -> FsResult<()> {
         self.check_path(&fd, &path, false).await?;
+        self.fenced()?;
         HostDescriptor::unlink_file_at(&mut self.inner(), fd, path).await
     }
 
@@ -705,14 +902,14 @@ impl HostDescriptor for FsView<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynOutputStream>> {
-        HostDescriptor::write_via_stream(&mut self.inner(), fd, offset)
+        self.output_stream(&fd, OutputMode::At(offset))
     }
 
     fn append_via_stream(
         &mut self,
         fd: Resource<Descriptor>,
     ) -> FsResult<Resource<DynOutputStream>> {
-        HostDescriptor::append_via_stream(&mut self.inner(), fd)
+        self.output_stream(&fd, OutputMode::Append)
     }
 
     async fn is_same_object(
@@ -749,8 +946,20 @@ impl HostDirectoryEntryStream for FsView<'_> {
         let place = self.fs.listings.get(&stream.rep()).cloned();
         loop {
             let again = Resource::new_borrow(stream.rep());
-            let entry =
-                HostDirectoryEntryStream::read_directory_entry(&mut self.inner(), again).await?;
+            let entry = match HostDirectoryEntryStream::read_directory_entry(
+                &mut self.inner(),
+                again,
+            )
+            .await
+            {
+                Err(e) if e.downcast_ref() == Some(&ErrorCode::IllegalByteSequence) => {
+                    // An entry whose name is not UTF-8: left out and
+                    // reported; the listing goes on.
+                    self.unlist(stream.rep()).await;
+                    continue;
+                }
+                other => other?,
+            };
             let excluded = match (&place, &entry) {
                 (Some(place), Some(entry)) => {
                     let rel = match place.rel.as_str() {
@@ -769,7 +978,182 @@ impl HostDirectoryEntryStream for FsView<'_> {
 
     fn drop(&mut self, stream: Resource<types::DirectoryEntryStream>) -> wasmtime::Result<()> {
         self.fs.listings.remove(&stream.rep());
+        self.fs.listed.remove(&stream.rep());
         HostDirectoryEntryStream::drop(&mut self.inner(), stream)
+    }
+}
+
+/// The file of a descriptor.
+fn file_handle(descriptor: &Descriptor) -> Result<&File, ErrorCode> {
+    match descriptor {
+        Descriptor::File(file) => Ok(file),
+        Descriptor::Dir(_) => Err(ErrorCode::BadDescriptor),
+    }
+}
+
+/// Where a file output stream writes.
+#[derive(Clone, Copy)]
+enum OutputMode {
+    At(u64),
+    Append,
+}
+
+/// One write to `file`, run on the blocking pool: the lease's validity is
+/// checked right before the syscall, so a write handed over just before
+/// the process was paused is refused when it resumes (`Err`). Appends use
+/// `RWF_APPEND` where the kernel has it, as wasmtime-wasi does.
+fn fenced_write(
+    fence: &LeaseFence,
+    file: &std::fs::File,
+    mut buf: &[u8],
+    mode: OutputMode,
+) -> Result<io::Result<usize>, Expired> {
+    use std::os::unix::fs::FileExt as _;
+    let mut total = 0;
+    while !buf.is_empty() {
+        fence.check()?;
+        let written = match mode {
+            OutputMode::At(at) => file.write_at(buf, at + total as u64),
+            OutputMode::Append => append(file, buf),
+        };
+        match written {
+            Ok(n) => {
+                total += n;
+                buf = &buf[n..];
+            }
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    Ok(Ok(total))
+}
+
+fn append(file: &std::fs::File, buf: &[u8]) -> io::Result<usize> {
+    #[cfg(all(target_os = "linux", not(target_os = "android")))]
+    {
+        use rustix::io::{Errno, ReadWriteFlags, pwritev2};
+        match pwritev2(file, &[io::IoSlice::new(buf)], 0, ReadWriteFlags::APPEND) {
+            Err(Errno::NOSYS | Errno::NOTSUP) => {}
+            otherwise => return Ok(otherwise?),
+        }
+    }
+    use rustix::fs::OFlags;
+    let flags = rustix::fs::fcntl_getfl(file)?;
+    rustix::fs::fcntl_setfl(file, flags | OFlags::APPEND)?;
+    let written = rustix::io::write(file, buf);
+    rustix::fs::fcntl_setfl(file, flags)?;
+    Ok(written?)
+}
+
+/// What a [`FencedFileOutput`] is doing.
+enum OutputState {
+    Ready,
+    Waiting(AbortOnDropJoinHandle<Result<io::Result<usize>, Expired>>),
+    Failed(io::Error),
+    /// A write was refused: the lease's validity had passed.
+    Fenced,
+    Closed,
+}
+
+/// A file's output stream (`write-via-stream`, `append-via-stream`): as
+/// wasmtime-wasi's, one write at a time on the blocking pool, but every
+/// write checks the lease's validity when it is accepted and again right
+/// before its syscall.
+struct FencedFileOutput {
+    file: Arc<std::fs::File>,
+    mode: OutputMode,
+    state: OutputState,
+    fence: LeaseFence,
+}
+
+/// Most bytes one write may take, as wasmtime-wasi allows.
+const FILE_WRITE_CAPACITY: usize = 1 << 20;
+
+impl FencedFileOutput {
+    fn expired() -> StreamError {
+        StreamError::Trap(wasmtime::Error::new(Expired))
+    }
+
+    /// The state's error, if any, for `check-write` and `flush`; a failed
+    /// write closes the stream, as in wasmtime-wasi.
+    fn take_error(&mut self) -> Option<StreamError> {
+        match std::mem::replace(&mut self.state, OutputState::Closed) {
+            OutputState::Failed(e) => Some(StreamError::LastOperationFailed(e.into())),
+            OutputState::Fenced => {
+                self.state = OutputState::Fenced;
+                Some(Self::expired())
+            }
+            OutputState::Closed => Some(StreamError::Closed),
+            other => {
+                self.state = other;
+                None
+            }
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for FencedFileOutput {
+    async fn ready(&mut self) {
+        if let OutputState::Waiting(task) = &mut self.state {
+            self.state = match task.await {
+                Ok(Ok(written)) => {
+                    if let OutputMode::At(at) = &mut self.mode {
+                        *at += written as u64;
+                    }
+                    OutputState::Ready
+                }
+                Ok(Err(e)) => OutputState::Failed(e),
+                Err(Expired) => OutputState::Fenced,
+            };
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl OutputStream for FencedFileOutput {
+    fn write(&mut self, bytes: bytes::Bytes) -> StreamResult<()> {
+        match self.state {
+            OutputState::Ready => {}
+            OutputState::Closed => return Err(StreamError::Closed),
+            OutputState::Fenced => return Err(Self::expired()),
+            OutputState::Waiting(_) | OutputState::Failed(_) => {
+                return Err(StreamError::trap(
+                    "write not permitted: check_write not called first",
+                ));
+            }
+        }
+        if self.fence.check().is_err() {
+            self.state = OutputState::Fenced;
+            return Err(Self::expired());
+        }
+        let (file, fence, mode) = (Arc::clone(&self.file), self.fence.clone(), self.mode);
+        self.state = OutputState::Waiting(wasmtime_wasi::runtime::spawn_blocking(move || {
+            fenced_write(&fence, &file, &bytes, mode)
+        }));
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        // Nothing is buffered here: a write is done once its task is.
+        self.take_error().map_or(Ok(()), Err)
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        if let Some(error) = self.take_error() {
+            return Err(error);
+        }
+        Ok(match self.state {
+            OutputState::Ready => FILE_WRITE_CAPACITY,
+            _ => 0,
+        })
+    }
+
+    async fn cancel(&mut self) {
+        if let OutputState::Waiting(task) = std::mem::replace(&mut self.state, OutputState::Closed)
+        {
+            // A blocking task cannot be stopped once it runs: wait for it.
+            task.cancel().await;
+        }
     }
 }
 

@@ -8,9 +8,12 @@
 //! tokio deadline that also covers time spent in host calls (network waits
 //! included), the memory and table limiter, the stdio budget, the output cap
 //! and, for a component that imports `wasi:http`, the request and response
-//! byte limits of `net.rs`. When a lease fails,
-//! the failure is attributed in a fixed order: deadline, out of fuel, a
-//! recorded memory or table denial, then a plain trap.
+//! byte limits of `net.rs`; and, when the component was given one, its
+//! [`ValidUntil`](super::ValidUntil), checked at the start, at every epoch
+//! tick, on every effecting host call and while the lease waits
+//! (`validity.rs`). When a lease fails, the failure is attributed in a
+//! fixed order: validity expired, deadline, out of fuel, a recorded memory
+//! or table denial, then a plain trap.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +39,7 @@ use super::capture::{Capture, Redactor, Stream};
 use super::fs::{FsView, LeaseFs, Preopens};
 use super::limits::{Denial, LeaseLimiter};
 use super::net::NetLease;
+use super::validity::{Expired, LeaseFence};
 use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
 
 /// The data of one lease's `Store`.
@@ -55,6 +59,8 @@ pub(crate) struct LeaseState {
     redactor: Arc<Redactor>,
     /// HTTP state, only for a component that imports `wasi:http`.
     net: Option<Box<NetLease>>,
+    /// The lease's validity, checked by every effecting host call.
+    fence: LeaseFence,
 }
 
 impl WasiView for LeaseState {
@@ -135,6 +141,11 @@ impl host::Host for LeaseState {
     }
 
     fn keep_permissions(&mut self, original: String, replacement: String) -> Result<(), String> {
+        // Refused, not trapped (this import never traps); the refusal
+        // marks the lease expired all the same.
+        if let Err(expired) = self.fence.check() {
+            return Err(expired.to_string());
+        }
         let kept = super::permissions::keep_permissions(
             self.capabilities.mounts(),
             &original,
@@ -313,6 +324,8 @@ enum Ended {
     Returned(wasmtime::Result<Response>),
     DeadlinePassed,
     Cancelled,
+    /// The lease's validity passed while it waited.
+    Expired,
 }
 
 /// Runs one lease of `plugin` and attributes its outcome.
@@ -342,6 +355,12 @@ pub(crate) async fn run(
             plugin.component.inner.name
         ));
     }
+    let fence = LeaseFence::new(plugin.valid.clone());
+    if fence.check().is_err() {
+        let mut receipt = UsageReceipt::empty(LeaseFailure::Expired.outcome());
+        receipt.wall_time_us = started.elapsed().as_micros() as u64;
+        return (Err(LeaseFailure::Expired), receipt);
+    }
     let (capabilities, net_policy) = match reach {
         Reach::Full => (
             Arc::clone(&plugin.capabilities),
@@ -356,7 +375,11 @@ pub(crate) async fn run(
     };
     let state = LeaseState {
         wasi,
-        fs: LeaseFs::new(Arc::clone(&plugin.component.inner.name), preopens),
+        fs: LeaseFs::new(
+            Arc::clone(&plugin.component.inner.name),
+            preopens,
+            fence.clone(),
+        ),
         table: ResourceTable::new(),
         limiter: LeaseLimiter::new(limits),
         plugin: Arc::clone(&plugin.component.inner.name),
@@ -371,8 +394,10 @@ pub(crate) async fn run(
                 Arc::clone(&plugin.redactor),
                 limits.http_requests,
                 limits.http_response_bytes,
+                fence.clone(),
             ))
         }),
+        fence: fence.clone(),
     };
     let mut store = Store::new(&sandbox.engine, state);
     store.limiter(|s| &mut s.limiter);
@@ -382,7 +407,10 @@ pub(crate) async fn run(
         .expect("the engine is configured to consume fuel");
     let deadline = Instant::now() + limits.timeout;
     store.set_epoch_deadline(1);
+    let ticks = fence.clone();
     store.epoch_deadline_callback(move |_| {
+        // Guest code running past the validity traps too, host calls or not.
+        ticks.trap()?;
         if Instant::now() >= deadline {
             Ok(UpdateDeadline::Interrupt)
         } else {
@@ -394,13 +422,17 @@ pub(crate) async fn run(
     let ended = {
         let call = perform(&mut store, plugin, request);
         let timed = tokio::time::timeout_at(deadline.into(), call);
-        match cancel {
-            Some(token) => tokio::select! {
-                biased;
-                () = token.cancelled() => Ended::Cancelled,
-                r = timed => r.map_or(Ended::DeadlinePassed, Ended::Returned),
-            },
-            None => timed.await.map_or(Ended::DeadlinePassed, Ended::Returned),
+        let cancelled = async {
+            match cancel {
+                Some(token) => token.cancelled().await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = cancelled => Ended::Cancelled,
+            () = fence.expired() => Ended::Expired,
+            r = timed => r.map_or(Ended::DeadlinePassed, Ended::Returned),
         }
     };
 
@@ -423,9 +455,14 @@ pub(crate) async fn run(
             }
             usage
         });
+    let unlisted = store.data().fs.unlisted();
     drop(store);
 
     let result = match ended {
+        // A refused effect ends the lease as expired, whatever the guest
+        // made of the refusal.
+        _ if fence.tripped() => Err(LeaseFailure::Expired),
+        Ended::Expired => Err(LeaseFailure::Expired),
         Ended::Cancelled => Err(LeaseFailure::Cancelled),
         Ended::DeadlinePassed => Err(LeaseFailure::Timeout {
             limit: limits.timeout,
@@ -480,6 +517,7 @@ pub(crate) async fn run(
         stdio_dropped_bytes: captured.dropped_bytes,
         denied_growth: denial.map(Denial::to_receipt),
         network,
+        unlisted,
     };
     (result, receipt)
 }
@@ -599,6 +637,9 @@ fn attribute(
     denial: Option<Denial>,
     redactor: &Redactor,
 ) -> LeaseFailure {
+    if error.downcast_ref::<Expired>().is_some() {
+        return LeaseFailure::Expired;
+    }
     match error.downcast_ref::<Trap>() {
         Some(Trap::Interrupt) => {
             return LeaseFailure::Timeout {

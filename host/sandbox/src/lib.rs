@@ -16,6 +16,8 @@
 //! `wasi:http`, and every request is checked against the granted hosts.
 //! The `keep-permissions` host import (`permissions`) copies a file's
 //! permission bits within the lease's mounts, for atomic replacement.
+//! A component may be given a [`ValidUntil`] (`validity`): once it passes,
+//! its leases make no further effect.
 //!
 //! The sandbox knows nothing about manifests, runs or events.
 
@@ -32,6 +34,7 @@ mod limits;
 mod net;
 mod permissions;
 mod receipt;
+mod validity;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -50,7 +53,8 @@ pub use error::{LeaseError, LeaseFailure, SandboxError};
 pub use exclusions::{ExclusionError, Exclusions};
 pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
-pub use receipt::{DeniedGrowth, GrowthResource, Outcome, UsageReceipt};
+pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
+pub use validity::{Moment, ValidUntil};
 
 /// The WIT types plugins exchange with the host.
 pub mod wit {
@@ -312,6 +316,7 @@ impl Sandbox {
             limits,
             redactor: Arc::new(redactor),
             net_policy: Arc::new(net_policy),
+            valid: None,
         }
     }
 }
@@ -493,6 +498,8 @@ pub struct GrantedComponent {
     limits: Limits,
     redactor: Arc<Redactor>,
     net_policy: Arc<NetPolicy>,
+    /// When set, every lease stops making effects once it passes.
+    valid: Option<ValidUntil>,
 }
 
 impl std::fmt::Debug for GrantedComponent {
@@ -502,6 +509,7 @@ impl std::fmt::Debug for GrantedComponent {
             .field("capabilities", &self.capabilities)
             .field("widened", &self.widened)
             .field("limits", &self.limits)
+            .field("valid", &self.valid)
             .finish_non_exhaustive()
     }
 }
@@ -533,6 +541,17 @@ impl GrantedComponent {
     pub fn bounded(&self, bound: &RunBound) -> GrantedComponent {
         GrantedComponent {
             limits: self.limits.within(bound),
+            ..self.clone()
+        }
+    }
+
+    /// The same component whose every lease makes no further effect once
+    /// `valid` has passed: it is not started, its effecting host calls and
+    /// its guest code trap, and it ends with [`LeaseFailure::Expired`] (see
+    /// `validity.rs`).
+    pub fn valid_until(&self, valid: ValidUntil) -> GrantedComponent {
+        GrantedComponent {
+            valid: Some(valid),
             ..self.clone()
         }
     }

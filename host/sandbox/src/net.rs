@@ -23,6 +23,11 @@
 //!   one budget charged frame by frame, so concurrent requests share it;
 //!   the lease deadline covers resolving, connecting and waiting, because
 //!   the guest waits inside a host call the deadline wraps.
+//! - **Validity**: once the lease's [`ValidUntil`](super::ValidUntil) has
+//!   passed, no request leaves: it is refused before it is sent, again
+//!   after connecting (which can take long), and every request body frame
+//!   is checked before it goes (`validity.rs`); the refusal reaches the
+//!   guest as `HTTP-request-denied` and ends the lease as expired.
 //! - **Accounting**: every request, host contacted, byte in and out and
 //!   denial goes into the lease's [`NetworkUsage`], which the receipt
 //!   carries. A denial reaches the guest as a `wasi:http` error code
@@ -49,6 +54,7 @@ use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpCtx, WasiHttpHooks};
 
 use super::capture::Redactor;
+use super::validity::LeaseFence;
 
 /// Most denials a receipt lists; later ones are counted only.
 const MAX_LISTED_DENIALS: usize = 32;
@@ -411,6 +417,7 @@ impl NetLease {
         redactor: Arc<Redactor>,
         max_requests: u64,
         max_response_bytes: u64,
+        fence: LeaseFence,
     ) -> Self {
         NetLease {
             ctx: WasiHttpCtx::new(),
@@ -421,6 +428,7 @@ impl NetLease {
                 max_requests,
                 max_response_bytes,
                 meter: SharedMeter::default(),
+                fence,
             },
         }
     }
@@ -428,7 +436,14 @@ impl NetLease {
     /// A lease state that denies every request: what a `wasi:http` call
     /// finds if the lease was set up without network state.
     pub(crate) fn deny_all(plugin: Arc<str>) -> Self {
-        NetLease::new(plugin, Arc::default(), Arc::default(), 0, 0)
+        NetLease::new(
+            plugin,
+            Arc::default(),
+            Arc::default(),
+            0,
+            0,
+            LeaseFence::default(),
+        )
     }
 
     /// What the lease did, if it attempted any request.
@@ -447,6 +462,7 @@ pub(crate) struct NetHooks {
     max_requests: u64,
     max_response_bytes: u64,
     meter: SharedMeter,
+    fence: LeaseFence,
 }
 
 /// Where an admitted request goes.
@@ -535,6 +551,13 @@ impl WasiHttpHooks for NetHooks {
         options: Option<RequestOptions>,
         _fut: IoFuture,
     ) -> SendFuture {
+        if self.fence.check().is_err() {
+            tracing::debug!(
+                plugin = &*self.plugin,
+                "outbound request refused: the lease's validity has ended"
+            );
+            return Box::new(async { Err(Error::HttpRequestDenied) });
+        }
         let target = match self.admit(&request) {
             Ok(target) => target,
             Err(e) => return Box::new(async move { Err(e) }),
@@ -545,6 +568,7 @@ impl WasiHttpHooks for NetHooks {
             redactor: Arc::clone(&self.redactor),
             meter: Arc::clone(&self.meter),
             max_response_bytes: self.max_response_bytes,
+            fence: self.fence.clone(),
         };
         Box::new(connection.send(target, request, options.unwrap_or_default()))
     }
@@ -557,6 +581,7 @@ struct Connection {
     redactor: Arc<Redactor>,
     meter: SharedMeter,
     max_response_bytes: u64,
+    fence: LeaseFence,
 }
 
 impl Connection {
@@ -580,6 +605,14 @@ impl Connection {
         let (mut sender, conn) = hyper::client::conn::http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await?;
+        // Resolving and connecting can outlast the validity.
+        if self.fence.check().is_err() {
+            tracing::debug!(
+                plugin = &*self.plugin,
+                "outbound request refused after connecting: the lease's validity has ended"
+            );
+            return Err(Error::HttpRequestDenied);
+        }
         // The request line carries only the path: the authority went into
         // the connection and the `host` header.
         let path = request
@@ -592,7 +625,9 @@ impl Connection {
             .build()
             .map_err(|_| Error::HttpRequestUriInvalid)?;
         let request = request.map(|body| {
-            Metered::new(body, Arc::clone(&self.meter), Direction::Out, None).boxed_unsync()
+            Metered::new(body, Arc::clone(&self.meter), Direction::Out, None)
+                .fenced(self.fence.clone())
+                .boxed_unsync()
         });
 
         let mut conn = Box::pin(conn);
@@ -772,6 +807,8 @@ struct Metered<B> {
     limit: Option<u64>,
     idle: Option<Duration>,
     sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// For request bodies: no frame goes once the validity has passed.
+    fence: Option<LeaseFence>,
 }
 
 impl<B> Metered<B> {
@@ -783,7 +820,13 @@ impl<B> Metered<B> {
             limit,
             idle: None,
             sleep: None,
+            fence: None,
         }
+    }
+
+    fn fenced(mut self, fence: LeaseFence) -> Self {
+        self.fence = Some(fence);
+        self
     }
 
     fn with_idle_timeout(mut self, idle: Option<Duration>) -> Self {
@@ -807,6 +850,9 @@ where
         let this = &mut *self;
         match Pin::new(&mut this.inner).poll_frame(cx) {
             Poll::Ready(Some(Ok(frame))) => {
+                if this.fence.as_ref().is_some_and(|f| f.check().is_err()) {
+                    return Poll::Ready(Some(Err(Error::HttpRequestDenied)));
+                }
                 this.sleep = None;
                 if let Some(data) = frame.data_ref() {
                     let n = data.len() as u64;

@@ -87,6 +87,29 @@ pub struct UsageReceipt {
     /// plugins without network keep their bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NetworkUsage>,
+    /// Directory entries left out of the guest's listings because their
+    /// names are not UTF-8 (a WASI name is a string). Present only when
+    /// there were some, so other receipts keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unlisted: Option<Unlisted>,
+}
+
+/// Directory entries a lease's listings left out because their names are
+/// not UTF-8: how many, and the first [`Unlisted::NAMED`] by name (the
+/// mount's guest path, then the name with each byte that is not UTF-8 as
+/// `\xNN` and a backslash as `\\`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Unlisted {
+    /// How many entries were left out.
+    pub count: u64,
+    /// The first of them, by name.
+    pub names: Vec<String>,
+}
+
+impl Unlisted {
+    /// How many names a receipt keeps.
+    pub const NAMED: usize = 16;
 }
 
 /// A memory or table growth the limiter refused.
@@ -126,6 +149,7 @@ impl UsageReceipt {
             stdio_dropped_bytes: 0,
             denied_growth: None,
             network: None,
+            unlisted: None,
         }
     }
 }

@@ -177,13 +177,28 @@ fn walk(
     files: &mut BTreeMap<String, PathBuf>,
     walked: &mut usize,
 ) -> Result<(), ContextError> {
-    let entries = std::fs::read_dir(dir).map_err(|e| {
+    let listing = std::fs::read_dir(dir).map_err(|e| {
         ContextError::failed(format!(
             "cannot list `{}`: {e}",
             if prefix.is_empty() { "." } else { prefix }
         ))
     })?;
-    let mut entries: Vec<_> = entries.filter_map(Result::ok).collect();
+    // An entry that cannot be read ends the listing (the host already
+    // leaves out names that are not UTF-8, reporting them): say so rather
+    // than drop the rest silently.
+    let mut entries = Vec::new();
+    for entry in listing {
+        match entry {
+            Ok(entry) => entries.push(entry),
+            Err(e) => {
+                log::warn!(
+                    "files-context: listing `{}` stopped early: {e}",
+                    if prefix.is_empty() { "." } else { prefix }
+                );
+                break;
+            }
+        }
+    }
     entries.sort_by_key(|e| e.file_name());
     for entry in entries {
         *walked += 1;

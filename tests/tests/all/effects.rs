@@ -778,7 +778,7 @@ text = "Paid."
             }
             other => panic!("{store_kind}: expected the key in use, got {other:?}"),
         }
-        rt.abandon(&a, "the payment provider is down")
+        rt.abandon(&a, "tester", "the payment provider is down")
             .await
             .unwrap();
         assert_eq!(rt.key(&key).await.unwrap().state, KeyState::Orphaned);

@@ -395,14 +395,14 @@ async fn verbs_refuse_what_does_not_fit_and_write_nothing() {
         Err(RuntimeError::NotParked { .. })
     ));
     assert_eq!(rt.events(&run).await.unwrap().len(), 1);
-    rt.abandon(&run, "changed my mind").await.unwrap();
+    rt.abandon(&run, "tester", "changed my mind").await.unwrap();
     assert_eq!(rt.state(&run).await.unwrap().status(), RunStatus::Abandoned);
     assert!(matches!(
-        rt.abandon(&run, "again").await,
+        rt.abandon(&run, "tester", "again").await,
         Err(RuntimeError::AlreadyTerminal { .. })
     ));
     assert!(matches!(
-        rt.cancel(&run, None).await,
+        rt.cancel(&run, None, None).await,
         Err(RuntimeError::AlreadyTerminal { .. })
     ));
 }
@@ -529,11 +529,15 @@ text = "Never reached."
             _ => {}
         }
     }
-    rt.cancel(&run, Some("operator stop".into())).await.unwrap();
+    rt.cancel(&run, Some("ops"), Some("operator stop".into()))
+        .await
+        .unwrap();
     assert_eq!(driver.await.unwrap().unwrap(), RunStatus::Cancelled);
     match rt.events(&run).await.unwrap().last().unwrap() {
         Event::RunCancelled(c) => {
             assert_eq!(c.reason.as_deref(), Some("operator stop"));
+            // The driver that stops records who asked, not only why.
+            assert_eq!(c.by.as_deref(), Some("ops"));
             assert_eq!(c.unresolved_write, None, "the call was a read");
         }
         other => panic!("{other:?}"),
@@ -544,7 +548,7 @@ text = "Never reached."
         .start_with_id(&agent, id("idle"), json!("go"))
         .await
         .unwrap();
-    rt.cancel(&idle, None).await.unwrap();
+    rt.cancel(&idle, None, None).await.unwrap();
     assert_eq!(
         rt.state(&idle).await.unwrap().status(),
         RunStatus::Cancelled

@@ -8,6 +8,10 @@
 //!   a mount's path swapped for a symlink, FIFOs, sockets and devices.
 //! - `isolation`: leakage between leases, environment grants and redaction,
 //!   starvation, cancellation.
+//! - `fencing`: a lease's validity (`ValidUntil`): passed, a lease never
+//!   runs; passing mid-call, no further filesystem change of any kind and
+//!   no further request, a compute loop trapped, a wait stopped; kept
+//!   extended, the call finishes.
 //! - `loading`: the import allow-list, integrity pins, the component cache.
 //! - `budgets`: budgets through the runtime on the injected clock: a tool
 //!   call of an answer that crossed a budget never runs, a call whose input
@@ -39,6 +43,10 @@
 //! - `narrowed`: calls ahead of an effect (a preflight, and by default a
 //!   context source or a policy) under the narrowed grant: a write and a
 //!   request planted in a preflight are refused, the approval still shows.
+//! - `pause`: a paused writer: a `warden worker` stopped with SIGSTOP
+//!   mid-write past its lease on PostgreSQL, taken over, resolved by an
+//!   operator, then woken, writes nothing more; a driver whose own view of
+//!   its lease passes mid-write stops and records nothing.
 //! - `parsing`: agent files, manifests, stored events and guest output,
 //!   mangled at random, parse or fail typed, never panic.
 //! - `plugins`: the other first-party plugins through the testkit.
@@ -86,6 +94,7 @@ mod context;
 mod corpus;
 mod effects;
 mod engine;
+mod fencing;
 mod filesystem;
 mod fs_plugin;
 mod hostile;
@@ -101,6 +110,7 @@ mod model_server;
 mod narrowed;
 mod network;
 mod parsing;
+mod pause;
 mod plugins;
 mod policies;
 mod policy_plugins;

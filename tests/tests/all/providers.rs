@@ -1408,7 +1408,9 @@ async fn cancelling_a_run_mid_stream_closes_the_connection() {
                 None => panic!("the runtime went away"),
             }
         }
-        rt.cancel(&run, Some("operator".into())).await.unwrap();
+        rt.cancel(&run, None, Some("operator".into()))
+            .await
+            .unwrap();
         assert_eq!(
             driver.await.unwrap().unwrap(),
             RunStatus::Cancelled,

@@ -86,6 +86,12 @@ impl TestServer {
     pub fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
+
+    /// How many requests were received so far, for another task to watch.
+    pub fn received_counter(&self) -> impl Fn() -> usize + Send + 'static {
+        let seen = Arc::clone(&self.seen);
+        move || seen.lock().unwrap().len()
+    }
 }
 
 async fn serve(mut stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {

@@ -267,7 +267,7 @@ async fn three_runs_with_the_middle_one_cancelled(store: Arc<dyn EventStore>) {
     );
     assert_eq!(rt.session_runs(&s).await.unwrap().len(), 2);
 
-    rt.cancel(&second, Some("the user changed their mind".into()))
+    rt.cancel(&second, None, Some("the user changed their mind".into()))
         .await
         .unwrap();
     assert_eq!(driver.await.unwrap().unwrap(), RunStatus::Cancelled);
@@ -441,7 +441,7 @@ async fn a_parked_run_keeps_its_session(store: Arc<dyn EventStore>) {
         .await
         .unwrap();
     rt.drive(&parked, &chat.agent).await.unwrap();
-    rt.abandon(&parked, "not needed").await.unwrap();
+    rt.abandon(&parked, "tester", "not needed").await.unwrap();
     let last = rt
         .start_in_session(&s, &chat.agent, json!("still there?"))
         .await

@@ -24,6 +24,7 @@ use serde_json::json;
 use warden::engine::events::Event;
 use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
+use warden::sandbox::ValidUntil;
 use warden::store::{EventStore, PostgresStore, RunFilter, SqliteStore, StoreError};
 use warden::worker::Worker;
 
@@ -161,6 +162,13 @@ dir = "../work"
     Agent::load(&path.canonicalize().unwrap(), None).unwrap()
 }
 
+/// A driver's own view of its lease in these tests: good for a minute, so
+/// that only the store's fencing token decides (a stalled driver's clock
+/// may well say its lease is fine).
+fn valid() -> ValidUntil {
+    ValidUntil::for_next(Duration::from_secs(60))
+}
+
 fn runtime(store: Arc<dyn EventStore>) -> Runtime {
     Runtime::new(store, PluginHost::new(sandbox().clone()))
 }
@@ -202,7 +210,7 @@ async fn racing_drivers(store: Arc<dyn EventStore>, fx: &Fixture) {
     // The stalled winner wakes up and drives: refused at its first append.
     let driver = if winner.owner == "driver-a" { &a } else { &b };
     let err = driver
-        .recover_leased(&agent, ReplayOptions::default(), winner.clone())
+        .recover_leased(&agent, ReplayOptions::default(), winner.clone(), valid())
         .await
         .unwrap_err();
     assert!(
@@ -220,7 +228,7 @@ async fn racing_drivers(store: Arc<dyn EventStore>, fx: &Fixture) {
     // The new owner drives the run to its end; its write ran once.
     let owner = if winner.owner == "driver-a" { &b } else { &a };
     let status = owner
-        .recover_leased(&agent, ReplayOptions::default(), takeover.clone())
+        .recover_leased(&agent, ReplayOptions::default(), takeover.clone(), valid())
         .await
         .unwrap();
     assert_eq!(status, RunStatus::Completed);
@@ -324,7 +332,7 @@ async fn die_mid_call(
     let driving = tokio::spawn({
         let (agent, lease) = (agent.clone(), lease_a.clone());
         async move {
-            a.recover_leased(&agent, ReplayOptions::default(), lease)
+            a.recover_leased(&agent, ReplayOptions::default(), lease, valid())
                 .await
         }
     });
@@ -354,7 +362,7 @@ async fn die_mid_call(
         .unwrap();
     assert_eq!((lease_a.token, lease_b.token), (1, 2));
     let outcome = b
-        .recover_leased(agent, ReplayOptions::default(), lease_b.clone())
+        .recover_leased(agent, ReplayOptions::default(), lease_b.clone(), valid())
         .await;
     (b, run, lease_b, outcome)
 }
@@ -805,7 +813,7 @@ fn delivered(dir: &Path) -> Vec<serde_json::Value> {
 }
 
 /// Polls `done` every 20 ms for up to 60 s; panics with `what` after.
-async fn wait_for<F: AsyncFnMut() -> bool>(what: &str, mut done: F) {
+pub(crate) async fn wait_for<F: AsyncFnMut() -> bool>(what: &str, mut done: F) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while !done().await {
         assert!(std::time::Instant::now() < deadline, "{what}");
@@ -997,7 +1005,7 @@ dir = "../work"
 }
 
 /// Kills the worker if the test fails before it stops.
-struct KillOnDrop(Child);
+pub(crate) struct KillOnDrop(pub(crate) Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {

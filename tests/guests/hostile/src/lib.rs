@@ -105,8 +105,8 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
     ),
     (
         "fs",
-        "Performs one filesystem operation: op is read, write, append, contains, truncate, create, rename, unlink, set_times, mkdir, rmdir, list, read_link or stat.",
-        r#"{"type":"object","required":["op"],"properties":{"op":{"enum":["read","write","append","contains","truncate","create","rename","unlink","set_times","mkdir","rmdir","list","read_link","stat"]},"needle":{"type":"string"},"path":{"type":"string"},"content":{"type":"string"},"len":{"type":"integer","minimum":0},"from":{"type":"string"},"to":{"type":"string"},"modified_ms":{"type":"integer","minimum":0}}}"#,
+        "Performs one filesystem operation, after waiting delay_ms (default 0) in a host call: op is read, write, append, contains, truncate, create, rename, unlink, set_times, mkdir, rmdir, list, read_link or stat.",
+        r#"{"type":"object","required":["op"],"properties":{"op":{"enum":["read","write","append","contains","truncate","create","rename","unlink","set_times","mkdir","rmdir","list","read_link","stat"]},"needle":{"type":"string"},"path":{"type":"string"},"content":{"type":"string"},"len":{"type":"integer","minimum":0},"from":{"type":"string"},"to":{"type":"string"},"modified_ms":{"type":"integer","minimum":0},"delay_ms":{"type":"integer","minimum":0}}}"#,
         Effect::Write,
     ),
     (
@@ -155,6 +155,12 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
         "block_once",
         "Appends content to the file at path and the idempotency key to <path>.keys; the first time (no <path>.blocked yet) it then blocks forever, later it returns: a call whose driver dies mid-call, then succeeds on retry.",
         r#"{"type":"object","required":["path","content"],"properties":{"path":{"type":"string"},"content":{"type":"string"}}}"#,
+        Effect::Write,
+    ),
+    (
+        "slow_append",
+        "Appends the lines step-0 to step-<steps - 1> to the file at path, one write each through one open file, waiting step_ms (default 0) in a host call after each: a write that takes long, in many steps.",
+        r#"{"type":"object","required":["path","steps"],"properties":{"path":{"type":"string"},"steps":{"type":"integer","minimum":0},"step_ms":{"type":"integer","minimum":0}}}"#,
         Effect::Write,
     ),
     (
@@ -216,6 +222,7 @@ impl Guest for Hostile {
             "flaky" => flaky(&args, &call.idempotency_key),
             "write_then_sleep" => write_then_sleep(&args),
             "block_once" => block_once(&args, &call.idempotency_key),
+            "slow_append" => slow_append(&args),
             other => Err(unknown_tool(other)),
         }?;
         Ok(ToolOutput { content })
@@ -380,9 +387,15 @@ fn panic_now(args: &Value) -> ! {
 /// | `read_link` | `path` | `{"target": text}` |
 /// | `stat` | `path` | `{"kind": "file"/"dir"/"symlink"/"other", "len", "modified_ms"}` (does not follow a final symlink) |
 ///
-/// An I/O error is a `failed` tool error: `"<op> <path>: <error> (kind: <ErrorKind>)"`.
+/// With `delay_ms`, it first waits that long in a host call (a clock
+/// poll). An I/O error is a `failed` tool error: `"<op> <path>: <error>
+/// (kind: <ErrorKind>)"`.
 fn fs_op(args: &Value) -> Result<String, ToolError> {
     let op = str_arg(args, "op")?;
+    let delay = u64_arg(args, "delay_ms", 0)?;
+    if delay > 0 {
+        std::thread::sleep(Duration::from_millis(delay));
+    }
     let (subject, result): (String, io::Result<Value>) = match op {
         "rename" => {
             let (from, to) = (str_arg(args, "from")?, str_arg(args, "to")?);
@@ -596,6 +609,30 @@ fn write_then_sleep(args: &Value) -> Result<String, ToolError> {
         .and_then(|mut f| f.write_all(content.as_bytes()))
         .map_err(|e| failed(format!("append {path}: {e}")))?;
     sleep_forever()
+}
+
+/// `slow_append {path, steps, step_ms?}`: opens the file at `path` for
+/// appending once, then writes `step-<i>\n` for each step, each its own
+/// write, flushed, waiting `step_ms` after each. Returns `{"steps": n}`, or
+/// `failed` naming the step a write failed at.
+fn slow_append(args: &Value) -> Result<String, ToolError> {
+    let path = str_arg(args, "path")?;
+    let steps = u64_arg(args, "steps", 0)?;
+    let wait = Duration::from_millis(u64_arg(args, "step_ms", 0)?);
+    let mut file = OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .map_err(|e| failed(format!("open {path}: {e}")))?;
+    for step in 0..steps {
+        file.write_all(format!("step-{step}\n").as_bytes())
+            .and_then(|()| file.flush())
+            .map_err(|e| failed(format!("step {step}: {e}")))?;
+        if !wait.is_zero() {
+            std::thread::sleep(wait);
+        }
+    }
+    Ok(json!({ "steps": steps }).to_string())
 }
 
 /// `block_once {path, content}`: appends `content` to the file at `path`

@@ -1,0 +1,269 @@
+//! A paused writer (issue 15): a driver stopped in the middle of a long
+//! write, past its lease, makes no further effect once it wakes.
+//!
+//! - Through the real binary on PostgreSQL: a `warden worker` is stopped
+//!   with SIGSTOP while the hostile guest's `slow_append` writes a file one
+//!   line per host call; once its lease has run out an operator resolves
+//!   the dangling write with `warden runs resolve` and a second worker
+//!   takes the run over and finishes it; then the first gets SIGCONT. The file must hold what it held when the first was stopped,
+//!   and the log what the second left.
+//! - Through the library: a driver whose own view of its lease
+//!   ([`ValidUntil`]) passes mid-write stops with
+//!   [`RuntimeError::LeaseExpired`], its write stops, and nothing is
+//!   appended after the write's intent.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use warden::engine::events::Event;
+use warden::engine::{Agent, ReplayOptions, RunId, Runtime, RuntimeError};
+use warden::plugins::PluginHost;
+use warden::sandbox::ValidUntil;
+use warden::store::{EventStore, MemoryStore};
+
+use super::engine::Fixture;
+use super::workers::{KillOnDrop, PgSchema, now_ms, wait_for};
+use crate::binary::warden_binary;
+use crate::sandbox;
+
+/// An agent file `agents/<name>.toml` whose one tool call appends `steps`
+/// lines to `work/slow.log`, `step_ms` apart, then finishes.
+fn slow_agent(fx: &Fixture, name: &str, steps: u64, step_ms: u64) -> Agent {
+    let dir = fx.dir.path().join("agents");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join(format!("{name}.transcript.toml")),
+        format!(
+            r#"
+[[turns]]
+text = "Writing slowly."
+[[turns.tool_calls]]
+name = "hostile__slow_append"
+arguments = {{ path = "/workspace/slow.log", steps = {steps}, step_ms = {step_ms} }}
+
+[[turns]]
+text = "Written."
+"#
+        ),
+    )
+    .unwrap();
+    let text = format!(
+        r#"
+name = "{name}"
+instructions = "Write slowly."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "{name}.transcript.toml"
+
+[plugins.hostile]
+source = "../hostile.toml"
+approval = {{ slow_append = "never" }}
+[plugins.hostile.grant.mounts.workspace]
+dir = "../work"
+"#
+    );
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(&path, text).unwrap();
+    Agent::load(&path.canonicalize().unwrap(), None).unwrap()
+}
+
+fn runtime(store: Arc<dyn EventStore>) -> Runtime {
+    Runtime::new(store, PluginHost::new(sandbox().clone()))
+}
+
+/// The lines of `work/slow.log`, checked to be `step-0`, `step-1`, ... in
+/// order (no line torn, none twice).
+fn steps_written(fx: &Fixture) -> (String, usize) {
+    let text = std::fs::read_to_string(fx.dir.path().join("work/slow.log")).unwrap_or_default();
+    let mut n = 0;
+    for line in text.lines() {
+        assert_eq!(line, format!("step-{n}"), "slow.log is not whole");
+        n += 1;
+    }
+    (text, n)
+}
+
+fn start_worker(dir: &Path, url: &str, id: &str) -> KillOnDrop {
+    let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
+    let child = Command::new(warden_binary())
+        .args([
+            "worker",
+            "--lease-ttl",
+            "1s",
+            "--poll",
+            "50ms",
+            "--grace",
+            "1s",
+            "--id",
+            id,
+        ])
+        .env("WARDEN_STORE", url)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    KillOnDrop(child)
+}
+
+fn signal(worker: &KillOnDrop, sig: &str) {
+    let pid = worker.0.id().to_string();
+    let sent = Command::new("kill").args([sig, &pid]).status().unwrap();
+    assert!(sent.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_mid_write_past_its_lease_writes_nothing_after_it_wakes() {
+    let Some(pg) = PgSchema::new("pause").await else {
+        return;
+    };
+    let fx = Fixture::new();
+    let dir = fx.dir.path();
+    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
+    let rt = runtime(store.clone());
+    let run = RunId::new("paused").unwrap();
+    // Lines as fast as the host calls go: a writer that wakes and is not
+    // stopped at once writes some.
+    let agent = slow_agent(&fx, "paused", 5_000_000, 0);
+    rt.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+        .await
+        .unwrap();
+
+    let first = start_worker(dir, &pg.url, "worker-a");
+    wait_for("worker-a never started the write", async || {
+        steps_written(&fx).1 >= 200
+    })
+    .await;
+    signal(&first, "-STOP");
+    // Stopped: the file no longer grows.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (at_stop, steps) = steps_written(&fx);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(steps_written(&fx).1, steps, "worker-a did not stop");
+
+    // Its lease runs out, its write dangling (the run is listed as needing
+    // reconciliation since the write began); another worker is up.
+    let second = start_worker(dir, &pg.url, "worker-b");
+    wait_for("worker-a's lease never ran out", async || {
+        store.summary(&run).await.is_ok_and(|s| {
+            s.status == "needs_reconciliation"
+                && s.lease.as_ref().is_some_and(|l| l.is_expired(now_ms()))
+        })
+    })
+    .await;
+    // The operator looks at the file and resolves the write as not made.
+    let resolved = Command::new(warden_binary())
+        .args([
+            "runs",
+            "resolve",
+            run.as_str(),
+            "--output",
+            r#"{"applied": false}"#,
+            "--note",
+            "the writer was paused; its file is as it was",
+        ])
+        .env("WARDEN_STORE", &pg.url)
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(
+        resolved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resolved.stderr)
+    );
+    // The other worker takes the run over and finishes it.
+    wait_for("worker-b never finished the run", async || {
+        store
+            .summary(&run)
+            .await
+            .is_ok_and(|s| s.status == "completed" && s.lease.is_none() && s.lease_token >= 2)
+    })
+    .await;
+    let events = store.load(&run).await.unwrap();
+    assert_eq!(steps_written(&fx).0, at_stop);
+
+    // The paused worker wakes: it writes nothing more, to the file or to
+    // the log.
+    signal(&first, "-CONT");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (after, after_steps) = steps_written(&fx);
+    let worker_log = std::fs::read_to_string(dir.join("worker-a.log")).unwrap_or_default();
+    assert_eq!(
+        after_steps,
+        steps,
+        "worker-a wrote {} more steps after it woke: {worker_log}",
+        after_steps - steps
+    );
+    assert_eq!(after, at_stop);
+    assert_eq!(store.load(&run).await.unwrap(), events, "the log changed");
+    let summary = store.summary(&run).await.unwrap();
+    assert_eq!(summary.status, "completed");
+    assert!(store.verify(&run).await.unwrap().is_intact());
+    let recorded: Vec<Event> = rt.events(&run).await.unwrap();
+    let intents = recorded
+        .iter()
+        .filter(|e| matches!(e, Event::ToolCallIntent(_)))
+        .count();
+    let resolutions = recorded
+        .iter()
+        .filter(|e| matches!(e, Event::ToolCallResolved(_)))
+        .count();
+    assert_eq!((intents, resolutions), (1, 1), "{recorded:?}");
+    eprintln!(
+        "paused writer: stopped after {steps} steps, nothing written after SIGCONT; worker-a said: {}",
+        worker_log.lines().last().unwrap_or("nothing")
+    );
+    drop(second);
+    drop(first);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_driver_whose_lease_view_passes_mid_write_stops_and_records_nothing() {
+    let fx = Fixture::new();
+    let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let rt = runtime(store.clone());
+    let run = RunId::new("lapsed").unwrap();
+    let agent = slow_agent(&fx, "lapsed", 10_000, 2);
+    rt.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+        .await
+        .unwrap();
+    // The store's lease is good for a minute; the driver's own view of it,
+    // only 300 ms (a worker that could not renew, say).
+    let lease = store
+        .acquire_lease(&run, "driver", now_ms(), 60_000)
+        .await
+        .unwrap();
+    let valid = ValidUntil::for_next(Duration::from_millis(300));
+    let started = std::time::Instant::now();
+    let err = rt
+        .recover_leased(&agent, ReplayOptions::default(), lease, valid)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, RuntimeError::LeaseExpired { run_id } if *run_id == run),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (written, steps) = steps_written(&fx);
+    assert!(steps > 0 && steps < 10_000, "{steps} steps");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(steps_written(&fx).0, written, "the write went on");
+    let events = rt.events(&run).await.unwrap();
+    assert!(
+        matches!(events.last(), Some(Event::ToolCallIntent(_))),
+        "nothing after the write's intent: {events:?}"
+    );
+}
