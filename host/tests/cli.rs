@@ -2371,6 +2371,27 @@ fn keys_are_listed_shown_and_released_and_a_failed_write_leaves_its_key_free() {
         "one\n"
     );
 
+    // Settled by the fourth run: settling it by hand is refused.
+    let details = assert_refused(
+        dir.path(),
+        &[
+            "keys",
+            "settle",
+            &key,
+            "--output",
+            r#"{"path": "out/a.txt"}"#,
+        ],
+        "key_settled",
+        "is already settled by run `fourth`",
+    );
+    assert_eq!(details["holder_run"], "fourth");
+    let details = assert_refused(
+        dir.path(),
+        &["keys", "settle", "no-such-key", "--output", "{}"],
+        "unknown_key",
+        "no-such-key",
+    );
+    assert_eq!(details["key"], "no-such-key");
     let details = assert_refused(
         dir.path(),
         &["keys", "release", "no-such-key"],

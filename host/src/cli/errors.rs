@@ -270,6 +270,10 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "key_in_use",
             json!({ "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id, "holder_status": status }),
         ),
+        RuntimeError::KeyAlreadySettled { key, holder } => (
+            "key_settled",
+            json!({ "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),
+        ),
         RuntimeError::KeyHolderGone { key, holder } => (
             "key_holder_gone",
             json!({ "key": key, "holder_run": holder.run_id, "holder_call": holder.call_id }),

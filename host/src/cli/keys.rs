@@ -1,7 +1,9 @@
-//! `warden keys list|show|release`: the idempotency keys keyed calls claim,
-//! the state their holder runs leave them in (held, settled, orphaned), and
-//! releasing one so that the next run with it makes the call (recorded as
-//! `key_released` in the holder run's log, with who released it).
+//! `warden keys list|show|release|settle`: the idempotency keys keyed calls
+//! claim, the state their holder runs leave them in (held, settled,
+//! orphaned), releasing one so that the next run with it makes the call
+//! (recorded as `key_released` in the holder run's log, with who released
+//! it), and settling an orphaned one with the outcome its call had, so that
+//! later runs get it (recorded as `key_settled`).
 
 use clap::Subcommand;
 use serde_json::json;
@@ -43,11 +45,28 @@ pub(crate) enum KeysCommand {
         #[arg(long)]
         note: Option<String>,
     },
+    /// Settle an orphaned key with its call's outcome, once you checked that
+    /// the effect did happen: later runs with the key get this output and
+    /// make no call. Refused while the holder run has not ended (`warden
+    /// runs resolve` settles it there) and for a key already settled.
+    Settle {
+        /// The key.
+        key: String,
+        /// The call's output as JSON; `@FILE` reads a file.
+        #[arg(long)]
+        output: String,
+        /// Who settles it (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+        /// What you found, for the audit trail.
+        #[arg(long)]
+        note: Option<String>,
+    },
 }
 
 pub(crate) async fn run(cmd: KeysCommand, ctx: &Context) -> anyhow::Result<()> {
     let access = match cmd {
-        KeysCommand::Release { .. } => Access::Write,
+        KeysCommand::Release { .. } | KeysCommand::Settle { .. } => Access::Write,
         _ => Access::Read,
     };
     let (rt, _) = runtime(ctx, open_store(&ctx.settings, access).await?)?;
@@ -84,6 +103,27 @@ pub(crate) async fn run(cmd: KeysCommand, ctx: &Context) -> anyhow::Result<()> {
                     info.state.as_str(),
                     info.run_id,
                     info.call_id
+                );
+            }
+        }
+        KeysCommand::Settle {
+            key,
+            output,
+            by,
+            note,
+        } => {
+            let output = super::runs::json_input(&output)?;
+            let by = user(by);
+            let info = rt.settle_key(&key, output, &by, note).await?;
+            if ctx.json {
+                println!(
+                    "{}",
+                    json!({ "settled": info.key, "run_id": info.run_id, "call_id": info.call_id, "by": by })
+                );
+            } else {
+                println!(
+                    "settled {} (held by run {} call {}); later runs with this key get that output and make no call",
+                    info.key, info.run_id, info.call_id
                 );
             }
         }
@@ -125,8 +165,8 @@ fn show(info: &KeyInfo, json: bool) {
                 .to_owned()
         }
         KeyState::Orphaned => format!(
-            "nothing will settle it: check whether call {} of run {} had its effect; if not, `warden keys release {}`",
-            info.call_id, info.run_id, info.key
+            "nothing will settle it: check whether call {} of run {} had its effect; if not, `warden keys release {}`; if it did, `warden keys settle {} --output '<its output as JSON>'`",
+            info.call_id, info.run_id, info.key, info.key
         ),
     };
     if json {

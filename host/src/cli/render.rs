@@ -296,6 +296,17 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
                 .map(|n| format!(" ({n})"))
                 .unwrap_or_default()
         ),
+        Event::KeySettled(r) => format!(
+            "✓ idempotency key {} of {} settled by {} with {}{}",
+            r.key,
+            r.call_id,
+            r.by,
+            r.output,
+            r.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
         Event::KeyReleased(r) => format!(
             "⟳ idempotency key {} of {} released by {}{}",
             r.key,

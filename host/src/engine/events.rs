@@ -142,6 +142,10 @@ pub enum Event {
     /// An operator released an idempotency key this run held: the next run
     /// with the key makes the call. May follow a terminal event.
     KeyReleased(KeyReleased),
+    /// An operator settled an idempotency key this run held unsettled with
+    /// the call's outcome, found by hand: later runs with the key get it.
+    /// May follow a terminal event.
+    KeySettled(KeySettled),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -230,11 +234,13 @@ pub enum EventKind {
     Reconciled,
     /// [`Event::KeyReleased`].
     KeyReleased,
+    /// [`Event::KeySettled`].
+    KeySettled,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 41] = [
+    pub const ALL: [EventKind; 42] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -276,6 +282,7 @@ impl EventKind {
         EventKind::WaitStarted,
         EventKind::WaitEnded,
         EventKind::KeyReleased,
+        EventKind::KeySettled,
     ];
 
     /// The `type` tag.
@@ -322,6 +329,7 @@ impl EventKind {
             EventKind::ReconciliationRequired => "reconciliation_required",
             EventKind::Reconciled => "reconciled",
             EventKind::KeyReleased => "key_released",
+            EventKind::KeySettled => "key_settled",
         }
     }
 
@@ -423,6 +431,7 @@ impl Event {
             Event::ReconciliationRequired(_) => EventKind::ReconciliationRequired,
             Event::Reconciled(_) => EventKind::Reconciled,
             Event::KeyReleased(_) => EventKind::KeyReleased,
+            Event::KeySettled(_) => EventKind::KeySettled,
         }
     }
 
@@ -1464,6 +1473,24 @@ pub struct KeyReleased {
     pub note: Option<String>,
 }
 
+/// [`Event::KeySettled`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KeySettled {
+    /// The idempotency key.
+    pub key: String,
+    /// The call of this run that held it.
+    pub call_id: CallId,
+    /// The call's output, as the operator found it: what later runs with
+    /// the key get.
+    pub output: Value,
+    /// Who settled it.
+    pub by: String,
+    /// What they found. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
+}
+
 /// [`Event::RunAbandoned`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -2170,6 +2197,16 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"key_released","key":"k-1","call_id":"call-1-1","by":"ops","note":"never paid"}}"#,
             ),
+            (
+                Event::KeySettled(KeySettled {
+                    key: "k-1".into(),
+                    call_id: CallId::from_text("call-1-1"),
+                    output: serde_json::json!({ "paid": true }),
+                    by: "ops".into(),
+                    note: None,
+                }),
+                r#"{"v":1,"event":{"type":"key_settled","key":"k-1","call_id":"call-1-1","output":{"paid":true},"by":"ops"}}"#,
+            ),
         ]
     }
 
@@ -2217,6 +2254,7 @@ pub(crate) mod tests {
             EventKind::WaitStarted => 38,
             EventKind::WaitEnded => 39,
             EventKind::KeyReleased => 40,
+            EventKind::KeySettled => 41,
         }
     }
 
@@ -2251,7 +2289,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 41, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 42, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

@@ -40,8 +40,9 @@ use super::decide::{
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
     ContextResolved, Event, EventError, ExternalCallCompleted, InvocationOutcome, KeyReleased,
-    Reconciled, ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted, ToolCallResolved,
-    ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode, encode_readable,
+    KeySettled, Reconciled, ReconciliationRequired, RunAbandoned, RunCancelled, RunStarted,
+    ToolCallResolved, ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode,
+    encode_readable,
 };
 use super::ids::{AgentDigest, CallId, RunId, SessionId};
 use super::keys::{KeyInfo, KeyState};
@@ -447,6 +448,18 @@ pub enum RuntimeError {
         holder: Holder,
         /// The holder run's status.
         status: String,
+    },
+    /// The key is settled already: later runs get its result. Nothing was
+    /// recorded.
+    #[error(
+        "idempotency key `{key}` is already settled by run `{}` call `{}`: later runs get its result; release it first to settle it again",
+        holder.run_id, holder.call_id
+    )]
+    KeyAlreadySettled {
+        /// The key.
+        key: String,
+        /// Who holds it.
+        holder: Holder,
     },
     /// The run that holds the key was pruned: no log is left to record a
     /// release in. Nothing was released.
@@ -1381,6 +1394,69 @@ impl Runtime {
             outcome: Settle::Release,
         };
         self.append_with(&mut log, vec![event], Some(&release))
+            .await?;
+        Ok(info)
+    }
+
+    /// Settles idempotency key `key`, held unsettled by a run that ended
+    /// (orphaned), with `output`, the call's outcome as the operator found
+    /// it: later runs with the key get it (a `tool_call_deduplicated`) and
+    /// make no call. Recorded as [`Event::KeySettled`] in the holder run's
+    /// log, in the transaction that settles the key, with `by` and `note`.
+    /// Refused while the holder has not ended ([`RuntimeError::KeyInUse`]:
+    /// `resolve` settles it there), when it is settled already
+    /// ([`RuntimeError::KeyAlreadySettled`]) and when the holder was pruned.
+    pub async fn settle_key(
+        &self,
+        key: &str,
+        output: Value,
+        by: &str,
+        note: Option<String>,
+    ) -> Result<KeyInfo, RuntimeError> {
+        let info = self.key(key).await?;
+        let holder = Holder {
+            run_id: info.run_id.clone(),
+            call_id: info.call_id.clone(),
+        };
+        let Some(status) = &info.run_status else {
+            return Err(RuntimeError::KeyHolderGone {
+                key: key.to_owned(),
+                holder,
+            });
+        };
+        match info.state {
+            KeyState::Held => {
+                return Err(RuntimeError::KeyInUse {
+                    key: key.to_owned(),
+                    status: status.clone(),
+                    holder,
+                });
+            }
+            KeyState::Settled => {
+                return Err(RuntimeError::KeyAlreadySettled {
+                    key: key.to_owned(),
+                    holder,
+                });
+            }
+            KeyState::Orphaned => {}
+        }
+        let result = ToolCallResult::Output(output.clone());
+        let mut log = self.load_log(&holder.run_id).await?;
+        let event = Event::KeySettled(KeySettled {
+            key: key.to_owned(),
+            call_id: CallId::from_text(holder.call_id.clone()),
+            output,
+            by: by.to_owned(),
+            note,
+        });
+        let settle = Settlement {
+            key: key.to_owned(),
+            holder,
+            outcome: Settle::Result(Bytes::from(
+                serde_json::to_vec(&result).expect("a tool call result serializes"),
+            )),
+        };
+        self.append_with(&mut log, vec![event], Some(&settle))
             .await?;
         Ok(info)
     }

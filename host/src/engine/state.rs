@@ -1164,9 +1164,9 @@ impl RunState {
         if event.is_delivery() {
             return self.check_delivery(event);
         }
-        // An operator's release of a key: at any time, finished runs
-        // included (the store checked the run held the key).
-        if matches!(event, Event::KeyReleased(_)) {
+        // An operator's release or settlement of a key: at any time,
+        // finished runs included (the store checked the run held the key).
+        if matches!(event, Event::KeyReleased(_) | Event::KeySettled(_)) {
             return Ok(());
         }
         if let Some(d) = &self.deliveries.in_flight
@@ -1460,7 +1460,9 @@ impl RunState {
             Event::ReconciliationRequired(_) => Ok(()),
             Event::Reconciled(_) if self.hold.is_none() => Err(FoldProblem::NothingToReconcile),
             Event::Reconciled(_) => Ok(()),
-            Event::KeyReleased(_) => unreachable!("key releases are checked above"),
+            Event::KeyReleased(_) | Event::KeySettled(_) => {
+                unreachable!("key releases and settlements are checked above")
+            }
             Event::DeliveryIntent(_)
             | Event::DeliveryAttemptFailed(_)
             | Event::DeliveryCompleted(_)
@@ -1856,7 +1858,7 @@ impl RunState {
             Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
             Event::ReconciliationRequired(r) => self.hold = Some(r.clone()),
             Event::Reconciled(_) => self.hold = None,
-            Event::KeyReleased(_) => {}
+            Event::KeyReleased(_) | Event::KeySettled(_) => {}
             Event::DeliveryIntent(intent) => {
                 self.deliveries
                     .cursors

@@ -732,6 +732,105 @@ text = "Paid."
 /// key cannot be released while its holder may still make the call, and an
 /// operator's release (recorded in the holder's log) lets the next run
 /// make it.
+/// An operator who checked that an orphaned key's call did have its effect
+/// settles the key with its output (`warden keys settle`): recorded as
+/// `key_settled` in the holder's log, and a later run with the key gets
+/// that output and makes no call. A key held by a run that has not ended,
+/// or already settled, is refused.
+#[tokio::test]
+async fn an_orphaned_keyed_write_settled_by_an_operator_hands_its_output_to_later_runs() {
+    for store_kind in ["memory", "sqlite"] {
+        let fx = Fixture::new();
+        let turns = r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__write_then_sleep"
+arguments = { path = "/workspace/effects.log", content = "paid\n", claim_id = "c-79" }
+
+[[turns]]
+text = "Paid."
+"#;
+        let agent = fx.agent(
+            turns,
+            "[plugins.hostile.grant.limits]\ntimeout = \"300ms\"\n[plugins.hostile.grant.tools.write_then_sleep]\nidempotency_key = \"claim_id\"\n",
+        );
+        let store: Arc<dyn EventStore> = match store_kind {
+            "memory" => Arc::new(MemoryStore::new()),
+            _ => Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap()),
+        };
+        let rt = runtime(store);
+        let a = rt
+            .start_with_id(&agent, id("a"), json!("go"))
+            .await
+            .unwrap();
+        assert!(matches!(
+            rt.drive(&a, &agent).await,
+            Err(RuntimeError::NeedsReconciliation { .. })
+        ));
+        let key = rt.keys(&CommitmentFilter::new()).await.unwrap()[0]
+            .key
+            .clone();
+        let paid = json!({ "paid": true, "receipt": "r-1" });
+        assert!(
+            matches!(
+                rt.settle_key(&key, paid.clone(), "ops", None).await,
+                Err(RuntimeError::KeyInUse { .. })
+            ),
+            "{store_kind}: settled while its holder may still resolve it"
+        );
+        rt.abandon(&a, "ops", "the operator gave up on the run")
+            .await
+            .unwrap();
+        assert_eq!(rt.key(&key).await.unwrap().state, KeyState::Orphaned);
+
+        // The operator checked: the payment went through.
+        rt.settle_key(&key, paid.clone(), "ops", Some("in the ledger".into()))
+            .await
+            .unwrap();
+        match rt.events(&a).await.unwrap().last() {
+            Some(Event::KeySettled(s)) => assert_eq!(
+                (s.key.as_str(), &s.output, s.by.as_str()),
+                (key.as_str(), &paid, "ops")
+            ),
+            other => panic!("{store_kind}: expected key_settled last, got {other:?}"),
+        }
+        assert_eq!(rt.state(&a).await.unwrap().status(), RunStatus::Abandoned);
+        assert_eq!(rt.key(&key).await.unwrap().state, KeyState::Settled);
+        assert!(matches!(
+            rt.settle_key(&key, json!({}), "ops", None).await,
+            Err(RuntimeError::KeyAlreadySettled { .. })
+        ));
+
+        // A later run with the key gets the output; the write never runs.
+        let b = rt
+            .start_with_id(&agent, id("b"), json!("go"))
+            .await
+            .unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(20), rt.drive(&b, &agent))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(status, RunStatus::Completed, "{store_kind}");
+        assert_eq!(fx.effects(), 1, "{store_kind}: the write ran again");
+        let deduplicated = rt
+            .events(&b)
+            .await
+            .unwrap()
+            .into_iter()
+            .find_map(|e| match e {
+                Event::ToolCallDeduplicated(d) => Some(d),
+                _ => None,
+            })
+            .expect("b's call was deduplicated");
+        assert_eq!(
+            deduplicated.result,
+            warden::engine::events::ToolCallResult::Output(paid),
+            "{store_kind}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn an_abandoned_keyed_write_orphans_its_key_until_an_operator_releases_it() {
     for store_kind in ["memory", "sqlite"] {
