@@ -1,8 +1,8 @@
 //! What a failed command tells a script: a stable `code`, the one-line
 //! `message`, and `details` carrying the evidence (the run, the call, the
 //! dangling write, the file and key). In `--json` mode this is printed as
-//! the envelope `{"error": {"code", "message", "details"}}` on stdout; in
-//! text mode only the message is printed, on stderr.
+//! the envelope `{"v", "error": {"code", "message", "details"}}` on stdout
+//! (`contract.rs`); in text mode only the message is printed, on stderr.
 //!
 //! Codes are part of the command line's interface: a code once published
 //! keeps its meaning. They are derived from the typed errors of the library
@@ -61,6 +61,7 @@ impl Report {
     /// The `--json` envelope.
     pub(crate) fn envelope(&self) -> Value {
         json!({
+            "v": super::contract::VERSION,
             "error": {
                 "code": self.code,
                 "message": self.message,

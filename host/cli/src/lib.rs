@@ -31,6 +31,7 @@
 mod agent;
 mod args;
 pub(crate) mod config;
+mod contract;
 pub(crate) mod errors;
 mod keys;
 mod out;

@@ -9,6 +9,8 @@ use warden::engine::{RunId, RunStatus};
 use warden::providers::StopReason;
 use warden::sandbox::UsageReceipt;
 
+use super::contract::NextStep;
+
 /// The line(s) for one event, or `None` for events not worth a line.
 /// Costs are shown in `currency` (the run's, from its log) when known.
 pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
@@ -428,55 +430,121 @@ pub(crate) fn limits_text(limits: &BudgetLimits, currency: Option<&str>) -> Stri
         .join(", ")
 }
 
-/// What to do next with a run in `status`, as a command line.
+/// What to do next with a run in `status`, as command lines: each step's
+/// prose, then `or` the next (`approve with: …\n   or deny with: …`).
 pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> Option<String> {
-    match status {
-        RunStatus::AwaitingApproval => {
-            let call = events.iter().rev().find_map(|e| match e {
+    let steps = next_steps(run_id, status, events);
+    (!steps.is_empty()).then(|| said(&steps))
+}
+
+/// `steps` as text: `{prose}: {command}`, the next ones after `or`.
+pub(crate) fn said(steps: &[(String, NextStep)]) -> String {
+    steps
+        .iter()
+        .map(|(prose, step)| format!("{prose}: {}", step.command))
+        .collect::<Vec<_>>()
+        .join("\n   or ")
+}
+
+/// What a human can do about a run in `status` that waits for one (or for
+/// a time): each step with the prose that introduces it. Empty for the
+/// other statuses (see `status::next_steps`).
+pub(crate) fn next_steps(
+    run_id: &RunId,
+    status: RunStatus,
+    events: &[Event],
+) -> Vec<(String, NextStep)> {
+    let step = |prose: &str, action: &'static str, command: String| {
+        (prose.to_owned(), NextStep { action, command })
+    };
+    let abandon = || {
+        step(
+            "give up with",
+            "abandon",
+            format!("warden runs abandon {run_id} --reason '…'"),
+        )
+    };
+    let found = match status {
+        RunStatus::AwaitingApproval => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
                 Event::ApprovalRequested(a) => Some(a.call_id.to_string()),
                 _ => None,
-            })?;
-            Some(format!(
-                "approve with: warden runs approve {run_id} {call}\n   or deny with: warden runs deny {run_id} {call} --reason '…'"
-            ))
-        }
-        RunStatus::Suspended => {
-            let schema = events.iter().rev().find_map(|e| match e {
+            })
+            .map(|call| {
+                vec![
+                    step(
+                        "approve with",
+                        "approve",
+                        format!("warden runs approve {run_id} {call}"),
+                    ),
+                    step(
+                        "deny with",
+                        "deny",
+                        format!("warden runs deny {run_id} {call} --reason '…'"),
+                    ),
+                ]
+            }),
+        RunStatus::Suspended => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
                 Event::Suspended(s) => Some(s.schema.to_string()),
                 _ => None,
-            })?;
-            Some(format!(
-                "answer with: warden runs resume {run_id} --input '<JSON matching {schema}>'"
-            ))
-        }
-        RunStatus::BudgetExceeded => {
-            let budget = events.iter().rev().find_map(|e| match e {
+            })
+            .map(|schema| {
+                vec![step(
+                    "answer with",
+                    "answer",
+                    format!("warden runs resume {run_id} --input '<JSON matching {schema}>'"),
+                )]
+            }),
+        RunStatus::BudgetExceeded => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
                 Event::BudgetExceeded(b) => Some(b.budget.setting()),
                 _ => None,
-            })?;
-            Some(format!(
-                "extend with: warden runs resume {run_id} --input '{{\"{budget}\": <new limit>}}'"
-            ))
-        }
-        RunStatus::Waiting => {
-            let until = events.iter().rev().find_map(|e| match e {
+            })
+            .map(|budget| {
+                vec![step(
+                    "extend with",
+                    "extend",
+                    format!("warden runs resume {run_id} --input '{{\"{budget}\": <new limit>}}'"),
+                )]
+            }),
+        RunStatus::Waiting => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
                 Event::WaitStarted(w) => Some(w.until_ms),
                 _ => None,
-            })?;
-            Some(format!(
-                "waits until {}: a `warden worker` on this store continues it then, or: warden runs resume {run_id}",
-                warden::units::utc_text(until as i64)
-            ))
-        }
-        RunStatus::AwaitingExternal => {
-            let call = events.iter().rev().find_map(|e| match e {
+            })
+            .map(|until| {
+                vec![step(
+                    &format!(
+                        "waits until {}: a `warden worker` on this store continues it then, or",
+                        warden::units::utc_text(until as i64)
+                    ),
+                    "resume",
+                    format!("warden runs resume {run_id}"),
+                )]
+            }),
+        RunStatus::AwaitingExternal => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
                 Event::ExternalCallRequested(r) => Some(r.call_id.to_string()),
                 _ => None,
-            })?;
-            Some(format!(
-                "the application performs the call and reports it with Runtime::complete_external, or: warden runs complete {run_id} {call} --output '<its output as JSON>'"
-            ))
-        }
+            })
+            .map(|call| {
+                vec![step(
+                    "the application performs the call and reports it with Runtime::complete_external, or",
+                    "complete",
+                    format!("warden runs complete {run_id} {call} --output '<its output as JSON>'"),
+                )]
+            }),
         RunStatus::NeedsReconciliation
             if events.iter().rev().find_map(|e| match e {
                 Event::ReconciliationRequired(_) => Some(true),
@@ -484,15 +552,26 @@ pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> 
                 _ => None,
             }) == Some(true) =>
         {
-            Some(format!(
-                "its log may be missing what it did after its backup: check, then go on from the log with: warden runs resolve {run_id} --note '<what you found>'\n   or give up with: warden runs abandon {run_id} --reason '…'"
-            ))
+            Some(vec![
+                step(
+                    "its log may be missing what it did after its backup: check, then go on from the log with",
+                    "resolve",
+                    format!("warden runs resolve {run_id} --note '<what you found>'"),
+                ),
+                abandon(),
+            ])
         }
-        RunStatus::NeedsReconciliation => Some(format!(
-            "check whether the write happened, then: warden runs resolve {run_id} --output '<its output as JSON>'\n   or give up with: warden runs abandon {run_id} --reason '…'"
-        )),
+        RunStatus::NeedsReconciliation => Some(vec![
+            step(
+                "check whether the write happened, then",
+                "resolve",
+                format!("warden runs resolve {run_id} --output '<its output as JSON>'"),
+            ),
+            abandon(),
+        ]),
         _ => None,
-    }
+    };
+    found.unwrap_or_default()
 }
 
 /// A final output as text: strings bare, anything else as JSON.

@@ -11,6 +11,7 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::config::Settings;
+use super::contract::{self, NextStep};
 use super::errors::CliError;
 use super::progress::Spinner;
 use super::store::Access;
@@ -75,7 +76,8 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         prompts: bool,
     },
-    /// The run's raw log, one stored event (JSON) per line.
+    /// The run's log, one event line (`{"v", "seq", "event"}`, JSON) per
+    /// event, with or without --json.
     Events {
         /// The run.
         run: String,
@@ -394,9 +396,14 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
             None => rt.submit(&agent, run_id.clone(), input, labels).await?,
         };
         if ctx.json {
+            let next = steps(super::status::next_steps(
+                run_id.as_str(),
+                warden::store::QUEUED,
+                false,
+            ));
             println!(
                 "{}",
-                json!({ "run_id": run_id, "status": warden::store::QUEUED })
+                contract::summary(&run_id, warden::store::QUEUED, &[], None, &next)
             );
         } else {
             println!("{run_id}");
@@ -442,8 +449,18 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             prompts,
         } => show(ctx, store, &run_id(&run)?, agent, prompts).await,
         RunsCommand::Events { run } => {
-            for e in store.load(&run_id(&run)?).await? {
-                println!("{}", String::from_utf8_lossy(&e.bytes));
+            // The same event lines with or without --json: this command's
+            // output is JSON either way.
+            let run = run_id(&run)?;
+            for e in store.load(&run).await? {
+                let line = contract::stored_line(e.seq, &e.bytes).map_err(|error| {
+                    CliError::new(
+                        "log_unreadable",
+                        format!("run {run}: event {} is not JSON: {error}", e.seq),
+                    )
+                    .with_details(json!({ "run_id": run, "seq": e.seq }))
+                })?;
+                println!("{line}");
             }
             Ok(())
         }
@@ -549,14 +566,18 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
                 }
             };
             rt.resolve(&run, output, &user(by), note).await?;
-            let next = format!("warden runs resume {run}");
+            let next = NextStep {
+                action: "resume",
+                command: format!("warden runs resume {run}"),
+            };
             if ctx.json {
+                let status = rt.state(&run).await?.status();
                 println!(
                     "{}",
-                    json!({ "run_id": run, "status": rt.state(&run).await?.status(), "next": next })
+                    contract::summary(&run, status.as_str(), &[], None, &[next])
                 );
             } else {
-                println!("resolved; continue with: {next}");
+                println!("resolved; continue with: {}", next.command);
             }
             Ok(())
         }
@@ -664,10 +685,19 @@ async fn prune(
 
 fn done(ctx: &Context, run: &RunId, status: RunStatus) {
     if ctx.json {
-        println!("{}", json!({ "run_id": run, "status": status }));
+        println!(
+            "{}",
+            contract::summary(run, status.as_str(), &[], None, &[])
+        );
     } else {
         println!("run {run} {status}");
     }
+}
+
+/// The steps of `render::next_steps` or `status::next_steps`, without
+/// their prose: a run summary's `next`.
+fn steps(said: Vec<(String, NextStep)>) -> Vec<NextStep> {
+    said.into_iter().map(|(_, step)| step).collect()
 }
 
 /// The agent to continue `run` with: `--agent`, else the file it was
@@ -791,7 +821,16 @@ async fn continue_run(
         // A worker's run (leased before): any worker continues it.
         let workers = rt.store().summary(run).await?.lease_token > 0;
         if ctx.json {
-            super::out::line(json!({ "run_id": run, "status": rt.state(run).await?.status() }));
+            let events = rt.events(run).await?;
+            let status = rt.state(run).await?.status();
+            let next = steps(render::next_steps(run, status, &events));
+            super::out::line(contract::summary(
+                run,
+                status.as_str(),
+                &events,
+                None,
+                &next,
+            ));
         } else if workers {
             super::out::line(format_args!("run {run}: recorded; a worker continues it"));
         }
@@ -1158,11 +1197,14 @@ async fn follow(
     let events = rt.events(run).await?;
     let output = rt.state(run).await?.output().cloned();
     if json {
-        let mut body = json!({ "run_id": run, "status": status });
-        if let Some(output) = &output {
-            body["output"] = output.clone();
-        }
-        super::out::line(&body);
+        let next = steps(render::next_steps(run, status, &events));
+        super::out::line(contract::summary(
+            run,
+            status.as_str(),
+            &events,
+            output.as_ref(),
+            &next,
+        ));
     } else {
         if let Some(output) = output.as_ref().filter(|o| !o.is_string()) {
             super::out::line(format_args!("output:\n{}", render::output(output)));
@@ -1288,7 +1330,7 @@ async fn run_currency(rt: &Runtime, run: &RunId) -> Option<String> {
 
 fn print_event(seq: u64, event: &Event, json: bool, currency: Option<&str>) {
     if json {
-        super::out::line(json!({ "seq": seq, "event": event }));
+        super::out::line(contract::event_line(seq, event));
     } else if let Some(line) = render::event(event, currency) {
         super::out::line(line);
     }
@@ -1573,6 +1615,10 @@ async fn show(
     let next = render::next_step(run, derived, &events)
         .or_else(|| super::status::next(run.as_str(), status, stalled));
     if ctx.json {
+        let mut todo = steps(render::next_steps(run, derived, &events));
+        if todo.is_empty() {
+            todo = steps(super::status::next_steps(run.as_str(), status, stalled));
+        }
         let budget: serde_json::Map<String, Value> = BudgetKind::ORDER
             .iter()
             .map(|k| {
@@ -1582,17 +1628,16 @@ async fn show(
                 )
             })
             .collect();
-        let body = json!({
-            "run_id": run,
+        // A run summary, with what only `runs show` tells.
+        let mut body = contract::summary(run, status, &events, state.output(), &todo);
+        let more = json!({
             "agent": state.agent,
-            "status": status,
             "stalled": stalled,
             "labels": state.labels,
             "input": state.input,
-            "output": state.output(),
             "created_ms": summary.created_ms,
             "updated_ms": summary.updated_ms,
-            "events": stored.iter().zip(&events).map(|(s, e)| json!({ "seq": s.seq, "event": e })).collect::<Vec<_>>(),
+            "events": stored.iter().zip(&events).map(|(s, e)| contract::event_line(s.seq, e)).collect::<Vec<_>>(),
             "budget": budget,
             "compaction": {
                 "completed": state.compaction.completed,
@@ -1607,8 +1652,10 @@ async fn show(
                 LimitsFrom::Unknown => "unknown",
             },
             "max_input_bytes": state.limits.as_ref().map(|l| l.max_input_bytes),
-            "next": next,
         });
+        for (key, value) in more.as_object().expect("an object") {
+            body[key] = value.clone();
+        }
         println!("{}", serde_json::to_string_pretty(&body)?);
         return Ok(());
     }

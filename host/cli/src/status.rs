@@ -8,6 +8,8 @@
 use warden::engine::RunStatus;
 use warden::store::{QUEUED, RunSummary};
 
+use super::contract::NextStep;
+
 /// Every status, in the order of docs/operating-runs.md's table.
 pub(crate) const ALL: [&str; 12] = [
     QUEUED,
@@ -56,21 +58,38 @@ pub(crate) fn stalled(run: &RunSummary, now_ms: i64, stalled_after_ms: i64) -> b
 }
 
 /// What a human can do about a run in `status` that waits for no human
-/// (those are in `render::next_step`), as one line.
+/// (those are in `render::next_steps`), as one line.
 pub(crate) fn next(run_id: &str, status: &str, stalled: bool) -> Option<String> {
-    Some(match status {
-        QUEUED => format!(
-            "nothing drives it yet: a worker (`warden worker`) takes it, or drive it here with: warden runs resume {run_id}"
-        ),
-        "running" if stalled => format!(
-            "no process has recorded anything for a while: if none drives it, continue with: warden runs resume {run_id}"
-        ),
-        "running" => format!(
-            "a process is driving it; if none is (it was killed), continue with: warden runs resume {run_id}"
-        ),
-        "completed" | "failed" | "cancelled" | "abandoned" => "nothing: the run is over".to_owned(),
-        _ => return None,
-    })
+    if is_over(status) {
+        return Some("nothing: the run is over".to_owned());
+    }
+    let steps = next_steps(run_id, status, stalled);
+    (!steps.is_empty()).then(|| super::render::said(&steps))
+}
+
+fn is_over(status: &str) -> bool {
+    matches!(status, "completed" | "failed" | "cancelled" | "abandoned")
+}
+
+/// [`next`] as steps, each with the prose that introduces it.
+pub(crate) fn next_steps(run_id: &str, status: &str, stalled: bool) -> Vec<(String, NextStep)> {
+    let prose = match status {
+        QUEUED => {
+            "nothing drives it yet: a worker (`warden worker`) takes it, or drive it here with"
+        }
+        "running" if stalled => {
+            "no process has recorded anything for a while: if none drives it, continue with"
+        }
+        "running" => "a process is driving it; if none is (it was killed), continue with",
+        _ => return Vec::new(),
+    };
+    vec![(
+        prose.to_owned(),
+        NextStep {
+            action: "resume",
+            command: format!("warden runs resume {run_id}"),
+        },
+    )]
 }
 
 #[cfg(test)]

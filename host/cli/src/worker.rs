@@ -105,10 +105,15 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
         None => rt.submit(&agent, run_id.clone(), input, labels).await?,
     };
     if ctx.json {
-        println!(
-            "{}",
-            json!({ "run_id": run_id, "status": QUEUED, "session": session })
-        );
+        let next: Vec<_> = super::status::next_steps(run_id.as_str(), QUEUED, false)
+            .into_iter()
+            .map(|(_, step)| step)
+            .collect();
+        let mut body = super::contract::summary(&run_id, QUEUED, &[], None, &next);
+        if let Some(session) = &session {
+            body["session"] = json!(session);
+        }
+        println!("{body}");
     } else {
         println!("{run_id}");
     }

@@ -1216,7 +1216,8 @@ fn runs_list_filters_groups_and_flags_stalled_runs() {
     );
     assert_eq!(
         json_out(&out),
-        serde_json::json!({"run_id": "detached", "status": "queued"})
+        serde_json::json!({"v": 1, "run_id": "detached", "status": "queued",
+            "next": [{"action": "resume", "command": "warden runs resume detached"}]})
     );
 
     let grouped = json_out(&warden(&["runs", "list", "--group", "--json"], dir.path()));
@@ -1849,7 +1850,8 @@ fn submit_in_a_session_queues_a_run_that_holds_the_session_and_sees_its_history(
     let queued: Value = serde_json::from_str(&stdout(&first)).unwrap();
     assert_eq!(
         queued,
-        serde_json::json!({"run_id": "first", "status": "queued", "session": "chat"})
+        serde_json::json!({"v": 1, "run_id": "first", "status": "queued", "session": "chat",
+            "next": [{"action": "resume", "command": "warden runs resume first"}]})
     );
     let refused = submit("What is my name?", "second");
     assert_eq!(refused.status.code(), Some(2));

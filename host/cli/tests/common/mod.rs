@@ -8,6 +8,22 @@ use std::process::{Command, Output};
 
 use serde_json::Value;
 
+/// Every status, in the order of docs/operating-runs.md's table.
+pub const STATUSES: [&str; 12] = [
+    "queued",
+    "running",
+    "awaiting_approval",
+    "suspended",
+    "awaiting_external",
+    "budget_exceeded",
+    "waiting",
+    "needs_reconciliation",
+    "completed",
+    "failed",
+    "cancelled",
+    "abandoned",
+];
+
 /// Runs the binary in `cwd` with a shared plugin cache and none of the
 /// caller's log or store settings.
 pub fn warden(args: &[&str], cwd: &Path) -> Output {
