@@ -85,7 +85,7 @@ async fn pending_approval(runtime: &Runtime, run: &RunId) -> anyhow::Result<Call
 /// Copies the demo agent, its transcript and its notes folder to `to`, and
 /// makes the `out` folder its channel delivers to.
 fn copy_agent(to: &Path) -> anyhow::Result<()> {
-    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    let from = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     std::fs::create_dir_all(to.join("notes"))?;
     std::fs::create_dir_all(to.join("out"))?;
     for file in ["notes.toml", "notes.transcript.toml"] {

@@ -2,7 +2,7 @@
 //! build script or a test.
 //!
 //! Warden's extensions are components. Three places need to compile one from
-//! Rust on the fly: `tests/build.rs` (the hostile test guests), `host/build.rs`
+//! Rust on the fly: `tests/build.rs` (the hostile test guests), `host/plugins/build.rs`
 //! (first-party plugins it embeds) and the plugin testkit (a plugin author's
 //! crate, built from their test). They all go through [`GuestBuild`]:
 //!

@@ -1,7 +1,7 @@
 //! Every reference in the repository's Markdown resolves: a relative link
 //! names a file or directory that exists, a `#heading` names a heading of
 //! the file it points into, a repository path quoted in backticks
-//! (`host/src/lib.rs`, `tests/tests/all/`) exists, and a test cited by its
+//! (`host/warden/src/lib.rs`, `tests/tests/all/`) exists, and a test cited by its
 //! path (`all::kill::killing_the_binary_at_random_moments_…`) names a
 //! function some `.rs` file defines. External links are not fetched. Its
 //! own binary, apart from `all`, because it links none of the host.

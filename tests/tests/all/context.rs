@@ -520,7 +520,7 @@ async fn an_oversized_prompt_is_compacted_by_a_recorded_model_call_and_replays()
     let request = intent.request.as_ref().unwrap();
     assert_eq!(
         request.instructions,
-        warden::engine::compaction::COMPACTION_INSTRUCTIONS
+        warden::providers::compaction::COMPACTION_INSTRUCTIONS
     );
     assert!(request.tools.is_empty());
     // Later prompts carry the summary instead of the older history.
@@ -562,7 +562,7 @@ impl warden::providers::ModelProvider for RefusesSummaries {
     }
 
     fn stream(&self, request: &warden::providers::ModelRequest) -> warden::providers::ModelStream {
-        if request.instructions == warden::engine::compaction::COMPACTION_INSTRUCTIONS {
+        if request.instructions == warden::providers::compaction::COMPACTION_INSTRUCTIONS {
             let error = warden::providers::ProviderError::InvalidRequest {
                 provider: "scripted".into(),
                 message: "no summaries today".into(),

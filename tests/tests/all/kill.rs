@@ -8,7 +8,7 @@
 //! `cargo test` (the host crate's own tests need it).
 
 use std::io::{BufRead, BufReader};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -16,23 +16,12 @@ use warden::engine::RunId;
 use warden::store::{EventStore, SqliteStore};
 
 use super::engine::Fixture;
+use crate::binary::warden_binary;
 
 /// How many turns the scripted agent takes; each reads a file and appends
 /// one line naming its turn (a write). Enough that the run outlives a few
 /// dozen kills (a debug build records about one event per millisecond).
 const TURNS: usize = 120;
-
-pub(crate) fn warden_binary() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let bin = profile_dir.join("warden");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run the workspace's `cargo test` (or `cargo build -p warden`) first",
-        bin.display()
-    );
-    bin
-}
 
 fn transcript() -> String {
     let mut t = String::new();

@@ -81,9 +81,15 @@
 //! - `python_guest`: a Python tool plugin built with componentize-py by
 //!   the Python SDK, through the `warden` binary: typed output and errors,
 //!   denials outside its mount, the receipt.
+//! - `layers`: the host's crates depend on each other one way only: no
+//!   lower crate (sandbox, store, providers) ever reaches the engine,
+//!   plugins or CLI.
+//! - `binary` (support): the `warden` binary, built fresh for the tests
+//!   that drive it.
 //! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
 //!   crashes, stalls and counts injected around appends.
 
+mod binary;
 mod budgets;
 mod ceilings;
 mod channels;
@@ -101,6 +107,7 @@ mod isolation;
 mod journal;
 mod kill;
 mod kinds;
+mod layers;
 mod loading;
 mod model_server;
 mod narrowed;
@@ -311,9 +318,7 @@ impl Logs {
         };
         // The most the `warden` binary logs (`-vv`).
         let subscriber = tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(
-                warden::cli::TRACE_FILTER,
-            ))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(warden_cli::TRACE_FILTER))
             .with_ansi(false)
             .with_writer(writer)
             .finish();

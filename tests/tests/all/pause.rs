@@ -26,7 +26,8 @@ use warden::sandbox::ValidUntil;
 use warden::store::{EventStore, MemoryStore};
 
 use super::engine::Fixture;
-use super::workers::{KillOnDrop, PgSchema, now_ms, wait_for, warden_binary};
+use super::workers::{KillOnDrop, PgSchema, now_ms, wait_for};
+use crate::binary::warden_binary;
 use crate::sandbox;
 
 /// An agent file `agents/<name>.toml` whose one tool call appends `steps`

@@ -29,6 +29,7 @@ use warden::providers::{
 };
 use warden::store::{EventStore, MemoryStore};
 
+use crate::binary::warden_binary;
 use crate::model_server::{After, FakeModel, Reply, Seen, awkward_pieces};
 use crate::sandbox;
 
@@ -1421,19 +1422,6 @@ async fn cancelling_a_run_mid_stream_closes_the_connection() {
         let events = rt.events(&run).await.unwrap();
         assert_eq!(events.last().unwrap().kind().as_str(), "run_cancelled");
     }
-}
-
-/// The `warden` binary next to this test binary (built by the workspace's
-/// `cargo test`).
-fn warden_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("warden");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run the workspace's `cargo test` (or `cargo build -p warden`) first",
-        bin.display()
-    );
-    bin
 }
 
 #[tokio::test]

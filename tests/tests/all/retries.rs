@@ -32,10 +32,11 @@ use warden::plugins::PluginHost;
 use warden::store::{EventStore, MemoryStore, WAITING};
 use warden::worker::Worker;
 
+use crate::binary::warden_binary;
 use crate::model_server::{FakeModel, Reply};
 use crate::providers::{WIRES, Wire, ok_stream};
 use crate::sandbox;
-use crate::workers::{PgSchema, warden_binary};
+use crate::workers::PgSchema;
 
 /// The injected clock's start: any fixed time.
 const T0: u64 = 1_700_000_000_000;

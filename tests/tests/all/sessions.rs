@@ -3,7 +3,7 @@
 //! cancelled while its model is streaming is rolled back), the history a
 //! run saw recorded in its log and replayed from there, a parked run
 //! keeping its session, and two hosts racing to start in one session.
-//! (`warden run --session` and `warden sessions show`: `host/tests/cli.rs`.)
+//! (`warden run --session` and `warden sessions show`: `host/cli/tests/cli.rs`.)
 //!
 //! The model is [`ChatModel`], an in-process provider that answers each
 //! request from its last message and holds a stream open, after a first

@@ -29,6 +29,7 @@ use warden::store::{EventStore, PostgresStore, RunFilter, SqliteStore, StoreErro
 use warden::worker::Worker;
 
 use super::engine::Fixture;
+use crate::binary::warden_binary;
 use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use crate::sandbox;
 
@@ -494,17 +495,6 @@ async fn a_write_is_not_repeated_after_a_takeover_mid_call_on_postgres() {
 
 const RUNS: usize = 200;
 const WORKERS: usize = 3;
-
-pub(crate) fn warden_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let bin = exe.parent().unwrap().parent().unwrap().join("warden");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run the workspace's `cargo test` (or `cargo build -p warden`) first",
-        bin.display()
-    );
-    bin
-}
 
 /// A worker and the file its stderr goes to.
 struct Running {

@@ -1,0 +1,604 @@
+//! How events look on a terminal: one readable line (sometimes a few) per
+//! event, shared by `warden run`'s live output and `warden runs show`.
+
+use serde_json::Value;
+
+use warden::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage, format_amount};
+use warden::engine::events::{Event, ToolCallResult};
+use warden::engine::{RunId, RunStatus};
+use warden::providers::StopReason;
+use warden::sandbox::UsageReceipt;
+
+use super::contract::NextStep;
+
+/// The line(s) for one event, or `None` for events not worth a line.
+/// Costs are shown in `currency` (the run's, from its log) when known.
+pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
+    Some(match event {
+        Event::RunStarted(s) => {
+            let mut line = format!(
+                "run {} of agent `{}` started with input {}",
+                s.run_id,
+                s.agent,
+                short(&s.input, 200)
+            );
+            if let Some(session) = &s.session {
+                line.push_str(&format!(
+                    "\n  in session {} (run #{}, history of {} completed run(s), {} message(s))",
+                    session.session_id,
+                    session.position,
+                    session.runs.len(),
+                    session.history.len()
+                ));
+            }
+            line
+        }
+        Event::ModelCallIntent(i) if i.attempt > 1 => {
+            format!(
+                "· step {}: calling the model (attempt {})",
+                i.step, i.attempt
+            )
+        }
+        Event::ModelCallIntent(i) => format!("· step {}: calling the model", i.step),
+        Event::ModelCallCompleted(c) if c.stop_reason == StopReason::Refusal => format!(
+            "⊘ step {}: the model refused: {}",
+            c.step,
+            if c.text.is_empty() {
+                "(no text)"
+            } else {
+                c.text.as_str()
+            }
+        ),
+        Event::ModelCallCompleted(c) => {
+            let mut line = format!(
+                "· step {}: {} tokens in, {} out",
+                c.step, c.usage.input_tokens, c.usage.output_tokens
+            );
+            if let Some(cost) = c.cost_nanos {
+                let priced_in = c.pricing.as_ref().map(|p| p.currency.as_str());
+                line.push_str(&format!(
+                    ", cost {}",
+                    format_amount(BudgetKind::Cost, cost, priced_in.or(currency))
+                ));
+            }
+            line
+        }
+        Event::ModelCallFailed(f) => {
+            let mut line = format!("! step {}: model call failed: {}", f.step, f.error.message);
+            let asked = f
+                .error
+                .retry_after_ms
+                .map(|ms| format!(" (Retry-After: {})", wait_text(ms)))
+                .unwrap_or_default();
+            match (f.at_ms, f.retry_at_ms) {
+                (Some(at), Some(due)) => line.push_str(&format!(
+                    "
+  next attempt in {}{asked}",
+                    wait_text(due.saturating_sub(at))
+                )),
+                _ if !f.error.transient => line.push_str(
+                    "
+  not retried: the error is permanent",
+                ),
+                _ => {}
+            }
+            line
+        }
+        Event::ToolCallRejected(r) => format!("✗ {} rejected: {}", r.call_id, r.error),
+        Event::ToolCallIntent(i) => format!(
+            "→ {} {} [{}] {}",
+            i.call_id,
+            i.tool.model_name(),
+            i.effect,
+            short(&i.arguments, 300)
+        ),
+        Event::ToolCallCompleted(c) => {
+            let result = match &c.result {
+                ToolCallResult::Output(v) => format!("ok {}", short(v, 300)),
+                ToolCallResult::Error(e) => format!("error: {e}"),
+            };
+            format!("← {} {result} ({})", c.call_id, receipt(&c.receipt))
+        }
+        Event::ToolCallResolved(r) => format!(
+            "← {} resolved by {}: {}{}",
+            r.call_id,
+            r.by,
+            short(&r.output, 300),
+            r.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+        Event::ToolCallAttemptFailed(f) if f.outcome_unknown => format!(
+            "! {} attempt {} died mid-call ({}): the write's outcome is unknown",
+            f.call_id,
+            f.attempt,
+            receipt(&f.receipt)
+        ),
+        Event::ToolCallAttemptFailed(f) => format!(
+            "↻ {} attempt {} failed: {} ({}); trying again",
+            f.call_id,
+            f.attempt,
+            f.error,
+            receipt(&f.receipt)
+        ),
+        Event::ToolCallDeduplicated(d) => {
+            let result = match &d.result {
+                ToolCallResult::Output(v) => format!("ok {}", short(v, 300)),
+                ToolCallResult::Error(e) => format!("error: {e}"),
+            };
+            format!(
+                "← {} {result} (already done by run {} call {}; not run again)",
+                d.call_id, d.origin_run, d.origin_call
+            )
+        }
+        Event::ApprovalRequested(a) => {
+            let mut text = format!("? {} {} needs approval", a.call_id, a.tool.model_name());
+            if let Some(p) = &a.preview {
+                text.push_str(&format!(": {}", p.summary));
+                if !p.detail.is_empty() {
+                    for line in p.detail.lines() {
+                        text.push_str(&format!("\n    {line}"));
+                    }
+                }
+            }
+            if let Some(e) = &a.preflight_error {
+                text.push_str(&format!(" (preview failed: {e})"));
+            }
+            text
+        }
+        Event::ApprovalGranted(g) => format!("✓ {} approved by {}", g.call_id, g.by),
+        Event::ApprovalDenied(d) => format!("✗ {} denied by {}: {}", d.call_id, d.by, d.reason),
+        Event::ExternalCallRequested(r) => format!(
+            "… {} {} is performed by the application: waiting for its output ({})",
+            r.call_id,
+            r.tool,
+            short(&r.arguments, 300)
+        ),
+        Event::ExternalCallCompleted(c) => format!(
+            "← {} ok {} (reported{})",
+            c.call_id,
+            short(&c.output, 300),
+            c.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default()
+        ),
+        Event::Suspended(s) => format!("… suspended at {}: {}", s.call_id, s.reason),
+        Event::Resumed(r) => format!("… resumed with {}", short(&r.input, 200)),
+        Event::BudgetExceeded(b) => format!("! budget exceeded: {}", b.describe(currency)),
+        Event::BudgetExtended(e) => format!(
+            "… budget extended{}: {}",
+            e.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default(),
+            limits_text(&e.limits, currency)
+        ),
+        Event::ClockObserved(_) | Event::RandomObserved(_) => return None,
+        Event::WaitStarted(w) => format!(
+            "… step {}: the next attempt is due at {} ({} after the failure, more than model.max_retry_wait): the run waits, parked; a worker or `warden runs resume` continues it then",
+            w.step,
+            warden::units::utc_text(w.until_ms as i64),
+            wait_text(w.until_ms.saturating_sub(w.since_ms))
+        ),
+        Event::WaitEnded(e) => format!(
+            "… the wait is over ({}): calling the model again",
+            warden::units::utc_text(e.at_ms as i64)
+        ),
+        Event::PolicyDecided(d) => format!(
+            "§ policy `{}` at {}{}: {}{}",
+            d.policy,
+            d.hook,
+            d.call_id
+                .as_ref()
+                .map(|c| format!(" ({c})"))
+                .or_else(|| d.step.map(|s| format!(" (step {s})")))
+                .unwrap_or_default(),
+            d.decision,
+            d.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        Event::OutputRejected(r) => format!(
+            "↺ step {}: final answer sent back to the model: {}",
+            r.step, r.violation
+        ),
+        Event::RunCompleted(c) if c.by_host => {
+            format!("✓ completed with the host's output: {}", text_of(&c.output))
+        }
+        Event::RunCompleted(c) => format!("✓ completed: {}", text_of(&c.output)),
+        Event::RunFailed(f) => format!("✗ failed: {}", f.error),
+        Event::RunCancelled(c) => format!(
+            "✗ cancelled{}{}",
+            c.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default(),
+            c.reason
+                .as_deref()
+                .map(|r| format!(": {r}"))
+                .unwrap_or_default()
+        ),
+        Event::RunAbandoned(a) => format!(
+            "✗ abandoned{}: {}",
+            a.by.as_deref()
+                .map(|b| format!(" by {b}"))
+                .unwrap_or_default(),
+            a.reason
+        ),
+        Event::ContextResolved(c) => {
+            let bytes: usize = c.items.iter().map(|i| i.content.len()).sum();
+            format!(
+                "· step {}: context `{}` resolved: {} item{}, {bytes} bytes, digest {} ({})",
+                c.step,
+                c.source,
+                c.items.len(),
+                if c.items.len() == 1 { "" } else { "s" },
+                &c.digest[..c.digest.len().min(12)],
+                receipt(&c.receipt)
+            )
+        }
+        Event::CompactionIntent(i) => format!(
+            "· step {}: the prompt is over its budget: summarising messages 2 to {}",
+            i.step, i.upto
+        ),
+        Event::CompactionCompleted(c) => format!(
+            "· step {}: compacted: messages 2 to {} are now a {}-byte summary ({} tokens in, {} out)",
+            c.step,
+            c.upto,
+            c.summary.len(),
+            c.usage.input_tokens,
+            c.usage.output_tokens
+        ),
+        Event::CompactionFailed(f) => format!(
+            "! step {}: compaction failed, the prompt goes on uncompacted: {}",
+            f.step, f.error.message
+        ),
+        Event::ContextFailed(f) => format!(
+            "! step {}: context `{}` failed: {}{}",
+            f.step,
+            f.source,
+            f.error,
+            f.receipt
+                .as_ref()
+                .map(|r| format!(" ({})", receipt(r)))
+                .unwrap_or_default()
+        ),
+        // A delivery is shown once it is settled: one line each.
+        Event::DeliveryIntent(_) => return None,
+        Event::DeliveryAttemptFailed(f) => format!(
+            "↻ delivery {} attempt {} failed: {} ({}); trying again",
+            f.delivery_id,
+            f.attempt,
+            f.error,
+            receipt(&f.receipt)
+        ),
+        Event::DeliveryCompleted(c) => format!(
+            "✉ delivered {} (attempt {}, {})",
+            c.delivery_id,
+            c.attempt,
+            receipt(&c.receipt)
+        ),
+        Event::DeliveryFailed(f) => format!(
+            "✗ delivery {} given up after {} attempt{}: {}",
+            f.delivery_id,
+            f.attempts,
+            if f.attempts == 1 { "" } else { "s" },
+            f.error
+        ),
+        Event::ReconciliationRequired(r) => {
+            format!("! needs reconciliation ({}): {}", r.by, r.reason)
+        }
+        Event::Reconciled(r) => format!(
+            "✓ reconciled by {}{}",
+            r.by,
+            r.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+        Event::KeySettled(r) => format!(
+            "✓ idempotency key {} of {} settled by {} with {}{}",
+            r.key,
+            r.call_id,
+            r.by,
+            r.output,
+            r.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+        Event::KeyReleased(r) => format!(
+            "⟳ idempotency key {} of {} released by {}{}",
+            r.key,
+            r.call_id,
+            r.by,
+            r.note
+                .as_deref()
+                .map(|n| format!(" ({n})"))
+                .unwrap_or_default()
+        ),
+    })
+}
+
+/// A wait in milliseconds as a duration: `2s`, `1m`, `250ms`, `1.5s`.
+pub(crate) fn wait_text(ms: u64) -> String {
+    if ms >= 1000 && !ms.is_multiple_of(1000) {
+        return format!("{:.1}s", ms as f64 / 1000.0);
+    }
+    warden::units::format_duration(std::time::Duration::from_millis(ms))
+}
+
+/// A recorded prompt for `runs show --prompts`: the quoted context whole,
+/// then what else the request held.
+pub(crate) fn prompt(request: Option<&warden::providers::ModelRequest>) -> String {
+    let Some(r) = request else {
+        return "(prompt not recorded: run with --record-prompts)".into();
+    };
+    let mut out = String::new();
+    if r.context.is_empty() {
+        out.push_str("context: none\n");
+    } else {
+        out.push_str("context:\n");
+        for line in r.context.lines() {
+            if !line.is_empty() {
+                out.push_str("  ");
+            }
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    out.push_str(&format!(
+        "instructions: {} bytes · messages: {} · tools: {} · max_tokens: {}",
+        r.instructions.len(),
+        r.messages.len(),
+        r.tools.len(),
+        r.max_tokens
+    ));
+    out
+}
+
+/// A receipt in a few words; the lease's wall time in milliseconds, or in
+/// seconds from one second on.
+pub(crate) fn receipt(r: &UsageReceipt) -> String {
+    let took = match r.wall_time_us {
+        us if us < 1_000_000 => format!("{:.2} ms", us as f64 / 1000.0),
+        us => format!("{:.2}s", us as f64 / 1_000_000.0),
+    };
+    let mut line = format!("{} · fuel {} · {took}", r.outcome, r.fuel_consumed);
+    if let Some(u) = &r.unlisted {
+        line.push_str(&format!(" · {}", unlisted(u)));
+    }
+    line
+}
+
+/// The entries a lease's listings left out, as `left out 1 entry whose
+/// name is not UTF-8: /workspace/caf\xe9.md`.
+pub(crate) fn unlisted(u: &warden::sandbox::Unlisted) -> String {
+    let more = u.count.saturating_sub(u.names.len() as u64);
+    format!(
+        "left out {} entr{} whose name is not UTF-8: {}{}",
+        u.count,
+        if u.count == 1 { "y" } else { "ies" },
+        u.names.join(", "),
+        if more > 0 {
+            format!(" and {more} more")
+        } else {
+            String::new()
+        }
+    )
+}
+
+/// Budget use on one line: each budget used or limited, as `used of
+/// limit`, in human units (costs in `currency`).
+pub(crate) fn budget(usage: &BudgetUsage, limits: &BudgetLimits, currency: Option<&str>) -> String {
+    let parts: Vec<String> = BudgetKind::ORDER
+        .iter()
+        .filter_map(|&kind| {
+            let used = usage.get(kind);
+            let limit = limits.get(kind);
+            if used == 0 && limit.is_none() {
+                return None;
+            }
+            let amount = |n: u64| format_amount(kind, n, currency);
+            let name = kind.as_str().replace('_', " ");
+            Some(match limit {
+                Some(l) => format!("{name} {} of {}", amount(used), amount(l)),
+                None => format!("{name} {}", amount(used)),
+            })
+        })
+        .collect();
+    if parts.is_empty() {
+        "nothing used".into()
+    } else {
+        parts.join(" · ")
+    }
+}
+
+/// The limits `limits` sets, as `max_cost $8.00, max_wall_time 15m`.
+pub(crate) fn limits_text(limits: &BudgetLimits, currency: Option<&str>) -> String {
+    BudgetKind::ORDER
+        .iter()
+        .filter_map(|&kind| {
+            let limit = limits.get(kind)?;
+            Some(format!(
+                "{} {}",
+                kind.setting(),
+                format_amount(kind, limit, currency)
+            ))
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What to do next with a run in `status`, as command lines: each step's
+/// prose, then `or` the next (`approve with: …\n   or deny with: …`).
+pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> Option<String> {
+    let steps = next_steps(run_id, status, events);
+    (!steps.is_empty()).then(|| said(&steps))
+}
+
+/// `steps` as text: `{prose}: {command}`, the next ones after `or`.
+pub(crate) fn said(steps: &[(String, NextStep)]) -> String {
+    steps
+        .iter()
+        .map(|(prose, step)| format!("{prose}: {}", step.command))
+        .collect::<Vec<_>>()
+        .join("\n   or ")
+}
+
+/// What a human can do about a run in `status` that waits for one (or for
+/// a time): each step with the prose that introduces it. Empty for the
+/// other statuses (see `status::next_steps`).
+pub(crate) fn next_steps(
+    run_id: &RunId,
+    status: RunStatus,
+    events: &[Event],
+) -> Vec<(String, NextStep)> {
+    let step = |prose: &str, action: &'static str, command: String| {
+        (prose.to_owned(), NextStep { action, command })
+    };
+    let abandon = || {
+        step(
+            "give up with",
+            "abandon",
+            format!("warden runs abandon {run_id} --reason '…'"),
+        )
+    };
+    let found = match status {
+        RunStatus::AwaitingApproval => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::ApprovalRequested(a) => Some(a.call_id.to_string()),
+                _ => None,
+            })
+            .map(|call| {
+                vec![
+                    step(
+                        "approve with",
+                        "approve",
+                        format!("warden runs approve {run_id} {call}"),
+                    ),
+                    step(
+                        "deny with",
+                        "deny",
+                        format!("warden runs deny {run_id} {call} --reason '…'"),
+                    ),
+                ]
+            }),
+        RunStatus::Suspended => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::Suspended(s) => Some(s.schema.to_string()),
+                _ => None,
+            })
+            .map(|schema| {
+                vec![step(
+                    "answer with",
+                    "answer",
+                    format!("warden runs resume {run_id} --input '<JSON matching {schema}>'"),
+                )]
+            }),
+        RunStatus::BudgetExceeded => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::BudgetExceeded(b) => Some(b.budget.setting()),
+                _ => None,
+            })
+            .map(|budget| {
+                vec![step(
+                    "extend with",
+                    "extend",
+                    format!("warden runs resume {run_id} --input '{{\"{budget}\": <new limit>}}'"),
+                )]
+            }),
+        RunStatus::Waiting => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::WaitStarted(w) => Some(w.until_ms),
+                _ => None,
+            })
+            .map(|until| {
+                vec![step(
+                    &format!(
+                        "waits until {}: a `warden worker` on this store continues it then, or",
+                        warden::units::utc_text(until as i64)
+                    ),
+                    "resume",
+                    format!("warden runs resume {run_id}"),
+                )]
+            }),
+        RunStatus::AwaitingExternal => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::ExternalCallRequested(r) => Some(r.call_id.to_string()),
+                _ => None,
+            })
+            .map(|call| {
+                vec![step(
+                    "the application performs the call and reports it with Runtime::complete_external, or",
+                    "complete",
+                    format!("warden runs complete {run_id} {call} --output '<its output as JSON>'"),
+                )]
+            }),
+        RunStatus::NeedsReconciliation
+            if events.iter().rev().find_map(|e| match e {
+                Event::ReconciliationRequired(_) => Some(true),
+                Event::Reconciled(_) => Some(false),
+                _ => None,
+            }) == Some(true) =>
+        {
+            Some(vec![
+                step(
+                    "its log may be missing what it did after its backup: check, then go on from the log with",
+                    "resolve",
+                    format!("warden runs resolve {run_id} --note '<what you found>'"),
+                ),
+                abandon(),
+            ])
+        }
+        RunStatus::NeedsReconciliation => Some(vec![
+            step(
+                "check whether the write happened, then",
+                "resolve",
+                format!("warden runs resolve {run_id} --output '<its output as JSON>'"),
+            ),
+            abandon(),
+        ]),
+        _ => None,
+    };
+    found.unwrap_or_default()
+}
+
+/// A final output as text: strings bare, anything else as JSON.
+pub(crate) fn text_of(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// A run's output for the terminal: text as itself, JSON pretty-printed.
+pub(crate) fn output(v: &Value) -> String {
+    match v {
+        Value::String(s) => s.clone(),
+        other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
+    }
+}
+
+/// JSON cut to about `max` bytes for one line.
+pub(crate) fn short(v: &Value, max: usize) -> String {
+    let text = v.to_string();
+    if text.len() <= max {
+        return text;
+    }
+    let mut cut = max;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
+}

@@ -1,0 +1,485 @@
+//! The verbs that record something and then drive a run, from the
+//! operator's side with the real binary, store and plugins: each checks
+//! everything before it writes (a changed agent file is refused, naming
+//! the flag that accepts it, and nothing is recorded), every driving verb
+//! has that flag, and one status vocabulary is used everywhere (`runs
+//! list`, `runs show`, `sessions`, `--status`, JSON).
+
+mod common;
+
+use std::path::Path;
+
+use common::{demo, json_out, stderr, stdout, warden};
+
+fn events(dir: &Path, run: &str) -> Vec<String> {
+    let out = warden(&["runs", "events", run], dir);
+    assert!(out.status.success(), "{}", stderr(&out));
+    stdout(&out).lines().map(str::to_owned).collect()
+}
+
+/// Runs the demo with one step allowed, so run `id` parks over budget.
+fn over_budget(dir: &Path, id: &str) -> std::process::Output {
+    let text = std::fs::read_to_string(dir.join("notes.toml"))
+        .unwrap()
+        .replace("max_steps = 10", "max_steps = 1");
+    std::fs::write(dir.join("notes.toml"), text).unwrap();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", id], dir);
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    out
+}
+
+fn change_agent(dir: &Path) {
+    let text = std::fs::read_to_string(dir.join("notes.toml"))
+        .unwrap()
+        .replace("max_steps = 10", "max_steps = 12");
+    std::fs::write(dir.join("notes.toml"), text).unwrap();
+}
+
+#[test]
+fn approve_after_the_agent_changed_records_nothing_and_names_the_flag() {
+    let dir = demo();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "a"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let before = events(dir.path(), "a");
+    change_agent(dir.path());
+    for verb in [
+        vec!["runs", "approve", "a", "call-3-1"],
+        vec!["runs", "deny", "a", "call-3-1", "--reason", "no"],
+    ] {
+        let out = warden(&verb, dir.path());
+        assert_eq!(out.status.code(), Some(2), "{verb:?}: {}", stdout(&out));
+        let err = stderr(&out);
+        assert!(err.contains("changed since the run started"), "{err}");
+        assert!(err.contains("nothing was recorded"), "{err}");
+        assert!(err.contains("--accept-agent-change"), "{err}");
+        assert_eq!(stdout(&out), "", "the history is not reprinted");
+        assert_eq!(
+            events(dir.path(), "a"),
+            before,
+            "{verb:?} recorded something"
+        );
+    }
+    let out = warden(&["runs", "approve", "a", "call-3-1", "--json"], dir.path());
+    let envelope = json_out(&out);
+    assert_eq!(envelope["error"]["code"], "agent_changed");
+    assert_eq!(
+        envelope["error"]["details"]["flag"],
+        "--accept-agent-change"
+    );
+    assert_eq!(events(dir.path(), "a"), before);
+    // The run is still waiting, not "running" with nothing driving it.
+    let shown = json_out(&warden(&["runs", "show", "a", "--json"], dir.path()));
+    assert_eq!(shown["status"], "awaiting_approval");
+    // Accepted, the approval is recorded and the run goes on under the
+    // file as it is now (its recorded decisions still hold).
+    let out = warden(
+        &["runs", "approve", "a", "call-3-1", "--accept-agent-change"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    assert!(
+        stdout(&out).contains("run a: completed"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn resume_input_after_the_agent_changed_records_nothing() {
+    let dir = demo();
+    // An extension of a run over budget.
+    let out = over_budget(dir.path(), "b");
+    assert!(
+        stdout(&out).contains("run b: budget_exceeded"),
+        "{}",
+        stdout(&out)
+    );
+    let before = events(dir.path(), "b");
+    change_agent(dir.path());
+    let text = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace("max_steps = 1\n", "max_steps = 2\n");
+    std::fs::write(dir.path().join("notes.toml"), text).unwrap();
+    let out = warden(
+        &["runs", "resume", "b", "--input", r#"{"max_steps": 5}"#],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("--accept-agent-change"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        events(dir.path(), "b"),
+        before,
+        "budget_extended was recorded"
+    );
+    let shown = json_out(&warden(&["runs", "show", "b", "--json"], dir.path()));
+    assert_eq!(shown["status"], "budget_exceeded");
+    let out = warden(
+        &[
+            "runs",
+            "resume",
+            "b",
+            "--input",
+            r#"{"max_steps": 5}"#,
+            "--accept-agent-change",
+        ],
+        dir.path(),
+    );
+    // Extended, it goes on to the approval of its write.
+    assert_eq!(
+        out.status.code(),
+        Some(4),
+        "{}\n{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    assert!(
+        stdout(&out).contains("run b: awaiting_approval"),
+        "{}",
+        stdout(&out)
+    );
+}
+
+#[test]
+fn every_driving_verb_takes_the_flag_that_accepts_a_changed_agent() {
+    let dir = tempfile::tempdir().unwrap();
+    for verb in ["approve", "deny", "resume", "complete", "recover"] {
+        let out = warden(&["runs", verb, "--help"], dir.path());
+        assert!(out.status.success(), "{verb}");
+        assert!(
+            stdout(&out).contains("--accept-agent-change"),
+            "runs {verb} --help: {}",
+            stdout(&out)
+        );
+    }
+}
+
+#[test]
+fn one_status_vocabulary_in_list_show_and_filters() {
+    let dir = demo();
+    // Recorded for a driver, not driven: queued, in every view.
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--run-id",
+            "later",
+            "--detach",
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(json_out(&out)["status"], "queued");
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--run-id",
+            "later-too",
+            "--detach",
+        ],
+        dir.path(),
+    );
+    assert_eq!(stdout(&out), "later-too\n");
+    assert!(stderr(&out).contains("queued"), "{}", stderr(&out));
+    let out = warden(
+        &["submit", "notes.toml", "go", "--run-id", "submitted"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "parked"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+
+    let listed = json_out(&warden(&["runs", "list", "--json"], dir.path()));
+    for row in listed.as_array().unwrap() {
+        let run = row["run_id"].as_str().unwrap();
+        let shown = json_out(&warden(&["runs", "show", run, "--json"], dir.path()));
+        assert_eq!(
+            shown["status"], row["status"],
+            "{run}: list and show disagree"
+        );
+    }
+    let queued = json_out(&warden(
+        &["runs", "list", "--status", "queued", "--json"],
+        dir.path(),
+    ));
+    let ids: Vec<&str> = queued
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["later", "later-too", "submitted"]);
+    // Every status is a filter; anything else is refused naming them all.
+    for status in common::STATUSES {
+        let out = warden(&["runs", "list", "--status", status, "--json"], dir.path());
+        assert!(out.status.success(), "--status {status}: {}", stderr(&out));
+    }
+    let out = warden(&["runs", "list", "--status", "sleeping"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        stderr(&out).contains("use one of queued, running, awaiting_approval"),
+        "{}",
+        stderr(&out)
+    );
+
+    // `runs show` says honestly that nothing drives it, and what to do.
+    let text = stdout(&warden(&["runs", "show", "later"], dir.path()));
+    assert!(text.contains("status: queued"), "{text}");
+    assert!(text.contains("nothing drives it yet"), "{text}");
+    assert!(text.contains("warden runs resume later"), "{text}");
+    let shown = json_out(&warden(&["runs", "show", "parked", "--json"], dir.path()));
+    assert_eq!(
+        shown["next"][0]["command"],
+        "warden runs approve parked call-3-1"
+    );
+    // Driven, it goes on; over, show says there is nothing left to do.
+    let out = warden(&["runs", "resume", "later"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run later: awaiting_approval"),
+        "{}",
+        stdout(&out)
+    );
+    let out = warden(&["runs", "cancel", "later-too"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&warden(&["runs", "show", "later-too"], dir.path()));
+    assert!(text.contains("status: cancelled"), "{text}");
+    assert!(text.contains("nothing: the run is over"), "{text}");
+
+    // The help names the same words.
+    let help = stdout(&warden(&["runs", "list", "--help"], dir.path()));
+    let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        words.contains("queued, running, awaiting_approval, suspended, awaiting_external, budget_exceeded, waiting, needs_reconciliation, completed, failed, cancelled, abandoned"),
+        "{help}"
+    );
+}
+
+#[test]
+fn sessions_are_listed_and_an_unknown_one_is_an_error() {
+    let dir = demo();
+    let out = warden(
+        &[
+            "run",
+            "notes.toml",
+            "go",
+            "--session",
+            "chat",
+            "--run-id",
+            "held",
+            "--detach",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "alone"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    // A session no run was started in is an error, naming the store.
+    let out = warden(&["sessions", "show", "nosuch"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("session `nosuch` has no runs in the store"),
+        "{}",
+        stderr(&out)
+    );
+    let out = warden(&["sessions", "show", "nosuch", "--json"], dir.path());
+    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(json_out(&out)["error"]["code"], "unknown_session");
+
+    let listed = json_out(&warden(&["sessions", "list", "--json"], dir.path()));
+    assert_eq!(listed.as_array().unwrap().len(), 1, "{listed}");
+    assert_eq!(listed[0]["session"], "chat");
+    assert_eq!(listed[0]["runs"], 1);
+    assert_eq!(listed[0]["active_run"], "held");
+    assert_eq!(listed[0]["active_status"], "queued");
+    let text = stdout(&warden(&["sessions", "list"], dir.path()));
+    assert!(text.contains("busy: run held is queued"), "{text}");
+    let text = stdout(&warden(&["sessions", "show", "chat"], dir.path()));
+    assert!(
+        text.starts_with("session chat: 1 run(s); busy: run held is queued"),
+        "{text}"
+    );
+    let shown = json_out(&warden(&["sessions", "show", "chat", "--json"], dir.path()));
+    assert_eq!(shown["runs"][0]["status"], "queued");
+}
+
+/// The binary as user `who` (`$USER`), for the verbs that record an actor.
+fn warden_as(who: &str, args: &[&str], dir: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_warden"))
+        .args(args)
+        .current_dir(dir)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-cli-test-cache"),
+        )
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_STORE")
+        .env("USER", who)
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn cancel_and_abandon_record_who_did_it_as_approve_does() {
+    let dir = demo();
+    for id in ["c", "d"] {
+        let out = warden(&["run", "notes.toml", "go", "--run-id", id], dir.path());
+        assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    }
+    // `--by` names who; without it, `$USER`.
+    let out = warden(
+        &[
+            "runs",
+            "cancel",
+            "c",
+            "--reason",
+            "not today",
+            "--by",
+            "alice",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden_as(
+        "bob",
+        &["runs", "abandon", "d", "--reason", "superseded"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    for (run, kind, who, line) in [
+        (
+            "c",
+            "run_cancelled",
+            "alice",
+            "✗ cancelled by alice: not today",
+        ),
+        (
+            "d",
+            "run_abandoned",
+            "bob",
+            "✗ abandoned by bob: superseded",
+        ),
+    ] {
+        let last: serde_json::Value =
+            serde_json::from_str(events(dir.path(), run).last().unwrap()).unwrap();
+        assert_eq!(last["event"]["type"], kind);
+        assert_eq!(last["event"]["by"], who, "{last}");
+        let text = stdout(&warden(&["runs", "show", run], dir.path()));
+        assert!(text.contains(line), "{text}");
+    }
+}
+
+#[test]
+fn resume_prints_only_what_it_caused() {
+    let dir = demo();
+    over_budget(dir.path(), "r");
+    let before = events(dir.path(), "r").len() as u64;
+    let out = warden(
+        &[
+            "runs",
+            "resume",
+            "r",
+            "--input",
+            r#"{"max_steps": 5}"#,
+            "--json",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let after = events(dir.path(), "r").len() as u64;
+    let lines: Vec<serde_json::Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let seqs: Vec<u64> = lines.iter().filter_map(|l| l["seq"].as_u64()).collect();
+    // Each event this command recorded, once, in order; nothing from before.
+    assert_eq!(seqs, (before + 1..=after).collect::<Vec<_>>(), "{lines:?}");
+    assert_eq!(lines.last().unwrap()["status"], "awaiting_approval");
+
+    // A drive that records nothing (the run parks where it was) prints no
+    // event at all, in JSON or as text: only how the run stands.
+    for json in [true, false] {
+        let mut args = vec!["runs", "recover", "r"];
+        if json {
+            args.push("--json");
+        }
+        let out = warden(&args, dir.path());
+        assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+        assert_eq!(events(dir.path(), "r").len() as u64, after);
+        let printed = stdout(&out);
+        assert_eq!(
+            printed.lines().count(),
+            if json { 1 } else { 3 },
+            "{printed}"
+        );
+        assert!(!printed.contains("\"seq\""), "{printed}");
+        assert!(!printed.contains("started with input"), "{printed}");
+    }
+}
+
+#[test]
+fn a_slow_delivery_takes_its_real_time_in_the_timeline() {
+    use std::io::{Read as _, Write as _};
+    // A webhook receiver that takes 1.5 s to answer.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let mut stream = stream.unwrap();
+            let mut buf = [0u8; 4096];
+            let _ = stream.read(&mut buf);
+            std::thread::sleep(std::time::Duration::from_millis(1500));
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
+        }
+    });
+    let dir = demo();
+    let mut text = std::fs::read_to_string(dir.path().join("notes.toml")).unwrap();
+    text.push_str(&format!(
+        "\n[plugins.hook]\nsource = \"builtin:webhook-channel\"\n[plugins.hook.grant]\nhosts = [\"127.0.0.1:{port}\"]\n[plugins.hook.grant.config]\nurl = \"http://127.0.0.1:{port}/hook\"\n\n[channels.slow]\nplugin = \"hook\"\nreceives = [\"output\"]\n"
+    ));
+    std::fs::write(dir.path().join("notes.toml"), text).unwrap();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "t"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&["runs", "approve", "t", "call-3-1"], dir.path());
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let shown = stdout(&warden(&["runs", "show", "t"], dir.path()));
+    // `  12   +0.35s  ✓ completed: …`: the offset of the first line with `needle`.
+    let offset = |needle: &str| -> f64 {
+        let line = shown
+            .lines()
+            .find(|l| l.contains(needle))
+            .unwrap_or_else(|| panic!("no `{needle}` in:\n{shown}"));
+        let field = line.split_whitespace().nth(1).unwrap();
+        field
+            .trim_start_matches('+')
+            .trim_end_matches('s')
+            .parse()
+            .unwrap()
+    };
+    let completed = offset("✓ completed");
+    let slow = offset("✉ delivered t/slow/");
+    assert!(
+        slow - completed >= 1.4,
+        "the 1.5 s delivery is shown {:.2}s after the completion:\n{shown}",
+        slow - completed
+    );
+    // Its own line says how long it took, in seconds.
+    let line = shown
+        .lines()
+        .find(|l| l.contains("✉ delivered t/slow/"))
+        .unwrap();
+    assert!(line.contains("1.5") && line.ends_with("s)"), "{line}");
+}

@@ -1,0 +1,154 @@
+//! Identifiers and digests a run's log refers to: [`RunId`] (the store's),
+//! [`CallId`], [`AgentDigest`], [`RequestHash`], and the idempotency key
+//! derived from a run and a call.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// A run's id, shared with the store (the store owns its rules).
+pub use warden_store::{InvalidRunId, RunId};
+
+/// A session's id, shared with the store (the store owns its rules).
+pub use warden_store::{InvalidSessionId, SessionId};
+
+/// A tool call's id within its run: `call-<step>-<n>` for the `n`th call
+/// the model made at step `step` (both counting from one). Assigned by the
+/// engine, not the model, so it is unique and the same on every replay.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CallId(String);
+
+impl CallId {
+    /// The id of the `index`th call (from 1) of step `step`.
+    pub fn new(step: u32, index: usize) -> CallId {
+        CallId(format!("call-{step}-{index}"))
+    }
+
+    /// Wraps an id as given (for example by a human on the command line).
+    pub fn from_text(id: impl Into<String>) -> CallId {
+        CallId(id.into())
+    }
+
+    /// The id as text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for CallId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The idempotency key of a call: the same for every execution of the same
+/// call in the same run (retries, recoveries), different for every other
+/// call. Lowercase hex sha256 of a versioned domain tag, the run id and the
+/// call id.
+pub fn idempotency_key(run_id: &RunId, call_id: &CallId) -> String {
+    let mut h = Sha256::new();
+    h.update(b"warden-idempotency-key-v1\0");
+    h.update(run_id.as_str().as_bytes());
+    h.update(b"\0");
+    h.update(call_id.as_str().as_bytes());
+    hex::encode(h.finalize())
+}
+
+/// The commitment key of a call whose tool takes its idempotency key from an
+/// argument: the same for every run making the call with that argument,
+/// whatever the run and call ids. `scope` is `<plugin>/<tool>`; `value` the
+/// argument's value, canonical JSON.
+pub fn commitment_key(scope: &str, value: &serde_json::Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(b"warden.commitment.v1\0");
+    hasher.update(scope.as_bytes());
+    hasher.update(b"\0");
+    hasher.update(super::canonical::canonical_json(value).as_bytes());
+    hex::encode(hasher.finalize())
+}
+
+macro_rules! hex_digest {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(String);
+
+        impl $name {
+            /// Wraps a digest given as lowercase hex.
+            pub fn from_hex(hex: impl Into<String>) -> Self {
+                $name(hex.into())
+            }
+
+            /// The sha256 of `bytes`.
+            pub fn of(bytes: &[u8]) -> Self {
+                $name(hex::encode(Sha256::digest(bytes)))
+            }
+
+            /// The digest as lowercase hex.
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    };
+}
+
+hex_digest!(
+    /// The sha256 of an agent definition's canonical form (labels excluded):
+    /// recorded when a run starts, compared on recovery.
+    AgentDigest
+);
+
+hex_digest!(
+    /// The sha256 of a model request's canonical JSON: recorded with every
+    /// model call, whether or not the request itself is, so replay detects a
+    /// changed prompt without storing it.
+    RequestHash
+);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn run_ids_are_checked() {
+        for good in ["r1", "run-0123", "a.b:c_d", &"x".repeat(128)] {
+            assert_eq!(RunId::new(good).unwrap().as_str(), good);
+        }
+        for bad in ["", "a b", "a/b", "é", &"x".repeat(129)] {
+            let err = RunId::new(bad).unwrap_err();
+            assert!(err.to_string().contains("is not a valid run id"), "{err}");
+        }
+        assert!(serde_json::from_str::<RunId>("\"a/b\"").is_err());
+        assert_eq!(
+            RunId::from_random(0xab).as_str(),
+            "run-000000000000000000000000000000ab"
+        );
+    }
+
+    #[test]
+    fn idempotency_keys_are_stable_and_distinct() {
+        let run = RunId::new("r1").unwrap();
+        let key = idempotency_key(&run, &CallId::new(1, 1));
+        assert_eq!(key, idempotency_key(&run, &CallId::new(1, 1)));
+        assert_eq!(key.len(), 64);
+        assert_ne!(key, idempotency_key(&run, &CallId::new(1, 2)));
+        assert_ne!(
+            key,
+            idempotency_key(&RunId::new("r2").unwrap(), &CallId::new(1, 1))
+        );
+        // Pinned: the key must never change for a recorded call.
+        assert_eq!(
+            key,
+            "1eb0a7a6c8b29b20e210643320eeed3f14153ce3d1d49241069d619886b00554"
+        );
+    }
+}

@@ -1,0 +1,1896 @@
+//! Folding a run's log into its state: [`fold`] (and [`RunState::apply`],
+//! one event at a time) is pure, and rejects impossible sequences with a
+//! [`FoldError`] naming the position. [`RunStatus`] and the conversation the
+//! model sees are derived from the state, so from the log alone.
+//!
+//! Rules the fold enforces, among others: `run_started` first and only
+//! there; nothing after a terminal event but deliveries (their own lane,
+//! which never changes the status); one effect in flight at a time;
+//! tool calls of a model turn settled in order, each intent matching the
+//! model's call (same tool, same frozen arguments, the derived idempotency
+//! key); completions only for intents in flight; approvals only for pending
+//! requests; a model call only once every tool call of the previous turn is
+//! settled; terminal events carrying exactly the dangling write, if any.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde_json::Value;
+
+use super::budget::{
+    BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, RecordedLimits, parse_extension,
+};
+use super::channels::{Deliveries, InFlightDelivery};
+use super::compaction::{CompactionProgress, Summary};
+use super::context::ContextState;
+use super::events::{
+    BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError,
+    ReconciliationRequired, Resumed, RunAbandoned, RunCancelled, RunCompleted, RunFailed,
+    RunStarted, ToolCallError, ToolCallIntent, ToolCallResult, UnresolvedWrite,
+};
+use super::ids::{
+    AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
+};
+use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
+use super::policy_hooks::{
+    PolicyHook, PolicyPoint, PolicyVerdict, RecordedDecision, denial_result, feedback_message,
+};
+use super::prompt::compact_tool_error;
+use super::schema::{self, SchemaError};
+use warden_plugins::policy::EffectClass;
+use warden_providers::{Message, StopReason, ToolCall};
+
+/// Where a run stands, derived from its log alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// It can make progress.
+    Running,
+    /// A tool call waits for a human's approval.
+    AwaitingApproval,
+    /// It waits for a human's input.
+    Suspended,
+    /// It waits for the embedding application to perform an external tool
+    /// call and report its output.
+    AwaitingExternal,
+    /// A budget is used up; a human may extend it.
+    BudgetExceeded,
+    /// A failed model call's next attempt is due later than a driver waits:
+    /// the run is parked until its wake-up time, when a worker (or `runs
+    /// resume`) drives it again.
+    Waiting,
+    /// A write intent has no completion: nobody knows whether the write
+    /// happened, so a human must resolve it. Every automatic verb refuses.
+    NeedsReconciliation,
+    /// It finished with an output.
+    Completed,
+    /// It failed.
+    Failed,
+    /// It was cancelled.
+    Cancelled,
+    /// A human abandoned it.
+    Abandoned,
+}
+
+impl RunStatus {
+    /// Every status.
+    pub const ALL: [RunStatus; 11] = [
+        RunStatus::Running,
+        RunStatus::AwaitingApproval,
+        RunStatus::Suspended,
+        RunStatus::AwaitingExternal,
+        RunStatus::BudgetExceeded,
+        RunStatus::Waiting,
+        RunStatus::NeedsReconciliation,
+        RunStatus::Completed,
+        RunStatus::Failed,
+        RunStatus::Cancelled,
+        RunStatus::Abandoned,
+    ];
+
+    /// The snake_case name, as serialized.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Running => "running",
+            RunStatus::AwaitingApproval => "awaiting_approval",
+            RunStatus::Suspended => "suspended",
+            RunStatus::AwaitingExternal => "awaiting_external",
+            RunStatus::BudgetExceeded => "budget_exceeded",
+            RunStatus::Waiting => "waiting",
+            RunStatus::NeedsReconciliation => "needs_reconciliation",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+            RunStatus::Abandoned => "abandoned",
+        }
+    }
+
+    /// Whether the run is over.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Abandoned
+        )
+    }
+
+    /// Whether the run waits: for a human (approval, input, a budget, or a
+    /// reconciliation), the application, or its wake-up time.
+    pub fn is_parked(self) -> bool {
+        matches!(
+            self,
+            RunStatus::AwaitingApproval
+                | RunStatus::Suspended
+                | RunStatus::AwaitingExternal
+                | RunStatus::BudgetExceeded
+                | RunStatus::Waiting
+                | RunStatus::NeedsReconciliation
+        )
+    }
+}
+
+impl std::fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for RunStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        RunStatus::ALL
+            .into_iter()
+            .find(|st| st.as_str() == s)
+            .ok_or_else(|| {
+                format!(
+                    "`{s}` is not a run status (use one of: {})",
+                    RunStatus::ALL.map(RunStatus::as_str).join(", ")
+                )
+            })
+    }
+}
+
+/// The state of a run, folded from its log.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunState {
+    /// The run.
+    pub run_id: RunId,
+    /// The agent's name.
+    pub agent: String,
+    /// The digest of the agent's definition when the run started.
+    pub agent_digest: AgentDigest,
+    /// The run's input.
+    pub input: Value,
+    /// Its labels.
+    pub labels: BTreeMap<String, String>,
+    /// The clock reading the run started at.
+    pub clock_seed_ms: u64,
+    /// The seed of its randomness.
+    pub random_seed: u64,
+    /// How many events were folded: the position of the next event.
+    pub event_count: usize,
+    /// What it has used.
+    pub usage: BudgetUsage,
+    /// The limits in force when it started, as recorded (`None` in logs
+    /// written before they were recorded).
+    pub limits: Option<RecordedLimits>,
+    /// Budget limits raised by humans, replacing the agent's.
+    pub extensions: BudgetLimits,
+    /// The latest clock reading, in milliseconds since the Unix epoch.
+    pub last_clock_ms: Option<u64>,
+    /// Whether the latest event is a clock reading (so wall time is current).
+    pub clock_fresh: bool,
+    /// Random values drawn, in order.
+    pub random_values: Vec<u64>,
+    /// The model's turns, one per completed step.
+    pub turns: Vec<Turn>,
+    /// The model call in progress, or the last one's failure.
+    pub model_call: ModelCallProgress,
+    /// The wait the last failure parked the run on (`wait_started`), and
+    /// whether it ended; cleared by the next model call intent.
+    pub wait: Option<RetryWait>,
+    /// The budget the run is parked on.
+    pub budget_exceeded: Option<BudgetOverrun>,
+    /// How the run ended.
+    pub terminal: Option<Terminal>,
+    /// The session the run was started in, if any.
+    pub session_id: Option<SessionId>,
+    /// Its place in the session (from 0), if in one.
+    pub session_position: Option<u64>,
+    /// The earlier completed runs of the session whose transcripts are this
+    /// run's history, oldest first (recorded in `run_started`).
+    pub history_runs: Vec<RunId>,
+    /// What the log recorded of each context source, by name: its latest
+    /// resolution or failure.
+    pub context: BTreeMap<String, ContextState>,
+    /// Tool calls rejected in a row for the model's own mistake (unknown
+    /// tool, arguments failing the schema, a missing key argument); any
+    /// call that goes ahead resets it.
+    pub invalid_calls_in_a_row: u32,
+    /// The last such rejection, as the model saw it.
+    pub last_invalid_call: Option<String>,
+    /// Summaries of older history, in flight, done and failed.
+    pub compaction: CompactionProgress,
+    /// Final answers sent back for violating the output schema.
+    pub output_rejections: u32,
+    /// Its deliveries to channels: a lane of their own that never changes
+    /// the status and goes on after a terminal event.
+    pub deliveries: Deliveries,
+    /// Policy decisions, by the point they were made at, in log order.
+    policy_decisions: HashMap<PolicyPoint, Vec<RecordedDecision>>,
+    /// The conversation, appended to as events settle (it only grows: turns
+    /// and tool results come in log order). It opens with the session
+    /// history recorded in `run_started`, `history_len` messages.
+    messages: Vec<Message>,
+    /// How many messages of `messages` are the session history.
+    history_len: usize,
+    /// The last tool error shown to the model, whole, and how many times in
+    /// a row it came back: repeats are collapsed to one line.
+    last_tool_error: Option<(String, u32)>,
+    /// What a human must check before the run goes on, when its log may be
+    /// missing what it did (a restore): set by `reconciliation_required`,
+    /// cleared by `reconciled`.
+    hold: Option<ReconciliationRequired>,
+}
+
+/// A run parked until a failed model call's next attempt is due.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RetryWait {
+    /// The step whose model call waits.
+    pub step: u32,
+    /// Since when (the failure's time).
+    pub since_ms: u64,
+    /// The wake-up time.
+    pub until_ms: u64,
+    /// When a driver took the run up again (`wait_ended`), if it did.
+    pub ended_ms: Option<u64>,
+}
+
+/// One completed model call and its tool calls.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Turn {
+    /// The step, from 1.
+    pub step: u32,
+    /// The model's text.
+    pub text: String,
+    /// Why the model stopped.
+    pub stop_reason: StopReason,
+    /// Its tool calls, in order.
+    pub calls: Vec<ToolCallState>,
+    /// Whether a final answer (no tool calls) was sent back to the model
+    /// (its output was rejected), so the run goes on with another step.
+    pub continued: bool,
+}
+
+/// One tool call of a turn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ToolCallState {
+    /// The engine's id for it.
+    pub call_id: CallId,
+    /// The call as the model made it (with the provider's id).
+    pub call: ToolCall,
+    /// How far it got.
+    pub progress: ToolCallProgress,
+    /// Attempts that failed while it was in flight (retried, or a write's
+    /// unknown outcome).
+    pub failed_attempts: u32,
+}
+
+/// How far a tool call got.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ToolCallProgress {
+    /// Nothing recorded yet.
+    Pending,
+    /// Waiting for a human's approval.
+    AwaitingApproval,
+    /// Approved; not yet run.
+    Approved {
+        /// Who approved.
+        by: String,
+    },
+    /// Suspended for a human's input.
+    Suspended {
+        /// Why.
+        reason: String,
+        /// The schema the input must satisfy.
+        schema: Value,
+    },
+    /// The intent is recorded and has no completion.
+    InFlight(ToolCallIntent),
+    /// Refused before anything ran. Settled.
+    Rejected(ToolCallError),
+    /// Denied by a policy before it ran. Settled.
+    PolicyDenied {
+        /// The policy.
+        policy: String,
+        /// Why.
+        reason: String,
+    },
+    /// Denied by a human. Settled.
+    Denied {
+        /// Who denied.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// Ran. Settled.
+    Completed(ToolCallResult),
+    /// A human recorded what the write did. Settled.
+    Resolved {
+        /// Who.
+        by: String,
+        /// The output they recorded.
+        output: Value,
+    },
+    /// An external tool: the application performs it and reports its
+    /// output.
+    AwaitingExternal(ExternalCallRequested),
+    /// A human answered a suspension at this call. Settled.
+    Answered {
+        /// The input.
+        input: Value,
+    },
+    /// Another run had already executed the same keyed call; its result is
+    /// this call's. Settled.
+    Deduplicated {
+        /// The recorded result.
+        result: ToolCallResult,
+        /// The run that ran it.
+        origin_run: RunId,
+        /// Its call there.
+        origin_call: CallId,
+    },
+}
+
+impl ToolCallProgress {
+    /// Whether the call has its result.
+    pub fn is_settled(&self) -> bool {
+        matches!(
+            self,
+            ToolCallProgress::Rejected(_)
+                | ToolCallProgress::Denied { .. }
+                | ToolCallProgress::PolicyDenied { .. }
+                | ToolCallProgress::Completed(_)
+                | ToolCallProgress::Resolved { .. }
+                | ToolCallProgress::Answered { .. }
+                | ToolCallProgress::Deduplicated { .. }
+        )
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            ToolCallProgress::Pending => "pending",
+            ToolCallProgress::AwaitingApproval => "awaiting approval",
+            ToolCallProgress::Approved { .. } => "approved",
+            ToolCallProgress::Suspended { .. } => "suspended",
+            ToolCallProgress::InFlight(_) => "in flight",
+            ToolCallProgress::Rejected(_) => "rejected",
+            ToolCallProgress::Denied { .. } => "denied",
+            ToolCallProgress::PolicyDenied { .. } => "denied by a policy",
+            ToolCallProgress::Completed(_) => "completed",
+            ToolCallProgress::Resolved { .. } => "resolved",
+            ToolCallProgress::Answered { .. } => "answered",
+            ToolCallProgress::AwaitingExternal(_) => "awaiting external",
+            ToolCallProgress::Deduplicated { .. } => "deduplicated",
+        }
+    }
+
+    /// The result the model sees, once settled: the text and whether it is
+    /// an error.
+    pub fn result_for_model(&self) -> Option<(String, bool)> {
+        match self {
+            ToolCallProgress::Completed(ToolCallResult::Output(v))
+            | ToolCallProgress::Deduplicated {
+                result: ToolCallResult::Output(v),
+                ..
+            }
+            | ToolCallProgress::Resolved { output: v, .. }
+            | ToolCallProgress::Answered { input: v } => Some((value_text(v), false)),
+            ToolCallProgress::Completed(ToolCallResult::Error(e))
+            | ToolCallProgress::Deduplicated {
+                result: ToolCallResult::Error(e),
+                ..
+            }
+            | ToolCallProgress::Rejected(e) => Some((e.to_string(), true)),
+            ToolCallProgress::Denied { by, reason } => {
+                Some((format!("the call was denied by {by}: {reason}"), true))
+            }
+            ToolCallProgress::PolicyDenied { policy, reason } => {
+                Some((denial_result(policy, reason), true))
+            }
+            _ => None,
+        }
+    }
+}
+
+/// A JSON value as the model reads it: a string as itself, anything else
+/// as compact JSON.
+pub fn value_text(value: &Value) -> String {
+    match value {
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// The model call in progress, or how the last one ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum ModelCallProgress {
+    /// None in progress; the last one, if any, completed.
+    Idle,
+    /// The intent is recorded and has no completion.
+    InFlight {
+        /// The step.
+        step: u32,
+        /// The attempt.
+        attempt: u32,
+        /// The recorded request hash.
+        request_hash: RequestHash,
+    },
+    /// The last attempt failed.
+    Failed {
+        /// The step.
+        step: u32,
+        /// Attempts made at this step.
+        attempts: u32,
+        /// The last error.
+        error: ModelCallError,
+        /// When it failed, if recorded.
+        at_ms: Option<u64>,
+        /// When the next attempt is due, if there is one and it was
+        /// recorded (a log written before it was: at once).
+        retry_at_ms: Option<u64>,
+    },
+}
+
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Terminal {
+    /// It completed.
+    Completed(RunCompleted),
+    /// It failed.
+    Failed(RunFailed),
+    /// It was cancelled.
+    Cancelled(RunCancelled),
+    /// It was abandoned.
+    Abandoned(RunAbandoned),
+}
+
+/// What a parked run waits for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Parked<'a> {
+    /// Approval of a call.
+    Approval {
+        /// The call.
+        call: &'a ToolCallState,
+    },
+    /// Input satisfying a schema, which becomes the call's result.
+    Input {
+        /// The call.
+        call_id: &'a CallId,
+        /// Why.
+        reason: &'a str,
+        /// The schema.
+        schema: &'a Value,
+    },
+    /// An external tool's output, reported by the application.
+    External(&'a ExternalCallRequested),
+    /// A budget extension.
+    Budget(BudgetOverrun),
+    /// Its wake-up time: a failed model call's next attempt is due then.
+    Wait(&'a RetryWait),
+    /// A human's word on a write whose outcome is unknown.
+    Reconciliation(&'a ToolCallIntent),
+    /// A human's word on what the run did that its log may be missing
+    /// (it was restored from a backup).
+    Hold(&'a ReconciliationRequired),
+}
+
+/// A `resume` that cannot be recorded.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResumeError {
+    /// The run is neither suspended nor over budget.
+    #[error("the run is {status}: only a suspended run or one over budget can be resumed")]
+    NotResumable {
+        /// Its status.
+        status: RunStatus,
+    },
+    /// The input does not satisfy the suspension's recorded schema.
+    #[error("resume input rejected: {0}")]
+    InputRejected(SchemaError),
+    /// The input is not an extension that lifts the overrun.
+    #[error("budget extension rejected: {0}")]
+    ExtensionRejected(ExtensionError),
+}
+
+/// A log that cannot be folded.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FoldError {
+    /// There are no events.
+    #[error("the log is empty")]
+    Empty,
+    /// The event at `position` cannot follow the ones before it.
+    #[error("impossible event at position {position} ({kind}): {problem}")]
+    Impossible {
+        /// Its position in the log, from 0.
+        position: usize,
+        /// Its kind.
+        kind: EventKind,
+        /// Why it is impossible there.
+        problem: FoldProblem,
+    },
+}
+
+/// Why an event is impossible where it is.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FoldProblem {
+    /// The first event is not `run_started`.
+    #[error("a log must start with run_started")]
+    NotStarted,
+    /// `run_started` after the first event.
+    #[error("the run has already started")]
+    AlreadyStarted,
+    /// `wait_started` without a failed model call of its step to wait for,
+    /// or while a wait was already recorded for it.
+    #[error("wait_started needs a failed model call of its step that no wait was recorded for")]
+    NoFailedModelCall,
+    /// `wait_ended` while the run is not waiting.
+    #[error("wait_ended while the run is not waiting")]
+    NotWaiting,
+    /// `wait_ended` before the wake-up time.
+    #[error("wait_ended at {at_ms} is before the wake-up time {until_ms}")]
+    WokeEarly {
+        /// When it was recorded.
+        at_ms: u64,
+        /// The wake-up time.
+        until_ms: u64,
+    },
+    /// An event after a terminal one.
+    #[error("the run is already {status}")]
+    AfterTerminal {
+        /// The terminal status.
+        status: RunStatus,
+    },
+    /// An intent while a model call is in flight.
+    #[error("the model call of step {step} is still in flight")]
+    ModelCallInFlight {
+        /// Its step.
+        step: u32,
+    },
+    /// An intent while a tool call is in flight.
+    #[error("tool call `{call_id}` is still in flight")]
+    ToolCallInFlight {
+        /// The call.
+        call_id: CallId,
+    },
+    /// A model completion with no matching intent.
+    #[error("no model call of step {step} is in flight")]
+    NoModelCallInFlight {
+        /// The step the event names.
+        step: u32,
+    },
+    /// A model intent for the wrong step or attempt.
+    #[error(
+        "expected step {expected_step} attempt {expected_attempt}, found step {step} attempt {attempt}"
+    )]
+    StepMismatch {
+        /// The next step.
+        expected_step: u32,
+        /// The next attempt.
+        expected_attempt: u32,
+        /// The step recorded.
+        step: u32,
+        /// The attempt recorded.
+        attempt: u32,
+    },
+    /// A model call after the model gave its final answer.
+    #[error("the model already gave its final answer at step {step}")]
+    AfterFinalAnswer {
+        /// That step.
+        step: u32,
+    },
+    /// A model call or a finish while a tool call is not settled.
+    #[error("tool call `{call_id}` is not settled")]
+    ToolCallOutstanding {
+        /// The call.
+        call_id: CallId,
+    },
+    /// An event about a call that is not the next one to settle.
+    #[error("`{found}` is not the next tool call to settle (that is {})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
+    NotNextCall {
+        /// The next call, if any.
+        expected: Option<CallId>,
+        /// The call the event names.
+        found: CallId,
+    },
+    /// An event that the call's progress does not allow.
+    #[error("tool call `{call_id}` is {state}, not {needed}")]
+    WrongCallState {
+        /// The call.
+        call_id: CallId,
+        /// Its progress.
+        state: &'static str,
+        /// What the event needs.
+        needed: &'static str,
+    },
+    /// An intent or request that does not match the model's call.
+    #[error("the {field} recorded for `{call_id}` does not match the model's call")]
+    CallMismatch {
+        /// The call.
+        call_id: CallId,
+        /// Which field differs.
+        field: &'static str,
+    },
+    /// An event the run's parking does not allow.
+    #[error("the run is {status}")]
+    Parked {
+        /// The status.
+        status: RunStatus,
+    },
+    /// A budget extension while no budget is exceeded.
+    #[error("no budget is exceeded")]
+    NoBudgetExceeded,
+    /// A `reconciled` event while nothing required reconciliation.
+    #[error("nothing requires reconciliation")]
+    NothingToReconcile,
+    /// A policy decision whose step or call does not fit its hook.
+    #[error("a {hook} decision needs {}", match .hook { PolicyHook::RunStart => "neither a step nor a call", PolicyHook::BeforeToolCall => "a call and no step", _ => "a step and no call" })]
+    PolicyPointMalformed {
+        /// The hook.
+        hook: PolicyHook,
+    },
+    /// A policy decision where its policy already decided, or after another
+    /// policy stopped the point.
+    #[error("policy `{policy}` already decided here")]
+    PolicyAlreadyDecided {
+        /// The policy.
+        policy: String,
+    },
+    /// Feedback at a hook other than `before_finish`.
+    #[error("feedback is only possible before_finish, not at {hook}")]
+    FeedbackOutsideFinish {
+        /// The hook.
+        hook: PolicyHook,
+    },
+    /// A policy decision for a point the run is no longer (or not yet) at.
+    #[error("the run is not at that {hook} point")]
+    PolicyPointPassed {
+        /// The hook.
+        hook: PolicyHook,
+    },
+    /// An output rejection that names no final answer of the latest turn.
+    #[error("step {step} is not the latest turn's final answer")]
+    NotAFinalAnswer {
+        /// The step the event names.
+        step: u32,
+    },
+    /// More output rejections than the engine makes.
+    #[error("a final answer is sent back at most {limit} time(s)")]
+    OutputRejectedTooOften {
+        /// The most.
+        limit: u32,
+    },
+    /// A resumption with no suspension.
+    #[error("the run is not suspended")]
+    NotSuspended,
+    /// An intent while a compaction is in flight.
+    #[error("the compaction of step {step} is still in flight")]
+    CompactionInFlight {
+        /// Its step.
+        step: u32,
+    },
+    /// A compaction completion with no matching intent.
+    #[error("no compaction of step {step} up to message {upto} is in flight")]
+    NoCompactionInFlight {
+        /// The step the event names.
+        step: u32,
+        /// The cut it names.
+        upto: u32,
+    },
+    /// A compaction whose cut summarises nothing new or cuts past the
+    /// conversation.
+    #[error(
+        "a compaction up to message {upto} must cut past message {done} and before the end ({len} messages)"
+    )]
+    CompactionCut {
+        /// The cut recorded.
+        upto: u32,
+        /// The cut of the summary in force (1 for none).
+        done: usize,
+        /// The conversation's length.
+        len: usize,
+    },
+    /// A context resolution for another step than the next model call's.
+    #[error("context resolved for step {step}, but the next model call is step {expected}")]
+    ContextStepMismatch {
+        /// The next model call's step.
+        expected: u32,
+        /// The step recorded.
+        step: u32,
+    },
+    /// A run event while a delivery is in flight.
+    #[error("delivery `{delivery_id}` is still in flight")]
+    DeliveryInFlight {
+        /// The delivery.
+        delivery_id: String,
+    },
+    /// A delivery event that does not fit the deliveries recorded before.
+    #[error("delivery `{delivery_id}`: {reason}")]
+    DeliveryMismatch {
+        /// The delivery the event names.
+        delivery_id: String,
+        /// What does not fit.
+        reason: String,
+    },
+    /// A terminal event whose `unresolved_write` is not the dangling write.
+    #[error("unresolved_write must name the dangling write ({})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
+    UnresolvedWriteMismatch {
+        /// The dangling write, if any.
+        expected: Option<CallId>,
+    },
+}
+
+/// Folds a whole log.
+pub fn fold(events: &[Event]) -> Result<RunState, FoldError> {
+    let (first, rest) = events.split_first().ok_or(FoldError::Empty)?;
+    let Event::RunStarted(started) = first else {
+        return Err(FoldError::Impossible {
+            position: 0,
+            kind: first.kind(),
+            problem: FoldProblem::NotStarted,
+        });
+    };
+    let mut state = RunState::start(started);
+    for event in rest {
+        state.apply(event)?;
+    }
+    Ok(state)
+}
+
+impl RunState {
+    /// The state right after `run_started`.
+    pub fn start(started: &RunStarted) -> RunState {
+        let history: &[Message] = started
+            .session
+            .as_ref()
+            .map_or(&[], |s| s.history.as_slice());
+        RunState {
+            run_id: started.run_id.clone(),
+            agent: started.agent.clone(),
+            agent_digest: started.agent_digest.clone(),
+            input: started.input.clone(),
+            labels: started.labels.clone(),
+            clock_seed_ms: started.clock_seed_ms,
+            random_seed: started.random_seed,
+            event_count: 1,
+            usage: BudgetUsage::default(),
+            limits: started.limits.clone(),
+            extensions: BudgetLimits::default(),
+            last_clock_ms: None,
+            clock_fresh: false,
+            random_values: Vec::new(),
+            turns: Vec::new(),
+            model_call: ModelCallProgress::Idle,
+            wait: None,
+            budget_exceeded: None,
+            terminal: None,
+            context: BTreeMap::new(),
+            invalid_calls_in_a_row: 0,
+            last_invalid_call: None,
+            compaction: CompactionProgress::default(),
+            output_rejections: 0,
+            deliveries: Deliveries::default(),
+            policy_decisions: HashMap::new(),
+            session_id: started.session.as_ref().map(|s| s.session_id.clone()),
+            session_position: started.session.as_ref().map(|s| s.position),
+            history_runs: started
+                .session
+                .as_ref()
+                .map(|s| s.runs.clone())
+                .unwrap_or_default(),
+            messages: history
+                .iter()
+                .cloned()
+                .chain([Message::User {
+                    content: value_text(&started.input),
+                }])
+                .collect(),
+            history_len: history.len(),
+            last_tool_error: None,
+            hold: None,
+        }
+    }
+
+    /// The status, derived from the state.
+    pub fn status(&self) -> RunStatus {
+        match &self.terminal {
+            Some(Terminal::Completed(_)) => return RunStatus::Completed,
+            Some(Terminal::Failed(_)) => return RunStatus::Failed,
+            Some(Terminal::Cancelled(_)) => return RunStatus::Cancelled,
+            Some(Terminal::Abandoned(_)) => return RunStatus::Abandoned,
+            None => {}
+        }
+        if self.hold.is_some() || self.dangling_write().is_some() {
+            return RunStatus::NeedsReconciliation;
+        }
+        match self.next_call().map(|c| &c.progress) {
+            Some(ToolCallProgress::AwaitingApproval) => return RunStatus::AwaitingApproval,
+            Some(ToolCallProgress::Suspended { .. }) => return RunStatus::Suspended,
+            Some(ToolCallProgress::AwaitingExternal(_)) => return RunStatus::AwaitingExternal,
+            _ => {}
+        }
+        if self.budget_exceeded.is_some() {
+            return RunStatus::BudgetExceeded;
+        }
+        if self.waiting().is_some() {
+            return RunStatus::Waiting;
+        }
+        RunStatus::Running
+    }
+
+    /// The wait the run is parked on, if it is: one `wait_started` has
+    /// recorded and no `wait_ended` has closed.
+    pub fn waiting(&self) -> Option<&RetryWait> {
+        self.wait.as_ref().filter(|w| w.ended_ms.is_none())
+    }
+
+    /// What the run waits for, if it is parked.
+    pub fn parked(&self) -> Option<Parked<'_>> {
+        if self.terminal.is_some() {
+            return None;
+        }
+        if let Some(hold) = &self.hold {
+            return Some(Parked::Hold(hold));
+        }
+        if let Some(intent) = self.dangling_write() {
+            return Some(Parked::Reconciliation(intent));
+        }
+        if let Some(call) = self.next_call() {
+            match &call.progress {
+                ToolCallProgress::AwaitingApproval => return Some(Parked::Approval { call }),
+                ToolCallProgress::Suspended { reason, schema } => {
+                    return Some(Parked::Input {
+                        call_id: &call.call_id,
+                        reason,
+                        schema,
+                    });
+                }
+                ToolCallProgress::AwaitingExternal(request) => {
+                    return Some(Parked::External(request));
+                }
+                _ => {}
+            }
+        }
+        if let Some(overrun) = self.budget_exceeded {
+            return Some(Parked::Budget(overrun));
+        }
+        self.waiting().map(Parked::Wait)
+    }
+
+    /// The policy decisions recorded at `point`, in log order.
+    pub fn policy_decisions(&self, point: &PolicyPoint) -> &[RecordedDecision] {
+        self.policy_decisions.get(point).map_or(&[], Vec::as_slice)
+    }
+
+    /// The run's output, once it completed.
+    pub fn output(&self) -> Option<&Value> {
+        match &self.terminal {
+            Some(Terminal::Completed(c)) => Some(&c.output),
+            _ => None,
+        }
+    }
+
+    /// The latest turn.
+    pub fn last_turn(&self) -> Option<&Turn> {
+        self.turns.last()
+    }
+
+    /// The first tool call of the latest turn that is not settled.
+    pub fn next_call(&self) -> Option<&ToolCallState> {
+        self.turns
+            .last()?
+            .calls
+            .iter()
+            .find(|c| !c.progress.is_settled())
+    }
+
+    /// The tool call whose intent has no completion, if any.
+    pub fn in_flight_tool(&self) -> Option<&ToolCallIntent> {
+        match &self.next_call()?.progress {
+            ToolCallProgress::InFlight(intent) => Some(intent),
+            _ => None,
+        }
+    }
+
+    /// What a human must check before the run goes on, when its log may
+    /// be missing what it did (a restore), if anything.
+    pub fn held(&self) -> Option<&ReconciliationRequired> {
+        self.hold.as_ref()
+    }
+
+    /// The write whose intent has no completion, if any.
+    pub fn dangling_write(&self) -> Option<&ToolCallIntent> {
+        self.in_flight_tool()
+            .filter(|i| i.effect == EffectClass::Write)
+    }
+
+    /// Whether a model call, a compaction, or a tool call that may still
+    /// complete is in flight (a dangling write is not: it waits for a
+    /// human). A delivery intent is not recorded then.
+    pub fn effect_in_flight(&self) -> bool {
+        matches!(self.model_call, ModelCallProgress::InFlight { .. })
+            || self.compaction.in_flight.is_some()
+            || (self.in_flight_tool().is_some() && self.dangling_write().is_none())
+    }
+
+    /// The tool call with `call_id` in the latest turn.
+    pub fn call(&self, call_id: &CallId) -> Option<&ToolCallState> {
+        self.turns
+            .last()?
+            .calls
+            .iter()
+            .find(|c| &c.call_id == call_id)
+    }
+
+    /// The budgets in force: those recorded when the run started (else,
+    /// in a log that does not record them, the agent's `limits`), with the
+    /// recorded extensions applied.
+    pub fn effective_limits(&self, limits: &BudgetLimits) -> BudgetLimits {
+        self.limits
+            .as_ref()
+            .map_or(limits, |recorded| &recorded.budgets)
+            .overridden_by(&self.extensions)
+    }
+
+    /// The input-size cap in force: the recorded one, else the agent's
+    /// `max_input_bytes`.
+    pub fn max_input_bytes(&self, max_input_bytes: u64) -> u64 {
+        self.limits
+            .as_ref()
+            .map_or(max_input_bytes, |recorded| recorded.max_input_bytes)
+    }
+
+    /// The currency cost is counted in, when the log records it.
+    pub fn currency(&self) -> Option<&str> {
+        self.limits.as_ref().and_then(|l| l.currency.as_deref())
+    }
+
+    /// The conversation the model sees: the session history recorded when
+    /// the run started (if any), then the input, then each turn and the
+    /// results of its settled tool calls, in order.
+    pub fn conversation(&self) -> &[Message] {
+        &self.messages
+    }
+
+    /// The session history this run started with (empty outside a session).
+    pub fn history(&self) -> &[Message] {
+        &self.messages[..self.history_len]
+    }
+
+    /// This run's own transcript: the conversation without the session
+    /// history. A later run of the session sees it as history once this run
+    /// has completed.
+    pub fn transcript(&self) -> &[Message] {
+        &self.messages[self.history_len..]
+    }
+
+    /// Checks `input` as an extension of the budget the run is parked on
+    /// (the agent's limits are `limits`) and returns the event to record.
+    /// Nothing is recorded when this fails.
+    pub fn check_extension(
+        &self,
+        limits: &BudgetLimits,
+        input: &Value,
+        by: Option<String>,
+    ) -> Result<BudgetExtended, ExtensionError> {
+        let overrun = self.budget_exceeded.ok_or(ExtensionError::NotExceeded)?;
+        let extension = parse_extension(input)?;
+        let given = extension.get(overrun.budget);
+        let effective = self
+            .effective_limits(limits)
+            .overridden_by(&extension)
+            .get(overrun.budget);
+        if effective.is_some_and(|limit| limit < overrun.least_lifting_limit()) {
+            return Err(ExtensionError::TooSmall {
+                needed: overrun,
+                given,
+            });
+        }
+        Ok(BudgetExtended {
+            limits: extension,
+            by,
+            at_ms: None,
+        })
+    }
+
+    /// Checks `input` for a `resume` of this run and returns the one event to
+    /// record: for a suspended run, [`Event::Resumed`] once the input
+    /// satisfies the schema recorded in the log; for a run over budget,
+    /// [`Event::BudgetExtended`] once the input is an extension that lifts
+    /// the overrun (the agent's limits are `limits`). Nothing is recorded
+    /// when this fails.
+    pub fn check_resume(
+        &self,
+        limits: &BudgetLimits,
+        input: &Value,
+        by: Option<String>,
+    ) -> Result<Event, ResumeError> {
+        match self.parked() {
+            Some(Parked::Input { schema, .. }) => {
+                schema::check(schema, input).map_err(ResumeError::InputRejected)?;
+                Ok(Event::Resumed(Resumed {
+                    input: input.clone(),
+                    by,
+                    at_ms: None,
+                }))
+            }
+            Some(Parked::Budget(_)) => self
+                .check_extension(limits, input, by)
+                .map(Event::BudgetExtended)
+                .map_err(ResumeError::ExtensionRejected),
+            _ => Err(ResumeError::NotResumable {
+                status: self.status(),
+            }),
+        }
+    }
+
+    /// Folds one more event. On error the state is unchanged.
+    pub fn apply(&mut self, event: &Event) -> Result<(), FoldError> {
+        let position = self.event_count;
+        let kind = event.kind();
+        self.check(event).map_err(|problem| FoldError::Impossible {
+            position,
+            kind,
+            problem,
+        })?;
+        self.deliveries.note(position as u64, event);
+        let parked_before = self.parked().is_some();
+        self.update(event);
+        if let Some(at) = event.clock_reading() {
+            self.observe_clock(at, parked_before);
+        }
+        self.clock_fresh = matches!(event, Event::ClockObserved(_));
+        self.event_count += 1;
+        Ok(())
+    }
+
+    /// Counts the time up to the clock reading `at` as active unless the
+    /// run was parked until this event: then the time since the last
+    /// reading (the park, up to the act or event that ended it) is not
+    /// counted. Any park counts, whatever ended it, so wall time is active
+    /// time however a run comes to wait.
+    fn observe_clock(&mut self, at: u64, parked_before: bool) {
+        if !parked_before {
+            let since = self.last_clock_ms.unwrap_or(self.clock_seed_ms);
+            self.usage.wall_time_ms = self
+                .usage
+                .wall_time_ms
+                .saturating_add(at.saturating_sub(since));
+        }
+        // A reading behind the last one (a clock set back) moves nothing.
+        self.last_clock_ms = Some(self.last_clock_ms.map_or(at, |last| last.max(at)));
+    }
+
+    fn parked_problem(&self) -> Result<(), FoldProblem> {
+        let status = self.status();
+        if status.is_parked() {
+            return Err(FoldProblem::Parked { status });
+        }
+        Ok(())
+    }
+
+    fn nothing_in_flight(&self) -> Result<(), FoldProblem> {
+        if let ModelCallProgress::InFlight { step, .. } = self.model_call {
+            return Err(FoldProblem::ModelCallInFlight { step });
+        }
+        if let Some((step, ..)) = self.compaction.in_flight {
+            return Err(FoldProblem::CompactionInFlight { step });
+        }
+        if let Some(intent) = self.in_flight_tool() {
+            return Err(FoldProblem::ToolCallInFlight {
+                call_id: intent.call_id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    /// The next call to settle, which must be `call_id`.
+    fn expect_next(&self, call_id: &CallId) -> Result<&ToolCallState, FoldProblem> {
+        match self.next_call() {
+            Some(call) if &call.call_id == call_id => Ok(call),
+            other => Err(FoldProblem::NotNextCall {
+                expected: other.map(|c| c.call_id.clone()),
+                found: call_id.clone(),
+            }),
+        }
+    }
+
+    /// A call about to run (or be settled without running) must be pending
+    /// or approved.
+    fn expect_pending_or_approved(call: &ToolCallState) -> Result<(), FoldProblem> {
+        Self::expect_progress(
+            call,
+            |p| {
+                matches!(
+                    p,
+                    ToolCallProgress::Pending | ToolCallProgress::Approved { .. }
+                )
+            },
+            "pending or approved",
+        )
+    }
+
+    fn expect_progress(
+        call: &ToolCallState,
+        allowed: fn(&ToolCallProgress) -> bool,
+        needed: &'static str,
+    ) -> Result<(), FoldProblem> {
+        if allowed(&call.progress) {
+            Ok(())
+        } else {
+            Err(FoldProblem::WrongCallState {
+                call_id: call.call_id.clone(),
+                state: call.progress.name(),
+                needed,
+            })
+        }
+    }
+
+    fn next_model_call(&self) -> (u32, u32) {
+        match &self.model_call {
+            ModelCallProgress::Failed { step, attempts, .. } => (*step, attempts + 1),
+            _ => (self.turns.len() as u32 + 1, 1),
+        }
+    }
+
+    fn check_unresolved(&self, given: &Option<UnresolvedWrite>) -> Result<(), FoldProblem> {
+        let dangling = self.dangling_write();
+        let matches = match (dangling, given) {
+            (None, None) => true,
+            (Some(intent), Some(write)) => UnresolvedWrite::from(intent) == *write,
+            _ => false,
+        };
+        if matches {
+            Ok(())
+        } else {
+            Err(FoldProblem::UnresolvedWriteMismatch {
+                expected: dangling.map(|i| i.call_id.clone()),
+            })
+        }
+    }
+
+    fn check(&self, event: &Event) -> Result<(), FoldProblem> {
+        if event.is_delivery() {
+            return self.check_delivery(event);
+        }
+        // An operator's release or settlement of a key: at any time,
+        // finished runs included (the store checked the run held the key).
+        if matches!(event, Event::KeyReleased(_) | Event::KeySettled(_)) {
+            return Ok(());
+        }
+        if let Some(d) = &self.deliveries.in_flight
+            && matches!(
+                event,
+                Event::ModelCallIntent(_) | Event::ToolCallIntent(_) | Event::CompactionIntent(_)
+            )
+        {
+            return Err(FoldProblem::DeliveryInFlight {
+                delivery_id: d.intent.delivery_id.clone(),
+            });
+        }
+        if self.terminal.is_some() {
+            return Err(FoldProblem::AfterTerminal {
+                status: self.status(),
+            });
+        }
+        match event {
+            Event::RunStarted(_) => Err(FoldProblem::AlreadyStarted),
+            Event::ModelCallIntent(intent) => {
+                self.nothing_in_flight()?;
+                if let Some(call) = self.next_call() {
+                    return Err(FoldProblem::ToolCallOutstanding {
+                        call_id: call.call_id.clone(),
+                    });
+                }
+                self.parked_problem()?;
+                if !matches!(self.model_call, ModelCallProgress::Failed { .. })
+                    && let Some(turn) = self.turns.last()
+                    && turn.calls.is_empty()
+                    && !turn.continued
+                {
+                    return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
+                }
+                let (expected_step, expected_attempt) = self.next_model_call();
+                if (intent.step, intent.attempt) != (expected_step, expected_attempt) {
+                    return Err(FoldProblem::StepMismatch {
+                        expected_step,
+                        expected_attempt,
+                        step: intent.step,
+                        attempt: intent.attempt,
+                    });
+                }
+                Ok(())
+            }
+            Event::ModelCallCompleted(c) => self.expect_model_in_flight(c.step),
+            Event::ModelCallFailed(f) => self.expect_model_in_flight(f.step),
+            Event::ToolCallRejected(r) => {
+                // An approved call is rejected when its tool disappeared
+                // from the agent in between.
+                let call = self.expect_next(&r.call_id)?;
+                Self::expect_pending_or_approved(call)
+            }
+            Event::ToolCallIntent(intent) => {
+                let call = self.expect_next(&intent.call_id)?;
+                Self::expect_pending_or_approved(call)?;
+                self.parked_problem()?;
+                let mismatch = |field| FoldProblem::CallMismatch {
+                    call_id: intent.call_id.clone(),
+                    field,
+                };
+                if intent.tool.model_name() != call.call.name {
+                    return Err(mismatch("tool"));
+                }
+                if intent.arguments != call.call.arguments {
+                    return Err(mismatch("arguments"));
+                }
+                let expected_key = match &intent.keyed_by {
+                    None => idempotency_key(&self.run_id, &intent.call_id),
+                    Some(k) => match key_argument(&intent.arguments, &k.field) {
+                        Some(value) => commitment_key(&k.scope, value),
+                        None => return Err(mismatch("idempotency key argument")),
+                    },
+                };
+                if intent.idempotency_key != expected_key {
+                    return Err(mismatch("idempotency key"));
+                }
+                Ok(())
+            }
+            Event::ToolCallAttemptFailed(f) => {
+                let call = self.expect_next(&f.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::InFlight(_)),
+                    "in flight",
+                )
+            }
+            Event::ExternalCallRequested(r) => {
+                let call = self.expect_next(&r.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
+                if r.tool != call.call.name {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: r.call_id.clone(),
+                        field: "tool",
+                    });
+                }
+                if r.arguments != call.call.arguments {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: r.call_id.clone(),
+                        field: "arguments",
+                    });
+                }
+                self.parked_problem()
+            }
+            Event::ExternalCallCompleted(c) => {
+                let call = self.expect_next(&c.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::AwaitingExternal(_)),
+                    "awaiting external",
+                )
+            }
+            Event::ToolCallDeduplicated(d) => {
+                let call = self.expect_next(&d.call_id)?;
+                Self::expect_pending_or_approved(call)?;
+                self.parked_problem()
+            }
+            Event::ToolCallCompleted(c) => {
+                let call = self.expect_next(&c.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::InFlight(_)),
+                    "in flight",
+                )
+            }
+            Event::ToolCallResolved(r) => {
+                let call = self.expect_next(&r.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::InFlight(i) if i.effect == EffectClass::Write),
+                    "a write in flight",
+                )
+            }
+            Event::ApprovalRequested(a) => {
+                let call = self.expect_next(&a.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
+                self.parked_problem()?;
+                if a.tool.model_name() != call.call.name {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: a.call_id.clone(),
+                        field: "tool",
+                    });
+                }
+                Ok(())
+            }
+            Event::ApprovalGranted(g) => {
+                let call = self.expect_next(&g.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::AwaitingApproval),
+                    "awaiting approval",
+                )
+            }
+            Event::ApprovalDenied(d) => {
+                let call = self.expect_next(&d.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::AwaitingApproval),
+                    "awaiting approval",
+                )
+            }
+            Event::Suspended(s) => {
+                let call = self.expect_next(&s.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
+                self.parked_problem()
+            }
+            Event::Resumed(_) => match self.next_call() {
+                Some(call) if matches!(call.progress, ToolCallProgress::Suspended { .. }) => Ok(()),
+                _ => Err(FoldProblem::NotSuspended),
+            },
+            Event::BudgetExceeded(_) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()
+            }
+            Event::BudgetExtended(_) => {
+                if self.budget_exceeded.is_none() {
+                    return Err(FoldProblem::NoBudgetExceeded);
+                }
+                Ok(())
+            }
+            Event::ClockObserved(_) | Event::RandomObserved(_) => Ok(()),
+            Event::WaitStarted(w) => {
+                let ModelCallProgress::Failed { step, .. } = self.model_call else {
+                    return Err(FoldProblem::NoFailedModelCall);
+                };
+                if w.step != step || self.wait.is_some() {
+                    return Err(FoldProblem::NoFailedModelCall);
+                }
+                self.parked_problem()
+            }
+            Event::WaitEnded(e) => match self.waiting() {
+                Some(w) if e.at_ms >= w.until_ms => Ok(()),
+                Some(w) => Err(FoldProblem::WokeEarly {
+                    at_ms: e.at_ms,
+                    until_ms: w.until_ms,
+                }),
+                None => Err(FoldProblem::NotWaiting),
+            },
+            Event::RunCompleted(_) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()?;
+                if let Some(call) = self.next_call() {
+                    return Err(FoldProblem::ToolCallOutstanding {
+                        call_id: call.call_id.clone(),
+                    });
+                }
+                Ok(())
+            }
+            Event::CompactionIntent(i) => {
+                self.check_context(i.step)?;
+                let done = self.compaction.summary.as_ref().map_or(1, |s| s.upto);
+                let upto = i.upto as usize;
+                if upto <= done || upto >= self.messages.len() {
+                    return Err(FoldProblem::CompactionCut {
+                        upto: i.upto,
+                        done,
+                        len: self.messages.len(),
+                    });
+                }
+                Ok(())
+            }
+            Event::CompactionCompleted(c) => self.expect_compaction_in_flight(c.step, c.upto),
+            Event::CompactionFailed(f) => self.expect_compaction_in_flight(f.step, f.upto),
+            Event::ContextResolved(r) => self.check_context(r.step),
+            Event::ContextFailed(f) => self.check_context(f.step),
+            Event::OutputRejected(r) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()?;
+                match self.turns.last() {
+                    Some(turn)
+                        if turn.step == r.step && turn.calls.is_empty() && !turn.continued => {}
+                    _ => return Err(FoldProblem::NotAFinalAnswer { step: r.step }),
+                }
+                if self.output_rejections >= MAX_OUTPUT_REJECTIONS {
+                    return Err(FoldProblem::OutputRejectedTooOften {
+                        limit: MAX_OUTPUT_REJECTIONS,
+                    });
+                }
+                Ok(())
+            }
+            Event::PolicyDecided(d) => {
+                self.nothing_in_flight()?;
+                self.parked_problem()?;
+                let point = d
+                    .point()
+                    .ok_or(FoldProblem::PolicyPointMalformed { hook: d.hook })?;
+                let decided = self.policy_decisions(&point);
+                if decided.iter().any(|r| r.policy == d.policy) {
+                    return Err(FoldProblem::PolicyAlreadyDecided {
+                        policy: d.policy.clone(),
+                    });
+                }
+                if let Some(stop) = decided.iter().find(|r| r.verdict != PolicyVerdict::Allow) {
+                    return Err(FoldProblem::PolicyAlreadyDecided {
+                        policy: stop.policy.clone(),
+                    });
+                }
+                if d.decision == PolicyVerdict::Feedback && d.hook != PolicyHook::BeforeFinish {
+                    return Err(FoldProblem::FeedbackOutsideFinish { hook: d.hook });
+                }
+                let idle = matches!(self.model_call, ModelCallProgress::Idle);
+                let latest = self.turns.last();
+                let fits = match &point {
+                    PolicyPoint::RunStart => idle && self.turns.is_empty(),
+                    PolicyPoint::AfterResponse { step } => {
+                        idle && latest.is_some_and(|t| t.step == *step)
+                    }
+                    PolicyPoint::BeforeToolCall { call_id } => {
+                        let call = self.expect_next(call_id)?;
+                        return Self::expect_progress(
+                            call,
+                            |p| matches!(p, ToolCallProgress::Pending),
+                            "pending",
+                        );
+                    }
+                    PolicyPoint::BeforeFinish { step } => {
+                        idle && latest
+                            .is_some_and(|t| t.step == *step && t.calls.is_empty() && !t.continued)
+                    }
+                };
+                if fits {
+                    Ok(())
+                } else {
+                    Err(FoldProblem::PolicyPointPassed { hook: d.hook })
+                }
+            }
+            Event::RunFailed(_) => self.check_unresolved(&None),
+            Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
+            Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
+            // Any time before the end: a restore may catch a run anywhere.
+            Event::ReconciliationRequired(_) => Ok(()),
+            Event::Reconciled(_) if self.hold.is_none() => Err(FoldProblem::NothingToReconcile),
+            Event::Reconciled(_) => Ok(()),
+            Event::KeyReleased(_) | Event::KeySettled(_) => {
+                unreachable!("key releases and settlements are checked above")
+            }
+            Event::DeliveryIntent(_)
+            | Event::DeliveryAttemptFailed(_)
+            | Event::DeliveryCompleted(_)
+            | Event::DeliveryFailed(_) => unreachable!("delivery events are checked above"),
+        }
+    }
+
+    /// Delivery events: allowed after a terminal event and while parked;
+    /// one delivery in flight at a time, never beside a model call or a
+    /// tool call that may still complete (a dangling write may: it waits
+    /// for a human); each channel's intents in log order, each reporting an
+    /// earlier event, with the id derived from run, channel and position;
+    /// attempts counted from 1.
+    fn check_delivery(&self, event: &Event) -> Result<(), FoldProblem> {
+        let mismatch = |delivery_id: &str, reason: String| FoldProblem::DeliveryMismatch {
+            delivery_id: delivery_id.to_owned(),
+            reason,
+        };
+        let (delivery_id, attempt) = match event {
+            Event::DeliveryIntent(intent) => {
+                if let Some(d) = &self.deliveries.in_flight {
+                    return Err(FoldProblem::DeliveryInFlight {
+                        delivery_id: d.intent.delivery_id.clone(),
+                    });
+                }
+                if self.terminal.is_none() && self.effect_in_flight() {
+                    self.nothing_in_flight()?;
+                }
+                let id = &intent.delivery_id;
+                if intent.source >= self.event_count as u64 {
+                    return Err(mismatch(
+                        id,
+                        format!(
+                            "it reports position {}, which is not before it",
+                            intent.source
+                        ),
+                    ));
+                }
+                if let Some(&last) = self.deliveries.cursors.get(&intent.channel)
+                    && intent.source <= last
+                {
+                    return Err(mismatch(
+                        id,
+                        format!(
+                            "channel `{}` was already given position {last}",
+                            intent.channel
+                        ),
+                    ));
+                }
+                let expected = format!("{}/{}/{}", self.run_id, intent.channel, intent.source);
+                if *id != expected {
+                    return Err(mismatch(id, format!("the id must be `{expected}`")));
+                }
+                if !intent.payload.is_object() {
+                    return Err(mismatch(id, "the payload must be a JSON object".into()));
+                }
+                return Ok(());
+            }
+            Event::DeliveryAttemptFailed(f) => (&f.delivery_id, f.attempt),
+            Event::DeliveryCompleted(c) => (&c.delivery_id, c.attempt),
+            Event::DeliveryFailed(f) => (&f.delivery_id, f.attempts),
+            _ => unreachable!("check_delivery sees delivery events"),
+        };
+        match &self.deliveries.in_flight {
+            Some(d) if d.intent.delivery_id == *delivery_id => {
+                if attempt != d.failed_attempts + 1 {
+                    return Err(mismatch(
+                        delivery_id,
+                        format!(
+                            "expected attempt {}, found {attempt}",
+                            d.failed_attempts + 1
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            _ => Err(mismatch(
+                delivery_id,
+                "no such delivery is in flight".into(),
+            )),
+        }
+    }
+
+    /// A context source is resolved only where a model call of `step` could
+    /// be made next.
+    fn check_context(&self, step: u32) -> Result<(), FoldProblem> {
+        self.nothing_in_flight()?;
+        if let Some(call) = self.next_call() {
+            return Err(FoldProblem::ToolCallOutstanding {
+                call_id: call.call_id.clone(),
+            });
+        }
+        self.parked_problem()?;
+        if !matches!(self.model_call, ModelCallProgress::Failed { .. })
+            && let Some(turn) = self.turns.last()
+            && turn.calls.is_empty()
+            && !turn.continued
+        {
+            return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
+        }
+        let (expected, _) = self.next_model_call();
+        if step != expected {
+            return Err(FoldProblem::ContextStepMismatch { expected, step });
+        }
+        Ok(())
+    }
+
+    fn expect_compaction_in_flight(&self, step: u32, upto: u32) -> Result<(), FoldProblem> {
+        match self.compaction.in_flight {
+            Some((s, u, _)) if s == step && u == upto as usize => Ok(()),
+            _ => Err(FoldProblem::NoCompactionInFlight { step, upto }),
+        }
+    }
+
+    fn expect_model_in_flight(&self, step: u32) -> Result<(), FoldProblem> {
+        match self.model_call {
+            ModelCallProgress::InFlight { step: s, .. } if s == step => Ok(()),
+            _ => Err(FoldProblem::NoModelCallInFlight { step }),
+        }
+    }
+
+    fn next_call_mut(&mut self) -> &mut ToolCallState {
+        self.turns
+            .last_mut()
+            .and_then(|t| t.calls.iter_mut().find(|c| !c.progress.is_settled()))
+            .expect("checked: there is a next call")
+    }
+
+    /// Settles the next call with `progress` and appends its result to the
+    /// conversation.
+    fn settle(&mut self, progress: ToolCallProgress) {
+        let call = self.next_call_mut();
+        call.progress = progress;
+        let (content, is_error) = call
+            .progress
+            .result_for_model()
+            .expect("a settled call has a result");
+        let (call_id, name) = (call.call.id.clone(), call.call.name.clone());
+        // Errors are compacted for the model; the log keeps them whole.
+        let content = if is_error {
+            let repeats = match &self.last_tool_error {
+                Some((last, n)) if *last == content => n + 1,
+                _ => 1,
+            };
+            let shown = compact_tool_error(&content, repeats);
+            self.last_tool_error = Some((content, repeats));
+            shown
+        } else {
+            self.last_tool_error = None;
+            content
+        };
+        self.messages.push(Message::Tool {
+            call_id,
+            name,
+            content,
+            is_error,
+        });
+    }
+
+    /// Applies a checked event.
+    fn update(&mut self, event: &Event) {
+        match event {
+            Event::RunStarted(_) => unreachable!("checked: run_started is only first"),
+            Event::ModelCallIntent(i) => {
+                self.wait = None;
+                self.model_call = ModelCallProgress::InFlight {
+                    step: i.step,
+                    attempt: i.attempt,
+                    request_hash: i.request_hash.clone(),
+                };
+            }
+            Event::ModelCallCompleted(c) => {
+                let u = &mut self.usage;
+                u.steps += 1;
+                u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
+                u.output_tokens = u.output_tokens.saturating_add(c.usage.output_tokens);
+                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos.unwrap_or(0));
+                self.turns.push(Turn {
+                    step: c.step,
+                    text: c.text.clone(),
+                    stop_reason: c.stop_reason,
+                    calls: c
+                        .tool_calls
+                        .iter()
+                        .enumerate()
+                        .map(|(i, call)| ToolCallState {
+                            call_id: CallId::new(c.step, i + 1),
+                            call: call.clone(),
+                            progress: ToolCallProgress::Pending,
+                            failed_attempts: 0,
+                        })
+                        .collect(),
+                    continued: false,
+                });
+                self.model_call = ModelCallProgress::Idle;
+                self.messages.push(Message::Assistant {
+                    text: c.text.clone(),
+                    tool_calls: c.tool_calls.clone(),
+                    blocks: c.blocks.clone(),
+                });
+            }
+            Event::ModelCallFailed(f) => {
+                let attempts = match self.model_call {
+                    ModelCallProgress::InFlight { attempt, .. } => attempt,
+                    _ => unreachable!("checked: a model call is in flight"),
+                };
+                self.model_call = ModelCallProgress::Failed {
+                    step: f.step,
+                    attempts,
+                    error: f.error.clone(),
+                    at_ms: f.at_ms,
+                    retry_at_ms: f.retry_at_ms,
+                };
+            }
+            Event::ToolCallRejected(r) => {
+                if matches!(
+                    r.error,
+                    ToolCallError::UnknownTool { .. }
+                        | ToolCallError::InvalidArguments { .. }
+                        | ToolCallError::TruncatedCall { .. }
+                        | ToolCallError::MissingIdempotencyKey { .. }
+                ) {
+                    self.invalid_calls_in_a_row += 1;
+                    self.last_invalid_call = Some(r.error.to_string());
+                }
+                self.settle(ToolCallProgress::Rejected(r.error.clone()));
+            }
+            Event::ToolCallIntent(i) => {
+                self.invalid_calls_in_a_row = 0;
+                self.usage.tool_calls += 1;
+                self.next_call_mut().progress = ToolCallProgress::InFlight(i.clone());
+            }
+            Event::ToolCallCompleted(c) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(c.receipt.fuel_consumed);
+                self.settle(ToolCallProgress::Completed(c.result.clone()));
+            }
+            Event::ToolCallAttemptFailed(f) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(f.receipt.fuel_consumed);
+                self.next_call_mut().failed_attempts += 1;
+            }
+            Event::ExternalCallRequested(r) => {
+                self.invalid_calls_in_a_row = 0;
+                self.next_call_mut().progress = ToolCallProgress::AwaitingExternal(r.clone());
+            }
+            Event::ExternalCallCompleted(c) => {
+                self.settle(ToolCallProgress::Completed(ToolCallResult::Output(
+                    c.output.clone(),
+                )));
+            }
+            Event::ToolCallDeduplicated(d) => {
+                self.invalid_calls_in_a_row = 0;
+                self.settle(ToolCallProgress::Deduplicated {
+                    result: d.result.clone(),
+                    origin_run: d.origin_run.clone(),
+                    origin_call: d.origin_call.clone(),
+                });
+            }
+            Event::ToolCallResolved(r) => {
+                self.settle(ToolCallProgress::Resolved {
+                    by: r.by.clone(),
+                    output: r.output.clone(),
+                });
+            }
+            Event::ApprovalRequested(a) => {
+                self.invalid_calls_in_a_row = 0;
+                if let Some(receipt) = &a.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
+                self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
+            }
+            Event::ApprovalGranted(g) => {
+                self.next_call_mut().progress = ToolCallProgress::Approved { by: g.by.clone() };
+            }
+            Event::ApprovalDenied(d) => {
+                self.settle(ToolCallProgress::Denied {
+                    by: d.by.clone(),
+                    reason: d.reason.clone(),
+                });
+            }
+            Event::Suspended(s) => {
+                self.invalid_calls_in_a_row = 0;
+                self.next_call_mut().progress = ToolCallProgress::Suspended {
+                    reason: s.reason.clone(),
+                    schema: s.schema.clone(),
+                };
+            }
+            Event::Resumed(r) => {
+                self.settle(ToolCallProgress::Answered {
+                    input: r.input.clone(),
+                });
+            }
+            Event::BudgetExceeded(o) => self.budget_exceeded = Some(*o),
+            Event::BudgetExtended(e) => {
+                self.extensions = self.extensions.overridden_by(&e.limits);
+                self.budget_exceeded = None;
+            }
+            // Readings are counted in `apply`.
+            Event::ClockObserved(_) => {}
+            Event::RandomObserved(r) => self.random_values.push(r.value),
+            Event::WaitStarted(w) => {
+                self.wait = Some(RetryWait {
+                    step: w.step,
+                    since_ms: w.since_ms,
+                    until_ms: w.until_ms,
+                    ended_ms: None,
+                });
+            }
+            Event::WaitEnded(e) => {
+                if let Some(w) = &mut self.wait {
+                    w.ended_ms = Some(e.at_ms);
+                }
+            }
+            Event::CompactionIntent(i) => {
+                self.compaction.in_flight = Some((i.step, i.upto as usize, i.request_hash.clone()));
+            }
+            Event::CompactionCompleted(c) => {
+                let u = &mut self.usage;
+                u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
+                u.output_tokens = u.output_tokens.saturating_add(c.usage.output_tokens);
+                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos.unwrap_or(0));
+                self.compaction.in_flight = None;
+                self.compaction.completed += 1;
+                self.compaction.summary = Some(Summary {
+                    step: c.step,
+                    upto: c.upto as usize,
+                    text: c.summary.clone(),
+                });
+            }
+            Event::CompactionFailed(f) => {
+                self.compaction.in_flight = None;
+                self.compaction.failed += 1;
+                self.compaction.failed_at_step = Some(f.step);
+            }
+            Event::ContextResolved(r) => {
+                self.usage.fuel = self.usage.fuel.saturating_add(r.receipt.fuel_consumed);
+                self.context
+                    .insert(r.source.clone(), ContextState::resolved(r));
+            }
+            Event::ContextFailed(f) => {
+                if let Some(receipt) = &f.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
+                self.context
+                    .insert(f.source.clone(), ContextState::failed(f));
+            }
+            Event::OutputRejected(r) => {
+                self.output_rejections += 1;
+                if let Some(turn) = self.turns.last_mut() {
+                    turn.continued = true;
+                }
+                self.messages.push(Message::User {
+                    content: rejection_feedback(&r.violation),
+                });
+            }
+            Event::PolicyDecided(d) => {
+                if let Some(receipt) = &d.receipt {
+                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
+                }
+                let point = d.point().expect("checked: the point fits the hook");
+                let reason = d.reason.clone().unwrap_or_default();
+                match (&point, d.decision) {
+                    (PolicyPoint::BeforeToolCall { .. }, PolicyVerdict::Deny) => {
+                        // The call was valid: it does not count as the
+                        // model's mistake.
+                        self.invalid_calls_in_a_row = 0;
+                        self.settle(ToolCallProgress::PolicyDenied {
+                            policy: d.policy.clone(),
+                            reason,
+                        });
+                    }
+                    (PolicyPoint::BeforeFinish { .. }, PolicyVerdict::Feedback) => {
+                        if let Some(turn) = self.turns.last_mut() {
+                            turn.continued = true;
+                        }
+                        self.messages.push(Message::User {
+                            content: feedback_message(&d.policy, &reason),
+                        });
+                    }
+                    _ => {}
+                }
+                self.policy_decisions
+                    .entry(point)
+                    .or_default()
+                    .push(RecordedDecision {
+                        policy: d.policy.clone(),
+                        verdict: d.decision,
+                        reason: d.reason.clone(),
+                    });
+            }
+            Event::RunCompleted(c) => self.terminal = Some(Terminal::Completed(c.clone())),
+            Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),
+            Event::RunCancelled(c) => self.terminal = Some(Terminal::Cancelled(c.clone())),
+            Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
+            Event::ReconciliationRequired(r) => self.hold = Some(r.clone()),
+            Event::Reconciled(_) => self.hold = None,
+            Event::KeyReleased(_) | Event::KeySettled(_) => {}
+            Event::DeliveryIntent(intent) => {
+                self.deliveries
+                    .cursors
+                    .insert(intent.channel.clone(), intent.source);
+                self.deliveries.in_flight = Some(InFlightDelivery {
+                    intent: intent.clone(),
+                    failed_attempts: 0,
+                    retry_at_ms: None,
+                });
+            }
+            Event::DeliveryAttemptFailed(f) => {
+                if let Some(d) = &mut self.deliveries.in_flight {
+                    d.failed_attempts += 1;
+                    d.retry_at_ms = Some(f.retry_at_ms);
+                }
+            }
+            Event::DeliveryCompleted(_) => {
+                self.deliveries.in_flight = None;
+                self.deliveries.completed += 1;
+            }
+            Event::DeliveryFailed(_) => {
+                self.deliveries.in_flight = None;
+                self.deliveries.failed += 1;
+            }
+        }
+    }
+}
+
+/// The value of a call's idempotency-key argument: a string, number or
+/// boolean; `None` when absent or of another type.
+pub fn key_argument<'a>(arguments: &'a Value, field: &str) -> Option<&'a Value> {
+    arguments
+        .get(field)
+        .filter(|v| v.is_string() || v.is_number() || v.is_boolean())
+}

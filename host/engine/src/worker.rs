@@ -1,0 +1,481 @@
+//! The [`Worker`]: a process's share of the work queue. It claims runs from
+//! the store (queued runs, and workers' runs whose lease is gone that are
+//! still running or owe deliveries), drives each under its lease with
+//! `recover` semantics, renews the lease while it drives, and releases it
+//! when the run finishes or parks and owes nothing.
+//!
+//! What a worker guarantees (see `store/lease.rs` for the store's part):
+//! - **one writer per run**: every append carries the lease's fencing
+//!   token; once another worker holds a newer lease, this one's appends are
+//!   refused and it drops the run ([`RuntimeError::Fenced`]);
+//! - **no effect past the lease**: the worker keeps its own view of each
+//!   lease, a [`ValidUntil`] on its monotonic clock, set at the start of
+//!   the claim and moved at the start of each successful renewal to four
+//!   fifths of the time to live after it (the fifth is the margin for the
+//!   store's clock against this one). Every plugin lease of the drive
+//!   carries it: once it passes, the sandbox traps the plugin before any
+//!   further effect and the drive stops without appending
+//!   ([`RuntimeError::LeaseExpired`]). A worker paused past its lease
+//!   (SIGSTOP, a VM pause, a partition) therefore makes no further effect
+//!   when it wakes, even though another worker took the run over and an
+//!   operator resolved its write meanwhile;
+//! - **a write never runs twice**: a run taken over from a dead worker is
+//!   recovered, so a `write` intent without a completion parks it as
+//!   `needs_reconciliation` (the listing status is written on release), and
+//!   a human `resolve`s it;
+//! - **takeover**: a worker that dies stops renewing; after its lease's time
+//!   to live another worker claims the run; one that stops on a signal
+//!   ([`Worker::run`]'s shutdown) stops claiming, lets its runs finish
+//!   within the grace period, then abandons the drives still going and
+//!   releases their leases, so others take them over at once;
+//! - **nothing owed is left behind**: a worker that dies after a run's
+//!   terminal event (or its parked notice) and before the delivery leaves
+//!   the run listed as owing deliveries; another claims it once the lease
+//!   is gone and its recovery makes them (an intent without an outcome
+//!   again with the same id, a completed one never). A delivery that fails
+//!   retryably is retried within that drive, at the time its failure
+//!   recorded (the driver sleeps under its renewed lease), so a failing
+//!   channel never makes the run bounce between workers; a drive that
+//!   fails otherwise leaves the lease to expire, and the run is tried again
+//!   one time to live later.
+//!
+//! The agent of a run is the file its `run_started` event records, loaded
+//! on the worker's machine (once per file and worker) by the worker's
+//! [`AgentLoader`]: workers need the agent files (and what they name) at the
+//! same paths, and must load them as the submitter did, or replay refuses
+//! the changed agent.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinSet;
+
+use crate::events::Event;
+use crate::{Agent, Clock, ReplayOptions, RunStatus, Runtime, RuntimeError, SystemClock};
+use warden_sandbox::{Moment, ValidUntil};
+use warden_store::{Lease, StoreError};
+
+/// How a worker turns a run's recorded agent file into an [`Agent`].
+pub type AgentLoader = Arc<dyn Fn(&Path) -> Result<Agent, String> + Send + Sync>;
+
+/// A worker cannot run at all (a store error while claiming is retried, not
+/// returned).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum WorkerError {
+    /// The owner id is empty or too long.
+    #[error("worker id `{owner}` must hold 1 to 200 characters")]
+    InvalidOwner {
+        /// The id.
+        owner: String,
+    },
+}
+
+/// What a worker did until it stopped.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct WorkerReport {
+    /// Runs claimed.
+    pub claimed: u64,
+    /// Drives that ended with the run terminal or parked for a human.
+    pub settled: u64,
+    /// Drives that ended because another driver owned the run (fenced or
+    /// conflict).
+    pub lost: u64,
+    /// Drives that failed otherwise (left to be retried after the lease
+    /// expires).
+    pub failed: u64,
+    /// Drives abandoned at shutdown (their leases released).
+    pub released: u64,
+}
+
+/// Configures a [`Worker`].
+#[derive(Clone)]
+pub struct WorkerBuilder {
+    runtime: Runtime,
+    owner: String,
+    concurrency: usize,
+    lease_ttl: Duration,
+    poll: Duration,
+    grace: Duration,
+    clock: Arc<dyn Clock>,
+    loader: AgentLoader,
+}
+
+impl WorkerBuilder {
+    /// The worker's id, recorded as the owner of its leases. Default:
+    /// `<hostname>:<pid>:<random>`.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// The most runs driven at once. Default: 4.
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// How long a lease lasts unless renewed; it is renewed every third of
+    /// it, and a dead worker's runs are taken over after it. A worker that
+    /// could not renew makes no further effect four fifths of it after the
+    /// start of its last renewal (see the [module docs](self)). Default: 15
+    /// seconds.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.lease_ttl = ttl.max(Duration::from_millis(30));
+        self
+    }
+
+    /// How long an idle worker waits before looking for work again.
+    /// Default: 250 ms.
+    pub fn poll(mut self, every: Duration) -> Self {
+        self.poll = every;
+        self
+    }
+
+    /// How long a stopping worker lets its drives go on before it abandons
+    /// them and releases their leases. Default: 10 seconds.
+    pub fn grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// The clock leases are timed with. Default: the system clock.
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// How agent files are loaded. Default: [`Agent::load`] with no model
+    /// defaults.
+    pub fn agent_loader(mut self, loader: AgentLoader) -> Self {
+        self.loader = loader;
+        self
+    }
+
+    /// The worker.
+    pub fn build(self) -> Result<Worker, WorkerError> {
+        if self.owner.is_empty() || self.owner.chars().count() > 200 {
+            return Err(WorkerError::InvalidOwner { owner: self.owner });
+        }
+        Ok(Worker {
+            inner: Arc::new(self),
+            agents: Arc::default(),
+        })
+    }
+}
+
+/// Claims and drives queued runs; see the [module docs](self).
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<WorkerBuilder>,
+    /// Agents loaded, by file.
+    agents: Arc<Mutex<HashMap<PathBuf, Agent>>>,
+}
+
+impl std::fmt::Debug for Worker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Worker")
+            .field("owner", &self.inner.owner)
+            .field("concurrency", &self.inner.concurrency)
+            .field("lease_ttl", &self.inner.lease_ttl)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How one drive ended.
+enum Ended {
+    Settled,
+    Lost,
+    Failed,
+}
+
+impl Worker {
+    /// A builder for a worker driving runs with `runtime` (and its store).
+    pub fn builder(runtime: Runtime) -> WorkerBuilder {
+        let host = std::fs::read_to_string("/etc/hostname")
+            .map(|h| h.trim().to_owned())
+            .ok()
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "host".to_owned());
+        WorkerBuilder {
+            runtime,
+            owner: format!(
+                "{host}:{}:{:08x}",
+                std::process::id(),
+                rand::random::<u32>()
+            ),
+            concurrency: 4,
+            lease_ttl: Duration::from_secs(15),
+            poll: Duration::from_millis(250),
+            grace: Duration::from_secs(10),
+            clock: Arc::new(SystemClock),
+            loader: Arc::new(|path| Agent::load(path, None).map_err(|e| e.to_string())),
+        }
+    }
+
+    /// The worker's id.
+    pub fn owner(&self) -> &str {
+        &self.inner.owner
+    }
+
+    fn now(&self) -> i64 {
+        self.inner.clock.now_ms() as i64
+    }
+
+    fn ttl_ms(&self) -> i64 {
+        self.inner.lease_ttl.as_millis() as i64
+    }
+
+    /// How long after the start of a claim or renewal this worker takes its
+    /// lease to hold: the time to live less a fifth, the margin for the
+    /// store's (and other workers') clocks running ahead of this one.
+    fn valid_for(&self) -> Duration {
+        self.inner.lease_ttl - self.inner.lease_ttl / 5
+    }
+
+    /// Claims and drives runs until `shutdown` completes, then stops as the
+    /// [module docs](self) say.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> WorkerReport {
+        let mut report = WorkerReport::default();
+        let mut drives: JoinSet<(Lease, Ended)> = JoinSet::new();
+        let mut held: HashMap<tokio::task::Id, Lease> = HashMap::new();
+        tokio::pin!(shutdown);
+        loop {
+            let free = self.inner.concurrency.saturating_sub(drives.len());
+            let mut claimed_any = false;
+            if free > 0 {
+                let store = self.inner.runtime.store();
+                // Before the request: the lease is valid from the store's
+                // point of view no earlier than this.
+                let started = Moment::now();
+                match store
+                    .claim(&self.inner.owner, self.now(), self.ttl_ms(), free)
+                    .await
+                {
+                    Ok(leases) => {
+                        for lease in leases {
+                            claimed_any = true;
+                            report.claimed += 1;
+                            tracing::debug!(owner = %self.inner.owner, run_id = %lease.run_id, token = lease.token, "claimed run");
+                            let worker = self.clone();
+                            let valid = ValidUntil::at(started.after(self.valid_for()));
+                            let handle = drives.spawn({
+                                let lease = lease.clone();
+                                async move {
+                                    let ended = worker.drive(&lease, valid).await;
+                                    (lease, ended)
+                                }
+                            });
+                            held.insert(handle.id(), lease);
+                        }
+                    }
+                    Err(error) => {
+                        tracing::warn!(owner = %self.inner.owner, %error, "cannot claim runs; retrying");
+                    }
+                }
+            }
+            if claimed_any && drives.len() < self.inner.concurrency {
+                // More may be waiting: claim again at once.
+                continue;
+            }
+            tokio::select! {
+                () = &mut shutdown => break,
+                Some(done) = drives.join_next_with_id(), if !drives.is_empty() => {
+                    Self::account(&mut report, &mut held, done);
+                }
+                () = tokio::time::sleep(self.inner.poll) => {}
+            }
+        }
+        tracing::info!(owner = %self.inner.owner, running = drives.len(), "worker stopping");
+        let deadline = tokio::time::sleep(self.inner.grace);
+        tokio::pin!(deadline);
+        while !drives.is_empty() {
+            tokio::select! {
+                Some(done) = drives.join_next_with_id() => Self::account(&mut report, &mut held, done),
+                () = &mut deadline => break,
+            }
+        }
+        drives.abort_all();
+        while let Some(done) = drives.join_next_with_id().await {
+            if let Err(e) = &done
+                && e.is_cancelled()
+            {
+                report.released += 1;
+            }
+            Self::account(&mut report, &mut held, done);
+        }
+        // The leases of abandoned drives: release them so that another
+        // worker takes the runs over now, not after the time to live.
+        for lease in held.into_values() {
+            if let Err(error) = self.inner.runtime.store().release_lease(&lease, None).await {
+                tracing::warn!(run_id = %lease.run_id, %error, "cannot release lease at shutdown");
+            }
+        }
+        report
+    }
+
+    fn account(
+        report: &mut WorkerReport,
+        held: &mut HashMap<tokio::task::Id, Lease>,
+        done: Result<(tokio::task::Id, (Lease, Ended)), tokio::task::JoinError>,
+    ) {
+        match done {
+            Ok((id, (_, ended))) => {
+                held.remove(&id);
+                match ended {
+                    Ended::Settled => report.settled += 1,
+                    Ended::Lost => report.lost += 1,
+                    Ended::Failed => report.failed += 1,
+                }
+            }
+            // Aborted (kept in `held`, released after) or panicked (its
+            // lease expires and the run is retried).
+            Err(e) if e.is_panic() => {
+                held.remove(&e.id());
+                report.failed += 1;
+                tracing::error!(task = %e.id(), "a drive panicked");
+            }
+            Err(_) => {}
+        }
+    }
+
+    /// Drives one claimed run under its lease, renewing it (and `valid`,
+    /// this worker's view of it) meanwhile.
+    async fn drive(&self, lease: &Lease, valid: ValidUntil) -> Ended {
+        let renewing = self.renew_while_driving(lease.clone(), valid.clone());
+        let result = tokio::select! {
+            result = self.recover(lease, valid) => result,
+            () = renewing => Err(RuntimeError::Fenced {
+                run_id: lease.run_id.clone(),
+                token: lease.token,
+                current: lease.token + 1,
+            }),
+        };
+        let store = self.inner.runtime.store();
+        let (release, ended) = match result {
+            Ok(status) => {
+                tracing::debug!(run_id = %lease.run_id, %status, "drive settled");
+                (Some(None), Ended::Settled)
+            }
+            Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
+                tracing::warn!(%run_id, call_id = %write.call_id, "run needs reconciliation: a write has no recorded outcome");
+                (
+                    Some(Some(RunStatus::NeedsReconciliation.as_str())),
+                    Ended::Settled,
+                )
+            }
+            Err(RuntimeError::Fenced { run_id, .. }) => {
+                tracing::info!(%run_id, "lease superseded: another worker drives the run");
+                (None, Ended::Lost)
+            }
+            Err(RuntimeError::LeaseExpired { run_id }) => {
+                // Released (a no-op if another worker holds the run now), so
+                // that the run is taken over at once.
+                tracing::warn!(%run_id, "lease ran out before it was renewed: the drive stopped without further effect");
+                (Some(None), Ended::Lost)
+            }
+            Err(RuntimeError::Conflict { run_id, .. }) => {
+                // A verb recorded by someone else: release, and the run is
+                // claimable again if it is still running.
+                tracing::info!(%run_id, "the log moved under the drive; releasing");
+                (Some(None), Ended::Lost)
+            }
+            Err(error) => {
+                // Left leased: it expires, and the run is retried then (or
+                // listed as stalled until someone looks).
+                tracing::warn!(run_id = %lease.run_id, %error, "drive failed; the run is retried when its lease expires");
+                (None, Ended::Failed)
+            }
+        };
+        if let Some(status) = release
+            && let Err(error) = store.release_lease(lease, status).await
+        {
+            tracing::warn!(run_id = %lease.run_id, %error, "cannot release lease");
+        }
+        ended
+    }
+
+    /// Renews `lease` every third of its time to live, moving `valid` on
+    /// from the start of each renewal that succeeds; returns once it is
+    /// fenced (another driver owns the run), `valid` revoked. Store errors
+    /// are retried; meanwhile `valid` runs out on its own.
+    async fn renew_while_driving(&self, lease: Lease, valid: ValidUntil) {
+        let every = self.inner.lease_ttl / 3;
+        loop {
+            tokio::time::sleep(every).await;
+            let started = Moment::now();
+            match self
+                .inner
+                .runtime
+                .store()
+                .renew_lease(&lease, self.now(), self.ttl_ms())
+                .await
+            {
+                Ok(_) => {
+                    valid.extend(started.after(self.valid_for()));
+                }
+                Err(StoreError::Fenced { .. }) => {
+                    valid.revoke();
+                    return;
+                }
+                Err(error) => {
+                    tracing::warn!(run_id = %lease.run_id, %error, "cannot renew lease; retrying");
+                }
+            }
+        }
+    }
+
+    async fn recover(&self, lease: &Lease, valid: ValidUntil) -> Result<RunStatus, RuntimeError> {
+        let runtime = &self.inner.runtime;
+        let events = runtime.events(&lease.run_id).await?;
+        let agent = match events.first() {
+            Some(Event::RunStarted(started)) => match &started.agent_file {
+                Some(file) => {
+                    self.agent(Path::new(file))
+                        .map_err(|message| RuntimeError::Agent {
+                            agent: started.agent.clone(),
+                            message,
+                        })?
+                }
+                None => {
+                    return Err(RuntimeError::Agent {
+                        agent: started.agent.clone(),
+                        message: format!(
+                            "run {} does not record its agent file; a worker cannot load it",
+                            lease.run_id
+                        ),
+                    });
+                }
+            },
+            _ => {
+                return Err(RuntimeError::Agent {
+                    agent: String::new(),
+                    message: format!("run {} has no run_started event", lease.run_id),
+                });
+            }
+        };
+        runtime
+            .recover_leased(&agent, ReplayOptions::default(), lease.clone(), valid)
+            .await
+    }
+
+    fn agent(&self, path: &Path) -> Result<Agent, String> {
+        if let Some(agent) = self
+            .agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(path)
+        {
+            return Ok(agent.clone());
+        }
+        let agent = (self.inner.loader)(path)?;
+        self.agents
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(path.to_owned(), agent.clone());
+        Ok(agent)
+    }
+}

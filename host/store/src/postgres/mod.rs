@@ -1,0 +1,1605 @@
+//! The PostgreSQL store: the store for many hosts. Runs, events and leases
+//! live in one schema of one database that every `warden worker` shares.
+//!
+//! Connections come from a small pool (`deadpool-postgres`); each has the
+//! store's schema as its `search_path`. Every write is one transaction:
+//! an append locks its run row (`SELECT … FOR UPDATE`), checks the fencing
+//! token, the expected length and the chain's tail, inserts the events and
+//! updates the run row, then commits; a concurrent append on the same run
+//! waits for the lock and then finds the new length (a conflict). Loads
+//! read the run row and its events in one `REPEATABLE READ` snapshot.
+//! Claims pick runs with `FOR UPDATE SKIP LOCKED`, so concurrent workers
+//! never wait on or share a run.
+//!
+//! Durability: every connection sets `synchronous_commit = on` (whatever
+//! the server's or the role's default), so a commit returns after the WAL
+//! is flushed to disk, and an append is acknowledged only after its commit.
+//! A store opened read-only ([`OpenMode::ReadOnly`]) runs no migration and
+//! its connections set `default_transaction_read_only = on`.
+//!
+//! Schema (version 4, see `schema.rs`): `runs` (with the lease columns and
+//! the deliveries a run owes),
+//! `run_labels`, `events`, `tombstones`, `store_meta` (schema version and
+//! chain mode). Opening the store applies pending migrations.
+//!
+//! The connection has no TLS: reach a remote server through a trusted
+//! network or a local TLS proxy.
+
+mod schema;
+
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{IsolationLevel, NoTls, Row};
+
+use super::chain::{self, Chain, RawRow, Recorded};
+use super::{
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    Finding, Holder, Lease, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
+    RunSummary, Settle, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+};
+
+/// An event store in one schema of a PostgreSQL database.
+///
+/// Cheap to clone; clones share the pool.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: Pool,
+    chain: Arc<Chain>,
+    schema: Arc<str>,
+    target: Arc<str>,
+}
+
+/// Configures and opens a [`PostgresStore`].
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    url: String,
+    schema: String,
+    chain_key: Option<ChainKey>,
+    max_connections: usize,
+    connect_timeout: Duration,
+    mode: OpenMode,
+}
+
+impl PostgresStoreBuilder {
+    /// The schema the store keeps its tables in (created if missing): ASCII
+    /// letters, digits and `_`, not starting with a digit, at most 63 bytes.
+    /// Default: `warden`, or the URL's `schema` parameter.
+    pub fn schema(mut self, schema: impl Into<String>) -> Self {
+        self.schema = schema.into();
+        self
+    }
+
+    /// Chain with HMAC-SHA-256 under this operator key. A store keeps the
+    /// mode it was first opened with and refuses to open in another.
+    /// Default: no key (plain SHA-256).
+    pub fn chain_key(mut self, key: ChainKey) -> Self {
+        self.chain_key = Some(key);
+        self
+    }
+
+    /// The most connections the pool opens. Default: 16.
+    pub fn max_connections(mut self, n: usize) -> Self {
+        self.max_connections = n.max(1);
+        self
+    }
+
+    /// How long to wait for a new connection. Default: 10 seconds.
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Whether to create the schema, and whether to write. Default:
+    /// [`OpenMode::Create`].
+    pub fn mode(mut self, mode: OpenMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Connects, creates the schema if needed (in [`OpenMode::Create`]) and
+    /// applies pending migrations; read-only, only checks the schema.
+    pub async fn open(self) -> Result<PostgresStore, StoreError> {
+        let (store, _) = self.open_and_migrate().await?;
+        Ok(store)
+    }
+
+    /// [`open`](Self::open), also returning the schema versions the open
+    /// applied (empty when the schema was current).
+    pub async fn open_and_migrate(self) -> Result<(PostgresStore, Vec<i64>), StoreError> {
+        let (url, url_schema) = split_schema(&self.url);
+        let schema = url_schema.unwrap_or(self.schema);
+        check_schema(&schema)?;
+        let invalid = |error: String| StoreError::Backend {
+            context: format!("postgres: cannot use the URL {}", redact(&self.url)),
+            error: error.into(),
+        };
+        let mut config =
+            tokio_postgres::Config::from_str(&url).map_err(|e| invalid(e.to_string()))?;
+        if config.get_options().is_some() {
+            return Err(invalid(
+                "connection `options` are not supported; name the schema with `schema=`".into(),
+            ));
+        }
+        let mut options = format!("-c search_path={schema} -c synchronous_commit=on");
+        if self.mode == OpenMode::ReadOnly {
+            options.push_str(" -c default_transaction_read_only=on");
+        }
+        config
+            .options(options)
+            .application_name("warden")
+            .connect_timeout(self.connect_timeout);
+        let target = redact(&self.url);
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(self.max_connections)
+            .runtime(Runtime::Tokio1)
+            .create_timeout(Some(self.connect_timeout))
+            .wait_timeout(Some(Duration::from_secs(60)))
+            .build()
+            .map_err(|e| invalid(e.to_string()))?;
+        let chain = Arc::new(Chain::new(self.chain_key));
+        let store = PostgresStore {
+            pool,
+            chain,
+            schema: schema.into(),
+            target: target.into(),
+        };
+        let mut client = store.client().await?;
+        let context = || format!("postgres: cannot migrate schema {}", store.schema);
+        if self.mode != OpenMode::Create {
+            schema::present(&client, &store.schema, &store.target).await?;
+        }
+        let applied = match self.mode {
+            OpenMode::ReadOnly => {
+                schema::check(&client, &store.schema, &store.chain.mode()).await?;
+                Vec::new()
+            }
+            OpenMode::Existing | OpenMode::Create => {
+                let tx = client
+                    .transaction()
+                    .await
+                    .map_err(|e| pg_error(context(), e))?;
+                let applied = schema::migrate(&tx, &store.schema, &store.chain.mode()).await?;
+                tx.commit().await.map_err(|e| pg_error(context(), e))?;
+                applied
+            }
+        };
+        drop(client);
+        tracing::debug!(target = %store.target, schema = %store.schema, mode = %store.chain.mode(), "opened postgres store");
+        Ok((store, applied))
+    }
+}
+
+/// Splits a `schema=NAME` query parameter off a connection URL.
+fn split_schema(url: &str) -> (String, Option<String>) {
+    let Some((base, query)) = url.split_once('?') else {
+        return (url.to_owned(), None);
+    };
+    let mut schema = None;
+    let rest: Vec<&str> = query
+        .split('&')
+        .filter(|pair| match pair.strip_prefix("schema=") {
+            Some(name) => {
+                schema = Some(name.to_owned());
+                false
+            }
+            None => !pair.is_empty(),
+        })
+        .collect();
+    let url = if rest.is_empty() {
+        base.to_owned()
+    } else {
+        format!("{base}?{}", rest.join("&"))
+    };
+    (url, schema)
+}
+
+/// A URL without its password, for messages and logs.
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((userinfo, host)) if userinfo.contains(':') => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{scheme}://{user}:***@{host}")
+        }
+        _ => url.to_owned(),
+    }
+}
+
+fn check_schema(schema: &str) -> Result<(), StoreError> {
+    let ok = !schema.is_empty()
+        && schema.len() <= 63
+        && !schema.starts_with(|c: char| c.is_ascii_digit())
+        && schema
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_');
+    if ok {
+        Ok(())
+    } else {
+        Err(StoreError::Backend {
+            context: format!("postgres: cannot use schema `{schema}`"),
+            error: "a schema name holds 1 to 63 ASCII letters, digits and `_`, not starting with a digit"
+                .into(),
+        })
+    }
+}
+
+/// Wraps a PostgreSQL error with what was being done.
+pub(super) fn pg_error(context: impl Into<String>, error: tokio_postgres::Error) -> StoreError {
+    StoreError::Backend {
+        context: context.into(),
+        error: Box::new(error),
+    }
+}
+
+impl std::fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("target", &self.target)
+            .field("schema", &self.schema)
+            .field("chain", &self.chain.mode())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The columns [`summary_from`] reads, in its order.
+const SUMMARY_COLUMNS: &str = "pk, id, agent, status, session, created_ms, updated_ms, event_count, lease_owner, lease_token, lease_expires_ms, owes_deliveries, wake_ms";
+
+impl PostgresStore {
+    /// Opens the store at `url` (`postgres://user@host:port/db`, optionally
+    /// with `?schema=NAME`) with the defaults of [`PostgresStoreBuilder`].
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        Self::builder(url).open().await
+    }
+
+    /// A builder for the store at `url`.
+    pub fn builder(url: &str) -> PostgresStoreBuilder {
+        PostgresStoreBuilder {
+            url: url.to_owned(),
+            schema: "warden".to_owned(),
+            chain_key: None,
+            max_connections: 16,
+            connect_timeout: Duration::from_secs(10),
+            mode: OpenMode::Create,
+        }
+    }
+
+    /// The schema the store's tables are in.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    async fn client(&self) -> Result<Object, StoreError> {
+        self.pool.get().await.map_err(|e| StoreError::Backend {
+            context: format!("postgres: cannot connect to {}", self.target),
+            error: Box::new(e),
+        })
+    }
+
+    /// Runs `what` in a read-only `REPEATABLE READ` transaction: one
+    /// snapshot.
+    async fn snapshot<T>(
+        &self,
+        context: &str,
+        what: impl AsyncFnOnce(&deadpool_postgres::Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .build_transaction()
+            .isolation_level(IsolationLevel::RepeatableRead)
+            .read_only(true)
+            .start()
+            .await
+            .map_err(|e| pg_error(context, e))?;
+        let result = what(&tx).await?;
+        tx.commit().await.map_err(|e| pg_error(context, e))?;
+        Ok(result)
+    }
+
+    /// Runs `what` in a read-write transaction and commits it if it
+    /// returned `Ok`.
+    async fn write<T>(
+        &self,
+        context: &str,
+        what: impl AsyncFnOnce(&deadpool_postgres::Transaction<'_>) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let mut client = self.client().await?;
+        let tx = client
+            .transaction()
+            .await
+            .map_err(|e| pg_error(context, e))?;
+        let result = what(&tx).await?;
+        tx.commit().await.map_err(|e| pg_error(context, e))?;
+        Ok(result)
+    }
+}
+
+/// A query's rows, with the error wrapped.
+async fn query(
+    tx: &deadpool_postgres::Transaction<'_>,
+    context: &str,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, StoreError> {
+    let statement = tx
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| pg_error(context, e))?;
+    tx.query(&statement, params)
+        .await
+        .map_err(|e| pg_error(context, e))
+}
+
+/// A statement's changed-row count, with the error wrapped.
+async fn execute(
+    tx: &deadpool_postgres::Transaction<'_>,
+    context: &str,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<u64, StoreError> {
+    let statement = tx
+        .prepare_cached(sql)
+        .await
+        .map_err(|e| pg_error(context, e))?;
+    tx.execute(&statement, params)
+        .await
+        .map_err(|e| pg_error(context, e))
+}
+
+fn valid_id(id: &str) -> Option<RunId> {
+    match RunId::new(id) {
+        Ok(id) => Some(id),
+        Err(error) => {
+            tracing::warn!(%error, "postgres store holds a run with an invalid id; skipped");
+            None
+        }
+    }
+}
+
+fn hash(bytes: &[u8]) -> Result<ChainHash, ChainBreak> {
+    ChainHash::from_stored(bytes)
+}
+
+fn count(n: i64) -> Result<u64, ChainBreak> {
+    u64::try_from(n).map_err(|_| ChainBreak::Unreadable {
+        detail: format!("the run records {n} events"),
+    })
+}
+
+/// The error for a run with no row: [`StoreError::Pruned`] if it left a
+/// tombstone, else [`StoreError::UnknownRun`].
+async fn unknown(tx: &deadpool_postgres::Transaction<'_>, run_id: &RunId) -> StoreError {
+    let context = format!("postgres: cannot read run {run_id}");
+    let found = query(
+        tx,
+        &context,
+        "SELECT event_count, head_hash FROM tombstones WHERE id = $1",
+        &[&run_id.as_str()],
+    )
+    .await;
+    match found {
+        Err(e) => e,
+        Ok(rows) => match rows.first().map(|r| (r.get::<_, i64>(0), hash(r.get(1)))) {
+            Some((count, Ok(head))) => StoreError::Pruned {
+                run_id: run_id.clone(),
+                event_count: count as u64,
+                head,
+            },
+            _ => StoreError::UnknownRun {
+                run_id: run_id.clone(),
+            },
+        },
+    }
+}
+
+/// The run row as the chain checks see it.
+struct RunRow {
+    pk: i64,
+    count: Result<u64, ChainBreak>,
+    head: Result<ChainHash, ChainBreak>,
+}
+
+async fn run_row(
+    tx: &deadpool_postgres::Transaction<'_>,
+    run_id: &RunId,
+) -> Result<RunRow, StoreError> {
+    let context = format!("postgres: cannot read run {run_id}");
+    let rows = query(
+        tx,
+        &context,
+        "SELECT pk, event_count, head_hash FROM runs WHERE id = $1",
+        &[&run_id.as_str()],
+    )
+    .await?;
+    match rows.first() {
+        Some(row) => Ok(RunRow {
+            pk: row.get(0),
+            count: count(row.get(1)),
+            head: hash(row.get(2)),
+        }),
+        None => Err(unknown(tx, run_id).await),
+    }
+}
+
+async fn event_rows(
+    tx: &deadpool_postgres::Transaction<'_>,
+    context: &str,
+    pk: i64,
+    after: u64,
+) -> Result<Vec<RawRow>, StoreError> {
+    let rows = query(
+        tx,
+        context,
+        "SELECT seq, bytes, hash FROM events WHERE run_pk = $1 AND seq > $2 ORDER BY seq",
+        &[&pk, &(after as i64)],
+    )
+    .await?;
+    Ok(rows
+        .iter()
+        .map(|row| RawRow {
+            // `seq > after >= 0` in the query: never negative here.
+            seq: row.get::<_, i64>(0) as u64,
+            bytes: Ok(Bytes::copy_from_slice(row.get::<_, &[u8]>(1))),
+            hash: hash(row.get(2)),
+        })
+        .collect())
+}
+
+fn summary_from(row: &Row, labels: BTreeMap<String, String>) -> Option<RunSummary> {
+    let run_id = valid_id(row.get(1))?;
+    let lease_token = u64::try_from(row.get::<_, i64>(9)).unwrap_or(0);
+    let lease = match (
+        row.get::<_, Option<String>>(8),
+        row.get::<_, Option<i64>>(10),
+    ) {
+        (Some(owner), Some(expires_ms)) => Some(Lease {
+            run_id: run_id.clone(),
+            owner,
+            token: lease_token,
+            expires_ms,
+        }),
+        _ => None,
+    };
+    Some(RunSummary {
+        run_id,
+        agent: row.get(2),
+        status: row.get(3),
+        labels,
+        session: row.get(4),
+        created_ms: row.get(5),
+        updated_ms: row.get(6),
+        event_count: u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
+        lease,
+        lease_token,
+        owes_deliveries: u32::try_from(row.get::<_, i32>(11)).unwrap_or(0),
+        wake_ms: row.get(12),
+    })
+}
+
+/// Runs a query selecting [`SUMMARY_COLUMNS`] and adds each run's labels.
+async fn summaries(
+    tx: &deadpool_postgres::Transaction<'_>,
+    context: &str,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<RunSummary>, StoreError> {
+    let rows = query(tx, context, sql, params).await?;
+    let pks: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    let mut labels: BTreeMap<i64, BTreeMap<String, String>> = BTreeMap::new();
+    if !pks.is_empty() {
+        for row in query(
+            tx,
+            context,
+            "SELECT run_pk, key, value FROM run_labels WHERE run_pk = ANY($1)",
+            &[&pks],
+        )
+        .await?
+        {
+            labels
+                .entry(row.get(0))
+                .or_default()
+                .insert(row.get(1), row.get(2));
+        }
+    }
+    Ok(rows
+        .iter()
+        .filter_map(|row| summary_from(row, labels.remove(&row.get(0)).unwrap_or_default()))
+        .collect())
+}
+
+/// The listing query for `filter`, and its parameters.
+fn list_query(filter: &RunFilter) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
+    let mut sql = format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE true");
+    let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
+    let mut param = |sql: &mut String, value: Box<dyn ToSql + Sync + Send>| {
+        params.push(value);
+        sql.push_str(&format!("${}", params.len()));
+    };
+    if !filter.statuses.is_empty() {
+        sql.push_str(" AND status = ANY(");
+        param(&mut sql, Box::new(filter.statuses.clone()));
+        sql.push(')');
+    }
+    if let Some(agent) = &filter.agent {
+        sql.push_str(" AND agent = ");
+        param(&mut sql, Box::new(agent.clone()));
+    }
+    if let Some(session) = &filter.session {
+        sql.push_str(" AND session = ");
+        param(&mut sql, Box::new(session.clone()));
+    }
+    if let Some(since) = filter.created_since {
+        sql.push_str(" AND created_ms >= ");
+        param(&mut sql, Box::new(since));
+    }
+    if let Some(before) = filter.created_before {
+        sql.push_str(" AND created_ms < ");
+        param(&mut sql, Box::new(before));
+    }
+    for (key, value) in &filter.labels {
+        sql.push_str(" AND pk IN (SELECT run_pk FROM run_labels WHERE key = ");
+        param(&mut sql, Box::new(key.clone()));
+        sql.push_str(" AND value = ");
+        param(&mut sql, Box::new(value.clone()));
+        sql.push(')');
+    }
+    sql.push_str(" ORDER BY created_ms, id");
+    if let Some(limit) = filter.limit {
+        sql.push_str(" LIMIT ");
+        param(&mut sql, Box::new(i64::try_from(limit).unwrap_or(i64::MAX)));
+    }
+    (sql, params)
+}
+
+/// The lease columns of a run, read inside a write transaction.
+struct LeaseRow {
+    owner: Option<String>,
+    token: u64,
+}
+
+impl LeaseRow {
+    fn holds(&self, lease: &Lease) -> bool {
+        self.token == lease.token && self.owner.as_deref() == Some(lease.owner.as_str())
+    }
+}
+
+async fn lease_row(
+    tx: &deadpool_postgres::Transaction<'_>,
+    run_id: &RunId,
+) -> Result<LeaseRow, StoreError> {
+    let context = format!("postgres: cannot read the lease of run {run_id}");
+    let rows = query(
+        tx,
+        &context,
+        "SELECT lease_owner, lease_token FROM runs WHERE id = $1",
+        &[&run_id.as_str()],
+    )
+    .await?;
+    match rows.first() {
+        Some(row) => Ok(LeaseRow {
+            owner: row.get(0),
+            token: row.get::<_, i64>(1) as u64,
+        }),
+        None => Err(unknown(tx, run_id).await),
+    }
+}
+
+#[async_trait]
+impl EventStore for PostgresStore {
+    async fn create(
+        &self,
+        run_id: &RunId,
+        meta: RunMeta,
+        first_event: Bytes,
+        status: &str,
+    ) -> Result<Appended, StoreError> {
+        let context = format!("postgres: cannot create run {run_id}");
+        let head = self
+            .chain
+            .link(&self.chain.genesis(run_id), 1, &first_event);
+        self.write(&context, async |tx| {
+            let gone = query(
+                tx,
+                &context,
+                "SELECT 1 FROM tombstones WHERE id = $1",
+                &[&run_id.as_str()],
+            )
+            .await?;
+            if let Some(session) = &meta.session {
+                // Starts in one session queue here until the first commits,
+                // so the check below sees its run; the unique index
+                // `runs_one_active_per_session` backs it up.
+                execute(
+                    tx,
+                    &context,
+                    "SELECT pg_advisory_xact_lock(hashtext('warden.session.' || $1))",
+                    &[session],
+                )
+                .await?;
+                let active = query(
+                    tx,
+                    &context,
+                    "SELECT id FROM runs WHERE session = $1
+                     AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned') LIMIT 1",
+                    &[session],
+                )
+                .await?;
+                if let Some(row) = active.first() {
+                    let active_run: String = row.get(0);
+                    return Err(StoreError::SessionBusy {
+                        session: session.clone(),
+                        active_run: RunId::new(&active_run).map_err(|e| StoreError::Backend {
+                            context: context.clone(),
+                            error: Box::new(e),
+                        })?,
+                    });
+                }
+                if let Some(expected) = meta.session_runs {
+                    let rows = query(
+                        tx,
+                        &context,
+                        "SELECT count(*) FROM runs WHERE session = $1",
+                        &[session],
+                    )
+                    .await?;
+                    let found = rows.first().map_or(0, |r| r.get::<_, i64>(0)) as u64;
+                    if found != expected {
+                        return Err(StoreError::SessionChanged {
+                            session: session.clone(),
+                            expected,
+                            found,
+                        });
+                    }
+                }
+            }
+            let created = query(
+                tx,
+                &context,
+                "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash)
+                 SELECT $1, $2, $3, $4, $5, $5, 1, $6 WHERE NOT $7
+                 ON CONFLICT (id) DO NOTHING RETURNING pk",
+                &[
+                    &run_id.as_str(),
+                    &meta.agent,
+                    &status,
+                    &meta.session,
+                    &meta.created_ms,
+                    &head.as_bytes().as_slice(),
+                    &!gone.is_empty(),
+                ],
+            )
+            .await?;
+            let Some(row) = created.first() else {
+                return Err(StoreError::AlreadyExists {
+                    run_id: run_id.clone(),
+                });
+            };
+            let pk: i64 = row.get(0);
+            if !meta.labels.is_empty() {
+                let keys: Vec<&str> = meta.labels.keys().map(String::as_str).collect();
+                let values: Vec<&str> = meta.labels.values().map(String::as_str).collect();
+                execute(
+                    tx,
+                    &context,
+                    "INSERT INTO run_labels (run_pk, key, value) SELECT $1, * FROM unnest($2::text[], $3::text[])",
+                    &[&pk, &keys, &values],
+                )
+                .await?;
+            }
+            execute(
+                tx,
+                &context,
+                "INSERT INTO events (run_pk, seq, bytes, hash) VALUES ($1, 1, $2, $3)",
+                &[&pk, &first_event.as_ref(), &head.as_bytes().as_slice()],
+            )
+            .await?;
+            Ok(())
+        })
+        .await?;
+        Ok(Appended {
+            event_count: 1,
+            head,
+        })
+    }
+
+    async fn append(
+        &self,
+        run_id: &RunId,
+        expected_len: u64,
+        events: &[Bytes],
+        listing: Listing<'_>,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        self.append_inner(
+            run_id,
+            None,
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+            None,
+        )
+        .await
+    }
+
+    async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.load_after(run_id, 0).await
+    }
+
+    async fn load_after(
+        &self,
+        run_id: &RunId,
+        after_seq: u64,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let context = format!("postgres: cannot load run {run_id}");
+        let tampered = |seq, reason| StoreError::Tampered {
+            run_id: run_id.clone(),
+            seq,
+            reason,
+        };
+        let read = self
+            .snapshot(&context, async |tx| {
+                let RunRow { pk, count, head } = run_row(tx, run_id).await?;
+                let count = count.map_err(|reason| tampered(0, reason))?;
+                if after_seq >= count {
+                    return Ok(None);
+                }
+                let start = if after_seq == 0 {
+                    self.chain.genesis(run_id)
+                } else {
+                    let rows = query(
+                        tx,
+                        &context,
+                        "SELECT hash FROM events WHERE run_pk = $1 AND seq = $2",
+                        &[&pk, &(after_seq as i64)],
+                    )
+                    .await?;
+                    match rows.first() {
+                        None => {
+                            return Err(tampered(
+                                after_seq,
+                                ChainBreak::Missing {
+                                    recorded_count: count,
+                                },
+                            ));
+                        }
+                        Some(row) => {
+                            hash(row.get(0)).map_err(|reason| tampered(after_seq, reason))?
+                        }
+                    }
+                };
+                let rows = event_rows(tx, &context, pk, after_seq).await?;
+                Ok(Some((start, rows, Recorded { count, head })))
+            })
+            .await?;
+        let Some((start, rows, recorded)) = read else {
+            return Ok(Vec::new());
+        };
+        chain::walk(&self.chain, after_seq, start, rows, &recorded, true).into_events(run_id)
+    }
+
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
+        let context = format!("postgres: cannot read run {run_id}");
+        self.snapshot(&context, async |tx| {
+            let sql = format!("SELECT {SUMMARY_COLUMNS} FROM runs WHERE id = $1");
+            let mut found = summaries(tx, &context, &sql, &[&run_id.as_str()]).await?;
+            match found.pop() {
+                Some(summary) => Ok(summary),
+                None => Err(unknown(tx, run_id).await),
+            }
+        })
+        .await
+    }
+
+    async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        let context = "postgres: cannot list runs";
+        let (sql, params) = list_query(filter);
+        let params: Vec<&(dyn ToSql + Sync)> = params
+            .iter()
+            .map(|p| p.as_ref() as &(dyn ToSql + Sync))
+            .collect();
+        self.snapshot(context, async |tx| {
+            summaries(tx, context, &sql, &params).await
+        })
+        .await
+    }
+
+    async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
+        let context = format!("postgres: cannot verify run {run_id}");
+        let (count, head, rows) = self
+            .snapshot(&context, async |tx| {
+                let RunRow { pk, count, head } = run_row(tx, run_id).await?;
+                let rows = event_rows(tx, &context, pk, 0).await?;
+                Ok((count, head, rows))
+            })
+            .await?;
+        let mut findings = Vec::new();
+        let count = count.unwrap_or_else(|kind| {
+            findings.push(Finding { seq: 0, kind });
+            0
+        });
+        let recorded = Recorded { count, head };
+        let walk = chain::walk(
+            &self.chain,
+            0,
+            self.chain.genesis(run_id),
+            rows,
+            &recorded,
+            false,
+        );
+        findings.extend(walk.findings);
+        Ok(VerifyReport {
+            run_id: run_id.clone(),
+            recorded_count: count,
+            events_read: walk.rows_read,
+            recorded_head: recorded.head.ok(),
+            findings,
+        })
+    }
+
+    async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
+        let context = "postgres: cannot list run ids";
+        let rows = self
+            .snapshot(context, async |tx| {
+                query(tx, context, "SELECT id FROM runs ORDER BY id", &[]).await
+            })
+            .await?;
+        Ok(rows.iter().filter_map(|r| valid_id(r.get(0))).collect())
+    }
+
+    async fn invalid_run_ids(&self) -> Result<Vec<String>, StoreError> {
+        let context = "postgres: cannot list run ids";
+        let rows = self
+            .snapshot(context, async |tx| {
+                query(tx, context, "SELECT id FROM runs ORDER BY id", &[]).await
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| r.get::<_, String>(0))
+            .filter(|id| RunId::new(id.as_str()).is_err())
+            .collect())
+    }
+
+    async fn acquire_lease(
+        &self,
+        run_id: &RunId,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let context = format!("postgres: cannot lease run {run_id}");
+        let expires_ms = now_ms.saturating_add(ttl_ms);
+        self.write(&context, async |tx| {
+            let rows = query(
+                tx,
+                &context,
+                "SELECT lease_owner, lease_expires_ms FROM runs WHERE id = $1 FOR UPDATE",
+                &[&run_id.as_str()],
+            )
+            .await?;
+            let Some(row) = rows.first() else {
+                return Err(unknown(tx, run_id).await);
+            };
+            let holder: Option<String> = row.get(0);
+            let expiry: Option<i64> = row.get(1);
+            if let (Some(holder), Some(expiry)) = (holder, expiry)
+                && expiry > now_ms
+                && holder != owner
+            {
+                return Err(StoreError::Leased {
+                    run_id: run_id.clone(),
+                    owner: holder,
+                    expires_ms: expiry,
+                });
+            }
+            let rows = query(
+                tx,
+                &context,
+                "UPDATE runs SET lease_owner = $2, lease_token = lease_token + 1, lease_expires_ms = $3
+                 WHERE id = $1 RETURNING lease_token",
+                &[&run_id.as_str(), &owner, &expires_ms],
+            )
+            .await?;
+            Ok(Lease {
+                run_id: run_id.clone(),
+                owner: owner.to_owned(),
+                token: rows[0].get::<_, i64>(0) as u64,
+                expires_ms,
+            })
+        })
+        .await
+    }
+
+    async fn renew_lease(
+        &self,
+        lease: &Lease,
+        now_ms: i64,
+        ttl_ms: i64,
+    ) -> Result<Lease, StoreError> {
+        let context = format!("postgres: cannot renew the lease of run {}", lease.run_id);
+        let expires_ms = now_ms.saturating_add(ttl_ms);
+        self.write(&context, async |tx| {
+            let changed = execute(
+                tx,
+                &context,
+                "UPDATE runs SET lease_expires_ms = $4
+                 WHERE id = $1 AND lease_token = $2 AND lease_owner = $3",
+                &[
+                    &lease.run_id.as_str(),
+                    &(lease.token as i64),
+                    &lease.owner,
+                    &expires_ms,
+                ],
+            )
+            .await?;
+            if changed == 0 {
+                let row = lease_row(tx, &lease.run_id).await?;
+                return Err(StoreError::Fenced {
+                    run_id: lease.run_id.clone(),
+                    token: lease.token,
+                    current: row.token,
+                });
+            }
+            Ok(Lease {
+                expires_ms,
+                ..lease.clone()
+            })
+        })
+        .await
+    }
+
+    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+        let context = format!("postgres: cannot release the lease of run {}", lease.run_id);
+        self.write(&context, async |tx| {
+            let changed = execute(
+                tx,
+                &context,
+                "UPDATE runs SET lease_owner = NULL, lease_expires_ms = NULL,
+                     status = coalesce($4, status)
+                 WHERE id = $1 AND lease_token = $2 AND lease_owner = $3",
+                &[
+                    &lease.run_id.as_str(),
+                    &(lease.token as i64),
+                    &lease.owner,
+                    &status,
+                ],
+            )
+            .await?;
+            if changed == 0 {
+                // Not current (fine) or not there (an error).
+                lease_row(tx, &lease.run_id).await?;
+            }
+            Ok(())
+        })
+        .await
+    }
+
+    async fn append_fenced(
+        &self,
+        lease: &Lease,
+        expected_len: u64,
+        events: &[Bytes],
+        listing: Listing<'_>,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        self.append_inner(
+            &lease.run_id,
+            Some(lease),
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+            None,
+        )
+        .await
+    }
+
+    async fn commitments(&self, filter: &CommitmentFilter) -> Result<Vec<Commitment>, StoreError> {
+        let context = "postgres: cannot list idempotency commitments";
+        let key = filter.key.clone();
+        let run_id = filter.run_id.as_ref().map(|r| r.as_str().to_owned());
+        let rows = self
+            .snapshot(context, async |tx| {
+                query(
+                    tx,
+                    context,
+                    r#"SELECT key, run_id, call_id, result FROM commitments
+                     WHERE ($1::text IS NULL OR key = $1) AND ($2::text IS NULL OR run_id = $2)
+                     ORDER BY key COLLATE "C""#,
+                    &[&key, &run_id],
+                )
+                .await
+            })
+            .await?;
+        // A holder that is not a valid run id is skipped, as its run is.
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some(Commitment {
+                    key: r.get(0),
+                    holder: Holder {
+                        run_id: valid_id(r.get(1))?,
+                        call_id: r.get(2),
+                    },
+                    result: r.get::<_, Option<Vec<u8>>>(3).map(Bytes::from),
+                })
+            })
+            .collect())
+    }
+
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+        let context = format!("postgres: cannot claim idempotency commitment {key}");
+        self.write(&context, async |tx| {
+            execute(
+                tx,
+                &context,
+                "INSERT INTO commitments (key, run_id, call_id) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
+                &[&key, &holder.run_id.as_str(), &holder.call_id],
+            )
+            .await?;
+            let rows = query(
+                tx,
+                &context,
+                "SELECT run_id, call_id, result FROM commitments WHERE key = $1",
+                &[&key],
+            )
+            .await?;
+            let row = rows.first().ok_or_else(|| StoreError::Backend {
+                context: context.clone(),
+                error: "the commitment vanished after its insert".into(),
+            })?;
+            let found = Holder {
+                run_id: RunId::new(row.get::<_, String>(0)).map_err(|e| StoreError::Backend {
+                    context: context.clone(),
+                    error: Box::new(e),
+                })?,
+                call_id: row.get(1),
+            };
+            let result: Option<Vec<u8>> = row.get(2);
+            Ok(match result {
+                Some(result) => Claim::Settled {
+                    holder: found,
+                    result: Bytes::from(result),
+                },
+                None if found == *holder => Claim::Granted,
+                None => Claim::Held(found),
+            })
+        })
+        .await
+    }
+
+    async fn append_settling(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        listing: Listing<'_>,
+        updated_ms: i64,
+        settlement: &Settlement,
+    ) -> Result<Appended, StoreError> {
+        self.append_inner(
+            run_id,
+            fence,
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+            Some(settlement),
+        )
+        .await
+    }
+
+    async fn claim(
+        &self,
+        owner: &str,
+        now_ms: i64,
+        ttl_ms: i64,
+        limit: usize,
+    ) -> Result<Vec<Lease>, StoreError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let context = format!("postgres: cannot claim runs for {owner}");
+        let expires_ms = now_ms.saturating_add(ttl_ms);
+        let rows = self
+            .write(&context, async |tx| {
+                query(
+                    tx,
+                    &context,
+                    "UPDATE runs SET lease_owner = $1, lease_token = lease_token + 1, lease_expires_ms = $3
+                     WHERE pk IN (
+                         SELECT pk FROM runs
+                         WHERE (((status IN ($4, 'running') OR owes_deliveries > 0)
+                                 AND (status = $4 OR lease_token > 0))
+                                OR (status = $6 AND wake_ms <= $2))
+                           AND (lease_owner IS NULL OR lease_expires_ms <= $2)
+                         ORDER BY created_ms, id
+                         LIMIT $5
+                         FOR UPDATE SKIP LOCKED)
+                     RETURNING id, lease_token, created_ms",
+                    &[
+                        &owner,
+                        &now_ms,
+                        &expires_ms,
+                        &QUEUED,
+                        &i64::try_from(limit).unwrap_or(i64::MAX),
+                        &WAITING,
+                    ],
+                )
+                .await
+            })
+            .await?;
+        let mut leases: Vec<(i64, Lease)> = rows
+            .iter()
+            .filter_map(|row| {
+                Some((
+                    row.get::<_, i64>(2),
+                    Lease {
+                        run_id: valid_id(row.get(0))?,
+                        owner: owner.to_owned(),
+                        token: row.get::<_, i64>(1) as u64,
+                        expires_ms,
+                    },
+                ))
+            })
+            .collect();
+        leases.sort_by(|a, b| (a.0, &a.1.run_id).cmp(&(b.0, &b.1.run_id)));
+        Ok(leases.into_iter().map(|(_, lease)| lease).collect())
+    }
+
+    async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
+        let Some(before) = filter.updated_before.filter(|_| !filter.is_empty()) else {
+            return Ok(Vec::new());
+        };
+        let context = "postgres: cannot prune runs";
+        let rows = self
+            .write(context, async |tx| {
+                let rows = query(
+                    tx,
+                    context,
+                    "SELECT pk, id, agent, status, created_ms, updated_ms, event_count, head_hash
+                     FROM runs
+                     WHERE status = ANY($1) AND updated_ms < $2
+                       AND (lease_owner IS NULL OR lease_expires_ms <= $3)
+                       AND owes_deliveries = 0
+                     ORDER BY id
+                     FOR UPDATE SKIP LOCKED",
+                    &[&filter.statuses, &before, &now_ms],
+                )
+                .await?;
+                // A run whose id or head is unreadable is damaged: it stays for
+                // a human.
+                let rows: Vec<Row> = rows
+                    .into_iter()
+                    .filter(|r| valid_id(r.get(1)).is_some() && hash(r.get(7)).is_ok())
+                    .collect();
+                let pks: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+                execute(
+                    tx,
+                    context,
+                    "INSERT INTO tombstones (id, agent, status, created_ms, updated_ms, event_count, head_hash, pruned_ms)
+                     SELECT id, agent, status, created_ms, updated_ms, event_count, head_hash, $2
+                     FROM runs WHERE pk = ANY($1)",
+                    &[&pks, &now_ms],
+                )
+                .await?;
+                execute(tx, context, "DELETE FROM runs WHERE pk = ANY($1)", &[&pks]).await?;
+                Ok(rows)
+            })
+            .await?;
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                Some(Tombstone {
+                    run_id: valid_id(r.get(1))?,
+                    agent: r.get(2),
+                    status: r.get(3),
+                    created_ms: r.get(4),
+                    updated_ms: r.get(5),
+                    event_count: u64::try_from(r.get::<_, i64>(6)).unwrap_or(0),
+                    head: hash(r.get(7)).ok()?,
+                    pruned_ms: now_ms,
+                })
+            })
+            .collect())
+    }
+}
+
+impl PostgresStore {
+    #[allow(clippy::too_many_arguments)]
+    async fn append_inner(
+        &self,
+        run_id: &RunId,
+        fence: Option<&Lease>,
+        expected_len: u64,
+        events: &[Bytes],
+        listing: Listing<'_>,
+        updated_ms: i64,
+        settle: Option<&Settlement>,
+    ) -> Result<Appended, StoreError> {
+        if events.is_empty() {
+            return Err(StoreError::EmptyAppend {
+                run_id: run_id.clone(),
+            });
+        }
+        let context = format!("postgres: cannot append to run {run_id}");
+        let tampered = |seq, reason| StoreError::Tampered {
+            run_id: run_id.clone(),
+            seq,
+            reason,
+        };
+        self.write(&context, async |tx| {
+            if let Some(settle) = settle {
+                let rows = query(
+                    tx,
+                    &context,
+                    "SELECT run_id, call_id, result IS NULL FROM commitments WHERE key = $1 FOR UPDATE",
+                    &[&settle.key],
+                )
+                .await?;
+                let release = settle.outcome == Settle::Release;
+                let held = rows.first().is_some_and(|r| {
+                    r.get::<_, String>(0) == settle.holder.run_id.as_str()
+                        && r.get::<_, String>(1) == settle.holder.call_id
+                        && (r.get::<_, bool>(2) || release)
+                });
+                if !held {
+                    return Err(StoreError::CommitmentNotHeld {
+                        key: settle.key.clone(),
+                        run_id: settle.holder.run_id.clone(),
+                        call_id: settle.holder.call_id.clone(),
+                    });
+                }
+            }
+            let rows = query(
+                tx,
+                &context,
+                "SELECT pk, event_count, head_hash, lease_owner, lease_token
+                 FROM runs WHERE id = $1 FOR UPDATE",
+                &[&run_id.as_str()],
+            )
+            .await?;
+            let Some(row) = rows.first() else {
+                return Err(unknown(tx, run_id).await);
+            };
+            let pk: i64 = row.get(0);
+            if let Some(lease) = fence {
+                let held = LeaseRow {
+                    owner: row.get(3),
+                    token: row.get::<_, i64>(4) as u64,
+                };
+                if !held.holds(lease) {
+                    return Err(StoreError::Fenced {
+                        run_id: run_id.clone(),
+                        token: lease.token,
+                        current: held.token,
+                    });
+                }
+            }
+            let count = count(row.get(1)).map_err(|reason| tampered(0, reason))?;
+            if count != expected_len {
+                return Err(StoreError::Conflict {
+                    run_id: run_id.clone(),
+                    expected: expected_len,
+                    actual: count,
+                });
+            }
+            let head = hash(row.get(2)).map_err(|reason| tampered(count, reason))?;
+            let tail: Vec<(u64, Result<ChainHash, ChainBreak>)> = query(
+                tx,
+                &context,
+                "SELECT seq, hash FROM events WHERE run_pk = $1 AND seq >= $2 ORDER BY seq LIMIT 2",
+                &[&pk, &(count as i64)],
+            )
+            .await?
+            .iter()
+            .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), hash(r.get(1))))
+            .collect();
+            chain::check_tail(count, &head, &tail).map_err(|f| tampered(f.seq, f.kind))?;
+
+            let hashes = self.chain.extend(head, count, events);
+            let seqs: Vec<i64> = (count + 1..=count + events.len() as u64)
+                .map(|s| s as i64)
+                .collect();
+            let bytes: Vec<&[u8]> = events.iter().map(|b| b.as_ref()).collect();
+            let links: Vec<&[u8]> = hashes.iter().map(|h| h.as_bytes().as_slice()).collect();
+            execute(
+                tx,
+                &context,
+                "INSERT INTO events (run_pk, seq, bytes, hash)
+                 SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::bytea[])",
+                &[&pk, &seqs, &bytes, &links],
+            )
+            .await?;
+            let new_head = *hashes.last().expect("events is not empty");
+            let new_count = count + events.len() as u64;
+            execute(
+                tx,
+                &context,
+                "UPDATE runs SET status = $1, updated_ms = $2, event_count = $3, head_hash = $4,
+                     owes_deliveries = $5, wake_ms = $6
+                 WHERE pk = $7",
+                &[
+                    &listing.status,
+                    &updated_ms,
+                    &(new_count as i64),
+                    &new_head.as_bytes().as_slice(),
+                    &(i32::try_from(listing.owes_deliveries).unwrap_or(i32::MAX)),
+                    &listing.wake_ms,
+                    &pk,
+                ],
+            )
+            .await?;
+            match settle.map(|s| (&s.key, &s.outcome)) {
+                Some((key, Settle::Result(result))) => {
+                    execute(
+                        tx,
+                        &context,
+                        "UPDATE commitments SET result = $2 WHERE key = $1",
+                        &[key, &result.as_ref()],
+                    )
+                    .await?;
+                }
+                Some((key, Settle::Release)) => {
+                    execute(
+                        tx,
+                        &context,
+                        "DELETE FROM commitments WHERE key = $1",
+                        &[key],
+                    )
+                    .await?;
+                }
+                None => {}
+            }
+            Ok(Appended {
+                event_count: new_count,
+                head: new_head,
+            })
+        })
+        .await
+    }
+}
+
+#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
+mod tests {
+    use super::*;
+    use crate::conformance::{PostgresBackend, id, new_run};
+
+    /// A schema at version 3 (before `owes_deliveries`) is migrated to 4
+    /// once, keeps its runs (owing nothing), and takes the new column; the
+    /// migration's SQL may run again harmlessly; a newer schema is refused.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_version_3_schema_migrates_once_and_a_newer_one_is_refused() {
+        let Some(backend) = PostgresBackend::connect().await else {
+            return;
+        };
+        let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
+        assert_eq!(applied, [1, 2, 3, 4, 5]);
+        new_run(&store, &id("old"), 3).await;
+        drop(store);
+        // What version 3 looked like.
+        let raw = backend.raw().await;
+        raw.batch_execute(
+            "DROP INDEX runs_owing;
+             ALTER TABLE runs DROP COLUMN owes_deliveries;
+             UPDATE store_meta SET value = '3' WHERE key = 'schema_version';",
+        )
+        .await
+        .unwrap();
+
+        let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
+        assert_eq!(applied, [4, 5]);
+        let summary = store.summary(&id("old")).await.unwrap();
+        assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
+        assert!(store.verify(&id("old")).await.unwrap().is_intact());
+        store
+            .append(
+                &id("old"),
+                3,
+                &[crate::conformance::ev("end")],
+                Listing::new("completed").owing(1),
+                9,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.summary(&id("old")).await.unwrap().owes_deliveries, 1);
+        drop(store);
+        let (_, applied) = backend.builder().open_and_migrate().await.unwrap();
+        assert!(applied.is_empty(), "{applied:?}");
+        raw.batch_execute(schema::MIGRATIONS[3]).await.unwrap();
+        raw.batch_execute(schema::MIGRATIONS[4]).await.unwrap();
+
+        raw.batch_execute("UPDATE store_meta SET value = '6' WHERE key = 'schema_version'")
+            .await
+            .unwrap();
+        match backend.builder().open_and_migrate().await {
+            Err(StoreError::SchemaTooNew { found, supported }) => {
+                assert_eq!((found, supported), (6, schema::SCHEMA_VERSION))
+            }
+            other => panic!("expected SchemaTooNew, got {:?}", other.map(|(_, a)| a)),
+        }
+    }
+
+    /// The store's own connections run with `synchronous_commit = on`, even
+    /// where the role's default is off; a read-only open creates nothing,
+    /// writes nothing and refuses a schema that holds no store.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connections_commit_synchronously_and_read_only_opens_write_nothing() {
+        let Some(backend) = PostgresBackend::connect().await else {
+            return;
+        };
+        // Nothing there yet: neither a read-only nor an existing-store open
+        // creates the schema.
+        for mode in [OpenMode::ReadOnly, OpenMode::Existing] {
+            match backend.builder().mode(mode).open().await {
+                Err(StoreError::NoStore { location, .. }) => {
+                    assert!(location.contains(&backend_schema(&backend)), "{location}")
+                }
+                other => panic!("{mode:?}: expected NoStore, got {other:?}"),
+            }
+        }
+        let raw = backend.raw().await;
+        let schemas = raw
+            .query(
+                "SELECT 1 FROM information_schema.schemata WHERE schema_name = $1",
+                &[&backend_schema(&backend)],
+            )
+            .await
+            .unwrap();
+        assert!(schemas.is_empty(), "a read-only open created the schema");
+
+        // A role whose default is off: the store's sessions still set on.
+        let role = format!("{}_async", backend_schema(&backend));
+        let database: String = raw
+            .query_one("SELECT current_database()", &[])
+            .await
+            .unwrap()
+            .get(0);
+        raw.batch_execute(&format!(
+            "CREATE ROLE {role} LOGIN;
+             ALTER ROLE {role} SET synchronous_commit = off;
+             GRANT CREATE ON DATABASE {database} TO {role};"
+        ))
+        .await
+        .unwrap();
+        let url = PostgresBackend::url();
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+        let as_role = format!("{scheme}://{role}@{host}");
+        let (client, connection) = tokio_postgres::connect(&as_role, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(connection);
+        let shown: String = client
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(
+            shown, "off",
+            "the role's own sessions commit asynchronously"
+        );
+        let store = PostgresStore::builder(&as_role)
+            .schema(backend_schema(&backend))
+            .open()
+            .await
+            .unwrap();
+        new_run(&store, &id("r"), 2).await;
+        let shown: String = store
+            .client()
+            .await
+            .unwrap()
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(shown, "on");
+        drop(store);
+
+        let version = || async {
+            raw.query_one(
+                "SELECT xmin::text::bigint FROM store_meta WHERE key = 'schema_version'",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+        };
+        let before = version().await;
+        let read_only = backend
+            .builder()
+            .mode(OpenMode::ReadOnly)
+            .open()
+            .await
+            .unwrap();
+        assert_eq!(read_only.load(&id("r")).await.unwrap().len(), 2);
+        assert_eq!(
+            version().await,
+            before,
+            "a read-only open rewrote the schema version"
+        );
+        let client = read_only.client().await.unwrap();
+        let shown: String = client
+            .query_one("SHOW default_transaction_read_only", &[])
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(shown, "on");
+        assert!(
+            read_only
+                .append(
+                    &id("r"),
+                    2,
+                    &[crate::conformance::ev("x")],
+                    "running".into(),
+                    3
+                )
+                .await
+                .is_err()
+        );
+        assert_eq!(read_only.load(&id("r")).await.unwrap().len(), 2);
+        drop(read_only);
+        raw.batch_execute(&format!(
+            "DROP SCHEMA {} CASCADE; DROP OWNED BY {role}; DROP ROLE {role};",
+            backend_schema(&backend)
+        ))
+        .await
+        .unwrap();
+    }
+
+    fn backend_schema(backend: &PostgresBackend) -> String {
+        backend.builder().schema
+    }
+
+    #[test]
+    fn urls_lose_their_schema_and_their_password() {
+        assert_eq!(
+            split_schema("postgres://u@h/db?schema=s1&sslmode=disable"),
+            (
+                "postgres://u@h/db?sslmode=disable".to_owned(),
+                Some("s1".to_owned())
+            )
+        );
+        assert_eq!(
+            split_schema("postgres://u@h/db?schema=s1"),
+            ("postgres://u@h/db".to_owned(), Some("s1".to_owned()))
+        );
+        assert_eq!(
+            split_schema("postgres://u@h/db"),
+            ("postgres://u@h/db".to_owned(), None)
+        );
+        assert_eq!(redact("postgres://u:secret@h/db"), "postgres://u:***@h/db");
+        assert_eq!(redact("postgres://u@h/db"), "postgres://u@h/db");
+    }
+
+    #[test]
+    fn schema_names_are_identifiers() {
+        for good in ["warden", "w_1", "_x", &"a".repeat(63)] {
+            assert!(check_schema(good).is_ok(), "{good}");
+        }
+        for bad in ["", "1x", "a-b", "a;drop", "a b", &"a".repeat(64), "é"] {
+            let message = check_schema(bad).unwrap_err().to_string();
+            assert!(
+                message.starts_with(&format!("postgres: cannot use schema `{bad}`")),
+                "{message}"
+            );
+        }
+    }
+}

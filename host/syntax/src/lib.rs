@@ -1,0 +1,11 @@
+//! How Warden reads text that people and models write, shared by the
+//! crates that parse it:
+//!
+//! - [`units`]: sizes and durations in configuration files (`64MiB`, `10s`).
+//! - [`toml_errors`]: a TOML parse error as one line naming line and key.
+//! - [`json_limits`]: how deeply nested a JSON value a run accepts, so that
+//!   every recorded event can be read back.
+
+pub mod json_limits;
+pub mod toml_errors;
+pub mod units;
