@@ -91,9 +91,40 @@ pub(crate) fn report(error: &anyhow::Error) -> Report {
     }
 }
 
+/// The report of `error` and its sources (an error the HTTP API meets, not
+/// wrapped in `anyhow`): the same codes as [`report`].
+pub(crate) fn report_cause(error: &(dyn std::error::Error + 'static)) -> Report {
+    let message = warden_server::error::chain(error);
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some((code, details)) = classify(e) {
+            return Report {
+                code,
+                message,
+                details,
+            };
+        }
+        cause = e.source();
+    }
+    Report {
+        code: "invalid",
+        message,
+        details: json!({}),
+    }
+}
+
 fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static str, Value)> {
     if let Some(e) = cause.downcast_ref::<CliError>() {
         return Some((e.code, e.details.clone()));
+    }
+    if let Some(e) = cause.downcast_ref::<warden_server::TokenError>() {
+        return Some((e.code(), json!({})));
+    }
+    if let Some(e) = cause.downcast_ref::<warden_server::BindError>() {
+        return Some((e.code(), json!({})));
+    }
+    if let Some(e) = cause.downcast_ref::<warden_server::tls::TlsError>() {
+        return Some(("tls_invalid", json!({ "file": e.file })));
     }
     if let Some(e) = cause.downcast_ref::<RuntimeError>() {
         return Some(runtime(e));

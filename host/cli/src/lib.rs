@@ -24,6 +24,8 @@
 //! - `agent.rs`: `warden agent validate|hash`.
 //! - `store.rs`: `warden store backup|compact`.
 //! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
+//! - `serve.rs`: `warden serve` (the HTTP control plane, `warden-server`)
+//!   and its token file.
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 //! - `args.rs`: arguments that are not valid UTF-8; `out.rs`: stdout while
 //!   a run is driven (a closed pipe does not stop the drive).
@@ -31,7 +33,7 @@
 mod agent;
 mod args;
 pub(crate) mod config;
-mod contract;
+pub(crate) use warden_server::contract;
 pub(crate) mod errors;
 mod keys;
 mod out;
@@ -40,6 +42,7 @@ mod progress;
 mod render;
 mod runs;
 mod scaffold;
+mod serve;
 mod sessions;
 mod status;
 mod store;
@@ -118,6 +121,10 @@ enum Command {
     /// Claim queued runs (and runs whose worker died) and drive them, until
     /// SIGTERM or SIGINT.
     Worker(worker::WorkerArgs),
+    /// Serve the HTTP control plane over the store: watch runs live, approve
+    /// and deny, resume, resolve, cancel (`serve tokens add` makes the
+    /// tokens it requires).
+    Serve(serve::ServeArgs),
     /// Print a shell completion script.
     Completions {
         /// The shell.
@@ -275,6 +282,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Store(command) => store::run(command, &ctx).await,
             Command::Submit(args) => worker::submit(args, &ctx).await,
             Command::Worker(args) => worker::worker(args, &ctx).await,
+            Command::Serve(args) => serve::run(args, &ctx).await,
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
     });

@@ -172,7 +172,7 @@ pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()
 
 /// Completes on SIGTERM or SIGINT (Ctrl-C). The handlers are installed
 /// when this returns, before the future is first polled.
-fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
+pub(crate) fn shutdown_signal() -> anyhow::Result<impl Future<Output = ()>> {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{SignalKind, signal};

@@ -292,13 +292,13 @@ fn codes_in_code(workspace: &Path) -> BTreeSet<String> {
     let mut codes = BTreeSet::new();
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
-        let cli = text.contains("CliError");
+        let cli = text.contains("CliError") || text.contains("ApiError");
         for (at, _) in text.match_indices('(') {
             let before = text[..at].trim_end();
             let Some(code) = literal(&text[at + 1..]) else {
                 continue;
             };
-            if before.ends_with("CliError::new") {
+            if before.ends_with("CliError::new") || before.ends_with("ApiError::new") {
                 codes.insert(code.to_owned());
                 continue;
             }
@@ -311,6 +311,16 @@ fn codes_in_code(workspace: &Path) -> BTreeSet<String> {
             let then = rest[code.len() + 2..].trim_start();
             if cli && arm && is_code(code) && then.starts_with(',') {
                 codes.insert(code.to_owned());
+            }
+        }
+        // A typed error's own `code()`: every code literal its arms return.
+        for (at, _) in text.match_indices("fn code(&self) -> &'static str {") {
+            let body = &text[at..];
+            let body = &body[..body.find("\n    }\n").unwrap_or(body.len())];
+            for (arm, _) in body.match_indices("=> \"") {
+                if let Some(code) = literal(&body[arm + 2..]).filter(|c| is_code(c)) {
+                    codes.insert(code.to_owned());
+                }
             }
         }
         if cli {

@@ -42,6 +42,22 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-build-support",
         ],
     ),
+    // The HTTP control plane: over the engine (through the `warden` crate
+    // that re-exports it), below the command line that serves it.
+    (
+        "warden-server",
+        &[
+            "warden",
+            "warden-syntax",
+            "warden-sandbox",
+            "warden-store",
+            "warden-providers",
+            "warden-plugins",
+            "warden-engine",
+            "warden-testkit",
+            "warden-build-support",
+        ],
+    ),
 ];
 
 /// The workspace's packages and the workspace packages each depends on

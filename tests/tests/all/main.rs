@@ -81,6 +81,11 @@
 //! - `python_guest`: a Python tool plugin built with componentize-py by
 //!   the Python SDK, through the `warden` binary: typed output and errors,
 //!   denials outside its mount, the receipt.
+//! - `serve`: `warden serve` on loopback over SQLite and PostgreSQL with a
+//!   real worker: refusing to start without tokens or TLS beyond loopback,
+//!   requests refused without a token, below the role, naming another Host
+//!   or Origin; a live stream resumed with `Last-Event-ID`; an approval
+//!   through the API recorded as `api:<name>` and picked up by the worker.
 //! - `layers`: the host's crates depend on each other one way only: no
 //!   lower crate (sandbox, store, providers) ever reaches the engine,
 //!   plugins or CLI.
@@ -120,6 +125,7 @@ mod policy_plugins;
 mod providers;
 mod python_guest;
 mod retries;
+mod serve;
 mod server;
 mod sessions;
 mod torn_edits;

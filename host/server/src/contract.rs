@@ -1,4 +1,5 @@
-//! The command line's one `--json` contract (docs/json-output.md). Every
+//! The one JSON contract (docs/json-output.md) of the command line's
+//! `--json` and of the HTTP API, shared so that both say the same thing. Every
 //! line a command prints on stdout with `--json` is one of a few documented
 //! shapes, each an object carrying the contract's version `v`:
 //!
@@ -23,33 +24,33 @@ use warden::engine::events::{Event, RunError};
 use warden::engine::{RunId, RunStatus};
 
 /// The contract's version, the `v` of every line.
-pub(crate) const VERSION: u32 = 1;
+pub const VERSION: u32 = 1;
 
 /// An event line.
-pub(crate) fn event_line(seq: u64, event: &Event) -> Value {
+pub fn event_line(seq: u64, event: &Event) -> Value {
     json!({ "v": VERSION, "seq": seq, "event": event })
 }
 
 /// An event line from the stored bytes of event `seq` (`{"v", "event"}`),
 /// its event object as stored.
-pub(crate) fn stored_line(seq: u64, bytes: &[u8]) -> Result<Value, serde_json::Error> {
+pub fn stored_line(seq: u64, bytes: &[u8]) -> Result<Value, serde_json::Error> {
     let mut stored: Value = serde_json::from_slice(bytes)?;
     Ok(json!({ "v": VERSION, "seq": seq, "event": stored["event"].take() }))
 }
 
 /// One thing a human can do about a run, and the command that does it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub(crate) struct NextStep {
+pub struct NextStep {
     /// `approve`, `deny`, `answer`, `extend`, `resume`, `complete`,
     /// `resolve` or `abandon`.
-    pub(crate) action: &'static str,
+    pub action: &'static str,
     /// The command line.
-    pub(crate) command: String,
+    pub command: String,
 }
 
 /// A run summary: `run_id`'s `status`, its output when it completed, its
 /// error when it failed (from `events`), and `next`.
-pub(crate) fn summary(
+pub fn summary(
     run_id: &RunId,
     status: &str,
     events: &[Event],
@@ -72,7 +73,7 @@ pub(crate) fn summary(
 }
 
 /// A run's error in the envelope's inner shape: its kind as `code`.
-pub(crate) fn run_error(error: &RunError) -> Value {
+pub fn run_error(error: &RunError) -> Value {
     let mut details = serde_json::to_value(error).unwrap_or_else(|_| json!({}));
     let code = details
         .as_object_mut()

@@ -1,0 +1,176 @@
+//! `warden serve`: the HTTP control plane (`warden-server`) over the
+//! configured store, and `warden serve tokens add|list`, the token file it
+//! requires. The server reports errors with this command line's codes
+//! (`errors::report_cause`) and loads agents as every command does.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use clap::{Args, Subcommand};
+use serde_json::json;
+
+use super::Context;
+use super::errors::CliError;
+use super::store::Access;
+use warden_server::{ErrorReport, Role, ServeConfig, Tokens};
+
+/// `warden serve`.
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true)]
+pub(crate) struct ServeArgs {
+    #[command(subcommand)]
+    command: Option<ServeCommand>,
+    /// The token file: each token's name, role and SHA-256 [env:
+    /// WARDEN_TOKENS] (default: .warden/tokens.toml). The server refuses to
+    /// start without one.
+    #[arg(long, global = true, value_name = "FILE")]
+    tokens: Option<PathBuf>,
+    /// The address to listen on; a non-loopback one needs TLS or
+    /// --insecure-no-tls.
+    #[arg(long, default_value = "127.0.0.1:7300")]
+    bind: SocketAddr,
+    /// A host name the server also answers as (its `Host` and `Origin`),
+    /// as NAME or NAME:PORT (repeatable). Requests naming any other host
+    /// are refused (DNS rebinding).
+    #[arg(long = "allow-host", value_name = "HOST")]
+    allow_hosts: Vec<String>,
+    /// The TLS certificate chain (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The TLS private key (PEM).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Serve plain HTTP on a non-loopback address (behind a proxy that
+    /// terminates TLS).
+    #[arg(long)]
+    insecure_no_tls: bool,
+    /// How often a live event stream looks for events other processes
+    /// appended.
+    #[arg(long, default_value = "200ms")]
+    poll: String,
+}
+
+#[derive(Debug, Subcommand)]
+enum ServeCommand {
+    /// Manage the API tokens.
+    #[command(subcommand)]
+    Tokens(TokensCommand),
+}
+
+#[derive(Debug, Subcommand)]
+enum TokensCommand {
+    /// Make a token: prints it once; the file keeps only its SHA-256.
+    Add {
+        /// Who holds it (recorded as `api:NAME` on its decisions).
+        name: String,
+        /// viewer (reads), approver (and approves or denies), operator
+        /// (and resumes, resolves, cancels, abandons).
+        #[arg(long)]
+        role: String,
+    },
+    /// List the tokens' names and roles.
+    List,
+}
+
+fn tokens_file(args: &ServeArgs) -> PathBuf {
+    args.tokens
+        .clone()
+        .or_else(|| std::env::var_os("WARDEN_TOKENS").map(PathBuf::from))
+        .unwrap_or_else(|| Path::new(".warden").join("tokens.toml"))
+}
+
+/// Runs `warden serve` or its token commands.
+pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
+    let file = tokens_file(&args);
+    match &args.command {
+        Some(ServeCommand::Tokens(TokensCommand::Add { name, role })) => {
+            let role = Role::parse(role)?;
+            let token = warden_server::tokens::add(&file, name, role)?;
+            if ctx.json {
+                println!(
+                    "{}",
+                    json!({ "name": name, "role": role, "token": token, "file": file })
+                );
+            } else {
+                eprintln!(
+                    "token `{name}` ({}) added to {}; it is shown once:",
+                    role.as_str(),
+                    file.display()
+                );
+                println!("{token}");
+            }
+            return Ok(());
+        }
+        Some(ServeCommand::Tokens(TokensCommand::List)) => {
+            let tokens = Tokens::read(&file)?;
+            if ctx.json {
+                let rows: Vec<_> = tokens
+                    .entries()
+                    .iter()
+                    .map(|t| json!({ "name": t.name, "role": t.role }))
+                    .collect();
+                println!("{}", json!({ "tokens": rows }));
+            } else {
+                for t in tokens.entries() {
+                    println!("{}  {}", t.name, t.role.as_str());
+                }
+            }
+            return Ok(());
+        }
+        None => {}
+    }
+    // Fail closed, before anything is opened: credentials, then the bind.
+    let tokens = Tokens::read(&file)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(warden_server::tls::load(cert, key)?),
+        _ => None,
+    };
+    warden_server::check_bind(args.bind, tls.is_some(), args.insecure_no_tls)?;
+    let poll = warden::units::parse_duration(&args.poll)
+        .map_err(|e| CliError::new("usage", format!("--poll: {e}")))?;
+    let stop = super::worker::shutdown_signal()?;
+    let store = super::store::open(&ctx.settings, Access::Write).await?;
+    let (runtime, _) = super::runs::runtime(ctx, store)?;
+    let settings = ctx.settings.clone();
+    let config = ServeConfig {
+        tokens,
+        allowed_hosts: args.allow_hosts.clone(),
+        classify: Arc::new(|error| {
+            let report = super::errors::report_cause(error);
+            ErrorReport {
+                code: report.code,
+                message: report.message,
+                details: report.details,
+            }
+        }),
+        load_agent: Arc::new(move |path: &Path| {
+            settings.load_agent(path).map_err(|e| e.to_string())
+        }),
+        poll,
+    };
+    let listener = tokio::net::TcpListener::bind(args.bind)
+        .await
+        .map_err(|e| CliError::new("io_failed", format!("cannot listen on {}: {e}", args.bind)))?;
+    let local = listener.local_addr()?;
+    let router = warden_server::router(runtime, config, local);
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let url = format!("{scheme}://{local}");
+    if ctx.json {
+        println!(
+            "{}",
+            json!({ "v": 1, "listening": url, "store": ctx.settings.store.value.to_string() })
+        );
+    }
+    eprintln!(
+        "warden serve: listening on {url} over {} ({} token(s) from {})",
+        ctx.settings.store.value,
+        Tokens::read(&file).map(|t| t.entries().len()).unwrap_or(0),
+        file.display()
+    );
+    match tls {
+        Some(tls) => warden_server::serve_tls(listener, tls, router, stop).await?,
+        None => warden_server::serve(listener, router, stop).await?,
+    }
+    Ok(())
+}

@@ -1,0 +1,550 @@
+//! The JSON API under `/api/v1`: runs (list, show, events), the verbs on a
+//! run, sessions and idempotency keys. Each verb records one event through
+//! the runtime, as the command line's verbs do: the worker holding the run
+//! (or the next to claim it) picks the decision up, and a run no worker
+//! ever held the server continues itself. Every decision records
+//! `api:<token name>` as who made it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::extract::{Extension, FromRequest, FromRequestParts, State};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use warden::engine::events::Event;
+use warden::engine::state::ToolCallProgress;
+use warden::engine::{BudgetKind, CallId, RunId, RunState, RunStatus, SessionId, decode, fold};
+use warden::store::{CommitmentFilter, RunFilter, RunSummary};
+
+use crate::App;
+use crate::contract::{self, NextStep};
+use crate::error::ApiError;
+use crate::guard::Caller;
+use crate::tokens::Role;
+
+type Reply = Result<Json<Value>, ApiError>;
+
+/// A JSON request body; a malformed one is a `usage` error in the envelope.
+#[derive(Debug, FromRequest)]
+#[from_request(via(axum::Json), rejection(ApiError))]
+pub struct Body<T>(pub T);
+
+/// A request's query; a malformed one is a `usage` error in the envelope.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Query), rejection(ApiError))]
+pub struct Params<T>(pub T);
+
+/// A path segment; a malformed one is a `usage` error in the envelope.
+#[derive(Debug, FromRequestParts)]
+#[from_request(via(axum::extract::Path), rejection(ApiError))]
+pub struct Segment<T>(pub T);
+
+fn run_id(text: &str) -> Result<RunId, ApiError> {
+    RunId::new(text).map_err(|e| ApiError::new("invalid_run_id", e.to_string()))
+}
+
+fn session_id(text: &str) -> Result<SessionId, ApiError> {
+    SessionId::new(text).map_err(|e| ApiError::new("invalid_session_id", e.to_string()))
+}
+
+/// `GET /api/v1/whoami`: the caller's token name and role.
+pub async fn whoami(Extension(caller): Extension<Caller>) -> Json<Value> {
+    Json(json!({ "v": contract::VERSION, "name": caller.name, "role": caller.role }))
+}
+
+/// The query of `GET /api/v1/runs`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListQuery {
+    agent: Option<String>,
+    /// One status, or several separated by commas.
+    status: Option<String>,
+    session: Option<String>,
+    /// `KEY=VALUE`, several separated by commas.
+    label: Option<String>,
+    limit: Option<usize>,
+}
+
+fn row(r: &RunSummary) -> Value {
+    json!({
+        "run_id": r.run_id,
+        "agent": r.agent,
+        "status": r.status,
+        "labels": r.labels,
+        "session": r.session,
+        "created_ms": r.created_ms,
+        "updated_ms": r.updated_ms,
+        "events": r.event_count,
+        "owes_deliveries": r.owes_deliveries,
+        "wake_ms": r.wake_ms,
+    })
+}
+
+/// `GET /api/v1/runs`: the runs, filtered.
+pub async fn list(State(app): State<Arc<App>>, Params(q): Params<ListQuery>) -> Reply {
+    let mut filter = RunFilter::new();
+    if let Some(statuses) = &q.status {
+        for status in statuses.split(',').filter(|s| !s.is_empty()) {
+            let known = status == warden::store::QUEUED
+                || RunStatus::ALL.iter().any(|s| s.as_str() == status);
+            if !known {
+                return Err(ApiError::new("usage", format!("unknown status `{status}`"))
+                    .with_details(json!({ "status": status })));
+            }
+            filter = filter.status(status);
+        }
+    }
+    if let Some(agent) = q.agent {
+        filter = filter.agent(agent);
+    }
+    if let Some(session) = &q.session {
+        filter = filter.session(session_id(session)?.to_string());
+    }
+    if let Some(labels) = &q.label {
+        for pair in labels.split(',').filter(|s| !s.is_empty()) {
+            let Some((k, v)) = pair.split_once('=') else {
+                return Err(ApiError::new(
+                    "usage",
+                    format!("label `{pair}`: expected KEY=VALUE"),
+                ));
+            };
+            filter = filter.label(k, v);
+        }
+    }
+    if let Some(limit) = q.limit {
+        filter = filter.limit(limit);
+    }
+    let runs = app
+        .runtime
+        .store()
+        .list(&filter)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    Ok(Json(
+        json!({ "v": contract::VERSION, "runs": runs.iter().map(row).collect::<Vec<_>>() }),
+    ))
+}
+
+/// A run's log, decoded and folded.
+async fn load(app: &App, run: &RunId) -> Result<(Vec<(u64, Event)>, RunState), ApiError> {
+    let stored = app
+        .runtime
+        .store()
+        .load(run)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    let mut events = Vec::with_capacity(stored.len());
+    for s in &stored {
+        let event = decode(&s.bytes).map_err(|error| {
+            app.fail(&warden::engine::RuntimeError::Log {
+                run_id: run.clone(),
+                seq: s.seq,
+                error,
+            })
+        })?;
+        events.push((s.seq, event));
+    }
+    let plain: Vec<Event> = events.iter().map(|(_, e)| e.clone()).collect();
+    let state = fold(&plain).map_err(|error| {
+        app.fail(&warden::engine::RuntimeError::Fold {
+            run_id: run.clone(),
+            error,
+        })
+    })?;
+    Ok((events, state))
+}
+
+/// What can be done about the run through the API, as run-summary `next`
+/// steps whose `command` is the request.
+fn next_steps(run: &RunId, state: &RunState, pending: Option<&str>) -> Vec<NextStep> {
+    let verb = |action: &'static str, path: &str, body: &str| NextStep {
+        action,
+        command: format!("POST /api/v1/runs/{run}/{path} {body}"),
+    };
+    match state.status() {
+        RunStatus::AwaitingApproval => {
+            let call = pending.unwrap_or("<call>");
+            vec![
+                verb(
+                    "approve",
+                    "approve",
+                    &format!("{{\"call_id\": \"{call}\"}}"),
+                ),
+                verb(
+                    "deny",
+                    "deny",
+                    &format!("{{\"call_id\": \"{call}\", \"reason\": \"…\"}}"),
+                ),
+            ]
+        }
+        RunStatus::Suspended => vec![verb("answer", "resume", "{\"input\": …}")],
+        RunStatus::BudgetExceeded => vec![verb("extend", "resume", "{\"input\": {…}}")],
+        RunStatus::NeedsReconciliation => vec![
+            verb("resolve", "resolve", "{\"output\": …}"),
+            verb("abandon", "abandon", "{\"reason\": \"…\"}"),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// `GET /api/v1/runs/{run}`: a run summary with its state, budgets, the
+/// call awaiting a decision, its receipts and its events.
+pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) -> Reply {
+    let run = run_id(&run)?;
+    let summary = app
+        .runtime
+        .store()
+        .summary(&run)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    let (events, state) = load(&app, &run).await?;
+    let status = state.status();
+    let pending = state.next_call().and_then(|call| match &call.progress {
+        ToolCallProgress::AwaitingApproval => Some(json!({
+            "call_id": call.call_id,
+            "tool": call.call.name,
+            "arguments": call.call.arguments,
+            "awaiting": "approval",
+        })),
+        ToolCallProgress::Suspended { reason, schema } => Some(json!({
+            "call_id": call.call_id,
+            "tool": call.call.name,
+            "awaiting": "input",
+            "reason": reason,
+            "schema": schema,
+        })),
+        _ => None,
+    });
+    let pending_call = pending
+        .as_ref()
+        .and_then(|p| p["call_id"].as_str().map(str::to_owned));
+    let limits = state.effective_limits(&Default::default());
+    let budget: serde_json::Map<String, Value> = BudgetKind::ORDER
+        .iter()
+        .map(|k| {
+            (
+                k.as_str().to_owned(),
+                json!({ "used": state.usage.get(*k), "limit": limits.get(*k) }),
+            )
+        })
+        .collect();
+    let receipts: Vec<Value> = events
+        .iter()
+        .filter_map(|(seq, e)| match e {
+            Event::ToolCallCompleted(c) => {
+                Some(json!({ "seq": seq, "call_id": c.call_id, "receipt": c.receipt }))
+            }
+            _ => None,
+        })
+        .collect();
+    let plain: Vec<Event> = events.iter().map(|(_, e)| e.clone()).collect();
+    let next = next_steps(&run, &state, pending_call.as_deref());
+    // Queued runs are listed so before their log says more.
+    let shown = if summary.status == warden::store::QUEUED {
+        warden::store::QUEUED
+    } else {
+        status.as_str()
+    };
+    let mut body = contract::summary(&run, shown, &plain, state.output(), &next);
+    let more = json!({
+        "agent": state.agent,
+        "labels": state.labels,
+        "session": summary.session,
+        "input": state.input,
+        "created_ms": summary.created_ms,
+        "updated_ms": summary.updated_ms,
+        "budget": budget,
+        "pending": pending,
+        "receipts": receipts,
+        "owes_deliveries": summary.owes_deliveries,
+        "wake_ms": state.waiting().map(|w| w.until_ms),
+        "events": events.iter().map(|(seq, e)| contract::event_line(*seq, e)).collect::<Vec<_>>(),
+    });
+    for (key, value) in more.as_object().expect("an object") {
+        body[key] = value.clone();
+    }
+    Ok(Json(body))
+}
+
+/// The query of `GET /api/v1/runs/{run}/events`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    /// Only the events after this position.
+    after: Option<u64>,
+}
+
+/// `GET /api/v1/runs/{run}/events`: the run's event lines, after `after`.
+pub async fn events(
+    State(app): State<Arc<App>>,
+    Segment(run): Segment<String>,
+    Params(q): Params<EventsQuery>,
+) -> Reply {
+    let run = run_id(&run)?;
+    let lines = app.event_lines(&run, q.after.unwrap_or(0)).await?;
+    Ok(Json(json!({ "v": contract::VERSION, "events": lines })))
+}
+
+/// The body of approve.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Approve {
+    call_id: String,
+}
+
+/// The body of deny.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Deny {
+    call_id: String,
+    reason: String,
+}
+
+/// The body of resume.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resume {
+    input: Value,
+}
+
+/// The body of resolve.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Resolve {
+    #[serde(default)]
+    output: Option<Value>,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+/// The body of cancel and abandon.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reason {
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+/// The run summary after a verb.
+async fn after_verb(app: &App, run: &RunId) -> Reply {
+    let (events, state) = load(app, run).await?;
+    let plain: Vec<Event> = events.into_iter().map(|(_, e)| e).collect();
+    let pending = state.next_call().map(|c| c.call_id.to_string());
+    let next = next_steps(run, &state, pending.as_deref());
+    Ok(Json(contract::summary(
+        run,
+        state.status().as_str(),
+        &plain,
+        state.output(),
+        &next,
+    )))
+}
+
+/// `POST /api/v1/runs/{run}/approve` (approver).
+pub async fn approve(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Segment(run): Segment<String>,
+    Body(body): Body<Approve>,
+) -> Reply {
+    caller.require(Role::Approver)?;
+    let run = run_id(&run)?;
+    app.runtime
+        .approve(&run, &CallId::from_text(body.call_id), &caller.by())
+        .await
+        .map_err(|e| app.fail(&e))?;
+    app.continue_unleased(&run).await;
+    after_verb(&app, &run).await
+}
+
+/// `POST /api/v1/runs/{run}/deny` (approver).
+pub async fn deny(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Segment(run): Segment<String>,
+    Body(body): Body<Deny>,
+) -> Reply {
+    caller.require(Role::Approver)?;
+    let run = run_id(&run)?;
+    if body.reason.trim().is_empty() {
+        return Err(ApiError::new("usage", "a denial needs a reason"));
+    }
+    app.runtime
+        .deny(
+            &run,
+            &CallId::from_text(body.call_id),
+            &caller.by(),
+            &body.reason,
+        )
+        .await
+        .map_err(|e| app.fail(&e))?;
+    app.continue_unleased(&run).await;
+    after_verb(&app, &run).await
+}
+
+/// `POST /api/v1/runs/{run}/resume` (operator): the input of a suspended
+/// run, checked against the schema its log records, or a budget
+/// extension.
+pub async fn resume(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Segment(run): Segment<String>,
+    Body(body): Body<Resume>,
+) -> Reply {
+    caller.require(Role::Operator)?;
+    let run = run_id(&run)?;
+    let agent = app.agent_of(&run).await?;
+    app.runtime
+        .resume(&run, &agent, body.input, Some(caller.by()))
+        .await
+        .map_err(|e| app.fail(&e))?;
+    app.continue_unleased(&run).await;
+    after_verb(&app, &run).await
+}
+
+/// `POST /api/v1/runs/{run}/resolve` (operator): the outcome of a write
+/// that has none recorded, as a human found it.
+pub async fn resolve(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Segment(run): Segment<String>,
+    Body(body): Body<Resolve>,
+) -> Reply {
+    caller.require(Role::Operator)?;
+    let run = run_id(&run)?;
+    let output = match body.output {
+        Some(output) => output,
+        None => {
+            let held = app
+                .runtime
+                .state(&run)
+                .await
+                .map_err(|e| app.fail(&e))?
+                .held()
+                .is_some();
+            if !held {
+                return Err(ApiError::new(
+                    "usage",
+                    format!(
+                        "run {run}: resolving a write takes `output`, the write's output as JSON"
+                    ),
+                ));
+            }
+            Value::Null
+        }
+    };
+    app.runtime
+        .resolve(&run, output, &caller.by(), body.note)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    app.continue_unleased(&run).await;
+    after_verb(&app, &run).await
+}
+
+/// `POST /api/v1/runs/{run}/cancel` (operator).
+pub async fn cancel(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Segment(run): Segment<String>,
+    Body(body): Body<Reason>,
+) -> Reply {
+    caller.require(Role::Operator)?;
+    let run = run_id(&run)?;
+    let reason = body.reason;
+    app.runtime
+        .cancel(&run, Some(&caller.by()), reason)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    after_verb(&app, &run).await
+}
+
+/// `POST /api/v1/runs/{run}/abandon` (operator).
+pub async fn abandon(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Segment(run): Segment<String>,
+    Body(body): Body<Reason>,
+) -> Reply {
+    caller.require(Role::Operator)?;
+    let run = run_id(&run)?;
+    let Some(reason) = body.reason.filter(|r| !r.trim().is_empty()) else {
+        return Err(ApiError::new("usage", "abandoning a run needs a reason"));
+    };
+    app.runtime
+        .abandon(&run, &caller.by(), &reason)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    after_verb(&app, &run).await
+}
+
+/// `GET /api/v1/sessions`: the sessions the store's runs belong to.
+pub async fn sessions(State(app): State<Arc<App>>) -> Reply {
+    let mut sessions: BTreeMap<String, Vec<RunSummary>> = BTreeMap::new();
+    let runs = app
+        .runtime
+        .store()
+        .list(&RunFilter::new())
+        .await
+        .map_err(|e| app.fail(&e))?;
+    for run in runs {
+        if let Some(session) = run.session.clone() {
+            sessions.entry(session).or_default().push(run);
+        }
+    }
+    let rows: Vec<Value> = sessions
+        .iter()
+        .map(|(session, runs)| {
+            let active = runs.iter().find(|r| {
+                r.status
+                    .parse::<RunStatus>()
+                    .map_or(true, |s| !s.is_terminal())
+            });
+            json!({
+                "session": session,
+                "runs": runs.len(),
+                "active_run": active.map(|r| &r.run_id),
+                "active_status": active.map(|r| &r.status),
+                "created_ms": runs.iter().map(|r| r.created_ms).min(),
+                "updated_ms": runs.iter().map(|r| r.updated_ms).max(),
+            })
+        })
+        .collect();
+    Ok(Json(json!({ "v": contract::VERSION, "sessions": rows })))
+}
+
+/// `GET /api/v1/sessions/{session}`: the session's runs, oldest first.
+pub async fn session(State(app): State<Arc<App>>, Segment(session): Segment<String>) -> Reply {
+    let session = session_id(&session)?;
+    let runs = app
+        .runtime
+        .session_runs(&session)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    if runs.is_empty() {
+        return Err(
+            ApiError::new("unknown_session", format!("no run of session `{session}`"))
+                .with_details(json!({ "session": session })),
+        );
+    }
+    Ok(Json(
+        json!({ "v": contract::VERSION, "session": session, "runs": runs }),
+    ))
+}
+
+/// `GET /api/v1/keys`: the idempotency keys and who holds them.
+pub async fn keys(State(app): State<Arc<App>>) -> Reply {
+    let keys = app
+        .runtime
+        .keys(&CommitmentFilter::new())
+        .await
+        .map_err(|e| app.fail(&e))?;
+    Ok(Json(json!({ "v": contract::VERSION, "keys": keys })))
+}
+
+/// `GET /api/v1/keys/{key}`.
+pub async fn key(State(app): State<Arc<App>>, Segment(key): Segment<String>) -> Reply {
+    let info = app.runtime.key(&key).await.map_err(|e| app.fail(&e))?;
+    Ok(Json(json!({ "v": contract::VERSION, "key": info })))
+}

@@ -1,0 +1,242 @@
+//! What every request passes before a handler sees it, in this order:
+//!
+//! 1. **Host**: the `Host` header names this server (its bind address, or
+//!    `localhost`/`127.0.0.1`/`[::1]` at its port on a loopback bind, or a
+//!    host the operator allowed). A page on another site that rebinds its
+//!    DNS name to 127.0.0.1 sends its own name and is refused.
+//! 2. **Origin**: a request a browser marks as coming from a page (an
+//!    `Origin` header, or `Sec-Fetch-Site: cross-site`) must come from
+//!    this server's own origin.
+//! 3. **Rate limit**: an address with too many failed logins in the last
+//!    minute is refused before its token is looked at.
+//! 4. **Identity**: a bearer token from the token file ([`Tokens`]); a
+//!    request without one, or with an unknown one, is refused (and counted
+//!    as a failed login). The handler gets the [`Caller`].
+//!
+//! Nothing passes unauthenticated but the OpenAPI document.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::Response;
+use serde_json::json;
+
+use crate::error::ApiError;
+use crate::tokens::{Role, Tokens};
+
+/// Who made a request: a token's name and role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The token's name.
+    pub name: String,
+    /// Its role.
+    pub role: Role,
+}
+
+impl Caller {
+    /// Refused unless the caller's role is `role` or above.
+    pub fn require(&self, role: Role) -> Result<(), ApiError> {
+        if self.role >= role {
+            return Ok(());
+        }
+        Err(ApiError::new(
+            "forbidden",
+            format!(
+                "token `{}` is a {}: this needs a {} or above",
+                self.name,
+                self.role.as_str(),
+                role.as_str()
+            ),
+        )
+        .with_details(json!({ "token": self.name, "role": self.role, "needed": role })))
+    }
+
+    /// How the log records a decision this caller made: `api:<name>`.
+    pub fn by(&self) -> String {
+        format!("api:{}", self.name)
+    }
+}
+
+/// The address a connection comes from (over plain TCP or TLS).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
+impl
+    axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, tokio::net::TcpListener>>
+    for Peer
+{
+    fn connect_info(stream: axum::serve::IncomingStream<'_, tokio::net::TcpListener>) -> Self {
+        Peer(*stream.remote_addr())
+    }
+}
+
+/// Failed logins allowed per address per window.
+const FAILURES_ALLOWED: u32 = 10;
+const FAILURE_WINDOW: Duration = Duration::from_secs(60);
+
+/// The guard's state: tokens, the hosts this server answers as, and the
+/// failed logins per address.
+#[derive(Debug)]
+pub struct Guard {
+    tokens: Tokens,
+    hosts: Vec<String>,
+    failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+}
+
+impl Guard {
+    /// A guard for a server bound at `bind` that accepts `tokens` and also
+    /// answers as `extra_hosts` (each `name` or `name:port`).
+    pub fn new(tokens: Tokens, bind: SocketAddr, extra_hosts: &[String]) -> Guard {
+        let port = bind.port();
+        let mut hosts = vec![match bind.ip() {
+            IpAddr::V4(ip) => format!("{ip}:{port}"),
+            IpAddr::V6(ip) => format!("[{ip}]:{port}"),
+        }];
+        if bind.ip().is_loopback() {
+            for name in ["localhost", "127.0.0.1", "[::1]"] {
+                hosts.push(format!("{name}:{port}"));
+            }
+        }
+        for host in extra_hosts {
+            let host = host.to_ascii_lowercase();
+            if host.contains(':') && !host.ends_with(']') {
+                hosts.push(host);
+            } else {
+                hosts.push(format!("{host}:{port}"));
+                hosts.push(host);
+            }
+        }
+        Guard {
+            tokens,
+            hosts,
+            failures: Mutex::default(),
+        }
+    }
+
+    fn host_allowed(&self, host: &str) -> bool {
+        let host = host.to_ascii_lowercase();
+        self.hosts.iter().any(|h| *h == host)
+    }
+
+    fn origin_allowed(&self, origin: &str) -> bool {
+        let origin = origin.to_ascii_lowercase();
+        ["http://", "https://"].iter().any(|scheme| {
+            origin
+                .strip_prefix(scheme)
+                .is_some_and(|host| self.host_allowed(host))
+        })
+    }
+
+    fn limited(&self, ip: IpAddr) -> bool {
+        let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        failures
+            .get(&ip)
+            .is_some_and(|(since, n)| since.elapsed() < FAILURE_WINDOW && *n >= FAILURES_ALLOWED)
+    }
+
+    fn failed(&self, ip: IpAddr) {
+        let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded: a flood from many addresses forgets the oldest window.
+        if failures.len() > 10_000 {
+            failures.retain(|_, (since, _)| since.elapsed() < FAILURE_WINDOW);
+        }
+        let entry = failures.entry(ip).or_insert((Instant::now(), 0));
+        if entry.0.elapsed() >= FAILURE_WINDOW {
+            *entry = (Instant::now(), 0);
+        }
+        entry.1 += 1;
+    }
+
+    /// The request's caller, or why it is refused.
+    fn check(
+        &self,
+        headers: &HeaderMap,
+        ip: IpAddr,
+        path: &str,
+    ) -> Result<Option<Caller>, ApiError> {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let Some(host) = header("host") else {
+            return Err(ApiError::new("host_refused", "the request names no Host"));
+        };
+        if !self.host_allowed(host) {
+            return Err(ApiError::new(
+                "host_refused",
+                format!("this server does not answer as `{host}` (allow it with --allow-host)"),
+            )
+            .with_details(json!({ "host": host })));
+        }
+        if let Some(origin) = header("origin")
+            && !self.origin_allowed(origin)
+        {
+            return Err(ApiError::new(
+                "origin_refused",
+                format!(
+                    "requests from `{origin}` are refused: only this server's own pages may call it"
+                ),
+            )
+            .with_details(json!({ "origin": origin })));
+        }
+        if header("sec-fetch-site") == Some("cross-site") {
+            return Err(ApiError::new(
+                "origin_refused",
+                "a cross-site request is refused",
+            ));
+        }
+        if crate::PUBLIC_PATHS.contains(&path) {
+            return Ok(None);
+        }
+        if self.limited(ip) {
+            return Err(ApiError::new(
+                "rate_limited",
+                format!("too many failed logins from {ip}: try again in a minute"),
+            ));
+        }
+        let token = header("authorization")
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        let Some(token) = token else {
+            self.failed(ip);
+            return Err(ApiError::new(
+                "unauthenticated",
+                "no token: send `Authorization: Bearer <token>`",
+            ));
+        };
+        match self.tokens.identify(token) {
+            Some(entry) => Ok(Some(Caller {
+                name: entry.name.clone(),
+                role: entry.role,
+            })),
+            None => {
+                self.failed(ip);
+                Err(ApiError::new("unauthenticated", "unknown token"))
+            }
+        }
+    }
+}
+
+/// The middleware: refuses what [`Guard`] refuses, and hands the handler
+/// its [`Caller`] as an extension.
+pub async fn guard(
+    State(guard): State<Arc<Guard>>,
+    ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    mut request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    let path = request.uri().path().to_owned();
+    match guard.check(request.headers(), peer.ip(), &path) {
+        Ok(Some(caller)) => {
+            request.extensions_mut().insert(caller);
+        }
+        Ok(None) => {}
+        Err(error) => {
+            tracing::info!(code = error.report.code, %peer, path, "request refused");
+            return Err(error);
+        }
+    }
+    Ok(next.run(request).await)
+}
