@@ -49,6 +49,10 @@ pub(crate) struct ServeArgs {
     /// appended.
     #[arg(long, default_value = "200ms")]
     poll: String,
+    /// Failed logins (no token or an unknown one) an address may make in a
+    /// minute; past them it is refused (429) until the minute is over.
+    #[arg(long, default_value_t = 10)]
+    failed_logins_per_minute: u32,
 }
 
 #[derive(Debug, Subcommand)]
@@ -148,6 +152,7 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
             settings.load_agent(path).map_err(|e| e.to_string())
         }),
         poll,
+        failed_logins_per_minute: args.failed_logins_per_minute,
     };
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await

@@ -75,8 +75,7 @@ impl
     }
 }
 
-/// Failed logins allowed per address per window.
-const FAILURES_ALLOWED: u32 = 10;
+/// The window failed logins are counted in.
 const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 
 /// The guard's state: tokens, the hosts this server answers as, and the
@@ -85,13 +84,20 @@ const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 pub struct Guard {
     tokens: Tokens,
     hosts: Vec<String>,
+    failures_allowed: u32,
     failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
 }
 
 impl Guard {
-    /// A guard for a server bound at `bind` that accepts `tokens` and also
-    /// answers as `extra_hosts` (each `name` or `name:port`).
-    pub fn new(tokens: Tokens, bind: SocketAddr, extra_hosts: &[String]) -> Guard {
+    /// A guard for a server bound at `bind` that accepts `tokens`, also
+    /// answers as `extra_hosts` (each `name` or `name:port`), and refuses
+    /// an address once it failed `failures_allowed` logins in a minute.
+    pub fn new(
+        tokens: Tokens,
+        bind: SocketAddr,
+        extra_hosts: &[String],
+        failures_allowed: u32,
+    ) -> Guard {
         let port = bind.port();
         let mut hosts = vec![match bind.ip() {
             IpAddr::V4(ip) => format!("{ip}:{port}"),
@@ -114,6 +120,7 @@ impl Guard {
         Guard {
             tokens,
             hosts,
+            failures_allowed,
             failures: Mutex::default(),
         }
     }
@@ -134,9 +141,9 @@ impl Guard {
 
     fn limited(&self, ip: IpAddr) -> bool {
         let failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
-        failures
-            .get(&ip)
-            .is_some_and(|(since, n)| since.elapsed() < FAILURE_WINDOW && *n >= FAILURES_ALLOWED)
+        failures.get(&ip).is_some_and(|(since, n)| {
+            since.elapsed() < FAILURE_WINDOW && *n >= self.failures_allowed
+        })
     }
 
     fn failed(&self, ip: IpAddr) {

@@ -61,6 +61,9 @@ pub struct ServeConfig {
     pub load_agent: AgentLoader,
     /// How often a live stream looks for events other processes appended.
     pub poll: Duration,
+    /// Failed logins (no token, an unknown one) an address may make in a
+    /// minute before it is refused until the minute is over.
+    pub failed_logins_per_minute: u32,
 }
 
 /// The handlers' shared state.
@@ -160,6 +163,7 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         config.tokens,
         bind,
         &config.allowed_hosts,
+        config.failed_logins_per_minute,
     ));
     let app = Arc::new(App {
         runtime,
