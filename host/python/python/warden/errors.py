@@ -111,6 +111,8 @@ _FAMILIES: Dict[Type[WardenError], tuple[str, ...]] = {
         "key_in_use",
         "key_settled",
         "key_holder_gone",
+        "fork_refused",
+        "unfinished_fork",
     ),
     ReplayError: ("agent_changed", "divergence"),
     AgentError: (
