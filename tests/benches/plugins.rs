@@ -14,7 +14,7 @@ use std::time::Duration;
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource, builtin};
-use warden::policy::{Grant, MountGrant};
+use warden::grant::{Grant, MountGrant};
 use warden::sandbox::{Sandbox, SandboxConfig, UsageReceipt, wit};
 
 fn main() {

@@ -51,7 +51,7 @@ use serde_json::{Value, json};
 use warden::engine::agent::validate_labels;
 use warden::engine::{Agent, AgentError, ModelDefaults};
 use warden::plugins::manifest::LimitSettings;
-use warden::policy::Grant;
+use warden::grant::Grant;
 use warden::providers::config::ModelSection;
 use warden::sandbox::Limits;
 

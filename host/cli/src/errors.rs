@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use warden::engine::{AgentError, ReplayError, RuntimeError};
 use warden::plugins::PluginError;
 use warden::plugins::manifest::ManifestError;
-use warden::policy::PolicyError;
+use warden::grant::GrantError;
 use warden::providers::ProviderError;
 use warden::sandbox::SandboxError;
 use warden::store::StoreError;
@@ -110,8 +110,8 @@ fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static str, 
     if let Some(e) = cause.downcast_ref::<ManifestError>() {
         return Some(manifest(e));
     }
-    if let Some(e) = cause.downcast_ref::<PolicyError>() {
-        return Some(policy(e));
+    if let Some(e) = cause.downcast_ref::<GrantError>() {
+        return Some(grant(e));
     }
     if let Some(e) = cause.downcast_ref::<SandboxError>() {
         return Some(sandbox(e));
@@ -406,7 +406,7 @@ fn agent(e: &AgentError) -> (&'static str, Value) {
 fn plugin(e: &PluginError) -> (&'static str, Value) {
     match e {
         PluginError::Manifest(m) => manifest(m),
-        PluginError::Policy(p) => policy(p),
+        PluginError::Grant(p) => grant(p),
         PluginError::Sandbox(s) => sandbox(s),
         PluginError::UnknownBuiltin { name, .. } => (
             "unknown_plugin",
@@ -448,25 +448,25 @@ fn manifest(e: &ManifestError) -> (&'static str, Value) {
     }
 }
 
-fn policy(e: &PolicyError) -> (&'static str, Value) {
+fn grant(e: &GrantError) -> (&'static str, Value) {
     match e {
-        PolicyError::UnrequestedMount { plugin, mount, .. } => (
+        GrantError::UnrequestedMount { plugin, mount, .. } => (
             "grant_not_requested",
             json!({ "plugin": plugin, "mount": mount }),
         ),
-        PolicyError::UnrequestedEnv { plugin, var } => (
+        GrantError::UnrequestedEnv { plugin, var } => (
             "grant_not_requested",
             json!({ "plugin": plugin, "env": var }),
         ),
-        PolicyError::UnrequestedHost { plugin, host } => (
+        GrantError::UnrequestedHost { plugin, host } => (
             "grant_not_requested",
             json!({ "plugin": plugin, "host": host }),
         ),
-        PolicyError::EnvMissing { plugin, var } => {
+        GrantError::EnvMissing { plugin, var } => {
             ("env_missing", json!({ "plugin": plugin, "env": var }))
         }
-        PolicyError::Mount { plugin, .. } => ("mount_invalid", json!({ "plugin": plugin })),
-        PolicyError::Invalid { plugin, key, .. } => {
+        GrantError::Mount { plugin, .. } => ("mount_invalid", json!({ "plugin": plugin })),
+        GrantError::Invalid { plugin, key, .. } => {
             ("grant_invalid", json!({ "plugin": plugin, "key": key }))
         }
         // A variant added later has this code until it gets its own.

@@ -140,7 +140,7 @@ use super::refusal::OnRefusal;
 use super::retry::RetryPolicy;
 use super::schema;
 use warden_plugins::manifest::LimitSettings;
-use warden_plugins::policy::Grant;
+use warden_plugins::grant::Grant;
 use warden_plugins::{PluginSource, builtin};
 use warden_providers::config::{self, HttpModelSettings, ModelSection, ProviderKind};
 use warden_providers::{ModelProvider, ProviderError};

@@ -10,7 +10,7 @@ use serde_json::json;
 use warden::engine::events::{Event, ToolCallError};
 use warden::engine::{Agent, RunStatus};
 use warden::plugins::PluginHost;
-use warden::policy::Grant;
+use warden::grant::Grant;
 use warden::sandbox::{LeaseFailure, Limits, Outcome, Sandbox, SandboxConfig};
 use warden::store::MemoryStore;
 use warden_tests::guests;
