@@ -21,7 +21,7 @@ use sha2::Digest;
 use warden::engine::{Agent, RunId, Runtime, decode};
 use warden::plugins::PluginHost;
 use warden::sandbox::{Sandbox, SandboxConfig};
-use warden::store::{EventStore, Claim, PostgresStore, RunFilter, SqliteStore};
+use warden::store::{Claim, EventStore, PostgresStore, RunFilter, SqliteStore};
 use warden::worker::Worker;
 use warden_tests::guests;
 

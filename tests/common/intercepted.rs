@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
-    Appended, KeyClaim, EventStore, Holder, Claim, Listing, PruneFilter, RunFilter, RunMeta,
+    Appended, Claim, EventStore, Holder, KeyClaim, Listing, PruneFilter, RunFilter, RunMeta,
     RunSummary, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 

@@ -13,9 +13,9 @@
 use serde_json::{Value, json};
 
 use warden::engine::{AgentError, ReplayError, RuntimeError};
+use warden::grant::GrantError;
 use warden::plugins::PluginError;
 use warden::plugins::manifest::ManifestError;
-use warden::grant::GrantError;
 use warden::providers::ProviderError;
 use warden::sandbox::SandboxError;
 use warden::store::StoreError;

@@ -9,9 +9,9 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::{Context, Exit};
+use warden::grant::{Grant, MountGrant};
 use warden::plugins::manifest::{FuelSetting, Unmetered};
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource};
-use warden::grant::{Grant, MountGrant};
 use warden::sandbox::{
     Access, Capabilities, Leased, Limits, PluginKind, Sandbox, UsageReceipt, wit,
 };

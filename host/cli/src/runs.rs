@@ -1088,7 +1088,7 @@ async fn refuse_reconciliation(
             }
             _ => {
                 eprintln!("run {run} needs reconciliation: {what} has no recorded outcome");
-                if never_leased {
+                if never_claimed {
                     eprintln!(
                         "   if the `warden run` driving it is still running, the write may be in progress: let it end first"
                     );

@@ -62,7 +62,7 @@ use warden_providers::{
 };
 use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
 use warden_store::{
-    ChainBreak, KeyClaim, CommitmentFilter, EventStore, Finding, Holder, Claim, Listing, RunMeta,
+    ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, KeyClaim, Listing, RunMeta,
     SETTLED_STATUSES, Settle, Settlement, StoreError, VerifyReport,
 };
 

@@ -26,8 +26,8 @@
 //! which is then the only file the manifest may name.
 
 pub mod builtin;
-pub mod manifest;
 pub mod grant;
+pub mod manifest;
 pub mod tool;
 
 use std::borrow::Cow;

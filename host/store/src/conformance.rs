@@ -13,9 +13,9 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ChainBreak, ChainKey, KeyClaim, Commitment, CommitmentFilter, EventStore, Holder, Claim, Listing,
-    MemoryStore, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, Settle, Settlement, SqliteStore,
-    StoreError, WAITING,
+    ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder, KeyClaim,
+    Listing, MemoryStore, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, Settle, Settlement,
+    SqliteStore, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need.

@@ -12,8 +12,8 @@ use bytes::Bytes;
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::session::holds_session;
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, KeyClaim, Commitment, CommitmentFilter, EventStore,
-    Holder, Claim, Listing, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settle,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    Holder, KeyClaim, Listing, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settle,
     Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 

@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
-use warden_plugins::manifest::{FuelSetting, Unmetered};
 use warden_plugins::grant::{Grant, MountGrant};
+use warden_plugins::manifest::{FuelSetting, Unmetered};
 use warden_plugins::{
     LoadedPlugin, Manifest, PluginError, PluginHost, PluginSource, ToolDescriptor,
 };

@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use serde_json::json;
-use warden::plugins::{PluginError, PluginHost, PluginSource};
 use warden::grant::{EffectClass, Grant, GrantError};
+use warden::plugins::{PluginError, PluginHost, PluginSource};
 use warden::sandbox::{Access, Outcome, wit};
 
 use crate::sandbox;

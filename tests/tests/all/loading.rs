@@ -218,8 +218,8 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
 #[tokio::test]
 async fn a_component_outside_the_plugin_directory_loads_only_when_the_grant_names_it() {
     use std::os::unix::fs::symlink;
-    use warden::plugins::{ComponentFileError, PluginError, PluginHost, PluginSource};
     use warden::grant::{Grant, GrantError};
+    use warden::plugins::{ComponentFileError, PluginError, PluginHost, PluginSource};
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let plugin_dir = root.join("plugin");

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use warden::engine::RunStatus;
 use warden::engine::events::Event;
-use warden::plugins::{PluginError, PluginHost};
 use warden::grant::{Grant, GrantError};
+use warden::plugins::{PluginError, PluginHost};
 use warden::sandbox::{DenialReason, Outcome, wit};
 use warden::store::MemoryStore;
 use warden_tests::guests;
@@ -172,7 +172,7 @@ async fn context_sources_and_policies_run_narrowed_unless_their_grant_widens_the
         .unwrap();
     let leased = guard.decide(&decision, None).await.unwrap();
     match leased.result {
-        Ok(Err(wit::GrantError::Failed(f))) => {
+        Ok(Err(wit::PolicyError::Failed(f))) => {
             assert!(f.message.starts_with("count in /count/calls"), "{f:?}")
         }
         other => panic!("{other:?}"),

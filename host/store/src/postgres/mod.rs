@@ -40,8 +40,8 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, KeyClaim, Commitment, CommitmentFilter, EventStore,
-    Finding, Holder, Claim, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    Finding, Holder, KeyClaim, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
     RunSummary, Settle, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 

@@ -42,11 +42,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, KeyClaim, Commitment, CommitmentFilter, EventStore,
-    Holder, Claim, Listing, OpenMode, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
+    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    Holder, KeyClaim, Listing, OpenMode, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
     Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
-use writer::{Counters, ClaimOp, Request};
+use writer::{ClaimOp, Counters, Request};
 
 /// An event store in one SQLite file.
 ///

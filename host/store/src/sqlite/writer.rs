@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{backend, blob_hash};
 use crate::chain::{self, Chain};
 use crate::{
-    Appended, ChainBreak, ChainHash, KeyClaim, Holder, Claim, Listing, PruneFilter, QUEUED, RunId,
+    Appended, ChainBreak, ChainHash, Claim, Holder, KeyClaim, Listing, PruneFilter, QUEUED, RunId,
     RunMeta, Settle, Settlement, StoreError, Tombstone, WAITING,
 };
 
