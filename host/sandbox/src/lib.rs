@@ -180,8 +180,9 @@ impl Sandbox {
     }
 
     /// Loads a component: checks `wasm` against `expected_sha256` (hex) when
-    /// given, compiles it or takes it from the cache, refuses it if it
-    /// imports anything the sandbox does not offer, and prepares one
+    /// given, refuses it if it imports anything the sandbox does not offer
+    /// (read from its bytes before compiling, and again from the compiled
+    /// component), compiles it or takes it from the cache, and prepares one
     /// `InstancePre` per plugin world it exports. Only a component that
     /// imports `wasi:http` is linked against it.
     ///
@@ -200,6 +201,19 @@ impl Sandbox {
                 plugin: name.to_owned(),
                 expected: expected.to_owned(),
                 actual: sha256,
+            });
+        }
+        // Refuse on the declared names before compiling; the compiled
+        // component's own import list is checked again below.
+        let declared = imports::declared(wasm).map_err(|reason| SandboxError::Compile {
+            plugin: name.to_owned(),
+            reason,
+        })?;
+        if let Some(import) = declared.iter().find(|i| !imports::is_allowed(i)) {
+            tracing::warn!(plugin = name, import = %import, "component refused before compiling: disallowed import");
+            return Err(SandboxError::DisallowedImport {
+                plugin: name.to_owned(),
+                import: import.clone(),
             });
         }
         let engine = &self.inner.engine;
