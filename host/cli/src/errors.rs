@@ -310,6 +310,14 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "needs_reconciliation",
             json!({ "run_id": run_id, "reason": reason, "since_ms": since_ms }),
         ),
+        RuntimeError::ForkRefused { run_id, reason } => (
+            "fork_refused",
+            json!({ "run_id": run_id, "reason": reason.to_string() }),
+        ),
+        RuntimeError::UnfinishedFork { run_id, source_run } => (
+            "unfinished_fork",
+            json!({ "run_id": run_id, "source_run": source_run }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("runtime_failed", json!({})),

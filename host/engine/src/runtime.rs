@@ -66,6 +66,9 @@ use warden_store::{
     SETTLED_STATUSES, Settle, Settlement, StoreError, VerifyReport,
 };
 
+mod fork;
+pub use fork::{FORKED_FROM_LABEL, ForkOptions, ForkRefusal};
+
 /// Where the runtime reads the time. Injected so tests and recoveries are
 /// deterministic.
 pub trait Clock: Send + Sync {
@@ -127,6 +130,26 @@ impl Random for FixedRandom {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RuntimeError {
+    /// A fork that cannot be made ([`Runtime::fork`]).
+    #[error("run `{run_id}` cannot be forked: {reason}")]
+    ForkRefused {
+        /// The source run.
+        run_id: RunId,
+        /// Why.
+        reason: ForkRefusal,
+    },
+    /// The run is a fork a crash left half written: its log holds only the
+    /// source's first event. Make the same fork again with this id to
+    /// finish it.
+    #[error(
+        "run `{run_id}` is an unfinished fork of run `{source_run}`: fork `{source_run}` again with id `{run_id}` to finish it"
+    )]
+    UnfinishedFork {
+        /// The fork.
+        run_id: RunId,
+        /// The run its only event comes from.
+        source_run: RunId,
+    },
     /// No run has this id.
     #[error("unknown run `{run_id}`")]
     UnknownRun {
@@ -500,6 +523,18 @@ pub async fn verify_log(
 
 /// The bytes to store for `event`, or the typed refusal of an event that
 /// could not be read back.
+/// A log whose run is another run (its only event is a source's first,
+/// copied by a fork that did not finish) is never driven or changed.
+fn refuse_unfinished_fork(run_id: &RunId, state: &RunState) -> Result<(), RuntimeError> {
+    if state.run_id != *run_id {
+        return Err(RuntimeError::UnfinishedFork {
+            run_id: run_id.clone(),
+            source_run: state.run_id.clone(),
+        });
+    }
+    Ok(())
+}
+
 fn recordable(run_id: &RunId, event: &Event) -> Result<Bytes, RuntimeError> {
     encode_readable(event)
         .map(Bytes::from)
@@ -1074,6 +1109,7 @@ impl Runtime {
                 run_id: run_id.clone(),
                 error,
             })?;
+        refuse_unfinished_fork(run_id, &state)?;
         let mut log = Log {
             run_id: run_id.clone(),
             events,
@@ -2264,6 +2300,7 @@ impl Runtime {
             run_id: run_id.clone(),
             error,
         })?;
+        refuse_unfinished_fork(run_id, &state)?;
         let channels = self.known_channels(&state.agent_digest);
         Ok(Log {
             run_id: run_id.clone(),

@@ -31,6 +31,10 @@
 //!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
+//! - `forks`: forks on every store: a fork at each position of a recorded
+//!   run reuses every earlier effect and asks again for later writes;
+//!   changed agents and budgets; bad positions; a fork cut short by a
+//!   crash.
 //! - `journal`: JSON nested past what decoding reads, from a hostile model,
 //!   tool or final answer, is answered and recorded readably; arbitrary
 //!   values round-trip through append and decode on both stores.
@@ -99,6 +103,7 @@ mod effects;
 mod engine;
 mod fencing;
 mod filesystem;
+mod forks;
 mod fs_plugin;
 mod hostile;
 #[path = "../../common/intercepted.rs"]
