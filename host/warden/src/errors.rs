@@ -16,8 +16,8 @@ use serde_json::{Value, json};
 
 use warden_engine::{AgentError, ReplayError, RuntimeError};
 use warden_plugins::PluginError;
+use warden_plugins::grant::GrantError;
 use warden_plugins::manifest::ManifestError;
-use warden_plugins::policy::PolicyError;
 use warden_providers::ProviderError;
 use warden_sandbox::SandboxError;
 use warden_store::StoreError;
@@ -57,8 +57,8 @@ pub fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static s
     if let Some(e) = cause.downcast_ref::<ManifestError>() {
         return Some(manifest(e));
     }
-    if let Some(e) = cause.downcast_ref::<PolicyError>() {
-        return Some(policy(e));
+    if let Some(e) = cause.downcast_ref::<GrantError>() {
+        return Some(grant(e));
     }
     if let Some(e) = cause.downcast_ref::<SandboxError>() {
         return Some(sandbox(e));
@@ -358,7 +358,7 @@ fn agent(e: &AgentError) -> (&'static str, Value) {
 fn plugin(e: &PluginError) -> (&'static str, Value) {
     match e {
         PluginError::Manifest(m) => manifest(m),
-        PluginError::Policy(p) => policy(p),
+        PluginError::Grant(p) => grant(p),
         PluginError::Sandbox(s) => sandbox(s),
         PluginError::UnknownBuiltin { name, .. } => (
             "unknown_plugin",
@@ -400,25 +400,25 @@ fn manifest(e: &ManifestError) -> (&'static str, Value) {
     }
 }
 
-fn policy(e: &PolicyError) -> (&'static str, Value) {
+fn grant(e: &GrantError) -> (&'static str, Value) {
     match e {
-        PolicyError::UnrequestedMount { plugin, mount, .. } => (
+        GrantError::UnrequestedMount { plugin, mount, .. } => (
             "grant_not_requested",
             json!({ "plugin": plugin, "mount": mount }),
         ),
-        PolicyError::UnrequestedEnv { plugin, var } => (
+        GrantError::UnrequestedEnv { plugin, var } => (
             "grant_not_requested",
             json!({ "plugin": plugin, "env": var }),
         ),
-        PolicyError::UnrequestedHost { plugin, host } => (
+        GrantError::UnrequestedHost { plugin, host } => (
             "grant_not_requested",
             json!({ "plugin": plugin, "host": host }),
         ),
-        PolicyError::EnvMissing { plugin, var } => {
+        GrantError::EnvMissing { plugin, var } => {
             ("env_missing", json!({ "plugin": plugin, "env": var }))
         }
-        PolicyError::Mount { plugin, .. } => ("mount_invalid", json!({ "plugin": plugin })),
-        PolicyError::Invalid { plugin, key, .. } => {
+        GrantError::Mount { plugin, .. } => ("mount_invalid", json!({ "plugin": plugin })),
+        GrantError::Invalid { plugin, key, .. } => {
             ("grant_invalid", json!({ "plugin": plugin, "key": key }))
         }
         // A variant added later has this code until it gets its own.
