@@ -113,7 +113,7 @@ impl App {
         let Ok(summary) = self.runtime.store().summary(run).await else {
             return;
         };
-        if summary.lease_token > 0 || summary.status == warden::store::QUEUED {
+        if summary.claim_token > 0 || summary.status == warden::store::QUEUED {
             return;
         }
         let agent = match self.agent_of(run).await {
