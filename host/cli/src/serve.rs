@@ -126,6 +126,7 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
     }
     // Fail closed, before anything is opened: credentials, then the bind.
     let tokens = Tokens::read(&file)?;
+    let token_count = tokens.entries().len();
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(warden_server::tls::load(cert, key)?),
         _ => None,
@@ -170,7 +171,7 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
     eprintln!(
         "warden serve: listening on {url} over {} ({} token(s) from {})",
         ctx.settings.store.value,
-        Tokens::read(&file).map(|t| t.entries().len()).unwrap_or(0),
+        token_count,
         file.display()
     );
     match tls {

@@ -28,14 +28,28 @@ pub struct ErrorReport {
 /// classifier, so the API's codes are the command line's.
 pub type Classify = Arc<dyn Fn(&(dyn std::error::Error + 'static)) -> ErrorReport + Send + Sync>;
 
-/// A classifier that knows no library error: each is `invalid`, its
-/// message the error's chain on one line. For embedders with no mapping
-/// of their own.
-pub fn plain_classify() -> Classify {
-    Arc::new(|error| ErrorReport {
-        code: "invalid",
-        message: chain(error),
-        details: json!({}),
+/// The library's own classifier (`warden::errors`, the mapping the
+/// command line builds on), for embedders with no errors of their own:
+/// the first typed error along the chain gives the code, anything else is
+/// `invalid`.
+pub fn library_classify() -> Classify {
+    Arc::new(|error| {
+        let mut cause = Some(error);
+        while let Some(e) = cause {
+            if let Some((code, details)) = warden::errors::classify(e) {
+                return ErrorReport {
+                    code,
+                    message: chain(error),
+                    details,
+                };
+            }
+            cause = e.source();
+        }
+        ErrorReport {
+            code: "invalid",
+            message: chain(error),
+            details: json!({}),
+        }
     })
 }
 

@@ -117,13 +117,10 @@ pub async fn stream(
             if !c.ready.is_empty() {
                 continue;
             }
-            tokio::select! {
-                update = c.updates.next() => {
-                    if update.is_none() {
-                        return None;
-                    }
-                }
-                () = tokio::time::sleep(c.poll) => {}
+            // Woken by an append here, or after the poll interval for
+            // appends elsewhere; a runtime that is gone ends the stream.
+            if let Ok(None) = tokio::time::timeout(c.poll, c.updates.next()).await {
+                return None;
             }
         }
     });

@@ -234,7 +234,7 @@ fn approve_through_the_api(store: &str) {
     );
     let _worker = Killed(
         warden(dir, store)
-            .args(["worker", "--poll", "50ms", "--lease-ttl", "5s"])
+            .args(["worker", "--poll", "50ms", "--claim-ttl", "5s"])
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("worker.log")).unwrap())
             .spawn()
