@@ -27,10 +27,15 @@
 //! - [`units`], [`json_limits`], [`toml_errors`] (`warden-syntax`): sizes
 //!   and durations, JSON nesting limits, one-line TOML errors.
 //!
+//! - [`errors`]: the stable error codes and details of the crates' typed
+//!   errors, shared by every surface (the command line, the Python package).
+//!
 //! Features (all on by default): `sqlite` and `postgres` (the stores),
 //! `builtin` (the first-party plugins, built and embedded).
 //!
 //! ARCHITECTURE.md in the repository maps every crate and its invariants.
+
+pub mod errors;
 
 pub use warden_engine as engine;
 pub use warden_engine::worker;

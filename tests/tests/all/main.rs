@@ -77,6 +77,10 @@
 //! - `sessions`: runs in a session on every store: one active run, history
 //!   from completed runs only, a run cancelled mid-stream rolled back, two
 //!   hosts racing to start.
+//! - `python_host`: the Python package's pytest suite (`host/python/tests`)
+//!   in the virtual environment `.ci/run` prepares: the runtime's verbs
+//!   from Python on both stores, a killed Python process recovered,
+//!   Python policies and external tools, live turns, exceptions by code.
 //! - `turns`: live turns through their handles: deltas before the provider
 //!   finishes, tool calls and approvals, cancel and drop.
 //! - `policy_plugins`: policies as WASM components in runs, through the
@@ -124,6 +128,7 @@ mod policies;
 mod policy_plugins;
 mod providers;
 mod python_guest;
+mod python_host;
 mod retries;
 mod server;
 mod sessions;
