@@ -75,8 +75,8 @@ impl Agent {
 /// The runtime over one store: the engine's verbs, each an awaitable.
 #[pyclass(frozen, module = "warden._native")]
 struct Runtime {
-    runtime: warden::Runtime,
-    store: Arc<dyn EventStore>,
+    runtime: aio::KeptAtExit<warden::Runtime>,
+    store: aio::KeptAtExit<Arc<dyn EventStore>>,
 }
 
 /// A run id from Python text.
@@ -150,8 +150,8 @@ impl Runtime {
                 runtime = runtime.with_policy(name, Arc::new(policy));
             }
             Ok(Runtime {
-                runtime,
-                store: opened,
+                runtime: aio::KeptAtExit::new(runtime),
+                store: aio::KeptAtExit::new(opened),
             })
         })
     }
@@ -195,7 +195,7 @@ impl Runtime {
         };
         let session = session.map(|s| session_id(&s)).transpose()?;
         let labels = labels.unwrap_or_default();
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             let mut options = StartOptions::new().id(id).labels(labels);
@@ -218,7 +218,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             match runtime.step(&id, &agent).await {
@@ -237,7 +237,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             runtime
@@ -258,7 +258,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             runtime
@@ -279,7 +279,7 @@ impl Runtime {
         by: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .approve(&id, &CallId::from_text(&call_id), &by)
@@ -300,7 +300,7 @@ impl Runtime {
         by: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .deny(&id, &CallId::from_text(&call_id), &by, &reason)
@@ -323,7 +323,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
         let input = from_python(input, "input")?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             runtime
@@ -348,7 +348,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
         let output = from_python(output, "output")?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .complete_external(&id, &CallId::from_text(&call_id), output, by)
@@ -370,7 +370,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
         let output = from_python(output, "output")?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .resolve(&id, output, &by, note)
@@ -389,7 +389,7 @@ impl Runtime {
         by: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .cancel(&id, by.as_deref(), reason)
@@ -408,7 +408,7 @@ impl Runtime {
         by: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .abandon(&id, &by, &reason)
@@ -445,7 +445,7 @@ impl Runtime {
         if let Some(n) = limit {
             filter = filter.limit(n);
         }
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(&*self.store);
         aio::future_into_py(py, async move {
             let runs = store.list(&filter).await.map_err(|e| engine_error(&e))?;
             Ok(Json(Value::Array(
@@ -474,7 +474,7 @@ impl Runtime {
     /// `call_id`), its input, output or error, labels and session.
     fn show<'py>(&self, py: Python<'py>, run_id: &str) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             let state = runtime.state(&id).await.map_err(|e| engine_error(&e))?;
             Ok(Json(shown(&state)))
@@ -485,7 +485,7 @@ impl Runtime {
     /// (the command line's event lines), in order.
     fn events<'py>(&self, py: Python<'py>, run_id: &str) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(&*self.store);
         aio::future_into_py(py, async move {
             let stored = store.load(&id).await.map_err(|e| engine_error(&e))?;
             let mut lines = Vec::with_capacity(stored.len());
@@ -515,7 +515,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let input = from_python(input, "input")?;
         let session = session.map(|s| session_id(&s)).transpose()?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             let handle = runtime
@@ -535,7 +535,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             let handle = runtime
@@ -628,12 +628,14 @@ async fn open_store(location: &str) -> PyResult<Arc<dyn EventStore>> {
     if path.as_os_str().is_empty() {
         return Err(invalid("store: give a SQLite path or a PostgreSQL URL"));
     }
-    tokio::task::spawn_blocking(move || {
+    // No Python on the blocking thread (one that attached to Python there
+    // aborts the interpreter's exit): the errors become exceptions here.
+    let opened = tokio::task::spawn_blocking(move || {
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {
             std::fs::create_dir_all(dir).map_err(|e| {
-                invalid(format!(
+                Err(format!(
                     "cannot create the store's directory `{}`: {e}",
                     dir.display()
                 ))
@@ -643,10 +645,14 @@ async fn open_store(location: &str) -> PyResult<Arc<dyn EventStore>> {
             .mode(OpenMode::Create)
             .open()
             .map(|s| Arc::new(s) as Arc<dyn EventStore>)
-            .map_err(|e| engine_error(&e))
+            .map_err(Ok)
     })
     .await
-    .map_err(|e| invalid(format!("the store could not be opened: {e}")))?
+    .map_err(|e| invalid(format!("the store could not be opened: {e}")))?;
+    opened.map_err(|e| match e {
+        Ok(store_error) => engine_error(&store_error),
+        Err(message) => invalid(message),
+    })
 }
 
 /// The native module. With `RUST_LOG` set, the engine's logs go to stderr
@@ -663,6 +669,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Runtime>()?;
     m.add_class::<Agent>()?;
     m.add_class::<turn::Turn>()?;
+    m.add_function(wrap_pyfunction!(aio::_shutdown, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }
