@@ -852,7 +852,7 @@ async fn ready_to_drive(
 ) -> anyhow::Result<Option<Drive>> {
     // A finished run is refused by the verb itself, with its status.
     let finished = rt.state(run).await?.status().is_terminal();
-    let workers = rt.store().summary(run).await?.lease_token > 0;
+    let workers = rt.store().summary(run).await?.claim_token > 0;
     if drive.detach || workers || finished {
         return Ok(None);
     }
@@ -926,8 +926,8 @@ async fn continue_run(
         printed = last.seq;
     }
     let Some(plan) = plan else {
-        // A worker's run (leased before): any worker continues it.
-        let workers = rt.store().summary(run).await?.lease_token > 0;
+        // A worker's run (claimed before): any worker continues it.
+        let workers = rt.store().summary(run).await?.claim_token > 0;
         if ctx.json {
             let events = rt.events(run).await?;
             let status = rt.state(run).await?.status();
@@ -1135,9 +1135,9 @@ async fn owes_deliveries(
 }
 
 /// Prints the evidence of a write with no recorded outcome and what to do,
-/// and returns the exit for it. A write under another driver's live lease
+/// and returns the exit for it. A write under another driver's live claim
 /// may merely be in progress: then the advice is to wait for that driver
-/// (named, with when its lease runs out), not to check and resolve.
+/// (named, with when its claim runs out), not to check and resolve.
 async fn refuse_reconciliation(
     rt: &Runtime,
     run: &RunId,
@@ -1150,16 +1150,16 @@ async fn refuse_reconciliation(
     let now = now_ms();
     let held = summary
         .as_ref()
-        .and_then(|s| s.lease.clone())
-        .filter(|lease| !lease.is_expired(now));
-    // Runs `warden run` drives hold no lease: whether one still drives it
+        .and_then(|s| s.claim.clone())
+        .filter(|claim| !claim.is_expired(now));
+    // Runs `warden run` drives hold no claim: whether one still drives it
     // is not recorded anywhere the store can tell.
-    let never_leased = summary.as_ref().is_some_and(|s| s.lease_token == 0);
-    let wait = held.as_ref().map(|lease| {
+    let never_claimed = summary.as_ref().is_some_and(|s| s.claim_token == 0);
+    let wait = held.as_ref().map(|claim| {
         format!(
-            "wait for worker {} to finish it; if that worker is gone, its lease runs out in {}: then check whether the write happened, and resolve with: warden runs resolve {run} --output '<its output as JSON>'",
-            lease.owner,
-            age(lease.expires_ms - now)
+            "wait for worker {} to finish it; if that worker is gone, its claim runs out in {}: then check whether the write happened, and resolve with: warden runs resolve {run} --output '<its output as JSON>'",
+            claim.owner,
+            age(claim.expires_ms - now)
         )
     });
     if json {
@@ -1169,11 +1169,11 @@ async fn refuse_reconciliation(
         };
         let mut report = super::errors::report(&error.into());
         match (&held, &wait) {
-            (Some(lease), Some(wait)) => {
+            (Some(claim), Some(wait)) => {
                 report.details["held_by"] = json!({
-                    "owner": lease.owner,
-                    "token": lease.token,
-                    "expires_ms": lease.expires_ms,
+                    "owner": claim.owner,
+                    "token": claim.token,
+                    "expires_ms": claim.expires_ms,
                 });
                 report.details["next"] = json!([wait]);
             }
@@ -1196,7 +1196,7 @@ async fn refuse_reconciliation(
             }
             _ => {
                 eprintln!("run {run} needs reconciliation: {what} has no recorded outcome");
-                if never_leased {
+                if never_claimed {
                     eprintln!(
                         "   if the `warden run` driving it is still running, the write may be in progress: let it end first"
                     );
@@ -1570,7 +1570,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
             id.escape_debug()
         );
     }
-    // A worker's run is stalled once its lease expired; another is after
+    // A worker's run is stalled once its claim expired; another is after
     // `--stalled-after` without an append.
     let stalled = |r: &RunSummary| super::status::stalled(r, now, stalled_after);
     let row = |r: &RunSummary| {

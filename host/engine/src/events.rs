@@ -25,7 +25,7 @@ pub use super::channels::{
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::{
     Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
 };

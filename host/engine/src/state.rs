@@ -36,7 +36,7 @@ use super::policy_hooks::{
 };
 use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::{Message, StopReason, ToolCall};
 
 /// Where a run stands, derived from its log alone.

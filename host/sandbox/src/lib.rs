@@ -72,7 +72,7 @@ use bindings::tool::ToolPluginPre;
 use cache::ComponentCache;
 use capture::Redactor;
 use lease::{LeaseState, Reach, Request, Response};
-use net::NetPolicy;
+use net::NetGrant;
 use wit::{
     Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError,
     PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
@@ -319,7 +319,7 @@ impl Sandbox {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str())),
         );
-        let net_policy = NetPolicy::new(component.name(), capabilities.hosts());
+        let net_grant = NetGrant::new(component.name(), capabilities.hosts());
         let narrowed = capabilities.narrowed();
         GrantedComponent {
             sandbox: self.clone(),
@@ -329,7 +329,7 @@ impl Sandbox {
             widened: false,
             limits,
             redactor: Arc::new(redactor),
-            net_policy: Arc::new(net_policy),
+            net_grant: Arc::new(net_grant),
             valid: None,
         }
     }
@@ -511,7 +511,7 @@ pub struct GrantedComponent {
     widened: bool,
     limits: Limits,
     redactor: Arc<Redactor>,
-    net_policy: Arc<NetPolicy>,
+    net_grant: Arc<NetGrant>,
     /// When set, every lease stops making effects once it passes.
     valid: Option<ValidUntil>,
 }

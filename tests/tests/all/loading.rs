@@ -184,7 +184,7 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
         .unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.wasm")).unwrap();
     let host = PluginHost::new(sandbox().clone());
-    let granted = |component: &str| warden::policy::Grant {
+    let granted = |component: &str| warden::grant::Grant {
         component: Some(component.into()),
         ..Default::default()
     };
@@ -247,8 +247,8 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
 #[tokio::test]
 async fn a_component_outside_the_plugin_directory_loads_only_when_the_grant_names_it() {
     use std::os::unix::fs::symlink;
+    use warden::grant::{Grant, GrantError};
     use warden::plugins::{ComponentFileError, PluginError, PluginHost, PluginSource};
-    use warden::policy::{Grant, PolicyError};
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let plugin_dir = root.join("plugin");
@@ -360,7 +360,7 @@ async fn a_component_outside_the_plugin_directory_loads_only_when_the_grant_name
         )
         .await
     {
-        Err(PluginError::Policy(PolicyError::Invalid { key, .. })) => assert_eq!(key, "component"),
+        Err(PluginError::Grant(GrantError::Invalid { key, .. })) => assert_eq!(key, "component"),
         other => panic!("{other:?}"),
     }
 }

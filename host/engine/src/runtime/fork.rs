@@ -29,7 +29,7 @@
 //! first event, then the rest is appended) leaves a log of one event that
 //! names the source as its run: every verb refuses such a run
 //! ([`RuntimeError::UnfinishedFork`]), no worker claims it (it was never
-//! queued nor leased), and the same fork made again with the same id
+//! queued nor claimed), and the same fork made again with the same id
 //! finishes it.
 
 use std::collections::BTreeMap;
@@ -232,7 +232,7 @@ impl Runtime {
             created_ms: now as i64,
         };
         let store: &dyn EventStore = &*self.inner.store;
-        // Listed as running but never queued nor leased: no worker takes
+        // Listed as running but never queued nor claimed: no worker takes
         // the one-event log a crash here would leave.
         let created = store
             .create(&run_id, meta, stored[0].bytes.clone(), "running")
