@@ -12,22 +12,53 @@
 //! for other features of `futures` or `tokio` would rebuild wasmtime).
 
 use std::future::Future;
-use std::sync::OnceLock;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use pyo3::IntoPyObjectExt as _;
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use tokio::task::AbortHandle;
 
-/// The bindings' Tokio runtime.
-pub(crate) fn runtime() -> &'static tokio::runtime::Runtime {
-    static RUNTIME: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| {
-        tokio::runtime::Builder::new_multi_thread()
-            .enable_all()
-            .thread_name("warden")
-            .build()
-            .expect("cannot start the bindings' Tokio runtime")
-    })
+/// The bindings' Tokio runtime: started on first use, shut down when the
+/// interpreter exits ([`shutdown`]).
+static RUNTIME: Mutex<Option<tokio::runtime::Runtime>> = Mutex::new(None);
+
+/// Set once [`shutdown`] ran: no runtime is started again.
+static SHUT_DOWN: AtomicBool = AtomicBool::new(false);
+
+/// A handle on the bindings' Tokio runtime.
+fn handle() -> PyResult<tokio::runtime::Handle> {
+    let mut runtime = RUNTIME.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = runtime.as_ref() {
+        return Ok(r.handle().clone());
+    }
+    if SHUT_DOWN.load(Ordering::SeqCst) {
+        return Err(PyRuntimeError::new_err("the interpreter is exiting"));
+    }
+    let started = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("warden")
+        .build()
+        .map_err(|e| PyRuntimeError::new_err(format!("cannot start Tokio: {e}")))?;
+    let handle = started.handle().clone();
+    *runtime = Some(started);
+    Ok(handle)
+}
+
+/// Stops the runtime's threads before the interpreter finalizes (the
+/// package registers it with `atexit`): a Tokio thread that touched Python
+/// and is still around while CPython finalizes makes it abort the
+/// process. Runs still driven stop as a crash would stop them; their logs
+/// hold what was recorded.
+#[pyfunction]
+pub(crate) fn _shutdown(py: Python<'_>) {
+    SHUT_DOWN.store(true, Ordering::SeqCst);
+    let taken = RUNTIME.lock().unwrap_or_else(|p| p.into_inner()).take();
+    if let Some(runtime) = taken {
+        py.detach(|| runtime.shutdown_timeout(Duration::from_secs(5)));
+    }
 }
 
 /// An asyncio future on the running event loop, completed with what `work`
@@ -41,7 +72,7 @@ where
     let future = event_loop.call_method0("create_future")?;
     let target = future.clone().unbind();
     let on_loop = event_loop.unbind();
-    let task = runtime().spawn(async move {
+    let task = handle()?.spawn(async move {
         let result = work.await;
         Python::attach(|py| {
             let outcome = result.and_then(|value| value.into_py_any(py));
@@ -111,5 +142,39 @@ impl Abort {
             self.task.abort();
         }
         Ok(())
+    }
+}
+
+/// A value the engine's threads may still use, kept alive instead of
+/// dropped when Python is finalizing: dropping a runtime then would wake
+/// Tokio tasks that call back into an interpreter that is going away
+/// (CPython aborts the process). Leaking at exit is harmless.
+pub(crate) struct KeptAtExit<T>(Option<T>);
+
+impl<T> KeptAtExit<T> {
+    pub(crate) fn new(value: T) -> Self {
+        KeptAtExit(Some(value))
+    }
+}
+
+impl<T> std::ops::Deref for KeptAtExit<T> {
+    type Target = T;
+
+    fn deref(&self) -> &T {
+        self.0.as_ref().expect("taken only when dropped")
+    }
+}
+
+impl<T> Drop for KeptAtExit<T> {
+    fn drop(&mut self) {
+        let finalizing = Python::attach(|py| {
+            py.import("sys")
+                .and_then(|sys| sys.call_method0("is_finalizing"))
+                .and_then(|b| b.is_truthy())
+                .unwrap_or(true)
+        });
+        if finalizing {
+            std::mem::forget(self.0.take());
+        }
     }
 }

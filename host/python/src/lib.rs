@@ -73,8 +73,8 @@ impl Agent {
 /// The runtime over one store: the engine's verbs, each an awaitable.
 #[pyclass(frozen, module = "warden._native")]
 struct Runtime {
-    runtime: warden::Runtime,
-    store: Arc<dyn EventStore>,
+    runtime: aio::KeptAtExit<warden::Runtime>,
+    store: aio::KeptAtExit<Arc<dyn EventStore>>,
 }
 
 /// A run id from Python text.
@@ -148,8 +148,8 @@ impl Runtime {
                 runtime = runtime.with_policy(name, Arc::new(policy));
             }
             Ok(Runtime {
-                runtime,
-                store: opened,
+                runtime: aio::KeptAtExit::new(runtime),
+                store: aio::KeptAtExit::new(opened),
             })
         })
     }
@@ -193,7 +193,7 @@ impl Runtime {
         };
         let session = session.map(|s| session_id(&s)).transpose()?;
         let labels = labels.unwrap_or_default();
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             let started = match session {
@@ -219,7 +219,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             match runtime.step(&id, &agent).await {
@@ -238,7 +238,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             runtime
@@ -259,7 +259,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             runtime
@@ -280,7 +280,7 @@ impl Runtime {
         by: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .approve(&id, &CallId::from_text(&call_id), &by)
@@ -301,7 +301,7 @@ impl Runtime {
         by: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .deny(&id, &CallId::from_text(&call_id), &by, &reason)
@@ -324,7 +324,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
         let input = from_python(input, "input")?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             runtime
@@ -349,7 +349,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
         let output = from_python(output, "output")?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .complete_external(&id, &CallId::from_text(&call_id), output, by)
@@ -371,7 +371,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
         let output = from_python(output, "output")?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .resolve(&id, output, &by, note)
@@ -390,7 +390,7 @@ impl Runtime {
         by: Option<String>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .cancel(&id, by.as_deref(), reason)
@@ -409,7 +409,7 @@ impl Runtime {
         by: String,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             runtime
                 .abandon(&id, &by, &reason)
@@ -446,7 +446,7 @@ impl Runtime {
         if let Some(n) = limit {
             filter = filter.limit(n);
         }
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(&*self.store);
         aio::future_into_py(py, async move {
             let runs = store.list(&filter).await.map_err(|e| engine_error(&e))?;
             Ok(Json(Value::Array(
@@ -475,7 +475,7 @@ impl Runtime {
     /// `call_id`), its input, output or error, labels and session.
     fn show<'py>(&self, py: Python<'py>, run_id: &str) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         aio::future_into_py(py, async move {
             let state = runtime.state(&id).await.map_err(|e| engine_error(&e))?;
             Ok(Json(shown(&state)))
@@ -486,7 +486,7 @@ impl Runtime {
     /// (the command line's event lines), in order.
     fn events<'py>(&self, py: Python<'py>, run_id: &str) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let store = Arc::clone(&self.store);
+        let store = Arc::clone(&*self.store);
         aio::future_into_py(py, async move {
             let stored = store.load(&id).await.map_err(|e| engine_error(&e))?;
             let mut lines = Vec::with_capacity(stored.len());
@@ -516,7 +516,7 @@ impl Runtime {
     ) -> PyResult<Bound<'py, PyAny>> {
         let input = from_python(input, "input")?;
         let session = session.map(|s| session_id(&s)).transpose()?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             let handle = runtime
@@ -536,7 +536,7 @@ impl Runtime {
         agent: &Agent,
     ) -> PyResult<Bound<'py, PyAny>> {
         let id = self::run_id(run_id)?;
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
             let handle = runtime
@@ -629,12 +629,14 @@ async fn open_store(location: &str) -> PyResult<Arc<dyn EventStore>> {
     if path.as_os_str().is_empty() {
         return Err(invalid("store: give a SQLite path or a PostgreSQL URL"));
     }
-    tokio::task::spawn_blocking(move || {
+    // No Python on the blocking thread (one that attached to Python there
+    // aborts the interpreter's exit): the errors become exceptions here.
+    let opened = tokio::task::spawn_blocking(move || {
         if let Some(dir) = path.parent()
             && !dir.as_os_str().is_empty()
         {
             std::fs::create_dir_all(dir).map_err(|e| {
-                invalid(format!(
+                Err(format!(
                     "cannot create the store's directory `{}`: {e}",
                     dir.display()
                 ))
@@ -644,10 +646,14 @@ async fn open_store(location: &str) -> PyResult<Arc<dyn EventStore>> {
             .mode(OpenMode::Create)
             .open()
             .map(|s| Arc::new(s) as Arc<dyn EventStore>)
-            .map_err(|e| engine_error(&e))
+            .map_err(Ok)
     })
     .await
-    .map_err(|e| invalid(format!("the store could not be opened: {e}")))?
+    .map_err(|e| invalid(format!("the store could not be opened: {e}")))?;
+    opened.map_err(|e| match e {
+        Ok(store_error) => engine_error(&store_error),
+        Err(message) => invalid(message),
+    })
 }
 
 /// The native module. With `RUST_LOG` set, the engine's logs go to stderr
@@ -664,6 +670,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Runtime>()?;
     m.add_class::<Agent>()?;
     m.add_class::<turn::Turn>()?;
+    m.add_function(wrap_pyfunction!(aio::_shutdown, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -7,8 +7,8 @@
 //! `policy`, `hook` and the hook's subject) and answers `None` or
 //! `"allow"`, `{"verdict": "deny", "reason": ...}` or, at `before_finish`,
 //! `{"verdict": "feedback", "message": ...}` (`warden.allow()`,
-//! `warden.deny()`, `warden.feedback()`). A plain function runs on a
-//! blocking thread; an `async def` runs on the event loop the runtime was
+//! `warden.deny()`, `warden.feedback()`). A plain function runs on the
+//! engine's thread, handed over to blocking work meanwhile; an `async def` runs on the event loop the runtime was
 //! opened from (which must be running: the run is driven from it). Anything else fails closed: an exception (its traceback is
 //! the recorded reason), an answer of another shape, or no answer within
 //! the runtime's policy timeout are recorded as `failed` and the run fails.
@@ -49,9 +49,12 @@ impl Policy for PythonPolicy {
                 self.event_loop.as_ref().map(|l| l.clone_ref(py)),
             )
         });
-        // Python code may block: it runs on a blocking thread, holding the
-        // GIL only while Python runs (waiting on a coroutine releases it).
-        tokio::task::spawn_blocking(move || {
+        // Python code may block: the worker thread it runs on is handed
+        // over to blocking work meanwhile, and holds the GIL only while
+        // Python runs (waiting on a coroutine releases it). Not a thread of
+        // the blocking pool: one that attached to Python there aborts the
+        // interpreter's exit.
+        tokio::task::block_in_place(move || {
             Python::attach(|py| -> Result<PolicyDecision, PolicyError> {
                 let failed = |e: PyErr| PolicyError::new(traceback_text(py, &e));
                 let request = to_python(py, &request).map_err(failed)?;
@@ -75,8 +78,6 @@ impl Policy for PythonPolicy {
                 decision(&answer)
             })
         })
-        .await
-        .map_err(|e| PolicyError::new(format!("the policy's thread failed: {e}")))?
     }
 }
 

@@ -30,18 +30,18 @@ use crate::json::Json;
 #[pyclass(frozen, module = "warden._native")]
 pub(crate) struct Turn {
     run_id: RunId,
-    runtime: warden::Runtime,
+    runtime: aio::KeptAtExit<warden::Runtime>,
     /// Taken by one `__anext__` at a time; the engine's handle, whose drop
     /// cancels a turn still driven.
-    handle: Arc<Mutex<Option<TurnHandle>>>,
+    handle: aio::KeptAtExit<Arc<Mutex<Option<TurnHandle>>>>,
 }
 
 impl Turn {
     pub(crate) fn new(runtime: warden::Runtime, handle: TurnHandle) -> Self {
         Turn {
             run_id: handle.run_id().clone(),
-            runtime,
-            handle: Arc::new(Mutex::new(Some(handle))),
+            runtime: aio::KeptAtExit::new(runtime),
+            handle: aio::KeptAtExit::new(Arc::new(Mutex::new(Some(handle)))),
         }
     }
 }
@@ -59,7 +59,7 @@ impl Turn {
     }
 
     fn __anext__<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
-        let handle = Arc::clone(&self.handle);
+        let handle = Arc::clone(&*self.handle);
         aio::future_into_py(py, async move {
             let mut slot = handle.lock().await;
             let next = match slot.as_mut() {
@@ -87,7 +87,7 @@ impl Turn {
     /// Cancels the turn (a turn that already ended is left as it is).
     #[pyo3(signature = (reason = None))]
     fn cancel<'py>(&self, py: Python<'py>, reason: Option<String>) -> PyResult<Bound<'py, PyAny>> {
-        let runtime = self.runtime.clone();
+        let runtime = warden::Runtime::clone(&self.runtime);
         let run_id = self.run_id.clone();
         aio::future_into_py(py, async move {
             match runtime.cancel(&run_id, None, reason).await {

@@ -149,3 +149,26 @@ def test_bad_input_raises_the_exception_carrying_its_code(
     assert isinstance(terminal.value, warden.WardenError)
     assert warden.error_class("store_missing") is warden.StoreError
     rt.close()
+
+
+def test_the_documented_example_runs_offline_and_exits_cleanly(tmp_path: Path) -> None:
+    # docs/python.md's example, as a reader runs it; the process must also
+    # end cleanly (a runtime dropped while Python finalizes must not abort).
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    done = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "python" / "notes.py")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "is awaiting_approval" in done.stdout
+    assert "is completed: I wrote SUMMARY.md" in done.stdout
+    assert "policy: fs__write_file" in done.stdout
+    assert "approving again: run_terminal" in done.stdout
+    assert (tmp_path / ".warden" / "python-demo" / "notes" / "SUMMARY.md").exists()

@@ -23,6 +23,7 @@ failures raise ``warden.errors`` exceptions carrying the engine's stable
 from __future__ import annotations
 
 import asyncio
+import atexit
 import inspect
 import traceback
 from typing import (
@@ -56,6 +57,9 @@ from .errors import (
 )
 
 __version__: str = _native.__version__
+
+# The engine's threads stop before the interpreter finalizes.
+atexit.register(_native._shutdown)
 
 JSON = Any
 """A plain JSON value: dict, list, str, int, float, bool or None."""

@@ -7,6 +7,8 @@ from typing import Any, Awaitable, Callable, Dict, List, Mapping, Optional, Unio
 
 __version__: str
 
+def _shutdown() -> None: ...
+
 class Agent:
     """A loaded, validated agent file."""
 
