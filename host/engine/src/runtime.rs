@@ -1261,17 +1261,24 @@ impl Runtime {
                 status: log.state.status(),
             });
         };
-        let settlement = write.keyed_by.as_ref().map(|_| Settlement {
-            key: write.idempotency_key.clone(),
-            holder: Holder {
-                run_id: run_id.clone(),
-                call_id: write.call_id.to_string(),
-            },
-            outcome: Settle::Result(Bytes::from(
-                serde_json::to_vec(&ToolCallResult::Output(output.clone()))
-                    .expect("a tool call result serializes"),
-            )),
-        });
+        // A keyed write a fork inherited in flight is held by its source:
+        // settling it is the source's business, not the fork's.
+        let inherited = fork::inherited_in_flight(&log.events, &log.state, &write.call_id);
+        let settlement = write
+            .keyed_by
+            .as_ref()
+            .filter(|_| !inherited)
+            .map(|_| Settlement {
+                key: write.idempotency_key.clone(),
+                holder: Holder {
+                    run_id: run_id.clone(),
+                    call_id: write.call_id.to_string(),
+                },
+                outcome: Settle::Result(Bytes::from(
+                    serde_json::to_vec(&ToolCallResult::Output(output.clone()))
+                        .expect("a tool call result serializes"),
+                )),
+            });
         let event = Event::ToolCallResolved(ToolCallResolved {
             call_id: write.call_id.clone(),
             by: by.to_owned(),
