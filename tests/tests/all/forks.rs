@@ -499,7 +499,7 @@ text = "Paid."
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store));
     let source = rt
-        .start_with_id(&agent, id("payer"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("payer")))
         .await
         .unwrap();
     assert_eq!(
