@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use warden::engine::StartOptions;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -90,7 +91,7 @@ fn awaiting(state: &warden::engine::RunState) -> CallId {
 /// Records the source: approved, written, completed.
 async fn record_source(rt: &Runtime, agent: &Agent, fx: &Fixture) -> RunId {
     let source = rt
-        .start_with_id(agent, id("source"), json!("go"))
+        .start(agent, json!("go"), StartOptions::new().id(id("source")))
         .await
         .unwrap();
     assert_eq!(
@@ -470,5 +471,71 @@ async fn a_fork_cut_short_is_refused_until_it_is_made_again() {
             .await
             .unwrap(),
         RunStatus::AwaitingApproval
+    );
+}
+
+/// A keyed write in flight at the fork point: the source holds (and here
+/// settled) its commitment, so resolving it in the fork records the
+/// outcome in the fork and leaves the source's commitment as it was; the
+/// write never runs again.
+#[tokio::test]
+async fn a_keyed_write_inherited_in_flight_is_resolved_in_the_fork_without_touching_the_sources_key()
+ {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = { op = "append", path = "/workspace/effects.log", content = "paid\n", claim_id = "claim-7" }
+
+[[turns]]
+text = "Paid."
+"#;
+    let agent = fx.agent(
+        turns,
+        "[plugins.hostile.grant.tools.fs]\nidempotency_key = \"claim_id\"\n",
+    );
+    let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let rt = runtime(Arc::clone(&store));
+    let source = rt
+        .start(&agent, json!("go"), StartOptions::new().id(id("payer")))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&source, &agent).await.unwrap(),
+        RunStatus::Completed
+    );
+    assert_eq!(fx.effects(), 1);
+    let events = rt.events(&source).await.unwrap();
+    let at = events
+        .iter()
+        .position(|e| matches!(e, Event::ToolCallIntent(_)))
+        .unwrap()
+        + 1;
+    let keys = store
+        .commitments(&warden::store::CommitmentFilter::new())
+        .await
+        .unwrap();
+    let fork = rt
+        .fork(&source, at as u64, options(&agent, "payer-2"))
+        .await
+        .unwrap();
+    assert!(matches!(
+        rt.recover(&fork, &agent, ReplayOptions::default()).await,
+        Err(RuntimeError::NeedsReconciliation { .. })
+    ));
+    rt.resolve(&fork, json!("paid, per the source"), "ops", None)
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&fork, &agent).await.unwrap(), RunStatus::Completed);
+    assert_eq!(fx.effects(), 1, "the write never ran again");
+    assert_eq!(
+        store
+            .commitments(&warden::store::CommitmentFilter::new())
+            .await
+            .unwrap(),
+        keys,
+        "the source's commitment is as it was"
     );
 }

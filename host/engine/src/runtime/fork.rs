@@ -20,7 +20,10 @@
 //!   in the source's circumstances, not under the fork's agent, budgets
 //!   and timeline, so the fork asks again;
 //! - a read or idempotent call, or a model call, in flight is made again
-//!   by the fork when it is driven (it never completed in the prefix).
+//!   by the fork when it is driven (it never completed in the prefix);
+//! - a keyed write in flight keeps its idempotency commitment with the
+//!   source, which holds it: resolving it in the fork records the outcome
+//!   in the fork's log and leaves the commitment alone.
 //!
 //! A crash between the fork's two writes (the store creates a run with its
 //! first event, then the rest is appended) leaves a log of one event that
@@ -39,7 +42,7 @@ use crate::agent::Agent;
 use crate::budget::{BudgetLimits, RecordedLimits};
 use crate::channels::owed_count;
 use crate::events::{Event, RunForked, decode};
-use crate::ids::RunId;
+use crate::ids::{CallId, RunId};
 use crate::state::{RunState, ToolCallProgress, fold};
 
 /// The listing label a fork carries, naming its source: how `runs show`
@@ -246,6 +249,18 @@ impl Runtime {
         store.append(&run_id, 1, &rest, listing, now as i64).await?;
         Ok(run_id)
     }
+}
+
+/// Whether the call `call_id` in flight was inherited in flight: the run
+/// is a fork whose inherited events hold the call's intent, and nothing
+/// after the fork point started it.
+pub(super) fn inherited_in_flight(events: &[Event], state: &RunState, call_id: &CallId) -> bool {
+    let Some(fork) = &state.fork else {
+        return false;
+    };
+    let at = (fork.position as usize).min(events.len());
+    let started = |e: &Event| matches!(e, Event::ToolCallIntent(i) if i.call_id == *call_id);
+    events[..at].iter().any(started) && !events[at..].iter().any(started)
 }
 
 /// Whether `run_id` holds only the first event of a fork a crash left
