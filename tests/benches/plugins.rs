@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use warden::grant::{Grant, MountGrant};
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource, builtin};
-use warden::policy::{Grant, MountGrant};
 use warden::sandbox::{Sandbox, SandboxConfig, UsageReceipt, wit};
 
 fn main() {

@@ -21,7 +21,7 @@ use sha2::Digest;
 use warden::engine::{Agent, RunId, Runtime, decode};
 use warden::plugins::PluginHost;
 use warden::sandbox::{Sandbox, SandboxConfig};
-use warden::store::{EventStore, Lease, PostgresStore, RunFilter, SqliteStore};
+use warden::store::{Claim, EventStore, PostgresStore, RunFilter, SqliteStore};
 use warden::worker::Worker;
 use warden_tests::guests;
 
@@ -223,11 +223,11 @@ impl Hooks for Timed {
         }
     }
 
-    fn after_claim(&self, leases: &[Lease]) {
+    fn after_claim(&self, claims: &[Claim]) {
         let now = Instant::now();
         let mut last = self.steps.last.lock().unwrap();
-        for lease in leases {
-            last.insert(lease.run_id.clone(), now);
+        for claim in claims {
+            last.insert(claim.run_id.clone(), now);
         }
     }
 }

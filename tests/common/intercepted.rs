@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
-    Appended, Claim, EventStore, Holder, Lease, Listing, PruneFilter, RunFilter, RunMeta,
+    Appended, Claim, EventStore, Holder, KeyClaim, Listing, PruneFilter, RunFilter, RunMeta,
     RunSummary, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 
@@ -63,9 +63,9 @@ pub trait Hooks: Send + Sync {
         let _ = (via, run_id, events);
     }
 
-    /// After a claim, with the leases it granted.
-    fn after_claim(&self, leases: &[Lease]) {
-        let _ = leases;
+    /// After a claim, with the claims it granted.
+    fn after_claim(&self, claims: &[Claim]) {
+        let _ = claims;
     }
 
     /// Before a commitment is claimed.
@@ -158,34 +158,34 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.run_ids().await
     }
 
-    async fn acquire_lease(
+    async fn acquire_claim(
         &self,
         run_id: &RunId,
         owner: &str,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
+    ) -> Result<Claim, StoreError> {
         self.inner
-            .acquire_lease(run_id, owner, now_ms, ttl_ms)
+            .acquire_claim(run_id, owner, now_ms, ttl_ms)
             .await
     }
 
-    async fn renew_lease(
+    async fn renew_claim(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        self.inner.renew_lease(lease, now_ms, ttl_ms).await
+    ) -> Result<Claim, StoreError> {
+        self.inner.renew_claim(claim, now_ms, ttl_ms).await
     }
 
-    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
-        self.inner.release_lease(lease, status).await
+    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+        self.inner.release_claim(claim, status).await
     }
 
     async fn append_fenced(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
         status: Listing<'_>,
@@ -193,8 +193,8 @@ impl<H: Hooks> EventStore for Intercepted<H> {
     ) -> Result<Appended, StoreError> {
         let write = self
             .inner
-            .append_fenced(lease, expected_len, events, status, updated_ms);
-        self.intercept(AppendVia::Fenced, &lease.run_id, events, write)
+            .append_fenced(claim, expected_len, events, status, updated_ms);
+        self.intercept(AppendVia::Fenced, &claim.run_id, events, write)
             .await
     }
 
@@ -204,17 +204,17 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         now_ms: i64,
         ttl_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Lease>, StoreError> {
-        let leases = self.inner.claim(owner, now_ms, ttl_ms, limit).await?;
-        self.hooks.after_claim(&leases);
-        Ok(leases)
+    ) -> Result<Vec<Claim>, StoreError> {
+        let claims = self.inner.claim(owner, now_ms, ttl_ms, limit).await?;
+        self.hooks.after_claim(&claims);
+        Ok(claims)
     }
 
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
         self.inner.prune(filter, now_ms).await
     }
 
-    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         self.hooks.before_claim_commitment(key);
         self.inner.claim_commitment(key, holder).await
     }
@@ -222,7 +222,7 @@ impl<H: Hooks> EventStore for Intercepted<H> {
     async fn append_settling(
         &self,
         run_id: &RunId,
-        fence: Option<&Lease>,
+        fence: Option<&Claim>,
         expected_len: u64,
         events: &[Bytes],
         status: Listing<'_>,

@@ -16,14 +16,7 @@ use super::errors::CliError;
 
 /// `text` with each byte that is not part of valid UTF-8 shown as `\xNN`.
 pub(crate) fn escaped(text: &OsStr) -> String {
-    let mut shown = String::new();
-    for chunk in text.as_encoded_bytes().utf8_chunks() {
-        shown.push_str(chunk.valid());
-        for byte in chunk.invalid() {
-            shown.push_str(&format!("\\x{byte:02X}"));
-        }
-    }
-    shown
+    warden::errors::escaped(text)
 }
 
 /// The first argument in `args` (the program name first) that is not valid

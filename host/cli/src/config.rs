@@ -50,8 +50,8 @@ use serde_json::{Value, json};
 
 use warden::engine::agent::validate_labels;
 use warden::engine::{Agent, AgentError, ModelDefaults};
+use warden::grant::Grant;
 use warden::plugins::manifest::LimitSettings;
-use warden::policy::Grant;
 use warden::providers::config::ModelSection;
 use warden::sandbox::Limits;
 

@@ -9,9 +9,9 @@ use clap::{Args, Subcommand};
 use serde_json::{Value, json};
 
 use super::{Context, Exit};
+use warden::grant::{Grant, MountGrant};
 use warden::plugins::manifest::{FuelSetting, Unmetered};
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource};
-use warden::policy::{Grant, MountGrant};
 use warden::sandbox::{
     Access, Capabilities, Leased, Limits, PluginKind, Sandbox, UsageReceipt, wit,
 };
@@ -687,7 +687,7 @@ async fn inspect_component(sandbox: &Sandbox, path: &Path, as_json: bool) -> any
                 schema: serde_json::from_str(&t.input_schema).unwrap_or(json!(t.input_schema)),
                 name: t.name,
                 description: t.description,
-                effect: warden::policy::EffectClass::from(t.effect).to_string(),
+                effect: warden::grant::EffectClass::from(t.effect).to_string(),
             })
             .collect(),
     };

@@ -296,6 +296,21 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
                 .map(|n| format!(" ({n})"))
                 .unwrap_or_default()
         ),
+        Event::RunForked(f) => format!(
+            "⑂ forked by {} from run {} at position {}{}{}: the events above are inherited",
+            f.by,
+            f.source_run,
+            f.position,
+            if f.changed.is_empty() {
+                String::new()
+            } else {
+                format!(", changed: {}", f.changed.join(", "))
+            },
+            f.withdrawn_approval
+                .as_ref()
+                .map(|c| format!(", approval of {c} withdrawn (asked again)"))
+                .unwrap_or_default()
+        ),
         Event::KeySettled(r) => format!(
             "✓ idempotency key {} of {} settled by {} with {}{}",
             r.key,

@@ -16,11 +16,11 @@ use super::errors::CliError;
 use super::progress::Spinner;
 use super::store::Access;
 use super::{Context, Exit, render};
-use warden::engine::budget::{BudgetKind, check_input_size};
+use warden::engine::budget::{BudgetKind, check_input_size, parse_extension};
 use warden::engine::events::{Event, UnresolvedWrite, decode};
 use warden::engine::{
-    Agent, BudgetLimits, CallId, ReplayOptions, RunId, RunState, RunStatus, RunUpdate, Runtime,
-    RuntimeError, fold,
+    Agent, BudgetLimits, CallId, FORKED_FROM_LABEL, ForkOptions, ReplayOptions, RunId, RunState,
+    RunStatus, RunUpdate, Runtime, RuntimeError, fold,
 };
 use warden::plugins::PluginHost;
 use warden::store::{EventStore, PruneFilter, RunFilter, RunSummary};
@@ -188,6 +188,33 @@ pub(crate) enum RunsCommand {
         #[arg(long)]
         reason: Option<String>,
         /// Who cancels it (default: $USER).
+        #[arg(long)]
+        by: Option<String>,
+    },
+    /// Fork a run at a position of its log: a new run that inherits the
+    /// events up to there (reused, never executed again) and goes on by
+    /// itself, with the same agent or a changed one. A write in flight
+    /// there needs reconciliation in the fork; an approval granted there for
+    /// a call that had not run is asked again.
+    Fork {
+        /// The run.
+        run: String,
+        /// The last position the fork inherits (as `warden runs show` and
+        /// `warden runs events` number them; 1 keeps only the start).
+        #[arg(long, value_name = "POSITION")]
+        at: u64,
+        /// The agent file the fork goes on with (default: the run's own):
+        /// other instructions, model, tools or budgets.
+        #[arg(long)]
+        agent: Option<PathBuf>,
+        /// Budgets replacing those in force, as JSON with the agent file's
+        /// budget settings: '{"max_steps": 20, "max_wall_time": "10m"}'.
+        #[arg(long, value_name = "JSON")]
+        budgets: Option<String>,
+        /// The fork's id (default: random).
+        #[arg(long)]
+        run_id: Option<String>,
+        /// Who forks it (default: $USER).
         #[arg(long)]
         by: Option<String>,
     },
@@ -604,6 +631,77 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             status,
             dry_run,
         } => prune(store, &older_than, status, dry_run, ctx.json).await,
+        RunsCommand::Fork {
+            run,
+            at,
+            agent,
+            budgets,
+            run_id: fork_id,
+            by,
+        } => {
+            let run = run_id(&run)?;
+            let fork_id = fork_id.as_deref().map(run_id).transpose()?;
+            let budgets = match &budgets {
+                Some(text) => parse_extension(&json_input(text)?).map_err(|e| {
+                    CliError::new("usage", format!("--budgets: {e}"))
+                        .with_details(json!({ "budgets": text }))
+                })?,
+                None => BudgetLimits::default(),
+            };
+            let (rt, host) = runtime(ctx, store)?;
+            // The source's own agent file, when it can still be read, names
+            // what the fork changes; without --agent the fork goes on with it.
+            let source_agent = agent_of(&ctx.settings, &rt, &run, None).await;
+            let (agent, source_agent) = match &agent {
+                Some(path) => (ctx.settings.load_agent(path)?, source_agent.ok()),
+                None => {
+                    let agent = source_agent?;
+                    (agent.clone(), Some(agent))
+                }
+            };
+            super::args::text_path("agent file", &agent.path, "the run's log")?;
+            super::agent::check(&host, &agent).await?;
+            let fork = rt
+                .fork(
+                    &run,
+                    at,
+                    ForkOptions {
+                        agent: &agent,
+                        source_agent: source_agent.as_ref(),
+                        budgets,
+                        run_id: fork_id,
+                        by: user(by),
+                    },
+                )
+                .await?;
+            let events = rt.events(&fork).await?;
+            let status = rt.state(&fork).await?.status();
+            let mut next = steps(render::next_steps(&fork, status, &events));
+            if next.is_empty() && status == RunStatus::Running {
+                next.push(NextStep {
+                    action: "resume",
+                    command: format!("warden runs resume {fork}"),
+                });
+            }
+            if ctx.json {
+                println!(
+                    "{}",
+                    contract::summary(&fork, status.as_str(), &[], None, &next)
+                );
+            } else {
+                println!("{fork}");
+                if !super::quiet() {
+                    eprintln!(
+                        "run {fork}: forked from {run} at position {at}; {status}; next: {}",
+                        next.iter()
+                            .map(|n| n.command.as_str())
+                            .collect::<Vec<_>>()
+                            .join(" or ")
+                    );
+                }
+            }
+            Ok(())
+        }
     }
 }
 
@@ -712,21 +810,31 @@ async fn agent_of(
         return Ok(settings.load_agent(path)?);
     }
     let events = rt.events(run).await?;
-    match events.first() {
-        Some(Event::RunStarted(s)) => match &s.agent_file {
-            Some(file) => Ok(settings.load_agent(Path::new(file))?),
-            None => Err(CliError::new(
-                "agent_unknown",
-                format!("run {run} does not record its agent file: pass --agent"),
+    // A fork goes on with the agent its latest `run_forked` names.
+    let forked = events.iter().rev().find_map(|e| match e {
+        Event::RunForked(f) => Some(f.agent_file.clone()),
+        _ => None,
+    });
+    let file = match (forked, events.first()) {
+        (Some(file), _) => file,
+        (None, Some(Event::RunStarted(s))) => s.agent_file.clone(),
+        (None, _) => {
+            return Err(CliError::new(
+                "log_invalid",
+                format!("run {run} has no run_started event"),
             )
             .with_details(json!({ "run_id": run }))
-            .into()),
-        },
-        _ => Err(
-            CliError::new("log_invalid", format!("run {run} has no run_started event"))
-                .with_details(json!({ "run_id": run }))
-                .into(),
-        ),
+            .into());
+        }
+    };
+    match file {
+        Some(file) => Ok(settings.load_agent(Path::new(&file))?),
+        None => Err(CliError::new(
+            "agent_unknown",
+            format!("run {run} does not record its agent file: pass --agent"),
+        )
+        .with_details(json!({ "run_id": run }))
+        .into()),
     }
 }
 
@@ -744,7 +852,7 @@ async fn ready_to_drive(
 ) -> anyhow::Result<Option<Drive>> {
     // A finished run is refused by the verb itself, with its status.
     let finished = rt.state(run).await?.status().is_terminal();
-    let workers = rt.store().summary(run).await?.lease_token > 0;
+    let workers = rt.store().summary(run).await?.claim_token > 0;
     if drive.detach || workers || finished {
         return Ok(None);
     }
@@ -818,8 +926,8 @@ async fn continue_run(
         printed = last.seq;
     }
     let Some(plan) = plan else {
-        // A worker's run (leased before): any worker continues it.
-        let workers = rt.store().summary(run).await?.lease_token > 0;
+        // A worker's run (claimed before): any worker continues it.
+        let workers = rt.store().summary(run).await?.claim_token > 0;
         if ctx.json {
             let events = rt.events(run).await?;
             let status = rt.state(run).await?.status();
@@ -1027,9 +1135,9 @@ async fn owes_deliveries(
 }
 
 /// Prints the evidence of a write with no recorded outcome and what to do,
-/// and returns the exit for it. A write under another driver's live lease
+/// and returns the exit for it. A write under another driver's live claim
 /// may merely be in progress: then the advice is to wait for that driver
-/// (named, with when its lease runs out), not to check and resolve.
+/// (named, with when its claim runs out), not to check and resolve.
 async fn refuse_reconciliation(
     rt: &Runtime,
     run: &RunId,
@@ -1042,16 +1150,16 @@ async fn refuse_reconciliation(
     let now = now_ms();
     let held = summary
         .as_ref()
-        .and_then(|s| s.lease.clone())
-        .filter(|lease| !lease.is_expired(now));
-    // Runs `warden run` drives hold no lease: whether one still drives it
+        .and_then(|s| s.claim.clone())
+        .filter(|claim| !claim.is_expired(now));
+    // Runs `warden run` drives hold no claim: whether one still drives it
     // is not recorded anywhere the store can tell.
-    let never_leased = summary.as_ref().is_some_and(|s| s.lease_token == 0);
-    let wait = held.as_ref().map(|lease| {
+    let never_claimed = summary.as_ref().is_some_and(|s| s.claim_token == 0);
+    let wait = held.as_ref().map(|claim| {
         format!(
-            "wait for worker {} to finish it; if that worker is gone, its lease runs out in {}: then check whether the write happened, and resolve with: warden runs resolve {run} --output '<its output as JSON>'",
-            lease.owner,
-            age(lease.expires_ms - now)
+            "wait for worker {} to finish it; if that worker is gone, its claim runs out in {}: then check whether the write happened, and resolve with: warden runs resolve {run} --output '<its output as JSON>'",
+            claim.owner,
+            age(claim.expires_ms - now)
         )
     });
     if json {
@@ -1061,11 +1169,11 @@ async fn refuse_reconciliation(
         };
         let mut report = super::errors::report(&error.into());
         match (&held, &wait) {
-            (Some(lease), Some(wait)) => {
+            (Some(claim), Some(wait)) => {
                 report.details["held_by"] = json!({
-                    "owner": lease.owner,
-                    "token": lease.token,
-                    "expires_ms": lease.expires_ms,
+                    "owner": claim.owner,
+                    "token": claim.token,
+                    "expires_ms": claim.expires_ms,
                 });
                 report.details["next"] = json!([wait]);
             }
@@ -1088,7 +1196,7 @@ async fn refuse_reconciliation(
             }
             _ => {
                 eprintln!("run {run} needs reconciliation: {what} has no recorded outcome");
-                if never_leased {
+                if never_claimed {
                     eprintln!(
                         "   if the `warden run` driving it is still running, the write may be in progress: let it end first"
                     );
@@ -1462,7 +1570,7 @@ async fn list(store: Arc<dyn EventStore>, args: ListArgs, json: bool) -> anyhow:
             id.escape_debug()
         );
     }
-    // A worker's run is stalled once its lease expired; another is after
+    // A worker's run is stalled once its claim expired; another is after
     // `--stalled-after` without an append.
     let stalled = |r: &RunSummary| super::status::stalled(r, now, stalled_after);
     let row = |r: &RunSummary| {
@@ -1589,6 +1697,7 @@ async fn show(
     let derived = state.status();
     let status = super::status::shown(&summary.status, derived);
     let stalled = super::status::stalled(&summary, now_ms(), DEFAULT_STALLED_AFTER_MS);
+    let lineage = lineage(&*store, run, &state, &stored).await?;
     // The limits: what the log records was in force when the run started,
     // with the recorded extensions. Only a log written before limits were
     // recorded falls back to the agent file as it is now.
@@ -1652,6 +1761,14 @@ async fn show(
                 LimitsFrom::Unknown => "unknown",
             },
             "max_input_bytes": state.limits.as_ref().map(|l| l.max_input_bytes),
+            "forked_from": lineage.from.as_ref().map(|(f, prefix)| json!({
+                "run_id": f.source_run,
+                "position": f.position,
+                "changed": f.changed,
+                "withdrawn_approval": f.withdrawn_approval,
+                "prefix": prefix.as_str(),
+            })),
+            "forks": lineage.forks.iter().map(|(id, at)| json!({ "run_id": id, "position": at })).collect::<Vec<_>>(),
         });
         for (key, value) in more.as_object().expect("an object") {
             body[key] = value.clone();
@@ -1683,6 +1800,19 @@ async fn show(
             format!(" · {}", labels.join(","))
         }
     );
+    if let Some((f, prefix)) = &lineage.from {
+        println!(
+            "forked from run {} at position {}{} · inherited events {}",
+            f.source_run,
+            f.position,
+            if f.changed.is_empty() {
+                String::new()
+            } else {
+                format!(" (changed: {})", f.changed.join(", "))
+            },
+            prefix.as_str().replace('_', " ")
+        );
+    }
     let start = state.clock_seed_ms;
     let mut clock = Timeline::new(start);
     for (s, event) in stored.iter().zip(&events) {
@@ -1735,11 +1865,98 @@ async fn show(
             "   (limits unknown: the log does not record them and the agent file cannot be read; pass --agent)"
         ),
     }
+    if !lineage.forks.is_empty() {
+        let forks: Vec<String> = lineage
+            .forks
+            .iter()
+            .map(|(id, at)| format!("{id} (at {at})"))
+            .collect();
+        println!("forks: {}", forks.join(", "));
+    }
     println!("status: {status}{owes}");
     if let Some(next) = next {
         println!("   {next}");
     }
     Ok(())
+}
+
+/// A run's lineage, both ways: the run it was forked from (with how its
+/// inherited events compare with that run's log now), and the runs forked
+/// from it with their positions.
+struct Lineage {
+    from: Option<(warden::engine::events::RunForked, Prefix)>,
+    forks: Vec<(RunId, u64)>,
+}
+
+/// How a fork's inherited events compare with its source's log.
+enum Prefix {
+    /// Byte for byte the source's, ending at the chain hash recorded.
+    Matches,
+    /// Not the source's: one of the two logs was changed.
+    Differs,
+    /// The source is gone (pruned) or unreadable.
+    SourceUnavailable,
+}
+
+impl Prefix {
+    fn as_str(&self) -> &'static str {
+        match self {
+            Prefix::Matches => "match_the_source",
+            Prefix::Differs => "differ_from_the_source",
+            Prefix::SourceUnavailable => "source_unavailable",
+        }
+    }
+}
+
+async fn lineage(
+    store: &dyn EventStore,
+    run: &RunId,
+    state: &RunState,
+    stored: &[warden::store::StoredEvent],
+) -> anyhow::Result<Lineage> {
+    let from = match &state.fork {
+        Some(f) => {
+            let prefix = match store.load(&f.source_run).await {
+                Ok(source) => {
+                    let at = f.position as usize;
+                    let same = source.len() >= at
+                        && stored.len() > at
+                        && source[..at]
+                            .iter()
+                            .zip(&stored[..at])
+                            .all(|(a, b)| a.bytes == b.bytes)
+                        && source[at - 1].hash.to_hex() == f.source_head;
+                    if same {
+                        Prefix::Matches
+                    } else {
+                        Prefix::Differs
+                    }
+                }
+                Err(_) => Prefix::SourceUnavailable,
+            };
+            Some((f.clone(), prefix))
+        }
+        None => None,
+    };
+    // The label finds candidates; each one's own log says whether it is a
+    // fork of this run (a label is anyone's to set).
+    let mut forks = Vec::new();
+    let candidates = store
+        .list(&RunFilter::new().label(FORKED_FROM_LABEL, run.as_str()))
+        .await?;
+    for candidate in candidates {
+        let Ok(log) = store.load(&candidate.run_id).await else {
+            continue;
+        };
+        let recorded = log.iter().find_map(|e| match decode(&e.bytes) {
+            Ok(Event::RunForked(f)) if f.run_id == candidate.run_id => Some(f),
+            _ => None,
+        });
+        if let Some(f) = recorded.filter(|f| f.source_run == *run) {
+            forks.push((candidate.run_id, f.position));
+        }
+    }
+    Ok(Lineage { from, forks })
 }
 
 /// The time column of `runs show`: when each event happened on the run's

@@ -48,12 +48,12 @@ pub(crate) fn parse(text: &str) -> Result<&'static str, String> {
 }
 
 /// Whether a run listed as running has shown no sign of a driver: its
-/// worker's lease expired, or (driven by no worker) nothing was appended
+/// worker's claim expired, or (driven by no worker) nothing was appended
 /// for `stalled_after_ms`.
 pub(crate) fn stalled(run: &RunSummary, now_ms: i64, stalled_after_ms: i64) -> bool {
     run.is_stalled(now_ms)
         || (run.status == "running"
-            && run.lease.is_none()
+            && run.claim.is_none()
             && now_ms - run.updated_ms >= stalled_after_ms)
 }
 

@@ -46,18 +46,19 @@ pub(crate) struct WorkerArgs {
     /// The most runs driven at once.
     #[arg(long, default_value_t = 4)]
     concurrency: usize,
-    /// How long a lease lasts unless renewed (renewed every third of it); a
+    /// How long a claim lasts unless renewed (renewed every third of it); a
     /// dead worker's runs are taken over after it.
-    #[arg(long, default_value = "15s")]
-    lease_ttl: String,
+    /// (`--lease-ttl`, its name before run leases became claims, still works.)
+    #[arg(long, alias = "lease-ttl", default_value = "15s")]
+    claim_ttl: String,
     /// How long an idle worker waits before looking for work again.
     #[arg(long, default_value = "250ms")]
     poll: String,
     /// On SIGTERM or SIGINT: how long runs in progress may go on before
-    /// their drives are abandoned and their leases released.
+    /// their drives are abandoned and their claims released.
     #[arg(long, default_value = "10s")]
     grace: String,
-    /// The worker's id in its leases (default: HOST:PID:RANDOM).
+    /// The worker's id in its claims (default: HOST:PID:RANDOM).
     #[arg(long)]
     id: Option<String>,
 }
@@ -128,7 +129,7 @@ pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()
     let settings = ctx.settings.clone();
     let mut builder = Worker::builder(rt)
         .concurrency(args.concurrency)
-        .lease_ttl(duration("--lease-ttl", &args.lease_ttl)?)
+        .claim_ttl(duration("--claim-ttl", &args.claim_ttl)?)
         .poll(duration("--poll", &args.poll)?)
         .grace(duration("--grace", &args.grace)?)
         .agent_loader(Arc::new(move |path: &Path| {

@@ -1579,10 +1579,10 @@ fn a_dangling_write_is_refused_with_its_evidence_until_resolved() {
     );
 }
 
-/// A write under another driver's live lease may be in progress: `runs
+/// A write under another driver's live claim may be in progress: `runs
 /// recover` names the driver and says to wait, not to check and resolve;
-/// once the lease is gone the usual advice comes back. A run `warden run`
-/// drives has no lease: the advice then says to let a live one end first.
+/// once the claim is gone the usual advice comes back. A run `warden run`
+/// drives has no claim: the advice then says to let a live one end first.
 #[test]
 fn recovering_a_write_another_driver_holds_names_the_driver() {
     use warden::store::{EventStore, RunId, SqliteStore};
@@ -1603,8 +1603,8 @@ fn recovering_a_write_another_driver_holds_names_the_driver() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_millis() as i64;
-    let lease = rt
-        .block_on(store.acquire_lease(&id, "worker-7", now, 600_000))
+    let claim = rt
+        .block_on(store.acquire_claim(&id, "worker-7", now, 600_000))
         .unwrap();
     let out = warden(&["runs", "recover", "crashed"], dir.path());
     assert_eq!(out.status.code(), Some(5), "{}", stderr(&out));
@@ -1613,7 +1613,7 @@ fn recovering_a_write_another_driver_holds_names_the_driver() {
         err.contains("run crashed is held by another driver")
             && err.contains("may still be in progress")
             && err.contains("wait for worker worker-7")
-            && err.contains("lease runs out in 9m"),
+            && err.contains("claim runs out in 9m"),
         "{err}"
     );
     assert!(!err.contains("needs reconciliation"), "{err}");
@@ -1622,7 +1622,7 @@ fn recovering_a_write_another_driver_holds_names_the_driver() {
     let envelope = json_out(&out);
     let details = &envelope["error"]["details"];
     assert_eq!(details["held_by"]["owner"], "worker-7");
-    assert_eq!(details["held_by"]["expires_ms"], lease.expires_ms);
+    assert_eq!(details["held_by"]["expires_ms"], claim.expires_ms);
     assert!(
         details["next"][0]
             .as_str()
@@ -1632,8 +1632,8 @@ fn recovering_a_write_another_driver_holds_names_the_driver() {
     // Nothing was recorded.
     assert_eq!(run_statuses(dir.path())[2].1, "needs_reconciliation");
 
-    // The lease gone, the write is the operator's to check.
-    rt.block_on(store.release_lease(&lease, None)).unwrap();
+    // The claim gone, the write is the operator's to check.
+    rt.block_on(store.release_claim(&claim, None)).unwrap();
     let out = warden(&["runs", "recover", "crashed"], dir.path());
     assert_eq!(out.status.code(), Some(5));
     let err = stderr(&out);

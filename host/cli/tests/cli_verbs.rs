@@ -483,3 +483,136 @@ fn a_slow_delivery_takes_its_real_time_in_the_timeline() {
         .unwrap();
     assert!(line.contains("1.5") && line.ends_with("s)"), "{line}");
 }
+
+/// `runs fork` through the real binary: a fork after the approval of the
+/// demo's write asks for it again (the approval is withdrawn), reuses what
+/// came before, and writes when approved in the fork; `runs show` shows the
+/// lineage both ways; bad positions are refused with their code and record
+/// nothing; budgets given to a fork are recorded as what changed.
+#[test]
+fn runs_fork_reuses_the_past_asks_again_for_the_write_and_shows_lineage() {
+    let dir = demo();
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "demo-1"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&["runs", "approve", "demo-1", "call-3-1"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let summary = dir.path().join("notes/SUMMARY.md");
+    assert!(summary.exists());
+    std::fs::remove_file(&summary).unwrap();
+    let lines = events(dir.path(), "demo-1");
+    let granted = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).unwrap())
+        .find(|l| l["event"]["type"] == "approval_granted")
+        .unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+
+    let out = warden(
+        &[
+            "--json",
+            "runs",
+            "fork",
+            "demo-1",
+            "--at",
+            &granted.to_string(),
+            "--run-id",
+            "demo-2",
+            "--by",
+            "ops",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let forked = json_out(&out);
+    assert_eq!(forked["run_id"], "demo-2");
+    assert_eq!(forked["status"], "awaiting_approval");
+    assert_eq!(
+        forked["next"][0]["command"],
+        "warden runs approve demo-2 call-3-1"
+    );
+    assert!(!summary.exists(), "the fork wrote nothing by itself");
+    // The inherited events are the source's lines.
+    let mine = events(dir.path(), "demo-2");
+    assert_eq!(mine[..granted as usize], lines[..granted as usize]);
+    assert!(mine[granted as usize].contains("\"type\":\"run_forked\""));
+
+    let out = warden(&["runs", "show", "demo-2"], dir.path());
+    let text = stdout(&out);
+    assert!(
+        text.contains("forked from run demo-1 at position"),
+        "{text}"
+    );
+    assert!(text.contains("inherited events match the source"), "{text}");
+    assert!(
+        text.contains("approval of call-3-1 withdrawn (asked again)"),
+        "{text}"
+    );
+    let out = warden(&["runs", "show", "demo-1"], dir.path());
+    assert!(
+        stdout(&out).contains(&format!("forks: demo-2 (at {granted})")),
+        "{}",
+        stdout(&out)
+    );
+    let shown = json_out(&warden(&["--json", "runs", "show", "demo-1"], dir.path()));
+    assert_eq!(shown["forks"][0]["run_id"], "demo-2");
+    assert_eq!(shown["forked_from"], serde_json::Value::Null);
+
+    let out = warden(
+        &["runs", "approve", "demo-2", "call-3-1", "--by", "bob"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run demo-2: completed"),
+        "{}",
+        stdout(&out)
+    );
+    assert!(summary.exists(), "the fork's own approved write");
+    let out = warden(&["runs", "verify"], dir.path());
+    assert!(out.status.success(), "{}", stdout(&out));
+    assert!(stdout(&out).contains("demo-2: intact"), "{}", stdout(&out));
+
+    // A fork with other budgets records the change; a bad position is
+    // refused with its code and records nothing.
+    let out = warden(
+        &[
+            "--json",
+            "runs",
+            "fork",
+            "demo-1",
+            "--at",
+            "2",
+            "--run-id",
+            "demo-3",
+            "--budgets",
+            r#"{"max_steps": 9}"#,
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = json_out(&warden(&["--json", "runs", "show", "demo-3"], dir.path()));
+    assert_eq!(shown["forked_from"]["run_id"], "demo-1");
+    assert_eq!(shown["forked_from"]["position"], 2);
+    assert_eq!(
+        shown["forked_from"]["changed"],
+        serde_json::json!(["budgets"])
+    );
+    assert_eq!(shown["budget"]["steps"]["limit"], 9);
+    let total = lines.len().to_string();
+    for (at, code) in [("0", "fork_refused"), (total.as_str(), "fork_refused")] {
+        let out = warden(
+            &[
+                "--json", "runs", "fork", "demo-1", "--at", at, "--run-id", "demo-9",
+            ],
+            dir.path(),
+        );
+        assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+        assert_eq!(json_out(&out)["error"]["code"], code, "{}", stdout(&out));
+    }
+    let out = warden(&["runs", "show", "demo-9"], dir.path());
+    assert!(!out.status.success());
+}

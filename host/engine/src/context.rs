@@ -72,7 +72,7 @@ pub struct ContextSource {
     pub resolve: ResolveWhen,
     /// What a failure does.
     pub on_error: OnContextError,
-    /// Lease limits for its resolutions, over the plugin's grant.
+    /// Limits for the leases of its resolutions, over the plugin's grant.
     pub limits: LimitSettings,
 }
 

@@ -73,7 +73,7 @@ use super::state::{
     ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState, key_argument,
 };
 use super::view::{AgentView, ToolTarget};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::{ModelRequest, ModelResponse, ProviderError, StopReason, ToolCall};
 use warden_sandbox::{UsageReceipt, wit};
 use warden_syntax::json_limits;

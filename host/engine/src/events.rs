@@ -25,7 +25,7 @@ pub use super::channels::{
 };
 use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::{
     Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
 };
@@ -146,6 +146,11 @@ pub enum Event {
     /// the call's outcome, found by hand: later runs with the key get it.
     /// May follow a terminal event.
     KeySettled(KeySettled),
+    /// This run is a fork: every event before this one was copied, byte for
+    /// byte, from another run's log up to a position, and is inherited
+    /// (reused, never executed again). From here on the run is its own,
+    /// with the agent and limits recorded here.
+    RunForked(RunForked),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -236,11 +241,13 @@ pub enum EventKind {
     KeyReleased,
     /// [`Event::KeySettled`].
     KeySettled,
+    /// [`Event::RunForked`].
+    RunForked,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 42] = [
+    pub const ALL: [EventKind; 43] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -283,6 +290,7 @@ impl EventKind {
         EventKind::WaitEnded,
         EventKind::KeyReleased,
         EventKind::KeySettled,
+        EventKind::RunForked,
     ];
 
     /// The `type` tag.
@@ -330,6 +338,7 @@ impl EventKind {
             EventKind::Reconciled => "reconciled",
             EventKind::KeyReleased => "key_released",
             EventKind::KeySettled => "key_settled",
+            EventKind::RunForked => "run_forked",
         }
     }
 
@@ -432,6 +441,7 @@ impl Event {
             Event::Reconciled(_) => EventKind::Reconciled,
             Event::KeyReleased(_) => EventKind::KeyReleased,
             Event::KeySettled(_) => EventKind::KeySettled,
+            Event::RunForked(_) => EventKind::RunForked,
         }
     }
 
@@ -976,6 +986,54 @@ impl From<&wit::Preview> for Preview {
             detail: p.detail.clone(),
         }
     }
+}
+
+/// [`Event::RunForked`]: where a fork comes from and what it changed.
+///
+/// A fork's log is the source's events `1..=position`, copied byte for byte
+/// (its own hash chain covers them; `source_head` pins them to the source's
+/// chain), then this event. Folding it makes the run its own: later
+/// idempotency keys and delivery ids derive from `run_id`, the agent with
+/// `agent_digest` continues it under `limits`, and an approval granted
+/// before the fork point for a call that had not run is withdrawn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunForked {
+    /// The fork.
+    pub run_id: RunId,
+    /// The run it was forked from.
+    pub source_run: RunId,
+    /// How many of the source's events it inherits (this event's own
+    /// position, counted from 1, is `position + 1`).
+    pub position: u64,
+    /// The source's chain hash at `position` (hex): the inherited prefix is
+    /// exactly the source's log up to there.
+    pub source_head: String,
+    /// The digest of the agent the fork continues with.
+    pub agent_digest: AgentDigest,
+    /// The agent file it was forked with, as a hint for the verbs that
+    /// continue it (like `run_started`'s). Omitted when not read from a file.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_file: Option<String>,
+    /// The limits in force from here on: the budgets (the source's in
+    /// force at the fork point, its extensions included, unless the
+    /// operator set others), the input-size cap and the currency.
+    pub limits: RecordedLimits,
+    /// What the operator changed against the source, by name
+    /// (`instructions`, `model`, `tools`, `budgets`, …; `agent` when the
+    /// definition changed in a way not named). Omitted when nothing did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub changed: Vec<String>,
+    /// The call whose approval, granted before the fork point, was withdrawn
+    /// (it had not run): the fork asks for it again. Omitted when none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub withdrawn_approval: Option<CallId>,
+    /// Who forked it.
+    pub by: String,
+    /// The injected clock's reading when the fork was made. The time between
+    /// the source's last inherited event and the fork is not counted as the
+    /// fork's wall time.
+    pub at_ms: u64,
 }
 
 /// [`Event::ApprovalGranted`].
@@ -2207,6 +2265,29 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"key_settled","key":"k-1","call_id":"call-1-1","output":{"paid":true},"by":"ops"}}"#,
             ),
+            (
+                Event::RunForked(RunForked {
+                    run_id: RunId::new("r2").unwrap(),
+                    source_run: RunId::new("r1").unwrap(),
+                    position: 7,
+                    source_head: "ab".into(),
+                    agent_digest: AgentDigest::from_hex("cd"),
+                    agent_file: None,
+                    limits: RecordedLimits {
+                        budgets: BudgetLimits {
+                            steps: Some(3),
+                            ..BudgetLimits::default()
+                        },
+                        max_input_bytes: 100,
+                        currency: None,
+                    },
+                    changed: vec!["budgets".into()],
+                    withdrawn_approval: Some(CallId::from_text("call-2-0")),
+                    by: "ops".into(),
+                    at_ms: 5,
+                }),
+                r#"{"v":1,"event":{"type":"run_forked","run_id":"r2","source_run":"r1","position":7,"source_head":"ab","agent_digest":"cd","limits":{"budgets":{"steps":3},"max_input_bytes":100},"changed":["budgets"],"withdrawn_approval":"call-2-0","by":"ops","at_ms":5}}"#,
+            ),
         ]
     }
 
@@ -2255,6 +2336,7 @@ pub(crate) mod tests {
             EventKind::WaitEnded => 39,
             EventKind::KeyReleased => 40,
             EventKind::KeySettled => 41,
+            EventKind::RunForked => 42,
         }
     }
 
@@ -2289,7 +2371,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 42, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 43, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

@@ -80,8 +80,8 @@ pub use policy_hooks::{
 pub use replay::{ReplayError, ReplayOptions, replay};
 pub use retry::{RetryPolicy, RetrySleep, TokioSleep};
 pub use runtime::{
-    Clock, FixedClock, FixedRandom, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError,
-    Step, SystemClock,
+    Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions, ForkRefusal, OsRandom, Random,
+    RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
 };
 pub use session::SessionRun;
 pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};

@@ -46,7 +46,7 @@ use super::events::{Event, PolicyDecided, RunError};
 use super::ids::{CallId, RunId};
 use super::state::RunState;
 use super::view::AgentView;
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::ToolCall;
 use warden_sandbox::UsageReceipt;
 

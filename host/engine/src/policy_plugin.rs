@@ -112,7 +112,7 @@ mod tests {
     use super::*;
     use crate::ids::{CallId, RunId};
     use crate::policy_hooks::PolicySubject;
-    use warden_plugins::policy::EffectClass;
+    use warden_plugins::grant::EffectClass;
 
     #[test]
     fn hooks_translate_both_ways() {

@@ -23,6 +23,11 @@
 //! A changed agent (its digest differs from the recorded one) is refused
 //! unless the caller accepts the change; an accepted change still has to
 //! make the same tool decisions, but its model requests may differ.
+//!
+//! A fork (see `runtime/fork.rs`) is replayed against the agent its latest
+//! `run_forked` names. Its inherited events are checked strictly when that
+//! agent decided them too; when the fork changed the agent, they are facts
+//! (pinned by the source's chain hash in `run_forked`), like completions.
 
 use super::canonical::RequestHasher;
 use super::channels::next_delivery;
@@ -86,10 +91,19 @@ pub fn replay(
 ) -> Result<RunState, ReplayError> {
     let (first, rest) = events.split_first().ok_or(FoldError::Empty)?;
     let mut state = fold(std::slice::from_ref(first))?;
-    if state.agent_digest != view.digest && !options.accept_agent_change {
+    // A fork goes on with the agent its latest `run_forked` names; what it
+    // inherited before that was decided by the source's agent.
+    let last_fork = events
+        .iter()
+        .rposition(|e| matches!(e, Event::RunForked(_)));
+    let recorded = match last_fork.map(|i| &events[i]) {
+        Some(Event::RunForked(f)) => f.agent_digest.clone(),
+        _ => state.agent_digest.clone(),
+    };
+    if recorded != view.digest && !options.accept_agent_change {
         return Err(ReplayError::AgentChanged {
             agent: view.name.clone(),
-            recorded: state.agent_digest.clone(),
+            recorded,
             current: view.digest.clone(),
         });
     }
@@ -99,7 +113,20 @@ pub fn replay(
     let mut hasher = RequestHasher::new();
     let mut hashed_cut: Option<usize> = None;
     let mut hashed_to = 0;
-    for event in rest {
+    for (i, event) in rest.iter().enumerate() {
+        // An inherited event (before the latest fork) is checked only when
+        // the agent that decided it is this one: a fork's changed agent
+        // would decide otherwise, and the source's own replay checked it.
+        let inherited = last_fork.is_some_and(|f| i + 1 < f);
+        if inherited && state.agent_digest != view.digest {
+            state.apply(event)?;
+            continue;
+        }
+        let options = if inherited {
+            ReplayOptions::default()
+        } else {
+            options
+        };
         if let Event::DeliveryIntent(recorded) = event
             && !options.accept_agent_change
         {

@@ -55,16 +55,19 @@ use super::retry::{RetrySleep, TokioSleep};
 use super::session::{self, SessionRun};
 use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_plugins::{LoadedPlugin, PluginError, PluginHost};
 use warden_providers::{
     ModelProvider, ModelRequest, ModelResponse, ProviderError, ProviderEvent, ResponseAssembler,
 };
 use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
 use warden_store::{
-    ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, Lease, Listing, RunMeta,
+    ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, KeyClaim, Listing, RunMeta,
     SETTLED_STATUSES, Settle, Settlement, StoreError, VerifyReport,
 };
+
+mod fork;
+pub use fork::{FORKED_FROM_LABEL, ForkOptions, ForkRefusal};
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
 /// deterministic.
@@ -127,6 +130,26 @@ impl Random for FixedRandom {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RuntimeError {
+    /// A fork that cannot be made ([`Runtime::fork`]).
+    #[error("run `{run_id}` cannot be forked: {reason}")]
+    ForkRefused {
+        /// The source run.
+        run_id: RunId,
+        /// Why.
+        reason: ForkRefusal,
+    },
+    /// The run is a fork a crash left half written: its log holds only the
+    /// source's first event. Make the same fork again with this id to
+    /// finish it.
+    #[error(
+        "run `{run_id}` is an unfinished fork of run `{source_run}`: fork `{source_run}` again with id `{run_id}` to finish it"
+    )]
+    UnfinishedFork {
+        /// The fork.
+        run_id: RunId,
+        /// The run its only event comes from.
+        source_run: RunId,
+    },
     /// No run has this id.
     #[error("unknown run `{run_id}`")]
     UnknownRun {
@@ -228,10 +251,10 @@ pub enum RuntimeError {
         /// The divergence or changed agent.
         error: ReplayError,
     },
-    /// A newer lease was issued on the run (another host took it over), or
-    /// this driver's lease was released; nothing was written.
+    /// A newer claim was issued on the run (another host took it over), or
+    /// this driver's claim was released; nothing was written.
     #[error(
-        "run `{run_id}`: lease {token} was superseded by lease {current}; another driver owns the run"
+        "run `{run_id}`: claim {token} was superseded by claim {current}; another driver owns the run"
     )]
     Fenced {
         /// The run.
@@ -241,14 +264,14 @@ pub enum RuntimeError {
         /// The run's newest token.
         current: u64,
     },
-    /// This driver's lease ran out by its own clock before it was renewed
+    /// This driver's claim ran out by its own clock before it was renewed
     /// (the process was paused, say, or the store did not answer): it
     /// stopped before any further effect or append, and another driver
-    /// takes the run over once the lease expires in the store.
+    /// takes the run over once the claim expires in the store.
     #[error(
-        "run `{run_id}`: this driver's lease ran out before it could renew it; it stopped without further effect, and another driver takes the run over"
+        "run `{run_id}`: this driver's claim ran out before it could renew it; it stopped without further effect, and another driver takes the run over"
     )]
-    LeaseExpired {
+    ClaimExpired {
         /// The run.
         run_id: RunId,
     },
@@ -500,6 +523,18 @@ pub async fn verify_log(
 
 /// The bytes to store for `event`, or the typed refusal of an event that
 /// could not be read back.
+/// A log whose run is another run (its only event is a source's first,
+/// copied by a fork that did not finish) is never driven or changed.
+fn refuse_unfinished_fork(run_id: &RunId, state: &RunState) -> Result<(), RuntimeError> {
+    if state.run_id != *run_id {
+        return Err(RuntimeError::UnfinishedFork {
+            run_id: run_id.clone(),
+            source_run: state.run_id.clone(),
+        });
+    }
+    Ok(())
+}
+
 fn recordable(run_id: &RunId, event: &Event) -> Result<Bytes, RuntimeError> {
     encode_readable(event)
         .map(Bytes::from)
@@ -643,10 +678,10 @@ struct Log {
     run_id: RunId,
     events: Vec<Event>,
     state: RunState,
-    /// The lease every append of this driver carries (issue 9: a driver
-    /// under a lease writes only while its lease is the run's newest).
-    fence: Option<Lease>,
-    /// This driver's own view of that lease (issue 15): once it has passed,
+    /// The claim every append of this driver carries (issue 9: a driver
+    /// under a claim writes only while its claim is the run's newest).
+    fence: Option<Claim>,
+    /// This driver's own view of that claim (issue 15): once it has passed,
     /// the driver makes no further effect (every lease it starts carries
     /// it) and appends nothing.
     valid: Option<ValidUntil>,
@@ -865,7 +900,7 @@ impl Runtime {
     /// Records a run for workers to drive: like
     /// [`start_with_labels`](Self::start_with_labels), but listed as
     /// [`QUEUED`](warden_store::QUEUED) until a worker claims it (see
-    /// `store/lease.rs`). Nothing drives it here.
+    /// `store/claim.rs`). Nothing drives it here.
     pub async fn submit(
         &self,
         agent: &Agent,
@@ -1033,29 +1068,29 @@ impl Runtime {
         self.recover_with(run_id, agent, options, None).await
     }
 
-    /// [`recover`](Self::recover) under `lease`: every append carries the
-    /// lease's fencing token, and once a newer lease exists on the run the
+    /// [`recover`](Self::recover) under `claim`: every append carries the
+    /// claim's fencing token, and once a newer claim exists on the run the
     /// next append is refused ([`RuntimeError::Fenced`]) and nothing more is
     /// written.
     ///
-    /// `valid` is the caller's own view of the lease, on its monotonic
+    /// `valid` is the caller's own view of the claim, on its monotonic
     /// clock: every plugin lease the drive starts carries it, so once it
     /// passes no tool call, delivery or other plugin call makes a further
     /// effect (the sandbox traps it), no step starts and nothing is
-    /// appended; the drive ends with [`RuntimeError::LeaseExpired`]. This is
-    /// what stops a driver that was paused past its lease and wakes after
-    /// another took the run over. Renewing the lease, extending `valid`
+    /// appended; the drive ends with [`RuntimeError::ClaimExpired`]. This is
+    /// what stops a driver that was paused past its claim and wakes after
+    /// another took the run over. Renewing the claim, extending `valid`
     /// from the start of each successful renewal, and releasing it are the
     /// caller's (a worker).
-    pub async fn recover_leased(
+    pub async fn recover_claimed(
         &self,
         agent: &Agent,
         options: ReplayOptions,
-        lease: Lease,
+        claim: Claim,
         valid: ValidUntil,
     ) -> Result<RunStatus, RuntimeError> {
-        let run_id = lease.run_id.clone();
-        self.recover_with(&run_id, agent, options, Some((lease, valid)))
+        let run_id = claim.run_id.clone();
+        self.recover_with(&run_id, agent, options, Some((claim, valid)))
             .await
     }
 
@@ -1064,9 +1099,9 @@ impl Runtime {
         run_id: &RunId,
         agent: &Agent,
         options: ReplayOptions,
-        leased: Option<(Lease, ValidUntil)>,
+        claimed: Option<(Claim, ValidUntil)>,
     ) -> Result<RunStatus, RuntimeError> {
-        let (fence, valid) = leased.unzip();
+        let (fence, valid) = claimed.unzip();
         let prepared = self.prepare(agent).await?;
         let events = self.load_events(run_id).await?;
         let state =
@@ -1074,6 +1109,7 @@ impl Runtime {
                 run_id: run_id.clone(),
                 error,
             })?;
+        refuse_unfinished_fork(run_id, &state)?;
         let mut log = Log {
             run_id: run_id.clone(),
             events,
@@ -1307,17 +1343,24 @@ impl Runtime {
                 status: log.state.status(),
             });
         };
-        let settlement = write.keyed_by.as_ref().map(|_| Settlement {
-            key: write.idempotency_key.clone(),
-            holder: Holder {
-                run_id: run_id.clone(),
-                call_id: write.call_id.to_string(),
-            },
-            outcome: Settle::Result(Bytes::from(
-                serde_json::to_vec(&ToolCallResult::Output(output.clone()))
-                    .expect("a tool call result serializes"),
-            )),
-        });
+        // A keyed write a fork inherited in flight is held by its source:
+        // settling it is the source's business, not the fork's.
+        let inherited = fork::inherited_in_flight(&log.events, &log.state, &write.call_id);
+        let settlement = write
+            .keyed_by
+            .as_ref()
+            .filter(|_| !inherited)
+            .map(|_| Settlement {
+                key: write.idempotency_key.clone(),
+                holder: Holder {
+                    run_id: run_id.clone(),
+                    call_id: write.call_id.to_string(),
+                },
+                outcome: Settle::Result(Bytes::from(
+                    serde_json::to_vec(&ToolCallResult::Output(output.clone()))
+                        .expect("a tool call result serializes"),
+                )),
+            });
         let event = Event::ToolCallResolved(ToolCallResolved {
             call_id: write.call_id.clone(),
             by: by.to_owned(),
@@ -1817,7 +1860,7 @@ impl Runtime {
         let plugin = for_run(plugin, log, prepared);
         let call = invocation.wit_call(&log.run_id);
         // The intent may have taken a while to record: no effect starts
-        // past the lease.
+        // past the claim.
         still_valid(log)?;
         let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool, attempt = invocation.attempt);
         let leased = {
@@ -1916,7 +1959,7 @@ impl Runtime {
                 let span = tracing::info_span!("delivery", run_id = %log.run_id, delivery_id = %intent.delivery_id, channel = %channel.name, attempt = delivery.attempt);
                 let message = intent.wit_delivery(log.run_id.as_str());
                 // Not bounded by the run's budgets (a finished run still
-                // delivers), but stopped with the driver's lease.
+                // delivers), but stopped with the driver's claim.
                 let plugin = fenced(plugin, log);
                 still_valid(log)?;
                 let leased = {
@@ -1994,8 +2037,8 @@ impl Runtime {
         let mut waited = Duration::ZERO;
         loop {
             match self.inner.store.claim_commitment(key, holder).await? {
-                Claim::Granted => return Ok(Claimed::Granted),
-                Claim::Settled { holder, result } => {
+                KeyClaim::Granted => return Ok(Claimed::Granted),
+                KeyClaim::Settled { holder, result } => {
                     let result: ToolCallResult =
                         serde_json::from_slice(&result).map_err(|e| RuntimeError::Store {
                             error: StoreError::Backend {
@@ -2012,7 +2055,7 @@ impl Runtime {
                         origin_call,
                     ))));
                 }
-                Claim::Held(other) => {
+                KeyClaim::Held(other) => {
                     if let Some(status) = self.ended_status(&other.run_id).await? {
                         return Err(RuntimeError::CommitmentOrphaned {
                             run_id: log.run_id.clone(),
@@ -2264,6 +2307,7 @@ impl Runtime {
             run_id: run_id.clone(),
             error,
         })?;
+        refuse_unfinished_fork(run_id, &state)?;
         let channels = self.known_channels(&state.agent_digest);
         Ok(Log {
             run_id: run_id.clone(),
@@ -2290,7 +2334,7 @@ impl Runtime {
         new: Vec<Event>,
         settlement: Option<&Settlement>,
     ) -> Result<(), RuntimeError> {
-        // A driver past its own view of its lease records nothing more:
+        // A driver past its own view of its claim records nothing more:
         // what it would record may come from a lease the sandbox stopped.
         still_valid(log)?;
         // Encode and fold first: an event that could not be read back, or
@@ -2326,9 +2370,9 @@ impl Runtime {
                     .append(&log.run_id, expected, &bytes, listing, now)
                     .await
             }
-            (None, Some(lease)) => {
+            (None, Some(claim)) => {
                 store
-                    .append_fenced(lease, expected, &bytes, listing, now)
+                    .append_fenced(claim, expected, &bytes, listing, now)
                     .await
             }
             (Some(s), fence) => {
@@ -2673,7 +2717,7 @@ fn for_run(plugin: &LoadedPlugin, log: &Log, prepared: &Prepared) -> LoadedPlugi
 }
 
 /// `plugin` whose leases stop making effects once the driver's view of its
-/// lease has passed; unchanged for a driver without a lease (`warden run`).
+/// claim has passed; unchanged for a driver without a claim (`warden run`).
 fn fenced(plugin: &LoadedPlugin, log: &Log) -> LoadedPlugin {
     match &log.valid {
         Some(valid) => plugin.valid_until(valid.clone()),
@@ -2681,11 +2725,11 @@ fn fenced(plugin: &LoadedPlugin, log: &Log) -> LoadedPlugin {
     }
 }
 
-/// [`RuntimeError::LeaseExpired`] once the driver's view of its lease has
+/// [`RuntimeError::ClaimExpired`] once the driver's view of its claim has
 /// passed.
 fn still_valid(log: &Log) -> Result<(), RuntimeError> {
     match &log.valid {
-        Some(valid) if !valid.is_valid() => Err(RuntimeError::LeaseExpired {
+        Some(valid) if !valid.is_valid() => Err(RuntimeError::ClaimExpired {
             run_id: log.run_id.clone(),
         }),
         _ => Ok(()),

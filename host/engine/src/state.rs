@@ -25,7 +25,7 @@ use super::context::ContextState;
 use super::events::{
     BudgetExtended, Event, EventKind, ExternalCallRequested, ModelCallError,
     ReconciliationRequired, Resumed, RunAbandoned, RunCancelled, RunCompleted, RunFailed,
-    RunStarted, ToolCallError, ToolCallIntent, ToolCallResult, UnresolvedWrite,
+    RunForked, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult, UnresolvedWrite,
 };
 use super::ids::{
     AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
@@ -36,7 +36,7 @@ use super::policy_hooks::{
 };
 use super::prompt::compact_tool_error;
 use super::schema::{self, SchemaError};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::{Message, StopReason, ToolCall};
 
 /// Where a run stands, derived from its log alone.
@@ -230,6 +230,9 @@ pub struct RunState {
     /// missing what it did (a restore): set by `reconciliation_required`,
     /// cleared by `reconciled`.
     hold: Option<ReconciliationRequired>,
+    /// Where the run was forked from, when it is a fork: the latest
+    /// `run_forked` (a fork of a fork inherits its source's too).
+    pub fork: Option<RunForked>,
 }
 
 /// A run parked until a failed model call's next attempt is due.
@@ -723,6 +726,32 @@ pub enum FoldProblem {
         /// What does not fit.
         reason: String,
     },
+    /// A `run_forked` naming another source than the run its prefix
+    /// belongs to.
+    #[error(
+        "run_forked names source `{recorded}`, but the inherited events are run `{inherited}`'s"
+    )]
+    ForkSourceMismatch {
+        /// The source it names.
+        recorded: RunId,
+        /// The run the prefix belongs to.
+        inherited: RunId,
+    },
+    /// A `run_forked` whose position is not where it stands.
+    #[error("run_forked says {recorded} events are inherited, but it follows {inherited}")]
+    ForkPositionMismatch {
+        /// The position it records.
+        recorded: u64,
+        /// The events before it.
+        inherited: u64,
+    },
+    /// A `run_forked` that does not withdraw exactly the approval granted
+    /// for a call that has not run.
+    #[error("run_forked must withdraw the approval of {}", .approved.as_ref().map_or("no call".to_owned(), |c| format!("`{c}`")))]
+    ForkApprovalMismatch {
+        /// The approved call that has not run, if any.
+        approved: Option<CallId>,
+    },
     /// A terminal event whose `unresolved_write` is not the dangling write.
     #[error("unresolved_write must name the dangling write ({})", .expected.as_ref().map_or("none".to_owned(), |c| format!("`{c}`")))]
     UnresolvedWriteMismatch {
@@ -799,6 +828,7 @@ impl RunState {
             history_len: history.len(),
             last_tool_error: None,
             hold: None,
+            fork: None,
         }
     }
 
@@ -1456,6 +1486,32 @@ impl RunState {
             Event::RunFailed(_) => self.check_unresolved(&None),
             Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
             Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
+            // Right after the inherited prefix, naming the run it was
+            // copied from (whose id the prefix derives its keys from).
+            Event::RunForked(f) => {
+                if f.source_run != self.run_id {
+                    return Err(FoldProblem::ForkSourceMismatch {
+                        recorded: f.source_run.clone(),
+                        inherited: self.run_id.clone(),
+                    });
+                }
+                if f.position != self.event_count as u64 {
+                    return Err(FoldProblem::ForkPositionMismatch {
+                        recorded: f.position,
+                        inherited: self.event_count as u64,
+                    });
+                }
+                let approved = self
+                    .next_call()
+                    .filter(|c| matches!(c.progress, ToolCallProgress::Approved { .. }))
+                    .map(|c| &c.call_id);
+                if approved != f.withdrawn_approval.as_ref() {
+                    return Err(FoldProblem::ForkApprovalMismatch {
+                        approved: approved.cloned(),
+                    });
+                }
+                Ok(())
+            }
             // Any time before the end: a restore may catch a run anywhere.
             Event::ReconciliationRequired(_) => Ok(()),
             Event::Reconciled(_) if self.hold.is_none() => Err(FoldProblem::NothingToReconcile),
@@ -1858,6 +1914,24 @@ impl RunState {
             Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
             Event::ReconciliationRequired(r) => self.hold = Some(r.clone()),
             Event::Reconciled(_) => self.hold = None,
+            Event::RunForked(f) => {
+                self.run_id = f.run_id.clone();
+                self.agent_digest = f.agent_digest.clone();
+                self.limits = Some(f.limits.clone());
+                // The limits recorded here already hold the source's
+                // extensions (or replace them): none carries over twice.
+                self.extensions = BudgetLimits::default();
+                // Decided again against the fork's limits: parked again if
+                // they are still crossed.
+                self.budget_exceeded = None;
+                if f.withdrawn_approval.is_some() {
+                    self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
+                }
+                // The time between the source's last event and the fork is
+                // nobody's active time.
+                self.last_clock_ms = Some(self.last_clock_ms.map_or(f.at_ms, |l| l.max(f.at_ms)));
+                self.fork = Some(f.clone());
+            }
             Event::KeyReleased(_) | Event::KeySettled(_) => {}
             Event::DeliveryIntent(intent) => {
                 self.deliveries

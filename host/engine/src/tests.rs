@@ -19,7 +19,7 @@ use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{DEFAULT_MAX_ATTEMPTS as MAX_MODEL_ATTEMPTS, RetryPolicy};
 use super::state::{FoldError, RunState, RunStatus, fold};
 use super::view::{AgentTool, AgentView, ToolTarget};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::scripted::{ScriptedProvider, ScriptedToolCall, ScriptedTurn};
 use warden_providers::{Message, ResponseAssembler, StopReason, ToolCall, Usage};
 use warden_sandbox::{Outcome, UsageReceipt};

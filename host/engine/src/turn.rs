@@ -45,7 +45,7 @@ use super::events::{Event, Preview, RunError, ToolCallResult};
 use super::ids::{CallId, RunId, SessionId};
 use super::runtime::{RunUpdate, RunUpdates, Runtime, RuntimeError};
 use super::state::{RunState, RunStatus, Terminal};
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_sandbox::UsageReceipt;
 
 /// The reason recorded when a handle is dropped while its turn runs.

@@ -22,7 +22,7 @@ use super::ids::AgentDigest;
 use super::output::output_contract;
 use super::policy_hooks::EnabledPolicy;
 use warden_plugins::ToolDescriptor;
-use warden_plugins::policy::EffectClass;
+use warden_plugins::grant::EffectClass;
 use warden_providers::ToolSpec;
 
 /// Longest tool name a model accepts (OpenAI and Anthropic both cap at 64).

@@ -1,21 +1,21 @@
 //! The [`Worker`]: a process's share of the work queue. It claims runs from
-//! the store (queued runs, and workers' runs whose lease is gone that are
-//! still running or owe deliveries), drives each under its lease with
-//! `recover` semantics, renews the lease while it drives, and releases it
+//! the store (queued runs, and workers' runs whose claim is gone that are
+//! still running or owe deliveries), drives each under its claim with
+//! `recover` semantics, renews the claim while it drives, and releases it
 //! when the run finishes or parks and owes nothing.
 //!
-//! What a worker guarantees (see `store/lease.rs` for the store's part):
-//! - **one writer per run**: every append carries the lease's fencing
-//!   token; once another worker holds a newer lease, this one's appends are
+//! What a worker guarantees (see `store/claim.rs` for the store's part):
+//! - **one writer per run**: every append carries the claim's fencing
+//!   token; once another worker holds a newer claim, this one's appends are
 //!   refused and it drops the run ([`RuntimeError::Fenced`]);
-//! - **no effect past the lease**: the worker keeps its own view of each
-//!   lease, a [`ValidUntil`] on its monotonic clock, set at the start of
+//! - **no effect past the claim**: the worker keeps its own view of each
+//!   claim, a [`ValidUntil`] on its monotonic clock, set at the start of
 //!   the claim and moved at the start of each successful renewal to four
 //!   fifths of the time to live after it (the fifth is the margin for the
 //!   store's clock against this one). Every plugin lease of the drive
 //!   carries it: once it passes, the sandbox traps the plugin before any
 //!   further effect and the drive stops without appending
-//!   ([`RuntimeError::LeaseExpired`]). A worker paused past its lease
+//!   ([`RuntimeError::ClaimExpired`]). A worker paused past its claim
 //!   (SIGSTOP, a VM pause, a partition) therefore makes no further effect
 //!   when it wakes, even though another worker took the run over and an
 //!   operator resolved its write meanwhile;
@@ -23,20 +23,20 @@
 //!   recovered, so a `write` intent without a completion parks it as
 //!   `needs_reconciliation` (the listing status is written on release), and
 //!   a human `resolve`s it;
-//! - **takeover**: a worker that dies stops renewing; after its lease's time
+//! - **takeover**: a worker that dies stops renewing; after its claim's time
 //!   to live another worker claims the run; one that stops on a signal
 //!   ([`Worker::run`]'s shutdown) stops claiming, lets its runs finish
 //!   within the grace period, then abandons the drives still going and
-//!   releases their leases, so others take them over at once;
+//!   releases their claims, so others take them over at once;
 //! - **nothing owed is left behind**: a worker that dies after a run's
 //!   terminal event (or its parked notice) and before the delivery leaves
-//!   the run listed as owing deliveries; another claims it once the lease
+//!   the run listed as owing deliveries; another claims it once the claim
 //!   is gone and its recovery makes them (an intent without an outcome
 //!   again with the same id, a completed one never). A delivery that fails
 //!   retryably is retried within that drive, at the time its failure
-//!   recorded (the driver sleeps under its renewed lease), so a failing
+//!   recorded (the driver sleeps under its renewed claim), so a failing
 //!   channel never makes the run bounce between workers; a drive that
-//!   fails otherwise leaves the lease to expire, and the run is tried again
+//!   fails otherwise leaves the claim to expire, and the run is tried again
 //!   one time to live later.
 //!
 //! The agent of a run is the file its `run_started` event records, loaded
@@ -55,7 +55,7 @@ use tokio::task::JoinSet;
 use crate::events::Event;
 use crate::{Agent, Clock, ReplayOptions, RunStatus, Runtime, RuntimeError, SystemClock};
 use warden_sandbox::{Moment, ValidUntil};
-use warden_store::{Lease, StoreError};
+use warden_store::{Claim, StoreError};
 
 /// How a worker turns a run's recorded agent file into an [`Agent`].
 pub type AgentLoader = Arc<dyn Fn(&Path) -> Result<Agent, String> + Send + Sync>;
@@ -84,10 +84,10 @@ pub struct WorkerReport {
     /// Drives that ended because another driver owned the run (fenced or
     /// conflict).
     pub lost: u64,
-    /// Drives that failed otherwise (left to be retried after the lease
+    /// Drives that failed otherwise (left to be retried after the claim
     /// expires).
     pub failed: u64,
-    /// Drives abandoned at shutdown (their leases released).
+    /// Drives abandoned at shutdown (their claims released).
     pub released: u64,
 }
 
@@ -97,7 +97,7 @@ pub struct WorkerBuilder {
     runtime: Runtime,
     owner: String,
     concurrency: usize,
-    lease_ttl: Duration,
+    claim_ttl: Duration,
     poll: Duration,
     grace: Duration,
     clock: Arc<dyn Clock>,
@@ -105,7 +105,7 @@ pub struct WorkerBuilder {
 }
 
 impl WorkerBuilder {
-    /// The worker's id, recorded as the owner of its leases. Default:
+    /// The worker's id, recorded as the owner of its claims. Default:
     /// `<hostname>:<pid>:<random>`.
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.owner = owner.into();
@@ -118,13 +118,13 @@ impl WorkerBuilder {
         self
     }
 
-    /// How long a lease lasts unless renewed; it is renewed every third of
+    /// How long a claim lasts unless renewed; it is renewed every third of
     /// it, and a dead worker's runs are taken over after it. A worker that
     /// could not renew makes no further effect four fifths of it after the
     /// start of its last renewal (see the [module docs](self)). Default: 15
     /// seconds.
-    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
-        self.lease_ttl = ttl.max(Duration::from_millis(30));
+    pub fn claim_ttl(mut self, ttl: Duration) -> Self {
+        self.claim_ttl = ttl.max(Duration::from_millis(30));
         self
     }
 
@@ -136,13 +136,13 @@ impl WorkerBuilder {
     }
 
     /// How long a stopping worker lets its drives go on before it abandons
-    /// them and releases their leases. Default: 10 seconds.
+    /// them and releases their claims. Default: 10 seconds.
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
     }
 
-    /// The clock leases are timed with. Default: the system clock.
+    /// The clock claims are timed with. Default: the system clock.
     pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
         self.clock = clock;
         self
@@ -180,7 +180,7 @@ impl std::fmt::Debug for Worker {
         f.debug_struct("Worker")
             .field("owner", &self.inner.owner)
             .field("concurrency", &self.inner.concurrency)
-            .field("lease_ttl", &self.inner.lease_ttl)
+            .field("claim_ttl", &self.inner.claim_ttl)
             .finish_non_exhaustive()
     }
 }
@@ -208,7 +208,7 @@ impl Worker {
                 rand::random::<u32>()
             ),
             concurrency: 4,
-            lease_ttl: Duration::from_secs(15),
+            claim_ttl: Duration::from_secs(15),
             poll: Duration::from_millis(250),
             grace: Duration::from_secs(10),
             clock: Arc::new(SystemClock),
@@ -226,50 +226,50 @@ impl Worker {
     }
 
     fn ttl_ms(&self) -> i64 {
-        self.inner.lease_ttl.as_millis() as i64
+        self.inner.claim_ttl.as_millis() as i64
     }
 
     /// How long after the start of a claim or renewal this worker takes its
-    /// lease to hold: the time to live less a fifth, the margin for the
+    /// claim to hold: the time to live less a fifth, the margin for the
     /// store's (and other workers') clocks running ahead of this one.
     fn valid_for(&self) -> Duration {
-        self.inner.lease_ttl - self.inner.lease_ttl / 5
+        self.inner.claim_ttl - self.inner.claim_ttl / 5
     }
 
     /// Claims and drives runs until `shutdown` completes, then stops as the
     /// [module docs](self) say.
     pub async fn run(&self, shutdown: impl Future<Output = ()>) -> WorkerReport {
         let mut report = WorkerReport::default();
-        let mut drives: JoinSet<(Lease, Ended)> = JoinSet::new();
-        let mut held: HashMap<tokio::task::Id, Lease> = HashMap::new();
+        let mut drives: JoinSet<(Claim, Ended)> = JoinSet::new();
+        let mut held: HashMap<tokio::task::Id, Claim> = HashMap::new();
         tokio::pin!(shutdown);
         loop {
             let free = self.inner.concurrency.saturating_sub(drives.len());
             let mut claimed_any = false;
             if free > 0 {
                 let store = self.inner.runtime.store();
-                // Before the request: the lease is valid from the store's
+                // Before the request: the claim is valid from the store's
                 // point of view no earlier than this.
                 let started = Moment::now();
                 match store
                     .claim(&self.inner.owner, self.now(), self.ttl_ms(), free)
                     .await
                 {
-                    Ok(leases) => {
-                        for lease in leases {
+                    Ok(claims) => {
+                        for claim in claims {
                             claimed_any = true;
                             report.claimed += 1;
-                            tracing::debug!(owner = %self.inner.owner, run_id = %lease.run_id, token = lease.token, "claimed run");
+                            tracing::debug!(owner = %self.inner.owner, run_id = %claim.run_id, token = claim.token, "claimed run");
                             let worker = self.clone();
                             let valid = ValidUntil::at(started.after(self.valid_for()));
                             let handle = drives.spawn({
-                                let lease = lease.clone();
+                                let claim = claim.clone();
                                 async move {
-                                    let ended = worker.drive(&lease, valid).await;
-                                    (lease, ended)
+                                    let ended = worker.drive(&claim, valid).await;
+                                    (claim, ended)
                                 }
                             });
-                            held.insert(handle.id(), lease);
+                            held.insert(handle.id(), claim);
                         }
                     }
                     Err(error) => {
@@ -307,11 +307,11 @@ impl Worker {
             }
             Self::account(&mut report, &mut held, done);
         }
-        // The leases of abandoned drives: release them so that another
+        // The claims of abandoned drives: release them so that another
         // worker takes the runs over now, not after the time to live.
-        for lease in held.into_values() {
-            if let Err(error) = self.inner.runtime.store().release_lease(&lease, None).await {
-                tracing::warn!(run_id = %lease.run_id, %error, "cannot release lease at shutdown");
+        for claim in held.into_values() {
+            if let Err(error) = self.inner.runtime.store().release_claim(&claim, None).await {
+                tracing::warn!(run_id = %claim.run_id, %error, "cannot release claim at shutdown");
             }
         }
         report
@@ -319,8 +319,8 @@ impl Worker {
 
     fn account(
         report: &mut WorkerReport,
-        held: &mut HashMap<tokio::task::Id, Lease>,
-        done: Result<(tokio::task::Id, (Lease, Ended)), tokio::task::JoinError>,
+        held: &mut HashMap<tokio::task::Id, Claim>,
+        done: Result<(tokio::task::Id, (Claim, Ended)), tokio::task::JoinError>,
     ) {
         match done {
             Ok((id, (_, ended))) => {
@@ -332,7 +332,7 @@ impl Worker {
                 }
             }
             // Aborted (kept in `held`, released after) or panicked (its
-            // lease expires and the run is retried).
+            // claim expires and the run is retried).
             Err(e) if e.is_panic() => {
                 held.remove(&e.id());
                 report.failed += 1;
@@ -342,22 +342,22 @@ impl Worker {
         }
     }
 
-    /// Drives one claimed run under its lease, renewing it (and `valid`,
+    /// Drives one claimed run under its claim, renewing it (and `valid`,
     /// this worker's view of it) meanwhile.
-    async fn drive(&self, lease: &Lease, valid: ValidUntil) -> Ended {
-        let renewing = self.renew_while_driving(lease.clone(), valid.clone());
+    async fn drive(&self, claim: &Claim, valid: ValidUntil) -> Ended {
+        let renewing = self.renew_while_driving(claim.clone(), valid.clone());
         let result = tokio::select! {
-            result = self.recover(lease, valid) => result,
+            result = self.recover(claim, valid) => result,
             () = renewing => Err(RuntimeError::Fenced {
-                run_id: lease.run_id.clone(),
-                token: lease.token,
-                current: lease.token + 1,
+                run_id: claim.run_id.clone(),
+                token: claim.token,
+                current: claim.token + 1,
             }),
         };
         let store = self.inner.runtime.store();
         let (release, ended) = match result {
             Ok(status) => {
-                tracing::debug!(run_id = %lease.run_id, %status, "drive settled");
+                tracing::debug!(run_id = %claim.run_id, %status, "drive settled");
                 (Some(None), Ended::Settled)
             }
             Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
@@ -368,13 +368,13 @@ impl Worker {
                 )
             }
             Err(RuntimeError::Fenced { run_id, .. }) => {
-                tracing::info!(%run_id, "lease superseded: another worker drives the run");
+                tracing::info!(%run_id, "claim superseded: another worker drives the run");
                 (None, Ended::Lost)
             }
-            Err(RuntimeError::LeaseExpired { run_id }) => {
+            Err(RuntimeError::ClaimExpired { run_id }) => {
                 // Released (a no-op if another worker holds the run now), so
                 // that the run is taken over at once.
-                tracing::warn!(%run_id, "lease ran out before it was renewed: the drive stopped without further effect");
+                tracing::warn!(%run_id, "claim ran out before it was renewed: the drive stopped without further effect");
                 (Some(None), Ended::Lost)
             }
             Err(RuntimeError::Conflict { run_id, .. }) => {
@@ -384,26 +384,26 @@ impl Worker {
                 (Some(None), Ended::Lost)
             }
             Err(error) => {
-                // Left leased: it expires, and the run is retried then (or
+                // Left claimed: it expires, and the run is retried then (or
                 // listed as stalled until someone looks).
-                tracing::warn!(run_id = %lease.run_id, %error, "drive failed; the run is retried when its lease expires");
+                tracing::warn!(run_id = %claim.run_id, %error, "drive failed; the run is retried when its claim expires");
                 (None, Ended::Failed)
             }
         };
         if let Some(status) = release
-            && let Err(error) = store.release_lease(lease, status).await
+            && let Err(error) = store.release_claim(claim, status).await
         {
-            tracing::warn!(run_id = %lease.run_id, %error, "cannot release lease");
+            tracing::warn!(run_id = %claim.run_id, %error, "cannot release claim");
         }
         ended
     }
 
-    /// Renews `lease` every third of its time to live, moving `valid` on
+    /// Renews `claim` every third of its time to live, moving `valid` on
     /// from the start of each renewal that succeeds; returns once it is
     /// fenced (another driver owns the run), `valid` revoked. Store errors
     /// are retried; meanwhile `valid` runs out on its own.
-    async fn renew_while_driving(&self, lease: Lease, valid: ValidUntil) {
-        let every = self.inner.lease_ttl / 3;
+    async fn renew_while_driving(&self, claim: Claim, valid: ValidUntil) {
+        let every = self.inner.claim_ttl / 3;
         loop {
             tokio::time::sleep(every).await;
             let started = Moment::now();
@@ -411,7 +411,7 @@ impl Worker {
                 .inner
                 .runtime
                 .store()
-                .renew_lease(&lease, self.now(), self.ttl_ms())
+                .renew_claim(&claim, self.now(), self.ttl_ms())
                 .await
             {
                 Ok(_) => {
@@ -422,15 +422,15 @@ impl Worker {
                     return;
                 }
                 Err(error) => {
-                    tracing::warn!(run_id = %lease.run_id, %error, "cannot renew lease; retrying");
+                    tracing::warn!(run_id = %claim.run_id, %error, "cannot renew claim; retrying");
                 }
             }
         }
     }
 
-    async fn recover(&self, lease: &Lease, valid: ValidUntil) -> Result<RunStatus, RuntimeError> {
+    async fn recover(&self, claim: &Claim, valid: ValidUntil) -> Result<RunStatus, RuntimeError> {
         let runtime = &self.inner.runtime;
-        let events = runtime.events(&lease.run_id).await?;
+        let events = runtime.events(&claim.run_id).await?;
         let agent = match events.first() {
             Some(Event::RunStarted(started)) => match &started.agent_file {
                 Some(file) => {
@@ -445,7 +445,7 @@ impl Worker {
                         agent: started.agent.clone(),
                         message: format!(
                             "run {} does not record its agent file; a worker cannot load it",
-                            lease.run_id
+                            claim.run_id
                         ),
                     });
                 }
@@ -453,12 +453,12 @@ impl Worker {
             _ => {
                 return Err(RuntimeError::Agent {
                     agent: String::new(),
-                    message: format!("run {} has no run_started event", lease.run_id),
+                    message: format!("run {} has no run_started event", claim.run_id),
                 });
             }
         };
         runtime
-            .recover_leased(&agent, ReplayOptions::default(), lease.clone(), valid)
+            .recover_claimed(&agent, ReplayOptions::default(), claim.clone(), valid)
             .await
     }
 

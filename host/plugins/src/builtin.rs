@@ -78,7 +78,7 @@ mod tests {
             let path = examples.join(b.name).join("grant.toml");
             let text = std::fs::read_to_string(&path)
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-            let mut grant: crate::policy::Grant =
+            let mut grant: crate::grant::Grant =
                 toml::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             assert!(
                 !grant.mounts.is_empty() || !grant.hosts.is_empty() || !grant.config.is_empty(),
@@ -89,7 +89,7 @@ mod tests {
                 mount.dir = scratch.path().to_owned();
             }
             let manifest = b.manifest().unwrap();
-            crate::policy::effective(&manifest, &grant, Path::new("."), |_| Some("value".into()))
+            crate::grant::effective(&manifest, &grant, Path::new("."), |_| Some("value".into()))
                 .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
             let linked = examples.join(b.name).join("plugin.toml");
             assert_eq!(

@@ -2,7 +2,7 @@
 //! [`PluginHost`] that loads a plugin under an operator's grant and calls it.
 //!
 //! Loading a plugin: read its manifest, apply the grant
-//! ([`crate::policy::effective`]), load the component through the sandbox
+//! ([`crate::grant::effective`]), load the component through the sandbox
 //! (integrity, cache, import allow-list), check that it exports every world
 //! the manifest declares, and ask `describe` of each (tools, context source,
 //! channel, policy) once per component hash, under a tight lease with no
@@ -26,8 +26,8 @@
 //! which is then the only file the manifest may name.
 
 pub mod builtin;
+pub mod grant;
 pub mod manifest;
-pub mod policy;
 pub mod tool;
 
 use std::borrow::Cow;
@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 pub use manifest::{Manifest, ManifestError};
 pub use tool::ToolDescriptor;
 
-use crate::policy::{Grant, PolicyError};
+use crate::grant::{Grant, GrantError};
 use warden_sandbox::{
     Capabilities, GrantedComponent, LeaseError, Leased, PluginComponent, PluginKind, RunBound,
     Sandbox, SandboxError, ValidUntil, wit,
@@ -85,7 +85,7 @@ pub enum PluginError {
     Manifest(#[from] ManifestError),
     /// The grant cannot be applied.
     #[error(transparent)]
-    Policy(#[from] PolicyError),
+    Grant(#[from] GrantError),
     /// The component cannot be loaded.
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
@@ -446,7 +446,7 @@ impl PluginHost {
                 })?;
                 let manifest = builtin.manifest()?;
                 if grant.component.is_some() {
-                    return Err(PolicyError::Invalid {
+                    return Err(GrantError::Invalid {
                         plugin: manifest.name,
                         key: "component".into(),
                         message: "a built-in plugin's component is inside the binary; only a plugin.toml's component file can be granted".into(),
@@ -485,7 +485,7 @@ impl PluginHost {
         grant_base: &Path,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<LoadedPlugin, PluginError> {
-        let effective = policy::effective(&manifest, grant, grant_base, env)?;
+        let effective = grant::effective(&manifest, grant, grant_base, env)?;
         let component = self.component(&manifest.name, wasm, expected).await?;
         if let Some(&missing) = manifest
             .kinds
@@ -514,7 +514,7 @@ impl PluginHost {
                 .iter()
                 .any(|k| matches!(k, PluginKind::Context | PluginKind::Policy))
         {
-            return Err(PolicyError::Invalid {
+            return Err(GrantError::Invalid {
                 plugin: manifest.name.clone(),
                 key: "widened".into(),
                 message:

@@ -343,7 +343,7 @@ impl Manifest {
             }
         }
         for (i, host) in raw.hosts.iter().enumerate() {
-            if let Err(message) = crate::policy::validate_host_pattern(host) {
+            if let Err(message) = crate::grant::validate_host_pattern(host) {
                 return Err(invalid(&format!("hosts[{i}]"), message));
             }
         }

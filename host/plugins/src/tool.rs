@@ -10,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use crate::policy::{EffectClass, ToolOverride, effective_effect};
+use crate::grant::{EffectClass, ToolOverride, effective_effect};
 use warden_sandbox::{Capabilities, wit};
 use warden_syntax::json_limits;
 

@@ -63,6 +63,48 @@ pub(crate) fn is_allowed(name: &str) -> bool {
     false
 }
 
+/// The names a component imports at its top level, read from its bytes
+/// without compiling it, so a refused component costs a parse rather than a
+/// compile. Nested modules and components are skipped: only the outer
+/// component's imports reach the host. Compiling remains the authority on
+/// whether the bytes are valid; this only reads names.
+pub(crate) fn declared(wasm: &[u8]) -> Result<Vec<String>, String> {
+    use wasmparser::{Chunk, Parser, Payload};
+    let mut parser = Parser::new(0);
+    let mut rest = wasm;
+    let mut names = Vec::new();
+    loop {
+        let (payload, consumed) = match parser.parse(rest, true).map_err(|e| e.to_string())? {
+            Chunk::Parsed { payload, consumed } => (payload, consumed),
+            Chunk::NeedMoreData(_) => return Err("unexpected end of the component".into()),
+        };
+        rest = &rest[consumed..];
+        let skip = match payload {
+            Payload::ComponentImportSection(section) => {
+                for import in section {
+                    names.push(import.map_err(|e| e.to_string())?.name.name.to_owned());
+                }
+                0
+            }
+            Payload::ModuleSection {
+                unchecked_range, ..
+            }
+            | Payload::ComponentSection {
+                unchecked_range, ..
+            } => unchecked_range.len(),
+            Payload::CodeSectionStart { size, .. } => {
+                parser.skip_section();
+                size as usize
+            }
+            Payload::End(_) => return Ok(names),
+            _ => 0,
+        };
+        rest = rest
+            .get(skip..)
+            .ok_or_else(|| "a section runs past the end of the component".to_owned())?;
+    }
+}
+
 /// Whether the import named `name` needs the network linker.
 pub(crate) fn is_http(name: &str) -> bool {
     name.split_once('@')

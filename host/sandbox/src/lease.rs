@@ -361,10 +361,10 @@ pub(crate) async fn run(
         receipt.wall_time_us = started.elapsed().as_micros() as u64;
         return (Err(LeaseFailure::Expired), receipt);
     }
-    let (capabilities, net_policy) = match reach {
+    let (capabilities, net_grant) = match reach {
         Reach::Full => (
             Arc::clone(&plugin.capabilities),
-            Arc::clone(&plugin.net_policy),
+            Arc::clone(&plugin.net_grant),
         ),
         Reach::Narrowed => (Arc::clone(&plugin.narrowed), Arc::default()),
     };
@@ -390,7 +390,7 @@ pub(crate) async fn run(
         net: plugin.component.inner.network.then(|| {
             Box::new(NetLease::new(
                 Arc::clone(&plugin.component.inner.name),
-                net_policy,
+                net_grant,
                 Arc::clone(&plugin.redactor),
                 limits.http_requests,
                 limits.http_response_bytes,

@@ -72,7 +72,7 @@ use bindings::tool::ToolPluginPre;
 use cache::ComponentCache;
 use capture::Redactor;
 use lease::{LeaseState, Reach, Request, Response};
-use net::NetPolicy;
+use net::NetGrant;
 use wit::{
     Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError,
     PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
@@ -180,8 +180,9 @@ impl Sandbox {
     }
 
     /// Loads a component: checks `wasm` against `expected_sha256` (hex) when
-    /// given, compiles it or takes it from the cache, refuses it if it
-    /// imports anything the sandbox does not offer, and prepares one
+    /// given, refuses it if it imports anything the sandbox does not offer
+    /// (read from its bytes before compiling, and again from the compiled
+    /// component), compiles it or takes it from the cache, and prepares one
     /// `InstancePre` per plugin world it exports. Only a component that
     /// imports `wasi:http` is linked against it.
     ///
@@ -200,6 +201,19 @@ impl Sandbox {
                 plugin: name.to_owned(),
                 expected: expected.to_owned(),
                 actual: sha256,
+            });
+        }
+        // Refuse on the declared names before compiling; the compiled
+        // component's own import list is checked again below.
+        let declared = imports::declared(wasm).map_err(|reason| SandboxError::Compile {
+            plugin: name.to_owned(),
+            reason,
+        })?;
+        if let Some(import) = declared.iter().find(|i| !imports::is_allowed(i)) {
+            tracing::warn!(plugin = name, import = %import, "component refused before compiling: disallowed import");
+            return Err(SandboxError::DisallowedImport {
+                plugin: name.to_owned(),
+                import: import.clone(),
             });
         }
         let engine = &self.inner.engine;
@@ -305,7 +319,7 @@ impl Sandbox {
                 .iter()
                 .map(|(k, v)| (k.as_str(), v.as_str())),
         );
-        let net_policy = NetPolicy::new(component.name(), capabilities.hosts());
+        let net_grant = NetGrant::new(component.name(), capabilities.hosts());
         let narrowed = capabilities.narrowed();
         GrantedComponent {
             sandbox: self.clone(),
@@ -315,7 +329,7 @@ impl Sandbox {
             widened: false,
             limits,
             redactor: Arc::new(redactor),
-            net_policy: Arc::new(net_policy),
+            net_grant: Arc::new(net_grant),
             valid: None,
         }
     }
@@ -497,7 +511,7 @@ pub struct GrantedComponent {
     widened: bool,
     limits: Limits,
     redactor: Arc<Redactor>,
-    net_policy: Arc<NetPolicy>,
+    net_grant: Arc<NetGrant>,
     /// When set, every lease stops making effects once it passes.
     valid: Option<ValidUntil>,
 }

@@ -349,15 +349,15 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// The network policy of one granted plugin, built once per grant.
+/// The network grant of one plugin, built once per grant.
 #[derive(Debug, Default)]
-pub(crate) struct NetPolicy {
+pub(crate) struct NetGrant {
     patterns: Vec<HostPattern>,
 }
 
-impl NetPolicy {
-    /// The policy for granted host pattern texts. A pattern that does not
-    /// parse grants nothing (the policy module validates grants before they
+impl NetGrant {
+    /// The grant of host pattern texts. A pattern that does not
+    /// parse grants nothing (the grant module validates grants before they
     /// get here).
     pub(crate) fn new(plugin: &str, hosts: &[String]) -> Self {
         let patterns = hosts
@@ -370,7 +370,7 @@ impl NetPolicy {
                 }
             })
             .collect();
-        NetPolicy { patterns }
+        NetGrant { patterns }
     }
 
     fn allows(&self, scheme: &str, host: &str, port: u16) -> bool {
@@ -413,7 +413,7 @@ pub(crate) struct NetLease {
 impl NetLease {
     pub(crate) fn new(
         plugin: Arc<str>,
-        policy: Arc<NetPolicy>,
+        grant: Arc<NetGrant>,
         redactor: Arc<Redactor>,
         max_requests: u64,
         max_response_bytes: u64,
@@ -423,7 +423,7 @@ impl NetLease {
             ctx: WasiHttpCtx::new(),
             hooks: NetHooks {
                 plugin,
-                policy,
+                grant,
                 redactor,
                 max_requests,
                 max_response_bytes,
@@ -456,7 +456,7 @@ impl NetLease {
 /// The `WasiHttpHooks` of one lease.
 pub(crate) struct NetHooks {
     plugin: Arc<str>,
-    policy: Arc<NetPolicy>,
+    grant: Arc<NetGrant>,
     /// For the targets logged: what the guest asks for may hold a secret.
     redactor: Arc<Redactor>,
     max_requests: u64,
@@ -517,7 +517,7 @@ impl NetHooks {
             self.deny(target.url(), DenialReason::UserInfo);
             return Err(Error::HttpRequestDenied);
         }
-        if !self.policy.allows(scheme, &target.host, port) {
+        if !self.grant.allows(scheme, &target.host, port) {
             self.deny(target.url(), DenialReason::NotGranted);
             return Err(Error::HttpRequestDenied);
         }
@@ -564,7 +564,7 @@ impl WasiHttpHooks for NetHooks {
         };
         let connection = Connection {
             plugin: Arc::clone(&self.plugin),
-            policy: Arc::clone(&self.policy),
+            grant: Arc::clone(&self.grant),
             redactor: Arc::clone(&self.redactor),
             meter: Arc::clone(&self.meter),
             max_response_bytes: self.max_response_bytes,
@@ -577,7 +577,7 @@ impl WasiHttpHooks for NetHooks {
 /// What a request's task needs once it left the store.
 struct Connection {
     plugin: Arc<str>,
-    policy: Arc<NetPolicy>,
+    grant: Arc<NetGrant>,
     redactor: Arc<Redactor>,
     meter: SharedMeter,
     max_response_bytes: u64,
@@ -678,7 +678,7 @@ impl Connection {
         Ok((response, io))
     }
 
-    /// Resolves the target, keeps the addresses the policy allows, and
+    /// Resolves the target, keeps the addresses the grant allows, and
     /// connects to the first that answers.
     async fn connect(
         &self,
@@ -703,7 +703,7 @@ impl Connection {
             .iter()
             .copied()
             .filter(|a| {
-                self.policy
+                self.grant
                     .allows_address(target.scheme, target.port, a.ip())
             })
             .collect();
@@ -1011,7 +1011,7 @@ mod tests {
 
     #[test]
     fn non_public_addresses_need_a_literal_grant() {
-        let policy = NetPolicy::new(
+        let grant = NetGrant::new(
             "p",
             &[
                 "localhost:8080".into(),
@@ -1021,15 +1021,15 @@ mod tests {
         );
         let lo: IpAddr = "127.0.0.1".parse().unwrap();
         // A name or `*` never allows a loopback address ...
-        assert!(!policy.allows_address("http", 8080, lo));
+        assert!(!grant.allows_address("http", 8080, lo));
         // ... a literal grant does, for its scheme and port only.
-        assert!(policy.allows_address("http", 9000, lo));
-        assert!(policy.allows_address("http", 9000, "::ffff:127.0.0.1".parse().unwrap()));
-        assert!(!policy.allows_address("https", 9000, lo));
-        assert!(!policy.allows_address("http", 9001, lo));
-        assert!(policy.allows_address("https", 443, "93.184.216.34".parse().unwrap()));
+        assert!(grant.allows_address("http", 9000, lo));
+        assert!(grant.allows_address("http", 9000, "::ffff:127.0.0.1".parse().unwrap()));
+        assert!(!grant.allows_address("https", 9000, lo));
+        assert!(!grant.allows_address("http", 9001, lo));
+        assert!(grant.allows_address("https", 443, "93.184.216.34".parse().unwrap()));
         // Nothing granted, nothing allowed by name.
-        let none = NetPolicy::new("p", &[]);
+        let none = NetGrant::new("p", &[]);
         assert!(!none.allows("https", "example.com", 443));
     }
 }

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder, Lease, Listing,
-    MemoryStore, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, Settle, Settlement, SqliteStore,
-    StoreError, WAITING,
+    ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder, KeyClaim,
+    Listing, MemoryStore, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, Settle, Settlement,
+    SqliteStore, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -1088,7 +1088,7 @@ pub(crate) async fn reopened_store_keeps_everything(backend: &dyn Backend) {
     assert!(matches!(err, StoreError::AlreadyExists { .. }));
 }
 
-// ---- leases, fencing, the queue, retention ----------------------------------
+// ---- claims, fencing, the queue, retention ----------------------------------
 
 #[track_caller]
 fn assert_fenced(err: StoreError, run: &RunId, token: u64, current: u64) {
@@ -1102,25 +1102,25 @@ fn assert_fenced(err: StoreError, run: &RunId, token: u64, current: u64) {
     }
 }
 
-pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
+pub(crate) async fn a_replaced_claim_is_fenced(backend: &dyn Backend) {
     let store = backend.open().await;
     let run = id("fenced");
     new_run(&*store, &run, 1).await;
     let a = store
-        .acquire_lease(&run, "host-a", 1_000, 100)
+        .acquire_claim(&run, "host-a", 1_000, 100)
         .await
         .unwrap();
     assert_eq!(
         (a.token, a.expires_ms, a.owner.as_str()),
         (1, 1_100, "host-a")
     );
-    // B cannot take a live lease.
+    // B cannot take a live claim.
     let err = store
-        .acquire_lease(&run, "host-b", 1_050, 100)
+        .acquire_claim(&run, "host-b", 1_050, 100)
         .await
         .unwrap_err();
     match &err {
-        StoreError::Leased {
+        StoreError::Claimed {
             run_id,
             owner,
             expires_ms,
@@ -1128,11 +1128,11 @@ pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
             (run_id, owner.as_str(), *expires_ms),
             (&run, "host-a", 1_100)
         ),
-        other => panic!("expected Leased, got {other:?}"),
+        other => panic!("expected Claimed, got {other:?}"),
     }
     assert_eq!(
         err.to_string(),
-        "run fenced is leased by host-a until 1100 (ms since the epoch)"
+        "run fenced is claimed by host-a until 1100 (ms since the epoch)"
     );
     store
         .append_fenced(&a, 1, &[ev("a:2")], "running".into(), 1_060)
@@ -1140,7 +1140,7 @@ pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
         .unwrap();
     // A pauses past its expiry; B takes over with a higher token.
     let b = store
-        .acquire_lease(&run, "host-b", 1_100, 100)
+        .acquire_claim(&run, "host-b", 1_100, 100)
         .await
         .unwrap();
     assert_eq!(b.token, 2);
@@ -1152,20 +1152,20 @@ pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "run fenced: lease 1 is no longer held (the newest lease is 2)"
+        "run fenced: claim 1 is no longer held (the newest claim is 2)"
     );
     assert_fenced(err, &run, 1, 2);
     assert_fenced(
-        store.renew_lease(&a, 1_110, 100).await.unwrap_err(),
+        store.renew_claim(&a, 1_110, 100).await.unwrap_err(),
         &run,
         1,
         2,
     );
-    store.release_lease(&a, Some("failed")).await.unwrap();
+    store.release_claim(&a, Some("failed")).await.unwrap();
     let s = store.summary(&run).await.unwrap();
     assert_eq!((s.status.as_str(), s.event_count), ("running", 2));
-    assert_eq!(s.lease.as_ref(), Some(&b));
-    assert_eq!(s.lease_token, 2);
+    assert_eq!(s.claim.as_ref(), Some(&b));
+    assert_eq!(s.claim_token, 2);
     // B writes.
     let appended = store
         .append_fenced(&b, 2, &[ev("b:3")], "completed".into(), 1_120)
@@ -1178,11 +1178,11 @@ pub(crate) async fn a_replaced_lease_is_fenced(backend: &dyn Backend) {
     );
 }
 
-pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn Backend) {
+pub(crate) async fn an_expired_claim_nobody_replaced_still_writes(backend: &dyn Backend) {
     let store = backend.open().await;
     let run = id("late");
     new_run(&*store, &run, 1).await;
-    let a = store.acquire_lease(&run, "host-a", 0, 10).await.unwrap();
+    let a = store.acquire_claim(&run, "host-a", 0, 10).await.unwrap();
     // Long past the expiry, nobody took over: the token still decides.
     store
         .append_fenced(&a, 1, &[ev("late:2")], "running".into(), 500)
@@ -1191,12 +1191,12 @@ pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn 
     let s = store.summary(&run).await.unwrap();
     assert!(s.is_stalled(500), "{s:?}");
     assert!(!s.is_stalled(5), "{s:?}");
-    let renewed = store.renew_lease(&a, 500, 10).await.unwrap();
+    let renewed = store.renew_claim(&a, 500, 10).await.unwrap();
     assert_eq!((renewed.token, renewed.expires_ms), (1, 510));
     assert!(!store.summary(&run).await.unwrap().is_stalled(505));
     // Acquiring again, even by the same owner, issues a new token and
     // fences the old one.
-    let again = store.acquire_lease(&run, "host-a", 505, 10).await.unwrap();
+    let again = store.acquire_claim(&run, "host-a", 505, 10).await.unwrap();
     assert_eq!(again.token, 2);
     assert_fenced(
         store
@@ -1207,7 +1207,7 @@ pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn 
         1,
         2,
     );
-    // A stale length under the current lease is still a conflict.
+    // A stale length under the current claim is still a conflict.
     let err = store
         .append_fenced(&again, 1, &[ev("x")], "running".into(), 506)
         .await
@@ -1219,18 +1219,18 @@ pub(crate) async fn an_expired_lease_nobody_replaced_still_writes(backend: &dyn 
     assert_eq!(store.load(&run).await.unwrap().len(), 2);
 }
 
-pub(crate) async fn a_released_lease_frees_the_run_and_fences_its_holder(backend: &dyn Backend) {
+pub(crate) async fn a_released_claim_frees_the_run_and_fences_its_holder(backend: &dyn Backend) {
     let store = backend.open().await;
     let run = id("parked");
     new_run(&*store, &run, 2).await;
-    let a = store.acquire_lease(&run, "host-a", 0, 1_000).await.unwrap();
+    let a = store.acquire_claim(&run, "host-a", 0, 1_000).await.unwrap();
     store
-        .release_lease(&a, Some("needs_reconciliation"))
+        .release_claim(&a, Some("needs_reconciliation"))
         .await
         .unwrap();
     let s = store.summary(&run).await.unwrap();
     assert_eq!(s.status, "needs_reconciliation");
-    assert_eq!((s.lease.as_ref(), s.lease_token), (None, 1));
+    assert_eq!((s.claim.as_ref(), s.claim_token), (None, 1));
     assert_fenced(
         store
             .append_fenced(&a, 2, &[ev("x")], "running".into(), 1)
@@ -1240,17 +1240,17 @@ pub(crate) async fn a_released_lease_frees_the_run_and_fences_its_holder(backend
         1,
         1,
     );
-    assert_fenced(store.renew_lease(&a, 1, 10).await.unwrap_err(), &run, 1, 1);
+    assert_fenced(store.renew_claim(&a, 1, 10).await.unwrap_err(), &run, 1, 1);
     // Released twice: nothing more happens.
-    store.release_lease(&a, Some("running")).await.unwrap();
+    store.release_claim(&a, Some("running")).await.unwrap();
     assert_eq!(
         store.summary(&run).await.unwrap().status,
         "needs_reconciliation"
     );
-    // Anyone may lease it now, long before the old expiry.
-    let b = store.acquire_lease(&run, "host-b", 1, 1_000).await.unwrap();
+    // Anyone may claim it now, long before the old expiry.
+    let b = store.acquire_claim(&run, "host-b", 1, 1_000).await.unwrap();
     assert_eq!(b.token, 2);
-    // Unfenced appends (verbs a human records) go through under a lease;
+    // Unfenced appends (verbs a human records) go through under a claim;
     // the driver then finds the log moved.
     store
         .append(&run, 2, &[ev("approved")], "running".into(), 2)
@@ -1261,20 +1261,20 @@ pub(crate) async fn a_released_lease_frees_the_run_and_fences_its_holder(backend
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
-    // Leases of unknown runs are typed.
+    // Claims of unknown runs are typed.
     let ghost = id("ghost");
     let unknown =
         |e: &StoreError| matches!(e, StoreError::UnknownRun { run_id } if *run_id == ghost);
     assert!(unknown(
-        &store.acquire_lease(&ghost, "h", 0, 1).await.unwrap_err()
+        &store.acquire_claim(&ghost, "h", 0, 1).await.unwrap_err()
     ));
-    let fake = Lease {
+    let fake = Claim {
         run_id: ghost.clone(),
         owner: "h".into(),
         token: 1,
         expires_ms: 1,
     };
-    assert!(unknown(&store.renew_lease(&fake, 0, 1).await.unwrap_err()));
+    assert!(unknown(&store.renew_claim(&fake, 0, 1).await.unwrap_err()));
     assert!(unknown(
         &store
             .append_fenced(&fake, 1, &[ev("x")], "running".into(), 1)
@@ -1292,7 +1292,7 @@ pub(crate) async fn racing_acquirers_have_one_winner(backend: &dyn Backend) {
             let (store, run) = (store.clone(), run.clone());
             tokio::spawn(async move {
                 store
-                    .acquire_lease(&run, &format!("host-{i}"), 100, 1_000)
+                    .acquire_claim(&run, &format!("host-{i}"), 100, 1_000)
                     .await
             })
         })
@@ -1300,15 +1300,15 @@ pub(crate) async fn racing_acquirers_have_one_winner(backend: &dyn Backend) {
     let mut winners = Vec::new();
     for task in tasks {
         match task.await.unwrap() {
-            Ok(lease) => winners.push(lease),
-            Err(StoreError::Leased { .. }) => {}
+            Ok(claim) => winners.push(claim),
+            Err(StoreError::Claimed { .. }) => {}
             Err(other) => panic!("unexpected error: {other:?}"),
         }
     }
     assert_eq!(winners.len(), 1, "{winners:?}");
     assert_eq!(winners[0].token, 1);
     assert_eq!(
-        store.summary(&run).await.unwrap().lease.as_ref(),
+        store.summary(&run).await.unwrap().claim.as_ref(),
         Some(&winners[0])
     );
 }
@@ -1481,8 +1481,8 @@ async fn run_with_status(store: &dyn EventStore, run: &str, created_ms: i64, sta
         .unwrap();
 }
 
-fn claimed(leases: &[Lease]) -> Vec<(&str, u64)> {
-    leases
+fn claimed(claims: &[Claim]) -> Vec<(&str, u64)> {
+    claims
         .iter()
         .map(|l| (l.run_id.as_str(), l.token))
         .collect()
@@ -1511,7 +1511,7 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
         .append_fenced(&first[0], 1, &[ev("asked")], "awaiting_approval".into(), 10)
         .await
         .unwrap();
-    store.release_lease(&first[0], None).await.unwrap();
+    store.release_claim(&first[0], None).await.unwrap();
     store
         .append_fenced(&rest[0], 1, &[ev("step")], "running".into(), 10)
         .await
@@ -1520,9 +1520,9 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
         .append_fenced(&rest[1], 1, &[ev("end")], "completed".into(), 10)
         .await
         .unwrap();
-    store.release_lease(&rest[1], None).await.unwrap();
+    store.release_claim(&rest[1], None).await.unwrap();
 
-    // Before the dead worker's lease expires nothing is claimable; after, its
+    // Before the dead worker's claim expires nothing is claimable; after, its
     // run is, with the next token.
     assert!(store.claim("w3", 99, 100, 10).await.unwrap().is_empty());
     let taken = store.claim("w3", 100, 100, 10).await.unwrap();
@@ -1544,19 +1544,19 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
         .unwrap();
     let continued = store.claim("w4", 120, 100, 10).await.unwrap();
     assert_eq!(claimed(&continued), [("q-1", 2)]);
-    assert_eq!(store.summary(&id("cli")).await.unwrap().lease_token, 0);
+    assert_eq!(store.summary(&id("cli")).await.unwrap().claim_token, 0);
 }
 
-/// A worker's run that owes deliveries is claimable once its lease is gone,
-/// finished or parked; one that owes none, a run no worker leased, and one
-/// under a live lease are not. The count round-trips through every kind of
+/// A worker's run that owes deliveries is claimable once its claim is gone,
+/// finished or parked; one that owes none, a run no worker claimed, and one
+/// under a live claim are not. The count round-trips through every kind of
 /// append, the old holder is fenced, and retention keeps an owing run.
 pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backend: &dyn Backend) {
     let store = backend.open().await;
     for (run, created) in [("owing", 1), ("settled", 2), ("parked", 3)] {
         run_with_status(&*store, run, created, QUEUED).await;
     }
-    // Driven by `warden run`: never leased, so never claimed, owing or not.
+    // Driven by `warden run`: never claimed, so never claimed, owing or not.
     run_with_status(&*store, "cli", 4, "running").await;
     store
         .append(
@@ -1568,16 +1568,16 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
         )
         .await
         .unwrap();
-    let leases = store.claim("w1", 0, 100, 10).await.unwrap();
+    let claims = store.claim("w1", 0, 100, 10).await.unwrap();
     assert_eq!(
-        claimed(&leases),
+        claimed(&claims),
         [("owing", 1), ("settled", 1), ("parked", 1)]
     );
     // w1 finishes `owing` and dies before its delivery; finishes `settled`
     // with nothing owed; parks `parked` owing its notice, and dies too.
     let owing = Listing::new("completed").owing(2);
     let appended = store
-        .append_fenced(&leases[0], 1, &[ev("end")], owing, 10)
+        .append_fenced(&claims[0], 1, &[ev("end")], owing, 10)
         .await
         .unwrap();
     assert_eq!(appended.event_count, 2);
@@ -1587,13 +1587,13 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
         ("completed", 2)
     );
     store
-        .append_fenced(&leases[1], 1, &[ev("end")], "completed".into(), 10)
+        .append_fenced(&claims[1], 1, &[ev("end")], "completed".into(), 10)
         .await
         .unwrap();
-    store.release_lease(&leases[1], None).await.unwrap();
+    store.release_claim(&claims[1], None).await.unwrap();
     store
         .append_fenced(
-            &leases[2],
+            &claims[2],
             1,
             &[ev("asked")],
             Listing::new("awaiting_approval").owing(1),
@@ -1618,7 +1618,7 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
         ]
     );
 
-    // Nothing is claimable while w1's leases live; then the two runs that
+    // Nothing is claimable while w1's claims live; then the two runs that
     // owe deliveries are, oldest first, with the next token.
     assert!(store.claim("w2", 99, 100, 10).await.unwrap().is_empty());
     let taken = store.claim("w2", 100, 100, 10).await.unwrap();
@@ -1626,7 +1626,7 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
     assert!(store.claim("w3", 150, 100, 10).await.unwrap().is_empty());
     assert_fenced(
         store
-            .append_fenced(&leases[0], 2, &[ev("zombie")], "completed".into(), 101)
+            .append_fenced(&claims[0], 2, &[ev("zombie")], "completed".into(), 101)
             .await
             .unwrap_err(),
         &id("owing"),
@@ -1666,35 +1666,35 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
         store.summary(&id("owing")).await.unwrap().owes_deliveries,
         0
     );
-    store.release_lease(&taken[0], None).await.unwrap();
+    store.release_claim(&taken[0], None).await.unwrap();
     let pruned = store.prune(&filter, 500).await.unwrap();
     assert_eq!(
         pruned.iter().map(|t| t.run_id.as_str()).collect::<Vec<_>>(),
         ["owing"]
     );
-    // w2's lease on the parked run expired, still owing its notice: it is
+    // w2's claim on the parked run expired, still owing its notice: it is
     // claimed again; the run that owes nothing is not.
     let again = store.claim("w3", 500, 100, 10).await.unwrap();
     assert_eq!(claimed(&again), [("parked", 3)]);
 }
 
 /// A waiting run is a durable timer: claimable once its wake-up time has
-/// come and no live lease holds it, whoever parked it (a worker, or
-/// `warden run`, which never leases); not before. The wake-up time
+/// come and no live claim holds it, whoever parked it (a worker, or
+/// `warden run`, which never claims); not before. The wake-up time
 /// round-trips through every kind of append and the summary, the next
-/// append clears it, and a released or expired lease does not change it.
+/// append clears it, and a released or expired claim does not change it.
 pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Backend) {
     let store = backend.open().await;
     run_with_status(&*store, "worker", 1, QUEUED).await;
     run_with_status(&*store, "cli", 2, "running").await;
     run_with_status(&*store, "later", 3, "running").await;
-    let leases = store.claim("w1", 0, 100, 10).await.unwrap();
-    assert_eq!(claimed(&leases), [("worker", 1)]);
+    let claims = store.claim("w1", 0, 100, 10).await.unwrap();
+    assert_eq!(claimed(&claims), [("worker", 1)]);
     // The worker parks its run until 1000 and releases it; `warden run`
     // parks two runs, until 500 and 5000, and exits.
     store
         .append_fenced(
-            &leases[0],
+            &claims[0],
             1,
             &[ev("wait")],
             Listing::new(WAITING).waking_at(Some(1_000)),
@@ -1702,7 +1702,7 @@ pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Bac
         )
         .await
         .unwrap();
-    store.release_lease(&leases[0], None).await.unwrap();
+    store.release_claim(&claims[0], None).await.unwrap();
     for (run, wake) in [("cli", 500), ("later", 5_000)] {
         store
             .append(
@@ -1743,7 +1743,7 @@ pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Bac
     assert_eq!(claimed(&due), [("cli", 1)]);
     assert!(
         store.claim("w3", 599, 100, 10).await.unwrap().is_empty(),
-        "a live lease holds a due run"
+        "a live claim holds a due run"
     );
     let due = store.claim("w3", 1_000, 100, 1).await.unwrap();
     assert_eq!(claimed(&due), [("worker", 2)]);
@@ -1757,15 +1757,15 @@ pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Bac
         .append_fenced(&due[0], 3, &[ev("end")], "completed".into(), 1_002)
         .await
         .unwrap();
-    store.release_lease(&due[0], None).await.unwrap();
-    // Its lease expires with the run still waiting (the driver died before
+    store.release_claim(&due[0], None).await.unwrap();
+    // Its claim expires with the run still waiting (the driver died before
     // ending the wait): due, it is claimed again.
     let cli = store.summary(&id("cli")).await.unwrap();
     assert_eq!((cli.status.as_str(), cli.wake_ms), (WAITING, Some(500)));
     let again = store.claim("w4", 1_100, 100, 10).await.unwrap();
     assert_eq!(claimed(&again), [("cli", 2)]);
     assert_eq!(
-        store.summary(&id("later")).await.unwrap().lease_token,
+        store.summary(&id("later")).await.unwrap().claim_token,
         0,
         "not due, never claimed"
     );
@@ -1913,26 +1913,26 @@ fn release(key: &str, h: &Holder) -> Settlement {
     }
 }
 
-pub(crate) async fn claims_grant_the_first_holder_and_name_it_to_others(backend: &dyn Backend) {
+pub(crate) async fn key_claims_grant_the_first_holder_and_name_it_to_others(backend: &dyn Backend) {
     let store = backend.open().await;
     let (a, b) = (holder("a", "call-1-1"), holder("b", "call-2-1"));
     assert_eq!(
         store.claim_commitment("k1", &a).await.unwrap(),
-        Claim::Granted
+        KeyClaim::Granted
     );
     // The holder again (after its own crash) is granted again.
     assert_eq!(
         store.claim_commitment("k1", &a).await.unwrap(),
-        Claim::Granted
+        KeyClaim::Granted
     );
     assert_eq!(
         store.claim_commitment("k1", &b).await.unwrap(),
-        Claim::Held(a.clone())
+        KeyClaim::Held(a.clone())
     );
     // Keys are independent.
     assert_eq!(
         store.claim_commitment("k2", &b).await.unwrap(),
-        Claim::Granted
+        KeyClaim::Granted
     );
 }
 
@@ -1957,7 +1957,7 @@ pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
         .await
         .unwrap();
     assert_eq!(appended.event_count, 3);
-    let settled = Claim::Settled {
+    let settled = KeyClaim::Settled {
         holder: a.clone(),
         result: ev("{\"paid\":true}"),
     };
@@ -2029,7 +2029,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
     assert_eq!(
         store.claim_commitment("mine", &a).await.unwrap(),
-        Claim::Granted,
+        KeyClaim::Granted,
         "still unsettled"
     );
     // Settled once; a second settlement is refused.
@@ -2162,7 +2162,7 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     assert_eq!(store.load(&run).await.unwrap().len(), 2);
     assert_eq!(
         store.claim_commitment("failed", &b).await.unwrap(),
-        Claim::Granted,
+        KeyClaim::Granted,
         "the next claimant runs the call"
     );
     // A settled key may be released too (an operator's choice).
@@ -2215,11 +2215,11 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     assert!(matches!(err, StoreError::Conflict { .. }), "{err}");
     assert_eq!(
         store.claim_commitment("kept", &b).await.unwrap(),
-        Claim::Held(a)
+        KeyClaim::Held(a)
     );
 }
 
-pub(crate) async fn racing_claims_grant_exactly_one(backend: &dyn Backend) {
+pub(crate) async fn racing_key_claims_grant_exactly_one(backend: &dyn Backend) {
     let store = backend.open().await;
     let barrier = Arc::new(tokio::sync::Barrier::new(8));
     let mut tasks = Vec::new();
@@ -2235,7 +2235,7 @@ pub(crate) async fn racing_claims_grant_exactly_one(backend: &dyn Backend) {
     }
     let mut granted = 0;
     for task in tasks {
-        if task.await.unwrap() == Claim::Granted {
+        if task.await.unwrap() == KeyClaim::Granted {
             granted += 1;
         }
     }
@@ -2269,7 +2269,7 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
             .claim_commitment("durable", &holder("x", "y"))
             .await
             .unwrap(),
-        Claim::Settled {
+        KeyClaim::Settled {
             holder: a.clone(),
             result: ev("r")
         }
@@ -2279,7 +2279,7 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
             .claim_commitment("pending", &holder("x", "y"))
             .await
             .unwrap(),
-        Claim::Held(a)
+        KeyClaim::Held(a)
     );
 }
 
@@ -2317,15 +2317,15 @@ macro_rules! conformance_suite {
                 concurrent_appends_on_one_run_have_one_winner,
                 concurrent_runs_each_keep_their_own_log,
                 keyed_chain_differs_and_verifies,
-                claims_grant_the_first_holder_and_name_it_to_others,
+                key_claims_grant_the_first_holder_and_name_it_to_others,
                 settling_appends_and_records_the_result_for_everyone_after,
                 settling_needs_the_unsettled_key_and_writes_nothing_otherwise,
-                racing_claims_grant_exactly_one,
+                racing_key_claims_grant_exactly_one,
                 commitments_are_listed_by_key_and_by_run,
                 a_release_frees_the_key_for_the_next_claimant,
-                a_replaced_lease_is_fenced,
-                an_expired_lease_nobody_replaced_still_writes,
-                a_released_lease_frees_the_run_and_fences_its_holder,
+                a_replaced_claim_is_fenced,
+                an_expired_claim_nobody_replaced_still_writes,
+                a_released_claim_frees_the_run_and_fences_its_holder,
                 racing_acquirers_have_one_winner,
                 claims_take_queued_runs_and_runs_whose_driver_died,
                 claims_take_runs_that_owe_deliveries_and_nothing_else,

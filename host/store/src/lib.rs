@@ -1,7 +1,7 @@
 //! Event stores: the [`EventStore`] trait, the [`MemoryStore`], the
 //! [`SqliteStore`] and the [`PostgresStore`], with a tamper-evident hash
-//! chain per run, run leases with fencing tokens, and the work queue
-//! (`lease.rs`).
+//! chain per run, run claims with fencing tokens, and the work queue
+//! (`claim.rs`).
 //!
 //! A store keeps, per run, an append-only log of events as **opaque bytes**
 //! (the exact serialized JSON the engine hands it) and a few columns for
@@ -22,9 +22,9 @@
 //!   truncated event is a [`StoreError::Tampered`], and a damaged run never
 //!   blocks loading, listing or appending to other runs;
 //! - **no wall clock**: every time a store records (created, updated, a
-//!   lease's expiry) is supplied by the caller from its injected clock;
-//! - **leases with fencing** (see `lease.rs`): a fenced append is refused
-//!   once a newer lease was issued on its run, in the append's own
+//!   claim's expiry) is supplied by the caller from its injected clock;
+//! - **claims with fencing** (see `claim.rs`): a fenced append is refused
+//!   once a newer claim was issued on its run, in the append's own
 //!   transaction.
 //!
 //! # The hash chain
@@ -60,7 +60,7 @@
 //! truth from the log, and the run's first event carries its metadata.
 
 mod chain;
-mod lease;
+mod claim;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -81,7 +81,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
-pub use lease::{Lease, PruneFilter, QUEUED, Tombstone, WAITING};
+pub use claim::{Claim, PruneFilter, QUEUED, Tombstone, WAITING};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
@@ -231,7 +231,7 @@ pub struct Holder {
 
 /// The answer to [`EventStore::claim`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Claim {
+pub enum KeyClaim {
     /// The caller may execute the call: it claimed the key first, or it held
     /// the key already (it crashed before settling and is back).
     Granted,
@@ -264,7 +264,7 @@ pub struct Settlement {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Settle {
     /// The call ran: every later claimant gets this result (the bytes it
-    /// is given back as [`Claim::Settled::result`]). Refused unless the
+    /// is given back as [`KeyClaim::Settled::result`]). Refused unless the
     /// holder holds the key unsettled.
     Result(Bytes),
     /// Nothing to reuse (the call failed, or an operator released the key):
@@ -347,11 +347,11 @@ pub struct RunSummary {
     pub updated_ms: i64,
     /// The number of events the run row records.
     pub event_count: u64,
-    /// The run's lease, if one is held (live or expired, not released).
-    pub lease: Option<Lease>,
+    /// The run's claim, if one is held (live or expired, not released).
+    pub claim: Option<Claim>,
     /// The newest fencing token issued on the run; 0 if it was never
-    /// leased (a run driven by `warden run`, not by workers).
-    pub lease_token: u64,
+    /// claimed (a run driven by `warden run`, not by workers).
+    pub claim_token: u64,
     /// How many deliveries the run owes, as written by its last append
     /// (see [`Listing::owes_deliveries`]); 0 when it owes none.
     pub owes_deliveries: u32,
@@ -362,10 +362,10 @@ pub struct RunSummary {
 
 impl RunSummary {
     /// Whether the run is stalled at `now_ms`: listed as running, but the
-    /// lease its driver took has expired (the driver died or lost the
+    /// claim its driver took has expired (the driver died or lost the
     /// store). A worker takes it over.
     pub fn is_stalled(&self, now_ms: i64) -> bool {
-        self.status == "running" && self.lease.as_ref().is_some_and(|l| l.is_expired(now_ms))
+        self.status == "running" && self.claim.as_ref().is_some_and(|l| l.is_expired(now_ms))
     }
 }
 
@@ -374,7 +374,7 @@ impl RunSummary {
 /// and when a waiting run wakes up. All are derived by the engine from the
 /// folded log; the store only keeps them, for listing and for the work
 /// queue ([`EventStore::claim`] takes a worker's run that owes deliveries
-/// and has no live lease, even when it is finished or parked, and a
+/// and has no live claim, even when it is finished or parked, and a
 /// waiting run once its wake-up time has come).
 ///
 /// `"running".into()` is a listing that owes nothing.
@@ -707,19 +707,19 @@ pub enum StoreError {
     /// The store's writer has stopped (the store is shutting down).
     #[error("the store's writer has stopped")]
     Closed,
-    /// Another owner holds a live lease on the run.
-    #[error("run {run_id} is leased by {owner} until {expires_ms} (ms since the epoch)")]
-    Leased {
+    /// Another owner holds a live claim on the run.
+    #[error("run {run_id} is claimed by {owner} until {expires_ms} (ms since the epoch)")]
+    Claimed {
         /// The run.
         run_id: RunId,
-        /// The lease's owner.
+        /// The claim's owner.
         owner: String,
-        /// When the lease expires unless renewed.
+        /// When the claim expires unless renewed.
         expires_ms: i64,
     },
-    /// The caller's lease is no longer the run's current one (a newer lease
+    /// The caller's claim is no longer the run's current one (a newer claim
     /// was issued, or it was released); nothing was written.
-    #[error("run {run_id}: lease {token} is no longer held (the newest lease is {current})")]
+    #[error("run {run_id}: claim {token} is no longer held (the newest claim is {current})")]
     Fenced {
         /// The run.
         run_id: RunId,
@@ -850,66 +850,66 @@ pub trait EventStore: Send + Sync {
         Ok(Vec::new())
     }
 
-    // ---- leases, the queue and retention (see `lease.rs`) ----
+    // ---- claims, the queue and retention (see `claim.rs`) ----
     //
     // Every store of this crate implements them; the defaults refuse with
     // `StoreError::Unsupported` so that a store written elsewhere keeps
     // compiling and fails loudly, never silently unfenced.
 
-    /// Issues a new lease on run `run_id` to `owner`, expiring at `now_ms +
+    /// Issues a new claim on run `run_id` to `owner`, expiring at `now_ms +
     /// ttl_ms`, with the next fencing token, unless another owner holds a
-    /// live lease ([`StoreError::Leased`]). A live lease of the same owner
+    /// live claim ([`StoreError::Claimed`]). A live claim of the same owner
     /// is replaced by the new one.
-    async fn acquire_lease(
+    async fn acquire_claim(
         &self,
         run_id: &RunId,
         owner: &str,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
+    ) -> Result<Claim, StoreError> {
         let _ = (run_id, owner, now_ms, ttl_ms);
-        Err(unsupported::<Self>("leases"))
+        Err(unsupported::<Self>("claims"))
     }
 
-    /// Moves the expiry of `lease` to `now_ms + ttl_ms` if it is still the
-    /// run's current lease, else [`StoreError::Fenced`].
-    async fn renew_lease(
+    /// Moves the expiry of `claim` to `now_ms + ttl_ms` if it is still the
+    /// run's current claim, else [`StoreError::Fenced`].
+    async fn renew_claim(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let _ = (lease, now_ms, ttl_ms);
-        Err(unsupported::<Self>("leases"))
+    ) -> Result<Claim, StoreError> {
+        let _ = (claim, now_ms, ttl_ms);
+        Err(unsupported::<Self>("claims"))
     }
 
-    /// Ends `lease` if it is still the run's current one, and then sets the
+    /// Ends `claim` if it is still the run's current one, and then sets the
     /// run's listing status to `status` if given (a run parked as
-    /// `needs_reconciliation` without a new event, say). Releasing a lease
+    /// `needs_reconciliation` without a new event, say). Releasing a claim
     /// that is no longer current changes nothing.
-    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
-        let _ = (lease, status);
-        Err(unsupported::<Self>("leases"))
+    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+        let _ = (claim, status);
+        Err(unsupported::<Self>("claims"))
     }
 
     /// [`append`](Self::append), in one transaction with the check that
-    /// `lease` is the run's current lease ([`StoreError::Fenced`] if not;
+    /// `claim` is the run's current claim ([`StoreError::Fenced`] if not;
     /// checked before the length).
     async fn append_fenced(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let _ = (lease, expected_len, events, listing, updated_ms);
-        Err(unsupported::<Self>("leases"))
+        let _ = (claim, expected_len, events, listing, updated_ms);
+        Err(unsupported::<Self>("claims"))
     }
 
-    /// Leases up to `limit` claimable runs to `owner` (queued runs;
-    /// workers' runs with no live lease that are running or owe
-    /// deliveries; and waiting runs with no live lease whose wake-up time
+    /// Claims up to `limit` claimable runs to `owner` (queued runs;
+    /// workers' runs with no live claim that are running or owe
+    /// deliveries; and waiting runs with no live claim whose wake-up time
     /// is at or before `now_ms`), oldest first, each with its next fencing
     /// token; concurrent claimers never get the same run.
     async fn claim(
@@ -918,14 +918,14 @@ pub trait EventStore: Send + Sync {
         now_ms: i64,
         ttl_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Vec<Claim>, StoreError> {
         let _ = (owner, now_ms, ttl_ms, limit);
         Err(unsupported::<Self>("the work queue"))
     }
 
     /// Deletes the runs `filter` matches, whole, leaving a [`Tombstone`]
     /// each (stamped `now_ms`), and returns the tombstones. A run with a
-    /// live lease at `now_ms` is kept, and so is a run that owes
+    /// live claim at `now_ms` is kept, and so is a run that owes
     /// deliveries (whatever the filter says).
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
         let _ = (filter, now_ms);
@@ -938,11 +938,11 @@ pub trait EventStore: Send + Sync {
     // `StoreError::Unsupported`, so a keyed call never runs unguarded.
 
     /// Claims the idempotency commitment `key` for `holder`: the first
-    /// claimant (or the holder again) is [`Claim::Granted`]; anyone else
+    /// claimant (or the holder again) is [`KeyClaim::Granted`]; anyone else
     /// learns who holds it, or the result it was settled with. Commitments
     /// outlive their runs (pruning included); only a [`Settle::Release`]
     /// deletes one.
-    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let _ = (key, holder);
         Err(unsupported::<Self>("idempotency commitments"))
     }
@@ -963,7 +963,7 @@ pub trait EventStore: Send + Sync {
     async fn append_settling(
         &self,
         run_id: &RunId,
-        fence: Option<&Lease>,
+        fence: Option<&Claim>,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
@@ -1038,8 +1038,8 @@ mod tests {
             created_ms: 10,
             updated_ms: 10,
             event_count: 1,
-            lease: None,
-            lease_token: 0,
+            claim: None,
+            claim_token: 0,
             owes_deliveries: 0,
             wake_ms: None,
         };

@@ -13,7 +13,7 @@ use super::chain::{self, Chain, RawRow, Recorded};
 use super::session::holds_session;
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
-    Holder, Lease, Listing, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settle,
+    Holder, KeyClaim, Listing, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settle,
     Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
@@ -40,10 +40,10 @@ pub(crate) struct MemRun {
     pub(crate) count: u64,
     pub(crate) head: ChainHash,
     pub(crate) events: Vec<StoredEvent>,
-    /// The held lease (live or expired; `None` once released).
-    lease: Option<Lease>,
+    /// The held claim (live or expired; `None` once released).
+    claim: Option<Claim>,
     /// The newest fencing token issued.
-    lease_token: u64,
+    claim_token: u64,
     /// Deliveries owed, as the last append said.
     owes_deliveries: u32,
     /// When a waiting run wakes up, as the last append said.
@@ -61,42 +61,42 @@ impl MemRun {
             created_ms: self.meta.created_ms,
             updated_ms: self.updated_ms,
             event_count: self.count,
-            lease: self.lease.clone(),
-            lease_token: self.lease_token,
+            claim: self.claim.clone(),
+            claim_token: self.claim_token,
             owes_deliveries: self.owes_deliveries,
             wake_ms: self.wake_ms,
         }
     }
 
-    /// Whether a lease other than `owner`'s is live at `now_ms`.
-    fn live_lease(&self, now_ms: i64) -> Option<&Lease> {
-        self.lease.as_ref().filter(|l| !l.is_expired(now_ms))
+    /// Whether a claim other than `owner`'s is live at `now_ms`.
+    fn live_claim(&self, now_ms: i64) -> Option<&Claim> {
+        self.claim.as_ref().filter(|l| !l.is_expired(now_ms))
     }
 
-    fn issue_lease(&mut self, run_id: &RunId, owner: &str, now_ms: i64, ttl_ms: i64) -> Lease {
-        self.lease_token += 1;
-        let lease = Lease {
+    fn issue_claim(&mut self, run_id: &RunId, owner: &str, now_ms: i64, ttl_ms: i64) -> Claim {
+        self.claim_token += 1;
+        let claim = Claim {
             run_id: run_id.clone(),
             owner: owner.to_owned(),
-            token: self.lease_token,
+            token: self.claim_token,
             expires_ms: now_ms.saturating_add(ttl_ms),
         };
-        self.lease = Some(lease.clone());
-        lease
+        self.claim = Some(claim.clone());
+        claim
     }
 
-    /// Whether `lease` is the current one.
-    fn holds(&self, lease: &Lease) -> bool {
-        self.lease
+    /// Whether `claim` is the current one.
+    fn holds(&self, claim: &Claim) -> bool {
+        self.claim
             .as_ref()
-            .is_some_and(|l| l.token == lease.token && l.owner == lease.owner)
+            .is_some_and(|l| l.token == claim.token && l.owner == claim.owner)
     }
 
     fn claimable(&self, now_ms: i64) -> bool {
         (self.status == QUEUED
-            || (self.lease_token > 0 && (self.status == "running" || self.owes_deliveries > 0))
+            || (self.claim_token > 0 && (self.status == "running" || self.owes_deliveries > 0))
             || (self.status == WAITING && self.wake_ms.is_some_and(|at| at <= now_ms)))
-            && self.live_lease(now_ms).is_none()
+            && self.live_claim(now_ms).is_none()
     }
 
     fn rows(&self, after: u64) -> Vec<RawRow> {
@@ -176,11 +176,11 @@ impl MemoryStore {
         }
     }
 
-    fn fenced(lease: &Lease, run: &MemRun) -> StoreError {
+    fn fenced(claim: &Claim, run: &MemRun) -> StoreError {
         StoreError::Fenced {
-            run_id: lease.run_id.clone(),
-            token: lease.token,
-            current: run.lease_token,
+            run_id: claim.run_id.clone(),
+            token: claim.token,
+            current: run.claim_token,
         }
     }
 
@@ -289,8 +289,8 @@ impl EventStore for MemoryStore {
                     bytes: first_event,
                     hash,
                 }],
-                lease: None,
-                lease_token: 0,
+                claim: None,
+                claim_token: 0,
                 owes_deliveries: 0,
                 wake_ms: None,
             },
@@ -404,55 +404,55 @@ impl EventStore for MemoryStore {
         Ok(ids)
     }
 
-    async fn acquire_lease(
+    async fn acquire_claim(
         &self,
         run_id: &RunId,
         owner: &str,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
+    ) -> Result<Claim, StoreError> {
         let mut runs = self.runs();
         let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
-        if let Some(live) = run.live_lease(now_ms)
+        if let Some(live) = run.live_claim(now_ms)
             && live.owner != owner
         {
-            return Err(StoreError::Leased {
+            return Err(StoreError::Claimed {
                 run_id: run_id.clone(),
                 owner: live.owner.clone(),
                 expires_ms: live.expires_ms,
             });
         }
-        Ok(run.issue_lease(run_id, owner, now_ms, ttl_ms))
+        Ok(run.issue_claim(run_id, owner, now_ms, ttl_ms))
     }
 
-    async fn renew_lease(
+    async fn renew_claim(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
+    ) -> Result<Claim, StoreError> {
         let mut runs = self.runs();
         let run = runs
-            .get_mut(&lease.run_id)
-            .ok_or_else(|| self.unknown(&lease.run_id))?;
-        if !run.holds(lease) {
-            return Err(Self::fenced(lease, run));
+            .get_mut(&claim.run_id)
+            .ok_or_else(|| self.unknown(&claim.run_id))?;
+        if !run.holds(claim) {
+            return Err(Self::fenced(claim, run));
         }
-        let renewed = Lease {
+        let renewed = Claim {
             expires_ms: now_ms.saturating_add(ttl_ms),
-            ..lease.clone()
+            ..claim.clone()
         };
-        run.lease = Some(renewed.clone());
+        run.claim = Some(renewed.clone());
         Ok(renewed)
     }
 
-    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
+    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
         let mut runs = self.runs();
         let run = runs
-            .get_mut(&lease.run_id)
-            .ok_or_else(|| self.unknown(&lease.run_id))?;
-        if run.holds(lease) {
-            run.lease = None;
+            .get_mut(&claim.run_id)
+            .ok_or_else(|| self.unknown(&claim.run_id))?;
+        if run.holds(claim) {
+            run.claim = None;
             if let Some(status) = status {
                 run.status = status.to_owned();
             }
@@ -462,13 +462,13 @@ impl EventStore for MemoryStore {
 
     async fn append_fenced(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let run_id = &lease.run_id;
+        let run_id = &claim.run_id;
         if events.is_empty() {
             return Err(StoreError::EmptyAppend {
                 run_id: run_id.clone(),
@@ -476,8 +476,8 @@ impl EventStore for MemoryStore {
         }
         let mut runs = self.runs();
         let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
-        if !run.holds(lease) {
-            return Err(Self::fenced(lease, run));
+        if !run.holds(claim) {
+            return Err(Self::fenced(claim, run));
         }
         self.append_checked(run_id, run, expected_len, events, listing, updated_ms)
     }
@@ -488,7 +488,7 @@ impl EventStore for MemoryStore {
         now_ms: i64,
         ttl_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Vec<Claim>, StoreError> {
         let mut runs = self.runs();
         let mut claimable: Vec<(i64, RunId)> = runs
             .iter()
@@ -501,7 +501,7 @@ impl EventStore for MemoryStore {
             .take(limit)
             .map(|(_, id)| {
                 let run = runs.get_mut(&id).expect("listed above");
-                run.issue_lease(&id, owner, now_ms, ttl_ms)
+                run.issue_claim(&id, owner, now_ms, ttl_ms)
             })
             .collect())
     }
@@ -512,7 +512,7 @@ impl EventStore for MemoryStore {
             .iter()
             .filter(|(_, run)| {
                 filter.matches(&run.status, run.updated_ms)
-                    && run.live_lease(now_ms).is_none()
+                    && run.live_claim(now_ms).is_none()
                     && run.owes_deliveries == 0
             })
             .map(|(id, _)| id.clone())
@@ -539,16 +539,16 @@ impl EventStore for MemoryStore {
             .collect())
     }
 
-    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let mut commitments = self.commitments();
         Ok(match commitments.get(key) {
             None => {
                 commitments.insert(key.to_owned(), (holder.clone(), None));
-                Claim::Granted
+                KeyClaim::Granted
             }
-            Some((h, None)) if h == holder => Claim::Granted,
-            Some((h, None)) => Claim::Held(h.clone()),
-            Some((h, Some(result))) => Claim::Settled {
+            Some((h, None)) if h == holder => KeyClaim::Granted,
+            Some((h, None)) => KeyClaim::Held(h.clone()),
+            Some((h, Some(result))) => KeyClaim::Settled {
                 holder: h.clone(),
                 result: result.clone(),
             },
@@ -558,7 +558,7 @@ impl EventStore for MemoryStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
-        fence: Option<&Lease>,
+        fence: Option<&Claim>,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
@@ -572,10 +572,10 @@ impl EventStore for MemoryStore {
         }
         let mut runs = self.runs();
         let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
-        if let Some(lease) = fence
-            && !run.holds(lease)
+        if let Some(claim) = fence
+            && !run.holds(claim)
         {
-            return Err(Self::fenced(lease, run));
+            return Err(Self::fenced(claim, run));
         }
         let mut commitments = self.commitments();
         let release = settlement.outcome == Settle::Release;

@@ -37,8 +37,8 @@ use std::time::Duration;
 
 use serde_json::Value;
 
+use warden_plugins::grant::{Grant, MountGrant};
 use warden_plugins::manifest::{FuelSetting, Unmetered};
-use warden_plugins::policy::{Grant, MountGrant};
 use warden_plugins::{
     LoadedPlugin, Manifest, PluginError, PluginHost, PluginSource, ToolDescriptor,
 };
@@ -362,7 +362,7 @@ impl TestPluginBuilder {
     }
 
     /// Sets the operator's effect class for `tool`.
-    pub fn effect(mut self, tool: &str, effect: warden_plugins::policy::EffectClass) -> Self {
+    pub fn effect(mut self, tool: &str, effect: warden_plugins::grant::EffectClass) -> Self {
         self.grant.tools.entry(tool.into()).or_default().effect = Some(effect);
         self
     }

@@ -17,7 +17,7 @@
 //!   configuration.
 //! - [`plugins`] (`warden-plugins`): manifests, built-in plugins, and the
 //!   [`PluginHost`] that loads a plugin under a grant and calls its tools;
-//!   [`policy`] is its grants, requested ∩ granted, and effect classes.
+//!   [`grant`] is its grants, requested ∩ granted, and effect classes.
 //! - [`engine`] (`warden-engine`): agents, the event log, deciding and
 //!   replaying runs, the [`Runtime`]; [`worker`] is the work queue's
 //!   consumer (`warden worker`).
@@ -27,15 +27,20 @@
 //! - [`units`], [`json_limits`], [`toml_errors`] (`warden-syntax`): sizes
 //!   and durations, JSON nesting limits, one-line TOML errors.
 //!
+//! - [`errors`]: the stable error codes and details of the crates' typed
+//!   errors, shared by every surface (the command line, the Python package).
+//!
 //! Features (all on by default): `sqlite` and `postgres` (the stores),
 //! `builtin` (the first-party plugins, built and embedded).
 //!
 //! ARCHITECTURE.md in the repository maps every crate and its invariants.
 
+pub mod errors;
+
 pub use warden_engine as engine;
 pub use warden_engine::worker;
 pub use warden_plugins as plugins;
-pub use warden_plugins::policy;
+pub use warden_plugins::grant;
 pub use warden_providers as providers;
 pub use warden_sandbox as sandbox;
 pub use warden_store as store;

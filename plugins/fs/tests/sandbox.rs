@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use warden::policy::EffectClass;
+use warden::grant::EffectClass;
 use warden::sandbox::{LeaseFailure, Outcome};
 use warden::testkit::TestPlugin;
 

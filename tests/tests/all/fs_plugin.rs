@@ -5,8 +5,8 @@
 use std::path::Path;
 
 use serde_json::json;
+use warden::grant::{EffectClass, Grant, GrantError};
 use warden::plugins::{PluginError, PluginHost, PluginSource};
-use warden::policy::{EffectClass, Grant, PolicyError};
 use warden::sandbox::{Access, Outcome, wit};
 
 use crate::sandbox;
@@ -83,7 +83,7 @@ async fn a_grant_for_a_mount_the_plugin_did_not_request_is_refused() {
     let bad = grant(&format!("[mounts.home]\ndir = {:?}\n", dir.path()));
     let err = host.load(&fs(), &bad, Path::new(".")).await.unwrap_err();
     assert!(
-        matches!(&err, PluginError::Policy(PolicyError::UnrequestedMount { mount, .. }) if mount == "home"),
+        matches!(&err, PluginError::Grant(GrantError::UnrequestedMount { mount, .. }) if mount == "home"),
         "{err}"
     );
     let missing = grant("[mounts.workspace]\ndir = \"/no/such/directory\"\n");

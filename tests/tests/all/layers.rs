@@ -42,6 +42,34 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-build-support",
         ],
     ),
+    (
+        "warden",
+        &[
+            "warden-syntax",
+            "warden-sandbox",
+            "warden-store",
+            "warden-providers",
+            "warden-plugins",
+            "warden-engine",
+            "warden-testkit",
+            "warden-build-support",
+        ],
+    ),
+    // The Python package sits beside the command line, on the facade.
+    (
+        "warden-python",
+        &[
+            "warden",
+            "warden-syntax",
+            "warden-sandbox",
+            "warden-store",
+            "warden-providers",
+            "warden-plugins",
+            "warden-engine",
+            "warden-testkit",
+            "warden-build-support",
+        ],
+    ),
 ];
 
 /// The workspace's packages and the workspace packages each depends on

@@ -76,6 +76,35 @@ fn a_component_whose_sha256_does_not_match_the_pin_is_refused() {
         .unwrap();
 }
 
+// A refused component must cost its parse, not a compile: an 18 MB Python
+// component takes minutes to compile on a loaded machine, and whatever is
+// compiled lands in the cache.
+#[test]
+fn a_component_with_a_refused_import_is_refused_before_it_is_compiled() {
+    let cache = tempfile::tempdir().unwrap();
+    let sb = Sandbox::new(SandboxConfig {
+        cache_dir: Some(cache.path().to_owned()),
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    for path in [guests::SOCKETS, guests::BACKDOOR] {
+        let wasm = std::fs::read(path).unwrap();
+        let err = sb.load("guest", &wasm, None).unwrap_err();
+        assert!(
+            matches!(err, SandboxError::DisallowedImport { .. }),
+            "{path}: {err}"
+        );
+    }
+    let entries: Vec<_> = std::fs::read_dir(cache.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(
+        entries.is_empty(),
+        "refused components were compiled into the cache: {entries:?}"
+    );
+}
+
 #[test]
 fn bytes_that_are_not_a_component_are_a_compile_error() {
     for bytes in [&b"not wasm at all"[..], b"\0asm\x01\0\0\0"] {
@@ -155,7 +184,7 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
         .unwrap();
     std::os::unix::fs::symlink("/dev/zero", dir.path().join("zero.wasm")).unwrap();
     let host = PluginHost::new(sandbox().clone());
-    let granted = |component: &str| warden::policy::Grant {
+    let granted = |component: &str| warden::grant::Grant {
         component: Some(component.into()),
         ..Default::default()
     };
@@ -218,8 +247,8 @@ async fn a_component_that_is_not_a_regular_file_is_refused_without_reading_it() 
 #[tokio::test]
 async fn a_component_outside_the_plugin_directory_loads_only_when_the_grant_names_it() {
     use std::os::unix::fs::symlink;
+    use warden::grant::{Grant, GrantError};
     use warden::plugins::{ComponentFileError, PluginError, PluginHost, PluginSource};
-    use warden::policy::{Grant, PolicyError};
     let root = tempfile::tempdir().unwrap();
     let root = root.path();
     let plugin_dir = root.join("plugin");
@@ -331,7 +360,7 @@ async fn a_component_outside_the_plugin_directory_loads_only_when_the_grant_name
         )
         .await
     {
-        Err(PluginError::Policy(PolicyError::Invalid { key, .. })) => assert_eq!(key, "component"),
+        Err(PluginError::Grant(GrantError::Invalid { key, .. })) => assert_eq!(key, "component"),
         other => panic!("{other:?}"),
     }
 }

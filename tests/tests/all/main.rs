@@ -8,7 +8,7 @@
 //!   a mount's path swapped for a symlink, FIFOs, sockets and devices.
 //! - `isolation`: leakage between leases, environment grants and redaction,
 //!   starvation, cancellation.
-//! - `fencing`: a lease's validity (`ValidUntil`): passed, a lease never
+//! - `fencing`: a claim's validity (`ValidUntil`): passed, a claim never
 //!   runs; passing mid-call, no further filesystem change of any kind and
 //!   no further request, a compute loop trapped, a wait stopped; kept
 //!   extended, the call finishes.
@@ -31,6 +31,10 @@
 //!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
+//! - `forks`: forks on every store: a fork at each position of a recorded
+//!   run reuses every earlier effect and asks again for later writes;
+//!   changed agents and budgets; bad positions; a fork cut short by a
+//!   crash.
 //! - `journal`: JSON nested past what decoding reads, from a hostile model,
 //!   tool or final answer, is answered and recorded readably; arbitrary
 //!   values round-trip through append and decode on both stores.
@@ -44,13 +48,13 @@
 //!   context source or a policy) under the narrowed grant: a write and a
 //!   request planted in a preflight are refused, the approval still shows.
 //! - `pause`: a paused writer: a `warden worker` stopped with SIGSTOP
-//!   mid-write past its lease on PostgreSQL, taken over, resolved by an
+//!   mid-write past its claim on PostgreSQL, taken over, resolved by an
 //!   operator, then woken, writes nothing more; a driver whose own view of
-//!   its lease passes mid-write stops and records nothing.
+//!   its claim passes mid-write stops and records nothing.
 //! - `parsing`: agent files, manifests, stored events and guest output,
 //!   mangled at random, parse or fail typed, never panic.
 //! - `plugins`: the other first-party plugins through the testkit.
-//! - `workers`: run leases with fencing through the engine, and `warden
+//! - `workers`: run claims with fencing through the engine, and `warden
 //!   worker` processes killed at random while sharing 200 runs on
 //!   PostgreSQL.
 //! - `policies`: native policies at every hook: a denied tool call never
@@ -73,6 +77,10 @@
 //! - `sessions`: runs in a session on every store: one active run, history
 //!   from completed runs only, a run cancelled mid-stream rolled back, two
 //!   hosts racing to start.
+//! - `python_host`: the Python package's pytest suite (`host/python/tests`)
+//!   in the virtual environment `.ci/run` prepares: the runtime's verbs
+//!   from Python on both stores, a killed Python process recovered,
+//!   Python policies and external tools, live turns, exceptions by code.
 //! - `turns`: live turns through their handles: deltas before the provider
 //!   finishes, tool calls and approvals, cancel and drop.
 //! - `policy_plugins`: policies as WASM components in runs, through the
@@ -99,6 +107,7 @@ mod effects;
 mod engine;
 mod fencing;
 mod filesystem;
+mod forks;
 mod fs_plugin;
 mod hostile;
 #[path = "../../common/intercepted.rs"]
@@ -119,6 +128,7 @@ mod policies;
 mod policy_plugins;
 mod providers;
 mod python_guest;
+mod python_host;
 mod retries;
 mod server;
 mod sessions;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use serde_json::{Value, json};
 use warden::engine::RunStatus;
 use warden::engine::events::Event;
+use warden::grant::{Grant, GrantError};
 use warden::plugins::{PluginError, PluginHost};
-use warden::policy::{Grant, PolicyError};
 use warden::sandbox::{DenialReason, Outcome, wit};
 use warden::store::MemoryStore;
 use warden_tests::guests;
@@ -209,7 +209,7 @@ async fn context_sources_and_policies_run_narrowed_unless_their_grant_widens_the
         .load(&tool, &grant("widened = true\n"), dir.path())
         .await
     {
-        Err(PluginError::Policy(PolicyError::Invalid { key, .. })) => assert_eq!(key, "widened"),
+        Err(PluginError::Grant(GrantError::Invalid { key, .. })) => assert_eq!(key, "widened"),
         other => panic!("{other:?}"),
     }
 }

@@ -446,7 +446,7 @@ async fn a_plugin_granted_a_secret_and_an_egress_path_is_warned_about_at_load() 
     let host = warden::plugins::PluginHost::new(sandbox().clone());
     let env = |_: &str| Some("sk-live-0123456789".to_owned());
     let logs = crate::Logs::capture();
-    let grant = |text: &str| -> warden::policy::Grant { toml::from_str(text).unwrap() };
+    let grant = |text: &str| -> warden::grant::Grant { toml::from_str(text).unwrap() };
     host.load_with_env(&source, &grant("env = [\"API_TOKEN\"]\n"), dir.path(), env)
         .await
         .unwrap();

@@ -1,15 +1,15 @@
 //! A paused writer (issue 15): a driver stopped in the middle of a long
-//! write, past its lease, makes no further effect once it wakes.
+//! write, past its claim, makes no further effect once it wakes.
 //!
 //! - Through the real binary on PostgreSQL: a `warden worker` is stopped
 //!   with SIGSTOP while the hostile guest's `slow_append` writes a file one
-//!   line per host call; once its lease has run out an operator resolves
+//!   line per host call; once its claim has run out an operator resolves
 //!   the dangling write with `warden runs resolve` and a second worker
 //!   takes the run over and finishes it; then the first gets SIGCONT. The file must hold what it held when the first was stopped,
 //!   and the log what the second left.
-//! - Through the library: a driver whose own view of its lease
+//! - Through the library: a driver whose own view of its claim
 //!   ([`ValidUntil`]) passes mid-write stops with
-//!   [`RuntimeError::LeaseExpired`], its write stops, and nothing is
+//!   [`RuntimeError::ClaimExpired`], its write stops, and nothing is
 //!   appended after the write's intent.
 
 use std::collections::BTreeMap;
@@ -94,7 +94,7 @@ fn start_worker(dir: &Path, url: &str, id: &str) -> KillOnDrop {
     let child = Command::new(warden_binary())
         .args([
             "worker",
-            "--lease-ttl",
+            "--claim-ttl",
             "1s",
             "--poll",
             "50ms",
@@ -125,7 +125,7 @@ fn signal(worker: &KillOnDrop, sig: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_paused_mid_write_past_its_lease_writes_nothing_after_it_wakes() {
+async fn a_worker_paused_mid_write_past_its_claim_writes_nothing_after_it_wakes() {
     let Some(pg) = PgSchema::new("pause").await else {
         return;
     };
@@ -153,13 +153,13 @@ async fn a_worker_paused_mid_write_past_its_lease_writes_nothing_after_it_wakes(
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(steps_written(&fx).1, steps, "worker-a did not stop");
 
-    // Its lease runs out, its write dangling (the run is listed as needing
+    // Its claim runs out, its write dangling (the run is listed as needing
     // reconciliation since the write began); another worker is up.
     let second = start_worker(dir, &pg.url, "worker-b");
-    wait_for("worker-a's lease never ran out", async || {
+    wait_for("worker-a's claim never ran out", async || {
         store.summary(&run).await.is_ok_and(|s| {
             s.status == "needs_reconciliation"
-                && s.lease.as_ref().is_some_and(|l| l.is_expired(now_ms()))
+                && s.claim.as_ref().is_some_and(|l| l.is_expired(now_ms()))
         })
     })
     .await;
@@ -189,7 +189,7 @@ async fn a_worker_paused_mid_write_past_its_lease_writes_nothing_after_it_wakes(
         store
             .summary(&run)
             .await
-            .is_ok_and(|s| s.status == "completed" && s.lease.is_none() && s.lease_token >= 2)
+            .is_ok_and(|s| s.status == "completed" && s.claim.is_none() && s.claim_token >= 2)
     })
     .await;
     let events = store.load(&run).await.unwrap();
@@ -231,7 +231,7 @@ async fn a_worker_paused_mid_write_past_its_lease_writes_nothing_after_it_wakes(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_driver_whose_lease_view_passes_mid_write_stops_and_records_nothing() {
+async fn a_driver_whose_claim_view_passes_mid_write_stops_and_records_nothing() {
     let fx = Fixture::new();
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(store.clone());
@@ -240,20 +240,20 @@ async fn a_driver_whose_lease_view_passes_mid_write_stops_and_records_nothing() 
     rt.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
         .await
         .unwrap();
-    // The store's lease is good for a minute; the driver's own view of it,
+    // The store's claim is good for a minute; the driver's own view of it,
     // only 300 ms (a worker that could not renew, say).
-    let lease = store
-        .acquire_lease(&run, "driver", now_ms(), 60_000)
+    let claim = store
+        .acquire_claim(&run, "driver", now_ms(), 60_000)
         .await
         .unwrap();
     let valid = ValidUntil::for_next(Duration::from_millis(300));
     let started = std::time::Instant::now();
     let err = rt
-        .recover_leased(&agent, ReplayOptions::default(), lease, valid)
+        .recover_claimed(&agent, ReplayOptions::default(), claim, valid)
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, RuntimeError::LeaseExpired { run_id } if *run_id == run),
+        matches!(&err, RuntimeError::ClaimExpired { run_id } if *run_id == run),
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(5));

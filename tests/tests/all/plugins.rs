@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use serde_json::{Value, json};
-use warden::policy::EffectClass;
+use warden::grant::EffectClass;
 use warden::sandbox::{DenialReason, Outcome, PluginKind, wit};
 use warden::testkit::TestPlugin;
 

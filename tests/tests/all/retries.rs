@@ -448,7 +448,7 @@ async fn a_worker_claims_a_waiting_run_only_once_it_is_due() {
             let deadline = std::time::Instant::now() + Duration::from_secs(30);
             loop {
                 let s = store.summary(&run).await.unwrap();
-                if s.status == want && s.lease.is_none() {
+                if s.status == want && s.claim.is_none() {
                     return s;
                 }
                 assert!(std::time::Instant::now() < deadline, "never {want}: {s:?}");
@@ -462,11 +462,11 @@ async fn a_worker_claims_a_waiting_run_only_once_it_is_due() {
     // The worker polls on: nothing is claimed while the run is not due.
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(server.seen().len(), 1);
-    assert_eq!(store.summary(&run).await.unwrap().lease_token, 1);
+    assert_eq!(store.summary(&run).await.unwrap().claim_token, 1);
     clock.set(due as u64);
     until("completed").await;
     assert_eq!(server.seen().len(), 2);
-    assert_eq!(store.summary(&run).await.unwrap().lease_token, 2);
+    assert_eq!(store.summary(&run).await.unwrap().claim_token, 2);
     let _ = stop.send(());
     let report = working.await.unwrap();
     assert_eq!((report.claimed, report.settled), (2, 2));
@@ -479,7 +479,7 @@ fn start_worker(dir: &Path, url: &str, name: &str) -> Child {
     Command::new(warden_binary())
         .args([
             "worker",
-            "--lease-ttl",
+            "--claim-ttl",
             "2s",
             "--poll",
             "50ms",

@@ -270,7 +270,7 @@ enum Driver {
     Worker,
 }
 
-/// The lease a worker takes: its successor waits this long after a kill.
+/// The claim a worker takes: its successor waits this long after a kill.
 const WORKER_TTL_MS: u64 = 1_000;
 
 fn spawn(store: &Store, dir: &Path, driver: Driver, exists: bool) -> Child {
@@ -278,7 +278,7 @@ fn spawn(store: &Store, dir: &Path, driver: Driver, exists: bool) -> Child {
     let args: Vec<&str> = match (driver, exists) {
         (Driver::Run, false) => vec!["run", "agent.toml", "go", "--run-id", RUN],
         (Driver::Run, true) => vec!["runs", "recover", RUN],
-        (Driver::Worker, _) => vec!["worker", "--lease-ttl", &ttl, "--poll", "20ms"],
+        (Driver::Worker, _) => vec!["worker", "--claim-ttl", &ttl, "--poll", "20ms"],
     };
     store
         .command(&args, dir)
@@ -361,7 +361,7 @@ async fn edits_survive_kills(store: Store, driver: Driver, kills: usize, seed: u
                             .summary(&run)
                             .await
                             .unwrap()
-                            .lease
+                            .claim
                             .is_some_and(|l| !l.is_expired(now_ms()))
                         {
                             polls += 1;

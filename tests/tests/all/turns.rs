@@ -17,8 +17,8 @@ use tokio::sync::Semaphore;
 use warden::engine::events::{Event, ToolCallResult};
 use warden::engine::turn::{DROPPED_REASON, TurnEvent, TurnHandle, TurnOutcome};
 use warden::engine::{Agent, RunStatus, Runtime, RuntimeError};
+use warden::grant::EffectClass;
 use warden::plugins::PluginHost;
-use warden::policy::EffectClass;
 use warden::providers::{
     ModelProvider, ModelRequest, ModelStream, ProviderEvent, StopReason, Usage,
 };

@@ -1,4 +1,4 @@
-//! Many hosts on one store: run leases with fencing through the real
+//! Many hosts on one store: run claims with fencing through the real
 //! engine, and `warden worker` processes killed with SIGKILL at random
 //! moments while they share 200 runs on PostgreSQL, idempotency
 //! commitments across a takeover in the middle of a call, and a worker
@@ -162,9 +162,9 @@ dir = "../work"
     Agent::load(&path.canonicalize().unwrap(), None).unwrap()
 }
 
-/// A driver's own view of its lease in these tests: good for a minute, so
+/// A driver's own view of its claim in these tests: good for a minute, so
 /// that only the store's fencing token decides (a stalled driver's clock
-/// may well say its lease is fine).
+/// may well say its claim is fine).
 fn valid() -> ValidUntil {
     ValidUntil::for_next(Duration::from_secs(60))
 }
@@ -181,8 +181,8 @@ fn effects(fx: &Fixture) -> Vec<String> {
         .collect()
 }
 
-/// Two drivers race for one run: exactly one gets the lease; once the
-/// winner's lease expires the other takes over with a higher token, and the
+/// Two drivers race for one run: exactly one gets the claim; once the
+/// winner's claim expires the other takes over with a higher token, and the
 /// first, waking up, has every append refused and writes nothing.
 async fn racing_drivers(store: Arc<dyn EventStore>, fx: &Fixture) {
     let agent = job_agent(fx, "race");
@@ -193,24 +193,24 @@ async fn racing_drivers(store: Arc<dyn EventStore>, fx: &Fixture) {
         .await
         .unwrap();
     let (first, second) = tokio::join!(
-        store.acquire_lease(&run, "driver-a", 1_000, 5_000),
-        store.acquire_lease(&run, "driver-b", 1_000, 5_000),
+        store.acquire_claim(&run, "driver-a", 1_000, 5_000),
+        store.acquire_claim(&run, "driver-b", 1_000, 5_000),
     );
     let (winner, loser_owner) = match (first, second) {
-        (Ok(lease), Err(StoreError::Leased { .. })) => (lease, "driver-b"),
-        (Err(StoreError::Leased { .. }), Ok(lease)) => (lease, "driver-a"),
-        other => panic!("expected exactly one lease, got {other:?}"),
+        (Ok(claim), Err(StoreError::Claimed { .. })) => (claim, "driver-b"),
+        (Err(StoreError::Claimed { .. }), Ok(claim)) => (claim, "driver-a"),
+        other => panic!("expected exactly one claim, got {other:?}"),
     };
     // The winner stalls past its expiry; the loser takes the run over.
     let takeover = store
-        .acquire_lease(&run, loser_owner, winner.expires_ms, 5_000)
+        .acquire_claim(&run, loser_owner, winner.expires_ms, 5_000)
         .await
         .unwrap();
     assert_eq!((winner.token, takeover.token), (1, 2));
     // The stalled winner wakes up and drives: refused at its first append.
     let driver = if winner.owner == "driver-a" { &a } else { &b };
     let err = driver
-        .recover_leased(&agent, ReplayOptions::default(), winner.clone(), valid())
+        .recover_claimed(&agent, ReplayOptions::default(), winner.clone(), valid())
         .await
         .unwrap_err();
     assert!(
@@ -228,18 +228,18 @@ async fn racing_drivers(store: Arc<dyn EventStore>, fx: &Fixture) {
     // The new owner drives the run to its end; its write ran once.
     let owner = if winner.owner == "driver-a" { &b } else { &a };
     let status = owner
-        .recover_leased(&agent, ReplayOptions::default(), takeover.clone(), valid())
+        .recover_claimed(&agent, ReplayOptions::default(), takeover.clone(), valid())
         .await
         .unwrap();
     assert_eq!(status, RunStatus::Completed);
-    store.release_lease(&takeover, None).await.unwrap();
+    store.release_claim(&takeover, None).await.unwrap();
     assert_eq!(effects(fx), ["race"]);
     let summary = store.summary(&run).await.unwrap();
     assert_eq!(
-        (summary.status.as_str(), summary.lease_token),
+        (summary.status.as_str(), summary.claim_token),
         ("completed", 2)
     );
-    assert!(summary.lease.is_none());
+    assert!(summary.claim.is_none());
     assert!(store.verify(&run).await.unwrap().is_intact());
 }
 
@@ -308,8 +308,8 @@ idempotency_key = "claim_id"
 /// Driver A takes the run and dies in the middle of its keyed call: its task
 /// is dropped while the guest blocks, after the effect happened and with
 /// the commitment claimed and the intent recorded, but no completion. Once
-/// A's lease expires driver B takes the run over. Returns B's runtime, the
-/// run, B's lease and what B's recovery said.
+/// A's claim expires driver B takes the run over. Returns B's runtime, the
+/// run, B's claim and what B's recovery said.
 async fn die_mid_call(
     store: Arc<dyn EventStore>,
     fx: &Fixture,
@@ -317,7 +317,7 @@ async fn die_mid_call(
 ) -> (
     Runtime,
     RunId,
-    warden::store::Lease,
+    warden::store::Claim,
     Result<RunStatus, RuntimeError>,
 ) {
     let run = RunId::new("mid-call").unwrap();
@@ -325,14 +325,14 @@ async fn die_mid_call(
     a.submit(agent, run.clone(), json!("go"), BTreeMap::new())
         .await
         .unwrap();
-    let lease_a = store
-        .acquire_lease(&run, "driver-a", now_ms(), 60_000)
+    let claim_a = store
+        .acquire_claim(&run, "driver-a", now_ms(), 60_000)
         .await
         .unwrap();
     let driving = tokio::spawn({
-        let (agent, lease) = (agent.clone(), lease_a.clone());
+        let (agent, claim) = (agent.clone(), claim_a.clone());
         async move {
-            a.recover_leased(&agent, ReplayOptions::default(), lease, valid())
+            a.recover_claimed(&agent, ReplayOptions::default(), claim, valid())
                 .await
         }
     });
@@ -356,15 +356,15 @@ async fn die_mid_call(
     );
 
     let b = runtime(store.clone()).with_commitment_wait(Duration::from_millis(200));
-    let lease_b = store
-        .acquire_lease(&run, "driver-b", lease_a.expires_ms, 60_000)
+    let claim_b = store
+        .acquire_claim(&run, "driver-b", claim_a.expires_ms, 60_000)
         .await
         .unwrap();
-    assert_eq!((lease_a.token, lease_b.token), (1, 2));
+    assert_eq!((claim_a.token, claim_b.token), (1, 2));
     let outcome = b
-        .recover_leased(agent, ReplayOptions::default(), lease_b.clone(), valid())
+        .recover_claimed(agent, ReplayOptions::default(), claim_b.clone(), valid())
         .await;
-    (b, run, lease_b, outcome)
+    (b, run, claim_b, outcome)
 }
 
 /// The keys the plugin was handed, one line per execution.
@@ -400,9 +400,9 @@ async fn same_claim_elsewhere(rt: &Runtime, agent: &Agent, origin: &RunId) {
 async fn idempotent_call_across_a_takeover(store: Arc<dyn EventStore>) {
     let fx = Fixture::new();
     let agent = keyed_agent(&fx, "idempotent-pay", "idempotent");
-    let (b, run, lease_b, outcome) = die_mid_call(store.clone(), &fx, &agent).await;
+    let (b, run, claim_b, outcome) = die_mid_call(store.clone(), &fx, &agent).await;
     assert_eq!(outcome.unwrap(), RunStatus::Completed);
-    store.release_lease(&lease_b, None).await.unwrap();
+    store.release_claim(&claim_b, None).await.unwrap();
     let keys = keys_seen(&fx);
     assert_eq!(keys.len(), 2, "executed by A, then retried by B: {keys:?}");
     assert_eq!(keys[0], keys[1], "the retry carried the same key");
@@ -430,13 +430,13 @@ async fn idempotent_call_across_a_takeover(store: Arc<dyn EventStore>) {
 async fn write_across_a_takeover(store: Arc<dyn EventStore>) {
     let fx = Fixture::new();
     let agent = keyed_agent(&fx, "write-pay", "write");
-    let (b, run, lease_b, outcome) = die_mid_call(store.clone(), &fx, &agent).await;
+    let (b, run, claim_b, outcome) = die_mid_call(store.clone(), &fx, &agent).await;
     assert!(
         matches!(outcome, Err(RuntimeError::NeedsReconciliation { .. })),
         "{outcome:?}"
     );
     store
-        .release_lease(&lease_b, Some("needs_reconciliation"))
+        .release_claim(&claim_b, Some("needs_reconciliation"))
         .await
         .unwrap();
     assert_eq!(keys_seen(&fx).len(), 1, "the write did not run again");
@@ -509,7 +509,7 @@ fn start_worker(dir: &Path, url: &str, n: usize, generation: usize) -> Running {
             "worker",
             "--concurrency",
             "4",
-            "--lease-ttl",
+            "--claim-ttl",
             "2s",
             "--poll",
             "50ms",
@@ -612,13 +612,13 @@ async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write()
         }
         // The operator reconciles writes left without an outcome. A run
         // lists as needs_reconciliation while its write is in flight too:
-        // only one whose driver is gone (lease released or expired) is
+        // only one whose driver is gone (claim released or expired) is
         // dangling. If the job's line is in the counter the write happened;
         // if not, the operator performs it by hand after recording so.
         // Either way it happens once.
         let now = now_ms();
         for r in runs.iter().filter(|r| {
-            r.status == "needs_reconciliation" && r.lease.as_ref().is_none_or(|l| l.is_expired(now))
+            r.status == "needs_reconciliation" && r.claim.as_ref().is_none_or(|l| l.is_expired(now))
         }) {
             let job = r.run_id.as_str();
             let happened = effects(&fx).iter().any(|l| l == job);
@@ -700,10 +700,10 @@ async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write()
         let run = RunId::new(job.as_str()).unwrap();
         let s = store.summary(&run).await.unwrap();
         assert_eq!(s.status, "completed", "{job}");
-        // Every run was driven under a lease (a worker killed after the
-        // last append leaves its expired lease on the finished run).
-        assert!(s.lease_token >= 1, "{job} was never leased");
-        if s.lease_token > 1 {
+        // Every run was driven under a claim (a worker killed after the
+        // last append leaves its expired claim on the finished run).
+        assert!(s.claim_token >= 1, "{job} was never claimed");
+        if s.claim_token > 1 {
             taken_over += 1;
         }
         let log = store.load(&run).await.unwrap();
@@ -750,7 +750,7 @@ async fn status_counts(store: &dyn EventStore) -> BTreeMap<String, usize> {
 /// Makes a store's fenced append of a delivery's intent never return
 /// (raising `stalled` first): the worker driving through it stops between
 /// the run's terminal event and its delivery, as if it died there (its task
-/// is then aborted, and its lease left to expire).
+/// is then aborted, and its claim left to expire).
 struct StallAtDelivery {
     stalled: Arc<AtomicBool>,
 }
@@ -824,17 +824,17 @@ pub(crate) async fn wait_for<F: AsyncFnMut() -> bool>(what: &str, mut done: F) {
 fn quick_worker(rt: Runtime, owner: &str) -> Worker {
     Worker::builder(rt)
         .owner(owner)
-        .lease_ttl(Duration::from_millis(300))
+        .claim_ttl(Duration::from_millis(300))
         .poll(Duration::from_millis(20))
         .build()
         .unwrap()
 }
 
 /// Worker A completes a submitted run and dies before its delivery: the run
-/// is listed `completed`, owing one delivery, under A's dead lease. Worker
-/// B claims it once the lease expires, makes the delivery exactly once
+/// is listed `completed`, owing one delivery, under A's dead claim. Worker
+/// B claims it once the claim expires, makes the delivery exactly once
 /// (one line in the file, with the stable id), releases the run and never
-/// claims it again; A's lease is fenced.
+/// claims it again; A's claim is fenced.
 async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, dir: &Path) {
     let agent = delivering_agent(dir);
     let run = RunId::new("owed").unwrap();
@@ -863,8 +863,8 @@ async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, 
         ("completed", 1),
         "the finished run is listed as owing its delivery"
     );
-    let lease_a = summary.lease.clone().expect("worker A's lease is left");
-    assert_eq!((lease_a.owner.as_str(), lease_a.token), ("worker-a", 1));
+    let claim_a = summary.claim.clone().expect("worker A's claim is left");
+    assert_eq!((claim_a.owner.as_str(), claim_a.token), ("worker-a", 1));
     let events = runtime(store.clone()).events(&run).await.unwrap();
     assert!(
         matches!(events.last(), Some(Event::RunCompleted(_))),
@@ -886,7 +886,7 @@ async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, 
         "worker B never made the delivery a dead worker owed",
         async || {
             let s = store.summary(&run).await.unwrap();
-            s.owes_deliveries == 0 && s.lease.is_none()
+            s.owes_deliveries == 0 && s.claim.is_none()
         },
     )
     .await;
@@ -910,13 +910,13 @@ async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, 
         (
             summary.status.as_str(),
             summary.owes_deliveries,
-            summary.lease_token
+            summary.claim_token
         ),
         ("completed", 0, 2)
     );
     let err = store
         .append_fenced(
-            &lease_a,
+            &claim_a,
             events.len() as u64,
             &[Bytes::from_static(b"{}")],
             "completed".into(),
@@ -1053,7 +1053,7 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
             "worker",
             "--concurrency",
             "3",
-            "--lease-ttl",
+            "--claim-ttl",
             "2s",
             "--poll",
             "50ms",
@@ -1111,11 +1111,11 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
             .is_ok_and(|s| s.status == "completed")
     })
     .await;
-    // Still stuck, in their write, under the worker's lease.
+    // Still stuck, in their write, under the worker's claim.
     for run in &stuck {
         let s = store.summary(run).await.unwrap();
         assert_eq!(s.status, "needs_reconciliation", "{run}: {s:?}");
-        assert!(s.lease.is_some(), "{run}: {s:?}");
+        assert!(s.claim.is_some(), "{run}: {s:?}");
     }
 
     // SIGTERM: the worker stops within its grace, long before the stuck
@@ -1144,6 +1144,6 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
     );
     for run in &stuck {
         let s = store.summary(run).await.unwrap();
-        assert!(s.lease.is_none(), "{run}'s lease was not released: {s:?}");
+        assert!(s.claim.is_none(), "{run}'s claim was not released: {s:?}");
     }
 }

@@ -1,4 +1,4 @@
-//! The PostgreSQL store: the store for many hosts. Runs, events and leases
+//! The PostgreSQL store: the store for many hosts. Runs, events and claims
 //! live in one schema of one database that every `warden worker` shares.
 //!
 //! Connections come from a small pool (`deadpool-postgres`); each has the
@@ -17,7 +17,7 @@
 //! A store opened read-only ([`OpenMode::ReadOnly`]) runs no migration and
 //! its connections set `default_transaction_read_only = on`.
 //!
-//! Schema (version 4, see `schema.rs`): `runs` (with the lease columns and
+//! Schema (version 4, see `schema.rs`): `runs` (with the claim columns and
 //! the deliveries a run owes),
 //! `run_labels`, `events`, `tombstones`, `store_meta` (schema version and
 //! chain mode). Opening the store applies pending migrations.
@@ -41,7 +41,7 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
-    Finding, Holder, Lease, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
+    Finding, Holder, KeyClaim, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
     RunSummary, Settle, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
@@ -462,15 +462,15 @@ async fn event_rows(
 
 fn summary_from(row: &Row, labels: BTreeMap<String, String>) -> Option<RunSummary> {
     let run_id = valid_id(row.get(1))?;
-    let lease_token = u64::try_from(row.get::<_, i64>(9)).unwrap_or(0);
-    let lease = match (
+    let claim_token = u64::try_from(row.get::<_, i64>(9)).unwrap_or(0);
+    let claim = match (
         row.get::<_, Option<String>>(8),
         row.get::<_, Option<i64>>(10),
     ) {
-        (Some(owner), Some(expires_ms)) => Some(Lease {
+        (Some(owner), Some(expires_ms)) => Some(Claim {
             run_id: run_id.clone(),
             owner,
-            token: lease_token,
+            token: claim_token,
             expires_ms,
         }),
         _ => None,
@@ -484,8 +484,8 @@ fn summary_from(row: &Row, labels: BTreeMap<String, String>) -> Option<RunSummar
         created_ms: row.get(5),
         updated_ms: row.get(6),
         event_count: u64::try_from(row.get::<_, i64>(7)).unwrap_or(0),
-        lease,
-        lease_token,
+        claim,
+        claim_token,
         owes_deliveries: u32::try_from(row.get::<_, i32>(11)).unwrap_or(0),
         wake_ms: row.get(12),
     })
@@ -566,23 +566,23 @@ fn list_query(filter: &RunFilter) -> (String, Vec<Box<dyn ToSql + Sync + Send>>)
     (sql, params)
 }
 
-/// The lease columns of a run, read inside a write transaction.
-struct LeaseRow {
+/// The claim columns of a run, read inside a write transaction.
+struct ClaimRow {
     owner: Option<String>,
     token: u64,
 }
 
-impl LeaseRow {
-    fn holds(&self, lease: &Lease) -> bool {
-        self.token == lease.token && self.owner.as_deref() == Some(lease.owner.as_str())
+impl ClaimRow {
+    fn holds(&self, claim: &Claim) -> bool {
+        self.token == claim.token && self.owner.as_deref() == Some(claim.owner.as_str())
     }
 }
 
-async fn lease_row(
+async fn claim_row(
     tx: &deadpool_postgres::Transaction<'_>,
     run_id: &RunId,
-) -> Result<LeaseRow, StoreError> {
-    let context = format!("postgres: cannot read the lease of run {run_id}");
+) -> Result<ClaimRow, StoreError> {
+    let context = format!("postgres: cannot read the claim of run {run_id}");
     let rows = query(
         tx,
         &context,
@@ -591,7 +591,7 @@ async fn lease_row(
     )
     .await?;
     match rows.first() {
-        Some(row) => Ok(LeaseRow {
+        Some(row) => Ok(ClaimRow {
             owner: row.get(0),
             token: row.get::<_, i64>(1) as u64,
         }),
@@ -876,14 +876,14 @@ impl EventStore for PostgresStore {
             .collect())
     }
 
-    async fn acquire_lease(
+    async fn acquire_claim(
         &self,
         run_id: &RunId,
         owner: &str,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let context = format!("postgres: cannot lease run {run_id}");
+    ) -> Result<Claim, StoreError> {
+        let context = format!("postgres: cannot claim run {run_id}");
         let expires_ms = now_ms.saturating_add(ttl_ms);
         self.write(&context, async |tx| {
             let rows = query(
@@ -902,7 +902,7 @@ impl EventStore for PostgresStore {
                 && expiry > now_ms
                 && holder != owner
             {
-                return Err(StoreError::Leased {
+                return Err(StoreError::Claimed {
                     run_id: run_id.clone(),
                     owner: holder,
                     expires_ms: expiry,
@@ -916,7 +916,7 @@ impl EventStore for PostgresStore {
                 &[&run_id.as_str(), &owner, &expires_ms],
             )
             .await?;
-            Ok(Lease {
+            Ok(Claim {
                 run_id: run_id.clone(),
                 owner: owner.to_owned(),
                 token: rows[0].get::<_, i64>(0) as u64,
@@ -926,13 +926,13 @@ impl EventStore for PostgresStore {
         .await
     }
 
-    async fn renew_lease(
+    async fn renew_claim(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let context = format!("postgres: cannot renew the lease of run {}", lease.run_id);
+    ) -> Result<Claim, StoreError> {
+        let context = format!("postgres: cannot renew the claim of run {}", claim.run_id);
         let expires_ms = now_ms.saturating_add(ttl_ms);
         self.write(&context, async |tx| {
             let changed = execute(
@@ -941,31 +941,31 @@ impl EventStore for PostgresStore {
                 "UPDATE runs SET lease_expires_ms = $4
                  WHERE id = $1 AND lease_token = $2 AND lease_owner = $3",
                 &[
-                    &lease.run_id.as_str(),
-                    &(lease.token as i64),
-                    &lease.owner,
+                    &claim.run_id.as_str(),
+                    &(claim.token as i64),
+                    &claim.owner,
                     &expires_ms,
                 ],
             )
             .await?;
             if changed == 0 {
-                let row = lease_row(tx, &lease.run_id).await?;
+                let row = claim_row(tx, &claim.run_id).await?;
                 return Err(StoreError::Fenced {
-                    run_id: lease.run_id.clone(),
-                    token: lease.token,
+                    run_id: claim.run_id.clone(),
+                    token: claim.token,
                     current: row.token,
                 });
             }
-            Ok(Lease {
+            Ok(Claim {
                 expires_ms,
-                ..lease.clone()
+                ..claim.clone()
             })
         })
         .await
     }
 
-    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
-        let context = format!("postgres: cannot release the lease of run {}", lease.run_id);
+    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+        let context = format!("postgres: cannot release the claim of run {}", claim.run_id);
         self.write(&context, async |tx| {
             let changed = execute(
                 tx,
@@ -974,16 +974,16 @@ impl EventStore for PostgresStore {
                      status = coalesce($4, status)
                  WHERE id = $1 AND lease_token = $2 AND lease_owner = $3",
                 &[
-                    &lease.run_id.as_str(),
-                    &(lease.token as i64),
-                    &lease.owner,
+                    &claim.run_id.as_str(),
+                    &(claim.token as i64),
+                    &claim.owner,
                     &status,
                 ],
             )
             .await?;
             if changed == 0 {
                 // Not current (fine) or not there (an error).
-                lease_row(tx, &lease.run_id).await?;
+                claim_row(tx, &claim.run_id).await?;
             }
             Ok(())
         })
@@ -992,15 +992,15 @@ impl EventStore for PostgresStore {
 
     async fn append_fenced(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         self.append_inner(
-            &lease.run_id,
-            Some(lease),
+            &claim.run_id,
+            Some(claim),
             expected_len,
             events,
             listing,
@@ -1043,7 +1043,7 @@ impl EventStore for PostgresStore {
             .collect())
     }
 
-    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let context = format!("postgres: cannot claim idempotency commitment {key}");
         self.write(&context, async |tx| {
             execute(
@@ -1073,12 +1073,12 @@ impl EventStore for PostgresStore {
             };
             let result: Option<Vec<u8>> = row.get(2);
             Ok(match result {
-                Some(result) => Claim::Settled {
+                Some(result) => KeyClaim::Settled {
                     holder: found,
                     result: Bytes::from(result),
                 },
-                None if found == *holder => Claim::Granted,
-                None => Claim::Held(found),
+                None if found == *holder => KeyClaim::Granted,
+                None => KeyClaim::Held(found),
             })
         })
         .await
@@ -1087,7 +1087,7 @@ impl EventStore for PostgresStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
-        fence: Option<&Lease>,
+        fence: Option<&Claim>,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
@@ -1112,7 +1112,7 @@ impl EventStore for PostgresStore {
         now_ms: i64,
         ttl_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Vec<Claim>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -1146,12 +1146,12 @@ impl EventStore for PostgresStore {
                 .await
             })
             .await?;
-        let mut leases: Vec<(i64, Lease)> = rows
+        let mut claims: Vec<(i64, Claim)> = rows
             .iter()
             .filter_map(|row| {
                 Some((
                     row.get::<_, i64>(2),
-                    Lease {
+                    Claim {
                         run_id: valid_id(row.get(0))?,
                         owner: owner.to_owned(),
                         token: row.get::<_, i64>(1) as u64,
@@ -1160,8 +1160,8 @@ impl EventStore for PostgresStore {
                 ))
             })
             .collect();
-        leases.sort_by(|a, b| (a.0, &a.1.run_id).cmp(&(b.0, &b.1.run_id)));
-        Ok(leases.into_iter().map(|(_, lease)| lease).collect())
+        claims.sort_by(|a, b| (a.0, &a.1.run_id).cmp(&(b.0, &b.1.run_id)));
+        Ok(claims.into_iter().map(|(_, claim)| claim).collect())
     }
 
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
@@ -1227,7 +1227,7 @@ impl PostgresStore {
     async fn append_inner(
         &self,
         run_id: &RunId,
-        fence: Option<&Lease>,
+        fence: Option<&Claim>,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
@@ -1280,15 +1280,15 @@ impl PostgresStore {
                 return Err(unknown(tx, run_id).await);
             };
             let pk: i64 = row.get(0);
-            if let Some(lease) = fence {
-                let held = LeaseRow {
+            if let Some(claim) = fence {
+                let held = ClaimRow {
                     owner: row.get(3),
                     token: row.get::<_, i64>(4) as u64,
                 };
-                if !held.holds(lease) {
+                if !held.holds(claim) {
                     return Err(StoreError::Fenced {
                         run_id: run_id.clone(),
-                        token: lease.token,
+                        token: claim.token,
                         current: held.token,
                     });
                 }

@@ -10,7 +10,7 @@ use crate::StoreError;
 /// Migrations in order; migration `i` (0-based) takes the schema from
 /// version `i` to `i + 1`. Never edit one that has shipped: add another.
 ///
-/// Notes on version 1 (the SQLite schema's ideas, with leases from the
+/// Notes on version 1 (the SQLite schema's ideas, with claims from the
 /// start):
 /// - `runs.pk` is an internal identity key; events and labels refer to it
 ///   and go with it (`ON DELETE CASCADE`, used only by retention).
@@ -19,7 +19,8 @@ use crate::StoreError;
 /// - Labels live in `run_labels` (one row per label, indexed by key and
 ///   value), so a label filter is an index lookup.
 /// - The list indexes end in `created_ms, id`, the listing order.
-/// - The lease is three columns of `runs` (owner, fencing token, expiry):
+/// - The claim is three columns of `runs` (owner, fencing token, expiry;
+///   named `lease_*`, as they shipped, like SQLite's):
 ///   an append locks the run row (`FOR UPDATE`) and checks the token and
 ///   the length in the same transaction. `runs_claimable` is a partial
 ///   index over the runs a claim may take.

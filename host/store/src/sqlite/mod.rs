@@ -15,13 +15,13 @@
 //!
 //! Schema (version 5, see `schema.rs`): `runs` (one row per run: text id,
 //! agent, status, session, created/updated ms, event count, chain head, the
-//! lease: owner, fencing token, expiry; the deliveries it owes),
+//! claim: owner, fencing token, expiry; the deliveries it owes),
 //! `run_labels` (one row per label), `events` (run, seq, bytes, hash; one
 //! run's events contiguous), `tombstones` (pruned runs), `commitments`,
 //! `store_meta` (the chain mode).
 //!
-//! Leases (see `store/lease.rs`) hold across processes on one machine: every
-//! lease operation and fenced append runs in the writer's `BEGIN IMMEDIATE`
+//! Claims (see `store/claim.rs`) hold across processes on one machine: every
+//! claim operation and fenced append runs in the writer's `BEGIN IMMEDIATE`
 //! transaction, which SQLite's file lock serializes between processes.
 
 mod schema;
@@ -43,10 +43,10 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
-    Holder, Lease, Listing, OpenMode, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
+    Holder, KeyClaim, Listing, OpenMode, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
     Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
-use writer::{Counters, LeaseOp, Request};
+use writer::{ClaimOp, Counters, Request};
 
 /// An event store in one SQLite file.
 ///
@@ -443,7 +443,7 @@ impl EventStore for SqliteStore {
         .await
     }
 
-    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+    async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let queue = self.queue.as_ref().ok_or_else(|| self.read_only())?;
         let (reply, answer) = oneshot::channel();
         queue
@@ -503,7 +503,7 @@ impl EventStore for SqliteStore {
     async fn append_settling(
         &self,
         run_id: &RunId,
-        fence: Option<&Lease>,
+        fence: Option<&Claim>,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
@@ -610,50 +610,50 @@ impl EventStore for SqliteStore {
         .await
     }
 
-    async fn acquire_lease(
+    async fn acquire_claim(
         &self,
         run_id: &RunId,
         owner: &str,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let op = LeaseOp::Acquire {
+    ) -> Result<Claim, StoreError> {
+        let op = ClaimOp::Acquire {
             run_id: run_id.clone(),
             owner: owner.to_owned(),
             now_ms,
             ttl_ms,
         };
-        let mut leases = self.write(|reply| Request::Lease { op, reply }).await?;
-        Ok(leases.pop().expect("an acquire answers one lease"))
+        let mut claims = self.write(|reply| Request::Claim { op, reply }).await?;
+        Ok(claims.pop().expect("an acquire answers one claim"))
     }
 
-    async fn renew_lease(
+    async fn renew_claim(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         now_ms: i64,
         ttl_ms: i64,
-    ) -> Result<Lease, StoreError> {
-        let op = LeaseOp::Renew {
-            lease: lease.clone(),
+    ) -> Result<Claim, StoreError> {
+        let op = ClaimOp::Renew {
+            claim: claim.clone(),
             now_ms,
             ttl_ms,
         };
-        let mut leases = self.write(|reply| Request::Lease { op, reply }).await?;
-        Ok(leases.pop().expect("a renewal answers one lease"))
+        let mut claims = self.write(|reply| Request::Claim { op, reply }).await?;
+        Ok(claims.pop().expect("a renewal answers one claim"))
     }
 
-    async fn release_lease(&self, lease: &Lease, status: Option<&str>) -> Result<(), StoreError> {
-        let op = LeaseOp::Release {
-            lease: lease.clone(),
+    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+        let op = ClaimOp::Release {
+            claim: claim.clone(),
             status: status.map(str::to_owned),
         };
-        self.write(|reply| Request::Lease { op, reply }).await?;
+        self.write(|reply| Request::Claim { op, reply }).await?;
         Ok(())
     }
 
     async fn append_fenced(
         &self,
-        lease: &Lease,
+        claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing<'_>,
@@ -661,12 +661,12 @@ impl EventStore for SqliteStore {
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
             return Err(StoreError::EmptyAppend {
-                run_id: lease.run_id.clone(),
+                run_id: claim.run_id.clone(),
             });
         }
         self.write(|reply| Request::Append {
-            run_id: lease.run_id.clone(),
-            fence: Some(lease.clone()),
+            run_id: claim.run_id.clone(),
+            fence: Some(claim.clone()),
             expected_len,
             events: events.to_vec(),
             status: listing.status.to_owned(),
@@ -685,17 +685,17 @@ impl EventStore for SqliteStore {
         now_ms: i64,
         ttl_ms: i64,
         limit: usize,
-    ) -> Result<Vec<Lease>, StoreError> {
+    ) -> Result<Vec<Claim>, StoreError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
-        let op = LeaseOp::Claim {
+        let op = ClaimOp::Claim {
             owner: owner.to_owned(),
             now_ms,
             ttl_ms,
             limit,
         };
-        self.write(|reply| Request::Lease { op, reply }).await
+        self.write(|reply| Request::Claim { op, reply }).await
     }
 
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
@@ -1017,15 +1017,15 @@ fn query_summaries(
                 _ => Some(text(row, 4)?),
             };
             let event_count: i64 = row.get(7)?;
-            let lease_token = u64::try_from(row.get::<_, i64>(9)?).unwrap_or(0);
-            let lease = match (
+            let claim_token = u64::try_from(row.get::<_, i64>(9)?).unwrap_or(0);
+            let claim = match (
                 row.get::<_, Option<String>>(8)?,
                 row.get::<_, Option<i64>>(10)?,
             ) {
-                (Some(owner), Some(expires_ms)) => Some(Lease {
+                (Some(owner), Some(expires_ms)) => Some(Claim {
                     run_id: run_id.clone(),
                     owner,
-                    token: lease_token,
+                    token: claim_token,
                     expires_ms,
                 }),
                 _ => None,
@@ -1042,8 +1042,8 @@ fn query_summaries(
                 created_ms: row.get(5)?,
                 updated_ms: row.get(6)?,
                 event_count: u64::try_from(event_count).unwrap_or(0),
-                lease,
-                lease_token,
+                claim,
+                claim_token,
                 owes_deliveries: u32::try_from(row.get::<_, i64>(11)?).unwrap_or(0),
                 wake_ms: row.get(12)?,
             });

@@ -24,8 +24,13 @@ use crate::{OpenMode, StoreError};
 ///   value), so a label filter is an index lookup, not a JSON scan.
 /// - The list indexes end in `created_ms, id`, the listing order.
 ///
-/// Version 2 adds run leases (owner, fencing token, expiry; see
-/// `store/lease.rs`), a partial index over the runs a worker may claim, and
+/// The claim columns keep the names they shipped with (`lease_owner`,
+/// `lease_token`, `lease_expires_ms`, from before "lease" came to mean only
+/// a sandbox invocation): renaming them would take a migration, and a
+/// database this build wrote would no longer open in the one before it.
+///
+/// Version 2 adds run claims (owner, fencing token, expiry; see
+/// `store/claim.rs`), a partial index over the runs a worker may claim, and
 /// `tombstones`, what retention leaves of a pruned run.
 ///
 /// Version 3 adds `commitments`: one row per idempotency key, its holder

@@ -613,7 +613,7 @@ async fn a_read_only_open_writes_nothing_and_refuses_writes() {
         other => panic!("expected ReadOnly, got {other:?}"),
     }
     assert!(matches!(
-        read_only.acquire_lease(&id("r"), "w", 0, 10).await,
+        read_only.acquire_claim(&id("r"), "w", 0, 10).await,
         Err(StoreError::ReadOnly { .. })
     ));
     drop(read_only);

@@ -10,8 +10,8 @@
 //! itself fails, every request in the batch gets the error: nothing is
 //! acknowledged that was not synced.
 //!
-//! Lease operations, claims and pruning go through the same thread and the
-//! same transactions, so a fenced append's lease check and its write are
+//! Claim operations, claims and pruning go through the same thread and the
+//! same transactions, so a fenced append's claim check and its write are
 //! one transaction, and processes sharing the file serialize on SQLite's
 //! write lock.
 
@@ -26,7 +26,7 @@ use tokio::sync::{mpsc, oneshot};
 use super::{backend, blob_hash};
 use crate::chain::{self, Chain};
 use crate::{
-    Appended, ChainBreak, ChainHash, Claim, Holder, Lease, Listing, PruneFilter, QUEUED, RunId,
+    Appended, ChainBreak, ChainHash, Claim, Holder, KeyClaim, Listing, PruneFilter, QUEUED, RunId,
     RunMeta, Settle, Settlement, StoreError, Tombstone, WAITING,
 };
 
@@ -34,16 +34,16 @@ use crate::{
 pub(super) type Reply = oneshot::Sender<Result<Appended, StoreError>>;
 
 /// The answer to one commitment claim.
-pub(super) type CommitmentReply = oneshot::Sender<Result<Claim, StoreError>>;
-/// The answer to one lease operation: the leases it issued or renewed.
-pub(super) type LeaseReply = oneshot::Sender<Result<Vec<Lease>, StoreError>>;
+pub(super) type CommitmentReply = oneshot::Sender<Result<KeyClaim, StoreError>>;
+/// The answer to one claim operation: the claims it issued or renewed.
+pub(super) type ClaimReply = oneshot::Sender<Result<Vec<Claim>, StoreError>>;
 /// The answer to one prune.
 pub(super) type PruneReply = oneshot::Sender<Result<Vec<Tombstone>, StoreError>>;
 /// The answer to one pragma read.
 pub(super) type PragmaReply = oneshot::Sender<Result<String, StoreError>>;
 
-/// A lease operation (see `store/lease.rs`).
-pub(super) enum LeaseOp {
+/// A claim operation (see `store/claim.rs`).
+pub(super) enum ClaimOp {
     Acquire {
         run_id: RunId,
         owner: String,
@@ -51,12 +51,12 @@ pub(super) enum LeaseOp {
         ttl_ms: i64,
     },
     Renew {
-        lease: Lease,
+        claim: Claim,
         now_ms: i64,
         ttl_ms: i64,
     },
     Release {
-        lease: Lease,
+        claim: Claim,
         status: Option<String>,
     },
     Claim {
@@ -70,9 +70,9 @@ pub(super) enum LeaseOp {
 /// What one request produced, before the commit decides whether it stands.
 enum Outcome {
     Appended(Result<Appended, StoreError>),
-    Leases(Result<Vec<Lease>, StoreError>),
+    Claims(Result<Vec<Claim>, StoreError>),
     Pruned(Result<Vec<Tombstone>, StoreError>),
-    Claimed(Result<Claim, StoreError>),
+    KeyClaimed(Result<KeyClaim, StoreError>),
     Pragma(Result<String, StoreError>),
 }
 
@@ -80,9 +80,9 @@ impl Outcome {
     fn is_err(&self) -> bool {
         match self {
             Outcome::Appended(r) => r.is_err(),
-            Outcome::Leases(r) => r.is_err(),
+            Outcome::Claims(r) => r.is_err(),
             Outcome::Pruned(r) => r.is_err(),
-            Outcome::Claimed(r) => r.is_err(),
+            Outcome::KeyClaimed(r) => r.is_err(),
             Outcome::Pragma(r) => r.is_err(),
         }
     }
@@ -99,8 +99,8 @@ pub(super) enum Request {
     },
     Append {
         run_id: RunId,
-        /// The lease the append must still hold (a fenced append).
-        fence: Option<Lease>,
+        /// The claim the append must still hold (a fenced append).
+        fence: Option<Claim>,
         expected_len: u64,
         events: Vec<Bytes>,
         status: String,
@@ -118,9 +118,9 @@ pub(super) enum Request {
         holder: Holder,
         reply: CommitmentReply,
     },
-    Lease {
-        op: LeaseOp,
-        reply: LeaseReply,
+    Claim {
+        op: ClaimOp,
+        reply: ClaimReply,
     },
     Prune {
         filter: PruneFilter,
@@ -140,7 +140,7 @@ impl Request {
         match self {
             Request::Create { .. } => 1,
             Request::Append { events, .. } => events.len() as u64,
-            Request::Lease { .. }
+            Request::Claim { .. }
             | Request::Prune { .. }
             | Request::Commitment { .. }
             | Request::Pragma { .. } => 0,
@@ -156,13 +156,13 @@ impl Request {
             ) => {
                 let _ = reply.send(r);
             }
-            (Request::Lease { reply, .. }, Outcome::Leases(r)) => {
+            (Request::Claim { reply, .. }, Outcome::Claims(r)) => {
                 let _ = reply.send(r);
             }
             (Request::Prune { reply, .. }, Outcome::Pruned(r)) => {
                 let _ = reply.send(r);
             }
-            (Request::Commitment { reply, .. }, Outcome::Claimed(r)) => {
+            (Request::Commitment { reply, .. }, Outcome::KeyClaimed(r)) => {
                 let _ = reply.send(r);
             }
             (Request::Pragma { reply, .. }, Outcome::Pragma(r)) => {
@@ -175,9 +175,9 @@ impl Request {
     fn fail(self, error: StoreError) {
         let outcome = match &self {
             Request::Create { .. } | Request::Append { .. } => Outcome::Appended(Err(error)),
-            Request::Lease { .. } => Outcome::Leases(Err(error)),
+            Request::Claim { .. } => Outcome::Claims(Err(error)),
             Request::Prune { .. } => Outcome::Pruned(Err(error)),
-            Request::Commitment { .. } => Outcome::Claimed(Err(error)),
+            Request::Commitment { .. } => Outcome::KeyClaimed(Err(error)),
             Request::Pragma { .. } => Outcome::Pragma(Err(error)),
         };
         self.answer(outcome);
@@ -347,9 +347,9 @@ fn apply_all(
                 settle.as_ref(),
             )),
             Request::Commitment { key, holder, .. } => {
-                Outcome::Claimed(claim_commitment(&tx, key, holder))
+                Outcome::KeyClaimed(claim_commitment(&tx, key, holder))
             }
-            Request::Lease { op, .. } => Outcome::Leases(lease(&tx, op)),
+            Request::Claim { op, .. } => Outcome::Claims(claim(&tx, op)),
             Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
             Request::Pragma { name, .. } => Outcome::Pragma(
                 tx.query_row(&format!("PRAGMA {name}"), [], |row| {
@@ -464,7 +464,7 @@ fn create(
 }
 
 /// Claims commitment `key` for `holder` (see `EventStore::claim_commitment`).
-fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<Claim, StoreError> {
+fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
     let context = || format!("sqlite: cannot claim idempotency commitment {key}");
     conn.prepare_cached(
         "INSERT INTO commitments (key, run_id, call_id) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO NOTHING",
@@ -482,12 +482,12 @@ fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<Cla
         call_id,
     };
     Ok(match result {
-        Some(result) => Claim::Settled {
+        Some(result) => KeyClaim::Settled {
             holder: found,
             result: Bytes::from(result),
         },
-        None if found == *holder => Claim::Granted,
-        None => Claim::Held(found),
+        None if found == *holder => KeyClaim::Granted,
+        None => KeyClaim::Held(found),
     })
 }
 
@@ -507,7 +507,7 @@ fn append_settling(
     conn: &Connection,
     chain: &Chain,
     run_id: &RunId,
-    fence: Option<&Lease>,
+    fence: Option<&Claim>,
     expected_len: u64,
     events: &[Bytes],
     listing: Listing<'_>,
@@ -575,7 +575,7 @@ fn append(
     conn: &Connection,
     chain: &Chain,
     run_id: &RunId,
-    fence: Option<&Lease>,
+    fence: Option<&Claim>,
     expected_len: u64,
     events: &[Bytes],
     listing: Listing<'_>,
@@ -607,12 +607,12 @@ fn append(
     let Some((pk, count, head, owner, token)) = row else {
         return Err(super::unknown(conn, run_id));
     };
-    if let Some(lease) = fence
-        && (token as u64 != lease.token || owner.as_deref() != Some(lease.owner.as_str()))
+    if let Some(claim) = fence
+        && (token as u64 != claim.token || owner.as_deref() != Some(claim.owner.as_str()))
     {
         return Err(StoreError::Fenced {
             run_id: run_id.clone(),
-            token: lease.token,
+            token: claim.token,
             current: token as u64,
         });
     }
@@ -681,21 +681,21 @@ fn append(
     })
 }
 
-/// The lease columns of a run, read inside the writer's transaction.
-struct LeaseRow {
+/// The claim columns of a run, read inside the writer's transaction.
+struct ClaimRow {
     owner: Option<String>,
     token: u64,
     expires_ms: Option<i64>,
 }
 
-impl LeaseRow {
-    fn read(conn: &Connection, run_id: &RunId) -> Result<LeaseRow, StoreError> {
+impl ClaimRow {
+    fn read(conn: &Connection, run_id: &RunId) -> Result<ClaimRow, StoreError> {
         conn.prepare_cached(
             "SELECT lease_owner, lease_token, lease_expires_ms FROM runs WHERE id = ?1",
         )
         .and_then(|mut s| {
             s.query_row([run_id.as_str()], |row| {
-                Ok(LeaseRow {
+                Ok(ClaimRow {
                     owner: row.get(0)?,
                     token: row.get::<_, i64>(1)? as u64,
                     expires_ms: row.get(2)?,
@@ -703,11 +703,11 @@ impl LeaseRow {
             })
             .optional()
         })
-        .map_err(|e| backend(format!("sqlite: cannot read the lease of run {run_id}"), e))?
+        .map_err(|e| backend(format!("sqlite: cannot read the claim of run {run_id}"), e))?
         .ok_or_else(|| super::unknown(conn, run_id))
     }
 
-    /// The live lease's owner and expiry at `now_ms`, if any.
+    /// The live claim's owner and expiry at `now_ms`, if any.
     fn live(&self, now_ms: i64) -> Option<(&str, i64)> {
         match (&self.owner, self.expires_ms) {
             (Some(owner), Some(expires)) if expires > now_ms => Some((owner, expires)),
@@ -715,19 +715,19 @@ impl LeaseRow {
         }
     }
 
-    fn holds(&self, lease: &Lease) -> bool {
-        self.token == lease.token && self.owner.as_deref() == Some(lease.owner.as_str())
+    fn holds(&self, claim: &Claim) -> bool {
+        self.token == claim.token && self.owner.as_deref() == Some(claim.owner.as_str())
     }
 }
 
-/// Issues the next lease on run `run_id` (its checks already done).
+/// Issues the next claim on run `run_id` (its checks already done).
 fn issue(
     conn: &Connection,
     run_id: &RunId,
     owner: &str,
     now_ms: i64,
     ttl_ms: i64,
-) -> rusqlite::Result<Lease> {
+) -> rusqlite::Result<Claim> {
     let expires_ms = now_ms.saturating_add(ttl_ms);
     let token: i64 = conn
         .prepare_cached(
@@ -737,7 +737,7 @@ fn issue(
         .query_row(params![run_id.as_str(), owner, expires_ms], |row| {
             row.get(0)
         })?;
-    Ok(Lease {
+    Ok(Claim {
         run_id: run_id.clone(),
         owner: owner.to_owned(),
         token: token as u64,
@@ -745,74 +745,74 @@ fn issue(
     })
 }
 
-fn lease(conn: &Connection, op: &LeaseOp) -> Result<Vec<Lease>, StoreError> {
+fn claim(conn: &Connection, op: &ClaimOp) -> Result<Vec<Claim>, StoreError> {
     match op {
-        LeaseOp::Acquire {
+        ClaimOp::Acquire {
             run_id,
             owner,
             now_ms,
             ttl_ms,
         } => {
-            let row = LeaseRow::read(conn, run_id)?;
+            let row = ClaimRow::read(conn, run_id)?;
             if let Some((holder, expires_ms)) = row.live(*now_ms)
                 && holder != owner
             {
-                return Err(StoreError::Leased {
+                return Err(StoreError::Claimed {
                     run_id: run_id.clone(),
                     owner: holder.to_owned(),
                     expires_ms,
                 });
             }
-            let lease = issue(conn, run_id, owner, *now_ms, *ttl_ms)
-                .map_err(|e| backend(format!("sqlite: cannot lease run {run_id}"), e))?;
-            Ok(vec![lease])
+            let claim = issue(conn, run_id, owner, *now_ms, *ttl_ms)
+                .map_err(|e| backend(format!("sqlite: cannot claim run {run_id}"), e))?;
+            Ok(vec![claim])
         }
-        LeaseOp::Renew {
-            lease,
+        ClaimOp::Renew {
+            claim,
             now_ms,
             ttl_ms,
         } => {
-            let row = LeaseRow::read(conn, &lease.run_id)?;
-            if !row.holds(lease) {
+            let row = ClaimRow::read(conn, &claim.run_id)?;
+            if !row.holds(claim) {
                 return Err(StoreError::Fenced {
-                    run_id: lease.run_id.clone(),
-                    token: lease.token,
+                    run_id: claim.run_id.clone(),
+                    token: claim.token,
                     current: row.token,
                 });
             }
             let expires_ms = now_ms.saturating_add(*ttl_ms);
             conn.prepare_cached("UPDATE runs SET lease_expires_ms = ?2 WHERE id = ?1")
-                .and_then(|mut s| s.execute(params![lease.run_id.as_str(), expires_ms]))
+                .and_then(|mut s| s.execute(params![claim.run_id.as_str(), expires_ms]))
                 .map_err(|e| {
                     backend(
-                        format!("sqlite: cannot renew the lease of run {}", lease.run_id),
+                        format!("sqlite: cannot renew the claim of run {}", claim.run_id),
                         e,
                     )
                 })?;
-            Ok(vec![Lease {
+            Ok(vec![Claim {
                 expires_ms,
-                ..lease.clone()
+                ..claim.clone()
             }])
         }
-        LeaseOp::Release { lease, status } => {
-            let row = LeaseRow::read(conn, &lease.run_id)?;
-            if row.holds(lease) {
+        ClaimOp::Release { claim, status } => {
+            let row = ClaimRow::read(conn, &claim.run_id)?;
+            if row.holds(claim) {
                 conn.prepare_cached(
                     "UPDATE runs SET lease_owner = NULL, lease_expires_ms = NULL,
                          status = coalesce(?2, status)
                      WHERE id = ?1",
                 )
-                .and_then(|mut s| s.execute(params![lease.run_id.as_str(), status]))
+                .and_then(|mut s| s.execute(params![claim.run_id.as_str(), status]))
                 .map_err(|e| {
                     backend(
-                        format!("sqlite: cannot release the lease of run {}", lease.run_id),
+                        format!("sqlite: cannot release the claim of run {}", claim.run_id),
                         e,
                     )
                 })?;
             }
             Ok(Vec::new())
         }
-        LeaseOp::Claim {
+        ClaimOp::Claim {
             owner,
             now_ms,
             ttl_ms,

@@ -1,4 +1,4 @@
-//! The access policy: what the operator grants a plugin, how that meets what
+//! Grants: what the operator grants a plugin, how that meets what
 //! the plugin requests, and which effect class each tool ends up with.
 //!
 //! Effective capability = requested ∩ granted. A grant for something the
@@ -168,7 +168,7 @@ pub fn effective_effect(
 /// A grant that cannot be applied to a plugin.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum PolicyError {
+pub enum GrantError {
     /// The grant binds a mount the plugin does not request.
     #[error(
         "plugin `{plugin}`: grant for mount `{mount}`, which the plugin does not request (it requests: {requested})"
@@ -245,7 +245,7 @@ pub fn effective(
     grant: &Grant,
     base_dir: &Path,
     env: impl Fn(&str) -> Option<String>,
-) -> Result<Effective, PolicyError> {
+) -> Result<Effective, GrantError> {
     let plugin = &manifest.name;
     let mut capabilities = Capabilities::none();
     let mut not_granted = Vec::new();
@@ -262,7 +262,7 @@ pub fn effective(
                     .collect::<Vec<_>>()
                     .join(", ")
             };
-            return Err(PolicyError::UnrequestedMount {
+            return Err(GrantError::UnrequestedMount {
                 plugin: plugin.clone(),
                 mount: mount.clone(),
                 requested,
@@ -280,7 +280,7 @@ pub fn effective(
         capabilities = capabilities
             .mount(mount, base_dir.join(&bound.dir), access)
             .and_then(|c| c.exclude(mount, &bound.exclude))
-            .map_err(|error| PolicyError::Mount {
+            .map_err(|error| GrantError::Mount {
                 plugin: plugin.clone(),
                 error,
             })?;
@@ -293,12 +293,12 @@ pub fn effective(
 
     for var in &grant.env {
         if !manifest.env.contains(var) {
-            return Err(PolicyError::UnrequestedEnv {
+            return Err(GrantError::UnrequestedEnv {
                 plugin: plugin.clone(),
                 var: var.clone(),
             });
         }
-        let value = env(var).ok_or_else(|| PolicyError::EnvMissing {
+        let value = env(var).ok_or_else(|| GrantError::EnvMissing {
             plugin: plugin.clone(),
             var: var.clone(),
         })?;
@@ -316,13 +316,13 @@ pub fn effective(
         .filter_map(|h| HostPattern::parse(h).ok())
         .collect();
     for (i, host) in grant.hosts.iter().enumerate() {
-        let pattern = HostPattern::parse(host).map_err(|message| PolicyError::Invalid {
+        let pattern = HostPattern::parse(host).map_err(|message| GrantError::Invalid {
             plugin: plugin.clone(),
             key: format!("hosts[{i}]"),
             message,
         })?;
         if !requested_hosts.iter().any(|r| r.covers(&pattern)) {
-            return Err(PolicyError::UnrequestedHost {
+            return Err(GrantError::UnrequestedHost {
                 plugin: plugin.clone(),
                 host: host.clone(),
             });
@@ -350,7 +350,7 @@ pub fn effective(
     grant
         .limits
         .validate("limits")
-        .map_err(|(key, message)| PolicyError::Invalid {
+        .map_err(|(key, message)| GrantError::Invalid {
             plugin: plugin.clone(),
             key,
             message,
@@ -362,7 +362,7 @@ pub fn effective(
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-'))
         {
-            return Err(PolicyError::Invalid {
+            return Err(GrantError::Invalid {
                 plugin: plugin.clone(),
                 key: format!("tools.{tool}.idempotency_key"),
                 message: format!("`{field}` is not an argument name"),
@@ -372,7 +372,7 @@ pub fn effective(
             match serde_json::from_str::<serde_json::Value>(schema) {
                 Ok(serde_json::Value::Object(_)) => {}
                 _ => {
-                    return Err(PolicyError::Invalid {
+                    return Err(GrantError::Invalid {
                         plugin: plugin.clone(),
                         key: format!("tools.{tool}.input_schema"),
                         message: "must be a JSON object (JSON Schema) as text".into(),
@@ -468,12 +468,12 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(err, PolicyError::UnrequestedMount { ref mount, .. } if mount == "other"),
+            matches!(err, GrantError::UnrequestedMount { ref mount, .. } if mount == "other"),
             "{err}"
         );
         let err = effective(&m, &grant("env = [\"B\"]\n"), Path::new("."), no_env).unwrap_err();
         assert!(
-            matches!(err, PolicyError::UnrequestedEnv { ref var, .. } if var == "B"),
+            matches!(err, GrantError::UnrequestedEnv { ref var, .. } if var == "B"),
             "{err}"
         );
         let err = effective(
@@ -484,7 +484,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(err, PolicyError::UnrequestedHost { ref host, .. } if host == "evil.com"),
+            matches!(err, GrantError::UnrequestedHost { ref host, .. } if host == "evil.com"),
             "{err}"
         );
         // A subdomain the wildcard covers is fine.
@@ -503,7 +503,7 @@ mod tests {
         let m = manifest("env = [\"TOKEN\"]\n");
         let g = grant("env = [\"TOKEN\"]\n");
         let err = effective(&m, &g, Path::new("."), no_env).unwrap_err();
-        assert!(matches!(err, PolicyError::EnvMissing { .. }), "{err}");
+        assert!(matches!(err, GrantError::EnvMissing { .. }), "{err}");
         let e = effective(&m, &g, Path::new("."), |k| {
             (k == "TOKEN").then(|| "abc123".into())
         })
@@ -563,7 +563,7 @@ mod tests {
         )
         .unwrap_err();
         assert!(
-            matches!(&err, PolicyError::Mount { .. }) && err.to_string().contains("`a/../b`"),
+            matches!(&err, GrantError::Mount { .. }) && err.to_string().contains("`a/../b`"),
             "{err}"
         );
     }
@@ -607,7 +607,7 @@ mod tests {
             no_env,
         )
         .unwrap_err();
-        assert!(matches!(err, PolicyError::Invalid { ref key, .. } if key == "limits.timeout"));
+        assert!(matches!(err, GrantError::Invalid { ref key, .. } if key == "limits.timeout"));
     }
 
     #[test]
@@ -627,7 +627,7 @@ mod tests {
         let m = manifest("hosts = [\"api.example.com\"]\n");
         let err = effective(&m, &grant("hosts = [\"*\"]\n"), Path::new("."), no_env).unwrap_err();
         assert!(
-            matches!(err, PolicyError::UnrequestedHost { ref host, .. } if host == "*"),
+            matches!(err, GrantError::UnrequestedHost { ref host, .. } if host == "*"),
             "{err}"
         );
     }
