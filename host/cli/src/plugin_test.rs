@@ -25,7 +25,7 @@ use super::errors::CliError;
 use super::{Context, Exit};
 use warden::plugins::manifest::LimitSettings;
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource};
-use warden::policy::{Grant, MountGrant};
+use warden::grant::{Grant, MountGrant};
 use warden::sandbox::{Access, Leased, UsageReceipt, wit};
 use warden::units::{ByteSize, HumanDuration};
 
