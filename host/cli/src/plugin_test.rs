@@ -23,9 +23,9 @@ use serde_json::{Value, json};
 
 use super::errors::CliError;
 use super::{Context, Exit};
+use warden::grant::{Grant, MountGrant};
 use warden::plugins::manifest::LimitSettings;
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource};
-use warden::grant::{Grant, MountGrant};
 use warden::sandbox::{Access, Leased, UsageReceipt, wit};
 use warden::units::{ByteSize, HumanDuration};
 
