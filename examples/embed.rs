@@ -13,6 +13,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use anyhow::{Context, bail};
 use serde_json::json;
@@ -43,7 +44,9 @@ async fn main() -> anyhow::Result<()> {
         ["start"] => {
             copy_agent(&work)?;
             let agent = Agent::load(&work.join("notes.toml").canonicalize()?, None)?;
-            let run = runtime.start(&agent, json!("Summarise my notes")).await?;
+            let run = runtime
+                .start(&agent, json!("Summarise my notes"), StartOptions::new())
+                .await?;
             let status = runtime.drive(&run, &agent).await?;
             println!("run {run} is {status}");
             if status == RunStatus::AwaitingApproval {

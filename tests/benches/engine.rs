@@ -14,6 +14,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use sha2::Digest;
@@ -117,7 +118,7 @@ async fn replay_bench(dir: &Path, sandbox: &Sandbox) {
         let runtime = Runtime::new(store.clone(), PluginHost::new(sandbox.clone()));
         let run = RunId::new("long").unwrap();
         runtime
-            .start_with_id(&agent, run.clone(), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
             .await
             .unwrap();
         let t = Instant::now();
@@ -185,7 +186,7 @@ async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
         // Load the plugins once before timing.
         let warm = RunId::new(format!("warm-{name}")).unwrap();
         runtime
-            .start_with_id(&agent, warm.clone(), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(warm.clone()))
             .await
             .unwrap();
         runtime.drive(&warm, &agent).await.unwrap();
@@ -197,7 +198,7 @@ async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
             tasks.push(tokio::spawn(async move {
                 let run = RunId::new(format!("run-{i}")).unwrap();
                 runtime
-                    .start_with_id(&agent, run.clone(), json!("go"))
+                    .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
                     .await
                     .unwrap();
                 runtime.drive(&run, &agent).await
@@ -232,7 +233,7 @@ async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
     let runtime = Runtime::new(store, PluginHost::new(sandbox.clone()));
     let warm = RunId::new("warm").unwrap();
     runtime
-        .start_with_id(&agent, warm.clone(), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(warm.clone()))
         .await
         .unwrap();
     runtime.drive(&warm, &agent).await.unwrap();
@@ -241,7 +242,7 @@ async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
     for i in 0..runs {
         let run = RunId::new(format!("parked-{i}")).unwrap();
         runtime
-            .start_with_id(&agent, run.clone(), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
             .await
             .unwrap();
         assert_eq!(

@@ -17,6 +17,7 @@
 use std::sync::{Arc, Mutex};
 use std::task::Poll;
 use std::time::{Duration, Instant};
+use warden::engine::StartOptions;
 
 use futures::StreamExt;
 use serde_json::json;
@@ -105,7 +106,10 @@ fn run(
     let runtime =
         Runtime::new(store, PluginHost::new(sandbox.clone())).with_provider(Arc::new(provider));
     let events = rt.block_on(async {
-        let run = runtime.start(agent, json!("go")).await.unwrap();
+        let run = runtime
+            .start(agent, json!("go"), StartOptions::new())
+            .await
+            .unwrap();
         assert_eq!(
             runtime.drive(&run, agent).await.unwrap(),
             RunStatus::Completed

@@ -9,6 +9,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::{Agent, RunStatus, Runtime, SessionId};
@@ -89,7 +90,7 @@ fn main() {
             for turn in 0..turns {
                 let began = Instant::now();
                 let run = runtime
-                    .start_in_session(&session, &agent, json!(format!("turn {turn}")))
+                    .start(&agent, json!(format!("turn {turn}")), StartOptions::new().session(session.clone()))
                     .await
                     .unwrap();
                 starts.push(began.elapsed());

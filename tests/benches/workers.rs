@@ -10,10 +10,11 @@
 //! default 400; PostgreSQL at `WARDEN_TEST_POSTGRES`, default
 //! `postgres://postgres@127.0.0.1:5432/test`, in a fresh schema).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use warden::engine::StartOptions;
 
 use bytes::Bytes;
 use serde_json::json;
@@ -134,7 +135,7 @@ async fn bench<F, Fut>(
     for i in 0..runs {
         let id = RunId::new(format!("{prefix}-{i:05}")).unwrap();
         submitter
-            .submit(agent, id, json!("go"), BTreeMap::new())
+            .submit(agent, json!("go"), StartOptions::new().id(id))
             .await
             .unwrap();
     }

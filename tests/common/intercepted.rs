@@ -16,7 +16,7 @@ use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
     Appended, Claim, EventStore, Holder, KeyClaim, Listing, PruneFilter, RunFilter, RunMeta,
-    RunSummary, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
+    RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 
 /// Which kind of append a hook sees.
@@ -219,26 +219,9 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.claim_commitment(key, holder).await
     }
 
-    async fn append_settling(
-        &self,
-        run_id: &RunId,
-        fence: Option<&Claim>,
-        expected_len: u64,
-        events: &[Bytes],
-        status: Listing<'_>,
-        updated_ms: i64,
-        settlement: &Settlement,
-    ) -> Result<Appended, StoreError> {
-        let write = self.inner.append_settling(
-            run_id,
-            fence,
-            expected_len,
-            events,
-            status,
-            updated_ms,
-            settlement,
-        );
-        self.intercept(AppendVia::Settling, run_id, events, write)
+    async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
+        let write = self.inner.append_settling(request);
+        self.intercept(AppendVia::Settling, request.run_id, request.events, write)
             .await
     }
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
@@ -417,10 +418,24 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
         // Queued: what drives it is a worker, or a later `runs resume`.
         match &session {
             Some(session) => {
-                rt.submit_in_session(session, &agent, run_id.clone(), input, labels)
-                    .await?
+                rt.submit(
+                    &agent,
+                    input,
+                    StartOptions::new()
+                        .session(session.clone())
+                        .id(run_id.clone())
+                        .labels(labels),
+                )
+                .await?
             }
-            None => rt.submit(&agent, run_id.clone(), input, labels).await?,
+            None => {
+                rt.submit(
+                    &agent,
+                    input,
+                    StartOptions::new().id(run_id.clone()).labels(labels),
+                )
+                .await?
+            }
         };
         if ctx.json {
             let next = steps(super::status::next_steps(
@@ -448,12 +463,23 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
     let updates = rt.subscribe(&run_id);
     match &session {
         Some(session) => {
-            rt.start_in_session_with(session, &agent, run_id.clone(), input, labels)
-                .await?
+            rt.start(
+                &agent,
+                input,
+                StartOptions::new()
+                    .session(session.clone())
+                    .id(run_id.clone())
+                    .labels(labels),
+            )
+            .await?
         }
         None => {
-            rt.start_with_labels(&agent, run_id.clone(), input, labels)
-                .await?
+            rt.start(
+                &agent,
+                input,
+                StartOptions::new().id(run_id.clone()).labels(labels),
+            )
+            .await?
         }
     };
     follow(&rt, &run_id, updates, ctx.json, Drive::Drive(agent), 0).await

@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use anyhow::Context as _;
 use clap::Args;
@@ -100,10 +101,24 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
     let rt = runtime(ctx, open(ctx, Access::Start).await?)?;
     match &session {
         Some(session) => {
-            rt.submit_in_session(session, &agent, run_id.clone(), input, labels)
-                .await?
+            rt.submit(
+                &agent,
+                input,
+                StartOptions::new()
+                    .session(session.clone())
+                    .id(run_id.clone())
+                    .labels(labels),
+            )
+            .await?
         }
-        None => rt.submit(&agent, run_id.clone(), input, labels).await?,
+        None => {
+            rt.submit(
+                &agent,
+                input,
+                StartOptions::new().id(run_id.clone()).labels(labels),
+            )
+            .await?
+        }
     };
     if ctx.json {
         let next: Vec<_> = super::status::next_steps(run_id.as_str(), QUEUED, false)

@@ -9,6 +9,7 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use common::{demo, stderr, stdout, warden};
 use serde_json::Value;
@@ -56,7 +57,11 @@ fn approving_long_after_the_park_succeeds_within_the_wall_time_budget() {
         let agent = Agent::load(&dir.path().join("notes.toml"), None).unwrap();
         let run = RunId::new("late").unwrap();
         runtime
-            .start_with_id(&agent, run.clone(), serde_json::json!("Summarise my notes"))
+            .start(
+                &agent,
+                serde_json::json!("Summarise my notes"),
+                StartOptions::new().id(run.clone()),
+            )
             .await
             .unwrap();
         assert_eq!(

@@ -29,6 +29,8 @@
 //! - [`schema`]: JSON Schema checks (resume input, agent schemas).
 //! - [`session`]: sessions: the history a run in a session sees, fixed
 //!   when it starts.
+//! - [`start`]: [`StartOptions`], what a run starts with besides its agent
+//!   and input.
 //! - [`turn`]: live turns: a run driven in the background, watched as a
 //!   stream of turn events, cancelled through its handle or by dropping it.
 //! - [`ids`]: run and call ids, digests, idempotency keys.
@@ -60,6 +62,7 @@ pub mod retry;
 pub mod runtime;
 pub mod schema;
 pub mod session;
+pub mod start;
 pub mod state;
 pub mod turn;
 pub mod view;
@@ -84,6 +87,7 @@ pub use runtime::{
     RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
 };
 pub use session::SessionRun;
+pub use start::StartOptions;
 pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
 pub use turn::{TurnEvent, TurnHandle, TurnOutcome};
 pub use view::AgentView;

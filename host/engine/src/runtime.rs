@@ -2,7 +2,7 @@
 //! model providers, one step at a time, and offers the verbs a host needs:
 //! `start`, `step`, `drive`, `recover`, `resume`, `approve`, `deny`,
 //! `resolve`, `abandon`, `cancel`, `verify`, `subscribe`; sessions
-//! (`start_in_session`, `session_runs`) and live turns (`start_turn`,
+//! (`StartOptions::session`, `session_runs`) and live turns (`start_turn`,
 //! `continue_turn`, in `turn.rs`).
 //!
 //! One step: load (or keep) the log, fold it, [`decide`], then perform the
@@ -53,6 +53,7 @@ use super::policy_plugin::consult_plugin as consult_policy_plugin;
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{RetrySleep, TokioSleep};
 use super::session::{self, SessionRun};
+use super::start::StartOptions;
 use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
 use warden_plugins::grant::EffectClass;
@@ -63,7 +64,7 @@ use warden_providers::{
 use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
 use warden_store::{
     ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, KeyClaim, Listing, RunMeta,
-    SETTLED_STATUSES, Settle, Settlement, StoreError, VerifyReport,
+    SETTLED_STATUSES, Settle, Settlement, SettlingAppend, StoreError, VerifyReport,
 };
 
 mod fork;
@@ -156,7 +157,7 @@ pub enum RuntimeError {
         /// The id.
         run_id: RunId,
     },
-    /// `start_with_id` with an id that already has history.
+    /// `start` with an id (`StartOptions::id`) that already has history.
     #[error("run `{run_id}` already exists")]
     AlreadyStarted {
         /// The id.
@@ -802,82 +803,19 @@ impl Runtime {
         &self.inner.store
     }
 
-    /// Starts a run of `agent` on `input` with a fresh random id. The run is
-    /// recorded, not driven: call [`drive`](Self::drive).
-    pub async fn start(&self, agent: &Agent, input: Value) -> Result<RunId, RuntimeError> {
-        let id = self.random_run_id();
-        self.start_with_id(agent, id, input).await
-    }
-
-    /// Starts a run with a chosen id; an id with any history is refused.
-    pub async fn start_with_id(
+    /// Starts a run of `agent` on `input`, as `options` say (its id, labels
+    /// of its own, its session; see [`StartOptions`]). The run is recorded,
+    /// not driven: call [`drive`](Self::drive). An id with any history is
+    /// refused; in a session, so is a start while another run of the
+    /// session is active ([`RuntimeError::SessionBusy`], nothing written).
+    pub async fn start(
         &self,
         agent: &Agent,
-        run_id: RunId,
         input: Value,
+        options: StartOptions,
     ) -> Result<RunId, RuntimeError> {
-        self.start_with_labels(agent, run_id, input, BTreeMap::new())
+        self.start_as(agent, input, options, RunStatus::Running.as_str())
             .await
-    }
-
-    /// Starts a run with a chosen id and labels of its own (on top of the
-    /// agent's and the runtime's).
-    pub async fn start_with_labels(
-        &self,
-        agent: &Agent,
-        run_id: RunId,
-        input: Value,
-        labels: BTreeMap<String, String>,
-    ) -> Result<RunId, RuntimeError> {
-        self.start_as(
-            agent,
-            run_id,
-            input,
-            labels,
-            RunStatus::Running.as_str(),
-            None,
-        )
-        .await
-    }
-
-    /// Starts a run of `agent` on `input` in session `session_id`, with a
-    /// fresh random id. The run sees the transcripts of the session's
-    /// earlier completed runs as history, fixed and recorded now in its
-    /// `run_started` (see `engine/session.rs`). Refused with
-    /// [`RuntimeError::SessionBusy`], writing nothing, while another run of
-    /// the session is active (running, queued or parked); the store checks
-    /// this in the same transaction as the start, so two hosts racing never
-    /// both start. Recorded, not driven: call [`drive`](Self::drive).
-    pub async fn start_in_session(
-        &self,
-        session_id: &SessionId,
-        agent: &Agent,
-        input: Value,
-    ) -> Result<RunId, RuntimeError> {
-        let id = self.random_run_id();
-        self.start_in_session_with(session_id, agent, id, input, BTreeMap::new())
-            .await
-    }
-
-    /// [`start_in_session`](Self::start_in_session) with a chosen id and
-    /// labels of its own (on top of the agent's and the runtime's).
-    pub async fn start_in_session_with(
-        &self,
-        session_id: &SessionId,
-        agent: &Agent,
-        run_id: RunId,
-        input: Value,
-        labels: BTreeMap<String, String>,
-    ) -> Result<RunId, RuntimeError> {
-        self.start_as(
-            agent,
-            run_id,
-            input,
-            labels,
-            RunStatus::Running.as_str(),
-            Some(session_id),
-        )
-        .await
     }
 
     /// The runs of session `session_id`, in the order they were started,
@@ -897,55 +835,35 @@ impl Runtime {
         )
     }
 
-    /// Records a run for workers to drive: like
-    /// [`start_with_labels`](Self::start_with_labels), but listed as
-    /// [`QUEUED`](warden_store::QUEUED) until a worker claims it (see
-    /// `store/claim.rs`). Nothing drives it here.
+    /// Records a run for workers to drive: like [`start`](Self::start), but
+    /// listed as [`QUEUED`](warden_store::QUEUED) until a worker claims it
+    /// (see `store/claim.rs`). Nothing drives it here. In a session, the
+    /// session counts the queued run as active, so another start or submit
+    /// there is refused until it settles.
     pub async fn submit(
         &self,
         agent: &Agent,
-        run_id: RunId,
         input: Value,
-        labels: BTreeMap<String, String>,
+        options: StartOptions,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, run_id, input, labels, warden_store::QUEUED, None)
+        self.start_as(agent, input, options, warden_store::QUEUED)
             .await
-    }
-
-    /// [`submit`](Self::submit) in session `session_id`: the run's history
-    /// (the session's earlier completed runs) is fixed now, as for
-    /// [`start_in_session`](Self::start_in_session), and the session counts
-    /// the queued run as active, so another start or submit there is
-    /// refused ([`StoreError::SessionBusy`](warden_store::StoreError)) until
-    /// it settles.
-    pub async fn submit_in_session(
-        &self,
-        session_id: &SessionId,
-        agent: &Agent,
-        run_id: RunId,
-        input: Value,
-        labels: BTreeMap<String, String>,
-    ) -> Result<RunId, RuntimeError> {
-        self.start_as(
-            agent,
-            run_id,
-            input,
-            labels,
-            warden_store::QUEUED,
-            Some(session_id),
-        )
-        .await
     }
 
     async fn start_as(
         &self,
         agent: &Agent,
-        run_id: RunId,
         input: Value,
-        labels: BTreeMap<String, String>,
+        options: StartOptions,
         status: &str,
-        session_id: Option<&SessionId>,
     ) -> Result<RunId, RuntimeError> {
+        let StartOptions {
+            run_id,
+            labels,
+            session,
+        } = options;
+        let run_id = run_id.unwrap_or_else(|| self.random_run_id());
+        let session_id = session.as_ref();
         check_input_size(&input, agent.max_input_bytes).map_err(|error| {
             RuntimeError::InputTooLarge {
                 run_id: None,
@@ -2378,13 +2296,10 @@ impl Runtime {
             (Some(s), fence) => {
                 store
                     .append_settling(
-                        &log.run_id,
-                        fence.as_ref(),
-                        expected,
-                        &bytes,
-                        listing,
-                        now,
-                        s,
+                        SettlingAppend::new(&log.run_id, expected, &bytes, s)
+                            .fenced(fence.as_ref())
+                            .listing(listing)
+                            .at(now),
                     )
                     .await
             }

@@ -44,6 +44,7 @@ use super::agent::Agent;
 use super::events::{Event, Preview, RunError, ToolCallResult};
 use super::ids::{CallId, RunId, SessionId};
 use super::runtime::{RunUpdate, RunUpdates, Runtime, RuntimeError};
+use super::start::StartOptions;
 use super::state::{RunState, RunStatus, Terminal};
 use warden_plugins::grant::EffectClass;
 use warden_sandbox::UsageReceipt;
@@ -166,7 +167,7 @@ impl TurnOutcome {
 
 impl Runtime {
     /// Starts a run of `agent` on `input`, in session `session_id` when
-    /// given (see [`start_in_session`](Self::start_in_session): a busy
+    /// given (see [`StartOptions::session`]: a busy
     /// session is refused before anything is recorded), drives it in the
     /// background, and returns its live [`TurnHandle`]. Must be called
     /// within a Tokio runtime.
@@ -181,16 +182,19 @@ impl Runtime {
         let updates = self.subscribe(&run_id);
         match session_id {
             Some(session_id) => {
-                self.start_in_session_with(
-                    session_id,
+                self.start(
                     agent,
-                    run_id.clone(),
                     input,
-                    Default::default(),
+                    StartOptions::new()
+                        .session(session_id.clone())
+                        .id(run_id.clone()),
                 )
                 .await?
             }
-            None => self.start_with_id(agent, run_id.clone(), input).await?,
+            None => {
+                self.start(agent, input, StartOptions::new().id(run_id.clone()))
+                    .await?
+            }
         };
         Ok(TurnHandle::drive(
             self.clone(),

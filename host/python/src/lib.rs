@@ -27,7 +27,9 @@ use pyo3::types::PyDict;
 use serde_json::{Value, json};
 use warden::engine::events::Event;
 use warden::engine::state::{Parked, Terminal};
-use warden::engine::{CallId, ReplayOptions, RunId, RunState, SessionId, Step, decode};
+use warden::engine::{
+    CallId, ReplayOptions, RunId, RunState, SessionId, StartOptions, Step, decode,
+};
 use warden::plugins::PluginHost;
 use warden::sandbox::{Sandbox, SandboxConfig};
 use warden::store::{EventStore, OpenMode, PostgresStore, RunFilter, SqliteStore};
@@ -196,14 +198,11 @@ impl Runtime {
         let runtime = warden::Runtime::clone(&self.runtime);
         let agent = Arc::clone(&agent.agent);
         aio::future_into_py(py, async move {
-            let started = match session {
-                Some(session) => {
-                    runtime
-                        .start_in_session_with(&session, &agent, id, input, labels)
-                        .await
-                }
-                None => runtime.start_with_labels(&agent, id, input, labels).await,
-            };
+            let mut options = StartOptions::new().id(id).labels(labels);
+            if let Some(session) = session {
+                options = options.session(session);
+            }
+            let started = runtime.start(&agent, input, options).await;
             started
                 .map(|id| id.as_str().to_owned())
                 .map_err(|e| engine_error(&e))

@@ -15,7 +15,7 @@ use sha2::{Digest, Sha256};
 use super::{
     ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder, KeyClaim,
     Listing, MemoryStore, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, Settle, Settlement,
-    SqliteStore, StoreError, WAITING,
+    SettlingAppend, SqliteStore, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -1946,13 +1946,14 @@ pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
     store.claim_commitment("claim-7", &a).await.unwrap();
     let appended = store
         .append_settling(
-            &run,
-            None,
-            2,
-            &[ev("payer:3")],
-            "running".into(),
-            3,
-            &settlement("claim-7", &a, "{\"paid\":true}"),
+            SettlingAppend::new(
+                &run,
+                2,
+                &[ev("payer:3")],
+                &settlement("claim-7", &a, "{\"paid\":true}"),
+            )
+            .listing("running".into())
+            .at(3),
         )
         .await
         .unwrap();
@@ -1985,13 +1986,9 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     // Never claimed.
     let err = store
         .append_settling(
-            &run,
-            None,
-            1,
-            &[ev("r:2")],
-            "running".into(),
-            2,
-            &settlement("k", &a, "x"),
+            SettlingAppend::new(&run, 1, &[ev("r:2")], &settlement("k", &a, "x"))
+                .listing("running".into())
+                .at(2),
         )
         .await
         .unwrap_err();
@@ -2000,13 +1997,9 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     store.claim_commitment("k", &b).await.unwrap();
     let err = store
         .append_settling(
-            &run,
-            None,
-            1,
-            &[ev("r:2")],
-            "running".into(),
-            2,
-            &settlement("k", &a, "x"),
+            SettlingAppend::new(&run, 1, &[ev("r:2")], &settlement("k", &a, "x"))
+                .listing("running".into())
+                .at(2),
         )
         .await
         .unwrap_err();
@@ -2016,13 +2009,9 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     store.claim_commitment("mine", &a).await.unwrap();
     let err = store
         .append_settling(
-            &run,
-            None,
-            5,
-            &[ev("r:2")],
-            "running".into(),
-            2,
-            &settlement("mine", &a, "x"),
+            SettlingAppend::new(&run, 5, &[ev("r:2")], &settlement("mine", &a, "x"))
+                .listing("running".into())
+                .at(2),
         )
         .await
         .unwrap_err();
@@ -2035,25 +2024,17 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     // Settled once; a second settlement is refused.
     store
         .append_settling(
-            &run,
-            None,
-            1,
-            &[ev("r:2")],
-            "running".into(),
-            2,
-            &settlement("mine", &a, "x"),
+            SettlingAppend::new(&run, 1, &[ev("r:2")], &settlement("mine", &a, "x"))
+                .listing("running".into())
+                .at(2),
         )
         .await
         .unwrap();
     let err = store
         .append_settling(
-            &run,
-            None,
-            2,
-            &[ev("r:3")],
-            "running".into(),
-            3,
-            &settlement("mine", &a, "y"),
+            SettlingAppend::new(&run, 2, &[ev("r:3")], &settlement("mine", &a, "y"))
+                .listing("running".into())
+                .at(3),
         )
         .await
         .unwrap_err();
@@ -2075,13 +2056,14 @@ pub(crate) async fn commitments_are_listed_by_key_and_by_run(backend: &dyn Backe
     store.claim_commitment("k-c", &a).await.unwrap();
     store
         .append_settling(
-            &run,
-            None,
-            1,
-            &[ev("lister:2")],
-            "running".into(),
-            2,
-            &settlement("k-c", &a, "{\"ok\":1}"),
+            SettlingAppend::new(
+                &run,
+                1,
+                &[ev("lister:2")],
+                &settlement("k-c", &a, "{\"ok\":1}"),
+            )
+            .listing("running".into())
+            .at(2),
         )
         .await
         .unwrap();
@@ -2134,13 +2116,9 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     store.claim_commitment("failed", &a).await.unwrap();
     let err = store
         .append_settling(
-            &run,
-            None,
-            1,
-            &[ev("freer:2")],
-            "running".into(),
-            2,
-            &release("failed", &b),
+            SettlingAppend::new(&run, 1, &[ev("freer:2")], &release("failed", &b))
+                .listing("running".into())
+                .at(2),
         )
         .await
         .unwrap_err();
@@ -2149,13 +2127,9 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     // An unsettled key (a call that failed) is released with its events.
     store
         .append_settling(
-            &run,
-            None,
-            1,
-            &[ev("freer:2")],
-            "running".into(),
-            2,
-            &release("failed", &a),
+            SettlingAppend::new(&run, 1, &[ev("freer:2")], &release("failed", &a))
+                .listing("running".into())
+                .at(2),
         )
         .await
         .unwrap();
@@ -2169,25 +2143,17 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     store.claim_commitment("done", &a).await.unwrap();
     store
         .append_settling(
-            &run,
-            None,
-            2,
-            &[ev("freer:3")],
-            "running".into(),
-            3,
-            &settlement("done", &a, "r"),
+            SettlingAppend::new(&run, 2, &[ev("freer:3")], &settlement("done", &a, "r"))
+                .listing("running".into())
+                .at(3),
         )
         .await
         .unwrap();
     store
         .append_settling(
-            &run,
-            None,
-            3,
-            &[ev("freer:4")],
-            "completed".into(),
-            4,
-            &release("done", &a),
+            SettlingAppend::new(&run, 3, &[ev("freer:4")], &release("done", &a))
+                .listing("completed".into())
+                .at(4),
         )
         .await
         .unwrap();
@@ -2202,13 +2168,9 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     store.claim_commitment("kept", &a).await.unwrap();
     let err = store
         .append_settling(
-            &run,
-            None,
-            9,
-            &[ev("freer:5")],
-            "completed".into(),
-            5,
-            &release("kept", &a),
+            SettlingAppend::new(&run, 9, &[ev("freer:5")], &release("kept", &a))
+                .listing("completed".into())
+                .at(5),
         )
         .await
         .unwrap_err();
@@ -2251,13 +2213,9 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
         store.claim_commitment("durable", &a).await.unwrap();
         store
             .append_settling(
-                &run,
-                None,
-                1,
-                &[ev("kept:2")],
-                "running".into(),
-                2,
-                &settlement("durable", &a, "r"),
+                SettlingAppend::new(&run, 1, &[ev("kept:2")], &settlement("durable", &a, "r"))
+                    .listing("running".into())
+                    .at(2),
             )
             .await
             .unwrap();

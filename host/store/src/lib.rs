@@ -260,6 +260,66 @@ pub struct Settlement {
     pub outcome: Settle,
 }
 
+/// One [`EventStore::append_settling`] request: an append (fenced or not)
+/// and the settlement written in its transaction.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub struct SettlingAppend<'a> {
+    /// The run appended to.
+    pub run_id: &'a RunId,
+    /// The caller's claim, when the append is fenced. Default: none.
+    pub fence: Option<&'a Claim>,
+    /// The log length the caller expects before the events.
+    pub expected_len: u64,
+    /// The encoded events.
+    pub events: &'a [Bytes],
+    /// What the run's listing says after the append. Default: `running`,
+    /// owing nothing.
+    pub listing: Listing<'a>,
+    /// When, in milliseconds since the Unix epoch. Default: 0.
+    pub updated_ms: i64,
+    /// The commitment the events settle or release.
+    pub settlement: &'a Settlement,
+}
+
+impl<'a> SettlingAppend<'a> {
+    /// Appends `events` to `run_id` at `expected_len`, settling
+    /// `settlement`: unfenced, listed `running`, at time 0 until the
+    /// builder methods say otherwise.
+    pub fn new(
+        run_id: &'a RunId,
+        expected_len: u64,
+        events: &'a [Bytes],
+        settlement: &'a Settlement,
+    ) -> Self {
+        SettlingAppend {
+            run_id,
+            fence: None,
+            expected_len,
+            events,
+            listing: Listing::new("running"),
+            updated_ms: 0,
+            settlement,
+        }
+    }
+
+    /// Fenced by `fence` (when `Some`), as
+    /// [`append_fenced`](EventStore::append_fenced) is.
+    pub fn fenced(self, fence: Option<&'a Claim>) -> Self {
+        SettlingAppend { fence, ..self }
+    }
+
+    /// With `listing` as the run's listing after the append.
+    pub fn listing(self, listing: Listing<'a>) -> Self {
+        SettlingAppend { listing, ..self }
+    }
+
+    /// Written at `updated_ms`.
+    pub fn at(self, updated_ms: i64) -> Self {
+        SettlingAppend { updated_ms, ..self }
+    }
+}
+
 /// What a [`Settlement`] does to its commitment.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Settle {
@@ -954,31 +1014,14 @@ pub trait EventStore: Send + Sync {
     }
 
     /// [`append`](Self::append) (or [`append_fenced`](Self::append_fenced)
-    /// when `fence` is given), and in the same transaction settles the
-    /// commitment the appended events complete, or releases it (see
-    /// [`Settle`]). Refused with [`StoreError::CommitmentNotHeld`] (nothing
-    /// written) unless `settlement.holder` holds the key (and, to record a
-    /// result, it is not settled yet).
-    #[allow(clippy::too_many_arguments)]
-    async fn append_settling(
-        &self,
-        run_id: &RunId,
-        fence: Option<&Claim>,
-        expected_len: u64,
-        events: &[Bytes],
-        listing: Listing<'_>,
-        updated_ms: i64,
-        settlement: &Settlement,
-    ) -> Result<Appended, StoreError> {
-        let _ = (
-            run_id,
-            fence,
-            expected_len,
-            events,
-            listing,
-            updated_ms,
-            settlement,
-        );
+    /// when the request is [fenced](SettlingAppend::fenced)), and in the same
+    /// transaction settles the commitment the appended events complete, or
+    /// releases it (see [`Settle`]). Refused with
+    /// [`StoreError::CommitmentNotHeld`] (nothing written) unless the
+    /// settlement's holder holds the key (and, to record a result, it is not
+    /// settled yet).
+    async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
+        let _ = request;
         Err(unsupported::<Self>("idempotency commitments"))
     }
 }

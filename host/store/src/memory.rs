@@ -14,7 +14,7 @@ use super::session::holds_session;
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
     Holder, KeyClaim, Listing, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settle,
-    Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+    SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -555,16 +555,16 @@ impl EventStore for MemoryStore {
         })
     }
 
-    async fn append_settling(
-        &self,
-        run_id: &RunId,
-        fence: Option<&Claim>,
-        expected_len: u64,
-        events: &[Bytes],
-        listing: Listing<'_>,
-        updated_ms: i64,
-        settlement: &Settlement,
-    ) -> Result<Appended, StoreError> {
+    async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
+        let SettlingAppend {
+            run_id,
+            fence,
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+            settlement,
+        } = request;
         if events.is_empty() {
             return Err(StoreError::EmptyAppend {
                 run_id: run_id.clone(),

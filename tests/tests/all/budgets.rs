@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::budget::BudgetKind;
@@ -68,7 +69,7 @@ usage = { input_tokens = 10, output_tokens = 10 }
     let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap());
     let rt = runtime(store, Arc::new(TickingClock(AtomicU64::new(START_MS))));
     let run = rt
-        .start_with_id(&agent, id("crossed"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("crossed")))
         .await
         .unwrap();
     assert_eq!(
@@ -108,7 +109,11 @@ async fn a_model_call_whose_input_alone_would_cross_the_cost_budget_is_not_made(
     );
     // About 5,000 tokens of input: $0.015 against $0.01.
     let run = rt
-        .start_with_id(&agent, id("big"), json!("x".repeat(20_000)))
+        .start(
+            &agent,
+            json!("x".repeat(20_000)),
+            StartOptions::new().id(id("big")),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -152,7 +157,7 @@ text = "All done."
     let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap());
     let rt = runtime(store.clone(), clock.clone());
     let run = rt
-        .start_with_id(&agent, id("parked"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("parked")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Suspended);
@@ -203,7 +208,11 @@ text = "All done."
         Arc::new(TickingClock(AtomicU64::new(START_MS))),
     );
     let err = rt
-        .start_with_id(&agent, id("huge"), json!("x".repeat(2048)))
+        .start(
+            &agent,
+            json!("x".repeat(2048)),
+            StartOptions::new().id(id("huge")),
+        )
         .await
         .unwrap_err();
     match &err {
@@ -222,7 +231,7 @@ text = "All done."
     ));
     // An answer over the cap is refused the same way, and the run waits on.
     let run = rt
-        .start_with_id(&agent, id("small"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("small")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Suspended);

@@ -5,6 +5,7 @@
 
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::events::{Event, ToolCallError};
@@ -140,7 +141,7 @@ async fn a_lease_fits_in_what_is_left_of_the_runs_fuel() {
     let agent = greedy_agent(dir.path(), "max_fuel = 50_000_000", "read");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("fuel"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("fuel")))
         .await
         .unwrap();
     rt.drive(&run, &agent).await.unwrap();
@@ -165,7 +166,7 @@ async fn a_lease_fits_in_what_is_left_of_the_runs_wall_time() {
     let agent = greedy_agent(dir.path(), "max_wall_time = \"1s\"", "write");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("wall"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("wall")))
         .await
         .unwrap();
     // The driver stops at the write whose outcome is unknown.

@@ -7,6 +7,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use serde_json::{Value, json};
 use warden::engine::channels::DeliveryError;
@@ -192,7 +193,7 @@ async fn a_channel_that_fails_twice_then_succeeds_records_three_attempts_and_del
         );
         let rt = runtime(store);
         let run = rt
-            .start(&agent, json!("What is the answer?"))
+            .start(&agent, json!("What is the answer?"), StartOptions::new())
             .await
             .unwrap();
         assert_eq!(
@@ -274,7 +275,7 @@ async fn a_channel_that_always_fails_leaves_the_result_unchanged_and_records_the
         );
         let rt = runtime(store);
         let run = rt
-            .start(&agent, json!("What is the answer?"))
+            .start(&agent, json!("What is the answer?"), StartOptions::new())
             .await
             .unwrap();
         assert_eq!(
@@ -320,7 +321,7 @@ async fn a_channel_that_always_fails_leaves_the_result_unchanged_and_records_the
     let agent = fx.jsonl_agent(ANSWER, "../escape.jsonl", "");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start(&agent, json!("What is the answer?"))
+        .start(&agent, json!("What is the answer?"), StartOptions::new())
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
@@ -349,7 +350,10 @@ async fn a_parked_notice_is_delivered_while_the_run_waits_for_approval() {
             "receives = [\"parked\", \"output\"]",
         );
         let rt = runtime(store);
-        let run = rt.start(&agent, json!("Write the report")).await.unwrap();
+        let run = rt
+            .start(&agent, json!("Write the report"), StartOptions::new())
+            .await
+            .unwrap();
         assert_eq!(
             rt.drive(&run, &agent).await.unwrap(),
             RunStatus::AwaitingApproval,
@@ -440,7 +444,7 @@ async fn recovery_redelivers_an_intent_without_completion_with_the_same_id_and_n
         let control = runtime(Arc::new(MemoryStore::new()));
         let run = RunId::new("chan-crash").unwrap();
         control
-            .start_with_id(&agent, run.clone(), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
             .await
             .unwrap();
         control.drive(&run, &agent).await.unwrap();
@@ -461,7 +465,7 @@ async fn recovery_redelivers_an_intent_without_completion_with_the_same_id_and_n
             // Appends are counted from the first event after run_started.
             let crashing = runtime(crashing(inner.clone(), completion_at as u64 - 1, point));
             crashing
-                .start_with_id(&agent, run.clone(), json!("go"))
+                .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
                 .await
                 .unwrap();
             let err = crashing.drive(&run, &agent).await.unwrap_err();
@@ -532,7 +536,7 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
     let run = RunId::new("chan-owed").unwrap();
     let control = runtime(Arc::new(MemoryStore::new()));
     control
-        .start_with_id(&agent, run.clone(), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
     control.drive(&run, &agent).await.unwrap();
@@ -548,7 +552,7 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
         CrashPoint::BeforeWrite,
     ));
     crashing
-        .start_with_id(&agent, run.clone(), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
     assert!(crashing.drive(&run, &agent).await.is_err());
@@ -632,7 +636,10 @@ async fn an_agent_naming_a_plugin_that_is_not_a_channel_is_refused_before_anythi
     let agent = fx.agent(ANSWER, "[channels.notify]\nplugin = \"fs\"\n");
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(store.clone());
-    let err = rt.start(&agent, json!("go")).await.unwrap_err();
+    let err = rt
+        .start(&agent, json!("go"), StartOptions::new())
+        .await
+        .unwrap_err();
     assert!(
         matches!(&err, RuntimeError::Agent { message, .. } if message.contains("`channels.notify.plugin`") && message.contains("not a channel")),
         "{err}"
@@ -664,7 +671,7 @@ async fn the_webhook_channel_posts_over_loopback_with_the_delivery_id_as_idempot
     );
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start(&agent, json!("What is the answer?"))
+        .start(&agent, json!("What is the answer?"), StartOptions::new())
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);

@@ -6,6 +6,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::events::{ContextError, Event, RunError};
@@ -111,7 +112,9 @@ async fn run_to_rest(
     run: &RunId,
     input: serde_json::Value,
 ) -> (RunStatus, Vec<Event>) {
-    rt.start_with_id(agent, run.clone(), input).await.unwrap();
+    rt.start(agent, input, StartOptions::new().id(run.clone()))
+        .await
+        .unwrap();
     let status = rt.drive(run, agent).await.unwrap();
     (status, rt.events(run).await.unwrap())
 }
@@ -349,7 +352,7 @@ query = '{"count": "/state/resolves.log", "items": [{"source": "status", "conten
     let run = id("recovered");
     {
         let rt = runtime(Arc::new(SqliteStore::open(&db).unwrap()));
-        rt.start_with_id(&agent, run.clone(), json!("go"))
+        rt.start(&agent, json!("go"), StartOptions::new().id(run.clone()))
             .await
             .unwrap();
         // One logical operation: the context of step 1, recorded; then the
@@ -410,7 +413,7 @@ async fn a_context_source_must_be_a_context_plugin_and_its_limits_hold() {
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store));
     let err = rt
-        .start_with_id(&agent, id("refused"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("refused")))
         .await
         .unwrap_err();
     assert_eq!(

@@ -14,6 +14,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use serde_json::{Value, json};
 use warden::engine::events::{Event, ToolCallError};
@@ -404,7 +405,7 @@ async fn run(agent: &Agent) -> (RunStatus, Vec<Event>) {
     let rt = runtime();
     let id = warden::engine::RunId::new("corpus-run").unwrap();
     let run = rt
-        .start_with_id(agent, id, json!("Read a.txt"))
+        .start(agent, json!("Read a.txt"), StartOptions::new().id(id))
         .await
         .unwrap();
     let status = rt.drive(&run, agent).await.unwrap();

@@ -7,6 +7,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::events::{Event, ToolCallError};
@@ -50,7 +51,10 @@ text = "Paid."
 const KEYED: &str = "[plugins.hostile.grant.tools.fs]\nidempotency_key = \"claim_id\"\n";
 
 async fn run_to_end(rt: &Runtime, agent: &Agent, run: &str) -> (RunStatus, Vec<Event>) {
-    let run = rt.start_with_id(agent, id(run), json!("go")).await.unwrap();
+    let run = rt
+        .start(agent, json!("go"), StartOptions::new().id(id(run)))
+        .await
+        .unwrap();
     let status = rt.drive(&run, agent).await.unwrap();
     (status, rt.events(&run).await.unwrap())
 }
@@ -115,7 +119,7 @@ async fn two_runs_racing_on_one_key_execute_it_once() {
         };
         let rt = runtime(store);
         for run in ["a", "b"] {
-            rt.start_with_id(&agent, id(run), json!("go"))
+            rt.start(&agent, json!("go"), StartOptions::new().id(id(run)))
                 .await
                 .unwrap();
         }
@@ -211,7 +215,7 @@ async fn replay_uses_the_recorded_deduplication_and_never_consults_commitments()
     });
     let rt = runtime(counting.clone());
     for run in ["payer", "second"] {
-        rt.start_with_id(&agent, id(run), json!("go"))
+        rt.start(&agent, json!("go"), StartOptions::new().id(id(run)))
             .await
             .unwrap();
         assert_eq!(
@@ -367,7 +371,7 @@ text = "Done."
     );
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("died"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("died")))
         .await
         .unwrap();
     let err = rt.drive(&run, &agent).await.unwrap_err();
@@ -434,7 +438,7 @@ text = "Paid."
     );
     let rt = runtime(Arc::new(MemoryStore::new())).with_commitment_wait(Duration::from_millis(200));
     let a = rt
-        .start_with_id(&agent, id("a"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("a")))
         .await
         .unwrap();
     assert!(matches!(
@@ -444,7 +448,7 @@ text = "Paid."
     // Another run making the same payment waits for the holder, then stops
     // and says who holds it.
     let b = rt
-        .start_with_id(&agent, id("b"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("b")))
         .await
         .unwrap();
     match rt.drive(&b, &agent).await {
@@ -497,7 +501,7 @@ async fn an_external_tool_parks_the_run_with_its_frozen_arguments_and_checks_the
     let agent = fx.agent(PAY_INVOICE, EXTERNAL);
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("invoice"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("invoice")))
         .await
         .unwrap();
     assert_eq!(
@@ -585,7 +589,7 @@ async fn an_external_tool_is_completed_from_a_second_process() {
     {
         let rt = runtime(Arc::new(SqliteStore::open(&db).unwrap()));
         let run = rt
-            .start_with_id(&agent, id("remote"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("remote")))
             .await
             .unwrap();
         assert_eq!(
@@ -761,7 +765,7 @@ text = "Paid."
         };
         let rt = runtime(store);
         let a = rt
-            .start_with_id(&agent, id("a"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("a")))
             .await
             .unwrap();
         assert!(matches!(
@@ -804,7 +808,7 @@ text = "Paid."
 
         // A later run with the key gets the output; the write never runs.
         let b = rt
-            .start_with_id(&agent, id("b"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("b")))
             .await
             .unwrap();
         let status = tokio::time::timeout(Duration::from_secs(20), rt.drive(&b, &agent))
@@ -857,7 +861,7 @@ text = "Paid."
         // key must be reported without it.
         let rt = runtime(store).with_commitment_wait(Duration::from_secs(600));
         let a = rt
-            .start_with_id(&agent, id("a"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("a")))
             .await
             .unwrap();
         assert!(matches!(
@@ -883,7 +887,7 @@ text = "Paid."
         assert_eq!(rt.key(&key).await.unwrap().state, KeyState::Orphaned);
 
         let b = rt
-            .start_with_id(&agent, id("b"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("b")))
             .await
             .unwrap();
         match rt.drive(&b, &agent).await {

@@ -7,6 +7,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use warden::engine::StartOptions;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -166,7 +167,11 @@ async fn a_run_calls_tools_and_completes_on_both_stores() {
     for (name, store) in stores(fx.dir.path()) {
         let rt = runtime(store.clone());
         let run = rt
-            .start_with_id(&agent, id(&format!("run-{name}")), json!("go"))
+            .start(
+                &agent,
+                json!("go"),
+                StartOptions::new().id(id(&format!("run-{name}"))),
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -228,7 +233,7 @@ async fn writes_wait_for_approval_and_a_denial_is_the_tools_result() {
     let rt = runtime(Arc::new(MemoryStore::new()));
 
     let run = rt
-        .start_with_id(&agent, id("approved"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("approved")))
         .await
         .unwrap();
     assert_eq!(
@@ -260,7 +265,7 @@ async fn writes_wait_for_approval_and_a_denial_is_the_tools_result() {
     assert_eq!(fx.effects(), 1);
 
     let run = rt
-        .start_with_id(&agent, id("denied"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("denied")))
         .await
         .unwrap();
     assert_eq!(
@@ -298,7 +303,7 @@ text = "Thanks."
     );
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("asked"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("asked")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Suspended);
@@ -335,7 +340,7 @@ async fn a_budget_parks_the_run_and_an_extension_resumes_it() {
     let agent = fx.agent(READ_WRITE_FINISH, "[budgets]\nmax_tool_calls = 1\n");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("budget"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("budget")))
         .await
         .unwrap();
     assert_eq!(
@@ -372,11 +377,12 @@ async fn verbs_refuse_what_does_not_fit_and_write_nothing() {
     let agent = fx.agent(READ_WRITE_FINISH, "");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("verbs"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("verbs")))
         .await
         .unwrap();
     assert!(matches!(
-        rt.start_with_id(&agent, id("verbs"), json!("again")).await,
+        rt.start(&agent, json!("again"), StartOptions::new().id(id("verbs")))
+            .await,
         Err(RuntimeError::AlreadyStarted { .. })
     ));
     assert!(matches!(
@@ -413,7 +419,7 @@ async fn recovering_with_a_changed_agent_is_refused_unless_accepted_and_divergen
     let agent = fx.agent(READ_WRITE_FINISH, "");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("changed"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("changed")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
@@ -483,7 +489,11 @@ text = "Done."
     let store = Arc::new(SqliteStore::open(fx.path("work/runs.db")).unwrap());
     let rt = runtime(store);
     let run = rt
-        .start_with_id(&agent, id("write-ahead"), json!("go"))
+        .start(
+            &agent,
+            json!("go"),
+            StartOptions::new().id(id("write-ahead")),
+        )
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
@@ -514,7 +524,7 @@ text = "Never reached."
     );
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("cancelled"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("cancelled")))
         .await
         .unwrap();
     let mut updates = rt.subscribe(&run);
@@ -545,7 +555,7 @@ text = "Never reached."
 
     // A run nobody drives is cancelled by recording it.
     let idle = rt
-        .start_with_id(&agent, id("idle"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("idle")))
         .await
         .unwrap();
     rt.cancel(&idle, None, None).await.unwrap();
@@ -562,7 +572,7 @@ async fn subscribers_see_every_event_in_order_and_text_before_its_completion() {
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = id("watched");
     let mut updates = rt.subscribe(&run);
-    rt.start_with_id(&agent, run.clone(), json!("go"))
+    rt.start(&agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
     rt.drive(&run, &agent).await.unwrap();
@@ -655,7 +665,7 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
         let control_rt = runtime(control_store);
         let run = id("crash");
         control_rt
-            .start_with_id(&agent, run.clone(), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
             .await
             .unwrap();
         assert_eq!(
@@ -679,7 +689,7 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
                 };
                 let crashing = runtime(crashing(inner.clone(), at, point));
                 crashing
-                    .start_with_id(&agent, run.clone(), json!("go"))
+                    .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
                     .await
                     .unwrap();
                 let err = crashing.drive(&run, &agent).await.unwrap_err();
@@ -745,7 +755,10 @@ async fn the_demo_agent_runs_offline_with_approval() {
         Arc::new(MemoryStore::new()),
         PluginHost::new(sandbox().clone()),
     );
-    let run = rt.start(&agent, json!("Summarise my notes")).await.unwrap();
+    let run = rt
+        .start(&agent, json!("Summarise my notes"), StartOptions::new())
+        .await
+        .unwrap();
     assert_eq!(
         rt.drive(&run, &agent).await.unwrap(),
         RunStatus::AwaitingApproval
@@ -792,7 +805,7 @@ async fn step_performs_one_logical_operation_at_a_time() {
     let agent = fx.agent(READ_WRITE_FINISH, "");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&agent, id("stepped"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("stepped")))
         .await
         .unwrap();
     let mut lengths = vec![rt.events(&run).await.unwrap().len()];

@@ -10,6 +10,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use warden::engine::StartOptions;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -90,7 +91,7 @@ fn awaiting(state: &warden::engine::RunState) -> CallId {
 /// Records the source: approved, written, completed.
 async fn record_source(rt: &Runtime, agent: &Agent, fx: &Fixture) -> RunId {
     let source = rt
-        .start_with_id(agent, id("source"), json!("go"))
+        .start(agent, json!("go"), StartOptions::new().id(id("source")))
         .await
         .unwrap();
     assert_eq!(
@@ -498,7 +499,7 @@ text = "Paid."
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store));
     let source = rt
-        .start_with_id(&agent, id("payer"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("payer")))
         .await
         .unwrap();
     assert_eq!(

@@ -7,6 +7,7 @@
 //! append and decode on both stores.
 
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use serde_json::{Value, json};
 use warden::engine::events::{Event, ToolCallError, ToolCallResult, decode};
@@ -46,7 +47,10 @@ async fn completed_run(
     run: &str,
 ) -> (warden::engine::Runtime, warden::engine::RunId) {
     let rt = runtime(store.clone());
-    let run = rt.start_with_id(agent, id(run), json!("go")).await.unwrap();
+    let run = rt
+        .start(agent, json!("go"), StartOptions::new().id(id(run)))
+        .await
+        .unwrap();
     assert_eq!(
         rt.drive(&run, agent).await.unwrap(),
         RunStatus::Completed,
@@ -248,7 +252,11 @@ async fn an_input_too_deep_to_read_back_is_refused_before_anything_is_written() 
         let rt = runtime(store.clone());
         let run = id(&format!("deep-input-{name}"));
         let err = rt
-            .start_with_id(&agent, run.clone(), nested_object(130))
+            .start(
+                &agent,
+                nested_object(130),
+                StartOptions::new().id(run.clone()),
+            )
             .await
             .unwrap_err();
         assert!(
@@ -262,10 +270,10 @@ async fn an_input_too_deep_to_read_back_is_refused_before_anything_is_written() 
         );
         // The same runtime and store go on serving.
         let ok = rt
-            .start_with_id(
+            .start(
                 &agent,
-                id(&format!("after-{name}")),
                 nested_object(MAX_DEPTH),
+                StartOptions::new().id(id(&format!("after-{name}"))),
             )
             .await
             .unwrap();
@@ -335,7 +343,10 @@ fn any_value_a_run_accepts_reads_back_equal_on_every_store() {
                     let rt = runtime(store.clone());
                     let n = count.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let run = id(&format!("prop-{n}"));
-                    match rt.start_with_id(&agent, run.clone(), value.clone()).await {
+                    match rt
+                        .start(&agent, value.clone(), StartOptions::new().id(run.clone()))
+                        .await
+                    {
                         Ok(_) => {
                             let stored = store.load(&run).await.unwrap();
                             let Event::RunStarted(started) = decode(&stored[0].bytes).unwrap()

@@ -7,6 +7,7 @@
 //! their mounts when they resolve and decide.
 
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use serde_json::{Value, json};
 use warden::engine::RunStatus;
@@ -60,7 +61,7 @@ text = "Done."
     let rt = runtime(Arc::new(MemoryStore::new()));
 
     let run = rt
-        .start_with_id(&agent, id("denied"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("denied")))
         .await
         .unwrap();
     assert_eq!(
@@ -96,7 +97,7 @@ text = "Done."
     // The same call, approved, runs with the whole grant: the guest really
     // does what its preflight could not.
     let run = rt
-        .start_with_id(&agent, id("approved"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("approved")))
         .await
         .unwrap();
     assert_eq!(
@@ -233,7 +234,7 @@ text = "Done."
     let agent = fx.agent(turns, "");
     let rt = runtime(Arc::new(MemoryStore::new())).with_record_prompts(true);
     let run = rt
-        .start_with_id(&agent, id("read-only"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("read-only")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);

@@ -12,11 +12,11 @@
 //!   [`RuntimeError::ClaimExpired`], its write stops, and nothing is
 //!   appended after the write's intent.
 
-use std::collections::BTreeMap;
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::events::Event;
@@ -137,7 +137,7 @@ async fn a_worker_paused_mid_write_past_its_claim_writes_nothing_after_it_wakes(
     // Lines as fast as the host calls go: a writer that wakes and is not
     // stopped at once writes some.
     let agent = slow_agent(&fx, "paused", 5_000_000, 0);
-    rt.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+    rt.submit(&agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
 
@@ -237,7 +237,7 @@ async fn a_driver_whose_claim_view_passes_mid_write_stops_and_records_nothing() 
     let rt = runtime(store.clone());
     let run = RunId::new("lapsed").unwrap();
     let agent = slow_agent(&fx, "lapsed", 10_000, 2);
-    rt.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+    rt.submit(&agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
     // The store's claim is good for a minute; the driver's own view of it,

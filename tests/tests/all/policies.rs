@@ -8,6 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::events::{Event, PolicyDecided, RunError};
@@ -111,7 +112,7 @@ async fn a_denied_tool_call_never_runs_and_its_denial_is_the_result() {
             .with_record_prompts(true)
             .with_policy("no-appends", policy.clone());
         let run = rt
-            .start_with_id(&agent, id("deny"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("deny")))
             .await
             .unwrap();
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
@@ -149,7 +150,7 @@ async fn a_denied_tool_call_never_runs_and_its_denial_is_the_result() {
     let plain = fx.agent(READ_WRITE_FINISH, "");
     let rt = runtime(Arc::new(MemoryStore::new()));
     let run = rt
-        .start_with_id(&plain, id("plain"), json!("go"))
+        .start(&plain, json!("go"), StartOptions::new().id(id("plain")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &plain).await.unwrap(), RunStatus::Completed);
@@ -173,7 +174,7 @@ text = "Done: I read input.txt."
             .with_record_prompts(true)
             .with_policy("must-cite", policy.clone());
         let run = rt
-            .start_with_id(&agent, id("feedback"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("feedback")))
             .await
             .unwrap();
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
@@ -239,7 +240,7 @@ async fn recorded_decisions_are_never_asked_again_by_recovery_or_replay() {
         let first = Arc::new(NoAppends::default());
         let rt = runtime(Arc::clone(&store)).with_policy("no-appends", first.clone());
         let run = rt
-            .start_with_id(&agent, id("crash"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("crash")))
             .await
             .unwrap();
         step_until(&rt, &run, &agent, |e| matches!(e, Event::PolicyDecided(_))).await;
@@ -319,12 +320,10 @@ async fn the_run_start_hook_sees_the_session_and_a_denial_fails_the_run() {
     let rt = runtime(Arc::new(MemoryStore::new())).with_policy("sessions", policy.clone());
     let session = warden::engine::SessionId::new("chat-1").unwrap();
     let first = rt
-        .start_in_session_with(
-            &session,
+        .start(
             &agent,
-            id("s1"),
             json!("hello"),
-            Default::default(),
+            StartOptions::new().session(session.clone()).id(id("s1")),
         )
         .await
         .unwrap();
@@ -333,18 +332,20 @@ async fn the_run_start_hook_sees_the_session_and_a_denial_fails_the_run() {
         RunStatus::Completed
     );
     let second = rt
-        .start_in_session_with(
-            &session,
+        .start(
             &agent,
-            id("s2"),
             json!("forbidden"),
-            Default::default(),
+            StartOptions::new().session(session.clone()).id(id("s2")),
         )
         .await
         .unwrap();
     assert_eq!(rt.drive(&second, &agent).await.unwrap(), RunStatus::Failed);
     let outside = rt
-        .start_with_id(&agent, id("outside"), json!("hello"))
+        .start(
+            &agent,
+            json!("hello"),
+            StartOptions::new().id(id("outside")),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -381,7 +382,7 @@ async fn a_failing_policy_fails_the_run_closed_and_the_host_goes_on() {
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store)).with_policy("buggy", Arc::new(Panics));
     let run = rt
-        .start_with_id(&agent, id("panics"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("panics")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Failed);
@@ -413,7 +414,7 @@ async fn a_failing_policy_fails_the_run_closed_and_the_host_goes_on() {
     // The host is fine: the same runtime runs another agent.
     let plain = fx.agent(READ_WRITE_FINISH, "");
     let other = rt
-        .start_with_id(&plain, id("after"), json!("go"))
+        .start(&plain, json!("go"), StartOptions::new().id(id("after")))
         .await
         .unwrap();
     assert_eq!(
@@ -429,7 +430,7 @@ async fn a_run_enabling_an_unregistered_policy_is_refused_before_anything_is_rec
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store));
     let err = rt
-        .start_with_id(&agent, id("refused"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("refused")))
         .await
         .unwrap_err();
     assert!(

@@ -9,6 +9,7 @@
 //! answering feedback everywhere) fails its run closed and the host goes on.
 
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::events::{Event, PolicyDecided, RunError};
@@ -90,7 +91,7 @@ async fn a_wasm_policy_denies_a_named_tool_and_every_decision_is_recorded_with_i
         let _ = std::fs::remove_file(fx.path("count/calls"));
         let rt = runtime(Arc::clone(&store)).with_record_prompts(true);
         let run = rt
-            .start_with_id(&agent, id("guarded"), json!("go"))
+            .start(&agent, json!("go"), StartOptions::new().id(id("guarded")))
             .await
             .unwrap();
         assert_eq!(
@@ -174,7 +175,7 @@ async fn recovery_and_replay_never_ask_a_wasm_policy_again() {
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = runtime(Arc::clone(&store));
     let run = rt
-        .start_with_id(&agent, id("recovered"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("recovered")))
         .await
         .unwrap();
     // Step until the denial is recorded, then "crash" (drop the runtime).
@@ -251,7 +252,11 @@ async fn a_hostile_wasm_policy_fails_its_run_closed_and_the_host_goes_on() {
         let agent = guarded(&fx, config, limits);
         let rt = runtime(Arc::clone(&store));
         let run = rt
-            .start_with_id(&agent, id(&format!("hostile-{i}")), json!("go"))
+            .start(
+                &agent,
+                json!("go"),
+                StartOptions::new().id(id(&format!("hostile-{i}"))),
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -287,7 +292,7 @@ async fn a_hostile_wasm_policy_fails_its_run_closed_and_the_host_goes_on() {
     let agent = guarded(&fx, "", "");
     let rt = runtime(Arc::clone(&store));
     let run = rt
-        .start_with_id(&agent, id("after"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("after")))
         .await
         .unwrap();
     assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
@@ -299,7 +304,7 @@ async fn an_agent_naming_a_plugin_that_is_not_a_policy_is_refused_before_anythin
     let agent = fx.agent(&transcript(), "[policies.guard]\nplugin = \"files\"\n");
     let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let err = runtime(Arc::clone(&store))
-        .start_with_id(&agent, id("refused"), json!("go"))
+        .start(&agent, json!("go"), StartOptions::new().id(id("refused")))
         .await
         .unwrap_err();
     assert!(matches!(err, RuntimeError::Agent { .. }), "{err:?}");

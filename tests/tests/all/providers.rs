@@ -14,6 +14,7 @@
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -1071,7 +1072,11 @@ async fn run(agent: &Agent) -> (RunStatus, Vec<Event>, Vec<String>) {
     let rt = runtime();
     let id = warden::engine::RunId::new("conformance-run").unwrap();
     let run = rt
-        .start_with_id(agent, id, json!("What do the files say?"))
+        .start(
+            agent,
+            json!("What do the files say?"),
+            StartOptions::new().id(id),
+        )
         .await
         .unwrap();
     let mut updates = rt.subscribe(&run);
@@ -1391,7 +1396,10 @@ async fn cancelling_a_run_mid_stream_closes_the_connection() {
         .await;
         let agent = write_agent(dir.path(), &model_table(Some(wire), Some(&server), ""));
         let rt = runtime();
-        let run = rt.start(&agent, json!("go")).await.unwrap();
+        let run = rt
+            .start(&agent, json!("go"), StartOptions::new())
+            .await
+            .unwrap();
         let mut updates = rt.subscribe(&run);
         let driver = {
             let (rt, run, agent) = (rt.clone(), run.clone(), agent.clone());

@@ -23,6 +23,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use futures::future::BoxFuture;
 use serde_json::json;
@@ -166,7 +167,10 @@ async fn a_persistent_500_gets_exactly_max_attempts_requests() {
                 waits: Mutex::default(),
             });
             let rt = runtime(Arc::new(MemoryStore::new()), &clock, sleep.clone());
-            let run = rt.start(&agent, json!("hi")).await.unwrap();
+            let run = rt
+                .start(&agent, json!("hi"), StartOptions::new())
+                .await
+                .unwrap();
             let status = rt.drive(&run, &agent).await.unwrap();
             assert_eq!(status, RunStatus::Failed, "{wire:?}");
             assert_eq!(
@@ -230,7 +234,10 @@ async fn a_permanent_error_is_one_request() {
         let agent = agent(dir.path(), wire, &server, "max_attempts = 5");
         let clock = TestClock::new();
         let rt = runtime(Arc::new(MemoryStore::new()), &clock, Arc::new(Forever));
-        let run = rt.start(&agent, json!("hi")).await.unwrap();
+        let run = rt
+            .start(&agent, json!("hi"), StartOptions::new())
+            .await
+            .unwrap();
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Failed);
         assert_eq!(server.seen().len(), 1, "{wire:?}");
         let failed = failures(&rt.events(&run).await.unwrap());
@@ -257,7 +264,10 @@ async fn a_429_with_retry_after_is_waited_exactly_by_the_injected_clock() {
             waits: Mutex::default(),
         });
         let rt = runtime(Arc::new(MemoryStore::new()), &clock, sleep.clone());
-        let run = rt.start(&agent, json!("hi")).await.unwrap();
+        let run = rt
+            .start(&agent, json!("hi"), StartOptions::new())
+            .await
+            .unwrap();
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
         assert_eq!(server.seen().len(), 2, "{wire:?}");
         let events = rt.events(&run).await.unwrap();
@@ -294,7 +304,10 @@ async fn a_driver_recovering_mid_wait_waits_only_what_is_left() {
     let clock = TestClock::new();
     // The first driver fails, then dies in its wait.
     let first = runtime(Arc::clone(&store), &clock, Arc::new(Forever));
-    let run = first.start(&agent, json!("hi")).await.unwrap();
+    let run = first
+        .start(&agent, json!("hi"), StartOptions::new())
+        .await
+        .unwrap();
     let driving = tokio::spawn({
         let (first, run, agent) = (first.clone(), run.clone(), agent.clone());
         async move { first.drive(&run, &agent).await }
@@ -354,7 +367,10 @@ async fn a_retry_after_beyond_the_cap_parks_the_run_until_it_is_due() {
         let clock = TestClock::new();
         // A driver that tried to sleep through the wait would hang here.
         let rt = runtime(Arc::clone(&store), &clock, Arc::new(Forever));
-        let run = rt.start(&agent, json!("hi")).await.unwrap();
+        let run = rt
+            .start(&agent, json!("hi"), StartOptions::new())
+            .await
+            .unwrap();
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Waiting);
         assert_eq!(server.seen().len(), 1);
         let events = rt.events(&run).await.unwrap();
@@ -418,9 +434,8 @@ async fn a_worker_claims_a_waiting_run_only_once_it_is_due() {
     let run = rt
         .submit(
             &agent,
-            RunId::new("parked").unwrap(),
             json!("hi"),
-            Default::default(),
+            StartOptions::new().id(RunId::new("parked").unwrap()),
         )
         .await
         .unwrap();

@@ -10,10 +10,10 @@
 //! delta, when asked to (`hold …`), so a test can act while the model is
 //! mid-answer.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use serde_json::{Value, json};
 use warden::engine::events::Event;
@@ -222,7 +222,11 @@ async fn three_runs_with_the_middle_one_cancelled(store: Arc<dyn EventStore>) {
     let s = session("chat-1");
 
     let first = rt
-        .start_in_session(&s, &chat.agent, json!("hello"))
+        .start(
+            &chat.agent,
+            json!("hello"),
+            StartOptions::new().session(s.clone()),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -233,12 +237,10 @@ async fn three_runs_with_the_middle_one_cancelled(store: Arc<dyn EventStore>) {
     // The second run's model holds its stream open after a first delta.
     let second = RunId::new("second").unwrap();
     let mut updates = rt.subscribe(&second);
-    rt.start_in_session_with(
-        &s,
+    rt.start(
         &chat.agent,
-        second.clone(),
         json!("hold on, write me an essay"),
-        BTreeMap::new(),
+        StartOptions::new().session(s.clone()).id(second.clone()),
     )
     .await
     .unwrap();
@@ -261,8 +263,12 @@ async fn three_runs_with_the_middle_one_cancelled(store: Arc<dyn EventStore>) {
     }
     // While it streams, the session is busy, and nothing is written.
     busy(
-        rt.start_in_session(&s, &chat.agent, json!("are you there?"))
-            .await,
+        rt.start(
+            &chat.agent,
+            json!("are you there?"),
+            StartOptions::new().session(s.clone()),
+        )
+        .await,
         &second,
     );
     assert_eq!(rt.session_runs(&s).await.unwrap().len(), 2);
@@ -285,7 +291,11 @@ async fn three_runs_with_the_middle_one_cancelled(store: Arc<dyn EventStore>) {
 
     // The session is free again; the third run sees the first only.
     let third = rt
-        .start_in_session(&s, &chat.agent, json!("and now?"))
+        .start(
+            &chat.agent,
+            json!("and now?"),
+            StartOptions::new().session(s.clone()),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -315,7 +325,11 @@ async fn three_runs_with_the_middle_one_cancelled(store: Arc<dyn EventStore>) {
 
     // A fourth run sees the first and the third.
     let fourth = rt
-        .start_in_session(&s, &chat.agent, json!("bye"))
+        .start(
+            &chat.agent,
+            json!("bye"),
+            StartOptions::new().session(s.clone()),
+        )
         .await
         .unwrap();
     rt.drive(&fourth, &chat.agent).await.unwrap();
@@ -389,7 +403,11 @@ async fn a_parked_run_keeps_its_session(store: Arc<dyn EventStore>) {
     let rt = chat_runtime(store, Arc::new(ChatModel::default()));
     let s = session("parked");
     let reader = rt
-        .start_in_session(&s, &chat.agent, json!("read the file"))
+        .start(
+            &chat.agent,
+            json!("read the file"),
+            StartOptions::new().session(s.clone()),
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -397,7 +415,12 @@ async fn a_parked_run_keeps_its_session(store: Arc<dyn EventStore>) {
         RunStatus::AwaitingApproval
     );
     busy(
-        rt.start_in_session(&s, &chat.agent, json!("hello")).await,
+        rt.start(
+            &chat.agent,
+            json!("hello"),
+            StartOptions::new().session(s.clone()),
+        )
+        .await,
         &reader,
     );
     let call = rt
@@ -410,7 +433,12 @@ async fn a_parked_run_keeps_its_session(store: Arc<dyn EventStore>) {
         .clone();
     rt.approve(&reader, &call, "tester").await.unwrap();
     busy(
-        rt.start_in_session(&s, &chat.agent, json!("hello")).await,
+        rt.start(
+            &chat.agent,
+            json!("hello"),
+            StartOptions::new().session(s.clone()),
+        )
+        .await,
         &reader,
     );
     assert_eq!(
@@ -420,7 +448,11 @@ async fn a_parked_run_keeps_its_session(store: Arc<dyn EventStore>) {
 
     // The next run sees the whole transcript: the call and its result.
     let next = rt
-        .start_in_session(&s, &chat.agent, json!("thanks"))
+        .start(
+            &chat.agent,
+            json!("thanks"),
+            StartOptions::new().session(s.clone()),
+        )
         .await
         .unwrap();
     rt.drive(&next, &chat.agent).await.unwrap();
@@ -437,13 +469,21 @@ async fn a_parked_run_keeps_its_session(store: Arc<dyn EventStore>) {
 
     // An abandoned run frees the session and adds nothing.
     let parked = rt
-        .start_in_session(&s, &chat.agent, json!("read it again"))
+        .start(
+            &chat.agent,
+            json!("read it again"),
+            StartOptions::new().session(s.clone()),
+        )
         .await
         .unwrap();
     rt.drive(&parked, &chat.agent).await.unwrap();
     rt.abandon(&parked, "tester", "not needed").await.unwrap();
     let last = rt
-        .start_in_session(&s, &chat.agent, json!("still there?"))
+        .start(
+            &chat.agent,
+            json!("still there?"),
+            StartOptions::new().session(s.clone()),
+        )
         .await
         .unwrap();
     rt.drive(&last, &chat.agent).await.unwrap();
@@ -491,8 +531,12 @@ async fn two_hosts_racing_to_start_in_one_session_have_one_winner_on_postgres() 
             let (rt, agent, s) = (hosts[i % 2].clone(), chat.agent.clone(), s.clone());
             tokio::spawn(async move {
                 let id = RunId::new(format!("racer-{i}")).unwrap();
-                rt.start_in_session_with(&s, &agent, id, json!("hi"), BTreeMap::new())
-                    .await
+                rt.start(
+                    &agent,
+                    json!("hi"),
+                    StartOptions::new().session(s.clone()).id(id),
+                )
+                .await
             })
         })
         .collect();
@@ -527,21 +571,23 @@ async fn ties_in_creation_time_never_reorder_a_session(store: Arc<dyn EventStore
         ("a-third", "three"),
     ] {
         let run = RunId::new(id).unwrap();
-        rt.start_in_session_with(&s, &chat.agent, run.clone(), json!(input), BTreeMap::new())
-            .await
-            .unwrap();
+        rt.start(
+            &chat.agent,
+            json!(input),
+            StartOptions::new().session(s.clone()).id(run.clone()),
+        )
+        .await
+        .unwrap();
         assert_eq!(
             rt.drive(&run, &chat.agent).await.unwrap(),
             RunStatus::Completed
         );
     }
     let last = RunId::new("0-fourth").unwrap();
-    rt.start_in_session_with(
-        &s,
+    rt.start(
         &chat.agent,
-        last.clone(),
         json!("four"),
-        BTreeMap::new(),
+        StartOptions::new().session(s.clone()).id(last.clone()),
     )
     .await
     .unwrap();

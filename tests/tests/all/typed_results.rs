@@ -5,6 +5,7 @@
 //! replays (recovery with a fresh runtime checks every decision again).
 
 use std::sync::Arc;
+use warden::engine::StartOptions;
 
 use serde_json::json;
 use warden::engine::events::{Event, RunError};
@@ -68,7 +69,11 @@ async fn a_valid_final_answer_is_the_runs_json_output() {
     for (name, store) in crate::engine::stores(fx.dir.path()) {
         let rt = runtime(Arc::clone(&store));
         let run = rt
-            .start_with_id(&agent, crate::engine::id("valid"), json!("go"))
+            .start(
+                &agent,
+                json!("go"),
+                StartOptions::new().id(crate::engine::id("valid")),
+            )
             .await
             .unwrap();
         assert_eq!(
@@ -101,7 +106,11 @@ async fn an_invalid_answer_goes_back_once_and_the_corrected_one_completes() {
     for (name, store) in crate::engine::stores(fx.dir.path()) {
         let rt = runtime(Arc::clone(&store)).with_record_prompts(true);
         let run = rt
-            .start_with_id(&agent, crate::engine::id("again"), json!("go"))
+            .start(
+                &agent,
+                json!("go"),
+                StartOptions::new().id(crate::engine::id("again")),
+            )
             .await
             .unwrap();
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
@@ -158,7 +167,11 @@ async fn an_answer_invalid_twice_is_a_typed_failure_naming_the_violation() {
     for (name, store) in crate::engine::stores(fx.dir.path()) {
         let rt = runtime(Arc::clone(&store));
         let run = rt
-            .start_with_id(&agent, crate::engine::id("twice"), json!("go"))
+            .start(
+                &agent,
+                json!("go"),
+                StartOptions::new().id(crate::engine::id("twice")),
+            )
             .await
             .unwrap();
         assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Failed);
@@ -190,7 +203,11 @@ async fn a_host_finishes_a_run_with_its_own_output_validated_and_without_a_model
     for (name, store) in crate::engine::stores(fx.dir.path()) {
         let rt = runtime(Arc::clone(&store));
         let run = rt
-            .start_with_id(&agent, crate::engine::id("host"), json!("go"))
+            .start(
+                &agent,
+                json!("go"),
+                StartOptions::new().id(crate::engine::id("host")),
+            )
             .await
             .unwrap();
         // Step by step: the first model call, then the tool call.

@@ -17,6 +17,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use warden::engine::StartOptions;
 
 use async_trait::async_trait;
 use bytes::Bytes;
@@ -189,7 +190,7 @@ async fn racing_drivers(store: Arc<dyn EventStore>, fx: &Fixture) {
     let a = runtime(store.clone());
     let b = runtime(store.clone());
     let run = RunId::new("raced").unwrap();
-    a.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+    a.submit(&agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
     let (first, second) = tokio::join!(
@@ -322,7 +323,7 @@ async fn die_mid_call(
 ) {
     let run = RunId::new("mid-call").unwrap();
     let a = runtime(store.clone());
-    a.submit(agent, run.clone(), json!("go"), BTreeMap::new())
+    a.submit(agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
     let claim_a = store
@@ -379,7 +380,10 @@ fn keys_seen(fx: &Fixture) -> Vec<String> {
 /// Another run making the same keyed call, driven to its end: it must get
 /// the taken-over run's result without executing.
 async fn same_claim_elsewhere(rt: &Runtime, agent: &Agent, origin: &RunId) {
-    let other = rt.start(agent, json!("again")).await.unwrap();
+    let other = rt
+        .start(agent, json!("again"), StartOptions::new())
+        .await
+        .unwrap();
     assert_eq!(rt.drive(&other, agent).await.unwrap(), RunStatus::Completed);
     let dedup = rt
         .events(&other)
@@ -441,7 +445,10 @@ async fn write_across_a_takeover(store: Arc<dyn EventStore>) {
         .unwrap();
     assert_eq!(keys_seen(&fx).len(), 1, "the write did not run again");
 
-    let other = b.start(&agent, json!("again")).await.unwrap();
+    let other = b
+        .start(&agent, json!("again"), StartOptions::new())
+        .await
+        .unwrap();
     match b.drive(&other, &agent).await {
         Err(RuntimeError::CommitmentHeld { holder, .. }) => assert_eq!(holder.run_id, run),
         other => panic!("expected the commitment to be held, got {other:?}"),
@@ -576,9 +583,8 @@ async fn workers_killed_at_random_moments_finish_every_run_and_repeat_no_write()
     for (job, agent) in jobs.iter().zip(&agents).skip(1) {
         rt.submit(
             agent,
-            RunId::new(job.as_str()).unwrap(),
             json!("go"),
-            BTreeMap::new(),
+            StartOptions::new().id(RunId::new(job.as_str()).unwrap()),
         )
         .await
         .unwrap();
@@ -845,7 +851,7 @@ async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, 
             stalled: stalled.clone(),
         },
     }));
-    rt_a.submit(&agent, run.clone(), json!("go"), BTreeMap::new())
+    rt_a.submit(&agent, json!("go"), StartOptions::new().id(run.clone()))
         .await
         .unwrap();
     let worker_a = quick_worker(rt_a, "worker-a");
@@ -1038,9 +1044,8 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
     for run in &stuck {
         rt.submit(
             &stuck_agent(&fx, run.as_str()),
-            run.clone(),
             json!("go"),
-            BTreeMap::new(),
+            StartOptions::new().id(run.clone()),
         )
         .await
         .unwrap();
@@ -1098,9 +1103,8 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
     let free = RunId::new("free").unwrap();
     rt.submit(
         &job_agent(&fx, "free"),
-        free.clone(),
         json!("go"),
-        BTreeMap::new(),
+        StartOptions::new().id(free.clone()),
     )
     .await
     .unwrap();

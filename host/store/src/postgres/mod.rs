@@ -42,7 +42,8 @@ use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
     Finding, Holder, KeyClaim, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
-    RunSummary, Settle, Settlement, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+    RunSummary, Settle, Settlement, SettlingAppend, StoreError, StoredEvent, Tombstone,
+    VerifyReport, WAITING,
 };
 
 /// An event store in one schema of a PostgreSQL database.
@@ -1084,16 +1085,16 @@ impl EventStore for PostgresStore {
         .await
     }
 
-    async fn append_settling(
-        &self,
-        run_id: &RunId,
-        fence: Option<&Claim>,
-        expected_len: u64,
-        events: &[Bytes],
-        listing: Listing<'_>,
-        updated_ms: i64,
-        settlement: &Settlement,
-    ) -> Result<Appended, StoreError> {
+    async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
+        let SettlingAppend {
+            run_id,
+            fence,
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+            settlement,
+        } = request;
         self.append_inner(
             run_id,
             fence,

@@ -44,7 +44,7 @@ use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
     Holder, KeyClaim, Listing, OpenMode, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
-    Settlement, StoreError, StoredEvent, Tombstone, VerifyReport,
+    SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 use writer::{ClaimOp, Counters, Request};
 
@@ -500,16 +500,16 @@ impl EventStore for SqliteStore {
         .await
     }
 
-    async fn append_settling(
-        &self,
-        run_id: &RunId,
-        fence: Option<&Claim>,
-        expected_len: u64,
-        events: &[Bytes],
-        listing: Listing<'_>,
-        updated_ms: i64,
-        settlement: &Settlement,
-    ) -> Result<Appended, StoreError> {
+    async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
+        let SettlingAppend {
+            run_id,
+            fence,
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+            settlement,
+        } = request;
         if events.is_empty() {
             return Err(StoreError::EmptyAppend {
                 run_id: run_id.clone(),
