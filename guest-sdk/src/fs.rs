@@ -1,5 +1,15 @@
-//! Replacing a file so that an interruption leaves its old content or its
-//! new, never a mix: [`write_atomic`].
+//! Files in a plugin's mounts: paths the model gives refused the same way
+//! whether they climb out with `..` or are absolute ([`in_mount`]), file
+//! errors as typed tool errors ([`file_error`], [`read_to_string`]), and
+//! replacing a file so that an interruption leaves its old content or its
+//! new, never a mix ([`write_atomic`]).
+//!
+//! A mount `docs` is the directory `/docs` for `std::fs`. The sandbox
+//! refuses a path climbing out of it with `PermissionDenied`, but an
+//! absolute path outside every mount with `NotFound`: the guest's C library
+//! resolves absolute paths against the mounts itself, so the host never
+//! sees the request. [`in_mount`] makes both a `denied` tool error before
+//! any file is touched.
 //!
 //! `std::fs::write` truncates the file and then writes it. A lease cut
 //! short in between (its deadline, its fuel, the host process killed, a
@@ -20,7 +30,56 @@ use std::ffi::OsStr;
 use std::fs::{self, File, OpenOptions};
 use std::hash::{BuildHasher, Hasher};
 use std::io::{self, Write};
-use std::path::{Path, PathBuf};
+use std::path::{Component, Path, PathBuf};
+
+use crate::types::ToolError;
+
+/// The path `path` (relative to the mount) inside `/<mount>`, or a `denied`
+/// tool error for an absolute path or one with a `..` component, and an
+/// `invalid-arguments` error for an empty one.
+pub fn in_mount(mount: &str, path: &str) -> Result<PathBuf, ToolError> {
+    if path.is_empty() {
+        return Err(ToolError::invalid_arguments("the path is empty"));
+    }
+    let relative = Path::new(path);
+    if relative.has_root() {
+        return Err(ToolError::denied(format!(
+            "`{path}` is absolute: paths are relative to the `{mount}` mount"
+        )));
+    }
+    if relative.components().any(|c| c == Component::ParentDir) {
+        return Err(ToolError::denied(format!(
+            "`{path}` climbs out of the `{mount}` mount"
+        )));
+    }
+    Ok(Path::new("/").join(mount).join(relative))
+}
+
+/// The tool error for `error`, raised while touching `path`: a refusal
+/// (`PermissionDenied`, `ReadOnlyFilesystem`) is `denied`, a missing file
+/// `failed` saying it may be outside every mount, anything else `failed`.
+pub fn file_error(error: &io::Error, path: &str) -> ToolError {
+    match error.kind() {
+        io::ErrorKind::PermissionDenied | io::ErrorKind::ReadOnlyFilesystem => {
+            ToolError::denied(format!("`{path}`: not permitted by the sandbox ({error})"))
+        }
+        io::ErrorKind::NotFound => ToolError::failed(format!(
+            "`{path}` does not exist (or is outside every mount)"
+        )),
+        io::ErrorKind::IsADirectory => ToolError::failed(format!("`{path}` is a directory")),
+        _ => ToolError::failed(format!("`{path}`: {error}")),
+    }
+}
+
+/// The UTF-8 text of `path` inside `mount`, or a tool error: [`in_mount`],
+/// then the read, its error through [`file_error`].
+pub fn read_to_string(mount: &str, path: &str) -> Result<String, ToolError> {
+    let full = in_mount(mount, path)?;
+    fs::read_to_string(&full).map_err(|e| match e.kind() {
+        io::ErrorKind::InvalidData => ToolError::failed(format!("`{path}` is not UTF-8 text")),
+        _ => file_error(&e, path),
+    })
+}
 
 /// How many symbolic links [`write_atomic`] follows before giving up.
 const MAX_LINKS: usize = 32;
@@ -155,6 +214,22 @@ mod tests {
     use std::os::unix::fs::PermissionsExt;
 
     use super::*;
+
+    #[test]
+    fn paths_out_of_a_mount_are_denied_the_same_way() {
+        assert_eq!(
+            in_mount("docs", "a/b.txt").unwrap(),
+            PathBuf::from("/docs/a/b.txt")
+        );
+        for path in ["../x", "a/../../x", "/etc/passwd"] {
+            let err = in_mount("docs", path).unwrap_err();
+            assert!(matches!(err, ToolError::Denied(_)), "{path}: {err:?}");
+        }
+        let missing = read_to_string("docs", "absent.txt").unwrap_err();
+        assert!(matches!(missing, ToolError::Failed(_)), "{missing:?}");
+        let refused = file_error(&io::Error::from(io::ErrorKind::PermissionDenied), "a");
+        assert!(matches!(refused, ToolError::Denied(_)), "{refused:?}");
+    }
 
     fn mode(path: &Path) -> u32 {
         fs::metadata(path).unwrap().permissions().mode() & 0o7777

@@ -4,7 +4,8 @@
 //! and turned into exit codes.
 //!
 //! Exit codes: 0 success (a run completed); 1 the tool or the run failed
-//! (a run failed, was cancelled or abandoned; a chain check found a break);
+//! (a run failed, was cancelled or abandoned; a chain check found a break;
+//! a plugin's test case failed);
 //! 2 bad usage or setup (unreadable or invalid file, including an agent
 //! file `agent validate` rejects; bad grant; refused component; unknown run;
 //! a verb that does not fit the run); 3 the sandbox stopped a call (a limit,
@@ -19,8 +20,9 @@
 //! - `status.rs`: the one status vocabulary (`queued` and the statuses a
 //!   log derives) and what a human can do next about a run in each.
 //! - `keys.rs`: `warden keys list|show|release`: idempotency keys.
-//! - `plugin.rs`, `scaffold.rs`: `warden plugin …`, including `new` and
-//!   `build`.
+//! - `plugin.rs`, `scaffold.rs`, `plugin_test.rs`: `warden plugin …`,
+//!   including `new` and `build`, and `test` (declarative cases in the
+//!   real sandbox).
 //! - `agent.rs`: `warden agent validate|hash`.
 //! - `store.rs`: `warden store backup|compact`.
 //! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
@@ -38,6 +40,7 @@ pub(crate) mod errors;
 mod keys;
 mod out;
 mod plugin;
+mod plugin_test;
 mod progress;
 mod render;
 mod runs;
@@ -160,6 +163,9 @@ pub(crate) enum Exit {
     /// The run failed, was cancelled or abandoned; already printed.
     #[error("the run did not complete")]
     RunFailed,
+    /// A plugin's test cases failed; already printed.
+    #[error("test cases failed")]
+    TestsFailed,
     /// The run waits for a human; already printed.
     #[error("the run is parked")]
     Parked,
@@ -216,7 +222,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<Exit>() {
-            Some(Exit::ToolFailed | Exit::RunFailed) => ExitCode::from(1),
+            Some(Exit::ToolFailed | Exit::RunFailed | Exit::TestsFailed) => ExitCode::from(1),
             Some(Exit::LeaseFailed) => ExitCode::from(3),
             Some(Exit::Parked) => ExitCode::from(4),
             Some(Exit::NeedsReconciliation) => ExitCode::from(5),

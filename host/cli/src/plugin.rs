@@ -1,6 +1,6 @@
 //! `warden plugin inspect`, `call` (a tool), `resolve` (a context source),
 //! `deliver` (a channel) and `decide` (a policy); `new` and `build` are in
-//! `scaffold.rs`.
+//! `scaffold.rs`, `test` in `plugin_test.rs`.
 
 use std::path::{Path, PathBuf};
 
@@ -45,6 +45,9 @@ pub(crate) enum PluginCommand {
     /// Build a plugin crate for wasm32-wasip2, copy the component next to
     /// its plugin.toml and pin it there (component and sha256).
     Build(super::scaffold::BuildArgs),
+    /// Run a plugin's declarative test cases (tests/*.toml) against its
+    /// built component in the real sandbox, each under its own grant.
+    Test(super::plugin_test::TestArgs),
 }
 
 #[derive(Debug, Args)]
@@ -141,6 +144,7 @@ pub(crate) async fn run(cmd: PluginCommand, ctx: &Context) -> anyhow::Result<()>
         PluginCommand::Decide(args) => decide(args, ctx).await,
         PluginCommand::New(args) => super::scaffold::new(args, ctx),
         PluginCommand::Build(args) => super::scaffold::build(args, ctx).await,
+        PluginCommand::Test(args) => super::plugin_test::test(args, ctx).await,
     }
 }
 
@@ -184,35 +188,14 @@ async fn resolve(args: ResolveArgs, ctx: &Context) -> anyhow::Result<()> {
         query: args.query.clone(),
     };
     let leased = plugin.resolve(&request, None).await?;
-    let items = |items: &[wit::ContextItem]| {
-        items
-            .iter()
-            .map(|i| {
-                json!({
-                    "source": i.source,
-                    "size": i.size,
-                    "modified_ms": i.modified_ms,
-                    "truncated": i.truncated,
-                    "content": i.content,
-                })
-            })
-            .collect::<Vec<_>>()
-    };
-    let error = |e: &wit::ContextError| match e {
-        wit::ContextError::InvalidRequest(m) => json!({ "kind": "invalid_request", "message": m }),
-        wit::ContextError::Denied(m) => json!({ "kind": "denied", "message": m }),
-        wit::ContextError::Failed(f) => {
-            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
-        }
-    };
     let answer = Answer {
         operation: "resolve",
         effect: "read",
         error_key: "context_error",
         extra: json!({}),
     };
-    answer.report(ctx, &leased, error, |list| {
-        let items = items(list);
+    answer.report(ctx, &leased, context_error_json, |list| {
+        let items = items_json(list);
         let text = serde_json::to_string_pretty(&items).unwrap_or_default();
         (json!({ "items": items }), text)
     })
@@ -232,25 +215,13 @@ async fn deliver(args: DeliverArgs, ctx: &Context) -> anyhow::Result<()> {
         payload: payload.to_string(),
     };
     let leased = plugin.deliver(&delivery, None).await?;
-    let error = |e: &wit::DeliveryError| match e {
-        wit::DeliveryError::InvalidDelivery(m) => {
-            json!({ "kind": "invalid_delivery", "message": m })
-        }
-        wit::DeliveryError::Denied(m) => json!({ "kind": "denied", "message": m }),
-        wit::DeliveryError::Rejected(r) => {
-            json!({ "kind": "rejected", "status": r.status, "message": r.message })
-        }
-        wit::DeliveryError::Failed(f) => {
-            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
-        }
-    };
     let answer = Answer {
         operation: "deliver",
         effect: "write",
         error_key: "delivery_error",
         extra: json!({ "id": delivery.id }),
     };
-    answer.report(ctx, &leased, error, |()| {
+    answer.report(ctx, &leased, delivery_error_json, |()| {
         (json!({}), format!("delivered {}", delivery.id))
     })
 }
@@ -288,29 +259,79 @@ async fn decide(args: DecideArgs, ctx: &Context) -> anyhow::Result<()> {
         subject: Value::Object(subject).to_string(),
     };
     let leased = plugin.decide(&request, None).await?;
-    let error = |e: &wit::PolicyError| match e {
-        wit::PolicyError::InvalidRequest(m) => json!({ "kind": "invalid_request", "message": m }),
-        wit::PolicyError::Failed(f) => {
-            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
-        }
-    };
     let answer = Answer {
         operation: "decide",
         effect: "read",
         error_key: "policy_error",
         extra: json!({ "hook": hook.as_str() }),
     };
-    answer.report(ctx, &leased, error, |decision| match decision {
-        wit::Decision::Allow => (json!({ "decision": "allow" }), "allow".into()),
-        wit::Decision::Deny(reason) => (
-            json!({ "decision": "deny", "reason": reason }),
-            format!("deny: {reason}"),
-        ),
-        wit::Decision::Feedback(message) => (
-            json!({ "decision": "feedback", "message": message }),
-            format!("feedback: {message}"),
-        ),
+    answer.report(ctx, &leased, policy_error_json, |decision| {
+        let text = match decision {
+            wit::Decision::Allow => "allow".to_owned(),
+            wit::Decision::Deny(reason) => format!("deny: {reason}"),
+            wit::Decision::Feedback(message) => format!("feedback: {message}"),
+        };
+        (decision_json(decision), text)
     })
+}
+
+/// A context source's items, as `resolve --json` and `plugin test` show them.
+pub(crate) fn items_json(items: &[wit::ContextItem]) -> Value {
+    items
+        .iter()
+        .map(|i| {
+            json!({
+                "source": i.source,
+                "size": i.size,
+                "modified_ms": i.modified_ms,
+                "truncated": i.truncated,
+                "content": i.content,
+            })
+        })
+        .collect()
+}
+
+pub(crate) fn context_error_json(e: &wit::ContextError) -> Value {
+    match e {
+        wit::ContextError::InvalidRequest(m) => json!({ "kind": "invalid_request", "message": m }),
+        wit::ContextError::Denied(m) => json!({ "kind": "denied", "message": m }),
+        wit::ContextError::Failed(f) => {
+            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
+        }
+    }
+}
+
+pub(crate) fn delivery_error_json(e: &wit::DeliveryError) -> Value {
+    match e {
+        wit::DeliveryError::InvalidDelivery(m) => {
+            json!({ "kind": "invalid_delivery", "message": m })
+        }
+        wit::DeliveryError::Denied(m) => json!({ "kind": "denied", "message": m }),
+        wit::DeliveryError::Rejected(r) => {
+            json!({ "kind": "rejected", "status": r.status, "message": r.message })
+        }
+        wit::DeliveryError::Failed(f) => {
+            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
+        }
+    }
+}
+
+pub(crate) fn policy_error_json(e: &wit::PolicyError) -> Value {
+    match e {
+        wit::PolicyError::InvalidRequest(m) => json!({ "kind": "invalid_request", "message": m }),
+        wit::PolicyError::Failed(f) => {
+            json!({ "kind": "failed", "message": f.message, "retryable": f.retryable })
+        }
+    }
+}
+
+/// A policy's decision, as `decide --json` and `plugin test` show it.
+pub(crate) fn decision_json(decision: &wit::Decision) -> Value {
+    match decision {
+        wit::Decision::Allow => json!({ "decision": "allow" }),
+        wit::Decision::Deny(reason) => json!({ "decision": "deny", "reason": reason }),
+        wit::Decision::Feedback(message) => json!({ "decision": "feedback", "message": message }),
+    }
 }
 
 /// How one lease's answer is printed by `resolve`, `deliver` and `decide`.
@@ -542,7 +563,7 @@ async fn call(args: CallArgs, ctx: &Context) -> anyhow::Result<()> {
     }
 }
 
-fn tool_error_json(e: &wit::ToolError) -> serde_json::Value {
+pub(crate) fn tool_error_json(e: &wit::ToolError) -> serde_json::Value {
     match e {
         wit::ToolError::InvalidArguments(m) => json!({ "kind": "invalid_arguments", "message": m }),
         wit::ToolError::Denied(m) => json!({ "kind": "denied", "message": m }),

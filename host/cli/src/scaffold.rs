@@ -2,19 +2,27 @@
 //! nothing to a tested, pinned component.
 //!
 //! `new` writes a crate that builds and passes its tests without edits: the
-//! guest SDK and the testkit as dependencies, a manifest, one example tool
-//! (or context source, channel or policy) with native unit tests, and a test that
-//! loads the built component into the real sandbox. The dependencies are
-//! paths into a Warden checkout (and its `Cargo.lock` is copied, so the
+//! guest SDK as its one Warden dependency, a manifest, one example tool (or
+//! context source, channel or policy) with native unit tests, and
+//! declarative cases (`tests/<kind>.toml`) that `warden plugin test` runs
+//! against the built component in the real sandbox, so the author never
+//! compiles wasmtime or Warden (the Rust testkit stays an opt-in
+//! dev-dependency, in a comment of the crate's Cargo.toml). The dependency is
+//! a path into a Warden checkout (and its `Cargo.lock` is copied, so the
 //! crate builds with the versions Warden is tested with): the checkout the
 //! crate is created in, else `--warden-path`, else the checkout this binary
-//! was built from; only when none exists are they git dependencies on
+//! was built from; only when none exists is it a git dependency on
 //! Warden's repository.
+//!
+//! With `--lang python` it writes a Python tool instead (`python.rs`): an
+//! `app.py` on the Python guest SDK, a manifest and cases.
 //!
 //! `build` compiles the crate for `wasm32-wasip2` through
 //! `warden-build-support` (the crate's `guest` profile), copies the
 //! component next to `plugin.toml` as `<name>.wasm` and writes `component`
-//! and `sha256` into the manifest, leaving the rest of the file as it was.
+//! and `sha256` into the manifest, leaving the rest of the file as it was; a
+//! directory with an `app.py` and no `Cargo.toml` is built with
+//! componentize-py instead.
 
 use std::path::{Path, PathBuf};
 
@@ -27,6 +35,8 @@ use super::Context;
 use super::errors::CliError;
 use warden::plugins::manifest::{Manifest, is_valid_plugin_name};
 
+mod python;
+
 /// `warden plugin new`.
 #[derive(Debug, Args)]
 pub(crate) struct NewArgs {
@@ -35,6 +45,10 @@ pub(crate) struct NewArgs {
     /// What the plugin is.
     #[arg(long, value_enum, default_value = "tool")]
     kind: Kind,
+    /// The language: a Rust crate, or a Python module built with
+    /// componentize-py (a tool).
+    #[arg(long, value_enum, default_value = "rust")]
+    lang: Lang,
     /// The directory to create (default: ./NAME).
     #[arg(long)]
     dir: Option<PathBuf>,
@@ -77,6 +91,25 @@ impl Kind {
     }
 }
 
+/// The languages a new plugin can be written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Lang {
+    /// A Rust crate on the guest SDK (`warden-guest`).
+    Rust,
+    /// A Python module on the Python guest SDK (`warden_guest`), built with
+    /// componentize-py.
+    Python,
+}
+
+impl Lang {
+    fn as_str(self) -> &'static str {
+        match self {
+            Lang::Rust => "rust",
+            Lang::Python => "python",
+        }
+    }
+}
+
 /// How the new crate depends on Warden.
 enum Dependency {
     /// Paths into a checkout, as written in Cargo.toml.
@@ -115,7 +148,7 @@ fn is_checkout(dir: &Path) -> bool {
 }
 
 /// `to` written relative to `from` (both absolute, `from` a directory).
-fn relative(from: &Path, to: &Path) -> PathBuf {
+pub(crate) fn relative(from: &Path, to: &Path) -> PathBuf {
     let from: Vec<_> = from.components().collect();
     let to: Vec<_> = to.components().collect();
     let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
@@ -139,6 +172,16 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
             format!(
                 "`{}` is not a valid plugin name (use [a-z][a-z0-9-]*, at most 64 bytes)",
                 args.name
+            ),
+        )
+        .into());
+    }
+    if args.lang == Lang::Python && args.kind != Kind::Tool {
+        return Err(CliError::new(
+            "usage",
+            format!(
+                "a Python plugin is a tool: the Python guest SDK has no {} yet (use --lang rust)",
+                args.kind.as_str()
             ),
         )
         .into());
@@ -170,6 +213,8 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
     let parent = parent.canonicalize().unwrap_or(parent);
     let dir = parent.join(dir.file_name().unwrap_or_default());
     let checkout = match &args.warden_path {
+        // A Python plugin needs no checkout: the SDK is inside this binary.
+        _ if args.lang == Lang::Python => None,
         Some(path) => {
             let path = cwd.join(path);
             if !is_checkout(&path) {
@@ -203,7 +248,10 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
         None => Dependency::Git(env!("CARGO_PKG_REPOSITORY")),
     };
 
-    let files = files(&args.name, args.kind, &dependency);
+    let files = match args.lang {
+        Lang::Rust => files(&args.name, args.kind, &dependency),
+        Lang::Python => python::files(&args.name),
+    };
     for (path, text) in &files {
         let path = dir.join(path);
         if let Some(d) = path.parent() {
@@ -228,13 +276,15 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
                 "dir": dir,
                 "name": args.name,
                 "kind": args.kind.as_str(),
+                "lang": args.lang.as_str(),
                 "files": files.iter().map(|(p, _)| p).collect::<Vec<_>>(),
                 "warden": checkout,
             })
         );
     } else {
         println!(
-            "created {} plugin `{}` in {}",
+            "created {} {} plugin `{}` in {}",
+            args.lang.as_str(),
             args.kind.as_str(),
             args.name,
             dir.display()
@@ -246,8 +296,13 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
         let shown = relative(&cwd, &dir);
         println!("next:");
         println!("  cd {}", shown.display());
-        println!("  cargo test                    # unit tests, then the component in the sandbox");
         println!("  warden plugin build           # component + sha256 into plugin.toml");
+        println!(
+            "  warden plugin test            # tests/*.toml against the component, in the sandbox"
+        );
+        if args.lang == Lang::Rust {
+            println!("  cargo test                    # the native unit tests");
+        }
         println!("  warden plugin inspect plugin.toml");
     }
     Ok(())
@@ -260,15 +315,55 @@ pub(crate) async fn build(args: BuildArgs, ctx: &Context) -> anyhow::Result<()> 
         .with_context(|| format!("cannot read plugin crate `{}`", args.dir.display()))?;
     let manifest_path = dir.join("plugin.toml");
     let manifest = Manifest::load(&manifest_path)?;
-    if !dir.join("Cargo.toml").is_file() {
+    let wasm = if dir.join("Cargo.toml").is_file() {
+        build_rust(&dir).await?
+    } else if dir.join(python::APP).is_file() {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || python::build(&dir))
+            .await
+            .context("the build task panicked")??
+    } else {
         return Err(CliError::new(
             "usage",
-            format!("`{}` has no Cargo.toml: not a plugin crate", dir.display()),
+            format!(
+                "`{}` has neither a Cargo.toml (Rust) nor an {} (Python): not a plugin to build",
+                dir.display(),
+                python::APP
+            ),
         )
         .into());
+    };
+    let sha256 = hex::encode(Sha256::digest(&wasm));
+    let file_name = format!("{}.wasm", manifest.name);
+    let dest = dir.join(&file_name);
+    std::fs::write(&dest, &wasm).with_context(|| format!("cannot write `{}`", dest.display()))?;
+    pin_manifest(&manifest_path, &dir, &file_name, &sha256)?;
+    if ctx.json {
+        println!(
+            "{}",
+            json!({
+                "plugin": manifest.name,
+                "component": dest,
+                "sha256": sha256,
+                "bytes": wasm.len(),
+                "manifest": manifest_path,
+            })
+        );
+    } else {
+        println!(
+            "built {} ({} bytes), sha256 {sha256}",
+            dest.display(),
+            wasm.len()
+        );
+        println!("pinned in {}", manifest_path.display());
     }
+    Ok(())
+}
+
+/// The component of the Rust crate in `dir`, built for wasm32-wasip2.
+async fn build_rust(dir: &Path) -> anyhow::Result<Vec<u8>> {
     let built = tokio::task::spawn_blocking({
-        let dir = dir.clone();
+        let dir = dir.to_owned();
         move || {
             warden_build_support::GuestBuild::new()
                 .manifest_path(dir.join("Cargo.toml"))
@@ -291,16 +386,21 @@ pub(crate) async fn build(args: BuildArgs, ctx: &Context) -> anyhow::Result<()> 
             format!("building `{}` produced no component", dir.display()),
         )
     })?;
-    let wasm = std::fs::read(&component.path)
-        .with_context(|| format!("cannot read `{}`", component.path.display()))?;
-    let sha256 = hex::encode(Sha256::digest(&wasm));
-    let file_name = format!("{}.wasm", manifest.name);
-    let dest = dir.join(&file_name);
-    std::fs::write(&dest, &wasm).with_context(|| format!("cannot write `{}`", dest.display()))?;
+    std::fs::read(&component.path)
+        .with_context(|| format!("cannot read `{}`", component.path.display()))
+}
 
-    let text = std::fs::read_to_string(&manifest_path)
+/// Writes `component` and `sha256` into the manifest at `manifest_path`,
+/// checking first that the edited file still parses and pins what was built.
+fn pin_manifest(
+    manifest_path: &Path,
+    dir: &Path,
+    file_name: &str,
+    sha256: &str,
+) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(manifest_path)
         .with_context(|| format!("cannot read `{}`", manifest_path.display()))?;
-    let pinned = pin(&text, &file_name, &sha256);
+    let pinned = pin(&text, file_name, sha256);
     // Check before replacing: the edited file must still be a manifest, and
     // say what was just built.
     let staged = dir.join(".plugin.toml.pinning");
@@ -318,7 +418,7 @@ pub(crate) async fn build(args: BuildArgs, ctx: &Context) -> anyhow::Result<()> 
                 manifest_path.display()
             )));
         }
-        Ok(m) if m.sha256.as_deref() != Some(sha256.as_str()) => {
+        Ok(m) if m.sha256.as_deref() != Some(sha256) => {
             return Err(refuse(format!(
                 "cannot pin `{}`: its `sha256` is not a top-level key this command can rewrite",
                 manifest_path.display()
@@ -326,27 +426,8 @@ pub(crate) async fn build(args: BuildArgs, ctx: &Context) -> anyhow::Result<()> 
         }
         Ok(_) => {}
     }
-    std::fs::rename(&staged, &manifest_path)
+    std::fs::rename(&staged, manifest_path)
         .with_context(|| format!("cannot write `{}`", manifest_path.display()))?;
-    if ctx.json {
-        println!(
-            "{}",
-            json!({
-                "plugin": manifest.name,
-                "component": dest,
-                "sha256": sha256,
-                "bytes": wasm.len(),
-                "manifest": manifest_path,
-            })
-        );
-    } else {
-        println!(
-            "built {} ({} bytes), sha256 {sha256}",
-            dest.display(),
-            wasm.len()
-        );
-        println!("pinned in {}", manifest_path.display());
-    }
     Ok(())
 }
 
@@ -396,9 +477,9 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
         .replace(
             "{dependency_note}",
             match dependency {
-                Dependency::Path(_) => "# Paths into a Warden checkout (`warden plugin new --warden-path` picks another).",
+                Dependency::Path(_) => "# A path into a Warden checkout (`warden plugin new --warden-path` picks another).",
                 Dependency::Git(_) => {
-                    "# Warden from git; to use a local checkout instead:\n#   warden-guest = { path = \"../warden/guest-sdk\" }  and  warden = { path = \"../warden/host/warden\" }"
+                    "# Warden's guest SDK from git; to use a local checkout instead:\n#   warden-guest = { path = \"../warden/guest-sdk\" }"
                 }
             },
         );
@@ -423,7 +504,7 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
         ("Cargo.toml".into(), cargo),
         ("plugin.toml".into(), manifest),
         ("src/lib.rs".into(), fill(lib)),
-        ("tests/sandbox.rs".into(), fill(test)),
+        (format!("tests/{}.toml", kind.as_str()), fill(test)),
         // The built `<name>.wasm` is what plugin.toml pins: it is kept
         // with the crate, not ignored.
         (".gitignore".into(), "/target\n".into()),
@@ -448,28 +529,19 @@ serde_json = "1"
 schemars = "1"
 
 [dev-dependencies]
-# The testkit: builds this crate for wasm32-wasip2 and runs it in the real sandbox.
-warden = {host}
-tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 tempfile = "3"
+
+# The component is tested by `warden plugin test` (tests/*.toml), which
+# needs no Rust dependency on Warden. For assertions in Rust against the
+# real sandbox, add Warden's testkit (it compiles wasmtime and Warden: minutes
+# the first time) and write tests/sandbox.rs with `warden::testkit`:
+#   warden = {host}
+#   tokio = { version = "1", features = ["macros", "rt-multi-thread"] }
 
 # A workspace of its own, even when created inside another one.
 [workspace]
 
-# The testkit compiles components with wasmtime inside the tests: optimise
-# dependencies even in test builds.
-[profile.dev.package."*"]
-opt-level = 2
-debug = false
-
-# Warden's own crate builds faster unoptimised, as in Warden's workspace.
-[profile.dev.package.warden]
-opt-level = 0
-
-[profile.dev]
-debug = "line-tables-only"
-
-# The profile `warden plugin build` and the testkit build the component with.
+# The profile `warden plugin build` (and the testkit) build the component with.
 [profile.guest]
 inherits = "release"
 opt-level = "s"
@@ -576,27 +648,30 @@ mod tests {
 }
 "##;
 
-const TOOL_TEST: &str = r##"//! The component in the real sandbox, through `warden::testkit`: built for
-//! wasm32-wasip2 and loaded with plugin.toml, under the grants and limits
-//! each test chooses.
+const TOOL_TEST: &str = r##"# Test cases for `warden plugin test`: each runs the built component in the
+# real sandbox, in a fresh instance, under the grant and limits it writes.
+# The format: docs/writing-plugins.md#test-cases in Warden's repository.
 
-use serde_json::json;
-use warden::testkit::TestPlugin;
+[[case]]
+name = "greets with the configured salutation"
+tool = "greet"
+arguments = { name = "ada" }
+config = { salutation = "ahoy" }
+expect.output = { text = "ahoy, ada" }
+expect.receipt = { min_fuel = 1, max_time = "5s" }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn greet_runs_in_the_sandbox() {
-    let plugin = TestPlugin::build(env!("CARGO_MANIFEST_DIR"))
-        .config("salutation", "ahoy")
-        .load()
-        .await
-        .unwrap();
-    let call = plugin.call("greet", json!({ "name": "ada" })).await;
-    assert_eq!(call.output()["text"], "ahoy, ada");
-    assert!(call.receipt.fuel_consumed > 0);
+[[case]]
+name = "a name that is not text is refused, naming the field"
+tool = "greet"
+arguments = { name = 7 }
+expect = { error = "invalid_arguments", message = "name" }
 
-    let bad = plugin.call("greet", json!({ "name": 7 })).await;
-    assert!(bad.invalid_arguments().contains("name"));
-}
+[[case]]
+name = "too little fuel stops the call"
+tool = "greet"
+arguments = { name = "ada" }
+limits = { fuel = 1_000 }
+expect.limit = "fuel"
 "##;
 
 const CONTEXT_LIB: &str = r##"//! `{name}`: a Warden context source. It answers every request with one
@@ -662,23 +737,20 @@ mod tests {
 }
 "##;
 
-const CONTEXT_TEST: &str = r##"//! The component in the real sandbox, through `warden::testkit`.
+const CONTEXT_TEST: &str = r##"# Test cases for `warden plugin test`: each runs the built component in the
+# real sandbox, in a fresh instance, under the grant and limits it writes.
+# The format: docs/writing-plugins.md#test-cases in Warden's repository.
 
-use serde_json::json;
-use warden::testkit::TestPlugin;
+[[case]]
+name = "the note is one item"
+resolve = { upper = true }
+config = { note = "hello from the operator" }
+expect.output_includes = [{ source = "note", content = "HELLO FROM THE OPERATOR" }]
 
-#[tokio::test(flavor = "multi_thread")]
-async fn resolves_in_the_sandbox() {
-    let plugin = TestPlugin::build(env!("CARGO_MANIFEST_DIR"))
-        .config("note", "hello from the operator")
-        .load()
-        .await
-        .unwrap();
-    let leased = plugin.resolve(json!({ "upper": true })).await;
-    let items = leased.result.unwrap().unwrap();
-    assert_eq!(items[0].content, "HELLO FROM THE OPERATOR");
-    assert!(leased.receipt.fuel_consumed > 0);
-}
+[[case]]
+name = "a bad query names the field"
+resolve = { lower = 1 }
+expect = { error = "invalid_request", message = "lower" }
 "##;
 
 const CHANNEL_LIB: &str = r##"//! `{name}`: a Warden channel. Each delivery is written as one JSON file,
@@ -747,32 +819,26 @@ mod tests {
 }
 "##;
 
-const CHANNEL_TEST: &str = r##"//! The component in the real sandbox, through `warden::testkit`.
+const CHANNEL_TEST: &str = r##"# Test cases for `warden plugin test`: each runs the built component in the
+# real sandbox, in a fresh instance, under the grant and limits it writes.
+# The format: docs/writing-plugins.md#test-cases in Warden's repository.
 
-use serde_json::json;
-use warden::testkit::TestPlugin;
+# Each case's mounts are fresh temporary directories; `expect.files` looks
+# at them after the call, as MOUNT/PATH.
 
-#[tokio::test(flavor = "multi_thread")]
-async fn delivers_into_the_mount_and_nowhere_else() {
-    let outbox = tempfile::tempdir().unwrap();
-    let plugin = TestPlugin::build(env!("CARGO_MANIFEST_DIR"))
-        .mount("outbox", outbox.path())
-        .load()
-        .await
-        .unwrap();
-    let leased = plugin.deliver("completed", json!({ "summary": "done" })).await;
-    leased.result.unwrap().unwrap();
-    let text = std::fs::read_to_string(outbox.path().join("test-delivery.json")).unwrap();
-    assert!(text.contains(r#""summary":"done""#), "{text}");
+[[case]]
+name = "a delivery is one file in the outbox"
+deliver = "completed"
+payload = { summary = "done" }
+mounts.outbox = {}
+expect.files = { "outbox/test-delivery.json" = { contains = '"summary":"done"' } }
 
-    let read_only = TestPlugin::build(env!("CARGO_MANIFEST_DIR"))
-        .mount_read_only("outbox", outbox.path())
-        .load()
-        .await
-        .unwrap();
-    let refused = read_only.deliver("completed", json!({})).await;
-    assert!(refused.result.unwrap().is_err());
-}
+[[case]]
+name = "a read-only outbox is a denial"
+deliver = "completed"
+mounts.outbox = { access = "read-only" }
+expect.denied = true
+expect.files = { "outbox/test-delivery.json" = { absent = true } }
 "##;
 
 const POLICY_LIB: &str = r##"//! `{name}`: a Warden policy. At `before_tool_call` it denies the tools the
@@ -868,36 +934,30 @@ mod tests {
 }
 "##;
 
-const POLICY_TEST: &str = r##"//! The component in the real sandbox, through `warden::testkit`.
+const POLICY_TEST: &str = r##"# Test cases for `warden plugin test`: each runs the built component in the
+# real sandbox, in a fresh instance, under the grant and limits it writes.
+# The format: docs/writing-plugins.md#test-cases in Warden's repository.
 
-use serde_json::json;
-use warden::sandbox::wit;
-use warden::testkit::TestPlugin;
+[defaults]
+config = { deny = "fs__write_file" }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn denies_the_configured_tool_in_the_sandbox() {
-    let plugin = TestPlugin::build(env!("CARGO_MANIFEST_DIR"))
-        .config("deny", "fs__write_file")
-        .load()
-        .await
-        .unwrap();
-    let call = |tool: &str| {
-        json!({ "call_id": "call-1-1", "tool": tool, "arguments": { "path": "notes.md" } })
-    };
-    let leased = plugin
-        .decide(wit::PolicyHook::BeforeToolCall, call("fs__write_file"))
-        .await;
-    assert_eq!(
-        leased.result.unwrap().unwrap(),
-        wit::Decision::Deny("tool `fs__write_file` is denied by policy `{name}`".into())
-    );
-    assert!(leased.receipt.fuel_consumed > 0);
+[[case]]
+name = "a configured tool is denied"
+decide = "before_tool_call"
+subject = { call_id = "call-1-1", tool = "fs__write_file", arguments = { path = "notes.md" } }
+expect = { denied = true, message = "tool `fs__write_file` is denied by policy `{name}`" }
 
-    let leased = plugin
-        .decide(wit::PolicyHook::BeforeToolCall, call("fs__read_file"))
-        .await;
-    assert_eq!(leased.result.unwrap().unwrap(), wit::Decision::Allow);
-}
+[[case]]
+name = "another tool is allowed"
+decide = "before_tool_call"
+subject = { call_id = "call-1-1", tool = "fs__read_file", arguments = { path = "notes.md" } }
+expect.output = { decision = "allow" }
+
+[[case]]
+name = "the end of a run is allowed"
+decide = "before_finish"
+subject = { step = 1, output = "done" }
+expect.output = { decision = "allow" }
 "##;
 
 #[cfg(test)]

@@ -1,14 +1,15 @@
 //! A plugin author's path, end to end with the real binary and cargo:
-//! `warden plugin new` for each kind, `warden plugin build`, a call through
-//! the pinned manifest, and the scaffold's own `cargo test` (its unit tests
-//! and its test in the real sandbox), all without editing a file.
+//! `warden plugin new` for each kind, `warden plugin build`, the scaffold's
+//! declarative cases through `warden plugin test` (the component in the real
+//! sandbox), `plugin inspect`, a call through the pinned manifest, and the
+//! scaffold's native unit tests (`cargo test`), all without editing a file.
+//! The scaffold depends on the guest SDK only: nothing here compiles
+//! wasmtime or Warden for it.
 //!
 //! The crates are created under this workspace's target directory, so their
-//! dependencies are paths into this checkout, and they build in the
+//! dependency is a path into this checkout, and they build in the
 //! workspace's target directory (`CARGO_TARGET_DIR`), reusing what the
-//! workspace's own build compiled: the wasm side entirely (the built-in
-//! plugins' guest builds), the native side except the crates whose features
-//! are unified differently outside the workspace.
+//! workspace's own build compiled (the built-in plugins' guest builds).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -84,11 +85,12 @@ fn new_and_build(root: &Path, name: &str, kind: &str) -> PathBuf {
     );
     assert_ok(&out, "plugin new");
     let dir = root.join(name);
+    let cases = format!("tests/{kind}.toml");
     for file in [
         "Cargo.toml",
         "plugin.toml",
         "src/lib.rs",
-        "tests/sandbox.rs",
+        &cases,
         "Cargo.lock",
     ] {
         assert!(dir.join(file).is_file(), "{name}: {file} is missing");
@@ -98,6 +100,9 @@ fn new_and_build(root: &Path, name: &str, kind: &str) -> PathBuf {
         cargo.contains("warden-guest = { path = \"") && cargo.contains("/guest-sdk\" }"),
         "{cargo}"
     );
+    // No Rust dependency on Warden (the testkit is only suggested, in a
+    // comment): the author never compiles wasmtime.
+    assert!(!cargo.lines().any(|l| l.starts_with("warden =")), "{cargo}");
 
     let out = warden(&["plugin", "build", name, "--json"], root);
     assert_ok(&out, "plugin build");
@@ -117,7 +122,19 @@ fn new_and_build(root: &Path, name: &str, kind: &str) -> PathBuf {
     dir
 }
 
-/// Runs the crate's own `cargo test`; returns its output.
+/// Runs the crate's declarative cases with `warden plugin test`; returns
+/// the JSON report.
+fn plugin_test(dir: &Path) -> Value {
+    let out = warden(&["plugin", "test", "--json"], dir);
+    assert_ok(&out, &format!("plugin test in {}", dir.display()));
+    let report: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(report["failed"], 0, "{report:#}");
+    assert!(report["passed"].as_u64().unwrap() >= 2, "{report:#}");
+    report
+}
+
+/// Runs the crate's own `cargo test` (its native unit tests); returns its
+/// output.
 fn cargo_test(dir: &Path) -> String {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = command(cargo, dir)
@@ -154,10 +171,18 @@ fn a_new_plugin_of_each_kind_builds_and_passes_its_tests_without_edits() {
     let called: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(called["output"]["text"], "hi, ada");
     assert_eq!(called["effect"], "read");
+    plugin_test(&tool);
+    let out = warden(
+        &["plugin", "inspect", "greeter/plugin.toml", "--json"],
+        &root,
+    );
+    assert_ok(&out, "plugin inspect");
+    let inspected: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(inspected["tools"][0]["name"], "greet");
     let tested = cargo_test(&tool);
     assert!(
-        tested.matches("test result: ok").count() >= 2,
-        "unit tests and the sandbox test ran:\n{tested}"
+        tested.contains("test result: ok. 2 passed"),
+        "the unit tests ran:\n{tested}"
     );
 
     // A context source and a channel, through the shell and their tests.
@@ -176,6 +201,7 @@ fn a_new_plugin_of_each_kind_builds_and_passes_its_tests_without_edits() {
     assert_ok(&out, "plugin resolve");
     let items: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
     assert_eq!(items[0]["content"], "HELLO");
+    plugin_test(&context);
     cargo_test(&context);
 
     let channel = new_and_build(&root, "outbox", "channel");
@@ -195,6 +221,7 @@ fn a_new_plugin_of_each_kind_builds_and_passes_its_tests_without_edits() {
     assert_ok(&out, "plugin deliver");
     let delivered: Vec<_> = std::fs::read_dir(root.join("out")).unwrap().collect();
     assert_eq!(delivered.len(), 1);
+    plugin_test(&channel);
     cargo_test(&channel);
 
     // A policy: a denial and an allow through the pinned manifest, then its
@@ -225,10 +252,11 @@ fn a_new_plugin_of_each_kind_builds_and_passes_its_tests_without_edits() {
         "tool `fs__write_file` is denied by policy `guard`"
     );
     assert_eq!(decide("fs__read_file", false).trim(), "allow");
+    plugin_test(&policy);
     let tested = cargo_test(&policy);
     assert!(
-        tested.matches("test result: ok").count() >= 2,
-        "unit tests and the sandbox test ran:\n{tested}"
+        tested.contains("test result: ok. 2 passed"),
+        "the unit tests ran:\n{tested}"
     );
 
     let _ = std::fs::remove_dir_all(&root);
@@ -252,6 +280,10 @@ fn plugin_new_and_build_refuse_bad_input_with_one_line() {
             &["plugin", "new", "x", "--warden-path", "."],
             "is not a Warden checkout",
         ),
+        (
+            &["plugin", "new", "x", "--lang", "python", "--kind", "policy"],
+            "a Python plugin is a tool",
+        ),
         (&["plugin", "build", "taken"], "plugin.toml"),
     ];
     for (args, expected) in cases {
@@ -265,4 +297,64 @@ fn plugin_new_and_build_refuse_bad_input_with_one_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
     assert!(!root.path().join("x").exists());
+}
+
+/// A Python tool from the scaffold: `plugin new --lang python`, `build`
+/// (componentize-py, from PyPI: `.ci/run` installs it; without it this
+/// fails naming what to install), its cases through `plugin test`
+/// (mount fixtures, both path refusals denied the same way, a fuel limit),
+/// `inspect` and a `call`.
+#[test]
+fn a_new_python_plugin_builds_and_passes_its_tests_without_edits() {
+    let root = tempfile::tempdir().unwrap();
+    let out = warden(
+        &["plugin", "new", "py-greeter", "--lang", "python", "--json"],
+        root.path(),
+    );
+    assert_ok(&out, "plugin new --lang python");
+    let created: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(created["lang"], "python");
+    let dir = root.path().join("py-greeter");
+    for file in ["plugin.toml", "app.py", "tests/tool.toml"] {
+        assert!(dir.join(file).is_file(), "{file} is missing");
+    }
+
+    let out = warden(&["plugin", "build", "--json"], &dir);
+    assert_ok(&out, "plugin build (python)");
+    let built: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let wasm = std::fs::read(dir.join("py-greeter.wasm")).unwrap();
+    assert_eq!(built["sha256"], hex::encode(Sha256::digest(&wasm)).as_str());
+
+    let report = plugin_test(&dir);
+    assert_eq!(report["passed"], 6, "{report:#}");
+
+    let out = warden(&["plugin", "inspect", "plugin.toml", "--json"], &dir);
+    assert_ok(&out, "plugin inspect (python)");
+    let inspected: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    let tools: Vec<&str> = inspected["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(tools, ["greet", "count_lines"]);
+    assert_eq!(
+        inspected["tools"][0]["input_schema"]["properties"]["name"]["type"],
+        "string"
+    );
+
+    let out = warden(
+        &[
+            "plugin",
+            "call",
+            "plugin.toml",
+            "greet",
+            r#"{"name": "ada"}"#,
+            "--json",
+        ],
+        &dir,
+    );
+    assert_ok(&out, "plugin call (python)");
+    let called: Value = serde_json::from_str(&text(&out.stdout)).unwrap();
+    assert_eq!(called["output"]["text"], "hello, ada");
 }
