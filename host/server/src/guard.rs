@@ -127,7 +127,7 @@ impl Guard {
 
     fn host_allowed(&self, host: &str) -> bool {
         let host = host.to_ascii_lowercase();
-        self.hosts.iter().any(|h| *h == host)
+        self.hosts.contains(&host)
     }
 
     fn origin_allowed(&self, origin: &str) -> bool {
