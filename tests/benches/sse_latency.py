@@ -107,4 +107,5 @@ for i in range(runs, 2 * runs):
 other = [max(0.0, t - sent[r]) for r in sent for t in arrivals[r]]
 print("appended by another process: median %.2f ms, p99 %.2f ms, max %.2f ms over %d deliveries" % (*percentiles(other), len(other)))
 server.terminate()
+server.wait()
 shutil.rmtree(dir)
