@@ -416,27 +416,11 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
     super::agent::check(&host, &agent).await?;
     if args.detach {
         // Queued: what drives it is a worker, or a later `runs resume`.
-        match &session {
-            Some(session) => {
-                rt.submit(
-                    &agent,
-                    input,
-                    StartOptions::new()
-                        .session(session.clone())
-                        .id(run_id.clone())
-                        .labels(labels),
-                )
-                .await?
-            }
-            None => {
-                rt.submit(
-                    &agent,
-                    input,
-                    StartOptions::new().id(run_id.clone()).labels(labels),
-                )
-                .await?
-            }
-        };
+        let mut options = StartOptions::new().id(run_id.clone()).labels(labels);
+        if let Some(session) = &session {
+            options = options.session(session.clone());
+        }
+        rt.submit(&agent, input, options).await?;
         if ctx.json {
             let next = steps(super::status::next_steps(
                 run_id.as_str(),
@@ -461,27 +445,11 @@ pub(crate) async fn run(args: RunArgs, ctx: &Context) -> anyhow::Result<()> {
     }
     // Subscribe before the run exists so the first event is seen too.
     let updates = rt.subscribe(&run_id);
-    match &session {
-        Some(session) => {
-            rt.start(
-                &agent,
-                input,
-                StartOptions::new()
-                    .session(session.clone())
-                    .id(run_id.clone())
-                    .labels(labels),
-            )
-            .await?
-        }
-        None => {
-            rt.start(
-                &agent,
-                input,
-                StartOptions::new().id(run_id.clone()).labels(labels),
-            )
-            .await?
-        }
-    };
+    let mut options = StartOptions::new().id(run_id.clone()).labels(labels);
+    if let Some(session) = &session {
+        options = options.session(session.clone());
+    }
+    rt.start(&agent, input, options).await?;
     follow(&rt, &run_id, updates, ctx.json, Drive::Drive(agent), 0).await
 }
 

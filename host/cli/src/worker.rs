@@ -99,27 +99,11 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
         .map(super::sessions::session_id)
         .transpose()?;
     let rt = runtime(ctx, open(ctx, Access::Start).await?)?;
-    match &session {
-        Some(session) => {
-            rt.submit(
-                &agent,
-                input,
-                StartOptions::new()
-                    .session(session.clone())
-                    .id(run_id.clone())
-                    .labels(labels),
-            )
-            .await?
-        }
-        None => {
-            rt.submit(
-                &agent,
-                input,
-                StartOptions::new().id(run_id.clone()).labels(labels),
-            )
-            .await?
-        }
-    };
+    let mut options = StartOptions::new().id(run_id.clone()).labels(labels);
+    if let Some(session) = &session {
+        options = options.session(session.clone());
+    }
+    rt.submit(&agent, input, options).await?;
     if ctx.json {
         let next: Vec<_> = super::status::next_steps(run_id.as_str(), QUEUED, false)
             .into_iter()
