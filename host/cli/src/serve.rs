@@ -154,6 +154,7 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
         }),
         poll,
         failed_logins_per_minute: args.failed_logins_per_minute,
+        tls: tls.is_some(),
     };
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
@@ -169,7 +170,7 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
         );
     }
     eprintln!(
-        "warden serve: listening on {url} over {} ({} token(s) from {})",
+        "warden serve: listening on {url} over {} ({} token(s) from {}); console at {url}/console/",
         ctx.settings.store.value,
         token_count,
         file.display()

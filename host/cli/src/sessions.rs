@@ -5,9 +5,6 @@
 //! they were asked and answered. A session exists once a run was started in
 //! it: showing one that has none is an error.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
-
 use clap::Subcommand;
 use serde_json::{Value, json};
 
@@ -15,11 +12,10 @@ use super::errors::CliError;
 use super::runs::{open_store, runtime};
 use super::{Context, render};
 use warden::engine::{SessionId, SessionRun};
-use warden::store::{EventStore, RunFilter, RunSummary};
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum SessionsCommand {
-    /// Every session, oldest first: its runs, its active run (if any) with
+    /// Every session, by name: its runs, its active run (if any) with
     /// its status, and its last activity.
     List,
     /// The runs of a session, oldest first: status, start time, input and
@@ -37,7 +33,10 @@ pub(crate) fn session_id(text: &str) -> anyhow::Result<SessionId> {
 pub(crate) async fn run(cmd: SessionsCommand, ctx: &Context) -> anyhow::Result<()> {
     let store = open_store(&ctx.settings, super::store::Access::Read).await?;
     match cmd {
-        SessionsCommand::List => list(store, ctx.json).await,
+        SessionsCommand::List => {
+            let (rt, _) = runtime(ctx, store)?;
+            list(&rt, ctx.json).await
+        }
         SessionsCommand::Show { session } => {
             let session = session_id(&session)?;
             let (rt, _) = runtime(ctx, store.clone())?;
@@ -68,50 +67,32 @@ pub(crate) async fn run(cmd: SessionsCommand, ctx: &Context) -> anyhow::Result<(
 }
 
 /// `sessions list`: the sessions the store's runs belong to.
-async fn list(store: Arc<dyn EventStore>, json: bool) -> anyhow::Result<()> {
-    let mut sessions: BTreeMap<String, Vec<RunSummary>> = BTreeMap::new();
-    for run in store.list(&RunFilter::new()).await? {
-        if let Some(session) = run.session.clone() {
-            sessions.entry(session).or_default().push(run);
-        }
-    }
-    let rows: Vec<Value> = sessions
-        .iter()
-        .map(|(session, runs)| {
-            let active = runs.iter().find(|r| {
-                r.status
-                    .parse::<warden::engine::RunStatus>()
-                    .map_or(true, |s| !s.is_terminal())
-            });
-            json!({
-                "session": session,
-                "runs": runs.len(),
-                "active_run": active.map(|r| &r.run_id),
-                "active_status": active.map(|r| &r.status),
-                "created_ms": runs.iter().map(|r| r.created_ms).min(),
-                "updated_ms": runs.iter().map(|r| r.updated_ms).max(),
-            })
-        })
-        .collect();
+async fn list(rt: &warden::Runtime, json: bool) -> anyhow::Result<()> {
+    let sessions = rt.sessions().await?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&rows)?);
+        println!("{}", serde_json::to_string_pretty(&sessions)?);
         return Ok(());
     }
-    let width = sessions.keys().map(String::len).max().unwrap_or(0).max(7);
+    let width = sessions
+        .iter()
+        .map(|s| s.session.len())
+        .max()
+        .unwrap_or(0)
+        .max(7);
     println!(
         "{:<width$}  {:>4}  {:<24}  STATE",
         "SESSION", "RUNS", "UPDATED"
     );
-    for row in &rows {
-        let state = match (row["active_run"].as_str(), row["active_status"].as_str()) {
+    for s in &sessions {
+        let state = match (&s.active_run, &s.active_status) {
             (Some(run), Some(status)) => format!("busy: run {run} is {status}"),
             _ => "idle".to_owned(),
         };
         println!(
             "{:<width$}  {:>4}  {:<24}  {state}",
-            row["session"].as_str().unwrap_or_default(),
-            row["runs"],
-            utc(row["updated_ms"].as_i64().unwrap_or(0).max(0) as u64),
+            s.session,
+            s.runs,
+            utc(s.updated_ms.max(0) as u64),
         );
     }
     Ok(())

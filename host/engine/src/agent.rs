@@ -665,6 +665,23 @@ impl Agent {
         let base = path.parent().unwrap_or(Path::new("."));
         validate(file, path, base, defaults)
     }
+
+    /// Builds and validates an agent from a JSON value shaped like an agent
+    /// file (the tables become objects), for embedders that build agents in
+    /// code. `origin` names it in errors, and its directory is what relative
+    /// paths (plugins, schema files) resolve against, as a file's would.
+    pub fn from_json(
+        value: Value,
+        origin: &Path,
+        defaults: Option<&ModelDefaults>,
+    ) -> Result<Agent, AgentError> {
+        let file = AgentFile::deserialize(value).map_err(|e| AgentError::Parse {
+            path: origin.to_owned(),
+            message: e.to_string(),
+        })?;
+        let base = origin.parent().unwrap_or(Path::new("."));
+        validate(file, origin, base, defaults)
+    }
 }
 
 fn validate(
@@ -1380,6 +1397,31 @@ team = "ops"
         );
         assert_eq!(a.labels["team"], "ops");
         assert_eq!(a.output_schema, Some(serde_json::json!({"type": "object"})));
+    }
+
+    #[test]
+    fn an_agent_built_from_json_equals_the_same_agent_from_a_file() {
+        let path = Path::new("/agents/notes.toml");
+        let text = format!(
+            "output_schema = '{{\"type\": \"object\"}}'\n{MINIMAL}\n[budgets]\nmax_steps = 7\n"
+        );
+        let from_file = Agent::parse(&text, path, None).unwrap();
+        let value: Value = toml::from_str(&text).unwrap();
+        let from_json = Agent::from_json(value, path, None).unwrap();
+        assert_eq!(from_json, from_file);
+        assert_eq!(from_json.digest, from_file.digest);
+
+        // A misspelt key or a value of the wrong type names the key.
+        let misspelt = serde_json::json!({"name": "notes", "instructions": "x", "modle": {}});
+        let err = Agent::from_json(misspelt, path, None).unwrap_err();
+        assert!(err.to_string().contains("modle"), "{err}");
+        let wrong = serde_json::json!({"name": "notes", "instructions": 3});
+        let err = Agent::from_json(wrong, path, None).unwrap_err();
+        assert!(err.to_string().contains("/agents/notes.toml"), "{err}");
+        // Validation is the file's: a bad name is refused the same way.
+        let bad = serde_json::json!({"name": "Notes!", "instructions": "x"});
+        let err = Agent::from_json(bad, path, None).unwrap_err();
+        assert!(err.to_string().contains("not a valid agent name"), "{err}");
     }
 
     #[test]

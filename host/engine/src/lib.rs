@@ -86,7 +86,7 @@ pub use runtime::{
     Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions, ForkRefusal, OsRandom, Random,
     RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
 };
-pub use session::SessionRun;
+pub use session::{SessionRun, SessionSummary};
 pub use start::StartOptions;
 pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
 pub use turn::{TurnEvent, TurnHandle, TurnOutcome};

@@ -52,7 +52,7 @@ use super::policy_hooks::{
 use super::policy_plugin::consult_plugin as consult_policy_plugin;
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{RetrySleep, TokioSleep};
-use super::session::{self, SessionRun};
+use super::session::{self, SessionRun, SessionSummary};
 use super::start::StartOptions;
 use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold};
 use super::view::{AgentView, AgentViewError};
@@ -825,6 +825,12 @@ impl Runtime {
         session_id: &SessionId,
     ) -> Result<Vec<SessionRun>, RuntimeError> {
         session::runs(&*self.inner.store, session_id).await
+    }
+
+    /// Every session the store's runs belong to, by name, with whether it
+    /// is busy.
+    pub async fn sessions(&self) -> Result<Vec<SessionSummary>, RuntimeError> {
+        session::summaries(&*self.inner.store).await
     }
 
     /// A fresh run id from the injected randomness.

@@ -31,7 +31,9 @@ use super::events::{SessionStart, decode};
 use super::ids::{RunId, SessionId};
 use super::runtime::RuntimeError;
 use super::state::{RunState, RunStatus, Terminal, fold};
-use warden_store::{EventStore, RunFilter, SETTLED_STATUSES};
+use std::collections::BTreeMap;
+
+use warden_store::{EventStore, RunFilter, RunSummary, SETTLED_STATUSES};
 
 /// One run of a session, as `warden sessions show` lists it.
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
@@ -54,6 +56,53 @@ pub struct SessionRun {
     pub position: u64,
     /// How many earlier completed runs it saw as history.
     pub history_runs: usize,
+}
+
+/// One session, as `warden sessions list` lists it: derived from the
+/// store's run listing, so it costs no log reads.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[non_exhaustive]
+pub struct SessionSummary {
+    /// The session.
+    pub session: String,
+    /// How many runs it holds.
+    pub runs: usize,
+    /// Its active run (one not settled), if any: the session is busy.
+    pub active_run: Option<RunId>,
+    /// That run's listed status.
+    pub active_status: Option<String>,
+    /// When its first run was recorded, milliseconds since the Unix epoch.
+    pub created_ms: i64,
+    /// When any of its runs last changed.
+    pub updated_ms: i64,
+}
+
+/// Every session the store's runs belong to, by name.
+pub(crate) async fn summaries(store: &dyn EventStore) -> Result<Vec<SessionSummary>, RuntimeError> {
+    let mut sessions: BTreeMap<String, Vec<RunSummary>> = BTreeMap::new();
+    for run in store.list(&RunFilter::new()).await? {
+        if let Some(session) = run.session.clone() {
+            sessions.entry(session).or_default().push(run);
+        }
+    }
+    Ok(sessions
+        .into_iter()
+        .map(|(session, runs)| {
+            let active = runs.iter().find(|r| {
+                r.status
+                    .parse::<RunStatus>()
+                    .map_or(true, |s| !s.is_terminal())
+            });
+            SessionSummary {
+                active_run: active.map(|r| r.run_id.clone()),
+                active_status: active.map(|r| r.status.clone()),
+                created_ms: runs.iter().map(|r| r.created_ms).min().unwrap_or(0),
+                updated_ms: runs.iter().map(|r| r.updated_ms).max().unwrap_or(0),
+                runs: runs.len(),
+                session,
+            }
+        })
+        .collect())
 }
 
 /// The history a run starting now at `position` in `session_id` sees,

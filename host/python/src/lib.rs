@@ -174,6 +174,34 @@ impl Runtime {
         .map_err(|e| engine_error(&e))
     }
 
+    /// Builds and validates an agent from `spec`, a dict shaped like an
+    /// agent file (its tables as dicts). Relative paths in it (plugins,
+    /// schema files) resolve against `base_dir` (the working directory when
+    /// omitted), as a file's resolve against its directory.
+    #[pyo3(signature = (spec, *, base_dir = None))]
+    fn agent_from_dict(
+        &self,
+        py: Python<'_>,
+        spec: &Bound<'_, PyAny>,
+        base_dir: Option<PathBuf>,
+    ) -> PyResult<Agent> {
+        let value = from_python(spec, "spec")?;
+        py.detach(|| {
+            let dir = base_dir.unwrap_or_else(|| PathBuf::from("."));
+            let absolute =
+                dir.canonicalize()
+                    .map_err(|error| warden::engine::AgentError::Read {
+                        path: dir.clone(),
+                        error,
+                    })?;
+            warden::Agent::from_json(value, &absolute.join("<dict>"), None)
+        })
+        .map(|agent| Agent {
+            agent: Arc::new(agent),
+        })
+        .map_err(|e| engine_error(&e))
+    }
+
     /// Records a new run of `agent` on `input` (any JSON value) and returns
     /// its id; drive it afterwards. `run_id` chooses the id (else a random
     /// one), `labels` are recorded with it, `session` makes it the next run
@@ -466,6 +494,32 @@ impl Runtime {
                     })
                     .collect(),
             )))
+        })
+    }
+
+    /// Every session in the store, by name, as dicts (the command line's
+    /// `sessions list --json` rows): its run count, its active run and that
+    /// run's status when it is busy, and when it was created and updated.
+    fn sessions<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        let runtime = warden::Runtime::clone(&self.runtime);
+        aio::future_into_py(py, async move {
+            let sessions = runtime.sessions().await.map_err(|e| engine_error(&e))?;
+            Ok(Json(json!(sessions)))
+        })
+    }
+
+    /// The runs of `session`, in the order they were started, as dicts (the
+    /// command line's `sessions show --json` rows): status, input, output,
+    /// position and how many earlier runs each saw as history.
+    fn session_runs<'py>(&self, py: Python<'py>, session: &str) -> PyResult<Bound<'py, PyAny>> {
+        let id = session_id(session)?;
+        let runtime = warden::Runtime::clone(&self.runtime);
+        aio::future_into_py(py, async move {
+            let runs = runtime
+                .session_runs(&id)
+                .await
+                .map_err(|e| engine_error(&e))?;
+            Ok(Json(json!(runs)))
         })
     }
 

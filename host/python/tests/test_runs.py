@@ -172,3 +172,55 @@ def test_the_documented_example_runs_offline_and_exits_cleanly(tmp_path: Path) -
     assert "policy: fs__write_file" in done.stdout
     assert "approving again: run_terminal" in done.stdout
     assert (tmp_path / ".warden" / "python-demo" / "notes" / "SUMMARY.md").exists()
+
+
+def test_an_agent_built_from_a_dict_is_the_agent_file_and_runs_in_a_session(
+    store: str, notes: Path, cache_dir: str
+) -> None:
+    import tomllib
+
+    rt = warden.Runtime.open(store, cache_dir=cache_dir)
+    spec = tomllib.loads(notes.read_text())
+    agent = rt.agent_from_dict(spec, base_dir=str(notes.parent))
+    # The same definition is the same agent, whichever way it was given.
+    assert agent.digest == rt.load_agent(str(notes)).digest
+    assert agent.name == "notes"
+
+    first = rt.start(agent, "Summarise my notes", session="desk")
+    assert rt.drive(first, agent) == "awaiting_approval"
+    (busy,) = rt.sessions()
+    assert busy["session"] == "desk"
+    assert busy["runs"] == 1
+    assert busy["active_run"] == first
+    assert busy["active_status"] == "awaiting_approval"
+    # One active run per session: a second start is refused until it settles.
+    with pytest.raises(warden.RunStateError) as refused:
+        rt.start(agent, "again", session="desk")
+    assert refused.value.code == "session_busy"
+
+    rt.approve(first, rt.show(first)["awaiting"]["call_id"], by="pytest")
+    assert rt.drive(first, agent) == "completed"
+    second = rt.start(agent, "And now?", session="desk")
+    runs = rt.session_runs("desk")
+    assert [r["run_id"] for r in runs] == [first, second]
+    assert [r["position"] for r in runs] == [0, 1]
+    assert runs[0]["status"] == "completed" and "output" in runs[0]
+    assert runs[1]["history_runs"] == 1
+    (again,) = rt.sessions()
+    assert again["runs"] == 2 and idle_or_busy["active_run"] == second
+
+    # A dict is checked like a file: a misspelt key, a bad value.
+    with pytest.raises(warden.AgentError) as misspelt:
+        rt.agent_from_dict({**spec, "modle": {}})
+    assert misspelt.value.code == "agent_invalid"
+    assert "modle" in misspelt.value.message
+    with pytest.raises(warden.AgentError) as invalid:
+        rt.agent_from_dict({**spec, "name": "Not A Name"})
+    assert invalid.value.code == "agent_invalid"
+    assert invalid.value.details["key"] == "name"
+    with pytest.raises(warden.InvalidError):
+        rt.agent_from_dict({**spec, "labels": {"when": {1, 2}}})
+    with pytest.raises(warden.UnknownRunError) as unknown:
+        rt.session_runs("not a session!")
+    assert unknown.value.code == "invalid_session_id"
+    rt.close()

@@ -5,7 +5,6 @@
 //! ever held the server continues itself. Every decision records
 //! `api:<token name>` as who made it.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;
@@ -481,37 +480,10 @@ pub async fn abandon(
 
 /// `GET /api/v1/sessions`: the sessions the store's runs belong to.
 pub async fn sessions(State(app): State<Arc<App>>) -> Reply {
-    let mut sessions: BTreeMap<String, Vec<RunSummary>> = BTreeMap::new();
-    let runs = app
-        .runtime
-        .store()
-        .list(&RunFilter::new())
-        .await
-        .map_err(|e| app.fail(&e))?;
-    for run in runs {
-        if let Some(session) = run.session.clone() {
-            sessions.entry(session).or_default().push(run);
-        }
-    }
-    let rows: Vec<Value> = sessions
-        .iter()
-        .map(|(session, runs)| {
-            let active = runs.iter().find(|r| {
-                r.status
-                    .parse::<RunStatus>()
-                    .map_or(true, |s| !s.is_terminal())
-            });
-            json!({
-                "session": session,
-                "runs": runs.len(),
-                "active_run": active.map(|r| &r.run_id),
-                "active_status": active.map(|r| &r.status),
-                "created_ms": runs.iter().map(|r| r.created_ms).min(),
-                "updated_ms": runs.iter().map(|r| r.updated_ms).max(),
-            })
-        })
-        .collect();
-    Ok(Json(json!({ "v": contract::VERSION, "sessions": rows })))
+    let sessions = app.runtime.sessions().await.map_err(|e| app.fail(&e))?;
+    Ok(Json(
+        json!({ "v": contract::VERSION, "sessions": sessions }),
+    ))
 }
 
 /// `GET /api/v1/sessions/{session}`: the session's runs, oldest first.
@@ -530,6 +502,54 @@ pub async fn session(State(app): State<Arc<App>>, Segment(session): Segment<Stri
     }
     Ok(Json(
         json!({ "v": contract::VERSION, "session": session, "runs": runs }),
+    ))
+}
+
+/// The query of `GET /api/v1/audit`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditQuery {
+    /// Look at this many runs, most recently updated first (default 50,
+    /// at most 1,000).
+    runs: Option<usize>,
+}
+
+/// `GET /api/v1/audit`: every decision a person (or a token, or a rule)
+/// made on the most recently updated runs, newest first: each event that
+/// records who made it (`by`), with its run, position and reason.
+pub async fn audit(State(app): State<Arc<App>>, Params(q): Params<AuditQuery>) -> Reply {
+    let limit = q.runs.unwrap_or(50).min(1_000);
+    let runs = app
+        .runtime
+        .store()
+        .list(&RunFilter::new())
+        .await
+        .map_err(|e| app.fail(&e))?;
+    let mut recent: Vec<&RunSummary> = runs.iter().collect();
+    recent.sort_by_key(|r| std::cmp::Reverse(r.updated_ms));
+    recent.truncate(limit);
+    let mut decisions = Vec::new();
+    for run in recent {
+        for line in app.event_lines(&run.run_id, 0).await? {
+            let event = &line["event"];
+            let Some(by) = event["by"].as_str() else {
+                continue;
+            };
+            decisions.push(json!({
+                "run_id": run.run_id,
+                "agent": run.agent,
+                "seq": line["seq"],
+                "type": event["type"],
+                "by": by,
+                "at_ms": event["at_ms"],
+                "call_id": event["call_id"],
+                "reason": event.get("reason").or_else(|| event.get("note")).cloned().unwrap_or(Value::Null),
+            }));
+        }
+    }
+    decisions.sort_by_key(|d| std::cmp::Reverse(d["at_ms"].as_u64().unwrap_or(0)));
+    Ok(Json(
+        json!({ "v": contract::VERSION, "decisions": decisions }),
     ))
 }
 

@@ -9,11 +9,14 @@
 //!    this server's own origin.
 //! 3. **Rate limit**: an address with too many failed logins in the last
 //!    minute is refused before its token is looked at.
-//! 4. **Identity**: a bearer token from the token file ([`Tokens`]); a
-//!    request without one, or with an unknown one, is refused (and counted
-//!    as a failed login). The handler gets the [`Caller`].
+//! 4. **Identity**: a bearer token from the token file ([`Tokens`]), or a
+//!    console session's cookie (`console.rs`; then anything but GET and
+//!    HEAD must also carry the session's CSRF token); a request without
+//!    either, or with an unknown one, is refused (and counted as a failed
+//!    login). The handler gets the [`Caller`].
 //!
-//! Nothing passes unauthenticated but the OpenAPI document.
+//! Nothing passes unauthenticated but the OpenAPI document and the
+//! console's page, script, style and login.
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
@@ -21,11 +24,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::HeaderMap;
+use axum::http::{HeaderMap, Method};
 use axum::middleware::Next;
 use axum::response::Response;
 use serde_json::json;
 
+use crate::console::{self, CookieAuth, Sessions};
 use crate::error::ApiError;
 use crate::tokens::{Role, Tokens};
 
@@ -86,17 +90,21 @@ pub struct Guard {
     hosts: Vec<String>,
     failures_allowed: u32,
     failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
+    sessions: Sessions,
+    tls: bool,
 }
 
 impl Guard {
     /// A guard for a server bound at `bind` that accepts `tokens`, also
     /// answers as `extra_hosts` (each `name` or `name:port`), and refuses
     /// an address once it failed `failures_allowed` logins in a minute.
+    /// `tls`: the server speaks HTTPS (console cookies are then `Secure`).
     pub fn new(
         tokens: Tokens,
         bind: SocketAddr,
         extra_hosts: &[String],
         failures_allowed: u32,
+        tls: bool,
     ) -> Guard {
         let port = bind.port();
         let mut hosts = vec![match bind.ip() {
@@ -122,6 +130,36 @@ impl Guard {
             hosts,
             failures_allowed,
             failures: Mutex::default(),
+            sessions: Sessions::default(),
+            tls,
+        }
+    }
+
+    /// The console's sessions.
+    pub(crate) fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
+    /// Whether the server speaks HTTPS.
+    pub(crate) fn tls(&self) -> bool {
+        self.tls
+    }
+
+    /// The caller `token` names, for a console login from `ip`: refused
+    /// and counted like any failed login when it names none.
+    pub(crate) fn login(&self, token: &str, ip: IpAddr) -> Result<Caller, ApiError> {
+        if self.limited(ip) {
+            return Err(rate_limited(ip));
+        }
+        match self.tokens.identify(token) {
+            Some(entry) => Ok(Caller {
+                name: entry.name.clone(),
+                role: entry.role,
+            }),
+            None => {
+                self.failed(ip);
+                Err(ApiError::new("unauthenticated", "unknown token"))
+            }
         }
     }
 
@@ -162,6 +200,7 @@ impl Guard {
     /// The request's caller, or why it is refused.
     fn check(
         &self,
+        method: &Method,
         headers: &HeaderMap,
         ip: IpAddr,
         path: &str,
@@ -194,24 +233,17 @@ impl Guard {
                 "a cross-site request is refused",
             ));
         }
-        if crate::PUBLIC_PATHS.contains(&path) {
+        if crate::PUBLIC_PATHS.contains(&path) || console::PUBLIC_PATHS.contains(&path) {
             return Ok(None);
         }
         if self.limited(ip) {
-            return Err(ApiError::new(
-                "rate_limited",
-                format!("too many failed logins from {ip}: try again in a minute"),
-            ));
+            return Err(rate_limited(ip));
         }
         let token = header("authorization")
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim);
         let Some(token) = token else {
-            self.failed(ip);
-            return Err(ApiError::new(
-                "unauthenticated",
-                "no token: send `Authorization: Bearer <token>`",
-            ));
+            return self.by_cookie(method, headers, ip);
         };
         match self.tokens.identify(token) {
             Some(entry) => Ok(Some(Caller {
@@ -226,6 +258,52 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// The caller of a request without a bearer token: a live console
+    /// session, with its CSRF token on anything that changes state.
+    fn by_cookie(
+        &self,
+        method: &Method,
+        headers: &HeaderMap,
+        ip: IpAddr,
+    ) -> Result<Option<Caller>, ApiError> {
+        let Some(cookie) = console::cookie(headers) else {
+            self.failed(ip);
+            return Err(ApiError::new(
+                "unauthenticated",
+                "no token: send `Authorization: Bearer <token>`, or log in to the console",
+            ));
+        };
+        let CookieAuth::Live { caller, csrf } = self.sessions.find(cookie) else {
+            self.failed(ip);
+            return Err(ApiError::new(
+                "unauthenticated",
+                "the console session ended (logged out, expired, or the server restarted): log in again",
+            ));
+        };
+        if method != Method::GET && method != Method::HEAD {
+            let sent = headers
+                .get("x-warden-csrf")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default();
+            if !console::same_secret(sent, &csrf) {
+                return Err(ApiError::new(
+                    "csrf_refused",
+                    "this request needs the console session's CSRF token in X-Warden-CSRF",
+                ));
+            }
+        }
+        Ok(Some(caller))
+    }
+}
+
+fn rate_limited(ip: IpAddr) -> ApiError {
+    ApiError::new(
+        "rate_limited",
+        format!("too many failed logins from {ip}: try again in a minute"),
+    )
+}
+
 /// The middleware: refuses what [`Guard`] refuses, and hands the handler
 /// its [`Caller`] as an extension.
 pub async fn guard(
@@ -235,7 +313,7 @@ pub async fn guard(
     next: Next,
 ) -> Result<Response, ApiError> {
     let path = request.uri().path().to_owned();
-    match guard.check(request.headers(), peer.ip(), &path) {
+    match guard.check(request.method(), request.headers(), peer.ip(), &path) {
         Ok(Some(caller)) => {
             request.extensions_mut().insert(caller);
         }

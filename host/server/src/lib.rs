@@ -10,6 +10,8 @@
 //! - `error.rs`: the error envelope and codes, shared with the command
 //!   line through its classifier; `contract.rs`: the JSON shapes the
 //!   command line's `--json` and the API share;
+//! - `console.rs`: the web console (a page and its script, compiled in)
+//!   and its login, a session cookie with a CSRF token;
 //! - `tls.rs`: HTTPS.
 //!
 //! The server fails closed: it does not start without tokens
@@ -20,6 +22,7 @@
 //! line's verbs would.
 
 pub mod api;
+pub mod console;
 pub mod contract;
 pub mod error;
 pub mod guard;
@@ -64,6 +67,8 @@ pub struct ServeConfig {
     /// Failed logins (no token, an unknown one) an address may make in a
     /// minute before it is refused until the minute is over.
     pub failed_logins_per_minute: u32,
+    /// Whether it serves HTTPS (the console's cookie is then `Secure`).
+    pub tls: bool,
 }
 
 /// The handlers' shared state.
@@ -164,6 +169,7 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         bind,
         &config.allowed_hosts,
         config.failed_logins_per_minute,
+        config.tls,
     ));
     let app = Arc::new(App {
         runtime,
@@ -185,6 +191,7 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         .route("/runs/{run}/abandon", post(api::abandon))
         .route("/sessions", get(api::sessions))
         .route("/sessions/{session}", get(api::session))
+        .route("/audit", get(api::audit))
         .route("/keys", get(api::keys))
         .route("/keys/{key}", get(api::key))
         .route("/openapi.json", get(openapi))
@@ -195,8 +202,19 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
             )
         })
         .with_state(app);
+    let console = Router::new()
+        .route("/", get(console::root))
+        .route("/console", get(console::root))
+        .route("/console/", get(console::page))
+        .route("/console/app.js", get(console::script))
+        .route("/console/app.css", get(console::style))
+        .route("/console/login", post(console::login))
+        .route("/console/session", get(console::session))
+        .route("/console/logout", post(console::logout))
+        .with_state(Arc::clone(&guard));
     Router::new()
         .nest("/api/v1", api)
+        .merge(console)
         .fallback(|| async { ApiError::new("not_found", "no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(guard, guard::guard))
 }

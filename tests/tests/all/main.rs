@@ -106,6 +106,7 @@ mod binary;
 mod budgets;
 mod ceilings;
 mod channels;
+mod console;
 mod context;
 mod corpus;
 mod effects;

@@ -19,7 +19,7 @@ use serde_json::{Value, json};
 use crate::binary::warden_binary;
 use crate::workers::PgSchema;
 
-fn warden(dir: &Path, store: &str) -> Command {
+pub(crate) fn warden(dir: &Path, store: &str) -> Command {
     let mut command = Command::new(warden_binary());
     command
         .current_dir(dir)
@@ -35,7 +35,7 @@ fn warden(dir: &Path, store: &str) -> Command {
 }
 
 /// A token made by `warden serve tokens add`.
-fn add_token(dir: &Path, name: &str, role: &str) -> String {
+pub(crate) fn add_token(dir: &Path, name: &str, role: &str) -> String {
     let out = warden(dir, "unused.db")
         .args(["serve", "tokens", "add", name, "--role", role])
         .output()
@@ -49,7 +49,7 @@ fn add_token(dir: &Path, name: &str, role: &str) -> String {
 }
 
 /// A child process killed on drop.
-struct Killed(Child);
+pub(crate) struct Killed(Child);
 
 impl Drop for Killed {
     fn drop(&mut self) {
@@ -59,7 +59,7 @@ impl Drop for Killed {
 }
 
 /// `warden serve` on an ephemeral loopback port, and that port.
-fn start_server(dir: &Path, store: &str) -> (Killed, String) {
+pub(crate) fn start_server(dir: &Path, store: &str) -> (Killed, String) {
     start_server_with(dir, store, &[])
 }
 
@@ -164,7 +164,7 @@ fn wait_for<T>(what: &str, mut check: impl FnMut() -> Option<T>) -> T {
 
 /// The quick start's demo (agent, transcript, notes folder, outbox) in a
 /// fresh directory.
-fn demo() -> tempfile::TempDir {
+pub(crate) fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
     for file in ["notes.toml", "notes.transcript.toml"] {

@@ -151,6 +151,14 @@ class AsyncRuntime:
         """Loads and validates the agent file at ``path``."""
         return self._native.load_agent(path)
 
+    def agent_from_dict(
+        self, spec: Mapping[str, Any], *, base_dir: Optional[str] = None
+    ) -> Agent:
+        """Builds and validates an agent from a dict shaped like an agent
+        file; relative paths in it resolve against ``base_dir`` (default:
+        the working directory)."""
+        return self._native.agent_from_dict(dict(spec), base_dir=base_dir)
+
     async def start(
         self,
         agent: Agent,
@@ -280,6 +288,17 @@ class AsyncRuntime:
         waits for, with its ``call_id``), ``input``, ``output``, ``error``."""
         return await self._native.show(run_id)
 
+    async def sessions(self) -> List[Dict[str, Any]]:
+        """Every session, by name: ``runs``, ``active_run`` and
+        ``active_status`` (set while it is busy), ``created_ms``,
+        ``updated_ms``."""
+        return await self._native.sessions()
+
+    async def session_runs(self, session: str) -> List[Dict[str, Any]]:
+        """The runs of ``session`` in the order they started: ``status``,
+        ``input``, ``output``, ``position``, ``history_runs``."""
+        return await self._native.session_runs(session)
+
     async def events(self, run_id: str) -> List[Dict[str, Any]]:
         """The run's log, ``{"seq", "event"}`` per event, in order."""
         return await self._native.events(run_id)
@@ -359,6 +378,12 @@ class Runtime:
     def load_agent(self, path: str) -> Agent:
         """Loads and validates the agent file at ``path``."""
         return self._async.load_agent(path)
+
+    def agent_from_dict(
+        self, spec: Mapping[str, Any], *, base_dir: Optional[str] = None
+    ) -> Agent:
+        """Builds an agent from a dict; see ``AsyncRuntime.agent_from_dict``."""
+        return self._async.agent_from_dict(spec, base_dir=base_dir)
 
     def start(
         self,
@@ -447,6 +472,14 @@ class Runtime:
     def show(self, run_id: str) -> Dict[str, Any]:
         """How the run stands."""
         return self._run(self._async.show(run_id))
+
+    def sessions(self) -> List[Dict[str, Any]]:
+        """Every session, by name."""
+        return self._run(self._async.sessions())
+
+    def session_runs(self, session: str) -> List[Dict[str, Any]]:
+        """The runs of ``session`` in the order they started."""
+        return self._run(self._async.session_runs(session))
 
     def events(self, run_id: str) -> List[Dict[str, Any]]:
         """The run's log, ``{"seq", "event"}`` per event."""

@@ -1,0 +1,106 @@
+//! The web console in a real Chromium (Debian's `chromium`, at
+//! /usr/bin/chromium) driven by Playwright for Python, both installed by
+//! `.ci/run` (Playwright pinned, into target/py-venv): the script
+//! `tests/console/console_test.py` logs in, watches a run started from the
+//! command line stream in, approves its write from the inbox, denies
+//! another with a reason, answers a suspended run through the form made
+//! from its recorded schema, reads the audit view, and checks the CSP and
+//! the CSRF defences. Screenshots go to target/console-screenshots. A
+//! missing browser or Playwright fails the test naming the fix.
+
+use std::path::Path;
+use std::process::Command;
+
+use crate::binary::warden_binary;
+use crate::serve::{add_token, demo, start_server, warden};
+
+/// An agent whose scripted model asks a person for a count (a human tool
+/// with a response schema), then answers with it.
+fn ask_agent(dir: &Path) {
+    std::fs::write(
+        dir.join("ask.toml"),
+        r#"
+name = "ask"
+instructions = "Ask how many, then say it."
+
+[model]
+provider = "scripted"
+name = "demo"
+transcript = "ask.transcript.toml"
+
+[human_tools.ask]
+description = "Ask a person"
+response_schema = '{"type": "object", "required": ["count"], "properties": {"count": {"type": "integer"}, "note": {"type": "string"}}}'
+"#,
+    )
+    .unwrap();
+    std::fs::write(
+        dir.join("ask.transcript.toml"),
+        r#"
+[[turns]]
+text = "Asking."
+[[turns.tool_calls]]
+name = "ask"
+arguments = { question = "how many?" }
+
+[[turns]]
+text = "Counted."
+"#,
+    )
+    .unwrap();
+}
+
+#[test]
+fn the_console_logs_in_streams_a_run_and_decides_in_a_real_browser() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let python = repo.join("target/py-venv/bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import playwright.sync_api"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ready,
+        "Playwright is not installed in {}: run .ci/run's \"Python package\" step",
+        python.display()
+    );
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "no Chromium at /usr/bin/chromium: `apt-get install chromium` (.ci/run does)"
+    );
+    let demo = demo();
+    let dir = demo.path();
+    ask_agent(dir);
+    let token = add_token(dir, "olive", "operator");
+    // The store exists before the server opens it; runs come later.
+    let created = warden(dir, "serve.db")
+        .args(["store", "migrate"])
+        .output()
+        .unwrap();
+    assert!(
+        created.status.success(),
+        "{}",
+        String::from_utf8_lossy(&created.stderr)
+    );
+    let (_server, addr) = start_server(dir, "serve.db");
+    let shots = repo.join("target/console-screenshots");
+    let out = Command::new(&python)
+        .arg(repo.join("tests/console/console_test.py"))
+        .args([&addr, &token])
+        .arg(dir)
+        .arg(warden_binary())
+        .arg("serve.db")
+        .arg(&shots)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the console test failed:\n{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
+    );
+}
