@@ -207,7 +207,7 @@ def test_an_agent_built_from_a_dict_is_the_agent_file_and_runs_in_a_session(
     assert runs[0]["status"] == "completed" and "output" in runs[0]
     assert runs[1]["history_runs"] == 1
     (again,) = rt.sessions()
-    assert again["runs"] == 2 and idle_or_busy["active_run"] == second
+    assert again["runs"] == 2 and again["active_run"] == second
 
     # A dict is checked like a file: a misspelt key, a bad value.
     with pytest.raises(warden.AgentError) as misspelt:
