@@ -6,14 +6,15 @@
 //! write made once; a child waiting for approval parks its parent, and
 //! approving the child then driving the parent continues both; budgets
 //! nest (a child gets at most what its parent has left, and what it uses
-//! is charged to the parent).
+//! is charged to the parent); a fork never drives its source's child.
 
 use std::sync::Arc;
 
 use serde_json::json;
 use warden::engine::events::{Event, ToolCallResult};
 use warden::engine::{
-    Agent, BudgetKind, ReplayOptions, RunId, RunStatus, RuntimeError, StartOptions,
+    Agent, BudgetKind, BudgetLimits, ChildRefusal, ForkOptions, ReplayOptions, RunId, RunStatus,
+    RuntimeError, StartOptions,
 };
 use warden::store::{EventStore, MemoryStore, RunFilter, SqliteStore};
 
@@ -522,4 +523,64 @@ fn an_agent_calling_itself_is_refused() {
     let err = Agent::load(&dir.path().join("a.toml"), None).unwrap_err();
     assert!(err.to_string().contains("calls itself"), "{err}");
     assert!(err.to_string().contains("agents.next.agent"), "{err}");
+}
+
+/// A fork that inherits a child in flight does not drive its source's
+/// child: every drive of the fork is refused, typed, naming the child's
+/// parent, and writes nothing; the source goes on as before.
+#[tokio::test]
+async fn a_fork_never_drives_the_child_its_source_started() {
+    let fx = Fixture::new();
+    let agent = planner(&fx, true, "", "");
+    let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let rt = runtime(store.clone());
+    let run = rt
+        .start(&agent, json!("plan"), StartOptions::new().id(id("plan")))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingChild
+    );
+    let at = rt.events(&run).await.unwrap().len() as u64;
+    let fork = rt
+        .fork(
+            &run,
+            at,
+            ForkOptions {
+                agent: &agent,
+                source_agent: Some(&agent),
+                budgets: BudgetLimits::default(),
+                run_id: Some(id("plan-fork")),
+                by: "ops".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let before = rt.events(&child(&run, 1)).await.unwrap();
+    match rt.drive(&fork, &agent).await {
+        Err(RuntimeError::ChildRefused { run_id, reason }) => {
+            assert_eq!(run_id, fork);
+            assert_eq!(
+                reason,
+                ChildRefusal::NotThisCall {
+                    child_run: child(&run, 1),
+                    parent: Some(run.clone()),
+                }
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(rt.events(&child(&run, 1)).await.unwrap(), before);
+    // The source still drives its own child.
+    let call = match rt.state(&child(&run, 1)).await.unwrap().parked() {
+        Some(warden::engine::state::Parked::Approval { call }) => call.call_id.clone(),
+        other => panic!("{other:?}"),
+    };
+    rt.approve(&child(&run, 1), &call, "alice").await.unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingChild
+    );
+    assert_eq!(fx.effects(), 1);
 }

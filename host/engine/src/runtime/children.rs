@@ -41,12 +41,17 @@ use crate::view::ToolTarget;
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum ChildRefusal {
-    /// The run the call's child id names exists and is not this call's
-    /// child.
-    #[error("run `{child_run}` exists and is not the child of this call")]
+    /// The run the call's child id names is not this call's child: a run
+    /// of that id was there already, or this run is a fork that
+    /// inherited its source's child in flight (the source drives it; the
+    /// fork cannot know what it did until it ends, so abandon the fork or
+    /// fork again before the call).
+    #[error("run `{child_run}` is not the child of this call{}", .parent.as_ref().map(|p| format!(" (it is run `{p}`'s)")).unwrap_or_default())]
     NotThisCall {
         /// The run.
         child_run: RunId,
+        /// The parent it names, if any.
+        parent: Option<RunId>,
     },
     /// The call's tool is no longer an agent of the parent's agent.
     #[error("`{tool}` is no longer an agent this agent calls")]
@@ -118,18 +123,9 @@ impl Runtime {
             .await;
         match created {
             Ok(_) => self.publish(&start.child_run, 1, started),
+            // A start a crash cut short: the child is there already.
             Err(StoreError::AlreadyExists { .. }) => {
-                // A start a crash cut short: the child is there already.
-                let events = self.load_events(&start.child_run).await?;
-                if !matches!(events.first(), Some(Event::RunStarted(s)) if s.parent.as_ref() == Some(&link))
-                {
-                    return Err(RuntimeError::ChildRefused {
-                        run_id: log.run_id.clone(),
-                        reason: ChildRefusal::NotThisCall {
-                            child_run: start.child_run,
-                        },
-                    });
-                }
+                self.check_parent(&start.child_run, &link).await?;
             }
             Err(error) => return Err(error.into()),
         }
@@ -146,6 +142,14 @@ impl Runtime {
         drive: ChildDrive,
     ) -> Result<Step, RuntimeError> {
         let agent = child_agent(log, prepared, &drive.call_id)?;
+        // Only this call's own child is driven: a fork that inherited a
+        // child in flight names its source's child, which the source
+        // drives (see `ChildRefusal::NotThisCall`).
+        let link = ParentLink {
+            run_id: log.run_id.clone(),
+            call_id: drive.call_id.clone(),
+        };
+        self.check_parent(&drive.child_run, &link).await?;
         let status = match self.recover_child(&drive.child_run, &agent).await {
             Ok(status) => status,
             // A write of the child's with no recorded outcome: the child
@@ -201,6 +205,28 @@ impl Runtime {
             child_run: drive.child_run,
             status,
         }))
+    }
+
+    /// Refuses `child_run` unless its `run_started` names `link`.
+    async fn check_parent(&self, child_run: &RunId, link: &ParentLink) -> Result<(), RuntimeError> {
+        let first = self.inner.store.load(child_run).await?;
+        let named = first
+            .first()
+            .and_then(|s| crate::events::decode(&s.bytes).ok())
+            .and_then(|e| match e {
+                Event::RunStarted(s) => s.parent,
+                _ => None,
+            });
+        if named.as_ref() == Some(link) {
+            return Ok(());
+        }
+        Err(RuntimeError::ChildRefused {
+            run_id: link.run_id.clone(),
+            reason: ChildRefusal::NotThisCall {
+                child_run: child_run.clone(),
+                parent: named.map(|p| p.run_id),
+            },
+        })
     }
 
     /// [`Runtime::recover`] of a child, boxed: a child's drive may start
