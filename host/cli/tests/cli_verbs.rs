@@ -259,7 +259,7 @@ fn one_status_vocabulary_in_list_show_and_filters() {
     let help = stdout(&warden(&["runs", "list", "--help"], dir.path()));
     let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        words.contains("queued, running, awaiting_approval, suspended, awaiting_external, budget_exceeded, waiting, needs_reconciliation, completed, failed, cancelled, abandoned"),
+        words.contains("queued, running, awaiting_approval, suspended, awaiting_external, awaiting_child, budget_exceeded, waiting, needs_reconciliation, completed, failed, cancelled, abandoned"),
         "{help}"
     );
 }
