@@ -266,6 +266,7 @@ mod tests {
             agent_file: None,
             session: Some(session),
             limits: None,
+            parent: None,
         }
     }
 
