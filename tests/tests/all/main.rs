@@ -119,6 +119,7 @@ mod hostile;
 mod intercepted;
 mod isolation;
 mod journal;
+mod js_guest;
 mod kill;
 mod kinds;
 mod layers;
