@@ -96,5 +96,12 @@ async fn check(
             Some(_) => {}
         }
     }
-    Ok(next.run(request).await)
+    let ends_session = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    // rmcp answers a session's DELETE with 202; MCP clients (the Python
+    // SDK among them) take 200 or 204 as "terminated".
+    if ends_session && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    Ok(response)
 }

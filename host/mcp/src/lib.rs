@@ -74,7 +74,13 @@ pub enum McpError {
     },
     /// The engine refused (loading the agent's plugins, the store).
     #[error(transparent)]
-    Runtime(#[from] RuntimeError),
+    Runtime(Box<RuntimeError>),
+}
+
+impl From<RuntimeError> for McpError {
+    fn from(error: RuntimeError) -> Self {
+        McpError::Runtime(Box::new(error))
+    }
 }
 
 impl McpError {
@@ -84,7 +90,7 @@ impl McpError {
             McpError::Unservable { .. } => "agent_unservable",
             McpError::Unprotected { .. } => "mcp_unprotected",
             McpError::Failed { .. } => "mcp_failed",
-            McpError::Runtime(e) => warden::errors::code_of(e).0,
+            McpError::Runtime(e) => warden::errors::code_of(&**e).0,
         }
     }
 
@@ -96,7 +102,7 @@ impl McpError {
                 json!({ "addr": addr.to_string(), "env": env })
             }
             McpError::Failed { .. } => json!({}),
-            McpError::Runtime(e) => warden::errors::code_of(e).1,
+            McpError::Runtime(e) => warden::errors::code_of(&**e).1,
         }
     }
 }

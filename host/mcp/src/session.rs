@@ -265,12 +265,13 @@ impl Session {
                 _ = &mut told => break None,
                 joined = drive => {
                     active.drive = None;
-                    let ended = joined.unwrap_or_else(|e| {
-                        Err(RuntimeError::Agent {
+                    let ended = match joined {
+                        Ok(ended) => ended,
+                        Err(e) => Err(RuntimeError::Agent {
                             agent: self.served.agent.name.clone(),
                             message: format!("the session's drive stopped: {e}"),
-                        })
-                    });
+                        }),
+                    };
                     match ended {
                         Ok(RunStatus::AwaitingApproval) => {
                             denial = self.decide(&active.run_id, peer).await?;
