@@ -2,7 +2,7 @@
 //! Host and Origin checks `warden serve` makes (DNS rebinding: a page on
 //! another site that points its name at 127.0.0.1 is refused) and, when a
 //! token is set, `Authorization: Bearer <token>`. Each MCP session the
-//! service opens is a [`McpSession`](super::session::McpSession): one run.
+//! service opens is a `session::McpSession`: one run.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
