@@ -12,6 +12,8 @@
 //! - [`state`]: folding, [`RunStatus`], the conversation.
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
+//! - [`child_agents`]: agents as tools: `[agents.<name>]`, child run ids,
+//!   nested budgets.
 //! - [`channels`]: delivery channels: what each receives, the delivery
 //!   events, the next delivery a run owes, backoff.
 //! - [`retry`]: the one retry layer for model calls: attempts, backoff,
@@ -46,6 +48,7 @@ pub mod agent;
 pub mod budget;
 pub mod canonical;
 pub mod channels;
+pub mod child_agents;
 pub mod compaction;
 pub mod context;
 pub mod decide;
@@ -83,8 +86,8 @@ pub use policy_hooks::{
 pub use replay::{ReplayError, ReplayOptions, replay};
 pub use retry::{RetryPolicy, RetrySleep, TokioSleep};
 pub use runtime::{
-    Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions, ForkRefusal, OsRandom, Random,
-    RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
+    ChildRefusal, Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions, ForkRefusal,
+    OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
 };
 pub use session::SessionRun;
 pub use start::StartOptions;
