@@ -814,6 +814,14 @@ impl Runtime {
         &self.inner.store
     }
 
+    /// The tools a run of `agent` offers its model and accepts from it, by
+    /// the names the model calls them, with their effective effect classes
+    /// and approval rules: the agent's plugins loaded under their grants,
+    /// as a run would (`warden mcp serve` lists these).
+    pub async fn tools(&self, agent: &Agent) -> Result<Vec<super::view::AgentTool>, RuntimeError> {
+        Ok(self.prepare(agent).await?.view.tools.clone())
+    }
+
     /// Starts a run of `agent` on `input`, as `options` say (its id, labels
     /// of its own, its session; see [`StartOptions`]). The run is recorded,
     /// not driven: call [`drive`](Self::drive). An id with any history is
