@@ -1504,6 +1504,9 @@ impl Runtime {
         by: Option<&str>,
         reason: Option<String>,
     ) -> Result<(), RuntimeError> {
+        // Its child first: a driver of this run waiting on the child then
+        // records how the child ended and stops.
+        self.cancel_child(run_id, by, reason.clone()).await?;
         let asked = Cancellation {
             reason,
             by: by.map(str::to_owned),
