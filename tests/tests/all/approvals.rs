@@ -96,12 +96,26 @@ fn grants(events: &[Event]) -> Vec<ApprovalGranted> {
         .collect()
 }
 
-/// The approval request's call and digest, from the run's last event.
+/// The call awaiting approval and its digest, as the last approval request
+/// recorded it (the same as the call's own).
 async fn pending(rt: &Runtime, run: &RunId) -> (warden::engine::CallId, CallDigest) {
-    match rt.events(run).await.unwrap().last().unwrap() {
-        Event::ApprovalRequested(a) => (a.call_id.clone(), a.digest.clone().expect("a digest")),
-        other => panic!("expected an approval request, got {other:?}"),
-    }
+    let state = rt.state(run).await.unwrap();
+    assert_eq!(state.status(), RunStatus::AwaitingApproval);
+    let call = state.next_call().unwrap();
+    let requested = rt
+        .events(run)
+        .await
+        .unwrap()
+        .into_iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::ApprovalRequested(a) => Some(a),
+            _ => None,
+        })
+        .expect("an approval request");
+    assert_eq!(requested.call_id, call.call_id);
+    assert_eq!(requested.digest.as_ref(), Some(&call.digest()));
+    (call.call_id.clone(), call.digest())
 }
 
 #[tokio::test]
@@ -469,7 +483,8 @@ async fn at_most_once_under_kills_and_takeovers(
     // The control run counts the appends of an uninterrupted drive, made
     // as the cases make theirs: submitted, then driven under a claim.
     let control_store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
-    let control = runtime(control_store.clone());
+    let counted = crashing(control_store.clone(), u64::MAX, CrashPoint::BeforeWrite);
+    let control = runtime(counted.clone());
     control.add_rule(appends(), "api:ops", None).await.unwrap();
     let run = id("control");
     control
@@ -487,10 +502,11 @@ async fn at_most_once_under_kills_and_takeovers(
             .unwrap(),
         RunStatus::Completed
     );
-    let appends_made = control.events(&run).await.unwrap().len() as u64 - 1;
+    // One append may carry two events (a rule's grant with its request).
+    let appends_made = counted.hooks.appends.load(Ordering::SeqCst);
     assert_eq!(fx.effects(), 1);
 
-    let mut cases = 0;
+    let (mut cases, mut parked, mut withdrawn) = (0, 0, 0);
     for at in 0..appends_made {
         for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
             for revoke in [false, true] {
@@ -541,6 +557,13 @@ async fn at_most_once_under_kills_and_takeovers(
                     Ok(RunStatus::AwaitingApproval) => {
                         assert!(revoke, "{case}: a standing rule left the call to a human");
                         assert_eq!(ran, 0, "{case}");
+                        parked += 1;
+                        let events = b.events(&run).await.unwrap();
+                        if !withdrawals(&events).is_empty() {
+                            // A granted the call; the revocation reached it.
+                            assert_eq!(withdrawals(&events), [WithdrawReason::RuleRevoked]);
+                            withdrawn += 1;
+                        }
                         // A human approves the call itself: it runs, once.
                         let (call, _) = pending(&b, &run).await;
                         b.approve(&run, &call, "alice").await.unwrap();
@@ -571,6 +594,12 @@ async fn at_most_once_under_kills_and_takeovers(
         }
     }
     assert_eq!(cases as u64, appends_made * 4, "{kind}");
+    // Both ways a revocation stops a call were reached: before the rule
+    // granted it, and after the grant but before the call ran.
+    assert!(
+        parked > withdrawn && withdrawn > 0,
+        "{kind}: {parked} parked, {withdrawn} withdrawn"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
