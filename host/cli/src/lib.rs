@@ -50,6 +50,7 @@ mod serve;
 mod sessions;
 mod status;
 mod store;
+mod tree;
 mod witness;
 mod worker;
 
@@ -98,7 +99,7 @@ enum Command {
     /// Operate runs: list, show, events, verify, recover, approve, deny,
     /// resume, complete, resolve, abandon, cancel, prune. A run is queued,
     /// running, awaiting_approval, suspended, awaiting_external,
-    /// budget_exceeded, waiting, needs_reconciliation, completed, failed,
+    /// awaiting_child, budget_exceeded, waiting, needs_reconciliation, completed, failed,
     /// cancelled or abandoned.
     #[command(subcommand)]
     Runs(runs::RunsCommand),

@@ -22,6 +22,12 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
                 s.agent,
                 short(&s.input, 200)
             );
+            if let Some(parent) = &s.parent {
+                line.push_str(&format!(
+                    "\n  as a child of run {} (its call {})",
+                    parent.run_id, parent.call_id
+                ));
+            }
             if let Some(session) = &s.session {
                 line.push_str(&format!(
                     "\n  in session {} (run #{}, history of {} completed run(s), {} message(s))",
@@ -338,6 +344,39 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
                 .map(|n| format!(" ({n})"))
                 .unwrap_or_default()
         ),
+        Event::ChildStarted(c) => format!(
+            "↳ {}: started child run {} of agent `{}` with input {}{}",
+            c.call_id,
+            c.child_run,
+            c.agent,
+            short(&c.input, 200),
+            if c.capped.is_empty() {
+                String::new()
+            } else {
+                format!(
+                    " (capped by what this run had left: {})",
+                    c.capped
+                        .iter()
+                        .map(|k| k.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            }
+        ),
+        Event::ChildParked(p) => format!(
+            "⏸ {}: child run {} is {}: this run waits for it",
+            p.call_id, p.child_run, p.status
+        ),
+        Event::ChildFinished(f) => format!(
+            "↲ {}: child run {} {}: {}",
+            f.call_id,
+            f.child_run,
+            f.status,
+            match &f.result {
+                ToolCallResult::Output(v) => short(v, 200),
+                ToolCallResult::Error(e) => e.to_string(),
+            }
+        ),
         Event::KeyReleased(r) => format!(
             "⟳ idempotency key {} of {} released by {}{}",
             r.key,
@@ -561,6 +600,27 @@ pub(crate) fn next_steps(
                     "resume",
                     format!("warden runs resume {run_id}"),
                 )]
+            }),
+        RunStatus::AwaitingChild => events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                Event::ChildParked(p) => Some((p.child_run.to_string(), p.status)),
+                _ => None,
+            })
+            .map(|(child, child_status)| {
+                vec![
+                    step(
+                        &format!("its child run {child} is {child_status}: see what it needs with"),
+                        "show",
+                        format!("warden runs show {child}"),
+                    ),
+                    step(
+                        "then, once the child was answered, continue both with",
+                        "resume",
+                        format!("warden runs resume {run_id}"),
+                    ),
+                ]
             }),
         RunStatus::AwaitingExternal => events
             .iter()

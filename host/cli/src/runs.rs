@@ -257,8 +257,8 @@ pub(crate) enum RunsCommand {
 #[derive(Debug, Args)]
 pub(crate) struct ListArgs {
     /// Only runs with this status (repeatable): queued, running,
-    /// awaiting_approval, suspended, awaiting_external, budget_exceeded,
-    /// waiting, needs_reconciliation, completed, failed, cancelled,
+    /// awaiting_approval, suspended, awaiting_external, awaiting_child,
+    /// budget_exceeded, waiting, needs_reconciliation, completed, failed, cancelled,
     /// abandoned.
     #[arg(long)]
     status: Vec<String>,
@@ -1067,8 +1067,9 @@ async fn resume(
             continue_run(ctx, rt, run, plan).await
         }
         // A waiting run is recovered like a running one: its drive ends
-        // the wait if it is due, and reports it waiting if not.
-        RunStatus::Running | RunStatus::Waiting => {
+        // the wait if it is due, and reports it waiting if not. A run
+        // awaiting its child drives the child, and goes on once it ended.
+        RunStatus::Running | RunStatus::Waiting | RunStatus::AwaitingChild => {
             let listed = rt.store().summary(run).await?.status;
             let shown = super::status::shown(&listed, status);
             if input.is_some() {
@@ -1378,6 +1379,7 @@ async fn follow(
         RunStatus::AwaitingApproval
         | RunStatus::Suspended
         | RunStatus::AwaitingExternal
+        | RunStatus::AwaitingChild
         | RunStatus::BudgetExceeded
         | RunStatus::Waiting => Err(Exit::Parked.into()),
         RunStatus::NeedsReconciliation => Err(Exit::NeedsReconciliation.into()),
@@ -1748,6 +1750,7 @@ async fn show(
     let status = super::status::shown(&summary.status, derived);
     let stalled = super::status::stalled(&summary, now_ms(), DEFAULT_STALLED_AFTER_MS);
     let lineage = lineage(&*store, run, &state, &stored).await?;
+    let children = super::tree::children(&*store, &events, 0).await;
     // The limits: what the log records was in force when the run started,
     // with the recorded extensions. Only a log written before limits were
     // recorded falls back to the agent file as it is now.
@@ -1819,6 +1822,8 @@ async fn show(
                 "prefix": prefix.as_str(),
             })),
             "forks": lineage.forks.iter().map(|(id, at)| json!({ "run_id": id, "position": at })).collect::<Vec<_>>(),
+            "parent": super::tree::parent(&events),
+            "children": super::tree::json(&children),
         });
         for (key, value) in more.as_object().expect("an object") {
             body[key] = value.clone();
@@ -1850,6 +1855,17 @@ async fn show(
             format!(" · {}", labels.join(","))
         }
     );
+    if let Some(parent) = super::tree::parent(&events) {
+        println!(
+            "child of run {} (its call {})",
+            parent.run_id, parent.call_id
+        );
+    }
+    if !children.is_empty() {
+        let mut lines = Vec::new();
+        super::tree::lines(&children, 0, &mut lines);
+        println!("children:\n{}", lines.join("\n"));
+    }
     if let Some((f, prefix)) = &lineage.from {
         println!(
             "forked from run {} at position {}{} · inherited events {}",

@@ -11,12 +11,13 @@ use warden::store::{QUEUED, RunSummary};
 use super::contract::NextStep;
 
 /// Every status, in the order of docs/operating-runs.md's table.
-pub(crate) const ALL: [&str; 12] = [
+pub(crate) const ALL: [&str; 13] = [
     QUEUED,
     "running",
     "awaiting_approval",
     "suspended",
     "awaiting_external",
+    "awaiting_child",
     "budget_exceeded",
     "waiting",
     "needs_reconciliation",

@@ -259,7 +259,7 @@ fn one_status_vocabulary_in_list_show_and_filters() {
     let help = stdout(&warden(&["runs", "list", "--help"], dir.path()));
     let words = help.split_whitespace().collect::<Vec<_>>().join(" ");
     assert!(
-        words.contains("queued, running, awaiting_approval, suspended, awaiting_external, budget_exceeded, waiting, needs_reconciliation, completed, failed, cancelled, abandoned"),
+        words.contains("queued, running, awaiting_approval, suspended, awaiting_external, awaiting_child, budget_exceeded, waiting, needs_reconciliation, completed, failed, cancelled, abandoned"),
         "{help}"
     );
 }
@@ -615,4 +615,93 @@ fn runs_fork_reuses_the_past_asks_again_for_the_write_and_shows_lineage() {
     }
     let out = warden(&["runs", "show", "demo-9"], dir.path());
     assert!(!out.status.success());
+}
+
+/// The planner example: offline, its two agents run as child runs; `runs
+/// show` shows the tree both ways; without the writer's approval rule the
+/// writer waits for approval, listed with every other run, its parent
+/// `awaiting_child`, and approving it then resuming the planner finishes
+/// both.
+#[test]
+fn the_planner_example_runs_its_agents_as_child_runs_and_a_waiting_child_parks_it() {
+    let dir = demo();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
+    for name in ["planner", "reader", "writer"] {
+        for file in [format!("{name}.toml"), format!("{name}.transcript.toml")] {
+            std::fs::copy(examples.join(&file), dir.path().join(&file)).unwrap();
+        }
+    }
+    let out = warden(
+        &["run", "planner.toml", "Plan the week", "--run-id", "plan-1"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let plan = dir.path().join("out/plan.md");
+    assert!(
+        std::fs::read_to_string(&plan)
+            .unwrap()
+            .starts_with("# Plan")
+    );
+    let shown = json_out(&warden(&["--json", "runs", "show", "plan-1"], dir.path()));
+    let children = shown["children"].as_array().unwrap();
+    assert_eq!(children.len(), 2, "{shown}");
+    assert_eq!(children[0]["run_id"], "plan-1.call-1-1");
+    assert_eq!(children[0]["agent"], "reader");
+    assert_eq!(children[0]["status"], "completed");
+    assert_eq!(children[1]["run_id"], "plan-1.call-2-1");
+    assert_eq!(children[1]["agent"], "writer");
+    let text = stdout(&warden(&["runs", "show", "plan-1"], dir.path()));
+    assert!(
+        text.contains("↳ call-1-1 → run plan-1.call-1-1 (agent reader) completed"),
+        "{text}"
+    );
+    assert!(text.contains("started child run plan-1.call-2-1"), "{text}");
+    let child = json_out(&warden(
+        &["--json", "runs", "show", "plan-1.call-2-1"],
+        dir.path(),
+    ));
+    assert_eq!(child["parent"]["run_id"], "plan-1");
+    assert_eq!(child["parent"]["call_id"], "call-2-1");
+    let text = stdout(&warden(&["runs", "show", "plan-1.call-2-1"], dir.path()));
+    assert!(
+        text.contains("child of run plan-1 (its call call-2-1)"),
+        "{text}"
+    );
+
+    // The writer's write now needs approval.
+    std::fs::remove_file(&plan).unwrap();
+    let writer = std::fs::read_to_string(dir.path().join("writer.toml"))
+        .unwrap()
+        .replace("approval = { write_file = \"never\" }\n", "");
+    std::fs::write(dir.path().join("writer.toml"), writer).unwrap();
+    let out = warden(
+        &["run", "planner.toml", "Plan the week", "--run-id", "plan-2"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "parked: {}", stderr(&out));
+    let listed = json_out(&warden(
+        &["--json", "runs", "list", "--status", "awaiting_approval"],
+        dir.path(),
+    ));
+    let ids: Vec<&str> = listed
+        .as_array()
+        .unwrap_or_else(|| panic!("{listed}"))
+        .iter()
+        .map(|r| r["run_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, ["plan-2.call-2-1"], "{listed}");
+    let parent = json_out(&warden(&["--json", "runs", "show", "plan-2"], dir.path()));
+    assert_eq!(parent["status"], "awaiting_child", "{parent}");
+    assert_eq!(parent["children"][1]["status"], "awaiting_approval");
+    assert!(!plan.exists(), "nothing written before approval");
+    let out = warden(
+        &["runs", "approve", "plan-2.call-2-1", "call-1-1"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(plan.exists());
+    let out = warden(&["--json", "runs", "resume", "plan-2"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = json_out(&warden(&["--json", "runs", "show", "plan-2"], dir.path()));
+    assert_eq!(shown["status"], "completed", "{shown}");
 }

@@ -65,6 +65,10 @@
 //! output_schema = '{"type": "object"}'     # `Runtime::complete_external`
 //! must_match = ["invoice_id"]            # output fields that must equal the arguments'
 //!
+//! [agents.worker]                       # another agent the model may call as a tool: a
+//! agent = "worker.toml"                  # child run (see child_agents.rs for the keys)
+//! description = "Does one part"
+//!
 //! [channels.outbox]                      # a delivery channel: deliveries are recorded
 //! plugin = "outbox"                      # effects; the key of a channel plugin in [plugins]
 //! receives = ["output", "parked"]        # output | failures | parked | events; default output
@@ -132,6 +136,7 @@ use super::channels::{
     BACKOFF_CAP_LIMIT_MS, Channel, DEFAULT_BACKOFF_CAP_MS, DEFAULT_BACKOFF_MS,
     DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, Receives,
 };
+use super::child_agents::{AgentCall, AgentCallEntry, load_calls};
 use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
@@ -233,6 +238,8 @@ struct AgentFile {
     human_tools: BTreeMap<String, HumanToolEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     external_tools: BTreeMap<String, ExternalToolEntry>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    agents: BTreeMap<String, AgentCallEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     channels: BTreeMap<String, ChannelEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -366,6 +373,8 @@ pub struct Agent {
     pub human_tools: Vec<HumanTool>,
     /// The tools the embedding application performs itself, in name order.
     pub external_tools: Vec<ExternalTool>,
+    /// The agents it may call as tools (child runs), in name order.
+    pub agents: Vec<AgentCall>,
     /// Its delivery channels, in name order.
     pub channels: Vec<Channel>,
     /// The policies it enables, in name order.
@@ -584,7 +593,7 @@ fn is_valid_name(name: &str) -> bool {
 
 /// Whether `name` is a valid human tool name: a valid tool name without
 /// `__`, so it cannot collide with a plugin tool's `<key>__<tool>`.
-fn is_valid_human_tool_name(name: &str) -> bool {
+pub(crate) fn is_valid_human_tool_name(name: &str) -> bool {
     warden_plugins::tool::is_valid_tool_name(name) && !name.contains("__")
 }
 
@@ -1097,6 +1106,7 @@ fn validate(
     // A schema read from a file is digested by its content: editing the file
     // changes the agent.
     let schema_from_file = file.output_schema_file.as_ref().and(output_schema.as_ref());
+    let agents = load_calls(&mut resolved.agents, path, base, defaults, &json_object)?;
     let digest = digest(&resolved, &section, schema_from_file);
     Ok(Agent {
         path: path.to_owned(),
@@ -1115,6 +1125,7 @@ fn validate(
         plugins,
         human_tools,
         external_tools,
+        agents,
         channels,
         policies,
         budgets,

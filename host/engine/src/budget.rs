@@ -183,7 +183,8 @@ impl BudgetLimits {
 }
 
 /// What a run has used, folded from its log.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct BudgetUsage {
     /// Model calls completed.
     pub steps: u64,

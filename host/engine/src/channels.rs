@@ -570,6 +570,7 @@ mod tests {
             agent_file: None,
             session: None,
             limits: None,
+            parent: None,
         })
     }
 

@@ -15,6 +15,9 @@
 //! | next call names no tool, or its arguments fail the tool's schema | [`Action::RejectToolCall`] |
 //! | next call pending, a `before_tool_call` policy has not decided | [`Action::ConsultPolicy`] |
 //! | next call is a human tool                   | [`Action::Park`] (suspend, with the answer's schema) |
+//! | next call is an agent (`[agents.<name>]`), budgets left | [`Action::StartChild`] (its budgets capped by the parent's remaining) |
+//! | … a budget the child would need used up     | [`Action::Park`] (budget exceeded) |
+//! | a child run started and not finished (running, or found waiting) | [`Action::DriveChild`] |
 //! | next call pending, budget used up, or a model budget crossed | [`Action::Park`] (budget exceeded) |
 //! | next call pending, wall-time budget, clock stale | [`Action::ObserveClock`] |
 //! | next call pending and needs approval        | [`Action::RequestApproval`] |
@@ -53,6 +56,7 @@ use super::budget::{
     BudgetKind, BudgetOverrun, Pricing, first_crossed, first_exhausted, input_overrun,
 };
 use super::canonical::{RequestHasher, request_hash, request_size};
+use super::child_agents::{ChildStarted, child_limits, child_run_id};
 use super::compaction::{cut, estimate_tokens, request as compaction_request};
 use super::context::{ContextOutcome, ContextState, OnContextError, ResolveWhen};
 use super::events::{
@@ -117,8 +121,23 @@ pub enum Action {
     Park(Park),
     /// The run cannot go on.
     Fail(RunError),
+    /// Start the child run of a call to another agent: create it, then
+    /// record `child_started`.
+    StartChild(ChildStarted),
+    /// Drive the child run of the call in flight, then record how it ended
+    /// (or that it waits).
+    DriveChild(ChildDrive),
     /// Nothing to do until a human acts, or ever.
     Idle(Idle),
+}
+
+/// The child run to drive: the call in flight and its child.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ChildDrive {
+    /// The parent's call.
+    pub call_id: CallId,
+    /// The child run.
+    pub child_run: RunId,
 }
 
 impl Action {
@@ -143,6 +162,8 @@ impl Action {
             | Action::ConsultPolicy(_)
             | Action::ResolveContext(_)
             | Action::Compact(_)
+            | Action::StartChild(_)
+            | Action::DriveChild(_)
             | Action::Idle(_) => None,
         }
     }
@@ -481,6 +502,15 @@ pub enum Idle {
         /// The call.
         call_id: CallId,
     },
+    /// The child run of a call waits (`status`).
+    AwaitingChild {
+        /// The call.
+        call_id: CallId,
+        /// The child run.
+        child_run: RunId,
+        /// The child's status.
+        status: RunStatus,
+    },
     /// A budget is used up.
     BudgetExceeded(BudgetOverrun),
     /// A failed model call's next attempt is due at `until_ms`: a driver
@@ -582,6 +612,17 @@ fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -
     if state.terminal.is_some() {
         return Action::Idle(Idle::Terminal(state.status()));
     }
+    if let Some(Parked::Child {
+        call_id, child_run, ..
+    }) = state.parked()
+    {
+        // The child may have moved on since it was found waiting: driving
+        // the parent drives the child.
+        return Action::DriveChild(ChildDrive {
+            call_id: call_id.clone(),
+            child_run: child_run.clone(),
+        });
+    }
     if let Some(parked) = state.parked() {
         return Action::Idle(match parked {
             Parked::Approval { call } => Idle::AwaitingApproval {
@@ -603,6 +644,7 @@ fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -
             Parked::Hold(hold) => Idle::ReconciliationRequired {
                 since_ms: hold.since_ms,
             },
+            Parked::Child { .. } => unreachable!("a waiting child is driven above"),
         });
     }
     if let ModelCallProgress::InFlight { step, attempt, .. } = state.model_call {
@@ -619,6 +661,12 @@ fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -
             intent: intent.clone(),
             attempt: failed + 1,
             recorded: true,
+        });
+    }
+    if let Some((call_id, child_run)) = state.child_in_flight() {
+        return Action::DriveChild(ChildDrive {
+            call_id: call_id.clone(),
+            child_run: child_run.clone(),
         });
     }
     if state.invalid_calls_in_a_row >= view.max_invalid_tool_calls {
@@ -985,9 +1033,34 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
             output_schema: output_schema.clone(),
             must_match: must_match.clone(),
         })),
-        // An approved call whose tool became a human or external tool: the
-        // agent changed under the run. Refuse it rather than guess.
-        (ToolTarget::Human { .. } | ToolTarget::External { .. }, _) => {
+        (ToolTarget::Agent { budgets, agent }, ToolCallProgress::Pending) => {
+            gated_tool(state, view, || {
+                let limits = state.effective_limits(&view.budgets);
+                match child_limits(budgets, &agent.budgets, &limits, &state.usage) {
+                    Ok((budgets, capped)) => Action::StartChild(ChildStarted {
+                        call_id: call.call_id.clone(),
+                        child_run: child_run_id(&state.run_id, &call.call_id),
+                        agent: agent.name.clone(),
+                        agent_digest: agent.digest.clone(),
+                        input: call.call.arguments.clone(),
+                        budgets,
+                        capped,
+                    }),
+                    // Nothing left to give: the parent parks, as it would
+                    // before spending it itself.
+                    Err(kind) => Action::Park(Park::BudgetExceeded(BudgetOverrun {
+                        budget: kind,
+                        used: state.usage.get(kind),
+                        limit: limits.get(kind).unwrap_or_default(),
+                        needed: None,
+                    })),
+                }
+            })
+        }
+        // An approved call whose tool became a human, external or agent
+        // tool: the agent changed under the run. Refuse it rather than
+        // guess.
+        (ToolTarget::Human { .. } | ToolTarget::External { .. } | ToolTarget::Agent { .. }, _) => {
             reject(ToolCallError::Unavailable {
                 message: format!("`{}` is no longer a plugin tool", tool.name),
             })

@@ -23,6 +23,7 @@ use super::budget::{BudgetLimits, BudgetOverrun, Pricing, RecordedLimits};
 pub use super::channels::{
     DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
 };
+pub use super::child_agents::{ChildFinished, ChildParked, ChildStarted, ParentLink};
 use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
 use warden_plugins::grant::EffectClass;
@@ -155,6 +156,15 @@ pub enum Event {
     /// (reused, never executed again). From here on the run is its own,
     /// with the agent and limits recorded here.
     RunForked(RunForked),
+    /// A call to another agent started a child run (already created, its
+    /// id derived from this run's and the call's).
+    ChildStarted(ChildStarted),
+    /// The child run of the call in flight waits (for a human, the
+    /// application, a timer): so does this run, at the call.
+    ChildParked(ChildParked),
+    /// The child run of the call in flight ended: its output (or how it
+    /// ended) is the call's result, and what it used is charged here.
+    ChildFinished(ChildFinished),
 }
 
 /// The kind of an [`Event`], as its `type` tag.
@@ -249,11 +259,17 @@ pub enum EventKind {
     KeySettled,
     /// [`Event::RunForked`].
     RunForked,
+    /// [`Event::ChildStarted`].
+    ChildStarted,
+    /// [`Event::ChildParked`].
+    ChildParked,
+    /// [`Event::ChildFinished`].
+    ChildFinished,
 }
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 44] = [
+    pub const ALL: [EventKind; 47] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -297,6 +313,9 @@ impl EventKind {
         EventKind::KeyReleased,
         EventKind::KeySettled,
         EventKind::RunForked,
+        EventKind::ChildStarted,
+        EventKind::ChildParked,
+        EventKind::ChildFinished,
         EventKind::ApprovalWithdrawn,
     ];
 
@@ -347,6 +366,9 @@ impl EventKind {
             EventKind::KeyReleased => "key_released",
             EventKind::KeySettled => "key_settled",
             EventKind::RunForked => "run_forked",
+            EventKind::ChildStarted => "child_started",
+            EventKind::ChildParked => "child_parked",
+            EventKind::ChildFinished => "child_finished",
         }
     }
 
@@ -452,6 +474,9 @@ impl Event {
             Event::KeyReleased(_) => EventKind::KeyReleased,
             Event::KeySettled(_) => EventKind::KeySettled,
             Event::RunForked(_) => EventKind::RunForked,
+            Event::ChildStarted(_) => EventKind::ChildStarted,
+            Event::ChildParked(_) => EventKind::ChildParked,
+            Event::ChildFinished(_) => EventKind::ChildFinished,
         }
     }
 
@@ -497,6 +522,10 @@ pub struct RunStarted {
     /// agent's limits apply then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub limits: Option<RecordedLimits>,
+    /// The parent run and call, when this run is a child run (an agent
+    /// called as a tool). Omitted for a run started on its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentLink>,
 }
 
 /// The session part of [`RunStarted`]: which session, and the transcripts of
@@ -904,6 +933,16 @@ pub enum ToolCallError {
     MissingIdempotencyKey {
         /// The argument.
         field: String,
+    },
+    /// The agent called as a tool (a child run) did not complete.
+    #[error("the agent's run `{child_run}` ended {status}: {message}")]
+    ChildEnded {
+        /// The child run.
+        child_run: RunId,
+        /// How it ended: `failed`, `cancelled` or `abandoned`.
+        status: String,
+        /// Why.
+        message: String,
     },
 }
 
@@ -1794,7 +1833,7 @@ pub fn decode(bytes: &[u8]) -> Result<Event, EventError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::budget::BudgetKind;
+    use crate::budget::{BudgetKind, BudgetUsage};
     use serde_json::json;
     use warden_sandbox::{LeaseFailure, Outcome};
 
@@ -1837,6 +1876,7 @@ pub(crate) mod tests {
             agent_file: Some("/agents/demo.toml".into()),
             session: None,
             limits: None,
+            parent: None,
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1875,6 +1915,7 @@ pub(crate) mod tests {
                 ],
             }),
             limits: None,
+            parent: None,
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1916,6 +1957,7 @@ pub(crate) mod tests {
                     agent_file: None,
                     session: None,
                     limits: None,
+                    parent: None,
                 }),
                 r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"read my notes","labels":{"team":"ops"},"clock_seed_ms":1700000000000,"random_seed":42}}"#,
             ),
@@ -2370,6 +2412,42 @@ pub(crate) mod tests {
                 r#"{"v":1,"event":{"type":"run_forked","run_id":"r2","source_run":"r1","position":7,"source_head":"ab","agent_digest":"cd","limits":{"budgets":{"steps":3},"max_input_bytes":100},"changed":["budgets"],"withdrawn_approval":"call-2-0","by":"ops","at_ms":5}}"#,
             ),
             (
+                Event::ChildStarted(ChildStarted {
+                    call_id: CallId::new(1, 1),
+                    child_run: RunId::new("r1.call-1-1").unwrap(),
+                    agent: "worker".into(),
+                    agent_digest: AgentDigest::from_hex("cd"),
+                    input: json!({"task": "t"}),
+                    budgets: BudgetLimits {
+                        steps: Some(3),
+                        ..BudgetLimits::default()
+                    },
+                    capped: vec![BudgetKind::Steps],
+                }),
+                r#"{"v":1,"event":{"type":"child_started","call_id":"call-1-1","child_run":"r1.call-1-1","agent":"worker","agent_digest":"cd","input":{"task":"t"},"budgets":{"steps":3},"capped":["steps"]}}"#,
+            ),
+            (
+                Event::ChildParked(ChildParked {
+                    call_id: CallId::new(1, 1),
+                    child_run: RunId::new("r1.call-1-1").unwrap(),
+                    status: crate::state::RunStatus::AwaitingApproval,
+                }),
+                r#"{"v":1,"event":{"type":"child_parked","call_id":"call-1-1","child_run":"r1.call-1-1","status":"awaiting_approval"}}"#,
+            ),
+            (
+                Event::ChildFinished(ChildFinished {
+                    call_id: CallId::new(1, 1),
+                    child_run: RunId::new("r1.call-1-1").unwrap(),
+                    status: crate::state::RunStatus::Completed,
+                    result: ToolCallResult::Output(json!({"done": true})),
+                    usage: BudgetUsage {
+                        steps: 2,
+                        ..BudgetUsage::default()
+                    },
+                }),
+                r#"{"v":1,"event":{"type":"child_finished","call_id":"call-1-1","child_run":"r1.call-1-1","status":"completed","result":{"output":{"done":true}},"usage":{"steps":2,"input_tokens":0,"output_tokens":0,"cost_nanos":0,"tool_calls":0,"fuel":0,"wall_time_ms":0}}}"#,
+            ),
+            (
                 Event::ApprovalWithdrawn(ApprovalWithdrawn {
                     call_id: CallId::new(1, 1),
                     reason: WithdrawReason::DigestMismatch,
@@ -2429,7 +2507,10 @@ pub(crate) mod tests {
             EventKind::KeyReleased => 40,
             EventKind::KeySettled => 41,
             EventKind::RunForked => 42,
-            EventKind::ApprovalWithdrawn => 43,
+            EventKind::ChildStarted => 43,
+            EventKind::ChildParked => 44,
+            EventKind::ChildFinished => 45,
+            EventKind::ApprovalWithdrawn => 46,
         }
     }
 
@@ -2483,7 +2564,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 44, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 47, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

@@ -14,6 +14,8 @@
 //! - [`state`]: folding, [`RunStatus`], the conversation.
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
+//! - [`child_agents`]: agents as tools: `[agents.<name>]`, child run ids,
+//!   nested budgets.
 //! - [`channels`]: delivery channels: what each receives, the delivery
 //!   events, the next delivery a run owes, backoff.
 //! - [`retry`]: the one retry layer for model calls: attempts, backoff,
@@ -49,6 +51,7 @@ pub mod approvals;
 pub mod budget;
 pub mod canonical;
 pub mod channels;
+pub mod child_agents;
 pub mod compaction;
 pub mod context;
 pub mod decide;
@@ -87,8 +90,8 @@ pub use policy_hooks::{
 pub use replay::{ReplayError, ReplayOptions, replay};
 pub use retry::{RetryPolicy, RetrySleep, TokioSleep};
 pub use runtime::{
-    ApprovalScope, Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions, ForkRefusal,
-    OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
+    ApprovalScope, ChildRefusal, Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions,
+    ForkRefusal, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
 };
 pub use session::SessionRun;
 pub use start::StartOptions;

@@ -9,7 +9,9 @@
 //! rejections, approval requests, suspensions, budget crossings, waits for a
 //! retry's due time, clock reads,
 //! context resolutions (which source, for which step), output rejections
-//! (typed results) and completions; delivery intents (the channel, the event
+//! (typed results) and completions; child runs started (`child_started`:
+//! which child, for which call, input and budgets — how a child ended is a
+//! fact); delivery intents (the channel, the event
 //! reported and the payload), unless the agent change was accepted (its
 //! channels may differ). A completion the host supplied
 //! ([`Runtime::finish_with`](super::Runtime::finish_with)) is a fact, like a
@@ -215,6 +217,7 @@ fn is_decision(event: &Event) -> bool {
             | Event::ContextFailed(_)
             | Event::CompactionIntent(_)
             | Event::PolicyDecided(_)
+            | Event::ChildStarted(_)
     ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
         // A mismatched digest is the log's own business; a lapsed rule is
         // the store's, a fact replay reads back.
@@ -269,6 +272,9 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
         // prompts: the recorded resolutions stand.
         (_, Event::ContextResolved(_) | Event::ContextFailed(_)) => options.accept_agent_change,
         (Action::Finish(a), Event::RunCompleted(b)) => a == b,
+        // Which child, for which call, with what input and budgets; how it
+        // ended (`child_finished`) is a fact.
+        (Action::StartChild(a), Event::ChildStarted(b)) => a == b,
         (Action::RejectOutput(a), Event::OutputRejected(b)) => a == b,
         // The decision itself is a recorded fact: replay never asks again;
         // that this policy was due at this point is the decision checked.
@@ -322,6 +328,11 @@ fn describe_action(action: &Action) -> String {
         }
         Action::Park(Park::Wait(w)) => format!("waiting until {} (step {})", w.until_ms, w.step),
         Action::Fail(e) => format!("failing: {e}"),
+        Action::StartChild(c) => format!(
+            "starting child run `{}` of agent `{}` for `{}` with budgets {:?}",
+            c.child_run, c.agent, c.call_id, c.budgets
+        ),
+        Action::DriveChild(c) => format!("driving child run `{}` of `{}`", c.child_run, c.call_id),
         Action::Idle(idle) => format!("nothing ({idle:?})"),
     }
 }
@@ -371,6 +382,10 @@ fn describe_event(event: &Event) -> String {
         Event::BudgetExceeded(o) => format!("parking: {o}"),
         Event::Suspended(s) => format!("suspending at `{}`", s.call_id),
         Event::WaitStarted(w) => format!("waiting until {} (step {})", w.until_ms, w.step),
+        Event::ChildStarted(c) => format!(
+            "starting child run `{}` of agent `{}` for `{}` with budgets {:?}",
+            c.child_run, c.agent, c.call_id, c.budgets
+        ),
         other => other.kind().to_string(),
     }
 }

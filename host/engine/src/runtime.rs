@@ -67,8 +67,10 @@ use warden_store::{
     SETTLED_STATUSES, Settle, Settlement, SettlingAppend, StoreError, VerifyReport,
 };
 
+mod children;
 mod fork;
 mod rules;
+pub use children::ChildRefusal;
 pub use fork::{FORKED_FROM_LABEL, ForkOptions, ForkRefusal};
 pub use rules::ApprovalScope;
 
@@ -133,6 +135,15 @@ impl Random for FixedRandom {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum RuntimeError {
+    /// A child run that cannot be started or driven (see
+    /// `runtime/children.rs`).
+    #[error("run `{run_id}`: {reason}")]
+    ChildRefused {
+        /// The parent run.
+        run_id: RunId,
+        /// Why.
+        reason: ChildRefusal,
+    },
     /// A fork that cannot be made ([`Runtime::fork`]).
     #[error("run `{run_id}` cannot be forked: {reason}")]
     ForkRefused {
@@ -942,6 +953,7 @@ impl Runtime {
                     .map(str::to_owned),
                 session,
                 limits: Some(agent.recorded_limits()),
+                parent: None,
             });
             let meta = RunMeta {
                 agent: agent.name.clone(),
@@ -1726,6 +1738,8 @@ impl Runtime {
                 Ok(Step::Progressed)
             }
             Action::Compact(call) => self.compact(log, prepared, driver, call).await,
+            Action::StartChild(start) => self.start_child(log, prepared, start).await,
+            Action::DriveChild(drive) => self.drive_child(log, prepared, drive).await,
             Action::ResolveContext(resolution) => {
                 self.resolve_context(log, prepared, driver, resolution)
                     .await

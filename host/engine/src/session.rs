@@ -217,6 +217,7 @@ mod tests {
             agent_file: None,
             session: Some(session),
             limits: None,
+            parent: None,
         }
     }
 

@@ -23,9 +23,10 @@ use super::channels::{Deliveries, InFlightDelivery};
 use super::compaction::{CompactionProgress, Summary};
 use super::context::ContextState;
 use super::events::{
-    BudgetExtended, Event, EventKind, ExternalCallRequested, GrantingRule, ModelCallError,
-    ReconciliationRequired, Resumed, RunAbandoned, RunCancelled, RunCompleted, RunFailed,
-    RunForked, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult, UnresolvedWrite,
+    BudgetExtended, ChildFinished, ChildParked, Event, EventKind, ExternalCallRequested,
+    GrantingRule, ModelCallError, ReconciliationRequired, Resumed, RunAbandoned, RunCancelled,
+    RunCompleted, RunFailed, RunForked, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
+    UnresolvedWrite,
 };
 use super::ids::{
     AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
@@ -52,6 +53,10 @@ pub enum RunStatus {
     /// It waits for the embedding application to perform an external tool
     /// call and report its output.
     AwaitingExternal,
+    /// The child run of the call in flight (an agent called as a tool)
+    /// waits for a human, the application or a timer; the run goes on
+    /// when a drive finds the child moved on.
+    AwaitingChild,
     /// A budget is used up; a human may extend it.
     BudgetExceeded,
     /// A failed model call's next attempt is due later than a driver waits:
@@ -73,11 +78,12 @@ pub enum RunStatus {
 
 impl RunStatus {
     /// Every status.
-    pub const ALL: [RunStatus; 11] = [
+    pub const ALL: [RunStatus; 12] = [
         RunStatus::Running,
         RunStatus::AwaitingApproval,
         RunStatus::Suspended,
         RunStatus::AwaitingExternal,
+        RunStatus::AwaitingChild,
         RunStatus::BudgetExceeded,
         RunStatus::Waiting,
         RunStatus::NeedsReconciliation,
@@ -94,6 +100,7 @@ impl RunStatus {
             RunStatus::AwaitingApproval => "awaiting_approval",
             RunStatus::Suspended => "suspended",
             RunStatus::AwaitingExternal => "awaiting_external",
+            RunStatus::AwaitingChild => "awaiting_child",
             RunStatus::BudgetExceeded => "budget_exceeded",
             RunStatus::Waiting => "waiting",
             RunStatus::NeedsReconciliation => "needs_reconciliation",
@@ -120,6 +127,7 @@ impl RunStatus {
             RunStatus::AwaitingApproval
                 | RunStatus::Suspended
                 | RunStatus::AwaitingExternal
+                | RunStatus::AwaitingChild
                 | RunStatus::BudgetExceeded
                 | RunStatus::Waiting
                 | RunStatus::NeedsReconciliation
@@ -346,6 +354,15 @@ pub enum ToolCallProgress {
         /// The input.
         input: Value,
     },
+    /// A call to another agent: its child run was started, and has not
+    /// ended.
+    Child {
+        /// The child run.
+        child_run: RunId,
+        /// The child's status when it was last found waiting
+        /// (`child_parked`); `None` while it runs.
+        parked: Option<RunStatus>,
+    },
     /// Another run had already executed the same keyed call; its result is
     /// this call's. Settled.
     Deduplicated {
@@ -388,6 +405,8 @@ impl ToolCallProgress {
             ToolCallProgress::Answered { .. } => "answered",
             ToolCallProgress::AwaitingExternal(_) => "awaiting external",
             ToolCallProgress::Deduplicated { .. } => "deduplicated",
+            ToolCallProgress::Child { parked: None, .. } => "running a child",
+            ToolCallProgress::Child { .. } => "awaiting a child",
         }
     }
 
@@ -499,6 +518,16 @@ pub enum Parked<'a> {
     /// A human's word on what the run did that its log may be missing
     /// (it was restored from a backup).
     Hold(&'a ReconciliationRequired),
+    /// Its child run, which waits itself (`status`): act on the child, then
+    /// drive this run (which drives the child).
+    Child {
+        /// The call.
+        call_id: &'a CallId,
+        /// The child run.
+        child_run: &'a RunId,
+        /// The child's status when it was found waiting.
+        status: RunStatus,
+    },
 }
 
 /// A `resume` that cannot be recorded.
@@ -862,6 +891,9 @@ impl RunState {
             Some(ToolCallProgress::AwaitingApproval) => return RunStatus::AwaitingApproval,
             Some(ToolCallProgress::Suspended { .. }) => return RunStatus::Suspended,
             Some(ToolCallProgress::AwaitingExternal(_)) => return RunStatus::AwaitingExternal,
+            Some(ToolCallProgress::Child {
+                parked: Some(_), ..
+            }) => return RunStatus::AwaitingChild,
             _ => {}
         }
         if self.budget_exceeded.is_some() {
@@ -903,6 +935,16 @@ impl RunState {
                 ToolCallProgress::AwaitingExternal(request) => {
                     return Some(Parked::External(request));
                 }
+                ToolCallProgress::Child {
+                    child_run,
+                    parked: Some(status),
+                } => {
+                    return Some(Parked::Child {
+                        call_id: &call.call_id,
+                        child_run,
+                        status: *status,
+                    });
+                }
                 _ => {}
             }
         }
@@ -943,6 +985,16 @@ impl RunState {
     pub fn in_flight_tool(&self) -> Option<&ToolCallIntent> {
         match &self.next_call()?.progress {
             ToolCallProgress::InFlight(intent) => Some(intent),
+            _ => None,
+        }
+    }
+
+    /// The call whose child run has not ended, and the child, if any
+    /// (running or found waiting).
+    pub fn child_in_flight(&self) -> Option<(&CallId, &RunId)> {
+        let call = self.next_call()?;
+        match &call.progress {
+            ToolCallProgress::Child { child_run, .. } => Some((&call.call_id, child_run)),
             _ => None,
         }
     }
@@ -1540,6 +1592,37 @@ impl RunState {
                 }
                 Ok(())
             }
+            Event::ChildStarted(c) => {
+                let call = self.expect_next(&c.call_id)?;
+                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
+                if c.input != call.call.arguments {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: c.call_id.clone(),
+                        field: "arguments",
+                    });
+                }
+                self.parked_problem()
+            }
+            Event::ChildParked(ChildParked {
+                call_id, child_run, ..
+            })
+            | Event::ChildFinished(ChildFinished {
+                call_id, child_run, ..
+            }) => {
+                let call = self.expect_next(call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::Child { .. }),
+                    "running a child",
+                )?;
+                if self.child_in_flight().map(|(_, c)| c) != Some(child_run) {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: call_id.clone(),
+                        field: "child_run",
+                    });
+                }
+                Ok(())
+            }
             // Any time before the end: a restore may catch a run anywhere.
             Event::ReconciliationRequired(_) => Ok(()),
             Event::Reconciled(_) if self.hold.is_none() => Err(FoldProblem::NothingToReconcile),
@@ -1966,6 +2049,29 @@ impl RunState {
                 // nobody's active time.
                 self.last_clock_ms = Some(self.last_clock_ms.map_or(f.at_ms, |l| l.max(f.at_ms)));
                 self.fork = Some(f.clone());
+            }
+            Event::ChildStarted(c) => {
+                self.invalid_calls_in_a_row = 0;
+                self.usage.tool_calls += 1;
+                self.next_call_mut().progress = ToolCallProgress::Child {
+                    child_run: c.child_run.clone(),
+                    parked: None,
+                };
+            }
+            Event::ChildParked(p) => {
+                if let ToolCallProgress::Child { parked, .. } = &mut self.next_call_mut().progress {
+                    *parked = Some(p.status);
+                }
+            }
+            Event::ChildFinished(f) => {
+                let (u, c) = (&mut self.usage, &f.usage);
+                u.steps = u.steps.saturating_add(c.steps);
+                u.input_tokens = u.input_tokens.saturating_add(c.input_tokens);
+                u.output_tokens = u.output_tokens.saturating_add(c.output_tokens);
+                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos);
+                u.tool_calls = u.tool_calls.saturating_add(c.tool_calls);
+                u.fuel = u.fuel.saturating_add(c.fuel);
+                self.settle(ToolCallProgress::Completed(f.result.clone()));
             }
             Event::KeyReleased(_) | Event::KeySettled(_) => {}
             Event::DeliveryIntent(intent) => {

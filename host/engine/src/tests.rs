@@ -126,6 +126,7 @@ fn started() -> Event {
         agent_file: None,
         session: None,
         limits: None,
+        parent: None,
     })
 }
 
@@ -440,6 +441,48 @@ fn every_status_is_derived_from_the_log_alone() {
             RunStatus::AwaitingExternal,
         ),
         (
+            "a child run in flight",
+            log(vec![
+                model(1, 1),
+                answer(1, "", &[("worker", json!({"task": "t"}))]),
+                child_started(1, 1),
+            ]),
+            RunStatus::Running,
+        ),
+        (
+            "awaiting a child",
+            log(vec![
+                model(1, 1),
+                answer(1, "", &[("worker", json!({"task": "t"}))]),
+                child_started(1, 1),
+                Event::ChildParked(crate::events::ChildParked {
+                    call_id: CallId::new(1, 1),
+                    child_run: RunId::new("r1.call-1-1").unwrap(),
+                    status: RunStatus::AwaitingApproval,
+                }),
+            ]),
+            RunStatus::AwaitingChild,
+        ),
+        (
+            "a child finished",
+            log(vec![
+                model(1, 1),
+                answer(1, "", &[("worker", json!({"task": "t"}))]),
+                child_started(1, 1),
+                Event::ChildFinished(crate::events::ChildFinished {
+                    call_id: CallId::new(1, 1),
+                    child_run: RunId::new("r1.call-1-1").unwrap(),
+                    status: RunStatus::Completed,
+                    result: ToolCallResult::Output(json!({"done": true})),
+                    usage: crate::budget::BudgetUsage {
+                        steps: 2,
+                        ..Default::default()
+                    },
+                }),
+            ]),
+            RunStatus::Running,
+        ),
+        (
             "over budget",
             log(vec![exceeded(BudgetKind::Steps, 0, 0)]),
             RunStatus::BudgetExceeded,
@@ -517,6 +560,61 @@ fn every_status_is_derived_from_the_log_alone() {
         seen.insert(expected.as_str());
     }
     assert_eq!(seen.len(), RunStatus::ALL.len(), "every status is covered");
+}
+
+/// `child_started` for call `n` of step `step`, its child `r1.call-…`.
+fn child_started(step: u32, n: usize) -> Event {
+    let call_id = CallId::new(step, n);
+    Event::ChildStarted(crate::events::ChildStarted {
+        child_run: RunId::new(format!("r1.{call_id}")).unwrap(),
+        call_id,
+        agent: "worker".into(),
+        agent_digest: crate::ids::AgentDigest::from_hex("ab"),
+        input: json!({"task": "t"}),
+        budgets: BudgetLimits::default(),
+        capped: vec![],
+    })
+}
+
+/// A child's finish is charged to its parent and is the call's result;
+/// a finish for another child, or with no child started, is refused.
+#[test]
+fn a_childs_finish_settles_its_call_and_charges_its_use() {
+    let started = log(vec![
+        model(1, 1),
+        answer(1, "", &[("worker", json!({"task": "t"}))]),
+        child_started(1, 1),
+    ]);
+    let finished = |child: &str| {
+        Event::ChildFinished(crate::events::ChildFinished {
+            call_id: CallId::new(1, 1),
+            child_run: RunId::new(child).unwrap(),
+            status: RunStatus::Completed,
+            result: ToolCallResult::Output(json!({"done": true})),
+            usage: crate::budget::BudgetUsage {
+                steps: 2,
+                tool_calls: 3,
+                fuel: 10,
+                ..Default::default()
+            },
+        })
+    };
+    let state = fold(&[started.clone(), vec![finished("r1.call-1-1")]].concat()).unwrap();
+    assert_eq!(state.usage.steps, 1 + 2);
+    assert_eq!(state.usage.tool_calls, 1 + 3);
+    assert_eq!(state.usage.fuel, 10);
+    assert_eq!(
+        state.turns[0].calls[0].progress.result_for_model(),
+        Some((r#"{"done":true}"#.to_owned(), false))
+    );
+    let err = fold(&[started.clone(), vec![finished("r1.other")]].concat()).unwrap_err();
+    assert!(err.to_string().contains("child_run"), "{err}");
+    let no_child = log(vec![
+        model(1, 1),
+        answer(1, "", &[("worker", json!({"task": "t"}))]),
+        finished("r1.call-1-1"),
+    ]);
+    assert!(fold(&no_child).is_err());
 }
 
 #[test]
@@ -1004,6 +1102,14 @@ fn shape(action: &Action) -> String {
             format!("idle reconciliation_required {since_ms:?}")
         }
         Action::Idle(Idle::Waiting { until_ms }) => format!("idle waiting until {until_ms}"),
+        Action::Idle(Idle::AwaitingChild {
+            call_id, status, ..
+        }) => format!("idle awaiting_child {call_id} {status}"),
+        Action::StartChild(c) => format!(
+            "start_child {} {} {} steps={:?}",
+            c.call_id, c.child_run, c.agent, c.budgets.steps
+        ),
+        Action::DriveChild(d) => format!("drive_child {} {}", d.call_id, d.child_run),
     }
 }
 

@@ -106,6 +106,15 @@ pub enum ToolTarget {
         /// Output fields that must equal the arguments'.
         must_match: Vec<String>,
     },
+    /// Starts a child run of another agent (`[agents.<name>]`), whose
+    /// output is the call's result.
+    Agent {
+        /// What each call asks for the child, before the caller's remaining
+        /// budgets cap it.
+        budgets: crate::budget::BudgetLimits,
+        /// The child's agent.
+        agent: std::sync::Arc<crate::agent::Agent>,
+    },
 }
 
 /// An agent whose tools do not fit together.
@@ -252,6 +261,17 @@ impl AgentView {
                 },
             });
         }
+        for call in &agent.agents {
+            tools.push(AgentTool {
+                name: call.name.clone(),
+                description: call.description.clone(),
+                input_schema: call.input_schema.clone(),
+                target: ToolTarget::Agent {
+                    budgets: call.budgets,
+                    agent: call.agent.clone(),
+                },
+            });
+        }
         tools.sort_by(|a, b| a.name.cmp(&b.name));
         let mut seen = BTreeSet::new();
         for tool in &tools {
@@ -372,7 +392,7 @@ mod tests {
         );
         let approval = |name: &str| match &view.tool(name).unwrap().target {
             ToolTarget::Plugin { needs_approval, .. } => *needs_approval,
-            ToolTarget::Human { .. } | ToolTarget::External { .. } => {
+            _ => {
                 panic!("{name} is a plugin tool")
             }
         };

@@ -611,6 +611,16 @@ fn awaiting(parked: &Parked<'_>) -> Value {
             "tool": intent.tool,
         }),
         Parked::Hold(hold) => json!({ "kind": "reconciliation", "reason": hold.reason }),
+        Parked::Child {
+            call_id,
+            child_run,
+            status,
+        } => json!({
+            "kind": "child",
+            "call_id": call_id,
+            "child_run": child_run,
+            "status": status,
+        }),
     }
 }
 

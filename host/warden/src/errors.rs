@@ -280,6 +280,10 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "unfinished_fork",
             json!({ "run_id": run_id, "source_run": source_run }),
         ),
+        RuntimeError::ChildRefused { run_id, reason } => (
+            "child_refused",
+            json!({ "run_id": run_id, "reason": reason.to_string() }),
+        ),
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("runtime_failed", json!({})),

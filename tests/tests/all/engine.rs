@@ -140,7 +140,7 @@ fn kinds(events: &[Event]) -> Vec<&'static str> {
 /// The log with the measured parts of receipts (time, fuel, memory) zeroed:
 /// they are measurements of a lease, not decisions, and differ between two
 /// executions of the same call.
-fn normalized(events: &[Event]) -> Vec<Event> {
+pub(crate) fn normalized(events: &[Event]) -> Vec<Event> {
     events
         .iter()
         .cloned()
@@ -154,6 +154,10 @@ fn normalized(events: &[Event]) -> Vec<Event> {
                 r.wall_time_us = 0;
                 r.fuel_consumed = 0;
                 r.peak_memory_bytes = 0;
+            }
+            // A child's use sums its receipts' fuel.
+            if let Event::ChildFinished(f) = &mut e {
+                f.usage.fuel = 0;
             }
             e
         })

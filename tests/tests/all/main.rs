@@ -36,6 +36,10 @@
 //!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
+//! - `children`: agents as tools, as child runs on every store: a planner
+//!   with two workers killed at every event boundary of parent and children
+//!   recovers with each write once; a child waiting for approval parks its
+//!   parent; budgets nest.
 //! - `forks`: forks on every store: a fork at each position of a recorded
 //!   run reuses every earlier effect and asks again for later writes;
 //!   changed agents and budgets; bad positions; a fork cut short by a
@@ -112,6 +116,7 @@ mod binary;
 mod budgets;
 mod ceilings;
 mod channels;
+mod children;
 mod context;
 mod corpus;
 mod effects;

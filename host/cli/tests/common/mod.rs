@@ -9,12 +9,13 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 /// Every status, in the order of docs/operating-runs.md's table.
-pub const STATUSES: [&str; 12] = [
+pub const STATUSES: [&str; 13] = [
     "queued",
     "running",
     "awaiting_approval",
     "suspended",
     "awaiting_external",
+    "awaiting_child",
     "budget_exceeded",
     "waiting",
     "needs_reconciliation",

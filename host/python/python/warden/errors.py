@@ -113,6 +113,7 @@ _FAMILIES: Dict[Type[WardenError], tuple[str, ...]] = {
         "key_holder_gone",
         "fork_refused",
         "unfinished_fork",
+        "child_refused",
     ),
     ReplayError: ("agent_changed", "divergence"),
     AgentError: (

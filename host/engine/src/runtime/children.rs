@@ -1,0 +1,258 @@
+//! Child runs: a call to another agent (`[agents.<name>]`, see
+//! `child_agents.rs`) is an effect of its parent, carried out as a run of
+//! its own in the same store.
+//!
+//! - Starting ([`Action::StartChild`](crate::decide::Action::StartChild)):
+//!   the child is created first (its `run_started` names the parent and the
+//!   call, its limits are the budgets carved from the parent's), then the
+//!   parent records `child_started`. The child's id is derived from the
+//!   parent's run id and the call id, not drawn at random and recorded as
+//!   an intent: a crash between the two writes leaves a child the retry
+//!   finds under the same id (the store refuses to create it twice, and its
+//!   `run_started` must name this parent and call), so no crash can start
+//!   a second child, and no extra event is needed before the child exists.
+//! - Driving ([`Action::DriveChild`](crate::decide::Action::DriveChild)):
+//!   the child is recovered (replayed against its agent, then driven) under
+//!   the engine's rules, so a write it made is never made again; when it
+//!   ends, the parent records `child_finished` (its output or how it
+//!   ended, and what it used, which is charged to the parent); when it
+//!   waits, the parent records `child_parked` once per status it finds and
+//!   waits too (`awaiting_child`). Driving the parent again drives the
+//!   child, so an approval given to the child is followed by a drive of the
+//!   parent, which continues both.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use warden_store::{RunMeta, StoreError};
+
+use super::{Log, Prepared, Runtime, RuntimeError, Step, recordable};
+use crate::agent::Agent;
+use crate::budget::RecordedLimits;
+use crate::child_agents::{ChildFinished, ChildParked, ChildStarted, ParentLink};
+use crate::decide::{ChildDrive, Idle};
+use crate::events::{Event, RunStarted, ToolCallError, ToolCallResult};
+use crate::ids::{CallId, RunId};
+use crate::replay::ReplayOptions;
+use crate::state::{RunStatus, Terminal};
+use crate::view::ToolTarget;
+
+/// Why a child run cannot be started or driven; nothing was written.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ChildRefusal {
+    /// The run the call's child id names is not this call's child: a run
+    /// of that id was there already, or this run is a fork that
+    /// inherited its source's child in flight (the source drives it; the
+    /// fork cannot know what it did until it ends, so abandon the fork or
+    /// fork again before the call).
+    #[error("run `{child_run}` is not the child of this call{}", .parent.as_ref().map(|p| format!(" (it is run `{p}`'s)")).unwrap_or_default())]
+    NotThisCall {
+        /// The run.
+        child_run: RunId,
+        /// The parent it names, if any.
+        parent: Option<RunId>,
+    },
+    /// The call's tool is no longer an agent of the parent's agent.
+    #[error("`{tool}` is no longer an agent this agent calls")]
+    NotAnAgent {
+        /// The tool the model called.
+        tool: String,
+    },
+}
+
+type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl Runtime {
+    /// Creates the child run (or finds the one a crash left), then records
+    /// `child_started` in the parent.
+    pub(super) async fn start_child(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        start: ChildStarted,
+    ) -> Result<Step, RuntimeError> {
+        let agent = child_agent(log, prepared, &start.call_id)?;
+        // The child's plugins are loaded before anything is written.
+        self.prepare(&agent).await?;
+        let link = ParentLink {
+            run_id: log.run_id.clone(),
+            call_id: start.call_id.clone(),
+        };
+        let now = self.inner.clock.now_ms();
+        let mut labels = self.inner.labels.clone();
+        labels.extend(agent.labels.clone());
+        let started = Event::RunStarted(RunStarted {
+            run_id: start.child_run.clone(),
+            agent: agent.name.clone(),
+            agent_digest: agent.digest.clone(),
+            input: start.input.clone(),
+            labels: labels.clone(),
+            clock_seed_ms: now,
+            random_seed: self.inner.random.next_u64(),
+            agent_file: agent
+                .path
+                .to_str()
+                .filter(|p| !p.is_empty())
+                .map(str::to_owned),
+            session: None,
+            limits: Some(RecordedLimits {
+                budgets: start.budgets,
+                ..agent.recorded_limits()
+            }),
+            parent: Some(link.clone()),
+        });
+        let meta = RunMeta {
+            agent: agent.name.clone(),
+            labels,
+            session: None,
+            session_runs: None,
+            created_ms: now as i64,
+        };
+        // Listed as running but never queued nor claimed: no worker takes
+        // a child; its parent's driver does.
+        let created = self
+            .inner
+            .store
+            .create(
+                &start.child_run,
+                meta,
+                recordable(&start.child_run, &started)?,
+                "running",
+            )
+            .await;
+        match created {
+            Ok(_) => self.publish(&start.child_run, 1, started),
+            // A start a crash cut short: the child is there already.
+            Err(StoreError::AlreadyExists { .. }) => {
+                self.check_parent(&start.child_run, &link).await?;
+            }
+            Err(error) => return Err(error.into()),
+        }
+        self.append(log, vec![Event::ChildStarted(start)]).await?;
+        Ok(Step::Progressed)
+    }
+
+    /// Drives the child of the call in flight, then records how it ended,
+    /// or that it waits.
+    pub(super) async fn drive_child(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        drive: ChildDrive,
+    ) -> Result<Step, RuntimeError> {
+        let agent = child_agent(log, prepared, &drive.call_id)?;
+        // Only this call's own child is driven: a fork that inherited a
+        // child in flight names its source's child, which the source
+        // drives (see `ChildRefusal::NotThisCall`).
+        let link = ParentLink {
+            run_id: log.run_id.clone(),
+            call_id: drive.call_id.clone(),
+        };
+        self.check_parent(&drive.child_run, &link).await?;
+        let status = match self.recover_child(&drive.child_run, &agent).await {
+            Ok(status) => status,
+            // A write of the child's with no recorded outcome: the child
+            // needs a human, and the parent waits for it.
+            Err(
+                RuntimeError::NeedsReconciliation { run_id, .. }
+                | RuntimeError::ReconciliationRequired { run_id, .. },
+            ) if run_id == drive.child_run => RunStatus::NeedsReconciliation,
+            Err(error) => return Err(error),
+        };
+        if status.is_terminal() {
+            let state = self.state(&drive.child_run).await?;
+            let result = match &state.terminal {
+                Some(Terminal::Completed(c)) => ToolCallResult::Output(c.output.clone()),
+                other => ToolCallResult::Error(ToolCallError::ChildEnded {
+                    child_run: drive.child_run.clone(),
+                    status: status.as_str().to_owned(),
+                    message: match other {
+                        Some(Terminal::Failed(f)) => f.error.to_string(),
+                        Some(Terminal::Cancelled(_)) => "it was cancelled".into(),
+                        Some(Terminal::Abandoned(a)) => match &a.by {
+                            Some(by) => format!("it was abandoned by {by}"),
+                            None => "it was abandoned".into(),
+                        },
+                        _ => String::new(),
+                    },
+                }),
+            };
+            let finished = Event::ChildFinished(ChildFinished {
+                call_id: drive.call_id,
+                child_run: drive.child_run,
+                status,
+                result,
+                usage: state.usage,
+            });
+            self.append(log, vec![finished]).await?;
+            return Ok(Step::Progressed);
+        }
+        let recorded = match log.state.parked() {
+            Some(crate::state::Parked::Child { status, .. }) => Some(status),
+            _ => None,
+        };
+        if recorded != Some(status) {
+            let parked = Event::ChildParked(ChildParked {
+                call_id: drive.call_id.clone(),
+                child_run: drive.child_run.clone(),
+                status,
+            });
+            self.append(log, vec![parked]).await?;
+        }
+        Ok(Step::Idle(Idle::AwaitingChild {
+            call_id: drive.call_id,
+            child_run: drive.child_run,
+            status,
+        }))
+    }
+
+    /// Refuses `child_run` unless its `run_started` names `link`.
+    async fn check_parent(&self, child_run: &RunId, link: &ParentLink) -> Result<(), RuntimeError> {
+        let first = self.inner.store.load(child_run).await?;
+        let named = first
+            .first()
+            .and_then(|s| crate::events::decode(&s.bytes).ok())
+            .and_then(|e| match e {
+                Event::RunStarted(s) => s.parent,
+                _ => None,
+            });
+        if named.as_ref() == Some(link) {
+            return Ok(());
+        }
+        Err(RuntimeError::ChildRefused {
+            run_id: link.run_id.clone(),
+            reason: ChildRefusal::NotThisCall {
+                child_run: child_run.clone(),
+                parent: named.map(|p| p.run_id),
+            },
+        })
+    }
+
+    /// [`Runtime::recover`] of a child, boxed: a child's drive may start
+    /// and drive children of its own.
+    fn recover_child<'a>(
+        &'a self,
+        child_run: &'a RunId,
+        agent: &'a Agent,
+    ) -> Boxed<'a, Result<RunStatus, RuntimeError>> {
+        Box::pin(self.recover(child_run, agent, ReplayOptions::default()))
+    }
+}
+
+/// The agent the call `call_id` of the run calls.
+fn child_agent(log: &Log, prepared: &Prepared, call_id: &CallId) -> Result<Agent, RuntimeError> {
+    let name = log
+        .state
+        .next_call()
+        .filter(|c| &c.call_id == call_id)
+        .map(|c| c.call.name.clone())
+        .unwrap_or_default();
+    match prepared.view.tool(&name).map(|t| &t.target) {
+        Some(ToolTarget::Agent { agent, .. }) => Ok(Agent::clone(agent)),
+        _ => Err(RuntimeError::ChildRefused {
+            run_id: log.run_id.clone(),
+            reason: ChildRefusal::NotAnAgent { tool: name },
+        }),
+    }
+}
