@@ -135,6 +135,15 @@ struct ConfigFile {
     grants: BTreeMap<String, Grant>,
     #[serde(default)]
     ceilings: LimitSettings,
+    #[serde(default)]
+    mcp: McpSection,
+}
+
+/// `[mcp]`: what `warden mcp serve` serves when no agent file is given.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpSection {
+    agent: Option<PathBuf>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -270,6 +279,9 @@ pub(crate) struct Settings {
     /// The most any plugin gets of each limit: `[ceilings]` over
     /// [`Limits::CEILINGS`].
     pub(crate) ceilings: Limits,
+    /// `[mcp] agent`: the agent `warden mcp serve` serves by default,
+    /// resolved against the configuration file's directory.
+    pub(crate) mcp_agent: Option<PathBuf>,
 }
 
 /// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
@@ -490,6 +502,7 @@ impl Settings {
             labels,
             model,
             grants: file.grants,
+            mcp_agent: file.mcp.agent.map(|agent| base.join(agent)),
             grants_base: base,
             chain_key: match env("WARDEN_CHAIN_KEY") {
                 None => None,

@@ -117,6 +117,9 @@ fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static str, 
     if let Some(e) = cause.downcast_ref::<warden_server::BindError>() {
         return Some((e.code(), json!({})));
     }
+    if let Some(e) = cause.downcast_ref::<warden_mcp::McpError>() {
+        return Some((e.code(), e.details()));
+    }
     if let Some(e) = cause.downcast_ref::<warden_server::tls::TlsError>() {
         return Some(("tls_invalid", json!({ "file": e.file })));
     }

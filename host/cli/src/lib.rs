@@ -28,6 +28,7 @@
 //! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
 //! - `serve.rs`: `warden serve` (the HTTP control plane, `warden-server`)
 //!   and its token file.
+//! - `mcp.rs`: `warden mcp serve` (an agent's tools over MCP, `warden-mcp`).
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 //! - `args.rs`: arguments that are not valid UTF-8; `out.rs`: stdout while
 //!   a run is driven (a closed pipe does not stop the drive).
@@ -39,6 +40,7 @@ pub(crate) mod config;
 pub(crate) use warden_server::contract;
 pub(crate) mod errors;
 mod keys;
+mod mcp;
 mod out;
 mod plugin;
 mod plugin_test;
@@ -135,6 +137,10 @@ enum Command {
     /// and deny, resume, resolve, cancel (`serve tokens add` makes the
     /// tokens it requires).
     Serve(serve::ServeArgs),
+    /// Serve an agent's tools to MCP clients (stdio or streamable HTTP),
+    /// each session a run and each call a recorded effect.
+    #[command(subcommand)]
+    Mcp(mcp::McpCommand),
     /// Print a shell completion script.
     Completions {
         /// The shell.
@@ -297,6 +303,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Submit(args) => worker::submit(args, &ctx).await,
             Command::Worker(args) => worker::worker(args, &ctx).await,
             Command::Serve(args) => serve::run(args, &ctx).await,
+            Command::Mcp(command) => mcp::run(command, &ctx).await,
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
     });

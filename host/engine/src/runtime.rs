@@ -835,6 +835,14 @@ impl Runtime {
         &self.inner.store
     }
 
+    /// The tools a run of `agent` offers its model and accepts from it, by
+    /// the names the model calls them, with their effective effect classes
+    /// and approval rules: the agent's plugins loaded under their grants,
+    /// as a run would (`warden mcp serve` lists these).
+    pub async fn tools(&self, agent: &Agent) -> Result<Vec<super::view::AgentTool>, RuntimeError> {
+        Ok(self.prepare(agent).await?.view.tools.clone())
+    }
+
     /// Starts a run of `agent` on `input`, as `options` say (its id, labels
     /// of its own, its session; see [`StartOptions`]). The run is recorded,
     /// not driven: call [`drive`](Self::drive). An id with any history is
@@ -1549,6 +1557,9 @@ impl Runtime {
         by: Option<&str>,
         reason: Option<String>,
     ) -> Result<(), RuntimeError> {
+        // Its child first: a driver of this run waiting on the child then
+        // records how the child ended and stops.
+        self.cancel_child(run_id, by, reason.clone()).await?;
         let asked = Cancellation {
             reason,
             by: by.map(str::to_owned),

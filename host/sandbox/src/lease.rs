@@ -185,7 +185,27 @@ pub(crate) enum Request<'a> {
     Decide(&'a PolicyRequest),
 }
 
-impl Request<'_> {
+impl<'a> Request<'a> {
+    /// How a failure names what was asked: `tool `x``, `describe`, ...
+    /// Returned as a closure so that the name is only built for a failure.
+    pub(crate) fn operation(&self) -> impl FnOnce() -> String + use<'a> {
+        let (kind, tool): (&'static str, Option<&'a str>) = match *self {
+            Request::DescribeTools
+            | Request::DescribeSource
+            | Request::DescribeChannel
+            | Request::DescribePolicy => ("describe", None),
+            Request::Preflight(call) => ("preflight of tool", Some(&call.tool)),
+            Request::Invoke(call) => ("tool", Some(&call.tool)),
+            Request::Resolve(_) => ("resolve", None),
+            Request::Deliver(_) => ("deliver", None),
+            Request::Decide(_) => ("decide", None),
+        };
+        move || match tool {
+            Some(tool) => format!("{kind} `{tool}`"),
+            None => kind.to_owned(),
+        }
+    }
+
     /// The interface this request needs, if the component does not export it.
     fn missing_world(&self, component: &ComponentInner) -> Option<&'static str> {
         match self {

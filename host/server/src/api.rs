@@ -244,6 +244,29 @@ pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) ->
         })
         .collect();
     let plain: Vec<Event> = events.iter().map(|(_, e)| e.clone()).collect();
+    let parent = match plain.first() {
+        Some(Event::RunStarted(s)) => s.parent.clone(),
+        _ => None,
+    };
+    // The run's child runs (agents it called), each with its listed status.
+    let mut children = Vec::new();
+    for event in &plain {
+        if let Event::ChildStarted(c) = event {
+            let status = app
+                .runtime
+                .store()
+                .summary(&c.child_run)
+                .await
+                .ok()
+                .map(|s| s.status);
+            children.push(json!({
+                "call_id": c.call_id,
+                "run_id": c.child_run,
+                "agent": c.agent,
+                "status": status,
+            }));
+        }
+    }
     let next = next_steps(&run, &state, pending_call.as_deref());
     // Queued runs are listed so before their log says more.
     let shown = if summary.status == warden::store::QUEUED {
@@ -264,6 +287,8 @@ pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) ->
         "receipts": receipts,
         "owes_deliveries": summary.owes_deliveries,
         "wake_ms": state.waiting().map(|w| w.until_ms),
+        "parent": parent,
+        "children": children,
         "events": events.iter().map(|(seq, e)| contract::event_line(*seq, e)).collect::<Vec<_>>(),
     });
     for (key, value) in more.as_object().expect("an object") {

@@ -83,21 +83,23 @@ const FAILURE_WINDOW: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub struct Guard {
     tokens: Tokens,
-    hosts: Vec<String>,
+    origins: SameOrigin,
     failures_allowed: u32,
     failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
 }
 
-impl Guard {
-    /// A guard for a server bound at `bind` that accepts `tokens`, also
-    /// answers as `extra_hosts` (each `name` or `name:port`), and refuses
-    /// an address once it failed `failures_allowed` logins in a minute.
-    pub fn new(
-        tokens: Tokens,
-        bind: SocketAddr,
-        extra_hosts: &[String],
-        failures_allowed: u32,
-    ) -> Guard {
+/// Checks 1 and 2 alone (Host and Origin, against DNS rebinding), for a
+/// server with an identity check of its own (`warden mcp serve`).
+#[derive(Clone, Debug)]
+pub struct SameOrigin {
+    hosts: Vec<String>,
+}
+
+impl SameOrigin {
+    /// The checks for a server bound at `bind` that also answers as
+    /// `extra_hosts` (each `name` or `name:port`); on a loopback bind it
+    /// answers as `localhost`, `127.0.0.1` and `[::1]` at its port too.
+    pub fn new(bind: SocketAddr, extra_hosts: &[String]) -> SameOrigin {
         let port = bind.port();
         let mut hosts = vec![match bind.ip() {
             IpAddr::V4(ip) => format!("{ip}:{port}"),
@@ -117,12 +119,7 @@ impl Guard {
                 hosts.push(host);
             }
         }
-        Guard {
-            tokens,
-            hosts,
-            failures_allowed,
-            failures: Mutex::default(),
-        }
+        SameOrigin { hosts }
     }
 
     fn host_allowed(&self, host: &str) -> bool {
@@ -137,6 +134,60 @@ impl Guard {
                 .strip_prefix(scheme)
                 .is_some_and(|host| self.host_allowed(host))
         })
+    }
+
+    /// Refuses a request whose `Host` is not this server's, or that a
+    /// browser marks as coming from another origin (`host_refused`,
+    /// `origin_refused`).
+    pub fn check(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+        let Some(host) = header("host") else {
+            return Err(ApiError::new("host_refused", "the request names no Host"));
+        };
+        if !self.host_allowed(host) {
+            return Err(ApiError::new(
+                "host_refused",
+                format!("this server does not answer as `{host}` (allow it with --allow-host)"),
+            )
+            .with_details(json!({ "host": host })));
+        }
+        if let Some(origin) = header("origin")
+            && !self.origin_allowed(origin)
+        {
+            return Err(ApiError::new(
+                "origin_refused",
+                format!(
+                    "requests from `{origin}` are refused: only this server's own pages may call it"
+                ),
+            )
+            .with_details(json!({ "origin": origin })));
+        }
+        if header("sec-fetch-site") == Some("cross-site") {
+            return Err(ApiError::new(
+                "origin_refused",
+                "a cross-site request is refused",
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Guard {
+    /// A guard for a server bound at `bind` that accepts `tokens`, also
+    /// answers as `extra_hosts` (each `name` or `name:port`), and refuses
+    /// an address once it failed `failures_allowed` logins in a minute.
+    pub fn new(
+        tokens: Tokens,
+        bind: SocketAddr,
+        extra_hosts: &[String],
+        failures_allowed: u32,
+    ) -> Guard {
+        Guard {
+            tokens,
+            origins: SameOrigin::new(bind, extra_hosts),
+            failures_allowed,
+            failures: Mutex::default(),
+        }
     }
 
     fn limited(&self, ip: IpAddr) -> bool {
@@ -166,34 +217,8 @@ impl Guard {
         ip: IpAddr,
         path: &str,
     ) -> Result<Option<Caller>, ApiError> {
+        self.origins.check(headers)?;
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        let Some(host) = header("host") else {
-            return Err(ApiError::new("host_refused", "the request names no Host"));
-        };
-        if !self.host_allowed(host) {
-            return Err(ApiError::new(
-                "host_refused",
-                format!("this server does not answer as `{host}` (allow it with --allow-host)"),
-            )
-            .with_details(json!({ "host": host })));
-        }
-        if let Some(origin) = header("origin")
-            && !self.origin_allowed(origin)
-        {
-            return Err(ApiError::new(
-                "origin_refused",
-                format!(
-                    "requests from `{origin}` are refused: only this server's own pages may call it"
-                ),
-            )
-            .with_details(json!({ "origin": origin })));
-        }
-        if header("sec-fetch-site") == Some("cross-site") {
-            return Err(ApiError::new(
-                "origin_refused",
-                "a cross-site request is refused",
-            ));
-        }
         if crate::PUBLIC_PATHS.contains(&path) {
             return Ok(None);
         }

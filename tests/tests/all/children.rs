@@ -584,3 +584,35 @@ async fn a_fork_never_drives_the_child_its_source_started() {
     );
     assert_eq!(fx.effects(), 1);
 }
+
+/// Cancelling a parent whose child waits for approval cancels the child
+/// too: neither is left waiting for anyone, and nothing was written.
+#[tokio::test]
+async fn cancelling_a_parent_cancels_its_child() {
+    let fx = Fixture::new();
+    let agent = planner(&fx, true, "", "");
+    let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+    let rt = runtime(store.clone());
+    let run = rt
+        .start(&agent, json!("plan"), StartOptions::new().id(id("plan")))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingChild
+    );
+    rt.cancel(&run, Some("ops"), Some("not needed".into()))
+        .await
+        .unwrap();
+    assert_eq!(rt.state(&run).await.unwrap().status(), RunStatus::Cancelled);
+    assert_eq!(
+        rt.state(&child(&run, 1)).await.unwrap().status(),
+        RunStatus::Cancelled
+    );
+    let waiting = store
+        .list(&RunFilter::new().status("awaiting_approval"))
+        .await
+        .unwrap();
+    assert!(waiting.is_empty(), "{waiting:?}");
+    assert_eq!(fx.effects(), 0);
+}

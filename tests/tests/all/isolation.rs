@@ -1,5 +1,5 @@
 //! Isolation between leases and from the host: no state survives a lease,
-//! only granted environment variables are visible and their values never
+//! no byte of a lease's linear memory reaches the next one, only granted environment variables are visible and their values never
 //! leave the sandbox, a spinning guest does not starve other work, and a
 //! cancelled lease stops.
 
@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use warden::sandbox::{Capabilities, LeaseFailure, Limits, Outcome};
+use warden::sandbox::{Capabilities, LeaseFailure, Limits, Outcome, Sandbox, SandboxConfig};
+use warden_tests::guests;
 
 use crate::{Logs, assert_serves_normal_call, call, failure, hostile, invoke, output, test_limits};
 
@@ -21,6 +22,42 @@ async fn nothing_leaks_from_one_lease_to_the_next() {
     assert_eq!(got["memory"], false, "{got}");
     assert_eq!(got["env"], false, "{got}");
     assert_eq!(got["visible"], false, "{got}");
+}
+
+/// The pooling allocator keeps a slot's memory resident between leases and
+/// resets in place only the pages a lease wrote (the sandbox's engine
+/// settings): a page the reset missed would hand one lease's bytes to the
+/// next. A guest writes a secret across its memory (stack, zeroed and
+/// initialised statics, heap, grown pages; more than is kept resident, so
+/// both resets run), and later leases of the same component scan all of
+/// theirs for it. The writing lease's own scan finds every word it wrote:
+/// without the reset, the next lease in that slot would find them too.
+#[tokio::test]
+async fn no_byte_of_a_leases_memory_reaches_the_next_lease() {
+    // One lease at a time: a pool of two memory slots, so each is reused
+    // within a few leases, whichever the pool picks.
+    let sandbox = Sandbox::new(SandboxConfig {
+        cache_dir: Some(std::env::temp_dir().join("warden-tests-components")),
+        max_concurrent_leases: 1,
+        ..SandboxConfig::default()
+    })
+    .unwrap();
+    let wasm = std::fs::read(guests::HOSTILE).unwrap();
+    let component = sandbox.load("hostile", &wasm, None).unwrap();
+    let g = sandbox.grant(&component, Capabilities::none(), test_limits());
+    let mut seeds = Vec::new();
+    for round in 0..6_u64 {
+        let seed = 0x5ec2_e7a1_0000_0000 | round;
+        let wrote = output(&invoke(&g, "scatter_secret", json!({ "seed": seed })).await);
+        assert!(wrote["written"].as_u64().unwrap() > 400_000, "{wrote}");
+        assert_eq!(wrote["found"], wrote["written"], "the scan misses: {wrote}");
+        seeds.push(seed);
+        for lease in 0..3 {
+            let seen = output(&invoke(&g, "scan_secret", json!({ "seeds": seeds })).await);
+            assert_eq!(seen["found"], 0, "round {round}, lease {lease}: {seen}");
+            assert_eq!(seen["data_restored"], true, "round {round}: {seen}");
+        }
+    }
 }
 
 #[tokio::test]

@@ -86,6 +86,23 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-build-support",
         ],
     ),
+    // `warden mcp serve`: over the engine (through the facade), reusing
+    // the control plane's Host and Origin checks, below the command line.
+    (
+        "warden-mcp",
+        &[
+            "warden",
+            "warden-server",
+            "warden-syntax",
+            "warden-sandbox",
+            "warden-store",
+            "warden-providers",
+            "warden-plugins",
+            "warden-engine",
+            "warden-testkit",
+            "warden-build-support",
+        ],
+    ),
 ];
 
 /// The workspace's packages and the workspace packages each depends on

@@ -134,6 +134,7 @@ mod kill;
 mod kinds;
 mod layers;
 mod loading;
+mod mcp;
 mod model_server;
 mod narrowed;
 mod network;

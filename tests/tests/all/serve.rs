@@ -791,3 +791,55 @@ fn the_api_keeps_its_openapi_contract_under_schemathesis() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The planner example run by `warden run`, then seen through the API:
+/// the planner's children with their statuses, and a child's parent.
+#[test]
+fn the_api_shows_a_runs_children_and_a_childs_parent() {
+    let demo = demo();
+    let dir = demo.path();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/agents");
+    for name in ["planner", "reader", "writer"] {
+        for file in [format!("{name}.toml"), format!("{name}.transcript.toml")] {
+            std::fs::copy(examples.join(&file), dir.join(&file)).unwrap();
+        }
+    }
+    let token = add_token(dir, "vera", "viewer");
+    let out = warden(dir, "serve.db")
+        .args(["run", "planner.toml", "Plan the week", "--run-id", "plan-1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let (_server, addr) = start_server(dir, "serve.db");
+    let auth = bearer(&token);
+    let headers = [("Authorization", auth.as_str())];
+    let (status, shown) = request(&addr, "GET", "/api/v1/runs/plan-1", &headers, None);
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["parent"], Value::Null);
+    let children = shown["children"].as_array().unwrap();
+    let got: Vec<(&str, &str, &str)> = children
+        .iter()
+        .map(|c| {
+            (
+                c["run_id"].as_str().unwrap(),
+                c["agent"].as_str().unwrap(),
+                c["status"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("plan-1.call-1-1", "reader", "completed"),
+            ("plan-1.call-2-1", "writer", "completed"),
+        ]
+    );
+    let (_, child) = request(&addr, "GET", "/api/v1/runs/plan-1.call-1-1", &headers, None);
+    assert_eq!(child["parent"]["run_id"], "plan-1");
+    assert_eq!(child["parent"]["call_id"], "call-1-1");
+    assert_eq!(child["children"], json!([]));
+}

@@ -20,6 +20,8 @@
 //!   waits too (`awaiting_child`). Driving the parent again drives the
 //!   child, so an approval given to the child is followed by a drive of the
 //!   parent, which continues both.
+//! - Cancelling ([`Runtime::cancel`]) a parent cancels its child in flight
+//!   first (and the child's, down the tree).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -205,6 +207,37 @@ impl Runtime {
             child_run: drive.child_run,
             status,
         }))
+    }
+
+    /// Cancels the child run of `run_id`'s call in flight, if it has one
+    /// of its own that has not ended (a child a fork inherited is its
+    /// source's, and left alone).
+    pub(super) fn cancel_child<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        by: Option<&'a str>,
+        reason: Option<String>,
+    ) -> Boxed<'a, Result<(), RuntimeError>> {
+        Box::pin(async move {
+            let state = self.state(run_id).await?;
+            if state.terminal.is_some() {
+                return Ok(());
+            }
+            let Some((call_id, child_run)) = state.child_in_flight() else {
+                return Ok(());
+            };
+            let link = ParentLink {
+                run_id: run_id.clone(),
+                call_id: call_id.clone(),
+            };
+            if self.check_parent(child_run, &link).await.is_err() {
+                return Ok(());
+            }
+            match self.cancel(child_run, by, reason).await {
+                Ok(()) | Err(RuntimeError::AlreadyTerminal { .. }) => Ok(()),
+                Err(error) => Err(error),
+            }
+        })
     }
 
     /// Refuses `child_run` unless its `run_started` names `link`.

@@ -128,6 +128,18 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
         Effect::Read,
     ),
     (
+        "scatter_secret",
+        "Writes a secret derived from seed across its linear memory (the stack, a zero-initialised static, a static with initial data, the heap, freshly grown pages), then scans its memory for it: {\"written\": words, \"found\": words}.",
+        r#"{"type":"object","required":["seed"],"properties":{"seed":{"type":"integer","minimum":0}}}"#,
+        Effect::Read,
+    ),
+    (
+        "scan_secret",
+        "Scans all of its linear memory for the secrets of seeds: {\"found\": words, \"data_restored\": bool, \"pages\": n}.",
+        r#"{"type":"object","required":["seeds"],"properties":{"seeds":{"type":"array","items":{"type":"integer","minimum":0}}}}"#,
+        Effect::Read,
+    ),
+    (
         "echo",
         "Returns its arguments, logs them and reads config_key (default echo) from the host's config.",
         r#"{"type":"object","properties":{"config_key":{"type":"string"}}}"#,
@@ -217,6 +229,8 @@ impl Guest for Hostile {
             "set_marker" => set_marker(&args),
             "get_marker" => get_marker(&args),
             "echo" => echo(&args),
+            "scatter_secret" => secret::scatter(&args),
+            "scan_secret" => secret::scan(&args),
             "say" => say(&args),
             "nested_output" => nested_output(&args),
             "flaky" => flaky(&args, &call.idempotency_key),
@@ -567,6 +581,153 @@ fn get_marker(args: &Value) -> Result<String, ToolError> {
     let file = optional_str_arg(args, "path")?.map(|path| Path::new(path).exists());
     let visible = memory || env || file == Some(true);
     Ok(json!({ "memory": memory, "env": env, "file": file, "visible": visible }).to_string())
+}
+
+/// `scatter_secret` and `scan_secret`: the proof, from inside a guest, that
+/// nothing a lease wrote to its linear memory is there for the next lease,
+/// however the host resets memory between leases.
+///
+/// The secret is position-dependent: the 8-byte word at address `a` is
+/// `mix(seed ^ a)`, so a scan checks each aligned word against the value
+/// its own address would hold, needing no copy of the secret (which would
+/// itself be found), and a word left where the last lease wrote it is found
+/// exactly. Reads and writes are volatile and go around the allocator: this
+/// is raw linear memory, which wasm allows a guest to read whole.
+#[allow(unsafe_code)]
+mod secret {
+    use super::{ToolError, Value, failed, invalid, json};
+
+    const PAGE: usize = 65536;
+    /// Words on the stack (128 KiB), in a zero-initialised static (256 KiB),
+    /// in a static with initial data (32 KiB), on the heap (1 MiB), and
+    /// pages grown for the purpose (2 MiB): more than a pooling allocator
+    /// keeps resident, so both of wasmtime's resets are exercised.
+    const STACK_WORDS: usize = 16 * 1024;
+    const BSS_WORDS: usize = 32 * 1024;
+    const DATA_WORDS: usize = 4 * 1024;
+    const HEAP_WORDS: usize = 128 * 1024;
+    const GROWN_PAGES: usize = 32;
+    /// What the static with initial data holds when an instance starts.
+    const DATA_WORD: u64 = 0x5741_5244_454e_2121;
+
+    static mut BSS: [u64; BSS_WORDS] = [0; BSS_WORDS];
+    static mut DATA: [u64; DATA_WORDS] = [DATA_WORD; DATA_WORDS];
+
+    /// The secret word of `seed` at `addr`: splitmix64's finaliser.
+    fn mix(seed: u64, addr: usize) -> u64 {
+        let mut z = seed ^ addr as u64;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Writes the secret over `words` words from `start`; returns `words`.
+    ///
+    /// # Safety
+    /// `start..start + 8 * words` is memory this instance owns and nothing
+    /// else uses while the secret is there.
+    unsafe fn fill(start: *mut u64, words: usize, seed: u64) -> u64 {
+        for i in 0..words {
+            // SAFETY: in the range the caller vouches for.
+            unsafe {
+                let p = start.add(i);
+                p.write_volatile(mix(seed, p as usize));
+            }
+        }
+        words as u64
+    }
+
+    fn seed_arg(value: &Value) -> Result<u64, ToolError> {
+        value.as_u64().ok_or_else(|| {
+            invalid(&format!(
+                "a seed must be a non-negative integer, got {value}"
+            ))
+        })
+    }
+
+    /// `scatter_secret {seed}`.
+    pub(super) fn scatter(args: &Value) -> Result<String, ToolError> {
+        let seed = seed_arg(args.get("seed").unwrap_or(&Value::Null))?;
+        let mut written = 0;
+        let mut stack = [0u64; STACK_WORDS];
+        let mut heap: Vec<u64> = Vec::with_capacity(HEAP_WORDS);
+        // SAFETY: each range is this function's own stack array, the two
+        // statics only this module touches, its own heap allocation, and
+        // pages it just grew; all stay alive until the scan below.
+        unsafe {
+            written += fill(stack.as_mut_ptr(), STACK_WORDS, seed);
+            written += fill((&raw mut BSS).cast(), BSS_WORDS, seed);
+            written += fill((&raw mut DATA).cast(), DATA_WORDS, seed);
+            written += fill(heap.as_mut_ptr(), HEAP_WORDS, seed);
+            let grown = grow(GROWN_PAGES)?;
+            written += fill(grown, GROWN_PAGES * PAGE / 8, seed);
+        }
+        // The scan finds what this instance wrote: were memory handed on
+        // unreset, the next lease's scan would find it too.
+        let found = count(&[seed]);
+        std::hint::black_box((&stack, &heap));
+        Ok(json!({ "written": written, "found": found }).to_string())
+    }
+
+    /// `scan_secret {seeds}`.
+    pub(super) fn scan(args: &Value) -> Result<String, ToolError> {
+        let seeds = args
+            .get("seeds")
+            .and_then(Value::as_array)
+            .ok_or_else(|| invalid("missing array `seeds`"))?
+            .iter()
+            .map(seed_arg)
+            .collect::<Result<Vec<u64>, _>>()?;
+        // SAFETY: a static only this module touches, read whole.
+        let data_restored = (0..DATA_WORDS).all(|i| unsafe {
+            (&raw const DATA).cast::<u64>().add(i).read_volatile() == DATA_WORD
+        });
+        Ok(json!({
+            "found": count(&seeds),
+            "data_restored": data_restored,
+            "pages": pages(),
+        })
+        .to_string())
+    }
+
+    /// Aligned words anywhere in linear memory (but page 0, where address
+    /// 0 is) holding the secret of one of `seeds` at their own address.
+    fn count(seeds: &[u64]) -> u64 {
+        let mut found = 0;
+        for addr in (PAGE..pages() * PAGE).step_by(8) {
+            // SAFETY: inside linear memory, which is all readable.
+            let word = unsafe { (addr as *const u64).read_volatile() };
+            found += seeds.iter().filter(|&&s| word == mix(s, addr)).count() as u64;
+        }
+        found
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn pages() -> usize {
+        core::arch::wasm32::memory_size::<0>()
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    fn grow(pages: usize) -> Result<*mut u64, ToolError> {
+        match core::arch::wasm32::memory_grow::<0>(pages) {
+            usize::MAX => Err(failed(format!("cannot grow memory by {pages} pages"))),
+            old => Ok((old * PAGE) as *mut u64),
+        }
+    }
+
+    // Natively (for the workspace's clippy and tests) there is no linear
+    // memory to scan.
+    #[cfg(not(target_arch = "wasm32"))]
+    fn pages() -> usize {
+        1
+    }
+
+    #[cfg(not(target_arch = "wasm32"))]
+    fn grow(_pages: usize) -> Result<*mut u64, ToolError> {
+        Err(failed(
+            "only a wasm32 guest has linear memory to grow".into(),
+        ))
+    }
 }
 
 /// `flaky {path, fail_times?: u64 = 1}`: counts its calls in the file at

@@ -1,0 +1,107 @@
+//! The streamable HTTP transport: rmcp's service at `/mcp`, behind the
+//! Host and Origin checks `warden serve` makes (DNS rebinding: a page on
+//! another site that points its name at 127.0.0.1 is refused) and, when a
+//! token is set, `Authorization: Bearer <token>`. Each MCP session the
+//! service opens is a `session::McpSession`: one run.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use warden_server::guard::SameOrigin;
+use warden_server::tokens::{TokenEntry, digest};
+use warden_server::{ApiError, Role, Tokens};
+
+use super::Served;
+use super::session::McpSession;
+
+/// What the HTTP transport checks besides the MCP protocol.
+#[derive(Clone, Debug, Default)]
+pub struct HttpOptions {
+    /// The bearer token every request must carry; `None` on loopback
+    /// only (see [`check_bind`](super::check_bind)).
+    pub token: Option<String>,
+    /// Host names it also answers as (its `Host` and `Origin`), as NAME or
+    /// NAME:PORT.
+    pub allowed_hosts: Vec<String>,
+    /// Cancelled to close every session (at shutdown).
+    pub shutdown: CancellationToken,
+}
+
+struct Gate {
+    origins: SameOrigin,
+    tokens: Option<Tokens>,
+}
+
+/// The routes of `served` for a server bound at `bind`: `POST`, `GET` and
+/// `DELETE /mcp`.
+pub fn router(served: Arc<Served>, bind: SocketAddr, options: HttpOptions) -> Router {
+    let gate = Arc::new(Gate {
+        origins: SameOrigin::new(bind, &options.allowed_hosts),
+        tokens: options.token.as_deref().map(|token| {
+            Tokens::from_entries(vec![TokenEntry {
+                name: "mcp".to_owned(),
+                role: Role::Operator,
+                sha256: digest(token),
+            }])
+        }),
+    });
+    // Host and Origin are checked by the gate, with the operator's
+    // --allow-host, the same way as `warden serve`.
+    let config = StreamableHttpServerConfig::default()
+        .disable_allowed_hosts()
+        .disable_allowed_origins()
+        .with_cancellation_token(options.shutdown);
+    let service = StreamableHttpService::new(
+        move || Ok(McpSession::new(Arc::clone(&served))),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    Router::new()
+        .route_service("/mcp", service)
+        .fallback(|| async { ApiError::new("not_found", "no such endpoint: MCP is at /mcp") })
+        .layer(axum::middleware::from_fn_with_state(gate, check))
+}
+
+async fn check(
+    State(gate): State<Arc<Gate>>,
+    request: Request,
+    next: Next,
+) -> Result<Response, ApiError> {
+    gate.origins.check(request.headers())?;
+    if let Some(tokens) = &gate.tokens {
+        let presented = request
+            .headers()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim);
+        match presented {
+            None => {
+                return Err(ApiError::new(
+                    "unauthenticated",
+                    "no token: send `Authorization: Bearer <token>`",
+                ));
+            }
+            Some(token) if tokens.identify(token).is_none() => {
+                return Err(ApiError::new("unauthenticated", "unknown token"));
+            }
+            Some(_) => {}
+        }
+    }
+    let ends_session = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    // rmcp answers a session's DELETE with 202; MCP clients (the Python
+    // SDK among them) take 200 or 204 as "terminated".
+    if ends_session && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
+    }
+    Ok(response)
+}

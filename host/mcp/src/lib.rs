@@ -1,0 +1,347 @@
+//! `warden mcp serve`: an agent's granted plugin tools served to any Model
+//! Context Protocol client, over stdio or streamable HTTP, each call an
+//! effect of a Warden run like any other.
+//!
+//! - [`Served`]: the agent being served, its tools and the options; it
+//!   opens a session per MCP session and recovers the runs of sessions
+//!   whose server died ([`Served::recover_orphans`]).
+//! - `session.rs`: one MCP session is one Warden run. Its model is the
+//!   client (`client_model.rs`): each `tools/call` becomes the answer of
+//!   the run's next model call, so the engine records and performs it as
+//!   `warden run` would (intent before, a fresh lease, completion with its
+//!   receipt, approvals, budgets per session, a `write` never repeated).
+//!   The run is held under a claim the server renews, as a worker's, so
+//!   `warden runs approve` from another terminal records its decision and
+//!   leaves the driving to the server.
+//! - `tools.rs`: effect classes as MCP annotations.
+//! - `http.rs`: the streamable HTTP transport behind the Host and Origin
+//!   checks of `warden serve` and an optional bearer token.
+//!
+//! Invariant: an MCP call is an effect like any other. Nothing here runs
+//! a tool: every call goes through the engine's model-call and tool-call
+//! paths, and what the client sees is read back from the run's log.
+
+mod client_model;
+mod http;
+mod session;
+mod tools;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use warden::engine::view::ToolTarget;
+use warden::engine::{ReplayOptions, RunStatus};
+use warden::sandbox::{Moment, ValidUntil};
+use warden::store::RunFilter;
+use warden::{Agent, RunId, Runtime, RuntimeError};
+
+pub use http::{HttpOptions, router};
+
+/// The label every run of a served session carries (`mcp=serve`), with the
+/// client's name under `mcp_client`.
+pub const SESSION_LABEL: &str = "mcp";
+
+/// Why serving cannot start or go on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum McpError {
+    /// The agent has nothing to serve, or something that cannot be served.
+    #[error("agent `{agent}` cannot be served over MCP: {reason}")]
+    Unservable {
+        /// The agent.
+        agent: String,
+        /// Why.
+        reason: String,
+    },
+    /// An HTTP bind off loopback without a bearer token.
+    #[error(
+        "refusing to serve MCP on {addr} without a bearer token: anyone who can reach it could call the agent's tools; set the token's environment variable ({env}) or bind to a loopback address"
+    )]
+    Unprotected {
+        /// The address.
+        addr: SocketAddr,
+        /// The environment variable the token is read from.
+        env: String,
+    },
+    /// The transport failed (stdio closed badly, the HTTP listener).
+    #[error("MCP transport failed: {message}")]
+    Failed {
+        /// What failed.
+        message: String,
+    },
+    /// The engine refused (loading the agent's plugins, the store).
+    #[error(transparent)]
+    Runtime(Box<RuntimeError>),
+}
+
+impl From<RuntimeError> for McpError {
+    fn from(error: RuntimeError) -> Self {
+        McpError::Runtime(Box::new(error))
+    }
+}
+
+impl McpError {
+    /// The stable code (docs/json-output.md).
+    pub fn code(&self) -> &'static str {
+        match self {
+            McpError::Unservable { .. } => "agent_unservable",
+            McpError::Unprotected { .. } => "mcp_unprotected",
+            McpError::Failed { .. } => "mcp_failed",
+            McpError::Runtime(e) => warden::errors::code_of(&**e).0,
+        }
+    }
+
+    /// The evidence: the agent, the address and the token's variable.
+    pub fn details(&self) -> Value {
+        match self {
+            McpError::Unservable { agent, .. } => json!({ "agent": agent }),
+            McpError::Unprotected { addr, env } => {
+                json!({ "addr": addr.to_string(), "env": env })
+            }
+            McpError::Failed { .. } => json!({}),
+            McpError::Runtime(e) => warden::errors::code_of(&**e).1,
+        }
+    }
+}
+
+/// Refuses an HTTP bind off loopback without a token.
+pub fn check_bind(addr: SocketAddr, has_token: bool, env: &str) -> Result<(), McpError> {
+    if addr.ip().is_loopback() || has_token {
+        Ok(())
+    } else {
+        Err(McpError::Unprotected {
+            addr,
+            env: env.to_owned(),
+        })
+    }
+}
+
+/// How sessions are served. Every setter says its default.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    approval_timeout: Duration,
+    claim_ttl: Duration,
+    poll: Duration,
+    owner: String,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            approval_timeout: Duration::from_secs(300),
+            claim_ttl: Duration::from_secs(15),
+            poll: Duration::from_millis(200),
+            owner: format!("mcp:{}:{:08x}", std::process::id(), rand::random::<u32>()),
+        }
+    }
+}
+
+impl ServeOptions {
+    /// How long a call that needs approval waits for it (elicitation, or
+    /// `warden runs approve` from elsewhere) before it is denied as timed
+    /// out. Default: 5 minutes.
+    pub fn approval_timeout(mut self, timeout: Duration) -> Self {
+        self.approval_timeout = timeout;
+        self
+    }
+
+    /// How long a session's claim on its run lasts unless renewed (every
+    /// third of it): after a crash, the run is another driver's to recover
+    /// once it ran out. Default: 15 s.
+    pub fn claim_ttl(mut self, ttl: Duration) -> Self {
+        self.claim_ttl = ttl.max(Duration::from_millis(300));
+        self
+    }
+
+    /// How often a call waiting for an approval made elsewhere reads the
+    /// log. Default: 200 ms.
+    pub fn poll(mut self, poll: Duration) -> Self {
+        self.poll = poll;
+        self
+    }
+
+    /// The owner its claims record. Default: `mcp:<pid>:<random>`.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = owner.into();
+        self
+    }
+
+    /// How long after the start of a claim or renewal it is taken to hold:
+    /// four fifths of the time to live, as a worker's.
+    fn valid_for(&self) -> Duration {
+        self.claim_ttl - self.claim_ttl / 5
+    }
+}
+
+/// An agent being served: its runtime, tools and options.
+pub struct Served {
+    runtime: Runtime,
+    agent: Arc<Agent>,
+    tools: Vec<tools::ServedTool>,
+    options: ServeOptions,
+    /// Sessions winding down (their runs finishing), awaited on shutdown.
+    closing: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for Served {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Served")
+            .field("agent", &self.agent.name)
+            .field("tools", &self.tools.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Served {
+    /// Serves `agent` over `runtime` (its store holds the sessions' runs).
+    /// Its plugins are loaded now; refused when it has no plugin tool, or
+    /// human or external tools (which only an application can answer).
+    pub async fn new(
+        runtime: Runtime,
+        agent: Agent,
+        options: ServeOptions,
+    ) -> Result<Arc<Served>, McpError> {
+        let listed = runtime.tools(&agent).await?;
+        let unservable = |reason: String| McpError::Unservable {
+            agent: agent.name.clone(),
+            reason,
+        };
+        if let Some(other) = listed
+            .iter()
+            .find(|t| !matches!(t.target, ToolTarget::Plugin { .. }))
+        {
+            return Err(unservable(format!(
+                "tool `{}` is a human or external tool, which only an application embedding Warden can answer",
+                other.name
+            )));
+        }
+        let tools: Vec<_> = listed.iter().filter_map(tools::served).collect();
+        if tools.is_empty() {
+            return Err(unservable("it grants no plugin tool".to_owned()));
+        }
+        Ok(Arc::new(Served {
+            runtime,
+            agent: Arc::new(agent),
+            tools,
+            options,
+            closing: Mutex::default(),
+        }))
+    }
+
+    /// The served tools' names.
+    pub fn tool_names(&self) -> Vec<String> {
+        self.tools.iter().map(|t| t.tool.name.to_string()).collect()
+    }
+
+    fn tool(&self, name: &str) -> Option<&tools::ServedTool> {
+        self.tools.iter().find(|t| t.tool.name == name)
+    }
+
+    /// Serves one session over stdin and stdout until the client closes
+    /// it, then lets its run finish.
+    pub async fn serve_stdio(self: &Arc<Self>) -> Result<(), McpError> {
+        use rmcp::ServiceExt as _;
+        let session = session::McpSession::new(Arc::clone(self));
+        let running =
+            session
+                .serve(rmcp::transport::stdio())
+                .await
+                .map_err(|e| McpError::Failed {
+                    message: e.to_string(),
+                })?;
+        let quit = running.waiting().await;
+        self.closed().await;
+        quit.map(|_| ()).map_err(|e| McpError::Failed {
+            message: e.to_string(),
+        })
+    }
+
+    /// Waits until every ended session's run has finished (bounded by each
+    /// session).
+    pub async fn closed(&self) {
+        loop {
+            let pending: Vec<_> =
+                std::mem::take(&mut *self.closing.lock().unwrap_or_else(|p| p.into_inner()));
+            if pending.is_empty() {
+                return;
+            }
+            for task in pending {
+                let _ = task.await;
+            }
+        }
+    }
+
+    /// Recovers the runs of this agent's sessions whose server died (their
+    /// claim ran out while they were still running): the session is over,
+    /// so the model's next call answers that and the run completes; a
+    /// `write` whose outcome was not recorded is never run again, and the
+    /// run parks as `needs_reconciliation`, as every recovery does. Runs
+    /// another live server holds are left alone. Returns each run
+    /// recovered and the status it reached.
+    pub async fn recover_orphans(&self) -> Result<Vec<(RunId, RunStatus)>, McpError> {
+        let store = Arc::clone(self.runtime.store());
+        let runs = store
+            .list(
+                &RunFilter::new()
+                    .agent(self.agent.name.clone())
+                    .label(SESSION_LABEL, "serve"),
+            )
+            .await
+            .map_err(RuntimeError::from)?;
+        let runtime = self
+            .runtime
+            .clone()
+            .with_provider(Arc::new(client_model::ClientModel::ended()));
+        let mut recovered = Vec::new();
+        for run in runs {
+            if !run.is_stalled(now_ms()) {
+                continue;
+            }
+            let started = Moment::now();
+            let claim = match store
+                .acquire_claim(
+                    &run.run_id,
+                    &self.options.owner,
+                    now_ms(),
+                    self.options.claim_ttl.as_millis() as i64,
+                )
+                .await
+            {
+                Ok(claim) => claim,
+                // Another server or worker took it first.
+                Err(error) => {
+                    tracing::info!(run_id = %run.run_id, %error, "not recovering a session's run");
+                    continue;
+                }
+            };
+            let valid = ValidUntil::at(started.after(self.options.valid_for()));
+            let status = match runtime
+                .recover_claimed(&self.agent, ReplayOptions::default(), claim.clone(), valid)
+                .await
+            {
+                Ok(status) => status,
+                Err(RuntimeError::NeedsReconciliation { .. }) => RunStatus::NeedsReconciliation,
+                Err(error) => {
+                    tracing::warn!(run_id = %run.run_id, %error, "cannot recover a session's run");
+                    continue;
+                }
+            };
+            let listed = (status == RunStatus::NeedsReconciliation).then_some(status.as_str());
+            if let Err(error) = store.release_claim(&claim, listed).await {
+                tracing::warn!(run_id = %run.run_id, %error, "cannot release a recovered run's claim");
+            }
+            recovered.push((run.run_id, status));
+        }
+        Ok(recovered)
+    }
+}
+
+/// Milliseconds since the Unix epoch, as claims are stamped.
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
+}

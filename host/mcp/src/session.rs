@@ -1,0 +1,661 @@
+//! One MCP session: one Warden run, started at the session's first
+//! `tools/call` and driven under a claim this server renews.
+//!
+//! A call is offered to the run's model (the client, `client_model.rs`)
+//! and the run is driven until the engine asks the model again (the call
+//! settled: its result is read back from the log) or the drive stops: at
+//! an approval, which is asked of the client's user by elicitation when
+//! the client declared it, else waited for from `warden runs approve` (or
+//! `deny`) until the approval timeout, when this server denies it; or at
+//! anything else that parks or ends the run (a budget, a dangling write),
+//! which the client receives as a typed error.
+//!
+//! Calls of one session are made one at a time, in the order they arrive:
+//! a run has one conversation. When the session ends, its run is given the
+//! model's last answer and completes; a call still waiting for approval is
+//! denied first.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
+    ServerConfig,
+};
+use rmcp::service::{ElicitationError, ElicitationMode, RequestContext, ServiceError};
+use rmcp::{Peer, RoleServer, ServerHandler};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use warden::engine::StartOptions;
+use warden::engine::events::{Event, ToolCallResult};
+use warden::engine::state::{Parked, ToolCallProgress, value_text};
+use warden::engine::{ReplayOptions, RunStatus};
+use warden::sandbox::{Moment, ValidUntil};
+use warden::store::Claim;
+use warden::{RunId, Runtime, RuntimeError};
+
+use super::client_model::{ClientModel, Offered};
+use super::{SESSION_LABEL, Served, now_ms};
+
+/// The JSON-RPC error code of every refusal Warden makes (the range
+/// JSON-RPC leaves to servers); `data.code` holds Warden's stable code.
+const REFUSED: ErrorCode = ErrorCode(-32000);
+
+/// How long a closing session waits for its run to finish.
+const CLOSING_WAIT: Duration = Duration::from_secs(30);
+
+/// Who the log records as having denied a call nobody decided in time.
+const SERVER: &str = "warden mcp serve";
+
+/// The handler of one MCP session (what rmcp serves). Dropping the last
+/// clone ends the session.
+#[derive(Clone)]
+pub(crate) struct McpSession {
+    session: Arc<Session>,
+    _end: Arc<EndOnDrop>,
+}
+
+struct EndOnDrop(CancellationToken);
+
+impl Drop for EndOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
+}
+
+impl McpSession {
+    /// A new session of `served`; its run starts at its first call.
+    pub(crate) fn new(served: Arc<Served>) -> McpSession {
+        let ended = CancellationToken::new();
+        let model = ClientModel::new(ended.clone());
+        let runtime = served
+            .runtime
+            .clone()
+            .with_provider(Arc::new(model.clone()));
+        let session = Arc::new(Session {
+            served: Arc::clone(&served),
+            runtime,
+            model,
+            ended: ended.clone(),
+            run: tokio::sync::Mutex::new(None),
+            calls: AtomicU64::new(0),
+        });
+        let closing = Arc::clone(&session);
+        let task = tokio::spawn(async move {
+            closing.ended.cancelled().await;
+            closing.close().await;
+        });
+        served
+            .closing
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(task);
+        McpSession {
+            session,
+            _end: Arc::new(EndOnDrop(ended)),
+        }
+    }
+}
+
+struct Session {
+    served: Arc<Served>,
+    /// The runtime whose model is this session's client.
+    runtime: Runtime,
+    model: ClientModel,
+    ended: CancellationToken,
+    /// The session's run once started; locked for the whole of a call, so
+    /// calls are made one at a time.
+    run: tokio::sync::Mutex<Option<Active>>,
+    calls: AtomicU64,
+}
+
+/// A session's run and this server's hold on it.
+struct Active {
+    run_id: RunId,
+    claim: Claim,
+    valid: ValidUntil,
+    renewing: JoinHandle<()>,
+    /// The drive in progress, if any (it waits in the model call between
+    /// calls).
+    drive: Option<JoinHandle<Result<RunStatus, RuntimeError>>>,
+}
+
+impl Drop for Active {
+    fn drop(&mut self) {
+        self.renewing.abort();
+    }
+}
+
+/// What a user answers to an approval asked by elicitation.
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+struct Approval {
+    /// Approve this call?
+    approve: bool,
+    /// Why, when denying (recorded with the denial).
+    #[serde(default)]
+    reason: String,
+}
+
+rmcp::elicit_safe!(Approval);
+
+/// A refusal the client sees: Warden's stable code and the evidence.
+fn refusal(code: &str, message: impl Into<String>, details: Value) -> ErrorData {
+    let mut data = json!({ "code": code });
+    if let (Some(data), Value::Object(details)) = (data.as_object_mut(), details) {
+        data.extend(details);
+    }
+    ErrorData::new(REFUSED, message.into(), Some(data))
+}
+
+/// An engine error as the client sees it: its stable code.
+fn engine_refusal(error: &RuntimeError) -> ErrorData {
+    let (code, details) = warden::errors::code_of(error);
+    refusal(code, error.to_string(), details)
+}
+
+impl Session {
+    fn client(peer: &Peer<RoleServer>) -> String {
+        peer.peer_info()
+            .map(|info| info.client_info.name.clone())
+            .filter(|name| !name.is_empty())
+            .unwrap_or_else(|| "client".to_owned())
+    }
+
+    /// Starts the session's run and claims it.
+    async fn begin(&self, peer: &Peer<RoleServer>) -> Result<Active, ErrorData> {
+        let client = Self::client(peer);
+        let options = StartOptions::new()
+            .label(SESSION_LABEL, "serve")
+            .label("mcp_client", client.clone());
+        let input = Value::String(format!("An MCP session of `{client}`."));
+        let run_id = self
+            .runtime
+            .start(&self.served.agent, input, options)
+            .await
+            .map_err(|e| engine_refusal(&e))?;
+        let options = &self.served.options;
+        let store = Arc::clone(self.runtime.store());
+        let started = Moment::now();
+        let claim = store
+            .acquire_claim(
+                &run_id,
+                &options.owner,
+                now_ms(),
+                options.claim_ttl.as_millis() as i64,
+            )
+            .await
+            .map_err(|e| engine_refusal(&RuntimeError::from(e)))?;
+        let valid = ValidUntil::at(started.after(options.valid_for()));
+        tracing::info!(%run_id, client, "MCP session started its run");
+        eprintln!("warden mcp serve: session of `{client}` is run {run_id}");
+        let renewing = tokio::spawn(renew(
+            store,
+            claim.clone(),
+            valid.clone(),
+            options.claim_ttl,
+            options.valid_for(),
+        ));
+        Ok(Active {
+            run_id,
+            claim,
+            valid,
+            renewing,
+            drive: None,
+        })
+    }
+
+    fn drive(&self, active: &Active) -> JoinHandle<Result<RunStatus, RuntimeError>> {
+        let runtime = self.runtime.clone();
+        let agent = Arc::clone(&self.served.agent);
+        let (claim, valid) = (active.claim.clone(), active.valid.clone());
+        tokio::spawn(async move {
+            runtime
+                .recover_claimed(&agent, ReplayOptions::default(), claim, valid)
+                .await
+        })
+    }
+
+    /// One `tools/call`.
+    async fn call(
+        &self,
+        name: &str,
+        arguments: Value,
+        peer: &Peer<RoleServer>,
+    ) -> Result<CallToolResult, ErrorData> {
+        if self.served.tool(name).is_none() {
+            return Err(ErrorData::invalid_params(
+                format!(
+                    "no tool `{name}` here (tools: {})",
+                    self.served.tool_names().join(", ")
+                ),
+                None,
+            ));
+        }
+        let mut run = self.run.lock().await;
+        if self.ended.is_cancelled() {
+            return Err(refusal("session_ended", "the MCP session ended", json!({})));
+        }
+        if run.is_none() {
+            *run = Some(self.begin(peer).await?);
+        }
+        let active = run.as_mut().expect("started above");
+        let id = format!("mcp-{}", self.calls.fetch_add(1, Ordering::Relaxed) + 1);
+        let (settled, mut told) = oneshot::channel();
+        self.model.offer(Offered {
+            id: id.clone(),
+            name: name.to_owned(),
+            arguments,
+            settled,
+        });
+        // The code of a denial this server recorded itself (a timeout).
+        let mut denial = None;
+        let stopped = loop {
+            if active.drive.is_none() {
+                active.drive = Some(self.drive(active));
+            }
+            let drive = active.drive.as_mut().expect("set above");
+            tokio::select! {
+                _ = &mut told => break None,
+                joined = drive => {
+                    active.drive = None;
+                    let ended = match joined {
+                        Ok(ended) => ended,
+                        Err(e) => Err(RuntimeError::Agent {
+                            agent: self.served.agent.name.clone(),
+                            message: format!("the session's drive stopped: {e}"),
+                        }),
+                    };
+                    match ended {
+                        Ok(RunStatus::AwaitingApproval) => {
+                            denial = self.decide(&active.run_id, peer).await?;
+                        }
+                        other => break Some(other),
+                    }
+                }
+            }
+        };
+        self.model.withdraw();
+        // The call may have settled even when the drive then stopped (a
+        // budget reached before the next model call).
+        if let Some(result) = self.result(&active.run_id, &id, denial).await? {
+            return result;
+        }
+        Err(match stopped {
+            Some(Ok(status)) => refusal(
+                status.as_str(),
+                format!(
+                    "run {}: the session's run is {status}; see `warden runs show {}`",
+                    active.run_id, active.run_id
+                ),
+                json!({ "run_id": active.run_id, "status": status.as_str() }),
+            ),
+            Some(Err(error)) => engine_refusal(&error),
+            None => refusal(
+                "mcp_failed",
+                format!("run {}: the call has no recorded result", active.run_id),
+                json!({ "run_id": active.run_id }),
+            ),
+        })
+    }
+
+    /// The settled call `id`'s result as the client receives it; `None`
+    /// while it has none.
+    async fn result(
+        &self,
+        run_id: &RunId,
+        id: &str,
+        denial: Option<&'static str>,
+    ) -> Result<Option<Result<CallToolResult, ErrorData>>, ErrorData> {
+        let state = self
+            .runtime
+            .state(run_id)
+            .await
+            .map_err(|e| engine_refusal(&e))?;
+        let Some(call) = state
+            .last_turn()
+            .and_then(|turn| turn.calls.iter().find(|c| c.call.id == id))
+        else {
+            return Ok(None);
+        };
+        let details = json!({ "run_id": run_id, "call_id": call.call_id });
+        let output = |value: &Value| {
+            let mut result = CallToolResult::success(vec![ContentBlock::text(value_text(value))]);
+            if value.is_object() {
+                result.structured_content = Some(value.clone());
+            }
+            Ok(result)
+        };
+        Ok(Some(match &call.progress {
+            ToolCallProgress::Completed(ToolCallResult::Output(value))
+            | ToolCallProgress::Deduplicated {
+                result: ToolCallResult::Output(value),
+                ..
+            }
+            | ToolCallProgress::Resolved { output: value, .. } => output(value),
+            ToolCallProgress::Completed(ToolCallResult::Error(error))
+            | ToolCallProgress::Deduplicated {
+                result: ToolCallResult::Error(error),
+                ..
+            }
+            | ToolCallProgress::Rejected(error) => {
+                Ok(CallToolResult::error(vec![ContentBlock::text(
+                    error.to_string(),
+                )]))
+            }
+            ToolCallProgress::Denied { by, reason } => Err(refusal(
+                denial.unwrap_or("approval_denied"),
+                format!("call {} was denied by {by}: {reason}", call.call_id),
+                details,
+            )),
+            ToolCallProgress::PolicyDenied { policy, reason } => Err(refusal(
+                "policy_denied",
+                format!(
+                    "call {} was denied by policy `{policy}`: {reason}",
+                    call.call_id
+                ),
+                details,
+            )),
+            _ => return Ok(None),
+        }))
+    }
+
+    /// Gets the parked call approved or denied; returns the code of a
+    /// denial this server recorded itself.
+    async fn decide(
+        &self,
+        run_id: &RunId,
+        peer: &Peer<RoleServer>,
+    ) -> Result<Option<&'static str>, ErrorData> {
+        let events = self
+            .runtime
+            .events(run_id)
+            .await
+            .map_err(|e| engine_refusal(&e))?;
+        let state = self
+            .runtime
+            .state(run_id)
+            .await
+            .map_err(|e| engine_refusal(&e))?;
+        let Some(Parked::Approval { call }) = state.parked() else {
+            return Ok(None);
+        };
+        let call_id = call.call_id.clone();
+        let preview = events.iter().rev().find_map(|event| match event {
+            Event::ApprovalRequested(requested) if requested.call_id == call_id => {
+                Some(match &requested.preview {
+                    Some(p) if p.detail.is_empty() => p.summary.clone(),
+                    Some(p) => format!("{}\n{}", p.summary, p.detail),
+                    None => "(no preview)".to_owned(),
+                })
+            }
+            _ => None,
+        });
+        let message = format!(
+            "Warden: approve call {call_id} of run {run_id}, {} {}?\n{}",
+            call.call.name,
+            call.call.arguments,
+            preview.unwrap_or_default()
+        );
+        let timeout = self.served.options.approval_timeout;
+        let deadline = Instant::now() + timeout;
+        let by = format!("mcp:{}", Self::client(peer));
+        if peer
+            .supported_elicitation_modes()
+            .contains(&ElicitationMode::Form)
+        {
+            let answer = peer
+                .elicit_with_timeout::<Approval>(message.clone(), Some(timeout))
+                .await;
+            let denied = |reason: &str| {
+                if reason.is_empty() {
+                    "denied by the client's user".to_owned()
+                } else {
+                    reason.to_owned()
+                }
+            };
+            match answer {
+                Ok(Some(Approval { approve: true, .. })) => {
+                    return self.record(run_id, &call_id, &by, None).await;
+                }
+                Ok(Some(Approval { reason, .. })) => {
+                    return self
+                        .record(run_id, &call_id, &by, Some(&denied(&reason)))
+                        .await;
+                }
+                Ok(None)
+                | Err(ElicitationError::UserDeclined | ElicitationError::UserCancelled) => {
+                    return self.record(run_id, &call_id, &by, Some(&denied(""))).await;
+                }
+                Err(ElicitationError::Service(ServiceError::Timeout { .. })) => {}
+                Err(error) => {
+                    // The client could not answer: an approval from another
+                    // terminal still can, until the deadline.
+                    tracing::warn!(%run_id, %call_id, %error, "elicitation failed; waiting for `warden runs approve`");
+                }
+            }
+        }
+        eprintln!(
+            "warden mcp serve: call {call_id} ({}) waits for approval: warden runs approve {run_id} {call_id} (or deny), within {}s",
+            call.call.name,
+            deadline.saturating_duration_since(Instant::now()).as_secs()
+        );
+        while Instant::now() < deadline {
+            tokio::time::sleep(
+                self.served
+                    .options
+                    .poll
+                    .min(deadline.saturating_duration_since(Instant::now())),
+            )
+            .await;
+            let state = self
+                .runtime
+                .state(run_id)
+                .await
+                .map_err(|e| engine_refusal(&e))?;
+            if !matches!(state.parked(), Some(Parked::Approval { call }) if call.call_id == call_id)
+            {
+                return Ok(None);
+            }
+        }
+        let reason = format!("no approval within {} s", timeout.as_secs_f64());
+        self.record(run_id, &call_id, SERVER, Some(&reason))
+            .await
+            .map(|recorded| recorded.map(|_| "approval_timeout"))
+    }
+
+    /// Records an approval (`denial` none) or a denial; returns the code of
+    /// the denial when it was recorded. A decision someone else recorded
+    /// first stands.
+    async fn record(
+        &self,
+        run_id: &RunId,
+        call_id: &warden::engine::CallId,
+        by: &str,
+        denial: Option<&str>,
+    ) -> Result<Option<&'static str>, ErrorData> {
+        let recorded = match denial {
+            None => self.runtime.approve(run_id, call_id, by).await,
+            Some(reason) => self.runtime.deny(run_id, call_id, by, reason).await,
+        };
+        match recorded {
+            Ok(()) => Ok(denial.map(|_| "approval_denied")),
+            Err(RuntimeError::NotAwaitingApproval { .. } | RuntimeError::Conflict { .. }) => {
+                Ok(None)
+            }
+            Err(error) => Err(engine_refusal(&error)),
+        }
+    }
+
+    /// The session ended: the run gets the model's last answer and
+    /// completes (a call still awaiting approval is denied first); the
+    /// claim is released.
+    async fn close(&self) {
+        let Some(mut active) = self.run.lock().await.take() else {
+            return;
+        };
+        let run_id = active.run_id.clone();
+        let finish = async {
+            loop {
+                let drive = match active.drive.take() {
+                    Some(drive) => drive,
+                    None => {
+                        let state = self.runtime.state(&run_id).await?;
+                        match state.parked() {
+                            Some(Parked::Approval { call }) => {
+                                let call_id = call.call_id.clone();
+                                match self
+                                    .runtime
+                                    .deny(&run_id, &call_id, SERVER, "the MCP session ended")
+                                    .await
+                                {
+                                    Ok(()) | Err(RuntimeError::NotAwaitingApproval { .. }) => {}
+                                    Err(error) => return Err(error),
+                                }
+                            }
+                            // Parked for a human otherwise (a budget, a
+                            // dangling write): it stays so.
+                            Some(_) => return Ok(state.status()),
+                            None if state.status().is_terminal() => return Ok(state.status()),
+                            None => {}
+                        }
+                        self.drive(&active)
+                    }
+                };
+                match drive.await {
+                    Ok(Ok(RunStatus::AwaitingApproval)) => continue,
+                    Ok(result) => return result,
+                    Err(error) => {
+                        return Err(RuntimeError::Agent {
+                            agent: self.served.agent.name.clone(),
+                            message: format!("the session's drive stopped: {error}"),
+                        });
+                    }
+                }
+            }
+        };
+        let status = match tokio::time::timeout(CLOSING_WAIT, finish).await {
+            Ok(Ok(status)) => Some(status),
+            Ok(Err(RuntimeError::NeedsReconciliation { .. })) => {
+                Some(RunStatus::NeedsReconciliation)
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(%run_id, %error, "a closing session's run did not finish");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(%run_id, "a closing session's run did not finish in time");
+                None
+            }
+        };
+        let listed = status
+            .filter(|s| *s == RunStatus::NeedsReconciliation)
+            .map(RunStatus::as_str);
+        if let Err(error) = self
+            .runtime
+            .store()
+            .release_claim(&active.claim, listed)
+            .await
+        {
+            tracing::warn!(%run_id, %error, "cannot release a closed session's claim");
+        }
+        tracing::info!(%run_id, status = ?status, "MCP session closed");
+    }
+}
+
+/// Renews `claim` every third of `ttl`, moving `valid` on from the start
+/// of each renewal that succeeds, until it is fenced (another driver took
+/// the run) or the session drops it.
+async fn renew(
+    store: Arc<dyn warden::EventStore>,
+    claim: Claim,
+    valid: ValidUntil,
+    ttl: Duration,
+    valid_for: Duration,
+) {
+    loop {
+        tokio::time::sleep(ttl / 3).await;
+        let started = Moment::now();
+        match store
+            .renew_claim(&claim, now_ms(), ttl.as_millis() as i64)
+            .await
+        {
+            Ok(_) => {
+                valid.extend(started.after(valid_for));
+            }
+            Err(warden::store::StoreError::Fenced { .. }) => {
+                tracing::warn!(run_id = %claim.run_id, "the session's run was taken over");
+                valid.revoke();
+                return;
+            }
+            Err(error) => {
+                tracing::warn!(run_id = %claim.run_id, %error, "cannot renew the session's claim; retrying");
+            }
+        }
+    }
+}
+
+impl ServerHandler for McpSession {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("warden", env!("CARGO_PKG_VERSION")))
+            .with_instructions(format!(
+                "The tools of Warden agent `{}`. Each call is recorded in a Warden run; a write waits for a human's approval.",
+                self.session.served.agent.name
+            ))
+    }
+
+    /// A session is a run: only the revisions with sessions (the
+    /// `initialize` handshake, up to 2025-11-25).
+    fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(
+            self.session
+                .served
+                .tools
+                .iter()
+                .map(|t| t.tool.clone())
+                .collect(),
+        ))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let arguments = Value::Object(request.arguments.unwrap_or_default());
+        self.session
+            .call(&request.name, arguments, &context.peer)
+            .await
+            .map(Into::into)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_refusal_carries_the_code_and_the_evidence() {
+        let error = refusal("approval_timeout", "no", json!({ "run_id": "r" }));
+        assert_eq!(error.code, REFUSED);
+        assert_eq!(
+            error.data,
+            Some(json!({ "code": "approval_timeout", "run_id": "r" }))
+        );
+    }
+}

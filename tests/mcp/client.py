@@ -1,0 +1,295 @@
+"""An MCP client built with the official Python SDK (`mcp` on PyPI), driving
+`warden mcp serve` as any third-party client would.
+
+Run by `tests/tests/all/mcp.rs`, which sets up the agent, the store and
+(for HTTP) the server, then checks the store. Each scenario is one MCP
+session (one Warden run); a failed check raises, and the script exits 1.
+
+    client.py stdio <warden> <agent.toml> <scenario>...
+    client.py http <url> <token> <scenario>...
+
+The environment carries WARDEN_STORE and WARDEN_BIN (the binary the
+scenarios approve and deny with from "another terminal").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import httpx2
+import mcp.types as types
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+CLIENT = types.Implementation(name="warden-tests", version="1.0")
+
+
+class Target:
+    """Where the server is: a command to spawn (stdio) or a URL (HTTP)."""
+
+    def __init__(self, transport: str, first: str, second: str) -> None:
+        self.transport = transport
+        self.first = first
+        self.second = second
+
+    @asynccontextmanager
+    async def session(self, elicit: Any = None) -> AsyncIterator[ClientSession]:
+        if self.transport == "stdio":
+            params = StdioServerParameters(
+                command=self.first,
+                args=["mcp", "serve", self.second, "--approval-timeout", "5s"],
+                env=dict(os.environ),
+            )
+            with open(os.environ.get("MCP_SERVER_LOG", os.devnull), "a") as log:
+                async with stdio_client(params, errlog=log) as (read, write):
+                    async with ClientSession(
+                        read, write, elicitation_callback=elicit, client_info=CLIENT
+                    ) as session:
+                        await session.initialize()
+                        yield session
+        else:
+            headers = {"Authorization": f"Bearer {self.second}"}
+            async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+                async with streamable_http_client(self.first, http_client=http) as (read, write):
+                    async with ClientSession(
+                        read, write, elicitation_callback=elicit, client_info=CLIENT
+                    ) as session:
+                        await session.initialize()
+                        yield session
+
+
+def check(condition: bool, what: str) -> None:
+    if not condition:
+        raise AssertionError(what)
+
+
+def text(result: types.CallToolResult) -> str:
+    return "".join(c.text for c in result.content if isinstance(c, types.TextContent))
+
+
+def warden(*args: str) -> Any:
+    """The `warden` command line, as an operator at another terminal."""
+    out = subprocess.run(
+        [os.environ["WARDEN_BIN"], "--json", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    check(out.returncode == 0, f"warden {' '.join(args)}: {out.returncode} {out.stdout} {out.stderr}")
+    if not out.stdout.strip():
+        return None
+    try:
+        return json.loads(out.stdout)
+    except json.JSONDecodeError:
+        # A verb prints the event it recorded, then the run's summary.
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+async def awaiting_approval() -> tuple[str, str]:
+    """The run and call waiting for approval, once there is one."""
+    for _ in range(300):
+        runs = await asyncio.to_thread(warden, "runs", "list", "--status", "awaiting_approval")
+        if runs:
+            run = runs[0]["run_id"]
+            shown = await asyncio.to_thread(warden, "runs", "show", run)
+            for step in shown["next"]:
+                if step["action"] == "approve":
+                    return run, step["command"].split()[-1]
+        await asyncio.sleep(0.1)
+    raise AssertionError("no run came to await approval")
+
+
+def effects() -> list[str]:
+    path = Path(os.environ["MCP_WORK"]) / "effects.log"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def append(line: str) -> dict[str, Any]:
+    return {"op": "append", "path": "/workspace/effects.log", "content": line + "\n"}
+
+
+def refusal_code(error: MCPError) -> str:
+    data = error.data if isinstance(error.data, dict) else {}
+    return str(data.get("code"))
+
+
+async def approve_by_elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    check("hostile__" in params.message, f"the request names the tool: {params.message}")
+    return types.ElicitResult(action="accept", content={"approve": True})
+
+
+async def decline_by_elicitation(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+    return types.ElicitResult(action="decline")
+
+
+# ---- scenarios ----
+
+
+async def tools(target: Target) -> None:
+    async with target.session() as session:
+        listed = {t.name: t for t in (await session.list_tools()).tools}
+        check({"files__read_file", "hostile__fs"} <= listed.keys(), f"tools: {sorted(listed)}")
+        read = listed["files__read_file"].annotations
+        check(read is not None and read.read_only_hint is True, f"read: {read}")
+        check(read.destructive_hint is False and read.idempotent_hint is True, f"read: {read}")
+        write = listed["hostile__fs"].annotations
+        check(write is not None and write.read_only_hint is False, f"write: {write}")
+        check(write.destructive_hint is True and write.idempotent_hint is False, f"write: {write}")
+        check("needs approval" in (listed["hostile__fs"].description or ""), "the description says so")
+
+
+async def read(target: Target) -> None:
+    async with target.session() as session:
+        result = await session.call_tool("files__read_file", {"path": "input.txt"})
+        check(not result.is_error, f"read failed: {result}")
+        check("the input file" in text(result), f"read: {text(result)}")
+        # A tool error is the tool's result, not a protocol error.
+        missing = await session.call_tool("files__read_file", {"path": "nowhere.txt"})
+        check(missing.is_error is True, f"a missing file is an error result: {missing}")
+        # An unknown tool is refused before anything is recorded.
+        try:
+            await session.call_tool("files__nothing", {})
+            raise AssertionError("an unknown tool was accepted")
+        except MCPError as error:
+            check(error.code == types.INVALID_PARAMS, f"unknown tool: {error.code}")
+
+
+async def write_elicited(target: Target) -> None:
+    async with target.session(elicit=approve_by_elicitation) as session:
+        result = await session.call_tool("hostile__fs", append("elicited"))
+        check(not result.is_error, f"approved write failed: {result}")
+        check(effects().count("elicited") == 1, f"effects: {effects()}")
+
+
+async def write_cli(target: Target) -> None:
+    async with target.session() as session:
+        call = asyncio.create_task(session.call_tool("hostile__fs", append("approved")))
+        run, call_id = await awaiting_approval()
+        check(effects().count("approved") == 0, "nothing ran before the approval")
+        await asyncio.to_thread(warden, "runs", "approve", run, call_id)
+        result = await call
+        check(not result.is_error, f"approved write failed: {result}")
+        check(effects().count("approved") == 1, f"effects: {effects()}")
+        # The session goes on: a second call is in the same run.
+        again = await session.call_tool("files__read_file", {"path": "effects.log"})
+        check("approved" in text(again), f"read after write: {text(again)}")
+
+
+async def denied(target: Target) -> None:
+    async with target.session(elicit=decline_by_elicitation) as session:
+        try:
+            await session.call_tool("hostile__fs", append("declined"))
+            raise AssertionError("a declined write was made")
+        except MCPError as error:
+            check(refusal_code(error) == "approval_denied", f"declined: {error.data}")
+    async with target.session() as session:
+        call = asyncio.create_task(session.call_tool("hostile__fs", append("denied")))
+        run, call_id = await awaiting_approval()
+        await asyncio.to_thread(warden, "runs", "deny", run, call_id, "--reason", "not now")
+        try:
+            await call
+            raise AssertionError("a denied write was made")
+        except MCPError as error:
+            check(refusal_code(error) == "approval_denied", f"denied: {error.data}")
+            check("not now" in error.message, f"the reason reaches the client: {error.message}")
+    check("declined" not in effects() and "denied" not in effects(), f"effects: {effects()}")
+
+
+async def timeout(target: Target) -> None:
+    async with target.session() as session:
+        try:
+            await session.call_tool("hostile__fs", append("unanswered"))
+            raise AssertionError("an unapproved write was made")
+        except MCPError as error:
+            check(refusal_code(error) == "approval_timeout", f"timeout: {error.data}")
+        check("unanswered" not in effects(), f"effects: {effects()}")
+        # The session is still usable after the refusal.
+        result = await session.call_tool("files__read_file", {"path": "input.txt"})
+        check("the input file" in text(result), f"read after timeout: {text(result)}")
+
+
+async def refused(target: Target) -> None:
+    """HTTP only: no token, a wrong one, another Origin, another Host."""
+    url = target.first
+    host = url.split("/")[2]
+    initialize = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-11-25",
+            "capabilities": {},
+            "clientInfo": {"name": "intruder", "version": "0"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream", "Content-Type": "application/json"}
+    good = {"Authorization": f"Bearer {target.second}", **accept}
+    cases = [
+        ("no token", accept, 401, "unauthenticated"),
+        ("a wrong token", {**accept, "Authorization": "Bearer wrong"}, 401, "unauthenticated"),
+        ("another origin", {**good, "Origin": "http://evil.example"}, 403, "origin_refused"),
+        ("another host", {**good, "Host": "evil.example"}, 403, "host_refused"),
+    ]
+    async with httpx2.AsyncClient(timeout=30) as http:
+        for what, headers, status, code in cases:
+            response = await http.post(url, json=initialize, headers=headers)
+            check(response.status_code == status, f"{what}: {response.status_code} {response.text}")
+            check(response.json()["error"]["code"] == code, f"{what}: {response.text}")
+        # The same request with the token and this server's own origin passes.
+        response = await http.post(url, json=initialize, headers={**good, "Origin": f"http://{host}"})
+        check(response.status_code == 200, f"own origin: {response.status_code} {response.text}")
+    # And the SDK's own client is refused without the token.
+    try:
+        async with httpx2.AsyncClient(timeout=30) as http:
+            async with streamable_http_client(url, http_client=http) as (read_, write_):
+                async with ClientSession(read_, write_) as session:
+                    await asyncio.wait_for(session.initialize(), 30)
+        raise AssertionError("the SDK client got in without a token")
+    except AssertionError:
+        raise
+    except BaseException:
+        pass
+
+
+async def crash_write(target: Target) -> None:
+    """Approve a write that blocks after its effect; the test kills the
+    server meanwhile, so this call never returns."""
+    async with target.session(elicit=approve_by_elicitation) as session:
+        await session.call_tool(
+            "hostile__write_then_sleep",
+            {"path": "/workspace/effects.log", "content": "crash\n"},
+        )
+        raise AssertionError("the blocked write returned")
+
+
+SCENARIOS = {
+    "tools": tools,
+    "read": read,
+    "write_elicited": write_elicited,
+    "write_cli": write_cli,
+    "denied": denied,
+    "timeout": timeout,
+    "refused": refused,
+    "crash_write": crash_write,
+}
+
+
+async def main(argv: list[str]) -> None:
+    transport, first, second, *names = argv
+    target = Target(transport, first, second)
+    for name in names:
+        await SCENARIOS[name](target)
+        print(f"ok {name}", flush=True)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1:]))

@@ -1,0 +1,414 @@
+//! `warden mcp serve` against a client nobody here wrote: the official MCP
+//! Python SDK (`mcp` on PyPI), driving `tests/mcp/client.py` over stdio
+//! and over streamable HTTP. The client lists the tools with their
+//! annotations, calls a read tool, a write approved by elicitation, a
+//! write approved with `warden runs approve` from "another terminal", a
+//! write declined by elicitation and one denied with `warden runs deny`,
+//! and a write nobody approves (refused when the approval times out);
+//! over HTTP also requests without the token, with a wrong one, from
+//! another Origin or naming another Host (refused). Then the store is
+//! read: each session is a completed run that recorded each call as an
+//! effect, and the side-effect file holds each approved write once.
+//!
+//! A server killed with SIGKILL between a write's intent and its
+//! completion leaves the write parked as dangling (`needs_reconciliation`)
+//! and a restarted server never makes it again.
+//!
+//! The SDK must be installed in `target/mcp-venv` (`.ci/run` creates it
+//! and pins the version); without it these tests fail, never skip.
+
+use std::io::{BufRead as _, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use super::engine::Fixture;
+use crate::binary::warden_binary;
+
+/// The SDK version `.ci/run` installs.
+const SDK: &str = "2.3.0";
+
+const INSTALL: &str = "bash .ci/run's \"MCP client\" step, or: \
+    python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip install mcp==2.3.0";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The virtual environment's Python, with the pinned SDK in it.
+fn python() -> PathBuf {
+    let python = repo().join("target/mcp-venv/bin/python");
+    assert!(
+        python.exists(),
+        "no virtual environment at {}: {INSTALL}",
+        python.display()
+    );
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import importlib.metadata as m; print(m.version('mcp'))",
+        ])
+        .output()
+        .unwrap();
+    let version = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(
+        version,
+        SDK,
+        "the MCP SDK in target/mcp-venv is not {SDK} ({}): {INSTALL}",
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    python
+}
+
+/// The fixture's plugins (the built-in `fs` over `work/` read-only, the
+/// hostile guest over it read-write, so its tools are writes) as an agent
+/// to serve; its scripted model only ever ends a run another driver takes.
+fn served() -> Fixture {
+    let fx = Fixture::new();
+    std::fs::write(
+        fx.path("transcript.toml"),
+        "[[turns]]\ntext = \"This agent's tools are served over MCP.\"\n",
+    )
+    .unwrap();
+    std::fs::write(
+        fx.path("agent.toml"),
+        r#"name = "served"
+instructions = "Tools served over MCP."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[plugins.files]
+source = "builtin:fs"
+[plugins.files.grant.mounts.workspace]
+dir = "work"
+access = "read-only"
+
+[plugins.hostile]
+source = "hostile.toml"
+[plugins.hostile.grant.mounts.workspace]
+dir = "work"
+"#,
+    )
+    .unwrap();
+    fx
+}
+
+/// `warden` in the fixture's directory on its store.
+fn warden(dir: &Path) -> Command {
+    let mut command = Command::new(warden_binary());
+    command
+        .current_dir(dir)
+        .env("WARDEN_STORE", dir.join("mcp.db"))
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_MCP_TOKEN")
+        .stdin(Stdio::null());
+    command
+}
+
+/// The client script with `args`, in the fixture's directory.
+fn client(dir: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(python());
+    command
+        .current_dir(dir)
+        .arg(repo().join("tests/mcp/client.py"))
+        .args(args)
+        .env("WARDEN_BIN", warden_binary())
+        .env("WARDEN_STORE", dir.join("mcp.db"))
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .env("MCP_WORK", dir.join("work"))
+        .env("MCP_SERVER_LOG", dir.join("server.log"))
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
+    command
+}
+
+fn run_client(dir: &Path, args: &[&str]) {
+    let started = Instant::now();
+    let out = client(dir, args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "the MCP client failed ({:?}):\n{}\n{}\nserver log:\n{}",
+        started.elapsed(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+    );
+}
+
+/// `warden --json ARGS` and its JSON.
+fn json(dir: &Path, args: &[&str]) -> Value {
+    let out = warden(dir).arg("--json").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "warden {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The served sessions' runs, each as `runs show` prints it.
+fn session_runs(dir: &Path) -> Vec<Value> {
+    json(dir, &["runs", "list", "--label", "mcp=serve"])
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|run| json(dir, &["runs", "show", run["run_id"].as_str().unwrap()]))
+        .collect()
+}
+
+fn events<'a>(run: &'a Value, kind: &str) -> Vec<&'a Value> {
+    run["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| &line["event"])
+        .filter(|event| event["type"] == kind)
+        .collect()
+}
+
+/// The side-effect file's lines.
+fn effects(dir: &Path) -> Vec<String> {
+    std::fs::read_to_string(dir.join("work/effects.log"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// What every session of the scenarios left in the store: a completed run
+/// per session with a call, each call recorded as an intent and a
+/// completion, the approvals and denials with who made them.
+fn check_recorded(dir: &Path) {
+    // A session's run completes once the client closed it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = session_runs(dir);
+        if runs.len() >= 6 && runs.iter().all(|r| r["status"] == "completed")
+            || Instant::now() > deadline
+        {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // read, write_elicited, write_cli, denied (two sessions), timeout;
+    // listing the tools starts no run.
+    assert_eq!(runs.len(), 6, "{runs:#?}");
+    for run in &runs {
+        assert_eq!(run["status"], "completed", "{run:#}");
+        assert_eq!(run["agent"], "served");
+        assert_eq!(run["labels"]["mcp_client"], "warden-tests");
+        assert_eq!(run["output"], "the MCP session ended", "{run:#}");
+        // Each call the engine ran is an intent and then a completion.
+        assert_eq!(
+            events(run, "tool_call_intent").len(),
+            events(run, "tool_call_completed").len(),
+            "{run:#}"
+        );
+    }
+    let all = |kind: &str| -> Vec<Value> {
+        runs.iter()
+            .flat_map(|run| events(run, kind))
+            .cloned()
+            .collect()
+    };
+    let granted = all("approval_granted");
+    assert_eq!(granted.len(), 2, "{granted:#?}");
+    assert!(
+        granted.iter().any(|e| e["by"] == "mcp:warden-tests"),
+        "{granted:#?}"
+    );
+    let denied = all("approval_denied");
+    assert_eq!(denied.len(), 3, "{denied:#?}");
+    assert!(
+        denied.iter().any(|e| e["by"] == "warden mcp serve"
+            && e["reason"]
+                .as_str()
+                .unwrap()
+                .starts_with("no approval within")),
+        "{denied:#?}"
+    );
+    assert!(
+        denied.iter().any(|e| e["by"] == "mcp:warden-tests"),
+        "{denied:#?}"
+    );
+    assert!(
+        denied.iter().any(|e| e["reason"] == "not now"),
+        "{denied:#?}"
+    );
+    // Each approved write happened once; no other did.
+    assert_eq!(effects(dir), ["elicited", "approved"]);
+}
+
+const SCENARIOS: &[&str] = &[
+    "tools",
+    "read",
+    "write_elicited",
+    "write_cli",
+    "denied",
+    "timeout",
+];
+
+#[test]
+fn the_python_sdk_uses_the_served_tools_over_stdio() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    let mut args = vec!["stdio", bin.to_str().unwrap(), "agent.toml"];
+    args.extend(SCENARIOS);
+    run_client(dir, &args);
+    check_recorded(dir);
+}
+
+/// A child process killed on drop.
+struct Killed(Child);
+
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// `warden mcp serve --http` on an ephemeral loopback port with `token`,
+/// and its URL.
+fn start_http(dir: &Path, token: &str, flags: &[&str]) -> (Killed, String) {
+    let mut child = warden(dir)
+        .args([
+            "--json",
+            "mcp",
+            "serve",
+            "agent.toml",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .args(["--approval-timeout", "5s"])
+        .args(flags)
+        .env("WARDEN_MCP_TOKEN", token)
+        .stdout(Stdio::piped())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("server.log"))
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let child = Killed(child);
+    let listening: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
+        panic!(
+            "no listening line ({e}): {line:?}\n{}",
+            std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+        )
+    });
+    (child, listening["listening"].as_str().unwrap().to_owned())
+}
+
+#[test]
+fn the_python_sdk_uses_the_served_tools_over_streamable_http() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "s3cret-token", &[]);
+    let mut args = vec!["http", url.as_str(), "s3cret-token"];
+    args.extend(SCENARIOS);
+    args.push("refused");
+    run_client(dir, &args);
+    check_recorded(dir);
+}
+
+#[test]
+fn a_server_killed_mid_write_parks_it_and_never_makes_it_again() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (mut server, url) = start_http(dir, "tok", &["--claim-ttl", "1s"]);
+    let mut writer = Killed(
+        client(dir, &["http", &url, "tok", "crash_write"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    // The write's effect happened (the tool then blocks): kill the server
+    // between the intent and the completion.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !effects(dir).contains(&"crash".to_owned()) {
+        assert!(Instant::now() < deadline, "the write never ran");
+        assert!(writer.0.try_wait().unwrap().is_none(), "the client gave up");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    server.0.kill().unwrap();
+    server.0.wait().unwrap();
+    let _ = writer.0.kill();
+    let runs = session_runs(dir);
+    assert_eq!(runs.len(), 1);
+    let run = &runs[0];
+    let run_id = run["run_id"].as_str().unwrap().to_owned();
+    assert_eq!(run["status"], "needs_reconciliation", "{run:#}");
+    assert_eq!(events(run, "tool_call_intent").len(), 1);
+    assert!(events(run, "tool_call_completed").is_empty());
+
+    // Restarted once the dead server's claim ran out: the run stays parked
+    // and a new session works without the write running again.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (_server, url) = start_http(dir, "tok", &["--claim-ttl", "1s"]);
+    run_client(dir, &["http", &url, "tok", "read"]);
+    let shown = json(dir, &["runs", "show", &run_id]);
+    assert_eq!(shown["status"], "needs_reconciliation", "{shown:#}");
+    assert_eq!(events(&shown, "tool_call_intent").len(), 1);
+    assert_eq!(effects(dir), ["crash"]);
+    // Recovering it by hand refuses to guess, as for any run.
+    let out = warden(dir)
+        .args(["--json", "runs", "recover", &run_id])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(effects(dir), ["crash"]);
+}
+
+#[test]
+fn serving_refuses_an_unprotected_bind_and_an_agent_without_plugin_tools() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let refused = |args: &[&str], code: &str| {
+        let out = warden(dir).arg("--json").args(args).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let envelope: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(envelope["error"]["code"], code, "{envelope:#}");
+    };
+    refused(
+        &["mcp", "serve", "agent.toml", "--http", "0.0.0.0:0"],
+        "mcp_unprotected",
+    );
+    std::fs::write(
+        dir.join("bare.toml"),
+        "name = \"bare\"\ninstructions = \"-\"\n[model]\nprovider = \"scripted\"\nname = \"s\"\ntranscript = \"transcript.toml\"\n",
+    )
+    .unwrap();
+    std::fs::write(dir.join("transcript.toml"), "[[turns]]\ntext = \"-\"\n").unwrap();
+    refused(&["mcp", "serve", "bare.toml"], "agent_unservable");
+}
