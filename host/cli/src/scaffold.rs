@@ -15,14 +15,17 @@
 //! Warden's repository.
 //!
 //! With `--lang python` it writes a Python tool instead (`python.rs`): an
-//! `app.py` on the Python guest SDK, a manifest and cases.
+//! `app.py` on the Python guest SDK, a manifest and cases; with `--lang js`
+//! a JavaScript one (`js.rs`): an `app.js` on the JavaScript guest SDK, a
+//! manifest, cases and the npm files pinning its build tools.
 //!
 //! `build` compiles the crate for `wasm32-wasip2` through
 //! `warden-build-support` (the crate's `guest` profile), copies the
 //! component next to `plugin.toml` as `<name>.wasm` and writes `component`
 //! and `sha256` into the manifest, leaving the rest of the file as it was; a
 //! directory with an `app.py` and no `Cargo.toml` is built with
-//! componentize-py instead.
+//! componentize-py instead, one with an `app.js` or `app.ts` with
+//! componentize-js.
 
 use std::path::{Path, PathBuf};
 
@@ -35,6 +38,7 @@ use super::Context;
 use super::errors::CliError;
 use warden::plugins::manifest::{Manifest, is_valid_plugin_name};
 
+mod js;
 mod python;
 
 /// `warden plugin new`.
@@ -45,8 +49,9 @@ pub(crate) struct NewArgs {
     /// What the plugin is.
     #[arg(long, value_enum, default_value = "tool")]
     kind: Kind,
-    /// The language: a Rust crate, or a Python module built with
-    /// componentize-py (a tool).
+    /// The language: a Rust crate, a Python module built with
+    /// componentize-py (a tool), or a JavaScript module built with
+    /// componentize-js (a tool).
     #[arg(long, value_enum, default_value = "rust")]
     lang: Lang,
     /// The directory to create (default: ./NAME).
@@ -99,6 +104,9 @@ pub(crate) enum Lang {
     /// A Python module on the Python guest SDK (`warden_guest`), built with
     /// componentize-py.
     Python,
+    /// A JavaScript (or TypeScript) module on the JavaScript guest SDK
+    /// (`warden-guest`), built with componentize-js.
+    Js,
 }
 
 impl Lang {
@@ -106,6 +114,15 @@ impl Lang {
         match self {
             Lang::Rust => "rust",
             Lang::Python => "python",
+            Lang::Js => "js",
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            Lang::Rust => "Rust",
+            Lang::Python => "Python",
+            Lang::Js => "JavaScript",
         }
     }
 }
@@ -176,12 +193,13 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
         )
         .into());
     }
-    if args.lang == Lang::Python && args.kind != Kind::Tool {
+    if args.lang != Lang::Rust && args.kind != Kind::Tool {
         return Err(CliError::new(
             "usage",
             format!(
-                "a Python plugin is a tool: the Python guest SDK has no {} yet (use --lang rust)",
-                args.kind.as_str()
+                "a {lang} plugin is a tool: the {lang} guest SDK has no {} yet (use --lang rust)",
+                args.kind.as_str(),
+                lang = args.lang.name(),
             ),
         )
         .into());
@@ -213,8 +231,9 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
     let parent = parent.canonicalize().unwrap_or(parent);
     let dir = parent.join(dir.file_name().unwrap_or_default());
     let checkout = match &args.warden_path {
-        // A Python plugin needs no checkout: the SDK is inside this binary.
-        _ if args.lang == Lang::Python => None,
+        // A Python or JavaScript plugin needs no checkout: the SDK is
+        // inside this binary.
+        _ if args.lang != Lang::Rust => None,
         Some(path) => {
             let path = cwd.join(path);
             if !is_checkout(&path) {
@@ -251,6 +270,7 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
     let files = match args.lang {
         Lang::Rust => files(&args.name, args.kind, &dependency),
         Lang::Python => python::files(&args.name),
+        Lang::Js => js::files(&args.name),
     };
     for (path, text) in &files {
         let path = dir.join(path);
@@ -296,6 +316,9 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
         let shown = relative(&cwd, &dir);
         println!("next:");
         println!("  cd {}", shown.display());
+        if args.lang == Lang::Js {
+            println!("  npm ci                        # the build tools package.json pins");
+        }
         println!("  warden plugin build           # component + sha256 into plugin.toml");
         println!(
             "  warden plugin test            # tests/*.toml against the component, in the sandbox"
@@ -322,13 +345,20 @@ pub(crate) async fn build(args: BuildArgs, ctx: &Context) -> anyhow::Result<()> 
         tokio::task::spawn_blocking(move || python::build(&dir))
             .await
             .context("the build task panicked")??
+    } else if js::app(&dir).is_some() {
+        let dir = dir.clone();
+        tokio::task::spawn_blocking(move || js::build(&dir))
+            .await
+            .context("the build task panicked")??
     } else {
         return Err(CliError::new(
             "usage",
             format!(
-                "`{}` has neither a Cargo.toml (Rust) nor an {} (Python): not a plugin to build",
+                "`{}` has neither a Cargo.toml (Rust), an {} (Python) nor an {} (JavaScript): \
+                 not a plugin to build",
                 dir.display(),
-                python::APP
+                python::APP,
+                js::APPS.join(" or ")
             ),
         )
         .into());

@@ -284,6 +284,10 @@ fn plugin_new_and_build_refuse_bad_input_with_one_line() {
             &["plugin", "new", "x", "--lang", "python", "--kind", "policy"],
             "a Python plugin is a tool",
         ),
+        (
+            &["plugin", "new", "x", "--lang", "js", "--kind", "channel"],
+            "a JavaScript plugin is a tool: the JavaScript guest SDK has no channel yet",
+        ),
         (&["plugin", "build", "taken"], "plugin.toml"),
     ];
     for (args, expected) in cases {

@@ -198,7 +198,8 @@ impl std::fmt::Debug for Served {
 impl Served {
     /// Serves `agent` over `runtime` (its store holds the sessions' runs).
     /// Its plugins are loaded now; refused when it has no plugin tool, or
-    /// human or external tools (which only an application can answer).
+    /// a tool of another kind (human, external, agent), which a session
+    /// cannot answer.
     pub async fn new(
         runtime: Runtime,
         agent: Agent,
@@ -214,7 +215,7 @@ impl Served {
             .find(|t| !matches!(t.target, ToolTarget::Plugin { .. }))
         {
             return Err(unservable(format!(
-                "tool `{}` is a human or external tool, which only an application embedding Warden can answer",
+                "tool `{}` is not a plugin's tool (a human, external or agent tool): only plugin tools are served",
                 other.name
             )));
         }

@@ -56,6 +56,17 @@ pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public}
 pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
 pub use validity::{Moment, ValidUntil};
 
+/// The top-level imports of the component `wasm` that the sandbox does not
+/// offer, read without compiling it: a loader refuses any such component,
+/// naming the first. Builders call this to name them all at build time. The
+/// error says why the bytes are not a component.
+pub fn refused_imports(wasm: &[u8]) -> Result<Vec<String>, String> {
+    Ok(imports::declared(wasm)?
+        .into_iter()
+        .filter(|i| !imports::is_allowed(i))
+        .collect())
+}
+
 /// The WIT types plugins exchange with the host.
 pub mod wit {
     pub use super::bindings::types::{

@@ -130,6 +130,7 @@ mod hostile;
 mod intercepted;
 mod isolation;
 mod journal;
+mod js_guest;
 mod kill;
 mod kinds;
 mod layers;
