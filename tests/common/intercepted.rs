@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
-    Appended, Claim, EventStore, Holder, KeyClaim, Listing, PruneFilter, RunFilter, RunMeta,
-    RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ApprovalRule, Claim, EventStore, Holder, KeyClaim, Listing, PruneFilter, RunFilter,
+    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 
 /// Which kind of append a hook sees.
@@ -223,5 +223,26 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         let write = self.inner.append_settling(request);
         self.intercept(AppendVia::Settling, request.run_id, request.events, write)
             .await
+    }
+
+    async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
+        self.inner.add_rule(rule).await
+    }
+
+    async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {
+        self.inner.rules().await
+    }
+
+    async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
+        self.inner.rule(id).await
+    }
+
+    async fn revoke_rule(
+        &self,
+        id: &str,
+        by: &str,
+        at_ms: i64,
+    ) -> Result<ApprovalRule, StoreError> {
+        self.inner.revoke_rule(id, by, at_ms).await
     }
 }

@@ -166,6 +166,17 @@ mod tests {
                 json!({"run_id": "r1", "call_id": "call-9-9", "awaiting": "call-3-1"}),
             ),
             (
+                RuntimeError::DigestMismatch {
+                    run_id: run.clone(),
+                    call_id: CallId::from_text("call-1-1"),
+                    expected: "ab".into(),
+                    actual: warden::engine::CallDigest::from_hex("cd"),
+                }
+                .into(),
+                "digest_mismatch",
+                json!({"run_id": "r1", "call_id": "call-1-1", "expected": "ab", "actual": "cd"}),
+            ),
+            (
                 RuntimeError::NotAwaitingExternal {
                     run_id: run.clone(),
                     call_id: CallId::from_text("call-9-9"),

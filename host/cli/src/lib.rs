@@ -34,6 +34,7 @@
 //!   a run is driven (a closed pipe does not stop the drive).
 
 mod agent;
+mod approvals;
 mod args;
 pub(crate) mod config;
 pub(crate) use warden_server::contract;
@@ -110,6 +111,11 @@ enum Command {
     /// See and settle idempotency keys: list, show, release.
     #[command(subcommand)]
     Keys(keys::KeysCommand),
+    /// Standing approval rules: add, list, revoke. A rule approves the
+    /// calls it matches on every worker sharing the store, until it expires
+    /// or is revoked.
+    #[command(subcommand)]
+    Approvals(approvals::ApprovalsCommand),
     /// Check agent files.
     #[command(subcommand)]
     Agent(agent::AgentCommand),
@@ -282,6 +288,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Runs(command) => runs::runs(command, &ctx).await,
             Command::Sessions(command) => sessions::run(command, &ctx).await,
             Command::Keys(command) => keys::run(command, &ctx).await,
+            Command::Approvals(command) => approvals::run(command, &ctx).await,
             Command::Agent(command) => agent::run(command, &ctx).await,
             Command::Plugin(command) => plugin::run(command, &ctx).await,
             Command::Config(ConfigCommand::Show) => {

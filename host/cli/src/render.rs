@@ -151,9 +151,25 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             if let Some(e) = &a.preflight_error {
                 text.push_str(&format!(" (preview failed: {e})"));
             }
+            if let Some(d) = &a.digest {
+                text.push_str(&format!(
+                    "\n    digest {d} (`--digest` approves only this call)"
+                ));
+            }
             text
         }
-        Event::ApprovalGranted(g) => format!("✓ {} approved by {}", g.call_id, g.by),
+        Event::ApprovalGranted(g) => match &g.rule {
+            Some(rule) => format!(
+                "✓ {} approved by rule {} (created by {})",
+                g.call_id, rule.id, rule.created_by
+            ),
+            None => format!("✓ {} approved by {}", g.call_id, g.by),
+        },
+        Event::ApprovalWithdrawn(w) => format!(
+            "↺ {} approval withdrawn ({}): it approves nothing; the call waits for approval again",
+            w.call_id,
+            w.reason.as_str()
+        ),
         Event::ApprovalDenied(d) => format!("✗ {} denied by {}: {}", d.call_id, d.by, d.reason),
         Event::ExternalCallRequested(r) => format!(
             "… {} {} is performed by the application: waiting for its output ({})",

@@ -20,8 +20,8 @@ use super::{Context, Exit, render};
 use warden::engine::budget::{BudgetKind, check_input_size, parse_extension};
 use warden::engine::events::{Event, UnresolvedWrite, decode};
 use warden::engine::{
-    Agent, BudgetLimits, CallId, FORKED_FROM_LABEL, ForkOptions, ReplayOptions, RunId, RunState,
-    RunStatus, RunUpdate, Runtime, RuntimeError, fold,
+    Agent, ApprovalScope, BudgetLimits, CallId, FORKED_FROM_LABEL, ForkOptions, ReplayOptions,
+    RunId, RunState, RunStatus, RunUpdate, Runtime, RuntimeError, fold,
 };
 use warden::plugins::PluginHost;
 use warden::store::{EventStore, PruneFilter, RunFilter, RunSummary};
@@ -111,6 +111,21 @@ pub(crate) enum RunsCommand {
         run: String,
         /// The call (as printed when approval was requested).
         call: String,
+        /// Refuse (`digest_mismatch`, nothing recorded) unless the call's
+        /// digest is this one, as `warden runs show` printed it: approve
+        /// exactly the call you saw.
+        #[arg(long, value_name = "DIGEST")]
+        digest: Option<String>,
+        /// How far the approval reaches: `call` (this call only), `run`
+        /// (and later calls of the same tool in this run) or `session` (in
+        /// any run of its session); a wider scope is a standing rule,
+        /// listed and revoked with `warden approvals`.
+        #[arg(long, default_value = "call", value_parser = ["call", "run", "session"])]
+        scope: String,
+        /// With `--scope run|session`: the rule expires after this long
+        /// (`30m`, `8h`); default: never.
+        #[arg(long, value_name = "DURATION")]
+        expires: Option<String>,
         #[command(flatten)]
         drive: DriveArgs,
     },
@@ -515,12 +530,53 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             let (rt, host) = runtime(ctx, store)?;
             recover(ctx, &rt, &host, &run, &drive).await
         }
-        RunsCommand::Approve { run, call, drive } => {
+        RunsCommand::Approve {
+            run,
+            call,
+            digest,
+            scope,
+            expires,
+            drive,
+        } => {
             let run = run_id(&run)?;
             let (rt, host) = runtime(ctx, store)?;
             let plan = ready_to_drive(ctx, &rt, &host, &run, &drive).await?;
-            rt.approve(&run, &CallId::from_text(call), &user(drive.by.clone()))
+            let scope = match scope.as_str() {
+                "run" => ApprovalScope::Run,
+                "session" => ApprovalScope::Session,
+                _ => ApprovalScope::Call,
+            };
+            let expires_ms = match expires {
+                None => None,
+                Some(text) => {
+                    let after = warden::units::parse_duration(&text)
+                        .map_err(|e| CliError::new("usage", format!("--expires: {e}")))?;
+                    Some(now_ms() + after.as_millis() as i64)
+                }
+            };
+            let rule = rt
+                .approve_scoped(
+                    &run,
+                    &CallId::from_text(call),
+                    &user(drive.by.clone()),
+                    digest.as_deref(),
+                    scope,
+                    expires_ms,
+                )
                 .await?;
+            if let Some(rule) = rule {
+                // On stderr: stdout is the run's, as for every approve.
+                eprintln!(
+                    "note: rule {} approves later calls of the tool in this {}; revoke with: warden approvals revoke {}",
+                    rule.id,
+                    if scope == ApprovalScope::Run {
+                        "run"
+                    } else {
+                        "session"
+                    },
+                    rule.id
+                );
+            }
             continue_run(ctx, &rt, &run, plan).await
         }
         RunsCommand::Deny {

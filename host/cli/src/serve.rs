@@ -72,8 +72,11 @@ enum TokensCommand {
         /// (and resumes, resolves, cancels, abandons).
         #[arg(long)]
         role: String,
+        /// Refuse the token after this long (`8h`, `30m`); default: never.
+        #[arg(long, value_name = "DURATION")]
+        expires: Option<String>,
     },
-    /// List the tokens' names and roles.
+    /// List the tokens' names, roles and expiry.
     List,
 }
 
@@ -88,13 +91,25 @@ fn tokens_file(args: &ServeArgs) -> PathBuf {
 pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
     let file = tokens_file(&args);
     match &args.command {
-        Some(ServeCommand::Tokens(TokensCommand::Add { name, role })) => {
+        Some(ServeCommand::Tokens(TokensCommand::Add {
+            name,
+            role,
+            expires,
+        })) => {
             let role = Role::parse(role)?;
-            let token = warden_server::tokens::add(&file, name, role)?;
+            let expires_ms = match expires {
+                None => None,
+                Some(text) => {
+                    let after = warden::units::parse_duration(text)
+                        .map_err(|e| CliError::new("usage", format!("--expires: {e}")))?;
+                    Some(super::runs::now_ms() + after.as_millis() as i64)
+                }
+            };
+            let token = warden_server::tokens::add(&file, name, role, expires_ms)?;
             if ctx.json {
                 println!(
                     "{}",
-                    json!({ "name": name, "role": role, "token": token, "file": file })
+                    json!({ "name": name, "role": role, "token": token, "file": file, "expires_ms": expires_ms })
                 );
             } else {
                 eprintln!(
@@ -112,12 +127,20 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
                 let rows: Vec<_> = tokens
                     .entries()
                     .iter()
-                    .map(|t| json!({ "name": t.name, "role": t.role }))
+                    .map(|t| json!({ "name": t.name, "role": t.role, "expires_ms": t.expires_ms }))
                     .collect();
                 println!("{}", json!({ "tokens": rows }));
             } else {
                 for t in tokens.entries() {
-                    println!("{}  {}", t.name, t.role.as_str());
+                    match t.expires_ms {
+                        Some(at) => println!(
+                            "{}  {}  expires {}",
+                            t.name,
+                            t.role.as_str(),
+                            warden::units::utc_text(at)
+                        ),
+                        None => println!("{}  {}", t.name, t.role.as_str()),
+                    }
                 }
             }
             return Ok(());

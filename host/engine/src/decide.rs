@@ -60,13 +60,14 @@ use super::child_agents::{ChildStarted, child_limits, child_run_id};
 use super::compaction::{cut, estimate_tokens, request as compaction_request};
 use super::context::{ContextOutcome, ContextState, OnContextError, ResolveWhen};
 use super::events::{
-    ApprovalRequested, CompactionCompleted, CompactionFailed, CompactionIntent, Event,
-    ExternalCallRequested, InvocationOutcome, ModelCallCompleted, ModelCallError, ModelCallFailed,
-    ModelCallIntent, OutputRejected, PreflightOutcome, Preview, RunCompleted, RunError, RunFailed,
-    Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated, ToolCallError,
-    ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef, WaitStarted,
+    ApprovalRequested, ApprovalWithdrawn, CompactionCompleted, CompactionFailed, CompactionIntent,
+    Event, ExternalCallRequested, InvocationOutcome, ModelCallCompleted, ModelCallError,
+    ModelCallFailed, ModelCallIntent, OutputRejected, PreflightOutcome, Preview, RunCompleted,
+    RunError, RunFailed, Suspended, ToolCallAttemptFailed, ToolCallCompleted, ToolCallDeduplicated,
+    ToolCallError, ToolCallIntent, ToolCallRejected, ToolCallResult, ToolRef, WaitStarted,
+    WithdrawReason,
 };
-use super::ids::{CallId, RequestHash, RunId, commitment_key, idempotency_key};
+use super::ids::{CallDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
 use super::policy_hooks::{PolicyConsult, PolicyPoint, PolicySubject, gate};
 use super::prompt::{build_request, request_frame};
@@ -95,6 +96,9 @@ pub enum Action {
     CallTool(ToolInvocation),
     /// Ask a human to approve a tool call (after its preflight).
     RequestApproval(ApprovalRequest),
+    /// Record that the approval of the next call approves nothing: it
+    /// names a digest that is not the call's.
+    WithdrawApproval(ApprovalWithdrawn),
     /// Refuse a tool call the model made; the error is its result.
     RejectToolCall(ToolCallRejected),
     /// Send a final answer that violates the output schema back to the
@@ -144,6 +148,7 @@ impl Action {
         match self {
             Action::RejectToolCall(r) => Some(Event::ToolCallRejected(r.clone())),
             Action::RejectOutput(r) => Some(Event::OutputRejected(r.clone())),
+            Action::WithdrawApproval(w) => Some(Event::ApprovalWithdrawn(w.clone())),
             Action::Finish(c) => Some(Event::RunCompleted(c.clone())),
             Action::Park(Park::BudgetExceeded(o)) => Some(Event::BudgetExceeded(*o)),
             Action::Park(Park::Suspend(s)) => Some(Event::Suspended(s.clone())),
@@ -431,6 +436,11 @@ pub struct ApprovalRequest {
 }
 
 impl ApprovalRequest {
+    /// What an approval of the call must name.
+    pub fn digest(&self) -> CallDigest {
+        CallDigest::of_call(&self.tool.model_name(), &self.arguments)
+    }
+
     /// The call to hand the plugin's preflight.
     pub fn wit_call(&self, run_id: &RunId) -> wit::Call {
         wit_call(run_id, &self.call_id, &self.tool, &self.arguments)
@@ -451,6 +461,7 @@ impl ApprovalRequest {
             preview,
             preflight_error,
             receipt,
+            digest: Some(self.digest()),
             at_ms: Some(at_ms),
         })
     }
@@ -895,6 +906,26 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
             error,
         })
     };
+    // An approval approves one frozen call: checked here, before anything
+    // else is done with the call, on every host that drives the run.
+    if let ToolCallProgress::Approved {
+        digest: Some(approved),
+        rule,
+        ..
+    } = &call.progress
+    {
+        let digest = call.digest();
+        if *approved != digest {
+            return Action::WithdrawApproval(ApprovalWithdrawn {
+                call_id: call.call_id.clone(),
+                reason: WithdrawReason::DigestMismatch,
+                approved: Some(approved.clone()),
+                call: digest,
+                rule: rule.as_ref().map(|r| r.id.clone()),
+                at_ms: None,
+            });
+        }
+    }
     let Some(tool) = view.tool(&call.call.name) else {
         return reject(ToolCallError::UnknownTool {
             name: call.call.name.clone(),

@@ -24,7 +24,7 @@ pub use super::channels::{
     DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
 };
 pub use super::child_agents::{ChildFinished, ChildParked, ChildStarted, ParentLink};
-use super::ids::{AgentDigest, CallId, RequestHash, RunId, SessionId};
+use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyHook, PolicyVerdict};
 use warden_plugins::grant::EffectClass;
 use warden_providers::{
@@ -84,6 +84,10 @@ pub enum Event {
     ApprovalGranted(ApprovalGranted),
     /// A human denied a tool call; the denial is the call's result.
     ApprovalDenied(ApprovalDenied),
+    /// An approval recorded for a call approves nothing at execution time
+    /// (its digest is not the call's, or the rule that granted it was
+    /// revoked or expired): the call waits for approval again.
+    ApprovalWithdrawn(ApprovalWithdrawn),
     /// The run waits for input that must satisfy a schema.
     Suspended(Suspended),
     /// A human gave the input a suspended run waited for.
@@ -201,6 +205,8 @@ pub enum EventKind {
     ApprovalGranted,
     /// [`Event::ApprovalDenied`].
     ApprovalDenied,
+    /// [`Event::ApprovalWithdrawn`].
+    ApprovalWithdrawn,
     /// [`Event::Suspended`].
     Suspended,
     /// [`Event::Resumed`].
@@ -263,7 +269,7 @@ pub enum EventKind {
 
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 46] = [
+    pub const ALL: [EventKind; 47] = [
         EventKind::RunStarted,
         EventKind::ModelCallIntent,
         EventKind::ModelCallCompleted,
@@ -310,6 +316,7 @@ impl EventKind {
         EventKind::ChildStarted,
         EventKind::ChildParked,
         EventKind::ChildFinished,
+        EventKind::ApprovalWithdrawn,
     ];
 
     /// The `type` tag.
@@ -332,6 +339,7 @@ impl EventKind {
             EventKind::ApprovalRequested => "approval_requested",
             EventKind::ApprovalGranted => "approval_granted",
             EventKind::ApprovalDenied => "approval_denied",
+            EventKind::ApprovalWithdrawn => "approval_withdrawn",
             EventKind::Suspended => "suspended",
             EventKind::Resumed => "resumed",
             EventKind::BudgetExceeded => "budget_exceeded",
@@ -409,6 +417,7 @@ impl Event {
             Event::ApprovalRequested(e) => e.at_ms,
             Event::ApprovalGranted(e) => e.at_ms,
             Event::ApprovalDenied(e) => e.at_ms,
+            Event::ApprovalWithdrawn(e) => e.at_ms,
             Event::Resumed(e) => e.at_ms,
             Event::BudgetExtended(e) => e.at_ms,
             Event::ExternalCallCompleted(e) => e.at_ms,
@@ -438,6 +447,7 @@ impl Event {
             Event::ApprovalRequested(_) => EventKind::ApprovalRequested,
             Event::ApprovalGranted(_) => EventKind::ApprovalGranted,
             Event::ApprovalDenied(_) => EventKind::ApprovalDenied,
+            Event::ApprovalWithdrawn(_) => EventKind::ApprovalWithdrawn,
             Event::Suspended(_) => EventKind::Suspended,
             Event::Resumed(_) => EventKind::Resumed,
             Event::BudgetExceeded(_) => EventKind::BudgetExceeded,
@@ -1000,6 +1010,10 @@ pub struct ApprovalRequested {
     /// The preflight lease's receipt. Omitted when no lease ran.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receipt: Option<UsageReceipt>,
+    /// The call's digest ([`CallDigest`]): what an approval of it must
+    /// name. Omitted in logs written before approvals were bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<CallDigest>,
     /// The injected clock's reading when it was recorded (wall time stops
     /// while the run is parked, and goes on from a human's act). Omitted in
     /// logs written before it was recorded.
@@ -1081,13 +1095,77 @@ pub struct RunForked {
 pub struct ApprovalGranted {
     /// The call.
     pub call_id: CallId,
-    /// Who approved.
+    /// Who approved: a person (`api:<token>`, a CLI user) or, for an
+    /// automatic approval, `rule:<id>`.
     pub by: String,
+    /// The digest of the call approved ([`CallDigest`]): the approval
+    /// approves that call with exactly those arguments, and nothing else.
+    /// Omitted in logs written before approvals were bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<CallDigest>,
+    /// The standing rule that granted it, for an automatic approval, and
+    /// who created that rule. Omitted for a person's approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<GrantingRule>,
     /// The injected clock's reading when it was recorded (wall time stops
     /// while the run is parked, and goes on from a human's act). Omitted in
     /// logs written before it was recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub at_ms: Option<u64>,
+}
+
+/// The rule behind an automatic approval, as [`ApprovalGranted`] records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GrantingRule {
+    /// The rule's id.
+    pub id: String,
+    /// Who created the rule.
+    pub created_by: String,
+}
+
+/// [`Event::ApprovalWithdrawn`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApprovalWithdrawn {
+    /// The call.
+    pub call_id: CallId,
+    /// Why the approval approves nothing.
+    pub reason: WithdrawReason,
+    /// The digest the approval named. Omitted when it named none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approved: Option<CallDigest>,
+    /// The digest of the call as recorded.
+    pub call: CallDigest,
+    /// The rule that had granted it. Omitted for a person's approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rule: Option<String>,
+    /// The injected clock's reading when it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at_ms: Option<u64>,
+}
+
+/// Why an [`ApprovalWithdrawn`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WithdrawReason {
+    /// The approval names a digest that is not the call's.
+    DigestMismatch,
+    /// The rule that granted it was revoked before the call ran.
+    RuleRevoked,
+    /// The rule that granted it expired before the call ran.
+    RuleExpired,
+}
+
+impl WithdrawReason {
+    /// The stable name.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WithdrawReason::DigestMismatch => "digest_mismatch",
+            WithdrawReason::RuleRevoked => "rule_revoked",
+            WithdrawReason::RuleExpired => "rule_expired",
+        }
+    }
 }
 
 /// [`Event::ApprovalDenied`].
@@ -1979,14 +2057,17 @@ pub(crate) mod tests {
                     }),
                     preflight_error: None,
                     receipt: Some(receipt(500)),
+                    digest: Some(CallDigest::from_hex("0b")),
                     at_ms: None,
                 }),
-                r#"{"v":1,"event":{"type":"approval_requested","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"preview":{"summary":"write 2 bytes to a.txt","detail":"+hi"},"receipt":{"outcome":"ok","fuel_consumed":500,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0}}}"#,
+                r#"{"v":1,"event":{"type":"approval_requested","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"preview":{"summary":"write 2 bytes to a.txt","detail":"+hi"},"receipt":{"outcome":"ok","fuel_consumed":500,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0},"digest":"0b"}}"#,
             ),
             (
                 Event::ApprovalGranted(ApprovalGranted {
                     call_id: CallId::new(1, 1),
                     by: "alice".into(),
+                    digest: None,
+                    rule: None,
                     at_ms: None,
                 }),
                 r#"{"v":1,"event":{"type":"approval_granted","call_id":"call-1-1","by":"alice"}}"#,
@@ -2366,6 +2447,17 @@ pub(crate) mod tests {
                 }),
                 r#"{"v":1,"event":{"type":"child_finished","call_id":"call-1-1","child_run":"r1.call-1-1","status":"completed","result":{"output":{"done":true}},"usage":{"steps":2,"input_tokens":0,"output_tokens":0,"cost_nanos":0,"tool_calls":0,"fuel":0,"wall_time_ms":0}}}"#,
             ),
+            (
+                Event::ApprovalWithdrawn(ApprovalWithdrawn {
+                    call_id: CallId::new(1, 1),
+                    reason: WithdrawReason::DigestMismatch,
+                    approved: Some(CallDigest::from_hex("0a")),
+                    call: CallDigest::from_hex("0b"),
+                    rule: None,
+                    at_ms: Some(6),
+                }),
+                r#"{"v":1,"event":{"type":"approval_withdrawn","call_id":"call-1-1","reason":"digest_mismatch","approved":"0a","call":"0b","at_ms":6}}"#,
+            ),
         ]
     }
 
@@ -2418,6 +2510,7 @@ pub(crate) mod tests {
             EventKind::ChildStarted => 43,
             EventKind::ChildParked => 44,
             EventKind::ChildFinished => 45,
+            EventKind::ApprovalWithdrawn => 46,
         }
     }
 
@@ -2437,6 +2530,25 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn an_automatic_approval_names_its_rule_and_creator() {
+        let (event, pinned) = (
+            Event::ApprovalGranted(ApprovalGranted {
+                call_id: CallId::new(1, 1),
+                by: "rule:rule-1".into(),
+                digest: Some(CallDigest::from_hex("0b")),
+                rule: Some(GrantingRule {
+                    id: "rule-1".into(),
+                    created_by: "api:ops".into(),
+                }),
+                at_ms: Some(5),
+            }),
+            r#"{"v":1,"event":{"type":"approval_granted","call_id":"call-1-1","by":"rule:rule-1","digest":"0b","rule":{"id":"rule-1","created_by":"api:ops"},"at_ms":5}}"#,
+        );
+        assert_eq!(String::from_utf8(encode(&event)).unwrap(), pinned);
+        assert_eq!(decode(pinned.as_bytes()).unwrap(), event);
+    }
+
+    #[test]
     fn every_kind_has_pinned_bytes() {
         for (event, pinned) in samples() {
             let bytes = encode(&event);
@@ -2452,7 +2564,7 @@ pub(crate) mod tests {
     #[test]
     fn conformance_every_kind_round_trips_and_none_is_uncovered() {
         let samples = samples();
-        assert_eq!(EventKind::ALL.len(), 46, "a kind was added or removed");
+        assert_eq!(EventKind::ALL.len(), 47, "a kind was added or removed");
         assert_eq!(samples.len(), EventKind::ALL.len());
         for (i, kind) in EventKind::ALL.iter().enumerate() {
             assert_eq!(position_in_all(*kind), i);

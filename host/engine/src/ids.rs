@@ -114,6 +114,27 @@ hex_digest!(
     RequestHash
 );
 
+hex_digest!(
+    /// What an approval binds to: the sha256 of a domain tag, the tool's
+    /// model name and the canonical JSON of the call's frozen arguments
+    /// ([`CallDigest::of_call`]). Recorded when approval is asked and when
+    /// it is granted, and compared before the call runs.
+    CallDigest
+);
+
+impl CallDigest {
+    /// The digest of a call to the tool the model names `tool` with
+    /// `arguments`.
+    pub fn of_call(tool: &str, arguments: &serde_json::Value) -> CallDigest {
+        let mut hasher = Sha256::new();
+        hasher.update(b"warden.call.v1\0");
+        hasher.update(tool.as_bytes());
+        hasher.update(b"\0");
+        hasher.update(super::canonical::canonical_json(arguments).as_bytes());
+        CallDigest(hex::encode(hasher.finalize()))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -131,6 +152,28 @@ mod tests {
         assert_eq!(
             RunId::from_random(0xab).as_str(),
             "run-000000000000000000000000000000ab"
+        );
+    }
+
+    #[test]
+    fn call_digests_bind_the_tool_and_the_canonical_arguments() {
+        let args = serde_json::json!({"path": "a.txt", "content": "hi"});
+        let reordered: serde_json::Value =
+            serde_json::from_str(r#"{"content":"hi","path":"a.txt"}"#).unwrap();
+        let digest = CallDigest::of_call("fs__write_file", &args);
+        assert_eq!(digest, CallDigest::of_call("fs__write_file", &reordered));
+        assert_ne!(digest, CallDigest::of_call("fs__delete_file", &args));
+        assert_ne!(
+            digest,
+            CallDigest::of_call(
+                "fs__write_file",
+                &serde_json::json!({"path": "b.txt", "content": "hi"})
+            )
+        );
+        // Pinned: a recorded approval must keep meaning the same call.
+        assert_eq!(
+            digest.as_str(),
+            "06bcdc6ada004e7584039c0fd708f9b9a8b121a9ccd3f297c3fc6d039f333bf8"
         );
     }
 

@@ -8,6 +8,8 @@
 //!
 //! - [`agent`]: `agent.toml`, parsed strictly, validated, digested.
 //! - [`view`]: the agent with its plugins' tools resolved, as deciding sees it.
+//! - [`approvals`]: standing approval rules: what one matches, read back
+//!   from the store.
 //! - [`events`]: the event kinds and their versioned encoding.
 //! - [`state`]: folding, [`RunStatus`], the conversation.
 //! - [`mod@decide`]: the decision table.
@@ -45,6 +47,7 @@
 //! clock readings, pricing) and never live configuration.
 
 pub mod agent;
+pub mod approvals;
 pub mod budget;
 pub mod canonical;
 pub mod channels;
@@ -75,10 +78,11 @@ pub mod worker;
 mod tests;
 
 pub use agent::{Agent, AgentError, ModelDefaults};
+pub use approvals::{Rule, RuleError, RuleSpec};
 pub use budget::{BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, Pricing};
 pub use decide::{Action, decide};
 pub use events::{Event, EventError, EventKind, FORMAT_VERSION, decode, encode};
-pub use ids::{AgentDigest, CallId, RequestHash, RunId, SessionId, idempotency_key};
+pub use ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId, idempotency_key};
 pub use keys::{KeyInfo, KeyState};
 pub use policy_hooks::{
     Policy, PolicyDecision, PolicyError, PolicyHook, PolicyRequest, PolicySubject, PolicyVerdict,
@@ -86,8 +90,8 @@ pub use policy_hooks::{
 pub use replay::{ReplayError, ReplayOptions, replay};
 pub use retry::{RetryPolicy, RetrySleep, TokioSleep};
 pub use runtime::{
-    ChildRefusal, Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions, ForkRefusal,
-    OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
+    ApprovalScope, ChildRefusal, Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions,
+    ForkRefusal, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
 };
 pub use session::{SessionRun, SessionSummary};
 pub use start::StartOptions;

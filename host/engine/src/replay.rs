@@ -35,7 +35,7 @@ use super::canonical::RequestHasher;
 use super::channels::next_delivery;
 use super::compaction::summary_message;
 use super::decide::{Action, Park, RequestDetail, decide_with, input_gate};
-use super::events::{Event, EventKind};
+use super::events::{Event, EventKind, WithdrawReason};
 use super::ids::AgentDigest;
 use super::state::{FoldError, RunState, fold};
 use super::view::AgentView;
@@ -219,6 +219,9 @@ fn is_decision(event: &Event) -> bool {
             | Event::PolicyDecided(_)
             | Event::ChildStarted(_)
     ) || matches!(event, Event::RunCompleted(c) if !c.by_host)
+        // A mismatched digest is the log's own business; a lapsed rule is
+        // the store's, a fact replay reads back.
+        || matches!(event, Event::ApprovalWithdrawn(w) if w.reason == WithdrawReason::DigestMismatch)
 }
 
 fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
@@ -240,6 +243,9 @@ fn agrees(action: &Action, event: &Event, options: ReplayOptions) -> bool {
                 && call.intent.idempotency_key == d.idempotency_key
         }
         (Action::RejectToolCall(a), Event::ToolCallRejected(b)) => a == b,
+        (Action::WithdrawApproval(a), Event::ApprovalWithdrawn(b)) => {
+            a.call_id == b.call_id && a.approved == b.approved && a.call == b.call
+        }
         (Action::RequestApproval(a), Event::ApprovalRequested(b)) => {
             a.call_id == b.call_id && a.tool == b.tool
         }
@@ -293,6 +299,11 @@ fn describe_action(action: &Action) -> String {
             format!("an approval request for `{}` to {}", a.call_id, a.tool)
         }
         Action::RejectToolCall(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
+        Action::WithdrawApproval(w) => format!(
+            "withdrawing the approval of `{}` ({})",
+            w.call_id,
+            w.reason.as_str()
+        ),
         Action::RejectOutput(r) => format!(
             "sending the final answer of step {} back: {}",
             r.step, r.violation
@@ -340,6 +351,11 @@ fn describe_event(event: &Event) -> String {
             format!("an approval request for `{}` to {}", a.call_id, a.tool)
         }
         Event::ToolCallRejected(r) => format!("rejecting `{}`: {}", r.call_id, r.error),
+        Event::ApprovalWithdrawn(w) => format!(
+            "withdrawing the approval of `{}` ({})",
+            w.call_id,
+            w.reason.as_str()
+        ),
         Event::ClockObserved(_) => "a clock reading".into(),
         Event::CompactionIntent(i) => format!(
             "a compaction (step {}, messages up to {}, request {})",

@@ -44,7 +44,7 @@ use super::events::{
     ToolCallResolved, ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode,
     encode_readable,
 };
-use super::ids::{AgentDigest, CallId, RunId, SessionId};
+use super::ids::{AgentDigest, CallDigest, CallId, RunId, SessionId};
 use super::keys::{KeyInfo, KeyState};
 use super::policy_hooks::{
     DEFAULT_POLICY_TIMEOUT, Policy, PolicyConsult, PolicyVerdict, consult as consult_policy,
@@ -69,8 +69,10 @@ use warden_store::{
 
 mod children;
 mod fork;
+mod rules;
 pub use children::ChildRefusal;
 pub use fork::{FORKED_FROM_LABEL, ForkOptions, ForkRefusal};
+pub use rules::ApprovalScope;
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
 /// deterministic.
@@ -195,6 +197,22 @@ pub enum RuntimeError {
         call_id: CallId,
         /// The external call the run waits for.
         awaiting: CallId,
+    },
+    /// An approval named the digest of a call other than the one awaiting
+    /// approval (its arguments are not what the approver saw); nothing was
+    /// recorded.
+    #[error(
+        "run `{run_id}`: call `{call_id}` has digest {actual}, not {expected}: nothing was approved"
+    )]
+    DigestMismatch {
+        /// The run.
+        run_id: RunId,
+        /// The call awaiting approval.
+        call_id: CallId,
+        /// The digest the approver named.
+        expected: String,
+        /// The call's digest.
+        actual: CallDigest,
     },
     /// `approve`/`deny` named a call that is not the one awaiting approval.
     #[error("run `{run_id}`: call `{call_id}` is not awaiting approval (awaiting: {awaiting})")]
@@ -342,6 +360,9 @@ pub enum RuntimeError {
         /// Why.
         error: ProviderError,
     },
+    /// A standing approval rule that cannot be made or read.
+    #[error(transparent)]
+    Rule(crate::approvals::RuleError),
     /// The store failed.
     #[error("{error}")]
     Store {
@@ -1117,10 +1138,42 @@ impl Runtime {
         call_id: &CallId,
         by: &str,
     ) -> Result<(), RuntimeError> {
+        self.approve_digest(run_id, call_id, by, None).await
+    }
+
+    /// [`approve`](Self::approve), refused with
+    /// [`RuntimeError::DigestMismatch`] (nothing recorded) unless the call's
+    /// digest is `expected` when one is given: the approver approves the
+    /// call they saw. Either way the approval records the call's digest,
+    /// and approves nothing if the call that runs has another.
+    pub async fn approve_digest(
+        &self,
+        run_id: &RunId,
+        call_id: &CallId,
+        by: &str,
+        expected: Option<&str>,
+    ) -> Result<(), RuntimeError> {
         let mut log = self.awaiting_approval(run_id, call_id).await?;
+        let digest = log
+            .state
+            .next_call()
+            .expect("a run awaiting approval has a next call")
+            .digest();
+        if let Some(expected) = expected
+            && expected != digest.as_str()
+        {
+            return Err(RuntimeError::DigestMismatch {
+                run_id: run_id.clone(),
+                call_id: call_id.clone(),
+                expected: expected.to_owned(),
+                actual: digest,
+            });
+        }
         let event = Event::ApprovalGranted(ApprovalGranted {
             call_id: call_id.clone(),
             by: by.to_owned(),
+            digest: Some(digest),
+            rule: None,
             at_ms: Some(self.inner.clock.now_ms()),
         });
         self.append(&mut log, vec![event]).await
@@ -1677,7 +1730,17 @@ impl Runtime {
             }
             Action::Idle(idle) => Ok(Step::Idle(idle)),
             Action::CallModel(call) => self.call_model(log, prepared, driver, call).await,
-            Action::CallTool(invocation) => self.call_tool(log, prepared, driver, invocation).await,
+            Action::CallTool(invocation) => {
+                // The rule that approved the call must still stand when it
+                // runs (a revocation reaches every call not yet run).
+                if !invocation.recorded
+                    && let Some(withdrawn) = self.lapsed_rule(log).await?
+                {
+                    self.append(log, vec![withdrawn]).await?;
+                    return Ok(Step::Progressed);
+                }
+                self.call_tool(log, prepared, driver, invocation).await
+            }
             Action::RequestApproval(request) => {
                 self.request_approval(log, prepared, driver, request).await
             }
@@ -2104,7 +2167,11 @@ impl Runtime {
             Some((&leased.result, leased.receipt)),
             self.inner.clock.now_ms(),
         );
-        self.append(log, vec![event]).await?;
+        // A standing rule approves it in the same append, the rule named;
+        // otherwise it parks for a human.
+        let granted = self.granting_rule(log, &request).await?;
+        self.append(log, std::iter::once(event).chain(granted).collect())
+            .await?;
         Ok(Step::Progressed)
     }
 

@@ -24,12 +24,12 @@ use super::compaction::{CompactionProgress, Summary};
 use super::context::ContextState;
 use super::events::{
     BudgetExtended, ChildFinished, ChildParked, Event, EventKind, ExternalCallRequested,
-    ModelCallError, ReconciliationRequired, Resumed, RunAbandoned, RunCancelled, RunCompleted,
-    RunFailed, RunForked, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
+    GrantingRule, ModelCallError, ReconciliationRequired, Resumed, RunAbandoned, RunCancelled,
+    RunCompleted, RunFailed, RunForked, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
     UnresolvedWrite,
 };
 use super::ids::{
-    AgentDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
+    AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
 };
 use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
 use super::policy_hooks::{
@@ -286,6 +286,14 @@ pub struct ToolCallState {
     pub failed_attempts: u32,
 }
 
+impl ToolCallState {
+    /// What an approval of this call binds to: its tool and its frozen
+    /// arguments, as the log recorded them.
+    pub fn digest(&self) -> CallDigest {
+        CallDigest::of_call(&self.call.name, &self.call.arguments)
+    }
+}
+
 /// How far a tool call got.
 #[derive(Clone, Debug, PartialEq)]
 pub enum ToolCallProgress {
@@ -297,6 +305,12 @@ pub enum ToolCallProgress {
     Approved {
         /// Who approved.
         by: String,
+        /// The digest the approval names (none in logs written before
+        /// approvals were bound): it approves the call only if it is the
+        /// call's own ([`ToolCallState::digest`]).
+        digest: Option<CallDigest>,
+        /// The standing rule that granted it, if automatic.
+        rule: Option<GrantingRule>,
     },
     /// Suspended for a human's input.
     Suspended {
@@ -1392,6 +1406,12 @@ impl RunState {
                         field: "tool",
                     });
                 }
+                if a.digest.as_ref().is_some_and(|d| *d != call.digest()) {
+                    return Err(FoldProblem::CallMismatch {
+                        call_id: a.call_id.clone(),
+                        field: "digest",
+                    });
+                }
                 Ok(())
             }
             Event::ApprovalGranted(g) => {
@@ -1408,6 +1428,14 @@ impl RunState {
                     call,
                     |p| matches!(p, ToolCallProgress::AwaitingApproval),
                     "awaiting approval",
+                )
+            }
+            Event::ApprovalWithdrawn(w) => {
+                let call = self.expect_next(&w.call_id)?;
+                Self::expect_progress(
+                    call,
+                    |p| matches!(p, ToolCallProgress::Approved { .. }),
+                    "approved",
                 )
             }
             Event::Suspended(s) => {
@@ -1873,7 +1901,14 @@ impl RunState {
                 self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
             }
             Event::ApprovalGranted(g) => {
-                self.next_call_mut().progress = ToolCallProgress::Approved { by: g.by.clone() };
+                self.next_call_mut().progress = ToolCallProgress::Approved {
+                    by: g.by.clone(),
+                    digest: g.digest.clone(),
+                    rule: g.rule.clone(),
+                };
+            }
+            Event::ApprovalWithdrawn(_) => {
+                self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
             }
             Event::ApprovalDenied(d) => {
                 self.settle(ToolCallProgress::Denied {

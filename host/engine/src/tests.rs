@@ -14,7 +14,7 @@ use serde_json::{Value, json};
 use super::budget::{BudgetKind, BudgetLimits, BudgetOverrun, ExtensionError, Pricing};
 use super::decide::{Action, Idle, Park, decide};
 use super::events::*;
-use super::ids::{AgentDigest, CallId, RequestHash, RunId, idempotency_key};
+use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, idempotency_key};
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{DEFAULT_MAX_ATTEMPTS as MAX_MODEL_ATTEMPTS, RetryPolicy};
 use super::state::{FoldError, RunState, RunStatus, fold};
@@ -244,6 +244,7 @@ fn approval(step: u32, n: usize, name: &str) -> Event {
         preview: None,
         preflight_error: None,
         receipt: Some(receipt(50)),
+        digest: None,
         at_ms: None,
     })
 }
@@ -252,6 +253,20 @@ fn granted(step: u32, n: usize) -> Event {
     Event::ApprovalGranted(ApprovalGranted {
         call_id: CallId::new(step, n),
         by: "alice".into(),
+        digest: None,
+        rule: None,
+        at_ms: None,
+    })
+}
+
+/// An approval of call `n` of `step` naming the digest of a call to `name`
+/// with `args`.
+fn granted_for(step: u32, n: usize, name: &str, args: &Value) -> Event {
+    Event::ApprovalGranted(ApprovalGranted {
+        call_id: CallId::new(step, n),
+        by: "alice".into(),
+        digest: Some(CallDigest::of_call(name, args)),
+        rule: None,
         at_ms: None,
     })
 }
@@ -1046,6 +1061,13 @@ fn shape(action: &Action) -> String {
         ),
         Action::RequestApproval(a) => format!("request_approval {} {}", a.call_id, a.tool),
         Action::RejectToolCall(r) => format!("reject {}: {}", r.call_id, r.error),
+        Action::WithdrawApproval(w) => format!(
+            "withdraw {} {} approved={} call={}",
+            w.call_id,
+            w.reason.as_str(),
+            w.approved.as_ref().map_or("none", |d| &d.as_str()[..6]),
+            &w.call.as_str()[..6]
+        ),
         Action::RejectOutput(r) => format!("reject_output step={}: {}", r.step, r.violation),
         Action::ObserveClock => "observe_clock".into(),
         Action::ConsultPolicy(c) => format!("consult {} at {:?}", c.policy, c.point),
@@ -1189,6 +1211,74 @@ fn every_decision() {
             .concat(),
             view(),
             "call_tool call-1-1 fs.write_file write recorded=false",
+        ),
+        (
+            "approved with the call's own digest",
+            [
+                one_call("fs__write_file", write_args()),
+                vec![
+                    approval(1, 1, "fs__write_file"),
+                    granted_for(1, 1, "fs__write_file", &write_args()),
+                ],
+            ]
+            .concat(),
+            view(),
+            "call_tool call-1-1 fs.write_file write recorded=false",
+        ),
+        (
+            "approved for other arguments: the approval approves nothing",
+            [
+                one_call("fs__write_file", write_args()),
+                vec![
+                    approval(1, 1, "fs__write_file"),
+                    granted_for(
+                        1,
+                        1,
+                        "fs__write_file",
+                        &json!({"path": "b.txt", "content": "hi"}),
+                    ),
+                ],
+            ]
+            .concat(),
+            view(),
+            "withdraw call-1-1 digest_mismatch approved=776c38 call=06bcdc",
+        ),
+        (
+            "a withdrawn approval: the call waits for approval again",
+            [
+                one_call("fs__write_file", write_args()),
+                vec![
+                    approval(1, 1, "fs__write_file"),
+                    granted_for(1, 1, "fs__write_file", &json!({"path": "b.txt"})),
+                    Event::ApprovalWithdrawn(ApprovalWithdrawn {
+                        call_id: CallId::new(1, 1),
+                        reason: WithdrawReason::DigestMismatch,
+                        approved: Some(CallDigest::of_call(
+                            "fs__write_file",
+                            &json!({"path": "b.txt"}),
+                        )),
+                        call: CallDigest::of_call("fs__write_file", &write_args()),
+                        rule: None,
+                        at_ms: None,
+                    }),
+                ],
+            ]
+            .concat(),
+            view(),
+            "idle awaiting_approval call-1-1",
+        ),
+        (
+            "approved for another tool: the approval approves nothing",
+            [
+                one_call("fs__write_file", write_args()),
+                vec![
+                    approval(1, 1, "fs__write_file"),
+                    granted_for(1, 1, "fs__delete_file", &write_args()),
+                ],
+            ]
+            .concat(),
+            view(),
+            "withdraw call-1-1 digest_mismatch approved=0ad157 call=06bcdc",
         ),
         (
             "approved, but the tool is gone from the agent",
@@ -2374,6 +2464,8 @@ fn the_demo_agent_and_transcript_in_examples_fit_together() {
     sim.events.push(Event::ApprovalGranted(ApprovalGranted {
         call_id,
         by: "demo".into(),
+        digest: None,
+        rule: None,
         at_ms: None,
     }));
     assert_eq!(sim.drive(), Idle::Terminal(RunStatus::Completed));

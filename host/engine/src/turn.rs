@@ -597,6 +597,7 @@ mod tests {
             preview: None,
             preflight_error: None,
             receipt: None,
+            digest: None,
             at_ms: None,
         });
         let expected = TurnEvent::ApprovalNeeded {

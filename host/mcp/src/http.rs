@@ -50,6 +50,7 @@ pub fn router(served: Arc<Served>, bind: SocketAddr, options: HttpOptions) -> Ro
                 name: "mcp".to_owned(),
                 role: Role::Operator,
                 sha256: digest(token),
+                expires_ms: None,
             }])
         }),
     });

@@ -14,7 +14,10 @@ use serde_json::{Value, json};
 
 use warden::engine::events::Event;
 use warden::engine::state::ToolCallProgress;
-use warden::engine::{BudgetKind, CallId, RunId, RunState, RunStatus, SessionId, decode, fold};
+use warden::engine::{
+    ApprovalScope, BudgetKind, CallId, RuleSpec, RunId, RunState, RunStatus, SessionId, decode,
+    fold,
+};
 use warden::store::{CommitmentFilter, RunFilter, RunSummary};
 
 use crate::App;
@@ -205,6 +208,7 @@ pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) ->
             "call_id": call.call_id,
             "tool": call.call.name,
             "arguments": call.call.arguments,
+            "digest": call.digest(),
             "awaiting": "approval",
         })),
         ToolCallProgress::Suspended { reason, schema } => Some(json!({
@@ -316,6 +320,17 @@ pub async fn events(
 #[serde(deny_unknown_fields)]
 pub struct Approve {
     call_id: String,
+    /// When given, the approval is refused (`digest_mismatch`) unless the
+    /// call's digest is this one: the approver approves what they saw.
+    #[serde(default)]
+    digest: Option<String>,
+    /// `call` (default), `run` or `session`: a wider scope is a standing
+    /// rule, which only an operator may make.
+    #[serde(default)]
+    scope: Option<String>,
+    /// With a wider scope, when the rule expires (ms since the epoch).
+    #[serde(default)]
+    expires_ms: Option<i64>,
 }
 
 /// The body of deny.
@@ -375,8 +390,35 @@ pub async fn approve(
 ) -> Reply {
     caller.require(Role::Approver)?;
     let run = run_id(&run)?;
+    let scope = match body.scope.as_deref() {
+        None | Some("call") => ApprovalScope::Call,
+        Some("run") => ApprovalScope::Run,
+        Some("session") => ApprovalScope::Session,
+        Some(other) => {
+            return Err(ApiError::new(
+                "usage",
+                format!("scope `{other}`: use call, run or session"),
+            ));
+        }
+    };
+    if scope != ApprovalScope::Call {
+        // A wider approval is a standing rule.
+        caller.require(Role::Operator)?;
+    } else if body.expires_ms.is_some() {
+        return Err(ApiError::new(
+            "usage",
+            "expires_ms applies to a run or session scope only",
+        ));
+    }
     app.runtime
-        .approve(&run, &CallId::from_text(body.call_id), &caller.by())
+        .approve_scoped(
+            &run,
+            &CallId::from_text(body.call_id),
+            &caller.by(),
+            body.digest.as_deref(),
+            scope,
+            body.expires_ms,
+        )
         .await
         .map_err(|e| app.fail(&e))?;
     app.continue_unleased(&run).await;
@@ -592,4 +634,72 @@ pub async fn keys(State(app): State<Arc<App>>) -> Reply {
 pub async fn key(State(app): State<Arc<App>>, Segment(key): Segment<String>) -> Reply {
     let info = app.runtime.key(&key).await.map_err(|e| app.fail(&e))?;
     Ok(Json(json!({ "v": contract::VERSION, "key": info })))
+}
+
+/// `GET /api/v1/approvals/rules` (viewer): every standing approval rule,
+/// oldest first, with its standing.
+pub async fn rules(State(app): State<Arc<App>>) -> Reply {
+    let rules = app.runtime.rules().await.map_err(|e| app.fail(&e))?;
+    let now = app.now_ms();
+    let rules: Vec<Value> = rules.iter().map(|r| contract::rule(r, now)).collect();
+    Ok(Json(json!({ "v": contract::VERSION, "rules": rules })))
+}
+
+/// The body of a new rule.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewRule {
+    #[serde(default)]
+    plugin: Option<String>,
+    #[serde(default)]
+    tool: Option<String>,
+    #[serde(default)]
+    arguments: BTreeMap<String, String>,
+    #[serde(default)]
+    run: Option<String>,
+    #[serde(default)]
+    session: Option<String>,
+    #[serde(default)]
+    expires_ms: Option<i64>,
+}
+
+/// `POST /api/v1/approvals/rules` (operator): a standing rule, recorded
+/// as made by the caller.
+pub async fn add_rule(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Body(body): Body<NewRule>,
+) -> Reply {
+    caller.require(Role::Operator)?;
+    let mut spec = RuleSpec::for_tool(body.plugin.as_deref(), body.tool.as_deref())
+        .map_err(|e| app.fail(&warden::engine::RuntimeError::Rule(e)))?;
+    spec.arguments = body.arguments;
+    spec.run = body.run.as_deref().map(run_id).transpose()?;
+    spec.session = body.session.as_deref().map(session_id).transpose()?;
+    let rule = app
+        .runtime
+        .add_rule(spec, &caller.by(), body.expires_ms)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    Ok(Json(
+        json!({ "v": contract::VERSION, "rule": contract::rule(&rule, app.now_ms()) }),
+    ))
+}
+
+/// `POST /api/v1/approvals/rules/{rule}/revoke` (operator): the rule
+/// approves nothing from now on, on every host.
+pub async fn revoke_rule(
+    State(app): State<Arc<App>>,
+    Extension(caller): Extension<Caller>,
+    Segment(rule): Segment<String>,
+) -> Reply {
+    caller.require(Role::Operator)?;
+    let rule = app
+        .runtime
+        .revoke_rule(&rule, &caller.by())
+        .await
+        .map_err(|e| app.fail(&e))?;
+    Ok(Json(
+        json!({ "v": contract::VERSION, "rule": contract::rule(&rule, app.now_ms()) }),
+    ))
 }

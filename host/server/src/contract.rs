@@ -81,3 +81,16 @@ pub fn run_error(error: &RunError) -> Value {
         .unwrap_or_else(|| json!("run_failed"));
     json!({ "code": code, "message": error.to_string(), "details": details })
 }
+
+/// A standing approval rule, with its standing at `now_ms` (`live`,
+/// `expired`, `revoked`): what `warden approvals list --json` and the API
+/// print for each rule.
+pub fn rule(rule: &warden::engine::Rule, now_ms: i64) -> Value {
+    let mut value = serde_json::to_value(rule).expect("a rule serializes");
+    value["standing"] = Value::from(match rule.standing(now_ms) {
+        warden::store::RuleStanding::Live => "live",
+        warden::store::RuleStanding::Expired => "expired",
+        warden::store::RuleStanding::Revoked => "revoked",
+    });
+    value
+}

@@ -105,19 +105,18 @@ impl From<ErrorReport> for ApiError {
 /// (500), and otherwise a verb that does not fit the run as it is (409).
 pub fn status_of(code: &str) -> StatusCode {
     match code {
-        "unauthenticated" => StatusCode::UNAUTHORIZED,
+        "unauthenticated" | "token_expired" => StatusCode::UNAUTHORIZED,
         "forbidden" | "host_refused" | "origin_refused" | "csrf_refused" => StatusCode::FORBIDDEN,
         "rate_limited" => StatusCode::TOO_MANY_REQUESTS,
         "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
-        "not_found" | "unknown_run" | "unknown_session" | "unknown_key" | "pruned" => {
-            StatusCode::NOT_FOUND
-        }
+        "not_found" | "unknown_run" | "unknown_session" | "unknown_key" | "unknown_rule"
+        | "pruned" => StatusCode::NOT_FOUND,
         "usage" | "invalid" | "invalid_run_id" | "invalid_session_id" | "input_rejected"
         | "input_too_large" | "input_required" | "input_not_expected" | "external_mismatch"
-        | "output_rejected" | "value_too_deep" => StatusCode::BAD_REQUEST,
+        | "output_rejected" | "value_too_deep" | "rule_invalid" => StatusCode::BAD_REQUEST,
         "store_failed" | "store_damaged" | "log_unreadable" | "log_invalid" | "tampered"
         | "runtime_failed" | "io_failed" | "agent_unusable" | "agent_unknown" | "agent_invalid"
-        | "agent_unreadable" => StatusCode::INTERNAL_SERVER_ERROR,
+        | "agent_unreadable" | "rule_unreadable" => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }
 }

@@ -270,7 +270,22 @@ impl Guard {
         let Some(token) = token else {
             return self.by_cookie(method, headers, ip);
         };
+        let now_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64);
         match self.tokens.identify(token) {
+            Some(entry) if entry.is_expired(now_ms) => {
+                // Counted like an unknown token: an old one is no key.
+                self.failed(ip);
+                Err(ApiError::new(
+                    "token_expired",
+                    format!(
+                        "token `{}` expired at {}: make a new one with `warden serve tokens add`",
+                        entry.name,
+                        warden::units::utc_text(entry.expires_ms.unwrap_or_default())
+                    ),
+                ))
+            }
             Some(entry) => Ok(Some(Caller {
                 name: entry.name.clone(),
                 role: entry.role,

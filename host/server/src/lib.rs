@@ -80,6 +80,13 @@ pub struct App {
 }
 
 impl App {
+    /// The time now, in ms since the epoch (the standing of a rule).
+    pub(crate) fn now_ms(&self) -> i64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    }
+
     /// `error` as the API reports it.
     pub(crate) fn fail(&self, error: &(dyn std::error::Error + 'static)) -> ApiError {
         ApiError::from((self.classify)(error))
@@ -194,6 +201,8 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         .route("/audit", get(api::audit))
         .route("/keys", get(api::keys))
         .route("/keys/{key}", get(api::key))
+        .route("/approvals/rules", get(api::rules).post(api::add_rule))
+        .route("/approvals/rules/{rule}/revoke", post(api::revoke_rule))
         .route("/openapi.json", get(openapi))
         .method_not_allowed_fallback(|| async {
             ApiError::new(

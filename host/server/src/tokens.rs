@@ -9,6 +9,7 @@
 //! name = "alice"
 //! role = "approver"
 //! sha256 = "9f86d0…"
+//! expires_ms = 1767225600000   # optional: refused from then on
 //! ```
 
 use std::io::Write as _;
@@ -62,6 +63,17 @@ pub struct TokenEntry {
     pub role: Role,
     /// The token's SHA-256, lowercase hex.
     pub sha256: String,
+    /// When the token stops being accepted, in milliseconds since the Unix
+    /// epoch; never, when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<i64>,
+}
+
+impl TokenEntry {
+    /// Whether the token is past its expiry at `now_ms`.
+    pub fn is_expired(&self, now_ms: i64) -> bool {
+        self.expires_ms.is_some_and(|at| now_ms >= at)
+    }
 }
 
 #[derive(Debug, Default, Serialize, Deserialize)]
@@ -253,9 +265,15 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 /// Makes a token named `name` with `role`, adds its digest to `file`
-/// (created, readable by its owner only, when missing) and returns the
-/// token: the only time it is shown.
-pub fn add(file: &Path, name: &str, role: Role) -> Result<String, TokenError> {
+/// (created, readable by its owner only, when missing), accepted until
+/// `expires_ms` if given, and returns the token: the only time it is
+/// shown.
+pub fn add(
+    file: &Path,
+    name: &str,
+    role: Role,
+    expires_ms: Option<i64>,
+) -> Result<String, TokenError> {
     check_name(file, name)?;
     let io = |error| TokenError::Io {
         file: file.to_owned(),
@@ -281,6 +299,7 @@ pub fn add(file: &Path, name: &str, role: Role) -> Result<String, TokenError> {
         name: name.to_owned(),
         role,
         sha256: digest(&token),
+        expires_ms,
     });
     let body = toml::to_string(&parsed).expect("a token file serializes");
     let text = format!(
@@ -313,7 +332,7 @@ mod tests {
     fn a_token_is_known_by_its_digest_only() {
         let dir = tempfile::tempdir().unwrap();
         let file = dir.path().join("tokens.toml");
-        let token = add(&file, "alice", Role::Approver).unwrap();
+        let token = add(&file, "alice", Role::Approver, None).unwrap();
         let text = std::fs::read_to_string(&file).unwrap();
         assert!(!text.contains(&token), "the file holds the token: {text}");
         let tokens = Tokens::read(&file).unwrap();
@@ -321,9 +340,23 @@ mod tests {
         assert_eq!(tokens.identify(&token).unwrap().role, Role::Approver);
         assert!(tokens.identify("wdn_wrong").is_none());
         assert!(matches!(
-            add(&file, "alice", Role::Viewer),
+            add(&file, "alice", Role::Viewer, None),
             Err(TokenError::Exists { .. })
         ));
+    }
+
+    #[test]
+    fn an_expiry_is_kept_and_read_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("tokens.toml");
+        let token = add(&file, "temp", Role::Viewer, Some(1_000)).unwrap();
+        add(&file, "kept", Role::Viewer, None).unwrap();
+        let tokens = Tokens::read(&file).unwrap();
+        let entry = tokens.identify(&token).unwrap();
+        assert_eq!(entry.expires_ms, Some(1_000));
+        assert!(!entry.is_expired(999));
+        assert!(entry.is_expired(1_000));
+        assert!(!tokens.entries()[1].is_expired(i64::MAX));
     }
 
     #[test]

@@ -13,9 +13,9 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::{
-    ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder, KeyClaim,
-    Listing, MemoryStore, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, Settle, Settlement,
-    SettlingAppend, SqliteStore, StoreError, WAITING,
+    ApprovalRule, ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder,
+    KeyClaim, Listing, MemoryStore, PruneFilter, QUEUED, Revocation, RuleStanding, RunFilter,
+    RunId, RunMeta, Settle, Settlement, SettlingAppend, SqliteStore, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -2241,6 +2241,86 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
     );
 }
 
+fn rule(id: &str, created_ms: i64, expires_ms: Option<i64>) -> ApprovalRule {
+    ApprovalRule {
+        id: id.to_owned(),
+        spec: format!(r#"{{"tool":"fs__write_file","n":"{id}"}}"#),
+        created_by: "api:ops".to_owned(),
+        created_ms,
+        expires_ms,
+        revoked: None,
+    }
+}
+
+pub(crate) async fn rules_are_added_listed_and_revoked_once(backend: &dyn Backend) {
+    let store = backend.open().await;
+    assert_eq!(store.rules().await.unwrap(), []);
+    let (b, a) = (rule("rule-b", 10, None), rule("rule-a", 20, Some(1_000)));
+    store.add_rule(&b).await.unwrap();
+    store.add_rule(&a).await.unwrap();
+    // A taken id writes nothing.
+    let mut other = rule("rule-b", 30, None);
+    other.spec = "{}".into();
+    assert!(matches!(
+        store.add_rule(&other).await,
+        Err(StoreError::RuleExists { id }) if id == "rule-b"
+    ));
+    // Oldest first, every column kept.
+    assert_eq!(store.rules().await.unwrap(), [b.clone(), a.clone()]);
+    assert_eq!(store.rule("rule-a").await.unwrap(), Some(a.clone()));
+    assert_eq!(store.rule("rule-z").await.unwrap(), None);
+    assert_eq!(a.standing(999), RuleStanding::Live);
+    assert_eq!(a.standing(1_000), RuleStanding::Expired);
+
+    let revoked = store.revoke_rule("rule-a", "api:alice", 500).await.unwrap();
+    let first = Revocation {
+        by: "api:alice".into(),
+        at_ms: 500,
+    };
+    assert_eq!(revoked.revoked, Some(first.clone()));
+    assert_eq!(revoked.standing(600), RuleStanding::Revoked);
+    // Revoking again keeps the first revocation.
+    let again = store.revoke_rule("rule-a", "api:bob", 700).await.unwrap();
+    assert_eq!(again.revoked, Some(first.clone()));
+    assert_eq!(
+        store.rule("rule-a").await.unwrap().unwrap().revoked,
+        Some(first)
+    );
+    assert!(matches!(
+        store.revoke_rule("rule-z", "api:alice", 1).await,
+        Err(StoreError::UnknownRule { id }) if id == "rule-z"
+    ));
+    // A revoked rule stays listed, for the audit trail that names it.
+    assert_eq!(store.rules().await.unwrap().len(), 2);
+    assert_eq!(store.rule("rule-b").await.unwrap().unwrap().revoked, None);
+}
+
+pub(crate) async fn rules_are_shared_by_every_store_on_the_data(backend: &dyn Backend) {
+    // Two store values over the same data, as two hosts: what one writes,
+    // the other reads at once.
+    let first = backend.open().await;
+    let second = backend.open().await;
+    first.add_rule(&rule("rule-1", 1, None)).await.unwrap();
+    assert_eq!(
+        second.rule("rule-1").await.unwrap(),
+        Some(rule("rule-1", 1, None))
+    );
+    second.revoke_rule("rule-1", "api:ops", 2).await.unwrap();
+    assert_eq!(
+        first.rule("rule-1").await.unwrap().unwrap().standing(3),
+        RuleStanding::Revoked
+    );
+    drop((first, second));
+    let reopened = backend.open().await;
+    assert_eq!(
+        reopened.rule("rule-1").await.unwrap().unwrap().revoked,
+        Some(Revocation {
+            by: "api:ops".into(),
+            at_ms: 2
+        })
+    );
+}
+
 /// Runs the suite against one store: `conformance_suite!(name, backend)`, or
 /// `conformance_suite!(name, backend, durable)` for stores whose data
 /// outlives the store value (adds the reopen tests). `backend` is evaluated
@@ -2251,7 +2331,7 @@ macro_rules! conformance_suite {
         conformance_suite!(@module $store, $backend, []);
     };
     ($store:ident, $backend:expr, durable) => {
-        conformance_suite!(@module $store, $backend, [reopened_store_keeps_everything, commitments_survive_reopening]);
+        conformance_suite!(@module $store, $backend, [reopened_store_keeps_everything, commitments_survive_reopening, rules_are_shared_by_every_store_on_the_data]);
     };
     (@module $store:ident, $backend:expr, [$($extra:ident),*]) => {
         mod $store {
@@ -2292,7 +2372,8 @@ macro_rules! conformance_suite {
                 prune_leaves_tombstones_and_keeps_the_id,
                 a_session_holds_one_active_run_until_it_ends,
                 a_start_that_read_a_changed_session_is_refused,
-                racing_starts_in_one_session_have_one_winner
+                racing_starts_in_one_session_have_one_winner,
+                rules_are_added_listed_and_revoked_once
                 $(, $extra)*
             );
         }

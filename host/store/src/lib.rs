@@ -64,6 +64,7 @@ mod claim;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
+mod rules;
 mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -85,6 +86,7 @@ pub use claim::{Claim, PruneFilter, QUEUED, Tombstone, WAITING};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
+pub use rules::{ApprovalRule, Revocation, RuleStanding};
 pub use session::{InvalidSessionId, SETTLED_STATUSES, SessionId};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
@@ -665,6 +667,18 @@ pub enum StoreError {
         /// The run.
         run_id: RunId,
     },
+    /// No approval rule has this id.
+    #[error("there is no approval rule `{id}`")]
+    UnknownRule {
+        /// The id asked for.
+        id: String,
+    },
+    /// An approval rule with this id exists already; nothing was written.
+    #[error("approval rule `{id}` already exists")]
+    RuleExists {
+        /// The id.
+        id: String,
+    },
     /// No run has this id.
     #[error("run {run_id} does not exist")]
     UnknownRun {
@@ -1023,6 +1037,44 @@ pub trait EventStore: Send + Sync {
     async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
         let _ = request;
         Err(unsupported::<Self>("idempotency commitments"))
+    }
+
+    // ---- standing approval rules (see `rules.rs`) ----
+    //
+    // Every store of this crate implements them; the defaults refuse with
+    // `StoreError::Unsupported`, so no call is approved by a rule a store
+    // cannot keep (the engine then asks a human).
+
+    /// Records a new rule ([`StoreError::RuleExists`] if its id is taken;
+    /// nothing written).
+    async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
+        let _ = rule;
+        Err(unsupported::<Self>("approval rules"))
+    }
+
+    /// Every rule, revoked and expired ones included, oldest first (then
+    /// by id).
+    async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {
+        Err(unsupported::<Self>("approval rules"))
+    }
+
+    /// The rule `id`, if there is one.
+    async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
+        let _ = id;
+        Err(unsupported::<Self>("approval rules"))
+    }
+
+    /// Revokes rule `id` as `by` at `at_ms` and returns it; a rule revoked
+    /// already keeps its first revocation. [`StoreError::UnknownRule`] if
+    /// there is none.
+    async fn revoke_rule(
+        &self,
+        id: &str,
+        by: &str,
+        at_ms: i64,
+    ) -> Result<ApprovalRule, StoreError> {
+        let _ = (id, by, at_ms);
+        Err(unsupported::<Self>("approval rules"))
     }
 }
 

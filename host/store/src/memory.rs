@@ -12,9 +12,10 @@ use bytes::Bytes;
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::session::holds_session;
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
-    Holder, KeyClaim, Listing, PruneFilter, QUEUED, RunFilter, RunId, RunMeta, RunSummary, Settle,
-    SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+    Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
+    EventStore, Holder, KeyClaim, Listing, PruneFilter, QUEUED, Revocation, RunFilter, RunId,
+    RunMeta, RunSummary, Settle, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    WAITING,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -28,6 +29,8 @@ pub struct MemoryStore {
     /// Idempotency commitments: holder, and the result once settled. Locked
     /// after `runs` when both are needed; never emptied by pruning.
     commitments: Mutex<HashMap<String, (Holder, Option<Bytes>)>>,
+    /// Standing approval rules, in the order they were added.
+    rules: Mutex<Vec<ApprovalRule>>,
 }
 
 #[derive(Debug)]
@@ -132,6 +135,7 @@ impl MemoryStore {
             runs: Mutex::default(),
             tombstones: Mutex::default(),
             commitments: Mutex::default(),
+            rules: Mutex::default(),
         }
     }
 
@@ -152,6 +156,12 @@ impl MemoryStore {
 
     fn commitments(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Holder, Option<Bytes>)>> {
         self.commitments
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn rules_locked(&self) -> std::sync::MutexGuard<'_, Vec<ApprovalRule>> {
+        self.rules
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -619,5 +629,46 @@ impl EventStore for MemoryStore {
             .collect();
         listed.sort_by(|a, b| a.key.cmp(&b.key));
         Ok(listed)
+    }
+
+    async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
+        let mut rules = self.rules_locked();
+        if rules.iter().any(|r| r.id == rule.id) {
+            return Err(StoreError::RuleExists {
+                id: rule.id.clone(),
+            });
+        }
+        rules.push(rule.clone());
+        Ok(())
+    }
+
+    async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {
+        let mut rules = self.rules_locked().clone();
+        rules.sort_by(|a, b| (a.created_ms, &a.id).cmp(&(b.created_ms, &b.id)));
+        Ok(rules)
+    }
+
+    async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
+        Ok(self.rules_locked().iter().find(|r| r.id == id).cloned())
+    }
+
+    async fn revoke_rule(
+        &self,
+        id: &str,
+        by: &str,
+        at_ms: i64,
+    ) -> Result<ApprovalRule, StoreError> {
+        let mut rules = self.rules_locked();
+        let rule = rules
+            .iter_mut()
+            .find(|r| r.id == id)
+            .ok_or_else(|| StoreError::UnknownRule { id: id.to_owned() })?;
+        if rule.revoked.is_none() {
+            rule.revoked = Some(Revocation {
+                by: by.to_owned(),
+                at_ms,
+            });
+        }
+        Ok(rule.clone())
     }
 }

@@ -95,6 +95,15 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             "not_awaiting_approval",
             json!({ "run_id": run_id, "call_id": call_id, "awaiting": awaiting }),
         ),
+        RuntimeError::DigestMismatch {
+            run_id,
+            call_id,
+            expected,
+            actual,
+        } => (
+            "digest_mismatch",
+            json!({ "run_id": run_id, "call_id": call_id, "expected": expected, "actual": actual }),
+        ),
         RuntimeError::NotAwaitingExternal {
             run_id,
             call_id,
@@ -169,6 +178,15 @@ fn runtime(e: &RuntimeError) -> (&'static str, Value) {
             (code, details)
         }
         RuntimeError::Store { error } => store(error),
+        RuntimeError::Rule(e) => match e {
+            warden_engine::approvals::RuleError::Unreadable { id, .. } => {
+                ("rule_unreadable", json!({ "rule": id }))
+            }
+            warden_engine::approvals::RuleError::NoSession { run_id } => {
+                ("not_in_session", json!({ "run_id": run_id }))
+            }
+            _ => ("rule_invalid", json!({ "reason": e.to_string() })),
+        },
         RuntimeError::OutputRejected {
             run_id,
             call_id,
@@ -276,6 +294,8 @@ fn store(e: &StoreError) -> (&'static str, Value) {
     match e {
         StoreError::UnknownRun { run_id } => ("unknown_run", json!({ "run_id": run_id })),
         StoreError::AlreadyExists { run_id } => ("run_exists", json!({ "run_id": run_id })),
+        StoreError::UnknownRule { id } => ("unknown_rule", json!({ "rule": id })),
+        StoreError::RuleExists { id } => ("rule_exists", json!({ "rule": id })),
         StoreError::Conflict {
             run_id,
             expected,

@@ -24,6 +24,11 @@
 //!   failing sources skipped or failing the run, recovery without
 //!   resolving a recorded step again.
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
+//! - `approvals`: approvals bound to one frozen call (its digest), a
+//!   stale digest refused, a forged approval approving nothing; standing
+//!   rules granting, naming themselves, lapsing (revoked, expired) before
+//!   their call runs; a rule-approved write at most once under a kill at
+//!   every boundary and a takeover, on SQLite and PostgreSQL.
 //! - `engine`: runs end to end over both stores, the verbs, subscribers,
 //!   and crash tests at every event boundary.
 //! - `channels`: delivery channels in runs: retries with backoff, failures
@@ -106,6 +111,7 @@
 //! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
 //!   crashes, stalls and counts injected around appends.
 
+mod approvals;
 mod binary;
 mod budgets;
 mod ceilings;

@@ -268,9 +268,19 @@ fn approve_through_the_api(store: &str) {
             "{shown}"
         );
         assert!(!shown["receipts"].as_array().unwrap().is_empty(), "{shown}");
-        Some(shown["pending"]["call_id"].as_str().unwrap().to_owned())
+        let digest = shown["pending"]["digest"].as_str().unwrap().to_owned();
+        assert!(
+            digest.len() == 64 && digest.bytes().all(|b| b.is_ascii_hexdigit()),
+            "{shown}"
+        );
+        Some((
+            shown["pending"]["call_id"].as_str().unwrap().to_owned(),
+            digest,
+        ))
     });
-    let approval = json!({ "call_id": call });
+    let (call, digest) = call;
+    // The approval names the digest the approver saw.
+    let approval = json!({ "call_id": call, "digest": digest });
 
     // Refusals, each with its code and nothing recorded.
     let (status, body) = request(&addr, "GET", "/api/v1/runs", &[], None);
@@ -353,6 +363,20 @@ fn approve_through_the_api(store: &str) {
         (409, Some("not_awaiting_approval")),
         "{body}"
     );
+    // A digest other than the call's approves nothing.
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs/demo-1/approve",
+        &[("Authorization", auth_alice.as_str())],
+        Some(&json!({ "call_id": call, "digest": "0".repeat(64) })),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("digest_mismatch")),
+        "{body}"
+    );
+    assert_eq!(body["error"]["details"]["actual"], digest.as_str());
 
     // A live stream resumed after the events so far gets exactly the ones
     // after them, starting with the approval.
@@ -404,6 +428,7 @@ fn approve_through_the_api(store: &str) {
         .collect();
     assert_eq!(grants.len(), 1);
     assert_eq!(grants[0]["event"]["by"], "api:alice");
+    assert_eq!(grants[0]["event"]["digest"], digest.as_str());
     // A second approval of the same call is refused: it was consumed.
     let (status, body) = request(
         &addr,
@@ -523,6 +548,188 @@ fn a_run_no_worker_holds_is_continued_by_the_server_after_a_denial() {
         .unwrap();
     assert_eq!(denial["event"]["by"], "api:bob");
     assert_eq!(denial["event"]["reason"], "not today");
+}
+
+/// Standing rules through the API: only an operator creates or revokes
+/// one (a viewer lists them), an expired token is refused; a rule approves
+/// the demo's write for the worker, the grant naming the rule and its
+/// creator; once revoked, the next run's write waits for a human.
+#[test]
+fn standing_rules_through_the_api_need_an_operator_and_reach_the_worker() {
+    let demo = demo();
+    let dir = demo.path();
+    let store = "rules.db";
+    let viewer = bearer(&add_token(dir, "vic", "viewer"));
+    let approver = bearer(&add_token(dir, "alice", "approver"));
+    let operator = bearer(&add_token(dir, "ops", "operator"));
+    let out = warden(dir, "unused.db")
+        .args([
+            "serve",
+            "tokens",
+            "add",
+            "old",
+            "--role",
+            "operator",
+            "--expires",
+            "1ms",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let expired = bearer(String::from_utf8(out.stdout).unwrap().trim());
+    std::thread::sleep(Duration::from_millis(20));
+    // The run is recorded first (that makes the store); no worker drives
+    // it before the rule exists.
+    let submit = |run: &str| {
+        let out = warden(dir, store)
+            .args(["submit", "notes.toml", "--run-id", run])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    submit("ruled");
+    let (_server, addr) = start_server(dir, store);
+    let rules = "/api/v1/approvals/rules";
+
+    let (status, body) = request(&addr, "GET", rules, &[("Authorization", &expired)], None);
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (401, Some("token_expired")),
+        "{body}"
+    );
+    let rule = json!({ "tool": "fs__write_file", "arguments": { "path": "SUMMARY.md" } });
+    for who in [&viewer, &approver] {
+        let (status, body) = request(&addr, "POST", rules, &[("Authorization", who)], Some(&rule));
+        assert_eq!(
+            (
+                status,
+                body["error"]["code"].as_str(),
+                body["error"]["details"]["needed"].as_str()
+            ),
+            (403, Some("forbidden"), Some("operator")),
+            "{body}"
+        );
+    }
+    let (status, body) = request(
+        &addr,
+        "POST",
+        rules,
+        &[("Authorization", &operator)],
+        Some(&json!({})),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("rule_invalid")),
+        "a rule naming nothing approves too much: {body}"
+    );
+    let (status, body) = request(
+        &addr,
+        "POST",
+        rules,
+        &[("Authorization", &operator)],
+        Some(&rule),
+    );
+    assert_eq!(status, 200, "{body}");
+    let id = body["rule"]["id"].as_str().unwrap().to_owned();
+    assert_eq!(body["rule"]["created_by"], "api:ops");
+    assert_eq!(body["rule"]["standing"], "live");
+    let (status, listed) = request(&addr, "GET", rules, &[("Authorization", &viewer)], None);
+    assert_eq!(status, 200, "{listed}");
+    assert_eq!(listed["rules"][0]["id"], id.as_str());
+
+    // The worker's run is approved by the rule, recorded as such.
+    let _worker = Killed(
+        warden(dir, store)
+            .args(["worker", "--poll", "50ms", "--claim-ttl", "5s"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("worker.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let done = wait_for("the ruled run to complete", || {
+        let (_, shown) = request(
+            &addr,
+            "GET",
+            "/api/v1/runs/ruled",
+            &[("Authorization", &viewer)],
+            None,
+        );
+        (shown["status"] == "completed").then_some(shown)
+    });
+    let grant = done["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["event"]["type"] == "approval_granted")
+        .unwrap()["event"]
+        .clone();
+    assert_eq!(grant["by"], format!("rule:{id}"));
+    assert_eq!(grant["rule"], json!({ "id": id, "created_by": "api:ops" }));
+
+    // Revoked (by an operator only), it approves nothing more.
+    let revoke = format!("{rules}/{id}/revoke");
+    let (status, _) = request(
+        &addr,
+        "POST",
+        &revoke,
+        &[("Authorization", &approver)],
+        Some(&json!({})),
+    );
+    assert_eq!(status, 403);
+    let (status, body) = request(
+        &addr,
+        "POST",
+        &revoke,
+        &[("Authorization", &operator)],
+        Some(&json!({})),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rule"]["standing"], "revoked");
+    assert_eq!(body["rule"]["revoked"]["by"], "api:ops");
+    let (status, body) = request(
+        &addr,
+        "POST",
+        &format!("{rules}/rule-nope/revoke"),
+        &[("Authorization", &operator)],
+        Some(&json!({})),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("unknown_rule")),
+        "{body}"
+    );
+    submit("after");
+    let parked = wait_for("the next run to wait for a human", || {
+        let (_, shown) = request(
+            &addr,
+            "GET",
+            "/api/v1/runs/after",
+            &[("Authorization", &viewer)],
+            None,
+        );
+        (shown["status"] == "awaiting_approval").then_some(shown)
+    });
+    // Approving for the whole run is a rule: an approver may not.
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs/after/approve",
+        &[("Authorization", &approver)],
+        Some(&json!({ "call_id": parked["pending"]["call_id"], "scope": "run" })),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{body}"
+    );
 }
 
 /// schemathesis (PyPI, pinned and installed by `.ci/run`) checks the

@@ -40,10 +40,10 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
-    Finding, Holder, KeyClaim, Listing, OpenMode, PruneFilter, QUEUED, RunFilter, RunId, RunMeta,
-    RunSummary, Settle, Settlement, SettlingAppend, StoreError, StoredEvent, Tombstone,
-    VerifyReport, WAITING,
+    Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
+    EventStore, Finding, Holder, KeyClaim, Listing, OpenMode, PruneFilter, QUEUED, Revocation,
+    RunFilter, RunId, RunMeta, RunSummary, Settle, Settlement, SettlingAppend, StoreError,
+    StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 
 /// An event store in one schema of a PostgreSQL database.
@@ -360,6 +360,25 @@ async fn execute(
     tx.execute(&statement, params)
         .await
         .map_err(|e| pg_error(context, e))
+}
+
+/// The columns [`rule_of_row`] reads.
+const RULE_COLUMNS: &str = "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms FROM approval_rules";
+
+fn rule_of_row(row: &Row) -> ApprovalRule {
+    let revoked_by: Option<String> = row.get(5);
+    let revoked_ms: Option<i64> = row.get(6);
+    ApprovalRule {
+        id: row.get(0),
+        spec: row.get(1),
+        created_by: row.get(2),
+        created_ms: row.get(3),
+        expires_ms: row.get(4),
+        revoked: revoked_by.map(|by| Revocation {
+            by,
+            at_ms: revoked_ms.unwrap_or_default(),
+        }),
+    }
 }
 
 fn valid_id(id: &str) -> Option<RunId> {
@@ -1044,6 +1063,97 @@ impl EventStore for PostgresStore {
             .collect())
     }
 
+    async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
+        let context = format!("postgres: cannot add approval rule {}", rule.id);
+        let inserted = self
+            .write(&context, async |tx| {
+                execute(
+                    tx,
+                    &context,
+                    "INSERT INTO approval_rules (id, spec, created_by, created_ms, expires_ms)
+                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                    &[
+                        &rule.id,
+                        &rule.spec,
+                        &rule.created_by,
+                        &rule.created_ms,
+                        &rule.expires_ms,
+                    ],
+                )
+                .await
+            })
+            .await?;
+        if inserted == 0 {
+            return Err(StoreError::RuleExists {
+                id: rule.id.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {
+        let context = "postgres: cannot list approval rules";
+        let rows = self
+            .snapshot(context, async |tx| {
+                query(
+                    tx,
+                    context,
+                    &format!(r#"{RULE_COLUMNS} ORDER BY created_ms, id COLLATE "C""#),
+                    &[],
+                )
+                .await
+            })
+            .await?;
+        Ok(rows.iter().map(rule_of_row).collect())
+    }
+
+    async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
+        let context = format!("postgres: cannot read approval rule {id}");
+        let rows = self
+            .snapshot(&context, async |tx| {
+                query(
+                    tx,
+                    &context,
+                    &format!("{RULE_COLUMNS} WHERE id = $1"),
+                    &[&id],
+                )
+                .await
+            })
+            .await?;
+        Ok(rows.first().map(rule_of_row))
+    }
+
+    async fn revoke_rule(
+        &self,
+        id: &str,
+        by: &str,
+        at_ms: i64,
+    ) -> Result<ApprovalRule, StoreError> {
+        let context = format!("postgres: cannot revoke approval rule {id}");
+        let rows = self
+            .write(&context, async |tx| {
+                execute(
+                    tx,
+                    &context,
+                    "UPDATE approval_rules SET revoked_by = $2, revoked_ms = $3
+                     WHERE id = $1 AND revoked_by IS NULL",
+                    &[&id, &by, &at_ms],
+                )
+                .await?;
+                query(
+                    tx,
+                    &context,
+                    &format!("{RULE_COLUMNS} WHERE id = $1"),
+                    &[&id],
+                )
+                .await
+            })
+            .await?;
+        rows.first()
+            .map(rule_of_row)
+            .ok_or_else(|| StoreError::UnknownRule { id: id.to_owned() })
+    }
+
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let context = format!("postgres: cannot claim idempotency commitment {key}");
         self.write(&context, async |tx| {
@@ -1392,7 +1502,7 @@ mod tests {
             return;
         };
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [1, 2, 3, 4, 5]);
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6]);
         new_run(&store, &id("old"), 3).await;
         drop(store);
         // What version 3 looked like.
@@ -1406,7 +1516,7 @@ mod tests {
         .unwrap();
 
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [4, 5]);
+        assert_eq!(applied, [4, 5, 6]);
         let summary = store.summary(&id("old")).await.unwrap();
         assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
         assert!(store.verify(&id("old")).await.unwrap().is_intact());
@@ -1426,13 +1536,20 @@ mod tests {
         assert!(applied.is_empty(), "{applied:?}");
         raw.batch_execute(schema::MIGRATIONS[3]).await.unwrap();
         raw.batch_execute(schema::MIGRATIONS[4]).await.unwrap();
+        raw.batch_execute(schema::MIGRATIONS[5]).await.unwrap();
 
-        raw.batch_execute("UPDATE store_meta SET value = '6' WHERE key = 'schema_version'")
-            .await
-            .unwrap();
+        raw.batch_execute(&format!(
+            "UPDATE store_meta SET value = '{}' WHERE key = 'schema_version'",
+            schema::SCHEMA_VERSION + 1
+        ))
+        .await
+        .unwrap();
         match backend.builder().open_and_migrate().await {
             Err(StoreError::SchemaTooNew { found, supported }) => {
-                assert_eq!((found, supported), (6, schema::SCHEMA_VERSION))
+                assert_eq!(
+                    (found, supported),
+                    (schema::SCHEMA_VERSION + 1, schema::SCHEMA_VERSION)
+                )
             }
             other => panic!("expected SchemaTooNew, got {:?}", other.map(|(_, a)| a)),
         }

@@ -46,6 +46,11 @@ use crate::StoreError;
 /// older store held) and `runs_waking`, a partial index over the waiting
 /// runs by wake-up time, which a claim takes once due. `IF NOT EXISTS` as
 /// above.
+///
+/// Version 6 adds `approval_rules`: standing approval rules (see
+/// `store/rules.rs`), one row each, never deleted; a revocation fills
+/// `revoked_by` and `revoked_ms` once (`UPDATE … WHERE revoked_by IS
+/// NULL`, so two hosts revoking at once keep the first).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -115,6 +120,17 @@ CREATE INDEX IF NOT EXISTS runs_owing ON runs (created_ms, id) WHERE owes_delive
     r#"
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS wake_ms bigint;
 CREATE INDEX IF NOT EXISTS runs_waking ON runs (wake_ms, created_ms, id) WHERE status = 'waiting';
+"#,
+    r#"
+CREATE TABLE IF NOT EXISTS approval_rules (
+    id         text   NOT NULL PRIMARY KEY,
+    spec       text   NOT NULL,
+    created_by text   NOT NULL,
+    created_ms bigint NOT NULL,
+    expires_ms bigint,
+    revoked_by text,
+    revoked_ms bigint
+);
 "#,
 ];
 

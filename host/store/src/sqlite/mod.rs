@@ -42,11 +42,11 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
-    Appended, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
-    Holder, KeyClaim, Listing, OpenMode, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
-    SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
+    EventStore, Holder, KeyClaim, Listing, OpenMode, PruneFilter, Revocation, RunFilter, RunId,
+    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
-use writer::{ClaimOp, Counters, Request};
+use writer::{ClaimOp, Counters, Request, RuleOp};
 
 /// An event store in one SQLite file.
 ///
@@ -350,6 +350,17 @@ impl SqliteStore {
         }
     }
 
+    /// A rule write, through the writer like every other write.
+    async fn write_rule(&self, op: RuleOp) -> Result<ApprovalRule, StoreError> {
+        let queue = self.queue.as_ref().ok_or_else(|| self.read_only())?;
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(Request::Rule { op, reply })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
     async fn read<T: Send + 'static>(
         &self,
         what: impl FnOnce(&mut Connection, &Chain) -> Result<T, StoreError> + Send + 'static,
@@ -373,6 +384,33 @@ impl SqliteStore {
             error: Box::new(e),
         })?
     }
+}
+
+/// The columns [`rule_of_row`] reads.
+const RULE_COLUMNS: &str = "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms FROM approval_rules";
+
+fn rule_of_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRule> {
+    let revoked_by: Option<String> = row.get(5)?;
+    let revoked_ms: Option<i64> = row.get(6)?;
+    Ok(ApprovalRule {
+        id: row.get(0)?,
+        spec: row.get(1)?,
+        created_by: row.get(2)?,
+        created_ms: row.get(3)?,
+        expires_ms: row.get(4)?,
+        revoked: revoked_by.map(|by| Revocation {
+            by,
+            at_ms: revoked_ms.unwrap_or_default(),
+        }),
+    })
+}
+
+/// Rule `id`, read on `conn` (a reader, or the writer inside its
+/// transaction).
+fn rule(conn: &Connection, id: &str) -> rusqlite::Result<Option<ApprovalRule>> {
+    conn.prepare_cached(&format!("{RULE_COLUMNS} WHERE id = ?1"))?
+        .query_row([id], rule_of_row)
+        .optional()
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -439,6 +477,46 @@ impl EventStore for SqliteStore {
             updated_ms,
             settle: None,
             reply,
+        })
+        .await
+    }
+
+    async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
+        self.write_rule(RuleOp::Add(rule.clone())).await.map(|_| ())
+    }
+
+    async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {
+        self.read(|conn, _| {
+            let context = "sqlite: cannot list approval rules";
+            conn.prepare_cached(&format!("{RULE_COLUMNS} ORDER BY created_ms, id"))
+                .and_then(|mut s| {
+                    s.query_map([], rule_of_row)?
+                        .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(|e| backend(context, e))
+        })
+        .await
+    }
+
+    async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
+        let id = id.to_owned();
+        self.read(move |conn, _| {
+            rule(conn, &id)
+                .map_err(|e| backend(format!("sqlite: cannot read approval rule {id}"), e))
+        })
+        .await
+    }
+
+    async fn revoke_rule(
+        &self,
+        id: &str,
+        by: &str,
+        at_ms: i64,
+    ) -> Result<ApprovalRule, StoreError> {
+        self.write_rule(RuleOp::Revoke {
+            id: id.to_owned(),
+            by: by.to_owned(),
+            at_ms,
         })
         .await
     }

@@ -53,6 +53,10 @@ use crate::{OpenMode, StoreError};
 /// again, written with every append; null for every other run and every run
 /// a v5 store held) and `runs_waking`, a partial index over the waiting
 /// runs by wake-up time, so a claim finds the due ones without a scan.
+///
+/// Version 7 adds `approval_rules`: standing approval rules (see
+/// `store/rules.rs`), one row each, never deleted; a revocation fills
+/// `revoked_by` and `revoked_ms` once.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -129,6 +133,17 @@ CREATE INDEX runs_owing ON runs (created_ms, id) WHERE owes_deliveries > 0;
     r#"
 ALTER TABLE runs ADD COLUMN wake_ms INTEGER;
 CREATE INDEX runs_waking ON runs (wake_ms, created_ms, id) WHERE status = 'waiting';
+"#,
+    r#"
+CREATE TABLE approval_rules (
+    id         TEXT    NOT NULL PRIMARY KEY,
+    spec       TEXT    NOT NULL,
+    created_by TEXT    NOT NULL,
+    created_ms INTEGER NOT NULL,
+    expires_ms INTEGER,
+    revoked_by TEXT,
+    revoked_ms INTEGER
+) STRICT, WITHOUT ROWID;
 "#,
 ];
 

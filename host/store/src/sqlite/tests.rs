@@ -167,7 +167,8 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
     backend
         .raw()
         .execute_batch(
-            "DROP INDEX runs_waking;
+            "DROP TABLE approval_rules;
+             DROP INDEX runs_waking;
              ALTER TABLE runs DROP COLUMN wake_ms;
              PRAGMA user_version = 5;",
         )
@@ -177,7 +178,7 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
         .raw()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6);
+    assert_eq!(version, schema::SCHEMA_VERSION);
     let summary = store.summary(&id("old")).await.unwrap();
     assert_eq!((summary.event_count, summary.wake_ms), (3, None));
     assert!(store.verify(&id("old")).await.unwrap().is_intact());
@@ -197,6 +198,40 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
     assert_eq!(claimed.len(), 1);
 }
 
+/// A version 6 file (before `approval_rules`) is migrated to the current
+/// version on open: its runs are kept, it has no rules, and rules can be
+/// added.
+#[tokio::test]
+async fn a_version_6_store_migrates_and_holds_no_rules() {
+    let backend = SqliteBackend::new();
+    {
+        let store = SqliteStore::open(backend.path()).unwrap();
+        new_run(&store, &id("old"), 3).await;
+    }
+    backend
+        .raw()
+        .execute_batch("DROP TABLE approval_rules; PRAGMA user_version = 6;")
+        .unwrap();
+    let store = SqliteStore::open(backend.path()).unwrap();
+    let version: i64 = backend
+        .raw()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    assert!(store.verify(&id("old")).await.unwrap().is_intact());
+    assert_eq!(store.rules().await.unwrap(), []);
+    let rule = crate::ApprovalRule {
+        id: "rule-1".into(),
+        spec: "{}".into(),
+        created_by: "ops".into(),
+        created_ms: 1,
+        expires_ms: None,
+        revoked: None,
+    };
+    store.add_rule(&rule).await.unwrap();
+    assert_eq!(store.rules().await.unwrap(), [rule]);
+}
+
 /// A version 4 file (before `owes_deliveries`) is migrated to the current
 /// version on open: its runs are kept, intact and owing nothing, and take
 /// the new columns.
@@ -211,7 +246,8 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
     backend
         .raw()
         .execute_batch(
-            "DROP INDEX runs_waking;
+            "DROP TABLE approval_rules;
+             DROP INDEX runs_waking;
              ALTER TABLE runs DROP COLUMN wake_ms;
              DROP INDEX runs_owing;
              ALTER TABLE runs DROP COLUMN owes_deliveries;
@@ -223,8 +259,8 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .raw()
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    assert_eq!(version, 6);
-    assert_eq!(schema::SCHEMA_VERSION, 6);
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    assert_eq!(schema::SCHEMA_VERSION, 7);
     let summary = store.summary(&id("old")).await.unwrap();
     assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
     assert!(store.verify(&id("old")).await.unwrap().is_intact());

@@ -26,8 +26,8 @@ use tokio::sync::{mpsc, oneshot};
 use super::{backend, blob_hash};
 use crate::chain::{self, Chain};
 use crate::{
-    Appended, ChainBreak, ChainHash, Claim, Holder, KeyClaim, Listing, PruneFilter, QUEUED, RunId,
-    RunMeta, Settle, Settlement, StoreError, Tombstone, WAITING,
+    Appended, ApprovalRule, ChainBreak, ChainHash, Claim, Holder, KeyClaim, Listing, PruneFilter,
+    QUEUED, RunId, RunMeta, Settle, Settlement, StoreError, Tombstone, WAITING,
 };
 
 /// The answer to one create or append.
@@ -39,6 +39,8 @@ pub(super) type CommitmentReply = oneshot::Sender<Result<KeyClaim, StoreError>>;
 pub(super) type ClaimReply = oneshot::Sender<Result<Vec<Claim>, StoreError>>;
 /// The answer to one prune.
 pub(super) type PruneReply = oneshot::Sender<Result<Vec<Tombstone>, StoreError>>;
+/// The answer to one rule write: the rule as stored after it.
+pub(super) type RuleReply = oneshot::Sender<Result<ApprovalRule, StoreError>>;
 /// The answer to one pragma read.
 pub(super) type PragmaReply = oneshot::Sender<Result<String, StoreError>>;
 
@@ -74,6 +76,7 @@ enum Outcome {
     Pruned(Result<Vec<Tombstone>, StoreError>),
     KeyClaimed(Result<KeyClaim, StoreError>),
     Pragma(Result<String, StoreError>),
+    Rule(Result<ApprovalRule, StoreError>),
 }
 
 impl Outcome {
@@ -84,6 +87,7 @@ impl Outcome {
             Outcome::Pruned(r) => r.is_err(),
             Outcome::KeyClaimed(r) => r.is_err(),
             Outcome::Pragma(r) => r.is_err(),
+            Outcome::Rule(r) => r.is_err(),
         }
     }
 }
@@ -133,6 +137,17 @@ pub(super) enum Request {
         name: &'static str,
         reply: PragmaReply,
     },
+    /// Adds or revokes a standing approval rule.
+    Rule {
+        op: RuleOp,
+        reply: RuleReply,
+    },
+}
+
+/// A write to `approval_rules`.
+pub(super) enum RuleOp {
+    Add(ApprovalRule),
+    Revoke { id: String, by: String, at_ms: i64 },
 }
 
 impl Request {
@@ -143,6 +158,7 @@ impl Request {
             Request::Claim { .. }
             | Request::Prune { .. }
             | Request::Commitment { .. }
+            | Request::Rule { .. }
             | Request::Pragma { .. } => 0,
         }
     }
@@ -168,6 +184,9 @@ impl Request {
             (Request::Pragma { reply, .. }, Outcome::Pragma(r)) => {
                 let _ = reply.send(r);
             }
+            (Request::Rule { reply, .. }, Outcome::Rule(r)) => {
+                let _ = reply.send(r);
+            }
             _ => unreachable!("each request is answered with its own kind of outcome"),
         }
     }
@@ -179,6 +198,7 @@ impl Request {
             Request::Prune { .. } => Outcome::Pruned(Err(error)),
             Request::Commitment { .. } => Outcome::KeyClaimed(Err(error)),
             Request::Pragma { .. } => Outcome::Pragma(Err(error)),
+            Request::Rule { .. } => Outcome::Rule(Err(error)),
         };
         self.answer(outcome);
     }
@@ -351,6 +371,7 @@ fn apply_all(
             }
             Request::Claim { op, .. } => Outcome::Claims(claim(&tx, op)),
             Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
+            Request::Rule { op, .. } => Outcome::Rule(write_rule(&tx, op)),
             Request::Pragma { name, .. } => Outcome::Pragma(
                 tx.query_row(&format!("PRAGMA {name}"), [], |row| {
                     row.get::<_, rusqlite::types::Value>(0)
@@ -489,6 +510,48 @@ fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<Key
         None if found == *holder => KeyClaim::Granted,
         None => KeyClaim::Held(found),
     })
+}
+
+/// Adds or revokes a rule; answers with the rule as it then stands.
+fn write_rule(conn: &Connection, op: &RuleOp) -> Result<ApprovalRule, StoreError> {
+    match op {
+        RuleOp::Add(rule) => {
+            let context = || format!("sqlite: cannot add approval rule {}", rule.id);
+            let inserted = conn
+                .prepare_cached(
+                    "INSERT INTO approval_rules (id, spec, created_by, created_ms, expires_ms)
+                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING",
+                )
+                .and_then(|mut s| {
+                    s.execute(params![
+                        rule.id,
+                        rule.spec,
+                        rule.created_by,
+                        rule.created_ms,
+                        rule.expires_ms
+                    ])
+                })
+                .map_err(|e| backend(context(), e))?;
+            if inserted == 0 {
+                return Err(StoreError::RuleExists {
+                    id: rule.id.clone(),
+                });
+            }
+            Ok(rule.clone())
+        }
+        RuleOp::Revoke { id, by, at_ms } => {
+            let context = || format!("sqlite: cannot revoke approval rule {id}");
+            conn.prepare_cached(
+                "UPDATE approval_rules SET revoked_by = ?2, revoked_ms = ?3
+                 WHERE id = ?1 AND revoked_by IS NULL",
+            )
+            .and_then(|mut s| s.execute(params![id, by, at_ms]))
+            .map_err(|e| backend(context(), e))?;
+            super::rule(conn, id)
+                .map_err(|e| backend(context(), e))?
+                .ok_or_else(|| StoreError::UnknownRule { id: id.clone() })
+        }
+    }
 }
 
 /// A commitment row: holder run, holder call, result once settled.

@@ -1,0 +1,367 @@
+//! Standing approval rules, as the engine reads them: what a rule matches
+//! ([`RuleSpec`]: a plugin, a tool, argument patterns, and optionally one
+//! run or one session), a stored rule read back ([`Rule`]), and whether it
+//! approves a call ([`Rule::approves`]). The store keeps rules
+//! (`warden_store::ApprovalRule`, its `spec` the JSON written here); the
+//! runtime's verbs (`runtime/rules.rs`) create, list and revoke them, and
+//! the step loop asks them before parking a call for a human and again
+//! right before an approved call runs.
+//!
+//! A rule approves a call only when everything it names matches: the
+//! plugin key, the tool's name within its plugin, every argument pattern
+//! (a `*`/`?` glob over the argument's text: a string as it is, any other
+//! value as canonical JSON; a missing argument matches nothing), the run
+//! and the session. A rule must name a plugin or a tool: nothing approves
+//! every call.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use super::canonical::canonical_json;
+use super::events::ToolRef;
+use super::ids::{RunId, SessionId};
+use warden_store::{ApprovalRule, Revocation, RuleStanding};
+
+/// What a rule approves.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RuleSpec {
+    /// The plugin key (`fs`), if the rule is about one plugin.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub plugin: Option<String>,
+    /// The tool's name within its plugin (`write_file`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool: Option<String>,
+    /// Argument name → glob its text must match.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub arguments: BTreeMap<String, String>,
+    /// Only calls of this run (`runs approve --scope run`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<RunId>,
+    /// Only calls of runs in this session (`runs approve --scope session`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<SessionId>,
+}
+
+/// A rule that cannot be made or read.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RuleError {
+    /// It names neither a plugin nor a tool.
+    #[error("an approval rule must name a plugin or a tool: none approves every call")]
+    TooBroad,
+    /// A model name given as the tool names another plugin than `plugin`.
+    #[error("tool `{tool}` is not a tool of plugin `{plugin}`")]
+    PluginMismatch {
+        /// The tool as given.
+        tool: String,
+        /// The plugin as given.
+        plugin: String,
+    },
+    /// An argument pattern with an empty name.
+    #[error("an argument pattern needs a name: `NAME=GLOB`")]
+    EmptyArgument,
+    /// Its expiry is not after its creation.
+    #[error("the rule would expire at {expires_ms}, not after its creation at {created_ms}")]
+    AlreadyExpired {
+        /// When it was made.
+        created_ms: i64,
+        /// When it would expire.
+        expires_ms: i64,
+    },
+    /// A session-wide approval for a run outside any session.
+    #[error("run `{run_id}` is in no session: approve it for the run, or for the call")]
+    NoSession {
+        /// The run.
+        run_id: RunId,
+    },
+    /// The stored spec is not one this engine reads.
+    #[error("approval rule `{id}` cannot be read: {reason}")]
+    Unreadable {
+        /// The rule.
+        id: String,
+        /// Why.
+        reason: String,
+    },
+}
+
+impl RuleSpec {
+    /// The spec for `tool`, which is either a tool's name within `plugin`
+    /// or a model name (`fs__write_file`) that names its plugin itself.
+    pub fn for_tool(plugin: Option<&str>, tool: Option<&str>) -> Result<RuleSpec, RuleError> {
+        let (plugin, tool) = match (plugin, tool.map(|t| (t, t.split_once("__")))) {
+            (p, Some((_, Some((from, name))))) => {
+                if let Some(p) = p
+                    && p != from
+                {
+                    return Err(RuleError::PluginMismatch {
+                        tool: tool.unwrap_or_default().to_owned(),
+                        plugin: p.to_owned(),
+                    });
+                }
+                (Some(from.to_owned()), Some(name.to_owned()))
+            }
+            (p, Some((t, None))) => (p.map(str::to_owned), Some(t.to_owned())),
+            (p, None) => (p.map(str::to_owned), None),
+        };
+        let spec = RuleSpec {
+            plugin,
+            tool,
+            ..RuleSpec::default()
+        };
+        spec.check()?;
+        Ok(spec)
+    }
+
+    /// Refuses a spec that approves too much or cannot match.
+    pub fn check(&self) -> Result<(), RuleError> {
+        if self.plugin.is_none() && self.tool.is_none() {
+            return Err(RuleError::TooBroad);
+        }
+        if self.arguments.keys().any(|k| k.trim().is_empty()) {
+            return Err(RuleError::EmptyArgument);
+        }
+        Ok(())
+    }
+
+    /// Whether a call to `tool` with `arguments`, made by run `run` (in
+    /// `session`, if any), is one this spec approves.
+    pub fn matches(
+        &self,
+        tool: &ToolRef,
+        arguments: &Value,
+        run: &RunId,
+        session: Option<&SessionId>,
+    ) -> bool {
+        self.plugin.as_ref().is_none_or(|p| *p == tool.plugin)
+            && self.tool.as_ref().is_none_or(|t| *t == tool.tool)
+            && self.run.as_ref().is_none_or(|r| r == run)
+            && self
+                .session
+                .as_ref()
+                .is_none_or(|s| session.is_some_and(|own| own == s))
+            && self.arguments.iter().all(|(name, pattern)| {
+                arguments.get(name).is_some_and(|value| {
+                    let text = match value {
+                        Value::String(s) => s.clone(),
+                        other => canonical_json(other),
+                    };
+                    glob(pattern, &text)
+                })
+            })
+    }
+}
+
+/// A standing rule read back from the store.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Rule {
+    /// Its id.
+    pub id: String,
+    /// What it approves.
+    pub spec: RuleSpec,
+    /// Who created it.
+    pub created_by: String,
+    /// When.
+    pub created_ms: i64,
+    /// When it stops approving, if ever.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_ms: Option<i64>,
+    /// Its revocation, once revoked.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub revoked: Option<Revocation>,
+}
+
+impl Rule {
+    /// The rule the store keeps as `stored`.
+    pub fn from_stored(stored: &ApprovalRule) -> Result<Rule, RuleError> {
+        let spec: RuleSpec =
+            serde_json::from_str(&stored.spec).map_err(|e| RuleError::Unreadable {
+                id: stored.id.clone(),
+                reason: e.to_string(),
+            })?;
+        Ok(Rule {
+            id: stored.id.clone(),
+            spec,
+            created_by: stored.created_by.clone(),
+            created_ms: stored.created_ms,
+            expires_ms: stored.expires_ms,
+            revoked: stored.revoked.clone(),
+        })
+    }
+
+    /// Its standing at `now_ms`.
+    pub fn standing(&self, now_ms: i64) -> RuleStanding {
+        RuleStanding::at(self.revoked.is_some(), self.expires_ms, now_ms)
+    }
+
+    /// Whether it approves the call at `now_ms`: live, and matching.
+    pub fn approves(
+        &self,
+        now_ms: i64,
+        tool: &ToolRef,
+        arguments: &Value,
+        run: &RunId,
+        session: Option<&SessionId>,
+    ) -> bool {
+        self.standing(now_ms) == RuleStanding::Live
+            && self.spec.check().is_ok()
+            && self.spec.matches(tool, arguments, run, session)
+    }
+}
+
+/// Whether `text` matches `pattern`, where `*` is any run of characters
+/// and `?` any one character (no escapes, no classes: a pattern an
+/// operator can read at a glance).
+pub fn glob(pattern: &str, text: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    // The classic greedy match with one backtrack point: linear in
+    // practice, never exponential.
+    let (mut pi, mut ti) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ti));
+            pi += 1;
+        } else if let Some((sp, st)) = star {
+            pi = sp + 1;
+            ti = st + 1;
+            star = Some((sp, st + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|c| *c == '*')
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn fs(tool: &str) -> ToolRef {
+        ToolRef {
+            plugin: "fs".into(),
+            tool: tool.into(),
+        }
+    }
+
+    #[test]
+    fn globs() {
+        for (pattern, text, matches) in [
+            ("notes/*", "notes/a.md", true),
+            ("notes/*", "notes/", true),
+            ("notes/*", "other/a.md", false),
+            ("*.md", "a/b/c.md", true),
+            ("*.md", "a.mdx", false),
+            ("a?c", "abc", true),
+            ("a?c", "ac", false),
+            ("*", "", true),
+            ("", "", true),
+            ("", "x", false),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "aXbY", false),
+            ("é*", "été", true),
+        ] {
+            assert_eq!(glob(pattern, text), matches, "{pattern} {text}");
+        }
+    }
+
+    #[test]
+    fn a_spec_matches_what_it_names_and_nothing_else() {
+        let run = RunId::new("r1").unwrap();
+        let session = SessionId::new("s1").unwrap();
+        let spec = RuleSpec {
+            arguments: BTreeMap::from([("path".to_owned(), "notes/*".to_owned())]),
+            ..RuleSpec::for_tool(None, Some("fs__write_file")).unwrap()
+        };
+        assert_eq!(spec.plugin.as_deref(), Some("fs"));
+        let args = json!({"path": "notes/a.md", "content": "x"});
+        assert!(spec.matches(&fs("write_file"), &args, &run, None));
+        assert!(!spec.matches(&fs("delete_file"), &args, &run, None));
+        assert!(!spec.matches(
+            &fs("write_file"),
+            &json!({"path": "etc/passwd"}),
+            &run,
+            None
+        ));
+        assert!(!spec.matches(&fs("write_file"), &json!({"content": "x"}), &run, None));
+        // Scoped to a run or a session.
+        let in_run = RuleSpec {
+            run: Some(run.clone()),
+            ..spec.clone()
+        };
+        assert!(in_run.matches(&fs("write_file"), &args, &run, None));
+        assert!(!in_run.matches(&fs("write_file"), &args, &RunId::new("r2").unwrap(), None));
+        let in_session = RuleSpec {
+            session: Some(session.clone()),
+            ..spec.clone()
+        };
+        assert!(in_session.matches(&fs("write_file"), &args, &run, Some(&session)));
+        assert!(!in_session.matches(&fs("write_file"), &args, &run, None));
+        // Non-string arguments match by their canonical JSON.
+        let count = RuleSpec {
+            arguments: BTreeMap::from([("n".to_owned(), "[1,*]".to_owned())]),
+            ..RuleSpec::for_tool(Some("fs"), None).unwrap()
+        };
+        assert!(count.matches(&fs("x"), &json!({"n": [1, 2]}), &run, None));
+    }
+
+    #[test]
+    fn too_broad_or_contradictory_specs_are_refused() {
+        assert!(matches!(
+            RuleSpec::for_tool(None, None),
+            Err(RuleError::TooBroad)
+        ));
+        assert!(matches!(
+            RuleSpec::for_tool(Some("http"), Some("fs__write_file")),
+            Err(RuleError::PluginMismatch { .. })
+        ));
+        let spec = RuleSpec::for_tool(Some("fs"), Some("write_file")).unwrap();
+        assert_eq!(
+            (spec.plugin.as_deref(), spec.tool.as_deref()),
+            (Some("fs"), Some("write_file"))
+        );
+        let unnamed = RuleSpec {
+            arguments: BTreeMap::from([(" ".to_owned(), "*".to_owned())]),
+            ..spec
+        };
+        assert!(matches!(unnamed.check(), Err(RuleError::EmptyArgument)));
+    }
+
+    #[test]
+    fn a_rule_approves_only_while_live() {
+        let stored = ApprovalRule {
+            id: "rule-1".into(),
+            spec: r#"{"plugin":"fs","tool":"write_file"}"#.into(),
+            created_by: "api:ops".into(),
+            created_ms: 0,
+            expires_ms: Some(100),
+            revoked: None,
+        };
+        let rule = Rule::from_stored(&stored).unwrap();
+        let run = RunId::new("r").unwrap();
+        assert!(rule.approves(99, &fs("write_file"), &json!({}), &run, None));
+        assert!(!rule.approves(100, &fs("write_file"), &json!({}), &run, None));
+        let revoked = Rule {
+            revoked: Some(Revocation {
+                by: "x".into(),
+                at_ms: 1,
+            }),
+            ..rule
+        };
+        assert!(!revoked.approves(50, &fs("write_file"), &json!({}), &run, None));
+        let unreadable = ApprovalRule {
+            spec: "{\"everything\":true}".into(),
+            ..stored
+        };
+        assert!(matches!(
+            Rule::from_stored(&unreadable),
+            Err(RuleError::Unreadable { .. })
+        ));
+    }
+}
