@@ -5,6 +5,7 @@
 //! ever held the server continues itself. Every decision records
 //! `api:<token name>` as who made it.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::Json;

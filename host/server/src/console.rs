@@ -10,7 +10,8 @@
 //! and HEAD) must carry that CSRF token in `X-Warden-CSRF`: a token from
 //! another session, or one whose session logged out or expired, is
 //! refused (`csrf_refused`). Sessions live in this process only and end
-//! after [`SESSION_TTL`] or at logout; a restart logs everyone out.
+//! after [`SESSION_TTL`], when their token expires, or at logout; a
+//! restart logs everyone out.
 //!
 //! Every page is served with a strict Content-Security-Policy (scripts,
 //! styles and connections from this origin only, no inline script, no
@@ -95,8 +96,9 @@ pub(crate) fn same_secret(a: &str, b: &str) -> bool {
 }
 
 impl Sessions {
-    /// A new session for `caller`: its cookie value and CSRF token.
-    fn open(&self, caller: Caller) -> (String, String) {
+    /// A new session for `caller`, lasting `ttl`: its cookie value and
+    /// CSRF token.
+    fn open(&self, caller: Caller, ttl: Duration) -> (String, String) {
         let cookie = random_hex();
         let csrf = random_hex();
         let mut live = self.live.lock().unwrap_or_else(|p| p.into_inner());
@@ -112,7 +114,7 @@ impl Sessions {
             Session {
                 caller,
                 csrf: csrf.clone(),
-                until: now + SESSION_TTL,
+                until: now + ttl,
             },
         );
         (cookie, csrf)
@@ -213,8 +215,15 @@ pub async fn login(
     ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     Body(body): Body<Login>,
 ) -> Result<Response, ApiError> {
-    let caller = guard.login(body.token.trim(), peer.ip())?;
-    let (cookie, csrf) = guard.sessions().open(caller.clone());
+    let (caller, expires_ms) = guard.login(body.token.trim(), peer.ip())?;
+    // A session never outlives its token.
+    let ttl = match expires_ms {
+        Some(at) => SESSION_TTL.min(Duration::from_millis(
+            u64::try_from(at - crate::guard::now_ms()).unwrap_or(0),
+        )),
+        None => SESSION_TTL,
+    };
+    let (cookie, csrf) = guard.sessions().open(caller.clone(), ttl);
     tracing::info!(token = caller.name, %peer, "console login");
     let mut response = Json(json!({
         "v": crate::contract::VERSION,
@@ -225,7 +234,7 @@ pub async fn login(
     .into_response();
     response.headers_mut().insert(
         header::SET_COOKIE,
-        session_cookie(&cookie, SESSION_TTL.as_secs(), guard.tls()),
+        session_cookie(&cookie, ttl.as_secs(), guard.tls()),
     );
     Ok(secured(response))
 }

@@ -210,17 +210,38 @@ impl Guard {
         self.tls
     }
 
-    /// The caller `token` names, for a console login from `ip`: refused
-    /// and counted like any failed login when it names none.
-    pub(crate) fn login(&self, token: &str, ip: IpAddr) -> Result<Caller, ApiError> {
+    /// The caller `token` names, for a console login from `ip`, and when
+    /// the token expires: refused and counted like any failed login when
+    /// it names none or an expired one.
+    pub(crate) fn login(&self, token: &str, ip: IpAddr) -> Result<(Caller, Option<i64>), ApiError> {
         if self.limited(ip) {
             return Err(rate_limited(ip));
         }
+        self.identify(token, ip)
+    }
+
+    /// The caller a bearer token names, and when it expires.
+    fn identify(&self, token: &str, ip: IpAddr) -> Result<(Caller, Option<i64>), ApiError> {
         match self.tokens.identify(token) {
-            Some(entry) => Ok(Caller {
-                name: entry.name.clone(),
-                role: entry.role,
-            }),
+            Some(entry) if entry.is_expired(now_ms()) => {
+                // Counted like an unknown token: an old one is no key.
+                self.failed(ip);
+                Err(ApiError::new(
+                    "token_expired",
+                    format!(
+                        "token `{}` expired at {}: make a new one with `warden serve tokens add`",
+                        entry.name,
+                        warden::units::utc_text(entry.expires_ms.unwrap_or_default())
+                    ),
+                ))
+            }
+            Some(entry) => Ok((
+                Caller {
+                    name: entry.name.clone(),
+                    role: entry.role,
+                },
+                entry.expires_ms,
+            )),
             None => {
                 self.failed(ip);
                 Err(ApiError::new("unauthenticated", "unknown token"))
@@ -270,31 +291,7 @@ impl Guard {
         let Some(token) = token else {
             return self.by_cookie(method, headers, ip);
         };
-        let now_ms = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as i64);
-        match self.tokens.identify(token) {
-            Some(entry) if entry.is_expired(now_ms) => {
-                // Counted like an unknown token: an old one is no key.
-                self.failed(ip);
-                Err(ApiError::new(
-                    "token_expired",
-                    format!(
-                        "token `{}` expired at {}: make a new one with `warden serve tokens add`",
-                        entry.name,
-                        warden::units::utc_text(entry.expires_ms.unwrap_or_default())
-                    ),
-                ))
-            }
-            Some(entry) => Ok(Some(Caller {
-                name: entry.name.clone(),
-                role: entry.role,
-            })),
-            None => {
-                self.failed(ip);
-                Err(ApiError::new("unauthenticated", "unknown token"))
-            }
-        }
+        self.identify(token, ip).map(|(caller, _)| Some(caller))
     }
 }
 
@@ -335,6 +332,13 @@ impl Guard {
         }
         Ok(Some(caller))
     }
+}
+
+/// The wall clock, in milliseconds since the Unix epoch.
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as i64)
 }
 
 fn rate_limited(ip: IpAddr) -> ApiError {
