@@ -47,13 +47,17 @@ def test_the_notes_demo_parks_for_approval_and_is_approved(
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
     assert kinds(events)[0] == "run_started"
     assert "approval_requested" in kinds(events)
+    (requested,) = [e["event"] for e in events if e["event"]["type"] == "approval_requested"]
     granted = [e["event"] for e in events if e["event"]["type"] == "approval_granted"]
+    # The approval names the frozen call it approved: the request's digest.
+    assert len(requested["digest"]) == 64
     assert granted == [
         {
             "type": "approval_granted",
             "call_id": awaiting["call_id"],
             "by": "pytest",
             "at_ms": granted[0]["at_ms"],
+            "digest": requested["digest"],
         }
     ]
     assert "run_completed" in kinds(events)
