@@ -171,6 +171,12 @@ pub fn fdatasync_us(dir: &std::path::Path, samples: usize) -> f64 {
     stats(&mut times).0
 }
 
+/// Synced commits of a run outside its tool-calling turns: the create, the
+/// final model call's intent, the end.
+const FIXED_SYNCED: u64 = 3;
+/// All its commits outside them: those and the final call's completion.
+const FIXED_COMMITS: u64 = 4;
+
 /// One store and tool class, measured.
 struct Measured {
     /// Medians in µs: all calls, the first window, the last window.
@@ -180,7 +186,8 @@ struct Measured {
     last: f64,
     window: usize,
     lease: f64,
-    /// Per tool-calling turn, counted by the store (SQLite only).
+    /// Per tool-calling turn, counted by the store (SQLite only): synced
+    /// commits (fsyncs) and all commits.
     fsyncs_per_turn: Option<f64>,
     commits_per_turn: Option<f64>,
 }
@@ -207,9 +214,13 @@ fn measure(
             let after = s.stats();
             let commits = after.transactions - before.transactions;
             let deferred = after.deferred_transactions - before.deferred_transactions;
+            // Outside its tool-calling turns a run commits its create, the
+            // final answer's model call (intent, synced; completion) and its
+            // end (synced): not counted in the turns.
+            let synced = commits - deferred;
             (
-                Some((commits - deferred) as f64 / turns),
-                Some(commits as f64 / turns),
+                Some(synced.saturating_sub(FIXED_SYNCED) as f64 / turns),
+                Some(commits.saturating_sub(FIXED_COMMITS) as f64 / turns),
             )
         }
         _ => (None, None),

@@ -15,8 +15,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
-    Appended, ApprovalRule, Claim, Durability, EventStore, Holder, KeyClaim, Listing, PruneFilter, RunFilter,
-    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ApprovalRule, Claim, Durability, EventStore, Holder, KeyClaim, Listing, PruneFilter,
+    RunFilter, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 
 /// Which kind of append a hook sees.

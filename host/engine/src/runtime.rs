@@ -85,8 +85,9 @@ use warden_providers::{
 };
 use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
 use warden_store::{
-    ChainBreak, Claim, CommitmentFilter, Durability, EventStore, Finding, Holder, KeyClaim, Listing,
-    RunMeta, SETTLED_STATUSES, Settle, Settlement, SettlingAppend, StoreError, VerifyReport,
+    ChainBreak, Claim, CommitmentFilter, Durability, EventStore, Finding, Holder, KeyClaim,
+    Listing, RunMeta, SETTLED_STATUSES, Settle, Settlement, SettlingAppend, StoreError,
+    VerifyReport,
 };
 
 mod children;
@@ -1904,12 +1905,11 @@ impl Runtime {
         // machine crash, the read is decided and made again, which is
         // harmless by definition. Every other intent is on disk before its
         // effect starts (the write-ahead rule).
-        let repeatable = invocation.intent.effect == EffectClass::Read
-            && invocation.intent.keyed_by.is_none();
+        let repeatable =
+            invocation.intent.effect == EffectClass::Read && invocation.intent.keyed_by.is_none();
         if !invocation.recorded {
             if repeatable {
-                self.append_deferred(log, vec![invocation.intent()])
-                    .await?;
+                self.append_deferred(log, vec![invocation.intent()]).await?;
             } else {
                 self.append(log, vec![invocation.intent()]).await?;
             }
@@ -2834,7 +2834,10 @@ fn next_is_a_new_model_call(log: &Log, prepared: &Prepared, driver: &DriverHandl
         && prepared.view.channels.is_empty()
         && matches!(
             decide_with(&log.state, &prepared.view, RequestDetail::Frame),
-            Action::CallModel(ModelCall { recorded: false, .. })
+            Action::CallModel(ModelCall {
+                recorded: false,
+                ..
+            })
         )
 }
 

@@ -49,8 +49,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    Durability, EventStore, Holder, KeyClaim, Listing, OpenMode, PruneFilter, Revocation, RunFilter, RunId,
-    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Durability, EventStore, Holder, KeyClaim, Listing, OpenMode, PruneFilter, Revocation,
+    RunFilter, RunId, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 use writer::{ClaimOp, Counters, Request, RuleOp};
 
