@@ -74,8 +74,8 @@ impl RuntimeError {
                 run_id,
                 call_id,
                 awaiting,
-            }
-            | RuntimeError::NotAwaitingExternal {
+            } => json!({ "run_id": run_id, "call_id": call_id, "awaiting": awaiting }),
+            RuntimeError::NotAwaitingExternal {
                 run_id,
                 call_id,
                 awaiting,
