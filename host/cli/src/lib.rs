@@ -385,15 +385,6 @@ pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<warden::sandbox::Sa
     )?)
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn the_command_line_is_consistent() {
-        use clap::CommandFactory as _;
-        super::Cli::command().debug_assert();
-    }
-}
-
 /// Rust ignores SIGPIPE, so `warden runs events … | head` would panic on the
 /// closed pipe; a command-line tool should just stop, as `cat` does.
 #[cfg(unix)]
@@ -409,3 +400,12 @@ fn restore_sigpipe() {
 
 #[cfg(not(unix))]
 fn restore_sigpipe() {}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_command_line_is_consistent() {
+        use clap::CommandFactory as _;
+        super::Cli::command().debug_assert();
+    }
+}
