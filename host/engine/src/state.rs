@@ -100,7 +100,7 @@ impl RunStatus {
     }
 
     /// The status as the store lists it. The store acts on its class (see
-    /// [`StatusClass`](warden_store::StatusClass)): what a worker may claim,
+    /// [`warden_store::StatusClass`]): what a worker may claim,
     /// what holds a session; so this match is where the engine's statuses
     /// meet the store's, and the statuses the store acts on are its own.
     pub const fn listing(self) -> ListingStatus {

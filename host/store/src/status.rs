@@ -69,7 +69,7 @@ impl ListingStatus {
     /// A run a human abandoned.
     pub const ABANDONED: ListingStatus = ListingStatus::store("abandoned", StatusClass::Settled);
 
-    /// Every settled status, in the order [`settled_sql!`] lists them.
+    /// Every settled status, in the order the store's SQL lists them.
     pub const SETTLED: [ListingStatus; 4] = [
         ListingStatus::COMPLETED,
         ListingStatus::FAILED,
