@@ -14,6 +14,7 @@ use std::ffi::OsStr;
 
 use serde_json::{Value, json};
 
+use warden_engine::mcp_servers::McpServerError;
 use warden_engine::{AgentError, ReplayError, RuntimeError};
 use warden_plugins::PluginError;
 use warden_plugins::grant::GrantError;
@@ -65,6 +66,9 @@ pub fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static s
     }
     if let Some(e) = cause.downcast_ref::<ProviderError>() {
         return Some(provider(e));
+    }
+    if let Some(e) = cause.downcast_ref::<McpServerError>() {
+        return Some(mcp_server(e));
     }
     if cause
         .downcast_ref::<warden_engine::view::AgentViewError>()
@@ -376,6 +380,23 @@ fn agent(e: &AgentError) -> (&'static str, Value) {
         // A variant added later has this code until it gets its own.
         #[allow(unreachable_patterns)]
         _ => ("agent_invalid", json!({})),
+    }
+}
+
+fn mcp_server(e: &McpServerError) -> (&'static str, Value) {
+    match e {
+        McpServerError::SandboxUnavailable { server, .. } => {
+            ("mcp_sandbox_unavailable", json!({ "server": server }))
+        }
+        McpServerError::Failed { server, .. } => ("mcp_server_failed", json!({ "server": server })),
+        McpServerError::Pins { path, .. } => ("mcp_pins_invalid", json!({ "file": shown(path) })),
+        McpServerError::UnknownServer { agent, server, .. } => (
+            "unknown_mcp_server",
+            json!({ "agent": agent, "server": server }),
+        ),
+        // A variant added later has this code until it gets its own.
+        #[allow(unreachable_patterns)]
+        _ => ("mcp_server_failed", json!({})),
     }
 }
 
