@@ -30,8 +30,14 @@ function warden(...args) {
     encoding: "utf8",
     stdio: ["ignore", "pipe", "pipe"],
   });
-  const lines = out.trim().split("\n");
-  return lines[0] ? JSON.parse(lines[lines.length - 1]) : null;
+  if (!out.trim()) return null;
+  try {
+    return JSON.parse(out);
+  } catch {
+    // A verb prints the event it recorded, then the run's summary.
+    const lines = out.trim().split("\n");
+    return JSON.parse(lines[lines.length - 1]);
+  }
 }
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));

@@ -819,9 +819,17 @@ mod tests {
         assert_eq!(d[1].effect, EffectClass::Read, "accepted by the operator");
         assert!(d.iter().all(|t| t.withheld.is_none()));
         let mut changed = listed.clone();
-        changed.insert("claims".into(), json!({"name": "x", "description": "now different", "inputSchema": {"type": "object"}}));
+        changed.insert(
+            "claims".into(),
+            json!({"name": "x", "description": "now different", "inputSchema": {"type": "object"}}),
+        );
         let d = descriptors(&server, &changed, &pinned);
-        assert!(d[0].withheld.as_deref().unwrap().contains("changed since it was pinned"));
+        assert!(
+            d[0].withheld
+                .as_deref()
+                .unwrap()
+                .contains("changed since it was pinned")
+        );
         assert!(d[1].withheld.is_none());
     }
 }

@@ -59,11 +59,22 @@ fn python() -> (PathBuf, PathBuf) {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     let mut lines = text.lines();
-    assert_eq!(lines.next(), Some(SDK), "the MCP SDK in target/mcp-venv is not {SDK}");
+    assert_eq!(
+        lines.next(),
+        Some(SDK),
+        "the MCP SDK in target/mcp-venv is not {SDK}"
+    );
     let base = PathBuf::from(lines.next().unwrap());
     assert!(
         Command::new("bwrap")
-            .args(["--ro-bind", "/", "/", "--unshare-all", "--die-with-parent", "true"])
+            .args([
+                "--ro-bind",
+                "/",
+                "/",
+                "--unshare-all",
+                "--die-with-parent",
+                "true"
+            ])
             .status()
             .is_ok_and(|s| s.success()),
         "bubblewrap (`bwrap`) is missing or cannot make a sandbox: apt-get install bubblewrap"
@@ -211,7 +222,10 @@ fn a_read_runs_and_a_write_waits_for_approval_then_runs_once() {
     let fx = Fx::new(
         &calls(&[
             ("notes__read_note", "{ name = \"note.txt\" }"),
-            ("notes__write_note", "{ name = \"a.txt\", text = \"written\" }"),
+            (
+                "notes__write_note",
+                "{ name = \"a.txt\", text = \"written\" }",
+            ),
         ]),
         "",
     );
@@ -220,15 +234,20 @@ fn a_read_runs_and_a_write_waits_for_approval_then_runs_once() {
     let run = only_run(&fx);
     assert_eq!(run["status"], "awaiting_approval", "{run:#}");
     assert!(outputs(&run)[0].contains("hello from the note"), "{run:#}");
-    assert!(!fx.path("out/a.txt").exists(), "a write ran before approval");
+    assert!(
+        !fx.path("out/a.txt").exists(),
+        "a write ran before approval"
+    );
     // The pins were recorded at first use.
     let pins: Value =
         serde_json::from_str(&std::fs::read_to_string(fx.path("agent.mcp-pins.json")).unwrap())
             .unwrap();
-    assert!(pins["servers"]["notes"]["tools"]["write_note"]["digest"]
-        .as_str()
-        .unwrap()
-        .starts_with("sha256:"));
+    assert!(
+        pins["servers"]["notes"]["tools"]["write_note"]["digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
 
     let run_id = run["run_id"].as_str().unwrap();
     let requested = events(&run, "approval_requested");
@@ -237,7 +256,10 @@ fn a_read_runs_and_a_write_waits_for_approval_then_runs_once() {
     assert!(out.status.success(), "{}", text(&out));
     let run = only_run(&fx);
     assert_eq!(run["status"], "completed", "{run:#}");
-    assert_eq!(std::fs::read_to_string(fx.path("out/a.txt")).unwrap(), "written");
+    assert_eq!(
+        std::fs::read_to_string(fx.path("out/a.txt")).unwrap(),
+        "written"
+    );
     assert_eq!(events(&run, "tool_call_intent").len(), 2, "{run:#}");
     assert_eq!(events(&run, "tool_call_completed").len(), 2, "{run:#}");
 
@@ -304,11 +326,18 @@ fn the_os_sandbox_refuses_what_was_not_granted() {
     let run = only_run(&fx);
     let o = outputs(&run);
     assert_eq!(o.len(), 8, "{run:#}");
-    assert!(o[0].contains("hello from the note"), "a granted directory is readable: {o:?}");
+    assert!(
+        o[0].contains("hello from the note"),
+        "a granted directory is readable: {o:?}"
+    );
     assert!(o[1].contains("ERROR ENOENT"), "outside the grant: {}", o[1]);
     assert!(o[2].contains("ERROR ENOENT"), "/etc/shadow: {}", o[2]);
     assert!(o[3].contains("ERROR ENOENT"), "/root: {}", o[3]);
-    assert!(o[4].contains("ERROR EROFS"), "a read-only directory: {}", o[4]);
+    assert!(
+        o[4].contains("ERROR EROFS"),
+        "a read-only directory: {}",
+        o[4]
+    );
     assert!(o[5].contains("ERROR ENOENT"), "outside the grant: {}", o[5]);
     assert!(!fx.path("data/planted.txt").exists());
     assert!(!fx.path("secret/planted.txt").exists());
@@ -344,14 +373,16 @@ fn a_changed_tool_list_is_refused_until_accepted() {
     assert_eq!(tools["matches_pins"], false, "{tools:#}");
     assert_eq!(tools["changed"][0]["tool"], "read_note", "{tools:#}");
     assert_eq!(
-        tools["changed"][0]["fields"][0]["field"],
-        "description",
+        tools["changed"][0]["fields"][0]["field"], "description",
         "{tools:#}"
     );
     let human = fx.run(&["mcp", "tools", "notes", "--agent", "agent.toml"]);
     let shown = text(&human);
     assert!(shown.contains("DIFFERS from the pinned list"), "{shown}");
-    assert!(shown.contains("~/.ssh/id_rsa"), "the diff shows the new text: {shown}");
+    assert!(
+        shown.contains("~/.ssh/id_rsa"),
+        "the diff shows the new text: {shown}"
+    );
     assert_eq!(
         std::fs::read_to_string(fx.path("agent.mcp-pins.json")).unwrap(),
         pins_before,
@@ -444,9 +475,8 @@ fn without_a_sandbox_a_local_server_is_refused_unless_the_operator_opts_out() {
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(2), "{}", text(&out));
-    let error: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
-        serde_json::from_slice(&out.stderr).unwrap_or(Value::Null)
-    });
+    let error: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| serde_json::from_slice(&out.stderr).unwrap_or(Value::Null));
     assert!(
         text(&out).contains("mcp_sandbox_unavailable"),
         "{error:#} {}",
@@ -545,7 +575,10 @@ accept_hints = true
     let out = fx.run(&["run", "agent.toml"]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
     let run = only_run(&fx);
-    assert!(outputs(&run)[0].contains("hello, reference server"), "{run:#}");
+    assert!(
+        outputs(&run)[0].contains("hello, reference server"),
+        "{run:#}"
+    );
     assert!(!d.join("work/new.txt").exists(), "written before approval");
     let requested = events(&run, "approval_requested");
     assert_eq!(requested.len(), 1, "{run:#}");

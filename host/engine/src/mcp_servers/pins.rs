@@ -247,10 +247,7 @@ mod tests {
         ]));
         let mut a2 = a.clone();
         a2["description"] = json!("reads, and also mails your keys away");
-        let listed = BTreeMap::from([
-            ("a".to_owned(), a2),
-            ("c".to_owned(), json!({"name": "c"})),
-        ]);
+        let listed = BTreeMap::from([("a".to_owned(), a2), ("c".to_owned(), json!({"name": "c"}))]);
         let d = diff(&pinned, &listed);
         assert_eq!(d.added, ["c"]);
         assert_eq!(d.removed, ["b"]);
@@ -259,6 +256,9 @@ mod tests {
         assert!(!d.is_empty());
         let same = diff(&pinned, &BTreeMap::from([("a".to_owned(), a)]));
         assert_eq!(same.unchanged, ["a"]);
-        assert_eq!(pin_path(Path::new("/x/notes.toml")), Path::new("/x/notes.mcp-pins.json"));
+        assert_eq!(
+            pin_path(Path::new("/x/notes.toml")),
+            Path::new("/x/notes.mcp-pins.json")
+        );
     }
 }

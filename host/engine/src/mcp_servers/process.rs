@@ -224,6 +224,7 @@ fn command(server: &McpServer) -> Result<tokio::process::Command, McpServerError
 /// One running server and the MCP session with it.
 pub struct Session {
     key: String,
+    start_timeout: Duration,
     child: tokio::process::Child,
     client: RunningService<RoleClient, ()>,
 }
@@ -277,6 +278,7 @@ impl Session {
         };
         Ok(Session {
             key: server.key.clone(),
+            start_timeout,
             child,
             client,
         })
@@ -284,14 +286,14 @@ impl Session {
 
     /// Its tools, each as the server lists it (JSON), by name.
     pub async fn list_tools(&self) -> Result<BTreeMap<String, Value>, McpServerError> {
-        let tools = self
-            .client
-            .list_all_tools()
+        let failed = |message: String| McpServerError::Failed {
+            server: self.key.clone(),
+            message,
+        };
+        let tools = tokio::time::timeout(self.start_timeout, self.client.list_all_tools())
             .await
-            .map_err(|e| McpServerError::Failed {
-                server: self.key.clone(),
-                message: format!("cannot list its tools: {e}"),
-            })?;
+            .map_err(|_| failed(format!("no tool list within {:?}", self.start_timeout)))?
+            .map_err(|e| failed(format!("cannot list its tools: {e}")))?;
         Ok(tools
             .into_iter()
             .map(|t| {
