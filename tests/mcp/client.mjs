@@ -67,16 +67,16 @@ const text = (result) => result.content.filter((c) => c.type === "text").map((c)
 
 async function main([transport, first, second]) {
   const client = new Client({ name: "warden-tests-ts", version: "1.0.0" });
+  let http = null;
   if (transport === "stdio") {
     await client.connect(
       new StdioClientTransport({ command: first, args: ["mcp", "serve", second], env: process.env, stderr: "inherit" }),
     );
   } else {
-    await client.connect(
-      new StreamableHTTPClientTransport(new URL(first), {
-        requestInit: { headers: { Authorization: `Bearer ${second}` } },
-      }),
-    );
+    http = new StreamableHTTPClientTransport(new URL(first), {
+      requestInit: { headers: { Authorization: `Bearer ${second}` } },
+    });
+    await client.connect(http);
   }
 
   const { tools } = await client.listTools();
@@ -118,6 +118,8 @@ async function main([transport, first, second]) {
   } catch (error) {
     check(error.code === -32602, `unknown tool: ${error.code} ${error.message}`);
   }
+  // Over HTTP the session (and its run) ends when the client ends it.
+  if (http) await http.terminateSession();
   await client.close();
 }
 
