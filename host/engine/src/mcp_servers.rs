@@ -114,6 +114,32 @@ pub enum McpServerError {
     },
 }
 
+impl McpServerError {
+    /// The stable code naming this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            McpServerError::SandboxUnavailable { .. } => "mcp_sandbox_unavailable",
+            McpServerError::Failed { .. } => "mcp_server_failed",
+            McpServerError::Pins { .. } => "mcp_pins_invalid",
+            McpServerError::UnknownServer { .. } => "unknown_mcp_server",
+        }
+    }
+
+    /// The evidence that goes with [`code`](Self::code).
+    pub fn details(&self) -> Value {
+        match self {
+            McpServerError::SandboxUnavailable { server, .. }
+            | McpServerError::Failed { server, .. } => serde_json::json!({ "server": server }),
+            McpServerError::Pins { path, .. } => {
+                serde_json::json!({ "file": warden_syntax::evidence::path(path) })
+            }
+            McpServerError::UnknownServer { agent, server, .. } => {
+                serde_json::json!({ "agent": agent, "server": server })
+            }
+        }
+    }
+}
+
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct McpServerEntry {
