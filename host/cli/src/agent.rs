@@ -13,7 +13,7 @@ use serde_json::json;
 
 use super::Context;
 use super::errors::report;
-use warden::engine::{Agent, AgentView};
+use warden::engine::{Agent, AgentView, mcp_servers};
 use warden::plugins::PluginHost;
 
 #[derive(Debug, Subcommand)]
@@ -61,11 +61,36 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         }
         loaded.push(plugin);
     }
+    // Each MCP server is started in its sandbox and its list checked
+    // against the pins (pinned here at its first use), then stopped.
+    let mut mcp = Vec::with_capacity(agent.mcp_servers.len());
+    for server in &agent.mcp_servers {
+        let listing = mcp_servers::list(server)
+            .await
+            .with_context(|| format!("{}: key `mcp_servers.{}`", at(), server.key))?;
+        let tools = mcp_servers::descriptors(server, &listing.listed, &listing.pinned);
+        for t in &tools {
+            if let Some(why) = &t.withheld {
+                eprintln!(
+                    "warden: MCP tool `{}__{}` is not offered: {why}",
+                    server.key, t.name
+                );
+            }
+        }
+        mcp.push(tools);
+    }
     let tools: Vec<(&str, &[warden::plugins::ToolDescriptor])> = agent
         .plugins
         .iter()
         .zip(&loaded)
         .map(|(p, l)| (p.key.as_str(), l.tools()))
+        .chain(
+            agent
+                .mcp_servers
+                .iter()
+                .zip(&mcp)
+                .map(|(s, t)| (s.key.as_str(), t.as_slice())),
+        )
         .collect();
     agent.check_plugin_kinds(|key| {
         let (_, plugin) = agent

@@ -21,6 +21,23 @@ pub(crate) enum McpCommand {
     /// Serve an agent's granted plugin tools over MCP: each session is a
     /// Warden run, each call a recorded tool call (writes need approval).
     Serve(ServeArgs),
+    /// List an MCP server's tools (of `[mcp_servers.<server>]` in the
+    /// agent file) as the agent sees them, and how they differ from the
+    /// pinned list: changed and new tools are not offered until accepted.
+    Tools(ServerArgs),
+    /// Pin an MCP server's tool list as it is now, after reviewing it with
+    /// `warden mcp tools`: its changed and new tools are offered again.
+    Accept(ServerArgs),
+}
+
+/// `warden mcp tools` and `warden mcp accept`.
+#[derive(Debug, Args)]
+pub(crate) struct ServerArgs {
+    /// The server's key in the agent's `[mcp_servers]`.
+    server: String,
+    /// The agent file (default: `[mcp] agent` of warden.toml).
+    #[arg(long, value_name = "FILE")]
+    agent: Option<PathBuf>,
 }
 
 /// `warden mcp serve`.
@@ -59,7 +76,11 @@ fn duration(flag: &str, text: &str) -> anyhow::Result<std::time::Duration> {
 
 /// Runs `warden mcp …`.
 pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()> {
-    let McpCommand::Serve(args) = command;
+    let args = match command {
+        McpCommand::Serve(args) => args,
+        McpCommand::Tools(args) => return tools(args, false, ctx).await,
+        McpCommand::Accept(args) => return tools(args, true, ctx).await,
+    };
     let Some(file) = args
         .agent
         .clone()
@@ -133,5 +154,151 @@ pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()
         })
         .await?;
     served.closed().await;
+    Ok(())
+}
+
+/// `warden mcp tools` (`accept` false) and `warden mcp accept`: starts the
+/// server as a run would, lists its tools, and shows them against the pins
+/// (pinning them when nothing was pinned, or when accepting).
+async fn tools(args: ServerArgs, accept: bool, ctx: &Context) -> anyhow::Result<()> {
+    use warden::engine::mcp_servers::{self, McpServerError, pins};
+    let Some(file) = args.agent.or_else(|| ctx.settings.mcp_agent.clone()) else {
+        return Err(CliError::new(
+            "usage",
+            "no agent: give its file with `--agent AGENT.toml` or set `[mcp] agent` in warden.toml",
+        )
+        .into());
+    };
+    let agent = ctx.settings.load_agent(&file)?;
+    let Some(server) = agent.mcp_servers.iter().find(|s| s.key == args.server) else {
+        let known: Vec<&str> = agent.mcp_servers.iter().map(|s| s.key.as_str()).collect();
+        return Err(McpServerError::UnknownServer {
+            agent: agent.name.clone(),
+            server: args.server.clone(),
+            known: if known.is_empty() {
+                "none".into()
+            } else {
+                known.join(", ")
+            },
+        }
+        .into());
+    };
+    let listing = if accept {
+        mcp_servers::accept(server).await?
+    } else {
+        mcp_servers::list(server).await?
+    };
+    // The diff is against what was pinned before this command: for
+    // `accept`, what it replaced.
+    let before = listing.pinned_before.clone().unwrap_or_default();
+    let diff = pins::diff(&before, &listing.listed);
+    let first_use = listing.pinned_before.is_none();
+    let descriptors = mcp_servers::descriptors(server, &listing.listed, &listing.pinned);
+    let status = |name: &str| {
+        if first_use {
+            "pinned now"
+        } else if diff.added.iter().any(|a| a == name) {
+            "new"
+        } else if diff.changed.iter().any(|c| c.tool == name) {
+            "changed"
+        } else {
+            "pinned"
+        }
+    };
+    let pins_file = server.pins.display().to_string();
+    if ctx.json {
+        let tools: Vec<_> = descriptors
+            .iter()
+            .map(|d| {
+                json!({
+                    "name": d.name,
+                    "model_name": format!("{}__{}", server.key, d.name),
+                    "status": status(&d.name),
+                    "effect": d.effect,
+                    "claimed_effect": d.claimed_effect,
+                    "needs_approval": match server.approval_rule(&d.name) {
+                        warden::engine::agent::ApprovalRule::Never => false,
+                        warden::engine::agent::ApprovalRule::Always => true,
+                        warden::engine::agent::ApprovalRule::Writes => d.effect == warden::plugins::grant::EffectClass::Write,
+                    },
+                    "offered": d.withheld.is_none(),
+                    "withheld": d.withheld,
+                    "description": d.description,
+                    "input_schema": d.input_schema,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "v": 1,
+                "agent": agent.name,
+                "server": server.key,
+                "pins": pins_file,
+                "accepted": accept,
+                "first_use": first_use,
+                "pinned_digest": listing.pinned.digest,
+                "matches_pins": diff.is_empty() || first_use,
+                "tools": tools,
+                "added": diff.added,
+                "removed": diff.removed,
+                "changed": diff.changed,
+            })
+        );
+        return Ok(());
+    }
+    let verb = match (accept, first_use) {
+        (true, _) => "accepted and pinned",
+        (false, true) => "pinned at its first use",
+        (false, false) if diff.is_empty() => "as pinned",
+        (false, false) => "DIFFERS from the pinned list",
+    };
+    println!(
+        "MCP server `{}` of agent `{}`: {} tool(s), {verb} ({pins_file})",
+        server.key,
+        agent.name,
+        descriptors.len()
+    );
+    for d in &descriptors {
+        let approval = match server.approval_rule(&d.name) {
+            warden::engine::agent::ApprovalRule::Never => "no approval",
+            warden::engine::agent::ApprovalRule::Always => "approval",
+            warden::engine::agent::ApprovalRule::Writes
+                if d.effect == warden::plugins::grant::EffectClass::Write =>
+            {
+                "approval"
+            }
+            warden::engine::agent::ApprovalRule::Writes => "no approval",
+        };
+        let offered = match &d.withheld {
+            None => "offered".to_owned(),
+            Some(why) => format!("NOT OFFERED: {why}"),
+        };
+        println!(
+            "  {}__{}  {}  {approval}  {}  {offered}",
+            server.key,
+            d.name,
+            d.effect,
+            status(&d.name)
+        );
+    }
+    if !first_use {
+        for c in &diff.changed {
+            println!("changed `{}`:", c.tool);
+            for f in &c.fields {
+                println!("  {}: - {}", f.field, f.pinned);
+                println!("  {}: + {}", f.field, f.listed);
+            }
+        }
+        for r in &diff.removed {
+            println!("removed `{r}` (pinned, no longer listed)");
+        }
+        if !accept && !diff.is_empty() {
+            println!(
+                "review the changes, then `warden mcp accept {}` to offer them",
+                server.key
+            );
+        }
+    }
     Ok(())
 }

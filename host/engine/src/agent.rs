@@ -65,6 +65,10 @@
 //! output_schema = '{"type": "object"}'     # `Runtime::complete_external`
 //! must_match = ["invoice_id"]            # output fields that must equal the arguments'
 //!
+//! [mcp_servers.files]                   # an MCP server whose tools the model may call
+//! command = "server-files"               # (files__<tool>): see mcp_servers.rs for the keys
+//! read = ["notes"]                       # the directories its OS sandbox shows it
+//!
 //! [agents.worker]                       # another agent the model may call as a tool: a
 //! agent = "worker.toml"                  # child run (see child_agents.rs for the keys)
 //! description = "Does one part"
@@ -140,6 +144,7 @@ use super::child_agents::{AgentCall, AgentCallEntry, load_calls};
 use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
+use super::mcp_servers::{McpServer, McpServerEntry};
 use super::policy_hooks::PolicyHook;
 use super::refusal::OnRefusal;
 use super::retry::RetryPolicy;
@@ -240,6 +245,8 @@ struct AgentFile {
     external_tools: BTreeMap<String, ExternalToolEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     agents: BTreeMap<String, AgentCallEntry>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    mcp_servers: BTreeMap<String, McpServerEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     channels: BTreeMap<String, ChannelEntry>,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -375,6 +382,8 @@ pub struct Agent {
     pub external_tools: Vec<ExternalTool>,
     /// The agents it may call as tools (child runs), in name order.
     pub agents: Vec<AgentCall>,
+    /// The MCP servers whose tools it may use, in key order.
+    pub mcp_servers: Vec<McpServer>,
     /// Its delivery channels, in name order.
     pub channels: Vec<Channel>,
     /// The policies it enables, in name order.
@@ -947,6 +956,16 @@ fn validate(
         });
     }
 
+    let plugin_keys: Vec<&str> = file.plugins.keys().map(String::as_str).collect();
+    let mcp_servers = super::mcp_servers::validate(
+        &file.mcp_servers,
+        path,
+        base,
+        &plugin_keys,
+        &invalid,
+        &json_object,
+    )?;
+
     let channels = validate_channels(&file, &invalid)?;
 
     let b = &file.budgets;
@@ -1143,6 +1162,7 @@ fn validate(
         human_tools,
         external_tools,
         agents,
+        mcp_servers,
         channels,
         policies,
         budgets,

@@ -14,6 +14,8 @@
 //! - [`state`]: folding, [`RunStatus`], the conversation.
 //! - [`mod@decide`]: the decision table.
 //! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
+//! - [`mcp_servers`]: MCP servers as tools (`[mcp_servers.<name>]`): their
+//!   OS sandbox, their pinned tool lists, their calls as leases.
 //! - [`child_agents`]: agents as tools: `[agents.<name>]`, child run ids,
 //!   nested budgets.
 //! - [`channels`]: delivery channels: what each receives, the delivery
@@ -59,6 +61,7 @@ pub mod decide;
 pub mod events;
 pub mod ids;
 pub mod keys;
+pub mod mcp_servers;
 pub mod output;
 pub mod policy_hooks;
 pub mod policy_plugin;

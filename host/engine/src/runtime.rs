@@ -704,6 +704,8 @@ struct Prepared {
     context: HashMap<String, LoadedPlugin>,
     /// Each policy carried out by a plugin, by policy name.
     policy_plugins: HashMap<String, LoadedPlugin>,
+    /// Each MCP server, by its key: its calls are made as a plugin's are.
+    mcp: HashMap<String, Arc<crate::mcp_servers::McpConnection>>,
     provider: Arc<dyn ModelProvider>,
 }
 
@@ -1915,22 +1917,33 @@ impl Runtime {
             }
         }
         let tool = &invocation.intent.tool;
-        let plugin = prepared
-            .plugins
-            .get(&tool.plugin)
-            .expect("the agent view only names loaded plugins");
-        let plugin = for_run(plugin, log, prepared);
         let call = invocation.wit_call(&log.run_id);
         // The intent may have taken a while to record: no effect starts
         // past the claim.
         still_valid(log)?;
         let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool, attempt = invocation.attempt);
-        let leased = {
-            let _enter = span.enter();
-            plugin.invoke(&call, Some(&driver.cancel))
-        }
-        .await
-        .map_err(|e| plugin_error(&prepared.view, e))?;
+        let leased = if let Some(server) = prepared.mcp.get(&tool.plugin) {
+            // An MCP server's tool: the same effect, made by its sandboxed
+            // process instead of a WASM lease, within the run's budgets.
+            let bound = lease_bound(log, prepared).wall_time;
+            tracing::Instrument::instrument(
+                server.invoke(&call, bound, Some(&driver.cancel)),
+                span.clone(),
+            )
+            .await
+        } else {
+            let plugin = prepared
+                .plugins
+                .get(&tool.plugin)
+                .expect("the agent view only names loaded plugins and MCP servers");
+            let plugin = for_run(plugin, log, prepared);
+            {
+                let _enter = span.enter();
+                plugin.invoke(&call, Some(&driver.cancel))
+            }
+            .await
+            .map_err(|e| plugin_error(&prepared.view, e))?
+        };
         if matches!(
             &leased.result,
             Err(e) if e.failure == LeaseFailure::Cancelled
@@ -2217,6 +2230,14 @@ impl Runtime {
         driver: &DriverHandle,
         request: ApprovalRequest,
     ) -> Result<Step, RuntimeError> {
+        if prepared.mcp.contains_key(&request.tool.plugin) {
+            // MCP has no side-effect-free preview: the human sees the call.
+            let event = request.event(None, self.inner.clock.now_ms());
+            let granted = self.granting_rule(log, &request).await?;
+            self.append(log, std::iter::once(event).chain(granted).collect())
+                .await?;
+            return Ok(Step::Progressed);
+        }
         let plugin = prepared
             .plugins
             .get(&request.tool.plugin)
@@ -2650,10 +2671,26 @@ impl Runtime {
             .iter()
             .filter_map(|p| Some((p.name.clone(), plugins[p.plugin.as_ref()?].clone())))
             .collect();
+        let mut mcp = HashMap::new();
+        for server in &agent.mcp_servers {
+            let connection = crate::mcp_servers::McpConnection::connect(server)
+                .await
+                .map_err(|e| RuntimeError::Agent {
+                    agent: agent.name.clone(),
+                    message: e.to_string(),
+                })?;
+            mcp.insert(server.key.clone(), connection);
+        }
         let tools: Vec<(&str, &[warden_plugins::ToolDescriptor])> = agent
             .plugins
             .iter()
             .map(|p| (p.key.as_str(), plugins[&p.key].tools()))
+            .chain(
+                agent
+                    .mcp_servers
+                    .iter()
+                    .map(|s| (s.key.as_str(), mcp[&s.key].tools())),
+            )
             .collect();
         let view =
             AgentView::new(agent, &tools).map_err(|e: AgentViewError| RuntimeError::Agent {
@@ -2675,6 +2712,7 @@ impl Runtime {
             plugins,
             context,
             policy_plugins,
+            mcp,
             provider,
         });
         self.inner

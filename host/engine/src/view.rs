@@ -183,7 +183,9 @@ impl AgentView {
         let agent_name = agent.name.clone();
         let mut tools = Vec::new();
         for (key, _) in plugin_tools {
-            if !agent.plugins.iter().any(|p| p.key == *key) {
+            if !agent.plugins.iter().any(|p| p.key == *key)
+                && !agent.mcp_servers.iter().any(|s| s.key == *key)
+            {
                 return Err(AgentViewError::UnknownPlugin {
                     agent: agent_name,
                     plugin: (*key).to_owned(),
@@ -220,6 +222,41 @@ impl AgentView {
                     tool: d.name.clone(),
                 };
                 let needs_approval = match plugin.approval_rule(&d.name) {
+                    ApprovalRule::Never => false,
+                    ApprovalRule::Always => true,
+                    ApprovalRule::Writes => d.effect == EffectClass::Write,
+                };
+                tools.push(AgentTool {
+                    name: tool.model_name(),
+                    description: d.description.clone(),
+                    input_schema: d.input_schema.clone(),
+                    target: ToolTarget::Plugin {
+                        key: d.idempotency_key.as_ref().map(|field| KeyedBy {
+                            field: field.clone(),
+                            scope: format!("{}/{}", d.plugin, d.name),
+                        }),
+                        tool,
+                        effect: d.effect,
+                        needs_approval,
+                    },
+                });
+            }
+        }
+        // An MCP server's tools are plugin tools to deciding: a call is an
+        // intent, the call, a completion, approved when it is a write.
+        for server in &agent.mcp_servers {
+            let Some((_, descriptors)) = plugin_tools.iter().find(|(k, _)| *k == server.key) else {
+                return Err(AgentViewError::MissingPlugin {
+                    agent: agent_name,
+                    plugin: server.key.clone(),
+                });
+            };
+            for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
+                let tool = ToolRef {
+                    plugin: server.key.clone(),
+                    tool: d.name.clone(),
+                };
+                let needs_approval = match server.approval_rule(&d.name) {
                     ApprovalRule::Never => false,
                     ApprovalRule::Always => true,
                     ApprovalRule::Writes => d.effect == EffectClass::Write,

@@ -13,6 +13,7 @@
 
 use serde_json::{Value, json};
 
+use warden_engine::mcp_servers::McpServerError;
 use warden_engine::view::AgentViewError;
 use warden_engine::{AgentError, RuntimeError};
 use warden_plugins::PluginError;
@@ -63,6 +64,7 @@ pub fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static s
         SandboxError,
         ProviderError,
         AgentViewError,
+        McpServerError,
     );
     None
 }

@@ -137,6 +137,7 @@ mod kinds;
 mod layers;
 mod loading;
 mod mcp;
+mod mcp_servers;
 mod model_server;
 mod narrowed;
 mod network;

@@ -14,6 +14,11 @@
 //! completion leaves the write parked as dangling (`needs_reconciliation`)
 //! and a restarted server never makes it again.
 //!
+//! The same session from the official TypeScript SDK
+//! (`tests/mcp/client.mjs`, `@modelcontextprotocol/sdk` in
+//! `target/mcp-js`), over stdio and HTTP: tools, a read, a write approved
+//! and one denied from another terminal, an unknown tool.
+//!
 //! The SDK must be installed in `target/mcp-venv` (`.ci/run` creates it
 //! and pins the version); without it these tests fail, never skip.
 
@@ -411,4 +416,87 @@ fn serving_refuses_an_unprotected_bind_and_an_agent_without_plugin_tools() {
     .unwrap();
     std::fs::write(dir.join("transcript.toml"), "[[turns]]\ntext = \"-\"\n").unwrap();
     refused(&["mcp", "serve", "bare.toml"], "agent_unservable");
+}
+
+/// The TypeScript SDK's client (`tests/mcp/client.mjs`), copied next to
+/// the SDK `.ci/run` installs into `target/mcp-js` so Node resolves it
+/// there.
+fn ts_client(dir: &Path, args: &[&str]) {
+    static COPIED: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    let script = COPIED.get_or_init(|| {
+        let js = repo().join("target/mcp-js");
+        assert!(
+            js.join("node_modules/@modelcontextprotocol/sdk").exists(),
+            "no TypeScript SDK in {}: run .ci/run's \"MCP servers\" step",
+            js.display()
+        );
+        let script = js.join("client.mjs");
+        std::fs::copy(repo().join("tests/mcp/client.mjs"), &script).unwrap();
+        script
+    });
+    let out = Command::new("node")
+        .current_dir(dir)
+        .arg(script)
+        .args(args)
+        .env("WARDEN_BIN", warden_binary())
+        .env("WARDEN_STORE", dir.join("mcp.db"))
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .env("MCP_WORK", dir.join("work"))
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .output()
+        .expect("node (Node.js) runs the TypeScript SDK's client");
+    assert!(
+        out.status.success(),
+        "the TypeScript client failed:\n{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+    );
+}
+
+/// What the TypeScript client's session left: one run, its approved write
+/// made once, the denied one never, each call an intent and a completion.
+fn check_ts_recorded(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = session_runs(dir);
+        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    let run = &runs[0];
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(run["labels"]["mcp_client"], "warden-tests-ts");
+    assert_eq!(
+        events(run, "tool_call_intent").len(),
+        events(run, "tool_call_completed").len(),
+        "{run:#}"
+    );
+    assert_eq!(events(run, "approval_granted").len(), 1, "{run:#}");
+    assert_eq!(events(run, "approval_denied").len(), 1, "{run:#}");
+    assert_eq!(effects(dir), ["ts-approved"]);
+}
+
+#[test]
+fn the_typescript_sdk_uses_the_served_tools_over_stdio() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    ts_client(dir, &["stdio", bin.to_str().unwrap(), "agent.toml"]);
+    check_ts_recorded(dir);
+}
+
+#[test]
+fn the_typescript_sdk_uses_the_served_tools_over_streamable_http() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "ts-token", &[]);
+    ts_client(dir, &["http", url.as_str(), "ts-token"]);
+    check_ts_recorded(dir);
 }

@@ -1,0 +1,861 @@
+//! MCP servers as tools (`[mcp_servers.<name>]` in an agent file): the
+//! operator's settings for each server, the tools it lists turned into the
+//! same [`ToolDescriptor`]s plugin tools have, and [`McpConnection`], whose
+//! [`invoke`](McpConnection::invoke) is to an MCP tool what a lease is to a
+//! plugin tool: it returns the same [`Leased`] result and receipt, so the
+//! runtime records an MCP call exactly as it records a plugin call (intent,
+//! call, completion; retries by effect class; idempotency keys).
+//!
+//! ```toml
+//! [mcp_servers.files]                    # tools are named files__<tool>
+//! command = "npx"                        # a local server over stdio: a bare name is
+//! args = ["-y", "@modelcontextprotocol/server-filesystem", "/data"]  # found on PATH
+//! read = ["data"]                        # directories it sees read-only (relative to
+//! write = ["out"]                        # this file) and read-write; nothing else of
+//!                                        # the machine but the system's own files
+//! env = ["NPM_CONFIG_CACHE"]             # variables passed through; no others
+//! network = false                        # default: no network at all
+//! timeout = "30s"                        # each call's deadline: then the server is killed
+//!                                        # (its start gets at least 60s)
+//! max_output = "1MiB"                    # the largest result accepted
+//! # unsandboxed = true                   # the operator's opt-out where no OS sandbox
+//! #                                      # exists: the server runs with Warden's rights
+//! [mcp_servers.files.tools.read_text_file]
+//! effect = "read"                        # default for every MCP tool: write (approval)
+//! # accept_hints = true                  # or: take the server's annotations for this tool
+//! # description = "..."                  # replaces the server's (untrusted) text
+//! # input_schema = '{"type": "object"}'  # replaces the server's schema
+//! # idempotency_key = "request_id"       # as for plugin tools
+//! # approval = "always"                  # never | always | writes (default)
+//! ```
+//!
+//! A local server runs only inside the OS sandbox [`process`] sets up
+//! (bubblewrap): where there is none it is refused, unless the operator set
+//! `unsandboxed = true` for that server, which is logged loudly at every
+//! start. The tools a server lists are untrusted: their effect class is
+//! `write` whatever their annotations claim, and their list is pinned
+//! ([`pins`]): a tool whose definition changed since it was pinned is not
+//! offered until the operator accepts the new list (`warden mcp accept`).
+
+pub mod pins;
+pub mod process;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use super::agent::ApprovalRule;
+use warden_plugins::ToolDescriptor;
+use warden_plugins::grant::EffectClass;
+use warden_plugins::tool::{MAX_DESCRIPTION, MAX_SCHEMA, MAX_TOOLS, is_valid_tool_name};
+use warden_sandbox::{LeaseError, LeaseFailure, Leased, Outcome, UsageReceipt, wit};
+use warden_syntax::units::{ByteSize, HumanDuration};
+
+/// Each call's deadline (and the server's start's) when the agent does not
+/// say.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+/// The least time a server's start (the process, the handshake, the tool
+/// listing) gets, whatever its call deadline: an interpreter on a loaded
+/// machine may take seconds to start.
+pub const MIN_START_TIMEOUT: Duration = Duration::from_secs(60);
+/// The longest deadline an agent may set.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The largest result accepted when the agent does not say.
+pub const DEFAULT_MAX_OUTPUT: u64 = 1 << 20;
+/// The largest `max_output` an agent may set.
+pub const MAX_OUTPUT_LIMIT: u64 = 64 << 20;
+
+/// An MCP server that cannot be set up, reached or believed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum McpServerError {
+    /// A local server needs an OS sandbox and there is none, and the
+    /// operator did not opt out for it.
+    #[error(
+        "MCP server `{server}`: no OS sandbox is available ({reason}); a local server runs only inside one: install bubblewrap (`bwrap`), or set `unsandboxed = true` for this server to run it with Warden's own rights"
+    )]
+    SandboxUnavailable {
+        /// The server's key.
+        server: String,
+        /// What is missing.
+        reason: String,
+    },
+    /// The server could not be started, or did not answer the handshake or
+    /// the tool listing.
+    #[error("MCP server `{server}`: {message}")]
+    Failed {
+        /// The server's key.
+        server: String,
+        /// What happened.
+        message: String,
+    },
+    /// The pin file cannot be read, parsed or written.
+    #[error("MCP pins `{path}`: {message}")]
+    Pins {
+        /// The pin file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// A command named a server the agent does not have.
+    #[error("agent `{agent}` has no MCP server `{server}` (its servers: {known})")]
+    UnknownServer {
+        /// The agent.
+        agent: String,
+        /// The name given.
+        server: String,
+        /// The agent's servers.
+        known: String,
+    },
+}
+
+impl McpServerError {
+    /// The stable code naming this error.
+    pub fn code(&self) -> &'static str {
+        match self {
+            McpServerError::SandboxUnavailable { .. } => "mcp_sandbox_unavailable",
+            McpServerError::Failed { .. } => "mcp_server_failed",
+            McpServerError::Pins { .. } => "mcp_pins_invalid",
+            McpServerError::UnknownServer { .. } => "unknown_mcp_server",
+        }
+    }
+
+    /// The evidence that goes with [`code`](Self::code).
+    pub fn details(&self) -> Value {
+        match self {
+            McpServerError::SandboxUnavailable { server, .. }
+            | McpServerError::Failed { server, .. } => serde_json::json!({ "server": server }),
+            McpServerError::Pins { path, .. } => {
+                serde_json::json!({ "file": warden_syntax::evidence::path(path) })
+            }
+            McpServerError::UnknownServer { agent, server, .. } => {
+                serde_json::json!({ "agent": agent, "server": server })
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct McpServerEntry {
+    command: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    args: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    read: Vec<PathBuf>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    write: Vec<PathBuf>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    network: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    timeout: Option<HumanDuration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_output: Option<ByteSize>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    unsandboxed: bool,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    tools: BTreeMap<String, McpToolEntry>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct McpToolEntry {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    effect: Option<EffectClass>,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    accept_hints: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    description: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    input_schema: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    idempotency_key: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    approval: Option<ApprovalRule>,
+}
+
+/// An MCP server an agent uses, as the operator set it up.
+#[derive(Clone, Debug, PartialEq)]
+pub struct McpServer {
+    /// The key in the agent file; the model calls its tools `<key>__<tool>`.
+    pub key: String,
+    /// The program: a path (resolved against the agent file) or a bare name
+    /// looked up on `PATH` when the server starts.
+    pub command: String,
+    /// Its arguments, as written.
+    pub args: Vec<String>,
+    /// The environment variables passed through from Warden's environment;
+    /// the server sees no others.
+    pub env: Vec<String>,
+    /// Directories it sees read-only, absolute.
+    pub read: Vec<PathBuf>,
+    /// Directories it sees read-write, absolute.
+    pub write: Vec<PathBuf>,
+    /// Whether it shares the machine's network.
+    pub network: bool,
+    /// Each call's deadline, and the start's.
+    pub timeout: Duration,
+    /// The largest result accepted, in bytes.
+    pub max_output: u64,
+    /// The operator's opt-out: run without an OS sandbox.
+    pub unsandboxed: bool,
+    /// The operator's settings per tool.
+    pub tools: BTreeMap<String, McpToolSettings>,
+    /// Approval rules by tool name, from `tools.<tool>.approval`.
+    pub approval: BTreeMap<String, ApprovalRule>,
+    /// The pin file: the agent file's name with `.mcp-pins.json`.
+    pub pins: PathBuf,
+}
+
+/// The operator's settings for one tool of an MCP server.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct McpToolSettings {
+    /// Its effect class, set by the operator.
+    pub effect: Option<EffectClass>,
+    /// Whether its effect class is the one its annotations claim.
+    pub accept_hints: bool,
+    /// The description the model sees instead of the server's.
+    pub description: Option<String>,
+    /// The argument schema instead of the server's.
+    pub input_schema: Option<Value>,
+    /// The argument whose value is the call's idempotency key across runs.
+    pub idempotency_key: Option<String>,
+}
+
+impl McpServer {
+    /// The approval rule of `tool`.
+    pub fn approval_rule(&self, tool: &str) -> ApprovalRule {
+        self.approval.get(tool).copied().unwrap_or_default()
+    }
+}
+
+/// Checks `[mcp_servers]` of an agent file: keys, commands, directories,
+/// variables, limits and tool settings. `invalid` makes the error for a
+/// dotted key; `json_object` checks a schema given as text.
+pub(crate) fn validate(
+    entries: &BTreeMap<String, McpServerEntry>,
+    path: &Path,
+    base: &Path,
+    plugin_keys: &[&str],
+    invalid: &dyn Fn(&str, String) -> super::agent::AgentError,
+    json_object: &dyn Fn(&str, &str) -> Result<Value, super::agent::AgentError>,
+) -> Result<Vec<McpServer>, super::agent::AgentError> {
+    let mut servers = Vec::with_capacity(entries.len());
+    for (key, entry) in entries {
+        let at = |k: &str| format!("mcp_servers.{key}.{k}");
+        if !warden_plugins::manifest::is_valid_plugin_name(key) {
+            return Err(invalid(
+                &format!("mcp_servers.{key}"),
+                "is not a valid server key (use [a-z][a-z0-9-]*, at most 64 bytes)".into(),
+            ));
+        }
+        if plugin_keys.contains(&key.as_str()) {
+            return Err(invalid(
+                &format!("mcp_servers.{key}"),
+                "is also a key in [plugins]: their tools would share names".into(),
+            ));
+        }
+        if entry.command.trim().is_empty() {
+            return Err(invalid(&at("command"), "must not be empty".into()));
+        }
+        let command = if entry.command.contains('/') {
+            base.join(&entry.command).to_string_lossy().into_owned()
+        } else {
+            entry.command.clone()
+        };
+        for (i, name) in entry.env.iter().enumerate() {
+            let ok = name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
+            if !ok {
+                return Err(invalid(
+                    &format!("{}[{i}]", at("env")),
+                    format!("`{name}` is not an environment variable name ([A-Z_][A-Z0-9_]*)"),
+                ));
+            }
+        }
+        let dirs = |k: &str, list: &[PathBuf]| -> Result<Vec<PathBuf>, super::agent::AgentError> {
+            let mut out = Vec::with_capacity(list.len());
+            for (i, d) in list.iter().enumerate() {
+                let joined = base.join(d);
+                // Bound into the sandbox by what they are now, so a later
+                // symlink swap cannot widen the grant.
+                let absolute = std::fs::canonicalize(&joined).map_err(|e| {
+                    invalid(
+                        &format!("{}[{i}]", at(k)),
+                        format!("cannot use `{}`: {e}", joined.display()),
+                    )
+                })?;
+                if !absolute.is_dir() {
+                    return Err(invalid(
+                        &format!("{}[{i}]", at(k)),
+                        format!("`{}` is not a directory", absolute.display()),
+                    ));
+                }
+                out.push(absolute);
+            }
+            Ok(out)
+        };
+        let read = dirs("read", &entry.read)?;
+        let write = dirs("write", &entry.write)?;
+        let timeout = match entry.timeout {
+            None => DEFAULT_TIMEOUT,
+            Some(HumanDuration(d)) if d.is_zero() || d > MAX_TIMEOUT => {
+                return Err(invalid(
+                    &at("timeout"),
+                    format!("must be more than zero and at most 1h, got {d:?}"),
+                ));
+            }
+            Some(HumanDuration(d)) => d,
+        };
+        let max_output = match entry.max_output {
+            None => DEFAULT_MAX_OUTPUT,
+            Some(ByteSize(n)) if n == 0 || n > MAX_OUTPUT_LIMIT => {
+                return Err(invalid(
+                    &at("max_output"),
+                    format!("must be more than zero and at most 64MiB, got {n} bytes"),
+                ));
+            }
+            Some(ByteSize(n)) => n,
+        };
+        let mut tools = BTreeMap::new();
+        let mut approval = BTreeMap::new();
+        for (tool, t) in &entry.tools {
+            let tat = |k: &str| at(&format!("tools.{tool}.{k}"));
+            if !is_valid_tool_name(tool) {
+                return Err(invalid(
+                    &at(&format!("tools.{tool}")),
+                    "is not a valid tool name (use [a-z][a-z0-9_]*, at most 64 bytes)".into(),
+                ));
+            }
+            if t.effect.is_some() && t.accept_hints {
+                return Err(invalid(
+                    &tat("accept_hints"),
+                    "set either effect or accept_hints, not both".into(),
+                ));
+            }
+            let input_schema = match &t.input_schema {
+                Some(s) => Some(json_object(&tat("input_schema"), s)?),
+                None => None,
+            };
+            if let Some(rule) = t.approval {
+                approval.insert(tool.clone(), rule);
+            }
+            tools.insert(
+                tool.clone(),
+                McpToolSettings {
+                    effect: t.effect,
+                    accept_hints: t.accept_hints,
+                    description: t.description.clone(),
+                    input_schema,
+                    idempotency_key: t.idempotency_key.clone(),
+                },
+            );
+        }
+        servers.push(McpServer {
+            key: key.clone(),
+            command,
+            args: entry.args.clone(),
+            env: entry.env.clone(),
+            read,
+            write,
+            network: entry.network,
+            timeout,
+            max_output,
+            unsandboxed: entry.unsandboxed,
+            tools,
+            approval,
+            pins: pins::pin_path(path),
+        });
+    }
+    Ok(servers)
+}
+
+/// What the server's annotations claim a tool's effect is: `read` for
+/// `readOnlyHint`, `idempotent` for `idempotentHint`, else `write`.
+fn hinted_effect(tool: &Value) -> EffectClass {
+    let hint = |name: &str| {
+        tool.get("annotations")
+            .and_then(|a| a.get(name))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+    };
+    if hint("readOnlyHint") {
+        EffectClass::Read
+    } else if hint("idempotentHint") {
+        EffectClass::Idempotent
+    } else {
+        EffectClass::Write
+    }
+}
+
+/// The descriptors of the tools `listed` (each tool as the server listed
+/// it, as JSON), with the operator's settings applied and every tool that
+/// is not pinned as listed withheld: the tools the model is offered.
+pub fn descriptors(
+    server: &McpServer,
+    listed: &BTreeMap<String, Value>,
+    pinned: &pins::PinnedServer,
+) -> Vec<ToolDescriptor> {
+    let mut out = Vec::with_capacity(listed.len());
+    for (name, tool) in listed.iter().take(MAX_TOOLS) {
+        let settings = server.tools.get(name).cloned().unwrap_or_default();
+        let claimed = hinted_effect(tool);
+        let effect = match (settings.effect, settings.accept_hints) {
+            (Some(e), _) => e,
+            (None, true) => claimed,
+            // A server cannot talk its way out of approvals.
+            (None, false) => EffectClass::Write,
+        };
+        let description = settings.description.clone().unwrap_or_else(|| {
+            tool.get("description")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_owned()
+        });
+        let input_schema = settings
+            .input_schema
+            .clone()
+            .or_else(|| tool.get("inputSchema").cloned())
+            .unwrap_or_else(|| serde_json::json!({"type": "object"}));
+        let withheld = if !is_valid_tool_name(name) {
+            Some(format!(
+                "its name `{name}` is not a Warden tool name ([a-z][a-z0-9_]*, at most 64 bytes)"
+            ))
+        } else if description.len() > MAX_DESCRIPTION {
+            Some(format!(
+                "its description is {} bytes, more than {MAX_DESCRIPTION}: override it in `tools.{name}.description`",
+                description.len()
+            ))
+        } else if serde_json::to_vec(&input_schema).map_or(0, |v| v.len()) > MAX_SCHEMA
+            || super::schema::check_schema(&input_schema).is_err()
+        {
+            Some(format!(
+                "its input schema is not a JSON Schema Warden accepts (or over {MAX_SCHEMA} bytes): override it in `tools.{name}.input_schema`"
+            ))
+        } else {
+            match pinned.tools.get(name) {
+                Some(p) if p.digest == pins::tool_digest(tool) => None,
+                Some(_) => Some(format!(
+                    "its definition changed since it was pinned: review it with `warden mcp tools {}` and accept it with `warden mcp accept {}`",
+                    server.key, server.key
+                )),
+                None => Some(format!(
+                    "it is new since the list was pinned: review it with `warden mcp tools {}` and accept it with `warden mcp accept {}`",
+                    server.key, server.key
+                )),
+            }
+        };
+        out.push(ToolDescriptor {
+            plugin: format!("mcp:{}", server.key),
+            name: name.clone(),
+            description,
+            input_schema,
+            claimed_effect: claimed,
+            effect,
+            idempotency_key: settings.idempotency_key.clone(),
+            withheld,
+        });
+    }
+    out
+}
+
+/// One MCP server of a prepared agent: started (or reached) once, its tools
+/// listed and checked against the pins, then called one call at a time.
+/// A server killed at a deadline is started again at the next call, and its
+/// list must still match what was pinned.
+pub struct McpConnection {
+    server: McpServer,
+    listed: BTreeMap<String, Value>,
+    tools: Vec<ToolDescriptor>,
+    session: tokio::sync::Mutex<Option<process::Session>>,
+}
+
+impl std::fmt::Debug for McpConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("McpConnection")
+            .field("server", &self.server.key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What connecting to one server found: its tools as listed, and what the
+/// pins say of them.
+#[derive(Clone, Debug)]
+pub struct Listing {
+    /// Each tool as the server listed it, by name.
+    pub listed: BTreeMap<String, Value>,
+    /// What was pinned before this listing (`None`: nothing was, and this
+    /// listing has just been pinned).
+    pub pinned_before: Option<pins::PinnedServer>,
+    /// The pins now.
+    pub pinned: pins::PinnedServer,
+}
+
+impl McpConnection {
+    /// Starts (or reaches) `server`, lists its tools, and pins the list if
+    /// nothing was pinned for it yet (its first use).
+    pub async fn connect(server: &McpServer) -> Result<Arc<McpConnection>, McpServerError> {
+        let session = process::Session::start(server).await?;
+        let listing = list_and_pin(server, &session).await?;
+        let tools = descriptors(server, &listing.listed, &listing.pinned);
+        for t in &tools {
+            if let Some(why) = &t.withheld {
+                tracing::warn!(server = %server.key, tool = %t.name, "MCP tool `{}__{}` is not offered: {why}", server.key, t.name);
+            }
+        }
+        Ok(Arc::new(McpConnection {
+            server: server.clone(),
+            listed: listing.listed,
+            tools,
+            session: tokio::sync::Mutex::new(Some(session)),
+        }))
+    }
+
+    /// The server's settings.
+    pub fn server(&self) -> &McpServer {
+        &self.server
+    }
+
+    /// Its tools, as the view offers them (withheld ones included, marked).
+    pub fn tools(&self) -> &[ToolDescriptor] {
+        &self.tools
+    }
+
+    /// Makes one call, bounded by the server's deadline and `bound` (what is
+    /// left of the run's wall time), as a lease is: the result the runtime
+    /// records, and a receipt. At the deadline, or on `cancel`, the server
+    /// is killed (its sandbox with it); the next call starts it again.
+    pub async fn invoke(
+        &self,
+        call: &wit::Call,
+        bound: Option<Duration>,
+        cancel: Option<&CancellationToken>,
+    ) -> Leased<Result<wit::ToolOutput, wit::ToolError>> {
+        let started = Instant::now();
+        let operation = format!("tool `{}`", call.tool);
+        let fail = |failure: LeaseFailure, output_bytes: u64| {
+            let mut receipt = UsageReceipt::empty(failure.outcome());
+            receipt.wall_time_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+            receipt.output_bytes = output_bytes;
+            Leased {
+                result: Err(LeaseError {
+                    plugin: format!("mcp:{}", self.server.key),
+                    operation: operation.clone(),
+                    failure,
+                }),
+                receipt,
+            }
+        };
+        let deadline = bound.map_or(self.server.timeout, |b| b.min(self.server.timeout));
+        let Some(tool) = self.tools.iter().find(|t| t.name == call.tool) else {
+            return fail(
+                LeaseFailure::Refused {
+                    reason: format!("the server lists no tool `{}`", call.tool),
+                },
+                0,
+            );
+        };
+        if let Some(why) = &tool.withheld {
+            return fail(
+                LeaseFailure::Refused {
+                    reason: why.clone(),
+                },
+                0,
+            );
+        }
+        let arguments = match serde_json::from_str::<Value>(&call.arguments) {
+            Ok(Value::Object(map)) => map,
+            _ => {
+                return Leased {
+                    result: Ok(Err(wit::ToolError::InvalidArguments(
+                        "the arguments are not a JSON object".into(),
+                    ))),
+                    receipt: UsageReceipt::empty(Outcome::GuestError),
+                };
+            }
+        };
+        let mut slot = self.session.lock().await;
+        if slot.is_none() {
+            // Killed at a deadline, or died: start it again, and believe it
+            // only if it still lists this tool as pinned.
+            match process::Session::start(&self.server).await {
+                Ok(session) => match session.list_tools().await {
+                    Ok(listed) if listed.get(&call.tool) == self.listed.get(&call.tool) => {
+                        *slot = Some(session);
+                    }
+                    Ok(_) => {
+                        return fail(
+                            LeaseFailure::Refused {
+                                reason: format!(
+                                    "the restarted server's definition of `{}` is not the pinned one",
+                                    call.tool
+                                ),
+                            },
+                            0,
+                        );
+                    }
+                    Err(e) => {
+                        return fail(
+                            LeaseFailure::Refused {
+                                reason: e.to_string(),
+                            },
+                            0,
+                        );
+                    }
+                },
+                Err(e) => {
+                    return fail(
+                        LeaseFailure::Refused {
+                            reason: e.to_string(),
+                        },
+                        0,
+                    );
+                }
+            }
+        }
+        let never = CancellationToken::new();
+        let cancel = cancel.unwrap_or(&never);
+        let outcome = {
+            let session = slot.as_ref().expect("started above");
+            tokio::select! {
+                r = session.call_tool(&call.tool, arguments) => Ended::Answered(r),
+                () = tokio::time::sleep(deadline) => Ended::Deadline,
+                () = cancel.cancelled() => Ended::Cancelled,
+            }
+        };
+        let result = match outcome {
+            Ended::Cancelled => {
+                if let Some(s) = slot.take() {
+                    s.kill().await;
+                }
+                return fail(LeaseFailure::Cancelled, 0);
+            }
+            Ended::Deadline => {
+                tracing::warn!(server = %self.server.key, tool = %call.tool, ?deadline, "MCP server missed the call's deadline: killed");
+                if let Some(s) = slot.take() {
+                    s.kill().await;
+                }
+                return fail(LeaseFailure::Timeout { limit: deadline }, 0);
+            }
+            Ended::Answered(Err(e)) => {
+                // The connection broke mid-call: what the server did is not
+                // known.
+                if let Some(s) = slot.take() {
+                    s.kill().await;
+                }
+                return fail(
+                    LeaseFailure::Trap {
+                        message: format!("the MCP server failed mid-call: {e}"),
+                    },
+                    0,
+                );
+            }
+            Ended::Answered(Ok(result)) => result,
+        };
+        let (content, is_error) = tool_result(&result);
+        let bytes = content.len() as u64;
+        if bytes > self.server.max_output {
+            return fail(
+                LeaseFailure::OutputLimit {
+                    bytes,
+                    limit: self.server.max_output,
+                },
+                bytes,
+            );
+        }
+        let mut receipt = UsageReceipt::empty(if is_error {
+            Outcome::GuestError
+        } else {
+            Outcome::Ok
+        });
+        receipt.wall_time_us = u64::try_from(started.elapsed().as_micros()).unwrap_or(u64::MAX);
+        receipt.output_bytes = bytes;
+        Leased {
+            result: Ok(if is_error {
+                Err(wit::ToolError::Failed(wit::Failure {
+                    message: content,
+                    retryable: false,
+                }))
+            } else {
+                Ok(wit::ToolOutput { content })
+            }),
+            receipt,
+        }
+    }
+}
+
+/// How a call to a server ended.
+enum Ended {
+    Answered(Result<Value, String>),
+    Deadline,
+    Cancelled,
+}
+
+/// A `tools/call` result as the tool's output: its structured content when
+/// it has some, else its text blocks joined as a JSON string, else its
+/// content blocks as a JSON array; and whether it is an error.
+fn tool_result(result: &Value) -> (String, bool) {
+    let is_error = result
+        .get("isError")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let blocks = result
+        .get("content")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let texts: Option<Vec<&str>> = blocks
+        .iter()
+        .map(|b| {
+            (b.get("type").and_then(Value::as_str) == Some("text"))
+                .then(|| b.get("text").and_then(Value::as_str))
+                .flatten()
+        })
+        .collect();
+    if is_error {
+        let text = match texts {
+            Some(t) => t.join("\n"),
+            None => Value::Array(blocks).to_string(),
+        };
+        return (text, true);
+    }
+    let content = match (result.get("structuredContent"), texts) {
+        (Some(s), _) if !s.is_null() => s.to_string(),
+        (_, Some(t)) => Value::String(t.join("\n")).to_string(),
+        (_, None) => Value::Array(blocks).to_string(),
+    };
+    (content, false)
+}
+
+/// Lists `session`'s tools, and pins the list if nothing is pinned for the
+/// server yet.
+async fn list_and_pin(
+    server: &McpServer,
+    session: &process::Session,
+) -> Result<Listing, McpServerError> {
+    let listed = session.list_tools().await?;
+    let mut file = pins::PinFile::load(&server.pins)?;
+    let before = file.servers.get(&server.key).cloned();
+    let pinned = match &before {
+        Some(p) => p.clone(),
+        None => {
+            let p = pins::PinnedServer::of(&listed);
+            file.servers.insert(server.key.clone(), p.clone());
+            file.save(&server.pins)?;
+            tracing::info!(server = %server.key, pins = %server.pins.display(), "pinned the tool list of MCP server `{}` at its first use ({} tools)", server.key, listed.len());
+            p
+        }
+    };
+    Ok(Listing {
+        listed,
+        pinned_before: before,
+        pinned,
+    })
+}
+
+/// Starts `server`, lists its tools (pinning them at first use) and stops
+/// it: what `warden mcp tools` shows.
+pub async fn list(server: &McpServer) -> Result<Listing, McpServerError> {
+    let session = process::Session::start(server).await?;
+    let listing = list_and_pin(server, &session).await;
+    session.kill().await;
+    listing
+}
+
+/// Starts `server`, lists its tools and pins them as listed, replacing what
+/// was pinned: what `warden mcp accept` does. Returns the listing with what
+/// was pinned before.
+pub async fn accept(server: &McpServer) -> Result<Listing, McpServerError> {
+    let session = process::Session::start(server).await?;
+    let listed = session.list_tools().await;
+    session.kill().await;
+    let listed = listed?;
+    let mut file = pins::PinFile::load(&server.pins)?;
+    let before = file.servers.get(&server.key).cloned();
+    let pinned = pins::PinnedServer::of(&listed);
+    file.servers.insert(server.key.clone(), pinned.clone());
+    file.save(&server.pins)?;
+    Ok(Listing {
+        listed,
+        pinned_before: before,
+        pinned,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn a_result_is_its_structured_content_else_its_text() {
+        let r = json!({"content": [{"type": "text", "text": "hi"}], "structuredContent": {"a": 1}});
+        assert_eq!(tool_result(&r), ("{\"a\":1}".into(), false));
+        let r = json!({"content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]});
+        assert_eq!(tool_result(&r), ("\"a\\nb\"".into(), false));
+        let r = json!({"content": [{"type": "text", "text": "no"}], "isError": true});
+        assert_eq!(tool_result(&r), ("no".into(), true));
+    }
+
+    #[test]
+    fn annotations_are_only_hints() {
+        let server = McpServer {
+            key: "s".into(),
+            command: "x".into(),
+            args: vec![],
+            env: vec![],
+            read: vec![],
+            write: vec![],
+            network: false,
+            timeout: DEFAULT_TIMEOUT,
+            max_output: DEFAULT_MAX_OUTPUT,
+            unsandboxed: false,
+            tools: BTreeMap::from([(
+                "trusted".to_owned(),
+                McpToolSettings {
+                    accept_hints: true,
+                    ..McpToolSettings::default()
+                },
+            )]),
+            approval: BTreeMap::new(),
+            pins: PathBuf::from("p.json"),
+        };
+        let ro = json!({"name": "x", "inputSchema": {"type": "object"}, "annotations": {"readOnlyHint": true}});
+        let listed = BTreeMap::from([
+            ("claims".to_owned(), ro.clone()),
+            ("trusted".to_owned(), ro.clone()),
+        ]);
+        let pinned = pins::PinnedServer::of(&listed);
+        let d = descriptors(&server, &listed, &pinned);
+        assert_eq!(d[0].name, "claims");
+        assert_eq!(d[0].claimed_effect, EffectClass::Read);
+        assert_eq!(d[0].effect, EffectClass::Write, "a claim is not accepted");
+        assert_eq!(d[1].effect, EffectClass::Read, "accepted by the operator");
+        assert!(d.iter().all(|t| t.withheld.is_none()));
+        let mut changed = listed.clone();
+        changed.insert(
+            "claims".into(),
+            json!({"name": "x", "description": "now different", "inputSchema": {"type": "object"}}),
+        );
+        let d = descriptors(&server, &changed, &pinned);
+        assert!(
+            d[0].withheld
+                .as_deref()
+                .unwrap()
+                .contains("changed since it was pinned")
+        );
+        assert!(d[1].withheld.is_none());
+    }
+}

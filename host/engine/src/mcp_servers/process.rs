@@ -1,0 +1,327 @@
+//! A local MCP server's process and its OS sandbox: bubblewrap (`bwrap`)
+//! with every namespace unshared (the network too, unless granted), all
+//! capabilities dropped, a fresh `/proc`, `/dev` and `/tmp`, the system's
+//! own directories (`/usr`, `/bin`, `/lib*` and a few files of `/etc`)
+//! read-only, the granted directories read-only or read-write, nothing
+//! else of the filesystem, and an environment holding only the granted
+//! variables. The sandbox dies with Warden (`--die-with-parent`), and a
+//! [`Session`] kills it at a call's deadline.
+//!
+//! Where bubblewrap is missing or does not work (no user namespaces), a
+//! server is refused unless the operator set `unsandboxed = true` for it.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use rmcp::model::CallToolRequestParams;
+use rmcp::service::RunningService;
+use rmcp::{RoleClient, ServiceExt as _};
+use serde_json::Value;
+use tokio::io::AsyncReadExt as _;
+
+use super::{McpServer, McpServerError};
+
+/// The system directories every sandboxed server sees read-only: what a
+/// program and its interpreter need to load.
+const SYSTEM_DIRS: &[&str] = &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64"];
+
+/// The files of `/etc` a sandboxed server sees read-only (not `/etc` whole:
+/// it holds the machine's secrets, such as `/etc/shadow`).
+const ETC_FILES: &[&str] = &[
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/alternatives",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+];
+
+/// The files of `/etc` a server granted the network also sees.
+const ETC_NETWORK_FILES: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/gai.conf"];
+
+/// Most bytes of a server's stderr passed to the log; the rest is counted
+/// and dropped.
+const STDERR_KEPT: usize = 64 << 10;
+
+/// `name` on `PATH`, if it is there.
+fn on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// The bubblewrap binary, once it proved it can make a sandbox here; why
+/// not otherwise.
+fn bwrap() -> Result<PathBuf, String> {
+    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            let bwrap = on_path("bwrap").ok_or("`bwrap` is not on PATH")?;
+            let probe = on_path("true").ok_or("`true` is not on PATH")?;
+            let out = std::process::Command::new(&bwrap)
+                .args(["--ro-bind", "/", "/", "--unshare-all", "--die-with-parent"])
+                .args(["--cap-drop", "ALL", "--"])
+                .arg(&probe)
+                .stdin(Stdio::null())
+                .output()
+                .map_err(|e| format!("cannot run `{}`: {e}", bwrap.display()))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "`{}` cannot make a sandbox here: {}",
+                    bwrap.display(),
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+            Ok(bwrap)
+        })
+        .clone()
+}
+
+/// The program a server runs: its path, or a bare name found on `PATH`.
+fn program(server: &McpServer) -> Result<PathBuf, McpServerError> {
+    if server.command.contains('/') {
+        return Ok(PathBuf::from(&server.command));
+    }
+    on_path(&server.command).ok_or_else(|| McpServerError::Failed {
+        server: server.key.clone(),
+        message: format!("command `{}` is not on PATH", server.command),
+    })
+}
+
+/// The granted variables with their values in Warden's environment; an
+/// unset one is left out.
+fn granted_env(server: &McpServer) -> BTreeMap<String, OsString> {
+    server
+        .env
+        .iter()
+        .filter_map(|k| Some((k.clone(), std::env::var_os(k)?)))
+        .collect()
+}
+
+/// The bubblewrap arguments that sandbox `server` running `program`.
+pub fn sandbox_args(server: &McpServer, program: &Path) -> Vec<OsString> {
+    let mut args: Vec<OsString> = [
+        "--die-with-parent",
+        "--new-session",
+        "--unshare-all",
+        "--cap-drop",
+        "ALL",
+    ]
+    .iter()
+    .map(OsString::from)
+    .collect();
+    if server.network {
+        args.push("--share-net".into());
+    }
+    let ro = |args: &mut Vec<OsString>, p: &str| {
+        let path = Path::new(p);
+        match std::fs::symlink_metadata(path) {
+            // Merged /usr: /bin is a link into /usr, kept a link.
+            Ok(m) if m.file_type().is_symlink() => {
+                if let Ok(target) = std::fs::read_link(path) {
+                    args.extend(["--symlink".into(), target.into_os_string(), p.into()]);
+                }
+            }
+            Ok(_) => args.extend(["--ro-bind".into(), p.into(), p.into()]),
+            Err(_) => {}
+        }
+    };
+    for p in SYSTEM_DIRS.iter().chain(ETC_FILES) {
+        ro(&mut args, p);
+    }
+    if server.network {
+        for p in ETC_NETWORK_FILES {
+            ro(&mut args, p);
+        }
+    }
+    args.extend(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"].map(OsString::from));
+    for d in &server.read {
+        args.extend([
+            "--ro-bind".into(),
+            d.clone().into_os_string(),
+            d.clone().into_os_string(),
+        ]);
+    }
+    for d in &server.write {
+        args.extend([
+            "--bind".into(),
+            d.clone().into_os_string(),
+            d.clone().into_os_string(),
+        ]);
+    }
+    let cwd = server
+        .write
+        .first()
+        .or(server.read.first())
+        .map_or_else(|| PathBuf::from("/"), Clone::clone);
+    args.extend(["--chdir".into(), cwd.into_os_string(), "--".into()]);
+    args.push(program.as_os_str().to_owned());
+    args.extend(server.args.iter().map(OsString::from));
+    args
+}
+
+/// The command that starts `server`: inside bubblewrap, or (the operator
+/// opted out) as it is.
+fn command(server: &McpServer) -> Result<tokio::process::Command, McpServerError> {
+    let program = program(server)?;
+    let mut command = if server.unsandboxed {
+        tracing::warn!(
+            server = %server.key,
+            "MCP server `{}` runs WITHOUT an OS sandbox (`unsandboxed = true` in its grant): it has Warden's own rights over every file, the network and other processes",
+            server.key
+        );
+        let mut c = tokio::process::Command::new(&program);
+        c.args(&server.args);
+        if let Some(d) = server.write.first().or(server.read.first()) {
+            c.current_dir(d);
+        }
+        c
+    } else {
+        let bwrap = bwrap().map_err(|reason| McpServerError::SandboxUnavailable {
+            server: server.key.clone(),
+            reason,
+        })?;
+        // The program must be inside what the sandbox shows, or it would
+        // not be found there: say so rather than fail obscurely.
+        let visible = SYSTEM_DIRS
+            .iter()
+            .map(PathBuf::from)
+            .chain(server.read.iter().cloned())
+            .chain(server.write.iter().cloned())
+            .any(|d| program.starts_with(&d));
+        if !visible {
+            return Err(McpServerError::Failed {
+                server: server.key.clone(),
+                message: format!(
+                    "command `{}` is outside what its sandbox sees (the system's directories and its `read` and `write` directories): grant its directory in `read`",
+                    program.display()
+                ),
+            });
+        }
+        let mut c = tokio::process::Command::new(bwrap);
+        c.args(sandbox_args(server, &program));
+        c
+    };
+    command
+        .env_clear()
+        .envs(granted_env(server))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    Ok(command)
+}
+
+/// One running server and the MCP session with it.
+pub struct Session {
+    key: String,
+    start_timeout: Duration,
+    child: tokio::process::Child,
+    client: RunningService<RoleClient, ()>,
+}
+
+impl Session {
+    /// Starts `server` in its sandbox and makes the MCP handshake, within
+    /// its deadline.
+    pub async fn start(server: &McpServer) -> Result<Session, McpServerError> {
+        let failed = |message: String| McpServerError::Failed {
+            server: server.key.clone(),
+            message,
+        };
+        let mut child = command(server)?
+            .spawn()
+            .map_err(|e| failed(format!("cannot start `{}`: {e}", server.command)))?;
+        let stdout = child.stdout.take().expect("piped");
+        let stdin = child.stdin.take().expect("piped");
+        if let Some(mut stderr) = child.stderr.take() {
+            let key = server.key.clone();
+            tokio::spawn(async move {
+                let mut kept = Vec::new();
+                let mut buf = [0u8; 4096];
+                let mut dropped = 0usize;
+                while let Ok(n) = stderr.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                    let room = STDERR_KEPT.saturating_sub(kept.len());
+                    kept.extend_from_slice(&buf[..n.min(room)]);
+                    dropped += n.saturating_sub(room);
+                }
+                if !kept.is_empty() {
+                    tracing::debug!(server = %key, dropped, "MCP server stderr: {}", String::from_utf8_lossy(&kept).trim_end());
+                }
+            });
+        }
+        let start_timeout = server.timeout.max(super::MIN_START_TIMEOUT);
+        let handshake = tokio::time::timeout(start_timeout, ().serve((stdout, stdin))).await;
+        let client = match handshake {
+            Ok(Ok(client)) => client,
+            Ok(Err(e)) => {
+                let _ = child.start_kill();
+                return Err(failed(format!("the MCP handshake failed: {e}")));
+            }
+            Err(_) => {
+                let _ = child.start_kill();
+                return Err(failed(format!(
+                    "no MCP handshake within {start_timeout:?}: killed"
+                )));
+            }
+        };
+        Ok(Session {
+            key: server.key.clone(),
+            start_timeout,
+            child,
+            client,
+        })
+    }
+
+    /// Its tools, each as the server lists it (JSON), by name.
+    pub async fn list_tools(&self) -> Result<BTreeMap<String, Value>, McpServerError> {
+        let failed = |message: String| McpServerError::Failed {
+            server: self.key.clone(),
+            message,
+        };
+        let tools = tokio::time::timeout(self.start_timeout, self.client.list_all_tools())
+            .await
+            .map_err(|_| failed(format!("no tool list within {:?}", self.start_timeout)))?
+            .map_err(|e| failed(format!("cannot list its tools: {e}")))?;
+        Ok(tools
+            .into_iter()
+            .map(|t| {
+                let name = t.name.to_string();
+                (name, serde_json::to_value(&t).expect("a tool serializes"))
+            })
+            .collect())
+    }
+
+    /// Calls `tool`; the result as JSON.
+    pub async fn call_tool(
+        &self,
+        tool: &str,
+        arguments: serde_json::Map<String, Value>,
+    ) -> Result<Value, String> {
+        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
+        let result = self
+            .client
+            .call_tool(params)
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(serde_json::to_value(&result).expect("a tool result serializes"))
+    }
+
+    /// Kills the server (and its sandbox) and waits for it, briefly.
+    pub async fn kill(mut self) {
+        let _ = self.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
+        drop(self.client);
+    }
+}

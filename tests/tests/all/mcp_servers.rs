@@ -1,0 +1,608 @@
+//! MCP servers as tools of a `warden run` (`[mcp_servers.<name>]`),
+//! against a server nobody here wrote the protocol side of: one built with
+//! the official MCP Python SDK (`tests/mcp/server.py`, `mcp` on PyPI,
+//! pinned, in `target/mcp-venv`), run by the real binary inside its OS
+//! sandbox (bubblewrap).
+//!
+//! - a read tool whose `readOnlyHint` the operator accepted runs at once; a
+//!   write waits for `warden runs approve`, then runs once; a tool that only
+//!   claims to read is a write;
+//! - the sandbox: reading or writing outside the granted directories,
+//!   reading `/etc/shadow`, opening a TCP connection to a listener on the
+//!   host's loopback, and seeing variables that were not granted all fail,
+//!   as the operating system reports it; granted directories work;
+//! - a server whose tool list changed since it was pinned has the changed
+//!   tool refused until `warden mcp accept`, and `warden mcp tools` shows
+//!   the diff;
+//! - a server that hangs is killed at the deadline, and the next call
+//!   starts it again;
+//! - with no sandbox available the server is refused (nothing recorded)
+//!   unless the operator opted out, and then Warden says so loudly.
+//!
+//! Without bubblewrap or the SDK these tests fail, naming what to install.
+
+use std::io::Read as _;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::binary::warden_binary;
+
+/// The SDK version `.ci/run` installs into `target/mcp-venv`.
+const SDK: &str = "2.3.0";
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// The venv's Python (the SDK pinned in it) and the installation it was
+/// made from: both must be visible inside the sandbox.
+fn python() -> (PathBuf, PathBuf) {
+    let python = repo().join("target/mcp-venv/bin/python");
+    assert!(
+        python.exists(),
+        "no virtual environment at {}: run .ci/run's \"MCP client\" step",
+        python.display()
+    );
+    let out = Command::new(&python)
+        .args([
+            "-c",
+            "import sys, importlib.metadata as m; print(m.version('mcp')); print(sys.base_prefix)",
+        ])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut lines = text.lines();
+    assert_eq!(
+        lines.next(),
+        Some(SDK),
+        "the MCP SDK in target/mcp-venv is not {SDK}"
+    );
+    let base = PathBuf::from(lines.next().unwrap());
+    assert!(
+        Command::new("bwrap")
+            .args([
+                "--ro-bind",
+                "/",
+                "/",
+                "--unshare-all",
+                "--die-with-parent",
+                "true"
+            ])
+            .status()
+            .is_ok_and(|s| s.success()),
+        "bubblewrap (`bwrap`) is missing or cannot make a sandbox: apt-get install bubblewrap"
+    );
+    (python, base)
+}
+
+struct Fx {
+    dir: tempfile::TempDir,
+}
+
+impl Fx {
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    /// An agent using the test server with `turns` as its scripted model
+    /// and `extra` appended to its server's table.
+    fn new(turns: &str, extra: &str) -> Fx {
+        let (python, base) = python();
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for sub in ["data", "out", "secret", "srv"] {
+            std::fs::create_dir(d.join(sub)).unwrap();
+        }
+        std::fs::write(d.join("data/note.txt"), "hello from the note\n").unwrap();
+        std::fs::write(d.join("secret/key.txt"), "the secret key\n").unwrap();
+        std::fs::copy(repo().join("tests/mcp/server.py"), d.join("srv/server.py")).unwrap();
+        std::fs::write(d.join("transcript.toml"), turns).unwrap();
+        let venv = repo().join("target/mcp-venv");
+        let canon = |p: &Path| std::fs::canonicalize(p).unwrap().display().to_string();
+        std::fs::write(
+            d.join("agent.toml"),
+            format!(
+                r#"name = "mcp-user"
+instructions = "Use the notes server."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[mcp_servers.notes]
+command = "{python}"
+args = ["{srv}/server.py", "{data}", "{out}"]
+read = ["data", "srv", "{venv}", "{base}"]
+write = ["out"]
+env = ["WARDEN_TEST_GRANTED"]
+timeout = "20s"
+{extra}
+[mcp_servers.notes.tools.read_note]
+accept_hints = true
+"#,
+                python = venv.join("bin/python").display(),
+                srv = canon(&d.join("srv")),
+                data = canon(&d.join("data")),
+                out = canon(&d.join("out")),
+                venv = canon(&venv),
+                base = canon(&base),
+            ),
+        )
+        .unwrap();
+        let _ = python;
+        Fx { dir }
+    }
+
+    fn warden(&self) -> Command {
+        let mut c = Command::new(warden_binary());
+        c.current_dir(self.dir.path())
+            .env("WARDEN_STORE", self.path("warden.db"))
+            .env(
+                "WARDEN_CACHE_DIR",
+                std::env::temp_dir().join("warden-tests-components"),
+            )
+            .env("WARDEN_TEST_GRANTED", "granted")
+            .env("WARDEN_TEST_SECRET", "not granted")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.warden().args(args).output().unwrap()
+    }
+
+    fn json(&self, args: &[&str]) -> Value {
+        let out = self.warden().arg("--json").args(args).output().unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "warden {args:?} ({e}): {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+    }
+}
+
+fn text(out: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+fn events<'a>(run: &'a Value, kind: &str) -> Vec<&'a Value> {
+    run["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|line| &line["event"])
+        .filter(|event| event["type"] == kind)
+        .collect()
+}
+
+/// The completed tool calls' outputs, in order, as text.
+fn outputs(run: &Value) -> Vec<String> {
+    events(run, "tool_call_completed")
+        .iter()
+        .map(|e| e["result"].to_string())
+        .collect()
+}
+
+fn calls(names: &[(&str, &str)]) -> String {
+    let mut t = String::new();
+    for (name, args) in names {
+        t.push_str(&format!(
+            "[[turns]]\ntext = \"calling {name}\"\n[[turns.tool_calls]]\nname = \"{name}\"\narguments = {args}\n\n"
+        ));
+    }
+    t.push_str("[[turns]]\ntext = \"done\"\n");
+    t
+}
+
+/// The only run in the store, as `runs show` prints it.
+fn only_run(fx: &Fx) -> Value {
+    let runs = fx.json(&["runs", "list"]);
+    let runs = runs.as_array().unwrap();
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    fx.json(&["runs", "show", runs[0]["run_id"].as_str().unwrap()])
+}
+
+#[test]
+fn a_read_runs_and_a_write_waits_for_approval_then_runs_once() {
+    let fx = Fx::new(
+        &calls(&[
+            ("notes__read_note", "{ name = \"note.txt\" }"),
+            (
+                "notes__write_note",
+                "{ name = \"a.txt\", text = \"written\" }",
+            ),
+        ]),
+        "",
+    );
+    let out = fx.run(&["run", "agent.toml"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let run = only_run(&fx);
+    assert_eq!(run["status"], "awaiting_approval", "{run:#}");
+    assert!(outputs(&run)[0].contains("hello from the note"), "{run:#}");
+    assert!(
+        !fx.path("out/a.txt").exists(),
+        "a write ran before approval"
+    );
+    // The pins were recorded at first use.
+    let pins: Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.path("agent.mcp-pins.json")).unwrap())
+            .unwrap();
+    assert!(
+        pins["servers"]["notes"]["tools"]["write_note"]["digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:")
+    );
+
+    let run_id = run["run_id"].as_str().unwrap();
+    let requested = events(&run, "approval_requested");
+    let call_id = requested[0]["call_id"].as_str().unwrap();
+    let out = fx.run(&["runs", "approve", run_id, call_id]);
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(&fx);
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(
+        std::fs::read_to_string(fx.path("out/a.txt")).unwrap(),
+        "written"
+    );
+    assert_eq!(events(&run, "tool_call_intent").len(), 2, "{run:#}");
+    assert_eq!(events(&run, "tool_call_completed").len(), 2, "{run:#}");
+
+    // A claim of readOnlyHint the operator did not accept is a write.
+    let tools = fx.json(&["mcp", "tools", "notes", "--agent", "agent.toml"]);
+    let tool = |name: &str| {
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(tool("peek")["claimed_effect"], "read", "{tools:#}");
+    assert_eq!(tool("peek")["effect"], "write", "{tools:#}");
+    assert_eq!(tool("peek")["needs_approval"], true, "{tools:#}");
+    assert_eq!(tool("read_note")["effect"], "read", "{tools:#}");
+    assert_eq!(tool("read_note")["needs_approval"], false, "{tools:#}");
+    assert_eq!(tools["matches_pins"], true, "{tools:#}");
+}
+
+#[test]
+fn the_os_sandbox_refuses_what_was_not_granted() {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let fx = Fx::new("", "");
+    let d = std::fs::canonicalize(fx.dir.path()).unwrap();
+    let p = |rel: &str| d.join(rel).display().to_string();
+    let read_path = |path: String| format!("{{ path = \"{path}\" }}");
+    let turns = calls(&[
+        ("notes__read_path", &read_path(p("data/note.txt"))),
+        ("notes__read_path", &read_path(p("secret/key.txt"))),
+        ("notes__read_path", &read_path("/etc/shadow".into())),
+        ("notes__read_path", &read_path("/root/.bashrc".into())),
+        (
+            "notes__write_path",
+            &format!("{{ path = \"{}\", text = \"x\" }}", p("data/planted.txt")),
+        ),
+        (
+            "notes__write_path",
+            &format!("{{ path = \"{}\", text = \"x\" }}", p("secret/planted.txt")),
+        ),
+        (
+            "notes__connect",
+            &format!("{{ host = \"127.0.0.1\", port = {port} }}"),
+        ),
+        ("notes__env_names", "{}"),
+    ]);
+    std::fs::write(fx.path("transcript.toml"), turns).unwrap();
+    // The operator trusts these tools' claims: no approval in the way.
+    let agent = std::fs::read_to_string(fx.path("agent.toml")).unwrap();
+    let mut agent = agent;
+    for tool in ["read_path", "write_path", "connect", "env_names"] {
+        agent.push_str(&format!(
+            "[mcp_servers.notes.tools.{tool}]\neffect = \"read\"\n"
+        ));
+    }
+    std::fs::write(fx.path("agent.toml"), agent).unwrap();
+
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(&fx);
+    let o = outputs(&run);
+    assert_eq!(o.len(), 8, "{run:#}");
+    assert!(
+        o[0].contains("hello from the note"),
+        "a granted directory is readable: {o:?}"
+    );
+    assert!(o[1].contains("ERROR ENOENT"), "outside the grant: {}", o[1]);
+    assert!(o[2].contains("ERROR ENOENT"), "/etc/shadow: {}", o[2]);
+    assert!(o[3].contains("ERROR ENOENT"), "/root: {}", o[3]);
+    assert!(
+        o[4].contains("ERROR EROFS"),
+        "a read-only directory: {}",
+        o[4]
+    );
+    assert!(o[5].contains("ERROR ENOENT"), "outside the grant: {}", o[5]);
+    assert!(!fx.path("data/planted.txt").exists());
+    assert!(!fx.path("secret/planted.txt").exists());
+    assert!(
+        o[6].contains("ERROR ENETUNREACH") || o[6].contains("ERROR ECONNREFUSED"),
+        "no network: {}",
+        o[6]
+    );
+    let mut buf = [0u8; 16];
+    match listener.accept() {
+        Ok((mut s, _)) => panic!(
+            "the sandboxed server reached the host's loopback: {:?}",
+            s.read(&mut buf)
+        ),
+        Err(e) => assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock),
+    }
+    assert!(o[7].contains("WARDEN_TEST_GRANTED"), "{}", o[7]);
+    assert!(!o[7].contains("WARDEN_TEST_SECRET"), "{}", o[7]);
+    assert!(!o[7].contains("WARDEN_STORE"), "{}", o[7]);
+}
+
+#[test]
+fn a_changed_tool_list_is_refused_until_accepted() {
+    let turns = calls(&[("notes__read_note", "{ name = \"note.txt\" }")]);
+    let fx = Fx::new(&turns, "");
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let pins_before = std::fs::read_to_string(fx.path("agent.mcp-pins.json")).unwrap();
+
+    // The rug pull: the same server, another description.
+    std::fs::write(fx.path("data/variant"), "2").unwrap();
+    let tools = fx.json(&["mcp", "tools", "notes", "--agent", "agent.toml"]);
+    assert_eq!(tools["matches_pins"], false, "{tools:#}");
+    assert_eq!(tools["changed"][0]["tool"], "read_note", "{tools:#}");
+    assert_eq!(
+        tools["changed"][0]["fields"][0]["field"], "description",
+        "{tools:#}"
+    );
+    let human = fx.run(&["mcp", "tools", "notes", "--agent", "agent.toml"]);
+    let shown = text(&human);
+    assert!(shown.contains("DIFFERS from the pinned list"), "{shown}");
+    assert!(
+        shown.contains("~/.ssh/id_rsa"),
+        "the diff shows the new text: {shown}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fx.path("agent.mcp-pins.json")).unwrap(),
+        pins_before,
+        "listing does not accept"
+    );
+
+    std::fs::remove_file(fx.path("warden.db")).unwrap();
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(
+        text(&out).contains("is not offered"),
+        "Warden says why: {}",
+        text(&out)
+    );
+    let run = only_run(&fx);
+    assert!(
+        events(&run, "tool_call_intent").is_empty(),
+        "the changed tool ran: {run:#}"
+    );
+
+    let out = fx.run(&["mcp", "accept", "notes", "--agent", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("accepted"), "{}", text(&out));
+    std::fs::remove_file(fx.path("warden.db")).unwrap();
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(&fx);
+    assert!(outputs(&run)[0].contains("hello from the note"), "{run:#}");
+}
+
+#[test]
+fn a_hung_server_is_killed_at_the_deadline_and_started_again() {
+    let turns = calls(&[
+        ("notes__hang", "{}"),
+        ("notes__read_note", "{ name = \"note.txt\" }"),
+    ]);
+    let fx = Fx::new(&turns, "");
+    let agent = std::fs::read_to_string(fx.path("agent.toml"))
+        .unwrap()
+        .replace("timeout = \"20s\"", "timeout = \"2s\"");
+    std::fs::write(
+        fx.path("agent.toml"),
+        format!("{agent}[mcp_servers.notes.tools.hang]\neffect = \"read\"\n"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = fx.run(&["run", "agent.toml"]);
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(&fx);
+    // A read is tried again: each attempt hit the deadline.
+    let failed = events(&run, "tool_call_attempt_failed");
+    assert!(!failed.is_empty(), "{run:#}");
+    let o = outputs(&run);
+    assert!(o[0].contains("deadline"), "{o:?}");
+    assert!(o[1].contains("hello from the note"), "started again: {o:?}");
+    let hangs = std::fs::read_dir(fx.path("out"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("hang-")
+        })
+        .count();
+    assert_eq!(hangs as u32, 3, "one server per attempt");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    // No server process outlived the run.
+    let marker = fx.dir.path().display().to_string();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            assert!(
+                !cmdline.contains(&marker) || !cmdline.contains("server.py"),
+                "a server outlived its run: {cmdline}"
+            );
+        }
+    }
+}
+
+#[test]
+fn without_a_sandbox_a_local_server_is_refused_unless_the_operator_opts_out() {
+    let d_turns = calls(&[("notes__read_note", "{ name = \"note.txt\" }")]);
+    let fx = Fx::new(&d_turns, "");
+    // A PATH without bubblewrap: no sandbox to be had.
+    let out = fx
+        .warden()
+        .env("PATH", "/nonexistent")
+        .args(["--json", "run", "agent.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    let error: Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|_| serde_json::from_slice(&out.stderr).unwrap_or(Value::Null));
+    assert!(
+        text(&out).contains("mcp_sandbox_unavailable"),
+        "{error:#} {}",
+        text(&out)
+    );
+    assert!(
+        !fx.path("agent.mcp-pins.json").exists(),
+        "a refused server was not even started"
+    );
+
+    let fx = Fx::new(&d_turns, "unsandboxed = true");
+    let out = fx
+        .warden()
+        .env("PATH", "/nonexistent")
+        .args(["run", "agent.toml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(
+        text(&out).contains("WITHOUT an OS sandbox"),
+        "the opt-out is loud: {}",
+        text(&out)
+    );
+}
+
+/// The reference filesystem server (`@modelcontextprotocol/server-filesystem`
+/// from npm, pinned in `tests/mcp/package.json`), under Node in its sandbox.
+fn reference_server() -> PathBuf {
+    let server = repo()
+        .join("target/mcp-js/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
+    assert!(
+        server.exists(),
+        "no reference server at {}: run .ci/run's \"MCP servers\" step",
+        server.display()
+    );
+    server
+}
+
+#[test]
+fn the_reference_filesystem_server_reads_at_once_and_writes_after_approval() {
+    let server = reference_server();
+    python(); // bubblewrap's check
+    let node = Command::new("sh")
+        .args(["-c", "command -v node"])
+        .output()
+        .unwrap();
+    let node = String::from_utf8_lossy(&node.stdout).trim().to_owned();
+    assert!(!node.is_empty(), "no `node` on PATH: install Node.js");
+    let node = std::fs::canonicalize(node).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    std::fs::create_dir(d.join("work")).unwrap();
+    std::fs::create_dir(d.join("secret")).unwrap();
+    std::fs::write(d.join("work/hello.txt"), "hello, reference server\n").unwrap();
+    std::fs::write(d.join("secret/key.txt"), "the secret key\n").unwrap();
+    let work = d.join("work").display().to_string();
+    let turns = calls(&[
+        (
+            "fs__read_text_file",
+            &format!("{{ path = \"{work}/hello.txt\" }}"),
+        ),
+        (
+            "fs__write_file",
+            &format!("{{ path = \"{work}/new.txt\", content = \"from the model\" }}"),
+        ),
+    ]);
+    std::fs::write(d.join("transcript.toml"), turns).unwrap();
+    let js = std::fs::canonicalize(repo().join("target/mcp-js")).unwrap();
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            r#"name = "fs-user"
+instructions = "Use the filesystem server."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[mcp_servers.fs]
+command = "{node}"
+args = ["{server}", "{work}"]
+read = ["{js}"]
+write = ["work"]
+
+[mcp_servers.fs.tools.read_text_file]
+accept_hints = true
+"#,
+            node = node.display(),
+            server = std::fs::canonicalize(server).unwrap().display(),
+            js = js.display(),
+        ),
+    )
+    .unwrap();
+    let fx = Fx { dir };
+    let out = fx.run(&["run", "agent.toml"]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let run = only_run(&fx);
+    assert!(
+        outputs(&run)[0].contains("hello, reference server"),
+        "{run:#}"
+    );
+    assert!(!d.join("work/new.txt").exists(), "written before approval");
+    let requested = events(&run, "approval_requested");
+    assert_eq!(requested.len(), 1, "{run:#}");
+    let out = fx.run(&[
+        "runs",
+        "approve",
+        run["run_id"].as_str().unwrap(),
+        requested[0]["call_id"].as_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    assert_eq!(
+        std::fs::read_to_string(d.join("work/new.txt")).unwrap(),
+        "from the model"
+    );
+    let run = only_run(&fx);
+    assert_eq!(run["status"], "completed", "{run:#}");
+    // Its write_file claims idempotentHint; unaccepted, it stayed a write.
+    let tools = fx.json(&["mcp", "tools", "fs", "--agent", "agent.toml"]);
+    let write = tools["tools"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["name"] == "write_file")
+        .unwrap();
+    assert_eq!(write["claimed_effect"], "idempotent", "{tools:#}");
+    assert_eq!(write["effect"], "write", "{tools:#}");
+}
