@@ -1,8 +1,8 @@
 //! The same tool plugin in each language, side by side: the scaffold of
 //! `warden plugin new --lang rust|python|js`, built with `warden plugin
 //! build`, then per component: its size, its compile time (optimised, as
-//! hosts serving runs compile, and quick, as the `warden plugin` commands
-//! compile a huge component), its load time from the compiled-component
+//! Warden compiles, and quick, `SandboxConfig::quick_compile_bytes`), its
+//! load time from the compiled-component
 //! cache, and a no-op call (`greet`) through a fresh lease, with ratios
 //! against the Rust guest.
 //!
@@ -51,8 +51,8 @@ fn main() {
     let sizes = components.map_ref(|w| w.len() as f64 / 1024.0);
     rows.push(("component size", sizes, "KiB"));
 
-    // Compile: optimised (a host serving runs), then quick (the `warden
-    // plugin` commands, for a component of 4 MiB or more).
+    // Compile: optimised (as every Warden command compiles), then quick
+    // (`SandboxConfig::quick_compile_bytes`, which no command sets).
     let optimised = sandbox(None, None);
     let mut compiled = Vec::new();
     let compile = components.map_ref(|w| {

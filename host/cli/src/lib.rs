@@ -382,26 +382,6 @@ pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<warden::sandbox::Sa
     )?)
 }
 
-/// Components at least this big are compiled quickly by the `warden
-/// plugin` commands: a Python or JavaScript component (13–19 MB, an
-/// interpreter inside) compiles in a fraction of the time, which is most of
-/// an author's first `plugin test`; the limits are the same. Commands that
-/// serve runs compile everything optimised (and never load these entries).
-pub(crate) const AUTHORING_QUICK_COMPILE_BYTES: u64 = 4 << 20;
-
-/// The sandbox of the `warden plugin` commands: [`sandbox`], with huge
-/// components compiled quickly ([`AUTHORING_QUICK_COMPILE_BYTES`]).
-pub(crate) fn authoring_sandbox(settings: &Settings) -> anyhow::Result<warden::sandbox::Sandbox> {
-    Ok(warden::sandbox::Sandbox::new(
-        warden::sandbox::SandboxConfig {
-            cache_dir: settings.cache_dir.value.clone(),
-            ceilings: settings.ceilings.clone(),
-            quick_compile_bytes: Some(AUTHORING_QUICK_COMPILE_BYTES),
-            ..warden::sandbox::SandboxConfig::default()
-        },
-    )?)
-}
-
 #[cfg(test)]
 mod tests {
     #[test]

@@ -155,7 +155,7 @@ async fn load_granted(
     ctx: &Context,
 ) -> anyhow::Result<LoadedPlugin> {
     let (grant, base) = args.grant()?;
-    let host = PluginHost::new(super::authoring_sandbox(&ctx.settings)?);
+    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     let source: PluginSource = plugin.parse().expect("infallible");
     let plugin = host.load(&source, &grant, &base).await?;
     // A mount left out is the usual reason a tool "finds no file": say so
@@ -633,7 +633,7 @@ fn human_bytes(n: u64) -> String {
 
 async fn inspect(target: &str, ctx: &Context) -> anyhow::Result<()> {
     let as_json = ctx.json;
-    let sandbox = super::authoring_sandbox(&ctx.settings)?;
+    let sandbox = super::sandbox(&ctx.settings)?;
     let is_wasm = Path::new(target).extension().is_some_and(|e| e == "wasm");
     if is_wasm {
         return inspect_component(&sandbox, Path::new(target), as_json).await;

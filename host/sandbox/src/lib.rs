@@ -123,8 +123,11 @@ pub struct SandboxConfig {
     /// the optimisation level changes no semantics (wasmtime loads either
     /// code into this engine). Quickly compiled code is cached apart from
     /// optimised code, and an optimised entry is preferred when there is
-    /// one. Default: `None` (everything optimised), for hosts that serve
-    /// runs; `warden plugin` commands set it, for an author's first test.
+    /// one. Quick code uses more native stack per WebAssembly frame (the
+    /// single-pass allocator spills), so a deeply recursive guest exhausts
+    /// the stack limit sooner: CPython's abstract-class checks did, in a
+    /// call that optimised code serves. Default: `None` (everything
+    /// optimised); no Warden command sets it.
     pub quick_compile_bytes: Option<u64>,
 }
 
