@@ -14,8 +14,7 @@
 //! images, and on one without them, where every instance copies its data
 //! segments.
 //!
-//! `cargo bench -p warden-tests --bench guests` (the `warden` binary is
-//! built first, in the bench's profile). Needs what the scaffolds' builds
+//! `cargo bench -p warden-tests --bench guests`. Needs what the scaffolds' builds
 //! need: the `wasm32-wasip2` target, componentize-py and wasm-tools
 //! (PyPI), and the JavaScript build tools in `target/js-tools` (`.ci/run`
 //! installs them). Set `GUEST_BENCH_ITERS` for the number of measured
@@ -252,29 +251,10 @@ fn profile_dir() -> PathBuf {
     exe.parent().unwrap().parent().unwrap().to_path_buf()
 }
 
-/// The `warden` binary of this profile, built now (a no-op when fresh).
+/// The `warden` binary Cargo built for this run (`warden-under-test`, the
+/// CLI's `main` in this package).
 fn warden_binary() -> PathBuf {
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let profile = profile_dir();
-    let mut build = Command::new(cargo);
-    build.args(["build", "-p", "warden-cli", "--bin", "warden"]);
-    match profile.file_name().and_then(|n| n.to_str()) {
-        Some("debug") => {}
-        Some("release") => {
-            build.arg("--release");
-        }
-        Some(other) => {
-            build.args(["--profile", other]);
-        }
-        None => {}
-    }
-    let out = build.output().expect("cannot run cargo to build `warden`");
-    assert!(
-        out.status.success(),
-        "cargo could not build `warden`:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    profile.join("warden")
+    PathBuf::from(env!("CARGO_BIN_EXE_warden-under-test"))
 }
 
 /// The scaffold of `lang`, created and built in `root`; its component.
