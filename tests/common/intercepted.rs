@@ -22,7 +22,7 @@ use warden::store::{
 
 /// Which kind of append a hook sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AppendVia {
+pub(crate) enum AppendVia {
     /// [`EventStore::append`].
     Append,
     /// [`EventStore::append_fenced`].
@@ -33,7 +33,7 @@ pub enum AppendVia {
 
 /// What happens to an append, as [`Hooks::before_append`] decides.
 #[derive(Debug)]
-pub enum BeforeAppend {
+pub(crate) enum BeforeAppend {
     /// It goes to the inner store.
     Write,
     /// It goes to the inner store, and then the caller gets this error
@@ -46,7 +46,7 @@ pub enum BeforeAppend {
 /// What a test or bench does around the calls it intercepts. Every hook
 /// defaults to doing nothing.
 #[async_trait]
-pub trait Hooks: Send + Sync {
+pub(crate) trait Hooks: Send + Sync {
     /// Before an append of `events` to `run_id`. May wait forever (a stalled
     /// driver).
     async fn before_append(
@@ -76,7 +76,7 @@ pub trait Hooks: Send + Sync {
 }
 
 /// `inner` with `hooks` around it.
-pub struct Intercepted<H> {
+pub(crate) struct Intercepted<H> {
     /// The store that does the work.
     pub inner: Arc<dyn EventStore>,
     /// What the test or bench does around it.
