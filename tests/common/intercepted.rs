@@ -15,9 +15,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
-    Appended, ApprovalRule, Claim, EventStore, Holder, KeyClaim, Listing, ListingStatus,
-    PruneFilter, RunFilter, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent,
-    Tombstone, VerifyReport,
+    Appended, ApprovalRule, Claim, Durability, EventStore, Holder, KeyClaim, Listing,
+    ListingStatus, PruneFilter, RunFilter, RunMeta, RunSummary, SettlingAppend, StoreError,
+    StoredEvent, Tombstone, VerifyReport,
 };
 
 /// Which kind of append a hook sees.
@@ -62,6 +62,11 @@ pub(crate) trait Hooks: Send + Sync {
     /// After an append the inner store took.
     fn after_append(&self, via: AppendVia, run_id: &RunId, events: &[Bytes]) {
         let _ = (via, run_id, events);
+    }
+
+    /// Before any append, with how durable it asked to be.
+    fn durability(&self, run_id: &RunId, events: &[Bytes], durability: Durability) {
+        let _ = (run_id, events, durability);
     }
 
     /// After a claim, with the claims it granted.
@@ -128,6 +133,7 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         status: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
+        self.hooks.durability(run_id, events, status.durability);
         let write = self
             .inner
             .append(run_id, expected_len, events, status, updated_ms);
@@ -196,6 +202,8 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         status: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
+        self.hooks
+            .durability(&claim.run_id, events, status.durability);
         let write = self
             .inner
             .append_fenced(claim, expected_len, events, status, updated_ms);
@@ -225,6 +233,8 @@ impl<H: Hooks> EventStore for Intercepted<H> {
     }
 
     async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
+        self.hooks
+            .durability(request.run_id, request.events, request.listing.durability);
         let write = self.inner.append_settling(request);
         self.intercept(AppendVia::Settling, request.run_id, request.events, write)
             .await
