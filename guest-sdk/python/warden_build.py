@@ -3,7 +3,9 @@
     python3 warden_build.py APP_DIR [-m app] [-o component.wasm] [--pin plugin.toml]
 
 Steps: componentize-py builds the app module (default `app`, in APP_DIR)
-against Warden's WIT, world `tool-plugin`, with this SDK on its Python path.
+against Warden's WIT, world `py-tool-plugin` (`tool-plugin` plus
+`wasi:http/outgoing-handler`, which `warden_guest.http` sends requests
+through), with this SDK on its Python path.
 The component it makes imports `wasi:sockets/*` (CPython's libc links them),
 which Warden never offers, so this script plugs those imports with a
 component whose every function traps (`wasm-tools component embed --dummy`,
@@ -122,9 +124,39 @@ def copy_sources(src, dest):
                 shutil.copyfile(os.path.join(root, name), os.path.join(dest, rel))
 
 
-def build(app_dir, module, output, wit_dir, world="tool-plugin"):
+# The world a Python tool is built as. wasi:http is at the version the WASI
+# definitions in `deps/` carry (wasmtime-wasi-http 48's), not the 0.2.9 of
+# componentize-py's own runtime imports: the host links every 0.2.x alike.
+WORLD = """world py-tool-plugin {
+    include tool-plugin;
+    import wasi:http/outgoing-handler@0.2.12;
+}
+"""
+
+# The WASI packages wasi:http needs, beside the Rust SDK's HTTP world in
+# this repository (a build from `warden plugin build` brings its own).
+WASI_DEPS = os.path.normpath(os.path.join(HERE, "..", "wit", "http", "deps"))
+
+
+def world_dir(wit_dir, work):
+    """A WIT directory holding Warden's `.wit` files, the Python world and
+    the WASI packages: `wit_dir/deps` when it has one, else WASI_DEPS."""
+    out = os.path.join(work, "wit")
+    os.makedirs(out)
+    for name in sorted(os.listdir(wit_dir)):
+        if name.endswith(".wit"):
+            shutil.copyfile(os.path.join(wit_dir, name), os.path.join(out, name))
+    with open(os.path.join(out, "python.wit"), "w") as f:
+        f.write(WORLD)
+    deps = os.path.join(wit_dir, "deps")
+    shutil.copytree(deps if os.path.isdir(deps) else WASI_DEPS, os.path.join(out, "deps"))
+    return out
+
+
+def build(app_dir, module, output, wit_dir, world="py-tool-plugin"):
     """Builds `module` in `app_dir` into the component `output`."""
     with tempfile.TemporaryDirectory() as work:
+        wit_dir = world_dir(wit_dir, work)
         raw = os.path.join(work, "raw.wasm")
         plugged = os.path.join(work, "plugged.wasm")
         app, sdk = os.path.join(work, "app"), os.path.join(work, "sdk")

@@ -24,6 +24,7 @@
 
 import { config as hostConfig, log as hostLog } from "warden:plugin/host@0.1.0";
 import { getDirectories } from "wasi:filesystem/preopens@0.2.12";
+import { getEnvironment } from "wasi:cli/environment@0.2.12";
 
 // ---------------------------------------------------------------- errors
 
@@ -213,9 +214,12 @@ export function preview(tools, call) {
   return { summary: `call \`${call.tool}\` (${t.effect})`, detail: JSON.stringify(args, null, 2) };
 }
 
-// A SpiderMonkey "out of memory" or "too much recursion" is an InternalError:
-// rethrown, so a limit hit stays a trap the host reports as one.
+// SpiderMonkey throws the string "out of memory" when an allocation fails (a
+// memory limit the sandbox refused to grow past, or one of its own), and an
+// InternalError for "too much recursion": both are rethrown, so a limit hit
+// stays a trap the host reports as one, never a tool error.
 function asWitError(e) {
+  if (e === "out of memory") throw e;
   if (e instanceof InvalidArguments) return { tag: "invalid-arguments", val: e.message };
   if (e instanceof Denied) return { tag: "denied", val: e.message };
   if (e instanceof Failed) return { tag: "failed", val: { message: e.message, retryable: e.retryable } };
@@ -258,6 +262,16 @@ export function exportTools(module) {
 /** The value the operator set for `key`, or undefined. */
 export function config(key) {
   return hostConfig(key) ?? undefined;
+}
+
+/**
+ * The environment variable `name`, or undefined. Only the variables the
+ * operator grants exist in the sandbox (JavaScript in the component has no
+ * `process.env`).
+ */
+export function env(name) {
+  for (const [key, value] of getEnvironment()) if (key === name) return value;
+  return undefined;
 }
 
 /** One line to the host's log: level is trace, debug, info, warn or error. */

@@ -1,5 +1,6 @@
 """The SDK natively, with plain CPython: schemas from annotations, argument
-checking that names the field, outputs as JSON, errors by kind, mount paths.
+checking that names the field, outputs as JSON, errors by kind, mount paths,
+and what the HTTP client refuses before it needs the component.
 Run: python3 guest-sdk/python/tests/test_sdk.py
 """
 
@@ -15,7 +16,8 @@ from typing import Annotated, Literal, Optional
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from warden_guest import (  # noqa: E402
-    Call, Denied, Effect, Failed, InvalidArguments, Preview, Toolbox, file_error, in_mount,
+    Call, Denied, Effect, Failed, InvalidArguments, Preview, Toolbox, file_error, http, in_mount,
+    write_text,
 )
 from warden_guest import schema  # noqa: E402
 
@@ -185,6 +187,26 @@ class Mounts(unittest.TestCase):
             except OSError as e:
                 self.assertIn("is a directory", file_error(e, "dir").message)
         self.assertIsInstance(file_error(PermissionError(1, "Operation not permitted"), "x"), Denied)
+
+    def test_write_text_refuses_paths_out_of_the_mount_before_writing(self):
+        for bad in ["../x.txt", "/etc/x.txt"]:
+            with self.subTest(bad), self.assertRaises(Denied):
+                write_text("notes", bad, "text")
+
+
+class Http(unittest.TestCase):
+    def test_only_absolute_http_urls_are_sent(self):
+        for bad in ["ftp://example.com/", "example.com", "http:///path"]:
+            with self.subTest(bad), self.assertRaises(http.HttpError) as e:
+                http.fetch(bad)
+            self.assertIn("not an absolute http or https URL", e.exception.message)
+
+    def test_natively_there_is_no_network(self):
+        with self.assertRaises(http.HttpError) as e:
+            http.fetch("https://example.com/")
+        self.assertIn("only inside the component", e.exception.message)
+        self.assertEqual(e.exception.host, "example.com:443")
+        self.assertFalse(e.exception.denied)
 
 
 if __name__ == "__main__":

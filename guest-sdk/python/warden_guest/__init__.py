@@ -18,11 +18,12 @@ The parameters' annotations are the JSON Schema `describe` reports
 (`schema`), arguments that do not fit come back as `invalid-arguments`
 naming the field, the return value is sent as JSON, and the `ToolError`
 subclasses `InvalidArguments`, `Denied` and `Failed` become the WIT's
-`tool-error` cases. `fs` holds the mount helpers. `warden_build` (beside
+`tool-error` cases. `fs` holds the mount helpers, `http` the outbound
+HTTP client (`http.fetch`). `warden_build` (beside
 this package) turns the app into a component the sandbox accepts.
 """
 
-from .fs import file_error, in_mount, read_text
+from .fs import file_error, in_mount, read_text, write_text
 from .tool import Call, Denied, Effect, Failed, InvalidArguments, Preview, Tool, ToolError, Toolbox
 
 __all__ = [
@@ -41,6 +42,7 @@ __all__ = [
     "in_mount",
     "log",
     "read_text",
+    "write_text",
 ]
 
 

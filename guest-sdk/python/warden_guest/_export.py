@@ -1,12 +1,15 @@
 """The bridge between a Toolbox and the bindings componentize-py generates
-for the `tool-plugin` world (`wit_world`), which exist only when the app is
+for the `py-tool-plugin` world (`wit_world`), which exist only when the app is
 componentized: this module is imported by `export_tools`, never natively.
 """
 
 import json
 
 from wit_world import exports
-from wit_world.imports import host, types
+from wit_world.imports import host
+# `types` is Warden's (`warden:plugin/types`); the world also imports
+# `wasi:http/types`, so componentize-py names both by package.
+from wit_world.imports import warden_plugin_types as types
 from componentize_py_types import Err
 
 from . import tool as t

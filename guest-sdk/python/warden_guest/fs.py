@@ -51,3 +51,14 @@ def read_text(mount, path):
         raise Failed(f"`{path}` is not UTF-8 text") from None
     except OSError as e:
         raise file_error(e, path) from None
+
+
+def write_text(mount, path, text):
+    """Writes `text` (UTF-8) to `path` inside `mount`, replacing the file,
+    or raises a ToolError (a read-only mount is `Denied`)."""
+    full = in_mount(mount, path)
+    try:
+        with open(full, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise file_error(e, path) from None

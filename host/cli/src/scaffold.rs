@@ -267,11 +267,25 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
         None => Dependency::Git(env!("CARGO_PKG_REPOSITORY")),
     };
 
-    let files = match args.lang {
+    let mut files = match args.lang {
         Lang::Rust => files(&args.name, args.kind, &dependency),
         Lang::Python => python::files(&args.name),
         Lang::Js => js::files(&args.name),
     };
+    // A Rust crate on a checkout builds in that checkout's target
+    // directory, where building Warden compiled the built-in plugins: the
+    // guest SDK's dependencies for wasm32-wasip2 (same lock file, same
+    // `guest` profile) are reused, and the first build compiles little more
+    // than the crate.
+    if args.lang == Lang::Rust
+        && let Some(root) = &checkout
+        && root.join("target").is_dir()
+    {
+        files.push((
+            ".cargo/config.toml".into(),
+            shared_target(&root.join("target")),
+        ));
+    }
     for (path, text) in &files {
         let path = dir.join(path);
         if let Some(d) = path.parent() {
@@ -497,6 +511,19 @@ fn pin(text: &str, component: &str, sha256: &str) -> String {
     out
 }
 
+/// The cargo configuration pointing a new crate's builds at `target`.
+fn shared_target(target: &Path) -> String {
+    format!(
+        "# Builds share the target directory of the Warden checkout this crate\n\
+         # depends on: building Warden compiled the guest SDK's dependencies\n\
+         # there (the built-in plugins), with the lock file copied here, so the\n\
+         # first build reuses them. Remove this file for a target/ of its own.\n\
+         [build]\n\
+         target-dir = {}\n",
+        toml::Value::String(target.to_string_lossy().into_owned())
+    )
+}
+
 /// The files of a new plugin crate, as (path, text).
 fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String)> {
     let ident = name.replace('-', "_");
@@ -513,16 +540,31 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
                 }
             },
         );
-    let (lib, test, manifest_extra, description) = match kind {
-        Kind::Tool => (TOOL_LIB, TOOL_TEST, "", "An example tool plugin"),
-        Kind::Context => (CONTEXT_LIB, CONTEXT_TEST, "", "An example context source"),
+    let (lib, tests, manifest_extra, description): (_, &[(&str, &str)], _, _) = match kind {
+        Kind::Tool => (
+            TOOL_LIB,
+            TOOL_CASES,
+            TOOL_MANIFEST_EXTRA,
+            "An example tool plugin",
+        ),
+        Kind::Context => (
+            CONTEXT_LIB,
+            &[("tests/context.toml", CONTEXT_TEST)],
+            "",
+            "An example context source",
+        ),
         Kind::Channel => (
             CHANNEL_LIB,
-            CHANNEL_TEST,
+            &[("tests/channel.toml", CHANNEL_TEST)],
             "\n[mounts.outbox]                     # seen by the component at /outbox\naccess = \"read-write\"\ndescription = \"The directory deliveries are written to\"\n",
             "An example channel",
         ),
-        Kind::Policy => (POLICY_LIB, POLICY_TEST, "", "An example policy"),
+        Kind::Policy => (
+            POLICY_LIB,
+            &[("tests/policy.toml", POLICY_TEST)],
+            "",
+            "An example policy",
+        ),
     };
     let manifest = MANIFEST
         .replace("{name}", name)
@@ -530,16 +572,45 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
         .replace("{description}", description)
         .replace("{extra}", manifest_extra);
     let fill = |t: &str| t.replace("{name}", name).replace("{ident}", &ident);
-    vec![
+    let mut files = vec![
         ("Cargo.toml".into(), cargo),
         ("plugin.toml".into(), manifest),
         ("src/lib.rs".into(), fill(lib)),
-        (format!("tests/{}.toml", kind.as_str()), fill(test)),
-        // The built `<name>.wasm` is what plugin.toml pins: it is kept
-        // with the crate, not ignored.
-        (".gitignore".into(), "/target\n".into()),
-    ]
+    ];
+    files.extend(tests.iter().map(|(p, t)| ((*p).to_owned(), fill(t))));
+    // The built `<name>.wasm` is what plugin.toml pins: it is kept with the
+    // crate, not ignored.
+    files.push((".gitignore".into(), "/target\n".into()));
+    files
 }
+
+/// The test cases of a new tool plugin, the same files in every language:
+/// what the example tools do (`tool.toml`), and the sandbox's contract
+/// (`sandbox.toml`: denials outside a mount and on a read-only one, a
+/// variable and a host not granted, the fuel, memory, time and output
+/// limits), so that a plugin of each language runs one case set and the
+/// SDKs cannot drift apart.
+pub(crate) const TOOL_CASES: &[(&str, &str)] = &[
+    ("tests/tool.toml", include_str!("scaffold/cases/tool.toml")),
+    (
+        "tests/sandbox.toml",
+        include_str!("scaffold/cases/sandbox.toml"),
+    ),
+];
+
+/// What a tool's manifest requests in every language: the two mounts, the
+/// variable and (none) the hosts the example tools and the cases use.
+pub(crate) const TOOL_MANIFEST_EXTRA: &str = r##"env = ["GREETER_TOKEN"]                 # granted or not by the operator; `has_env` looks
+hosts = []                              # outbound hosts asked for, e.g. "api.example.com"
+
+[mounts.docs]                           # seen by the component at /docs
+access = "read-only"
+description = "The text files `count_lines` reads"
+
+[mounts.notes]                          # seen by the component at /notes
+access = "read-write"
+description = "Where `save_note` writes"
+"##;
 
 const CARGO_TOML: &str = r##"[package]
 name = "{name}"
@@ -595,17 +666,22 @@ output = "256KiB"
 stdio = "16KiB"
 "##;
 
-const TOOL_LIB: &str = r##"//! `{name}`: a Warden tool plugin with one example tool, `greet`.
+const TOOL_LIB: &str = r##"//! `{name}`: a Warden tool plugin with example tools.
 //!
 //! Each tool is a typed function: its argument type derives `Deserialize`
 //! and `JsonSchema` (the schema the model sees), its output is any
 //! `Serialize` value. Arguments that do not fit are refused before the
 //! function runs, naming the field.
+//!
+//! Each example tool shows one thing the sandbox grants or limits: config,
+//! the files of a mount (read-only and read-write), an environment variable,
+//! outbound HTTP, CPU time and memory, and the size of an answer.
 #![forbid(unsafe_code)]
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
-use warden_guest::{Call, Effect, Tool, ToolError, ToolPlugin, Toolbox};
+use serde_json::{Value, json};
+use warden_guest::{Call, Effect, Tool, ToolError, ToolPlugin, Toolbox, fs, http};
 
 /// Arguments of `greet`. Doc comments become the schema's descriptions.
 #[derive(Deserialize, JsonSchema)]
@@ -634,6 +710,103 @@ pub fn greet(args: GreetArgs, _call: &Call) -> Result<Greeting, ToolError> {
     })
 }
 
+/// Arguments of `count_lines`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PathArgs {
+    /// A file, relative to the docs mount.
+    pub path: String,
+}
+
+/// Counts the lines of a text file in the `docs` mount (`/docs`).
+pub fn count_lines(args: PathArgs, _call: &Call) -> Result<Value, ToolError> {
+    // `read_to_string` refuses absolute paths and `..` as `denied` before
+    // opening anything, and turns a file error into a typed tool error.
+    let text = fs::read_to_string("docs", &args.path)?;
+    Ok(json!({ "path": args.path, "lines": text.lines().count() }))
+}
+
+/// Arguments of `save_note`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NoteArgs {
+    /// A file, relative to the notes mount.
+    pub path: String,
+    /// What to write.
+    pub text: String,
+}
+
+/// Writes a note into the `notes` mount (`/notes`).
+pub fn save_note(args: NoteArgs, _call: &Call) -> Result<Value, ToolError> {
+    let full = fs::in_mount("notes", &args.path)?;
+    // On a mount the operator granted read-only, the sandbox refuses the
+    // write; `file_error` makes that a `denied` tool error.
+    std::fs::write(&full, &args.text).map_err(|e| fs::file_error(&e, &args.path))?;
+    Ok(json!({ "path": args.path, "bytes": args.text.len() }))
+}
+
+/// Arguments of `fetch_status`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UrlArgs {
+    /// An http or https URL.
+    pub url: String,
+}
+
+/// Requests a URL and returns its HTTP status.
+pub fn fetch_status(args: UrlArgs, _call: &Call) -> Result<Value, ToolError> {
+    // A host the operator did not grant is refused before anything is sent
+    // (`HttpError::Denied`), and the call's receipt counts the denial.
+    let response = http::send(&http::Request::get(&args.url))
+        .map_err(|e| ToolError::failed(format!("cannot fetch {}: {e}", args.url)))?;
+    Ok(json!({ "url": args.url, "status": response.status }))
+}
+
+/// Arguments of `has_env`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnvArgs {
+    /// An environment variable's name.
+    pub name: String,
+}
+
+/// Says whether an environment variable is visible (only those the
+/// operator grants are).
+pub fn has_env(args: EnvArgs, _call: &Call) -> Result<Value, ToolError> {
+    let visible = std::env::var_os(&args.name).is_some();
+    Ok(json!({ "name": args.name, "visible": visible }))
+}
+
+/// Arguments of `count_primes`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PrimesArgs {
+    /// Count the primes below this.
+    pub below: u64,
+}
+
+/// Counts the primes below a number, by trial division: CPU time to spend.
+pub fn count_primes(args: PrimesArgs, _call: &Call) -> Result<Value, ToolError> {
+    let is_prime = |n: u64| (2..).take_while(|d| d * d <= n).all(|d| n % d != 0);
+    let primes = (2..args.below).filter(|n| is_prime(*n)).count();
+    Ok(json!({ "below": args.below, "primes": primes }))
+}
+
+/// Arguments of `repeat`.
+#[derive(Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RepeatArgs {
+    /// The text to repeat.
+    pub text: String,
+    /// How many times.
+    pub times: usize,
+}
+
+/// Returns the text repeated: memory to take, and an answer to make big.
+pub fn repeat(args: RepeatArgs, _call: &Call) -> Result<Value, ToolError> {
+    Ok(json!({ "text": args.text.repeat(args.times) }))
+}
+
 /// The plugin as the component exports it.
 pub struct Plugin;
 
@@ -642,12 +815,44 @@ impl ToolPlugin for Plugin {
         // `read`: safe to repeat. A tool with side effects is `idempotent`
         // (safe to repeat with `call.idempotency_key`) or `write` (never
         // twice; give it a preview with `.with_preflight`).
-        Toolbox::new().tool(Tool::new(
-            "greet",
-            "Greets someone by name",
-            Effect::Read,
-            greet,
-        ))
+        Toolbox::new()
+            .tool(Tool::new("greet", "Greets someone by name", Effect::Read, greet))
+            .tool(Tool::new(
+                "count_lines",
+                "Counts the lines of a text file in the docs mount",
+                Effect::Read,
+                count_lines,
+            ))
+            .tool(Tool::new(
+                "save_note",
+                "Writes a note into the notes mount",
+                Effect::Write,
+                save_note,
+            ))
+            .tool(Tool::new(
+                "fetch_status",
+                "Requests a URL and returns its HTTP status",
+                Effect::Read,
+                fetch_status,
+            ))
+            .tool(Tool::new(
+                "has_env",
+                "Says whether an environment variable is visible (only those the operator grants are)",
+                Effect::Read,
+                has_env,
+            ))
+            .tool(Tool::new(
+                "count_primes",
+                "Counts the primes below a number, by trial division: CPU time to spend",
+                Effect::Read,
+                count_primes,
+            ))
+            .tool(Tool::new(
+                "repeat",
+                "Returns the text repeated: memory to take, and an answer to make big",
+                Effect::Read,
+                repeat,
+            ))
     }
 }
 
@@ -656,7 +861,6 @@ warden_guest::export_tool_plugin!(Plugin);
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
     use warden_guest::testing;
 
     #[test]
@@ -675,33 +879,15 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.message(), "`name` is empty");
     }
+
+    #[test]
+    fn counts_the_primes_below_a_number() {
+        let out = Plugin::toolbox()
+            .invoke(&testing::call("count_primes", json!({ "below": 100 })))
+            .unwrap();
+        assert_eq!(out.content, r#"{"below":100,"primes":25}"#);
+    }
 }
-"##;
-
-const TOOL_TEST: &str = r##"# Test cases for `warden plugin test`: each runs the built component in the
-# real sandbox, in a fresh instance, under the grant and limits it writes.
-# The format: docs/writing-plugins.md#test-cases in Warden's repository.
-
-[[case]]
-name = "greets with the configured salutation"
-tool = "greet"
-arguments = { name = "ada" }
-config = { salutation = "ahoy" }
-expect.output = { text = "ahoy, ada" }
-expect.receipt = { min_fuel = 1, max_time = "5s" }
-
-[[case]]
-name = "a name that is not text is refused, naming the field"
-tool = "greet"
-arguments = { name = 7 }
-expect = { error = "invalid_arguments", message = "name" }
-
-[[case]]
-name = "too little fuel stops the call"
-tool = "greet"
-arguments = { name = "ada" }
-limits = { fuel = 1_000 }
-expect.limit = "fuel"
 "##;
 
 const CONTEXT_LIB: &str = r##"//! `{name}`: a Warden context source. It answers every request with one

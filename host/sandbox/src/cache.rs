@@ -6,7 +6,9 @@
 //! entry carries the sha256 of its own payload: a truncated, corrupt or
 //! foreign file fails that check and is recompiled, never handed to wasmtime.
 //! Entries are written to a temporary file and renamed into place, so a crash
-//! mid-write leaves no half entry under the final name.
+//! mid-write leaves no half entry under the final name. Quickly compiled code
+//! (`SandboxConfig::quick_compile_bytes`) has entries of its own, so a host
+//! that compiles optimised code never loads it.
 //!
 //! The checksum protects against corruption, not against someone who can
 //! write to the directory: keep the cache directory writable by the operator
@@ -62,22 +64,43 @@ impl ComponentCache {
         })
     }
 
-    /// The file an entry for this component lives in.
+    /// The file an entry for this component's optimised code lives in.
     pub(crate) fn entry_path(&self, component_sha256: &str) -> PathBuf {
         self.dir
             .join(format!("{component_sha256}-{}.cwasm", self.engine_key))
     }
 
+    /// The file an entry for its quickly compiled code lives in.
+    fn quick_entry_path(&self, component_sha256: &str) -> PathBuf {
+        self.dir.join(format!(
+            "{component_sha256}-{}-quick.cwasm",
+            self.engine_key
+        ))
+    }
+
     /// Loads the compiled component from the cache, or compiles `wasm` and
-    /// stores it.
+    /// stores it. With a `quick` engine, an optimised entry is taken when
+    /// there is one, else the quick entry, else `wasm` is compiled on
+    /// `quick` and stored as the quick entry.
     pub(crate) fn load_or_compile(
         &self,
         engine: &Engine,
+        quick: Option<&Engine>,
         plugin: &str,
         component_sha256: &str,
         wasm: &[u8],
     ) -> Result<(Component, CacheStatus), SandboxError> {
-        let path = self.entry_path(component_sha256);
+        if quick.is_some()
+            && let Ok(entry) = std::fs::read(self.entry_path(component_sha256))
+            && let Some(payload) = verified_payload(&entry)
+            && let Ok(component) = deserialize(engine, payload)
+        {
+            return Ok((component, CacheStatus::Hit));
+        }
+        let path = match quick {
+            Some(_) => self.quick_entry_path(component_sha256),
+            None => self.entry_path(component_sha256),
+        };
         let mut status = CacheStatus::Compiled;
         match std::fs::read(&path) {
             Ok(entry) => match verified_payload(&entry) {
@@ -99,7 +122,7 @@ impl ComponentCache {
                 status = CacheStatus::Replaced;
             }
         }
-        let component = compile(engine, plugin, wasm)?;
+        let component = compile(engine, quick, plugin, wasm)?;
         match component.serialize() {
             Ok(payload) => {
                 if let Err(e) = self.store(&path, &payload) {
@@ -124,18 +147,29 @@ impl ComponentCache {
     }
 }
 
-/// Compiles `wasm` into a component.
+/// Compiles `wasm` into a component of `engine`: on `engine` itself, or on
+/// the `quick` engine and loaded into `engine`.
 pub(crate) fn compile(
     engine: &Engine,
+    quick: Option<&Engine>,
     plugin: &str,
     wasm: &[u8],
 ) -> Result<Component, SandboxError> {
     // A progress span: the command line shows a spinner naming the plugin.
     let _progress = tracing::info_span!(target: "warden::progress", "compile", plugin).entered();
-    Component::new(engine, wasm).map_err(|e| SandboxError::Compile {
+    let failed = |reason: String| SandboxError::Compile {
         plugin: plugin.to_owned(),
-        reason: format!("{e:#}"),
-    })
+        reason,
+    };
+    match quick {
+        None => Component::new(engine, wasm).map_err(|e| failed(format!("{e:#}"))),
+        Some(quick) => {
+            let code = quick
+                .precompile_component(wasm)
+                .map_err(|e| failed(format!("{e:#}")))?;
+            deserialize(engine, &code).map_err(failed)
+        }
+    }
 }
 
 /// The payload of a well-formed entry whose checksum matches, or `None`.
@@ -151,10 +185,13 @@ fn verified_payload(entry: &[u8]) -> Option<&[u8]> {
 #[allow(unsafe_code)]
 fn deserialize(engine: &Engine, payload: &[u8]) -> Result<Component, String> {
     // SAFETY: wasmtime requires that deserialized bytes were produced by
-    // `Component::serialize` of a compatible engine. The payload was written
-    // by `ComponentCache::store` from `serialize`, its sha256 was checked just
+    // `Component::serialize` (or `Engine::precompile_component`) of a
+    // compatible engine. A cache payload was written by
+    // `ComponentCache::store` from `serialize`, its sha256 was checked just
     // now, and its file name carries the engine's compatibility hash (which
-    // wasmtime checks again in the header).
+    // wasmtime checks again in the header); a quick compile's bytes come
+    // straight from `precompile_component` of the quick engine, which
+    // wasmtime checks against this one in the header the same way.
     unsafe { Component::deserialize(engine, payload) }.map_err(|e| format!("{e:#}"))
 }
 

@@ -8,6 +8,8 @@
 //! - **load** ([`Sandbox::load`]): the component's sha256 checked against the
 //!   manifest, compiled or taken from the on-disk cache, its imports checked
 //!   against the allow-list, and one `InstancePre` kept per world it exports;
+//!   a huge component may be compiled quickly instead of optimised
+//!   ([`SandboxConfig::quick_compile_bytes`]);
 //! - **lease** ([`GrantedComponent`] methods): a fresh `Store` and instance
 //!   per call, built from the plugin's effective [`Capabilities`] and
 //!   [`Limits`], dropped when the call ends, with a [`UsageReceipt`].
@@ -37,14 +39,17 @@ mod receipt;
 mod validity;
 
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use wasmtime::component::{InstancePre, Linker};
-use wasmtime::{Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{
+    Enabled, Engine, InstanceAllocationStrategy, OptLevel, PoolingAllocationConfig,
+    RegallocAlgorithm,
+};
 
 pub use cache::CacheStatus;
 pub use capabilities::{Access, Capabilities, Mount, MountError, is_valid_mount_name};
@@ -110,6 +115,20 @@ pub struct SandboxConfig {
     /// The operator's ceiling for every limit: no manifest or grant gets
     /// more. Default: [`Limits::CEILINGS`].
     pub ceilings: Limits,
+    /// Components of at least this many bytes are compiled quickly:
+    /// without Cranelift's optimisations and with its single-pass register
+    /// allocator. A component carrying an interpreter (CPython, 19 MB;
+    /// SpiderMonkey, 13 MB) then compiles several times faster, and its code
+    /// runs slower; fuel, epochs and every limit are exactly the same, since
+    /// the optimisation level changes no semantics (wasmtime loads either
+    /// code into this engine). Quickly compiled code is cached apart from
+    /// optimised code, and an optimised entry is preferred when there is
+    /// one. Quick code uses more native stack per WebAssembly frame (the
+    /// single-pass allocator spills), so a deeply recursive guest exhausts
+    /// the stack limit sooner: CPython's abstract-class checks did, in a
+    /// call that optimised code serves. Default: `None` (everything
+    /// optimised); no Warden command sets it.
+    pub quick_compile_bytes: Option<u64>,
 }
 
 impl Default for SandboxConfig {
@@ -121,6 +140,7 @@ impl Default for SandboxConfig {
             max_table_elements: 100_000,
             epoch_tick: Duration::from_millis(5),
             ceilings: Limits::CEILINGS,
+            quick_compile_bytes: None,
         }
     }
 }
@@ -140,6 +160,10 @@ struct SandboxInner {
     cache: Option<ComponentCache>,
     lease_slots: Semaphore,
     config: SandboxConfig,
+    /// The engine quick compiles run on, made on first use: this engine's
+    /// configuration with Cranelift's fast settings and no pool (it never
+    /// instantiates anything).
+    quick: OnceLock<Result<Engine, String>>,
 }
 
 impl std::fmt::Debug for Sandbox {
@@ -176,6 +200,7 @@ impl Sandbox {
                 cache,
                 lease_slots: Semaphore::new(config.max_concurrent_leases as usize),
                 config,
+                quick: OnceLock::new(),
             }),
         })
     }
@@ -228,9 +253,16 @@ impl Sandbox {
             });
         }
         let engine = &self.inner.engine;
+        let quick = match self.inner.config.quick_compile_bytes {
+            Some(min) if wasm.len() as u64 >= min => Some(self.quick_engine(name)?),
+            _ => None,
+        };
         let (component, cache_status) = match &self.inner.cache {
-            Some(cache) => cache.load_or_compile(engine, name, &sha256, wasm)?,
-            None => (cache::compile(engine, name, wasm)?, CacheStatus::Uncached),
+            Some(cache) => cache.load_or_compile(engine, quick, name, &sha256, wasm)?,
+            None => (
+                cache::compile(engine, quick, name, wasm)?,
+                CacheStatus::Uncached,
+            ),
         };
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
@@ -346,8 +378,41 @@ impl Sandbox {
     }
 }
 
+impl Sandbox {
+    /// The engine quick compiles run on, made on first use.
+    fn quick_engine(&self, plugin: &str) -> Result<&Engine, SandboxError> {
+        self.inner
+            .quick
+            .get_or_init(|| quick_engine(&self.inner.config).map_err(|e| format!("{e:#}")))
+            .as_ref()
+            .map_err(|reason| SandboxError::Compile {
+                plugin: plugin.to_owned(),
+                reason: format!("cannot make the quick-compile engine: {reason}"),
+            })
+    }
+}
+
+/// The engine's configuration with Cranelift's fastest settings, and the
+/// on-demand allocator (it only compiles): its code loads into the engine,
+/// whose compatibility check ignores the optimisation level and register
+/// allocator (they change no semantics), while every setting that makes
+/// fuel, epochs and memory checks is the same.
+fn quick_engine(config: &SandboxConfig) -> wasmtime::Result<Engine> {
+    let mut c = engine_config(config);
+    c.cranelift_opt_level(OptLevel::None);
+    c.cranelift_regalloc_algorithm(RegallocAlgorithm::SinglePass);
+    c.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+    Engine::new(&c)
+}
+
 /// Builds the engine: component model, async, fuel, epochs, pooling.
 fn engine(config: &SandboxConfig) -> wasmtime::Result<Engine> {
+    Engine::new(&engine_config(config))
+}
+
+/// The engine's configuration: component model, async, fuel, epochs,
+/// pooling.
+fn engine_config(config: &SandboxConfig) -> wasmtime::Config {
     let mut c = wasmtime::Config::new();
     c.wasm_component_model(true);
     c.consume_fuel(true);
@@ -387,7 +452,7 @@ fn engine(config: &SandboxConfig) -> wasmtime::Result<Engine> {
     // a slot waiting in a batch is not reused until the batch is flushed.
     pool.decommit_batch_size(DECOMMIT_BATCH);
     c.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
-    Engine::new(&c)
+    c
 }
 
 /// The most bytes of a linear memory restored in place, and kept resident,

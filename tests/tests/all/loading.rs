@@ -1,6 +1,7 @@
-//! Loading a component: the import allow-list, the integrity pin, and the
+//! Loading a component: the import allow-list, the integrity pin, the
 //! compiled-component cache, which recompiles rather than trusts a damaged
-//! entry.
+//! entry, and quick compiles, whose code keeps every limit and is cached
+//! apart from optimised code.
 
 use serde_json::json;
 use sha2::Digest;
@@ -8,6 +9,8 @@ use warden::sandbox::{
     CacheStatus, Capabilities, PluginKind, Sandbox, SandboxConfig, SandboxError,
 };
 use warden_tests::guests;
+
+use warden::sandbox::{Limits, Outcome};
 
 use crate::{assert_serves_normal_call, invoke, load, output, sandbox, test_limits};
 
@@ -160,6 +163,107 @@ async fn a_corrupt_or_truncated_cache_entry_is_recompiled_not_trusted() {
             CacheStatus::Hit
         );
     }
+}
+
+/// A component compiled quickly (`quick_compile_bytes`, here for every
+/// size) runs in the sandbox's own engine with the same fuel accounting and
+/// the same limits as optimised code; its cache entry is its own, so a host
+/// compiling optimised code never loads it, and a quick load takes an
+/// optimised entry when there is one.
+#[tokio::test]
+async fn quickly_compiled_code_keeps_every_limit_and_is_cached_apart() {
+    let cache = tempfile::tempdir().unwrap();
+    let with = |quick: Option<u64>| {
+        Sandbox::new(SandboxConfig {
+            cache_dir: Some(cache.path().to_owned()),
+            quick_compile_bytes: quick,
+            ..SandboxConfig::default()
+        })
+        .unwrap()
+    };
+    let quick = with(Some(0));
+    let wasm = std::fs::read(guests::HOSTILE).unwrap();
+    let component = quick.load("hostile", &wasm, None).unwrap();
+    assert_eq!(component.cache_status(), CacheStatus::Compiled);
+    let entries = || {
+        let mut names: Vec<String> = std::fs::read_dir(cache.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".cwasm"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert!(
+        matches!(&entries()[..], [one] if one.ends_with("-quick.cwasm")),
+        "{:?}",
+        entries()
+    );
+    let granted = quick.grant(&component, Capabilities::none(), test_limits());
+    let quick_echo = invoke(&granted, "echo", json!({ "text": "hi" })).await;
+    assert_eq!(quick_echo.receipt.outcome, Outcome::Ok);
+
+    // Every limit stops quick code as it stops optimised code.
+    let spin = invoke(&granted, "spin", json!({})).await;
+    assert_eq!(
+        spin.receipt.outcome,
+        Outcome::OutOfFuel,
+        "{:?}",
+        spin.result
+    );
+    let timed = quick.grant(
+        &component,
+        Capabilities::none(),
+        Limits {
+            fuel: None,
+            timeout: std::time::Duration::from_millis(200),
+            ..Limits::default()
+        },
+    );
+    let spin = invoke(&timed, "spin", json!({})).await;
+    assert_eq!(spin.receipt.outcome, Outcome::Timeout, "{:?}", spin.result);
+    let small = quick.grant(
+        &component,
+        Capabilities::none(),
+        Limits {
+            memory_bytes: 8 << 20,
+            ..test_limits()
+        },
+    );
+    let grown = invoke(&small, "grow_memory", json!({ "abort": true })).await;
+    assert_eq!(
+        grown.receipt.outcome,
+        Outcome::MemoryLimit,
+        "{:?}",
+        grown.result
+    );
+    assert_serves_normal_call(&granted).await;
+    assert_eq!(
+        quick.load("hostile", &wasm, None).unwrap().cache_status(),
+        CacheStatus::Hit
+    );
+
+    // An optimising host compiles its own code, whatever quick code is
+    // cached; the same call costs the same fuel in both.
+    let optimised = with(None);
+    let component = optimised.load("hostile", &wasm, None).unwrap();
+    assert_eq!(component.cache_status(), CacheStatus::Compiled);
+    assert_eq!(entries().len(), 2, "{:?}", entries());
+    let granted = optimised.grant(&component, Capabilities::none(), test_limits());
+    let echo = invoke(&granted, "echo", json!({ "text": "hi" })).await;
+    assert_eq!(output(&echo), output(&quick_echo));
+    assert_eq!(
+        echo.receipt.fuel_consumed, quick_echo.receipt.fuel_consumed,
+        "fuel counts WebAssembly, not the machine code it became"
+    );
+    // A quick load now takes the optimised entry.
+    assert_eq!(
+        with(Some(0))
+            .load("hostile", &wasm, None)
+            .unwrap()
+            .cache_status(),
+        CacheStatus::Hit
+    );
 }
 
 /// A component file is checked before it is read: a device, a FIFO, a

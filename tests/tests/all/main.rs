@@ -98,6 +98,10 @@
 //! - `python_guest`: a Python tool plugin built with componentize-py by
 //!   the Python SDK, through the `warden` binary: typed output and errors,
 //!   denials outside its mount, the receipt.
+//! - `languages`: one tool plugin per language (Rust, Python, JavaScript)
+//!   from `warden plugin new` through `build`, `test` (the shared contract
+//!   cases: denials, variables and hosts not granted, every limit),
+//!   `inspect`, `call` and an agent's `warden run`.
 //! - `serve`: `warden serve` on loopback over SQLite and PostgreSQL with a
 //!   real worker: refusing to start without tokens or TLS beyond loopback,
 //!   requests refused without a token, below the role, naming another Host
@@ -131,9 +135,9 @@ mod hostile;
 mod intercepted;
 mod isolation;
 mod journal;
-mod js_guest;
 mod kill;
 mod kinds;
+mod languages;
 mod layers;
 mod loading;
 mod mcp;

@@ -90,6 +90,7 @@ fn build_or_reuse() -> PathBuf {
         &mut inputs,
     );
     files(&repo.join("wit"), &["wit"], &mut inputs);
+    files(&repo.join("guest-sdk/wit/http"), &["wit"], &mut inputs);
     inputs.sort();
     let mut hash = sha2::Sha256::new();
     hash.update(version_of("componentize-py", "componentize-py"));

@@ -57,15 +57,21 @@ const WIT: &[(&str, &str)] = &[
         "deps/filesystem/filesystem.wit",
         include_str!("../../../../guest-sdk/js/wit/filesystem.wit"),
     ),
+    (
+        "deps/cli/cli.wit",
+        include_str!("../../../../guest-sdk/js/wit/cli.wit"),
+    ),
 ];
 
 /// The world a JavaScript tool is built as: the SDK reads mounts through
-/// `wasi:filesystem` (at the version componentize-js's engine imports, so
-/// the two are one import), which the sandbox offers every plugin.
+/// `wasi:filesystem` and the granted variables through
+/// `wasi:cli/environment` (at the version componentize-js's engine imports,
+/// so the two are one import), which the sandbox offers every plugin.
 const WORLD: &str = "world js-tool-plugin {
     include tool-plugin;
     import wasi:filesystem/preopens@0.2.12;
     import wasi:filesystem/types@0.2.12;
+    import wasi:cli/environment@0.2.12;
 }
 ";
 
@@ -221,14 +227,22 @@ pub(crate) fn build(dir: &Path) -> anyhow::Result<Vec<u8>> {
 pub(crate) fn files(name: &str) -> Vec<(String, String)> {
     let fill = |t: &str| t.replace("{name}", name);
     let named = |t: &str| t.replace(TOOLS_NAME, &format!("\"name\": \"{name}\""));
-    vec![
-        ("plugin.toml".into(), fill(MANIFEST)),
+    let mut files = vec![
+        (
+            "plugin.toml".into(),
+            fill(MANIFEST).replace("{requests}", super::TOOL_MANIFEST_EXTRA),
+        ),
         ("app.js".into(), fill(APP_JS)),
         ("package.json".into(), named(PACKAGE_JSON)),
         ("package-lock.json".into(), named(PACKAGE_LOCK)),
-        ("tests/tool.toml".into(), fill(CASES)),
-        (".gitignore".into(), "node_modules/\n".into()),
-    ]
+    ];
+    files.extend(
+        super::TOOL_CASES
+            .iter()
+            .map(|(p, t)| ((*p).to_owned(), fill(t))),
+    );
+    files.push((".gitignore".into(), "node_modules/\n".into()));
+    files
 }
 
 const MANIFEST: &str = r##"name = "{name}"
@@ -236,15 +250,7 @@ version = "0.1.0"
 kind = "tool"
 description = "An example tool plugin in JavaScript"
 # `warden plugin build` writes `component` and `sha256` here.
-
-[mounts.docs]                           # seen by the component at /docs
-access = "read-only"
-description = "The text files `count_lines` reads"
-
-[mounts.notes]                          # seen by the component at /notes
-access = "read-write"
-description = "Where `save_note` writes"
-
+{requests}
 [limits]
 # A call runs a SpiderMonkey interpreter inside the component: it costs
 # millions of instructions where the same tool in Rust costs thousands.
@@ -256,8 +262,6 @@ stdio = "16KiB"
 "##;
 
 const APP_JS: &str = include_str!("js/app.js");
-
-const CASES: &str = include_str!("js/tool.toml");
 
 #[cfg(test)]
 mod tests {

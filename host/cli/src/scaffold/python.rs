@@ -35,6 +35,10 @@ const SDK: &[(&str, &str)] = &[
         include_str!("../../../../guest-sdk/python/warden_guest/fs.py"),
     ),
     (
+        "warden_guest/http.py",
+        include_str!("../../../../guest-sdk/python/warden_guest/http.py"),
+    ),
+    (
         "warden_guest/schema.py",
         include_str!("../../../../guest-sdk/python/warden_guest/schema.py"),
     ),
@@ -48,6 +52,39 @@ const SDK: &[(&str, &str)] = &[
 const WIT: &[(&str, &str)] = &[
     ("types.wit", include_str!("../../../../wit/types.wit")),
     ("worlds.wit", include_str!("../../../../wit/worlds.wit")),
+];
+
+/// The WASI packages `wasi:http` needs (as `deps/`): the build script's
+/// world imports `wasi:http/outgoing-handler` for `warden_guest.http`.
+const WASI: &[(&str, &str)] = &[
+    (
+        "deps/cli/cli.wit",
+        include_str!("../../../../guest-sdk/wit/http/deps/cli/cli.wit"),
+    ),
+    (
+        "deps/clocks/clocks.wit",
+        include_str!("../../../../guest-sdk/wit/http/deps/clocks/clocks.wit"),
+    ),
+    (
+        "deps/filesystem/filesystem.wit",
+        include_str!("../../../../guest-sdk/wit/http/deps/filesystem/filesystem.wit"),
+    ),
+    (
+        "deps/http/http.wit",
+        include_str!("../../../../guest-sdk/wit/http/deps/http/http.wit"),
+    ),
+    (
+        "deps/io/io.wit",
+        include_str!("../../../../guest-sdk/wit/http/deps/io/io.wit"),
+    ),
+    (
+        "deps/random/random.wit",
+        include_str!("../../../../guest-sdk/wit/http/deps/random/random.wit"),
+    ),
+    (
+        "deps/sockets/sockets.wit",
+        include_str!("../../../../guest-sdk/wit/http/deps/sockets/sockets.wit"),
+    ),
 ];
 
 /// The component of the Python plugin in `dir`: its `app.py` (and the other
@@ -65,6 +102,7 @@ pub(crate) fn build(dir: &Path) -> anyhow::Result<Vec<u8>> {
     };
     write_all("sdk", SDK)?;
     write_all("wit", WIT)?;
+    write_all("wit", WASI)?;
     let output = work.path().join("component.wasm");
     let failed = |message: String| {
         anyhow::Error::from(
@@ -105,12 +143,20 @@ pub(crate) fn build(dir: &Path) -> anyhow::Result<Vec<u8>> {
 /// The files of a new Python tool plugin, as (path, text).
 pub(crate) fn files(name: &str) -> Vec<(String, String)> {
     let fill = |t: &str| t.replace("{name}", name);
-    vec![
-        ("plugin.toml".into(), fill(MANIFEST)),
+    let mut files = vec![
+        (
+            "plugin.toml".into(),
+            fill(MANIFEST).replace("{requests}", super::TOOL_MANIFEST_EXTRA),
+        ),
         (APP.into(), fill(APP_PY)),
-        ("tests/tool.toml".into(), fill(CASES)),
-        (".gitignore".into(), "__pycache__/\n".into()),
-    ]
+    ];
+    files.extend(
+        super::TOOL_CASES
+            .iter()
+            .map(|(p, t)| ((*p).to_owned(), fill(t))),
+    );
+    files.push((".gitignore".into(), "__pycache__/\n".into()));
+    files
 }
 
 const MANIFEST: &str = r##"name = "{name}"
@@ -118,11 +164,7 @@ version = "0.1.0"
 kind = "tool"
 description = "An example tool plugin in Python"
 # `warden plugin build` writes `component` and `sha256` here.
-
-[mounts.docs]                           # seen by the component at /docs
-access = "read-only"
-description = "The text files `count_lines` reads"
-
+{requests}
 [limits]
 # A call runs a CPython interpreter inside the component: it costs millions
 # of instructions where the same tool in Rust costs thousands.
@@ -133,100 +175,7 @@ output = "256KiB"
 stdio = "16KiB"
 "##;
 
-const APP_PY: &str = r##""""{name}: a Warden tool plugin in Python.
-
-Each tool is a typed function registered on the toolbox: its parameters'
-annotations are the JSON Schema the model sees (`Annotated[T, "text"]` adds
-a description), arguments that do not fit are refused before the function
-runs, naming the field, and the return value (a dataclass here) is sent as
-JSON. Raise `InvalidArguments`, `Denied` or `Failed` for a typed error.
-"""
-
-import dataclasses
-from typing import Annotated
-
-from warden_guest import Effect, InvalidArguments, Toolbox, config, export_tools, read_text
-
-toolbox = Toolbox()
-
-
-@dataclasses.dataclass
-class Greeting:
-    text: str
-
-
-@dataclasses.dataclass
-class LineCount:
-    path: str
-    lines: int
-
-
-@toolbox.tool(effect=Effect.READ)
-def greet(name: Annotated[str, "Who to greet"]) -> Greeting:
-    """Greets someone, with the operator's config value `salutation` (default `hello`)."""
-    if not name.strip():
-        raise InvalidArguments("`name` is empty")
-    salutation = config("salutation") or "hello"
-    return Greeting(text=salutation + ", " + name)
-
-
-@toolbox.tool(effect=Effect.READ)
-def count_lines(path: Annotated[str, "A file, relative to the docs mount"]) -> LineCount:
-    """Counts the lines of a text file in the docs mount."""
-    # read_text refuses absolute paths and `..` as `Denied` before opening
-    # anything, and turns a file error into a typed tool error.
-    return LineCount(path=path, lines=len(read_text("docs", path).splitlines()))
-
-
-Tool = export_tools(toolbox)
-"##;
-
-const CASES: &str = r##"# Test cases for `warden plugin test`: each runs the built component in the
-# real sandbox, in a fresh instance, under the grant and limits it writes.
-# The format: docs/writing-plugins.md#test-cases in Warden's repository.
-
-[[case]]
-name = "greets with the configured salutation"
-tool = "greet"
-arguments = { name = "ada" }
-config = { salutation = "ahoy" }
-expect.output = { text = "ahoy, ada" }
-
-[[case]]
-name = "a name that is not text is refused, naming the field"
-tool = "greet"
-arguments = { name = 7 }
-expect = { error = "invalid_arguments", message = "name" }
-
-# Each case's mounts are fresh temporary directories holding `files`.
-[[case]]
-name = "counts the lines of a file in the mount"
-tool = "count_lines"
-arguments = { path = "notes.txt" }
-mounts.docs.files = { "notes.txt" = "one\ntwo\nthree\n" }
-expect.output = { path = "notes.txt", lines = 3 }
-
-[[case]]
-name = "a path out of the mount is denied"
-tool = "count_lines"
-arguments = { path = "../secret.txt" }
-mounts.docs = {}
-expect = { denied = true, message = "climbs out" }
-
-[[case]]
-name = "an absolute path is denied the same way"
-tool = "count_lines"
-arguments = { path = "/etc/passwd" }
-mounts.docs = {}
-expect = { denied = true, message = "absolute" }
-
-[[case]]
-name = "too little fuel stops the call"
-tool = "greet"
-arguments = { name = "ada" }
-limits = { fuel = 100_000 }
-expect.limit = "fuel"
-"##;
+const APP_PY: &str = include_str!("python/app.py");
 
 #[cfg(test)]
 mod tests {
@@ -248,6 +197,15 @@ mod tests {
         let mut embedded: Vec<String> = SDK.iter().map(|(p, _)| (*p).to_owned()).collect();
         embedded.sort();
         assert_eq!(embedded, on_disk);
+        let mut wasi: Vec<String> = std::fs::read_dir(root.join("../wit/http/deps"))
+            .unwrap()
+            .map(|e| {
+                let package = e.unwrap().file_name().to_string_lossy().into_owned();
+                format!("deps/{package}/{package}.wit")
+            })
+            .collect();
+        wasi.sort();
+        assert_eq!(WASI.iter().map(|(p, _)| *p).collect::<Vec<_>>(), wasi);
         let mut wit: Vec<String> = std::fs::read_dir(root.join("../../wit"))
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -5,8 +5,12 @@
 // sees and the check every call passes before `run` sees the arguments: a
 // refusal names the field. `run` returns any JSON value (or a promise of
 // one); throw `InvalidArguments`, `Denied` or `Failed` for a typed error.
+//
+// Each example tool shows one thing the sandbox grants or limits: config,
+// the files of a mount (read-only and read-write), an environment variable,
+// outbound HTTP, CPU time and memory, and the size of an answer.
 
-import { Failed, InvalidArguments, config, integer, optional, readText, string, tool, writeText } from "warden-guest";
+import { Failed, InvalidArguments, config, env, integer, readText, string, tool, writeText } from "warden-guest";
 
 export const greet = tool({
   description: "Greets someone, with the operator's config value `salutation` (default `hello`)",
@@ -34,12 +38,12 @@ export const saveNote = tool({
   args: {
     path: string("A file, relative to the notes mount"),
     text: string("What to write"),
-    copies: optional(integer("How many times to repeat the text"), 1),
   },
-  run({ path, text, copies }) {
-    if (copies < 1) throw new Failed("`copies` must be at least 1");
-    writeText("notes", path, text.repeat(copies));
-    return { path, bytes: text.length * copies };
+  run({ path, text }) {
+    // On a mount the operator granted read-only, the sandbox refuses the
+    // write; writeText reports that as `Denied`.
+    writeText("notes", path, text);
+    return { path, bytes: new TextEncoder().encode(text).length };
   },
 });
 
@@ -58,5 +62,39 @@ export const fetchStatus = tool({
       throw new Failed(`cannot fetch ${url}: ${e.message}`);
     }
     return { url, status: response.status };
+  },
+});
+
+export const hasEnv = tool({
+  description: "Says whether an environment variable is visible (only those the operator grants are)",
+  args: { name: string("An environment variable's name") },
+  run({ name }) {
+    return { name, visible: env(name) !== undefined };
+  },
+});
+
+export const countPrimes = tool({
+  description: "Counts the primes below a number, by trial division: CPU time to spend",
+  args: { below: integer("Count the primes below this") },
+  run({ below }) {
+    let count = 0;
+    for (let n = 2; n < below; n++) {
+      let d = 2;
+      while (d * d <= n && n % d !== 0) d++;
+      if (d * d > n) count++;
+    }
+    return { below, primes: count };
+  },
+});
+
+export const repeat = tool({
+  description: "Returns the text repeated: memory to take, and an answer to make big",
+  args: {
+    text: string("The text to repeat"),
+    times: integer("How many times"),
+  },
+  run({ text, times }) {
+    if (times < 0) throw new InvalidArguments("`times` must not be negative");
+    return { text: text.repeat(times) };
   },
 });
