@@ -21,6 +21,28 @@ fn build() -> PathBuf {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut build = Command::new(cargo);
     build.args(["build", "-p", "warden-cli", "--bin", "warden"]);
+    // What cargo set for this test's own crate is not the nested build's:
+    // build scripts that watch these (ring's watches CARGO_MANIFEST_DIR and
+    // CARGO_PKG_NAME) would run again here and again at the next top-level
+    // `cargo test`, rebuilding everything above them each time.
+    for (var, _) in std::env::vars_os() {
+        let name = var.to_string_lossy();
+        if name == "OUT_DIR"
+            || name.starts_with("CARGO_PKG_")
+            || name.starts_with("CARGO_BIN_EXE_")
+            || [
+                "CARGO_MANIFEST_DIR",
+                "CARGO_MANIFEST_PATH",
+                "CARGO_MANIFEST_LINKS",
+                "CARGO_CRATE_NAME",
+                "CARGO_PRIMARY_PACKAGE",
+                "CARGO_TARGET_TMPDIR",
+            ]
+            .contains(&name.as_ref())
+        {
+            build.env_remove(&var);
+        }
+    }
     if profile_dir
         .file_name()
         .is_some_and(|name| name == "release")
