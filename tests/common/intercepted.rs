@@ -15,8 +15,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
-    Appended, ApprovalRule, Claim, EventStore, Holder, KeyClaim, Listing, PruneFilter, RunFilter,
-    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ApprovalRule, Claim, EventStore, Holder, KeyClaim, Listing, ListingStatus,
+    PruneFilter, RunFilter, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent,
+    Tombstone, VerifyReport,
 };
 
 /// Which kind of append a hook sees.
@@ -114,7 +115,7 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         run_id: &RunId,
         meta: RunMeta,
         first_event: Bytes,
-        status: &str,
+        status: ListingStatus,
     ) -> Result<Appended, StoreError> {
         self.inner.create(run_id, meta, first_event, status).await
     }
@@ -124,7 +125,7 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        status: Listing<'_>,
+        status: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         let write = self
@@ -179,7 +180,11 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.renew_claim(claim, now_ms, ttl_ms).await
     }
 
-    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+    async fn release_claim(
+        &self,
+        claim: &Claim,
+        status: Option<ListingStatus>,
+    ) -> Result<(), StoreError> {
         self.inner.release_claim(claim, status).await
     }
 
@@ -188,7 +193,7 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
-        status: Listing<'_>,
+        status: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         let write = self

@@ -65,7 +65,9 @@ use config::{Overrides, Settings};
 
 /// Warden: a durable agent runtime whose extensions run sandboxed.
 #[derive(Debug, Parser)]
-#[command(name = "warden", version, about)]
+// The binary is always `warden` in help and errors, whatever the file is
+// called (the integration tests run a copy built under another name).
+#[command(name = "warden", bin_name = "warden", version, about)]
 pub struct Cli {
     /// More log output on stderr: -v Warden's own debug events, -vv
     /// Warden's trace and its libraries' info, -vvv everything. RUST_LOG
@@ -192,6 +194,7 @@ pub(crate) enum Exit {
 
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
+    restore_sigpipe();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
@@ -381,6 +384,22 @@ pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<warden::sandbox::Sa
         },
     )?)
 }
+
+/// Rust ignores SIGPIPE, so `warden runs events … | head` would panic on the
+/// closed pipe; a command-line tool should just stop, as `cat` does.
+#[cfg(unix)]
+#[allow(unsafe_code)]
+fn restore_sigpipe() {
+    // SAFETY: called first thing in `main`, before the runtime or any other
+    // thread exists; setting a signal's disposition to its default has no
+    // other effect.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(not(unix))]
+fn restore_sigpipe() {}
 
 #[cfg(test)]
 mod tests {

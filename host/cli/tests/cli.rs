@@ -1457,8 +1457,9 @@ fn resume_gives_input_to_a_suspended_run_and_recovers_a_run_nobody_drives() {
 /// the write leaves behind. The whole run is made in a store of its own
 /// first (the same id: idempotency keys are derived from it).
 fn record_dangling_write(dir: &Path, id: &str) {
+    use warden::engine::RunStatus;
     use warden::engine::events::{Event, decode};
-    use warden::store::{EventStore, RunId, RunMeta, SqliteStore};
+    use warden::store::{EventStore, ListingStatus, RunId, RunMeta, SqliteStore};
     let out = warden(
         &[
             "run",
@@ -1502,11 +1503,11 @@ fn record_dangling_write(dir: &Path, id: &str) {
         let bytes: Vec<bytes::Bytes> = stored[..=cut].iter().map(|e| e.bytes.clone()).collect();
         let store = SqliteStore::open(dir.join(".warden/warden.db")).unwrap();
         store
-            .create(&id, meta, bytes[0].clone(), "running")
+            .create(&id, meta, bytes[0].clone(), ListingStatus::RUNNING)
             .await
             .unwrap();
         store
-            .append(&id, 1, &bytes[1..], "needs_reconciliation".into(), 0)
+            .append(&id, 1, &bytes[1..], RunStatus::NeedsReconciliation.listing().into(), 0)
             .await
             .unwrap();
     });

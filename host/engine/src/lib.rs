@@ -52,6 +52,7 @@ pub mod budget;
 pub mod canonical;
 pub mod channels;
 pub mod child_agents;
+mod codes;
 pub mod compaction;
 pub mod context;
 pub mod decide;

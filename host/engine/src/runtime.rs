@@ -63,8 +63,9 @@ use warden_providers::{
 };
 use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
 use warden_store::{
-    ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, KeyClaim, Listing, RunMeta,
-    SETTLED_STATUSES, Settle, Settlement, SettlingAppend, StoreError, VerifyReport,
+    ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, KeyClaim, Listing,
+    ListingStatus, RunMeta, SETTLED_STATUSES, Settle, Settlement, SettlingAppend, StoreError,
+    VerifyReport,
 };
 
 mod children;
@@ -854,7 +855,7 @@ impl Runtime {
         input: Value,
         options: StartOptions,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, input, options, RunStatus::Running.as_str())
+        self.start_as(agent, input, options, ListingStatus::RUNNING)
             .await
     }
 
@@ -882,7 +883,7 @@ impl Runtime {
     }
 
     /// Records a run for workers to drive: like [`start`](Self::start), but
-    /// listed as [`QUEUED`](warden_store::QUEUED) until a worker claims it
+    /// listed as [`QUEUED`](ListingStatus::QUEUED) until a worker claims it
     /// (see `store/claim.rs`). Nothing drives it here. In a session, the
     /// session counts the queued run as active, so another start or submit
     /// there is refused until it settles.
@@ -892,7 +893,7 @@ impl Runtime {
         input: Value,
         options: StartOptions,
     ) -> Result<RunId, RuntimeError> {
-        self.start_as(agent, input, options, warden_store::QUEUED)
+        self.start_as(agent, input, options, ListingStatus::QUEUED)
             .await
     }
 
@@ -901,7 +902,7 @@ impl Runtime {
         agent: &Agent,
         input: Value,
         options: StartOptions,
-        status: &str,
+        status: ListingStatus,
     ) -> Result<RunId, RuntimeError> {
         let StartOptions {
             run_id,
@@ -2376,7 +2377,7 @@ impl Runtime {
         }
         let expected = log.events.len() as u64;
         let (status, now) = (log.state.status(), self.inner.clock.now_ms() as i64);
-        let listing = Listing::new(status.as_str())
+        let listing = Listing::new(status.listing())
             .owing(Self::owed(log, &new, status))
             .waking_at(log.state.waiting().map(|w| w.until_ms as i64));
         let store = &self.inner.store;

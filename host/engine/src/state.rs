@@ -15,6 +15,7 @@
 use std::collections::{BTreeMap, HashMap};
 
 use serde_json::Value;
+use warden_store::{ListingStatus, StatusClass};
 
 use super::budget::{
     BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, RecordedLimits, parse_extension,
@@ -95,42 +96,48 @@ impl RunStatus {
 
     /// The snake_case name, as serialized.
     pub fn as_str(self) -> &'static str {
+        self.listing().name()
+    }
+
+    /// The status as the store lists it. The store acts on its class (see
+    /// [`warden_store::StatusClass`]): what a worker may claim,
+    /// what holds a session; so this match is where the engine's statuses
+    /// meet the store's, and the statuses the store acts on are its own.
+    pub const fn listing(self) -> ListingStatus {
+        // Consts, so a name the store gives meaning to fails the build.
+        const AWAITING_APPROVAL: ListingStatus = ListingStatus::parked("awaiting_approval");
+        const SUSPENDED: ListingStatus = ListingStatus::parked("suspended");
+        const AWAITING_EXTERNAL: ListingStatus = ListingStatus::parked("awaiting_external");
+        const AWAITING_CHILD: ListingStatus = ListingStatus::parked("awaiting_child");
+        const BUDGET_EXCEEDED: ListingStatus = ListingStatus::parked("budget_exceeded");
+        const NEEDS_RECONCILIATION: ListingStatus = ListingStatus::parked("needs_reconciliation");
         match self {
-            RunStatus::Running => "running",
-            RunStatus::AwaitingApproval => "awaiting_approval",
-            RunStatus::Suspended => "suspended",
-            RunStatus::AwaitingExternal => "awaiting_external",
-            RunStatus::AwaitingChild => "awaiting_child",
-            RunStatus::BudgetExceeded => "budget_exceeded",
-            RunStatus::Waiting => "waiting",
-            RunStatus::NeedsReconciliation => "needs_reconciliation",
-            RunStatus::Completed => "completed",
-            RunStatus::Failed => "failed",
-            RunStatus::Cancelled => "cancelled",
-            RunStatus::Abandoned => "abandoned",
+            RunStatus::Running => ListingStatus::RUNNING,
+            RunStatus::AwaitingApproval => AWAITING_APPROVAL,
+            RunStatus::Suspended => SUSPENDED,
+            RunStatus::AwaitingExternal => AWAITING_EXTERNAL,
+            RunStatus::AwaitingChild => AWAITING_CHILD,
+            RunStatus::BudgetExceeded => BUDGET_EXCEEDED,
+            RunStatus::Waiting => ListingStatus::WAITING,
+            RunStatus::NeedsReconciliation => NEEDS_RECONCILIATION,
+            RunStatus::Completed => ListingStatus::COMPLETED,
+            RunStatus::Failed => ListingStatus::FAILED,
+            RunStatus::Cancelled => ListingStatus::CANCELLED,
+            RunStatus::Abandoned => ListingStatus::ABANDONED,
         }
     }
 
-    /// Whether the run is over.
+    /// Whether the run is over: what the store treats as settled.
     pub fn is_terminal(self) -> bool {
-        matches!(
-            self,
-            RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Abandoned
-        )
+        self.listing().class() == StatusClass::Settled
     }
 
     /// Whether the run waits: for a human (approval, input, a budget, or a
     /// reconciliation), the application, or its wake-up time.
     pub fn is_parked(self) -> bool {
         matches!(
-            self,
-            RunStatus::AwaitingApproval
-                | RunStatus::Suspended
-                | RunStatus::AwaitingExternal
-                | RunStatus::AwaitingChild
-                | RunStatus::BudgetExceeded
-                | RunStatus::Waiting
-                | RunStatus::NeedsReconciliation
+            self.listing().class(),
+            StatusClass::Parked | StatusClass::Waiting
         )
     }
 }

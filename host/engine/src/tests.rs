@@ -389,6 +389,38 @@ fn write_intent() -> ToolCallIntent {
 
 // ------------------------------------------------------------------ status
 
+/// Each status is listed under its own serialized name, in the store class
+/// that matches what the engine means by it: only terminal statuses settle
+/// (release their session), only `running` is driven, only `waiting` wakes
+/// by itself, and nothing the engine derives is `queued` (a store state).
+#[test]
+fn every_status_lists_under_its_own_name() {
+    use warden_store::StatusClass;
+    for status in RunStatus::ALL {
+        let listing = status.listing();
+        let serialized = serde_json::to_value(status).unwrap();
+        assert_eq!(serialized, json!(listing.name()), "{status:?}");
+        let expected = match status {
+            RunStatus::Running => StatusClass::Running,
+            RunStatus::Waiting => StatusClass::Waiting,
+            s if s.is_terminal() => StatusClass::Settled,
+            _ => StatusClass::Parked,
+        };
+        assert_eq!(listing.class(), expected, "{status:?}");
+        assert_eq!(
+            status.is_terminal(),
+            [
+                RunStatus::Completed,
+                RunStatus::Failed,
+                RunStatus::Cancelled,
+                RunStatus::Abandoned
+            ]
+            .contains(&status),
+            "{status:?}"
+        );
+    }
+}
+
 #[test]
 fn every_status_is_derived_from_the_log_alone() {
     let cases: Vec<(&str, Vec<Event>, RunStatus)> = vec![

@@ -363,7 +363,7 @@ impl Worker {
             Err(RuntimeError::NeedsReconciliation { run_id, write }) => {
                 tracing::warn!(%run_id, call_id = %write.call_id, "run needs reconciliation: a write has no recorded outcome");
                 (
-                    Some(Some(RunStatus::NeedsReconciliation.as_str())),
+                    Some(Some(RunStatus::NeedsReconciliation.listing())),
                     Ended::Settled,
                 )
             }

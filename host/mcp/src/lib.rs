@@ -330,7 +330,7 @@ impl Served {
                     continue;
                 }
             };
-            let listed = (status == RunStatus::NeedsReconciliation).then_some(status.as_str());
+            let listed = (status == RunStatus::NeedsReconciliation).then_some(status.listing());
             if let Err(error) = store.release_claim(&claim, listed).await {
                 tracing::warn!(run_id = %run.run_id, %error, "cannot release a recovered run's claim");
             }

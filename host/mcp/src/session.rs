@@ -556,7 +556,7 @@ impl Session {
         };
         let listed = status
             .filter(|s| *s == RunStatus::NeedsReconciliation)
-            .map(RunStatus::as_str);
+            .map(RunStatus::listing);
         if let Err(error) = self
             .runtime
             .store()

@@ -26,6 +26,7 @@
 //! which is then the only file the manifest may name.
 
 pub mod builtin;
+mod codes;
 pub mod grant;
 pub mod manifest;
 pub mod tool;

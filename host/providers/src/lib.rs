@@ -385,6 +385,36 @@ impl ProviderError {
             | ProviderError::Script(_) => false,
         }
     }
+
+    /// The stable code naming this error in the command line's `--json`
+    /// envelope, the HTTP API and the Python package (docs/json-output.md).
+    pub fn code(&self) -> &'static str {
+        match self {
+            ProviderError::Transport { .. } => "provider_unreachable",
+            ProviderError::Http { .. } => "provider_http",
+            ProviderError::InvalidRequest { .. } => "provider_invalid",
+            ProviderError::Script(_) => "transcript_invalid",
+            ProviderError::Remote { .. } | ProviderError::Protocol { .. } => "provider_failed",
+        }
+    }
+
+    /// The evidence that goes with [`code`](Self::code).
+    pub fn details(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            ProviderError::Http {
+                provider,
+                status,
+                url,
+                ..
+            } => json!({ "provider": provider, "status": status, "url": url }),
+            ProviderError::Transport { provider, .. }
+            | ProviderError::InvalidRequest { provider, .. }
+            | ProviderError::Remote { provider, .. }
+            | ProviderError::Protocol { provider, .. } => json!({ "provider": provider }),
+            ProviderError::Script(_) => json!({}),
+        }
+    }
 }
 
 #[cfg(test)]

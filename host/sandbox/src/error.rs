@@ -78,6 +78,42 @@ pub enum SandboxError {
     },
 }
 
+impl SandboxError {
+    /// The stable code naming this error in the command line's `--json`
+    /// envelope, the HTTP API and the Python package (docs/json-output.md).
+    pub fn code(&self) -> &'static str {
+        match self {
+            SandboxError::IntegrityMismatch { .. } => "integrity_mismatch",
+            SandboxError::DisallowedImport { .. } => "import_refused",
+            SandboxError::Io { .. } => "io_failed",
+            SandboxError::Engine { .. }
+            | SandboxError::Compile { .. }
+            | SandboxError::NotAPlugin { .. }
+            | SandboxError::Link { .. } => "component_refused",
+        }
+    }
+
+    /// The evidence that goes with [`code`](Self::code).
+    pub fn details(&self) -> serde_json::Value {
+        use serde_json::json;
+        match self {
+            SandboxError::IntegrityMismatch {
+                plugin,
+                expected,
+                actual,
+            } => json!({ "plugin": plugin, "expected": expected, "actual": actual }),
+            SandboxError::DisallowedImport { plugin, import } => {
+                json!({ "plugin": plugin, "import": import })
+            }
+            SandboxError::Io { path, .. } => json!({ "file": warden_syntax::evidence::path(path) }),
+            SandboxError::Compile { plugin, .. }
+            | SandboxError::NotAPlugin { plugin, .. }
+            | SandboxError::Link { plugin, .. } => json!({ "plugin": plugin }),
+            SandboxError::Engine { .. } => json!({}),
+        }
+    }
+}
+
 /// Why the host stopped or refused one invocation. A guest's own typed error
 /// is not a `LeaseError`: it is the call's result.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use warden_store::{EventStore, MemoryStore, RunId, RunMeta, SqliteStore};
+use warden_store::{EventStore, ListingStatus, MemoryStore, RunId, RunMeta, SqliteStore};
 
 /// A realistic event: about 300 bytes of JSON, like a tool completion.
 fn event(run: usize, seq: u64) -> Bytes {
@@ -63,7 +63,7 @@ fn raw_fsync(dir: &std::path::Path) -> Duration {
 async fn sequential(store: &SqliteStore) {
     let run = run_id(0);
     store
-        .create(&run, meta(), event(0, 1), "running")
+        .create(&run, meta(), event(0, 1), ListingStatus::RUNNING)
         .await
         .unwrap();
     let n = 1_000u64;
@@ -74,7 +74,7 @@ async fn sequential(store: &SqliteStore) {
                 &run,
                 seq,
                 &[event(0, seq + 1)],
-                "running".into(),
+                ListingStatus::RUNNING.into(),
                 seq as i64,
             )
             .await
@@ -91,7 +91,12 @@ async fn sequential(store: &SqliteStore) {
 async fn group_commit(store: Arc<SqliteStore>, runs: usize, steps: u64) {
     for i in 0..runs {
         store
-            .create(&run_id(10_000 + i), meta(), event(i, 1), "running")
+            .create(
+                &run_id(10_000 + i),
+                meta(),
+                event(i, 1),
+                ListingStatus::RUNNING,
+            )
             .await
             .unwrap();
     }
@@ -108,7 +113,7 @@ async fn group_commit(store: Arc<SqliteStore>, runs: usize, steps: u64) {
                             &run,
                             step,
                             &[event(i, step + 1)],
-                            "running".into(),
+                            ListingStatus::RUNNING.into(),
                             step as i64,
                         )
                         .await
@@ -134,7 +139,7 @@ async fn group_commit(store: Arc<SqliteStore>, runs: usize, steps: u64) {
 async fn batched(store: &SqliteStore, batch: usize, total: usize) {
     let run = run_id(50_000 + batch);
     store
-        .create(&run, meta(), event(0, 1), "running")
+        .create(&run, meta(), event(0, 1), ListingStatus::RUNNING)
         .await
         .unwrap();
     let mut len = 1u64;
@@ -144,7 +149,13 @@ async fn batched(store: &SqliteStore, batch: usize, total: usize) {
             .map(|i| event(batch, len + 1 + i))
             .collect();
         let appended = store
-            .append(&run, len, &events, "running".into(), len as i64)
+            .append(
+                &run,
+                len,
+                &events,
+                ListingStatus::RUNNING.into(),
+                len as i64,
+            )
             .await
             .unwrap();
         len = appended.event_count;
@@ -160,7 +171,7 @@ async fn batched(store: &SqliteStore, batch: usize, total: usize) {
 async fn load_10k(store: &dyn EventStore, label: &str) {
     let run = run_id(90_000);
     store
-        .create(&run, meta(), event(0, 1), "running")
+        .create(&run, meta(), event(0, 1), ListingStatus::RUNNING)
         .await
         .unwrap();
     let mut len = 1u64;
@@ -168,7 +179,7 @@ async fn load_10k(store: &dyn EventStore, label: &str) {
         let n = (10_000 - len).min(1_000);
         let events: Vec<Bytes> = (0..n).map(|i| event(0, len + 1 + i)).collect();
         len = store
-            .append(&run, len, &events, "running".into(), 0)
+            .append(&run, len, &events, ListingStatus::RUNNING.into(), 0)
             .await
             .unwrap()
             .event_count;

@@ -38,7 +38,8 @@
 //!
 //! # The queue
 //!
-//! A run created with the listing status [`QUEUED`] (`warden submit`) waits
+//! A run created with the listing status
+//! [`ListingStatus::QUEUED`](super::ListingStatus::QUEUED) (`warden submit`) waits
 //! for a worker. [`EventStore::claim`](super::EventStore::claim) claims, in
 //! creation order, runs that are
 //! - `queued`, or
@@ -68,11 +69,6 @@
 //! pruned run is a [`StoreError::Pruned`](super::StoreError::Pruned).
 
 use super::{ChainHash, RunId};
-
-/// The listing status of a submitted run that no worker has started.
-pub const QUEUED: &str = "queued";
-/// The listing status of a run parked until its wake-up time.
-pub const WAITING: &str = "waiting";
 
 /// A claim on one run, as issued to its owner.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -14,8 +14,9 @@ use sha2::{Digest, Sha256};
 
 use super::{
     ApprovalRule, ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder,
-    KeyClaim, Listing, MemoryStore, PruneFilter, QUEUED, Revocation, RuleStanding, RunFilter,
-    RunId, RunMeta, Settle, Settlement, SettlingAppend, SqliteStore, StoreError, WAITING,
+    KeyClaim, Listing, ListingStatus, MemoryStore, PruneFilter, Revocation, RuleStanding,
+    RunFilter, RunId, RunMeta, Settle, Settlement, SettlingAppend, SqliteStore, StoreError,
+    WAITING,
 };
 
 /// A store under test and the back door the tamper tests need.
@@ -374,7 +375,12 @@ pub(crate) fn meta(agent: &str, created_ms: i64) -> RunMeta {
 /// Creates `run` with `n` events ("<run>:1" ..), appended one per call.
 pub(crate) async fn new_run(store: &dyn EventStore, run: &RunId, n: u64) {
     store
-        .create(run, meta("agent", 1), ev(&format!("{run}:1")), "running")
+        .create(
+            run,
+            meta("agent", 1),
+            ev(&format!("{run}:1")),
+            ListingStatus::RUNNING,
+        )
         .await
         .unwrap();
     for seq in 2..=n {
@@ -383,7 +389,7 @@ pub(crate) async fn new_run(store: &dyn EventStore, run: &RunId, n: u64) {
                 run,
                 seq - 1,
                 &[ev(&format!("{run}:{seq}"))],
-                "running".into(),
+                ListingStatus::RUNNING.into(),
                 seq as i64,
             )
             .await
@@ -443,7 +449,12 @@ pub(crate) async fn create_then_load(backend: &dyn Backend) {
     m.labels.insert("team".into(), "red".into());
     m.session = Some("sess-9".into());
     let appended = store
-        .create(&run, m.clone(), ev(r#"{"kind":"run_started"}"#), "running")
+        .create(
+            &run,
+            m.clone(),
+            ev(r#"{"kind":"run_started"}"#),
+            ListingStatus::RUNNING,
+        )
         .await
         .unwrap();
     assert_eq!(appended.event_count, 1);
@@ -472,7 +483,12 @@ pub(crate) async fn create_refuses_an_id_with_history(backend: &dyn Backend) {
     let run = id("dup");
     new_run(&*store, &run, 3).await;
     let err = store
-        .create(&run, meta("other-agent", 99), ev("again"), "completed")
+        .create(
+            &run,
+            meta("other-agent", 99),
+            ev("again"),
+            ListingStatus::COMPLETED,
+        )
         .await
         .unwrap_err();
     assert!(
@@ -498,22 +514,22 @@ pub(crate) async fn append_extends_the_log_in_order(backend: &dyn Backend) {
     let run = id("ordered");
     let binary: &[u8] = &[0, 0xff, 0xfe, b'\n', 0];
     store
-        .create(&run, meta("a", 5), ev("one"), "running")
+        .create(&run, meta("a", 5), ev("one"), ListingStatus::RUNNING)
         .await
         .unwrap();
     let a = store
-        .append(&run, 1, &[ev("two")], "running".into(), 6)
+        .append(&run, 1, &[ev("two")], ListingStatus::RUNNING.into(), 6)
         .await
         .unwrap();
     assert_eq!(a.event_count, 2);
     let batch = [ev("three"), Bytes::copy_from_slice(binary), Bytes::new()];
     let a = store
-        .append(&run, 2, &batch, "running".into(), 7)
+        .append(&run, 2, &batch, ListingStatus::RUNNING.into(), 7)
         .await
         .unwrap();
     assert_eq!(a.event_count, 5);
     let last = store
-        .append(&run, 5, &[ev("six")], "running".into(), 8)
+        .append(&run, 5, &[ev("six")], ListingStatus::RUNNING.into(), 8)
         .await
         .unwrap();
     assert_eq!(last.event_count, 6);
@@ -541,7 +557,13 @@ pub(crate) async fn conflicting_append_writes_nothing(backend: &dyn Backend) {
     let before = store.summary(&run).await.unwrap();
     for expected in [0, 2, 4, 10] {
         let err = store
-            .append(&run, expected, &[ev("x"), ev("y")], "completed".into(), 999)
+            .append(
+                &run,
+                expected,
+                &[ev("x"), ev("y")],
+                ListingStatus::COMPLETED.into(),
+                999,
+            )
             .await
             .unwrap_err();
         match &err {
@@ -569,7 +591,7 @@ pub(crate) async fn unknown_runs_and_empty_appends_are_typed(backend: &dyn Backe
     let is_unknown = |e: &StoreError| matches!(e, StoreError::UnknownRun { run_id } if run_id.as_str() == "ghost");
     assert!(is_unknown(
         &store
-            .append(&ghost, 1, &[ev("x")], "running".into(), 1)
+            .append(&ghost, 1, &[ev("x")], ListingStatus::RUNNING.into(), 1)
             .await
             .unwrap_err()
     ));
@@ -579,7 +601,7 @@ pub(crate) async fn unknown_runs_and_empty_appends_are_typed(backend: &dyn Backe
     assert!(is_unknown(&store.verify(&ghost).await.unwrap_err()));
     assert_eq!(
         store
-            .append(&ghost, 1, &[ev("x")], "r".into(), 1)
+            .append(&ghost, 1, &[ev("x")], ListingStatus::RUNNING.into(), 1)
             .await
             .unwrap_err()
             .to_string(),
@@ -589,7 +611,7 @@ pub(crate) async fn unknown_runs_and_empty_appends_are_typed(backend: &dyn Backe
     let run = id("real");
     new_run(&*store, &run, 2).await;
     let err = store
-        .append(&run, 2, &[], "completed".into(), 50)
+        .append(&run, 2, &[], ListingStatus::COMPLETED.into(), 50)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::EmptyAppend { .. }), "{err:?}");
@@ -605,11 +627,17 @@ pub(crate) async fn status_and_updated_time_change_with_the_append(backend: &dyn
     let store = backend.open().await;
     let run = id("status");
     store
-        .create(&run, meta("a", 10), ev("1"), "running")
+        .create(&run, meta("a", 10), ev("1"), ListingStatus::RUNNING)
         .await
         .unwrap();
     store
-        .append(&run, 1, &[ev("2"), ev("3")], "awaiting_approval".into(), 25)
+        .append(
+            &run,
+            1,
+            &[ev("2"), ev("3")],
+            ListingStatus::parked("awaiting_approval").into(),
+            25,
+        )
         .await
         .unwrap();
     let s = store.summary(&run).await.unwrap();
@@ -623,7 +651,7 @@ pub(crate) async fn status_and_updated_time_change_with_the_append(backend: &dyn
         .unwrap();
     assert_eq!(ids(&parked), ["status"]);
     store
-        .append(&run, 3, &[ev("4")], "completed".into(), 40)
+        .append(&run, 3, &[ev("4")], ListingStatus::COMPLETED.into(), 40)
         .await
         .unwrap();
     assert!(
@@ -666,7 +694,7 @@ pub(crate) async fn load_many_reads_each_log_checked_and_skips_the_missing(backe
     assert!(store.load_many(&[]).await.unwrap().is_empty());
     // A pruned run is left out like one never made.
     store
-        .append(&id("many-b"), 1, &[ev("end")], "completed".into(), 10)
+        .append(&id("many-b"), 1, &[ev("end")], listed("completed").into(), 10)
         .await
         .unwrap();
     let pruned = store
@@ -759,9 +787,12 @@ async fn listing_fixture(store: &dyn EventStore) {
             created_ms: created,
         };
         let run = id(run);
-        store.create(&run, m, ev("start"), "running").await.unwrap();
         store
-            .append(&run, 1, &[ev("next")], status.into(), created + 1)
+            .create(&run, m, ev("start"), ListingStatus::RUNNING)
+            .await
+            .unwrap();
+        store
+            .append(&run, 1, &[ev("next")], listed(status).into(), created + 1)
             .await
             .unwrap();
     }
@@ -907,7 +938,13 @@ async fn tamper_case(
     // The other run is unaffected, and listing still shows both.
     assert_eq!(store.load(&bystander).await.unwrap().len(), 3);
     store
-        .append(&bystander, 3, &[ev("more")], "completed".into(), 10)
+        .append(
+            &bystander,
+            3,
+            &[ev("more")],
+            ListingStatus::COMPLETED.into(),
+            10,
+        )
         .await
         .unwrap();
     assert_eq!(store.load(&bystander).await.unwrap().len(), 4);
@@ -944,7 +981,13 @@ pub(crate) async fn tamper_truncated_log_is_detected(backend: &dyn Backend) {
     // Appending after the damage is refused, not chained onto a hole.
     let store = backend.open().await;
     let err = store
-        .append(&id("victim"), 6, &[ev("x")], "running".into(), 1)
+        .append(
+            &id("victim"),
+            6,
+            &[ev("x")],
+            ListingStatus::RUNNING.into(),
+            1,
+        )
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Tampered { .. }), "{err:?}");
@@ -964,7 +1007,13 @@ pub(crate) async fn tamper_rolled_back_head_is_detected(backend: &dyn Backend) {
     tamper_case(backend, Tamper::RollBackHead { to: 4 }, 5, beyond).await;
     let store = backend.open().await;
     let err = store
-        .append(&id("victim"), 4, &[ev("x")], "running".into(), 1)
+        .append(
+            &id("victim"),
+            4,
+            &[ev("x")],
+            ListingStatus::RUNNING.into(),
+            1,
+        )
         .await
         .unwrap_err();
     assert_tampered(err, &id("victim"), 5, beyond);
@@ -974,7 +1023,7 @@ pub(crate) async fn concurrent_appends_on_one_run_have_one_winner(backend: &dyn 
     let store = backend.open().await;
     let run = id("race");
     store
-        .create(&run, meta("a", 1), ev("start"), "running")
+        .create(&run, meta("a", 1), ev("start"), ListingStatus::RUNNING)
         .await
         .unwrap();
     const RACERS: usize = 8;
@@ -987,7 +1036,13 @@ pub(crate) async fn concurrent_appends_on_one_run_have_one_winner(backend: &dyn 
                 tokio::spawn(async move {
                     let event = ev(&format!("round {round} racer {racer}"));
                     store
-                        .append(&run, len, &[event], "running".into(), len as i64)
+                        .append(
+                            &run,
+                            len,
+                            &[event],
+                            ListingStatus::RUNNING.into(),
+                            len as i64,
+                        )
                         .await
                 })
             })
@@ -1028,14 +1083,14 @@ pub(crate) async fn concurrent_runs_each_keep_their_own_log(backend: &dyn Backen
             tokio::spawn(async move {
                 let run = id(&format!("many-{i:03}"));
                 store
-                    .create(&run, meta("a", i as i64), ev("0"), "running")
+                    .create(&run, meta("a", i as i64), ev("0"), ListingStatus::RUNNING)
                     .await
                     .unwrap();
                 for step in 1..=STEPS {
                     let status = if step == STEPS {
-                        "completed"
+                        ListingStatus::COMPLETED
                     } else {
-                        "running"
+                        ListingStatus::RUNNING
                     };
                     let appended = store
                         .append(
@@ -1120,7 +1175,13 @@ pub(crate) async fn reopened_store_keeps_everything(backend: &dyn Backend) {
     // Appends continue where the log ended, from the stored head.
     let long = id("long");
     let appended = store
-        .append(&long, 50, &[ev("long:51")], "completed".into(), 51)
+        .append(
+            &long,
+            50,
+            &[ev("long:51")],
+            ListingStatus::COMPLETED.into(),
+            51,
+        )
         .await
         .unwrap();
     assert_eq!(appended.event_count, 51);
@@ -1128,7 +1189,7 @@ pub(crate) async fn reopened_store_keeps_everything(backend: &dyn Backend) {
     assert_eq!(log.len(), 51);
     assert_eq!(log[50].hash, appended.head);
     let err = store
-        .create(&long, meta("a", 1), ev("x"), "running")
+        .create(&long, meta("a", 1), ev("x"), ListingStatus::RUNNING)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::AlreadyExists { .. }));
@@ -1181,7 +1242,7 @@ pub(crate) async fn a_replaced_claim_is_fenced(backend: &dyn Backend) {
         "run fenced is claimed by host-a until 1100 (ms since the epoch)"
     );
     store
-        .append_fenced(&a, 1, &[ev("a:2")], "running".into(), 1_060)
+        .append_fenced(&a, 1, &[ev("a:2")], ListingStatus::RUNNING.into(), 1_060)
         .await
         .unwrap();
     // A pauses past its expiry; B takes over with a higher token.
@@ -1193,7 +1254,7 @@ pub(crate) async fn a_replaced_claim_is_fenced(backend: &dyn Backend) {
     // A wakes up: its append (even with the right length), renewal and
     // release change nothing.
     let err = store
-        .append_fenced(&a, 2, &[ev("a:3")], "completed".into(), 1_110)
+        .append_fenced(&a, 2, &[ev("a:3")], ListingStatus::COMPLETED.into(), 1_110)
         .await
         .unwrap_err();
     assert_eq!(
@@ -1207,14 +1268,17 @@ pub(crate) async fn a_replaced_claim_is_fenced(backend: &dyn Backend) {
         1,
         2,
     );
-    store.release_claim(&a, Some("failed")).await.unwrap();
+    store
+        .release_claim(&a, Some(ListingStatus::FAILED))
+        .await
+        .unwrap();
     let s = store.summary(&run).await.unwrap();
     assert_eq!((s.status.as_str(), s.event_count), ("running", 2));
     assert_eq!(s.claim.as_ref(), Some(&b));
     assert_eq!(s.claim_token, 2);
     // B writes.
     let appended = store
-        .append_fenced(&b, 2, &[ev("b:3")], "completed".into(), 1_120)
+        .append_fenced(&b, 2, &[ev("b:3")], ListingStatus::COMPLETED.into(), 1_120)
         .await
         .unwrap();
     assert_eq!(appended.event_count, 3);
@@ -1231,7 +1295,7 @@ pub(crate) async fn an_expired_claim_nobody_replaced_still_writes(backend: &dyn 
     let a = store.acquire_claim(&run, "host-a", 0, 10).await.unwrap();
     // Long past the expiry, nobody took over: the token still decides.
     store
-        .append_fenced(&a, 1, &[ev("late:2")], "running".into(), 500)
+        .append_fenced(&a, 1, &[ev("late:2")], ListingStatus::RUNNING.into(), 500)
         .await
         .unwrap();
     let s = store.summary(&run).await.unwrap();
@@ -1246,7 +1310,7 @@ pub(crate) async fn an_expired_claim_nobody_replaced_still_writes(backend: &dyn 
     assert_eq!(again.token, 2);
     assert_fenced(
         store
-            .append_fenced(&renewed, 2, &[ev("x")], "running".into(), 506)
+            .append_fenced(&renewed, 2, &[ev("x")], ListingStatus::RUNNING.into(), 506)
             .await
             .unwrap_err(),
         &run,
@@ -1255,7 +1319,7 @@ pub(crate) async fn an_expired_claim_nobody_replaced_still_writes(backend: &dyn 
     );
     // A stale length under the current claim is still a conflict.
     let err = store
-        .append_fenced(&again, 1, &[ev("x")], "running".into(), 506)
+        .append_fenced(&again, 1, &[ev("x")], ListingStatus::RUNNING.into(), 506)
         .await
         .unwrap_err();
     assert!(
@@ -1271,7 +1335,7 @@ pub(crate) async fn a_released_claim_frees_the_run_and_fences_its_holder(backend
     new_run(&*store, &run, 2).await;
     let a = store.acquire_claim(&run, "host-a", 0, 1_000).await.unwrap();
     store
-        .release_claim(&a, Some("needs_reconciliation"))
+        .release_claim(&a, Some(ListingStatus::parked("needs_reconciliation")))
         .await
         .unwrap();
     let s = store.summary(&run).await.unwrap();
@@ -1279,7 +1343,7 @@ pub(crate) async fn a_released_claim_frees_the_run_and_fences_its_holder(backend
     assert_eq!((s.claim.as_ref(), s.claim_token), (None, 1));
     assert_fenced(
         store
-            .append_fenced(&a, 2, &[ev("x")], "running".into(), 1)
+            .append_fenced(&a, 2, &[ev("x")], ListingStatus::RUNNING.into(), 1)
             .await
             .unwrap_err(),
         &run,
@@ -1288,7 +1352,10 @@ pub(crate) async fn a_released_claim_frees_the_run_and_fences_its_holder(backend
     );
     assert_fenced(store.renew_claim(&a, 1, 10).await.unwrap_err(), &run, 1, 1);
     // Released twice: nothing more happens.
-    store.release_claim(&a, Some("running")).await.unwrap();
+    store
+        .release_claim(&a, Some(ListingStatus::RUNNING))
+        .await
+        .unwrap();
     assert_eq!(
         store.summary(&run).await.unwrap().status,
         "needs_reconciliation"
@@ -1299,11 +1366,11 @@ pub(crate) async fn a_released_claim_frees_the_run_and_fences_its_holder(backend
     // Unfenced appends (verbs a human records) go through under a claim;
     // the driver then finds the log moved.
     store
-        .append(&run, 2, &[ev("approved")], "running".into(), 2)
+        .append(&run, 2, &[ev("approved")], ListingStatus::RUNNING.into(), 2)
         .await
         .unwrap();
     let err = store
-        .append_fenced(&b, 2, &[ev("x")], "running".into(), 3)
+        .append_fenced(&b, 2, &[ev("x")], ListingStatus::RUNNING.into(), 3)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Conflict { .. }), "{err:?}");
@@ -1323,7 +1390,7 @@ pub(crate) async fn a_released_claim_frees_the_run_and_fences_its_holder(backend
     assert!(unknown(&store.renew_claim(&fake, 0, 1).await.unwrap_err()));
     assert!(unknown(
         &store
-            .append_fenced(&fake, 1, &[ev("x")], "running".into(), 1)
+            .append_fenced(&fake, 1, &[ev("x")], ListingStatus::RUNNING.into(), 1)
             .await
             .unwrap_err()
     ));
@@ -1359,12 +1426,20 @@ pub(crate) async fn racing_acquirers_have_one_winner(backend: &dyn Backend) {
     );
 }
 
+/// The listing status named `name`: one of the store's own, else parked.
+fn listed(name: &'static str) -> ListingStatus {
+    ListingStatus::OWN
+        .into_iter()
+        .find(|s| s.name() == name)
+        .unwrap_or_else(|| ListingStatus::parked(name))
+}
+
 /// Creates `run` in `session` with listing status `status`.
 async fn create_in_session(
     store: &dyn EventStore,
     run: &str,
     session: &str,
-    status: &str,
+    status: ListingStatus,
 ) -> Result<super::Appended, StoreError> {
     let mut m = meta("agent", 1);
     m.session = Some(session.to_owned());
@@ -1385,17 +1460,17 @@ fn assert_busy(result: Result<super::Appended, StoreError>, session: &str, activ
 
 pub(crate) async fn a_session_holds_one_active_run_until_it_ends(backend: &dyn Backend) {
     let store = backend.open().await;
-    create_in_session(&*store, "first", "chat", "running")
+    create_in_session(&*store, "first", "chat", ListingStatus::RUNNING)
         .await
         .unwrap();
     // A second start is refused, names the active run and writes nothing.
-    let refused = create_in_session(&*store, "second", "chat", "running").await;
+    let refused = create_in_session(&*store, "second", "chat", ListingStatus::RUNNING).await;
     assert_busy(refused, "chat", "first");
     assert!(matches!(
         store.load(&id("second")).await,
         Err(StoreError::UnknownRun { .. })
     ));
-    let message = create_in_session(&*store, "second", "chat", "queued")
+    let message = create_in_session(&*store, "second", "chat", ListingStatus::QUEUED)
         .await
         .unwrap_err()
         .to_string();
@@ -1404,11 +1479,16 @@ pub(crate) async fn a_session_holds_one_active_run_until_it_ends(backend: &dyn B
         "session chat is busy: run first is still active in it"
     );
     // Other sessions and runs outside sessions are not affected.
-    create_in_session(&*store, "elsewhere", "other-chat", "running")
+    create_in_session(&*store, "elsewhere", "other-chat", ListingStatus::RUNNING)
         .await
         .unwrap();
     store
-        .create(&id("loose"), meta("agent", 1), ev("start"), "running")
+        .create(
+            &id("loose"),
+            meta("agent", 1),
+            ev("start"),
+            ListingStatus::RUNNING,
+        )
         .await
         .unwrap();
     // Every parked status keeps the session; every terminal one releases it.
@@ -1422,24 +1502,24 @@ pub(crate) async fn a_session_holds_one_active_run_until_it_ends(backend: &dyn B
         "running",
     ] {
         store
-            .append(&id("first"), len, &[ev(parked)], parked.into(), 2)
+            .append(&id("first"), len, &[ev(parked)], listed(parked).into(), 2)
             .await
             .unwrap();
         len += 1;
         assert_busy(
-            create_in_session(&*store, "second", "chat", "running").await,
+            create_in_session(&*store, "second", "chat", ListingStatus::RUNNING).await,
             "chat",
             "first",
         );
     }
     let mut holder = "first".to_owned();
-    for (n, settled) in super::SETTLED_STATUSES.iter().enumerate() {
+    for (n, settled) in ListingStatus::SETTLED.into_iter().enumerate() {
         store
-            .append(&id(&holder), len, &[ev(settled)], (*settled).into(), 3)
+            .append(&id(&holder), len, &[ev(settled.name())], settled.into(), 3)
             .await
             .unwrap();
         let next = format!("next-{n}");
-        create_in_session(&*store, &next, "chat", "running")
+        create_in_session(&*store, &next, "chat", ListingStatus::RUNNING)
             .await
             .unwrap_or_else(|e| panic!("a {settled} run must release its session: {e}"));
         holder = next;
@@ -1460,12 +1540,20 @@ pub(crate) async fn a_start_that_read_a_changed_session_is_refused(backend: &dyn
             let mut m = meta("agent", 1);
             m.session = Some("chat".into());
             m.session_runs = Some(seen);
-            store.create(&id(run), m, ev("start"), "running").await
+            store
+                .create(&id(run), m, ev("start"), ListingStatus::RUNNING)
+                .await
         }
     };
     start("one", 0).await.unwrap();
     store
-        .append(&id("one"), 1, &[ev("done")], "completed".into(), 2)
+        .append(
+            &id("one"),
+            1,
+            &[ev("done")],
+            ListingStatus::COMPLETED.into(),
+            2,
+        )
         .await
         .unwrap();
     // A starter that read the session before `one` existed is refused.
@@ -1495,7 +1583,7 @@ pub(crate) async fn racing_starts_in_one_session_have_one_winner(backend: &dyn B
                 let run = format!("racer-{i}");
                 (
                     run.clone(),
-                    create_in_session(&*store, &run, "contested", "running").await,
+                    create_in_session(&*store, &run, "contested", ListingStatus::RUNNING).await,
                 )
             })
         })
@@ -1520,7 +1608,12 @@ pub(crate) async fn racing_starts_in_one_session_have_one_winner(backend: &dyn B
 }
 
 /// Creates `run` created at `created_ms` with listing status `status`.
-async fn run_with_status(store: &dyn EventStore, run: &str, created_ms: i64, status: &str) {
+async fn run_with_status(
+    store: &dyn EventStore,
+    run: &str,
+    created_ms: i64,
+    status: ListingStatus,
+) {
     store
         .create(&id(run), meta("agent", created_ms), ev("start"), status)
         .await
@@ -1536,11 +1629,11 @@ fn claimed(claims: &[Claim]) -> Vec<(&str, u64)> {
 
 pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: &dyn Backend) {
     let store = backend.open().await;
-    run_with_status(&*store, "q-1", 1, QUEUED).await;
-    run_with_status(&*store, "cli", 2, "running").await;
-    run_with_status(&*store, "q-2", 3, QUEUED).await;
-    run_with_status(&*store, "q-3", 4, QUEUED).await;
-    run_with_status(&*store, "done", 5, "completed").await;
+    run_with_status(&*store, "q-1", 1, ListingStatus::QUEUED).await;
+    run_with_status(&*store, "cli", 2, ListingStatus::RUNNING).await;
+    run_with_status(&*store, "q-2", 3, ListingStatus::QUEUED).await;
+    run_with_status(&*store, "q-3", 4, ListingStatus::QUEUED).await;
+    run_with_status(&*store, "done", 5, ListingStatus::COMPLETED).await;
 
     // Oldest first, never a run nobody queued (`warden run` drives it).
     let first = store.claim("w1", 0, 100, 1).await.unwrap();
@@ -1554,16 +1647,34 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
 
     // w1 drives q-1 and parks it; w2 drives q-2 and dies; q-3 finishes.
     store
-        .append_fenced(&first[0], 1, &[ev("asked")], "awaiting_approval".into(), 10)
+        .append_fenced(
+            &first[0],
+            1,
+            &[ev("asked")],
+            ListingStatus::parked("awaiting_approval").into(),
+            10,
+        )
         .await
         .unwrap();
     store.release_claim(&first[0], None).await.unwrap();
     store
-        .append_fenced(&rest[0], 1, &[ev("step")], "running".into(), 10)
+        .append_fenced(
+            &rest[0],
+            1,
+            &[ev("step")],
+            ListingStatus::RUNNING.into(),
+            10,
+        )
         .await
         .unwrap();
     store
-        .append_fenced(&rest[1], 1, &[ev("end")], "completed".into(), 10)
+        .append_fenced(
+            &rest[1],
+            1,
+            &[ev("end")],
+            ListingStatus::COMPLETED.into(),
+            10,
+        )
         .await
         .unwrap();
     store.release_claim(&rest[1], None).await.unwrap();
@@ -1575,7 +1686,13 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
     assert_eq!(claimed(&taken), [("q-2", 2)]);
     assert_fenced(
         store
-            .append_fenced(&rest[0], 2, &[ev("zombie")], "running".into(), 101)
+            .append_fenced(
+                &rest[0],
+                2,
+                &[ev("zombie")],
+                ListingStatus::RUNNING.into(),
+                101,
+            )
             .await
             .unwrap_err(),
         &id("q-2"),
@@ -1585,7 +1702,13 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
     // A human approves the parked run: it is runnable, and any worker
     // continues it.
     store
-        .append(&id("q-1"), 2, &[ev("approved")], "running".into(), 120)
+        .append(
+            &id("q-1"),
+            2,
+            &[ev("approved")],
+            ListingStatus::RUNNING.into(),
+            120,
+        )
         .await
         .unwrap();
     let continued = store.claim("w4", 120, 100, 10).await.unwrap();
@@ -1600,16 +1723,16 @@ pub(crate) async fn claims_take_queued_runs_and_runs_whose_driver_died(backend: 
 pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backend: &dyn Backend) {
     let store = backend.open().await;
     for (run, created) in [("owing", 1), ("settled", 2), ("parked", 3)] {
-        run_with_status(&*store, run, created, QUEUED).await;
+        run_with_status(&*store, run, created, ListingStatus::QUEUED).await;
     }
     // Driven by `warden run`: never claimed, so never claimed, owing or not.
-    run_with_status(&*store, "cli", 4, "running").await;
+    run_with_status(&*store, "cli", 4, ListingStatus::RUNNING).await;
     store
         .append(
             &id("cli"),
             1,
             &[ev("end")],
-            Listing::new("completed").owing(1),
+            Listing::new(ListingStatus::COMPLETED).owing(1),
             5,
         )
         .await
@@ -1621,7 +1744,7 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
     );
     // w1 finishes `owing` and dies before its delivery; finishes `settled`
     // with nothing owed; parks `parked` owing its notice, and dies too.
-    let owing = Listing::new("completed").owing(2);
+    let owing = Listing::new(ListingStatus::COMPLETED).owing(2);
     let appended = store
         .append_fenced(&claims[0], 1, &[ev("end")], owing, 10)
         .await
@@ -1633,7 +1756,13 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
         ("completed", 2)
     );
     store
-        .append_fenced(&claims[1], 1, &[ev("end")], "completed".into(), 10)
+        .append_fenced(
+            &claims[1],
+            1,
+            &[ev("end")],
+            ListingStatus::COMPLETED.into(),
+            10,
+        )
         .await
         .unwrap();
     store.release_claim(&claims[1], None).await.unwrap();
@@ -1642,7 +1771,7 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
             &claims[2],
             1,
             &[ev("asked")],
-            Listing::new("awaiting_approval").owing(1),
+            Listing::new(ListingStatus::parked("awaiting_approval")).owing(1),
             10,
         )
         .await
@@ -1672,7 +1801,13 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
     assert!(store.claim("w3", 150, 100, 10).await.unwrap().is_empty());
     assert_fenced(
         store
-            .append_fenced(&claims[0], 2, &[ev("zombie")], "completed".into(), 101)
+            .append_fenced(
+                &claims[0],
+                2,
+                &[ev("zombie")],
+                ListingStatus::COMPLETED.into(),
+                101,
+            )
             .await
             .unwrap_err(),
         &id("owing"),
@@ -1699,13 +1834,19 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
             &taken[0],
             2,
             &[ev("intent")],
-            Listing::new("completed").owing(1),
+            Listing::new(ListingStatus::COMPLETED).owing(1),
             110,
         )
         .await
         .unwrap();
     store
-        .append_fenced(&taken[0], 3, &[ev("delivered")], "completed".into(), 120)
+        .append_fenced(
+            &taken[0],
+            3,
+            &[ev("delivered")],
+            ListingStatus::COMPLETED.into(),
+            120,
+        )
         .await
         .unwrap();
     assert_eq!(
@@ -1731,9 +1872,9 @@ pub(crate) async fn claims_take_runs_that_owe_deliveries_and_nothing_else(backen
 /// append clears it, and a released or expired claim does not change it.
 pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Backend) {
     let store = backend.open().await;
-    run_with_status(&*store, "worker", 1, QUEUED).await;
-    run_with_status(&*store, "cli", 2, "running").await;
-    run_with_status(&*store, "later", 3, "running").await;
+    run_with_status(&*store, "worker", 1, ListingStatus::QUEUED).await;
+    run_with_status(&*store, "cli", 2, ListingStatus::RUNNING).await;
+    run_with_status(&*store, "later", 3, ListingStatus::RUNNING).await;
     let claims = store.claim("w1", 0, 100, 10).await.unwrap();
     assert_eq!(claimed(&claims), [("worker", 1)]);
     // The worker parks its run until 1000 and releases it; `warden run`
@@ -1743,7 +1884,7 @@ pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Bac
             &claims[0],
             1,
             &[ev("wait")],
-            Listing::new(WAITING).waking_at(Some(1_000)),
+            Listing::new(ListingStatus::WAITING).waking_at(Some(1_000)),
             10,
         )
         .await
@@ -1755,7 +1896,7 @@ pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Bac
                 &id(run),
                 1,
                 &[ev("wait")],
-                Listing::new(WAITING).waking_at(Some(wake)),
+                Listing::new(ListingStatus::WAITING).waking_at(Some(wake)),
                 10,
             )
             .await
@@ -1795,12 +1936,24 @@ pub(crate) async fn claims_take_waiting_runs_once_they_are_due(backend: &dyn Bac
     assert_eq!(claimed(&due), [("worker", 2)]);
     // The driver ends the wait: the wake-up time goes with the status.
     store
-        .append_fenced(&due[0], 2, &[ev("woke")], "running".into(), 1_001)
+        .append_fenced(
+            &due[0],
+            2,
+            &[ev("woke")],
+            ListingStatus::RUNNING.into(),
+            1_001,
+        )
         .await
         .unwrap();
     assert_eq!(store.summary(&id("worker")).await.unwrap().wake_ms, None);
     store
-        .append_fenced(&due[0], 3, &[ev("end")], "completed".into(), 1_002)
+        .append_fenced(
+            &due[0],
+            3,
+            &[ev("end")],
+            ListingStatus::COMPLETED.into(),
+            1_002,
+        )
         .await
         .unwrap();
     store.release_claim(&due[0], None).await.unwrap();
@@ -1821,7 +1974,13 @@ pub(crate) async fn concurrent_claims_never_share_a_run(backend: &dyn Backend) {
     let store = backend.open().await;
     const RUNS: usize = 30;
     for i in 0..RUNS {
-        run_with_status(&*store, &format!("job-{i:02}"), i as i64, QUEUED).await;
+        run_with_status(
+            &*store,
+            &format!("job-{i:02}"),
+            i as i64,
+            ListingStatus::QUEUED,
+        )
+        .await;
     }
     let tasks: Vec<_> = (0..4)
         .map(|w| {
@@ -1858,11 +2017,11 @@ pub(crate) async fn prune_leaves_tombstones_and_keeps_the_id(backend: &dyn Backe
         ("old-parked", "awaiting_approval", 10),
     ] {
         store
-            .create(&id(run), m.clone(), ev("start"), "running")
+            .create(&id(run), m.clone(), ev("start"), ListingStatus::RUNNING)
             .await
             .unwrap();
         store
-            .append(&id(run), 1, &[ev("end")], status.into(), updated)
+            .append(&id(run), 1, &[ev("end")], listed(status).into(), updated)
             .await
             .unwrap();
     }
@@ -1917,7 +2076,7 @@ pub(crate) async fn prune_leaves_tombstones_and_keeps_the_id(backend: &dyn Backe
     );
     // The id stays taken; the rest is gone from listings and untouched.
     let err = store
-        .create(&run, meta("a", 1), ev("again"), "running")
+        .create(&run, meta("a", 1), ev("again"), ListingStatus::RUNNING)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::AlreadyExists { .. }), "{err:?}");
@@ -1998,7 +2157,7 @@ pub(crate) async fn settling_appends_and_records_the_result_for_everyone_after(
                 &[ev("payer:3")],
                 &settlement("claim-7", &a, "{\"paid\":true}"),
             )
-            .listing("running".into())
+            .listing(ListingStatus::RUNNING.into())
             .at(3),
         )
         .await
@@ -2033,7 +2192,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             SettlingAppend::new(&run, 1, &[ev("r:2")], &settlement("k", &a, "x"))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(2),
         )
         .await
@@ -2044,7 +2203,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             SettlingAppend::new(&run, 1, &[ev("r:2")], &settlement("k", &a, "x"))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(2),
         )
         .await
@@ -2056,7 +2215,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             SettlingAppend::new(&run, 5, &[ev("r:2")], &settlement("mine", &a, "x"))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(2),
         )
         .await
@@ -2071,7 +2230,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     store
         .append_settling(
             SettlingAppend::new(&run, 1, &[ev("r:2")], &settlement("mine", &a, "x"))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(2),
         )
         .await
@@ -2079,7 +2238,7 @@ pub(crate) async fn settling_needs_the_unsettled_key_and_writes_nothing_otherwis
     let err = store
         .append_settling(
             SettlingAppend::new(&run, 2, &[ev("r:3")], &settlement("mine", &a, "y"))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(3),
         )
         .await
@@ -2108,7 +2267,7 @@ pub(crate) async fn commitments_are_listed_by_key_and_by_run(backend: &dyn Backe
                 &[ev("lister:2")],
                 &settlement("k-c", &a, "{\"ok\":1}"),
             )
-            .listing("running".into())
+            .listing(ListingStatus::RUNNING.into())
             .at(2),
         )
         .await
@@ -2163,7 +2322,7 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     let err = store
         .append_settling(
             SettlingAppend::new(&run, 1, &[ev("freer:2")], &release("failed", &b))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(2),
         )
         .await
@@ -2174,7 +2333,7 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     store
         .append_settling(
             SettlingAppend::new(&run, 1, &[ev("freer:2")], &release("failed", &a))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(2),
         )
         .await
@@ -2190,7 +2349,7 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     store
         .append_settling(
             SettlingAppend::new(&run, 2, &[ev("freer:3")], &settlement("done", &a, "r"))
-                .listing("running".into())
+                .listing(ListingStatus::RUNNING.into())
                 .at(3),
         )
         .await
@@ -2198,7 +2357,7 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     store
         .append_settling(
             SettlingAppend::new(&run, 3, &[ev("freer:4")], &release("done", &a))
-                .listing("completed".into())
+                .listing(ListingStatus::COMPLETED.into())
                 .at(4),
         )
         .await
@@ -2215,7 +2374,7 @@ pub(crate) async fn a_release_frees_the_key_for_the_next_claimant(backend: &dyn 
     let err = store
         .append_settling(
             SettlingAppend::new(&run, 9, &[ev("freer:5")], &release("kept", &a))
-                .listing("completed".into())
+                .listing(ListingStatus::COMPLETED.into())
                 .at(5),
         )
         .await
@@ -2260,7 +2419,7 @@ pub(crate) async fn commitments_survive_reopening(backend: &dyn Backend) {
         store
             .append_settling(
                 SettlingAppend::new(&run, 1, &[ev("kept:2")], &settlement("durable", &a, "r"))
-                    .listing("running".into())
+                    .listing(ListingStatus::RUNNING.into())
                     .at(2),
             )
             .await

@@ -61,6 +61,7 @@
 
 mod chain;
 mod claim;
+mod codes;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -68,6 +69,7 @@ mod rules;
 mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod status;
 
 // The suite runs every store against the same expectations, so it needs
 // both persistent backends.
@@ -82,14 +84,15 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
-pub use claim::{Claim, PruneFilter, QUEUED, Tombstone, WAITING};
+pub use claim::{Claim, PruneFilter, Tombstone};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStore, PostgresStoreBuilder};
 pub use rules::{ApprovalRule, Revocation, RuleStanding};
-pub use session::{InvalidSessionId, SETTLED_STATUSES, SessionId};
+pub use session::{InvalidSessionId, SessionId};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
+pub use status::{ListingStatus, QUEUED, RUNNING, SETTLED_STATUSES, StatusClass, WAITING};
 
 /// The id of a run: 1 to 128 ASCII letters, digits, `-`, `_`, `.` or `:`.
 ///
@@ -277,7 +280,7 @@ pub struct SettlingAppend<'a> {
     pub events: &'a [Bytes],
     /// What the run's listing says after the append. Default: `running`,
     /// owing nothing.
-    pub listing: Listing<'a>,
+    pub listing: Listing,
     /// When, in milliseconds since the Unix epoch. Default: 0.
     pub updated_ms: i64,
     /// The commitment the events settle or release.
@@ -299,7 +302,7 @@ impl<'a> SettlingAppend<'a> {
             fence: None,
             expected_len,
             events,
-            listing: Listing::new("running"),
+            listing: Listing::new(ListingStatus::RUNNING),
             updated_ms: 0,
             settlement,
         }
@@ -312,7 +315,7 @@ impl<'a> SettlingAppend<'a> {
     }
 
     /// With `listing` as the run's listing after the append.
-    pub fn listing(self, listing: Listing<'a>) -> Self {
+    pub fn listing(self, listing: Listing) -> Self {
         SettlingAppend { listing, ..self }
     }
 
@@ -427,7 +430,7 @@ impl RunSummary {
     /// claim its driver took has expired (the driver died or lost the
     /// store). A worker takes it over.
     pub fn is_stalled(&self, now_ms: i64) -> bool {
-        self.status == "running" && self.claim.as_ref().is_some_and(|l| l.is_expired(now_ms))
+        self.status == RUNNING && self.claim.as_ref().is_some_and(|l| l.is_expired(now_ms))
     }
 }
 
@@ -439,11 +442,12 @@ impl RunSummary {
 /// and has no live claim, even when it is finished or parked, and a
 /// waiting run once its wake-up time has come).
 ///
-/// `"running".into()` is a listing that owes nothing.
+/// `ListingStatus::RUNNING.into()` is a listing that owes nothing.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Listing<'a> {
-    /// The status (for listing only: the log is the truth).
-    pub status: &'a str,
+pub struct Listing {
+    /// The status (for listing, and for what the store does with the run:
+    /// see [`StatusClass`]; the log is the truth).
+    pub status: ListingStatus,
     /// How many deliveries the run owes: its delivery in flight, and every
     /// event a channel receives and was not given yet, counted while the
     /// runtime would make one (see `engine::channels::owed_count`). 0 when
@@ -455,10 +459,10 @@ pub struct Listing<'a> {
     pub wake_ms: Option<i64>,
 }
 
-impl<'a> Listing<'a> {
+impl Listing {
     /// A listing with `status` that owes no delivery and waits for no
     /// time.
-    pub fn new(status: &'a str) -> Self {
+    pub fn new(status: ListingStatus) -> Self {
         Listing {
             status,
             owes_deliveries: 0,
@@ -480,8 +484,8 @@ impl<'a> Listing<'a> {
     }
 }
 
-impl<'a> From<&'a str> for Listing<'a> {
-    fn from(status: &'a str) -> Self {
+impl From<ListingStatus> for Listing {
+    fn from(status: ListingStatus) -> Self {
         Listing::new(status)
     }
 }
@@ -871,7 +875,7 @@ pub trait EventStore: Send + Sync {
         run_id: &RunId,
         meta: RunMeta,
         first_event: Bytes,
-        status: &str,
+        status: ListingStatus,
     ) -> Result<Appended, StoreError>;
 
     /// Appends `events` to run `run_id` if its log holds exactly
@@ -884,7 +888,7 @@ pub trait EventStore: Send + Sync {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError>;
 
@@ -982,7 +986,11 @@ pub trait EventStore: Send + Sync {
     /// run's listing status to `status` if given (a run parked as
     /// `needs_reconciliation` without a new event, say). Releasing a claim
     /// that is no longer current changes nothing.
-    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+    async fn release_claim(
+        &self,
+        claim: &Claim,
+        status: Option<ListingStatus>,
+    ) -> Result<(), StoreError> {
         let _ = (claim, status);
         Err(unsupported::<Self>("claims"))
     }
@@ -995,7 +1003,7 @@ pub trait EventStore: Send + Sync {
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         let _ = (claim, expected_len, events, listing, updated_ms);
@@ -1148,7 +1156,7 @@ mod tests {
         let run = RunSummary {
             run_id: RunId::new("r").unwrap(),
             agent: "a".into(),
-            status: "running".into(),
+            status: RUNNING.into(),
             labels: BTreeMap::from([("k".to_owned(), "v".to_owned())]),
             session: None,
             created_ms: 10,

@@ -10,12 +10,11 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::chain::{self, Chain, RawRow, Recorded};
-use super::session::holds_session;
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    EventStore, Holder, KeyClaim, Listing, PruneFilter, QUEUED, Revocation, RunFilter, RunId,
-    RunMeta, RunSummary, Settle, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
-    WAITING,
+    EventStore, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, Revocation, RunFilter,
+    RunId, RunMeta, RunSummary, Settle, SettlingAppend, StatusClass, StoreError, StoredEvent,
+    Tombstone, VerifyReport,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -36,7 +35,7 @@ pub struct MemoryStore {
 #[derive(Debug)]
 pub(crate) struct MemRun {
     meta: RunMeta,
-    status: String,
+    status: ListingStatus,
     updated_ms: i64,
     /// The run row's count and head, kept apart from `events` as a database
     /// keeps them, so the checks compare two independent records.
@@ -58,7 +57,7 @@ impl MemRun {
         RunSummary {
             run_id: run_id.clone(),
             agent: self.meta.agent.clone(),
-            status: self.status.clone(),
+            status: self.status.name().to_owned(),
             labels: self.meta.labels.clone(),
             session: self.meta.session.clone(),
             created_ms: self.meta.created_ms,
@@ -96,9 +95,11 @@ impl MemRun {
     }
 
     fn claimable(&self, now_ms: i64) -> bool {
-        (self.status == QUEUED
-            || (self.claim_token > 0 && (self.status == "running" || self.owes_deliveries > 0))
-            || (self.status == WAITING && self.wake_ms.is_some_and(|at| at <= now_ms)))
+        let class = self.status.class();
+        (class == StatusClass::Queued
+            || (self.claim_token > 0
+                && (class == StatusClass::Running || self.owes_deliveries > 0))
+            || (class == StatusClass::Waiting && self.wake_ms.is_some_and(|at| at <= now_ms)))
             && self.live_claim(now_ms).is_none()
     }
 
@@ -201,7 +202,7 @@ impl MemoryStore {
         run: &mut MemRun,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if run.count != expected_len {
@@ -233,7 +234,7 @@ impl MemoryStore {
         }
         run.count += events.len() as u64;
         run.head = *hashes.last().expect("events is not empty");
-        run.status = listing.status.to_owned();
+        run.status = listing.status;
         run.owes_deliveries = listing.owes_deliveries;
         run.wake_ms = listing.wake_ms;
         run.updated_ms = updated_ms;
@@ -251,7 +252,7 @@ impl EventStore for MemoryStore {
         run_id: &RunId,
         meta: RunMeta,
         first_event: Bytes,
-        status: &str,
+        status: ListingStatus,
     ) -> Result<Appended, StoreError> {
         let mut runs = self.runs();
         if runs.contains_key(run_id) || self.tombstones().contains_key(run_id) {
@@ -261,7 +262,8 @@ impl EventStore for MemoryStore {
         }
         if let Some(session) = &meta.session
             && let Some((active, _)) = runs.iter().find(|(_, run)| {
-                run.meta.session.as_ref() == Some(session) && holds_session(&run.status)
+                run.meta.session.as_ref() == Some(session)
+                    && run.status.class() != StatusClass::Settled
             })
         {
             return Err(StoreError::SessionBusy {
@@ -290,7 +292,7 @@ impl EventStore for MemoryStore {
             run_id.clone(),
             MemRun {
                 meta,
-                status: status.to_owned(),
+                status,
                 updated_ms,
                 count: 1,
                 head: hash,
@@ -316,7 +318,7 @@ impl EventStore for MemoryStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
@@ -456,7 +458,11 @@ impl EventStore for MemoryStore {
         Ok(renewed)
     }
 
-    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+    async fn release_claim(
+        &self,
+        claim: &Claim,
+        status: Option<ListingStatus>,
+    ) -> Result<(), StoreError> {
         let mut runs = self.runs();
         let run = runs
             .get_mut(&claim.run_id)
@@ -464,7 +470,7 @@ impl EventStore for MemoryStore {
         if run.holds(claim) {
             run.claim = None;
             if let Some(status) = status {
-                run.status = status.to_owned();
+                run.status = status;
             }
         }
         Ok(())
@@ -475,7 +481,7 @@ impl EventStore for MemoryStore {
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         let run_id = &claim.run_id;
@@ -521,7 +527,7 @@ impl EventStore for MemoryStore {
         let mut doomed: Vec<RunId> = runs
             .iter()
             .filter(|(_, run)| {
-                filter.matches(&run.status, run.updated_ms)
+                filter.matches(run.status.name(), run.updated_ms)
                     && run.live_claim(now_ms).is_none()
                     && run.owes_deliveries == 0
             })
@@ -536,7 +542,7 @@ impl EventStore for MemoryStore {
                 let tombstone = Tombstone {
                     run_id: id.clone(),
                     agent: run.meta.agent,
-                    status: run.status,
+                    status: run.status.name().to_owned(),
                     created_ms: run.meta.created_ms,
                     updated_ms: run.updated_ms,
                     event_count: run.count,

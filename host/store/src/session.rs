@@ -3,7 +3,7 @@
 //!
 //! A run belongs to a session when it is created with
 //! [`RunMeta::session`](super::RunMeta::session) set. A run is *active*
-//! while its listing status is anything but one of [`SETTLED_STATUSES`]
+//! while its listing status is not [settled](super::StatusClass::Settled)
 //! (`completed`, `failed`, `cancelled`, `abandoned`): running, queued, and
 //! every parked status (awaiting approval, suspended, awaiting external,
 //! over budget, needing reconciliation) hold the session. Only a terminal
@@ -21,15 +21,6 @@
 
 use std::fmt;
 use std::str::FromStr;
-
-/// The listing statuses of runs that no longer hold their session: the
-/// terminal ones.
-pub const SETTLED_STATUSES: [&str; 4] = ["completed", "failed", "cancelled", "abandoned"];
-
-/// Whether a run listed with `status` holds its session.
-pub(crate) fn holds_session(status: &str) -> bool {
-    !SETTLED_STATUSES.contains(&status)
-}
 
 /// The id of a session: 1 to 128 ASCII letters, digits, `-`, `_`, `.` or
 /// `:`, the same rules as a [`RunId`](super::RunId). Chosen by the
@@ -129,23 +120,5 @@ mod tests {
         let id: SessionId = serde_json::from_str("\"s-1\"").unwrap();
         assert_eq!(serde_json::to_string(&id).unwrap(), "\"s-1\"");
         assert!(serde_json::from_str::<SessionId>("\"a b\"").is_err());
-    }
-
-    #[test]
-    fn only_terminal_statuses_release_a_session() {
-        for active in [
-            "running",
-            "queued",
-            "awaiting_approval",
-            "suspended",
-            "awaiting_external",
-            "budget_exceeded",
-            "needs_reconciliation",
-        ] {
-            assert!(holds_session(active), "{active}");
-        }
-        for settled in SETTLED_STATUSES {
-            assert!(!holds_session(settled), "{settled}");
-        }
     }
 }

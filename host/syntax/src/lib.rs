@@ -5,7 +5,10 @@
 //! - [`toml_errors`]: a TOML parse error as one line naming line and key.
 //! - [`json_limits`]: how deeply nested a JSON value a run accepts, so that
 //!   every recorded event can be read back.
+//! - [`evidence`]: text that may not be UTF-8 (paths, arguments) shown in
+//!   an error's details.
 
+pub mod evidence;
 pub mod json_limits;
 pub mod toml_errors;
 pub mod units;

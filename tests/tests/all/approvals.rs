@@ -24,7 +24,7 @@ use warden::engine::{
 };
 use warden::plugins::PluginHost;
 use warden::sandbox::ValidUntil;
-use warden::store::{EventStore, Listing, MemoryStore, SqliteStore, StoreError};
+use warden::store::{EventStore, Listing, ListingStatus, MemoryStore, SqliteStore, StoreError};
 
 use super::engine::{CrashPoint, Fixture, READ_WRITE_FINISH, crashing, id};
 use super::workers::PgSchema;
@@ -206,7 +206,7 @@ async fn an_approval_recorded_for_other_arguments_approves_nothing() {
                 &run,
                 len,
                 &[Bytes::from(warden::engine::encode(&forged))],
-                Listing::new("running"),
+                Listing::new(ListingStatus::RUNNING),
                 0,
             )
             .await

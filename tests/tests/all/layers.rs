@@ -12,7 +12,7 @@ use serde_json::Value;
 /// Each host crate and the workspace crates it may reach.
 const LAYERS: &[(&str, &[&str])] = &[
     ("warden-syntax", &[]),
-    ("warden-sandbox", &[]),
+    ("warden-sandbox", &["warden-syntax"]),
     ("warden-store", &[]),
     ("warden-providers", &["warden-syntax"]),
     (

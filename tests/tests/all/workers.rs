@@ -26,7 +26,7 @@ use warden::engine::events::Event;
 use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError};
 use warden::plugins::PluginHost;
 use warden::sandbox::ValidUntil;
-use warden::store::{EventStore, PostgresStore, RunFilter, SqliteStore, StoreError};
+use warden::store::{EventStore, ListingStatus, PostgresStore, RunFilter, SqliteStore, StoreError};
 use warden::worker::Worker;
 
 use super::engine::Fixture;
@@ -440,7 +440,7 @@ async fn write_across_a_takeover(store: Arc<dyn EventStore>) {
         "{outcome:?}"
     );
     store
-        .release_claim(&claim_b, Some("needs_reconciliation"))
+        .release_claim(&claim_b, Some(RunStatus::NeedsReconciliation.listing()))
         .await
         .unwrap();
     assert_eq!(keys_seen(&fx).len(), 1, "the write did not run again");
@@ -925,7 +925,7 @@ async fn a_dead_workers_delivery_is_made_by_another(store: Arc<dyn EventStore>, 
             &claim_a,
             events.len() as u64,
             &[Bytes::from_static(b"{}")],
-            "completed".into(),
+            ListingStatus::COMPLETED.into(),
             0,
         )
         .await

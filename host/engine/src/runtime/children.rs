@@ -26,7 +26,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use warden_store::{RunMeta, StoreError};
+use warden_store::{ListingStatus, RunMeta, StoreError};
 
 use super::{Log, Prepared, Runtime, RuntimeError, Step, recordable};
 use crate::agent::Agent;
@@ -120,7 +120,7 @@ impl Runtime {
                 &start.child_run,
                 meta,
                 recordable(&start.child_run, &started)?,
-                "running",
+                ListingStatus::RUNNING,
             )
             .await;
         match created {

@@ -35,7 +35,7 @@
 use std::collections::BTreeMap;
 
 use bytes::Bytes;
-use warden_store::{EventStore, Listing, RunMeta, StoreError};
+use warden_store::{EventStore, Listing, ListingStatus, RunMeta, StoreError};
 
 use super::{Runtime, RuntimeError, recordable};
 use crate::agent::Agent;
@@ -219,7 +219,7 @@ impl Runtime {
         } else {
             owed_count(all.iter().copied(), &state, &prepared.view.channels)
         };
-        let listing = Listing::new(status.as_str())
+        let listing = Listing::new(status.listing())
             .owing(owed)
             .waking_at(state.waiting().map(|w| w.until_ms as i64));
         let mut labels: BTreeMap<String, String> = state.labels.clone();
@@ -235,7 +235,12 @@ impl Runtime {
         // Listed as running but never queued nor claimed: no worker takes
         // the one-event log a crash here would leave.
         let created = store
-            .create(&run_id, meta, stored[0].bytes.clone(), "running")
+            .create(
+                &run_id,
+                meta,
+                stored[0].bytes.clone(),
+                ListingStatus::RUNNING,
+            )
             .await;
         match created {
             Ok(_) => {}

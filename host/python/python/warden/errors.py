@@ -106,6 +106,7 @@ _FAMILIES: Dict[Type[WardenError], tuple[str, ...]] = {
         "needs_reconciliation",
         "conflict",
         "fenced",
+        "claim_expired",
         "commitment_held",
         "commitment_orphaned",
         "key_in_use",

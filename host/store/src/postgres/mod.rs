@@ -41,10 +41,11 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    EventStore, Finding, Holder, KeyClaim, Listing, OpenMode, PruneFilter, QUEUED, Revocation,
-    RunFilter, RunId, RunMeta, RunSummary, Settle, Settlement, SettlingAppend, StoreError,
-    StoredEvent, Tombstone, VerifyReport, WAITING,
+    EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter, QUEUED,
+    RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, Settle, Settlement, SettlingAppend,
+    StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
+use crate::status::settled_sql;
 
 /// An event store in one schema of a PostgreSQL database.
 ///
@@ -626,8 +627,9 @@ impl EventStore for PostgresStore {
         run_id: &RunId,
         meta: RunMeta,
         first_event: Bytes,
-        status: &str,
+        status: ListingStatus,
     ) -> Result<Appended, StoreError> {
+        let status = status.name();
         let context = format!("postgres: cannot create run {run_id}");
         let head = self
             .chain
@@ -654,8 +656,11 @@ impl EventStore for PostgresStore {
                 let active = query(
                     tx,
                     &context,
-                    "SELECT id FROM runs WHERE session = $1
-                     AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned') LIMIT 1",
+                    concat!(
+                        "SELECT id FROM runs WHERE session = $1 AND status NOT IN (",
+                        settled_sql!(),
+                        ") LIMIT 1"
+                    ),
                     &[session],
                 )
                 .await?;
@@ -742,7 +747,7 @@ impl EventStore for PostgresStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         self.append_inner(
@@ -1064,7 +1069,12 @@ impl EventStore for PostgresStore {
         .await
     }
 
-    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+    async fn release_claim(
+        &self,
+        claim: &Claim,
+        status: Option<ListingStatus>,
+    ) -> Result<(), StoreError> {
+        let status = status.map(|s| s.name());
         let context = format!("postgres: cannot release the claim of run {}", claim.run_id);
         self.write(&context, async |tx| {
             let changed = execute(
@@ -1095,7 +1105,7 @@ impl EventStore for PostgresStore {
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         self.append_inner(
@@ -1317,7 +1327,7 @@ impl EventStore for PostgresStore {
                     "UPDATE runs SET lease_owner = $1, lease_token = lease_token + 1, lease_expires_ms = $3
                      WHERE pk IN (
                          SELECT pk FROM runs
-                         WHERE (((status IN ($4, 'running') OR owes_deliveries > 0)
+                         WHERE (((status IN ($4, $7) OR owes_deliveries > 0)
                                  AND (status = $4 OR lease_token > 0))
                                 OR (status = $6 AND wake_ms <= $2))
                            AND (lease_owner IS NULL OR lease_expires_ms <= $2)
@@ -1332,6 +1342,7 @@ impl EventStore for PostgresStore {
                         &QUEUED,
                         &i64::try_from(limit).unwrap_or(i64::MAX),
                         &WAITING,
+                        &RUNNING,
                     ],
                 )
                 .await
@@ -1421,7 +1432,7 @@ impl PostgresStore {
         fence: Option<&Claim>,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
         settle: Option<&Settlement>,
     ) -> Result<Appended, StoreError> {
@@ -1528,7 +1539,7 @@ impl PostgresStore {
                      owes_deliveries = $5, wake_ms = $6
                  WHERE pk = $7",
                 &[
-                    &listing.status,
+                    &listing.status.name(),
                     &updated_ms,
                     &(new_count as i64),
                     &new_head.as_bytes().as_slice(),
@@ -1605,7 +1616,7 @@ mod tests {
                 &id("old"),
                 3,
                 &[crate::conformance::ev("end")],
-                Listing::new("completed").owing(1),
+                Listing::new(ListingStatus::COMPLETED).owing(1),
                 9,
             )
             .await
@@ -1746,7 +1757,7 @@ mod tests {
                     &id("r"),
                     2,
                     &[crate::conformance::ev("x")],
-                    "running".into(),
+                    ListingStatus::RUNNING.into(),
                     3
                 )
                 .await

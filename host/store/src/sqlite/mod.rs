@@ -43,8 +43,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    EventStore, Holder, KeyClaim, Listing, OpenMode, PruneFilter, Revocation, RunFilter, RunId,
-    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    EventStore, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter, Revocation,
+    RunFilter, RunId, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 use writer::{ClaimOp, Counters, Request, RuleOp};
 
@@ -441,13 +442,13 @@ impl EventStore for SqliteStore {
         run_id: &RunId,
         meta: RunMeta,
         first_event: Bytes,
-        status: &str,
+        status: ListingStatus,
     ) -> Result<Appended, StoreError> {
         self.write(|reply| Request::Create {
             run_id: run_id.clone(),
             meta,
             first_event,
-            status: status.to_owned(),
+            status: status.name().to_owned(),
             reply,
         })
         .await
@@ -458,7 +459,7 @@ impl EventStore for SqliteStore {
         run_id: &RunId,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
@@ -471,7 +472,7 @@ impl EventStore for SqliteStore {
             fence: None,
             expected_len,
             events: events.to_vec(),
-            status: listing.status.to_owned(),
+            status: listing.status,
             owes_deliveries: listing.owes_deliveries,
             wake_ms: listing.wake_ms,
             updated_ms,
@@ -598,7 +599,7 @@ impl EventStore for SqliteStore {
             fence: fence.cloned(),
             expected_len,
             events: events.to_vec(),
-            status: listing.status.to_owned(),
+            status: listing.status,
             owes_deliveries: listing.owes_deliveries,
             wake_ms: listing.wake_ms,
             updated_ms,
@@ -741,10 +742,14 @@ impl EventStore for SqliteStore {
         Ok(claims.pop().expect("a renewal answers one claim"))
     }
 
-    async fn release_claim(&self, claim: &Claim, status: Option<&str>) -> Result<(), StoreError> {
+    async fn release_claim(
+        &self,
+        claim: &Claim,
+        status: Option<ListingStatus>,
+    ) -> Result<(), StoreError> {
         let op = ClaimOp::Release {
             claim: claim.clone(),
-            status: status.map(str::to_owned),
+            status: status.map(|s| s.name().to_owned()),
         };
         self.write(|reply| Request::Claim { op, reply }).await?;
         Ok(())
@@ -755,7 +760,7 @@ impl EventStore for SqliteStore {
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
-        listing: Listing<'_>,
+        listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
@@ -768,7 +773,7 @@ impl EventStore for SqliteStore {
             fence: Some(claim.clone()),
             expected_len,
             events: events.to_vec(),
-            status: listing.status.to_owned(),
+            status: listing.status,
             owes_deliveries: listing.owes_deliveries,
             wake_ms: listing.wake_ms,
             updated_ms,

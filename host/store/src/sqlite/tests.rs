@@ -38,7 +38,13 @@ async fn one_transaction_commits_a_burst_and_a_conflict_fails_alone() {
             // Every tenth request expects a stale length and must conflict.
             let expected = if i % 10 == 0 { 7 } else { 1 };
             store
-                .append(&run, expected, &[ev("step")], "running".into(), 2)
+                .append(
+                    &run,
+                    expected,
+                    &[ev("step")],
+                    ListingStatus::RUNNING.into(),
+                    2,
+                )
                 .await
         }));
     }
@@ -92,7 +98,7 @@ async fn a_locked_database_fails_the_append_and_writes_nothing() {
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .unwrap();
     let err = store
-        .append(&run, 2, &[ev("x")], "completed".into(), 9)
+        .append(&run, 2, &[ev("x")], ListingStatus::COMPLETED.into(), 9)
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Backend { .. }), "{err:?}");
@@ -106,7 +112,7 @@ async fn a_locked_database_fails_the_append_and_writes_nothing() {
     assert_eq!(store.load(&run).await.unwrap().len(), 2);
     // The writer keeps serving after a failed transaction.
     store
-        .append(&run, 2, &[ev("x")], "completed".into(), 9)
+        .append(&run, 2, &[ev("x")], ListingStatus::COMPLETED.into(), 9)
         .await
         .unwrap();
     assert_eq!(store.summary(&run).await.unwrap().status, "completed");
@@ -187,7 +193,7 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
             &id("old"),
             3,
             &[ev("park")],
-            Listing::new("waiting").waking_at(Some(500)),
+            Listing::new(ListingStatus::WAITING).waking_at(Some(500)),
             9,
         )
         .await
@@ -269,7 +275,7 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
             &id("old"),
             3,
             &[ev("end")],
-            Listing::new("completed").owing(1),
+            Listing::new(ListingStatus::COMPLETED).owing(1),
             9,
         )
         .await
@@ -382,7 +388,7 @@ async fn bytes_corrupted_in_the_file_are_caught_by_the_chain() {
         let store = SqliteStore::open(backend.path()).unwrap();
         new_run(&store, &bystander, 3).await;
         store
-            .create(&victim, meta("a", 1), ev("start"), "running")
+            .create(&victim, meta("a", 1), ev("start"), ListingStatus::RUNNING)
             .await
             .unwrap();
         store
@@ -390,7 +396,7 @@ async fn bytes_corrupted_in_the_file_are_caught_by_the_chain() {
                 &victim,
                 1,
                 &[ev("MARKER-0123456789-payload")],
-                "running".into(),
+                ListingStatus::RUNNING.into(),
                 2,
             )
             .await
@@ -551,7 +557,7 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
         let run = good.clone();
         tokio::spawn(async move {
             store
-                .append(&run, 1, &[ev("g2")], "running".into(), 2)
+                .append(&run, 1, &[ev("g2")], ListingStatus::RUNNING.into(), 2)
                 .await
         })
     };
@@ -561,7 +567,9 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
         let run = bad.clone();
         tokio::spawn(async move {
             let events = [ev("fine"), ev("boom")];
-            store.append(&run, 1, &events, "completed".into(), 2).await
+            store
+                .append(&run, 1, &events, ListingStatus::COMPLETED.into(), 2)
+                .await
         })
     };
     let second = {
@@ -569,7 +577,7 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
         let run = good.clone();
         tokio::spawn(async move {
             store
-                .append(&run, 2, &[ev("g3")], "completed".into(), 3)
+                .append(&run, 2, &[ev("g3")], ListingStatus::COMPLETED.into(), 3)
                 .await
         })
     };
@@ -595,7 +603,7 @@ async fn a_write_failing_midway_is_undone_alone_within_its_batch() {
     assert!(store.verify(&bad).await.unwrap().is_intact());
     // And the run takes its next append normally.
     store
-        .append(&bad, 1, &[ev("fine")], "running".into(), 4)
+        .append(&bad, 1, &[ev("fine")], ListingStatus::RUNNING.into(), 4)
         .await
         .unwrap();
 }
@@ -640,7 +648,7 @@ async fn a_read_only_open_writes_nothing_and_refuses_writes() {
     assert!(read_only.verify(&id("r")).await.unwrap().is_intact());
     assert_eq!(read_only.list(&RunFilter::new()).await.unwrap().len(), 1);
     match read_only
-        .append(&id("r"), 3, &[ev("x")], "running".into(), 9)
+        .append(&id("r"), 3, &[ev("x")], ListingStatus::RUNNING.into(), 9)
         .await
     {
         Err(StoreError::ReadOnly { location, .. }) => {
@@ -742,7 +750,13 @@ async fn an_append_waits_out_a_write_lock_held_past_the_busy_timeout() {
         let store = Arc::clone(&store);
         async move {
             store
-                .append(&id("r"), 1, &[ev("done")], "completed".into(), 2)
+                .append(
+                    &id("r"),
+                    1,
+                    &[ev("done")],
+                    ListingStatus::COMPLETED.into(),
+                    2,
+                )
                 .await
         }
     });
@@ -764,7 +778,13 @@ async fn an_append_waits_out_a_write_lock_held_past_the_busy_timeout() {
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .unwrap();
     let error = bounded
-        .append(&id("r"), 2, &[ev("more")], "completed".into(), 3)
+        .append(
+            &id("r"),
+            2,
+            &[ev("more")],
+            ListingStatus::COMPLETED.into(),
+            3,
+        )
         .await
         .unwrap_err();
     assert!(error.to_string().contains("locked"), "{error}");

@@ -25,9 +25,11 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{backend, blob_hash};
 use crate::chain::{self, Chain};
+use crate::status::settled_sql;
 use crate::{
-    Appended, ApprovalRule, ChainBreak, ChainHash, Claim, Holder, KeyClaim, Listing, PruneFilter,
-    QUEUED, RunId, RunMeta, Settle, Settlement, StoreError, Tombstone, WAITING,
+    Appended, ApprovalRule, ChainBreak, ChainHash, Claim, Holder, KeyClaim, Listing, ListingStatus,
+    PruneFilter, QUEUED, RUNNING, RunId, RunMeta, Settle, Settlement, StoreError, Tombstone,
+    WAITING,
 };
 
 /// The answer to one create or append.
@@ -107,7 +109,7 @@ pub(super) enum Request {
         fence: Option<Claim>,
         expected_len: u64,
         events: Vec<Bytes>,
-        status: String,
+        status: ListingStatus,
         /// Deliveries the run owes after the append.
         owes_deliveries: u32,
         /// When the run wakes up, if the append leaves it waiting.
@@ -359,7 +361,7 @@ fn apply_all(
                 *expected_len,
                 events,
                 Listing {
-                    status,
+                    status: *status,
                     owes_deliveries: *owes_deliveries,
                     wake_ms: *wake_ms,
                 },
@@ -418,10 +420,11 @@ fn create(
         // The unique index `runs_one_active_per_session` backs this up; the
         // query names the run that holds the session.
         let active: Option<String> = conn
-            .prepare_cached(
-                "SELECT id FROM runs WHERE session = ?1
-                 AND status NOT IN ('completed', 'failed', 'cancelled', 'abandoned') LIMIT 1",
-            )
+            .prepare_cached(concat!(
+                "SELECT id FROM runs WHERE session = ?1 AND status NOT IN (",
+                settled_sql!(),
+                ") LIMIT 1"
+            ))
             .and_then(|mut s| s.query_row([session], |r| r.get(0)).optional())
             .map_err(|e| backend(context(), e))?;
         if let Some(active) = active {
@@ -573,7 +576,7 @@ fn append_settling(
     fence: Option<&Claim>,
     expected_len: u64,
     events: &[Bytes],
-    listing: Listing<'_>,
+    listing: Listing,
     updated_ms: i64,
     settle: Option<&Settlement>,
 ) -> Result<Appended, StoreError> {
@@ -641,7 +644,7 @@ fn append(
     fence: Option<&Claim>,
     expected_len: u64,
     events: &[Bytes],
-    listing: Listing<'_>,
+    listing: Listing,
     updated_ms: i64,
 ) -> Result<Appended, StoreError> {
     let context = || format!("sqlite: cannot append to run {run_id}");
@@ -727,7 +730,7 @@ fn append(
              WHERE pk = ?7",
         )?
         .execute(params![
-            listing.status,
+            listing.status.name(),
             updated_ms,
             (count + events.len() as u64) as i64,
             new_head.as_bytes().as_slice(),
@@ -885,7 +888,7 @@ fn claim(conn: &Connection, op: &ClaimOp) -> Result<Vec<Claim>, StoreError> {
             let ids: Vec<String> = conn
                 .prepare_cached(
                     "SELECT id FROM runs
-                     WHERE (((status IN (?1, 'running') OR owes_deliveries > 0)
+                     WHERE (((status IN (?1, ?5) OR owes_deliveries > 0)
                              AND (status = ?1 OR lease_token > 0))
                             OR (status = ?4 AND wake_ms <= ?2))
                        AND (lease_owner IS NULL OR lease_expires_ms <= ?2)
@@ -897,7 +900,8 @@ fn claim(conn: &Connection, op: &ClaimOp) -> Result<Vec<Claim>, StoreError> {
                             QUEUED,
                             now_ms,
                             i64::try_from(*limit).unwrap_or(i64::MAX),
-                            WAITING
+                            WAITING,
+                            RUNNING
                         ],
                         |row| row.get(0),
                     )?
