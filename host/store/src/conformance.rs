@@ -694,7 +694,13 @@ pub(crate) async fn load_many_reads_each_log_checked_and_skips_the_missing(backe
     assert!(store.load_many(&[]).await.unwrap().is_empty());
     // A pruned run is left out like one never made.
     store
-        .append(&id("many-b"), 1, &[ev("end")], listed("completed").into(), 10)
+        .append(
+            &id("many-b"),
+            1,
+            &[ev("end")],
+            listed("completed").into(),
+            10,
+        )
         .await
         .unwrap();
     let pruned = store
