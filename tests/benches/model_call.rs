@@ -7,11 +7,21 @@
 //!
 //! The model is the scripted provider, wrapped to timestamp each call, so
 //! nothing but the engine is measured. Runs on the in-memory store and on
-//! SQLite (WAL, synchronous=FULL: every append waits for the disk).
+//! SQLite (WAL; a synced append waits for the disk, a deferred one does
+//! not), with the tool a read and then a write (the operator's setting).
+//! First it measures the machine's fdatasync of a small write next to the
+//! database, the floor of a synced append.
 //!
-//! `cargo bench -p warden-tests --bench model_call` prints medians and p99s,
-//! with the no-op lease's own wall time (from its receipt) shown apart.
-//! Set `MODEL_CALL_BENCH_TURNS` to change the tool-calling turns per run
+//! Printed, each next to its target: fsyncs per turn on SQLite, counted
+//! by the store (≤ 1 for a read turn, ≤ 2 for a write); the engine's
+//! median over the last 50 calls of a 400-call run against the first 50
+//! (≤ 1.2×); the memory store's median (≤ 150 µs); SQLite's median
+//! against fsyncs per turn × the fdatasync measured here plus the memory
+//! store's median (≤ 1.3×). The no-op lease's own wall time (from its
+//! receipt) is taken out.
+//!
+//! `cargo bench -p warden-tests --bench model_call`. Set
+//! `MODEL_CALL_BENCH_TURNS` to change the tool-calling turns per run
 //! (default 400; one warm-up run of 50 turns comes first).
 
 use std::sync::{Arc, Mutex};
@@ -68,7 +78,9 @@ fn transcript(turns: usize) -> String {
     t
 }
 
-fn agent(dir: &std::path::Path, turns: usize) -> Agent {
+/// An agent calling the no-op tool for `turns` turns, the tool of `effect`
+/// class (`read` or `write`, the operator's setting).
+fn agent(dir: &std::path::Path, turns: usize, effect: &str) -> Agent {
     let wasm = std::fs::read(guests::NOOP).unwrap();
     let sha = hex::encode(sha2::Sha256::digest(&wasm));
     // Next to its manifest: a component elsewhere would need a grant.
@@ -81,14 +93,15 @@ fn agent(dir: &std::path::Path, turns: usize) -> Agent {
     )
     .unwrap();
     std::fs::write(dir.join(format!("t{turns}.toml")), transcript(turns)).unwrap();
+    let file = dir.join(format!("agent{turns}-{effect}.toml"));
     std::fs::write(
-        dir.join(format!("agent{turns}.toml")),
+        &file,
         format!(
-            "name = \"bench\"\ninstructions = \"Call the tool.\"\n[model]\nprovider = \"scripted\"\nname = \"m\"\ntranscript = \"t{turns}.toml\"\n[budgets]\nmax_steps = 100000\n[plugins.noop]\nsource = \"noop.toml\"\napproval = {{ noop = \"never\" }}\n"
+            "name = \"bench\"\ninstructions = \"Call the tool.\"\n[model]\nprovider = \"scripted\"\nname = \"m\"\ntranscript = \"t{turns}.toml\"\n[budgets]\nmax_steps = 100000\n[plugins.noop]\nsource = \"noop.toml\"\napproval = {{ noop = \"never\" }}\n[plugins.noop.grant.tools.noop]\neffect = \"{effect}\"\n"
         ),
     )
     .unwrap();
-    Agent::load(&dir.join(format!("agent{turns}.toml")), None).unwrap()
+    Agent::load(&file, None).unwrap()
 }
 
 /// Gaps between a completion and the next request, and the lease times.
@@ -142,6 +155,105 @@ fn stats(samples: &mut [Duration]) -> (f64, f64) {
     (median, p99)
 }
 
+/// The median time, in µs, of a small write and `fdatasync` to a file in
+/// `dir`: what one synced append cannot beat on this disk.
+pub fn fdatasync_us(dir: &std::path::Path, samples: usize) -> f64 {
+    use std::io::Write;
+    let mut file = std::fs::File::create(dir.join("fdatasync-probe")).unwrap();
+    let mut times: Vec<Duration> = (0..samples)
+        .map(|i| {
+            let t = Instant::now();
+            file.write_all(format!("{i:0>100}").as_bytes()).unwrap();
+            file.sync_data().unwrap();
+            t.elapsed()
+        })
+        .collect();
+    stats(&mut times).0
+}
+
+/// Synced commits of a run outside its tool-calling turns: the create, the
+/// final model call's intent, the end.
+const FIXED_SYNCED: u64 = 3;
+/// All its commits outside them: those and the final call's completion.
+const FIXED_COMMITS: u64 = 4;
+
+/// One store and tool class, measured.
+struct Measured {
+    /// Medians in µs: all calls, the first window, the last window.
+    median: f64,
+    p99: f64,
+    first: f64,
+    last: f64,
+    window: usize,
+    lease: f64,
+    /// Per tool-calling turn, counted by the store (SQLite only): synced
+    /// commits (fsyncs) and all commits.
+    fsyncs_per_turn: Option<f64>,
+    commits_per_turn: Option<f64>,
+}
+
+fn measure(
+    rt: &tokio::runtime::Runtime,
+    sandbox: &Sandbox,
+    dir: &std::path::Path,
+    sqlite: bool,
+    warmup: &Agent,
+    agent: &Agent,
+) -> Measured {
+    let sqlite_store = sqlite.then(|| Arc::new(SqliteStore::open(dir.join("runs.db")).unwrap()));
+    let store: Arc<dyn EventStore> = match &sqlite_store {
+        Some(s) => s.clone(),
+        None => Arc::new(MemoryStore::new()),
+    };
+    run(rt, sandbox, Arc::clone(&store), warmup);
+    let before = sqlite_store.as_ref().map(|s| s.stats());
+    let (mut gaps, mut leases) = run(rt, sandbox, store, agent);
+    let turns = gaps.len() as f64;
+    let (fsyncs_per_turn, commits_per_turn) = match (&sqlite_store, before) {
+        (Some(s), Some(before)) => {
+            let after = s.stats();
+            let commits = after.transactions - before.transactions;
+            let deferred = after.deferred_transactions - before.deferred_transactions;
+            // Outside its tool-calling turns a run commits its create, the
+            // final answer's model call (intent, synced; completion) and its
+            // end (synced): not counted in the turns.
+            let synced = commits - deferred;
+            (
+                Some(synced.saturating_sub(FIXED_SYNCED) as f64 / turns),
+                Some(commits.saturating_sub(FIXED_COMMITS) as f64 / turns),
+            )
+        }
+        _ => (None, None),
+    };
+    let engine: Vec<Duration> = gaps
+        .iter()
+        .zip(&leases)
+        .map(|(g, l)| g.saturating_sub(*l))
+        .collect();
+    // The conversation grows with every turn; show the first and the last
+    // calls apart.
+    let window = (engine.len() / 8).max(1);
+    let (first, _) = stats(&mut engine[..window].to_vec());
+    let (last, _) = stats(&mut engine[engine.len() - window..].to_vec());
+    let (median, p99) = stats(&mut engine.clone());
+    let _ = stats(&mut gaps);
+    let (lease, _) = stats(&mut leases);
+    Measured {
+        median,
+        p99,
+        first,
+        last,
+        window,
+        lease,
+        fsyncs_per_turn,
+        commits_per_turn,
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "met" } else { "NOT met" }
+}
+
 fn main() {
     let turns: usize = std::env::var("MODEL_CALL_BENCH_TURNS")
         .ok()
@@ -158,49 +270,57 @@ fn main() {
         ..SandboxConfig::default()
     })
     .unwrap();
-    let warmup = agent(dir.path(), 50);
-    let agent = agent(dir.path(), turns);
+    let fsync = fdatasync_us(dir.path(), 200);
+    println!(
+        "fdatasync of a 100-byte write on this disk: median {fsync:.1} µs (200 samples, measured first)"
+    );
     println!("engine overhead per model call: provider completion -> next model request,");
-    println!("the turn calling one no-op tool ({turns} turns per store):");
-    for (name, make) in [
-        (
-            "memory",
-            Box::new(|_: &std::path::Path| Arc::new(MemoryStore::new()) as Arc<dyn EventStore>)
-                as Box<dyn Fn(&std::path::Path) -> Arc<dyn EventStore>>,
-        ),
-        (
-            "sqlite",
-            Box::new(|p: &std::path::Path| {
-                Arc::new(SqliteStore::open(p.join("runs.db")).unwrap()) as Arc<dyn EventStore>
-            }),
-        ),
-    ] {
-        let store_dir = tempfile::tempdir().unwrap();
-        let store = make(store_dir.path());
-        run(&rt, &sandbox, Arc::clone(&store), &warmup);
-        let (mut gaps, mut leases) = run(&rt, &sandbox, store, &agent);
-        let engine: Vec<Duration> = gaps
-            .iter()
-            .zip(&leases)
-            .map(|(g, l)| g.saturating_sub(*l))
-            .collect();
-        // The conversation grows with every turn; show the first and the
-        // last calls apart.
-        let window = (engine.len() / 8).max(1);
-        let (fm, _) = stats(&mut engine[..window].to_vec());
-        let (lastm, _) = stats(&mut engine[engine.len() - window..].to_vec());
-        let (em, ep) = stats(&mut engine.clone());
-        let (gm, gp) = stats(&mut gaps);
-        let (lm, lp) = stats(&mut leases);
-        println!("  {name:<6}  total   median {gm:>8.1} µs  p99 {gp:>8.1} µs");
+    println!("the turn calling one no-op tool ({turns} turns per run), lease time taken out:");
+    for effect in ["read", "write"] {
+        let warmup = agent(dir.path(), 50, effect);
+        let agent = agent(dir.path(), turns, effect);
+        let memory = measure(&rt, &sandbox, dir.path(), false, &warmup, &agent);
+        let store_dir = tempfile::tempdir_in(dir.path()).unwrap();
+        let sqlite = measure(&rt, &sandbox, store_dir.path(), true, &warmup, &agent);
+        for (name, m) in [("memory", &memory), ("sqlite", &sqlite)] {
+            println!(
+                "  {effect:<5} {name:<6} engine median {:>8.1} µs  p99 {:>8.1} µs  calls 1-{w}: {:>8.1} µs  last {w}: {:>8.1} µs  (lease {:.1} µs)",
+                m.median,
+                m.p99,
+                m.first,
+                m.last,
+                m.lease,
+                w = m.window,
+            );
+        }
+        let fsyncs = sqlite.fsyncs_per_turn.unwrap();
+        let limit = if effect == "read" { 1.0 } else { 2.0 };
         println!(
-            "          lease   median {lm:>8.1} µs  p99 {lp:>8.1} µs  (the no-op tool's receipt)"
+            "        fsyncs per turn on sqlite (counted by the store): {fsyncs:.2}, {:.2} commits  [target ≤ {limit}: {}]",
+            sqlite.commits_per_turn.unwrap(),
+            verdict(fsyncs <= limit + 1e-9)
         );
+        for (name, m) in [("memory", &memory), ("sqlite", &sqlite)] {
+            let ratio = m.last / m.first;
+            println!(
+                "        {name}: last {} / first {} calls = {ratio:.2}×  [target ≤ 1.2×: {}]",
+                m.window,
+                m.window,
+                verdict(ratio <= 1.2)
+            );
+        }
         println!(
-            "          engine  median {em:>8.1} µs  p99 {ep:>8.1} µs  (total minus lease: 4 appends, 2 decisions, the request)"
+            "        memory median {:.1} µs  [target ≤ 150 µs: {}]",
+            memory.median,
+            verdict(memory.median <= 150.0)
         );
+        let floor = fsyncs * fsync + memory.median;
+        let ratio = sqlite.median / floor;
         println!(
-            "          engine  median {fm:>8.1} µs over calls 1-{window}, {lastm:.1} µs over the last {window} (a longer conversation)"
+            "        sqlite median {:.1} µs = {ratio:.2}× ({fsyncs:.2} fsyncs × {fsync:.1} µs + memory {:.1} µs = {floor:.1} µs)  [target ≤ 1.3×: {}]",
+            sqlite.median,
+            memory.median,
+            verdict(ratio <= 1.3)
         );
     }
 }

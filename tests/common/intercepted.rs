@@ -15,14 +15,14 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use warden::engine::RunId;
 use warden::store::{
-    Appended, ApprovalRule, Claim, EventStore, Holder, KeyClaim, Listing, ListingStatus,
-    PruneFilter, RunFilter, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent,
-    Tombstone, VerifyReport,
+    Appended, ApprovalRule, Claim, Durability, EventStore, Holder, KeyClaim, Listing,
+    ListingStatus, PruneFilter, RunFilter, RunMeta, RunSummary, SettlingAppend, StoreError,
+    StoredEvent, Tombstone, VerifyReport,
 };
 
 /// Which kind of append a hook sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AppendVia {
+pub(crate) enum AppendVia {
     /// [`EventStore::append`].
     Append,
     /// [`EventStore::append_fenced`].
@@ -33,7 +33,7 @@ pub enum AppendVia {
 
 /// What happens to an append, as [`Hooks::before_append`] decides.
 #[derive(Debug)]
-pub enum BeforeAppend {
+pub(crate) enum BeforeAppend {
     /// It goes to the inner store.
     Write,
     /// It goes to the inner store, and then the caller gets this error
@@ -46,7 +46,7 @@ pub enum BeforeAppend {
 /// What a test or bench does around the calls it intercepts. Every hook
 /// defaults to doing nothing.
 #[async_trait]
-pub trait Hooks: Send + Sync {
+pub(crate) trait Hooks: Send + Sync {
     /// Before an append of `events` to `run_id`. May wait forever (a stalled
     /// driver).
     async fn before_append(
@@ -64,6 +64,11 @@ pub trait Hooks: Send + Sync {
         let _ = (via, run_id, events);
     }
 
+    /// Before any append, with how durable it asked to be.
+    fn durability(&self, run_id: &RunId, events: &[Bytes], durability: Durability) {
+        let _ = (run_id, events, durability);
+    }
+
     /// After a claim, with the claims it granted.
     fn after_claim(&self, claims: &[Claim]) {
         let _ = claims;
@@ -76,7 +81,7 @@ pub trait Hooks: Send + Sync {
 }
 
 /// `inner` with `hooks` around it.
-pub struct Intercepted<H> {
+pub(crate) struct Intercepted<H> {
     /// The store that does the work.
     pub inner: Arc<dyn EventStore>,
     /// What the test or bench does around it.
@@ -128,6 +133,7 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         status: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
+        self.hooks.durability(run_id, events, status.durability);
         let write = self
             .inner
             .append(run_id, expected_len, events, status, updated_ms);
@@ -196,6 +202,8 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         status: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
+        self.hooks
+            .durability(&claim.run_id, events, status.durability);
         let write = self
             .inner
             .append_fenced(claim, expected_len, events, status, updated_ms);
@@ -225,6 +233,8 @@ impl<H: Hooks> EventStore for Intercepted<H> {
     }
 
     async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
+        self.hooks
+            .durability(request.run_id, request.events, request.listing.durability);
         let write = self.inner.append_settling(request);
         self.intercept(AppendVia::Settling, request.run_id, request.events, write)
             .await

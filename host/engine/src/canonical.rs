@@ -158,10 +158,18 @@ impl RequestHasher {
     /// The hash of `request` with the messages pushed so far in place of
     /// its own (which are ignored).
     pub fn finish(&self, request: &ModelRequest) -> RequestHash {
+        self.finish_sized(request).0
+    }
+
+    /// [`finish`](Self::finish) and [`size`](Self::size) at once, the rest
+    /// of the request made canonical once.
+    pub fn finish_sized(&self, request: &ModelRequest) -> (RequestHash, u64) {
+        let rest = canonical_json(&rest_of(request));
         let mut sha = self.sha.clone();
         sha.update(END);
-        sha.update(canonical_json(&rest_of(request)).as_bytes());
-        RequestHash::from_hex(hex::encode(sha.finalize()))
+        sha.update(rest.as_bytes());
+        let size = self.bytes + END.len() as u64 + rest.len() as u64;
+        (RequestHash::from_hex(hex::encode(sha.finalize())), size)
     }
 }
 

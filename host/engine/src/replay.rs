@@ -31,12 +31,11 @@
 //! agent decided them too; when the fork changed the agent, they are facts
 //! (pinned by the source's chain hash in `run_forked`), like completions.
 
-use super::canonical::RequestHasher;
 use super::channels::next_delivery;
-use super::compaction::summary_message;
 use super::decide::{Action, Park, RequestDetail, decide_with, input_gate};
 use super::events::{Event, EventKind, WithdrawReason};
 use super::ids::AgentDigest;
+use super::prompt::PromptCache;
 use super::state::{FoldError, RunState, fold};
 use super::view::AgentView;
 
@@ -112,9 +111,7 @@ pub fn replay(
     // The request's messages are hashed as the conversation grows; a new
     // summary (compaction) starts the hash over from the input, the summary
     // and the messages after its cut.
-    let mut hasher = RequestHasher::new();
-    let mut hashed_cut: Option<usize> = None;
-    let mut hashed_to = 0;
+    let mut prompt = PromptCache::hashing_only();
     for (i, event) in rest.iter().enumerate() {
         // An inherited event (before the latest fork) is checked only when
         // the agent that decided it is this one: a fork's changed agent
@@ -156,24 +153,7 @@ pub fn replay(
             let mut action = decide_with(&state, view, RequestDetail::Frame);
             let mut input_refused = None;
             if let Action::CallModel(call) = &mut action {
-                let conversation = state.conversation();
-                let summary = state.compaction.summary.as_ref();
-                if summary.map(|s| s.upto) != hashed_cut {
-                    hasher = RequestHasher::new();
-                    hashed_to = 0;
-                    if let Some(s) = summary {
-                        hasher.push(&conversation[0]);
-                        hasher.push(&summary_message(s, conversation));
-                        hashed_to = s.upto;
-                    }
-                    hashed_cut = summary.map(|s| s.upto);
-                }
-                for message in &conversation[hashed_to..] {
-                    hasher.push(message);
-                }
-                hashed_to = conversation.len();
-                call.request_hash = hasher.finish(&call.request);
-                call.request_size = hasher.size(&call.request);
+                (call.request_hash, call.request_size) = prompt.hash(&state, &call.request);
                 // The input check `decide` leaves to whoever knows the
                 // request's size.
                 if !call.recorded

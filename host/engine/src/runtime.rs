@@ -5,12 +5,33 @@
 //! (`StartOptions::session`, `session_runs`) and live turns (`start_turn`,
 //! `continue_turn`, in `turn.rs`).
 //!
-//! One step: load (or keep) the log, fold it, [`decide`], then perform the
+//! One step: load (or keep) the log, fold it, [`decide`](super::decide()), then perform the
 //! action: for a model or tool call, append the intent, perform the effect,
 //! append the completion; for anything else, append its one event. Every
 //! append carries the log length it expects, so two drivers of one run
 //! cannot both write (the loser gets [`RuntimeError::Conflict`] and writes
 //! nothing).
+//!
+//! # Durability
+//!
+//! Every append is committed before the driver goes on, but not every one
+//! waits for the disk: an append the run can lose in a machine crash and
+//! make again without harm is [deferred](Durability::Deferred) to the
+//! store's next synced write, which syncs it too. Deferred: a model call's
+//! completion (its intent is synced; lost, the call is made again, as after
+//! a crash mid-stream), a read's intent and completion (lost, the read is
+//! made again: harmless by definition), and any other call's completion
+//! when the run's next step appends a new model call's intent (synced
+//! before the model is asked, so the completion is on disk before the next
+//! decision depends on it, and no effect starts in between). Everything
+//! else is synced: a write's intent before the write starts (the
+//! write-ahead rule), a keyed call's settlement, approvals, parks, the
+//! end. A turn calling read tools costs one fsync (the next model call's
+//! intent), a turn calling a write two (its intent, and the next model
+//! call's). A store keeps what a machine crash leaves a prefix of what it
+//! acknowledged, so what a crash can leave is a log cut at some event
+//! boundary after the last synced append: a state the crash tests already
+//! recover from (`all::engine`, every boundary).
 //!
 //! Clock and randomness are injected ([`Runtime::with_hooks`]) so that a
 //! killed-and-recovered run records the same log as an uninterrupted one;
@@ -35,7 +56,7 @@ use super::channels::{
 };
 use super::decide::{
     Action, ApprovalRequest, CompactionCall, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall,
-    ToolInvocation, decide,
+    RequestDetail, ToolInvocation, decide_with, input_gate,
 };
 use super::events::{
     ApprovalDenied, ApprovalGranted, ClockObserved, ContextError, ContextFailed, ContextItem,
@@ -50,6 +71,7 @@ use super::policy_hooks::{
     DEFAULT_POLICY_TIMEOUT, Policy, PolicyConsult, PolicyVerdict, consult as consult_policy,
 };
 use super::policy_plugin::consult_plugin as consult_policy_plugin;
+use super::prompt::PromptCache;
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{RetrySleep, TokioSleep};
 use super::session::{self, SessionRun, SessionSummary};
@@ -63,9 +85,9 @@ use warden_providers::{
 };
 use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
 use warden_store::{
-    ChainBreak, Claim, CommitmentFilter, EventStore, Finding, Holder, KeyClaim, Listing,
-    ListingStatus, RunMeta, SETTLED_STATUSES, Settle, Settlement, SettlingAppend, StoreError,
-    VerifyReport,
+    ChainBreak, Claim, CommitmentFilter, Durability, EventStore, Finding, Holder, KeyClaim,
+    Listing, ListingStatus, RunMeta, SETTLED_STATUSES, Settle, Settlement, SettlingAppend,
+    StoreError, VerifyReport,
 };
 
 mod children;
@@ -724,6 +746,10 @@ struct Log {
     /// many deliveries the run owes into its listing. `None`: only the
     /// delivery in flight is counted.
     channels: Option<Arc<[Channel]>>,
+    /// The next model request's messages and hash, kept as the state's
+    /// conversation grows (so a long run's model call does not rebuild
+    /// them whole).
+    prompt: PromptCache,
 }
 
 impl Runtime {
@@ -1083,6 +1109,7 @@ impl Runtime {
             fence,
             valid,
             channels: Some(prepared.view.channels.clone().into()),
+            prompt: PromptCache::new(),
         };
         self.drive_log(&mut log, &prepared).await
     }
@@ -1716,7 +1743,7 @@ impl Runtime {
         ) {
             return self.deliver(log, prepared, driver, delivery).await;
         }
-        let action = decide(&log.state, &prepared.view);
+        let action = decide_next(log, &prepared.view);
         match action {
             Action::Idle(Idle::Waiting { until_ms }) => {
                 // A durable timer: whoever drives the run once it is due
@@ -1777,7 +1804,7 @@ impl Runtime {
         log: &mut Log,
         prepared: &Prepared,
         driver: &DriverHandle,
-        call: ModelCall,
+        mut call: ModelCall,
     ) -> Result<Step, RuntimeError> {
         if let ModelCallProgress::Failed {
             retry_at_ms: Some(due),
@@ -1796,6 +1823,9 @@ impl Runtime {
                 }
             }
         }
+        // The request's messages, lent by the log's prompt cache for the
+        // call (a copy of the conversation would cost as much as it is long).
+        call.request.messages = log.prompt.lend(&log.state);
         if !call.recorded {
             self.append(log, vec![call.intent(self.inner.record_prompts)])
                 .await?;
@@ -1815,27 +1845,36 @@ impl Runtime {
             },
         )
         .await;
+        log.prompt
+            .give_back(std::mem::take(&mut call.request.messages));
         let Some(outcome) = streamed else {
             return self.record_cancel(log, driver, None).await;
         };
-        let event = match outcome {
-            Ok(response) => call.completion(
-                &response,
-                prepared.view.pricing.as_ref(),
-                self.inner.clock.now_ms(),
-            ),
+        match outcome {
+            Ok(response) => {
+                let event = call.completion(
+                    &response,
+                    prepared.view.pricing.as_ref(),
+                    self.inner.clock.now_ms(),
+                );
+                // Deferred: lost in a machine crash, the call is made again
+                // (its intent is synced), as after a crash mid-stream.
+                // Whatever the turn does next that is not safe to repeat
+                // syncs it first (a write's intent, an approval request).
+                self.append_deferred(log, vec![event]).await?;
+            }
             Err(error) => {
                 // Recorded, and shown from the record: not logged again.
                 tracing::debug!(run_id = %log.run_id, step = call.step, attempt = call.attempt, %error, "model call failed");
-                call.failure(
+                let event = call.failure(
                     &error,
                     self.inner.clock.now_ms(),
                     &prepared.view.retry,
                     self.inner.random.next_u64(),
-                )
+                );
+                self.append(log, vec![event]).await?;
             }
-        };
-        self.append(log, vec![event]).await?;
+        }
         Ok(Step::Progressed)
     }
 
@@ -1862,8 +1901,18 @@ impl Runtime {
                 }
             }
         }
+        // The intent of a read rides with the next synced write: lost in a
+        // machine crash, the read is decided and made again, which is
+        // harmless by definition. Every other intent is on disk before its
+        // effect starts (the write-ahead rule).
+        let repeatable =
+            invocation.intent.effect == EffectClass::Read && invocation.intent.keyed_by.is_none();
         if !invocation.recorded {
-            self.append(log, vec![invocation.intent()]).await?;
+            if repeatable {
+                self.append_deferred(log, vec![invocation.intent()]).await?;
+            } else {
+                self.append(log, vec![invocation.intent()]).await?;
+            }
         }
         let tool = &invocation.intent.tool;
         let plugin = prepared
@@ -1908,7 +1957,23 @@ impl Runtime {
                     holder,
                     outcome,
                 });
-                self.append_with(log, vec![event], settlement.as_ref())
+                // A read's completion rides with the next synced write
+                // (lost, the read is made again). So does any other call's
+                // when the next thing the run does is a new model call: that
+                // call's intent is synced before the model is asked, so the
+                // completion is on disk before the next decision depends on
+                // it, and no effect starts in between. A keyed call's
+                // settlement is synced with its completion.
+                let durability = |log: &Log| {
+                    if settlement.is_none()
+                        && (repeatable || next_is_a_new_model_call(log, prepared, driver))
+                    {
+                        Durability::Deferred
+                    } else {
+                        Durability::Synced
+                    }
+                };
+                self.write(log, vec![event], settlement.as_ref(), durability)
                     .await?;
             }
             Disposition::Retry => {
@@ -2333,6 +2398,7 @@ impl Runtime {
             fence: None,
             valid: None,
             channels,
+            prompt: PromptCache::new(),
         })
     }
 
@@ -2343,6 +2409,14 @@ impl Runtime {
         self.append_with(log, new, None).await
     }
 
+    /// [`append`](Self::append), its sync deferred to the store's next
+    /// synced write ([`Durability::Deferred`]): only for events whose loss
+    /// in a machine crash the run repairs by doing the same again (see
+    /// "Durability" in the module docs).
+    async fn append_deferred(&self, log: &mut Log, new: Vec<Event>) -> Result<(), RuntimeError> {
+        self.write(log, new, None, |_| Durability::Deferred).await
+    }
+
     /// [`append`](Self::append), settling an idempotency commitment in the
     /// same transaction when `settlement` is given.
     async fn append_with(
@@ -2350,6 +2424,19 @@ impl Runtime {
         log: &mut Log,
         new: Vec<Event>,
         settlement: Option<&Settlement>,
+    ) -> Result<(), RuntimeError> {
+        self.write(log, new, settlement, |_| Durability::Synced)
+            .await
+    }
+
+    /// Folds `new` into the log's state and writes it, as durable as
+    /// `durability` says of the log with `new` folded.
+    async fn write(
+        &self,
+        log: &mut Log,
+        new: Vec<Event>,
+        settlement: Option<&Settlement>,
+        durability: impl FnOnce(&Log) -> Durability,
     ) -> Result<(), RuntimeError> {
         // A driver past its own view of its claim records nothing more:
         // what it would record may come from a lease the sandbox stopped.
@@ -2377,9 +2464,12 @@ impl Runtime {
         }
         let expected = log.events.len() as u64;
         let (status, now) = (log.state.status(), self.inner.clock.now_ms() as i64);
-        let listing = Listing::new(status.listing())
+        let mut listing = Listing::new(status.listing())
             .owing(Self::owed(log, &new, status))
             .waking_at(log.state.waiting().map(|w| w.until_ms as i64));
+        if durability(log) == Durability::Deferred {
+            listing = listing.deferred();
+        }
         let store = &self.inner.store;
         let written = match (settlement, &log.fence) {
             (None, None) => {
@@ -2409,6 +2499,7 @@ impl Runtime {
             if let Ok(fresh) = self.load_log(&log.run_id).await {
                 log.events = fresh.events;
                 log.state = fresh.state;
+                log.prompt = fresh.prompt;
             }
             return Err(error.into());
         }
@@ -2713,6 +2804,43 @@ impl Drop for DriverHandle {
 /// What is left of the run's wall-time and fuel budgets (with recorded
 /// extensions): every lease the run makes fits in it, whatever the plugin's
 /// own limits say.
+/// What [`decide`](super::decide()) decides for the run in `log`, a model call's request
+/// and hash taken from the log's [`PromptCache`] (the messages are lent to
+/// the request when the call is made, [`Runtime::call_model`]), so a long
+/// run's step does not rebuild and rehash the whole conversation.
+fn decide_next(log: &mut Log, view: &AgentView) -> Action {
+    let mut action = decide_with(&log.state, view, RequestDetail::Frame);
+    if let Action::CallModel(call) = &mut action {
+        (call.request_hash, call.request_size) = log.prompt.hash(&log.state, &call.request);
+        // The input check `decide` makes once it knows the request's size.
+        if !call.recorded
+            && let Some(park) = input_gate(&log.state, view, call.request_size)
+        {
+            return park;
+        }
+    }
+    action
+}
+
+/// Whether the next step of the run in `log` (its latest event folded)
+/// begins by appending a new model call's intent, which is synced: not
+/// cancelled, no channel that might take a delivery first, and [`decide`](super::decide())
+/// calls the model for a step not yet recorded (asked without building the
+/// request: a park on its size is an append, synced too). Anything else
+/// (context to resolve, a policy to ask, the next tool of the turn) may
+/// start an effect before any synced append.
+fn next_is_a_new_model_call(log: &Log, prepared: &Prepared, driver: &DriverHandle) -> bool {
+    !driver.cancel.is_cancelled()
+        && prepared.view.channels.is_empty()
+        && matches!(
+            decide_with(&log.state, &prepared.view, RequestDetail::Frame),
+            Action::CallModel(ModelCall {
+                recorded: false,
+                ..
+            })
+        )
+}
+
 fn lease_bound(log: &Log, prepared: &Prepared) -> RunBound {
     let state = &log.state;
     let limits = state.effective_limits(&prepared.view.budgets);

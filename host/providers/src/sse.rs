@@ -55,7 +55,7 @@ pub(crate) struct SseParser {
 
 impl SseParser {
     /// A parser refusing events longer than `max_event_bytes`.
-    pub fn new(max_event_bytes: usize) -> Self {
+    pub(crate) fn new(max_event_bytes: usize) -> Self {
         SseParser {
             max_event_bytes,
             line: Vec::new(),
@@ -69,7 +69,7 @@ impl SseParser {
 
     /// Takes the next piece of the body; returns the events it completed.
     #[cfg(test)]
-    pub fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
+    pub(crate) fn push(&mut self, bytes: &[u8]) -> Result<Vec<SseEvent>, SseError> {
         let mut events = Vec::new();
         self.push_into(bytes, &mut events)?;
         Ok(events)
@@ -78,7 +78,7 @@ impl SseParser {
     /// Takes the next piece of the body and appends the events it completed
     /// to `events`; on an error, the events completed before it are there,
     /// so a caller can tell whether the response was already whole.
-    pub fn push_into(
+    pub(crate) fn push_into(
         &mut self,
         mut bytes: &[u8],
         events: &mut Vec<SseEvent>,

@@ -14,7 +14,7 @@
 #![allow(missing_docs)]
 
 /// The `tool-plugin` world: `describe`, `preflight`, `invoke`.
-pub mod tool {
+pub(crate) mod tool {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "warden:plugin/tool-plugin",
@@ -24,7 +24,7 @@ pub mod tool {
 }
 
 /// The `context-plugin` world: `describe`, `resolve`.
-pub mod context {
+pub(crate) mod context {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "warden:plugin/context-plugin",
@@ -37,7 +37,7 @@ pub mod context {
 }
 
 /// The `channel-plugin` world: `describe`, `deliver`.
-pub mod channel {
+pub(crate) mod channel {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "warden:plugin/channel-plugin",
@@ -50,7 +50,7 @@ pub mod channel {
 }
 
 /// The `policy-plugin` world: `describe`, `decide`.
-pub mod policy {
+pub(crate) mod policy {
     wasmtime::component::bindgen!({
         path: "../../wit",
         world: "warden:plugin/policy-plugin",
@@ -62,5 +62,5 @@ pub mod policy {
     });
 }
 
-pub use tool::warden::plugin::host;
-pub use tool::warden::plugin::types;
+pub(crate) use tool::warden::plugin::host;
+pub(crate) use tool::warden::plugin::types;

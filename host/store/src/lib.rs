@@ -16,7 +16,10 @@
 //!   are written in one transaction, or nothing is, and a stale expectation is a typed
 //!   [`StoreError::Conflict`];
 //! - **durability** (persistent stores): an append has been synced when it
-//!   returns `Ok`; an I/O failure is an error, never an acknowledgement;
+//!   returns `Ok`, unless it was [deferred](Durability::Deferred): then it
+//!   is synced with the store's next synced write, and a machine crash
+//!   loses at most the deferred writes since the last synced one; an I/O
+//!   failure is an error, never an acknowledgement;
 //! - **tamper evidence**: a hash chain over the exact stored bytes (see
 //!   below), recomputed on every load, so an edited, dropped, reordered or
 //!   truncated event is a [`StoreError::Tampered`], and a damaged run never
@@ -443,6 +446,10 @@ impl RunSummary {
 /// waiting run once its wake-up time has come).
 ///
 /// `ListingStatus::RUNNING.into()` is a listing that owes nothing.
+///
+/// It also says how durable the append must be when it returns
+/// ([`Durability`]): synced, unless the caller asks for
+/// [`deferred`](Listing::deferred).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Listing {
     /// The status (for listing, and for what the store does with the run:
@@ -457,16 +464,29 @@ pub struct Listing {
     /// since the Unix epoch (the engine's clock): a durable timer that
     /// [`EventStore::claim`] honours. `None` for a run that is not waiting.
     pub wake_ms: Option<i64>,
+    /// How durable the append is when it returns. Default:
+    /// [`Durability::Synced`].
+    pub durability: Durability,
 }
 
 impl Listing {
     /// A listing with `status` that owes no delivery and waits for no
-    /// time.
+    /// time, for a synced append.
     pub fn new(status: ListingStatus) -> Self {
         Listing {
             status,
             owes_deliveries: 0,
             wake_ms: None,
+            durability: Durability::Synced,
+        }
+    }
+
+    /// The same listing, for an append whose sync may wait for the store's
+    /// next synced write ([`Durability::Deferred`]).
+    pub fn deferred(self) -> Self {
+        Listing {
+            durability: Durability::Deferred,
+            ..self
         }
     }
 
@@ -488,6 +508,28 @@ impl From<ListingStatus> for Listing {
     fn from(status: ListingStatus) -> Self {
         Listing::new(status)
     }
+}
+
+/// How durable an append is when it returns (see [`Listing::durability`]).
+///
+/// Either way the append is committed and visible to every reader when it
+/// returns, and a crash of the process keeps it. They differ on a crash of
+/// the machine (power loss, a kernel panic) before the disk has it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Durability {
+    /// On disk when the append returns (the default).
+    #[default]
+    Synced,
+    /// On disk by the store's next synced write (any synced append, create,
+    /// claim or rule, by any run), or sooner: a machine crash before then
+    /// may take it back, together with every deferred write after the
+    /// store's last synced one, and never a write before that. What
+    /// survives a machine crash is always a prefix of what the store
+    /// acknowledged. For events the engine can lose and make again without
+    /// harm (a model call's completion, a read's intent and completion;
+    /// see the engine's runtime). A store without a cheaper way to commit
+    /// syncs it.
+    Deferred,
 }
 
 /// Which runs [`EventStore::list`] returns: every condition set must hold.

@@ -212,10 +212,12 @@ impl MemoryStore {
                 actual: run.count,
             });
         }
-        let tail: Vec<_> = run
-            .events
+        // Events are kept in seq order (pushed so; damage only removes or
+        // rewrites them in place), so the tail is found without a scan: an
+        // append costs the same however long the log.
+        let from = run.events.partition_point(|e| e.seq < run.count);
+        let tail: Vec<_> = run.events[from..]
             .iter()
-            .filter(|e| e.seq >= run.count)
             .take(2)
             .map(|e| (e.seq, Ok(e.hash)))
             .collect();

@@ -5,11 +5,11 @@ use std::time::Duration;
 use similar::{Algorithm, ChangeTag, TextDiff};
 
 /// Longest diff a preview carries, in bytes; the rest is summarized.
-pub const MAX_DIFF_BYTES: usize = 64 * 1024;
+pub(crate) const MAX_DIFF_BYTES: usize = 64 * 1024;
 
 /// A diff of `old` to `new` for the file `path`.
 #[derive(Debug, PartialEq, Eq)]
-pub struct Diff {
+pub(crate) struct Diff {
     /// Lines added.
     pub added: usize,
     /// Lines removed.
@@ -20,7 +20,7 @@ pub struct Diff {
 }
 
 /// Diffs `old` against `new` line by line.
-pub fn unified(path: &str, old: &str, new: &str) -> Diff {
+pub(crate) fn unified(path: &str, old: &str, new: &str) -> Diff {
     let diff = TextDiff::configure()
         .algorithm(Algorithm::Myers)
         .timeout(Duration::from_secs(1))

@@ -136,7 +136,7 @@ fn missing_ancestor(mount: &Mount, target: &Resolved) -> Result<Option<String>, 
 }
 
 /// Writes a whole file.
-pub fn write_file(mount: &Mount, args: WriteFileArgs) -> Result<WriteFileOutput, FsError> {
+pub(crate) fn write_file(mount: &Mount, args: WriteFileArgs) -> Result<WriteFileOutput, FsError> {
     let plan = plan_write(mount, &args)?;
     let path = plan.target.shown;
     if plan.missing_dir.is_some() {
@@ -153,7 +153,7 @@ pub fn write_file(mount: &Mount, args: WriteFileArgs) -> Result<WriteFileOutput,
 }
 
 /// Previews `write_file`: a summary line and a unified diff.
-pub fn preview_write(mount: &Mount, args: WriteFileArgs) -> Result<Preview, FsError> {
+pub(crate) fn preview_write(mount: &Mount, args: WriteFileArgs) -> Result<Preview, FsError> {
     let plan = plan_write(mount, &args)?;
     let path = &plan.target.shown;
     let bytes = args.content.len();
@@ -239,7 +239,7 @@ fn plan_edit(mount: &Mount, args: &EditFileArgs) -> Result<EditPlan, FsError> {
 }
 
 /// Replaces exact text in a file.
-pub fn edit_file(mount: &Mount, args: EditFileArgs) -> Result<EditFileOutput, FsError> {
+pub(crate) fn edit_file(mount: &Mount, args: EditFileArgs) -> Result<EditFileOutput, FsError> {
     let plan = plan_edit(mount, &args)?;
     let path = plan.target.shown;
     warden_guest::fs::write_atomic(&plan.target.full, &plan.new_text)
@@ -251,7 +251,7 @@ pub fn edit_file(mount: &Mount, args: EditFileArgs) -> Result<EditFileOutput, Fs
 }
 
 /// Previews `edit_file`: a summary line and a unified diff.
-pub fn preview_edit(mount: &Mount, args: EditFileArgs) -> Result<Preview, FsError> {
+pub(crate) fn preview_edit(mount: &Mount, args: EditFileArgs) -> Result<Preview, FsError> {
     let plan = plan_edit(mount, &args)?;
     let path = &plan.target.shown;
     let d = diff::unified(path, &plan.old_text, &plan.new_text);

@@ -11,11 +11,11 @@ use crate::error::FsError;
 use crate::mount::Mount;
 
 /// Lines `read_file` returns when `limit` is not given.
-pub const DEFAULT_READ_LINES: u64 = 2_000;
+pub(crate) const DEFAULT_READ_LINES: u64 = 2_000;
 /// Most bytes of content `read_file` returns, whatever `limit` says.
-pub const MAX_READ_BYTES: usize = 256 * 1024;
+pub(crate) const MAX_READ_BYTES: usize = 256 * 1024;
 /// Most entries `list_dir` returns.
-pub const MAX_DIR_ENTRIES: usize = 1_000;
+pub(crate) const MAX_DIR_ENTRIES: usize = 1_000;
 
 /// Arguments of `read_file`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -53,7 +53,7 @@ pub struct ReadFileOutput {
 
 /// Reads lines `offset..offset + limit` of a UTF-8 text file, streaming so
 /// that a large file costs memory only for the lines returned.
-pub fn read_file(mount: &Mount, args: ReadFileArgs) -> Result<ReadFileOutput, FsError> {
+pub(crate) fn read_file(mount: &Mount, args: ReadFileArgs) -> Result<ReadFileOutput, FsError> {
     let target = mount.resolve(&args.path)?;
     let path = target.shown;
     let start = args.offset.unwrap_or(1);
@@ -219,7 +219,7 @@ pub struct ListDirOutput {
 }
 
 /// Lists a directory's entries, sorted by name.
-pub fn list_dir(mount: &Mount, args: ListDirArgs) -> Result<ListDirOutput, FsError> {
+pub(crate) fn list_dir(mount: &Mount, args: ListDirArgs) -> Result<ListDirOutput, FsError> {
     let target = mount.resolve(args.path.as_deref().unwrap_or("."))?;
     let path = target.shown;
     let meta = fs::metadata(&target.full).map_err(|e| FsError::io("list", &path, e))?;

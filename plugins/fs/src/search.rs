@@ -19,13 +19,13 @@ use crate::read::join;
 use warden_guest::glob::Glob;
 
 /// Matches `search` returns when `max_results` is not given.
-pub const DEFAULT_MAX_RESULTS: u64 = 100;
+pub(crate) const DEFAULT_MAX_RESULTS: u64 = 100;
 /// Most matches `search` returns, whatever `max_results` says.
-pub const MAX_RESULTS: u64 = 1_000;
+pub(crate) const MAX_RESULTS: u64 = 1_000;
 /// Longest line text a match carries, in bytes.
-pub const MAX_LINE_BYTES: usize = 500;
+pub(crate) const MAX_LINE_BYTES: usize = 500;
 /// Files larger than this are skipped.
-pub const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+pub(crate) const MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
 
 /// Arguments of `search`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -72,7 +72,7 @@ pub struct SearchOutput {
 }
 
 /// Searches the files under `path` for `pattern`.
-pub fn search(mount: &Mount, args: SearchArgs) -> Result<SearchOutput, FsError> {
+pub(crate) fn search(mount: &Mount, args: SearchArgs) -> Result<SearchOutput, FsError> {
     let regex = Regex::new(&args.pattern).map_err(|e| FsError::BadPattern {
         pattern: args.pattern.clone(),
         reason: first_line_lowercase(&e.to_string()),

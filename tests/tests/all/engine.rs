@@ -18,7 +18,7 @@ use warden::engine::{
     RunUpdate, Runtime, RuntimeError,
 };
 use warden::plugins::PluginHost;
-use warden::store::{EventStore, MemoryStore, SqliteStore, StoreError};
+use warden::store::{Durability, EventStore, MemoryStore, SqliteStore, StoreError};
 use warden_tests::guests;
 
 use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
@@ -742,6 +742,139 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
         // effect did not run) and before its completion was written (it
         // did).
         assert_eq!(reconciled, 2, "{store_kind}");
+    }
+}
+
+// ---- durability: which appends wait for the disk ----
+
+/// Each event appended, by kind, with how durable its append asked to be.
+#[derive(Default)]
+struct Durabilities(std::sync::Mutex<Vec<(&'static str, Durability)>>);
+
+impl Hooks for Durabilities {
+    fn durability(&self, _: &RunId, events: &[Bytes], durability: Durability) {
+        let mut seen = self.0.lock().unwrap();
+        for bytes in events {
+            let event = warden::engine::events::decode(bytes).unwrap();
+            seen.push((event.kind().as_str(), durability));
+        }
+    }
+}
+
+/// The run of `turns`, driven to completion on a memory store: what each
+/// append asked of the disk, and how many times the write ran.
+async fn durabilities(turns: &str) -> (Vec<(&'static str, Durability)>, usize) {
+    let fx = Fixture::new();
+    let agent = fx.agent(turns, "");
+    let store = Arc::new(Intercepted {
+        inner: Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+        hooks: Durabilities::default(),
+    });
+    let rt = runtime(store.clone());
+    let run = rt
+        .start(&agent, json!("go"), StartOptions::new().id(id("durable")))
+        .await
+        .unwrap();
+    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+    let seen = store.hooks.0.lock().unwrap().clone();
+    (seen, fx.effects())
+}
+
+/// Only what the run can lose in a machine crash and make again without
+/// harm is deferred: a model call's completion, a read's intent and
+/// completion, and a write's completion when the next append is the next
+/// model call's intent (synced). A write's intent is synced before it runs;
+/// so are every model call's intent and the end. A turn calling a read
+/// costs one fsync, a turn calling a write two.
+#[tokio::test]
+async fn only_what_a_run_can_make_again_waits_for_the_next_sync() {
+    use Durability::{Deferred as D, Synced as S};
+    let (seen, effects) = durabilities(READ_WRITE_FINISH).await;
+    assert_eq!(effects, 1);
+    assert_eq!(
+        seen,
+        [
+            ("model_call_intent", S),
+            ("model_call_completed", D),
+            ("tool_call_intent", D), // the read
+            ("tool_call_completed", D),
+            ("model_call_intent", S),
+            ("model_call_completed", D),
+            ("tool_call_intent", S), // the write, before it runs
+            ("tool_call_completed", D),
+            ("model_call_intent", S),
+            ("model_call_completed", D),
+            ("run_completed", S),
+        ]
+    );
+    // A write followed by a read in the same turn: the read would run
+    // before the next model call's intent, so the write's completion is
+    // synced first.
+    let (seen, effects) = durabilities(
+        r#"
+[[turns]]
+text = "Both."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = { op = "append", path = "/workspace/effects.log", content = "effect\n" }
+[[turns.tool_calls]]
+name = "files__read_file"
+arguments = { path = "input.txt" }
+
+[[turns]]
+text = "All done."
+"#,
+    )
+    .await;
+    assert_eq!(effects, 1);
+    assert_eq!(
+        seen,
+        [
+            ("model_call_intent", S),
+            ("model_call_completed", D),
+            ("tool_call_intent", S),
+            ("tool_call_completed", S), // a read runs next
+            ("tool_call_intent", D),
+            ("tool_call_completed", D),
+            ("model_call_intent", S),
+            ("model_call_completed", D),
+            ("run_completed", S),
+        ]
+    );
+}
+
+/// The SQLite store commits the deferred appends without an fsync: a run
+/// of read turns costs one synced commit per model call (its intent) and
+/// one for the end; a run of write turns one more per write (its intent).
+#[tokio::test]
+async fn on_sqlite_a_read_turn_costs_one_fsync_and_a_write_turn_two() {
+    let fx = Fixture::new();
+    let read = "[[turns]]\ntext = \"Reading.\"\n[[turns.tool_calls]]\nname = \"files__read_file\"\narguments = { path = \"input.txt\" }\n\n";
+    let write = "[[turns]]\ntext = \"Writing.\"\n[[turns.tool_calls]]\nname = \"hostile__fs\"\narguments = { op = \"append\", path = \"/workspace/effects.log\", content = \"effect\\n\" }\n\n";
+    let done = "[[turns]]\ntext = \"All done.\"\n";
+    for (name, turn, synced_per_turn) in [("read", read, 1), ("write", write, 2)] {
+        const TURNS: u64 = 5;
+        let agent = fx.agent(&format!("{}{done}", turn.repeat(TURNS as usize)), "");
+        let store = Arc::new(SqliteStore::open(fx.path(&format!("{name}.db"))).unwrap());
+        let rt = runtime(store.clone());
+        let run = rt
+            .start(&agent, json!("go"), StartOptions::new().id(id(name)))
+            .await
+            .unwrap();
+        let before = store.stats();
+        assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+        let after = store.stats();
+        let commits = after.transactions - before.transactions;
+        let deferred = after.deferred_transactions - before.deferred_transactions;
+        // Every event of the drive in an append of its own.
+        let events = rt.events(&run).await.unwrap().len() as u64 - 1;
+        assert_eq!(commits, events, "{name}");
+        // The tool turns, the last model call and the end.
+        assert_eq!(
+            commits - deferred,
+            TURNS * synced_per_turn + 2,
+            "{name}: {commits} commits, {deferred} deferred"
+        );
     }
 }
 

@@ -380,15 +380,15 @@ impl std::io::Write for LogWriter {
 /// fails to compile here. Each constant names the test that covers it.
 #[allow(non_upper_case_globals, dead_code)]
 mod coverage {
-    pub const backdoor: &str = "loading::an_unknown_interface_is_refused_naming_it";
-    pub const channel: &str = "kinds::channels_deliver_and_report_typed_errors";
-    pub const context: &str = "kinds::context_sources_resolve_items_and_typed_errors, context::recovery_uses_the_recorded_context_and_never_resolves_a_recorded_step_again";
-    pub const hostile: &str = "hostile::*";
-    pub const net: &str = "network::*";
-    pub const policy: &str = "kinds::policies_decide_from_their_config_and_count_their_calls, kinds::a_misbehaving_policy_is_stopped_with_a_typed_failure, policy_plugins::*";
-    pub const noop: &str = "loading::a_minimal_component_needs_no_wasi";
-    pub const sockets: &str = "loading::network_access_without_a_grant_is_refused_at_load";
-    pub const table_grow: &str = "hostile::table_growth_is_denied_at_the_limit";
+    pub(crate) const backdoor: &str = "loading::an_unknown_interface_is_refused_naming_it";
+    pub(crate) const channel: &str = "kinds::channels_deliver_and_report_typed_errors";
+    pub(crate) const context: &str = "kinds::context_sources_resolve_items_and_typed_errors, context::recovery_uses_the_recorded_context_and_never_resolves_a_recorded_step_again";
+    pub(crate) const hostile: &str = "hostile::*";
+    pub(crate) const net: &str = "network::*";
+    pub(crate) const policy: &str = "kinds::policies_decide_from_their_config_and_count_their_calls, kinds::a_misbehaving_policy_is_stopped_with_a_typed_failure, policy_plugins::*";
+    pub(crate) const noop: &str = "loading::a_minimal_component_needs_no_wasi";
+    pub(crate) const sockets: &str = "loading::network_access_without_a_grant_is_refused_at_load";
+    pub(crate) const table_grow: &str = "hostile::table_growth_is_denied_at_the_limit";
     macro_rules! covered {
         ($name:ident) => {
             const _: &str = $name;

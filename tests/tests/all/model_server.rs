@@ -20,7 +20,7 @@ use tokio::sync::{Notify, Semaphore};
 
 /// A request the server received.
 #[derive(Clone, Debug)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
@@ -28,7 +28,7 @@ pub struct Seen {
 
 impl Seen {
     /// The first value of header `name`.
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -36,14 +36,14 @@ impl Seen {
     }
 
     /// The body as JSON.
-    pub fn json(&self) -> Value {
+    pub(crate) fn json(&self) -> Value {
         serde_json::from_slice(&self.body).unwrap()
     }
 }
 
 /// What happens after an answer's pieces are written.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum After {
+pub(crate) enum After {
     /// The body ends properly; the connection stays open for more.
     End,
     /// The connection is dropped without ending the body.
@@ -54,7 +54,7 @@ pub enum After {
 
 /// An answer.
 #[derive(Clone, Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub headers: Vec<(String, String)>,
     pub pieces: Vec<Vec<u8>>,
@@ -70,7 +70,7 @@ pub struct Reply {
 impl Reply {
     /// A recorded response (see `tests/fixtures/providers/corpus`), its
     /// bytes written exactly, in `pieces`.
-    pub fn raw(pieces: Vec<Vec<u8>>) -> Reply {
+    pub(crate) fn raw(pieces: Vec<Vec<u8>>) -> Reply {
         Reply {
             status: 0,
             headers: Vec::new(),
@@ -82,7 +82,7 @@ impl Reply {
     }
 
     /// A `text/event-stream` answer written in `pieces`.
-    pub fn sse(pieces: Vec<Vec<u8>>) -> Reply {
+    pub(crate) fn sse(pieces: Vec<Vec<u8>>) -> Reply {
         Reply {
             status: 200,
             headers: vec![("content-type".into(), "text/event-stream".into())],
@@ -94,7 +94,7 @@ impl Reply {
     }
 
     /// A JSON answer.
-    pub fn json(status: u16, body: &Value) -> Reply {
+    pub(crate) fn json(status: u16, body: &Value) -> Reply {
         Reply {
             status,
             headers: vec![("content-type".into(), "application/json".into())],
@@ -106,13 +106,13 @@ impl Reply {
     }
 
     /// This answer with a header added.
-    pub fn header(mut self, name: &str, value: &str) -> Reply {
+    pub(crate) fn header(mut self, name: &str, value: &str) -> Reply {
         self.headers.push((name.into(), value.into()));
         self
     }
 
     /// This answer ending with `after`.
-    pub fn then(mut self, after: After) -> Reply {
+    pub(crate) fn then(mut self, after: After) -> Reply {
         self.after = after;
         self
     }
@@ -121,7 +121,7 @@ impl Reply {
 /// `bytes` cut into pieces of 1, 2, 3, 5, 7, 11 and 13 bytes, over and
 /// over: boundaries land inside `data:`, inside JSON, between `\r` and
 /// `\n`, and inside multi-byte characters.
-pub fn awkward_pieces(bytes: &[u8]) -> Vec<Vec<u8>> {
+pub(crate) fn awkward_pieces(bytes: &[u8]) -> Vec<Vec<u8>> {
     const SIZES: [usize; 7] = [1, 2, 3, 5, 7, 11, 13];
     let mut pieces = Vec::new();
     let mut at = 0;
@@ -149,19 +149,21 @@ struct State {
 }
 
 /// A fake model API running until the test's runtime ends.
-pub struct FakeModel {
+pub(crate) struct FakeModel {
     pub port: u16,
     state: Arc<State>,
 }
 
 impl FakeModel {
     /// Starts a server answering request `n` (from 0) with `handler`.
-    pub async fn start(handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static) -> Self {
+    pub(crate) async fn start(
+        handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
+    ) -> Self {
         Self::start_gated(handler, None).await
     }
 
     /// Starts a server whose answers each wait for a permit of `gate`.
-    pub async fn start_gated(
+    pub(crate) async fn start_gated(
         handler: impl Fn(&Seen, usize) -> Reply + Send + Sync + 'static,
         gate: Option<Arc<Semaphore>>,
     ) -> Self {
@@ -191,33 +193,33 @@ impl FakeModel {
     }
 
     /// `http://127.0.0.1:PORT{path}`.
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
     /// Connections accepted so far.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.state.connections.load(Ordering::SeqCst)
     }
 
     /// Requests received so far.
-    pub fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.state.seen.lock().unwrap().clone()
     }
 
     /// The most requests that were in flight at once.
-    pub fn max_in_flight(&self) -> usize {
+    pub(crate) fn max_in_flight(&self) -> usize {
         self.state.max_in_flight.load(Ordering::SeqCst)
     }
 
     /// Connections the client closed before the answer was over.
-    pub fn closed_by_client(&self) -> usize {
+    pub(crate) fn closed_by_client(&self) -> usize {
         self.state.closed_by_client.load(Ordering::SeqCst)
     }
 
     /// Waits until `done` holds, checking whenever the server's counts
     /// change; panics after 30 s (a hang, not a measurement).
-    pub async fn wait_for(&self, what: &str, done: impl Fn(&FakeModel) -> bool) {
+    pub(crate) async fn wait_for(&self, what: &str, done: impl Fn(&FakeModel) -> bool) {
         let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
         loop {
             let changed = self.state.changed.notified();

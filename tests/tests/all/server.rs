@@ -19,7 +19,7 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// A request the server received.
 #[derive(Clone, Debug)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub method: String,
     pub path: String,
     pub headers: Vec<(String, String)>,
@@ -28,7 +28,7 @@ pub struct Seen {
 
 impl Seen {
     /// The first value of header `name`.
-    pub fn header(&self, name: &str) -> Option<&str> {
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .iter()
             .find(|(n, _)| n.eq_ignore_ascii_case(name))
@@ -37,7 +37,7 @@ impl Seen {
 }
 
 /// A server running on the test's runtime until the test ends.
-pub struct TestServer {
+pub(crate) struct TestServer {
     pub port: u16,
     connections: Arc<AtomicUsize>,
     seen: Arc<Mutex<Vec<Seen>>>,
@@ -45,7 +45,7 @@ pub struct TestServer {
 
 impl TestServer {
     /// Starts a server on `127.0.0.1`, on a free port.
-    pub async fn start() -> TestServer {
+    pub(crate) async fn start() -> TestServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
         let connections = Arc::new(AtomicUsize::new(0));
@@ -68,27 +68,27 @@ impl TestServer {
     }
 
     /// `http://127.0.0.1:PORT{path}`.
-    pub fn url(&self, path: &str) -> String {
+    pub(crate) fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)
     }
 
     /// `127.0.0.1:PORT`, as a host grant.
-    pub fn grant(&self) -> String {
+    pub(crate) fn grant(&self) -> String {
         format!("127.0.0.1:{}", self.port)
     }
 
     /// Connections accepted so far.
-    pub fn connections(&self) -> usize {
+    pub(crate) fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
 
     /// Requests received so far.
-    pub fn seen(&self) -> Vec<Seen> {
+    pub(crate) fn seen(&self) -> Vec<Seen> {
         self.seen.lock().unwrap().clone()
     }
 
     /// How many requests were received so far, for another task to watch.
-    pub fn received_counter(&self) -> impl Fn() -> usize + Send + 'static {
+    pub(crate) fn received_counter(&self) -> impl Fn() -> usize + Send + 'static {
         let seen = Arc::clone(&self.seen);
         move || seen.lock().unwrap().len()
     }

@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use serde_json::Value;
 
 /// Every status, in the order of docs/operating-runs.md's table.
-pub const STATUSES: [&str; 13] = [
+pub(crate) const STATUSES: [&str; 13] = [
     "queued",
     "running",
     "awaiting_approval",
@@ -27,7 +27,7 @@ pub const STATUSES: [&str; 13] = [
 
 /// Runs the binary in `cwd` with a shared plugin cache and none of the
 /// caller's log or store settings.
-pub fn warden(args: &[&str], cwd: &Path) -> Output {
+pub(crate) fn warden(args: &[&str], cwd: &Path) -> Output {
     Command::new(env!("CARGO_BIN_EXE_warden"))
         .args(args)
         .current_dir(cwd)
@@ -41,23 +41,23 @@ pub fn warden(args: &[&str], cwd: &Path) -> Output {
         .unwrap()
 }
 
-pub fn stdout(o: &Output) -> String {
+pub(crate) fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-pub fn stderr(o: &Output) -> String {
+pub(crate) fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 /// Standard output as one JSON value, or a panic showing both streams.
-pub fn json_out(o: &Output) -> Value {
+pub(crate) fn json_out(o: &Output) -> Value {
     serde_json::from_str(&stdout(o))
         .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", stdout(o), stderr(o)))
 }
 
 /// A copy of the quick start's demo (notes agent, transcript, notes
 /// folder, and the `out/` its channel delivers to) in a fresh directory.
-pub fn demo() -> tempfile::TempDir {
+pub(crate) fn demo() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     for file in ["notes.toml", "notes.transcript.toml"] {

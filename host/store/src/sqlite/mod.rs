@@ -7,7 +7,13 @@
 //! the async executor.
 //!
 //! Durability: `synchronous=FULL` in WAL mode fsyncs the WAL on every
-//! commit, and a write is answered only after its transaction committed.
+//! commit, and a write is answered only after its transaction committed. A
+//! transaction holding only deferred appends ([`Durability::Deferred`])
+//! commits under `synchronous=NORMAL`: its WAL frames are written (a killed
+//! process loses nothing) but not fsynced; the next commit under FULL
+//! fsyncs the WAL file, and with it every frame before its own. WAL
+//! recovery stops at the first frame whose cumulative checksum fails, so
+//! what a machine crash leaves is a prefix of the commits.
 //! Several processes may open the same file: each writer takes SQLite's
 //! write lock with `BEGIN IMMEDIATE` (waiting up to the busy timeout), and
 //! every check an append makes (length, tail, head) reads the database
@@ -43,9 +49,9 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    EventStore, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter, Revocation,
-    RunFilter, RunId, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone,
-    VerifyReport,
+    Durability, EventStore, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter,
+    Revocation, RunFilter, RunId, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent,
+    Tombstone, VerifyReport,
 };
 use writer::{ClaimOp, Counters, Request, RuleOp};
 
@@ -207,8 +213,16 @@ impl SqliteStoreBuilder {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct WriterStats {
-    /// Transactions committed (each one WAL fsync).
+    /// Transactions committed: each one WAL fsync, except the deferred
+    /// ones.
     pub transactions: u64,
+    /// Of those, transactions that held only deferred appends
+    /// ([`Durability::Deferred`](crate::Durability::Deferred)), committed
+    /// without waiting for the disk (`synchronous=NORMAL`): the next synced
+    /// one syncs them too. `transactions - deferred_transactions` is the
+    /// number of commits that waited for an fsync (a checkpoint syncs too,
+    /// once per thousand pages or so).
+    pub deferred_transactions: u64,
     /// Creates and appends answered from committed transactions, including
     /// refused ones (conflicts and the like).
     pub requests: u64,
@@ -251,6 +265,7 @@ impl SqliteStore {
         let c = &self.counters;
         WriterStats {
             transactions: c.transactions.load(Ordering::Relaxed),
+            deferred_transactions: c.deferred_transactions.load(Ordering::Relaxed),
             requests: c.requests.load(Ordering::Relaxed),
             events: c.events.load(Ordering::Relaxed),
             failed_commits: c.failed_commits.load(Ordering::Relaxed),
@@ -475,6 +490,7 @@ impl EventStore for SqliteStore {
             status: listing.status,
             owes_deliveries: listing.owes_deliveries,
             wake_ms: listing.wake_ms,
+            deferred: listing.durability == Durability::Deferred,
             updated_ms,
             settle: None,
             reply,
@@ -602,6 +618,7 @@ impl EventStore for SqliteStore {
             status: listing.status,
             owes_deliveries: listing.owes_deliveries,
             wake_ms: listing.wake_ms,
+            deferred: listing.durability == Durability::Deferred,
             updated_ms,
             settle: Some(settlement.clone()),
             reply,
@@ -776,6 +793,7 @@ impl EventStore for SqliteStore {
             status: listing.status,
             owes_deliveries: listing.owes_deliveries,
             wake_ms: listing.wake_ms,
+            deferred: listing.durability == Durability::Deferred,
             updated_ms,
             settle: None,
             reply,

@@ -620,6 +620,49 @@ async fn the_writer_commits_with_synchronous_full_in_wal_mode() {
     assert!(store.writer_pragma("cache_size").await.is_err());
 }
 
+/// A deferred append commits without an fsync (`synchronous=NORMAL`, one
+/// deferred transaction each) and is visible at once; the writer is back
+/// on FULL for every other write (the pragma read is one), a synced append
+/// is counted as synced, and a reopened store (a new process) has every
+/// event, the deferred ones included: a killed process loses none of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deferred_append_commits_without_a_sync_and_the_next_write_syncs() {
+    let (backend, store) = backend_store();
+    let run = id("lazy");
+    new_run(&*store, &run, 1).await;
+    let before = store.stats();
+    for n in 1..=3 {
+        store
+            .append(
+                &run,
+                n,
+                &[ev(&format!("deferred-{n}"))],
+                Listing::new(ListingStatus::RUNNING).deferred(),
+                2,
+            )
+            .await
+            .unwrap();
+        assert_eq!(store.load(&run).await.unwrap().len() as u64, n + 1);
+    }
+    let after = store.stats();
+    assert_eq!(after.transactions - before.transactions, 3);
+    assert_eq!(
+        after.deferred_transactions - before.deferred_transactions,
+        3
+    );
+    assert_eq!(store.writer_pragma("synchronous").await.unwrap(), "2");
+    store
+        .append(&run, 4, &[ev("synced")], ListingStatus::RUNNING.into(), 3)
+        .await
+        .unwrap();
+    let synced = store.stats();
+    assert_eq!(synced.deferred_transactions, after.deferred_transactions);
+    assert!(synced.transactions > after.transactions);
+    drop(store);
+    let reopened = SqliteStore::open(backend.path()).unwrap();
+    assert_eq!(reopened.load(&run).await.unwrap().len(), 5);
+}
+
 /// The bytes of the database, and whether its WAL holds any, to show
 /// nothing was written (a reader may leave an empty WAL file behind).
 fn files(path: &std::path::Path) -> (Vec<u8>, bool) {

@@ -3,7 +3,8 @@
 //! One dedicated thread owns the only writing connection. Creates and appends
 //! reach it over a channel; it takes everything queued (up to a batch limit),
 //! applies each request inside its own savepoint of one `BEGIN IMMEDIATE`
-//! transaction, commits once (one WAL fsync under `synchronous=FULL`), and
+//! transaction, commits once (one WAL fsync under `synchronous=FULL`; none
+//! for a batch of deferred appends alone, under `synchronous=NORMAL`), and
 //! only then answers each request with its own result. A request that fails
 //! (a conflict, an unknown run, a damaged run) is rolled back to its
 //! savepoint alone; the others in the batch still commit. If the commit
@@ -117,6 +118,9 @@ pub(super) enum Request {
         updated_ms: i64,
         /// The idempotency commitment the append settles.
         settle: Option<Settlement>,
+        /// Whether the append may wait for the next synced commit
+        /// ([`crate::Durability::Deferred`]).
+        deferred: bool,
         reply: Reply,
     },
     Commitment {
@@ -165,6 +169,14 @@ impl Request {
         }
     }
 
+    /// Whether the request may commit without an fsync: only a deferred
+    /// append. Everything else (claims, commitments, rules, creates, a
+    /// pragma read) waits for the disk, and so does every request batched
+    /// with it.
+    fn deferred(&self) -> bool {
+        matches!(self, Request::Append { deferred: true, .. })
+    }
+
     fn answer(self, outcome: Outcome) {
         // The caller may have stopped waiting (its future was dropped).
         match (self, outcome) {
@@ -210,6 +222,7 @@ impl Request {
 #[derive(Debug, Default)]
 pub(super) struct Counters {
     pub(super) transactions: AtomicU64,
+    pub(super) deferred_transactions: AtomicU64,
     pub(super) requests: AtomicU64,
     pub(super) events: AtomicU64,
     pub(super) failed_commits: AtomicU64,
@@ -234,6 +247,8 @@ pub(super) fn run(
     counters: Arc<Counters>,
 ) {
     let mut batch = Vec::with_capacity(limits.max_batch);
+    // The connection opens with synchronous=FULL (`schema.rs`).
+    let mut synchronous = Synchronous::Full;
     while let Some(first) = queue.blocking_recv() {
         batch.push(first);
         while batch.len() < limits.max_batch {
@@ -242,9 +257,56 @@ pub(super) fn run(
                 Err(_) => break,
             }
         }
-        commit_batch(&mut conn, &chain, &mut batch, &counters, limits);
+        // A batch of deferred appends alone commits without an fsync; any
+        // other request in it makes the whole batch wait for the disk.
+        let wanted = if batch.iter().all(Request::deferred) {
+            Synchronous::Normal
+        } else {
+            Synchronous::Full
+        };
+        if wanted != synchronous {
+            match conn.execute_batch(wanted.pragma()) {
+                Ok(()) => synchronous = wanted,
+                // A deferred batch may as well be synced.
+                Err(error) if wanted == Synchronous::Normal => {
+                    tracing::warn!(%error, "sqlite store: cannot defer a sync; syncing");
+                }
+                // Never acknowledge a write that needed the disk without it.
+                Err(error) => {
+                    counters.failed_commits.fetch_add(1, Ordering::Relaxed);
+                    let error = Arc::new(error);
+                    for request in batch.drain(..) {
+                        request.fail(StoreError::Backend {
+                            context: "sqlite: cannot set synchronous=FULL".into(),
+                            error: Box::new(SharedError(Arc::clone(&error))),
+                        });
+                    }
+                    continue;
+                }
+            }
+        }
+        let deferred = synchronous == Synchronous::Normal;
+        commit_batch(&mut conn, &chain, &mut batch, &counters, limits, deferred);
     }
     tracing::debug!("sqlite store writer stopped");
+}
+
+/// The writer connection's `synchronous` setting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Synchronous {
+    /// A commit fsyncs the WAL.
+    Full,
+    /// A commit writes the WAL without an fsync (WAL mode).
+    Normal,
+}
+
+impl Synchronous {
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Full => "PRAGMA synchronous = FULL",
+            Synchronous::Normal => "PRAGMA synchronous = NORMAL",
+        }
+    }
 }
 
 fn commit_batch(
@@ -253,6 +315,7 @@ fn commit_batch(
     batch: &mut Vec<Request>,
     counters: &Counters,
     limits: Limits,
+    deferred: bool,
 ) {
     let started = Instant::now();
     let requests = batch.len();
@@ -280,6 +343,11 @@ fn commit_batch(
     match outcome {
         Ok(results) => {
             counters.transactions.fetch_add(1, Ordering::Relaxed);
+            if deferred {
+                counters
+                    .deferred_transactions
+                    .fetch_add(1, Ordering::Relaxed);
+            }
             counters
                 .requests
                 .fetch_add(requests as u64, Ordering::Relaxed);
@@ -360,11 +428,9 @@ fn apply_all(
                 fence.as_ref(),
                 *expected_len,
                 events,
-                Listing {
-                    status: *status,
-                    owes_deliveries: *owes_deliveries,
-                    wake_ms: *wake_ms,
-                },
+                Listing::new(*status)
+                    .owing(*owes_deliveries)
+                    .waking_at(*wake_ms),
                 *updated_ms,
                 settle.as_ref(),
             )),
