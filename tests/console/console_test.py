@@ -47,6 +47,13 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(shots_dir / f"{name}.png"), full_page=True)
 
 
+def doc_shot(page, name: str) -> None:
+    """What docs/serve.md shows (docs/images/NAME.png, reduced to a small
+    palette when committed): the visible part of the page only."""
+    (shots_dir / "docs").mkdir(exist_ok=True)
+    page.screenshot(path=str(shots_dir / "docs" / f"{name}.png"))
+
+
 with sync_playwright() as p:
     browser = p.chromium.launch(
         executable_path="/usr/bin/chromium",
@@ -83,6 +90,7 @@ with sync_playwright() as p:
     row = page.locator('tr[data-run="watched"]')
     expect(row).to_contain_text("awaiting approval", timeout=20_000)
     shot(page, "01-runs")
+    doc_shot(page, "console-runs")
     row.get_by_role("link", name="watched").click()
     expect(page.get_by_role("heading", name="Run watched")).to_be_visible()
     timeline = page.get_by_role("list", name="Timeline")
@@ -90,12 +98,14 @@ with sync_playwright() as p:
     expect(timeline.locator('li[data-type="approval_requested"]')).to_have_count(1)
     expect(page.get_by_role("heading", name="Approve fs__write_file?")).to_be_visible()
     shot(page, "02-run-parked")
+    doc_shot(page, "console-run-parked")
 
     # Approve it from the inbox; the run completes and streams to the end.
     page.get_by_role("link", name="Inbox").click()
     card = page.locator('article[data-run="watched"]')
     expect(card).to_contain_text("SUMMARY.md")
     shot(page, "03-inbox")
+    doc_shot(page, "console-inbox")
     card.get_by_role("button", name="Approve").click()
     expect(card).to_have_count(0, timeout=20_000)
     page.goto(f"{base}/console/#/run/watched")
@@ -125,6 +135,7 @@ with sync_playwright() as p:
     form = page.get_by_role("form", name="Resume")
     expect(form).to_be_visible(timeout=20_000)
     shot(page, "05-resume-form")
+    doc_shot(page, "console-resume-form")
     form.get_by_label("count").fill("3")
     form.get_by_label("note").fill("three, counted by hand")
     form.get_by_role("button", name="Resume").click()
@@ -142,6 +153,7 @@ with sync_playwright() as p:
     expect(table).to_contain_text("not this week", timeout=20_000)
     expect(table).to_contain_text("api:olive")
     shot(page, "06-audit")
+    doc_shot(page, "console-audit")
 
     # Narrow screen: the inbox and runs stay usable.
     page.set_viewport_size({"width": 380, "height": 800})

@@ -137,6 +137,18 @@ struct ConfigFile {
     ceilings: LimitSettings,
     #[serde(default)]
     mcp: McpSection,
+    #[serde(default)]
+    serve: ServeSection,
+}
+
+/// `[serve]`: what `warden serve` offers besides the store.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ServeSection {
+    /// The agents it starts runs of: agent files, or directories whose
+    /// agent files it serves.
+    #[serde(default)]
+    agents: Vec<PathBuf>,
 }
 
 /// `[mcp]`: what `warden mcp serve` serves when no agent file is given.
@@ -282,6 +294,10 @@ pub(crate) struct Settings {
     /// `[mcp] agent`: the agent `warden mcp serve` serves by default,
     /// resolved against the configuration file's directory.
     pub(crate) mcp_agent: Option<PathBuf>,
+    /// `[serve] agents`: the agent files (or directories of them) `warden
+    /// serve` starts runs of, resolved against the configuration file's
+    /// directory.
+    pub(crate) serve_agents: Vec<PathBuf>,
 }
 
 /// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
@@ -503,6 +519,7 @@ impl Settings {
             model,
             grants: file.grants,
             mcp_agent: file.mcp.agent.map(|agent| base.join(agent)),
+            serve_agents: file.serve.agents.iter().map(|a| base.join(a)).collect(),
             grants_base: base,
             chain_key: match env("WARDEN_CHAIN_KEY") {
                 None => None,

@@ -53,6 +53,53 @@ pub(crate) struct ServeArgs {
     /// minute; past them it is refused (429) until the minute is over.
     #[arg(long, default_value_t = 10)]
     failed_logins_per_minute: u32,
+    /// An agent file the API may start, submit and fork runs of, by its
+    /// name (repeatable; with `[serve] agents` of warden.toml). A request
+    /// never names a file.
+    #[arg(long = "agent", value_name = "FILE")]
+    agents: Vec<PathBuf>,
+    /// A directory whose agent files (`*.toml`, but `*.transcript.toml`)
+    /// the API may start runs of (repeatable).
+    #[arg(long = "agents", value_name = "DIR")]
+    agent_dirs: Vec<PathBuf>,
+}
+
+/// The agent files named by `files`, `dirs` and `[serve] agents` (a file,
+/// or a directory of them): each `*.toml` of a directory but its
+/// `*.transcript.toml` (scripted models' transcripts), in name order.
+fn agent_files(
+    files: &[PathBuf],
+    dirs: &[PathBuf],
+    configured: &[PathBuf],
+) -> anyhow::Result<Vec<PathBuf>> {
+    let mut found = files.to_vec();
+    let mut scan: Vec<&PathBuf> = dirs.iter().collect();
+    for path in configured {
+        if path.is_dir() {
+            scan.push(path);
+        } else {
+            found.push(path.clone());
+        }
+    }
+    for dir in scan {
+        let entries = std::fs::read_dir(dir).map_err(|e| {
+            CliError::new(
+                "io_failed",
+                format!("--agents {}: cannot read the directory: {e}", dir.display()),
+            )
+            .with_details(json!({ "file": dir }))
+        })?;
+        let mut in_dir: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                p.is_file() && name.ends_with(".toml") && !name.ends_with(".transcript.toml")
+            })
+            .collect();
+        in_dir.sort();
+        found.extend(in_dir);
+    }
+    Ok(found)
 }
 
 #[derive(Debug, Subcommand)]
@@ -159,7 +206,22 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
         .map_err(|e| CliError::new("usage", format!("--poll: {e}")))?;
     let stop = super::worker::shutdown_signal()?;
     let store = super::store::open(&ctx.settings, Access::Write).await?;
-    let (runtime, _) = super::runs::runtime(ctx, store)?;
+    let (runtime, host) = super::runs::runtime(ctx, store)?;
+    // The agents it serves, loaded and checked (their plugins under their
+    // grants) before it listens: an agent that cannot run is an error now,
+    // not on the first request.
+    let mut agents = Vec::new();
+    for file in agent_files(&args.agents, &args.agent_dirs, &ctx.settings.serve_agents)? {
+        let agent = ctx.settings.load_agent(&file)?;
+        super::args::text_path("agent file", &agent.path, "the run's log")?;
+        super::agent::check(&host, &agent).await?;
+        agents.push(agent);
+    }
+    let agents = warden_server::agents::Agents::new(agents).map_err(|e| {
+        CliError::new("config_invalid", e.to_string())
+            .with_details(json!({ "agent": e.name, "files": [e.first, e.second] }))
+    })?;
+    let agent_names: Vec<String> = agents.iter().map(|a| a.name.clone()).collect();
     let settings = ctx.settings.clone();
     let config = ServeConfig {
         tokens,
@@ -178,6 +240,7 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
         poll,
         failed_logins_per_minute: args.failed_logins_per_minute,
         tls: tls.is_some(),
+        agents,
     };
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await
@@ -198,6 +261,12 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
         token_count,
         file.display()
     );
+    if !agent_names.is_empty() {
+        eprintln!(
+            "warden serve: runs of {} may be started through the API",
+            agent_names.join(", ")
+        );
+    }
     match tls {
         Some(tls) => warden_server::serve_tls(listener, tls, router, stop).await?,
         None => warden_server::serve(listener, router, stop).await?,

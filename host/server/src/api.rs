@@ -19,7 +19,7 @@ use warden::engine::{
     ApprovalScope, BudgetKind, CallId, RuleSpec, RunId, RunState, RunStatus, SessionId, decode,
     fold,
 };
-use warden::store::{CommitmentFilter, RunFilter, RunSummary};
+use warden::store::{CommitmentFilter, RunFilter, RunSummary, StoredEvent};
 
 use crate::App;
 use crate::contract::{self, NextStep};
@@ -138,8 +138,17 @@ async fn load(app: &App, run: &RunId) -> Result<(Vec<(u64, Event)>, RunState), A
         .load(run)
         .await
         .map_err(|e| app.fail(&e))?;
+    decode_log(app, run, &stored)
+}
+
+/// A stored log, decoded and folded.
+fn decode_log(
+    app: &App,
+    run: &RunId,
+    stored: &[StoredEvent],
+) -> Result<(Vec<(u64, Event)>, RunState), ApiError> {
     let mut events = Vec::with_capacity(stored.len());
-    for s in &stored {
+    for s in stored {
         let event = decode(&s.bytes).map_err(|error| {
             app.fail(&warden::engine::RuntimeError::Log {
                 run_id: run.clone(),
@@ -202,7 +211,44 @@ pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) ->
         .summary(&run)
         .await
         .map_err(|e| app.fail(&e))?;
-    let (events, state) = load(&app, &run).await?;
+    let stored = app
+        .runtime
+        .store()
+        .load(&run)
+        .await
+        .map_err(|e| app.fail(&e))?;
+    let (events, state) = decode_log(&app, &run, &stored)?;
+    let mut body = detail(&run, &summary, &events, &state);
+    body["children"] = json!(children(&app, &events).await);
+    Ok(Json(body))
+}
+
+/// The run's child runs (agents it called), each with its listed status.
+async fn children(app: &App, events: &[(u64, Event)]) -> Vec<Value> {
+    let mut children = Vec::new();
+    for (_, event) in events {
+        if let Event::ChildStarted(c) = event {
+            let status = app
+                .runtime
+                .store()
+                .summary(&c.child_run)
+                .await
+                .ok()
+                .map(|s| s.status);
+            children.push(json!({
+                "call_id": c.call_id,
+                "run_id": c.child_run,
+                "agent": c.agent,
+                "status": status,
+            }));
+        }
+    }
+    children
+}
+
+/// What `show` answers about a run (but its children), from its listing
+/// and its decoded log: the inbox builds the same from one batch load.
+fn detail(run: &RunId, summary: &RunSummary, events: &[(u64, Event)], state: &RunState) -> Value {
     let status = state.status();
     let pending = state.next_call().and_then(|call| match &call.progress {
         ToolCallProgress::AwaitingApproval => Some(json!({
@@ -248,33 +294,14 @@ pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) ->
         Some(Event::RunStarted(s)) => s.parent.clone(),
         _ => None,
     };
-    // The run's child runs (agents it called), each with its listed status.
-    let mut children = Vec::new();
-    for event in &plain {
-        if let Event::ChildStarted(c) = event {
-            let status = app
-                .runtime
-                .store()
-                .summary(&c.child_run)
-                .await
-                .ok()
-                .map(|s| s.status);
-            children.push(json!({
-                "call_id": c.call_id,
-                "run_id": c.child_run,
-                "agent": c.agent,
-                "status": status,
-            }));
-        }
-    }
-    let next = next_steps(&run, &state, pending_call.as_deref());
+    let next = next_steps(run, state, pending_call.as_deref());
     // Queued runs are listed so before their log says more.
     let shown = if summary.status == warden::store::QUEUED {
         warden::store::QUEUED
     } else {
         status.as_str()
     };
-    let mut body = contract::summary(&run, shown, &plain, state.output(), &next);
+    let mut body = contract::summary(run, shown, &plain, state.output(), &next);
     let more = json!({
         "agent": state.agent,
         "labels": state.labels,
@@ -288,13 +315,50 @@ pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) ->
         "owes_deliveries": summary.owes_deliveries,
         "wake_ms": state.waiting().map(|w| w.until_ms),
         "parent": parent,
-        "children": children,
+        "children": [],
         "events": events.iter().map(|(seq, e)| contract::event_line(*seq, e)).collect::<Vec<_>>(),
     });
     for (key, value) in more.as_object().expect("an object") {
         body[key] = value.clone();
     }
-    Ok(Json(body))
+    body
+}
+
+/// The statuses in which a run waits for a person: what the inbox lists.
+pub const WAITING_FOR_A_PERSON: &[RunStatus] = &[
+    RunStatus::AwaitingApproval,
+    RunStatus::Suspended,
+    RunStatus::BudgetExceeded,
+    RunStatus::NeedsReconciliation,
+];
+
+/// `GET /api/v1/inbox`: every run waiting for a person (an approval, an
+/// input, a budget, a reconciliation), across every worker, each as `show`
+/// describes it (without children), oldest first. One listing and one
+/// batch load ([`load_many`](warden::store::EventStore::load_many)),
+/// however many runs wait: the console polls it.
+pub async fn inbox(State(app): State<Arc<App>>) -> Reply {
+    let mut filter = RunFilter::new();
+    for status in WAITING_FOR_A_PERSON {
+        filter = filter.status(status.as_str());
+    }
+    let store = app.runtime.store();
+    let listed = store.list(&filter).await.map_err(|e| app.fail(&e))?;
+    let ids: Vec<RunId> = listed.iter().map(|r| r.run_id.clone()).collect();
+    let logs = store.load_many(&ids).await.map_err(|e| app.fail(&e))?;
+    let mut runs = Vec::with_capacity(logs.len());
+    for (run, stored) in &logs {
+        let Some(summary) = listed.iter().find(|r| r.run_id == *run) else {
+            continue;
+        };
+        let (events, state) = decode_log(&app, run, stored)?;
+        // The listing is a step behind a decision made meanwhile: the log
+        // says whether the run still waits.
+        if WAITING_FOR_A_PERSON.contains(&state.status()) {
+            runs.push(detail(run, summary, &events, &state));
+        }
+    }
+    Ok(Json(json!({ "v": contract::VERSION, "runs": runs })))
 }
 
 /// The query of `GET /api/v1/runs/{run}/events`.
@@ -596,16 +660,35 @@ pub async fn audit(State(app): State<Arc<App>>, Params(q): Params<AuditQuery>) -
     let mut recent: Vec<&RunSummary> = runs.iter().collect();
     recent.sort_by_key(|r| std::cmp::Reverse(r.updated_ms));
     recent.truncate(limit);
+    let ids: Vec<RunId> = recent.iter().map(|r| r.run_id.clone()).collect();
+    // One batch load for all of them, not one load per run.
+    let logs = app
+        .runtime
+        .store()
+        .load_many(&ids)
+        .await
+        .map_err(|e| app.fail(&e))?;
     let mut decisions = Vec::new();
-    for run in recent {
-        for line in app.event_lines(&run.run_id, 0).await? {
+    for (run_id, stored) in &logs {
+        let agent = recent
+            .iter()
+            .find(|r| r.run_id == *run_id)
+            .map(|r| r.agent.as_str());
+        for e in stored {
+            let line = contract::stored_line(e.seq, &e.bytes).map_err(|error| {
+                ApiError::new(
+                    "log_unreadable",
+                    format!("run {run_id}: event {} is not JSON: {error}", e.seq),
+                )
+                .with_details(json!({ "run_id": run_id, "seq": e.seq }))
+            })?;
             let event = &line["event"];
             let Some(by) = event["by"].as_str() else {
                 continue;
             };
             decisions.push(json!({
-                "run_id": run.run_id,
-                "agent": run.agent,
+                "run_id": run_id,
+                "agent": agent,
                 "seq": line["seq"],
                 "type": event["type"],
                 "by": by,

@@ -110,7 +110,7 @@ pub fn status_of(code: &str) -> StatusCode {
         "rate_limited" => StatusCode::TOO_MANY_REQUESTS,
         "method_not_allowed" => StatusCode::METHOD_NOT_ALLOWED,
         "not_found" | "unknown_run" | "unknown_session" | "unknown_key" | "unknown_rule"
-        | "pruned" => StatusCode::NOT_FOUND,
+        | "pruned" | "agent_not_served" => StatusCode::NOT_FOUND,
         "usage" | "invalid" | "invalid_run_id" | "invalid_session_id" | "input_rejected"
         | "input_too_large" | "input_required" | "input_not_expected" | "external_mismatch"
         | "output_rejected" | "value_too_deep" | "rule_invalid" => StatusCode::BAD_REQUEST,

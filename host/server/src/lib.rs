@@ -4,6 +4,8 @@
 //! each decision under the token that made it (`api:<name>`).
 //!
 //! - `tokens.rs`: the token file (digests only) and roles;
+//! - `agents.rs`: the agents the operator configured for the server, the
+//!   runs it starts, submits and forks of them, and their plugins' grants;
 //! - `guard.rs`: Host and Origin checks, failed-login limit, identity;
 //! - `api.rs`: the JSON API under `/api/v1`; `stream.rs`: a run's events
 //!   as server-sent events, resumable with `Last-Event-ID`;
@@ -18,9 +20,11 @@
 //! ([`tokens::Tokens::read`]), and binds to a non-loopback address only
 //! with TLS or an explicit opt-out ([`check_bind`]). It records decisions;
 //! workers continue their runs, and a run no worker ever held (one that
-//! `warden run` left parked) the server continues itself, as the command
-//! line's verbs would.
+//! `warden run` left parked, or one the server started or forked) the
+//! server drives itself, as the command line's verbs would. It starts runs
+//! only of the agents the operator configured for it ([`agents::Agents`]).
 
+pub mod agents;
 pub mod api;
 pub mod console;
 pub mod contract;
@@ -69,6 +73,9 @@ pub struct ServeConfig {
     pub failed_logins_per_minute: u32,
     /// Whether it serves HTTPS (the console's cookie is then `Secure`).
     pub tls: bool,
+    /// The agents it starts runs of (`POST /api/v1/runs`) and forks into:
+    /// the operator's choice, loaded and checked before it serves.
+    pub agents: agents::Agents,
 }
 
 /// The handlers' shared state.
@@ -77,6 +84,7 @@ pub struct App {
     pub(crate) classify: Classify,
     pub(crate) load_agent: AgentLoader,
     pub(crate) poll: Duration,
+    pub(crate) agents: agents::Agents,
 }
 
 impl App {
@@ -135,6 +143,12 @@ impl App {
                 return;
             }
         };
+        self.drive(run, agent);
+    }
+
+    /// Drives `run` with `agent` in the background until it ends or parks:
+    /// a run this server started, forked or continues.
+    pub(crate) fn drive(&self, run: &RunId, agent: Agent) {
         let runtime = self.runtime.clone();
         let run = run.clone();
         tokio::spawn(async move {
@@ -145,11 +159,18 @@ impl App {
         });
     }
 
-    /// The agent the run was started from, loaded from its recorded file.
+    /// The agent the run goes on with, loaded from its recorded file: the
+    /// one its latest `run_forked` names (a fork), else the one it started
+    /// from.
     pub(crate) async fn agent_of(&self, run: &RunId) -> Result<Agent, ApiError> {
         let events = self.runtime.events(run).await.map_err(|e| self.fail(&e))?;
-        let file = match events.first() {
-            Some(Event::RunStarted(s)) => s.agent_file.clone(),
+        let forked = events.iter().rev().find_map(|e| match e {
+            Event::RunForked(f) => Some(f.agent_file.clone()),
+            _ => None,
+        });
+        let file = match (forked, events.first()) {
+            (Some(file), _) => file,
+            (None, Some(Event::RunStarted(s))) => s.agent_file.clone(),
             _ => None,
         };
         let Some(file) = file else {
@@ -183,10 +204,15 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         classify: config.classify,
         load_agent: config.load_agent,
         poll: config.poll,
+        agents: config.agents,
     });
     let api = Router::new()
         .route("/whoami", get(api::whoami))
-        .route("/runs", get(api::list))
+        .route("/agents", get(agents::list))
+        .route("/plugins", get(agents::plugins))
+        .route("/inbox", get(api::inbox))
+        .route("/runs", get(api::list).post(agents::start))
+        .route("/runs/{run}/fork", post(agents::fork))
         .route("/runs/{run}", get(api::show))
         .route("/runs/{run}/events", get(api::events))
         .route("/runs/{run}/stream", get(stream::stream))

@@ -679,6 +679,58 @@ pub(crate) async fn load_after_returns_the_tail(backend: &dyn Backend) {
     assert!(store.load_after(&run, 9).await.unwrap().is_empty());
 }
 
+pub(crate) async fn load_many_reads_each_log_checked_and_skips_the_missing(backend: &dyn Backend) {
+    let store = backend.open().await;
+    for (run, len) in [("many-a", 3), ("many-b", 1), ("many-c", 4)] {
+        new_run(&*store, &id(run), len).await;
+    }
+    let asked = [id("many-c"), id("never-made"), id("many-a"), id("many-b")];
+    let logs = store.load_many(&asked).await.unwrap();
+    let names: Vec<&str> = logs.iter().map(|(r, _)| r.as_str()).collect();
+    assert_eq!(names, ["many-c", "many-a", "many-b"]);
+    for (run, events) in &logs {
+        assert_eq!(*events, store.load(run).await.unwrap(), "{run}");
+    }
+    assert!(store.load_many(&[]).await.unwrap().is_empty());
+    // A pruned run is left out like one never made.
+    store
+        .append(
+            &id("many-b"),
+            1,
+            &[ev("end")],
+            listed("completed").into(),
+            10,
+        )
+        .await
+        .unwrap();
+    let pruned = store
+        .prune(
+            &PruneFilter::new().status("completed").updated_before(500),
+            5_000,
+        )
+        .await
+        .unwrap();
+    assert_eq!(pruned.len(), 1);
+    let logs = store.load_many(&asked).await.unwrap();
+    assert_eq!(logs.len(), 2);
+    // A damaged log fails the call, as `load` does.
+    backend
+        .tamper(
+            &id("many-a"),
+            Tamper::Edit {
+                seq: 2,
+                bytes: b"edited".to_vec(),
+            },
+        )
+        .await;
+    let store = backend.open().await;
+    let err = store.load_many(&asked).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::Tampered { ref run_id, seq: 2, .. } if run_id.as_str() == "many-a"),
+        "{err:?}"
+    );
+}
+
 /// One run of the listing fixture: id, agent, created, final status,
 /// labels, session.
 type FixtureRun = (
@@ -2502,6 +2554,7 @@ macro_rules! conformance_suite {
                 unknown_runs_and_empty_appends_are_typed,
                 status_and_updated_time_change_with_the_append,
                 load_after_returns_the_tail,
+                load_many_reads_each_log_checked_and_skips_the_missing,
                 list_filters_each_and_combined,
                 list_summaries_carry_every_column,
                 verify_reports_intact_runs_and_run_ids_lists_all,

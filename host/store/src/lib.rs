@@ -947,6 +947,27 @@ pub trait EventStore: Send + Sync {
         after_seq: u64,
     ) -> Result<Vec<StoredEvent>, StoreError>;
 
+    /// The whole logs of `run_ids`, each checked as [`load`](Self::load)
+    /// checks it, in one call (one snapshot where the backend has them):
+    /// what a view over many runs (the console's inbox, the audit) reads
+    /// instead of one load per run. In the order asked; a run that does not
+    /// exist (never made, or pruned since it was listed) is left out, any
+    /// other failure fails the call.
+    async fn load_many(
+        &self,
+        run_ids: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<StoredEvent>)>, StoreError> {
+        let mut logs = Vec::with_capacity(run_ids.len());
+        for run_id in run_ids {
+            match self.load(run_id).await {
+                Ok(events) => logs.push((run_id.clone(), events)),
+                Err(StoreError::UnknownRun { .. } | StoreError::Pruned { .. }) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(logs)
+    }
+
     /// The run's listing columns.
     async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError>;
 

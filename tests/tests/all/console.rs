@@ -7,12 +7,39 @@
 //! from its recorded schema, reads the audit view, and checks the CSP and
 //! the CSRF defences. Screenshots go to target/console-screenshots. A
 //! missing browser or Playwright fails the test naming the fix.
+//!
+//! `tests/console/workers_test.py` does the same over PostgreSQL with two
+//! `warden worker` processes: a run started from the console and queued is
+//! parked by one worker, that worker is stopped, the approval made in the
+//! console is picked up by the other, and a fork made from the run's
+//! timeline reuses its effects and completes once approved.
 
 use std::path::Path;
 use std::process::Command;
 
 use crate::binary::warden_binary;
-use crate::serve::{add_token, demo, start_server, warden};
+use crate::serve::{add_token, demo, start_server, start_server_with, warden};
+use crate::workers::PgSchema;
+
+/// The Python with Playwright, once checked that it and Chromium are there.
+fn browser_ready() -> std::path::PathBuf {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+    let python = repo.join("target/py-venv/bin/python");
+    let ready = Command::new(&python)
+        .args(["-c", "import playwright.sync_api"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        ready,
+        "Playwright is not installed in {}: run .ci/run's \"Python package\" step",
+        python.display()
+    );
+    assert!(
+        Path::new("/usr/bin/chromium").exists(),
+        "no Chromium at /usr/bin/chromium: `apt-get install chromium` (.ci/run does)"
+    );
+    python
+}
 
 /// An agent whose scripted model asks a person for a count (a human tool
 /// with a response schema), then answers with it.
@@ -53,20 +80,7 @@ text = "Counted."
 #[test]
 fn the_console_logs_in_streams_a_run_and_decides_in_a_real_browser() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
-    let python = repo.join("target/py-venv/bin/python");
-    let ready = Command::new(&python)
-        .args(["-c", "import playwright.sync_api"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        ready,
-        "Playwright is not installed in {}: run .ci/run's \"Python package\" step",
-        python.display()
-    );
-    assert!(
-        Path::new("/usr/bin/chromium").exists(),
-        "no Chromium at /usr/bin/chromium: `apt-get install chromium` (.ci/run does)"
-    );
+    let python = browser_ready();
     let demo = demo();
     let dir = demo.path();
     ask_agent(dir);
@@ -103,4 +117,55 @@ fn the_console_logs_in_streams_a_run_and_decides_in_a_real_browser() {
         String::from_utf8_lossy(&out.stderr),
         std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_in_the_console_is_picked_up_by_whichever_postgres_worker_holds_the_run() {
+    let python = browser_ready();
+    let Some(pg) = PgSchema::new("console").await else {
+        return;
+    };
+    let url = pg.url.clone();
+    tokio::task::spawn_blocking(move || {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap();
+        let demo = demo();
+        let dir = demo.path();
+        let token = add_token(dir, "olive", "operator");
+        let created = warden(dir, &url)
+            .args(["store", "migrate"])
+            .output()
+            .unwrap();
+        assert!(
+            created.status.success(),
+            "{}",
+            String::from_utf8_lossy(&created.stderr)
+        );
+        let (_server, addr) = start_server_with(dir, &url, &["--agent", "notes.toml"]);
+        let shots = repo.join("target/console-screenshots");
+        let out = Command::new(&python)
+            .arg(repo.join("tests/console/workers_test.py"))
+            .args([&addr, &token])
+            .arg(dir)
+            .arg(warden_binary())
+            .arg(&url)
+            .arg(&shots)
+            .env(
+                "WARDEN_CACHE_DIR",
+                std::env::temp_dir().join("warden-tests-components"),
+            )
+            .output()
+            .unwrap();
+        let log = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+        assert!(
+            out.status.success(),
+            "the console test failed:\n{}\n{}\nserver log:\n{}\nw1:\n{}\nw2:\n{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            log("serve.log"),
+            log("w1.log"),
+            log("w2.log")
+        );
+    })
+    .await
+    .unwrap();
 }

@@ -64,7 +64,7 @@ pub(crate) fn start_server(dir: &Path, store: &str) -> (Killed, String) {
 }
 
 /// The same with more flags.
-fn start_server_with(dir: &Path, store: &str, flags: &[&str]) -> (Killed, String) {
+pub(crate) fn start_server_with(dir: &Path, store: &str, flags: &[&str]) -> (Killed, String) {
     let mut child = warden(dir, store)
         .args(["--json", "serve", "--bind", "127.0.0.1:0", "--poll", "50ms"])
         .args(flags)
@@ -753,8 +753,17 @@ fn the_api_keeps_its_openapi_contract_under_schemathesis() {
         String::from_utf8_lossy(&out.stderr)
     );
     // schemathesis checks that bad tokens are refused: many failed logins.
-    let (_server, addr) =
-        start_server_with(dir, "serve.db", &["--failed-logins-per-minute", "100000"]);
+    // A served agent: the documented example starts a real run of it.
+    let (_server, addr) = start_server_with(
+        dir,
+        "serve.db",
+        &[
+            "--failed-logins-per-minute",
+            "100000",
+            "--agent",
+            "notes.toml",
+        ],
+    );
     let out = Command::new("schemathesis")
         .current_dir(dir)
         .args([
@@ -842,4 +851,292 @@ fn the_api_shows_a_runs_children_and_a_childs_parent() {
     assert_eq!(child["parent"]["run_id"], "plan-1");
     assert_eq!(child["parent"]["call_id"], "call-1-1");
     assert_eq!(child["children"], json!([]));
+}
+
+/// Runs started, submitted and forked through the API: only an operator
+/// may, only of an agent the server was started with (`--agent`), named by
+/// its name, never by a path; a started run is driven by the server and
+/// labelled with who started it; a submitted one waits for workers; a fork
+/// reuses the source's effects (no model or tool call made again before
+/// its own approval) and, approved, completes. The inbox lists every run
+/// waiting for a person in one request; the plugins view shows the grants
+/// without config values.
+fn start_submit_and_fork_through_the_api(store: &str) {
+    let demo = demo();
+    let dir = demo.path();
+    let operator = bearer(&add_token(dir, "olga", "operator"));
+    let approver = bearer(&add_token(dir, "ann", "approver"));
+    let migrated = warden(dir, store)
+        .args(["store", "migrate"])
+        .output()
+        .unwrap();
+    assert!(
+        migrated.status.success(),
+        "{}",
+        String::from_utf8_lossy(&migrated.stderr)
+    );
+    let (_server, addr) = start_server_with(dir, store, &["--agent", "notes.toml"]);
+    let ops = [("Authorization", operator.as_str())];
+    let appr = [("Authorization", approver.as_str())];
+
+    let (status, agents) = request(&addr, "GET", "/api/v1/agents", &appr, None);
+    assert_eq!(status, 200, "{agents}");
+    assert_eq!(agents["agents"].as_array().unwrap().len(), 1, "{agents}");
+    assert_eq!(agents["agents"][0]["name"], "notes");
+    assert_eq!(
+        agents["agents"][0]["plugins"],
+        json!(["fs", "notes-files", "outbox"])
+    );
+    let (status, plugins) = request(&addr, "GET", "/api/v1/plugins", &appr, None);
+    assert_eq!(status, 200, "{plugins}");
+    let fs = &plugins["plugins"][0];
+    assert_eq!(
+        (fs["agent"].as_str(), fs["key"].as_str()),
+        (Some("notes"), Some("fs")),
+        "{plugins}"
+    );
+    assert_eq!(fs["source"], "builtin:fs");
+    let mount = fs["grant"]["mounts"]["workspace"]["dir"].as_str().unwrap();
+    assert!(mount.ends_with("notes"), "{plugins}");
+    assert_eq!(fs["grant"]["env"], json!([]));
+    let outbox = &plugins["plugins"][2];
+    assert_eq!(outbox["key"], "outbox");
+    assert_eq!(outbox["grant"]["config_keys"], json!(["file"]));
+    assert!(
+        !plugins.to_string().contains("deliveries.jsonl"),
+        "config values are not shown (they may be secrets): {plugins}"
+    );
+
+    // Refusals: the role, and agents the server does not serve, whatever
+    // the request names.
+    let start = json!({ "agent": "notes", "input": "Summarise my notes", "run_id": "started" });
+    let (status, body) = request(&addr, "POST", "/api/v1/runs", &appr, Some(&start));
+    assert_eq!(
+        (
+            status,
+            body["error"]["code"].as_str(),
+            body["error"]["details"]["needed"].as_str()
+        ),
+        (403, Some("forbidden"), Some("operator")),
+        "{body}"
+    );
+    for named in [
+        "notes.toml",
+        "../examples/agents/notes.toml",
+        "/etc/passwd",
+        "chat",
+    ] {
+        let (status, body) = request(
+            &addr,
+            "POST",
+            "/api/v1/runs",
+            &ops,
+            Some(&json!({ "agent": named })),
+        );
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (404, Some("agent_not_served")),
+            "{named}: {body}"
+        );
+        assert_eq!(body["error"]["details"]["served"], json!(["notes"]));
+    }
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs",
+        &ops,
+        Some(&json!({ "agent": "notes", "labels": { "warden.started_by": "someone" } })),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("usage")),
+        "{body}"
+    );
+    let (_, listed) = request(&addr, "GET", "/api/v1/runs", &ops, None);
+    assert!(
+        listed["runs"].as_array().unwrap().is_empty(),
+        "nothing was started: {listed}"
+    );
+
+    // Started: the server drives it to its write.
+    let (status, body) = request(&addr, "POST", "/api/v1/runs", &ops, Some(&start));
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(
+        (body["run_id"].as_str(), body["status"].as_str()),
+        (Some("started"), Some("running"))
+    );
+    let parked = wait_for("the started run to await approval", || {
+        let (_, shown) = request(&addr, "GET", "/api/v1/runs/started", &ops, None);
+        (shown["status"] == "awaiting_approval").then_some(shown)
+    });
+    assert_eq!(
+        parked["labels"]["warden.started_by"], "api:olga",
+        "{parked}"
+    );
+    let (status, body) = request(&addr, "POST", "/api/v1/runs", &ops, Some(&start));
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("run_exists")),
+        "{body}"
+    );
+
+    // Submitted: queued, and nothing here drives it.
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs",
+        &ops,
+        Some(
+            &json!({ "agent": "notes", "input": "Summarise", "run_id": "queued", "submit": true }),
+        ),
+    );
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (201, Some("queued")),
+        "{body}"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, shown) = request(&addr, "GET", "/api/v1/runs/queued", &ops, None);
+    assert_eq!(shown["status"], "queued", "{shown}");
+    assert_eq!(shown["events"].as_array().unwrap().len(), 1, "{shown}");
+
+    // Forked just before the source asked for approval: everything before
+    // is reused, and the fork asks for its own approval.
+    let events = parked["events"].as_array().unwrap();
+    let asked = events
+        .iter()
+        .find(|e| e["event"]["type"] == "approval_requested")
+        .unwrap()["seq"]
+        .as_u64()
+        .unwrap();
+    let fork = json!({ "at": asked - 1, "run_id": "forked" });
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs/started/fork",
+        &appr,
+        Some(&fork),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (403, Some("forbidden")),
+        "{body}"
+    );
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs/started/fork",
+        &ops,
+        Some(&json!({ "at": asked - 1, "agent": "writer" })),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (404, Some("agent_not_served")),
+        "{body}"
+    );
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs/started/fork",
+        &ops,
+        Some(&json!({ "at": 999 })),
+    );
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (409, Some("fork_refused")),
+        "{body}"
+    );
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs/started/fork",
+        &ops,
+        Some(&fork),
+    );
+    assert_eq!(status, 201, "{body}");
+    assert_eq!(body["run_id"], "forked");
+    assert_eq!(
+        body["forked_from"],
+        json!({ "run_id": "started", "at": asked - 1 })
+    );
+    let forked = wait_for("the fork to await approval", || {
+        let (_, shown) = request(&addr, "GET", "/api/v1/runs/forked", &ops, None);
+        (shown["status"] == "awaiting_approval").then_some(shown)
+    });
+    let fork_events = forked["events"].as_array().unwrap();
+    for (inherited, source) in fork_events.iter().zip(&events[..(asked - 1) as usize]) {
+        assert_eq!(inherited["event"], source["event"], "inherited as it was");
+    }
+    let made: Vec<&str> = fork_events[(asked - 1) as usize..]
+        .iter()
+        .map(|e| e["event"]["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(made[0], "run_forked", "{made:?}");
+    assert!(
+        !made.iter().any(|t| t.ends_with("_intent")),
+        "the fork made no call again before its approval: {made:?}"
+    );
+    assert_eq!(fork_events[(asked - 1) as usize]["event"]["by"], "api:olga");
+
+    // The inbox: every run waiting for a person, in one request.
+    let (status, inbox) = request(&addr, "GET", "/api/v1/inbox", &appr, None);
+    assert_eq!(status, 200, "{inbox}");
+    let waiting: Vec<(&str, &str)> = inbox["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["run_id"].as_str().unwrap(),
+                r["pending"]["tool"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        waiting,
+        [("started", "fs__write_file"), ("forked", "fs__write_file")],
+        "{inbox}"
+    );
+    assert!(inbox["runs"][1]["events"].as_array().unwrap().len() > 2);
+
+    // Approved, the fork completes (the server drives it) and writes once.
+    let call = forked["pending"]["call_id"].clone();
+    let (status, body) = request(
+        &addr,
+        "POST",
+        "/api/v1/runs/forked/approve",
+        &appr,
+        Some(&json!({ "call_id": call, "digest": forked["pending"]["digest"] })),
+    );
+    assert_eq!(status, 200, "{body}");
+    let done = wait_for("the fork to complete", || {
+        let (_, shown) = request(&addr, "GET", "/api/v1/runs/forked", &ops, None);
+        (shown["status"] == "completed").then_some(shown)
+    });
+    let writes = done["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["event"]["type"] == "tool_call_completed" && e["event"]["call_id"] == call)
+        .count();
+    assert_eq!(writes, 1, "{done}");
+    assert!(dir.join("notes/SUMMARY.md").is_file());
+    let (_, inbox) = request(&addr, "GET", "/api/v1/inbox", &appr, None);
+    assert_eq!(inbox["runs"].as_array().unwrap().len(), 1, "{inbox}");
+}
+
+#[test]
+fn runs_are_started_submitted_and_forked_through_the_api_on_sqlite() {
+    start_submit_and_fork_through_the_api("serve.db");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_are_started_submitted_and_forked_through_the_api_on_postgres() {
+    let Some(pg) = PgSchema::new("servestart").await else {
+        return;
+    };
+    let url = pg.url.clone();
+    tokio::task::spawn_blocking(move || start_submit_and_fork_through_the_api(&url))
+        .await
+        .unwrap();
 }

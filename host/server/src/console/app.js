@@ -156,8 +156,10 @@ function runsView(view) {
     [...PARKED, "running", "queued", ...TERMINAL].map((s) => el("option", { value: s }, s.replaceAll("_", " "))),
   );
   const body = el("tbody");
+  const starter = el("div");
   view.replaceChildren(
     el("h1", {}, "Runs"),
+    starter,
     el("label", { class: "inline" }, "Show", filter),
     el(
       "table",
@@ -187,6 +189,44 @@ function runsView(view) {
   };
   filter.addEventListener("change", refresh);
   every(1000, refresh);
+  if (session.role === "operator") startForm(starter);
+}
+
+// Starting a run: an agent the server serves (by name), an input, and
+// whether the server drives it or queues it for workers.
+function startForm(box) {
+  api("GET", "/api/v1/agents")
+    .then(({ agents }) => {
+      if (!agents.length) return;
+      const agent = el("select", { name: "agent" }, agents.map((a) => el("option", { value: a.name }, a.description ? `${a.name}: ${a.description}` : a.name)));
+      const input = el("textarea", { name: "input", rows: 2, placeholder: "plain text, or JSON" });
+      const queue = el("input", { type: "checkbox", name: "submit" });
+      const button = el("button", { type: "submit", class: "primary" }, "Start");
+      const form = el(
+        "form",
+        { class: "stack", "aria-label": "Start a run" },
+        el("label", {}, "Agent", agent),
+        el("label", {}, "Input", input),
+        el("label", { class: "inline" }, queue, "Queue it for the workers"),
+        button,
+      );
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        act(button, async () => {
+          let value = input.value;
+          try {
+            value = JSON.parse(value);
+          } catch {
+            // Plain text is the input as it is, as on the command line.
+          }
+          const run = await api("POST", "/api/v1/runs", { agent: agent.value, input: value, submit: queue.checked });
+          location.hash = `#/run/${encodeURIComponent(run.run_id)}`;
+        });
+      });
+      // Folded away until wanted: the list is what the page is for.
+      box.replaceChildren(el("details", { class: "card" }, el("summary", {}, "Start a run"), form));
+    })
+    .catch((error) => notice(error.message));
 }
 
 // The decision a parked run waits for, with the controls that make it.
@@ -375,6 +415,40 @@ function describe(event) {
   }
 }
 
+// Forking the run at a position of its timeline: a new run that reuses
+// every recorded effect up to there. Each timeline item's position button
+// fills the position in.
+function forkForm(run) {
+  const events = run.events || [];
+  const end = events.findIndex((e) => /^run_(completed|failed|cancelled|abandoned)$/.test(e.event.type));
+  const last = end === -1 ? events.length : end;
+  if (last < 1) return "";
+  // No `max`: the run may grow while the form is open; the server refuses
+  // a position past its end (`fork_refused`), said in the notice.
+  const at = el("input", { type: "number", name: "at", min: 1, value: last, required: true });
+  const budgets = el("input", { name: "budgets", placeholder: '{"max_steps": 20}' });
+  const button = el("button", { type: "submit" }, "Fork");
+  const form = el(
+    "form",
+    { class: "stack card", id: "fork", "aria-label": "Fork this run" },
+    el("h2", {}, "Fork this run"),
+    el("p", { class: "muted" }, "The fork inherits the events up to this position (pick one with its # in the timeline), reuses them, never makes them again, and goes on from there."),
+    el("label", {}, "Position", at),
+    el("label", {}, "Budgets (JSON, optional)", budgets),
+    button,
+  );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    act(button, async () => {
+      const body = { at: Number(at.value) };
+      if (budgets.value.trim()) body.budgets = JSON.parse(budgets.value);
+      const fork = await api("POST", `/api/v1/runs/${encodeURIComponent(run.run_id)}/fork`, body);
+      location.hash = `#/run/${encodeURIComponent(fork.run_id)}`;
+    });
+  });
+  return form;
+}
+
 function timelineItem(line) {
   const type = line.event.type;
   const kind = /approval|resumed|reconcil|resolved|cancelled|abandoned|extended/.test(type)
@@ -382,7 +456,20 @@ function timelineItem(line) {
     : /tool_call|delivery|model_call/.test(type)
       ? "effect"
       : "";
-  return el("li", { class: kind, "data-seq": line.seq, "data-type": type }, el("span", { class: "seq" }, `#${line.seq}`), describe(line.event));
+  // The position is a button for operators: it picks this position in
+  // the fork form.
+  const seq =
+    session.role === "operator"
+      ? el("button", { type: "button", class: "seq", "aria-label": `Fork at position ${line.seq}`, title: "fork from here", onclick: () => pickFork(line.seq) }, `#${line.seq}`)
+      : el("span", { class: "seq" }, `#${line.seq}`);
+  return el("li", { class: kind, "data-seq": line.seq, "data-type": type }, seq, describe(line.event));
+}
+
+function pickFork(seq) {
+  const at = document.querySelector("#fork input[name=at]");
+  if (!at) return;
+  at.value = String(seq);
+  at.focus();
 }
 
 function runView(view, id) {
@@ -392,22 +479,28 @@ function runView(view, id) {
   const budget = el("div");
   const timeline = el("ol", { class: "timeline", "aria-label": "Timeline" });
   const controls = el("div", { class: "actions" });
-  view.replaceChildren(heading, summary, decision, controls, budget, el("h2", {}, "Timeline"), timeline);
+  const fork = el("div");
+  view.replaceChildren(heading, summary, decision, controls, budget, el("h2", {}, "Timeline"), timeline, fork);
   let last = 0;
   let shownStatus = null;
   let refreshing = null;
 
   const refresh = async () => {
     const run = await api("GET", `/api/v1/runs/${encodeURIComponent(id)}`);
+    // `replaceChildren` would show a null as the text "null": absent parts
+    // are left out.
     summary.replaceChildren(
-      el("p", {}, statusBadge(run.status), " ", `agent ${run.agent}`, run.session ? ` · session ${run.session}` : "", ` · updated ${when(run.updated_ms)}`),
-      run.output !== undefined ? el("div", {}, el("strong", {}, "Output"), json(run.output)) : null,
-      run.error ? el("div", {}, el("strong", {}, "Error"), json(run.error)) : null,
+      ...[
+        el("p", {}, statusBadge(run.status), " ", `agent ${run.agent}`, run.session ? ` · session ${run.session}` : "", ` · updated ${when(run.updated_ms)}`),
+        run.output !== undefined ? el("div", {}, el("strong", {}, "Output"), json(run.output)) : null,
+        run.error ? el("div", {}, el("strong", {}, "Error"), json(run.error)) : null,
+      ].filter(Boolean),
     );
     if (run.status !== shownStatus) {
       shownStatus = run.status;
       decision.replaceChildren(decisionPanel(run, refresh) || "");
       controls.replaceChildren();
+      fork.replaceChildren(session.role === "operator" ? forkForm(run) : "");
       if (!TERMINAL.includes(run.status)) {
         const reason = el("input", { name: "cancel-reason", "aria-label": "Reason for cancelling", placeholder: "reason (to cancel)" });
         const cancel = el("button", { type: "button", class: "danger" }, "Cancel run");
@@ -470,8 +563,8 @@ function inboxView(view) {
   view.replaceChildren(el("h1", {}, "Inbox"), el("p", { class: "muted" }, "Runs waiting for a person, across every worker."), list);
   let shown = null;
   const refresh = async () => {
-    const { runs } = await api("GET", `/api/v1/runs?status=${PARKED.join(",")}`);
-    const details = await Promise.all(runs.map((r) => api("GET", `/api/v1/runs/${encodeURIComponent(r.run_id)}`)));
+    // One request, one batch read on the server, however many runs wait.
+    const { runs: details } = await api("GET", "/api/v1/inbox");
     // Redraw only when what waits changed, so a half-typed reason stays.
     const key = details.map((d) => `${d.run_id}:${d.status}:${d.pending?.call_id}`).join("|");
     if (key === shown) return;

@@ -818,6 +818,86 @@ impl EventStore for PostgresStore {
         chain::walk(&self.chain, after_seq, start, rows, &recorded, true).into_events(run_id)
     }
 
+    async fn load_many(
+        &self,
+        run_ids: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<StoredEvent>)>, StoreError> {
+        let context = "postgres: cannot load runs";
+        let ids: Vec<&str> = run_ids.iter().map(RunId::as_str).collect();
+        // One snapshot, two queries: the runs' rows, then all their events;
+        // each log's chain is then checked as `load` checks it.
+        let (runs, mut events) = self
+            .snapshot(context, async |tx| {
+                let runs = query(
+                    tx,
+                    context,
+                    "SELECT id, pk, event_count, head_hash FROM runs WHERE id = ANY($1)",
+                    &[&ids],
+                )
+                .await?;
+                let runs: BTreeMap<String, RunRow> = runs
+                    .iter()
+                    .map(|row| {
+                        (
+                            row.get::<_, String>(0),
+                            RunRow {
+                                pk: row.get(1),
+                                count: count(row.get(2)),
+                                head: hash(row.get(3)),
+                            },
+                        )
+                    })
+                    .collect();
+                let pks: Vec<i64> = runs.values().map(|r| r.pk).collect();
+                let rows = query(
+                    tx,
+                    context,
+                    "SELECT run_pk, seq, bytes, hash FROM events WHERE run_pk = ANY($1) ORDER BY run_pk, seq",
+                    &[&pks],
+                )
+                .await?;
+                let mut events: BTreeMap<i64, Vec<RawRow>> = BTreeMap::new();
+                for row in &rows {
+                    events.entry(row.get(0)).or_default().push(RawRow {
+                        // Stored from 1: never negative.
+                        seq: row.get::<_, i64>(1) as u64,
+                        bytes: Ok(Bytes::copy_from_slice(row.get::<_, &[u8]>(2))),
+                        hash: hash(row.get(3)),
+                    });
+                }
+                Ok((runs, events))
+            })
+            .await?;
+        let mut logs = Vec::with_capacity(run_ids.len());
+        for run_id in run_ids {
+            // A run without a row never existed or was pruned: left out.
+            let Some(RunRow { pk, count, head }) = runs.get(run_id.as_str()) else {
+                continue;
+            };
+            let count = count.clone().map_err(|reason| StoreError::Tampered {
+                run_id: run_id.clone(),
+                seq: 0,
+                reason,
+            })?;
+            let rows = events.remove(pk).unwrap_or_default();
+            let recorded = Recorded {
+                count,
+                head: head.clone(),
+            };
+            let loaded = chain::walk(
+                &self.chain,
+                0,
+                self.chain.genesis(run_id),
+                rows,
+                &recorded,
+                true,
+            )
+            .into_events(run_id)?;
+            logs.push((run_id.clone(), loaded));
+        }
+        Ok(logs)
+    }
+
     async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
         let context = format!("postgres: cannot read run {run_id}");
         self.snapshot(&context, async |tx| {

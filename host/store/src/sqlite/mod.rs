@@ -640,6 +640,27 @@ impl EventStore for SqliteStore {
             .await
     }
 
+    async fn load_many(
+        &self,
+        run_ids: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<StoredEvent>)>, StoreError> {
+        let run_ids = run_ids.to_vec();
+        // One reader, one blocking task: the many loads share a connection
+        // and a turn instead of queueing for one each.
+        self.read(move |conn, chain| {
+            let mut logs = Vec::with_capacity(run_ids.len());
+            for run_id in run_ids {
+                match load_after(conn, chain, &run_id, 0) {
+                    Ok(events) => logs.push((run_id, events)),
+                    Err(StoreError::UnknownRun { .. } | StoreError::Pruned { .. }) => {}
+                    Err(error) => return Err(error),
+                }
+            }
+            Ok(logs)
+        })
+        .await
+    }
+
     async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
         let run_id = run_id.clone();
         self.read(move |conn, _| {
