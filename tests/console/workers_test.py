@@ -65,7 +65,9 @@ logs: dict[str, Path] = {}
 for name in ["w1", "w2"]:
     logs[name] = demo_dir / f"{name}.log"
     workers[name] = subprocess.Popen(
-        [binary, "worker", "--id", name, "--poll", "50ms", "--claim-ttl", "5s", "--grace", "1s"],
+        # A long claim: under load a short one can lapse and the other
+        # worker take the run over, which is fine but not this test's case.
+        [binary, "worker", "--id", name, "--poll", "50ms", "--claim-ttl", "30s", "--grace", "1s"],
         cwd=demo_dir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
         stderr=logs[name].open("w"),
         env=dict(env, RUST_LOG="warden_engine::worker=debug", NO_COLOR="1"),
@@ -125,7 +127,7 @@ try:
         # A worker claims it and parks it on its write.
         expect(page.get_by_role("heading", name="Approve fs__write_file?")).to_be_visible(timeout=30_000)
         parked_by = wait("a worker's claim in its log", lambda: [w for w, n in claims(run).items() if n])
-        assert len(parked_by) == 1, claims(run)
+        assert len(parked_by) == 1, f"both workers claimed the run before it parked: {claims(run)}"
         parker = parked_by[0]
         other = "w2" if parker == "w1" else "w1"
         started = events_of(run)[0]
