@@ -482,7 +482,7 @@ function runView(view, id) {
   const fork = el("div");
   view.replaceChildren(heading, summary, decision, controls, budget, el("h2", {}, "Timeline"), timeline, fork);
   let last = 0;
-  let shownStatus = null;
+  let shownDecision = null;
   let refreshing = null;
 
   const refresh = async () => {
@@ -496,8 +496,11 @@ function runView(view, id) {
         run.error ? el("div", {}, el("strong", {}, "Error"), json(run.error)) : null,
       ].filter(Boolean),
     );
-    if (run.status !== shownStatus) {
-      shownStatus = run.status;
+    // The decision, the controls and the fork form belong to the status and
+    // the call that waits: approving one call can park the run on the next.
+    const shown = `${run.status}:${run.pending?.call_id ?? ""}`;
+    if (shown !== shownDecision) {
+      shownDecision = shown;
       decision.replaceChildren(decisionPanel(run, refresh) || "");
       controls.replaceChildren();
       fork.replaceChildren(session.role === "operator" ? forkForm(run) : "");
@@ -531,8 +534,25 @@ function runView(view, id) {
     return run;
   };
   // Refreshes at most one at a time; the live stream asks after each event.
+  // An event that comes while a refresh is in flight may be newer than what
+  // that refresh read: it is remembered and answered by one more refresh
+  // after, or the view would keep a status the run has left (a parked run
+  // shown as running, with no decision to make).
+  let again = false;
   const soon = () => {
-    if (!refreshing) refreshing = refresh().catch((e) => notice(e.message)).finally(() => (refreshing = null));
+    if (refreshing) {
+      again = true;
+      return;
+    }
+    refreshing = refresh()
+      .catch((e) => notice(e.message))
+      .finally(() => {
+        refreshing = null;
+        if (again) {
+          again = false;
+          soon();
+        }
+      });
   };
 
   refresh()
