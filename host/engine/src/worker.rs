@@ -27,7 +27,9 @@
 //!   to live another worker claims the run; one that stops on a signal
 //!   ([`Worker::run`]'s shutdown) stops claiming, lets its runs finish
 //!   within the grace period, then abandons the drives still going and
-//!   releases their claims, so others take them over at once;
+//!   releases their claims, and the claims of drives that failed and were
+//!   left to expire (it will not try them again), so others take them
+//!   over at once;
 //! - **nothing owed is left behind**: a worker that dies after a run's
 //!   terminal event (or its parked notice) and before the delivery leaves
 //!   the run listed as owing deliveries; another claims it once the claim
@@ -37,7 +39,8 @@
 //!   recorded (the driver sleeps under its renewed claim), so a failing
 //!   channel never makes the run bounce between workers; a drive that
 //!   fails otherwise leaves the claim to expire, and the run is tried again
-//!   one time to live later.
+//!   one time to live later (at once, by another worker, if this one stops
+//!   meanwhile).
 //!
 //! The agent of a run is the file its `run_started` event records, loaded
 //! on the worker's machine (once per file and worker) by the worker's
@@ -85,7 +88,7 @@ pub struct WorkerReport {
     /// conflict).
     pub lost: u64,
     /// Drives that failed otherwise (left to be retried after the claim
-    /// expires).
+    /// expires; their claims are released when the worker stops).
     pub failed: u64,
     /// Drives abandoned at shutdown (their claims released).
     pub released: u64,
@@ -242,6 +245,10 @@ impl Worker {
         let mut report = WorkerReport::default();
         let mut drives: JoinSet<(Claim, Ended)> = JoinSet::new();
         let mut held: HashMap<tokio::task::Id, Claim> = HashMap::new();
+        // Claims of drives that failed, left to expire as a back-off while
+        // this worker runs, each with a time by which it has surely
+        // expired; handed back when it stops.
+        let mut failed: Vec<(Claim, i64)> = Vec::new();
         tokio::pin!(shutdown);
         loop {
             let free = self.inner.concurrency.saturating_sub(drives.len());
@@ -284,7 +291,7 @@ impl Worker {
             tokio::select! {
                 () = &mut shutdown => break,
                 Some(done) = drives.join_next_with_id(), if !drives.is_empty() => {
-                    Self::account(&mut report, &mut held, done);
+                    self.account(&mut report, &mut held, &mut failed, done);
                 }
                 () = tokio::time::sleep(self.inner.poll) => {}
             }
@@ -294,7 +301,7 @@ impl Worker {
         tokio::pin!(deadline);
         while !drives.is_empty() {
             tokio::select! {
-                Some(done) = drives.join_next_with_id() => Self::account(&mut report, &mut held, done),
+                Some(done) = drives.join_next_with_id() => self.account(&mut report, &mut held, &mut failed, done),
                 () = &mut deadline => break,
             }
         }
@@ -305,11 +312,18 @@ impl Worker {
             {
                 report.released += 1;
             }
-            Self::account(&mut report, &mut held, done);
+            self.account(&mut report, &mut held, &mut failed, done);
         }
-        // The claims of abandoned drives: release them so that another
-        // worker takes the runs over now, not after the time to live.
-        for claim in held.into_values() {
+        // The claims of abandoned drives, and of failed ones not expired
+        // yet: release them so that another worker takes the runs over now,
+        // not after the time to live. (A claim taken over meanwhile is not
+        // current any more, and releasing it changes nothing.)
+        let now = self.now();
+        let failed = failed
+            .into_iter()
+            .filter(|(_, lapsed)| *lapsed > now)
+            .map(|(claim, _)| claim);
+        for claim in held.into_values().chain(failed) {
             if let Err(error) = self.inner.runtime.store().release_claim(&claim, None).await {
                 tracing::warn!(run_id = %claim.run_id, %error, "cannot release claim at shutdown");
             }
@@ -317,24 +331,40 @@ impl Worker {
         report
     }
 
+    /// Counts a finished drive and forgets its claim, keeping it in
+    /// `failed` if the drive failed (its claim was left to expire).
     fn account(
+        &self,
         report: &mut WorkerReport,
         held: &mut HashMap<tokio::task::Id, Claim>,
+        failed: &mut Vec<(Claim, i64)>,
         done: Result<(tokio::task::Id, (Claim, Ended)), tokio::task::JoinError>,
     ) {
+        let mut left = |claim: Claim| {
+            // Renewed at most until the failure: expired one time to live
+            // after it. The list holds the failures of one time to live.
+            let now = self.now();
+            failed.retain(|(_, lapsed)| *lapsed > now);
+            failed.push((claim, now.saturating_add(self.ttl_ms())));
+        };
         match done {
-            Ok((id, (_, ended))) => {
+            Ok((id, (claim, ended))) => {
                 held.remove(&id);
                 match ended {
                     Ended::Settled => report.settled += 1,
                     Ended::Lost => report.lost += 1,
-                    Ended::Failed => report.failed += 1,
+                    Ended::Failed => {
+                        report.failed += 1;
+                        left(claim);
+                    }
                 }
             }
             // Aborted (kept in `held`, released after) or panicked (its
-            // claim expires and the run is retried).
+            // claim left to expire, as a failed drive's).
             Err(e) if e.is_panic() => {
-                held.remove(&e.id());
+                if let Some(claim) = held.remove(&e.id()) {
+                    left(claim);
+                }
                 report.failed += 1;
                 tracing::error!(task = %e.id(), "a drive panicked");
             }
@@ -385,7 +415,8 @@ impl Worker {
             }
             Err(error) => {
                 // Left claimed: it expires, and the run is retried then (or
-                // listed as stalled until someone looks).
+                // listed as stalled until someone looks); released at once
+                // if this worker stops first.
                 tracing::warn!(run_id = %claim.run_id, %error, "drive failed; the run is retried when its claim expires");
                 (None, Ended::Failed)
             }

@@ -1151,3 +1151,106 @@ async fn a_worker_with_two_stuck_runs_drives_a_third_and_stops_on_sigterm() {
         assert!(s.claim.is_none(), "{run}'s claim was not released: {s:?}");
     }
 }
+
+/// A worker whose drive of a run failed (here the run's agent file cannot
+/// be loaded on its machine) leaves the claim to expire while it runs, as a
+/// back-off; stopped, it hands the claim back, and a worker that can load
+/// the agent drives the run at once instead of one time to live later
+/// (a minute here).
+async fn a_stopping_worker_hands_back_what_failed(store: Arc<dyn EventStore>) {
+    let fx = Fixture::new();
+    let rt = runtime(store.clone());
+    let run = RunId::new("failed-here").unwrap();
+    rt.submit(
+        &job_agent(&fx, "failed-here"),
+        json!("go"),
+        StartOptions::new().id(run.clone()),
+    )
+    .await
+    .unwrap();
+    let tried = Arc::new(AtomicBool::new(false));
+    let worker = Worker::builder(rt)
+        .owner("without-the-agent")
+        .claim_ttl(Duration::from_secs(60))
+        .poll(Duration::from_millis(20))
+        .agent_loader(Arc::new({
+            let tried = tried.clone();
+            move |path: &Path| {
+                tried.store(true, Ordering::SeqCst);
+                Err(format!("{} is not on this machine", path.display()))
+            }
+        }))
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    wait_for("the worker never tried the run", async || {
+        tried.load(Ordering::SeqCst)
+    })
+    .await;
+    // While it runs, the failed drive's claim stays (the back-off).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let held = store.summary(&run).await.unwrap();
+    assert_eq!(
+        held.claim.as_ref().map(|c| c.owner.as_str()),
+        Some("without-the-agent"),
+        "{held:?}"
+    );
+    stop.send(()).unwrap();
+    let report = running.await.unwrap();
+    assert_eq!((report.claimed, report.failed), (1, 1), "{report:?}");
+    let left = store.summary(&run).await.unwrap();
+    assert!(
+        left.claim.is_none(),
+        "the stopped worker kept its failed drive's claim: {left:?}"
+    );
+
+    // Another worker takes it at once (its claim lasts a minute too) and
+    // completes it, making its write once.
+    let other = Worker::builder(runtime(store.clone()))
+        .owner("with-the-agent")
+        .claim_ttl(Duration::from_secs(60))
+        .poll(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        other
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    wait_for("the other worker never completed the run", async || {
+        store
+            .summary(&run)
+            .await
+            .is_ok_and(|s| s.status == "completed" && s.claim.is_none())
+    })
+    .await;
+    stop.send(()).unwrap();
+    let report = running.await.unwrap();
+    assert_eq!((report.claimed, report.settled), (1, 1), "{report:?}");
+    assert_eq!(effects(&fx), ["failed-here"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_hands_back_the_claim_of_a_failed_drive_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+    a_stopping_worker_hands_back_what_failed(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_worker_hands_back_the_claim_of_a_failed_drive_on_postgres() {
+    let Some(pg) = PgSchema::new("handback").await else {
+        return;
+    };
+    a_stopping_worker_hands_back_what_failed(Arc::new(pg.store().await)).await;
+}
