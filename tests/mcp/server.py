@@ -1,13 +1,15 @@
 """An MCP server built with the official Python SDK (`mcp` on PyPI), used
 as tools of a `warden run` by `tests/tests/all/mcp_servers.rs`.
 
-    server.py DATA_DIR OUT_DIR
+    server.py DATA_DIR OUT_DIR [--http PORT]
 
-Its tools read notes from DATA_DIR, write them into OUT_DIR, and try what
+Over stdio by default; with `--http PORT`, over streamable HTTP at
+`http://127.0.0.1:PORT/mcp` (a remote server). Its tools read notes from DATA_DIR, write them into OUT_DIR, and try what
 a server must not be able to do inside Warden's OS sandbox: read any path,
 write any path, open a TCP connection, list its environment. A failure is
 returned as the tool's text (`ERROR <errno name>: ...`) so the test reads
-what the operating system said. `hang` never answers.
+what the operating system said. `hang` never answers; `big` answers SIZE
+bytes; `header` gives the digest of a request header (over HTTP).
 
 The tool list changes with DATA_DIR/variant (the "rug pull"): when it
 holds `2`, `read_note` describes itself differently.
@@ -15,14 +17,16 @@ holds `2`, `read_note` describes itself differently.
 
 from __future__ import annotations
 
+import anyio
 import errno
+import hashlib
 import os
 import socket
 import sys
 import time
 from pathlib import Path
 
-from mcp.server.mcpserver import MCPServer
+from mcp.server.mcpserver import Context, MCPServer
 from mcp.types import ToolAnnotations
 
 DATA = Path(sys.argv[1])
@@ -97,11 +101,31 @@ def env_names() -> str:
 
 
 @server.tool(description="Never answers.", annotations=READ_ONLY)
-def hang() -> str:
+async def hang() -> str:
+    # Asynchronous, so that over HTTP only this call hangs, not the server.
     (OUT / f"hang-{os.getpid()}-{time.time_ns()}").write_text("started\n")
     while True:
-        time.sleep(3600)
+        await anyio.sleep(3600)
+
+
+@server.tool(description="Answers SIZE bytes of text.", annotations=READ_ONLY)
+def big(size: int) -> str:
+    (OUT / f"big-{time.time_ns()}").write_text(f"{size}\n")
+    return "x" * size
+
+
+@server.tool(description="The digest of the request's header NAME.", annotations=READ_ONLY)
+def header(name: str, ctx: Context) -> str:
+    # Only a digest: the test checks that the value reaches the server and
+    # appears nowhere Warden writes, the tool's own output included.
+    value = (ctx.headers or {}).get(name.lower())
+    if value is None:
+        return f"{name}=<absent>"
+    return f"{name}=sha256:{hashlib.sha256(value.encode()).hexdigest()}"
 
 
 if __name__ == "__main__":
-    server.run()
+    if len(sys.argv) > 4 and sys.argv[3] == "--http":
+        server.run("streamable-http", port=int(sys.argv[4]))
+    else:
+        server.run()

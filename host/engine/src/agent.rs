@@ -67,6 +67,7 @@
 //!
 //! [mcp_servers.files]                   # an MCP server whose tools the model may call
 //! command = "server-files"               # (files__<tool>): see mcp_servers.rs for the keys
+//! # url = "https://mcp.example.com/mcp"  # or a remote one, with hosts = [...] granted
 //! read = ["notes"]                       # the directories its OS sandbox shows it
 //!
 //! [agents.worker]                       # another agent the model may call as a tool: a

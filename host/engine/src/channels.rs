@@ -571,6 +571,7 @@ mod tests {
             session: None,
             limits: None,
             parent: None,
+            mcp_tools: Default::default(),
         })
     }
 

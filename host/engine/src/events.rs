@@ -526,6 +526,26 @@ pub struct RunStarted {
     /// called as a tool). Omitted for a run started on its own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentLink>,
+    /// The tools each MCP server of the agent (`[mcp_servers]`) offered
+    /// the run, by the server's key: which pinned list and which of its
+    /// tools, so the log says exactly which tool descriptions the model
+    /// saw (the operator's overrides are in the agent's digest). Replay
+    /// compares it with what the servers offer now. Omitted when the agent
+    /// uses no MCP server.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub mcp_tools: BTreeMap<String, McpToolsOffered>,
+}
+
+/// What one MCP server offered a run (see [`RunStarted::mcp_tools`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct McpToolsOffered {
+    /// The digest of the server's pinned tool list (`sha256:…`, as in the
+    /// pin file).
+    pub pins: String,
+    /// The tools offered, by the server's names, sorted: each one listed
+    /// exactly as pinned (a tool that changed since is withheld).
+    pub offered: Vec<String>,
 }
 
 /// The session part of [`RunStarted`]: which session, and the transcripts of
@@ -1877,6 +1897,7 @@ pub(crate) mod tests {
             session: None,
             limits: None,
             parent: None,
+            mcp_tools: BTreeMap::new(),
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1916,6 +1937,7 @@ pub(crate) mod tests {
             }),
             limits: None,
             parent: None,
+            mcp_tools: BTreeMap::new(),
         };
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert_eq!(
@@ -1958,6 +1980,7 @@ pub(crate) mod tests {
                     session: None,
                     limits: None,
                     parent: None,
+                    mcp_tools: Default::default(),
                 }),
                 r#"{"v":1,"event":{"type":"run_started","run_id":"r1","agent":"demo","agent_digest":"ab12","input":"read my notes","labels":{"team":"ops"},"clock_seed_ms":1700000000000,"random_seed":42}}"#,
             ),

@@ -29,6 +29,18 @@
 //! # approval = "always"                  # never | always | writes (default)
 //! ```
 //!
+//! A remote server is reached over streamable HTTP ([`remote`]), only at a
+//! host its `hosts` grant, with headers whose values come from named
+//! environment variables (never written in the file, logged or recorded):
+//!
+//! ```toml
+//! [mcp_servers.tickets]
+//! url = "https://mcp.example.com/mcp"    # http:// or https://, no user info
+//! hosts = ["mcp.example.com"]            # the outbound grant, as a plugin's `hosts`
+//! header_env = { "Authorization" = "TICKETS_MCP_AUTH" }  # header = variable
+//! timeout = "30s"                        # and max_output, tools.*: as above
+//! ```
+//!
 //! A local server runs only inside the OS sandbox [`process`] sets up
 //! (bubblewrap): where there is none it is refused, unless the operator set
 //! `unsandboxed = true` for that server, which is logged loudly at every
@@ -39,6 +51,8 @@
 
 pub mod pins;
 pub mod process;
+pub mod remote;
+pub mod session;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -50,6 +64,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use super::agent::ApprovalRule;
+use super::events::McpToolsOffered;
 use warden_plugins::ToolDescriptor;
 use warden_plugins::grant::EffectClass;
 use warden_plugins::tool::{MAX_DESCRIPTION, MAX_SCHEMA, MAX_TOOLS, is_valid_tool_name};
@@ -102,6 +117,32 @@ pub enum McpServerError {
         /// What is wrong.
         message: String,
     },
+    /// A remote server's URL names a host its `hosts` do not grant.
+    #[error(
+        "MCP server `{server}`: host `{host}` is not granted (its `hosts`: {}): add it to `hosts` to reach it",
+        listed(.granted)
+    )]
+    HostNotGranted {
+        /// The server's key.
+        server: String,
+        /// The URL's `host:port`.
+        host: String,
+        /// The patterns granted.
+        granted: Vec<String>,
+    },
+    /// A header of a remote server takes its value from a variable that is
+    /// not set.
+    #[error(
+        "MCP server `{server}`: header `{header}` takes its value from environment variable `{var}`, which is not set"
+    )]
+    HeaderEnvMissing {
+        /// The server's key.
+        server: String,
+        /// The header.
+        header: String,
+        /// The variable.
+        var: String,
+    },
     /// A command named a server the agent does not have.
     #[error("agent `{agent}` has no MCP server `{server}` (its servers: {known})")]
     UnknownServer {
@@ -114,6 +155,15 @@ pub enum McpServerError {
     },
 }
 
+/// `items` for a message: comma-separated, or `none`.
+fn listed(items: &[String]) -> String {
+    if items.is_empty() {
+        "none".to_owned()
+    } else {
+        items.join(", ")
+    }
+}
+
 impl McpServerError {
     /// The stable code naming this error.
     pub fn code(&self) -> &'static str {
@@ -122,6 +172,8 @@ impl McpServerError {
             McpServerError::Failed { .. } => "mcp_server_failed",
             McpServerError::Pins { .. } => "mcp_pins_invalid",
             McpServerError::UnknownServer { .. } => "unknown_mcp_server",
+            McpServerError::HostNotGranted { .. } => "mcp_host_not_granted",
+            McpServerError::HeaderEnvMissing { .. } => "env_missing",
         }
     }
 
@@ -136,6 +188,16 @@ impl McpServerError {
             McpServerError::UnknownServer { agent, server, .. } => {
                 serde_json::json!({ "agent": agent, "server": server })
             }
+            McpServerError::HostNotGranted { server, host, .. } => {
+                serde_json::json!({ "server": server, "host": host })
+            }
+            McpServerError::HeaderEnvMissing {
+                server,
+                header,
+                var,
+            } => {
+                serde_json::json!({ "server": server, "header": header, "env": var })
+            }
         }
     }
 }
@@ -143,7 +205,14 @@ impl McpServerError {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct McpServerEntry {
-    command: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    command: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    url: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    header_env: BTreeMap<String, String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    hosts: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     args: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -186,6 +255,32 @@ struct McpToolEntry {
 pub struct McpServer {
     /// The key in the agent file; the model calls its tools `<key>__<tool>`.
     pub key: String,
+    /// How it is reached: a local process, or a URL.
+    pub transport: McpTransport,
+    /// Each call's deadline, and the start's.
+    pub timeout: Duration,
+    /// The largest result accepted, in bytes.
+    pub max_output: u64,
+    /// The operator's settings per tool.
+    pub tools: BTreeMap<String, McpToolSettings>,
+    /// Approval rules by tool name, from `tools.<tool>.approval`.
+    pub approval: BTreeMap<String, ApprovalRule>,
+    /// The pin file: the agent file's name with `.mcp-pins.json`.
+    pub pins: PathBuf,
+}
+
+/// How an MCP server is reached.
+#[derive(Clone, Debug, PartialEq)]
+pub enum McpTransport {
+    /// A local program over stdio, in its OS sandbox (`command`).
+    Local(LocalServer),
+    /// A server over streamable HTTP (`url`).
+    Remote(RemoteServer),
+}
+
+/// A local MCP server: a program Warden starts in its OS sandbox.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalServer {
     /// The program: a path (resolved against the agent file) or a bare name
     /// looked up on `PATH` when the server starts.
     pub command: String,
@@ -200,18 +295,21 @@ pub struct McpServer {
     pub write: Vec<PathBuf>,
     /// Whether it shares the machine's network.
     pub network: bool,
-    /// Each call's deadline, and the start's.
-    pub timeout: Duration,
-    /// The largest result accepted, in bytes.
-    pub max_output: u64,
     /// The operator's opt-out: run without an OS sandbox.
     pub unsandboxed: bool,
-    /// The operator's settings per tool.
-    pub tools: BTreeMap<String, McpToolSettings>,
-    /// Approval rules by tool name, from `tools.<tool>.approval`.
-    pub approval: BTreeMap<String, ApprovalRule>,
-    /// The pin file: the agent file's name with `.mcp-pins.json`.
-    pub pins: PathBuf,
+}
+
+/// A remote MCP server, reached over streamable HTTP.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RemoteServer {
+    /// Its endpoint (`http://` or `https://`).
+    pub url: String,
+    /// Headers sent with every request, each with the environment variable
+    /// its value is read from (the value is never kept here).
+    pub header_env: BTreeMap<String, String>,
+    /// The outbound grant: host patterns (as a plugin grant's `hosts`) the
+    /// URL must match.
+    pub hosts: Vec<String>,
 }
 
 /// The operator's settings for one tool of an MCP server.
@@ -262,29 +360,6 @@ pub(crate) fn validate(
                 "is also a key in [plugins]: their tools would share names".into(),
             ));
         }
-        if entry.command.trim().is_empty() {
-            return Err(invalid(&at("command"), "must not be empty".into()));
-        }
-        let command = if entry.command.contains('/') {
-            base.join(&entry.command).to_string_lossy().into_owned()
-        } else {
-            entry.command.clone()
-        };
-        for (i, name) in entry.env.iter().enumerate() {
-            let ok = name
-                .chars()
-                .next()
-                .is_some_and(|c| c.is_ascii_uppercase() || c == '_')
-                && name
-                    .chars()
-                    .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_');
-            if !ok {
-                return Err(invalid(
-                    &format!("{}[{i}]", at("env")),
-                    format!("`{name}` is not an environment variable name ([A-Z_][A-Z0-9_]*)"),
-                ));
-            }
-        }
         let dirs = |k: &str, list: &[PathBuf]| -> Result<Vec<PathBuf>, super::agent::AgentError> {
             let mut out = Vec::with_capacity(list.len());
             for (i, d) in list.iter().enumerate() {
@@ -307,8 +382,99 @@ pub(crate) fn validate(
             }
             Ok(out)
         };
-        let read = dirs("read", &entry.read)?;
-        let write = dirs("write", &entry.write)?;
+        let local_keys = [
+            ("args", !entry.args.is_empty()),
+            ("env", !entry.env.is_empty()),
+            ("read", !entry.read.is_empty()),
+            ("write", !entry.write.is_empty()),
+            ("network", entry.network),
+            ("unsandboxed", entry.unsandboxed),
+        ];
+        let remote_keys = [
+            ("header_env", !entry.header_env.is_empty()),
+            ("hosts", !entry.hosts.is_empty()),
+        ];
+        let transport = match (&entry.command, &entry.url) {
+            (Some(_), Some(_)) | (None, None) => {
+                return Err(invalid(
+                    &format!("mcp_servers.{key}"),
+                    "set either `command` (a local server) or `url` (a remote one)".into(),
+                ));
+            }
+            (None, Some(url)) => {
+                if let Some((k, _)) = local_keys.iter().find(|(_, set)| *set) {
+                    return Err(invalid(
+                        &at(k),
+                        "applies to a local server (`command`) only".into(),
+                    ));
+                }
+                remote::url_parts(url).map_err(|e| invalid(&at("url"), e))?;
+                for (header, var) in &entry.header_env {
+                    let k = format!("{}.{header}", at("header_env"));
+                    let lower = header.to_ascii_lowercase();
+                    if http::HeaderName::from_bytes(header.as_bytes()).is_err() {
+                        return Err(invalid(&k, format!("`{header}` is not a header name")));
+                    }
+                    if remote::RESERVED_HEADERS.contains(&lower.as_str()) {
+                        return Err(invalid(
+                            &k,
+                            format!("`{header}` is set by Warden's MCP client"),
+                        ));
+                    }
+                    if !is_env_name(var) {
+                        return Err(invalid(
+                            &k,
+                            format!(
+                                "`{var}` is not an environment variable name ([A-Z_][A-Z0-9_]*): name the variable holding the value, never the value"
+                            ),
+                        ));
+                    }
+                }
+                for (i, host) in entry.hosts.iter().enumerate() {
+                    warden_plugins::grant::HostPattern::parse(host)
+                        .map_err(|e| invalid(&format!("{}[{i}]", at("hosts")), e))?;
+                }
+                McpTransport::Remote(RemoteServer {
+                    url: url.clone(),
+                    header_env: entry.header_env.clone(),
+                    hosts: entry.hosts.clone(),
+                })
+            }
+            (Some(command), None) => {
+                if let Some((k, _)) = remote_keys.iter().find(|(_, set)| *set) {
+                    return Err(invalid(
+                        &at(k),
+                        "applies to a remote server (`url`) only".into(),
+                    ));
+                }
+                if command.trim().is_empty() {
+                    return Err(invalid(&at("command"), "must not be empty".into()));
+                }
+                for (i, name) in entry.env.iter().enumerate() {
+                    if !is_env_name(name) {
+                        return Err(invalid(
+                            &format!("{}[{i}]", at("env")),
+                            format!(
+                                "`{name}` is not an environment variable name ([A-Z_][A-Z0-9_]*)"
+                            ),
+                        ));
+                    }
+                }
+                McpTransport::Local(LocalServer {
+                    command: if command.contains('/') {
+                        base.join(command).to_string_lossy().into_owned()
+                    } else {
+                        command.clone()
+                    },
+                    args: entry.args.clone(),
+                    env: entry.env.clone(),
+                    read: dirs("read", &entry.read)?,
+                    write: dirs("write", &entry.write)?,
+                    network: entry.network,
+                    unsandboxed: entry.unsandboxed,
+                })
+            }
+        };
         let timeout = match entry.timeout {
             None => DEFAULT_TIMEOUT,
             Some(HumanDuration(d)) if d.is_zero() || d > MAX_TIMEOUT => {
@@ -365,21 +531,26 @@ pub(crate) fn validate(
         }
         servers.push(McpServer {
             key: key.clone(),
-            command,
-            args: entry.args.clone(),
-            env: entry.env.clone(),
-            read,
-            write,
-            network: entry.network,
+            transport,
             timeout,
             max_output,
-            unsandboxed: entry.unsandboxed,
             tools,
             approval,
             pins: pins::pin_path(path),
         });
     }
     Ok(servers)
+}
+
+/// Whether `name` is an environment variable name Warden accepts
+/// (`[A-Z_][A-Z0-9_]*`).
+fn is_env_name(name: &str) -> bool {
+    name.chars()
+        .next()
+        .is_some_and(|c| c.is_ascii_uppercase() || c == '_')
+        && name
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_')
 }
 
 /// What the server's annotations claim a tool's effect is: `read` for
@@ -478,8 +649,10 @@ pub fn descriptors(
 pub struct McpConnection {
     server: McpServer,
     listed: BTreeMap<String, Value>,
+    /// The digest of the pinned list the tools were checked against.
+    pinned: String,
     tools: Vec<ToolDescriptor>,
-    session: tokio::sync::Mutex<Option<process::Session>>,
+    session: tokio::sync::Mutex<Option<session::Session>>,
 }
 
 impl std::fmt::Debug for McpConnection {
@@ -507,7 +680,7 @@ impl McpConnection {
     /// Starts (or reaches) `server`, lists its tools, and pins the list if
     /// nothing was pinned for it yet (its first use).
     pub async fn connect(server: &McpServer) -> Result<Arc<McpConnection>, McpServerError> {
-        let session = process::Session::start(server).await?;
+        let session = session::Session::start(server).await?;
         let listing = list_and_pin(server, &session).await?;
         let tools = descriptors(server, &listing.listed, &listing.pinned);
         for t in &tools {
@@ -518,6 +691,7 @@ impl McpConnection {
         Ok(Arc::new(McpConnection {
             server: server.clone(),
             listed: listing.listed,
+            pinned: listing.pinned.digest,
             tools,
             session: tokio::sync::Mutex::new(Some(session)),
         }))
@@ -531,6 +705,20 @@ impl McpConnection {
     /// Its tools, as the view offers them (withheld ones included, marked).
     pub fn tools(&self) -> &[ToolDescriptor] {
         &self.tools
+    }
+
+    /// What it offers a run, as `run_started` records it: the pinned list's
+    /// digest and the tools not withheld.
+    pub fn offered(&self) -> McpToolsOffered {
+        McpToolsOffered {
+            pins: self.pinned.clone(),
+            offered: self
+                .tools
+                .iter()
+                .filter(|t| t.withheld.is_none())
+                .map(|t| t.name.clone())
+                .collect(),
+        }
     }
 
     /// Makes one call, bounded by the server's deadline and `bound` (what is
@@ -590,7 +778,7 @@ impl McpConnection {
         if slot.is_none() {
             // Killed at a deadline, or died: start it again, and believe it
             // only if it still lists this tool as pinned.
-            match process::Session::start(&self.server).await {
+            match session::Session::start(&self.server).await {
                 Ok(session) => match session.list_tools().await {
                     Ok(listed) if listed.get(&call.tool) == self.listed.get(&call.tool) => {
                         *slot = Some(session);
@@ -629,13 +817,35 @@ impl McpConnection {
         let cancel = cancel.unwrap_or(&never);
         let outcome = {
             let session = slot.as_ref().expect("started above");
-            tokio::select! {
+            let ended = tokio::select! {
+                biased;
+                bytes = session.over_limit() => Ended::OverLimit(bytes),
                 r = session.call_tool(&call.tool, arguments) => Ended::Answered(r),
                 () = tokio::time::sleep(deadline) => Ended::Deadline,
                 () = cancel.cancelled() => Ended::Cancelled,
+            };
+            // The transport may report the cut before the meter is read.
+            match (ended, session.cut()) {
+                (Ended::Answered(Err(_)), Some(bytes)) => Ended::OverLimit(bytes),
+                (ended, _) => ended,
             }
         };
         let result = match outcome {
+            Ended::OverLimit(bytes) => {
+                // Cut as it arrived: the rest was never read, and the
+                // session cannot go on mid-message.
+                tracing::warn!(server = %self.server.key, tool = %call.tool, bytes, limit = self.server.max_output, "MCP server's answer is over `max_output`: cut");
+                if let Some(s) = slot.take() {
+                    s.kill().await;
+                }
+                return fail(
+                    LeaseFailure::OutputLimit {
+                        bytes,
+                        limit: self.server.max_output,
+                    },
+                    bytes,
+                );
+            }
             Ended::Cancelled => {
                 if let Some(s) = slot.take() {
                     s.kill().await;
@@ -699,6 +909,7 @@ impl McpConnection {
 /// How a call to a server ended.
 enum Ended {
     Answered(Result<Value, String>),
+    OverLimit(u64),
     Deadline,
     Cancelled,
 }
@@ -743,7 +954,7 @@ fn tool_result(result: &Value) -> (String, bool) {
 /// server yet.
 async fn list_and_pin(
     server: &McpServer,
-    session: &process::Session,
+    session: &session::Session,
 ) -> Result<Listing, McpServerError> {
     let listed = session.list_tools().await?;
     let mut file = pins::PinFile::load(&server.pins)?;
@@ -768,7 +979,7 @@ async fn list_and_pin(
 /// Starts `server`, lists its tools (pinning them at first use) and stops
 /// it: what `warden mcp tools` shows.
 pub async fn list(server: &McpServer) -> Result<Listing, McpServerError> {
-    let session = process::Session::start(server).await?;
+    let session = session::Session::start(server).await?;
     let listing = list_and_pin(server, &session).await;
     session.kill().await;
     listing
@@ -778,7 +989,7 @@ pub async fn list(server: &McpServer) -> Result<Listing, McpServerError> {
 /// was pinned: what `warden mcp accept` does. Returns the listing with what
 /// was pinned before.
 pub async fn accept(server: &McpServer) -> Result<Listing, McpServerError> {
-    let session = process::Session::start(server).await?;
+    let session = session::Session::start(server).await?;
     let listed = session.list_tools().await;
     session.kill().await;
     let listed = listed?;
@@ -809,19 +1020,97 @@ mod tests {
         assert_eq!(tool_result(&r), ("no".into(), true));
     }
 
+    fn parse(server: &str) -> Result<crate::agent::Agent, String> {
+        crate::agent::Agent::parse(
+            &format!("{}{server}", crate::agent::tests::MINIMAL),
+            Path::new("a.toml"),
+            None,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn a_remote_server_is_a_url_with_granted_hosts_and_headers_from_variables() {
+        let agent = parse(
+            "[mcp_servers.tickets]\nurl = \"https://mcp.example.com/mcp\"\nhosts = [\"mcp.example.com\"]\nheader_env = { \"Authorization\" = \"TICKETS_AUTH\" }\n",
+        )
+        .unwrap();
+        let McpTransport::Remote(remote) = &agent.mcp_servers[0].transport else {
+            panic!("a remote server");
+        };
+        assert_eq!(remote.header_env["Authorization"], "TICKETS_AUTH");
+        for (server, says) in [
+            (
+                "url = \"https://a.example/mcp\"\ncommand = \"x\"",
+                "either `command`",
+            ),
+            ("args = [\"x\"]", "either `command`"),
+            (
+                "url = \"https://a.example/mcp\"\nread = [\".\"]",
+                "key `mcp_servers.s.read`: applies to a local server",
+            ),
+            (
+                "command = \"x\"\nhosts = [\"a.example\"]",
+                "key `mcp_servers.s.hosts`: applies to a remote server",
+            ),
+            (
+                "url = \"ftp://a.example/\"",
+                "not an http:// or https:// URL",
+            ),
+            ("url = \"https://u:pw@a.example/mcp\"", "user info"),
+            (
+                "url = \"https://a.example/mcp\"\nheader_env = { \"Authorization\" = \"Bearer abc\" }",
+                "never the value",
+            ),
+            (
+                "url = \"https://a.example/mcp\"\nheader_env = { \"Mcp-Session-Id\" = \"X\" }",
+                "set by Warden's MCP client",
+            ),
+            (
+                "url = \"https://a.example/mcp\"\nhosts = [\"a.example/path\"]",
+                "key `mcp_servers.s.hosts[0]`",
+            ),
+        ] {
+            let err = parse(&format!("[mcp_servers.s]\n{server}\n")).unwrap_err();
+            assert!(err.contains(says), "{server}: {err}");
+        }
+    }
+
+    #[test]
+    fn an_ungranted_host_is_refused_before_a_connection() {
+        let remote = RemoteServer {
+            url: "http://127.0.0.1:9/mcp".into(),
+            header_env: BTreeMap::new(),
+            hosts: vec!["127.0.0.1:10".into(), "*.example.com".into()],
+        };
+        let err = remote::RemoteClient::new("s", &remote, 1024, DEFAULT_TIMEOUT).unwrap_err();
+        assert_eq!(err.code(), "mcp_host_not_granted");
+        assert_eq!(err.details()["host"], "127.0.0.1:9");
+        assert!(
+            err.to_string().contains("127.0.0.1:10, *.example.com"),
+            "{err}"
+        );
+        let granted = RemoteServer {
+            hosts: vec!["127.0.0.1:9".into()],
+            header_env: BTreeMap::from([("X-Key".to_owned(), "WARDEN_UNSET_TEST_VAR".to_owned())]),
+            ..remote
+        };
+        let err = remote::RemoteClient::new("s", &granted, 1024, DEFAULT_TIMEOUT).unwrap_err();
+        assert_eq!(err.code(), "env_missing");
+        assert_eq!(err.details()["env"], "WARDEN_UNSET_TEST_VAR");
+    }
+
     #[test]
     fn annotations_are_only_hints() {
         let server = McpServer {
             key: "s".into(),
-            command: "x".into(),
-            args: vec![],
-            env: vec![],
-            read: vec![],
-            write: vec![],
-            network: false,
+            transport: McpTransport::Remote(RemoteServer {
+                url: "http://127.0.0.1:1/mcp".into(),
+                header_env: BTreeMap::new(),
+                hosts: vec![],
+            }),
             timeout: DEFAULT_TIMEOUT,
             max_output: DEFAULT_MAX_OUTPUT,
-            unsandboxed: false,
             tools: BTreeMap::from([(
                 "trusted".to_owned(),
                 McpToolSettings {

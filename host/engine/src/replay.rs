@@ -23,7 +23,9 @@
 //! again for a recorded step.
 //!
 //! A changed agent (its digest differs from the recorded one) is refused
-//! unless the caller accepts the change; an accepted change still has to
+//! unless the caller accepts the change, and so is a run whose MCP servers
+//! now offer other tools than `run_started` records (another pinned list,
+//! or other tools of it); an accepted change still has to
 //! make the same tool decisions, but its model requests may differ.
 //!
 //! A fork (see `runtime/fork.rs`) is replayed against the agent its latest
@@ -33,7 +35,7 @@
 
 use super::channels::next_delivery;
 use super::decide::{Action, Park, RequestDetail, decide_with, input_gate};
-use super::events::{Event, EventKind, WithdrawReason};
+use super::events::{Event, EventKind, McpToolsOffered, WithdrawReason};
 use super::ids::AgentDigest;
 use super::prompt::PromptCache;
 use super::state::{FoldError, RunState, fold};
@@ -106,6 +108,29 @@ pub fn replay(
             agent: view.name.clone(),
             recorded,
             current: view.digest.clone(),
+        });
+    }
+    // Which pinned MCP tool lists the run was offered is a recorded
+    // decision like its agent's digest: tools changed and accepted since
+    // would show the model other descriptions. A log from before it was
+    // recorded (none recorded) is not held to it.
+    if let Event::RunStarted(started) = first
+        && !started.mcp_tools.is_empty()
+        && started.mcp_tools != view.mcp_tools
+        && !options.accept_agent_change
+    {
+        let describe = |tools: &std::collections::BTreeMap<String, McpToolsOffered>| {
+            tools
+                .iter()
+                .map(|(key, t)| format!("`{key}`: {} ({})", t.pins, t.offered.join(", ")))
+                .collect::<Vec<_>>()
+                .join("; ")
+        };
+        return Err(ReplayError::Divergence {
+            position: 0,
+            kind: first.kind(),
+            expected: format!("MCP tools {}", describe(&view.mcp_tools)),
+            recorded: format!("MCP tools {}", describe(&started.mcp_tools)),
         });
     }
     // The request's messages are hashed as the conversation grows; a new

@@ -947,7 +947,7 @@ impl Runtime {
         })?;
         // Load the plugins first: an agent that cannot run is refused before
         // anything is recorded.
-        self.prepare(agent).await?;
+        let prepared = self.prepare(agent).await?;
         if let Some(missing) = agent
             .policies
             .iter()
@@ -997,6 +997,7 @@ impl Runtime {
                 session,
                 limits: Some(agent.recorded_limits()),
                 parent: None,
+                mcp_tools: prepared.view.mcp_tools.clone(),
             });
             let meta = RunMeta {
                 agent: agent.name.clone(),
@@ -2692,11 +2693,15 @@ impl Runtime {
                     .map(|s| (s.key.as_str(), mcp[&s.key].tools())),
             )
             .collect();
-        let view =
+        let mut view =
             AgentView::new(agent, &tools).map_err(|e: AgentViewError| RuntimeError::Agent {
                 agent: agent.name.clone(),
                 message: e.to_string(),
             })?;
+        view.mcp_tools = mcp
+            .iter()
+            .map(|(key, c)| (key.clone(), c.offered()))
+            .collect();
         let provider = match &self.inner.provider {
             Some(p) => Arc::clone(p),
             None => agent

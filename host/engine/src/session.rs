@@ -267,6 +267,7 @@ mod tests {
             session: Some(session),
             limits: None,
             parent: None,
+            mcp_tools: Default::default(),
         }
     }
 

@@ -88,6 +88,7 @@ fn view() -> AgentView {
         output_schema: None,
         channels: vec![],
         policies: vec![],
+        mcp_tools: Default::default(),
     }
 }
 
@@ -127,6 +128,7 @@ fn started() -> Event {
         session: None,
         limits: None,
         parent: None,
+        mcp_tools: Default::default(),
     })
 }
 
@@ -2229,6 +2231,56 @@ fn recovery_from_every_prefix_reaches_the_same_log_and_never_reruns_a_write() {
         let write_runs = sim.tool_runs.iter().filter(|c| **c == write).count();
         assert_eq!(write_runs, usize::from(k <= write_intent_at), "prefix {k}");
     }
+}
+
+/// Which pinned MCP tool lists a run was offered is recorded at its start
+/// and checked like its agent's digest: another pinned list, or other tools
+/// of it, is refused unless the change is accepted; a log from before it
+/// was recorded is not held to it.
+#[test]
+fn replay_refuses_a_run_whose_mcp_tools_changed() {
+    let offered = |pins: &str, tools: &[&str]| {
+        std::collections::BTreeMap::from([(
+            "remote".to_owned(),
+            crate::events::McpToolsOffered {
+                pins: pins.into(),
+                offered: tools.iter().map(|t| (*t).to_owned()).collect(),
+            },
+        )])
+    };
+    let with = AgentView {
+        mcp_tools: offered("sha256:aa", &["search"]),
+        ..view()
+    };
+    let mut control = demo_run(view());
+    let Event::RunStarted(started) = &mut control.events[0] else {
+        unreachable!()
+    };
+    started.mcp_tools = with.mcp_tools.clone();
+    replay(&control.events, &with, ReplayOptions::default()).unwrap();
+    for now in [
+        offered("sha256:bb", &["search"]),
+        offered("sha256:aa", &["search", "publish"]),
+        Default::default(),
+    ] {
+        let changed = AgentView {
+            mcp_tools: now,
+            ..view()
+        };
+        let err = replay(&control.events, &changed, ReplayOptions::default()).unwrap_err();
+        assert!(
+            matches!(err, ReplayError::Divergence { position: 0, .. }),
+            "{err}"
+        );
+        assert!(err.to_string().contains("sha256:aa (search)"), "{err}");
+        let accepted = ReplayOptions {
+            accept_agent_change: true,
+        };
+        replay(&control.events, &changed, accepted).unwrap();
+    }
+    // Recorded before the field existed: nothing to compare.
+    let old = demo_run(view());
+    replay(&old.events, &with, ReplayOptions::default()).unwrap();
 }
 
 #[test]

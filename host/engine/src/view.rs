@@ -8,7 +8,7 @@
 
 use super::refusal::OnRefusal;
 use super::retry::RetryPolicy;
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
@@ -17,7 +17,7 @@ use super::budget::{BudgetLimits, Pricing};
 use super::channels::Channel;
 use super::compaction::CompactionSettings;
 use super::context::ContextSource;
-use super::events::{KeyedBy, ToolRef};
+use super::events::{KeyedBy, McpToolsOffered, ToolRef};
 use super::ids::AgentDigest;
 use super::output::output_contract;
 use super::policy_hooks::EnabledPolicy;
@@ -64,6 +64,12 @@ pub struct AgentView {
     pub channels: Vec<Channel>,
     /// The policies it enables, in name order.
     pub policies: Vec<EnabledPolicy>,
+    /// What each MCP server offers, by its key: the pinned list's digest
+    /// and the tools offered, recorded when a run starts
+    /// ([`RunStarted::mcp_tools`](crate::events::RunStarted::mcp_tools)) and
+    /// compared by replay. Set by the runtime once its servers are
+    /// connected; empty from [`new`](Self::new).
+    pub mcp_tools: BTreeMap<String, McpToolsOffered>,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -173,6 +179,45 @@ pub enum AgentViewError {
     },
 }
 
+/// Pushes the tools `descriptors` offer under `key` (a plugin's or an MCP
+/// server's) as plugin tools, each needing approval as `rule` says.
+///
+/// A tool whose effect the grant forbids, or whose listed definition is not
+/// the pinned one, is not offered: the model never plans around it, and a
+/// call by name is refused as unknown before any approval is asked.
+fn push_tools(
+    tools: &mut Vec<AgentTool>,
+    key: &str,
+    descriptors: &[ToolDescriptor],
+    rule: impl Fn(&str) -> ApprovalRule,
+) {
+    for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
+        let tool = ToolRef {
+            plugin: key.to_owned(),
+            tool: d.name.clone(),
+        };
+        let needs_approval = match rule(&d.name) {
+            ApprovalRule::Never => false,
+            ApprovalRule::Always => true,
+            ApprovalRule::Writes => d.effect == EffectClass::Write,
+        };
+        tools.push(AgentTool {
+            name: tool.model_name(),
+            description: d.description.clone(),
+            input_schema: d.input_schema.clone(),
+            target: ToolTarget::Plugin {
+                key: d.idempotency_key.as_ref().map(|field| KeyedBy {
+                    field: field.clone(),
+                    scope: format!("{}/{}", d.plugin, d.name),
+                }),
+                tool,
+                effect: d.effect,
+                needs_approval,
+            },
+        });
+    }
+}
+
 impl AgentView {
     /// The view of `agent` whose plugins offer `plugin_tools`: one entry per
     /// plugin key, with the descriptors its loaded plugin reports.
@@ -213,34 +258,9 @@ impl AgentView {
                     });
                 }
             }
-            // A tool whose effect the grant forbids is not offered: the
-            // model never plans around it, and a call by name is refused as
-            // unknown before any approval is asked.
-            for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
-                let tool = ToolRef {
-                    plugin: plugin.key.clone(),
-                    tool: d.name.clone(),
-                };
-                let needs_approval = match plugin.approval_rule(&d.name) {
-                    ApprovalRule::Never => false,
-                    ApprovalRule::Always => true,
-                    ApprovalRule::Writes => d.effect == EffectClass::Write,
-                };
-                tools.push(AgentTool {
-                    name: tool.model_name(),
-                    description: d.description.clone(),
-                    input_schema: d.input_schema.clone(),
-                    target: ToolTarget::Plugin {
-                        key: d.idempotency_key.as_ref().map(|field| KeyedBy {
-                            field: field.clone(),
-                            scope: format!("{}/{}", d.plugin, d.name),
-                        }),
-                        tool,
-                        effect: d.effect,
-                        needs_approval,
-                    },
-                });
-            }
+            push_tools(&mut tools, &plugin.key, descriptors, |t| {
+                plugin.approval_rule(t)
+            });
         }
         // An MCP server's tools are plugin tools to deciding: a call is an
         // intent, the call, a completion, approved when it is a write.
@@ -251,31 +271,9 @@ impl AgentView {
                     plugin: server.key.clone(),
                 });
             };
-            for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
-                let tool = ToolRef {
-                    plugin: server.key.clone(),
-                    tool: d.name.clone(),
-                };
-                let needs_approval = match server.approval_rule(&d.name) {
-                    ApprovalRule::Never => false,
-                    ApprovalRule::Always => true,
-                    ApprovalRule::Writes => d.effect == EffectClass::Write,
-                };
-                tools.push(AgentTool {
-                    name: tool.model_name(),
-                    description: d.description.clone(),
-                    input_schema: d.input_schema.clone(),
-                    target: ToolTarget::Plugin {
-                        key: d.idempotency_key.as_ref().map(|field| KeyedBy {
-                            field: field.clone(),
-                            scope: format!("{}/{}", d.plugin, d.name),
-                        }),
-                        tool,
-                        effect: d.effect,
-                        needs_approval,
-                    },
-                });
-            }
+            push_tools(&mut tools, &server.key, descriptors, |t| {
+                server.approval_rule(t)
+            });
         }
         for human in &agent.human_tools {
             tools.push(AgentTool {
@@ -353,6 +351,7 @@ impl AgentView {
                     hooks: p.hooks.clone(),
                 })
                 .collect(),
+            mcp_tools: BTreeMap::new(),
         })
     }
 
@@ -445,6 +444,42 @@ mod tests {
         assert_eq!(view.tool_specs()[1].name, "fs__edit_file");
         assert_eq!(view.max_tokens, 4096);
         assert!(view.tool("read_file").is_none());
+    }
+
+    /// An MCP server's tools become plugin tools by the one path plugin
+    /// tools take: named `<key>__<tool>`, a write needing approval unless
+    /// the operator's rule says otherwise, a withheld tool not offered.
+    #[test]
+    fn an_mcp_servers_tools_are_offered_as_plugin_tools() {
+        let a = agent(
+            "[plugins.fs]\nsource = \"builtin:fs\"\n[mcp_servers.remote]\nurl = \"https://mcp.example.com/mcp\"\nhosts = [\"mcp.example.com\"]\n[mcp_servers.remote.tools.search]\napproval = \"never\"\n",
+        );
+        let fs = [descriptor("read_file", EffectClass::Read)];
+        let remote = [
+            descriptor("search", EffectClass::Write),
+            descriptor("publish", EffectClass::Write),
+            ToolDescriptor {
+                withheld: Some("changed since it was pinned".into()),
+                ..descriptor("changed", EffectClass::Read)
+            },
+        ];
+        let view = AgentView::new(&a, &[("fs", &fs), ("remote", &remote)]).unwrap();
+        let names: Vec<&str> = view.tools.iter().map(|t| t.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["fs__read_file", "remote__publish", "remote__search"]
+        );
+        let approval = |name: &str| match &view.tool(name).unwrap().target {
+            ToolTarget::Plugin { needs_approval, .. } => *needs_approval,
+            _ => panic!("{name} is a plugin tool"),
+        };
+        assert!(approval("remote__publish"), "a write, by default");
+        assert!(!approval("remote__search"), "the operator's rule");
+        assert!(view.tool("remote__changed").is_none());
+        assert!(matches!(
+            AgentView::new(&a, &[("fs", &fs)]).unwrap_err(),
+            AgentViewError::MissingPlugin { ref plugin, .. } if plugin == "remote"
+        ));
     }
 
     #[test]

@@ -606,3 +606,428 @@ accept_hints = true
     assert_eq!(write["claimed_effect"], "idempotent", "{tools:#}");
     assert_eq!(write["effect"], "write", "{tools:#}");
 }
+
+/// The test server (`tests/mcp/server.py`, the official Python SDK) serving
+/// streamable HTTP on a loopback port: a remote server, started by the
+/// test, not by Warden. Killed when dropped.
+struct HttpServer {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl HttpServer {
+    /// Serves `fx`'s data and out directories on a free port (`port`, or
+    /// any).
+    fn start(fx: &Fx, port: Option<u16>) -> HttpServer {
+        let (python, _) = python();
+        let port = port.unwrap_or_else(|| {
+            TcpListener::bind("127.0.0.1:0")
+                .unwrap()
+                .local_addr()
+                .unwrap()
+                .port()
+        });
+        let log = fx.path(&format!("http-server-{port}.log"));
+        let child = Command::new(python)
+            .arg(fx.path("srv/server.py"))
+            .arg(fx.path("data"))
+            .arg(fx.path("out"))
+            .args(["--http", &port.to_string()])
+            .stdin(Stdio::null())
+            .stdout(std::fs::File::create(&log).unwrap())
+            .stderr(std::fs::OpenOptions::new().append(true).open(&log).unwrap())
+            .spawn()
+            .unwrap();
+        let server = HttpServer { child, port, log };
+        let started = Instant::now();
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "the HTTP server did not listen: {}",
+                server.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}/mcp", self.port)
+    }
+
+    /// What it logged (uvicorn logs each request).
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// The header value the remote tests send, from a variable: never in the
+/// agent file, the log or Warden's output.
+const HEADER_SECRET: &str = "s3cret-header-value-9f1c";
+
+/// `fx`'s agent turned into one that reaches `server` over HTTP with `hosts`
+/// granted, `extra` appended to the server's table.
+fn remote_agent(fx: &Fx, server: &HttpServer, hosts: &str, extra: &str) {
+    std::fs::write(
+        fx.path("agent.toml"),
+        format!(
+            r#"name = "mcp-remote-user"
+instructions = "Use the remote notes server."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[mcp_servers.notes]
+url = "{url}"
+hosts = {hosts}
+header_env = {{ "X-Warden-Test" = "WARDEN_TEST_HEADER" }}
+timeout = "20s"
+{extra}
+[mcp_servers.notes.tools.read_note]
+accept_hints = true
+[mcp_servers.notes.tools.header]
+effect = "read"
+"#,
+            url = server.url(),
+        ),
+    )
+    .unwrap();
+}
+
+fn sha256_hex(text: &str) -> String {
+    use sha2::Digest as _;
+    hex::encode(sha2::Sha256::digest(text.as_bytes()))
+}
+
+#[test]
+fn a_remote_server_reads_at_once_writes_after_approval_and_gets_its_header() {
+    let fx = Fx::new(
+        &calls(&[
+            ("notes__read_note", "{ name = \"note.txt\" }"),
+            ("notes__header", "{ name = \"X-Warden-Test\" }"),
+            (
+                "notes__write_note",
+                "{ name = \"a.txt\", text = \"written remotely\" }",
+            ),
+        ]),
+        "",
+    );
+    let server = HttpServer::start(&fx, None);
+    remote_agent(
+        &fx,
+        &server,
+        &format!("[\"127.0.0.1:{}\"]", server.port),
+        "",
+    );
+    let agent = std::fs::read_to_string(fx.path("agent.toml")).unwrap();
+    assert!(!agent.contains(HEADER_SECRET));
+
+    let out = fx
+        .warden()
+        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .args(["run", "agent.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    let run = only_run(&fx);
+    assert_eq!(run["status"], "awaiting_approval", "{run:#}");
+    let o = outputs(&run);
+    assert!(o[0].contains("hello from the note"), "{o:?}");
+    // The server saw the header's value; only its digest comes back.
+    assert!(
+        o[1].contains(&format!(
+            "X-Warden-Test=sha256:{}",
+            sha256_hex(HEADER_SECRET)
+        )),
+        "{o:?}"
+    );
+    assert!(
+        !fx.path("out/a.txt").exists(),
+        "a write ran before approval"
+    );
+
+    // The run's log says which pinned list the model was offered.
+    let pins: Value =
+        serde_json::from_str(&std::fs::read_to_string(fx.path("agent.mcp-pins.json")).unwrap())
+            .unwrap();
+    let started = &events(&run, "run_started")[0];
+    assert_eq!(
+        started["mcp_tools"]["notes"]["pins"], pins["servers"]["notes"]["digest"],
+        "{started:#}"
+    );
+    let offered = started["mcp_tools"]["notes"]["offered"].as_array().unwrap();
+    assert!(offered.iter().any(|t| t == "write_note"), "{started:#}");
+
+    let run_id = run["run_id"].as_str().unwrap();
+    let call_id = events(&run, "approval_requested")[0]["call_id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let out = fx
+        .warden()
+        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .args(["runs", "approve", run_id, &call_id])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    assert!(!text(&out).contains(HEADER_SECRET));
+    let run = only_run(&fx);
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(
+        std::fs::read_to_string(fx.path("out/a.txt")).unwrap(),
+        "written remotely"
+    );
+    assert_eq!(events(&run, "tool_call_intent").len(), 3, "{run:#}");
+    // The secret is in no file Warden wrote (the store, the pins) and in
+    // nothing it printed.
+    for file in ["warden.db", "agent.mcp-pins.json"] {
+        let bytes = std::fs::read(fx.path(file)).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&bytes).contains(HEADER_SECRET),
+            "{file} holds the header's value"
+        );
+    }
+    assert!(!run.to_string().contains(HEADER_SECRET));
+
+    // Without the variable the server is not reached, and it says which.
+    std::fs::remove_file(fx.path("warden.db")).unwrap();
+    let out = fx.run(&["--json", "run", "agent.toml"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("env_missing"), "{}", text(&out));
+    assert!(text(&out).contains("WARDEN_TEST_HEADER"), "{}", text(&out));
+}
+
+#[test]
+fn a_remote_host_not_granted_is_refused_before_anything_is_recorded() {
+    let fx = Fx::new(
+        &calls(&[("notes__read_note", "{ name = \"note.txt\" }")]),
+        "",
+    );
+    let server = HttpServer::start(&fx, None);
+    for hosts in ["[]", "[\"mcp.example.com\"]", "[\"127.0.0.1:1\"]"] {
+        remote_agent(&fx, &server, hosts, "");
+        let out = fx
+            .warden()
+            .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+            .args(["--json", "run", "agent.toml"])
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{hosts}: {}", text(&out));
+        let error: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| {
+            panic!("{hosts}: not JSON: {}", text(&out));
+        });
+        assert_eq!(error["error"]["code"], "mcp_host_not_granted", "{error:#}");
+        assert_eq!(
+            error["error"]["details"]["host"],
+            format!("127.0.0.1:{}", server.port),
+            "{error:#}"
+        );
+        assert!(
+            !fx.path("agent.mcp-pins.json").exists(),
+            "a refused server was reached"
+        );
+        let runs = fx.json(&["runs", "list"]);
+        assert!(runs.as_array().is_none_or(|r| r.is_empty()), "{runs:#}");
+    }
+    assert!(
+        !server.log().contains("POST /mcp"),
+        "a request reached the server: {}",
+        server.log()
+    );
+    // `*` and a name pattern allow no loopback address: only the address
+    // itself does.
+    remote_agent(&fx, &server, "[\"*\"]", "");
+    let out = fx
+        .warden()
+        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .args(["run", "agent.toml"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out));
+    assert!(text(&out).contains("not public"), "{}", text(&out));
+    assert!(!server.log().contains("POST /mcp"), "{}", server.log());
+}
+
+#[test]
+fn a_changed_remote_tool_list_is_refused_until_accepted() {
+    let fx = Fx::new(
+        &calls(&[("notes__read_note", "{ name = \"note.txt\" }")]),
+        "",
+    );
+    let server = HttpServer::start(&fx, None);
+    let hosts = format!("[\"127.0.0.1:{}\"]", server.port);
+    remote_agent(&fx, &server, &hosts, "");
+    let run = |fx: &Fx| {
+        fx.warden()
+            .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+            .args(["run", "agent.toml"])
+            .output()
+            .unwrap()
+    };
+    let out = run(&fx);
+    assert!(out.status.success(), "{}", text(&out));
+    let first = only_run(&fx);
+    let pinned = events(&first, "run_started")[0]["mcp_tools"]["notes"]["pins"].clone();
+
+    // The rug pull: the server restarted with another description.
+    let port = server.port;
+    drop(server);
+    std::fs::write(fx.path("data/variant"), "2").unwrap();
+    let server = HttpServer::start(&fx, Some(port));
+    std::fs::remove_file(fx.path("warden.db")).unwrap();
+    let out = run(&fx);
+    assert!(text(&out).contains("is not offered"), "{}", text(&out));
+    let run_log = only_run(&fx);
+    assert!(
+        events(&run_log, "tool_call_intent").is_empty(),
+        "{run_log:#}"
+    );
+    let offered = &events(&run_log, "run_started")[0]["mcp_tools"]["notes"];
+    assert_eq!(offered["pins"], pinned, "still the pinned list");
+    assert!(
+        !offered["offered"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t == "read_note"),
+        "{offered:#}"
+    );
+
+    let out = fx
+        .warden()
+        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .args(["mcp", "accept", "notes", "--agent", "agent.toml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out));
+    std::fs::remove_file(fx.path("warden.db")).unwrap();
+    let out = run(&fx);
+    assert!(out.status.success(), "{}", text(&out));
+    let run_log = only_run(&fx);
+    assert!(
+        outputs(&run_log)[0].contains("hello from the note"),
+        "{run_log:#}"
+    );
+    assert_ne!(
+        events(&run_log, "run_started")[0]["mcp_tools"]["notes"]["pins"],
+        pinned,
+        "the accepted list is recorded"
+    );
+    drop(server);
+}
+
+#[test]
+fn a_hung_remote_server_fails_at_the_deadline_and_the_run_goes_on() {
+    let turns = calls(&[
+        ("notes__hang", "{}"),
+        ("notes__read_note", "{ name = \"note.txt\" }"),
+    ]);
+    let fx = Fx::new(&turns, "");
+    let server = HttpServer::start(&fx, None);
+    remote_agent(
+        &fx,
+        &server,
+        &format!("[\"127.0.0.1:{}\"]", server.port),
+        "",
+    );
+    let agent = std::fs::read_to_string(fx.path("agent.toml"))
+        .unwrap()
+        .replace("timeout = \"20s\"", "timeout = \"2s\"");
+    std::fs::write(
+        fx.path("agent.toml"),
+        format!("{agent}[mcp_servers.notes.tools.hang]\neffect = \"read\"\n"),
+    )
+    .unwrap();
+    let started = Instant::now();
+    let out = fx
+        .warden()
+        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .args(["run", "agent.toml"])
+        .output()
+        .unwrap();
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(&fx);
+    // A read is tried again by its retry rules: each attempt hit the
+    // deadline, then the run went on.
+    let failed = events(&run, "tool_call_attempt_failed");
+    assert!(!failed.is_empty(), "{run:#}");
+    let o = outputs(&run);
+    assert!(o[0].contains("deadline"), "{o:?}");
+    assert!(o[1].contains("hello from the note"), "a new session: {o:?}");
+    let hangs = std::fs::read_dir(fx.path("out"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("hang-")
+        })
+        .count();
+    assert_eq!(hangs, failed.len() + 1, "one call per attempt");
+    assert!(took < Duration::from_secs(60), "{took:?}");
+    drop(server);
+}
+
+/// A result over `max_output` fails the call with the output limit, cut as
+/// it arrives (the bytes read when it was cut are recorded, far fewer than
+/// were sent), over stdio and over HTTP; the next call gets a fresh session.
+#[test]
+fn a_result_over_max_output_fails_with_the_output_limit() {
+    const SENT: u64 = 20 << 20;
+    let turns = calls(&[
+        ("notes__big", &format!("{{ size = {SENT} }}")),
+        ("notes__big", "{ size = 100 }"),
+    ]);
+    let check = |fx: &Fx, out: Output| {
+        assert!(out.status.success(), "{}", text(&out));
+        let run = only_run(fx);
+        let o = outputs(&run);
+        assert_eq!(o.len(), 2, "{run:#}");
+        assert!(o[0].contains("over its output limit of 1024"), "{}", o[0]);
+        let receipts: Vec<&Value> = events(&run, "tool_call_completed")
+            .into_iter()
+            .map(|e| &e["receipt"])
+            .collect();
+        assert_eq!(receipts[0]["outcome"], "output_limit", "{run:#}");
+        let read = receipts[0]["output_bytes"].as_u64().unwrap();
+        assert!(
+            read > 1024 && read < 1 << 20,
+            "cut at {read} bytes of {SENT}: {run:#}"
+        );
+        assert!(o[1].contains(&"x".repeat(100)), "{o:?}");
+    };
+    let limit = "max_output = \"1KiB\"\n[mcp_servers.notes.tools.big]\neffect = \"read\"";
+
+    let fx = Fx::new(&turns, limit);
+    let out = fx.run(&["run", "agent.toml"]);
+    check(&fx, out);
+
+    let fx = Fx::new(&turns, "");
+    let server = HttpServer::start(&fx, None);
+    remote_agent(
+        &fx,
+        &server,
+        &format!("[\"127.0.0.1:{}\"]", server.port),
+        limit,
+    );
+    let out = fx
+        .warden()
+        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .args(["run", "agent.toml"])
+        .output()
+        .unwrap();
+    check(&fx, out);
+    drop(server);
+}

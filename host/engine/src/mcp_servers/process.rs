@@ -5,25 +5,21 @@
 //! read-only, the granted directories read-only or read-write, nothing
 //! else of the filesystem, and an environment holding only the granted
 //! variables. The sandbox dies with Warden (`--die-with-parent`), and a
-//! [`Session`] kills it at a call's deadline.
+//! [`Session`](super::session::Session) kills it at a call's deadline.
 //!
 //! Where bubblewrap is missing or does not work (no user namespaces), a
 //! server is refused unless the operator set `unsandboxed = true` for it.
+//! The MCP session over the process's stdio is `session.rs`'s.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
-use std::time::Duration;
 
-use rmcp::model::CallToolRequestParams;
-use rmcp::service::RunningService;
-use rmcp::{RoleClient, ServiceExt as _};
-use serde_json::Value;
 use tokio::io::AsyncReadExt as _;
 
-use super::{McpServer, McpServerError};
+use super::{LocalServer, McpServerError};
 
 /// The system directories every sandboxed server sees read-only: what a
 /// program and its interpreter need to load.
@@ -87,19 +83,19 @@ fn bwrap() -> Result<PathBuf, String> {
 }
 
 /// The program a server runs: its path, or a bare name found on `PATH`.
-fn program(server: &McpServer) -> Result<PathBuf, McpServerError> {
+fn program(key: &str, server: &LocalServer) -> Result<PathBuf, McpServerError> {
     if server.command.contains('/') {
         return Ok(PathBuf::from(&server.command));
     }
     on_path(&server.command).ok_or_else(|| McpServerError::Failed {
-        server: server.key.clone(),
+        server: key.to_owned(),
         message: format!("command `{}` is not on PATH", server.command),
     })
 }
 
 /// The granted variables with their values in Warden's environment; an
 /// unset one is left out.
-fn granted_env(server: &McpServer) -> BTreeMap<String, OsString> {
+fn granted_env(server: &LocalServer) -> BTreeMap<String, OsString> {
     server
         .env
         .iter()
@@ -108,7 +104,7 @@ fn granted_env(server: &McpServer) -> BTreeMap<String, OsString> {
 }
 
 /// The bubblewrap arguments that sandbox `server` running `program`.
-pub fn sandbox_args(server: &McpServer, program: &Path) -> Vec<OsString> {
+pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
     let mut args: Vec<OsString> = [
         "--die-with-parent",
         "--new-session",
@@ -171,13 +167,12 @@ pub fn sandbox_args(server: &McpServer, program: &Path) -> Vec<OsString> {
 
 /// The command that starts `server`: inside bubblewrap, or (the operator
 /// opted out) as it is.
-fn command(server: &McpServer) -> Result<tokio::process::Command, McpServerError> {
-    let program = program(server)?;
+fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, McpServerError> {
+    let program = program(key, server)?;
     let mut command = if server.unsandboxed {
         tracing::warn!(
-            server = %server.key,
-            "MCP server `{}` runs WITHOUT an OS sandbox (`unsandboxed = true` in its grant): it has Warden's own rights over every file, the network and other processes",
-            server.key
+            server = %key,
+            "MCP server `{key}` runs WITHOUT an OS sandbox (`unsandboxed = true` in its grant): it has Warden's own rights over every file, the network and other processes"
         );
         let mut c = tokio::process::Command::new(&program);
         c.args(&server.args);
@@ -187,7 +182,7 @@ fn command(server: &McpServer) -> Result<tokio::process::Command, McpServerError
         c
     } else {
         let bwrap = bwrap().map_err(|reason| McpServerError::SandboxUnavailable {
-            server: server.key.clone(),
+            server: key.to_owned(),
             reason,
         })?;
         // The program must be inside what the sandbox shows, or it would
@@ -200,7 +195,7 @@ fn command(server: &McpServer) -> Result<tokio::process::Command, McpServerError
             .any(|d| program.starts_with(&d));
         if !visible {
             return Err(McpServerError::Failed {
-                server: server.key.clone(),
+                server: key.to_owned(),
                 message: format!(
                     "command `{}` is outside what its sandbox sees (the system's directories and its `read` and `write` directories): grant its directory in `read`",
                     program.display()
@@ -221,107 +216,46 @@ fn command(server: &McpServer) -> Result<tokio::process::Command, McpServerError
     Ok(command)
 }
 
-/// One running server and the MCP session with it.
-pub struct Session {
-    key: String,
-    start_timeout: Duration,
-    child: tokio::process::Child,
-    client: RunningService<RoleClient, ()>,
-}
-
-impl Session {
-    /// Starts `server` in its sandbox and makes the MCP handshake, within
-    /// its deadline.
-    pub async fn start(server: &McpServer) -> Result<Session, McpServerError> {
-        let failed = |message: String| McpServerError::Failed {
-            server: server.key.clone(),
-            message,
-        };
-        let mut child = command(server)?
-            .spawn()
-            .map_err(|e| failed(format!("cannot start `{}`: {e}", server.command)))?;
-        let stdout = child.stdout.take().expect("piped");
-        let stdin = child.stdin.take().expect("piped");
-        if let Some(mut stderr) = child.stderr.take() {
-            let key = server.key.clone();
-            tokio::spawn(async move {
-                let mut kept = Vec::new();
-                let mut buf = [0u8; 4096];
-                let mut dropped = 0usize;
-                while let Ok(n) = stderr.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    let room = STDERR_KEPT.saturating_sub(kept.len());
-                    kept.extend_from_slice(&buf[..n.min(room)]);
-                    dropped += n.saturating_sub(room);
+/// Starts `server` (its key `key`) in its sandbox: the process, its stdout
+/// and stdin (the protocol's), and its stderr drained into the log, the
+/// first [`STDERR_KEPT`] bytes kept.
+pub fn spawn(
+    key: &str,
+    server: &LocalServer,
+) -> Result<
+    (
+        tokio::process::Child,
+        tokio::process::ChildStdout,
+        tokio::process::ChildStdin,
+    ),
+    McpServerError,
+> {
+    let mut child = command(key, server)?
+        .spawn()
+        .map_err(|e| McpServerError::Failed {
+            server: key.to_owned(),
+            message: format!("cannot start `{}`: {e}", server.command),
+        })?;
+    let stdout = child.stdout.take().expect("piped");
+    let stdin = child.stdin.take().expect("piped");
+    if let Some(mut stderr) = child.stderr.take() {
+        let key = key.to_owned();
+        tokio::spawn(async move {
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 4096];
+            let mut dropped = 0usize;
+            while let Ok(n) = stderr.read(&mut buf).await {
+                if n == 0 {
+                    break;
                 }
-                if !kept.is_empty() {
-                    tracing::debug!(server = %key, dropped, "MCP server stderr: {}", String::from_utf8_lossy(&kept).trim_end());
-                }
-            });
-        }
-        let start_timeout = server.timeout.max(super::MIN_START_TIMEOUT);
-        let handshake = tokio::time::timeout(start_timeout, ().serve((stdout, stdin))).await;
-        let client = match handshake {
-            Ok(Ok(client)) => client,
-            Ok(Err(e)) => {
-                let _ = child.start_kill();
-                return Err(failed(format!("the MCP handshake failed: {e}")));
+                let room = STDERR_KEPT.saturating_sub(kept.len());
+                kept.extend_from_slice(&buf[..n.min(room)]);
+                dropped += n.saturating_sub(room);
             }
-            Err(_) => {
-                let _ = child.start_kill();
-                return Err(failed(format!(
-                    "no MCP handshake within {start_timeout:?}: killed"
-                )));
+            if !kept.is_empty() {
+                tracing::debug!(server = %key, dropped, "MCP server stderr: {}", String::from_utf8_lossy(&kept).trim_end());
             }
-        };
-        Ok(Session {
-            key: server.key.clone(),
-            start_timeout,
-            child,
-            client,
-        })
+        });
     }
-
-    /// Its tools, each as the server lists it (JSON), by name.
-    pub async fn list_tools(&self) -> Result<BTreeMap<String, Value>, McpServerError> {
-        let failed = |message: String| McpServerError::Failed {
-            server: self.key.clone(),
-            message,
-        };
-        let tools = tokio::time::timeout(self.start_timeout, self.client.list_all_tools())
-            .await
-            .map_err(|_| failed(format!("no tool list within {:?}", self.start_timeout)))?
-            .map_err(|e| failed(format!("cannot list its tools: {e}")))?;
-        Ok(tools
-            .into_iter()
-            .map(|t| {
-                let name = t.name.to_string();
-                (name, serde_json::to_value(&t).expect("a tool serializes"))
-            })
-            .collect())
-    }
-
-    /// Calls `tool`; the result as JSON.
-    pub async fn call_tool(
-        &self,
-        tool: &str,
-        arguments: serde_json::Map<String, Value>,
-    ) -> Result<Value, String> {
-        let params = CallToolRequestParams::new(tool.to_owned()).with_arguments(arguments);
-        let result = self
-            .client
-            .call_tool(params)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok(serde_json::to_value(&result).expect("a tool result serializes"))
-    }
-
-    /// Kills the server (and its sandbox) and waits for it, briefly.
-    pub async fn kill(mut self) {
-        let _ = self.child.start_kill();
-        let _ = tokio::time::timeout(Duration::from_secs(5), self.child.wait()).await;
-        drop(self.client);
-    }
+    Ok((child, stdout, stdin))
 }

@@ -76,7 +76,7 @@ impl Runtime {
     ) -> Result<Step, RuntimeError> {
         let agent = child_agent(log, prepared, &start.call_id)?;
         // The child's plugins are loaded before anything is written.
-        self.prepare(&agent).await?;
+        let child = self.prepare(&agent).await?;
         let link = ParentLink {
             run_id: log.run_id.clone(),
             call_id: start.call_id.clone(),
@@ -103,6 +103,7 @@ impl Runtime {
                 ..agent.recorded_limits()
             }),
             parent: Some(link.clone()),
+            mcp_tools: child.view.mcp_tools.clone(),
         });
         let meta = RunMeta {
             agent: agent.name.clone(),
