@@ -964,6 +964,7 @@ impl RunState {
                 ToolCallProgress::Child {
                     child_run,
                     parked: Some(status),
+                    ..
                 } => {
                     return Some(Parked::Child {
                         call_id: &call.call_id,

@@ -51,19 +51,19 @@ fn a_call_starts_beside_those_in_flight_up_to_the_bound() {
             "nothing in flight: the first call, as alone",
             with(vec![]),
             parallel(2),
-            "call_tool call-1-1 fs__read_file read recorded=false",
+            "call_tool call-1-1 fs.read_file read recorded=false",
         ),
         (
             "one in flight: the next starts beside it",
             with(vec![intent(1, "fs__read_file")]),
             parallel(2),
-            "call_tool call-1-2 fs__stat idempotent recorded=false",
+            "call_tool call-1-2 fs.stat idempotent recorded=false",
         ),
         (
             "the bound reached: the first in flight is seen to",
             with(vec![intent(1, "fs__read_file"), intent(2, "fs__stat")]),
             parallel(2),
-            "call_tool call-1-1 fs__read_file read recorded=true",
+            "call_tool call-1-1 fs.read_file read recorded=true",
         ),
         (
             "the first's outcome recorded: the third starts",
@@ -73,13 +73,13 @@ fn a_call_starts_beside_those_in_flight_up_to_the_bound() {
                 tool_done(1, 1, json!("a")),
             ]),
             parallel(2),
-            "call_tool call-1-3 fs__read_file read recorded=false",
+            "call_tool call-1-3 fs.read_file read recorded=false",
         ),
         (
             "one at a time by default",
             with(vec![intent(1, "fs__read_file")]),
             view(),
-            "call_tool call-1-1 fs__read_file read recorded=true",
+            "call_tool call-1-1 fs.read_file read recorded=true",
         ),
         (
             "a budget the next call would need used up: it waits for the batch",
@@ -91,7 +91,7 @@ fn a_call_starts_beside_those_in_flight_up_to_the_bound() {
                 },
                 ..parallel(3)
             },
-            "call_tool call-1-1 fs__read_file read recorded=true",
+            "call_tool call-1-1 fs.read_file read recorded=true",
         ),
     ]);
     // A write that needs approval never joins: the batch ends first, then
@@ -105,14 +105,14 @@ fn a_call_starts_beside_those_in_flight_up_to_the_bound() {
         "a write needing approval",
         mixed.clone(),
         parallel(3),
-        "call_tool call-1-1 fs__read_file read recorded=true",
+        "call_tool call-1-1 fs.read_file read recorded=true",
     )]);
     let settled = [mixed, vec![tool_done(1, 1, json!("a"))]].concat();
     assert_decisions(vec![(
         "… asked once the batch has ended",
         settled,
         parallel(3),
-        "request_approval call-1-2 fs__write_file",
+        "request_approval call-1-2 fs.write_file",
     )]);
 }
 
@@ -127,7 +127,7 @@ fn outcomes_are_folded_in_the_models_order_only() {
     assert_impossible(
         "the second's outcome before the first's",
         log([in_flight.clone(), vec![tool_done(1, 2, json!("b"))]].concat()),
-        6,
+        5,
         "call-1-2",
     );
     assert_impossible(
@@ -143,7 +143,7 @@ fn outcomes_are_folded_in_the_models_order_only() {
             vec![tool_done(1, 1, json!("a")), model(2, 1)],
         ]
         .concat()),
-        7,
+        6,
         "call-1-2",
     );
     let state = fold(&log([
@@ -259,6 +259,6 @@ fn a_childs_grant_is_reserved_from_what_a_call_beside_it_may_use() {
         "room for one more",
         events,
         roomy,
-        "call_tool call-1-2 fs__read_file read recorded=false",
+        "call_tool call-1-2 fs.read_file read recorded=false",
     )]);
 }
