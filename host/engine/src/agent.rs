@@ -14,6 +14,11 @@
 //! max_invalid_tool_calls = 3             # invalid tool calls in a row (unknown tool,
 //!                                        # arguments failing the schema) that end the
 //!                                        # run; default 3
+//! max_parallel_calls = 4                 # calls of one turn in flight at once (reads,
+//!                                        # idempotent calls, child runs), 1 to 64;
+//!                                        # default 1: one at a time (see batch.rs)
+//! parallel_writes = false                # writes needing no approval may run beside
+//!                                        # others; default false: each runs alone
 //! on_refusal = "fail"                    # when the model refuses (or a content filter
 //!                                        # stops it): fail the run (default) or
 //!                                        # "complete" with the refusal's text
@@ -132,6 +137,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::batch::{MAX_PARALLEL_CALLS, Parallelism};
 use super::budget::{
     BudgetLimits, DEFAULT_MAX_INPUT_BYTES, Pricing, RecordedLimits, currency_to_nanos,
     price_to_micros,
@@ -260,6 +266,10 @@ struct AgentFile {
     context: BTreeMap<String, ContextEntry>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     max_invalid_tool_calls: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    max_parallel_calls: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parallel_writes: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     on_refusal: Option<OnRefusal>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -403,6 +413,9 @@ pub struct Agent {
     /// Invalid tool calls in a row (unknown tools, arguments failing the
     /// schema) that end the run. Default: [`DEFAULT_MAX_INVALID_TOOL_CALLS`].
     pub max_invalid_tool_calls: u32,
+    /// How many calls of one turn may be in flight at once
+    /// (`max_parallel_calls`, `parallel_writes`).
+    pub parallel: Parallelism,
     /// What a refusal does. Default: fail the run.
     pub on_refusal: OnRefusal,
     /// When older history is summarised; `None` never.
@@ -1064,6 +1077,18 @@ fn validate(
         ));
     }
 
+    let max_parallel_calls = file.max_parallel_calls.unwrap_or(1);
+    if !(1..=MAX_PARALLEL_CALLS).contains(&max_parallel_calls) {
+        return Err(invalid(
+            "max_parallel_calls",
+            format!("must be between 1 and {MAX_PARALLEL_CALLS}, got {max_parallel_calls}"),
+        ));
+    }
+    let parallel = Parallelism {
+        max_calls: max_parallel_calls,
+        writes: file.parallel_writes.unwrap_or(false),
+    };
+
     let compaction = match &file.compaction {
         None => None,
         Some(c) => {
@@ -1172,6 +1197,7 @@ fn validate(
         output_schema,
         context,
         max_invalid_tool_calls,
+        parallel,
         on_refusal: file.on_refusal.unwrap_or_default(),
         compaction,
         digest,

@@ -7,6 +7,7 @@
 //! | parked: approval, input, budget, a wait, a dangling write | [`Action::Idle`] (why) |
 //! | a model intent without completion (crash)   | [`Action::CallModel`], intent already recorded |
 //! | a compaction intent without completion (crash) | [`Action::Compact`], intent already recorded |
+//! | calls of the turn in flight (a parallel batch), fewer than `max_parallel_calls`, the next would start as a read, idempotent (or allowed write) call or a child | that start ([`Action::CallTool`], [`Action::StartChild`], or [`Action::ObserveClock`] first); see `batch.rs` |
 //! | a read/idempotent intent without completion | [`Action::CallTool`], intent already recorded (same key) |
 //! | the model's last N tool calls were rejected as invalid (N = the agent's `max_invalid_tool_calls`) | [`Action::Fail`] |
 //! | no model call yet, a `run_start` policy has not decided | [`Action::ConsultPolicy`] |
@@ -52,6 +53,7 @@
 
 use serde_json::Value;
 
+use super::batch::launch;
 use super::budget::{
     BudgetKind, BudgetOverrun, Pricing, first_crossed, first_exhausted, input_overrun,
 };
@@ -653,6 +655,11 @@ fn decide_unchecked(state: &RunState, view: &AgentView, detail: RequestDetail) -
     if let Some((step, upto, _)) = &state.compaction.in_flight {
         return Action::Compact(compaction_call(state, view, *step, *upto, true));
     }
+    // A parallel batch: the next call starts beside those in flight when
+    // it may (`batch.rs`); otherwise the first in flight is seen to.
+    if let Some(action) = launch(state, view, |call| decide_call(state, view, call)) {
+        return action;
+    }
     if let Some(intent) = state.in_flight_tool() {
         // Not a write: a dangling write parks the run above. The same
         // intent, so the same idempotency key, on every attempt.
@@ -1036,7 +1043,10 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
         (ToolTarget::Agent { budgets, agent }, ToolCallProgress::Pending) => {
             gated_tool(state, view, || {
                 let limits = state.effective_limits(&view.budgets);
-                match child_limits(budgets, &agent.budgets, &limits, &state.usage) {
+                // Beside children in flight, what they were granted is
+                // not the parent's to give again.
+                let committed = state.committed_usage();
+                match child_limits(budgets, &agent.budgets, &limits, &committed) {
                     Ok((budgets, capped)) => Action::StartChild(ChildStarted {
                         call_id: call.call_id.clone(),
                         child_run: child_run_id(&state.run_id, &call.call_id),
@@ -1050,7 +1060,7 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
                     // before spending it itself.
                     Err(kind) => Action::Park(Park::BudgetExceeded(BudgetOverrun {
                         budget: kind,
-                        used: state.usage.get(kind),
+                        used: committed.get(kind),
                         limit: limits.get(kind).unwrap_or_default(),
                         needed: None,
                     })),
@@ -1101,7 +1111,7 @@ fn policy_gates(state: &RunState, view: &AgentView) -> Option<Action> {
 /// [`gated`] for a tool call: a model budget crossed parks the run too.
 fn gated_tool(state: &RunState, view: &AgentView, then: impl FnOnce() -> Action) -> Action {
     let limits = state.effective_limits(&view.budgets);
-    if let Some(overrun) = first_crossed(&CROSSED_BEFORE_TOOLS, &state.usage, &limits) {
+    if let Some(overrun) = first_crossed(&CROSSED_BEFORE_TOOLS, &state.committed_usage(), &limits) {
         return Action::Park(Park::BudgetExceeded(overrun));
     }
     gated(state, view, &TOOL_BUDGETS, then)
@@ -1121,7 +1131,9 @@ fn gated(
         .copied()
         .filter(|k| *k != BudgetKind::WallTime)
         .collect();
-    if let Some(overrun) = first_exhausted(&counted, &state.usage, &limits) {
+    // What children in flight were granted counts as spent: a call started
+    // beside them must fit in what is left (equal to `usage` otherwise).
+    if let Some(overrun) = first_exhausted(&counted, &state.committed_usage(), &limits) {
         return Action::Park(Park::BudgetExceeded(overrun));
     }
     if kinds.contains(&BudgetKind::WallTime) && limits.wall_time_ms.is_some() {

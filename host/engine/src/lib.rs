@@ -50,6 +50,7 @@
 
 pub mod agent;
 pub mod approvals;
+pub mod batch;
 pub mod budget;
 pub mod canonical;
 pub mod channels;

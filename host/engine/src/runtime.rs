@@ -39,6 +39,7 @@
 //! ([`Runtime::with_sleep`]).
 
 use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -83,13 +84,14 @@ use warden_plugins::{LoadedPlugin, PluginError, PluginHost};
 use warden_providers::{
     ModelProvider, ModelRequest, ModelResponse, ProviderError, ProviderEvent, ResponseAssembler,
 };
-use warden_sandbox::{LeaseFailure, RunBound, ValidUntil, wit};
+use warden_sandbox::{LeaseFailure, Leased, RunBound, ValidUntil, wit};
 use warden_store::{
     ChainBreak, Claim, CommitmentFilter, Durability, EventStore, Finding, Holder, KeyClaim,
     Listing, ListingStatus, RunMeta, SETTLED_STATUSES, Settle, Settlement, SettlingAppend,
     StoreError, VerifyReport,
 };
 
+mod batch;
 mod children;
 mod fork;
 mod rules;
@@ -1760,6 +1762,10 @@ impl Runtime {
                 Ok(Step::Progressed)
             }
             Action::Idle(idle) => Ok(Step::Idle(idle)),
+            // Calls of the turn side by side (`runtime/batch.rs`).
+            action if batch::runs_as_batch(log, prepared, &action) => {
+                self.run_batch(log, prepared, driver).await
+            }
             Action::CallModel(call) => self.call_model(log, prepared, driver, call).await,
             Action::CallTool(invocation) => {
                 // The rule that approved the call must still stand when it
@@ -1917,42 +1923,109 @@ impl Runtime {
                 self.append(log, vec![invocation.intent()]).await?;
             }
         }
-        let tool = &invocation.intent.tool;
-        let call = invocation.wit_call(&log.run_id);
         // The intent may have taken a while to record: no effect starts
         // past the claim.
         still_valid(log)?;
+        let leased = self
+            .tool_lease(log, prepared, driver, &invocation, None)
+            .await?;
+        match self
+            .record_tool_outcome(log, prepared, driver, &invocation, leased)
+            .await?
+        {
+            ToolOutcome::Recorded => Ok(Step::Progressed),
+            ToolOutcome::Stopped(step) => Ok(step),
+            ToolOutcome::Retry(delay) => {
+                tokio::select! {
+                    () = driver.cancel.cancelled() => self.record_cancel(log, driver, None).await,
+                    () = tokio::time::sleep(delay) => Ok(Step::Progressed),
+                }
+            }
+        }
+    }
+
+    /// One attempt at the tool call `invocation` (its intent recorded):
+    /// a lease of its plugin within what is left of the run's budgets (its
+    /// fuel at most `fuel`, when given: its share in a parallel batch), or a
+    /// call to its MCP server. Everything it needs is taken now, so the
+    /// returned future can run as a task of its own.
+    fn tool_lease(
+        &self,
+        log: &Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        invocation: &ToolInvocation,
+        fuel: Option<u64>,
+    ) -> impl Future<Output = Result<Leased<ToolReturn>, RuntimeError>> + Send + use<> {
+        let tool = &invocation.intent.tool;
+        let call = invocation.wit_call(&log.run_id);
         let span = tracing::info_span!("tool_call", run_id = %log.run_id, call_id = %invocation.intent.call_id, plugin = %tool.plugin, tool = %tool.tool, attempt = invocation.attempt);
-        let leased = if let Some(server) = prepared.mcp.get(&tool.plugin) {
+        let cancel = driver.cancel.clone();
+        let agent = prepared.view.name.clone();
+        let mut bound = lease_bound(log, prepared);
+        if let Some(share) = fuel {
+            bound.fuel = Some(bound.fuel.map_or(share, |left| left.min(share)));
+        }
+        let target = match prepared.mcp.get(&tool.plugin) {
             // An MCP server's tool: the same effect, made by its sandboxed
             // process instead of a WASM lease, within the run's budgets.
-            let bound = lease_bound(log, prepared).wall_time;
-            tracing::Instrument::instrument(
-                server.invoke(&call, bound, Some(&driver.cancel)),
-                span.clone(),
-            )
-            .await
-        } else {
-            let plugin = prepared
-                .plugins
-                .get(&tool.plugin)
-                .expect("the agent view only names loaded plugins and MCP servers");
-            let plugin = for_run(plugin, log, prepared);
-            {
-                let _enter = span.enter();
-                plugin.invoke(&call, Some(&driver.cancel))
+            Some(server) => Err((server.clone(), bound.wall_time)),
+            None => {
+                let plugin = prepared
+                    .plugins
+                    .get(&tool.plugin)
+                    .expect("the agent view only names loaded plugins and MCP servers");
+                Ok(fenced(&plugin.bounded(&bound), log))
             }
-            .await
-            .map_err(|e| plugin_error(&prepared.view, e))?
         };
+        async move {
+            match target {
+                Err((server, wall_time)) => Ok(tracing::Instrument::instrument(
+                    server.invoke(&call, wall_time, Some(&cancel)),
+                    span,
+                )
+                .await),
+                Ok(plugin) => {
+                    let leased = {
+                        let _enter = span.enter();
+                        plugin.invoke(&call, Some(&cancel))
+                    };
+                    leased.await.map_err(|e| RuntimeError::Agent {
+                        agent,
+                        message: e.to_string(),
+                    })
+                }
+            }
+        }
+    }
+
+    /// Records what one attempt at `invocation` returned: its completion
+    /// (settling its key, when keyed), a failed attempt to retry after the
+    /// returned delay, a write's unknown outcome, or the run's cancellation.
+    async fn record_tool_outcome(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        invocation: &ToolInvocation,
+        leased: Leased<ToolReturn>,
+    ) -> Result<ToolOutcome, RuntimeError> {
         if matches!(
             &leased.result,
             Err(e) if e.failure == LeaseFailure::Cancelled
         ) {
             // The call was interrupted: record the cancellation, carrying the
             // write if it was one (its outcome is unknown).
-            return self.record_cancel(log, driver, None).await;
+            return Ok(ToolOutcome::Stopped(
+                self.record_cancel(log, driver, None).await?,
+            ));
         }
+        let holder = Holder {
+            run_id: log.run_id.clone(),
+            call_id: invocation.intent.call_id.to_string(),
+        };
+        let repeatable =
+            invocation.intent.effect == EffectClass::Read && invocation.intent.keyed_by.is_none();
         match disposition(invocation.intent.effect, invocation.attempt, &leased.result) {
             Disposition::Complete => {
                 let event = invocation.completion(&leased.result, leased.receipt);
@@ -1989,24 +2062,23 @@ impl Runtime {
                 };
                 self.write(log, vec![event], settlement.as_ref(), durability)
                     .await?;
+                Ok(ToolOutcome::Recorded)
             }
             Disposition::Retry => {
                 tracing::info!(run_id = %log.run_id, call_id = %invocation.intent.call_id, attempt = invocation.attempt, "tool call failed; trying again");
                 let event = invocation.attempt_failed(&leased.result, leased.receipt, false);
                 self.append(log, vec![event]).await?;
-                let delay = Duration::from_millis(100u64 << (invocation.attempt - 1).min(4));
-                tokio::select! {
-                    () = driver.cancel.cancelled() => return self.record_cancel(log, driver, None).await,
-                    () = tokio::time::sleep(delay) => {}
-                }
+                Ok(ToolOutcome::Retry(Duration::from_millis(
+                    100u64 << (invocation.attempt - 1).min(4),
+                )))
             }
             Disposition::OutcomeUnknown => {
                 tracing::warn!(run_id = %log.run_id, call_id = %invocation.intent.call_id, "a write's lease died mid-call: its outcome is unknown");
                 let event = invocation.attempt_failed(&leased.result, leased.receipt, true);
                 self.append(log, vec![event]).await?;
+                Ok(ToolOutcome::Recorded)
             }
         }
-        Ok(Step::Progressed)
     }
 
     /// Makes one attempt at a delivery: its intent first (unless recorded),
@@ -2944,6 +3016,19 @@ enum Claimed {
     Settled(Box<Event>),
     /// The run was cancelled while waiting.
     Cancelled,
+}
+
+/// What a tool's lease (or MCP call) returns: the guest's output or error.
+type ToolReturn = Result<wit::ToolOutput, wit::ToolError>;
+
+/// What [`Runtime::record_tool_outcome`] recorded.
+enum ToolOutcome {
+    /// The attempt's completion, or a write's unknown outcome.
+    Recorded,
+    /// A failed attempt: try again after the delay.
+    Retry(Duration),
+    /// The run stopped (cancelled) with this step.
+    Stopped(Step),
 }
 
 /// What to record after a tool call's attempt.

@@ -18,7 +18,8 @@ use serde_json::Value;
 use warden_store::{ListingStatus, StatusClass};
 
 use super::budget::{
-    BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, RecordedLimits, parse_extension,
+    BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, RecordedLimits,
+    parse_extension,
 };
 use super::channels::{Deliveries, InFlightDelivery};
 use super::compaction::{CompactionProgress, Summary};
@@ -248,6 +249,10 @@ pub struct RunState {
     /// Where the run was forked from, when it is a fork: the latest
     /// `run_forked` (a fork of a fork inherits its source's too).
     pub fork: Option<RunForked>,
+    /// How many calls of the latest turn have their results in
+    /// `messages`: results are appended in the model's order, so a call of
+    /// a parallel batch settled before an earlier one waits for it.
+    results_shown: usize,
 }
 
 /// A run parked until a failed model call's next attempt is due.
@@ -369,6 +374,10 @@ pub enum ToolCallProgress {
         /// The child's status when it was last found waiting
         /// (`child_parked`); `None` while it runs.
         parked: Option<RunStatus>,
+        /// The budgets granted to it (`child_started`): reserved from the
+        /// parent's until it ends, so a call started beside it cannot
+        /// spend them too.
+        granted: BudgetLimits,
     },
     /// Another run had already executed the same keyed call; its result is
     /// this call's. Settled.
@@ -443,6 +452,15 @@ impl ToolCallProgress {
             _ => None,
         }
     }
+}
+
+/// Whether a call with `progress` started and has not settled: its
+/// intent is recorded without completion, or its child run has not ended.
+fn is_started(progress: &ToolCallProgress) -> bool {
+    matches!(
+        progress,
+        ToolCallProgress::InFlight(_) | ToolCallProgress::Child { .. }
+    )
 }
 
 /// A JSON value as the model reads it: a string as itself, anything else
@@ -879,6 +897,7 @@ impl RunState {
             last_tool_error: None,
             hold: None,
             fork: None,
+            results_shown: 0,
         }
     }
 
@@ -945,6 +964,7 @@ impl RunState {
                 ToolCallProgress::Child {
                     child_run,
                     parked: Some(status),
+                    ..
                 } => {
                     return Some(Parked::Child {
                         call_id: &call.call_id,
@@ -1006,6 +1026,49 @@ impl RunState {
         }
     }
 
+    /// The calls of the latest turn that started and have not settled, in
+    /// the model's order: a tool call whose intent has no completion, a
+    /// call whose child run has not ended. More than one while a parallel
+    /// batch runs (see `batch.rs`).
+    pub fn started_calls(&self) -> impl Iterator<Item = &ToolCallState> {
+        self.turns
+            .last()
+            .into_iter()
+            .flat_map(|t| t.calls.iter())
+            .filter(|c| is_started(&c.progress))
+    }
+
+    /// The children in flight (started and not ended, running or found
+    /// waiting): each call and its child, in the model's order.
+    pub fn children_in_flight(&self) -> impl Iterator<Item = (&CallId, &RunId)> {
+        self.started_calls().filter_map(|c| match &c.progress {
+            ToolCallProgress::Child { child_run, .. } => Some((&c.call_id, child_run)),
+            _ => None,
+        })
+    }
+
+    /// What the run has used plus what its children in flight were
+    /// granted and are not yet charged for: what a call started now must
+    /// fit beside (a child's usage is charged when it ends, so its grant
+    /// is reserved until then). Equal to `usage` when no child is in
+    /// flight.
+    pub fn committed_usage(&self) -> BudgetUsage {
+        let mut committed = self.usage;
+        for call in self.started_calls() {
+            if let ToolCallProgress::Child { granted, .. } = &call.progress {
+                let c = &mut committed;
+                let add = |used: u64, kind| used.saturating_add(granted.get(kind).unwrap_or(0));
+                c.steps = add(c.steps, BudgetKind::Steps);
+                c.input_tokens = add(c.input_tokens, BudgetKind::InputTokens);
+                c.output_tokens = add(c.output_tokens, BudgetKind::OutputTokens);
+                c.cost_nanos = add(c.cost_nanos, BudgetKind::Cost);
+                c.tool_calls = add(c.tool_calls, BudgetKind::ToolCalls);
+                c.fuel = add(c.fuel, BudgetKind::Fuel);
+            }
+        }
+        committed
+    }
+
     /// What a human must check before the run goes on, when its log may
     /// be missing what it did (a restore), if anything.
     pub fn held(&self) -> Option<&ReconciliationRequired> {
@@ -1022,9 +1085,12 @@ impl RunState {
     /// complete is in flight (a dangling write is not: it waits for a
     /// human). A delivery intent is not recorded then.
     pub fn effect_in_flight(&self) -> bool {
+        let dangling = self.dangling_write().map(|w| &w.call_id);
         matches!(self.model_call, ModelCallProgress::InFlight { .. })
             || self.compaction.in_flight.is_some()
-            || (self.in_flight_tool().is_some() && self.dangling_write().is_none())
+            || self.started_calls().any(|c| {
+                matches!(&c.progress, ToolCallProgress::InFlight(i) if Some(&i.call_id) != dangling)
+            })
     }
 
     /// The tool call with `call_id` in the latest turn.
@@ -1190,12 +1256,64 @@ impl RunState {
         if let Some((step, ..)) = self.compaction.in_flight {
             return Err(FoldProblem::CompactionInFlight { step });
         }
-        if let Some(intent) = self.in_flight_tool() {
+        if let Some(call) = self
+            .started_calls()
+            .find(|c| matches!(c.progress, ToolCallProgress::InFlight(_)))
+        {
             return Err(FoldProblem::ToolCallInFlight {
-                call_id: intent.call_id.clone(),
+                call_id: call.call_id.clone(),
             });
         }
         Ok(())
+    }
+
+    /// The next call to start, which must be `call_id`: the first call of
+    /// the latest turn that has neither settled nor started (every call
+    /// before it settled, or started and still in flight: a parallel
+    /// batch).
+    fn expect_launchable(&self, call_id: &CallId) -> Result<&ToolCallState, FoldProblem> {
+        let next = self.turns.last().and_then(|t| {
+            t.calls
+                .iter()
+                .find(|c| !c.progress.is_settled() && !is_started(&c.progress))
+        });
+        match next {
+            Some(call) if &call.call_id == call_id => Ok(call),
+            other => Err(FoldProblem::NotNextCall {
+                expected: other.map(|c| c.call_id.clone()),
+                found: call_id.clone(),
+            }),
+        }
+    }
+
+    /// The call whose outcome is recorded next, which must be `call_id`:
+    /// outcomes are recorded in the model's order, so every call before it
+    /// has its outcome (settled, or its child found waiting), whatever
+    /// finished first.
+    fn expect_reporting(&self, call_id: &CallId) -> Result<&ToolCallState, FoldProblem> {
+        let calls = self.turns.last().map_or(&[][..], |t| &t.calls[..]);
+        let reported = |c: &ToolCallState| match &c.progress {
+            ToolCallProgress::Child { parked, .. } => parked.is_some(),
+            // A write whose outcome is unknown has its outcome recorded:
+            // that it is unknown.
+            ToolCallProgress::InFlight(i) => {
+                i.effect == EffectClass::Write && c.failed_attempts > 0
+            }
+            p => p.is_settled(),
+        };
+        let found = calls.iter().position(|c| &c.call_id == call_id);
+        let first_unreported = calls.iter().position(|c| !reported(c));
+        match found {
+            Some(i)
+                if !calls[i].progress.is_settled() && first_unreported.is_none_or(|u| i <= u) =>
+            {
+                Ok(&calls[i])
+            }
+            _ => Err(FoldProblem::NotNextCall {
+                expected: first_unreported.map(|u| calls[u].call_id.clone()),
+                found: call_id.clone(),
+            }),
+        }
     }
 
     /// The next call to settle, which must be `call_id`.
@@ -1324,7 +1442,7 @@ impl RunState {
                 Self::expect_pending_or_approved(call)
             }
             Event::ToolCallIntent(intent) => {
-                let call = self.expect_next(&intent.call_id)?;
+                let call = self.expect_launchable(&intent.call_id)?;
                 Self::expect_pending_or_approved(call)?;
                 self.parked_problem()?;
                 let mismatch = |field| FoldProblem::CallMismatch {
@@ -1350,7 +1468,7 @@ impl RunState {
                 Ok(())
             }
             Event::ToolCallAttemptFailed(f) => {
-                let call = self.expect_next(&f.call_id)?;
+                let call = self.expect_reporting(&f.call_id)?;
                 Self::expect_progress(
                     call,
                     |p| matches!(p, ToolCallProgress::InFlight(_)),
@@ -1388,7 +1506,7 @@ impl RunState {
                 self.parked_problem()
             }
             Event::ToolCallCompleted(c) => {
-                let call = self.expect_next(&c.call_id)?;
+                let call = self.expect_reporting(&c.call_id)?;
                 Self::expect_progress(
                     call,
                     |p| matches!(p, ToolCallProgress::InFlight(_)),
@@ -1600,7 +1718,7 @@ impl RunState {
                 Ok(())
             }
             Event::ChildStarted(c) => {
-                let call = self.expect_next(&c.call_id)?;
+                let call = self.expect_launchable(&c.call_id)?;
                 Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
                 if c.input != call.call.arguments {
                     return Err(FoldProblem::CallMismatch {
@@ -1616,13 +1734,14 @@ impl RunState {
             | Event::ChildFinished(ChildFinished {
                 call_id, child_run, ..
             }) => {
-                let call = self.expect_next(call_id)?;
+                let call = self.expect_reporting(call_id)?;
                 Self::expect_progress(
                     call,
                     |p| matches!(p, ToolCallProgress::Child { .. }),
                     "running a child",
                 )?;
-                if self.child_in_flight().map(|(_, c)| c) != Some(child_run) {
+                if !matches!(&call.progress, ToolCallProgress::Child { child_run: c, .. } if c == child_run)
+                {
                     return Err(FoldProblem::CallMismatch {
                         call_id: call_id.clone(),
                         field: "child_run",
@@ -1765,16 +1884,47 @@ impl RunState {
             .expect("checked: there is a next call")
     }
 
+    /// The call `call_id` of the latest turn (checked to be there).
+    fn call_mut(&mut self, call_id: &CallId) -> &mut ToolCallState {
+        self.turns
+            .last_mut()
+            .and_then(|t| t.calls.iter_mut().find(|c| &c.call_id == call_id))
+            .expect("checked: the call is in the latest turn")
+    }
+
     /// Settles the next call with `progress` and appends its result to the
     /// conversation.
     fn settle(&mut self, progress: ToolCallProgress) {
-        let call = self.next_call_mut();
-        call.progress = progress;
-        let (content, is_error) = call
-            .progress
-            .result_for_model()
-            .expect("a settled call has a result");
-        let (call_id, name) = (call.call.id.clone(), call.call.name.clone());
+        let call_id = self.next_call_mut().call_id.clone();
+        self.settle_call(&call_id, progress);
+    }
+
+    /// Settles the call `call_id` with `progress`, then appends to the
+    /// conversation the results of the settled calls not yet shown, in the
+    /// model's order up to the first call still unsettled.
+    fn settle_call(&mut self, call_id: &CallId, progress: ToolCallProgress) {
+        self.call_mut(call_id).progress = progress;
+        loop {
+            let Some(call) = self
+                .turns
+                .last()
+                .and_then(|t| t.calls.get(self.results_shown))
+                .filter(|c| c.progress.is_settled())
+            else {
+                return;
+            };
+            let message = call
+                .progress
+                .result_for_model()
+                .expect("a settled call has a result");
+            let (id, name) = (call.call.id.clone(), call.call.name.clone());
+            self.results_shown += 1;
+            self.show_result(id, name, message);
+        }
+    }
+
+    /// Appends one call's result to the conversation.
+    fn show_result(&mut self, call_id: String, name: String, (content, is_error): (String, bool)) {
         // Errors are compacted for the model; the log keeps them whole.
         let content = if is_error {
             let repeats = match &self.last_tool_error {
@@ -1831,6 +1981,7 @@ impl RunState {
                         .collect(),
                     continued: false,
                 });
+                self.results_shown = 0;
                 self.model_call = ModelCallProgress::Idle;
                 self.messages.push(Message::Assistant {
                     text: c.text.clone(),
@@ -1867,15 +2018,15 @@ impl RunState {
             Event::ToolCallIntent(i) => {
                 self.invalid_calls_in_a_row = 0;
                 self.usage.tool_calls += 1;
-                self.next_call_mut().progress = ToolCallProgress::InFlight(i.clone());
+                self.call_mut(&i.call_id).progress = ToolCallProgress::InFlight(i.clone());
             }
             Event::ToolCallCompleted(c) => {
                 self.usage.fuel = self.usage.fuel.saturating_add(c.receipt.fuel_consumed);
-                self.settle(ToolCallProgress::Completed(c.result.clone()));
+                self.settle_call(&c.call_id, ToolCallProgress::Completed(c.result.clone()));
             }
             Event::ToolCallAttemptFailed(f) => {
                 self.usage.fuel = self.usage.fuel.saturating_add(f.receipt.fuel_consumed);
-                self.next_call_mut().failed_attempts += 1;
+                self.call_mut(&f.call_id).failed_attempts += 1;
             }
             Event::ExternalCallRequested(r) => {
                 self.invalid_calls_in_a_row = 0;
@@ -2060,13 +2211,16 @@ impl RunState {
             Event::ChildStarted(c) => {
                 self.invalid_calls_in_a_row = 0;
                 self.usage.tool_calls += 1;
-                self.next_call_mut().progress = ToolCallProgress::Child {
+                self.call_mut(&c.call_id).progress = ToolCallProgress::Child {
                     child_run: c.child_run.clone(),
                     parked: None,
+                    granted: c.budgets,
                 };
             }
             Event::ChildParked(p) => {
-                if let ToolCallProgress::Child { parked, .. } = &mut self.next_call_mut().progress {
+                if let ToolCallProgress::Child { parked, .. } =
+                    &mut self.call_mut(&p.call_id).progress
+                {
                     *parked = Some(p.status);
                 }
             }
@@ -2078,7 +2232,7 @@ impl RunState {
                 u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos);
                 u.tool_calls = u.tool_calls.saturating_add(c.tool_calls);
                 u.fuel = u.fuel.saturating_add(c.fuel);
-                self.settle(ToolCallProgress::Completed(f.result.clone()));
+                self.settle_call(&f.call_id, ToolCallProgress::Completed(f.result.clone()));
             }
             Event::KeyReleased(_) | Event::KeySettled(_) => {}
             Event::DeliveryIntent(intent) => {

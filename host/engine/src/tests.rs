@@ -83,6 +83,7 @@ fn view() -> AgentView {
         pricing: None,
         context: Vec::new(),
         max_invalid_tool_calls: 3,
+        parallel: Default::default(),
         on_refusal: Default::default(),
         compaction: None,
         output_schema: None,
@@ -3134,5 +3135,6 @@ fn impossible_policy_decisions_are_refused() {
         assert!(err.to_string().contains(message), "{name}: {err}");
     }
 }
+mod batch;
 mod compaction;
 mod context;

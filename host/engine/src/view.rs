@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::Value;
 
 use super::agent::{Agent, ApprovalRule};
+use super::batch::Parallelism;
 use super::budget::{BudgetLimits, Pricing};
 use super::channels::Channel;
 use super::compaction::CompactionSettings;
@@ -70,6 +71,8 @@ pub struct AgentView {
     /// compared by replay. Set by the runtime once its servers are
     /// connected; empty from [`new`](Self::new).
     pub mcp_tools: BTreeMap<String, McpToolsOffered>,
+    /// How many calls of one turn may be in flight at once (`batch.rs`).
+    pub parallel: Parallelism,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -339,6 +342,7 @@ impl AgentView {
             pricing: agent.model.pricing.clone(),
             context: agent.context.clone(),
             max_invalid_tool_calls: agent.max_invalid_tool_calls,
+            parallel: agent.parallel,
             on_refusal: agent.on_refusal,
             compaction: agent.compaction,
             output_schema: agent.output_schema.clone(),

@@ -116,6 +116,7 @@
 //!   crashes, stalls and counts injected around appends.
 
 mod approvals;
+mod batches;
 mod binary;
 mod budgets;
 mod ceilings;

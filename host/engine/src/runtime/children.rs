@@ -36,7 +36,7 @@ use crate::decide::{ChildDrive, Idle};
 use crate::events::{Event, RunStarted, ToolCallError, ToolCallResult};
 use crate::ids::{CallId, RunId};
 use crate::replay::ReplayOptions;
-use crate::state::{RunStatus, Terminal};
+use crate::state::{RunStatus, Terminal, ToolCallProgress};
 use crate::view::ToolTarget;
 
 /// Why a child run cannot be started or driven; nothing was written.
@@ -152,17 +152,45 @@ impl Runtime {
             run_id: log.run_id.clone(),
             call_id: drive.call_id.clone(),
         };
-        self.check_parent(&drive.child_run, &link).await?;
-        let status = match self.recover_child(&drive.child_run, &agent).await {
-            Ok(status) => status,
-            // A write of the child's with no recorded outcome: the child
-            // needs a human, and the parent waits for it.
-            Err(
-                RuntimeError::NeedsReconciliation { run_id, .. }
-                | RuntimeError::ReconciliationRequired { run_id, .. },
-            ) if run_id == drive.child_run => RunStatus::NeedsReconciliation,
-            Err(error) => return Err(error),
-        };
+        let status = self
+            .child_drive(link, drive.child_run.clone(), agent)
+            .await?;
+        self.record_child(log, drive, status).await
+    }
+
+    /// The child `child_run` of the call `link` names, driven until it
+    /// ends or waits: its status then. Owns what it needs, so it can run as
+    /// a task of its own (`runtime/batch.rs`).
+    pub(super) fn child_drive(
+        &self,
+        link: ParentLink,
+        child_run: RunId,
+        agent: Agent,
+    ) -> Boxed<'static, Result<RunStatus, RuntimeError>> {
+        let runtime = self.clone();
+        Box::pin(async move {
+            runtime.check_parent(&child_run, &link).await?;
+            match runtime.recover_child(&child_run, &agent).await {
+                Ok(status) => Ok(status),
+                // A write of the child's with no recorded outcome: the child
+                // needs a human, and the parent waits for it.
+                Err(
+                    RuntimeError::NeedsReconciliation { run_id, .. }
+                    | RuntimeError::ReconciliationRequired { run_id, .. },
+                ) if run_id == child_run => Ok(RunStatus::NeedsReconciliation),
+                Err(error) => Err(error),
+            }
+        })
+    }
+
+    /// Records how the child of `drive` ended (`child_finished`), or that
+    /// it waits with `status` (`child_parked`, unless already recorded).
+    pub(super) async fn record_child(
+        &self,
+        log: &mut Log,
+        drive: ChildDrive,
+        status: RunStatus,
+    ) -> Result<Step, RuntimeError> {
         if status.is_terminal() {
             let state = self.state(&drive.child_run).await?;
             let result = match &state.terminal {
@@ -191,8 +219,8 @@ impl Runtime {
             self.append(log, vec![finished]).await?;
             return Ok(Step::Progressed);
         }
-        let recorded = match log.state.parked() {
-            Some(crate::state::Parked::Child { status, .. }) => Some(status),
+        let recorded = match log.state.call(&drive.call_id).map(|c| &c.progress) {
+            Some(ToolCallProgress::Child { parked, .. }) => *parked,
             _ => None,
         };
         if recorded != Some(status) {
@@ -224,20 +252,21 @@ impl Runtime {
             if state.terminal.is_some() {
                 return Ok(());
             }
-            let Some((call_id, child_run)) = state.child_in_flight() else {
-                return Ok(());
-            };
-            let link = ParentLink {
-                run_id: run_id.clone(),
-                call_id: call_id.clone(),
-            };
-            if self.check_parent(child_run, &link).await.is_err() {
-                return Ok(());
+            // Every child in flight: a parallel batch may run several.
+            for (call_id, child_run) in state.children_in_flight() {
+                let link = ParentLink {
+                    run_id: run_id.clone(),
+                    call_id: call_id.clone(),
+                };
+                if self.check_parent(child_run, &link).await.is_err() {
+                    continue;
+                }
+                match self.cancel(child_run, by, reason.clone()).await {
+                    Ok(()) | Err(RuntimeError::AlreadyTerminal { .. }) => {}
+                    Err(error) => return Err(error),
+                }
             }
-            match self.cancel(child_run, by, reason).await {
-                Ok(()) | Err(RuntimeError::AlreadyTerminal { .. }) => Ok(()),
-                Err(error) => Err(error),
-            }
+            Ok(())
         })
     }
 
@@ -275,11 +304,14 @@ impl Runtime {
 }
 
 /// The agent the call `call_id` of the run calls.
-fn child_agent(log: &Log, prepared: &Prepared, call_id: &CallId) -> Result<Agent, RuntimeError> {
+pub(super) fn child_agent(
+    log: &Log,
+    prepared: &Prepared,
+    call_id: &CallId,
+) -> Result<Agent, RuntimeError> {
     let name = log
         .state
-        .next_call()
-        .filter(|c| &c.call_id == call_id)
+        .call(call_id)
         .map(|c| c.call.name.clone())
         .unwrap_or_default();
     match prepared.view.tool(&name).map(|t| &t.target) {

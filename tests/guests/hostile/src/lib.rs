@@ -176,6 +176,12 @@ const TOOLS: &[(&str, &str, &str, Effect)] = &[
         Effect::Write,
     ),
     (
+        "sleep",
+        "Appends +label to the file at trace, waits as many milliseconds as the JSON object in the file at delays gives label (0 if none), appends -label, then returns {\"label\": label}: a call that takes as long as it is told from outside its arguments.",
+        r#"{"type":"object","required":["label","trace","delays"],"properties":{"label":{"type":"string"},"trace":{"type":"string"},"delays":{"type":"string"}}}"#,
+        Effect::Read,
+    ),
+    (
         "say",
         "Says exactly what it is given: logs log through the host, writes stdout and stderr, then returns output as its output text (default {}), or fails with error.",
         r#"{"type":"object","properties":{"output":{"type":"string"},"log":{"type":"string"},"stdout":{"type":"string"},"stderr":{"type":"string"},"error":{"type":"string"}}}"#,
@@ -232,6 +238,7 @@ impl Guest for Hostile {
             "scatter_secret" => secret::scatter(&args),
             "scan_secret" => secret::scan(&args),
             "say" => say(&args),
+            "sleep" => sleep(&args),
             "nested_output" => nested_output(&args),
             "flaky" => flaky(&args, &call.idempotency_key),
             "write_then_sleep" => write_then_sleep(&args),
@@ -794,6 +801,36 @@ fn slow_append(args: &Value) -> Result<String, ToolError> {
         }
     }
     Ok(json!({ "steps": steps }).to_string())
+}
+
+/// `sleep {label, trace, delays}`: appends `+<label>` to the file at
+/// `trace`, waits `delays[label]` milliseconds (the JSON object in the file
+/// at `delays`; 0 when absent) in a host call, appends `-<label>`, and
+/// returns `{"label": label}`. The trace shows which calls overlapped and
+/// in which order they ended; the output does not depend on the delay.
+fn sleep(args: &Value) -> Result<String, ToolError> {
+    let label = str_arg(args, "label")?;
+    let trace = str_arg(args, "trace")?;
+    let delays = str_arg(args, "delays")?;
+    let append = |line: String| {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(trace)
+            .and_then(|mut f| f.write_all(line.as_bytes()))
+            .map_err(|e| failed(format!("append {trace}: {e}")))
+    };
+    append(format!("+{label}\n"))?;
+    let ms = fs::read_to_string(delays)
+        .ok()
+        .and_then(|text| serde_json::from_str::<Value>(&text).ok())
+        .and_then(|v| v.get(label).and_then(Value::as_u64))
+        .unwrap_or(0);
+    if ms > 0 {
+        std::thread::sleep(Duration::from_millis(ms));
+    }
+    append(format!("-{label}\n"))?;
+    Ok(json!({ "label": label }).to_string())
 }
 
 /// `block_once {path, content}`: appends `content` to the file at `path`
