@@ -425,6 +425,9 @@ pub(crate) fn parse(
         // A plan's calls are made by the plan: one it makes wrong is the
         // plan's mistake, not something to try again.
         "max_invalid_tool_calls": 1,
+        // A batch phase is one step of several child calls: the batch
+        // executor runs them side by side up to the plan's bound.
+        "max_parallel_calls": plan.max_concurrent,
     });
     if let Some(d) = &file.description {
         value["description"] = json!(d);
