@@ -1,5 +1,5 @@
 //! Parallel batches, the pure half: which calls of a turn may start while
-//! earlier calls of the same turn are still in flight ([`launch`]), under
+//! earlier calls of the same turn are still in flight (`launch`), under
 //! the agent's [`Parallelism`]. The runtime's executor
 //! (`runtime/batch.rs`) runs what this decides.
 //!

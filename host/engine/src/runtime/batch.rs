@@ -1,5 +1,5 @@
 //! Parallel batches, the executor: the calls of one turn that may run side
-//! by side (`batch.rs` decides which, [`crate::batch::launch`]) run as
+//! by side (`batch.rs` decides which, `batch::launch`) run as
 //! tasks, at most `max_parallel_calls` at once, while the driver records,
 //! in the model's order, each call's intent before it starts and each
 //! call's outcome once every call before it has its own. So the log is the
@@ -95,13 +95,14 @@ impl Running {
     }
 }
 
-/// The fuel a lease started now may use: unbounded without a fuel budget,
-/// else what the budget has left after what the calls in flight reserved,
-/// at most the plugin's own limit. `None`: nothing is left to share until
-/// a call in flight ends.
+/// The fuel a lease started now may use.
 enum FuelShare {
+    /// The run has no fuel budget.
     Unbounded,
+    /// What the budget has left after what the calls in flight reserved,
+    /// at most the plugin's own limit.
     Share(u64),
+    /// Nothing is left to share until a call in flight ends.
     Wait,
 }
 
