@@ -705,3 +705,120 @@ fn the_planner_example_runs_its_agents_as_child_runs_and_a_waiting_child_parks_i
     let shown = json_out(&warden(&["--json", "runs", "show", "plan-2"], dir.path()));
     assert_eq!(shown["status"], "completed", "{shown}");
 }
+
+/// The plan example (examples/plans/review.toml), from `warden run` as the
+/// README says: a planner, three workers as one step and a reviewer, each
+/// a child run in `runs show`'s tree, the reviewer's typed result the
+/// output; without the reviewer's approval rule the reviewer waits for
+/// approval, the plan's run is `awaiting_child` and `run` exits 4, and
+/// approving the reviewer then resuming the plan finishes both. A bad
+/// plan exits 2 with `plan_invalid` naming the key, and creates no store.
+#[test]
+fn the_plan_example_runs_from_warden_run_and_a_waiting_role_parks_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples");
+    let copy = |from: &str, to: &str| {
+        std::fs::create_dir_all(dir.path().join(to)).unwrap();
+        for entry in std::fs::read_dir(examples.join(from)).unwrap() {
+            let entry = entry.unwrap();
+            std::fs::copy(entry.path(), dir.path().join(to).join(entry.file_name())).unwrap();
+        }
+    };
+    copy("agents/notes", "agents/notes");
+    for name in ["review", "planner", "worker", "reviewer"] {
+        std::fs::copy(
+            examples.join(format!("plans/{name}.toml")),
+            dir.path().join(format!("{name}.toml")),
+        )
+        .unwrap();
+        if name != "review" {
+            std::fs::copy(
+                examples.join(format!("plans/{name}.transcript.toml")),
+                dir.path().join(format!("{name}.transcript.toml")),
+            )
+            .unwrap();
+        }
+    }
+    std::fs::create_dir(dir.path().join("out")).unwrap();
+    // The planner's notes are `../agents/notes` from its file.
+    let planner = std::fs::read_to_string(dir.path().join("planner.toml"))
+        .unwrap()
+        .replace("dir = \"../agents/notes\"", "dir = \"agents/notes\"");
+    std::fs::write(dir.path().join("planner.toml"), planner).unwrap();
+
+    let bad = std::fs::read_to_string(dir.path().join("review.toml"))
+        .unwrap()
+        .replace("roles = [\"reviewer\"]", "roles = [\"judge\"]");
+    std::fs::write(dir.path().join("bad.toml"), bad).unwrap();
+    let out = warden(&["--json", "run", "bad.toml", "go"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    let error = &json_out(&out)["error"];
+    assert_eq!(error["code"], "plan_invalid", "{error}");
+    assert_eq!(error["details"]["problem"], "unknown_role", "{error}");
+    assert_eq!(error["details"]["key"], "phases[2].roles", "{error}");
+    assert!(
+        !dir.path().join(".warden").exists(),
+        "a refusal records nothing"
+    );
+
+    let out = warden(
+        &[
+            "run",
+            "review.toml",
+            "Plan the week",
+            "--run-id",
+            "review-1",
+        ],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(dir.path().join("out/review.md").exists());
+    let shown = json_out(&warden(&["--json", "runs", "show", "review-1"], dir.path()));
+    assert_eq!(shown["status"], "completed", "{shown}");
+    assert_eq!(shown["output"]["approved"], true, "{shown}");
+    let children = shown["children"].as_array().unwrap();
+    let agents: Vec<&str> = children
+        .iter()
+        .map(|c| c["agent"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        agents,
+        ["planner", "worker", "worker", "worker", "reviewer"]
+    );
+    assert_eq!(children[3]["run_id"], "review-1.call-2-3");
+    let text = stdout(&warden(&["runs", "show", "review-1"], dir.path()));
+    assert!(
+        text.contains("↳ call-2-2 → run review-1.call-2-2 (agent worker) completed"),
+        "{text}"
+    );
+
+    std::fs::remove_file(dir.path().join("out/review.md")).unwrap();
+    let reviewer = std::fs::read_to_string(dir.path().join("reviewer.toml"))
+        .unwrap()
+        .replace("approval = { write_file = \"never\" }\n", "");
+    std::fs::write(dir.path().join("reviewer.toml"), reviewer).unwrap();
+    let out = warden(
+        &[
+            "run",
+            "review.toml",
+            "Plan the week",
+            "--run-id",
+            "review-2",
+        ],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "parked: {}", stderr(&out));
+    let parent = json_out(&warden(&["--json", "runs", "show", "review-2"], dir.path()));
+    assert_eq!(parent["status"], "awaiting_child", "{parent}");
+    assert!(!dir.path().join("out/review.md").exists());
+    let out = warden(
+        &["runs", "approve", "review-2.call-3-1", "call-1-1"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let out = warden(&["runs", "resume", "review-2"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let shown = json_out(&warden(&["--json", "runs", "show", "review-2"], dir.path()));
+    assert_eq!(shown["status"], "completed", "{shown}");
+    assert!(dir.path().join("out/review.md").exists());
+}

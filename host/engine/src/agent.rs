@@ -146,6 +146,7 @@ use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
 use super::mcp_servers::{McpServer, McpServerEntry};
+use super::plan::{Plan, PlanError, PlanProvider};
 use super::policy_hooks::PolicyHook;
 use super::refusal::OnRefusal;
 use super::retry::RetryPolicy;
@@ -198,6 +199,15 @@ pub enum AgentError {
         key: String,
         /// What is wrong.
         message: String,
+    },
+    /// A plan file (see [`super::plan`]) the engine refuses: an unknown
+    /// role or agent, a cycle, a stopping rule that cannot work.
+    #[error("plan `{path}`: {error}")]
+    Plan {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        error: PlanError,
     },
 }
 
@@ -429,6 +439,9 @@ pub struct ModelSettings {
     pub retry: RetryPolicy,
     /// How the HTTP providers reach their API; `None` for `scripted`.
     pub http: Option<HttpModelSettings>,
+    /// For a plan file, the plan that decides instead of a model (provider
+    /// [`ProviderKind::Plan`]).
+    pub plan: Option<Arc<Plan>>,
 }
 
 impl ModelSettings {
@@ -437,6 +450,9 @@ impl ModelSettings {
     /// the HTTP providers, the environment variables the agent names, read
     /// now, on the process-wide HTTP client.
     pub fn provider(&self) -> Result<Arc<dyn ModelProvider>, ProviderError> {
+        if let Some(plan) = &self.plan {
+            return Ok(Arc::new(PlanProvider::new(Arc::clone(plan))));
+        }
         config::connect(
             self.provider,
             self.transcript.as_deref(),
@@ -677,6 +693,9 @@ impl Agent {
         path: &Path,
         defaults: Option<&ModelDefaults>,
     ) -> Result<Agent, AgentError> {
+        if super::plan::is_plan(text) {
+            return super::plan::parse(text, path, defaults);
+        }
         let file: AgentFile = toml::from_str(text).map_err(|e| AgentError::Parse {
             path: path.to_owned(),
             message: warden_syntax::toml_errors::one_line(text, &e),
@@ -1158,6 +1177,7 @@ fn validate(
             pricing,
             retry,
             http,
+            plan: None,
         },
         plugins,
         human_tools,

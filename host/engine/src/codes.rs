@@ -276,6 +276,7 @@ impl AgentError {
         match self {
             AgentError::Read { .. } => "agent_unreadable",
             AgentError::Parse { .. } | AgentError::Invalid { .. } => "agent_invalid",
+            AgentError::Plan { .. } => "plan_invalid",
         }
     }
 
@@ -288,6 +289,11 @@ impl AgentError {
             AgentError::Invalid { path, key, .. } => {
                 json!({ "file": evidence::path(path), "key": key })
             }
+            AgentError::Plan { path, error } => json!({
+                "file": evidence::path(path),
+                "key": error.key(),
+                "problem": error.problem(),
+            }),
         }
     }
 }

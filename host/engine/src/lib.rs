@@ -18,6 +18,8 @@
 //!   OS sandbox, their pinned tool lists, their calls as leases.
 //! - [`child_agents`]: agents as tools: `[agents.<name>]`, child run ids,
 //!   nested budgets.
+//! - [`plan`]: plan files: roles, phases, stopping rules and a result; a
+//!   plan loads as an agent whose model is the plan.
 //! - [`channels`]: delivery channels: what each receives, the delivery
 //!   events, the next delivery a run owes, backoff.
 //! - [`retry`]: the one retry layer for model calls: attempts, backoff,
@@ -63,6 +65,7 @@ pub mod ids;
 pub mod keys;
 pub mod mcp_servers;
 pub mod output;
+pub mod plan;
 pub mod policy_hooks;
 pub mod policy_plugin;
 pub mod prompt;

@@ -2702,9 +2702,11 @@ impl Runtime {
             .iter()
             .map(|(key, c)| (key.clone(), c.offered()))
             .collect();
+        // A plan decides its own steps: a runtime-wide provider stands in
+        // for models, not for plans.
         let provider = match &self.inner.provider {
-            Some(p) => Arc::clone(p),
-            None => agent
+            Some(p) if agent.model.plan.is_none() => Arc::clone(p),
+            _ => agent
                 .model
                 .provider()
                 .map_err(|error| RuntimeError::Provider {

@@ -146,6 +146,10 @@ pub enum ProviderKind {
     /// The Anthropic Messages API (see [`crate::anthropic`]).
     #[serde(rename = "anthropic")]
     Anthropic,
+    /// A plan file's schedule, decided by the engine (its `plan` module):
+    /// never written in a `[model]` table, so never read from one.
+    #[serde(rename = "plan", skip_deserializing)]
+    Plan,
 }
 
 impl ProviderKind {
@@ -155,13 +159,14 @@ impl ProviderKind {
             ProviderKind::Scripted => "scripted",
             ProviderKind::OpenAi => "openai",
             ProviderKind::Anthropic => "anthropic",
+            ProviderKind::Plan => "plan",
         }
     }
 
     /// The public API's base URL, for the HTTP providers.
     pub fn default_base_url(self) -> Option<&'static str> {
         match self {
-            ProviderKind::Scripted => None,
+            ProviderKind::Scripted | ProviderKind::Plan => None,
             ProviderKind::OpenAi => Some(openai::DEFAULT_BASE_URL),
             ProviderKind::Anthropic => Some(anthropic::DEFAULT_BASE_URL),
         }
@@ -296,6 +301,9 @@ pub fn connect(
                 options,
             )?))
         }
+        ProviderKind::Plan => Err(invalid(
+            "a plan's decisions are made by the engine from its plan file".into(),
+        )),
     }
 }
 

@@ -115,7 +115,7 @@ pub fn status_of(code: &str) -> StatusCode {
         | "input_too_large" | "input_required" | "input_not_expected" | "external_mismatch"
         | "output_rejected" | "value_too_deep" | "rule_invalid" => StatusCode::BAD_REQUEST,
         "store_failed" | "store_damaged" | "log_unreadable" | "log_invalid" | "tampered"
-        | "io_failed" | "agent_unusable" | "agent_unknown" | "agent_invalid"
+        | "io_failed" | "agent_unusable" | "agent_unknown" | "agent_invalid" | "plan_invalid"
         | "agent_unreadable" | "rule_unreadable" => StatusCode::INTERNAL_SERVER_ERROR,
         _ => StatusCode::CONFLICT,
     }

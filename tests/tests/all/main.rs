@@ -40,6 +40,11 @@
 //!   with two workers killed at every event boundary of parent and children
 //!   recovers with each write once; a child waiting for approval parks its
 //!   parent; budgets nest.
+//! - `plans`: orchestrated runs (plan files) on every store: the example
+//!   completes offline and replays; a plan and its children killed at
+//!   every event boundary recover with each write once and no second
+//!   child; stopping rules (a typed result, max rounds); a role waiting for
+//!   approval parks the plan; bad plans are refused by kind.
 //! - `forks`: forks on every store: a fork at each position of a recorded
 //!   run reuses every earlier effect and asks again for later writes;
 //!   changed agents and budgets; bad positions; a fork cut short by a
@@ -147,6 +152,7 @@ mod narrowed;
 mod network;
 mod parsing;
 mod pause;
+mod plans;
 mod plugins;
 mod policies;
 mod policy_plugins;
