@@ -218,7 +218,7 @@ fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, M
 
 /// Starts `server` (its key `key`) in its sandbox: the process, its stdout
 /// and stdin (the protocol's), and its stderr drained into the log, the
-/// first [`STDERR_KEPT`] bytes kept.
+/// first 64 KiB kept.
 pub fn spawn(
     key: &str,
     server: &LocalServer,
