@@ -642,7 +642,7 @@ async fn a_role_parks_the_plan(store: Arc<dyn EventStore>) {
             .unwrap();
         assert_eq!(
             waiting.iter().map(|s| s.run_id.clone()).collect::<Vec<_>>(),
-            [worker.clone()]
+            std::slice::from_ref(&worker)
         );
         let before = rt.events(&run).await.unwrap().len();
         assert_eq!(
