@@ -55,11 +55,15 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-build-support",
         ],
     ),
-    // The Python package sits beside the command line, on the facade.
+    // The Python package sits beside the command line, on the facade; it
+    // names the server and MCP crates only so that a build of it alone
+    // resolves features as the command line's does (`all::feature_sets`).
     (
         "warden-python",
         &[
             "warden",
+            "warden-server",
+            "warden-mcp",
             "warden-syntax",
             "warden-sandbox",
             "warden-store",

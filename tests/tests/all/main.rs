@@ -115,6 +115,9 @@
 //! - `layers`: the host's crates depend on each other one way only: no
 //!   lower crate (sandbox, store, providers) ever reaches the engine,
 //!   plugins or CLI.
+//! - `feature_sets`: building the Python package alone (as `maturin
+//!   develop` does) reuses the default members' build: no dependency is
+//!   resolved with other features.
 //! - `binary` (support): the `warden` binary, built fresh for the tests
 //!   that drive it.
 //! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
@@ -132,6 +135,7 @@ mod context;
 mod corpus;
 mod effects;
 mod engine;
+mod feature_sets;
 mod fencing;
 mod filesystem;
 mod forks;
