@@ -10,6 +10,7 @@ use serde_json::Value;
 
 use crate::Error;
 use crate::metadata::Workspace;
+use crate::progress::Progress;
 
 /// Environment variables removed from the inner cargo's environment, because
 /// through them the outer build would leak into the inner one.
@@ -62,6 +63,8 @@ pub(crate) struct Artifact {
     pub(crate) manifest_path: PathBuf,
     pub(crate) target_name: String,
     pub(crate) filenames: Vec<PathBuf>,
+    /// Already up to date: nothing was compiled for it.
+    pub(crate) fresh: bool,
 }
 
 impl Cargo {
@@ -128,9 +131,14 @@ impl Cargo {
         cmd
     }
 
-    /// Runs `cargo build` and returns the artifacts it reported. Its
-    /// diagnostics go to this process's stderr.
-    pub(crate) fn build(&self, request: &BuildRequest<'_>) -> Result<Vec<Artifact>, Error> {
+    /// Runs `cargo build` and returns the artifacts it reported, telling
+    /// `progress` of each as it comes. Its diagnostics go to this process's
+    /// stderr.
+    pub(crate) fn build(
+        &self,
+        request: &BuildRequest<'_>,
+        progress: &mut Progress,
+    ) -> Result<Vec<Artifact>, Error> {
         let mut cmd = self.build_command(request);
         // The command as one would type it: `Command`'s Debug form would
         // show the environment scrubbing (`env -u …`) as if it were part
@@ -152,6 +160,7 @@ impl Cargo {
                     source,
                 })?;
                 if let Some(artifact) = parse_artifact(&line) {
+                    progress.artifact(&artifact);
                     artifacts.push(artifact);
                 }
             }
@@ -187,6 +196,7 @@ fn parse_artifact(line: &str) -> Option<Artifact> {
             .filter_map(Value::as_str)
             .map(PathBuf::from)
             .collect(),
+        fresh: value.get("fresh").and_then(Value::as_bool).unwrap_or(false),
     })
 }
 
@@ -342,6 +352,7 @@ mod tests {
                 filenames: vec![PathBuf::from(
                     "/ws/target/guests/wasm32-wasip2/guest/g.wasm"
                 )],
+                fresh: true,
             })
         );
         for other in [

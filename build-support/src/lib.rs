@@ -35,6 +35,9 @@
 //!   are removed. See [`LEAKING_ENV`]. The jobserver (`CARGO_MAKEFLAGS`) is
 //!   kept on purpose, so the inner build shares the outer build's job slots
 //!   instead of oversubscribing the machine.
+//! - **Progress**: inside a build script with a terminal, each guest built is
+//!   said on the terminal as it finishes (cargo would show the script's own
+//!   output only if it failed); otherwise nothing is written.
 //! - **Rebuild triggers**: inside a build script it prints
 //!   `cargo:rerun-if-changed` for each built package's directory, the
 //!   directories of its path dependencies (the guest SDK, for example), the
@@ -48,6 +51,7 @@ mod cargo;
 mod dep_info;
 mod error;
 mod metadata;
+mod progress;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -196,13 +200,23 @@ impl GuestBuild {
             .unwrap_or_else(|| workspace.target_directory.join(TARGET_SUBDIR));
 
         let names: Vec<&str> = selected.iter().map(|p| p.name.as_str()).collect();
-        let artifacts = cargo.build(&cargo::BuildRequest {
-            manifest_path: &manifest_path,
-            packages: &names,
-            target: TARGET,
-            profile: &profile,
-            target_dir: &target_dir,
-        })?;
+        let mut progress = progress::Progress::on_terminal(
+            selected
+                .iter()
+                .map(|p| (p.name.clone(), p.manifest_path.clone()))
+                .collect(),
+            TARGET,
+        );
+        let artifacts = cargo.build(
+            &cargo::BuildRequest {
+                manifest_path: &manifest_path,
+                packages: &names,
+                target: TARGET,
+                profile: &profile,
+                target_dir: &target_dir,
+            },
+            &mut progress,
+        )?;
 
         let mut components = Vec::new();
         let mut dep_info_files = Vec::new();
