@@ -27,7 +27,9 @@ fn units(packages: &[&str]) -> BTreeSet<String> {
     let mut cmd = Command::new(cargo);
     cmd.args(["tree", "--edges", "normal,build", "--prefix", "none"])
         .args(["--format", "{p}|{f}", "--target", &host])
-        .current_dir(env!("CARGO_MANIFEST_DIR"));
+        // From the workspace root, where no `--package` means the default
+        // members (in tests/ it would mean this package alone).
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/.."));
     for package in packages {
         cmd.args(["--package", package]);
     }
