@@ -144,10 +144,11 @@ mod tests {
         }
     }
 
-    #[test]
-    fn each_guest_built_is_said_once_with_the_crates_compiled_before_it() {
+    /// A progress for the guests `guest-a` and `guest-b`, written to the
+    /// returned buffer.
+    fn two_guests() -> (Shared, Progress) {
         let shared = Shared::default();
-        let mut progress = Progress::to(
+        let progress = Progress::to(
             Some(Box::new(shared.clone())),
             vec![
                 ("guest-a".into(), PathBuf::from("/w/a/Cargo.toml")),
@@ -155,6 +156,12 @@ mod tests {
             ],
             "wasm32-wasip2",
         );
+        (shared, progress)
+    }
+
+    #[test]
+    fn each_guest_built_is_said_once_with_the_crates_compiled_before_it() {
+        let (shared, mut progress) = two_guests();
         progress.artifact(&artifact("/r/serde/Cargo.toml", true));
         progress.artifact(&artifact("/r/wit-bindgen/Cargo.toml", false));
         progress.artifact(&artifact("/w/a/Cargo.toml", false));
@@ -196,15 +203,7 @@ mod tests {
 
     #[test]
     fn a_guest_already_built_counts_among_those_done() {
-        let shared = Shared::default();
-        let mut progress = Progress::to(
-            Some(Box::new(shared.clone())),
-            vec![
-                ("guest-a".into(), PathBuf::from("/w/a/Cargo.toml")),
-                ("guest-b".into(), PathBuf::from("/w/b/Cargo.toml")),
-            ],
-            "wasm32-wasip2",
-        );
+        let (shared, mut progress) = two_guests();
         progress.artifact(&artifact("/w/a/Cargo.toml", true));
         progress.artifact(&artifact("/w/b/Cargo.toml", false));
         let text = String::from_utf8(shared.0.lock().unwrap().clone()).unwrap();
