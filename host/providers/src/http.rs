@@ -483,7 +483,7 @@ impl HttpClient {
             let _ = tcp.set_nodelay(true);
             let (sender, conn) = if origin.https {
                 let name = server_name(&origin.host)?;
-                let tls = tokio_rustls::TlsConnector::from(tls_config())
+                let tls = tokio_rustls::TlsConnector::from(warden_tls::client_config())
                     .connect(name, tcp)
                     .await
                     .map_err(|error| SendError::Tls {
@@ -586,23 +586,6 @@ impl HttpClient {
             }
         }
     }
-}
-
-fn tls_config() -> Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    Arc::clone(CONFIG.get_or_init(|| {
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-        };
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        Arc::new(config)
-    }))
 }
 
 fn server_name(host: &str) -> Result<rustls::pki_types::ServerName<'static>, SendError> {

@@ -41,7 +41,7 @@
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -594,7 +594,7 @@ impl Connection {
         let stream = self.connect(&target, options.connect_timeout).await?;
         let stream: Box<dyn Stream> = if target.https {
             let name = server_name(&target.host)?;
-            let tls = tokio_rustls::TlsConnector::from(tls_config())
+            let tls = tokio_rustls::TlsConnector::from(warden_tls::client_config())
                 .connect(name, stream)
                 .await
                 .map_err(Error::Tls)?;
@@ -758,25 +758,6 @@ trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + Unpin
 impl<T> Stream for T where
     T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Sync + Unpin + 'static
 {
-}
-
-/// The TLS client configuration: the Mozilla root store from
-/// `webpki-roots`, built once.
-fn tls_config() -> Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    Arc::clone(CONFIG.get_or_init(|| {
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-        };
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        Arc::new(config)
-    }))
 }
 
 fn server_name(host: &str) -> Result<rustls::pki_types::ServerName<'static>, Error> {

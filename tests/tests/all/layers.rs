@@ -12,17 +12,24 @@ use serde_json::Value;
 /// Each host crate and the workspace crates it may reach.
 const LAYERS: &[(&str, &[&str])] = &[
     ("warden-syntax", &[]),
-    ("warden-sandbox", &["warden-syntax"]),
+    ("warden-tls", &[]),
+    ("warden-sandbox", &["warden-syntax", "warden-tls"]),
     ("warden-store", &[]),
-    ("warden-providers", &["warden-syntax"]),
+    ("warden-providers", &["warden-syntax", "warden-tls"]),
     (
         "warden-plugins",
-        &["warden-sandbox", "warden-syntax", "warden-build-support"],
+        &[
+            "warden-sandbox",
+            "warden-syntax",
+            "warden-tls",
+            "warden-build-support",
+        ],
     ),
     (
         "warden-engine",
         &[
             "warden-syntax",
+            "warden-tls",
             "warden-sandbox",
             "warden-store",
             "warden-providers",
@@ -34,6 +41,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "warden-testkit",
         &[
             "warden-syntax",
+            "warden-tls",
             "warden-sandbox",
             "warden-store",
             "warden-providers",
@@ -46,6 +54,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         "warden",
         &[
             "warden-syntax",
+            "warden-tls",
             "warden-sandbox",
             "warden-store",
             "warden-providers",
@@ -65,6 +74,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-server",
             "warden-mcp",
             "warden-syntax",
+            "warden-tls",
             "warden-sandbox",
             "warden-store",
             "warden-providers",
@@ -81,6 +91,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "warden",
             "warden-syntax",
+            "warden-tls",
             "warden-sandbox",
             "warden-store",
             "warden-providers",
@@ -98,6 +109,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden",
             "warden-server",
             "warden-syntax",
+            "warden-tls",
             "warden-sandbox",
             "warden-store",
             "warden-providers",

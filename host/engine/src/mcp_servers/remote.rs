@@ -24,7 +24,7 @@
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -295,7 +295,7 @@ impl RemoteClient {
             let _ = tcp.set_nodelay(true);
             let sender = if self.https {
                 let name = server_name(&self.host).map_err(unreachable)?;
-                let tls = tokio_rustls::TlsConnector::from(tls_config())
+                let tls = tokio_rustls::TlsConnector::from(warden_tls::client_config())
                     .connect(name, tcp)
                     .await
                     .map_err(|e| unreachable(format!("TLS: {e}")))?;
@@ -519,23 +519,6 @@ impl StreamableHttpClient for RemoteClient {
         // known: the call fails).
         Err(StreamableHttpError::ServerDoesNotSupportSse)
     }
-}
-
-fn tls_config() -> Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    Arc::clone(CONFIG.get_or_init(|| {
-        let roots = rustls::RootCertStore {
-            roots: webpki_roots::TLS_SERVER_ROOTS.into(),
-        };
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .expect("ring supports the default protocol versions")
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-        Arc::new(config)
-    }))
 }
 
 fn server_name(host: &str) -> Result<rustls::pki_types::ServerName<'static>, String> {
