@@ -26,9 +26,7 @@ use warden::store::{Claim, EventStore, PostgresStore, RunFilter, SqliteStore};
 use warden::worker::Worker;
 use warden_tests::guests;
 
-#[path = "../common/intercepted.rs"]
-mod intercepted;
-use intercepted::{AppendVia, Hooks, Intercepted};
+use warden::store::testing::{AppendVia, Hooks, Intercepted};
 
 fn main() {
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -9,8 +9,8 @@
 //! what an event means: `store` depends on no other Warden module, and the
 //! engine depends on it, which is why [`RunId`] lives here.
 //!
-//! Guarantees every store gives (the conformance suite in `conformance.rs`
-//! checks each of them against every store):
+//! Guarantees every store gives (the conformance suite, `testing::suite`
+//! behind the `testing` feature, checks each of them against every store):
 //! - **optimistic concurrency**: [`EventStore::append`] names the log length it
 //!   expects; all its events and the new listing (status, deliveries owed)
 //!   are written in one transaction, or nothing is, and a stale expectation is a typed
@@ -74,10 +74,11 @@ mod session;
 mod sqlite;
 mod status;
 
-// The suite runs every store against the same expectations, so it needs
-// both persistent backends.
-#[cfg(all(test, feature = "sqlite", feature = "postgres"))]
+// The conformance suite run against this crate's stores.
+#[cfg(test)]
 mod conformance;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 
 use std::collections::BTreeMap;
 use std::fmt;

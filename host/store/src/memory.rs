@@ -150,7 +150,7 @@ impl MemoryStore {
 
     /// Test hook: edits a run's stored rows, count and head behind the
     /// store's back, as someone with access to the storage could.
-    #[cfg(test)]
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) fn tamper(&self, run_id: &RunId, edit: impl FnOnce(&mut MemRun)) {
         edit(self.runs().get_mut(run_id).expect("tampered run exists"));
     }

@@ -28,8 +28,8 @@ use warden::store::{EventStore, Listing, ListingStatus, MemoryStore, SqliteStore
 
 use super::engine::{CrashPoint, Fixture, READ_WRITE_FINISH, crashing, id};
 use super::workers::PgSchema;
-use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use crate::sandbox;
+use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
 
 /// The fixture's agent with the hostile plugin's tools under the default
 /// approval rule: its append (a write) waits for approval.

@@ -17,8 +17,8 @@ use warden::sandbox::Outcome;
 use warden::store::{CommitmentFilter, EventStore, MemoryStore, SqliteStore};
 
 use super::engine::Fixture;
-use crate::intercepted::{Hooks, Intercepted};
 use crate::sandbox;
+use warden::store::testing::{Hooks, Intercepted};
 
 fn runtime(store: Arc<dyn EventStore>) -> Runtime {
     Runtime::new(store, PluginHost::new(sandbox().clone()))

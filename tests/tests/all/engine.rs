@@ -21,8 +21,8 @@ use warden::plugins::PluginHost;
 use warden::store::{Durability, EventStore, MemoryStore, SqliteStore, StoreError};
 use warden_tests::guests;
 
-use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use crate::sandbox;
+use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
 
 /// A directory with an agent whose plugins are the built-in fs plugin (the
 /// `files` key, read-only over `work/`) and the hostile guest (the `hostile`

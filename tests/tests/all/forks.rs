@@ -25,7 +25,7 @@ use warden::store::{EventStore, MemoryStore, RunFilter, SqliteStore, StoreError}
 
 use super::engine::{Fixture, READ_WRITE_FINISH, id, runtime};
 use super::workers::PgSchema;
-use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
+use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
 
 /// The scripted provider, counting the calls made to it.
 struct Counting {

@@ -120,8 +120,9 @@
 //!   resolved with other features.
 //! - `binary` (support): the `warden` binary, built fresh for the tests
 //!   that drive it.
-//! - `intercepted` (`tests/common/`): a forwarding store with hooks, for
-//!   crashes, stalls and counts injected around appends.
+//! - `store_suite`: the store conformance suite (`warden_store::testing`)
+//!   run from outside the store crate, against the intercepting store
+//!   around the memory store: a store written elsewhere runs it the same way.
 
 mod approvals;
 mod batches;
@@ -141,8 +142,6 @@ mod filesystem;
 mod forks;
 mod fs_plugin;
 mod hostile;
-#[path = "../../common/intercepted.rs"]
-mod intercepted;
 mod isolation;
 mod journal;
 mod kill;
@@ -168,6 +167,7 @@ mod retries;
 mod serve;
 mod server;
 mod sessions;
+mod store_suite;
 mod torn_edits;
 mod turns;
 mod typed_results;

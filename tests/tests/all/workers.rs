@@ -31,8 +31,8 @@ use warden::worker::Worker;
 
 use super::engine::Fixture;
 use crate::binary::warden_binary;
-use crate::intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use crate::sandbox;
+use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
 
 /// A fresh schema in the test database, dropped on drop.
 pub(crate) struct PgSchema {

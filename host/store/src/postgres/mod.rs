@@ -1582,7 +1582,8 @@ impl PostgresStore {
 #[cfg(all(test, feature = "sqlite", feature = "postgres"))]
 mod tests {
     use super::*;
-    use crate::conformance::{PostgresBackend, id, new_run};
+    use crate::conformance::PostgresBackend;
+    use crate::testing::suite::{id, new_run};
 
     /// A schema at version 3 (before `owes_deliveries`) is migrated to 4
     /// once, keeps its runs (owing nothing), and takes the new column; the
@@ -1615,7 +1616,7 @@ mod tests {
             .append(
                 &id("old"),
                 3,
-                &[crate::conformance::ev("end")],
+                &[crate::testing::suite::ev("end")],
                 Listing::new(ListingStatus::COMPLETED).owing(1),
                 9,
             )
@@ -1756,7 +1757,7 @@ mod tests {
                 .append(
                     &id("r"),
                     2,
-                    &[crate::conformance::ev("x")],
+                    &[crate::testing::suite::ev("x")],
                     ListingStatus::RUNNING.into(),
                     3
                 )

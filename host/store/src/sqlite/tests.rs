@@ -1,13 +1,14 @@
 //! Tests of what only the SQLite store has: group commit, schema versioning
 //! and chain-mode checks on open, pragmas and indexes, and damage done to
 //! the database file itself. Behaviour shared with every store is in the
-//! conformance suite (`store/conformance.rs`).
+//! conformance suite (`testing/suite.rs`).
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::*;
-use crate::conformance::{SqliteBackend, ev, id, meta, new_run};
+use crate::conformance::SqliteBackend;
+use crate::testing::suite::{ev, id, meta, new_run};
 
 fn backend_store() -> (SqliteBackend, Arc<SqliteStore>) {
     let backend = SqliteBackend::new();

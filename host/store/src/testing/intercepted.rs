@@ -3,26 +3,21 @@
 //! each kind, claims, commitment claims) through [`Hooks`]: a crash at the
 //! n-th append, a driver stalled at a delivery, a count, a timing. Each user
 //! writes its hook, not another twenty-method forwarding store.
-//!
-//! Shared by the integration tests and the benches with
-//! `#[path = "…/common/intercepted.rs"] mod intercepted;`.
-
-#![allow(dead_code)]
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use warden::engine::RunId;
-use warden::store::{
-    Appended, ApprovalRule, Claim, Durability, EventStore, Holder, KeyClaim, Listing,
-    ListingStatus, PruneFilter, RunFilter, RunMeta, RunSummary, SettlingAppend, StoreError,
-    StoredEvent, Tombstone, VerifyReport,
+
+use crate::{
+    Appended, ApprovalRule, Claim, Commitment, CommitmentFilter, Durability, EventStore, Holder,
+    KeyClaim, Listing, ListingStatus, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
+    SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 
 /// Which kind of append a hook sees.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum AppendVia {
+pub enum AppendVia {
     /// [`EventStore::append`].
     Append,
     /// [`EventStore::append_fenced`].
@@ -33,7 +28,7 @@ pub(crate) enum AppendVia {
 
 /// What happens to an append, as [`Hooks::before_append`] decides.
 #[derive(Debug)]
-pub(crate) enum BeforeAppend {
+pub enum BeforeAppend {
     /// It goes to the inner store.
     Write,
     /// It goes to the inner store, and then the caller gets this error
@@ -46,7 +41,7 @@ pub(crate) enum BeforeAppend {
 /// What a test or bench does around the calls it intercepts. Every hook
 /// defaults to doing nothing.
 #[async_trait]
-pub(crate) trait Hooks: Send + Sync {
+pub trait Hooks: Send + Sync {
     /// Before an append of `events` to `run_id`. May wait forever (a stalled
     /// driver).
     async fn before_append(
@@ -81,7 +76,7 @@ pub(crate) trait Hooks: Send + Sync {
 }
 
 /// `inner` with `hooks` around it.
-pub(crate) struct Intercepted<H> {
+pub struct Intercepted<H> {
     /// The store that does the work.
     pub inner: Arc<dyn EventStore>,
     /// What the test or bench does around it.
@@ -149,6 +144,13 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.load_after(run_id, after).await
     }
 
+    async fn load_many(
+        &self,
+        run_ids: &[RunId],
+    ) -> Result<Vec<(RunId, Vec<StoredEvent>)>, StoreError> {
+        self.inner.load_many(run_ids).await
+    }
+
     async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError> {
         self.inner.summary(run_id).await
     }
@@ -163,6 +165,10 @@ impl<H: Hooks> EventStore for Intercepted<H> {
 
     async fn run_ids(&self) -> Result<Vec<RunId>, StoreError> {
         self.inner.run_ids().await
+    }
+
+    async fn invalid_run_ids(&self) -> Result<Vec<String>, StoreError> {
+        self.inner.invalid_run_ids().await
     }
 
     async fn acquire_claim(
@@ -232,6 +238,10 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.claim_commitment(key, holder).await
     }
 
+    async fn commitments(&self, filter: &CommitmentFilter) -> Result<Vec<Commitment>, StoreError> {
+        self.inner.commitments(filter).await
+    }
+
     async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
         self.hooks
             .durability(request.run_id, request.events, request.listing.durability);
@@ -261,3 +271,6 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.revoke_rule(id, by, at_ms).await
     }
 }
+
+/// No hooks: every call goes to the inner store unchanged.
+impl Hooks for () {}
