@@ -16,7 +16,8 @@ use warden::engine::events::Event;
 use warden::engine::{Agent, ReplayOptions, RunId, RunStatus, RuntimeError, StartOptions};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 
-use super::engine::{CrashPoint, Fixture, crashing, id, normalized, runtime};
+use super::engine::{Fixture, id, normalized, runtime};
+use super::sweep::{Crashed, Sweep};
 use super::workers::PgSchema;
 
 /// One call to `<plugin>__sleep` labelled `label`, as a transcript entry.
@@ -390,46 +391,24 @@ async fn a_batch_crashed_at_every_boundary(kind: &str) {
     );
     let agent = agent(&fx, "crashy", &transcript, "max_parallel_calls = 3", "");
     let run = id("crashy");
-    let control_store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
-    assert_eq!(
-        run_to_end(control_store.clone(), &agent, &run).await,
-        RunStatus::Completed
-    );
-    let control = normalized(&runtime(control_store).events(&run).await.unwrap());
-    let appends = control.len() as u64 - 1;
+    let sweep = Sweep {
+        fx: &fx,
+        agent: &agent,
+        runs: vec![run.clone()],
+        input: json!("go"),
+        store: kind,
+        name: "batch_crash",
+    };
+    let (_, control) = sweep.uninterrupted().await;
     assert_eq!(fx.effects(), 2);
 
     let mut reconciled = 0;
-    for at in 0..appends {
-        for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
-            let case = format!("{kind}: crash at append {at} {point:?}");
-            let _ = std::fs::remove_file(fx.path("work/effects.log"));
-            let pg;
-            let inner: Arc<dyn EventStore> = match kind {
-                "memory" => Arc::new(MemoryStore::new()),
-                "sqlite" => Arc::new(
-                    SqliteStore::open(fx.path(&format!("crash-{at}-{point:?}.db"))).unwrap(),
-                ),
-                _ => {
-                    pg = PgSchema::new("batch_crash").await.unwrap();
-                    Arc::new(pg.store().await)
-                }
-            };
-            let crashing_rt = runtime(crashing(inner.clone(), at, point));
-            crashing_rt
-                .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
-                .await
-                .unwrap();
-            let err = crashing_rt.drive(&run, &agent).await.unwrap_err();
-            assert!(err.to_string().contains("injected crash"), "{case}: {err}");
-            drop(crashing_rt);
-
-            let rt = runtime(inner);
+    let visited = sweep
+        .crash_at_every_boundary(&control, async |Crashed { case, store, rt }| {
             match rt.recover(&run, &agent, ReplayOptions::default()).await {
                 Ok(status) => {
                     assert_eq!(status, RunStatus::Completed, "{case}");
-                    let log = normalized(&rt.events(&run).await.unwrap());
-                    assert_eq!(log, control, "{case}");
+                    assert_eq!(sweep.logs(&store).await, control, "{case}");
                     assert_eq!(fx.effects(), 2, "{case}: each write ran exactly once");
                 }
                 Err(RuntimeError::NeedsReconciliation { write, .. }) => {
@@ -461,8 +440,10 @@ async fn a_batch_crashed_at_every_boundary(kind: &str) {
                 }
                 Err(other) => panic!("{case}: {other}"),
             }
-        }
-    }
+        })
+        .await;
+    // Every append of the run, at both points.
+    assert_eq!(visited, 2 * 17, "{kind}");
     // Each write's intent and completion boundaries, where its outcome is
     // unknown: two per write.
     assert_eq!(reconciled, 4, "{kind}");
@@ -554,20 +535,6 @@ description = "Does the right side"
     Agent::load(&fx.path("planner.toml"), None).unwrap()
 }
 
-/// The normalized logs of the planner and both children.
-async fn family(store: &Arc<dyn EventStore>, parent: &RunId) -> Vec<Vec<Event>> {
-    let rt = runtime(store.clone());
-    let mut all = Vec::new();
-    for run in [
-        parent.clone(),
-        id(&format!("{parent}.call-1-1")),
-        id(&format!("{parent}.call-1-2")),
-    ] {
-        all.push(normalized(&rt.events(&run).await.unwrap()));
-    }
-    all
-}
-
 /// Two children of one turn run at once (their reads overlap), the
 /// parent's log records both starts, then both ends, in the model's
 /// order; a crash at every append of parent or children, at both points,
@@ -578,13 +545,20 @@ async fn two_children_at_once(kind: &str) {
     delays(&fx, json!({"left": 300, "right": 300}));
     let agent = planner(&fx);
     let run = id("plan");
-    let control_store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
-    assert_eq!(
-        run_to_end(control_store.clone(), &agent, &run).await,
-        RunStatus::Completed
-    );
+    let sweep = Sweep {
+        fx: &fx,
+        agent: &agent,
+        runs: vec![
+            run.clone(),
+            id(&format!("{run}.call-1-1")),
+            id(&format!("{run}.call-1-2")),
+        ],
+        input: json!("go"),
+        store: kind,
+        name: "batch_family",
+    };
+    let (_, control) = sweep.uninterrupted().await;
     assert_eq!(overlap(&trace(&fx)), 2, "the children ran at once");
-    let control = family(&control_store, &run).await;
     assert_eq!(
         kinds(&control[0])[3..7],
         [
@@ -594,39 +568,15 @@ async fn two_children_at_once(kind: &str) {
             "child_finished"
         ]
     );
-    let appends: u64 = control.iter().map(|l| l.len() as u64 - 1).sum();
     delays(&fx, json!({"left": 20, "right": 20}));
 
     let mut reconciled = 0;
-    for at in 0..appends {
-        for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
-            let case = format!("{kind}: crash at append {at} {point:?}");
-            let _ = std::fs::remove_file(fx.path("work/effects.log"));
-            let pg;
-            let inner: Arc<dyn EventStore> = match kind {
-                "memory" => Arc::new(MemoryStore::new()),
-                "sqlite" => Arc::new(
-                    SqliteStore::open(fx.path(&format!("family-{at}-{point:?}.db"))).unwrap(),
-                ),
-                _ => {
-                    pg = PgSchema::new("batch_family").await.unwrap();
-                    Arc::new(pg.store().await)
-                }
-            };
-            let crashing_rt = runtime(crashing(inner.clone(), at, point));
-            crashing_rt
-                .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
-                .await
-                .unwrap();
-            let err = crashing_rt.drive(&run, &agent).await.unwrap_err();
-            assert!(err.to_string().contains("injected crash"), "{case}: {err}");
-            drop(crashing_rt);
-
-            let rt = runtime(inner.clone());
+    let visited = sweep
+        .crash_at_every_boundary(&control, async |Crashed { case, store, rt }| {
             match rt.recover(&run, &agent, ReplayOptions::default()).await {
                 Ok(status) => {
                     assert_eq!(status, RunStatus::Completed, "{case}");
-                    assert_eq!(family(&inner, &run).await, control, "{case}");
+                    assert_eq!(sweep.logs(&store).await, control, "{case}");
                     assert_eq!(fx.effects(), 1, "{case}: the write ran once");
                 }
                 Err(RuntimeError::NeedsReconciliation { .. }) => {
@@ -646,8 +596,10 @@ async fn two_children_at_once(kind: &str) {
                 }
                 Err(other) => panic!("{case}: {other}"),
             }
-        }
-    }
+        })
+        .await;
+    // Every append of the parent and both children, at both points.
+    assert_eq!(visited, 2 * 27, "{kind}");
     assert_eq!(reconciled, 2, "{kind}: the parent's write's two boundaries");
 }
 

@@ -18,7 +18,8 @@ use warden::engine::{
 };
 use warden::store::{EventStore, MemoryStore, RunFilter, SqliteStore};
 
-use super::engine::{CrashPoint, Fixture, crashing, id, normalized, runtime};
+use super::engine::{Fixture, id, runtime};
+use super::sweep::{Crashed, Sweep};
 use super::workers::PgSchema;
 
 /// The worker's turns: one write (an appended line), then a typed result.
@@ -108,16 +109,6 @@ description = "Does one part of the plan"
 
 fn child(parent: &RunId, n: usize) -> RunId {
     id(&format!("{parent}.call-1-{n}"))
-}
-
-/// The normalized logs of the parent and its two children.
-async fn logs(store: &Arc<dyn EventStore>, parent: &RunId) -> Vec<Vec<Event>> {
-    let rt = runtime(store.clone());
-    let mut all = Vec::new();
-    for run in [parent.clone(), child(parent, 1), child(parent, 2)] {
-        all.push(normalized(&rt.events(&run).await.unwrap()));
-    }
-    all
 }
 
 fn kinds(events: &[Event]) -> Vec<&'static str> {
@@ -234,55 +225,30 @@ async fn a_crash_at_every_boundary(kind: &str) {
     let fx = Fixture::new();
     let agent = planner(&fx, false, "", "");
     let run = id("plan");
-    let control_store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
-    let control_rt = runtime(control_store.clone());
-    control_rt
-        .start(&agent, json!("plan"), StartOptions::new().id(run.clone()))
-        .await
-        .unwrap();
-    assert_eq!(
-        control_rt.drive(&run, &agent).await.unwrap(),
-        RunStatus::Completed
-    );
-    let control = logs(&control_store, &run).await;
+    let sweep = Sweep {
+        fx: &fx,
+        agent: &agent,
+        runs: vec![run.clone(), child(&run, 1), child(&run, 2)],
+        input: json!("plan"),
+        store: kind,
+        name: "children_crash",
+    };
+    let (_, control) = sweep.uninterrupted().await;
     let appends: u64 = control.iter().map(|l| l.len() as u64 - 1).sum();
     assert_eq!(appends, 9 + 2 * 7, "the parent's appends and each child's");
 
     let mut reconciled = 0;
-    for at in 0..appends {
-        for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
-            let case = format!("{kind}: crash at append {at} {point:?}");
-            let _ = std::fs::remove_file(fx.path("work/effects.log"));
-            let pg;
-            let inner: Arc<dyn EventStore> = match kind {
-                "memory" => Arc::new(MemoryStore::new()),
-                "sqlite" => Arc::new(
-                    SqliteStore::open(fx.path(&format!("crash-{at}-{point:?}.db"))).unwrap(),
-                ),
-                _ => {
-                    pg = PgSchema::new("children_crash").await.unwrap();
-                    Arc::new(pg.store().await)
-                }
-            };
-            let crashing_rt = runtime(crashing(inner.clone(), at, point));
-            crashing_rt
-                .start(&agent, json!("plan"), StartOptions::new().id(run.clone()))
-                .await
-                .unwrap();
-            let err = crashing_rt.drive(&run, &agent).await.unwrap_err();
-            assert!(err.to_string().contains("injected crash"), "{case}: {err}");
-            drop(crashing_rt);
-
+    let visited = sweep
+        .crash_at_every_boundary(&control, async |Crashed { case, store, rt }| {
             // A new process: recover the parent, which drives its children.
-            let rt = runtime(inner.clone());
             let status = rt
                 .recover(&run, &agent, ReplayOptions::default())
                 .await
                 .unwrap_or_else(|e| panic!("{case}: {e}"));
             if status == RunStatus::Completed {
-                assert_eq!(logs(&inner, &run).await, control, "{case}");
+                assert_eq!(sweep.logs(&store).await, control, "{case}");
                 assert_eq!(fx.effects(), 2, "{case}: each write ran exactly once");
-                continue;
+                return;
             }
             // A child's write has no recorded outcome: the child needs a
             // human, and the parent waits for the child.
@@ -330,8 +296,10 @@ async fn a_crash_at_every_boundary(kind: &str) {
                 ran + usize::from(first),
                 "{case}: no write ran again"
             );
-        }
-    }
+        })
+        .await;
+    // Every append of the parent and both children, at both points.
+    assert_eq!(visited, 2 * 23, "{kind}");
     // Each child's write intent and completion boundaries, at the points
     // where the write's outcome is unknown: two per child.
     assert_eq!(reconciled, 4, "{kind}");

@@ -120,6 +120,9 @@
 //!   resolved with other features.
 //! - `binary` (support): the `warden` binary, built fresh for the tests
 //!   that drive it.
+//! - `sweep` (support): the every-boundary crash sweep of `children`,
+//!   `batches` and `plans`: a fresh store per case, the crash, a new
+//!   runtime for the test's check.
 //! - `store_suite`: the store conformance suite (`warden_store::testing`)
 //!   run from outside the store crate, against the intercepting store
 //!   around the memory store: a store written elsewhere runs it the same way.
@@ -168,6 +171,7 @@ mod serve;
 mod server;
 mod sessions;
 mod store_suite;
+mod sweep;
 mod torn_edits;
 mod turns;
 mod typed_results;

@@ -21,7 +21,8 @@ use warden::providers::{
 };
 use warden::store::{EventStore, MemoryStore, RunFilter, SqliteStore};
 
-use super::engine::{CrashPoint, Fixture, crashing, id, normalized, runtime};
+use super::engine::{Fixture, id, normalized, runtime};
+use super::sweep::{Crashed, Sweep};
 use super::workers::PgSchema;
 
 /// The decisions a plan's run recorded, in order.
@@ -333,15 +334,6 @@ fn runs(plan: &RunId) -> Vec<RunId> {
         .collect()
 }
 
-async fn logs(store: &Arc<dyn EventStore>, plan: &RunId) -> Vec<Vec<Event>> {
-    let rt = runtime(store.clone());
-    let mut all = vec![normalized(&rt.events(plan).await.unwrap())];
-    for run in runs(plan) {
-        all.push(normalized(&rt.events(&run).await.unwrap()));
-    }
-    all
-}
-
 /// Crashes at every append of the plan's run and its children, at both
 /// crash points, then recovers the plan's run in a new runtime: the same
 /// final logs as a run never interrupted, each write made once and never a
@@ -353,22 +345,21 @@ async fn a_crash_at_every_boundary(kind: &str) {
     let fx = Fixture::new();
     let agent = write_plan(&fx, false, LEFT_RIGHT_THEN_CHECK);
     let run = id("plan");
-    let input = json!("go");
-    let control_store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
-    let control_rt = runtime(control_store.clone());
-    control_rt
-        .start(&agent, input.clone(), StartOptions::new().id(run.clone()))
-        .await
-        .unwrap();
+    let mut runs_swept = vec![run.clone()];
+    runs_swept.extend(runs(&run));
+    let sweep = Sweep {
+        fx: &fx,
+        agent: &agent,
+        runs: runs_swept,
+        input: json!("go"),
+        store: kind,
+        name: "plans_crash",
+    };
+    let (control_store, control) = sweep.uninterrupted().await;
     assert_eq!(
-        control_rt.drive(&run, &agent).await.unwrap(),
-        RunStatus::Completed
-    );
-    assert_eq!(
-        control_rt.state(&run).await.unwrap().output(),
+        runtime(control_store).state(&run).await.unwrap().output(),
         Some(&json!(true))
     );
-    let control = logs(&control_store, &run).await;
     let appends: u64 = control.iter().map(|l| l.len() as u64 - 1).sum();
     // The plan: three decisions (intent, completion), two children in the
     // first step and one in the second (started, finished), the end; each
@@ -376,37 +367,14 @@ async fn a_crash_at_every_boundary(kind: &str) {
     assert_eq!(appends, 13 + 2 * 7 + 3);
 
     let mut reconciled = 0;
-    for at in 0..appends {
-        for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
-            let case = format!("{kind}: crash at append {at} {point:?}");
-            let _ = std::fs::remove_file(fx.path("work/effects.log"));
-            let pg;
-            let inner: Arc<dyn EventStore> = match kind {
-                "memory" => Arc::new(MemoryStore::new()),
-                "sqlite" => Arc::new(
-                    SqliteStore::open(fx.path(&format!("crash-{at}-{point:?}.db"))).unwrap(),
-                ),
-                _ => {
-                    pg = PgSchema::new("plans_crash").await.unwrap();
-                    Arc::new(pg.store().await)
-                }
-            };
-            let crashing_rt = runtime(crashing(inner.clone(), at, point));
-            crashing_rt
-                .start(&agent, input.clone(), StartOptions::new().id(run.clone()))
-                .await
-                .unwrap();
-            let err = crashing_rt.drive(&run, &agent).await.unwrap_err();
-            assert!(err.to_string().contains("injected crash"), "{case}: {err}");
-            drop(crashing_rt);
-
-            let rt = runtime(inner.clone());
+    let visited = sweep
+        .crash_at_every_boundary(&control, async |Crashed { case, store, rt }| {
             let status = rt
                 .recover(&run, &agent, ReplayOptions::default())
                 .await
                 .unwrap_or_else(|e| panic!("{case}: {e}"));
             if status == RunStatus::Completed {
-                assert_eq!(logs(&inner, &run).await, control, "{case}");
+                assert_eq!(sweep.logs(&store).await, control, "{case}");
                 for name in ["left", "right"] {
                     assert_eq!(writes(&fx, name), 1, "{case}: {name} wrote once");
                 }
@@ -459,10 +427,12 @@ async fn a_crash_at_every_boundary(kind: &str) {
                 }
             }
             // Never a second child: the plan's run and its three, no more.
-            let listed = inner.list(&RunFilter::new()).await.unwrap();
+            let listed = store.list(&RunFilter::new()).await.unwrap();
             assert_eq!(listed.len(), 4, "{case}: {listed:?}");
-        }
-    }
+        })
+        .await;
+    // Every append of the plan's run and its three children, at both points.
+    assert_eq!(visited, 2 * 30, "{kind}");
     // Each worker's write intent and completion boundaries, where the
     // write's outcome is unknown: two per worker at least (more when a
     // crash finds both in flight).

@@ -1,0 +1,142 @@
+//! The every-boundary crash sweep the recovery tests of child runs
+//! (`children`), batches (`batches`) and plans (`plans`) share: a run (and
+//! the children it starts) crashed at each of its appends in turn, at both
+//! crash points, on a fresh store of one kind, then handed to the test's
+//! own check in a new runtime, as a new process would find it. Each test
+//! keeps its assertions; the set-up (the store, the crash, the normalised
+//! logs to compare with an uninterrupted run) is written here once.
+
+use std::sync::Arc;
+
+use serde_json::Value;
+use warden::engine::events::Event;
+use warden::engine::{Agent, RunId, RunStatus, Runtime, StartOptions};
+use warden::store::{EventStore, MemoryStore, SqliteStore};
+
+use super::engine::{CrashPoint, Fixture, crashing, normalized, runtime};
+use super::workers::PgSchema;
+
+/// A run to crash at every boundary.
+pub(crate) struct Sweep<'a> {
+    /// Its directory holds the SQLite files; its effects log
+    /// (`work/effects.log`) is removed before each case.
+    pub(crate) fx: &'a Fixture,
+    /// The agent started and recovered.
+    pub(crate) agent: &'a Agent,
+    /// The runs whose logs are compared: the one started first, then the
+    /// children it starts.
+    pub(crate) runs: Vec<RunId>,
+    /// The run's input.
+    pub(crate) input: Value,
+    /// `memory`, `sqlite` or `postgres`: each case gets a fresh store of
+    /// this kind.
+    pub(crate) store: &'a str,
+    /// Names each case's SQLite file and PostgreSQL schema.
+    pub(crate) name: &'a str,
+}
+
+/// One case of a sweep, after its crash.
+pub(crate) struct Crashed {
+    /// Names the store and the crash, for assertion messages.
+    pub(crate) case: String,
+    /// The store the crashed driver wrote to.
+    pub(crate) store: Arc<dyn EventStore>,
+    /// A new runtime over that store: the next process.
+    pub(crate) rt: Runtime,
+}
+
+/// The normalised logs of `runs` in `store`, in that order.
+pub(crate) async fn logs(store: &Arc<dyn EventStore>, runs: &[RunId]) -> Vec<Vec<Event>> {
+    let rt = runtime(store.clone());
+    let mut all = Vec::new();
+    for run in runs {
+        all.push(normalized(&rt.events(run).await.unwrap()));
+    }
+    all
+}
+
+impl Sweep<'_> {
+    /// The run started and driven to its end without a crash, on a memory
+    /// store: that store, and the normalised logs every recovered case is
+    /// compared with.
+    pub(crate) async fn uninterrupted(&self) -> (Arc<dyn EventStore>, Vec<Vec<Event>>) {
+        let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
+        let rt = runtime(store.clone());
+        rt.start(self.agent, self.input.clone(), self.started())
+            .await
+            .unwrap();
+        assert_eq!(
+            rt.drive(&self.runs[0], self.agent).await.unwrap(),
+            RunStatus::Completed
+        );
+        let logs = self.logs(&store).await;
+        (store, logs)
+    }
+
+    /// The normalised logs of the swept runs in `store`.
+    pub(crate) async fn logs(&self, store: &Arc<dyn EventStore>) -> Vec<Vec<Event>> {
+        logs(store, &self.runs).await
+    }
+
+    /// For each append the uninterrupted run made (`control`'s events but
+    /// each log's first, which `create` writes) and each crash point: a
+    /// fresh store, the run started and driven until the driver dies at
+    /// that append, then `check` with a new runtime over the store. Returns
+    /// the number of cases visited, which the caller asserts, so a sweep
+    /// cannot come to visit fewer boundaries unnoticed.
+    pub(crate) async fn crash_at_every_boundary(
+        &self,
+        control: &[Vec<Event>],
+        mut check: impl AsyncFnMut(Crashed),
+    ) -> u64 {
+        let appends: u64 = control.iter().map(|l| l.len() as u64 - 1).sum();
+        let mut visited = 0;
+        for at in 0..appends {
+            for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
+                let case = format!("{}: crash at append {at} {point:?}", self.store);
+                let _ = std::fs::remove_file(self.fx.path("work/effects.log"));
+                // Dropped (its schema with it) at the end of the case.
+                let pg;
+                let inner: Arc<dyn EventStore> = match self.store {
+                    "memory" => Arc::new(MemoryStore::new()),
+                    "sqlite" => Arc::new(
+                        SqliteStore::open(
+                            self.fx.path(&format!("{}-{at}-{point:?}.db", self.name)),
+                        )
+                        .unwrap(),
+                    ),
+                    "postgres" => {
+                        pg = PgSchema::new(self.name).await.unwrap();
+                        Arc::new(pg.store().await)
+                    }
+                    other => panic!("no store `{other}`"),
+                };
+                let crashing_rt = runtime(crashing(inner.clone(), at, point));
+                crashing_rt
+                    .start(self.agent, self.input.clone(), self.started())
+                    .await
+                    .unwrap();
+                let err = crashing_rt
+                    .drive(&self.runs[0], self.agent)
+                    .await
+                    .unwrap_err();
+                assert!(err.to_string().contains("injected crash"), "{case}: {err}");
+                drop(crashing_rt);
+
+                check(Crashed {
+                    case,
+                    store: inner.clone(),
+                    rt: runtime(inner),
+                })
+                .await;
+                visited += 1;
+            }
+        }
+        eprintln!("{} on {}: {visited} crash cases", self.name, self.store);
+        visited
+    }
+
+    fn started(&self) -> StartOptions {
+        StartOptions::new().id(self.runs[0].clone())
+    }
+}
