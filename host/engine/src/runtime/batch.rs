@@ -37,11 +37,12 @@ use super::{
     DriverHandle, Log, Prepared, Runtime, RuntimeError, Step, ToolOutcome, ToolReturn, decide_next,
     still_valid,
 };
-use crate::child_agents::ParentLink;
 use crate::decide::{Action, ChildDrive, Idle, ToolInvocation};
+use crate::events::ParentLink;
 use crate::events::{ClockObserved, Event};
 use crate::ids::{CallId, RunId};
-use crate::state::{Parked, RunStatus, ToolCallProgress};
+use crate::state::{Parked, ToolCallProgress};
+use crate::status::RunStatus;
 use warden_plugins::grant::EffectClass;
 use warden_sandbox::Leased;
 
