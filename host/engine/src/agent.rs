@@ -210,7 +210,7 @@ pub enum AgentError {
         /// What is wrong.
         message: String,
     },
-    /// A plan file (see [`super::plan`]) the engine refuses: an unknown
+    /// A plan file (see [`plan`]) the engine refuses: an unknown
     /// role or agent, a cycle, a stopping rule that cannot work.
     #[error("plan `{path}`: {error}")]
     Plan {

@@ -31,8 +31,9 @@
 //! A policy that returns an error, panics, or does not answer within the
 //! runtime's policy timeout fails closed: its decision is recorded as
 //! `failed` with the reason, and the run fails with
-//! [`RunError::PolicyFailed`]. A `feedback` answer at any hook but
-//! `before_finish` is recorded as `failed` too.
+//! [`RunError::PolicyFailed`](crate::events::RunError::PolicyFailed). A
+//! `feedback` answer at any hook but `before_finish` is recorded as
+//! `failed` too.
 
 use std::sync::Arc;
 use std::time::Duration;

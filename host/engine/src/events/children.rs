@@ -29,7 +29,7 @@ pub struct ParentLink {
 pub struct ChildStarted {
     /// The parent's call.
     pub call_id: CallId,
-    /// The child run ([`child_run_id`] of the parent and the call).
+    /// The child run ([`child_run_id`](crate::agent::child_agents::child_run_id) of the parent and the call).
     pub child_run: RunId,
     /// The child's agent.
     pub agent: String,
