@@ -156,6 +156,14 @@ accept_hints = true
         c
     }
 
+    /// [`warden`](Self::warden) with the remote server's header value in
+    /// its variable.
+    fn remote_warden(&self) -> Command {
+        let mut c = self.warden();
+        c.env("WARDEN_TEST_HEADER", HEADER_SECRET);
+        c
+    }
+
     fn run(&self, args: &[&str]) -> Output {
         self.warden().args(args).output().unwrap()
     }
@@ -715,6 +723,22 @@ effect = "read"
     .unwrap();
 }
 
+/// An agent whose scripted model plays `turns` and whose `notes` server is
+/// the test server over HTTP, started here on a free port, that port
+/// granted and `extra` appended to the server's table. The server stops
+/// when the returned value is dropped.
+fn remote(turns: &str, extra: &str) -> (Fx, HttpServer) {
+    let fx = Fx::new(turns, "");
+    let server = HttpServer::start(&fx, None);
+    remote_agent(
+        &fx,
+        &server,
+        &format!("[\"127.0.0.1:{}\"]", server.port),
+        extra,
+    );
+    (fx, server)
+}
+
 fn sha256_hex(text: &str) -> String {
     use sha2::Digest as _;
     hex::encode(sha2::Sha256::digest(text.as_bytes()))
@@ -722,7 +746,7 @@ fn sha256_hex(text: &str) -> String {
 
 #[test]
 fn a_remote_server_reads_at_once_writes_after_approval_and_gets_its_header() {
-    let fx = Fx::new(
+    let (fx, _server) = remote(
         &calls(&[
             ("notes__read_note", "{ name = \"note.txt\" }"),
             ("notes__header", "{ name = \"X-Warden-Test\" }"),
@@ -733,19 +757,11 @@ fn a_remote_server_reads_at_once_writes_after_approval_and_gets_its_header() {
         ]),
         "",
     );
-    let server = HttpServer::start(&fx, None);
-    remote_agent(
-        &fx,
-        &server,
-        &format!("[\"127.0.0.1:{}\"]", server.port),
-        "",
-    );
     let agent = std::fs::read_to_string(fx.path("agent.toml")).unwrap();
     assert!(!agent.contains(HEADER_SECRET));
 
     let out = fx
-        .warden()
-        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .remote_warden()
         .args(["run", "agent.toml"])
         .output()
         .unwrap();
@@ -785,8 +801,7 @@ fn a_remote_server_reads_at_once_writes_after_approval_and_gets_its_header() {
         .unwrap()
         .to_owned();
     let out = fx
-        .warden()
-        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .remote_warden()
         .args(["runs", "approve", run_id, &call_id])
         .output()
         .unwrap();
@@ -828,8 +843,7 @@ fn a_remote_host_not_granted_is_refused_before_anything_is_recorded() {
     for hosts in ["[]", "[\"mcp.example.com\"]", "[\"127.0.0.1:1\"]"] {
         remote_agent(&fx, &server, hosts, "");
         let out = fx
-            .warden()
-            .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+            .remote_warden()
             .args(["--json", "run", "agent.toml"])
             .output()
             .unwrap();
@@ -859,8 +873,7 @@ fn a_remote_host_not_granted_is_refused_before_anything_is_recorded() {
     // itself does.
     remote_agent(&fx, &server, "[\"*\"]", "");
     let out = fx
-        .warden()
-        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .remote_warden()
         .args(["run", "agent.toml"])
         .output()
         .unwrap();
@@ -871,16 +884,12 @@ fn a_remote_host_not_granted_is_refused_before_anything_is_recorded() {
 
 #[test]
 fn a_changed_remote_tool_list_is_refused_until_accepted() {
-    let fx = Fx::new(
+    let (fx, server) = remote(
         &calls(&[("notes__read_note", "{ name = \"note.txt\" }")]),
         "",
     );
-    let server = HttpServer::start(&fx, None);
-    let hosts = format!("[\"127.0.0.1:{}\"]", server.port);
-    remote_agent(&fx, &server, &hosts, "");
     let run = |fx: &Fx| {
-        fx.warden()
-            .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        fx.remote_warden()
             .args(["run", "agent.toml"])
             .output()
             .unwrap()
@@ -915,8 +924,7 @@ fn a_changed_remote_tool_list_is_refused_until_accepted() {
     );
 
     let out = fx
-        .warden()
-        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .remote_warden()
         .args(["mcp", "accept", "notes", "--agent", "agent.toml"])
         .output()
         .unwrap();
@@ -943,14 +951,7 @@ fn a_hung_remote_server_fails_at_the_deadline_and_the_run_goes_on() {
         ("notes__hang", "{}"),
         ("notes__read_note", "{ name = \"note.txt\" }"),
     ]);
-    let fx = Fx::new(&turns, "");
-    let server = HttpServer::start(&fx, None);
-    remote_agent(
-        &fx,
-        &server,
-        &format!("[\"127.0.0.1:{}\"]", server.port),
-        "",
-    );
+    let (fx, server) = remote(&turns, "");
     let agent = std::fs::read_to_string(fx.path("agent.toml"))
         .unwrap()
         .replace("timeout = \"20s\"", "timeout = \"2s\"");
@@ -961,8 +962,7 @@ fn a_hung_remote_server_fails_at_the_deadline_and_the_run_goes_on() {
     .unwrap();
     let started = Instant::now();
     let out = fx
-        .warden()
-        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .remote_warden()
         .args(["run", "agent.toml"])
         .output()
         .unwrap();
@@ -1025,17 +1025,9 @@ fn a_result_over_max_output_fails_with_the_output_limit() {
     let out = fx.run(&["run", "agent.toml"]);
     check(&fx, out);
 
-    let fx = Fx::new(&turns, "");
-    let server = HttpServer::start(&fx, None);
-    remote_agent(
-        &fx,
-        &server,
-        &format!("[\"127.0.0.1:{}\"]", server.port),
-        limit,
-    );
+    let (fx, server) = remote(&turns, limit);
     let out = fx
-        .warden()
-        .env("WARDEN_TEST_HEADER", HEADER_SECRET)
+        .remote_warden()
         .args(["run", "agent.toml"])
         .output()
         .unwrap();
