@@ -14,27 +14,15 @@ and a logged-out session refused."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-from pathlib import Path
 
 from playwright.sync_api import expect, sync_playwright
 
-addr, token, demo, binary, store, shots = sys.argv[1:7]
-base = f"http://{addr}"
-demo_dir = Path(demo)
-shots_dir = Path(shots)
-shots_dir.mkdir(parents=True, exist_ok=True)
-env = dict(os.environ, WARDEN_STORE=store)
-env.pop("RUST_LOG", None)
+from console_common import Console
 
-
-def warden(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [binary, *args], cwd=demo_dir, env=env, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=120,
-    )
+console = Console(*sys.argv[1:7])
+base, token, demo_dir = console.base, console.token, console.demo_dir
+warden, shot, doc_shot = console.warden, console.shot, console.doc_shot
 
 
 def start_parked(agent: str, run_id: str, text: str) -> None:
@@ -43,29 +31,8 @@ def start_parked(agent: str, run_id: str, text: str) -> None:
     assert done.returncode == 4, (done.returncode, done.stderr)
 
 
-def shot(page, name: str) -> None:
-    page.screenshot(path=str(shots_dir / f"{name}.png"), full_page=True)
-
-
-def doc_shot(page, name: str) -> None:
-    """What docs/serve.md shows (docs/images/NAME.png, reduced to a small
-    palette when committed): the visible part of the page only."""
-    (shots_dir / "docs").mkdir(exist_ok=True)
-    page.screenshot(path=str(shots_dir / "docs" / f"{name}.png"))
-
-
 with sync_playwright() as p:
-    browser = p.chromium.launch(
-        executable_path="/usr/bin/chromium",
-        args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        ],
-    )
-    page = browser.new_page(viewport={"width": 1100, "height": 900})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "401" not in m.text else None)
+    browser, page, errors = console.page(p, 1100, 900)
 
     # The page carries a strict policy and no secret.
     response = page.goto(f"{base}/console/")
@@ -77,9 +44,7 @@ with sync_playwright() as p:
     page.get_by_label("Token").fill("not-a-token")
     page.get_by_role("button", name="Log in").click()
     expect(page.get_by_role("alert")).to_contain_text("not accepted")
-    page.get_by_label("Token").fill(token)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    console.log_in(page)
     expect(page.locator("#me-name")).to_contain_text("olive (operator)")
     cookies = {c["name"]: c for c in page.context.cookies()}
     session = cookies["warden_console"]

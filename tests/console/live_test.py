@@ -16,28 +16,17 @@ approved, with nothing left to make it read the run again."""
 from __future__ import annotations
 
 import json
-import os
 import re
-import subprocess
 import sys
 import urllib.request
-from pathlib import Path
 
 from playwright.sync_api import expect, sync_playwright
 
-addr, token, demo, binary, store = sys.argv[1:6]
-base = f"http://{addr}"
-demo_dir = Path(demo)
-env = dict(os.environ, WARDEN_STORE=store)
-env.pop("RUST_LOG", None)
+from console_common import Console
+
+console = Console(*sys.argv[1:6])
+base, token, demo_dir, warden = console.base, console.token, console.demo_dir, console.warden
 run = "twice-1"
-
-
-def warden(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [binary, *args], cwd=demo_dir, env=env, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=120,
-    )
 
 
 def shown_by_the_server() -> bytes:
@@ -54,21 +43,10 @@ started = warden("run", "twice.toml", "Write twice", "--run-id", run)
 assert started.returncode == 4, (started.returncode, started.stderr)
 
 with sync_playwright() as p:
-    browser = p.chromium.launch(
-        executable_path="/usr/bin/chromium",
-        args=[
-            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-        ],
-    )
-    page = browser.new_page(viewport={"width": 1000, "height": 760})
-    errors: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
+    browser, page, errors = console.page(p, 1000, 760, console_errors=False)
 
     page.goto(f"{base}/console/")
-    page.get_by_label("Token").fill(token)
-    page.get_by_role("button", name="Log in").click()
-    expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+    console.log_in(page)
     page.goto(f"{base}/console/#/run/{run}")
     decision = page.get_by_role("region", name="Decision")
     expect(decision.get_by_text("call call-1-1")).to_be_visible()

@@ -16,7 +16,6 @@ run did and ask again, and approves the fork."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -26,37 +25,17 @@ from pathlib import Path
 
 from playwright.sync_api import expect, sync_playwright
 
-addr, token, demo, binary, store, shots = sys.argv[1:7]
-base = f"http://{addr}"
-demo_dir = Path(demo)
-shots_dir = Path(shots)
-shots_dir.mkdir(parents=True, exist_ok=True)
-env = dict(os.environ, WARDEN_STORE=store)
-env.pop("RUST_LOG", None)
+from console_common import Console
 
-
-def warden(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [binary, *args], cwd=demo_dir, env=env, stdin=subprocess.DEVNULL,
-        capture_output=True, text=True, timeout=120,
-    )
+console = Console(*sys.argv[1:7])
+base, demo_dir, binary, env = console.base, console.demo_dir, console.binary, console.env
+warden, shot, doc_shot = console.warden, console.shot, console.doc_shot
 
 
 def events_of(run: str) -> list[dict]:
     listed = warden("--json", "runs", "events", run)
     assert listed.returncode == 0, listed.stderr
     return [json.loads(line)["event"] for line in listed.stdout.splitlines() if line.strip()]
-
-
-def shot(page, name: str) -> None:
-    page.screenshot(path=str(shots_dir / f"{name}.png"), full_page=True)
-
-
-def doc_shot(page, name: str) -> None:
-    """What docs/serve.md shows (docs/images/NAME.png, reduced to a small
-    palette when committed): the visible part of the page only."""
-    (shots_dir / "docs").mkdir(exist_ok=True)
-    page.screenshot(path=str(shots_dir / "docs" / f"{name}.png"))
 
 
 # The workers, each logging the runs it claims.
@@ -92,22 +71,10 @@ def wait(what: str, check, timeout: float = 30.0):
 
 try:
     with sync_playwright() as p:
-        browser = p.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=[
-                "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            ],
-        )
-        page = browser.new_page(viewport={"width": 1000, "height": 760})
-        errors: list[str] = []
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" and "401" not in m.text else None)
+        browser, page, errors = console.page(p, 1000, 760)
 
         page.goto(f"{base}/console/")
-        page.get_by_label("Token").fill(token)
-        page.get_by_role("button", name="Log in").click()
-        expect(page.get_by_role("heading", name="Runs")).to_be_visible()
+        console.log_in(page)
 
         # Start a run of the served agent, queued for the workers, by
         # keyboard: the folded form opens from its summary.

@@ -17,6 +17,10 @@
 //! `tests/console/live_test.py` holds back the run view's read of a run
 //! while the live stream brings newer events (the race a loaded machine
 //! makes by itself) and checks that the view catches up with the log.
+//!
+//! The three share `tests/console/console_common.py`: their arguments, the
+//! `warden` command on the test's store, the browser and its page, and
+//! logging in.
 
 use std::path::Path;
 use std::process::Command;
