@@ -24,7 +24,16 @@ use warden::sandbox::{Sandbox, SandboxConfig};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 use warden_tests::guests;
 
+#[path = "table.rs"]
+mod table;
+use crate::table::Row;
+
 fn main() {
+    run();
+}
+
+/// Measures and prints; returns the targets for the table.
+pub(crate) fn run() -> Vec<Row> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -37,14 +46,15 @@ fn main() {
             ..SandboxConfig::default()
         })
         .unwrap();
-        replay_bench(dir.path(), &sandbox).await;
+        let mut rows = replay_bench(dir.path(), &sandbox).await;
         let runs: usize = std::env::var("ENGINE_BENCH_RUNS")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(1000);
-        concurrency_bench(dir.path(), &sandbox, runs).await;
-        parked_memory_bench(dir.path(), &sandbox, runs).await;
-    });
+        rows.extend(concurrency_bench(dir.path(), &sandbox, runs).await);
+        rows.push(parked_memory_bench(dir.path(), &sandbox, runs).await);
+        rows
+    })
 }
 
 /// An agent over the no-op guest whose scripted model calls `noop` once per
@@ -85,7 +95,8 @@ fn agent_with(dir: &Path, name: &str, turns: usize, approval: bool, extra: &str)
     Agent::load(&dir.join(format!("{name}.toml")), None).unwrap()
 }
 
-async fn replay_bench(dir: &Path, sandbox: &Sandbox) {
+async fn replay_bench(dir: &Path, sandbox: &Sandbox) -> Vec<Row> {
+    let mut rows = Vec::new();
     // Four events per turn (model intent and completion, tool intent and
     // completion): 2,500 turns make a 10,000-event run.
     let plain = agent(dir, "long", 2_499, false);
@@ -149,7 +160,15 @@ async fn replay_bench(dir: &Path, sandbox: &Sandbox) {
             ms(l + d),
             recorded.as_secs_f64()
         );
+        rows.push(Row::new(
+            "engine",
+            format!("replay of a {count}-event run ({name})"),
+            format!("{:.1} ms", ms(l + d)),
+            "< 30 ms",
+            Some(ms(l + d) < 30.0),
+        ));
     }
+    rows
 }
 
 /// The agent's view as the runtime builds it (plugins loaded; components
@@ -170,17 +189,16 @@ async fn view_of(sandbox: &Sandbox, agent: &Agent) -> warden::engine::AgentView 
     warden::engine::AgentView::new(agent, &tools).unwrap()
 }
 
-async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
+async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) -> Vec<Row> {
     let agent = agent(dir, "short", 4, false);
+    let sqlite = Arc::new(SqliteStore::open(dir.join("concurrent.db")).unwrap());
+    let mut rates = Vec::new();
     for (name, store) in [
         (
             "memory",
             Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
         ),
-        (
-            "sqlite",
-            Arc::new(SqliteStore::open(dir.join("concurrent.db")).unwrap()) as Arc<dyn EventStore>,
-        ),
+        ("sqlite", sqlite.clone() as Arc<dyn EventStore>),
     ] {
         let runtime = Runtime::new(store.clone(), PluginHost::new(sandbox.clone()));
         // Load the plugins once before timing.
@@ -191,6 +209,11 @@ async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
             .unwrap();
         runtime.drive(&warm, &agent).await.unwrap();
 
+        let synced = || {
+            let stats = sqlite.stats();
+            stats.transactions - stats.deferred_transactions
+        };
+        let synced_before = synced();
         let t = Instant::now();
         let mut tasks = Vec::new();
         for i in 0..runs {
@@ -218,16 +241,41 @@ async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
             .await
             .unwrap()
             .event_count;
+        // Only the SQLite store syncs; the memory store's count stays put.
+        let fsyncs = synced() - synced_before;
+        let steps_per_s = steps as f64 / elapsed.as_secs_f64();
+        let fsyncs_per_s = fsyncs as f64 / elapsed.as_secs_f64();
         println!(
-            "{runs} concurrent runs ({name}): {:.2} s, {:.0} steps/s, {:.0} events/s, {failures} failures",
+            "{runs} concurrent runs ({name}): {:.2} s, {steps_per_s:.0} steps/s, {:.0} events/s, {fsyncs_per_s:.0} fsyncs/s ({:.2} steps per fsync), {failures} failures",
             elapsed.as_secs_f64(),
-            steps as f64 / elapsed.as_secs_f64(),
             (events as usize * runs) as f64 / elapsed.as_secs_f64(),
+            steps as f64 / fsyncs.max(1) as f64,
         );
+        rates.push((steps_per_s, fsyncs_per_s));
     }
+    let [(memory, _), (sqlite, fsyncs)] = rates[..] else {
+        unreachable!("two stores")
+    };
+    let ratio = sqlite / memory;
+    vec![
+        Row::new(
+            "engine",
+            format!("{runs} concurrent scripted runs, memory"),
+            format!("{memory:.0} steps/s"),
+            "",
+            None,
+        ),
+        Row::new(
+            "engine",
+            format!("{runs} concurrent scripted runs, SQLite / memory steps/s"),
+            format!("{ratio:.2}× ({sqlite:.0} steps/s, {fsyncs:.0} fsyncs/s)"),
+            "≥ 0.5×",
+            Some(ratio >= 0.5),
+        ),
+    ]
 }
 
-async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
+async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) -> Row {
     let agent = agent(dir, "parked", 1, true);
     let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(dir.join("parked.db")).unwrap());
     let runtime = Runtime::new(store, PluginHost::new(sandbox.clone()));
@@ -251,10 +299,17 @@ async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
         );
     }
     let after = rss_bytes();
+    let per_run = (after.saturating_sub(before)) as f64 / runs as f64 / 1024.0;
     println!(
-        "memory per parked run: {:.1} KiB of resident memory over {runs} runs parked for approval (the runtime keeps no per-run state; what grows is the store's cache)",
-        (after.saturating_sub(before)) as f64 / runs as f64 / 1024.0
+        "memory per parked run: {per_run:.1} KiB of resident memory over {runs} runs parked for approval (the runtime keeps no per-run state; what grows is the store's cache)",
     );
+    Row::new(
+        "engine",
+        "resident memory per parked run",
+        format!("{per_run:.1} KiB"),
+        "",
+        None,
+    )
 }
 
 fn rss_bytes() -> u64 {
