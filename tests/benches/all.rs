@@ -13,7 +13,6 @@
 
 #![allow(dead_code)]
 
-mod table;
 #[path = "engine.rs"]
 mod engine;
 #[path = "guests.rs"]
@@ -28,6 +27,7 @@ mod plugins;
 mod sessions;
 #[path = "../../host/store/benches/store.rs"]
 mod store;
+mod table;
 #[path = "workers.rs"]
 mod workers;
 

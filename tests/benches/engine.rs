@@ -261,7 +261,11 @@ async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) -> Vec<Ro
         );
         rates.push((steps_per_s, fsyncs_per_s, process_us, writer_us));
     }
-    let [(memory, _, memory_cpu, _), (sqlite, fsyncs, sqlite_cpu, writer_cpu)] = rates[..] else {
+    let [
+        (memory, _, memory_cpu, _),
+        (sqlite, fsyncs, sqlite_cpu, writer_cpu),
+    ] = rates[..]
+    else {
         unreachable!("two stores")
     };
     let ratio = sqlite / memory;
@@ -300,7 +304,12 @@ fn thread_cpu_ms(name: Option<&str>) -> u64 {
             .unwrap_or_default()
             .split_whitespace()
             .collect();
-        let field = |i: usize| fields.get(i).and_then(|f| f.parse::<u64>().ok()).unwrap_or(0);
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
         field(11) + field(12)
     };
     let Some(name) = name else {
@@ -311,9 +320,7 @@ fn thread_cpu_ms(name: Option<&str>) -> u64 {
     };
     tasks
         .flatten()
-        .filter(|t| {
-            std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name)
-        })
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
         .map(|t| ticks(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default()) * 10)
         .sum()
 }

@@ -27,7 +27,9 @@ use sha2::Digest;
 use warden::engine::{Agent, RunId, Runtime, decode};
 use warden::plugins::PluginHost;
 use warden::sandbox::{Sandbox, SandboxConfig};
-use warden::store::{Claim, Durability, EventStore, PostgresStats, PostgresStore, RunFilter, SqliteStore};
+use warden::store::{
+    Claim, Durability, EventStore, PostgresStats, PostgresStore, RunFilter, SqliteStore,
+};
 use warden::worker::Worker;
 use warden_tests::guests;
 

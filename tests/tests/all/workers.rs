@@ -1285,9 +1285,8 @@ impl Hooks for StopAtFirstClaim {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_told_to_stop_while_it_claims_takes_no_further_run() {
     let fx = Fixture::new();
-    let store: Arc<dyn EventStore> = Arc::new(
-        SqliteStore::open(fx.dir.path().join("runs.db")).unwrap(),
-    );
+    let store: Arc<dyn EventStore> =
+        Arc::new(SqliteStore::open(fx.dir.path().join("runs.db")).unwrap());
     let rt = runtime(store.clone());
     for i in 0..4 {
         let job = format!("stop-{i}");

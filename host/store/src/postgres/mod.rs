@@ -56,9 +56,9 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    Durability, EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter, QUEUED,
-    RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, Settle, Settlement, SettlingAppend,
-    StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+    Durability, EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode,
+    PruneFilter, QUEUED, RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, Settle,
+    Settlement, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 use crate::status::settled_sql;
 
@@ -553,10 +553,7 @@ struct RunRow {
     head: Result<ChainHash, ChainBreak>,
 }
 
-async fn run_row(
-    tx: &Tx<'_>,
-    run_id: &RunId,
-) -> Result<RunRow, StoreError> {
+async fn run_row(tx: &Tx<'_>, run_id: &RunId) -> Result<RunRow, StoreError> {
     let context = format!("postgres: cannot read run {run_id}");
     let rows = query(
         tx,
@@ -717,10 +714,7 @@ impl ClaimRow {
     }
 }
 
-async fn claim_row(
-    tx: &Tx<'_>,
-    run_id: &RunId,
-) -> Result<ClaimRow, StoreError> {
+async fn claim_row(tx: &Tx<'_>, run_id: &RunId) -> Result<ClaimRow, StoreError> {
     let context = format!("postgres: cannot read the claim of run {run_id}");
     let rows = query(
         tx,
@@ -1661,7 +1655,8 @@ impl PostgresStore {
         begun.map_err(pg)?;
         let checked = (|| {
             deferring.map_err(pg)?;
-            let (commitment, rows, tail) = (commitment.map_err(pg)?, run.map_err(pg)?, tail.map_err(pg)?);
+            let (commitment, rows, tail) =
+                (commitment.map_err(pg)?, run.map_err(pg)?, tail.map_err(pg)?);
             if let (Some(settle), Some(rows)) = (settle, commitment) {
                 let release = settle.outcome == Settle::Release;
                 let held = rows.first().is_some_and(|r| {
@@ -1706,7 +1701,12 @@ impl PostgresStore {
             let head = hash(row.get(2)).map_err(|reason| tampered(count, reason))?;
             let tail: Vec<(u64, Result<ChainHash, ChainBreak>)> = tail
                 .iter()
-                .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), hash(r.get(1))))
+                .map(|r| {
+                    (
+                        u64::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+                        hash(r.get(1)),
+                    )
+                })
                 .collect();
             chain::check_tail(count, &head, &tail).map_err(|f| tampered(f.seq, f.kind))?;
             Ok(Some((pk, count, head)))
@@ -1775,7 +1775,9 @@ impl PostgresStore {
         wrote.map_err(pg)?;
         self.counters.commits.fetch_add(1, Ordering::Relaxed);
         if deferred {
-            self.counters.deferred_commits.fetch_add(1, Ordering::Relaxed);
+            self.counters
+                .deferred_commits
+                .fetch_add(1, Ordering::Relaxed);
         }
         Ok(Appended {
             event_count: new_count,
@@ -1939,7 +1941,10 @@ mod tests {
         let refused = store
             .append(&run, 1, &[crate::conformance::ev("again")], deferred, 3)
             .await;
-        assert!(matches!(refused, Err(StoreError::Conflict { .. })), "{refused:?}");
+        assert!(
+            matches!(refused, Err(StoreError::Conflict { .. })),
+            "{refused:?}"
+        );
         assert_eq!(shown().await, "on");
         let before = store.stats();
         store
