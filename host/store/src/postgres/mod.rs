@@ -1898,6 +1898,18 @@ mod tests {
     /// The store's own connections run with `synchronous_commit = on`, even
     /// where the role's default is off; a read-only open creates nothing,
     /// writes nothing and refuses a schema that holds no store.
+    /// `synchronous_commit` as one of the store's pooled connections has it.
+    async fn synchronous_commit(store: &PostgresStore) -> String {
+        store
+            .client()
+            .await
+            .unwrap()
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
     /// A deferred append commits without waiting for the flush for its own
     /// transaction only: the one pooled connection is back to
     /// `synchronous_commit = on` after it (and after a deferred append that
@@ -1911,16 +1923,7 @@ mod tests {
         let store = backend.builder().max_connections(1).open().await.unwrap();
         let run = id("deferred");
         new_run(&store, &run, 1).await;
-        let shown = async || -> String {
-            store
-                .client()
-                .await
-                .unwrap()
-                .query_one("SHOW synchronous_commit", &[])
-                .await
-                .unwrap()
-                .get(0)
-        };
+        let shown = async || synchronous_commit(&store).await;
         let before = store.stats();
         let deferred = Listing::new(ListingStatus::RUNNING).deferred();
         store
@@ -2054,15 +2057,7 @@ mod tests {
             .await
             .unwrap();
         new_run(&store, &id("r"), 2).await;
-        let shown: String = store
-            .client()
-            .await
-            .unwrap()
-            .query_one("SHOW synchronous_commit", &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(shown, "on");
+        assert_eq!(synchronous_commit(&store).await, "on");
         drop(store);
 
         let version = || async {
