@@ -79,7 +79,25 @@ fn main() {
     for (name, run) in benches {
         println!("\n== {name} (load average {}) ==", load());
         let t = Instant::now();
-        rows.extend(run());
+        // A bench that cannot run here (a service or a toolchain missing)
+        // says so in the table; the others still run.
+        match std::panic::catch_unwind(run) {
+            Ok(measured) => rows.extend(measured),
+            Err(panic) => {
+                let why = panic
+                    .downcast_ref::<String>()
+                    .map(String::as_str)
+                    .or_else(|| panic.downcast_ref::<&str>().copied())
+                    .unwrap_or("a panic");
+                let why: String = why
+                    .replace('\n', " ")
+                    .replace('|', "/")
+                    .chars()
+                    .take(200)
+                    .collect();
+                rows.push(Row::new(name, "the bench failed", why, "", Some(false)));
+            }
+        }
         println!("== {name}: {:.0} s ==", t.elapsed().as_secs_f64());
     }
     println!(
