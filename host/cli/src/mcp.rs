@@ -216,10 +216,10 @@ async fn tools(args: ServerArgs, accept: bool, ctx: &Context) -> anyhow::Result<
                     "status": status(&d.name),
                     "effect": d.effect,
                     "claimed_effect": d.claimed_effect,
-                    "needs_approval": match server.approval_rule(&d.name) {
-                        warden::engine::agent::ApprovalRule::Never => false,
-                        warden::engine::agent::ApprovalRule::Always => true,
-                        warden::engine::agent::ApprovalRule::Writes => d.effect == warden::plugins::grant::EffectClass::Write,
+                    "needs_approval": match server.needs_approval(&d.name) {
+                        warden::engine::approvals::NeedsApproval::Never => false,
+                        warden::engine::approvals::NeedsApproval::Always => true,
+                        warden::engine::approvals::NeedsApproval::Writes => d.effect == warden::plugins::grant::EffectClass::Write,
                     },
                     "offered": d.withheld.is_none(),
                     "withheld": d.withheld,
@@ -260,15 +260,15 @@ async fn tools(args: ServerArgs, accept: bool, ctx: &Context) -> anyhow::Result<
         descriptors.len()
     );
     for d in &descriptors {
-        let approval = match server.approval_rule(&d.name) {
-            warden::engine::agent::ApprovalRule::Never => "no approval",
-            warden::engine::agent::ApprovalRule::Always => "approval",
-            warden::engine::agent::ApprovalRule::Writes
+        let approval = match server.needs_approval(&d.name) {
+            warden::engine::approvals::NeedsApproval::Never => "no approval",
+            warden::engine::approvals::NeedsApproval::Always => "approval",
+            warden::engine::approvals::NeedsApproval::Writes
                 if d.effect == warden::plugins::grant::EffectClass::Write =>
             {
                 "approval"
             }
-            warden::engine::agent::ApprovalRule::Writes => "no approval",
+            warden::engine::approvals::NeedsApproval::Writes => "no approval",
         };
         let offered = match &d.withheld {
             None => "offered".to_owned(),

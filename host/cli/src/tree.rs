@@ -7,14 +7,14 @@ use std::future::Future;
 use std::pin::Pin;
 
 use serde_json::{Value, json};
-use warden::engine::child_agents::ParentLink;
 use warden::engine::events::Event;
+use warden::engine::events::ParentLink;
 use warden::engine::{CallId, RunId, decode};
 use warden::store::EventStore;
 
-/// How deep the tree is followed: [`warden::engine::child_agents::MAX_AGENT_DEPTH`]
+/// How deep the tree is followed: [`warden::engine::agent::child_agents::MAX_AGENT_DEPTH`]
 /// levels below a root, and one more to show a log that claims more.
-const MAX_DEPTH: usize = warden::engine::child_agents::MAX_AGENT_DEPTH + 1;
+const MAX_DEPTH: usize = warden::engine::agent::child_agents::MAX_AGENT_DEPTH + 1;
 
 /// A child run, with its own children.
 pub(crate) struct Child {

@@ -130,6 +130,9 @@
 //! variables' names, not their values; literal `headers` that carry
 //! credentials (`authorization`, `x-api-key`, …) are refused.
 
+pub mod child_agents;
+pub mod plan;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -137,6 +140,7 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::approvals::NeedsApproval;
 use super::batch::{MAX_PARALLEL_CALLS, Parallelism};
 use super::budget::{
     BudgetLimits, DEFAULT_MAX_INPUT_BYTES, Pricing, RecordedLimits, currency_to_nanos,
@@ -147,16 +151,16 @@ use super::channels::{
     BACKOFF_CAP_LIMIT_MS, Channel, DEFAULT_BACKOFF_CAP_MS, DEFAULT_BACKOFF_MS,
     DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, Receives,
 };
-use super::child_agents::{AgentCall, AgentCallEntry, load_calls};
 use super::compaction::{CompactionSettings, DEFAULT_KEEP_RECENT};
 use super::context::{ContextSource, OnContextError, ResolveWhen};
 use super::ids::AgentDigest;
 use super::mcp_servers::{McpServer, McpServerEntry};
-use super::plan::{Plan, PlanError, PlanProvider};
 use super::policy_hooks::PolicyHook;
 use super::refusal::OnRefusal;
 use super::retry::RetryPolicy;
 use super::schema;
+use child_agents::{AgentCall, AgentCallEntry, load_calls};
+use plan::{Plan, PlanError, PlanProvider};
 use warden_plugins::grant::Grant;
 use warden_plugins::manifest::LimitSettings;
 use warden_plugins::{PluginSource, builtin};
@@ -206,7 +210,7 @@ pub enum AgentError {
         /// What is wrong.
         message: String,
     },
-    /// A plan file (see [`super::plan`]) the engine refuses: an unknown
+    /// A plan file (see [`plan`]) the engine refuses: an unknown
     /// role or agent, a cycle, a stopping rule that cannot work.
     #[error("plan `{path}`: {error}")]
     Plan {
@@ -226,19 +230,6 @@ pub struct ModelDefaults {
     /// What its relative paths (the transcript) resolve against: the
     /// directory of the file it was read from.
     pub base_dir: PathBuf,
-}
-
-/// When a tool call needs a human's approval.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ApprovalRule {
-    /// Never.
-    Never,
-    /// Always.
-    Always,
-    /// When the tool's effective effect class is `write`. The default.
-    #[default]
-    Writes,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -315,7 +306,7 @@ struct PluginEntry {
     #[serde(default)]
     grant: Grant,
     #[serde(default)]
-    approval: BTreeMap<String, ApprovalRule>,
+    approval: BTreeMap<String, NeedsApproval>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -485,13 +476,14 @@ pub struct AgentPlugin {
     pub grant: Grant,
     /// What relative directories in the grant resolve against.
     pub grant_base: PathBuf,
-    /// Approval rules by tool name; unlisted tools use [`ApprovalRule::Writes`].
-    pub approval: BTreeMap<String, ApprovalRule>,
+    /// When each tool's calls need approval, by tool name; unlisted tools
+    /// use [`NeedsApproval::Writes`].
+    pub approval: BTreeMap<String, NeedsApproval>,
 }
 
 impl AgentPlugin {
-    /// The approval rule of `tool`.
-    pub fn approval_rule(&self, tool: &str) -> ApprovalRule {
+    /// When calls of `tool` need approval.
+    pub fn needs_approval(&self, tool: &str) -> NeedsApproval {
         self.approval.get(tool).copied().unwrap_or_default()
     }
 }
@@ -706,8 +698,8 @@ impl Agent {
         path: &Path,
         defaults: Option<&ModelDefaults>,
     ) -> Result<Agent, AgentError> {
-        if super::plan::is_plan(text) {
-            return super::plan::parse(text, path, defaults);
+        if plan::is_plan(text) {
+            return plan::parse(text, path, defaults);
         }
         let file: AgentFile = toml::from_str(text).map_err(|e| AgentError::Parse {
             path: path.to_owned(),
@@ -1454,9 +1446,9 @@ team = "ops"
         assert_eq!(fs.source, PluginSource::Builtin("fs".into()));
         assert_eq!(fs.grant_base, Path::new("/agents"));
         assert_eq!(fs.grant.mounts["workspace"].dir, Path::new("notes"));
-        assert_eq!(fs.approval_rule("read_file"), ApprovalRule::Never);
-        assert_eq!(fs.approval_rule("write_file"), ApprovalRule::Always);
-        assert_eq!(fs.approval_rule("edit_file"), ApprovalRule::Writes);
+        assert_eq!(fs.needs_approval("read_file"), NeedsApproval::Never);
+        assert_eq!(fs.needs_approval("write_file"), NeedsApproval::Always);
+        assert_eq!(fs.needs_approval("edit_file"), NeedsApproval::Writes);
         assert_eq!(
             a.plugins[1].source,
             PluginSource::Manifest(PathBuf::from("/agents/../plugins/local/plugin.toml"))

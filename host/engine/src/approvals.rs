@@ -24,6 +24,20 @@ use super::events::ToolRef;
 use super::ids::{RunId, SessionId};
 use warden_store::{ApprovalRule, Revocation, RuleStanding};
 
+/// When a tool call needs a human's approval: an agent's `approval` setting
+/// for a tool (a standing [`Rule`] can approve such a call ahead of time).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NeedsApproval {
+    /// Never.
+    Never,
+    /// Always.
+    Always,
+    /// When the tool's effective effect class is `write`. The default.
+    #[default]
+    Writes,
+}
+
 /// What a rule approves.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,11 +1,11 @@
 //! Delivery channels: an agent's `[channels.<name>]` as the engine sees them
 //! ([`Channel`]), which recorded events each channel receives
-//! ([`Receives`]), the delivery events' payloads ([`DeliveryIntent`],
-//! [`DeliveryAttemptFailed`], [`DeliveryCompleted`], [`DeliveryFailed`]),
-//! the next delivery a run owes ([`next_delivery`]), how many it owes
-//! ([`owed_count`], written into the run's listing so workers find a
-//! finished run whose deliveries a dead worker left) and the backoff
-//! between attempts ([`Channel::backoff_ms`]).
+//! ([`Receives`]), what a run's log says of its deliveries ([`Deliveries`],
+//! folded by the state), what to record after an attempt ([`settle`]) and
+//! the backoff between attempts ([`Channel::backoff_ms`]). The delivery
+//! events' payloads are in [`super::events`]; the next delivery a run owes
+//! and how many it owes are [`super::state::next_delivery`] and
+//! [`super::state::owed_count`], which read the folded state.
 //!
 //! A delivery is an effect like a tool call: its intent is recorded (with a
 //! stable id, the channel, the event it reports and the frozen payload)
@@ -24,12 +24,11 @@
 
 use std::collections::BTreeMap;
 
+use super::events::{
+    DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent, Event,
+};
 use serde::{Deserialize, Serialize};
-use serde_json::{Value, json};
-
-use super::events::Event;
-use super::state::RunState;
-use warden_sandbox::{LeaseError, Outcome, UsageReceipt, wit};
+use warden_sandbox::{LeaseError, UsageReceipt, wit};
 
 /// Attempts at one delivery when the agent does not say.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
@@ -155,181 +154,6 @@ fn is_excluded_from_events(event: &Event) -> bool {
     matches!(event, Event::ClockObserved(_) | Event::RandomObserved(_)) || event.is_delivery()
 }
 
-/// [`Event::DeliveryIntent`]: a delivery is about to be made.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeliveryIntent {
-    /// `<run>/<channel>/<source>`: passed to the channel, the same on every
-    /// attempt and after recovery.
-    pub delivery_id: String,
-    /// The channel's name.
-    pub channel: String,
-    /// The position (from 0) of the event it reports.
-    pub source: u64,
-    /// What happened, as the channel is told: `completed`, `failed`,
-    /// `approval-requested`, …, or the event's type for an `events` channel.
-    pub kind: String,
-    /// The JSON object handed to the channel, frozen here.
-    pub payload: Value,
-}
-
-impl DeliveryIntent {
-    /// The message to hand the channel's plugin.
-    pub fn wit_delivery(&self, run_id: &str) -> wit::Delivery {
-        wit::Delivery {
-            id: self.delivery_id.clone(),
-            run_id: run_id.to_owned(),
-            kind: self.kind.clone(),
-            payload: self.payload.to_string(),
-        }
-    }
-}
-
-/// [`Event::DeliveryAttemptFailed`]: one attempt failed and the delivery
-/// will be tried again.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeliveryAttemptFailed {
-    /// The delivery.
-    pub delivery_id: String,
-    /// Which attempt failed, from 1.
-    pub attempt: u32,
-    /// How.
-    pub error: DeliveryError,
-    /// What the attempt's lease used.
-    pub receipt: UsageReceipt,
-    /// When the next attempt is due (the injected clock's milliseconds since
-    /// the Unix epoch): a recovered driver waits only what is left.
-    pub retry_at_ms: u64,
-}
-
-/// [`Event::DeliveryCompleted`]: the channel took the delivery.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeliveryCompleted {
-    /// The delivery.
-    pub delivery_id: String,
-    /// The attempt that succeeded, from 1.
-    pub attempt: u32,
-    /// What its lease used.
-    pub receipt: UsageReceipt,
-}
-
-/// [`Event::DeliveryFailed`]: the delivery is given up: a permanent error,
-/// or its attempts ran out. The run's result is unchanged.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DeliveryFailed {
-    /// The delivery.
-    pub delivery_id: String,
-    /// Attempts made, counting the last.
-    pub attempts: u32,
-    /// The last attempt's error.
-    pub error: DeliveryError,
-    /// The last attempt's receipt. Omitted when no lease ran (the channel is
-    /// no longer the agent's).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receipt: Option<UsageReceipt>,
-}
-
-/// Why a delivery attempt failed.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-#[non_exhaustive]
-pub enum DeliveryError {
-    /// The channel found the delivery malformed.
-    #[error("the channel refused the delivery as invalid: {message}")]
-    InvalidDelivery {
-        /// What it said.
-        message: String,
-    },
-    /// The channel's policy forbids it.
-    #[error("the channel was denied: {message}")]
-    Denied {
-        /// What it said.
-        message: String,
-    },
-    /// The receiver refused it.
-    #[error("the receiver answered {status}: {message}")]
-    Rejected {
-        /// The status it answered.
-        status: u16,
-        /// What it said.
-        message: String,
-    },
-    /// The channel failed.
-    #[error("the channel failed{}: {message}", if *.retryable { " (retryable)" } else { "" })]
-    Failed {
-        /// What it said.
-        message: String,
-        /// Whether trying again may help.
-        retryable: bool,
-    },
-    /// The sandbox stopped the channel's lease.
-    #[error("the sandbox stopped the delivery ({outcome}): {message}")]
-    LeaseFailed {
-        /// How the lease ended.
-        outcome: Outcome,
-        /// What happened.
-        message: String,
-    },
-    /// The channel cannot be used (it is no longer the agent's, or its
-    /// plugin is not a channel).
-    #[error("the channel is unavailable: {message}")]
-    Unavailable {
-        /// Why.
-        message: String,
-    },
-}
-
-impl DeliveryError {
-    /// The error a guest returned.
-    pub fn from_wit(error: &wit::DeliveryError) -> DeliveryError {
-        match error {
-            wit::DeliveryError::InvalidDelivery(message) => DeliveryError::InvalidDelivery {
-                message: message.clone(),
-            },
-            wit::DeliveryError::Denied(message) => DeliveryError::Denied {
-                message: message.clone(),
-            },
-            wit::DeliveryError::Rejected(r) => DeliveryError::Rejected {
-                status: r.status,
-                message: r.message.clone(),
-            },
-            wit::DeliveryError::Failed(f) => DeliveryError::Failed {
-                message: f.message.clone(),
-                retryable: f.retryable,
-            },
-        }
-    }
-
-    /// A lease the host stopped.
-    pub fn from_lease(error: &LeaseError) -> DeliveryError {
-        DeliveryError::LeaseFailed {
-            outcome: error.failure.outcome(),
-            message: error.to_string(),
-        }
-    }
-
-    /// Whether another attempt may succeed: a retryable failure, a receiver
-    /// that answered 408, 429 or 5xx, or a lease stopped by a limit or a
-    /// trap (not one refused before the guest ran, nor a cancellation).
-    pub fn is_retryable(&self) -> bool {
-        match self {
-            DeliveryError::Failed { retryable, .. } => *retryable,
-            DeliveryError::Rejected { status, .. } => {
-                matches!(status, 408 | 429) || (500..600).contains(status)
-            }
-            DeliveryError::LeaseFailed { outcome, .. } => {
-                !matches!(outcome, Outcome::Refused | Outcome::Cancelled)
-            }
-            DeliveryError::InvalidDelivery { .. }
-            | DeliveryError::Denied { .. }
-            | DeliveryError::Unavailable { .. } => false,
-        }
-    }
-}
-
 /// What a channel's lease returned, as a delivery error (`None`: delivered).
 pub fn outcome_error(
     result: &Result<Result<(), wit::DeliveryError>, LeaseError>,
@@ -397,123 +221,6 @@ pub struct Delivery {
     pub not_before_ms: Option<u64>,
 }
 
-/// The delivery the run owes next, from its log `events` (folded into
-/// `state`) and the agent's `channels`: the one in flight, else (unless a
-/// model or tool call is in flight) the earliest event some channel
-/// receives and has no intent for yet (ties in channel name order).
-/// `agent` is the agent's name, put in payloads.
-pub fn next_delivery(
-    events: &[Event],
-    state: &RunState,
-    agent: &str,
-    channels: &[Channel],
-) -> Option<Delivery> {
-    if let Some(d) = &state.deliveries.in_flight {
-        return Some(Delivery {
-            intent: d.intent.clone(),
-            attempt: d.failed_attempts + 1,
-            recorded: true,
-            not_before_ms: d.retry_at_ms,
-        });
-    }
-    if state.terminal.is_none() && state.effect_in_flight() {
-        // A model or tool call is settled first.
-        return None;
-    }
-    let mut best: Option<(u64, &Channel, &'static str)> = None;
-    for channel in channels {
-        let from = state
-            .deliveries
-            .cursors
-            .get(&channel.name)
-            .map_or(0, |c| c + 1);
-        let until = best.map_or(events.len() as u64, |(p, ..)| p);
-        let next = if channel.receives.contains(&Receives::Events) {
-            // Almost every event is received: the scan stops at once.
-            (from..until).find(|&p| channel.kind_for(&events[p as usize]).is_some())
-        } else {
-            // Only notable events are received: look them up, so a step
-            // costs no scan of the log.
-            let notable = &state.deliveries.notable;
-            let start = notable.partition_point(|&(p, _)| p < from);
-            notable[start..]
-                .iter()
-                .take_while(|&&(p, _)| p < until)
-                .find(|(_, group)| channel.receives.contains(group))
-                .map(|&(p, _)| p)
-        };
-        if let Some(position) = next {
-            let kind = channel
-                .kind_for(&events[position as usize])
-                .expect("the position was found by the channel's own rule");
-            best = Some((position, channel, kind));
-        }
-    }
-    let (position, channel, kind) = best?;
-    let event = &events[position as usize];
-    let payload = json!({
-        "agent": agent,
-        "position": position,
-        "event": event,
-    });
-    Some(Delivery {
-        intent: DeliveryIntent {
-            delivery_id: format!("{}/{}/{position}", state.run_id, channel.name),
-            channel: channel.name.clone(),
-            source: position,
-            kind: kind.to_owned(),
-            payload,
-        },
-        attempt: 1,
-        recorded: false,
-        not_before_ms: None,
-    })
-}
-
-/// How many deliveries the run owes now, from the same inputs as
-/// [`next_delivery`]: its delivery in flight, plus (unless a model or tool
-/// call is in flight) every event some channel receives after the last one
-/// it was given an intent for. 0 exactly when [`next_delivery`] is `None`,
-/// so a run listed as owing deliveries is one a driver has work for.
-pub fn owed_count<'a, I>(events: I, state: &RunState, channels: &[Channel]) -> u32
-where
-    I: IntoIterator<Item = &'a Event>,
-    I::IntoIter: Clone,
-{
-    let events = events.into_iter();
-    let in_flight = u32::from(state.deliveries.in_flight.is_some());
-    if state.terminal.is_none() && state.effect_in_flight() {
-        return in_flight;
-    }
-    let pending: usize = channels
-        .iter()
-        .map(|channel| {
-            let from = state
-                .deliveries
-                .cursors
-                .get(&channel.name)
-                .map_or(0, |c| c + 1);
-            if channel.receives.contains(&Receives::Events) {
-                events
-                    .clone()
-                    .skip(from as usize)
-                    .filter(|e| channel.kind_for(e).is_some())
-                    .count()
-            } else {
-                // Only notable events are received: count them from the
-                // fold's index, without a scan of the log.
-                let notable = &state.deliveries.notable;
-                let start = notable.partition_point(|&(p, _)| p < from);
-                notable[start..]
-                    .iter()
-                    .filter(|(_, group)| channel.receives.contains(group))
-                    .count()
-            }
-        })
-        .sum();
-    in_flight.saturating_add(u32::try_from(pending).unwrap_or(u32::MAX))
-}
-
 /// What to record after an attempt: its completion, a failed attempt to
 /// retry at `now_ms` plus the backoff, or the delivery given up.
 pub fn settle(
@@ -556,7 +263,10 @@ mod tests {
         tests::receipt,
     };
     use crate::ids::{AgentDigest, RequestHash, RunId};
-    use crate::state::{FoldError, FoldProblem, RunStatus, fold};
+    use crate::state::{FoldError, FoldProblem, fold, next_delivery, owed_count};
+    use crate::status::RunStatus;
+    use serde_json::json;
+    use warden_sandbox::Outcome;
 
     fn started() -> Event {
         Event::RunStarted(RunStarted {

@@ -51,16 +51,18 @@
 //! completion would see the intent in flight); for the others,
 //! [`Action::event`] is the one event to append.
 
+mod batch;
+mod policies;
+
 use serde_json::Value;
 
-use super::batch::launch;
+use super::agent::child_agents::{child_limits, child_run_id};
 use super::budget::{
     BudgetKind, BudgetOverrun, Pricing, first_crossed, first_exhausted, input_overrun,
 };
-use super::canonical::{RequestHasher, request_hash, request_size};
-use super::child_agents::{ChildStarted, child_limits, child_run_id};
 use super::compaction::{cut, estimate_tokens, request as compaction_request};
 use super::context::{ContextOutcome, ContextState, OnContextError, ResolveWhen};
+use super::events::ChildStarted;
 use super::events::{
     ApprovalRequested, ApprovalWithdrawn, CompactionCompleted, CompactionFailed, CompactionIntent,
     Event, ExternalCallRequested, InvocationOutcome, ModelCallCompleted, ModelCallError,
@@ -71,15 +73,19 @@ use super::events::{
 };
 use super::ids::{CallDigest, CallId, RequestHash, RunId, commitment_key, idempotency_key};
 use super::output::{MAX_OUTPUT_REJECTIONS, check_final_answer};
-use super::policy_hooks::{PolicyConsult, PolicyPoint, PolicySubject, gate};
+use super::policy_hooks::{PolicyConsult, PolicyPoint, PolicySubject};
 use super::prompt::{build_request, request_frame};
 use super::refusal::OnRefusal;
+use super::request_hash::{RequestHasher, request_hash, request_size};
 use super::retry::RetryPolicy;
 use super::schema::{self, SchemaError};
 use super::state::{
-    ModelCallProgress, Parked, RunState, RunStatus, ToolCallProgress, ToolCallState, key_argument,
+    ModelCallProgress, Parked, RunState, ToolCallProgress, ToolCallState, key_argument,
 };
+use super::status::RunStatus;
 use super::view::{AgentView, ToolTarget};
+use batch::launch;
+use policies::gate;
 use warden_plugins::grant::EffectClass;
 use warden_providers::{ModelRequest, ModelResponse, ProviderError, StopReason, ToolCall};
 use warden_sandbox::{UsageReceipt, wit};

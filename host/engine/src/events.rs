@@ -14,18 +14,21 @@
 //! Every kind has a pinned-JSON test below, and the conformance test counts
 //! the kinds, so a new kind cannot go uncovered.
 
+mod children;
+mod delivery;
+
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, Pricing, RecordedLimits};
-pub use super::channels::{
+use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId};
+use super::policy_hooks::{PolicyConsult, PolicyHook, PolicyPoint, PolicyVerdict};
+pub use children::{ChildFinished, ChildParked, ChildStarted, ParentLink};
+pub use delivery::{
     DeliveryAttemptFailed, DeliveryCompleted, DeliveryError, DeliveryFailed, DeliveryIntent,
 };
-pub use super::child_agents::{ChildFinished, ChildParked, ChildStarted, ParentLink};
-use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId};
-use super::policy_hooks::{PolicyHook, PolicyVerdict};
 use warden_plugins::grant::EffectClass;
 use warden_providers::{
     Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
@@ -1294,6 +1297,59 @@ pub struct PolicyDecided {
     pub receipt: Option<UsageReceipt>,
 }
 
+// The recorded decision of a policy, built from and read back into the
+// point it was asked at.
+impl PolicyConsult {
+    /// The event recording `verdict`, with the receipt of a policy plugin's
+    /// lease.
+    pub fn decided(
+        &self,
+        verdict: PolicyVerdict,
+        reason: Option<String>,
+        receipt: Option<UsageReceipt>,
+    ) -> Event {
+        let (step, call_id) = match &self.point {
+            PolicyPoint::RunStart => (None, None),
+            PolicyPoint::AfterResponse { step } | PolicyPoint::BeforeFinish { step } => {
+                (Some(*step), None)
+            }
+            PolicyPoint::BeforeToolCall { call_id } => (None, Some(call_id.clone())),
+        };
+        Event::PolicyDecided(PolicyDecided {
+            hook: self.point.hook(),
+            step,
+            call_id,
+            policy: self.policy.clone(),
+            decision: verdict,
+            reason,
+            receipt,
+        })
+    }
+}
+
+impl PolicyDecided {
+    /// The point the decision is about; `None` when the fields do not fit
+    /// the hook (a step for `after_response` and `before_finish`, a call for
+    /// `before_tool_call`, neither for `run_start`).
+    pub fn point(&self) -> Option<PolicyPoint> {
+        match (self.hook, self.step, &self.call_id) {
+            (PolicyHook::RunStart, None, None) => Some(PolicyPoint::RunStart),
+            (PolicyHook::AfterResponse, Some(step), None) => {
+                Some(PolicyPoint::AfterResponse { step })
+            }
+            (PolicyHook::BeforeToolCall, None, Some(call_id)) => {
+                Some(PolicyPoint::BeforeToolCall {
+                    call_id: call_id.clone(),
+                })
+            }
+            (PolicyHook::BeforeFinish, Some(step), None) => {
+                Some(PolicyPoint::BeforeFinish { step })
+            }
+            _ => None,
+        }
+    }
+}
+
 /// [`Event::OutputRejected`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -2453,7 +2509,7 @@ pub(crate) mod tests {
                 Event::ChildParked(ChildParked {
                     call_id: CallId::new(1, 1),
                     child_run: RunId::new("r1.call-1-1").unwrap(),
-                    status: crate::state::RunStatus::AwaitingApproval,
+                    status: crate::status::RunStatus::AwaitingApproval,
                 }),
                 r#"{"v":1,"event":{"type":"child_parked","call_id":"call-1-1","child_run":"r1.call-1-1","status":"awaiting_approval"}}"#,
             ),
@@ -2461,7 +2517,7 @@ pub(crate) mod tests {
                 Event::ChildFinished(ChildFinished {
                     call_id: CallId::new(1, 1),
                     child_run: RunId::new("r1.call-1-1").unwrap(),
-                    status: crate::state::RunStatus::Completed,
+                    status: crate::status::RunStatus::Completed,
                     result: ToolCallResult::Output(json!({"done": true})),
                     usage: BudgetUsage {
                         steps: 2,

@@ -6,43 +6,41 @@
 //! the agent ([`decide()`]), then (in the runtime) append the intent, perform
 //! the effect, append the completion. Neither folding nor deciding does I/O.
 //!
-//! - [`agent`]: `agent.toml`, parsed strictly, validated, digested.
-//! - [`view`]: the agent with its plugins' tools resolved, as deciding sees it.
-//! - [`approvals`]: standing approval rules: what one matches, read back
-//!   from the store.
-//! - [`events`]: the event kinds and their versioned encoding.
-//! - [`state`]: folding, [`RunStatus`], the conversation.
-//! - [`mod@decide`]: the decision table.
-//! - [`budget`]: limits, usage, pricing, the fixed check order, extensions.
-//! - [`mcp_servers`]: MCP servers as tools (`[mcp_servers.<name>]`): their
-//!   OS sandbox, their pinned tool lists, their calls as leases.
-//! - [`child_agents`]: agents as tools: `[agents.<name>]`, child run ids,
-//!   nested budgets.
-//! - [`plan`]: plan files: roles, phases, stopping rules and a result; a
-//!   plan loads as an agent whose model is the plan.
-//! - [`channels`]: delivery channels: what each receives, the delivery
-//!   events, the next delivery a run owes, backoff.
-//! - [`retry`]: the one retry layer for model calls: attempts, backoff,
-//!   `Retry-After` up to a cap, and parking on a longer wait.
-//! - [`prompt`]: assembling the model request.
-//! - [`context`]: context sources: settings, what the log recorded, quoting.
-//! - [`compaction`]: summarising older history when the prompt outgrows its
-//!   budget.
-//! - [`policy_hooks`]: policies asked at fixed points of a run, their
-//!   decisions recorded.
-//! - [`policy_plugin`]: policies carried out by WASM components.
-//! - [`output`]: typed results: the final answer checked against the
-//!   agent's output schema.
-//! - [`mod@replay`]: folding a recorded log while checking every decision.
-//! - [`schema`]: JSON Schema checks (resume input, agent schemas).
-//! - [`session`]: sessions: the history a run in a session sees, fixed
-//!   when it starts.
-//! - [`start`]: [`StartOptions`], what a run starts with besides its agent
-//!   and input.
-//! - [`turn`]: live turns: a run driven in the background, watched as a
-//!   stream of turn events, cancelled through its handle or by dropping it.
-//! - [`ids`]: run and call ids, digests, idempotency keys.
-//! - [`canonical`]: canonical JSON for digests.
+//! The modules in groups, lowest first; each names only the modules before
+//! it (the order is `ENGINE_LAYERS` in the tests crate's
+//! `all::engine_layers`, which checks it):
+//!
+//! - identifiers: [`canonical`] (canonical JSON for digests), [`ids`] (run
+//!   and call ids, digests, idempotency keys), [`request_hash`] (the model
+//!   request's hash and size), [`status`] ([`RunStatus`] and how the store
+//!   lists it), [`schema`] (JSON Schema checks), [`tool_errors`] (tool
+//!   errors as the model is shown them), [`keys`] (idempotency keys as an
+//!   operator sees them), [`start`] ([`StartOptions`]);
+//! - settings and payloads the events carry: [`refusal`], [`output`] (typed
+//!   results), [`compaction`] (summarising older history), [`budget`]
+//!   (limits, usage, pricing, the check order, extensions),
+//!   [`policy_hooks`] (policies asked at fixed points: hooks, requests,
+//!   verdicts);
+//! - [`events`]: the event kinds, their payloads and versioned encoding;
+//! - over the events: [`approvals`] (standing approval rules, and when a
+//!   call needs approval), [`batch`] (parallel calls' setting), [`retry`]
+//!   (the one retry layer for model calls), [`context`] (context sources),
+//!   [`channels`] (delivery channels: what each receives, backoff),
+//!   [`mcp_servers`] (MCP servers as tools: their sandbox, pinned tool
+//!   lists, calls as leases);
+//! - [`agent`]: `agent.toml`, parsed strictly, validated, digested, with
+//!   agents called as tools ([`agent::child_agents`]) and plan files
+//!   ([`agent::plan`]);
+//! - [`state`]: folding, the conversation, the deliveries a run owes;
+//!   [`view`]: the agent with its tools resolved, as deciding sees it;
+//!   [`prompt`]: assembling the model request;
+//! - [`mod@decide`]: the decision table (with parallel batches and policy
+//!   gates); [`mod@replay`]: folding a recorded log while checking every
+//!   decision;
+//! - effects: [`policy_plugin`] (policies carried out by WASM components),
+//!   [`runtime`] (the verbs, sessions, forks, rules, child runs),
+//!   [`turn`] (live turns watched as a stream), [`worker`] (claiming and
+//!   driving runs across hosts).
 //!
 //! Invariants: the log is the only truth (status and conversation are
 //! derived from it); an effect's intent is appended before the effect runs;
@@ -50,36 +48,51 @@
 //! to `needs_reconciliation`); replay re-reads recorded facts (completions,
 //! clock readings, pricing) and never live configuration.
 
-pub mod agent;
-pub mod approvals;
-pub mod batch;
-pub mod budget;
+// Identifiers, digests, the run's status.
 pub mod canonical;
-pub mod channels;
-pub mod child_agents;
-mod codes;
-pub mod compaction;
-pub mod context;
-pub mod decide;
-pub mod events;
 pub mod ids;
 pub mod keys;
-pub mod mcp_servers;
-pub mod output;
-pub mod plan;
-pub mod policy_hooks;
-pub mod policy_plugin;
-pub mod prompt;
-pub mod refusal;
-pub mod replay;
-pub mod retry;
-pub mod runtime;
+pub mod request_hash;
 pub mod schema;
-pub mod session;
 pub mod start;
+pub mod status;
+pub mod tool_errors;
+
+// Settings and payloads the events carry.
+pub mod budget;
+pub mod compaction;
+pub mod output;
+pub mod policy_hooks;
+pub mod refusal;
+
+// The log's vocabulary.
+pub mod events;
+
+// Over the events.
+pub mod approvals;
+pub mod batch;
+pub mod channels;
+pub mod context;
+pub mod mcp_servers;
+pub mod retry;
+
+// The agent file.
+pub mod agent;
+
+// The folded run, the agent as deciding sees it, the request.
+pub mod prompt;
 pub mod state;
-pub mod turn;
 pub mod view;
+
+// Deciding, and checking a log against it.
+pub mod decide;
+pub mod replay;
+
+// Effects.
+mod codes;
+pub mod policy_plugin;
+pub mod runtime;
+pub mod turn;
 pub mod worker;
 
 #[cfg(test)]
@@ -99,10 +112,11 @@ pub use replay::{ReplayError, ReplayOptions, replay};
 pub use retry::{RetryPolicy, RetrySleep, TokioSleep};
 pub use runtime::{
     ApprovalScope, ChildRefusal, Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions,
-    ForkRefusal, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, Step, SystemClock,
+    ForkRefusal, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, SessionRun,
+    SessionSummary, Step, SystemClock,
 };
-pub use session::{SessionRun, SessionSummary};
 pub use start::StartOptions;
-pub use state::{FoldError, ResumeError, RunState, RunStatus, fold};
+pub use state::{FoldError, ResumeError, RunState, fold};
+pub use status::RunStatus;
 pub use turn::{TurnEvent, TurnHandle, TurnOutcome};
 pub use view::AgentView;

@@ -63,7 +63,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use super::agent::ApprovalRule;
+use super::approvals::NeedsApproval;
 use super::events::McpToolsOffered;
 use warden_plugins::ToolDescriptor;
 use warden_plugins::grant::EffectClass;
@@ -247,7 +247,7 @@ struct McpToolEntry {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     idempotency_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    approval: Option<ApprovalRule>,
+    approval: Option<NeedsApproval>,
 }
 
 /// An MCP server an agent uses, as the operator set it up.
@@ -264,7 +264,7 @@ pub struct McpServer {
     /// The operator's settings per tool.
     pub tools: BTreeMap<String, McpToolSettings>,
     /// Approval rules by tool name, from `tools.<tool>.approval`.
-    pub approval: BTreeMap<String, ApprovalRule>,
+    pub approval: BTreeMap<String, NeedsApproval>,
     /// The pin file: the agent file's name with `.mcp-pins.json`.
     pub pins: PathBuf,
 }
@@ -329,22 +329,23 @@ pub struct McpToolSettings {
 
 impl McpServer {
     /// The approval rule of `tool`.
-    pub fn approval_rule(&self, tool: &str) -> ApprovalRule {
+    pub fn needs_approval(&self, tool: &str) -> NeedsApproval {
         self.approval.get(tool).copied().unwrap_or_default()
     }
 }
 
 /// Checks `[mcp_servers]` of an agent file: keys, commands, directories,
 /// variables, limits and tool settings. `invalid` makes the error for a
-/// dotted key; `json_object` checks a schema given as text.
-pub(crate) fn validate(
+/// dotted key; `json_object` checks a schema given as text. Both make the
+/// agent file's error, so this module need not know it.
+pub(crate) fn validate<E>(
     entries: &BTreeMap<String, McpServerEntry>,
     path: &Path,
     base: &Path,
     plugin_keys: &[&str],
-    invalid: &dyn Fn(&str, String) -> super::agent::AgentError,
-    json_object: &dyn Fn(&str, &str) -> Result<Value, super::agent::AgentError>,
-) -> Result<Vec<McpServer>, super::agent::AgentError> {
+    invalid: &dyn Fn(&str, String) -> E,
+    json_object: &dyn Fn(&str, &str) -> Result<Value, E>,
+) -> Result<Vec<McpServer>, E> {
     let mut servers = Vec::with_capacity(entries.len());
     for (key, entry) in entries {
         let at = |k: &str| format!("mcp_servers.{key}.{k}");
@@ -360,7 +361,7 @@ pub(crate) fn validate(
                 "is also a key in [plugins]: their tools would share names".into(),
             ));
         }
-        let dirs = |k: &str, list: &[PathBuf]| -> Result<Vec<PathBuf>, super::agent::AgentError> {
+        let dirs = |k: &str, list: &[PathBuf]| -> Result<Vec<PathBuf>, E> {
             let mut out = Vec::with_capacity(list.len());
             for (i, d) in list.iter().enumerate() {
                 let joined = base.join(d);

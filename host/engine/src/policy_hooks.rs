@@ -31,8 +31,9 @@
 //! A policy that returns an error, panics, or does not answer within the
 //! runtime's policy timeout fails closed: its decision is recorded as
 //! `failed` with the reason, and the run fails with
-//! [`RunError::PolicyFailed`]. A `feedback` answer at any hook but
-//! `before_finish` is recorded as `failed` too.
+//! [`RunError::PolicyFailed`](crate::events::RunError::PolicyFailed). A
+//! `feedback` answer at any hook but `before_finish` is recorded as
+//! `failed` too.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,14 +42,9 @@ use futures::FutureExt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::decide::Action;
-use super::events::{Event, PolicyDecided, RunError};
 use super::ids::{CallId, RunId};
-use super::state::RunState;
-use super::view::AgentView;
 use warden_plugins::grant::EffectClass;
 use warden_providers::ToolCall;
-use warden_sandbox::UsageReceipt;
 
 /// How long the runtime waits for a policy's answer, by default.
 pub const DEFAULT_POLICY_TIMEOUT: Duration = Duration::from_secs(30);
@@ -315,55 +311,6 @@ impl PolicyConsult {
             subject: self.subject.clone(),
         }
     }
-
-    /// The event recording `verdict`, with the receipt of a policy plugin's
-    /// lease.
-    pub fn decided(
-        &self,
-        verdict: PolicyVerdict,
-        reason: Option<String>,
-        receipt: Option<UsageReceipt>,
-    ) -> Event {
-        let (step, call_id) = match &self.point {
-            PolicyPoint::RunStart => (None, None),
-            PolicyPoint::AfterResponse { step } | PolicyPoint::BeforeFinish { step } => {
-                (Some(*step), None)
-            }
-            PolicyPoint::BeforeToolCall { call_id } => (None, Some(call_id.clone())),
-        };
-        Event::PolicyDecided(PolicyDecided {
-            hook: self.point.hook(),
-            step,
-            call_id,
-            policy: self.policy.clone(),
-            decision: verdict,
-            reason,
-            receipt,
-        })
-    }
-}
-
-impl PolicyDecided {
-    /// The point the decision is about; `None` when the fields do not fit
-    /// the hook (a step for `after_response` and `before_finish`, a call for
-    /// `before_tool_call`, neither for `run_start`).
-    pub fn point(&self) -> Option<PolicyPoint> {
-        match (self.hook, self.step, &self.call_id) {
-            (PolicyHook::RunStart, None, None) => Some(PolicyPoint::RunStart),
-            (PolicyHook::AfterResponse, Some(step), None) => {
-                Some(PolicyPoint::AfterResponse { step })
-            }
-            (PolicyHook::BeforeToolCall, None, Some(call_id)) => {
-                Some(PolicyPoint::BeforeToolCall {
-                    call_id: call_id.clone(),
-                })
-            }
-            (PolicyHook::BeforeFinish, Some(step), None) => {
-                Some(PolicyPoint::BeforeFinish { step })
-            }
-            _ => None,
-        }
-    }
 }
 
 /// What the model is told when a policy sends its final answer back.
@@ -374,50 +321,6 @@ pub fn feedback_message(policy: &str, message: &str) -> String {
 /// What the model sees as the result of a tool call a policy denied.
 pub fn denial_result(policy: &str, reason: &str) -> String {
     format!("the call was denied by policy `{policy}`: {reason}")
-}
-
-/// The action policies require at `point` before the run goes on, if any:
-/// asking the next enabled policy that has not decided there, or failing
-/// the run on a recorded denial or failure. `None`: every policy allowed
-/// (or none is enabled for the hook).
-pub(crate) fn gate(
-    state: &RunState,
-    view: &AgentView,
-    point: PolicyPoint,
-    subject: impl FnOnce() -> PolicySubject,
-) -> Option<Action> {
-    let hook = point.hook();
-    let decided = state.policy_decisions(&point);
-    if let Some(stop) = decided.iter().find(|d| d.verdict != PolicyVerdict::Allow) {
-        let reason = stop.reason.clone().unwrap_or_default();
-        return match stop.verdict {
-            PolicyVerdict::Failed => Some(Action::Fail(RunError::PolicyFailed {
-                policy: stop.policy.clone(),
-                hook,
-                message: reason,
-            })),
-            PolicyVerdict::Deny if hook != PolicyHook::BeforeToolCall => {
-                Some(Action::Fail(RunError::PolicyDenied {
-                    policy: stop.policy.clone(),
-                    hook,
-                    reason,
-                }))
-            }
-            // A denied tool call is settled by the fold, and feedback
-            // continues the run: neither leaves the point open.
-            _ => None,
-        };
-    }
-    let next = view
-        .policies
-        .iter()
-        .filter(|p| p.hooks.contains(&hook))
-        .find(|p| !decided.iter().any(|d| d.policy == p.name))?;
-    Some(Action::ConsultPolicy(PolicyConsult {
-        point,
-        policy: next.name.clone(),
-        subject: subject(),
-    }))
 }
 
 /// Asks `policy`, never failing: an error, a panic, a timeout or an answer

@@ -33,11 +33,11 @@
 //! agent decided them too; when the fork changed the agent, they are facts
 //! (pinned by the source's chain hash in `run_forked`), like completions.
 
-use super::channels::next_delivery;
 use super::decide::{Action, Park, RequestDetail, decide_with, input_gate};
 use super::events::{Event, EventKind, McpToolsOffered, WithdrawReason};
 use super::ids::AgentDigest;
 use super::prompt::PromptCache;
+use super::state::next_delivery;
 use super::state::{FoldError, RunState, fold};
 use super::view::AgentView;
 

@@ -51,10 +51,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, AgentError};
 use super::budget::{InputTooLarge, check_input_size};
-use super::channels::{
-    Channel, Delivery, DeliveryError, DeliveryFailed, DeliveryIntent, next_delivery, outcome_error,
-    owed_count, settle,
-};
+use super::channels::{Channel, Delivery, outcome_error, settle};
 use super::decide::{
     Action, ApprovalRequest, CompactionCall, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall,
     RequestDetail, ToolInvocation, decide_with, input_gate,
@@ -66,6 +63,7 @@ use super::events::{
     ToolCallResolved, ToolCallResult, Unrecordable, UnresolvedWrite, WaitEnded, decode,
     encode_readable,
 };
+use super::events::{DeliveryError, DeliveryFailed, DeliveryIntent};
 use super::ids::{AgentDigest, CallDigest, CallId, RunId, SessionId};
 use super::keys::{KeyInfo, KeyState};
 use super::policy_hooks::{
@@ -75,9 +73,10 @@ use super::policy_plugin::consult_plugin as consult_policy_plugin;
 use super::prompt::PromptCache;
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{RetrySleep, TokioSleep};
-use super::session::{self, SessionRun, SessionSummary};
 use super::start::StartOptions;
-use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, RunStatus, fold};
+use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, fold};
+use super::state::{next_delivery, owed_count};
+use super::status::RunStatus;
 use super::view::{AgentView, AgentViewError};
 use warden_plugins::grant::EffectClass;
 use warden_plugins::{LoadedPlugin, PluginError, PluginHost};
@@ -95,9 +94,11 @@ mod batch;
 mod children;
 mod fork;
 mod rules;
+mod session;
 pub use children::ChildRefusal;
 pub use fork::{FORKED_FROM_LABEL, ForkOptions, ForkRefusal};
 pub use rules::ApprovalScope;
+pub use session::{SessionRun, SessionSummary};
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
 /// deterministic.

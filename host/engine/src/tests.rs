@@ -17,7 +17,8 @@ use super::events::*;
 use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, idempotency_key};
 use super::replay::{ReplayError, ReplayOptions, replay};
 use super::retry::{DEFAULT_MAX_ATTEMPTS as MAX_MODEL_ATTEMPTS, RetryPolicy};
-use super::state::{FoldError, RunState, RunStatus, fold};
+use super::state::{FoldError, RunState, fold};
+use super::status::RunStatus;
 use super::view::{AgentTool, AgentView, ToolTarget};
 use warden_plugins::grant::EffectClass;
 use warden_providers::scripted::{ScriptedProvider, ScriptedToolCall, ScriptedTurn};
@@ -1938,7 +1939,7 @@ fn action_events_record_exactly_the_decision() {
     assert_eq!(quiet.request, None);
     assert_eq!(
         quiet.request_hash,
-        super::canonical::request_hash(&call.request)
+        super::request_hash::request_hash(&call.request)
     );
     let Event::ModelCallIntent(loud) = call.intent(true) else {
         unreachable!()

@@ -45,7 +45,8 @@ use super::events::{Event, Preview, RunError, ToolCallResult};
 use super::ids::{CallId, RunId, SessionId};
 use super::runtime::{RunUpdate, RunUpdates, Runtime, RuntimeError};
 use super::start::StartOptions;
-use super::state::{RunState, RunStatus, Terminal};
+use super::state::{RunState, Terminal};
+use super::status::RunStatus;
 use warden_plugins::grant::EffectClass;
 use warden_sandbox::UsageReceipt;
 

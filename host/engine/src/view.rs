@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
 
-use super::agent::{Agent, ApprovalRule};
+use super::agent::Agent;
+use super::approvals::NeedsApproval;
 use super::batch::Parallelism;
 use super::budget::{BudgetLimits, Pricing};
 use super::channels::Channel;
@@ -192,7 +193,7 @@ fn push_tools(
     tools: &mut Vec<AgentTool>,
     key: &str,
     descriptors: &[ToolDescriptor],
-    rule: impl Fn(&str) -> ApprovalRule,
+    rule: impl Fn(&str) -> NeedsApproval,
 ) {
     for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
         let tool = ToolRef {
@@ -200,9 +201,9 @@ fn push_tools(
             tool: d.name.clone(),
         };
         let needs_approval = match rule(&d.name) {
-            ApprovalRule::Never => false,
-            ApprovalRule::Always => true,
-            ApprovalRule::Writes => d.effect == EffectClass::Write,
+            NeedsApproval::Never => false,
+            NeedsApproval::Always => true,
+            NeedsApproval::Writes => d.effect == EffectClass::Write,
         };
         tools.push(AgentTool {
             name: tool.model_name(),
@@ -262,7 +263,7 @@ impl AgentView {
                 }
             }
             push_tools(&mut tools, &plugin.key, descriptors, |t| {
-                plugin.approval_rule(t)
+                plugin.needs_approval(t)
             });
         }
         // An MCP server's tools are plugin tools to deciding: a call is an
@@ -275,7 +276,7 @@ impl AgentView {
                 });
             };
             push_tools(&mut tools, &server.key, descriptors, |t| {
-                server.approval_rule(t)
+                server.needs_approval(t)
             });
         }
         for human in &agent.human_tools {

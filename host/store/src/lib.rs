@@ -457,7 +457,7 @@ pub struct Listing {
     pub status: ListingStatus,
     /// How many deliveries the run owes: its delivery in flight, and every
     /// event a channel receives and was not given yet, counted while the
-    /// runtime would make one (see `engine::channels::owed_count`). 0 when
+    /// runtime would make one (see `engine::state::owed_count`). 0 when
     /// it owes none.
     pub owes_deliveries: u32,
     /// When a `waiting` run is due to be driven again, in milliseconds

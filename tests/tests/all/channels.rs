@@ -10,7 +10,7 @@ use std::sync::Arc;
 use warden::engine::StartOptions;
 
 use serde_json::{Value, json};
-use warden::engine::channels::DeliveryError;
+use warden::engine::events::DeliveryError;
 use warden::engine::events::Event;
 use warden::engine::{
     Agent, FixedClock, FixedRandom, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError,

@@ -135,6 +135,7 @@ mod context;
 mod corpus;
 mod effects;
 mod engine;
+mod engine_layers;
 mod feature_sets;
 mod fencing;
 mod filesystem;

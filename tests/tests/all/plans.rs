@@ -13,8 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use serde_json::{Value, json};
+use warden::engine::agent::plan::{Decision, EndReason, Next, PlanError};
 use warden::engine::events::Event;
-use warden::engine::plan::{Decision, EndReason, Next, PlanError};
 use warden::engine::{Agent, AgentError, ReplayOptions, RunId, RunStatus, Runtime, StartOptions};
 use warden::providers::{
     Message, ModelProvider, ModelRequest, ModelStream, ProviderEvent, StopReason,

@@ -17,9 +17,11 @@
 //!   its derived id and driven on (never started twice). A write is never
 //!   run again: one without an outcome parks the run (needs reconciliation)
 //!   once every call before it has its outcome recorded.
-//! - a driver that stops (a crash, an error, a cancellation) aborts its
-//!   tasks: what they returned was not recorded, so it is made again as
-//!   above.
+//! - a driver that stops (an error, an outcome that stops the run) aborts
+//!   its tool calls and waits for the children it drives to end, so when it
+//!   returns nothing it started still writes; one dropped mid-batch (its
+//!   future cancelled) can only abort them all. What they returned was not
+//!   recorded, so it is made again as above.
 //!
 //! Fuel, charged when a lease ends, is shared out here: each lease started
 //! beside others gets at most what the run's fuel budget has left after
@@ -37,11 +39,12 @@ use super::{
     DriverHandle, Log, Prepared, Runtime, RuntimeError, Step, ToolOutcome, ToolReturn, decide_next,
     still_valid,
 };
-use crate::child_agents::ParentLink;
 use crate::decide::{Action, ChildDrive, Idle, ToolInvocation};
+use crate::events::ParentLink;
 use crate::events::{ClockObserved, Event};
 use crate::ids::{CallId, RunId};
-use crate::state::{Parked, RunStatus, ToolCallProgress};
+use crate::state::{Parked, ToolCallProgress};
+use crate::status::RunStatus;
 use warden_plugins::grant::EffectClass;
 use warden_sandbox::Leased;
 
@@ -58,6 +61,11 @@ impl<T> Drop for Task<T> {
 impl<T: Send + 'static> Task<T> {
     fn spawn(future: impl Future<Output = T> + Send + 'static) -> Self {
         Task(tokio::spawn(future))
+    }
+
+    /// Waits until it has ended, whatever it returned.
+    async fn finish(mut self) {
+        let _ = (&mut self.0).await;
     }
 
     /// Its output; a panic in the task goes on in the driver.
@@ -140,15 +148,41 @@ impl Runtime {
     /// first again those a crash (or a wait) left in flight, then each next
     /// call that may start beside them, up to the bound; records each
     /// outcome in the model's order. Returns once none is in flight.
+    ///
+    /// However it returns (an outcome that stops the run, an error), it
+    /// returns only once no child it drives is still writing: tool calls
+    /// left in flight are aborted (they append nothing), children are
+    /// awaited, so a caller that drives the run again right away is not
+    /// refused by its own leftover drive.
     pub(super) async fn run_batch(
         &self,
         log: &mut Log,
         prepared: &Prepared,
         driver: &DriverHandle,
     ) -> Result<Step, RuntimeError> {
+        let mut running: VecDeque<Running> = VecDeque::new();
+        let result = self
+            .run_batch_calls(log, prepared, driver, &mut running)
+            .await;
+        for left in running {
+            if let Running::Child { task, .. } = left {
+                // Its outcome is not recorded: the next drive finds the
+                // child by its id and drives it on.
+                task.finish().await;
+            }
+        }
+        result
+    }
+
+    async fn run_batch_calls(
+        &self,
+        log: &mut Log,
+        prepared: &Prepared,
+        driver: &DriverHandle,
+        running: &mut VecDeque<Running>,
+    ) -> Result<Step, RuntimeError> {
         let view = &prepared.view;
         let bound = view.parallel.max_calls as usize;
-        let mut running: VecDeque<Running> = VecDeque::new();
         // What is in flight and runs again: reads and idempotent calls from
         // their intents, children by their ids. A write in flight is never
         // made again; it and the calls after it wait.
@@ -162,7 +196,7 @@ impl Runtime {
                         recorded: true,
                     };
                     let Some(next) =
-                        self.start_tool(log, prepared, driver, &running, invocation, None)
+                        self.start_tool(log, prepared, driver, running, invocation, None)
                     else {
                         break;
                     };
@@ -187,7 +221,7 @@ impl Runtime {
                         if launches(log, &call) && view.parallel.admits(&call.intent) =>
                     {
                         if matches!(
-                            self.fuel_share(log, prepared, &running, &call),
+                            self.fuel_share(log, prepared, running, &call),
                             FuelShare::Wait
                         ) {
                             break;
@@ -205,7 +239,7 @@ impl Runtime {
                             ..call
                         };
                         let next = self
-                            .start_tool(log, prepared, driver, &running, recorded, None)
+                            .start_tool(log, prepared, driver, running, recorded, None)
                             .expect("the share was there before the intent");
                         running.push_back(next);
                     }
@@ -249,7 +283,7 @@ impl Runtime {
                                 log,
                                 prepared,
                                 driver,
-                                &running,
+                                running,
                                 again,
                                 Some(delay),
                             ) {

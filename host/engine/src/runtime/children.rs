@@ -31,12 +31,13 @@ use warden_store::{ListingStatus, RunMeta, StoreError};
 use super::{Log, Prepared, Runtime, RuntimeError, Step, recordable};
 use crate::agent::Agent;
 use crate::budget::RecordedLimits;
-use crate::child_agents::{ChildFinished, ChildParked, ChildStarted, ParentLink};
 use crate::decide::{ChildDrive, Idle};
+use crate::events::{ChildFinished, ChildParked, ChildStarted, ParentLink};
 use crate::events::{Event, RunStarted, ToolCallError, ToolCallResult};
 use crate::ids::{CallId, RunId};
 use crate::replay::ReplayOptions;
-use crate::state::{RunStatus, Terminal, ToolCallProgress};
+use crate::state::{Terminal, ToolCallProgress};
+use crate::status::RunStatus;
 use crate::view::ToolTarget;
 
 /// Why a child run cannot be started or driven; nothing was written.

@@ -40,9 +40,9 @@ use warden_store::{EventStore, Listing, ListingStatus, RunMeta, StoreError};
 use super::{Runtime, RuntimeError, recordable};
 use crate::agent::Agent;
 use crate::budget::{BudgetLimits, RecordedLimits};
-use crate::channels::owed_count;
 use crate::events::{Event, RunForked, decode};
 use crate::ids::{CallId, RunId};
+use crate::state::owed_count;
 use crate::state::{RunState, ToolCallProgress, fold};
 
 /// The listing label a fork carries, naming its source: how `runs show`
@@ -214,7 +214,7 @@ impl Runtime {
         rest.push(recordable(&run_id, &forked)?);
         let status = state.status();
         let all: Vec<&Event> = prefix.iter().chain([&forked]).collect();
-        let owed = if status == crate::state::RunStatus::Running {
+        let owed = if status == crate::status::RunStatus::Running {
             0
         } else {
             owed_count(all.iter().copied(), &state, &prepared.view.channels)

@@ -6,7 +6,7 @@
 
 use super::*;
 use crate::batch::Parallelism;
-use crate::child_agents::ChildParked;
+use crate::events::ChildParked;
 
 fn parallel(max_calls: u32) -> AgentView {
     AgentView {

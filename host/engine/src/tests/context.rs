@@ -6,10 +6,10 @@
 //! rewrites them).
 
 use super::*;
-use crate::canonical::request_hash;
 use crate::context::{ContextSource, OnContextError, ResolveWhen};
 use crate::decide::ContextResolution;
 use crate::prompt::build_request;
+use crate::request_hash::request_hash;
 use warden_plugins::manifest::LimitSettings;
 use warden_providers::ModelRequest;
 

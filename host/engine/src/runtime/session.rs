@@ -8,7 +8,7 @@
 //!   A run that failed, was cancelled or abandoned contributes nothing: its
 //!   partial messages are rolled back.
 //! - **It is fixed and recorded when the run starts**, in
-//!   [`RunStarted::session`](super::events::RunStarted::session) (the
+//!   [`RunStarted::session`](crate::events::RunStarted::session) (the
 //!   runs it came from and the messages), so folding a run stays per run and
 //!   pure, and replay reads the recorded history and never another run's
 //!   log.
@@ -27,10 +27,11 @@
 
 use serde_json::Value;
 
-use super::events::{SessionStart, decode};
-use super::ids::{RunId, SessionId};
-use super::runtime::RuntimeError;
-use super::state::{RunState, RunStatus, Terminal, fold};
+use super::RuntimeError;
+use crate::events::{SessionStart, decode};
+use crate::ids::{RunId, SessionId};
+use crate::state::{RunState, Terminal, fold};
+use crate::status::RunStatus;
 use std::collections::BTreeMap;
 
 use warden_store::{EventStore, RunFilter, RunSummary, SETTLED_STATUSES};
@@ -108,7 +109,7 @@ pub(crate) async fn summaries(store: &dyn EventStore) -> Result<Vec<SessionSumma
 /// The history a run starting now at `position` in `session_id` sees,
 /// given the folded states of the session's completed runs (in any order).
 /// Pure.
-pub fn session_start(
+pub(crate) fn session_start(
     session_id: &SessionId,
     position: u64,
     completed: &[RunState],

@@ -74,9 +74,9 @@ use warden_providers::{
     StopReason, ToolCall,
 };
 
-use super::agent::{Agent, AgentError, ModelDefaults};
-use super::canonical::canonical_json;
-use super::ids::AgentDigest;
+use super::{Agent, AgentError, ModelDefaults};
+use crate::canonical::canonical_json;
+use crate::ids::AgentDigest;
 
 /// The most rounds a repeated phase may run.
 pub const MAX_ROUNDS: u32 = 100;
@@ -556,7 +556,7 @@ fn check(file: &PlanFile) -> Result<Plan, PlanError> {
         return Err(invalid("phases", "a plan needs at least one phase".into()));
     }
     for role in file.roles.keys() {
-        if !super::agent::is_valid_human_tool_name(role) || RESERVED.contains(&role.as_str()) {
+        if !super::is_valid_human_tool_name(role) || RESERVED.contains(&role.as_str()) {
             return Err(invalid(
                 &format!("roles.{role}"),
                 format!(
