@@ -4,7 +4,9 @@
 //!   its output through a channel (finding the next delivery must not scan
 //!   the log at every event);
 //! - steps per second for 1,000 concurrent runs with the scripted provider
-//!   and a no-op tool plugin, on both stores;
+//!   and a no-op tool plugin, on both stores, with the fsyncs per second
+//!   SQLite's group commit made and the CPU time per step (the process's,
+//!   and SQLite's one writer thread's);
 //! - memory per parked run (resident set growth over 1,000 runs parked for
 //!   approval).
 //!
@@ -24,7 +26,16 @@ use warden::sandbox::{Sandbox, SandboxConfig};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 use warden_tests::guests;
 
+#[path = "table.rs"]
+mod table;
+use crate::table::Row;
+
 fn main() {
+    run();
+}
+
+/// Measures and prints; returns the targets for the table.
+pub(crate) fn run() -> Vec<Row> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -37,14 +48,15 @@ fn main() {
             ..SandboxConfig::default()
         })
         .unwrap();
-        replay_bench(dir.path(), &sandbox).await;
+        let mut rows = replay_bench(dir.path(), &sandbox).await;
         let runs: usize = std::env::var("ENGINE_BENCH_RUNS")
             .ok()
             .and_then(|s| s.parse().ok())
             .unwrap_or(1000);
-        concurrency_bench(dir.path(), &sandbox, runs).await;
-        parked_memory_bench(dir.path(), &sandbox, runs).await;
-    });
+        rows.extend(concurrency_bench(dir.path(), &sandbox, runs).await);
+        rows.push(parked_memory_bench(dir.path(), &sandbox, runs).await);
+        rows
+    })
 }
 
 /// An agent over the no-op guest whose scripted model calls `noop` once per
@@ -85,7 +97,8 @@ fn agent_with(dir: &Path, name: &str, turns: usize, approval: bool, extra: &str)
     Agent::load(&dir.join(format!("{name}.toml")), None).unwrap()
 }
 
-async fn replay_bench(dir: &Path, sandbox: &Sandbox) {
+async fn replay_bench(dir: &Path, sandbox: &Sandbox) -> Vec<Row> {
+    let mut rows = Vec::new();
     // Four events per turn (model intent and completion, tool intent and
     // completion): 2,500 turns make a 10,000-event run.
     let plain = agent(dir, "long", 2_499, false);
@@ -149,7 +162,15 @@ async fn replay_bench(dir: &Path, sandbox: &Sandbox) {
             ms(l + d),
             recorded.as_secs_f64()
         );
+        rows.push(Row::new(
+            "engine",
+            format!("replay of a {count}-event run ({name})"),
+            format!("{:.1} ms", ms(l + d)),
+            "< 30 ms",
+            Some(ms(l + d) < 30.0),
+        ));
     }
+    rows
 }
 
 /// The agent's view as the runtime builds it (plugins loaded; components
@@ -170,17 +191,16 @@ async fn view_of(sandbox: &Sandbox, agent: &Agent) -> warden::engine::AgentView 
     warden::engine::AgentView::new(agent, &tools).unwrap()
 }
 
-async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
+async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) -> Vec<Row> {
     let agent = agent(dir, "short", 4, false);
+    let sqlite = Arc::new(SqliteStore::open(dir.join("concurrent.db")).unwrap());
+    let mut rates = Vec::new();
     for (name, store) in [
         (
             "memory",
             Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
         ),
-        (
-            "sqlite",
-            Arc::new(SqliteStore::open(dir.join("concurrent.db")).unwrap()) as Arc<dyn EventStore>,
-        ),
+        ("sqlite", sqlite.clone() as Arc<dyn EventStore>),
     ] {
         let runtime = Runtime::new(store.clone(), PluginHost::new(sandbox.clone()));
         // Load the plugins once before timing.
@@ -191,6 +211,12 @@ async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
             .unwrap();
         runtime.drive(&warm, &agent).await.unwrap();
 
+        let synced = || {
+            let stats = sqlite.stats();
+            stats.transactions - stats.deferred_transactions
+        };
+        let synced_before = synced();
+        let cpu_before = (thread_cpu_ms(None), thread_cpu_ms(Some(WRITER_THREAD)));
         let t = Instant::now();
         let mut tasks = Vec::new();
         for i in 0..runs {
@@ -218,16 +244,88 @@ async fn concurrency_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
             .await
             .unwrap()
             .event_count;
-        println!(
-            "{runs} concurrent runs ({name}): {:.2} s, {:.0} steps/s, {:.0} events/s, {failures} failures",
-            elapsed.as_secs_f64(),
-            steps as f64 / elapsed.as_secs_f64(),
-            (events as usize * runs) as f64 / elapsed.as_secs_f64(),
+        // Only the SQLite store syncs; the memory store's count stays put.
+        let fsyncs = synced() - synced_before;
+        let cpu = |now: u64, before: u64| (now - before) as f64 * 1e3 / steps as f64;
+        let (process_us, writer_us) = (
+            cpu(thread_cpu_ms(None), cpu_before.0),
+            cpu(thread_cpu_ms(Some(WRITER_THREAD)), cpu_before.1),
         );
+        let steps_per_s = steps as f64 / elapsed.as_secs_f64();
+        let fsyncs_per_s = fsyncs as f64 / elapsed.as_secs_f64();
+        println!(
+            "{runs} concurrent runs ({name}): {:.2} s, {steps_per_s:.0} steps/s, {:.0} events/s, {fsyncs_per_s:.0} fsyncs/s ({:.2} steps per fsync), {failures} failures; CPU per step {process_us:.0} µs, {writer_us:.0} µs of it on the store's writer thread",
+            elapsed.as_secs_f64(),
+            (events as usize * runs) as f64 / elapsed.as_secs_f64(),
+            steps as f64 / fsyncs.max(1) as f64,
+        );
+        rates.push((steps_per_s, fsyncs_per_s, process_us, writer_us));
     }
+    let [
+        (memory, _, memory_cpu, _),
+        (sqlite, fsyncs, sqlite_cpu, writer_cpu),
+    ] = rates[..]
+    else {
+        unreachable!("two stores")
+    };
+    let ratio = sqlite / memory;
+    vec![
+        Row::new(
+            "engine",
+            format!("{runs} concurrent scripted runs, memory"),
+            format!("{memory:.0} steps/s"),
+            "",
+            None,
+        ),
+        Row::new(
+            "engine",
+            format!("{runs} concurrent scripted runs, SQLite / memory steps/s"),
+            format!("{ratio:.2}× ({sqlite:.0} steps/s, {fsyncs:.0} fsyncs/s)"),
+            format!(
+                "≥ 0.5× (CPU per step: memory {memory_cpu:.0} µs, SQLite {sqlite_cpu:.0} µs, {writer_cpu:.0} µs of it on the one writer thread)"
+            ),
+            Some(ratio >= 0.5),
+        ),
+    ]
 }
 
-async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
+/// The name SQLite's writer thread runs under (`store/sqlite`).
+const WRITER_THREAD: &str = "warden-store-wr";
+
+/// CPU time (user and system) of this process's threads named `name`, or
+/// of the whole process, in ms, from `/proc` (clock ticks of 10 ms; 0
+/// where there is no `/proc`).
+fn thread_cpu_ms(name: Option<&str>) -> u64 {
+    let ticks = |stat: &str| -> u64 {
+        // The fields after the command, whose name may hold spaces.
+        let fields: Vec<&str> = stat
+            .rsplit(')')
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        let field = |i: usize| {
+            fields
+                .get(i)
+                .and_then(|f| f.parse::<u64>().ok())
+                .unwrap_or(0)
+        };
+        field(11) + field(12)
+    };
+    let Some(name) = name else {
+        return ticks(&std::fs::read_to_string("/proc/self/stat").unwrap_or_default()) * 10;
+    };
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter(|t| std::fs::read_to_string(t.path().join("comm")).is_ok_and(|c| c.trim() == name))
+        .map(|t| ticks(&std::fs::read_to_string(t.path().join("stat")).unwrap_or_default()) * 10)
+        .sum()
+}
+
+async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) -> Row {
     let agent = agent(dir, "parked", 1, true);
     let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(dir.join("parked.db")).unwrap());
     let runtime = Runtime::new(store, PluginHost::new(sandbox.clone()));
@@ -251,10 +349,17 @@ async fn parked_memory_bench(dir: &Path, sandbox: &Sandbox, runs: usize) {
         );
     }
     let after = rss_bytes();
+    let per_run = (after.saturating_sub(before)) as f64 / runs as f64 / 1024.0;
     println!(
-        "memory per parked run: {:.1} KiB of resident memory over {runs} runs parked for approval (the runtime keeps no per-run state; what grows is the store's cache)",
-        (after.saturating_sub(before)) as f64 / runs as f64 / 1024.0
+        "memory per parked run: {per_run:.1} KiB of resident memory over {runs} runs parked for approval (the runtime keeps no per-run state; what grows is the store's cache)",
     );
+    Row::new(
+        "engine",
+        "resident memory per parked run",
+        format!("{per_run:.1} KiB"),
+        "",
+        None,
+    )
 }
 
 fn rss_bytes() -> u64 {

@@ -28,9 +28,18 @@ use warden::sandbox::{Capabilities, Limits, Sandbox, SandboxConfig, wit};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Engine, InstanceAllocationStrategy, Store};
 
+#[path = "table.rs"]
+mod table;
+use crate::table::Row;
+
 const LANGS: [&str; 3] = ["rust", "python", "js"];
 
 fn main() {
+    run();
+}
+
+/// Measures and prints; returns each figure, per language, for the table.
+pub(crate) fn run() -> Vec<Row> {
     let iters: usize = std::env::var("GUEST_BENCH_ITERS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -189,6 +198,7 @@ fn main() {
         "{:<42} {:>20} {:>20} {:>20}",
         "", "Rust", "Python", "JavaScript"
     );
+    let mut table = Vec::new();
     for (label, values, unit) in rows {
         let cell = |i: usize| {
             let v = values[i];
@@ -209,7 +219,15 @@ fn main() {
             cell(1),
             cell(2)
         );
+        table.push(Row::new(
+            "guests",
+            format!("{label}: Python, JavaScript"),
+            format!("{}, {}", cell(1), cell(2)),
+            format!("Rust: {}", cell(0)),
+            None,
+        ));
     }
+    table
 }
 
 trait MapRef<T> {

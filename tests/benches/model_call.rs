@@ -40,6 +40,10 @@ use warden::sandbox::{Sandbox, SandboxConfig};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 use warden_tests::guests;
 
+#[path = "table.rs"]
+mod table;
+use crate::table::{Row, fdatasync_us};
+
 /// When each call started and when its stream ended.
 #[derive(Default)]
 struct Marks {
@@ -105,7 +109,7 @@ fn agent(dir: &std::path::Path, turns: usize, effect: &str) -> Agent {
 }
 
 /// Gaps between a completion and the next request, and the lease times.
-fn run(
+fn run_once(
     rt: &tokio::runtime::Runtime,
     sandbox: &Sandbox,
     store: Arc<dyn EventStore>,
@@ -155,22 +159,6 @@ fn stats(samples: &mut [Duration]) -> (f64, f64) {
     (median, p99)
 }
 
-/// The median time, in µs, of a small write and `fdatasync` to a file in
-/// `dir`: what one synced append cannot beat on this disk.
-pub fn fdatasync_us(dir: &std::path::Path, samples: usize) -> f64 {
-    use std::io::Write;
-    let mut file = std::fs::File::create(dir.join("fdatasync-probe")).unwrap();
-    let mut times: Vec<Duration> = (0..samples)
-        .map(|i| {
-            let t = Instant::now();
-            file.write_all(format!("{i:0>100}").as_bytes()).unwrap();
-            file.sync_data().unwrap();
-            t.elapsed()
-        })
-        .collect();
-    stats(&mut times).0
-}
-
 /// Synced commits of a run outside its tool-calling turns: the create, the
 /// final model call's intent, the end.
 const FIXED_SYNCED: u64 = 3;
@@ -205,9 +193,9 @@ fn measure(
         Some(s) => s.clone(),
         None => Arc::new(MemoryStore::new()),
     };
-    run(rt, sandbox, Arc::clone(&store), warmup);
+    run_once(rt, sandbox, Arc::clone(&store), warmup);
     let before = sqlite_store.as_ref().map(|s| s.stats());
-    let (mut gaps, mut leases) = run(rt, sandbox, store, agent);
+    let (mut gaps, mut leases) = run_once(rt, sandbox, store, agent);
     let turns = gaps.len() as f64;
     let (fsyncs_per_turn, commits_per_turn) = match (&sqlite_store, before) {
         (Some(s), Some(before)) => {
@@ -251,10 +239,16 @@ fn measure(
 }
 
 fn verdict(ok: bool) -> &'static str {
-    if ok { "met" } else { "NOT met" }
+    table::verdict(Some(ok))
 }
 
 fn main() {
+    run();
+}
+
+/// Measures and prints; returns the targets for the table.
+pub(crate) fn run() -> Vec<Row> {
+    let mut rows = Vec::new();
     let turns: usize = std::env::var("MODEL_CALL_BENCH_TURNS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -322,5 +316,43 @@ fn main() {
             memory.median,
             verdict(ratio <= 1.3)
         );
+        rows.push(Row::new(
+            "model_call",
+            format!("fsyncs per {effect} turn, SQLite (counted by the store)"),
+            format!("{fsyncs:.2}"),
+            format!("≤ {limit}"),
+            Some(fsyncs <= limit + 1e-9),
+        ));
+        for (name, m) in [("memory", &memory), ("sqlite", &sqlite)] {
+            let ratio = m.last / m.first;
+            rows.push(Row::new(
+                "model_call",
+                format!(
+                    "engine overhead, last {w} / first {w} calls, {effect} turns, {name}",
+                    w = m.window
+                ),
+                format!("{ratio:.2}×"),
+                format!("≤ 1.2× (first {}: {:.0} µs)", m.window, m.first),
+                Some(ratio <= 1.2),
+            ));
+        }
+        rows.push(Row::new(
+            "model_call",
+            format!("engine overhead per call, {effect} turns, memory, median"),
+            format!("{:.0} µs", memory.median),
+            "≤ 150 µs",
+            Some(memory.median <= 150.0),
+        ));
+        rows.push(Row::new(
+            "model_call",
+            format!("engine overhead per call, {effect} turns, SQLite, median"),
+            format!("{:.0} µs = {ratio:.2}×", sqlite.median),
+            format!(
+                "≤ 1.3× of {fsyncs:.2} fsyncs × {fsync:.0} µs + memory's {:.0} µs",
+                memory.median
+            ),
+            Some(ratio <= 1.3),
+        ));
     }
+    rows
 }

@@ -17,7 +17,16 @@ use warden::grant::{Grant, MountGrant};
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource, builtin};
 use warden::sandbox::{Sandbox, SandboxConfig, UsageReceipt, wit};
 
+#[path = "table.rs"]
+mod table;
+use crate::table::Row;
+
 fn main() {
+    run();
+}
+
+/// Measures and prints; returns each plugin's median for the table.
+pub(crate) fn run() -> Vec<Row> {
     let iters: usize = std::env::var("PLUGIN_BENCH_ITERS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -27,10 +36,11 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    rt.block_on(run(iters));
+    rt.block_on(measure(iters))
 }
 
-async fn run(iters: usize) {
+async fn measure(iters: usize) -> Vec<Row> {
+    let mut rows = Vec::new();
     let cache = tempfile::tempdir().unwrap();
     let host = PluginHost::new(
         Sandbox::new(SandboxConfig {
@@ -105,7 +115,15 @@ async fn run(iters: usize) {
             times[times.len() / 2] as f64,
             times[(times.len() * 99 / 100).min(times.len() - 1)] as f64,
         );
+        rows.push(Row::new(
+            "plugins",
+            format!("{name} {}, fresh lease, median", op.describe()),
+            format!("{} µs", times[times.len() / 2]),
+            "",
+            None,
+        ));
     }
+    rows
 }
 
 enum Op {

@@ -251,6 +251,12 @@ impl Worker {
         let mut failed: Vec<(Claim, i64)> = Vec::new();
         tokio::pin!(shutdown);
         loop {
+            // Before every claim, not only when idle: a worker told to stop
+            // (a SIGTERM) takes no further run, though a claim just granted
+            // or a drive just ended would otherwise send it claiming again.
+            if futures::poll!(&mut shutdown).is_ready() {
+                break;
+            }
             let free = self.inner.concurrency.saturating_sub(drives.len());
             let mut claimed_any = false;
             if free > 0 {
@@ -289,6 +295,7 @@ impl Worker {
                 continue;
             }
             tokio::select! {
+                biased;
                 () = &mut shutdown => break,
                 Some(done) = drives.join_next_with_id(), if !drives.is_empty() => {
                     self.account(&mut report, &mut held, &mut failed, done);

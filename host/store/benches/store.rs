@@ -232,6 +232,11 @@ fn chain_only() {
 }
 
 fn main() {
+    run();
+}
+
+/// Measures and prints (`warden-tests`' `all` bench runs it too).
+pub(crate) fn run() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

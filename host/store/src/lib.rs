@@ -91,7 +91,7 @@ pub use chain::{ChainHash, ChainKey, InvalidChainKey};
 pub use claim::{Claim, PruneFilter, Tombstone};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
-pub use postgres::{PostgresStore, PostgresStoreBuilder};
+pub use postgres::{PostgresStats, PostgresStore, PostgresStoreBuilder};
 pub use rules::{ApprovalRule, Revocation, RuleStanding};
 pub use session::{InvalidSessionId, SessionId};
 #[cfg(feature = "sqlite")]

@@ -1254,3 +1254,83 @@ async fn a_stopping_worker_hands_back_the_claim_of_a_failed_drive_on_postgres() 
     };
     a_stopping_worker_hands_back_what_failed(Arc::new(pg.store().await)).await;
 }
+
+// ---- a stopping worker claims nothing more ------------------------------------
+
+/// Hands out one run per claim, and fires the worker's shutdown at the
+/// first claim that granted one (a SIGTERM arriving while it claims).
+struct StopAtFirstClaim {
+    stop: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+}
+
+#[async_trait]
+impl Hooks for StopAtFirstClaim {
+    fn claim_limit(&self, _: usize) -> usize {
+        1
+    }
+
+    fn after_claim(&self, claims: &[warden::store::Claim]) {
+        if !claims.is_empty()
+            && let Some(stop) = self.stop.lock().unwrap().take()
+        {
+            let _ = stop.send(());
+        }
+    }
+}
+
+/// A worker with room for four runs and four queued, told to stop while
+/// its first claim is under way: it takes that one run, which it finishes
+/// within its grace, and claims no other; the three are left queued for
+/// another worker. A worker told to stop before it starts claims nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_told_to_stop_while_it_claims_takes_no_further_run() {
+    let fx = Fixture::new();
+    let store: Arc<dyn EventStore> =
+        Arc::new(SqliteStore::open(fx.dir.path().join("runs.db")).unwrap());
+    let rt = runtime(store.clone());
+    for i in 0..4 {
+        let job = format!("stop-{i}");
+        rt.submit(
+            &job_agent(&fx, &job),
+            json!("go"),
+            StartOptions::new().id(RunId::new(job).unwrap()),
+        )
+        .await
+        .unwrap();
+    }
+
+    let already = Worker::builder(runtime(store.clone()))
+        .owner("stopped-before-it-began")
+        .concurrency(4)
+        .build()
+        .unwrap();
+    let report = already.run(std::future::ready(())).await;
+    assert_eq!(report.claimed, 0, "{report:?}");
+
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let hooked: Arc<dyn EventStore> = Arc::new(Intercepted {
+        inner: store.clone(),
+        hooks: StopAtFirstClaim {
+            stop: std::sync::Mutex::new(Some(stop)),
+        },
+    });
+    let worker = Worker::builder(runtime(hooked))
+        .owner("stopping")
+        .concurrency(4)
+        .poll(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let report = worker
+        .run(async {
+            let _ = stopped.await;
+        })
+        .await;
+    assert_eq!((report.claimed, report.settled), (1, 1), "{report:?}");
+    let counts = status_counts(store.as_ref()).await;
+    assert_eq!(
+        (counts.get("completed"), counts.get("queued")),
+        (Some(&1), Some(&3)),
+        "{counts:?}"
+    );
+    assert_eq!(effects(&fx), ["stop-0"]);
+}

@@ -6,14 +6,28 @@
 //! an append locks its run row (`SELECT … FOR UPDATE`), checks the fencing
 //! token, the expected length and the chain's tail, inserts the events and
 //! updates the run row, then commits; a concurrent append on the same run
-//! waits for the lock and then finds the new length (a conflict). Loads
-//! read the run row and its events in one `REPEATABLE READ` snapshot.
+//! waits for the lock and then finds the new length (a conflict). An
+//! append's statements are pipelined: `BEGIN` and the checking reads go in
+//! one round trip, the writes and `COMMIT` in a second (a statement that
+//! fails aborts the transaction and the `COMMIT` rolls it back). A claim,
+//! a renewal and a release are one statement each, committed on its own:
+//! one round trip. [`PostgresStore::stats`] counts round trips and commits.
+//! Loads read the run row and its events in one `REPEATABLE READ` snapshot.
 //! Claims pick runs with `FOR UPDATE SKIP LOCKED`, so concurrent workers
 //! never wait on or share a run.
 //!
 //! Durability: every connection sets `synchronous_commit = on` (whatever
 //! the server's or the role's default), so a commit returns after the WAL
 //! is flushed to disk, and an append is acknowledged only after its commit.
+//! A deferred append ([`Durability::Deferred`]) sets it off for its own
+//! transaction (`SET LOCAL`): it commits, visible to every session, without
+//! waiting for the flush. The WAL is one sequence: the next synchronous
+//! commit, of any session, flushes it up to its own commit record, and
+//! with it every commit before; the server's WAL writer flushes it within
+//! a few hundred milliseconds anyway. A server crash before then loses the
+//! deferred commits since the last flush and nothing before them: what
+//! survives is a prefix of what was acknowledged, as the store contract
+//! asks.
 //! A store opened read-only ([`OpenMode::ReadOnly`]) runs no migration and
 //! its connections set `default_transaction_read_only = on`.
 //!
@@ -30,6 +44,7 @@ mod schema;
 use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -41,9 +56,9 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter, QUEUED,
-    RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, Settle, Settlement, SettlingAppend,
-    StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+    Durability, EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode,
+    PruneFilter, QUEUED, RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, Settle,
+    Settlement, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 use crate::status::settled_sql;
 
@@ -56,6 +71,52 @@ pub struct PostgresStore {
     chain: Arc<Chain>,
     schema: Arc<str>,
     target: Arc<str>,
+    counters: Arc<Counters>,
+}
+
+/// What a [`PostgresStore`] (and its clones) asked of the server since it
+/// was opened, read through [`PostgresStore::stats`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresStats {
+    /// Times the store waited for the server's answer: a statement, a
+    /// `BEGIN` or a `COMMIT`, or a pipelined group of them sent together
+    /// (counted once). A statement prepared for the first time on a
+    /// connection costs one more, not counted.
+    pub round_trips: u64,
+    /// Transactions that wrote and committed: each one WAL flush, under
+    /// the store's `synchronous_commit = on`, except the deferred ones.
+    /// Read-only snapshots are not counted.
+    pub commits: u64,
+    /// Of those, deferred appends ([`Durability::Deferred`]), committed
+    /// without waiting for the WAL flush (`synchronous_commit = off` for
+    /// their transaction): the next synchronous commit flushes them too.
+    /// `commits - deferred_commits` is the number of commits that waited
+    /// for the disk.
+    pub deferred_commits: u64,
+    /// Read-only snapshots taken (loads, listings, summaries).
+    pub snapshots: u64,
+}
+
+/// The counters behind [`PostgresStats`].
+#[derive(Debug, Default)]
+struct Counters {
+    round_trips: AtomicU64,
+    commits: AtomicU64,
+    deferred_commits: AtomicU64,
+    snapshots: AtomicU64,
+}
+
+impl Counters {
+    fn round_trip(&self) {
+        self.round_trips.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// A transaction of the store's, counting its round trips.
+struct Tx<'a> {
+    tx: deadpool_postgres::Transaction<'a>,
+    counters: &'a Counters,
 }
 
 /// Configures and opens a [`PostgresStore`].
@@ -158,6 +219,7 @@ impl PostgresStoreBuilder {
             chain,
             schema: schema.into(),
             target: target.into(),
+            counters: Arc::default(),
         };
         let mut client = store.client().await?;
         let context = || format!("postgres: cannot migrate schema {}", store.schema);
@@ -293,14 +355,25 @@ impl PostgresStore {
         })
     }
 
+    /// What the store asked of the server so far.
+    pub fn stats(&self) -> PostgresStats {
+        PostgresStats {
+            round_trips: self.counters.round_trips.load(Ordering::Relaxed),
+            commits: self.counters.commits.load(Ordering::Relaxed),
+            deferred_commits: self.counters.deferred_commits.load(Ordering::Relaxed),
+            snapshots: self.counters.snapshots.load(Ordering::Relaxed),
+        }
+    }
+
     /// Runs `what` in a read-only `REPEATABLE READ` transaction: one
     /// snapshot.
     async fn snapshot<T>(
         &self,
         context: &str,
-        what: impl AsyncFnOnce(&deadpool_postgres::Transaction<'_>) -> Result<T, StoreError>,
+        what: impl AsyncFnOnce(&Tx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut client = self.client().await?;
+        self.counters.round_trip();
         let tx = client
             .build_transaction()
             .isolation_level(IsolationLevel::RepeatableRead)
@@ -308,8 +381,14 @@ impl PostgresStore {
             .start()
             .await
             .map_err(|e| pg_error(context, e))?;
+        let tx = Tx {
+            tx,
+            counters: &self.counters,
+        };
         let result = what(&tx).await?;
-        tx.commit().await.map_err(|e| pg_error(context, e))?;
+        self.counters.round_trip();
+        tx.tx.commit().await.map_err(|e| pg_error(context, e))?;
+        self.counters.snapshots.fetch_add(1, Ordering::Relaxed);
         Ok(result)
     }
 
@@ -318,47 +397,86 @@ impl PostgresStore {
     async fn write<T>(
         &self,
         context: &str,
-        what: impl AsyncFnOnce(&deadpool_postgres::Transaction<'_>) -> Result<T, StoreError>,
+        what: impl AsyncFnOnce(&Tx<'_>) -> Result<T, StoreError>,
     ) -> Result<T, StoreError> {
         let mut client = self.client().await?;
+        self.counters.round_trip();
         let tx = client
             .transaction()
             .await
             .map_err(|e| pg_error(context, e))?;
+        let tx = Tx {
+            tx,
+            counters: &self.counters,
+        };
         let result = what(&tx).await?;
-        tx.commit().await.map_err(|e| pg_error(context, e))?;
+        self.counters.round_trip();
+        tx.tx.commit().await.map_err(|e| pg_error(context, e))?;
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
         Ok(result)
+    }
+
+    /// Runs one statement on its own, outside any transaction the store
+    /// begins (the server commits it alone): one round trip. Counted as a
+    /// commit if it returned rows (the statements run so write, and say
+    /// what they wrote with `RETURNING`).
+    async fn alone(
+        &self,
+        context: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, StoreError> {
+        let client = self.client().await?;
+        let statement = client
+            .prepare_cached(sql)
+            .await
+            .map_err(|e| pg_error(context, e))?;
+        self.counters.round_trip();
+        let rows = client
+            .query(&statement, params)
+            .await
+            .map_err(|e| pg_error(context, e))?;
+        if !rows.is_empty() {
+            self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(rows)
     }
 }
 
 /// A query's rows, with the error wrapped.
 async fn query(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &Tx<'_>,
     context: &str,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>, StoreError> {
     let statement = tx
+        .tx
         .prepare_cached(sql)
         .await
         .map_err(|e| pg_error(context, e))?;
-    tx.query(&statement, params)
+    tx.counters.round_trip();
+    tx.tx
+        .query(&statement, params)
         .await
         .map_err(|e| pg_error(context, e))
 }
 
 /// A statement's changed-row count, with the error wrapped.
 async fn execute(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &Tx<'_>,
     context: &str,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<u64, StoreError> {
     let statement = tx
+        .tx
         .prepare_cached(sql)
         .await
         .map_err(|e| pg_error(context, e))?;
-    tx.execute(&statement, params)
+    tx.counters.round_trip();
+    tx.tx
+        .execute(&statement, params)
         .await
         .map_err(|e| pg_error(context, e))
 }
@@ -404,7 +522,7 @@ fn count(n: i64) -> Result<u64, ChainBreak> {
 
 /// The error for a run with no row: [`StoreError::Pruned`] if it left a
 /// tombstone, else [`StoreError::UnknownRun`].
-async fn unknown(tx: &deadpool_postgres::Transaction<'_>, run_id: &RunId) -> StoreError {
+async fn unknown(tx: &Tx<'_>, run_id: &RunId) -> StoreError {
     let context = format!("postgres: cannot read run {run_id}");
     let found = query(
         tx,
@@ -435,10 +553,7 @@ struct RunRow {
     head: Result<ChainHash, ChainBreak>,
 }
 
-async fn run_row(
-    tx: &deadpool_postgres::Transaction<'_>,
-    run_id: &RunId,
-) -> Result<RunRow, StoreError> {
+async fn run_row(tx: &Tx<'_>, run_id: &RunId) -> Result<RunRow, StoreError> {
     let context = format!("postgres: cannot read run {run_id}");
     let rows = query(
         tx,
@@ -458,7 +573,7 @@ async fn run_row(
 }
 
 async fn event_rows(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &Tx<'_>,
     context: &str,
     pk: i64,
     after: u64,
@@ -514,7 +629,7 @@ fn summary_from(row: &Row, labels: BTreeMap<String, String>) -> Option<RunSummar
 
 /// Runs a query selecting [`SUMMARY_COLUMNS`] and adds each run's labels.
 async fn summaries(
-    tx: &deadpool_postgres::Transaction<'_>,
+    tx: &Tx<'_>,
     context: &str,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
@@ -599,10 +714,7 @@ impl ClaimRow {
     }
 }
 
-async fn claim_row(
-    tx: &deadpool_postgres::Transaction<'_>,
-    run_id: &RunId,
-) -> Result<ClaimRow, StoreError> {
+async fn claim_row(tx: &Tx<'_>, run_id: &RunId) -> Result<ClaimRow, StoreError> {
     let context = format!("postgres: cannot read the claim of run {run_id}");
     let rows = query(
         tx,
@@ -1039,12 +1151,12 @@ impl EventStore for PostgresStore {
     ) -> Result<Claim, StoreError> {
         let context = format!("postgres: cannot renew the claim of run {}", claim.run_id);
         let expires_ms = now_ms.saturating_add(ttl_ms);
-        self.write(&context, async |tx| {
-            let changed = execute(
-                tx,
+        let renewed = self
+            .alone(
                 &context,
                 "UPDATE runs SET lease_expires_ms = $4
-                 WHERE id = $1 AND lease_token = $2 AND lease_owner = $3",
+                 WHERE id = $1 AND lease_token = $2 AND lease_owner = $3
+                 RETURNING 1",
                 &[
                     &claim.run_id.as_str(),
                     &(claim.token as i64),
@@ -1053,20 +1165,21 @@ impl EventStore for PostgresStore {
                 ],
             )
             .await?;
-            if changed == 0 {
-                let row = claim_row(tx, &claim.run_id).await?;
-                return Err(StoreError::Fenced {
-                    run_id: claim.run_id.clone(),
-                    token: claim.token,
-                    current: row.token,
-                });
-            }
-            Ok(Claim {
-                expires_ms,
-                ..claim.clone()
-            })
+        if renewed.is_empty() {
+            // Fenced (or not there): read which, for the error.
+            let row = self
+                .snapshot(&context, async |tx| claim_row(tx, &claim.run_id).await)
+                .await?;
+            return Err(StoreError::Fenced {
+                run_id: claim.run_id.clone(),
+                token: claim.token,
+                current: row.token,
+            });
+        }
+        Ok(Claim {
+            expires_ms,
+            ..claim.clone()
         })
-        .await
     }
 
     async fn release_claim(
@@ -1076,13 +1189,13 @@ impl EventStore for PostgresStore {
     ) -> Result<(), StoreError> {
         let status = status.map(|s| s.name());
         let context = format!("postgres: cannot release the claim of run {}", claim.run_id);
-        self.write(&context, async |tx| {
-            let changed = execute(
-                tx,
+        let released = self
+            .alone(
                 &context,
                 "UPDATE runs SET lease_owner = NULL, lease_expires_ms = NULL,
                      status = coalesce($4, status)
-                 WHERE id = $1 AND lease_token = $2 AND lease_owner = $3",
+                 WHERE id = $1 AND lease_token = $2 AND lease_owner = $3
+                 RETURNING 1",
                 &[
                     &claim.run_id.as_str(),
                     &(claim.token as i64),
@@ -1091,13 +1204,12 @@ impl EventStore for PostgresStore {
                 ],
             )
             .await?;
-            if changed == 0 {
-                // Not current (fine) or not there (an error).
-                claim_row(tx, &claim.run_id).await?;
-            }
-            Ok(())
-        })
-        .await
+        if released.is_empty() {
+            // Not current (fine) or not there (an error).
+            self.snapshot(&context, async |tx| claim_row(tx, &claim.run_id).await)
+                .await?;
+        }
+        Ok(())
     }
 
     async fn append_fenced(
@@ -1320,11 +1432,9 @@ impl EventStore for PostgresStore {
         let context = format!("postgres: cannot claim runs for {owner}");
         let expires_ms = now_ms.saturating_add(ttl_ms);
         let rows = self
-            .write(&context, async |tx| {
-                query(
-                    tx,
-                    &context,
-                    "UPDATE runs SET lease_owner = $1, lease_token = lease_token + 1, lease_expires_ms = $3
+            .alone(
+                &context,
+                "UPDATE runs SET lease_owner = $1, lease_token = lease_token + 1, lease_expires_ms = $3
                      WHERE pk IN (
                          SELECT pk FROM runs
                          WHERE (((status IN ($4, $7) OR owes_deliveries > 0)
@@ -1344,9 +1454,7 @@ impl EventStore for PostgresStore {
                         &WAITING,
                         &RUNNING,
                     ],
-                )
-                .await
-            })
+            )
             .await?;
         let mut claims: Vec<(i64, Claim)> = rows
             .iter()
@@ -1425,6 +1533,13 @@ impl EventStore for PostgresStore {
 }
 
 impl PostgresStore {
+    /// Appends `events` in one transaction whose statements travel in two
+    /// pipelined round trips: `BEGIN` with the reads that lock and check
+    /// the run (and the commitment it settles), then the writes with the
+    /// `COMMIT`. A pipeline stops at the first statement that fails: the
+    /// server aborts the transaction, every later statement in it fails,
+    /// and the `COMMIT` rolls back; so the writes either all commit or
+    /// none, as in a transaction run one statement at a time.
     #[allow(clippy::too_many_arguments)]
     async fn append_inner(
         &self,
@@ -1442,20 +1557,107 @@ impl PostgresStore {
             });
         }
         let context = format!("postgres: cannot append to run {run_id}");
+        let pg = |e: tokio_postgres::Error| pg_error(&context, e);
         let tampered = |seq, reason| StoreError::Tampered {
             run_id: run_id.clone(),
             seq,
             reason,
         };
-        self.write(&context, async |tx| {
-            if let Some(settle) = settle {
-                let rows = query(
-                    tx,
-                    &context,
-                    "SELECT run_id, call_id, result IS NULL FROM commitments WHERE key = $1 FOR UPDATE",
-                    &[&settle.key],
-                )
-                .await?;
+        let client = self.client().await?;
+        // Prepared before anything is sent (a hit in the connection's cache
+        // costs nothing), so that each statement below goes out when it is
+        // first polled, in the order written.
+        let lock_commitment = client
+            .prepare_cached(
+                "SELECT run_id, call_id, result IS NULL FROM commitments WHERE key = $1 FOR UPDATE",
+            )
+            .await
+            .map_err(pg)?;
+        let lock_run = client
+            .prepare_cached(
+                "SELECT pk, event_count, head_hash, lease_owner, lease_token
+                 FROM runs WHERE id = $1 FOR UPDATE",
+            )
+            .await
+            .map_err(pg)?;
+        // The tail past the length the caller expects: if the run has
+        // another length the append is a conflict whatever the tail. Run
+        // after the lock above, it sees every event committed before it.
+        let read_tail = client
+            .prepare_cached(
+                "SELECT seq, hash FROM events
+                 WHERE run_pk = (SELECT pk FROM runs WHERE id = $1) AND seq >= $2
+                 ORDER BY seq LIMIT 2",
+            )
+            .await
+            .map_err(pg)?;
+        let insert = client
+            .prepare_cached(
+                "INSERT INTO events (run_pk, seq, bytes, hash)
+                 SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::bytea[])",
+            )
+            .await
+            .map_err(pg)?;
+        let update = client
+            .prepare_cached(
+                "UPDATE runs SET status = $1, updated_ms = $2, event_count = $3, head_hash = $4,
+                     owes_deliveries = $5, wake_ms = $6
+                 WHERE pk = $7",
+            )
+            .await
+            .map_err(pg)?;
+        let settle_write = match settle.map(|s| &s.outcome) {
+            Some(Settle::Result(_)) => Some(
+                client
+                    .prepare_cached("UPDATE commitments SET result = $2 WHERE key = $1")
+                    .await
+                    .map_err(pg)?,
+            ),
+            Some(Settle::Release) => Some(
+                client
+                    .prepare_cached("DELETE FROM commitments WHERE key = $1")
+                    .await
+                    .map_err(pg)?,
+            ),
+            None => None,
+        };
+
+        let mut open = Open::new(client);
+        let c = open.client();
+        let id = run_id.as_str();
+        let expected = expected_len as i64;
+        let run_params: [&(dyn ToSql + Sync); 1] = [&id];
+        let tail_params: [&(dyn ToSql + Sync); 2] = [&id, &expected];
+        self.counters.round_trip();
+        let deferred = listing.durability == Durability::Deferred;
+        let (begun, deferring, commitment, run, tail) = tokio::join!(
+            c.batch_execute("BEGIN"),
+            // A deferred append commits without waiting for the WAL flush
+            // (this transaction only); see the module docs.
+            async {
+                if deferred {
+                    c.batch_execute("SET LOCAL synchronous_commit = off").await
+                } else {
+                    Ok(())
+                }
+            },
+            async {
+                match settle {
+                    Some(s) => c.query(&lock_commitment, &[&s.key]).await.map(Some),
+                    None => Ok(None),
+                }
+            },
+            c.query(&lock_run, &run_params),
+            c.query(&read_tail, &tail_params),
+        );
+        // A `BEGIN` that failed leaves the connection in doubt: `open`
+        // discards it.
+        begun.map_err(pg)?;
+        let checked = (|| {
+            deferring.map_err(pg)?;
+            let (commitment, rows, tail) =
+                (commitment.map_err(pg)?, run.map_err(pg)?, tail.map_err(pg)?);
+            if let (Some(settle), Some(rows)) = (settle, commitment) {
                 let release = settle.outcome == Settle::Release;
                 let held = rows.first().is_some_and(|r| {
                     r.get::<_, String>(0) == settle.holder.run_id.as_str()
@@ -1470,16 +1672,9 @@ impl PostgresStore {
                     });
                 }
             }
-            let rows = query(
-                tx,
-                &context,
-                "SELECT pk, event_count, head_hash, lease_owner, lease_token
-                 FROM runs WHERE id = $1 FOR UPDATE",
-                &[&run_id.as_str()],
-            )
-            .await?;
+            // No row: told apart (pruned or unknown) after the rollback.
             let Some(row) = rows.first() else {
-                return Err(unknown(tx, run_id).await);
+                return Ok(None);
             };
             let pk: i64 = row.get(0);
             if let Some(claim) = fence {
@@ -1504,78 +1699,132 @@ impl PostgresStore {
                 });
             }
             let head = hash(row.get(2)).map_err(|reason| tampered(count, reason))?;
-            let tail: Vec<(u64, Result<ChainHash, ChainBreak>)> = query(
-                tx,
-                &context,
-                "SELECT seq, hash FROM events WHERE run_pk = $1 AND seq >= $2 ORDER BY seq LIMIT 2",
-                &[&pk, &(count as i64)],
-            )
-            .await?
-            .iter()
-            .map(|r| (u64::try_from(r.get::<_, i64>(0)).unwrap_or(0), hash(r.get(1))))
-            .collect();
-            chain::check_tail(count, &head, &tail).map_err(|f| tampered(f.seq, f.kind))?;
-
-            let hashes = self.chain.extend(head, count, events);
-            let seqs: Vec<i64> = (count + 1..=count + events.len() as u64)
-                .map(|s| s as i64)
+            let tail: Vec<(u64, Result<ChainHash, ChainBreak>)> = tail
+                .iter()
+                .map(|r| {
+                    (
+                        u64::try_from(r.get::<_, i64>(0)).unwrap_or(0),
+                        hash(r.get(1)),
+                    )
+                })
                 .collect();
-            let bytes: Vec<&[u8]> = events.iter().map(|b| b.as_ref()).collect();
-            let links: Vec<&[u8]> = hashes.iter().map(|h| h.as_bytes().as_slice()).collect();
-            execute(
-                tx,
-                &context,
-                "INSERT INTO events (run_pk, seq, bytes, hash)
-                 SELECT $1, * FROM unnest($2::bigint[], $3::bytea[], $4::bytea[])",
-                &[&pk, &seqs, &bytes, &links],
-            )
-            .await?;
-            let new_head = *hashes.last().expect("events is not empty");
-            let new_count = count + events.len() as u64;
-            execute(
-                tx,
-                &context,
-                "UPDATE runs SET status = $1, updated_ms = $2, event_count = $3, head_hash = $4,
-                     owes_deliveries = $5, wake_ms = $6
-                 WHERE pk = $7",
-                &[
-                    &listing.status.name(),
-                    &updated_ms,
-                    &(new_count as i64),
-                    &new_head.as_bytes().as_slice(),
-                    &(i32::try_from(listing.owes_deliveries).unwrap_or(i32::MAX)),
-                    &listing.wake_ms,
-                    &pk,
-                ],
-            )
-            .await?;
-            match settle.map(|s| (&s.key, &s.outcome)) {
-                Some((key, Settle::Result(result))) => {
-                    execute(
-                        tx,
-                        &context,
-                        "UPDATE commitments SET result = $2 WHERE key = $1",
-                        &[key, &result.as_ref()],
-                    )
-                    .await?;
-                }
-                Some((key, Settle::Release)) => {
-                    execute(
-                        tx,
-                        &context,
-                        "DELETE FROM commitments WHERE key = $1",
-                        &[key],
-                    )
-                    .await?;
-                }
-                None => {}
+            chain::check_tail(count, &head, &tail).map_err(|f| tampered(f.seq, f.kind))?;
+            Ok(Some((pk, count, head)))
+        })();
+        let (pk, count, head) = match checked {
+            Ok(Some(found)) => found,
+            Ok(None) => {
+                open.rollback(&self.counters).await;
+                return Err(self
+                    .snapshot(&context, async |tx| Ok(unknown(tx, run_id).await))
+                    .await?);
             }
-            Ok(Appended {
-                event_count: new_count,
-                head: new_head,
-            })
+            Err(error) => {
+                open.rollback(&self.counters).await;
+                return Err(error);
+            }
+        };
+
+        let hashes = self.chain.extend(head, count, events);
+        let seqs: Vec<i64> = (count + 1..=count + events.len() as u64)
+            .map(|s| s as i64)
+            .collect();
+        let bytes: Vec<&[u8]> = events.iter().map(|b| b.as_ref()).collect();
+        let links: Vec<&[u8]> = hashes.iter().map(|h| h.as_bytes().as_slice()).collect();
+        let new_head = *hashes.last().expect("events is not empty");
+        let new_count = count + events.len() as u64;
+        let c = open.client();
+        let status = listing.status.name();
+        let event_count = new_count as i64;
+        let head_bytes = new_head.as_bytes().as_slice();
+        let owes = i32::try_from(listing.owes_deliveries).unwrap_or(i32::MAX);
+        let insert_params: [&(dyn ToSql + Sync); 4] = [&pk, &seqs, &bytes, &links];
+        let update_params: [&(dyn ToSql + Sync); 7] = [
+            &status,
+            &updated_ms,
+            &event_count,
+            &head_bytes,
+            &owes,
+            &listing.wake_ms,
+            &pk,
+        ];
+        self.counters.round_trip();
+        let (inserted, updated, settled, committed) = tokio::join!(
+            c.execute(&insert, &insert_params),
+            c.execute(&update, &update_params),
+            async {
+                match (settle, &settle_write) {
+                    (Some(s), Some(statement)) => match &s.outcome {
+                        Settle::Result(result) => c
+                            .execute(statement, &[&s.key, &result.as_ref()])
+                            .await
+                            .map(Some),
+                        Settle::Release => c.execute(statement, &[&s.key]).await.map(Some),
+                    },
+                    _ => Ok(None),
+                }
+            },
+            c.batch_execute("COMMIT"),
+        );
+        // A write that failed aborted the transaction, and the `COMMIT`
+        // rolled it back; a `COMMIT` that failed leaves the connection in
+        // doubt (`open` discards it). Either way nothing is acknowledged.
+        let wrote = inserted.and(updated).and(settled);
+        committed.map_err(pg)?;
+        open.ended();
+        wrote.map_err(pg)?;
+        self.counters.commits.fetch_add(1, Ordering::Relaxed);
+        if deferred {
+            self.counters
+                .deferred_commits
+                .fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(Appended {
+            event_count: new_count,
+            head: new_head,
         })
-        .await
+    }
+}
+
+/// A pooled connection in a transaction the store began by hand (to send
+/// `BEGIN` and `COMMIT` along with other statements). Dropped before the
+/// transaction ended (a caller that stopped waiting, a connection in
+/// doubt), it is taken out of the pool and closed, which makes the server
+/// roll the transaction back; it never returns to the pool mid-transaction.
+struct Open {
+    client: Option<Object>,
+}
+
+impl Open {
+    fn new(client: Object) -> Self {
+        Open {
+            client: Some(client),
+        }
+    }
+
+    fn client(&self) -> &tokio_postgres::Client {
+        self.client.as_ref().expect("open until ended")
+    }
+
+    /// The transaction ended: the connection may go back to the pool.
+    fn ended(&mut self) {
+        drop(self.client.take());
+    }
+
+    /// Rolls back; a connection that cannot is discarded on drop.
+    async fn rollback(&mut self, counters: &Counters) {
+        counters.round_trip();
+        if self.client().batch_execute("ROLLBACK").await.is_ok() {
+            self.ended();
+        }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            drop(Object::take(client));
+        }
     }
 }
 
@@ -1650,6 +1899,103 @@ mod tests {
     /// The store's own connections run with `synchronous_commit = on`, even
     /// where the role's default is off; a read-only open creates nothing,
     /// writes nothing and refuses a schema that holds no store.
+    /// `synchronous_commit` as one of the store's pooled connections has it.
+    async fn synchronous_commit(store: &PostgresStore) -> String {
+        store
+            .client()
+            .await
+            .unwrap()
+            .query_one("SHOW synchronous_commit", &[])
+            .await
+            .unwrap()
+            .get(0)
+    }
+
+    /// A deferred append commits without waiting for the flush for its own
+    /// transaction only: the one pooled connection is back to
+    /// `synchronous_commit = on` after it (and after a deferred append that
+    /// was refused), the next synced append is not deferred, and each
+    /// append costs two round trips, a claim, a renewal and a release one.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deferred_append_commits_asynchronously_alone_in_two_round_trips() {
+        let Some(backend) = PostgresBackend::connect().await else {
+            return;
+        };
+        let store = backend.builder().max_connections(1).open().await.unwrap();
+        let run = id("deferred");
+        new_run(&store, &run, 1).await;
+        let shown = async || synchronous_commit(&store).await;
+        let before = store.stats();
+        let deferred = Listing::new(ListingStatus::RUNNING).deferred();
+        store
+            .append(&run, 1, &[crate::testing::suite::ev("two")], deferred, 2)
+            .await
+            .unwrap();
+        let after = store.stats();
+        assert_eq!(
+            (
+                after.commits - before.commits,
+                after.deferred_commits - before.deferred_commits,
+                after.round_trips - before.round_trips
+            ),
+            (1, 1, 2)
+        );
+        assert_eq!(shown().await, "on");
+        // Refused (a stale length): rolled back, the connection still on.
+        let refused = store
+            .append(&run, 1, &[crate::testing::suite::ev("again")], deferred, 3)
+            .await;
+        assert!(
+            matches!(refused, Err(StoreError::Conflict { .. })),
+            "{refused:?}"
+        );
+        assert_eq!(shown().await, "on");
+        let before = store.stats();
+        store
+            .append(
+                &run,
+                2,
+                &[crate::testing::suite::ev("three")],
+                Listing::new(ListingStatus::RUNNING),
+                4,
+            )
+            .await
+            .unwrap();
+        let after = store.stats();
+        assert_eq!(
+            (
+                after.commits - before.commits,
+                after.deferred_commits - before.deferred_commits
+            ),
+            (1, 0)
+        );
+        assert_eq!(store.load(&run).await.unwrap().len(), 3);
+
+        let queued = id("queued");
+        store
+            .create(
+                &queued,
+                crate::testing::suite::meta("agent", 1),
+                crate::testing::suite::ev("one"),
+                ListingStatus::QUEUED,
+            )
+            .await
+            .unwrap();
+        let before = store.stats();
+        let claims = store.claim("w", 10, 1_000, 4).await.unwrap();
+        assert_eq!(claims.len(), 1);
+        let claim = store.renew_claim(&claims[0], 20, 1_000).await.unwrap();
+        store.release_claim(&claim, None).await.unwrap();
+        let after = store.stats();
+        assert_eq!(
+            (
+                after.commits - before.commits,
+                after.round_trips - before.round_trips
+            ),
+            (3, 3)
+        );
+    }
+
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn connections_commit_synchronously_and_read_only_opens_write_nothing() {
         let Some(backend) = PostgresBackend::connect().await else {
@@ -1712,15 +2058,7 @@ mod tests {
             .await
             .unwrap();
         new_run(&store, &id("r"), 2).await;
-        let shown: String = store
-            .client()
-            .await
-            .unwrap()
-            .query_one("SHOW synchronous_commit", &[])
-            .await
-            .unwrap()
-            .get(0);
-        assert_eq!(shown, "on");
+        assert_eq!(synchronous_commit(&store).await, "on");
         drop(store);
 
         let version = || async {

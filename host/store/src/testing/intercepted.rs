@@ -64,6 +64,11 @@ pub trait Hooks: Send + Sync {
         let _ = (run_id, events, durability);
     }
 
+    /// Before a claim: how many runs it may take of the `limit` asked for.
+    fn claim_limit(&self, limit: usize) -> usize {
+        limit
+    }
+
     /// After a claim, with the claims it granted.
     fn after_claim(&self, claims: &[Claim]) {
         let _ = claims;
@@ -224,6 +229,7 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         ttl_ms: i64,
         limit: usize,
     ) -> Result<Vec<Claim>, StoreError> {
+        let limit = self.hooks.claim_limit(limit);
         let claims = self.inner.claim(owner, now_ms, ttl_ms, limit).await?;
         self.hooks.after_claim(&claims);
         Ok(claims)
