@@ -78,7 +78,7 @@ use super::prompt::{build_request, request_frame};
 use super::refusal::OnRefusal;
 use super::request_hash::{RequestHasher, request_hash, request_size};
 use super::retry::RetryPolicy;
-use super::schema::{self, SchemaError};
+use super::schema::SchemaError;
 use super::state::{
     ModelCallProgress, Parked, RunState, ToolCallProgress, ToolCallState, key_argument,
 };
@@ -948,7 +948,10 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
         if let Some(error) = malformed_arguments(state, &call.call.arguments) {
             return reject(error);
         }
-        match schema::check(&tool.input_schema, &call.call.arguments) {
+        match view
+            .input_schemas
+            .check(&tool.name, &tool.input_schema, &call.call.arguments)
+        {
             Ok(()) => {}
             Err(e @ SchemaError::Violation { .. }) => {
                 return reject(ToolCallError::InvalidArguments {

@@ -85,6 +85,7 @@ fn view() -> AgentView {
         context: Vec::new(),
         max_invalid_tool_calls: 3,
         parallel: Default::default(),
+        input_schemas: Default::default(),
         on_refusal: Default::default(),
         compaction: None,
         output_schema: None,

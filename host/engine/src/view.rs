@@ -8,6 +8,7 @@
 
 use super::refusal::OnRefusal;
 use super::retry::RetryPolicy;
+use super::schema::CompiledSchemas;
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
@@ -74,6 +75,8 @@ pub struct AgentView {
     pub mcp_tools: BTreeMap<String, McpToolsOffered>,
     /// How many calls of one turn may be in flight at once (`batch.rs`).
     pub parallel: Parallelism,
+    /// The tools' input schemas, compiled once each.
+    pub input_schemas: CompiledSchemas,
 }
 
 /// A tool as the model sees it, and what calling it means.
@@ -344,6 +347,7 @@ impl AgentView {
             context: agent.context.clone(),
             max_invalid_tool_calls: agent.max_invalid_tool_calls,
             parallel: agent.parallel,
+            input_schemas: CompiledSchemas::default(),
             on_refusal: agent.on_refusal,
             compaction: agent.compaction,
             output_schema: agent.output_schema.clone(),
