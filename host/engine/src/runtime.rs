@@ -2919,9 +2919,6 @@ impl Drop for DriverHandle {
     }
 }
 
-/// What is left of the run's wall-time and fuel budgets (with recorded
-/// extensions): every lease the run makes fits in it, whatever the plugin's
-/// own limits say.
 /// What [`decide`](super::decide()) decides for the run in `log`, a model call's request
 /// and hash taken from the log's [`PromptCache`] (the messages are lent to
 /// the request when the call is made, [`Runtime::call_model`]), so a long
@@ -2959,6 +2956,9 @@ fn next_is_a_new_model_call(log: &Log, prepared: &Prepared, driver: &DriverHandl
         )
 }
 
+/// What is left of the run's wall-time and fuel budgets (with recorded
+/// extensions): every lease the run makes fits in it, whatever the plugin's
+/// own limits say.
 fn lease_bound(log: &Log, prepared: &Prepared) -> RunBound {
     let state = &log.state;
     let limits = state.effective_limits(&prepared.view.budgets);
