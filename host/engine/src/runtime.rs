@@ -87,7 +87,7 @@ use warden_sandbox::{LeaseFailure, Leased, RunBound, ValidUntil, wit};
 use warden_store::{
     ChainBreak, Claim, CommitmentFilter, Durability, EventStore, Finding, Holder, KeyClaim,
     Listing, ListingStatus, RunMeta, SETTLED_STATUSES, Settle, Settlement, SettlingAppend,
-    StoreError, VerifyReport,
+    StoreError, StoredEvent, VerifyReport,
 };
 
 mod batch;
@@ -2465,17 +2465,7 @@ impl Runtime {
     // ---- the log ----
 
     async fn load_events(&self, run_id: &RunId) -> Result<Vec<Event>, RuntimeError> {
-        let stored = self.inner.store.load(run_id).await?;
-        stored
-            .iter()
-            .map(|s| {
-                decode(&s.bytes).map_err(|error| RuntimeError::Log {
-                    run_id: run_id.clone(),
-                    seq: s.seq,
-                    error,
-                })
-            })
-            .collect()
+        decoded(run_id, &self.inner.store.load(run_id).await?)
     }
 
     async fn load_log(&self, run_id: &RunId) -> Result<Log, RuntimeError> {
@@ -2954,6 +2944,21 @@ fn next_is_a_new_model_call(log: &Log, prepared: &Prepared, driver: &DriverHandl
                 ..
             })
         )
+}
+
+/// The events of `run_id`'s stored log, decoded; an event that does not
+/// decode is [`RuntimeError::Log`] naming its position.
+fn decoded(run_id: &RunId, stored: &[StoredEvent]) -> Result<Vec<Event>, RuntimeError> {
+    stored
+        .iter()
+        .map(|s| {
+            decode(&s.bytes).map_err(|error| RuntimeError::Log {
+                run_id: run_id.clone(),
+                seq: s.seq,
+                error,
+            })
+        })
+        .collect()
 }
 
 /// What is left of the run's wall-time and fuel budgets (with recorded

@@ -164,12 +164,19 @@ impl Runtime {
         let result = self
             .run_batch_calls(log, prepared, driver, &mut running)
             .await;
-        for left in running {
-            if let Running::Child { task, .. } = left {
-                // Its outcome is not recorded: the next drive finds the
-                // child by its id and drives it on.
-                task.finish().await;
-            }
+        // Tool calls are aborted as they are dropped here, all before the
+        // first child is awaited.
+        let children: Vec<_> = running
+            .into_iter()
+            .filter_map(|left| match left {
+                Running::Child { task, .. } => Some(task),
+                Running::Tool { .. } => None,
+            })
+            .collect();
+        for task in children {
+            // Its outcome is not recorded: the next drive finds the child
+            // by its id and drives it on.
+            task.finish().await;
         }
         result
     }

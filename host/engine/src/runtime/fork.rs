@@ -37,10 +37,10 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use warden_store::{EventStore, Listing, ListingStatus, RunMeta, StoreError};
 
-use super::{Runtime, RuntimeError, recordable};
+use super::{Runtime, RuntimeError, decoded, recordable};
 use crate::agent::Agent;
 use crate::budget::{BudgetLimits, RecordedLimits};
-use crate::events::{Event, RunForked, decode};
+use crate::events::{Event, RunForked};
 use crate::ids::{CallId, RunId};
 use crate::state::owed_count;
 use crate::state::{RunState, ToolCallProgress, fold};
@@ -132,16 +132,7 @@ impl Runtime {
                 events: events_len,
             }));
         }
-        let events = stored
-            .iter()
-            .map(|s| {
-                decode(&s.bytes).map_err(|error| RuntimeError::Log {
-                    run_id: source.clone(),
-                    seq: s.seq,
-                    error,
-                })
-            })
-            .collect::<Result<Vec<Event>, _>>()?;
+        let events = decoded(source, &stored)?;
         let prefix = &events[..at as usize];
         if let Some(end) = prefix.iter().position(|e| e.kind().is_terminal()) {
             let state = fold(&events[..=end]).map_err(|error| RuntimeError::Fold {

@@ -27,8 +27,8 @@
 
 use serde_json::Value;
 
-use super::RuntimeError;
-use crate::events::{SessionStart, decode};
+use super::{RuntimeError, decoded};
+use crate::events::SessionStart;
 use crate::ids::{RunId, SessionId};
 use crate::state::{RunState, Terminal, fold};
 use crate::status::RunStatus;
@@ -221,17 +221,7 @@ pub(crate) async fn runs(
 }
 
 async fn load_state(store: &dyn EventStore, run_id: &RunId) -> Result<RunState, RuntimeError> {
-    let stored = store.load(run_id).await?;
-    let events = stored
-        .iter()
-        .map(|s| {
-            decode(&s.bytes).map_err(|error| RuntimeError::Log {
-                run_id: run_id.clone(),
-                seq: s.seq,
-                error,
-            })
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let events = decoded(run_id, &store.load(run_id).await?)?;
     fold(&events).map_err(|error| RuntimeError::Fold {
         run_id: run_id.clone(),
         error,
