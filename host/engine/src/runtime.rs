@@ -14,24 +14,31 @@
 //!
 //! # Durability
 //!
-//! Every append is committed before the driver goes on, but not every one
-//! waits for the disk: an append the run can lose in a machine crash and
-//! make again without harm is [deferred](Durability::Deferred) to the
-//! store's next synced write, which syncs it too. Deferred: a model call's
-//! completion (its intent is synced; lost, the call is made again, as after
-//! a crash mid-stream), a read's intent and completion (lost, the read is
-//! made again: harmless by definition), and any other call's completion
-//! when the run's next step appends a new model call's intent (synced
-//! before the model is asked, so the completion is on disk before the next
-//! decision depends on it, and no effect starts in between). Everything
-//! else is synced: a write's intent before the write starts (the
-//! write-ahead rule), a keyed call's settlement, approvals, parks, the
-//! end. A turn calling read tools costs one fsync (the next model call's
-//! intent), a turn calling a write two (its intent, and the next model
-//! call's). A store keeps what a machine crash leaves a prefix of what it
-//! acknowledged, so what a crash can leave is a log cut at some event
-//! boundary after the last synced append: a state the crash tests already
-//! recover from (`all::engine`, every boundary).
+//! Every event is committed before the driver makes the next effect, but
+//! not every one is its own append, and not every append waits for the
+//! disk. An event after which the run only decides, with no effect in
+//! between, is held (`Log::held`) and rides with the run's next append:
+//! a model call's completion (with the tool intents or the end the model's
+//! answer leads to), a tool call's completion (with the next model call's
+//! intent). An append the run can lose in a machine crash and make again
+//! without harm is [deferred](Durability::Deferred) to the store's next
+//! synced write, which syncs it too: a model call's completion (its intent
+//! is synced; lost, the call is made again, as after a crash mid-stream),
+//! a read's intent and completion (lost, the read is made again: harmless
+//! by definition). Everything else is synced: a write's intent before the
+//! write starts (the write-ahead rule), its completion before any further
+//! effect starts, a keyed call's settlement, approvals, parks, the end.
+//! What a step does before anything it appends (a context source, a policy,
+//! a child, a call recorded before a crash, a delivery) has what is held
+//! written first (`writes_first`), and so does every end of a drive or a
+//! step. A turn calling one read tool costs two appends (the model's
+//! completion with the read's intent, the read's completion with the next
+//! model call's intent) and one fsync; a turn calling a write two of each
+//! (its intent, and the next model call's). A store keeps
+//! what a crash leaves a prefix of what it acknowledged, so what a crash
+//! can leave is a log cut at some append boundary after the last synced
+//! append: a state the crash tests already recover from (`all::engine`,
+//! every boundary).
 //!
 //! Clock and randomness are injected ([`Runtime::with_hooks`]) so that a
 //! killed-and-recovered run records the same log as an uninterrupted one;
@@ -755,6 +762,34 @@ struct Log {
     /// conversation grows (so a long run's model call does not rebuild
     /// them whole).
     prompt: PromptCache,
+    /// Events folded and in `events` but not yet in the store: they ride
+    /// with the next write (see "Durability" in the module docs).
+    held: Held,
+}
+
+/// The trailing events of a [`Log`] not yet written, encoded, and how
+/// durable the write that carries them must be.
+#[derive(Default)]
+struct Held {
+    bytes: Vec<Bytes>,
+    /// Synced if any held event must be on disk before the next effect
+    /// starts (a write's completion); deferred otherwise.
+    needs: Option<Durability>,
+}
+
+impl Held {
+    fn is_empty(&self) -> bool {
+        self.bytes.is_empty()
+    }
+
+    /// The durability of a write carrying these events and new ones that
+    /// ask for `asked`: synced if either is.
+    fn durability(&self, asked: Durability) -> Durability {
+        match (self.needs, asked) {
+            (Some(Durability::Synced), _) | (_, Durability::Synced) => Durability::Synced,
+            _ => Durability::Deferred,
+        }
+    }
 }
 
 impl Runtime {
@@ -1035,7 +1070,8 @@ impl Runtime {
         self.check_digest(&log, agent, false)?;
         log.channels = Some(prepared.view.channels.clone().into());
         let driver = self.register_driver(run_id);
-        let result = self.step_once(&mut log, &prepared, &driver).await;
+        let stepped = self.step_once(&mut log, &prepared, &driver).await;
+        let result = self.flushed(&mut log, stepped).await;
         self.unregister_driver(run_id);
         result
     }
@@ -1116,6 +1152,7 @@ impl Runtime {
             valid,
             channels: Some(prepared.view.channels.clone().into()),
             prompt: PromptCache::new(),
+            held: Held::default(),
         };
         self.drive_log(&mut log, &prepared).await
     }
@@ -1723,8 +1760,22 @@ impl Runtime {
             }
         }
         .await;
+        let result = self.flushed(log, result).await;
         self.unregister_driver(&log.run_id);
         result
+    }
+
+    /// `result`, once what `log` holds is written: a flush that fails
+    /// fails an `Ok` (what was held is lost, as in a crash), and an error
+    /// stays the error it was.
+    async fn flushed<T>(
+        &self,
+        log: &mut Log,
+        result: Result<T, RuntimeError>,
+    ) -> Result<T, RuntimeError> {
+        let flushed = self.flush(log).await;
+        let value = result?;
+        flushed.map(|()| value)
     }
 
     async fn step_once(
@@ -1747,9 +1798,13 @@ impl Runtime {
             &prepared.view.name,
             &prepared.view.channels,
         ) {
+            self.flush(log).await?;
             return self.deliver(log, prepared, driver, delivery).await;
         }
         let action = decide_next(log, &prepared.view);
+        if !writes_first(&action) {
+            self.flush(log).await?;
+        }
         match action {
             Action::Idle(Idle::Waiting { until_ms }) => {
                 // A durable timer: whoever drives the run once it is due
@@ -1867,11 +1922,12 @@ impl Runtime {
                     prepared.view.pricing.as_ref(),
                     self.inner.clock.now_ms(),
                 );
-                // Deferred: lost in a machine crash, the call is made again
-                // (its intent is synced), as after a crash mid-stream.
-                // Whatever the turn does next that is not safe to repeat
-                // syncs it first (a write's intent, an approval request).
-                self.append_deferred(log, vec![event]).await?;
+                // Held for the run's next write, deferred: lost in a crash,
+                // the call is made again (its intent is synced), as after a
+                // crash mid-stream. Whatever the turn does next that is not
+                // safe to repeat syncs it with its own first append (a
+                // write's intent, an approval request).
+                self.hold(log, event, Durability::Deferred)?;
             }
             Err(error) => {
                 // Recorded, and shown from the record: not logged again.
@@ -1931,7 +1987,7 @@ impl Runtime {
             .tool_lease(log, prepared, driver, &invocation, None)
             .await?;
         match self
-            .record_tool_outcome(log, prepared, driver, &invocation, leased)
+            .record_tool_outcome(log, driver, &invocation, leased)
             .await?
         {
             ToolOutcome::Recorded => Ok(Step::Progressed),
@@ -2006,7 +2062,6 @@ impl Runtime {
     async fn record_tool_outcome(
         &self,
         log: &mut Log,
-        prepared: &Prepared,
         driver: &DriverHandle,
         invocation: &ToolInvocation,
         leased: Leased<ToolReturn>,
@@ -2045,24 +2100,19 @@ impl Runtime {
                     holder,
                     outcome,
                 });
-                // A read's completion rides with the next synced write
-                // (lost, the read is made again). So does any other call's
-                // when the next thing the run does is a new model call: that
-                // call's intent is synced before the model is asked, so the
-                // completion is on disk before the next decision depends on
-                // it, and no effect starts in between. A keyed call's
-                // settlement is synced with its completion.
-                let durability = |log: &Log| {
-                    if settlement.is_none()
-                        && (repeatable || next_is_a_new_model_call(log, prepared, driver))
-                    {
-                        Durability::Deferred
-                    } else {
-                        Durability::Synced
+                // A keyed call's settlement is written with its completion,
+                // synced. Any other completion rides with the run's next
+                // write, which comes before any further effect: a read's
+                // deferred (lost, the read is made again), any other call's
+                // synced, so it is on disk before the next effect starts.
+                match settlement {
+                    Some(settlement) => {
+                        self.append_with(log, vec![event], Some(&settlement))
+                            .await?;
                     }
-                };
-                self.write(log, vec![event], settlement.as_ref(), durability)
-                    .await?;
+                    None if repeatable => self.hold(log, event, Durability::Deferred)?,
+                    None => self.hold(log, event, Durability::Synced)?,
+                }
                 Ok(ToolOutcome::Recorded)
             }
             Disposition::Retry => {
@@ -2484,6 +2534,7 @@ impl Runtime {
             valid: None,
             channels,
             prompt: PromptCache::new(),
+            held: Held::default(),
         })
     }
 
@@ -2499,7 +2550,7 @@ impl Runtime {
     /// in a machine crash the run repairs by doing the same again (see
     /// "Durability" in the module docs).
     async fn append_deferred(&self, log: &mut Log, new: Vec<Event>) -> Result<(), RuntimeError> {
-        self.write(log, new, None, |_| Durability::Deferred).await
+        self.write(log, new, None, Durability::Deferred).await
     }
 
     /// [`append`](Self::append), settling an idempotency commitment in the
@@ -2510,18 +2561,46 @@ impl Runtime {
         new: Vec<Event>,
         settlement: Option<&Settlement>,
     ) -> Result<(), RuntimeError> {
-        self.write(log, new, settlement, |_| Durability::Synced)
+        self.write(log, new, settlement, Durability::Synced).await
+    }
+
+    /// Folds `event` into the log and holds it for the log's next write,
+    /// which carries it as durable as `needs` says at least. Only for an
+    /// event after which the run decides before it starts any effect: the
+    /// next step writes first or [flushes](Self::flush) (`step_once`), and
+    /// every end of a drive flushes.
+    fn hold(&self, log: &mut Log, event: Event, needs: Durability) -> Result<(), RuntimeError> {
+        still_valid(log)?;
+        let bytes = recordable(&log.run_id, &event)?;
+        log.state
+            .apply(&event)
+            .map_err(|error| RuntimeError::Fold {
+                run_id: log.run_id.clone(),
+                error,
+            })?;
+        log.events.push(event);
+        log.held.bytes.push(bytes);
+        log.held.needs = Some(log.held.durability(needs));
+        Ok(())
+    }
+
+    /// Writes what the log holds, if anything, as durable as it needs.
+    async fn flush(&self, log: &mut Log) -> Result<(), RuntimeError> {
+        if log.held.is_empty() {
+            return Ok(());
+        }
+        self.write(log, Vec::new(), None, Durability::Deferred)
             .await
     }
 
-    /// Folds `new` into the log's state and writes it, as durable as
-    /// `durability` says of the log with `new` folded.
+    /// Folds `new` into the log's state and writes it after what the log
+    /// holds, as durable as `durability` or the held events say.
     async fn write(
         &self,
         log: &mut Log,
         new: Vec<Event>,
         settlement: Option<&Settlement>,
-        durability: impl FnOnce(&Log) -> Durability,
+        durability: Durability,
     ) -> Result<(), RuntimeError> {
         // A driver past its own view of its claim records nothing more:
         // what it would record may come from a lease the sandbox stopped.
@@ -2530,7 +2609,7 @@ impl Runtime {
         // an impossible one, is refused before it is written. One event (the
         // usual case) is folded in place, without copying the state and its
         // conversation; `apply` leaves the state unchanged when it refuses.
-        let bytes = new
+        let encoded = new
             .iter()
             .map(|e| recordable(&log.run_id, e))
             .collect::<Result<Vec<Bytes>, _>>()?;
@@ -2538,21 +2617,28 @@ impl Runtime {
             run_id: log.run_id.clone(),
             error,
         };
-        if let [event] = new.as_slice() {
-            log.state.apply(event).map_err(fold_error)?;
-        } else {
-            let mut state = log.state.clone();
-            for event in &new {
-                state.apply(event).map_err(fold_error)?;
+        match new.as_slice() {
+            [] => {}
+            [event] => log.state.apply(event).map_err(fold_error)?,
+            _ => {
+                let mut state = log.state.clone();
+                for event in &new {
+                    state.apply(event).map_err(fold_error)?;
+                }
+                log.state = state;
             }
-            log.state = state;
         }
-        let expected = log.events.len() as u64;
+        let held = std::mem::take(&mut log.held);
+        let durability = held.durability(durability);
+        let mut bytes = held.bytes;
+        let held = bytes.len();
+        bytes.extend(encoded);
+        let expected = (log.events.len() - held) as u64;
         let (status, now) = (log.state.status(), self.inner.clock.now_ms() as i64);
         let mut listing = Listing::new(status.listing())
             .owing(Self::owed(log, &new, status))
             .waking_at(log.state.waiting().map(|w| w.until_ms as i64));
-        if durability(log) == Durability::Deferred {
+        if durability == Durability::Deferred {
             listing = listing.deferred();
         }
         let store = &self.inner.store;
@@ -2579,8 +2665,9 @@ impl Runtime {
             }
         };
         if let Err(error) = written {
-            // The state is ahead of the store: take the store's word again,
-            // so a caller that goes on with this log sees what is recorded.
+            // The state is ahead of the store: take the store's word again
+            // (what was held is gone, as in a crash), so a caller that goes
+            // on with this log sees what is recorded.
             if let Ok(fresh) = self.load_log(&log.run_id).await {
                 log.events = fresh.events;
                 log.state = fresh.state;
@@ -2588,8 +2675,12 @@ impl Runtime {
             }
             return Err(error.into());
         }
+        let first_held = log.events.len() - held;
+        for (i, event) in log.events[first_held..].iter().enumerate() {
+            self.publish(&log.run_id, expected + 1 + i as u64, event.clone());
+        }
         for (i, event) in new.into_iter().enumerate() {
-            let seq = expected + 1 + i as u64;
+            let seq = expected + 1 + (held + i) as u64;
             log.events.push(event.clone());
             self.publish(&log.run_id, seq, event);
         }
@@ -2927,23 +3018,34 @@ fn decide_next(log: &mut Log, view: &AgentView) -> Action {
     action
 }
 
-/// Whether the next step of the run in `log` (its latest event folded)
-/// begins by appending a new model call's intent, which is synced: not
-/// cancelled, no channel that might take a delivery first, and [`decide`](super::decide())
-/// calls the model for a step not yet recorded (asked without building the
-/// request: a park on its size is an append, synced too). Anything else
-/// (context to resolve, a policy to ask, the next tool of the turn) may
-/// start an effect before any synced append.
-fn next_is_a_new_model_call(log: &Log, prepared: &Prepared, driver: &DriverHandle) -> bool {
-    !driver.cancel.is_cancelled()
-        && prepared.view.channels.is_empty()
-        && matches!(
-            decide_with(&log.state, &prepared.view, RequestDetail::Frame),
-            Action::CallModel(ModelCall {
-                recorded: false,
-                ..
-            })
-        )
+/// Whether `action`, taken by `step_once`, appends before it starts any
+/// effect, so that what the log holds may ride with that append: a new
+/// model or tool call's intent, or a record of one event. Anything else (a
+/// preview for an approval, context to resolve, a policy to ask, a child to
+/// start, a call recorded before a crash, a wait) has the held events
+/// written first.
+fn writes_first(action: &Action) -> bool {
+    match action {
+        Action::CallModel(call) => !call.recorded,
+        Action::Compact(call) => !call.recorded,
+        // A keyed call claims its key first, which another run may wait on.
+        Action::CallTool(invocation) => {
+            !invocation.recorded && invocation.intent.keyed_by.is_none()
+        }
+        Action::ObserveClock
+        | Action::RejectToolCall(_)
+        | Action::RejectOutput(_)
+        | Action::WithdrawApproval(_)
+        | Action::Finish(_)
+        | Action::Park(_)
+        | Action::Fail(_) => true,
+        Action::RequestApproval(_)
+        | Action::ConsultPolicy(_)
+        | Action::ResolveContext(_)
+        | Action::StartChild(_)
+        | Action::DriveChild(_)
+        | Action::Idle(_) => false,
+    }
 }
 
 /// The events of `run_id`'s stored log, decoded; an event that does not

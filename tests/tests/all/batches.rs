@@ -404,7 +404,7 @@ async fn a_batch_crashed_at_every_boundary(kind: &str) {
 
     let mut reconciled = 0;
     let visited = sweep
-        .crash_at_every_boundary(&control, async |Crashed { case, store, rt }| {
+        .crash_at_every_boundary(async |Crashed { case, store, rt }| {
             match rt.recover(&run, &agent, ReplayOptions::default()).await {
                 Ok(status) => {
                     assert_eq!(status, RunStatus::Completed, "{case}");
@@ -443,7 +443,7 @@ async fn a_batch_crashed_at_every_boundary(kind: &str) {
         })
         .await;
     // Every append of the run, at both points.
-    assert_eq!(visited, 2 * 17, "{kind}");
+    assert_eq!(visited, 2 * 9, "{kind}");
     // Each write's intent and completion boundaries, where its outcome is
     // unknown: two per write.
     assert_eq!(reconciled, 4, "{kind}");
@@ -572,7 +572,7 @@ async fn two_children_at_once(kind: &str) {
 
     let mut reconciled = 0;
     let visited = sweep
-        .crash_at_every_boundary(&control, async |Crashed { case, store, rt }| {
+        .crash_at_every_boundary(async |Crashed { case, store, rt }| {
             match rt.recover(&run, &agent, ReplayOptions::default()).await {
                 Ok(status) => {
                     assert_eq!(status, RunStatus::Completed, "{case}");
@@ -599,7 +599,7 @@ async fn two_children_at_once(kind: &str) {
         })
         .await;
     // Every append of the parent and both children, at both points.
-    assert_eq!(visited, 2 * 27, "{kind}");
+    assert_eq!(visited, 2 * 18, "{kind}");
     assert_eq!(reconciled, 2, "{kind}: the parent's write's two boundaries");
 }
 

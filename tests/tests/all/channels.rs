@@ -19,7 +19,7 @@ use warden::plugins::PluginHost;
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 use warden_tests::guests;
 
-use crate::engine::{CrashPoint, crashing};
+use crate::engine::{CrashPoint, crashing_at_kind};
 use crate::sandbox;
 use crate::server::TestServer;
 
@@ -462,8 +462,7 @@ async fn recovery_redelivers_an_intent_without_completion_with_the_same_id_and_n
                 "memory" => Arc::new(MemoryStore::new()),
                 _ => Arc::new(SqliteStore::open(fx.path(&format!("crash-{point:?}.db"))).unwrap()),
             };
-            // Appends are counted from the first event after run_started.
-            let crashing = runtime(crashing(inner.clone(), completion_at as u64 - 1, point));
+            let crashing = runtime(crashing_at_kind(inner.clone(), "delivery_completed", point));
             crashing
                 .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
                 .await
@@ -546,9 +545,9 @@ async fn runs_resume_makes_the_deliveries_a_finished_run_still_owes() {
 
     let inner: Arc<dyn EventStore> = Arc::new(SqliteStore::open(fx.path("runs.db")).unwrap());
     // The delivery intent's append, right after run_completed.
-    let crashing = runtime(crashing(
+    let crashing = runtime(crashing_at_kind(
         inner.clone(),
-        completed as u64,
+        "delivery_intent",
         CrashPoint::BeforeWrite,
     ));
     crashing

@@ -239,7 +239,7 @@ async fn a_crash_at_every_boundary(kind: &str) {
 
     let mut reconciled = 0;
     let visited = sweep
-        .crash_at_every_boundary(&control, async |Crashed { case, store, rt }| {
+        .crash_at_every_boundary(async |Crashed { case, store, rt }| {
             // A new process: recover the parent, which drives its children.
             let status = rt
                 .recover(&run, &agent, ReplayOptions::default())
@@ -299,7 +299,7 @@ async fn a_crash_at_every_boundary(kind: &str) {
         })
         .await;
     // Every append of the parent and both children, at both points.
-    assert_eq!(visited, 2 * 23, "{kind}");
+    assert_eq!(visited, 2 * 16, "{kind}");
     // Each child's write intent and completion boundaries, at the points
     // where the write's outcome is unknown: two per child.
     assert_eq!(reconciled, 4, "{kind}");

@@ -658,6 +658,60 @@ impl Hooks for CrashAt {
     }
 }
 
+/// Crashes the driver at its first append carrying an event of `kind`.
+pub(crate) struct CrashAtKind {
+    pub(crate) kind: &'static str,
+    pub(crate) point: CrashPoint,
+}
+
+#[async_trait]
+impl Hooks for CrashAtKind {
+    async fn before_append(&self, _: AppendVia, _: &RunId, events: &[Bytes]) -> BeforeAppend {
+        let carries = events.iter().any(|bytes| {
+            warden::engine::events::decode(bytes).is_ok_and(|e| e.kind().as_str() == self.kind)
+        });
+        match (carries, self.point) {
+            (false, _) => BeforeAppend::Write,
+            (true, CrashPoint::AfterWrite) => BeforeAppend::WriteThenFail(crash()),
+            (true, CrashPoint::BeforeWrite) => BeforeAppend::Fail(crash()),
+        }
+    }
+}
+
+/// A store whose first append carrying an event of `kind` crashes the
+/// driver at `point` (appends may carry several events, so a position in
+/// the log does not name an append).
+pub(crate) fn crashing_at_kind(
+    inner: Arc<dyn EventStore>,
+    kind: &'static str,
+    point: CrashPoint,
+) -> Arc<Intercepted<CrashAtKind>> {
+    Arc::new(Intercepted {
+        inner,
+        hooks: CrashAtKind { kind, point },
+    })
+}
+
+/// Counts the appends made through it, of any kind and run.
+#[derive(Default)]
+pub(crate) struct AppendCount(pub(crate) AtomicU64);
+
+#[async_trait]
+impl Hooks for AppendCount {
+    async fn before_append(&self, _: AppendVia, _: &RunId, _: &[Bytes]) -> BeforeAppend {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        BeforeAppend::Write
+    }
+}
+
+/// A memory store that counts the appends made to it.
+pub(crate) fn counting() -> Arc<Intercepted<AppendCount>> {
+    Arc::new(Intercepted {
+        inner: Arc::new(MemoryStore::new()),
+        hooks: AppendCount::default(),
+    })
+}
+
 /// For every append of the control run and both crash points: crash there,
 /// recover, and check the outcome.
 #[tokio::test]
@@ -665,8 +719,8 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
     for store_kind in ["memory", "sqlite"] {
         let fx = Fixture::new();
         let agent = fx.agent(READ_WRITE_FINISH, "");
-        let control_store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
-        let control_rt = runtime(control_store);
+        let control_store = counting();
+        let control_rt = runtime(control_store.clone());
         let run = id("crash");
         control_rt
             .start(&agent, json!("go"), StartOptions::new().id(run.clone()))
@@ -677,7 +731,9 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
             RunStatus::Completed
         );
         let control = normalized(&control_rt.events(&run).await.unwrap());
-        let appends = control.len() as u64 - 1;
+        // Each append may carry more than one event: the crash cases are
+        // the appends the run made, not its events.
+        let appends = control_store.hooks.0.load(Ordering::SeqCst);
         std::fs::remove_file(fx.path("work/effects.log")).unwrap();
 
         let mut reconciled = 0;
@@ -747,23 +803,26 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
 
 // ---- durability: which appends wait for the disk ----
 
-/// Each event appended, by kind, with how durable its append asked to be.
+/// Each append: the kinds of its events, and how durable it asked to be.
 #[derive(Default)]
-struct Durabilities(std::sync::Mutex<Vec<(&'static str, Durability)>>);
+struct Durabilities(std::sync::Mutex<Vec<(Vec<&'static str>, Durability)>>);
 
 impl Hooks for Durabilities {
     fn durability(&self, _: &RunId, events: &[Bytes], durability: Durability) {
-        let mut seen = self.0.lock().unwrap();
-        for bytes in events {
-            let event = warden::engine::events::decode(bytes).unwrap();
-            seen.push((event.kind().as_str(), durability));
-        }
+        let kinds = events
+            .iter()
+            .map(|bytes| {
+                let event = warden::engine::events::decode(bytes).unwrap();
+                event.kind().as_str()
+            })
+            .collect();
+        self.0.lock().unwrap().push((kinds, durability));
     }
 }
 
 /// The run of `turns`, driven to completion on a memory store: what each
-/// append asked of the disk, and how many times the write ran.
-async fn durabilities(turns: &str) -> (Vec<(&'static str, Durability)>, usize) {
+/// append carried and asked of the disk, and how many times the write ran.
+async fn durabilities(turns: &str) -> (Vec<(Vec<&'static str>, Durability)>, usize) {
     let fx = Fixture::new();
     let agent = fx.agent(turns, "");
     let store = Arc::new(Intercepted {
@@ -780,12 +839,15 @@ async fn durabilities(turns: &str) -> (Vec<(&'static str, Durability)>, usize) {
     (seen, fx.effects())
 }
 
-/// Only what the run can lose in a machine crash and make again without
-/// harm is deferred: a model call's completion, a read's intent and
-/// completion, and a write's completion when the next append is the next
-/// model call's intent (synced). A write's intent is synced before it runs;
-/// so are every model call's intent and the end. A turn calling a read
-/// costs one fsync, a turn calling a write two.
+/// An event after which the run only decides rides with the next append:
+/// a model call's completion with the intents (or the end) it leads to, a
+/// tool call's completion with the next model call's intent. Only what the
+/// run can lose in a machine crash and make again without harm is
+/// deferred: a model call's completion, a read's intent and completion. A
+/// write's intent is synced before it runs, its completion before the next
+/// effect; so are every model call's intent and the end. A turn calling a
+/// read costs two appends and one fsync, a turn calling a write two of
+/// each.
 #[tokio::test]
 async fn only_what_a_run_can_make_again_waits_for_the_next_sync() {
     use Durability::{Deferred as D, Synced as S};
@@ -794,22 +856,17 @@ async fn only_what_a_run_can_make_again_waits_for_the_next_sync() {
     assert_eq!(
         seen,
         [
-            ("model_call_intent", S),
-            ("model_call_completed", D),
-            ("tool_call_intent", D), // the read
-            ("tool_call_completed", D),
-            ("model_call_intent", S),
-            ("model_call_completed", D),
-            ("tool_call_intent", S), // the write, before it runs
-            ("tool_call_completed", D),
-            ("model_call_intent", S),
-            ("model_call_completed", D),
-            ("run_completed", S),
+            (vec!["model_call_intent"], S),
+            (vec!["model_call_completed", "tool_call_intent"], D), // the read
+            (vec!["tool_call_completed", "model_call_intent"], S),
+            // The write's intent, before it runs.
+            (vec!["model_call_completed", "tool_call_intent"], S),
+            (vec!["tool_call_completed", "model_call_intent"], S),
+            (vec!["model_call_completed", "run_completed"], S),
         ]
     );
-    // A write followed by a read in the same turn: the read would run
-    // before the next model call's intent, so the write's completion is
-    // synced first.
+    // A write followed by a read in the same turn: the write's completion
+    // is synced with the read's intent, before the read runs.
     let (seen, effects) = durabilities(
         r#"
 [[turns]]
@@ -830,15 +887,57 @@ text = "All done."
     assert_eq!(
         seen,
         [
-            ("model_call_intent", S),
-            ("model_call_completed", D),
-            ("tool_call_intent", S),
-            ("tool_call_completed", S), // a read runs next
-            ("tool_call_intent", D),
-            ("tool_call_completed", D),
-            ("model_call_intent", S),
-            ("model_call_completed", D),
-            ("run_completed", S),
+            (vec!["model_call_intent"], S),
+            (vec!["model_call_completed", "tool_call_intent"], S),
+            (vec!["tool_call_completed", "tool_call_intent"], S), // a read runs next
+            (vec!["tool_call_completed", "model_call_intent"], S),
+            (vec!["model_call_completed", "run_completed"], S),
+        ]
+    );
+}
+
+/// A write's completion, held, is written and synced before a step that
+/// starts an effect before its own first append: here the preview a tool
+/// needing approval runs in a lease of its own before the request is
+/// recorded.
+#[tokio::test]
+async fn a_held_write_completion_is_synced_before_an_approval_preview_runs() {
+    use Durability::Synced as S;
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Write, then read."
+[[turns.tool_calls]]
+name = "hostile__fs"
+arguments = { op = "append", path = "/workspace/effects.log", content = "effect\n" }
+[[turns.tool_calls]]
+name = "files__read_file"
+arguments = { path = "input.txt" }
+"#;
+    let agent = fx.agent(turns, "[plugins.files.approval]\nread_file = \"always\"\n");
+    let store = Arc::new(Intercepted {
+        inner: Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+        hooks: Durabilities::default(),
+    });
+    let rt = runtime(store.clone());
+    let run = rt
+        .start(&agent, json!("go"), StartOptions::new().id(id("preview")))
+        .await
+        .unwrap();
+    assert_eq!(
+        rt.drive(&run, &agent).await.unwrap(),
+        RunStatus::AwaitingApproval
+    );
+    assert_eq!(fx.effects(), 1);
+    let seen = store.hooks.0.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            (vec!["model_call_intent"], S),
+            (vec!["model_call_completed", "tool_call_intent"], S),
+            // Alone: the preview is next, and it appends only after.
+            (vec!["tool_call_completed"], S),
+            (vec!["approval_requested"], S),
         ]
     );
 }
@@ -866,9 +965,10 @@ async fn on_sqlite_a_read_turn_costs_one_fsync_and_a_write_turn_two() {
         let after = store.stats();
         let commits = after.transactions - before.transactions;
         let deferred = after.deferred_transactions - before.deferred_transactions;
-        // Every event of the drive in an append of its own.
-        let events = rt.events(&run).await.unwrap().len() as u64 - 1;
-        assert_eq!(commits, events, "{name}");
+        // The first model call's intent; per tool turn the model's
+        // completion with the call's intent, and the call's completion with
+        // the next model call's intent; the last completion with the end.
+        assert_eq!(commits, 2 * TURNS + 2, "{name}");
         // The tool turns, the last model call and the end.
         assert_eq!(
             commits - deferred,

@@ -7,13 +7,14 @@
 //! logs to compare with an uninterrupted run) is written here once.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use serde_json::Value;
 use warden::engine::events::Event;
 use warden::engine::{Agent, RunId, RunStatus, Runtime, StartOptions};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 
-use super::engine::{CrashPoint, Fixture, crashing, normalized, runtime};
+use super::engine::{CrashPoint, Fixture, counting, crashing, normalized, runtime};
 use super::workers::PgSchema;
 
 /// A run to crash at every boundary.
@@ -78,18 +79,29 @@ impl Sweep<'_> {
         logs(store, &self.runs).await
     }
 
-    /// For each append the uninterrupted run made (`control`'s events but
-    /// each log's first, which `create` writes) and each crash point: a
+    /// How many appends the run (and its children) makes uninterrupted:
+    /// `create` writes each log's first event, and an append may carry
+    /// more than one.
+    async fn appends(&self) -> u64 {
+        let store = counting();
+        let rt = runtime(store.clone());
+        rt.start(self.agent, self.input.clone(), self.started())
+            .await
+            .unwrap();
+        assert_eq!(
+            rt.drive(&self.runs[0], self.agent).await.unwrap(),
+            RunStatus::Completed
+        );
+        store.hooks.0.load(Ordering::SeqCst)
+    }
+
+    /// For each append the uninterrupted run makes and each crash point: a
     /// fresh store, the run started and driven until the driver dies at
     /// that append, then `check` with a new runtime over the store. Returns
     /// the number of cases visited, which the caller asserts, so a sweep
     /// cannot come to visit fewer boundaries unnoticed.
-    pub(crate) async fn crash_at_every_boundary(
-        &self,
-        control: &[Vec<Event>],
-        mut check: impl AsyncFnMut(Crashed),
-    ) -> u64 {
-        let appends: u64 = control.iter().map(|l| l.len() as u64 - 1).sum();
+    pub(crate) async fn crash_at_every_boundary(&self, mut check: impl AsyncFnMut(Crashed)) -> u64 {
+        let appends = self.appends().await;
         let mut visited = 0;
         for at in 0..appends {
             for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {

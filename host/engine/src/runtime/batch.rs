@@ -47,6 +47,7 @@ use crate::state::{Parked, ToolCallProgress};
 use crate::status::RunStatus;
 use warden_plugins::grant::EffectClass;
 use warden_sandbox::Leased;
+use warden_store::Durability;
 
 /// A task that is aborted when dropped: a driver that stops leaves no
 /// effect running behind it.
@@ -194,6 +195,10 @@ impl Runtime {
         // their intents, children by their ids. A write in flight is never
         // made again; it and the calls after it wait.
         let left: Vec<_> = log.state.started_calls().cloned().collect();
+        if !left.is_empty() {
+            // What the log holds is written before those effects start.
+            self.flush(log).await?;
+        }
         for call in left {
             match call.progress {
                 ToolCallProgress::InFlight(intent) if intent.effect != EffectClass::Write => {
@@ -265,13 +270,18 @@ impl Runtime {
             let Some(first) = running.pop_front() else {
                 break;
             };
+            // A write's completion held is on disk before the run waits on
+            // another call (a read's may wait: lost, the read is made again).
+            if log.held.needs == Some(Durability::Synced) {
+                self.flush(log).await?;
+            }
             match first {
                 Running::Tool {
                     invocation, task, ..
                 } => {
                     let leased = task.output().await?;
                     match self
-                        .record_tool_outcome(log, prepared, driver, &invocation, leased)
+                        .record_tool_outcome(log, driver, &invocation, leased)
                         .await?
                     {
                         ToolOutcome::Recorded => {}
