@@ -1172,7 +1172,7 @@ fn model_call(
             for message in &request.messages {
                 hasher.push(message);
             }
-            let (hash, size) = (hasher.finish(&request), hasher.size(&request));
+            let (hash, size) = hasher.finish_sized(&request);
             (request, hash, size)
         }
         RequestDetail::Frame => (

@@ -22,7 +22,7 @@
 use super::compaction::{prompt_messages, summary_message};
 use super::context::quote;
 use super::ids::RequestHash;
-use super::request_hash::RequestHasher;
+use super::request_hash::{FrameBytes, RequestHasher};
 use super::state::RunState;
 use super::view::AgentView;
 use warden_providers::{Message, ModelRequest};
@@ -73,6 +73,10 @@ pub(crate) struct PromptCache {
     upto: usize,
     /// Whether `messages` is out with a request ([`PromptCache::lend`]).
     lent: bool,
+    /// The canonical bytes of the latest request's frame, kept while the
+    /// frame does not change (starting over keeps them: the frame is not
+    /// the conversation's).
+    frame: FrameBytes,
 }
 
 impl PromptCache {
@@ -98,6 +102,7 @@ impl PromptCache {
             *self = PromptCache {
                 keep_messages: self.keep_messages,
                 summary: key,
+                frame: std::mem::take(&mut self.frame),
                 ..PromptCache::default()
             };
             if let Some(s) = summary {
@@ -130,7 +135,7 @@ impl PromptCache {
     /// its messages) is `frame`, and the bytes it covers.
     pub(crate) fn hash(&mut self, state: &RunState, frame: &ModelRequest) -> (RequestHash, u64) {
         self.catch_up(state);
-        self.hasher.finish_sized(frame)
+        self.hasher.finish_frame(self.frame.of(frame))
     }
 
     /// The messages of the next request of `state`, lent until
