@@ -3,7 +3,7 @@
 //! over it do not depend on field order, map implementation or formatting.
 //! Used for the agent digest and the model request hash
 //! ([`super::request_hash`]), which writes it straight into a buffer
-//! ([`write_value`], [`write_str`]) without building a [`Value`] first.
+//! (`write_value`, `write_str`) without building a [`Value`] first.
 
 use serde_json::Value;
 
