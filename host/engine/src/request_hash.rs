@@ -215,11 +215,8 @@ fn write_frame(request: &ModelRequest, out: &mut Vec<u8>) {
     out.extend_from_slice(max_tokens.to_string().as_bytes());
     out.extend_from_slice(br#","model":"#);
     write_str(model, out);
-    out.extend_from_slice(br#","tools":["#);
-    for (i, tool) in tools.iter().enumerate() {
-        if i > 0 {
-            out.push(b',');
-        }
+    out.extend_from_slice(br#","tools":"#);
+    write_array(tools, out, |tool, out| {
         let ToolSpec {
             name,
             description,
@@ -232,8 +229,20 @@ fn write_frame(request: &ModelRequest, out: &mut Vec<u8>) {
         out.extend_from_slice(br#","name":"#);
         write_str(name, out);
         out.push(b'}');
+    });
+    out.push(b'}');
+}
+
+/// Writes `items` as a JSON array, each by `item`.
+fn write_array<T>(items: &[T], out: &mut Vec<u8>, mut item: impl FnMut(&T, &mut Vec<u8>)) {
+    out.push(b'[');
+    for (i, each) in items.iter().enumerate() {
+        if i > 0 {
+            out.push(b',');
+        }
+        item(each, out);
     }
-    out.extend_from_slice(b"]}");
+    out.push(b']');
 }
 
 /// Writes `message`'s canonical JSON: its serde form (tagged by `role`,
@@ -254,11 +263,8 @@ fn write_message(message: &Message, out: &mut Vec<u8>) {
         } => {
             out.push(b'{');
             if !blocks.is_empty() {
-                out.extend_from_slice(br#""blocks":["#);
-                for (i, block) in blocks.iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
+                out.extend_from_slice(br#""blocks":"#);
+                write_array(blocks, out, |block, out| {
                     let RawBlock {
                         format,
                         index,
@@ -271,8 +277,8 @@ fn write_message(message: &Message, out: &mut Vec<u8>) {
                     out.extend_from_slice(br#","index":"#);
                     out.extend_from_slice(index.to_string().as_bytes());
                     out.push(b'}');
-                }
-                out.extend_from_slice(b"],");
+                });
+                out.push(b',');
             }
             out.extend_from_slice(br#""role":"assistant""#);
             if !text.is_empty() {
@@ -280,11 +286,8 @@ fn write_message(message: &Message, out: &mut Vec<u8>) {
                 write_str(text, out);
             }
             if !tool_calls.is_empty() {
-                out.extend_from_slice(br#","tool_calls":["#);
-                for (i, call) in tool_calls.iter().enumerate() {
-                    if i > 0 {
-                        out.push(b',');
-                    }
+                out.extend_from_slice(br#","tool_calls":"#);
+                write_array(tool_calls, out, |call, out| {
                     let ToolCall {
                         id,
                         name,
@@ -297,8 +300,7 @@ fn write_message(message: &Message, out: &mut Vec<u8>) {
                     out.extend_from_slice(br#","name":"#);
                     write_str(name, out);
                     out.push(b'}');
-                }
-                out.push(b']');
+                });
             }
             out.push(b'}');
         }

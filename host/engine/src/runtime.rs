@@ -772,9 +772,9 @@ struct Log {
 #[derive(Default)]
 struct Held {
     bytes: Vec<Bytes>,
-    /// Synced if any held event must be on disk before the next effect
-    /// starts (a write's completion); deferred otherwise.
-    needs: Option<Durability>,
+    /// Whether a held event must be on disk before the next effect starts
+    /// (a write's completion); otherwise they may be deferred.
+    synced: bool,
 }
 
 impl Held {
@@ -785,9 +785,10 @@ impl Held {
     /// The durability of a write carrying these events and new ones that
     /// ask for `asked`: synced if either is.
     fn durability(&self, asked: Durability) -> Durability {
-        match (self.needs, asked) {
-            (Some(Durability::Synced), _) | (_, Durability::Synced) => Durability::Synced,
-            _ => Durability::Deferred,
+        if self.synced {
+            Durability::Synced
+        } else {
+            asked
         }
     }
 }
@@ -2580,7 +2581,7 @@ impl Runtime {
             })?;
         log.events.push(event);
         log.held.bytes.push(bytes);
-        log.held.needs = Some(log.held.durability(needs));
+        log.held.synced |= needs == Durability::Synced;
         Ok(())
     }
 

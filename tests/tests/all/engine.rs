@@ -820,22 +820,27 @@ impl Hooks for Durabilities {
     }
 }
 
-/// The run of `turns`, driven to completion on a memory store: what each
-/// append carried and asked of the disk, and how many times the write ran.
-async fn durabilities(turns: &str) -> (Vec<(Vec<&'static str>, Durability)>, usize) {
-    let fx = Fixture::new();
-    let agent = fx.agent(turns, "");
+/// The run of `agent`, driven on a memory store until it ends or parks
+/// with `status`: what each append carried and asked of the disk.
+async fn appends_of(agent: &Agent, status: RunStatus) -> Vec<(Vec<&'static str>, Durability)> {
     let store = Arc::new(Intercepted {
         inner: Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
         hooks: Durabilities::default(),
     });
     let rt = runtime(store.clone());
     let run = rt
-        .start(&agent, json!("go"), StartOptions::new().id(id("durable")))
+        .start(agent, json!("go"), StartOptions::new().id(id("durable")))
         .await
         .unwrap();
-    assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
-    let seen = store.hooks.0.lock().unwrap().clone();
+    assert_eq!(rt.drive(&run, agent).await.unwrap(), status);
+    store.hooks.0.lock().unwrap().clone()
+}
+
+/// The run of `turns`, driven to completion: what each append carried and
+/// asked of the disk, and how many times the write ran.
+async fn durabilities(turns: &str) -> (Vec<(Vec<&'static str>, Durability)>, usize) {
+    let fx = Fixture::new();
+    let seen = appends_of(&fx.agent(turns, ""), RunStatus::Completed).await;
     (seen, fx.effects())
 }
 
@@ -915,21 +920,8 @@ name = "files__read_file"
 arguments = { path = "input.txt" }
 "#;
     let agent = fx.agent(turns, "[plugins.files.approval]\nread_file = \"always\"\n");
-    let store = Arc::new(Intercepted {
-        inner: Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
-        hooks: Durabilities::default(),
-    });
-    let rt = runtime(store.clone());
-    let run = rt
-        .start(&agent, json!("go"), StartOptions::new().id(id("preview")))
-        .await
-        .unwrap();
-    assert_eq!(
-        rt.drive(&run, &agent).await.unwrap(),
-        RunStatus::AwaitingApproval
-    );
+    let seen = appends_of(&agent, RunStatus::AwaitingApproval).await;
     assert_eq!(fx.effects(), 1);
-    let seen = store.hooks.0.lock().unwrap().clone();
     assert_eq!(
         seen,
         [

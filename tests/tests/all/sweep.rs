@@ -62,7 +62,14 @@ impl Sweep<'_> {
     /// compared with.
     pub(crate) async fn uninterrupted(&self) -> (Arc<dyn EventStore>, Vec<Vec<Event>>) {
         let store: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
-        let rt = runtime(store.clone());
+        self.complete(store.clone()).await;
+        let logs = self.logs(&store).await;
+        (store, logs)
+    }
+
+    /// The run started and driven to its end on `store`, without a crash.
+    async fn complete(&self, store: Arc<dyn EventStore>) {
+        let rt = runtime(store);
         rt.start(self.agent, self.input.clone(), self.started())
             .await
             .unwrap();
@@ -70,8 +77,6 @@ impl Sweep<'_> {
             rt.drive(&self.runs[0], self.agent).await.unwrap(),
             RunStatus::Completed
         );
-        let logs = self.logs(&store).await;
-        (store, logs)
     }
 
     /// The normalised logs of the swept runs in `store`.
@@ -84,14 +89,7 @@ impl Sweep<'_> {
     /// more than one.
     async fn appends(&self) -> u64 {
         let store = counting();
-        let rt = runtime(store.clone());
-        rt.start(self.agent, self.input.clone(), self.started())
-            .await
-            .unwrap();
-        assert_eq!(
-            rt.drive(&self.runs[0], self.agent).await.unwrap(),
-            RunStatus::Completed
-        );
+        self.complete(store.clone()).await;
         store.hooks.0.load(Ordering::SeqCst)
     }
 

@@ -47,7 +47,6 @@ use crate::state::{Parked, ToolCallProgress};
 use crate::status::RunStatus;
 use warden_plugins::grant::EffectClass;
 use warden_sandbox::Leased;
-use warden_store::Durability;
 
 /// A task that is aborted when dropped: a driver that stops leaves no
 /// effect running behind it.
@@ -272,7 +271,7 @@ impl Runtime {
             };
             // A write's completion held is on disk before the run waits on
             // another call (a read's may wait: lost, the read is made again).
-            if log.held.needs == Some(Durability::Synced) {
+            if log.held.synced {
                 self.flush(log).await?;
             }
             match first {
