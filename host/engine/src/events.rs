@@ -1820,7 +1820,6 @@ struct EnvelopeOut<'a> {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct EnvelopeV1 {
-    #[allow(dead_code)]
     v: u32,
     event: Event,
 }
@@ -1879,6 +1878,14 @@ pub fn encode_readable(event: &Event) -> Result<Vec<u8>, Unrecordable> {
 
 /// Reads stored bytes back. A newer format is refused, never misread.
 pub fn decode(bytes: &[u8]) -> Result<Event, EventError> {
+    // The usual case, read in one pass: the current format, whole. Anything
+    // else is read again below to say what it is (a replay reads every
+    // event of a log, and probing first would parse each twice).
+    if let Ok(envelope) = serde_json::from_slice::<EnvelopeV1>(bytes)
+        && envelope.v == 1
+    {
+        return Ok(envelope.event);
+    }
     let probe: Probe = serde_json::from_slice(bytes).map_err(|e| EventError::Malformed {
         kind: None,
         message: e.to_string(),

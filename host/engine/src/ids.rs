@@ -53,7 +53,7 @@ pub fn idempotency_key(run_id: &RunId, call_id: &CallId) -> String {
     h.update(run_id.as_str().as_bytes());
     h.update(b"\0");
     h.update(call_id.as_str().as_bytes());
-    hex::encode(h.finalize())
+    lower_hex(&h.finalize())
 }
 
 /// The commitment key of a call whose tool takes its idempotency key from an
@@ -66,7 +66,16 @@ pub fn commitment_key(scope: &str, value: &serde_json::Value) -> String {
     hasher.update(scope.as_bytes());
     hasher.update(b"\0");
     hasher.update(super::canonical::canonical_json(value).as_bytes());
-    hex::encode(hasher.finalize())
+    lower_hex(&hasher.finalize())
+}
+
+/// `bytes` as lowercase hex. `hex::encode` goes through an iterator of
+/// chars, which an unoptimised build (tests, `--profile dev` benches)
+/// makes a visible part of every call's decision and replay.
+pub(crate) fn lower_hex(bytes: &[u8]) -> String {
+    let mut out = vec![0; bytes.len() * 2];
+    hex::encode_to_slice(bytes, &mut out).expect("the buffer is twice the input");
+    String::from_utf8(out).expect("hex digits are ASCII")
 }
 
 macro_rules! hex_digest {
@@ -84,7 +93,7 @@ macro_rules! hex_digest {
 
             /// The sha256 of `bytes`.
             pub fn of(bytes: &[u8]) -> Self {
-                $name(hex::encode(Sha256::digest(bytes)))
+                $name(lower_hex(&Sha256::digest(bytes)))
             }
 
             /// The digest as lowercase hex.
@@ -131,7 +140,7 @@ impl CallDigest {
         hasher.update(tool.as_bytes());
         hasher.update(b"\0");
         hasher.update(super::canonical::canonical_json(arguments).as_bytes());
-        CallDigest(hex::encode(hasher.finalize()))
+        CallDigest(lower_hex(&hasher.finalize()))
     }
 }
 

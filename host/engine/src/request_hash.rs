@@ -10,7 +10,7 @@
 use sha2::{Digest, Sha256};
 
 use super::canonical::{same_form, write_str, write_value};
-use super::ids::RequestHash;
+use super::ids::{RequestHash, lower_hex};
 use warden_providers::{Message, ModelRequest, RawBlock, ToolCall, ToolSpec};
 
 /// The hash recorded with every model call: sha256 of a versioned domain
@@ -119,7 +119,7 @@ impl RequestHasher {
         sha.update(END);
         sha.update(rest);
         let size = self.bytes + END.len() as u64 + rest.len() as u64;
-        (RequestHash::from_hex(hex::encode(sha.finalize())), size)
+        (RequestHash::from_hex(lower_hex(&sha.finalize())), size)
     }
 }
 
