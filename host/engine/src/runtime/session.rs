@@ -145,9 +145,10 @@ pub(crate) struct Opening {
     pub(crate) chunks: Vec<HistoryChunk>,
 }
 
-/// What a history chunk's body holds: the runs it adds to the history and
-/// their transcripts, in order.
-#[derive(serde::Serialize, serde::Deserialize)]
+/// What a history chunk's body holds, as JSON: the runs it adds to the
+/// history and their transcripts, in order (`{"runs": [...], "messages":
+/// [...]}`; written by [`chunk`]).
+#[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ChunkBody {
     runs: Vec<RunId>,
@@ -155,12 +156,7 @@ struct ChunkBody {
 }
 
 fn chunk(previous: Option<HistoryDigest>, runs: &[RunId], messages: &[Message]) -> HistoryChunk {
-    #[derive(serde::Serialize)]
-    struct Borrowed<'a> {
-        runs: &'a [RunId],
-        messages: &'a [Message],
-    }
-    let body = serde_json::to_vec(&Borrowed { runs, messages })
+    let body = serde_json::to_vec(&serde_json::json!({ "runs": runs, "messages": messages }))
         .expect("runs and messages always serialize");
     HistoryChunk::new(previous, body)
 }
