@@ -1499,6 +1499,7 @@ fn record_dangling_write(dir: &Path, id: &str) {
             session: None,
             session_runs: None,
             history: Vec::new(),
+            history_head: None,
             created_ms: started.clock_seed_ms as i64,
         };
         let bytes: Vec<bytes::Bytes> = stored[..=cut].iter().map(|e| e.bytes.clone()).collect();

@@ -1035,6 +1035,10 @@ impl Runtime {
                 }
                 None => (None, None, Vec::new()),
             };
+            let history_head = session
+                .as_ref()
+                .and_then(|s| s.chain.as_ref())
+                .map(|c| c.head);
             let started = Event::RunStarted(RunStarted {
                 run_id: run_id.clone(),
                 agent: agent.name.clone(),
@@ -1061,6 +1065,7 @@ impl Runtime {
                 session: session_id.map(|s| s.as_str().to_owned()),
                 session_runs,
                 history,
+                history_head,
                 created_ms: now as i64,
             };
             match self

@@ -32,6 +32,7 @@ fn meta() -> RunMeta {
         session: None,
         session_runs: None,
         history: Vec::new(),
+        history_head: None,
         created_ms: 1_700_000_000_000,
     }
 }

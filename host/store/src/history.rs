@@ -235,27 +235,37 @@ pub(crate) fn checked_rows(
     found
 }
 
-/// The check a create runs on the chunks it is given: each one's previous
-/// chunk is stored already or comes earlier in `chunks`. `stored` answers
-/// whether the store holds a digest.
+/// The check a create runs on the chunks it is given and the head its run
+/// names: each chunk's previous chunk, and the head, is stored already or
+/// among `chunks` (earlier, for a previous chunk). `stored` answers whether
+/// the store holds a digest.
 pub(crate) fn check_new_chunks(
     chunks: &[HistoryChunk],
+    head: Option<&HistoryDigest>,
     mut stored: impl FnMut(&HistoryDigest) -> Result<bool, StoreError>,
 ) -> Result<(), StoreError> {
-    for (i, chunk) in chunks.iter().enumerate() {
-        let Some(previous) = chunk.previous() else {
-            continue;
-        };
-        if chunks[..i].iter().any(|c| c.digest() == previous) || stored(previous)? {
+    let named = chunks
+        .iter()
+        .enumerate()
+        .filter_map(|(i, c)| c.previous().map(|p| (i, p, Some(c))))
+        .chain(head.map(|h| (chunks.len(), h, None)));
+    for (before, digest, by) in named {
+        if chunks[..before].iter().any(|c| c.digest() == digest) || stored(digest)? {
             continue;
         }
-        return Err(StoreError::HistoryBroken {
-            head: *chunks.last().map_or(chunk.digest(), HistoryChunk::digest),
-            at: *previous,
-            reason: format!(
+        let reason = match by {
+            Some(chunk) => format!(
                 "chunk {} names it as the chunk before it, and the store holds no such chunk",
                 chunk.digest()
             ),
+            None => "the run names it as its history, and the store holds no such chunk".to_owned(),
+        };
+        return Err(StoreError::HistoryBroken {
+            head: *head
+                .or(chunks.last().map(HistoryChunk::digest))
+                .unwrap_or(digest),
+            at: *digest,
+            reason,
         });
     }
     Ok(())
@@ -335,13 +345,22 @@ mod tests {
     }
 
     #[test]
-    fn new_chunks_must_link_to_stored_or_earlier_ones() {
+    fn new_chunks_and_the_head_must_link_to_stored_or_earlier_ones() {
         let a = HistoryChunk::new(None, &b"a"[..]);
         let b = HistoryChunk::new(Some(*a.digest()), &b"b"[..]);
-        check_new_chunks(&[a.clone(), b.clone()], |_| Ok(false)).unwrap();
-        check_new_chunks(std::slice::from_ref(&b), |d| Ok(d == a.digest())).unwrap();
-        match check_new_chunks(std::slice::from_ref(&b), |_| Ok(false)) {
+        check_new_chunks(&[a.clone(), b.clone()], Some(b.digest()), |_| Ok(false)).unwrap();
+        check_new_chunks(std::slice::from_ref(&b), None, |d| Ok(d == a.digest())).unwrap();
+        match check_new_chunks(std::slice::from_ref(&b), None, |_| Ok(false)) {
             Err(StoreError::HistoryBroken { at, .. }) => assert_eq!(at, *a.digest()),
+            other => panic!("{other:?}"),
+        }
+        // A run naming a head it neither brings nor finds (a fork of a run
+        // whose history was pruned meanwhile, say).
+        check_new_chunks(&[], Some(b.digest()), |d| Ok(d == b.digest())).unwrap();
+        match check_new_chunks(&[], Some(b.digest()), |_| Ok(false)) {
+            Err(StoreError::HistoryBroken { head, at, .. }) => {
+                assert_eq!((head, at), (*b.digest(), *b.digest()));
+            }
             other => panic!("{other:?}"),
         }
     }

@@ -222,6 +222,10 @@ pub struct RunMeta {
     /// and writes nothing. A chunk stored already is kept as it is (its
     /// digest is its content). Empty: none.
     pub history: Vec<HistoryChunk>,
+    /// The chunk the run's first event names as its history's head, if
+    /// any: the chunks it reaches are kept while the run is, and
+    /// [`EventStore::prune`] deletes those no remaining run reaches.
+    pub history_head: Option<HistoryDigest>,
     /// Creation time in milliseconds since the Unix epoch, from the caller's
     /// injected clock.
     pub created_ms: i64,
@@ -1102,7 +1106,10 @@ pub trait EventStore: Send + Sync {
     /// Deletes the runs `filter` matches, whole, leaving a [`Tombstone`]
     /// each (stamped `now_ms`), and returns the tombstones. A run with a
     /// live claim at `now_ms` is kept, and so is a run that owes
-    /// deliveries (whatever the filter says).
+    /// deliveries (whatever the filter says). The session history chunks
+    /// that no remaining run's [`RunMeta::history_head`] reaches are
+    /// deleted with them, so pruning a session's runs deletes what they
+    /// said.
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
         let _ = (filter, now_ms);
         Err(unsupported::<Self>("pruning"))

@@ -324,7 +324,9 @@ impl EventStore for MemoryStore {
         let mut meta = meta;
         let chunks = std::mem::take(&mut meta.history);
         let mut stored = self.history();
-        history::check_new_chunks(&chunks, |d| Ok(stored.contains_key(d)))?;
+        history::check_new_chunks(&chunks, meta.history_head.as_ref(), |d| {
+            Ok(stored.contains_key(d))
+        })?;
         for chunk in chunks {
             stored.entry(*chunk.digest()).or_insert(StoredChunk {
                 previous: chunk.previous().copied(),
@@ -583,7 +585,7 @@ impl EventStore for MemoryStore {
             .collect();
         doomed.sort();
         let mut tombstones = self.tombstones();
-        Ok(doomed
+        let pruned: Vec<Tombstone> = doomed
             .into_iter()
             .map(|id| {
                 let run = runs.remove(&id).expect("listed above");
@@ -600,7 +602,21 @@ impl EventStore for MemoryStore {
                 tombstones.insert(id, tombstone.clone());
                 tombstone
             })
-            .collect())
+            .collect();
+        // The chunks no remaining run's history reaches go with the runs.
+        let mut chunks = self.history();
+        let mut live = std::collections::HashSet::new();
+        for head in runs.values().filter_map(|r| r.meta.history_head) {
+            let mut next = Some(head);
+            while let Some(digest) = next {
+                if !live.insert(digest) {
+                    break;
+                }
+                next = chunks.get(&digest).and_then(|c| c.previous);
+            }
+        }
+        chunks.retain(|digest, _| live.contains(digest));
+        Ok(pruned)
     }
 
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {

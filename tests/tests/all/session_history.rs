@@ -3,17 +3,20 @@
 //! keeps its size however long the session, while the model sees exactly
 //! the history a copy would have given; a chunk missing or altered behind
 //! the store's back is refused when the run is driven, recovered or
-//! verified; and a log written before chunks (history inline) still folds,
-//! verifies, replays and starts the chain for the next run.
+//! verified; a log written before chunks (history inline) still folds,
+//! verifies, replays and starts the chain for the next run; and pruning
+//! deletes the history no remaining run names.
 
 use std::sync::Arc;
 
 use serde_json::json;
 use warden::engine::events::{Event, RunStarted, encode};
-use warden::engine::{ReplayOptions, RunId, RunStatus, Runtime, RuntimeError, StartOptions};
+use warden::engine::{
+    ForkOptions, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError, StartOptions,
+};
 use warden::providers::Message;
 use warden::store::{
-    EventStore, Listing, ListingStatus, MemoryStore, RunMeta, SqliteStore, StoreError,
+    EventStore, Listing, ListingStatus, MemoryStore, PruneFilter, RunMeta, SqliteStore, StoreError,
 };
 
 use super::sessions::{ChatAgent, ChatModel, assistant, chat_runtime, prompts, session, user};
@@ -217,6 +220,7 @@ async fn a_log_with_its_history_inline_still_verifies_replays_and_continues() {
             session: Some(s.to_string()),
             session_runs: None,
             history: Vec::new(),
+            history_head: None,
             created_ms: started.clock_seed_ms as i64,
         };
         old.create(run, meta, first.into(), ListingStatus::RUNNING)
@@ -296,5 +300,80 @@ async fn a_log_with_its_history_inline_still_verifies_replays_and_continues() {
         old.load_history(&chain.head).await.unwrap().len(),
         2,
         "the inline history became the chain's first chunk"
+    );
+}
+
+/// Pruning a session's runs deletes the history only they reached: a fork
+/// of one of them (its first event names the same history) keeps what it
+/// sees, and once the fork is pruned too, nothing of the session is left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pruning_keeps_the_history_a_fork_still_names_and_then_deletes_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("runs.db");
+    let chat = ChatAgent::new("never");
+    let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(&db).unwrap());
+    let rt = chat_runtime(Arc::clone(&store), Arc::new(ChatModel::default()));
+    let s = session("pruned");
+    let mut runs = Vec::new();
+    for input in ["hello", "and now?"] {
+        let run = rt
+            .start(
+                &chat.agent,
+                json!(input),
+                StartOptions::new().session(s.clone()),
+            )
+            .await
+            .unwrap();
+        rt.drive(&run, &chat.agent).await.unwrap();
+        runs.push(run);
+    }
+    let fork = rt
+        .fork(
+            &runs[1],
+            1,
+            ForkOptions {
+                agent: &chat.agent,
+                source_agent: None,
+                budgets: Default::default(),
+                run_id: None,
+                by: "test".into(),
+            },
+        )
+        .await
+        .unwrap();
+    let chunks = || {
+        rusqlite::Connection::open(&db)
+            .unwrap()
+            .query_row("SELECT count(*) FROM history_chunks", [], |r| {
+                r.get::<_, i64>(0)
+            })
+            .unwrap()
+    };
+    assert_eq!(
+        chunks(),
+        1,
+        "the second run's history: the first run's turn"
+    );
+
+    let completed = PruneFilter::new()
+        .status("completed")
+        .updated_before(i64::MAX);
+    assert_eq!(store.prune(&completed, i64::MAX).await.unwrap().len(), 2);
+    assert_eq!(chunks(), 1, "the fork still names it");
+    assert_eq!(
+        rt.state(&fork).await.unwrap().history(),
+        [user("hello"), assistant("you said: hello")]
+    );
+    assert!(rt.verify(&fork).await.unwrap().is_intact());
+
+    assert_eq!(
+        rt.drive(&fork, &chat.agent).await.unwrap(),
+        RunStatus::Completed
+    );
+    assert_eq!(store.prune(&completed, i64::MAX).await.unwrap().len(), 1);
+    assert_eq!(
+        chunks(),
+        0,
+        "no run is left that names the session's history"
     );
 }

@@ -112,6 +112,7 @@ impl Runtime {
             session: None,
             session_runs: None,
             history: Vec::new(),
+            history_head: None,
             created_ms: now as i64,
         };
         // Listed as running but never queued nor claimed: no worker takes

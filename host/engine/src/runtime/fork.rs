@@ -222,6 +222,16 @@ impl Runtime {
             session: None,
             session_runs: None,
             history: Vec::new(),
+            // The fork's first event is the source's: it names the same
+            // history, which must outlive the source.
+            history_head: match &events[0] {
+                Event::RunStarted(started) => started
+                    .session
+                    .as_ref()
+                    .and_then(|s| s.chain.as_ref())
+                    .map(|c| c.head),
+                _ => None,
+            },
             created_ms: now as i64,
         };
         let store: &dyn EventStore = &*self.inner.store;

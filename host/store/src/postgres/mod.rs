@@ -805,11 +805,23 @@ impl EventStore for PostgresStore {
                     }
                 }
             }
-            if !meta.history.is_empty() {
+            if !meta.history.is_empty() || meta.history_head.is_some() {
+                // Shared with other starts, exclusive with a prune: the
+                // chunks this run links to cannot be deleted before it
+                // commits.
+                execute(
+                    tx,
+                    &context,
+                    "SELECT pg_advisory_xact_lock_shared(hashtext('warden.history'))",
+                    &[],
+                )
+                .await?;
                 let links: Vec<&[u8]> = meta
                     .history
                     .iter()
-                    .filter_map(|c| c.previous().map(|p| p.as_bytes().as_slice()))
+                    .filter_map(|c| c.previous())
+                    .chain(meta.history_head.as_ref())
+                    .map(|d| d.as_bytes().as_slice())
                     .collect();
                 let stored: Vec<Vec<u8>> = query(
                     tx,
@@ -821,7 +833,7 @@ impl EventStore for PostgresStore {
                 .iter()
                 .map(|r| r.get(0))
                 .collect();
-                history::check_new_chunks(&meta.history, |d| {
+                history::check_new_chunks(&meta.history, meta.history_head.as_ref(), |d| {
                     Ok(stored.iter().any(|s| s.as_slice() == d.as_bytes()))
                 })?;
                 let digests: Vec<&[u8]> = meta
@@ -845,11 +857,12 @@ impl EventStore for PostgresStore {
                 )
                 .await?;
             }
+            let history_head = meta.history_head.map(|h| h.as_bytes().to_vec());
             let created = query(
                 tx,
                 &context,
-                "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash)
-                 SELECT $1, $2, $3, $4, $5, $5, 1, $6 WHERE NOT $7
+                "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash, history_head)
+                 SELECT $1, $2, $3, $4, $5, $5, 1, $6, $8 WHERE NOT $7
                  ON CONFLICT (id) DO NOTHING RETURNING pk",
                 &[
                     &run_id.as_str(),
@@ -859,6 +872,7 @@ impl EventStore for PostgresStore {
                     &meta.created_ms,
                     &head.as_bytes().as_slice(),
                     &!gone.is_empty(),
+                    &history_head,
                 ],
             )
             .await?;
@@ -1581,6 +1595,32 @@ impl EventStore for PostgresStore {
                 )
                 .await?;
                 execute(tx, context, "DELETE FROM runs WHERE pk = ANY($1)", &[&pks]).await?;
+                if !pks.is_empty() {
+                    // The history chunks no remaining run reaches go with the
+                    // runs; exclusive with starts linking to chunks, so the
+                    // runs they create are seen here or find their chunks
+                    // gone and write nothing.
+                    execute(
+                        tx,
+                        context,
+                        "SELECT pg_advisory_xact_lock(hashtext('warden.history'))",
+                        &[],
+                    )
+                    .await?;
+                    execute(
+                        tx,
+                        context,
+                        "WITH RECURSIVE live (digest) AS (
+                             SELECT history_head FROM runs WHERE history_head IS NOT NULL
+                             UNION
+                             SELECT h.previous FROM history_chunks h JOIN live l ON h.digest = l.digest
+                             WHERE h.previous IS NOT NULL
+                         )
+                         DELETE FROM history_chunks WHERE digest NOT IN (SELECT digest FROM live)",
+                        &[],
+                    )
+                    .await?;
+                }
                 Ok(rows)
             })
             .await?;

@@ -56,7 +56,9 @@ use crate::StoreError;
 /// session (see `store/history.rs`), one row per chunk keyed by its digest,
 /// with the digest of the chunk before it; written with the create of the
 /// first run that refers to it (`ON CONFLICT DO NOTHING`: two hosts writing
-/// one chunk write the same bytes), never changed, never deleted.
+/// one chunk write the same bytes), never changed, deleted by a prune once
+/// no run reaches it; and `runs.history_head`, the chunk a run's history
+/// ends with (null for runs without one and every run an older store held).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -144,6 +146,7 @@ CREATE TABLE IF NOT EXISTS history_chunks (
     previous bytea,
     body     bytea NOT NULL
 );
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS history_head bytea;
 "#,
 ];
 

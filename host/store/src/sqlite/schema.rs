@@ -61,7 +61,9 @@ use crate::{OpenMode, StoreError};
 /// Version 8 adds `history_chunks`: session history shared by the runs of a
 /// session (see `store/history.rs`), one row per chunk keyed by its digest,
 /// with the digest of the chunk before it; written with the create of the
-/// first run that refers to it, never changed, never deleted.
+/// first run that refers to it, never changed, deleted by a prune once no
+/// run reaches it; and `runs.history_head`, the chunk a run's history ends
+/// with (null for runs without one and every run a v7 store held).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -156,6 +158,7 @@ CREATE TABLE history_chunks (
     previous BLOB,
     body     BLOB NOT NULL
 ) STRICT, WITHOUT ROWID;
+ALTER TABLE runs ADD COLUMN history_head BLOB;
 "#,
 ];
 

@@ -175,6 +175,7 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
         .raw()
         .execute_batch(
             "DROP TABLE history_chunks;
+             ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
              DROP INDEX runs_waking;
              ALTER TABLE runs DROP COLUMN wake_ms;
@@ -217,7 +218,9 @@ async fn a_version_7_store_migrates_and_takes_history_chunks() {
     }
     backend
         .raw()
-        .execute_batch("DROP TABLE history_chunks; PRAGMA user_version = 7;")
+        .execute_batch(
+            "DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head; PRAGMA user_version = 7;",
+        )
         .unwrap();
     let store = SqliteStore::open(backend.path()).unwrap();
     let version: i64 = backend
@@ -249,7 +252,8 @@ async fn a_version_6_store_migrates_and_holds_no_rules() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE history_chunks; DROP TABLE approval_rules; PRAGMA user_version = 6;",
+            "DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head;
+             DROP TABLE approval_rules; PRAGMA user_version = 6;",
         )
         .unwrap();
     let store = SqliteStore::open(backend.path()).unwrap();
@@ -287,6 +291,7 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .raw()
         .execute_batch(
             "DROP TABLE history_chunks;
+             ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
              DROP INDEX runs_waking;
              ALTER TABLE runs DROP COLUMN wake_ms;

@@ -96,7 +96,8 @@ macro_rules! conformance_suite {
                 rules_are_added_listed_and_revoked_once,
                 history_written_with_creates_loads_back_as_one_chain,
                 a_create_whose_history_does_not_link_writes_nothing,
-                tampered_history_is_detected
+                tampered_history_is_detected,
+                pruning_deletes_the_history_no_remaining_run_reaches
                 $(, $extra)*
             );
         }

@@ -172,6 +172,7 @@ pub fn meta(agent: &str, created_ms: i64) -> RunMeta {
         session: None,
         session_runs: None,
         history: Vec::new(),
+        history_head: None,
         created_ms,
     }
 }
@@ -595,6 +596,7 @@ async fn listing_fixture(store: &dyn EventStore) {
             session: session.map(Into::into),
             session_runs: None,
             history: Vec::new(),
+            history_head: None,
             created_ms: created,
         };
         let run = id(run);
@@ -2471,4 +2473,61 @@ pub async fn history_survives_reopening(backend: &dyn Backend) {
     drop(store);
     let reopened = backend.open().await;
     assert_eq!(reopened.load_history(c.digest()).await.unwrap(), [a, b, c]);
+}
+
+pub async fn pruning_deletes_the_history_no_remaining_run_reaches(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let [a, b, c] = chain_of("pruned");
+    let x = HistoryChunk::new(None, ev("another session's turn"));
+    // (run, chunks it brings, the head it names, when it ended)
+    let runs: [(&str, Vec<HistoryChunk>, &HistoryChunk, i64); 5] = [
+        ("one", vec![a.clone()], &a, 10),
+        ("two", vec![b.clone()], &b, 10),
+        ("three", vec![c.clone()], &c, 1_000),
+        ("lone", vec![x.clone()], &x, 10),
+        // A fork: it names a stored head and brings nothing.
+        ("fork", vec![], &b, 1_000),
+    ];
+    for (run, chunks, head, ended) in runs {
+        let mut m = meta("agent", 1);
+        m.history = chunks;
+        m.history_head = Some(*head.digest());
+        store
+            .create(&id(run), m, ev("start"), ListingStatus::RUNNING)
+            .await
+            .unwrap();
+        store
+            .append(&id(run), 1, &[ev("end")], listed("completed").into(), ended)
+            .await
+            .unwrap();
+    }
+    let early = PruneFilter::new().status("completed").updated_before(500);
+    let pruned = store.prune(&early, 5_000).await.unwrap();
+    assert_eq!(pruned.len(), 3);
+    // What the remaining runs reach stays; the lone session's turn is gone.
+    assert_eq!(
+        store.load_history(c.digest()).await.unwrap(),
+        [a.clone(), b.clone(), c.clone()]
+    );
+    assert_history_broken(store.load_history(x.digest()).await, &x, &x);
+    // A run naming a head the store no longer holds is refused whole.
+    let mut late = meta("agent", 1);
+    late.history_head = Some(*x.digest());
+    assert_history_broken(
+        store
+            .create(&id("late"), late, ev("start"), ListingStatus::RUNNING)
+            .await,
+        &x,
+        &x,
+    );
+    assert!(matches!(
+        store.load(&id("late")).await,
+        Err(StoreError::UnknownRun { .. })
+    ));
+    // Once no run is left, no chunk is.
+    let all = PruneFilter::new().status("completed").updated_before(5_000);
+    assert_eq!(store.prune(&all, 5_000).await.unwrap().len(), 2);
+    for chunk in [&a, &b, &c] {
+        assert_history_broken(store.load_history(chunk.digest()).await, chunk, chunk);
+    }
 }
