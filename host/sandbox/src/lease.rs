@@ -682,27 +682,18 @@ async fn perform(
         }
     };
     let instance = world.pre.instantiate_async(&mut *store).await?;
-    let exported = Exported {
-        instance,
-        world,
-    };
+    let exported = Exported { instance, world };
     Ok(match request {
         Request::DescribeTools => Response::Tools(exported.call(store, "describe", ()).await?),
         Request::Preflight(call) => {
             Response::Preview(exported.call(store, "preflight", (call,)).await?)
         }
         Request::Invoke(call) => Response::Output(exported.call(store, "invoke", (call,)).await?),
-        Request::DescribeSource => {
-            Response::Source(exported.call(store, "describe", ()).await?)
-        }
+        Request::DescribeSource => Response::Source(exported.call(store, "describe", ()).await?),
         Request::Resolve(req) => Response::Items(exported.call(store, "resolve", (req,)).await?),
-        Request::DescribeChannel => {
-            Response::Channel(exported.call(store, "describe", ()).await?)
-        }
+        Request::DescribeChannel => Response::Channel(exported.call(store, "describe", ()).await?),
         Request::Deliver(d) => Response::Delivered(exported.call(store, "deliver", (d,)).await?),
-        Request::DescribePolicy => {
-            Response::Policy(exported.call(store, "describe", ()).await?)
-        }
+        Request::DescribePolicy => Response::Policy(exported.call(store, "describe", ()).await?),
         Request::Decide(req) => Response::Decided(exported.call(store, "decide", (req,)).await?),
     })
 }
@@ -727,10 +718,9 @@ impl Exported<'_> {
         R: Lift + Send + Sync + 'static,
         (R,): ComponentNamedList + Lift,
     {
-        let func = self.instance.get_typed_func::<P, (R,)>(
-            &mut *store,
-            self.world.index(function),
-        )?;
+        let func = self
+            .instance
+            .get_typed_func::<P, (R,)>(&mut *store, self.world.index(function))?;
         let (result,) = func.call_async(&mut *store, params).await?;
         Ok(result)
     }
