@@ -31,6 +31,7 @@ fn meta() -> RunMeta {
         labels: [("suite".to_owned(), "bench".to_owned())].into(),
         session: None,
         session_runs: None,
+        history: Vec::new(),
         created_ms: 1_700_000_000_000,
     }
 }

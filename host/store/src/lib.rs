@@ -65,6 +65,7 @@
 mod chain;
 mod claim;
 mod codes;
+mod history;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -89,6 +90,7 @@ use bytes::Bytes;
 
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
 pub use claim::{Claim, PruneFilter, Tombstone};
+pub use history::{HistoryChunk, HistoryDigest, InvalidHistoryDigest};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStats, PostgresStore, PostgresStoreBuilder};
@@ -213,6 +215,13 @@ pub struct RunMeta {
     /// and finished there in between), so a run's recorded history never
     /// misses a run that completed before it started. `None`: no check.
     pub session_runs: Option<u64>,
+    /// Chunks of session history the run's first event refers to (see
+    /// `store/history.rs`), oldest first, written in the create's
+    /// transaction: each one's previous chunk is stored already or comes
+    /// earlier in the list, else the create is [`StoreError::HistoryBroken`]
+    /// and writes nothing. A chunk stored already is kept as it is (its
+    /// digest is its content). Empty: none.
+    pub history: Vec<HistoryChunk>,
     /// Creation time in milliseconds since the Unix epoch, from the caller's
     /// injected clock.
     pub created_ms: i64,
@@ -880,6 +889,18 @@ pub enum StoreError {
         /// The number of runs it holds now.
         found: u64,
     },
+    /// A chain of session history chunks does not hold (see
+    /// `store/history.rs`): a chunk is missing, or its content is not what
+    /// its digest says. Nothing was written.
+    #[error("the session history with head {head} is broken at chunk {at}: {reason}")]
+    HistoryBroken {
+        /// The newest chunk of the chain asked for (or being written).
+        head: HistoryDigest,
+        /// The chunk concerned.
+        at: HistoryDigest,
+        /// What is wrong.
+        reason: String,
+    },
     /// The store does not implement this operation.
     #[error("{store} does not support {operation}")]
     Unsupported {
@@ -990,6 +1011,15 @@ pub trait EventStore: Send + Sync {
     /// [`MemoryStore`]) returns none.
     async fn invalid_run_ids(&self) -> Result<Vec<String>, StoreError> {
         Ok(Vec::new())
+    }
+
+    /// The chain of session history chunks ending at `head`, oldest first,
+    /// each checked against its digest and linked to the one before it
+    /// ([`StoreError::HistoryBroken`] naming the first chunk that is missing
+    /// or does not match). One snapshot where the backend has them.
+    async fn load_history(&self, head: &HistoryDigest) -> Result<Vec<HistoryChunk>, StoreError> {
+        let _ = head;
+        Err(unsupported::<Self>("session history"))
     }
 
     // ---- claims, the queue and retention (see `claim.rs`) ----

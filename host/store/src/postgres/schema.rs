@@ -51,6 +51,12 @@ use crate::StoreError;
 /// `store/rules.rs`), one row each, never deleted; a revocation fills
 /// `revoked_by` and `revoked_ms` once (`UPDATE … WHERE revoked_by IS
 /// NULL`, so two hosts revoking at once keep the first).
+///
+/// Version 7 adds `history_chunks`: session history shared by the runs of a
+/// session (see `store/history.rs`), one row per chunk keyed by its digest,
+/// with the digest of the chunk before it; written with the create of the
+/// first run that refers to it (`ON CONFLICT DO NOTHING`: two hosts writing
+/// one chunk write the same bytes), never changed, never deleted.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -130,6 +136,13 @@ CREATE TABLE IF NOT EXISTS approval_rules (
     expires_ms bigint,
     revoked_by text,
     revoked_ms bigint
+);
+"#,
+    r#"
+CREATE TABLE IF NOT EXISTS history_chunks (
+    digest   bytea NOT NULL PRIMARY KEY,
+    previous bytea,
+    body     bytea NOT NULL
 );
 "#,
 ];

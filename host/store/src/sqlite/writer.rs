@@ -516,8 +516,28 @@ fn create(
             }
         }
     }
+    crate::history::check_new_chunks(&meta.history, |digest| {
+        conn.prepare_cached("SELECT 1 FROM history_chunks WHERE digest = ?1")
+            .and_then(|mut s| {
+                s.query_row([digest.as_bytes().as_slice()], |_| Ok(()))
+                    .optional()
+            })
+            .map(|found| found.is_some())
+            .map_err(|e| backend(context(), e))
+    })?;
     let head = chain.link(&chain.genesis(run_id), 1, first_event);
     let write = || -> rusqlite::Result<()> {
+        let mut chunk = conn.prepare_cached(
+            "INSERT INTO history_chunks (digest, previous, body) VALUES (?1, ?2, ?3)
+             ON CONFLICT (digest) DO NOTHING",
+        )?;
+        for c in &meta.history {
+            chunk.execute(params![
+                c.digest().as_bytes().as_slice(),
+                c.previous().map(|p| p.as_bytes().to_vec()),
+                c.body().as_ref()
+            ])?;
+        }
         conn.prepare_cached(
             "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash)
              VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1, ?6)",
