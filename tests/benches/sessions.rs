@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use warden::engine::StartOptions;
 
 use serde_json::json;
+use warden::engine::events::{Event, RunStarted, SessionStart};
 use warden::engine::{Agent, RunStatus, Runtime, SessionId};
 use warden::plugins::PluginHost;
 use warden::providers::{
@@ -98,6 +99,10 @@ pub(crate) fn run() -> Vec<Row> {
             let session = SessionId::new("bench").unwrap();
             let mut starts = Vec::with_capacity(turns);
             let mut history_bytes = 0;
+            // Every run's `run_started`, summed: with the history copied
+            // into each, it grows with the square of the session's length.
+            let mut started_bytes = 0;
+            let mut last_run = None;
             for turn in 0..turns {
                 let began = Instant::now();
                 let run = runtime
@@ -107,6 +112,8 @@ pub(crate) fn run() -> Vec<Row> {
                 starts.push(began.elapsed());
                 let status = runtime.drive(&run, &agent).await.unwrap();
                 assert_eq!(status, RunStatus::Completed);
+                started_bytes += runtime.store().load(&run).await.unwrap()[0].bytes.len();
+                last_run = Some(run.clone());
                 if turn + 1 == turns {
                     let bytes = runtime.store().load(&run).await.unwrap()[0].bytes.len();
                     history_bytes = bytes;
@@ -116,6 +123,25 @@ pub(crate) fn run() -> Vec<Row> {
                     );
                 }
             }
+            // The shared chunks the last run's history names.
+            let chunk_bytes: usize = match runtime.events(&last_run.unwrap()).await.unwrap().remove(0) {
+                Event::RunStarted(RunStarted {
+                    session: Some(SessionStart { chain: Some(chain), .. }),
+                    ..
+                }) => runtime
+                    .store()
+                    .load_history(&chain.head)
+                    .await
+                    .unwrap()
+                    .iter()
+                    .map(|c| c.body().len())
+                    .sum(),
+                _ => 0,
+            };
+            println!(
+                "{name}: history stored over {turns} turns: {} bytes (run_started of every run {started_bytes}, shared chunks {chunk_bytes})",
+                started_bytes + chunk_bytes
+            );
             let at = |n: usize| starts[n.min(turns) - 1];
             let window = |from: usize| {
                 let slice = &starts[from.min(turns) - 1..];
@@ -138,6 +164,17 @@ pub(crate) fn run() -> Vec<Row> {
                 format!(
                     "{:.2}× turn {half}'s (flat in the session's length: 1×)",
                     at(turns).as_secs_f64() / at(half).as_secs_f64()
+                ),
+                None,
+            ));
+            rows.push(Row::new(
+                "sessions",
+                format!("session storage over {turns} turns ({name})"),
+                format!("{} KiB", (started_bytes + chunk_bytes) / 1024),
+                format!(
+                    "run_started {} KiB + shared chunks {} KiB: O(n), each turn stored once",
+                    started_bytes / 1024,
+                    chunk_bytes / 1024
                 ),
                 None,
             ));

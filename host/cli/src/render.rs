@@ -33,8 +33,8 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
                     "\n  in session {} (run #{}, history of {} completed run(s), {} message(s))",
                     session.session_id,
                     session.position,
-                    session.runs.len(),
-                    session.history.len()
+                    session.history_run_count(),
+                    session.history_message_count()
                 ));
             }
             line

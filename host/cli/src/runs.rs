@@ -1742,6 +1742,7 @@ async fn show(
         })?;
         events.push(event);
     }
+    warden::engine::resolve_history(&*store, &mut events).await?;
     let state: RunState = fold(&events).map_err(|error| RuntimeError::Fold {
         run_id: run.clone(),
         error,

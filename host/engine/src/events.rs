@@ -34,6 +34,7 @@ use warden_providers::{
     Message, ModelRequest, ProviderError, RawBlock, StopReason, ToolCall, Usage,
 };
 use warden_sandbox::{LeaseError, Outcome, UsageReceipt, wit};
+pub use warden_store::HistoryDigest;
 use warden_syntax::json_limits;
 
 /// The format version this build writes, and the newest it reads.
@@ -551,9 +552,18 @@ pub struct McpToolsOffered {
     pub offered: Vec<String>,
 }
 
-/// The session part of [`RunStarted`]: which session, and the transcripts of
-/// its earlier completed runs, recorded whole so that folding the run needs
-/// no other run's log and replay never consults one (see `session.rs`).
+/// The session part of [`RunStarted`]: which session, and the history the
+/// run sees, fixed when it started (see `runtime/session.rs`).
+///
+/// A run records its history by reference: [`chain`](Self::chain) names the
+/// newest of the store's shared history chunks, so a run's first event has
+/// the same size at turn 200 as at turn 2. Logs written before chunks
+/// existed carry the history inline in `runs` and `history`, and are read
+/// as they are. The runtime fills `runs` and `history` from the chunks when
+/// it loads a log ([`resolve_history`](crate::runtime::resolve_history)),
+/// and folding a run whose chain was not resolved is refused
+/// ([`FoldProblem::HistoryUnresolved`](crate::state::FoldProblem::HistoryUnresolved)),
+/// so no run is ever driven on a history it does not have.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SessionStart {
@@ -563,14 +573,58 @@ pub struct SessionStart {
     /// session held when it started, so its first run is 0.
     pub position: u64,
     /// The earlier completed runs whose transcripts make the history,
-    /// oldest first. Omitted when none (the session's first run, or only
-    /// cancelled or failed runs before it).
+    /// oldest first: recorded in logs written before history chunks, and
+    /// filled from the chunks when a log is loaded. Omitted when none
+    /// (the session's first run, or only cancelled or failed runs before
+    /// it) and in every log that records a chain.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub runs: Vec<RunId>,
     /// Their transcripts, in order: each run's input, the model's turns and
-    /// the tool results, as the model saw them. Omitted when none.
+    /// the tool results, as the model saw them. Inline and filled as
+    /// `runs` is.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub history: Vec<Message>,
+    /// The shared history chunk the history ends with, and how many runs
+    /// and messages the whole chain holds. Omitted when there is no
+    /// history, and in logs written before history chunks.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain: Option<HistoryChain>,
+}
+
+impl SessionStart {
+    /// How many earlier runs the history holds, resolved or not.
+    pub fn history_run_count(&self) -> u64 {
+        self.chain
+            .as_ref()
+            .map_or(self.runs.len() as u64, |c| c.runs)
+    }
+
+    /// How many messages the history holds, resolved or not.
+    pub fn history_message_count(&self) -> u64 {
+        self.chain
+            .as_ref()
+            .map_or(self.history.len() as u64, |c| c.messages)
+    }
+
+    /// Whether `runs` and `history` hold the whole history: always for a
+    /// log without a chain, and for one with a chain once it was resolved.
+    pub fn is_resolved(&self) -> bool {
+        self.chain.as_ref().is_none_or(|c| {
+            c.runs == self.runs.len() as u64 && c.messages == self.history.len() as u64
+        })
+    }
+}
+
+/// A run's history by reference (see [`SessionStart::chain`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HistoryChain {
+    /// The newest chunk: its digest commits to every chunk before it.
+    pub head: HistoryDigest,
+    /// How many runs the chain's chunks name, in all.
+    pub runs: u64,
+    /// How many messages they hold, in all.
+    pub messages: u64,
 }
 
 /// [`Event::ModelCallIntent`].
@@ -1997,6 +2051,7 @@ pub(crate) mod tests {
                         blocks: vec![],
                     },
                 ],
+                chain: None,
             }),
             limits: None,
             parent: None,
@@ -2008,11 +2063,38 @@ pub(crate) mod tests {
             r#"{"v":1,"event":{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"and now?","clock_seed_ms":1,"random_seed":2,"session":{"session_id":"chat-1","position":2,"runs":["r1"],"history":[{"role":"user","content":"hello"},{"role":"assistant","text":"hi"}]}}}"#
         );
         assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started.clone()));
+        // What a run records now: its history by reference, the same size
+        // however long the session.
+        started.session = Some(SessionStart {
+            session_id: SessionId::new("chat-1").unwrap(),
+            position: 2,
+            runs: vec![],
+            history: vec![],
+            chain: Some(HistoryChain {
+                head: format!("sha256:{}", "ab".repeat(32)).parse().unwrap(),
+                runs: 1,
+                messages: 2,
+            }),
+        });
+        let bytes = encode(&Event::RunStarted(started.clone()));
+        assert_eq!(
+            String::from_utf8(bytes.clone()).unwrap(),
+            format!(
+                r#"{{"v":1,"event":{{"type":"run_started","run_id":"r3","agent":"demo","agent_digest":"ab12","input":"and now?","clock_seed_ms":1,"random_seed":2,"session":{{"session_id":"chat-1","position":2,"chain":{{"head":"sha256:{}","runs":1,"messages":2}}}}}}}}"#,
+                "ab".repeat(32)
+            )
+        );
+        assert_eq!(decode(&bytes).unwrap(), Event::RunStarted(started.clone()));
+        let bad_head = String::from_utf8(bytes)
+            .unwrap()
+            .replace("sha256:ab", "sha256:AB");
+        assert!(decode(bad_head.as_bytes()).is_err());
         started.session = Some(SessionStart {
             session_id: SessionId::new("chat-1").unwrap(),
             position: 0,
             runs: vec![],
             history: vec![],
+            chain: None,
         });
         let bytes = encode(&Event::RunStarted(started.clone()));
         assert!(

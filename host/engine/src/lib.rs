@@ -113,7 +113,7 @@ pub use retry::{RetryPolicy, RetrySleep, TokioSleep};
 pub use runtime::{
     ApprovalScope, ChildRefusal, Clock, FORKED_FROM_LABEL, FixedClock, FixedRandom, ForkOptions,
     ForkRefusal, OsRandom, Random, RunUpdate, RunUpdates, Runtime, RuntimeError, SessionRun,
-    SessionSummary, Step, SystemClock,
+    SessionSummary, Step, SystemClock, resolve_history,
 };
 pub use start::StartOptions;
 pub use state::{FoldError, ResumeError, RunState, fold};

@@ -105,7 +105,7 @@ mod session;
 pub use children::ChildRefusal;
 pub use fork::{FORKED_FROM_LABEL, ForkOptions, ForkRefusal};
 pub use rules::ApprovalScope;
-pub use session::{SessionRun, SessionSummary};
+pub use session::{SessionRun, SessionSummary, resolve_history};
 
 /// Where the runtime reads the time. Injected so tests and recoveries are
 /// deterministic.
@@ -573,7 +573,8 @@ pub async fn verify_log(
 ) -> Result<VerifyReport, StoreError> {
     let mut report = store.verify(run_id).await?;
     if report.is_intact() {
-        for event in store.load(run_id).await? {
+        let stored = store.load(run_id).await?;
+        for event in &stored {
             if let Err(error) = decode(&event.bytes) {
                 report.findings.push(Finding {
                     seq: event.seq,
@@ -581,6 +582,22 @@ pub async fn verify_log(
                         detail: format!("the event does not decode: {error}"),
                     },
                 });
+            }
+        }
+        // The session history the first event names is part of what the
+        // run recorded: it must come back whole and unaltered.
+        if let Some(first) = stored.first()
+            && let Ok(event) = decode(&first.bytes)
+        {
+            match resolve_history(store, &mut [event]).await {
+                Ok(()) => {}
+                Err(error @ StoreError::HistoryBroken { .. }) => report.findings.push(Finding {
+                    seq: first.seq,
+                    kind: ChainBreak::Unreadable {
+                        detail: format!("its session history cannot be read back: {error}"),
+                    },
+                }),
+                Err(error) => return Err(error),
             }
         }
     }
@@ -1011,13 +1028,17 @@ impl Runtime {
             // A run in a session reads the session's history; the store
             // refuses the start if the session changed in between, and it
             // is read again.
-            let (session, session_runs) = match session_id {
+            let (session, session_runs, history) = match session_id {
                 Some(id) => {
-                    let (start, held) = session::read(&*self.inner.store, id).await?;
-                    (Some(start), Some(held))
+                    let (opening, held) = session::read(&*self.inner.store, id).await?;
+                    (Some(opening.start), Some(held), opening.chunks)
                 }
-                None => (None, None),
+                None => (None, None, Vec::new()),
             };
+            let history_head = session
+                .as_ref()
+                .and_then(|s| s.chain.as_ref())
+                .map(|c| c.head);
             let started = Event::RunStarted(RunStarted {
                 run_id: run_id.clone(),
                 agent: agent.name.clone(),
@@ -1043,6 +1064,8 @@ impl Runtime {
                 labels: all.clone(),
                 session: session_id.map(|s| s.as_str().to_owned()),
                 session_runs,
+                history,
+                history_head,
                 created_ms: now as i64,
             };
             match self
@@ -2515,8 +2538,12 @@ impl Runtime {
 
     // ---- the log ----
 
+    /// The run's decoded events, its session history resolved.
     async fn load_events(&self, run_id: &RunId) -> Result<Vec<Event>, RuntimeError> {
-        decoded(run_id, &self.inner.store.load(run_id).await?)
+        let store = self.inner.store.as_ref();
+        let mut events = decoded(run_id, &store.load(run_id).await?)?;
+        resolve_history(store, &mut events).await?;
+        Ok(events)
     }
 
     async fn load_log(&self, run_id: &RunId) -> Result<Log, RuntimeError> {

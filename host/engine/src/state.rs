@@ -482,6 +482,11 @@ pub enum FoldProblem {
     /// `run_started` after the first event.
     #[error("the run has already started")]
     AlreadyStarted,
+    /// `run_started` names its session history by its chain, and the
+    /// history was not read from the store (see
+    /// [`resolve_history`](crate::runtime::resolve_history)).
+    #[error("the run's session history was not read from the store")]
+    HistoryUnresolved,
     /// `wait_started` without a failed model call of its step to wait for,
     /// or while a wait was already recorded for it.
     #[error("wait_started needs a failed model call of its step that no wait was recorded for")]
@@ -718,6 +723,13 @@ pub fn fold(events: &[Event]) -> Result<RunState, FoldError> {
             problem: FoldProblem::NotStarted,
         });
     };
+    if started.session.as_ref().is_some_and(|s| !s.is_resolved()) {
+        return Err(FoldError::Impossible {
+            position: 0,
+            kind: first.kind(),
+            problem: FoldProblem::HistoryUnresolved,
+        });
+    }
     let mut state = RunState::start(started);
     for event in rest {
         state.apply(event)?;

@@ -1,6 +1,7 @@
 //! A lease: one invocation's sandbox. A fresh `Store` with a WASI context
-//! built from the plugin's effective grants, an instance made from the cached
-//! `InstancePre`, one call, and then everything is dropped, whether the call
+//! built from the plugin's effective grants (on the guest's first WASI
+//! call), an instance made from the cached `InstancePre`, one call to the
+//! one export it needs, and then everything is dropped, whether the call
 //! returned, failed, timed out or was cancelled. No guest state or handle
 //! outlives its lease.
 //!
@@ -20,15 +21,13 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio_util::sync::CancellationToken;
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{
+    ComponentExportIndex, ComponentNamedList, Instance, InstancePre, Lift, Lower, ResourceTable,
+};
 use wasmtime::{Store, Trap, UpdateDeadline};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_http::{WasiHttpCtxView, WasiHttpView};
 
-use super::bindings::channel::ChannelPlugin;
-use super::bindings::context::ContextPlugin;
-use super::bindings::policy::PolicyPlugin;
-use super::bindings::tool::ToolPlugin;
 use super::bindings::types::{
     Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError, LogLevel,
     PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
@@ -44,7 +43,9 @@ use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, Usa
 
 /// The data of one lease's `Store`.
 pub(crate) struct LeaseState {
-    wasi: WasiCtx,
+    /// Built on the guest's first WASI call (`wasi_ctx`): a component that
+    /// makes none, like most short tools, never pays for it.
+    wasi: Option<WasiCtx>,
     /// The host's filesystem layer: preopens made from the mounts' held
     /// handles, and the checks in front of wasmtime-wasi.
     fs: LeaseFs,
@@ -65,8 +66,9 @@ pub(crate) struct LeaseState {
 
 impl WasiView for LeaseState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
+        let ctx = wasi_ctx(&mut self.wasi, &self.capabilities, &self.capture);
         WasiCtxView {
-            ctx: &mut self.wasi,
+            ctx,
             table: &mut self.table,
         }
     }
@@ -75,8 +77,9 @@ impl WasiView for LeaseState {
 impl LeaseState {
     /// The `wasi:filesystem` view.
     pub(crate) fn fs(&mut self) -> FsView<'_> {
+        let wasi = wasi_ctx(&mut self.wasi, &self.capabilities, &self.capture);
         FsView {
-            wasi: self.wasi.filesystem(),
+            wasi: wasi.filesystem(),
             table: &mut self.table,
             fs: &mut self.fs,
         }
@@ -389,12 +392,12 @@ pub(crate) async fn run(
         Reach::Narrowed => (Arc::clone(&plugin.narrowed), Arc::default()),
     };
     let capture = Capture::new(limits.stdio_bytes);
-    let (wasi, preopens) = match wasi_context(&capabilities, &capture) {
+    let preopens = match preopens(&capabilities) {
         Ok(built) => built,
         Err(reason) => return refuse(reason),
     };
     let state = LeaseState {
-        wasi,
+        wasi: None,
         fs: LeaseFs::new(
             Arc::clone(&plugin.component.inner.name),
             preopens,
@@ -542,20 +545,29 @@ pub(crate) async fn run(
     (result, receipt)
 }
 
-/// Builds the lease's WASI context and preopens from the plugin's effective
-/// grants. Filesystem calls run on the blocking pool (the default), so the
-/// lease deadline races them; each preopen is a duplicate of its mount's held
-/// handle.
-fn wasi_context(
+/// The lease's WASI context, built from the plugin's effective grants on
+/// first use: stdout and stderr into the capture, the granted environment.
+/// Filesystem calls run on the blocking pool (the default), so the lease
+/// deadline races them; the mounts are the preopens of `LeaseFs`.
+fn wasi_ctx<'a>(
+    wasi: &'a mut Option<WasiCtx>,
     capabilities: &Capabilities,
     capture: &Capture,
-) -> Result<(WasiCtx, Preopens), String> {
-    let mut builder = WasiCtxBuilder::new();
-    builder.stdout(capture.sink(Stream::Stdout));
-    builder.stderr(capture.sink(Stream::Stderr));
-    for (name, value) in capabilities.env_vars() {
-        builder.env(name, value);
-    }
+) -> &'a mut WasiCtx {
+    wasi.get_or_insert_with(|| {
+        let mut builder = WasiCtxBuilder::new();
+        builder.stdout(capture.sink(Stream::Stdout));
+        builder.stderr(capture.sink(Stream::Stderr));
+        for (name, value) in capabilities.env_vars() {
+            builder.env(name, value);
+        }
+        builder.build()
+    })
+}
+
+/// The lease's preopens, one per granted mount, each a duplicate of its
+/// mount's held handle.
+fn preopens(capabilities: &Capabilities) -> Result<Preopens, String> {
     let mut preopens = Preopens::default();
     for mount in capabilities.mounts() {
         let dir = mount.root.preopen(mount.access).map_err(|e| {
@@ -567,7 +579,81 @@ fn wasi_context(
         })?;
         preopens.push(dir, mount.guest_path(), mount.root.scope(&mount.exclude));
     }
-    Ok((builder.build(), preopens))
+    Ok(preopens)
+}
+
+/// A plugin world: its interface's name and functions.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct World {
+    pub(crate) name: &'static str,
+    functions: &'static [&'static str],
+}
+
+impl World {
+    pub(crate) const TOOL: World = World {
+        name: "warden:plugin/tool",
+        functions: &["describe", "preflight", "invoke"],
+    };
+    pub(crate) const CONTEXT: World = World {
+        name: "warden:plugin/context-source",
+        functions: &["describe", "resolve"],
+    };
+    pub(crate) const CHANNEL: World = World {
+        name: "warden:plugin/channel",
+        functions: &["describe", "deliver"],
+    };
+    pub(crate) const POLICY: World = World {
+        name: "warden:plugin/policy",
+        functions: &["describe", "decide"],
+    };
+}
+
+/// A plugin world a component exports: the component's `InstancePre` and
+/// the export index of each of the world's functions, found at load. A
+/// lease instantiates from it and type-checks only the function it calls
+/// (bindgen's `*Pre::instantiate_async` type-checks every function of the
+/// world on every instantiation: a sixth of a no-op lease).
+pub(crate) struct WorldExports {
+    pre: InstancePre<LeaseState>,
+    functions: Vec<(&'static str, ComponentExportIndex)>,
+}
+
+impl WorldExports {
+    /// Finds each of `world`'s functions in `pre`'s component, as bindgen
+    /// does (the interface at version 0.1.0, or a compatible one).
+    pub(crate) fn new(pre: &InstancePre<LeaseState>, world: World) -> wasmtime::Result<Self> {
+        let component = pre.component();
+        let interface = format!("{}@0.1.0", world.name);
+        let instance = component
+            .get_export_index(None, &interface)
+            .ok_or_else(|| wasmtime::format_err!("no exported instance named `{interface}`"))?;
+        let functions = world
+            .functions
+            .iter()
+            .map(|&name| {
+                component
+                    .get_export_index(Some(&instance), name)
+                    .map(|index| (name, index))
+                    .ok_or_else(|| {
+                        wasmtime::format_err!(
+                            "instance export `{interface}` does not have export `{name}`"
+                        )
+                    })
+            })
+            .collect::<wasmtime::Result<_>>()?;
+        Ok(WorldExports {
+            pre: pre.clone(),
+            functions,
+        })
+    }
+
+    /// The export index of `function`, one of the world's.
+    fn index(&self, function: &str) -> &ComponentExportIndex {
+        self.functions
+            .iter()
+            .find_map(|(name, index)| (*name == function).then_some(index))
+            .expect("every function of the world was found at load")
+    }
 }
 
 /// Instantiates the component in `store` and makes the one call.
@@ -579,70 +665,64 @@ async fn perform(
     let component = &plugin.component.inner;
     // `run` checked the world is exported before creating the store.
     let missing = |world: &str| wasmtime::format_err!("no {world} export");
-    match request {
+    let world = match request {
         Request::DescribeTools | Request::Preflight(_) | Request::Invoke(_) => {
-            let pre = component.tool.as_ref().ok_or_else(|| missing("tool"))?;
-            let instance: ToolPlugin = pre.instantiate_async(&mut *store).await?;
-            let tool = instance.warden_plugin_tool();
-            Ok(match request {
-                Request::DescribeTools => Response::Tools(tool.call_describe(&mut *store).await?),
-                Request::Preflight(call) => {
-                    Response::Preview(tool.call_preflight(&mut *store, call).await?)
-                }
-                Request::Invoke(call) => {
-                    Response::Output(tool.call_invoke(&mut *store, call).await?)
-                }
-                _ => unreachable!("matched above"),
-            })
+            component.tool.as_ref().ok_or_else(|| missing("tool"))?
         }
-        Request::DescribeSource | Request::Resolve(_) => {
-            let pre = component
-                .context
-                .as_ref()
-                .ok_or_else(|| missing("context-source"))?;
-            let instance: ContextPlugin = pre.instantiate_async(&mut *store).await?;
-            let source = instance.warden_plugin_context_source();
-            Ok(match request {
-                Request::DescribeSource => {
-                    Response::Source(source.call_describe(&mut *store).await?)
-                }
-                Request::Resolve(req) => {
-                    Response::Items(source.call_resolve(&mut *store, req).await?)
-                }
-                _ => unreachable!("matched above"),
-            })
-        }
-        Request::DescribeChannel | Request::Deliver(_) => {
-            let pre = component
-                .channel
-                .as_ref()
-                .ok_or_else(|| missing("channel"))?;
-            let instance: ChannelPlugin = pre.instantiate_async(&mut *store).await?;
-            let channel = instance.warden_plugin_channel();
-            Ok(match request {
-                Request::DescribeChannel => {
-                    Response::Channel(channel.call_describe(&mut *store).await?)
-                }
-                Request::Deliver(d) => {
-                    Response::Delivered(channel.call_deliver(&mut *store, d).await?)
-                }
-                _ => unreachable!("matched above"),
-            })
-        }
+        Request::DescribeSource | Request::Resolve(_) => component
+            .context
+            .as_ref()
+            .ok_or_else(|| missing("context-source"))?,
+        Request::DescribeChannel | Request::Deliver(_) => component
+            .channel
+            .as_ref()
+            .ok_or_else(|| missing("channel"))?,
         Request::DescribePolicy | Request::Decide(_) => {
-            let pre = component.policy.as_ref().ok_or_else(|| missing("policy"))?;
-            let instance: PolicyPlugin = pre.instantiate_async(&mut *store).await?;
-            let policy = instance.warden_plugin_policy();
-            Ok(match request {
-                Request::DescribePolicy => {
-                    Response::Policy(policy.call_describe(&mut *store).await?)
-                }
-                Request::Decide(req) => {
-                    Response::Decided(policy.call_decide(&mut *store, req).await?)
-                }
-                _ => unreachable!("matched above"),
-            })
+            component.policy.as_ref().ok_or_else(|| missing("policy"))?
         }
+    };
+    let instance = world.pre.instantiate_async(&mut *store).await?;
+    let exported = Exported { instance, world };
+    Ok(match request {
+        Request::DescribeTools => Response::Tools(exported.call(store, "describe", ()).await?),
+        Request::Preflight(call) => {
+            Response::Preview(exported.call(store, "preflight", (call,)).await?)
+        }
+        Request::Invoke(call) => Response::Output(exported.call(store, "invoke", (call,)).await?),
+        Request::DescribeSource => Response::Source(exported.call(store, "describe", ()).await?),
+        Request::Resolve(req) => Response::Items(exported.call(store, "resolve", (req,)).await?),
+        Request::DescribeChannel => Response::Channel(exported.call(store, "describe", ()).await?),
+        Request::Deliver(d) => Response::Delivered(exported.call(store, "deliver", (d,)).await?),
+        Request::DescribePolicy => Response::Policy(exported.call(store, "describe", ()).await?),
+        Request::Decide(req) => Response::Decided(exported.call(store, "decide", (req,)).await?),
+    })
+}
+
+/// A lease's instance and the world it is called through.
+struct Exported<'a> {
+    instance: Instance,
+    world: &'a WorldExports,
+}
+
+impl Exported<'_> {
+    /// Calls `function` of the world with `params`, type-checked first: a
+    /// component whose export has another type fails here, not in the guest.
+    async fn call<P, R>(
+        &self,
+        store: &mut Store<LeaseState>,
+        function: &str,
+        params: P,
+    ) -> wasmtime::Result<R>
+    where
+        P: ComponentNamedList + Lower + Send + Sync,
+        R: Lift + Send + Sync + 'static,
+        (R,): ComponentNamedList + Lift,
+    {
+        let func = self
+            .instance
+            .get_typed_func::<P, (R,)>(&mut *store, self.world.index(function))?;
+        let (result,) = func.call_async(&mut *store, params).await?;
+        Ok(result)
     }
 }
 

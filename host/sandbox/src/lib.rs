@@ -7,7 +7,8 @@
 //!   proposals no plugin needs turned off, and an epoch ticker thread;
 //! - **load** ([`Sandbox::load`]): the component's sha256 checked against the
 //!   manifest, compiled or taken from the on-disk cache, its imports checked
-//!   against the allow-list, and one `InstancePre` kept per world it exports;
+//!   against the allow-list, and one `InstancePre` kept with the export
+//!   index of each plugin function;
 //!   a huge component may be compiled quickly instead of optimised
 //!   ([`SandboxConfig::quick_compile_bytes`]);
 //! - **lease** ([`GrantedComponent`] methods): a fresh `Store` and instance
@@ -81,13 +82,9 @@ pub mod wit {
     };
 }
 
-use bindings::channel::ChannelPluginPre;
-use bindings::context::ContextPluginPre;
-use bindings::policy::PolicyPluginPre;
-use bindings::tool::ToolPluginPre;
 use cache::ComponentCache;
 use capture::Redactor;
-use lease::{LeaseState, Reach, Request, Response};
+use lease::{LeaseState, Reach, Request, Response, World, WorldExports};
 use net::NetGrant;
 use wit::{
     Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError,
@@ -218,9 +215,10 @@ impl Sandbox {
     /// Loads a component: checks `wasm` against `expected_sha256` (hex) when
     /// given, refuses it if it imports anything the sandbox does not offer
     /// (read from its bytes before compiling, and again from the compiled
-    /// component), compiles it or takes it from the cache, and prepares one
-    /// `InstancePre` per plugin world it exports. Only a component that
-    /// imports `wasi:http` is linked against it.
+    /// component), compiles it or takes it from the cache, and prepares its
+    /// `InstancePre` and the export index of each function of each plugin
+    /// world it exports. Only a component that imports `wasi:http` is linked
+    /// against it.
     ///
     /// Compiling is CPU-heavy; call it from a blocking context.
     pub fn load(
@@ -287,33 +285,22 @@ impl Sandbox {
                     plugin: name.to_owned(),
                     reason: format!("{e:#}"),
                 })?;
-        let exports_world = |interface: &str| {
-            exports
+        let exports_world = |world: World| {
+            let exported = exports
                 .iter()
-                .any(|e| e.starts_with(&format!("{interface}@0.1.")))
+                .any(|e| e.starts_with(&format!("{}@0.1.", world.name)));
+            exported
+                .then(|| WorldExports::new(&pre, world))
+                .transpose()
+                .map_err(|e| SandboxError::Link {
+                    plugin: name.to_owned(),
+                    reason: format!("{e:#}"),
+                })
         };
-        let tool = exports_world("warden:plugin/tool")
-            .then(|| ToolPluginPre::new(pre.clone()))
-            .transpose();
-        let context = exports_world("warden:plugin/context-source")
-            .then(|| ContextPluginPre::new(pre.clone()))
-            .transpose();
-        let channel = exports_world("warden:plugin/channel")
-            .then(|| ChannelPluginPre::new(pre.clone()))
-            .transpose();
-        let policy = exports_world("warden:plugin/policy")
-            .then(|| PolicyPluginPre::new(pre.clone()))
-            .transpose();
-        let link_error = |e: wasmtime::Error| SandboxError::Link {
-            plugin: name.to_owned(),
-            reason: format!("{e:#}"),
-        };
-        let (tool, context, channel, policy) = (
-            tool.map_err(link_error)?,
-            context.map_err(link_error)?,
-            channel.map_err(link_error)?,
-            policy.map_err(link_error)?,
-        );
+        let tool = exports_world(World::TOOL)?;
+        let context = exports_world(World::CONTEXT)?;
+        let channel = exports_world(World::CHANNEL)?;
+        let policy = exports_world(World::POLICY)?;
         if tool.is_none() && context.is_none() && channel.is_none() && policy.is_none() {
             return Err(SandboxError::NotAPlugin {
                 plugin: name.to_owned(),
@@ -495,10 +482,10 @@ struct ComponentInner {
     /// Whether it imports `wasi:http` (and was linked with the network
     /// linker).
     network: bool,
-    tool: Option<ToolPluginPre<LeaseState>>,
-    context: Option<ContextPluginPre<LeaseState>>,
-    channel: Option<ChannelPluginPre<LeaseState>>,
-    policy: Option<PolicyPluginPre<LeaseState>>,
+    tool: Option<WorldExports>,
+    context: Option<WorldExports>,
+    channel: Option<WorldExports>,
+    policy: Option<WorldExports>,
 }
 
 impl std::fmt::Debug for PluginComponent {

@@ -138,11 +138,12 @@ async fn load(app: &App, run: &RunId) -> Result<(Vec<(u64, Event)>, RunState), A
         .load(run)
         .await
         .map_err(|e| app.fail(&e))?;
-    decode_log(app, run, &stored)
+    decode_log(app, run, &stored).await
 }
 
-/// A stored log, decoded and folded.
-fn decode_log(
+/// A stored log, decoded and folded (its session history resolved for
+/// the fold; the events are as recorded).
+async fn decode_log(
     app: &App,
     run: &RunId,
     stored: &[StoredEvent],
@@ -158,7 +159,10 @@ fn decode_log(
         })?;
         events.push((s.seq, event));
     }
-    let plain: Vec<Event> = events.iter().map(|(_, e)| e.clone()).collect();
+    let mut plain: Vec<Event> = events.iter().map(|(_, e)| e.clone()).collect();
+    warden::engine::resolve_history(app.runtime.store().as_ref(), &mut plain)
+        .await
+        .map_err(|e| app.fail(&e))?;
     let state = fold(&plain).map_err(|error| {
         app.fail(&warden::engine::RuntimeError::Fold {
             run_id: run.clone(),
@@ -217,7 +221,7 @@ pub async fn show(State(app): State<Arc<App>>, Segment(run): Segment<String>) ->
         .load(&run)
         .await
         .map_err(|e| app.fail(&e))?;
-    let (events, state) = decode_log(&app, &run, &stored)?;
+    let (events, state) = decode_log(&app, &run, &stored).await?;
     let mut body = detail(&run, &summary, &events, &state);
     body["children"] = json!(children(&app, &events).await);
     Ok(Json(body))
@@ -351,7 +355,7 @@ pub async fn inbox(State(app): State<Arc<App>>) -> Reply {
         let Some(summary) = listed.iter().find(|r| r.run_id == *run) else {
             continue;
         };
-        let (events, state) = decode_log(&app, run, stored)?;
+        let (events, state) = decode_log(&app, run, stored).await?;
         // The listing is a step behind a decision made meanwhile: the log
         // says whether the run still waits.
         if WAITING_FOR_A_PERSON.contains(&state.status()) {

@@ -31,6 +31,8 @@ fn meta() -> RunMeta {
         labels: [("suite".to_owned(), "bench".to_owned())].into(),
         session: None,
         session_runs: None,
+        history: Vec::new(),
+        history_head: None,
         created_ms: 1_700_000_000_000,
     }
 }

@@ -26,6 +26,7 @@ impl StoreError {
             StoreError::SessionBusy { .. } => "session_busy",
             StoreError::SessionChanged { .. } => "session_changed",
             StoreError::Damaged { .. } => "store_damaged",
+            StoreError::HistoryBroken { .. } => "history_broken",
             StoreError::ReadOnly { .. } => "store_read_only",
             StoreError::NoStore { .. } => "store_missing",
             StoreError::EmptyAppend { .. }
@@ -95,6 +96,11 @@ impl StoreError {
                 run_id,
                 call_id,
             } => json!({ "key": key, "run_id": run_id, "call_id": call_id }),
+            StoreError::HistoryBroken { head, at, reason } => json!({
+                "head": head.to_string(),
+                "at": at.to_string(),
+                "reason": reason,
+            }),
             StoreError::Backend { .. } | StoreError::Closed => json!({}),
         }
     }

@@ -11,8 +11,8 @@ use async_trait::async_trait;
 
 #[cfg(feature = "sqlite")]
 use crate::SqliteStore;
-use crate::testing::{Backend, Tamper};
-use crate::{ChainKey, EventStore, RunId};
+use crate::testing::{Backend, HistoryTamper, Tamper};
+use crate::{ChainKey, EventStore, HistoryDigest, RunId};
 
 crate::conformance_suite!(memory, crate::testing::MemoryBackend::new());
 #[cfg(feature = "sqlite")]
@@ -108,6 +108,25 @@ impl Backend for SqliteBackend {
                 &[&pk, &(to as i64)],
             ),
         }
+    }
+
+    async fn tamper_history(&self, digest: &HistoryDigest, tamper: HistoryTamper) {
+        let conn = self.raw();
+        let key = digest.as_bytes().as_slice();
+        let changed = match tamper {
+            HistoryTamper::Edit(body) => conn.execute(
+                "UPDATE history_chunks SET body = ?2 WHERE digest = ?1",
+                rusqlite::params![key, body],
+            ),
+            HistoryTamper::Relink(previous) => conn.execute(
+                "UPDATE history_chunks SET previous = ?2 WHERE digest = ?1",
+                rusqlite::params![key, previous.map(|p| p.as_bytes().to_vec())],
+            ),
+            HistoryTamper::Delete => {
+                conn.execute("DELETE FROM history_chunks WHERE digest = ?1", [key])
+            }
+        };
+        assert_eq!(changed.unwrap(), 1, "the tampered chunk exists");
     }
 }
 
@@ -291,5 +310,35 @@ impl Backend for PostgresBackend {
                 .await
             }
         }
+    }
+
+    async fn tamper_history(&self, digest: &HistoryDigest, tamper: HistoryTamper) {
+        let client = self.raw().await;
+        let key = digest.as_bytes().as_slice();
+        let changed = match tamper {
+            HistoryTamper::Edit(body) => {
+                client
+                    .execute(
+                        "UPDATE history_chunks SET body = $2 WHERE digest = $1",
+                        &[&key, &body],
+                    )
+                    .await
+            }
+            HistoryTamper::Relink(previous) => {
+                let previous = previous.map(|p| p.as_bytes().to_vec());
+                client
+                    .execute(
+                        "UPDATE history_chunks SET previous = $2 WHERE digest = $1",
+                        &[&key, &previous],
+                    )
+                    .await
+            }
+            HistoryTamper::Delete => {
+                client
+                    .execute("DELETE FROM history_chunks WHERE digest = $1", &[&key])
+                    .await
+            }
+        };
+        assert_eq!(changed.unwrap(), 1, "the tampered chunk exists");
     }
 }

@@ -65,6 +65,7 @@
 mod chain;
 mod claim;
 mod codes;
+mod history;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -89,6 +90,7 @@ use bytes::Bytes;
 
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
 pub use claim::{Claim, PruneFilter, Tombstone};
+pub use history::{HistoryChunk, HistoryDigest, InvalidHistoryDigest};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStats, PostgresStore, PostgresStoreBuilder};
@@ -213,6 +215,17 @@ pub struct RunMeta {
     /// and finished there in between), so a run's recorded history never
     /// misses a run that completed before it started. `None`: no check.
     pub session_runs: Option<u64>,
+    /// Chunks of session history the run's first event refers to (see
+    /// `store/history.rs`), oldest first, written in the create's
+    /// transaction: each one's previous chunk is stored already or comes
+    /// earlier in the list, else the create is [`StoreError::HistoryBroken`]
+    /// and writes nothing. A chunk stored already is kept as it is (its
+    /// digest is its content). Empty: none.
+    pub history: Vec<HistoryChunk>,
+    /// The chunk the run's first event names as its history's head, if
+    /// any: the chunks it reaches are kept while the run is, and
+    /// [`EventStore::prune`] deletes those no remaining run reaches.
+    pub history_head: Option<HistoryDigest>,
     /// Creation time in milliseconds since the Unix epoch, from the caller's
     /// injected clock.
     pub created_ms: i64,
@@ -880,6 +893,18 @@ pub enum StoreError {
         /// The number of runs it holds now.
         found: u64,
     },
+    /// A chain of session history chunks does not hold (see
+    /// `store/history.rs`): a chunk is missing, or its content is not what
+    /// its digest says. Nothing was written.
+    #[error("the session history with head {head} is broken at chunk {at}: {reason}")]
+    HistoryBroken {
+        /// The newest chunk of the chain asked for (or being written).
+        head: HistoryDigest,
+        /// The chunk concerned.
+        at: HistoryDigest,
+        /// What is wrong.
+        reason: String,
+    },
     /// The store does not implement this operation.
     #[error("{store} does not support {operation}")]
     Unsupported {
@@ -992,6 +1017,15 @@ pub trait EventStore: Send + Sync {
         Ok(Vec::new())
     }
 
+    /// The chain of session history chunks ending at `head`, oldest first,
+    /// each checked against its digest and linked to the one before it
+    /// ([`StoreError::HistoryBroken`] naming the first chunk that is missing
+    /// or does not match). One snapshot where the backend has them.
+    async fn load_history(&self, head: &HistoryDigest) -> Result<Vec<HistoryChunk>, StoreError> {
+        let _ = head;
+        Err(unsupported::<Self>("session history"))
+    }
+
     // ---- claims, the queue and retention (see `claim.rs`) ----
     //
     // Every store of this crate implements them; the defaults refuse with
@@ -1072,7 +1106,10 @@ pub trait EventStore: Send + Sync {
     /// Deletes the runs `filter` matches, whole, leaving a [`Tombstone`]
     /// each (stamped `now_ms`), and returns the tombstones. A run with a
     /// live claim at `now_ms` is kept, and so is a run that owes
-    /// deliveries (whatever the filter says).
+    /// deliveries (whatever the filter says). The session history chunks
+    /// that no remaining run's [`RunMeta::history_head`] reaches are
+    /// deleted with them, so pruning a session's runs deletes what they
+    /// said.
     async fn prune(&self, filter: &PruneFilter, now_ms: i64) -> Result<Vec<Tombstone>, StoreError> {
         let _ = (filter, now_ms);
         Err(unsupported::<Self>("pruning"))

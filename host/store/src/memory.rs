@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use super::chain::{self, Chain, RawRow, Recorded};
+use super::history::{self, HistoryChunk, HistoryDigest};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     EventStore, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, Revocation, RunFilter,
@@ -30,6 +31,17 @@ pub struct MemoryStore {
     commitments: Mutex<HashMap<String, (Holder, Option<Bytes>)>>,
     /// Standing approval rules, in the order they were added.
     rules: Mutex<Vec<ApprovalRule>>,
+    /// Session history chunks by digest, as a table keeps them (the link
+    /// and the body, checked against the digest when read). Locked after
+    /// `runs`; never emptied by pruning.
+    history: Mutex<HashMap<HistoryDigest, StoredChunk>>,
+}
+
+/// A history chunk's row: the chunk before it and its body.
+#[derive(Debug, Clone)]
+pub(crate) struct StoredChunk {
+    pub(crate) previous: Option<HistoryDigest>,
+    pub(crate) body: Bytes,
 }
 
 #[derive(Debug)]
@@ -137,6 +149,7 @@ impl MemoryStore {
             tombstones: Mutex::default(),
             commitments: Mutex::default(),
             rules: Mutex::default(),
+            history: Mutex::default(),
         }
     }
 
@@ -153,6 +166,28 @@ impl MemoryStore {
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn tamper(&self, run_id: &RunId, edit: impl FnOnce(&mut MemRun)) {
         edit(self.runs().get_mut(run_id).expect("tampered run exists"));
+    }
+
+    fn history(&self) -> std::sync::MutexGuard<'_, HashMap<HistoryDigest, StoredChunk>> {
+        self.history
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Test hook: edits (or with `None`, deletes) a history chunk's row
+    /// behind the store's back.
+    #[cfg(any(test, feature = "testing"))]
+    pub(crate) fn tamper_history(
+        &self,
+        digest: &HistoryDigest,
+        edit: impl FnOnce(&mut Option<StoredChunk>),
+    ) {
+        let mut rows = self.history();
+        let mut row = rows.remove(digest);
+        edit(&mut row);
+        if let Some(row) = row {
+            rows.insert(*digest, row);
+        }
     }
 
     fn commitments(&self) -> std::sync::MutexGuard<'_, HashMap<String, (Holder, Option<Bytes>)>> {
@@ -286,6 +321,19 @@ impl EventStore for MemoryStore {
                 });
             }
         }
+        let mut meta = meta;
+        let chunks = std::mem::take(&mut meta.history);
+        let mut stored = self.history();
+        history::check_new_chunks(&chunks, meta.history_head.as_ref(), |d| {
+            Ok(stored.contains_key(d))
+        })?;
+        for chunk in chunks {
+            stored.entry(*chunk.digest()).or_insert(StoredChunk {
+                previous: chunk.previous().copied(),
+                body: chunk.body().clone(),
+            });
+        }
+        drop(stored);
         let hash = self
             .chain
             .link(&self.chain.genesis(run_id), 1, &first_event);
@@ -537,7 +585,7 @@ impl EventStore for MemoryStore {
             .collect();
         doomed.sort();
         let mut tombstones = self.tombstones();
-        Ok(doomed
+        let pruned: Vec<Tombstone> = doomed
             .into_iter()
             .map(|id| {
                 let run = runs.remove(&id).expect("listed above");
@@ -554,7 +602,21 @@ impl EventStore for MemoryStore {
                 tombstones.insert(id, tombstone.clone());
                 tombstone
             })
-            .collect())
+            .collect();
+        // The chunks no remaining run's history reaches go with the runs.
+        let mut chunks = self.history();
+        let mut live = std::collections::HashSet::new();
+        for head in runs.values().filter_map(|r| r.meta.history_head) {
+            let mut next = Some(head);
+            while let Some(digest) = next {
+                if !live.insert(digest) {
+                    break;
+                }
+                next = chunks.get(&digest).and_then(|c| c.previous);
+            }
+        }
+        chunks.retain(|digest, _| live.contains(digest));
+        Ok(pruned)
     }
 
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
@@ -678,5 +740,21 @@ impl EventStore for MemoryStore {
             });
         }
         Ok(rule.clone())
+    }
+
+    async fn load_history(&self, head: &HistoryDigest) -> Result<Vec<HistoryChunk>, StoreError> {
+        let rows = self.history();
+        let mut found = HashMap::new();
+        let mut next = Some(*head);
+        while let Some(digest) = next.take() {
+            let Some(row) = rows.get(&digest) else { break };
+            if found.contains_key(&digest) {
+                break;
+            }
+            let chunk = HistoryChunk::stored(digest, row.previous, row.body.clone());
+            next = chunk.as_ref().ok().and_then(|c| c.previous().copied());
+            found.insert(digest, chunk);
+        }
+        history::chain_from(head, found)
     }
 }

@@ -91,6 +91,11 @@
 //! - `sessions`: runs in a session on every store: one active run, history
 //!   from completed runs only, a run cancelled mid-stream rolled back, two
 //!   hosts racing to start.
+//! - `session_history`: history recorded by reference on every store (a
+//!   `run_started` the same size at any turn, the model seeing what a copy
+//!   would hold), altered or missing chunks refused on drive, recover and
+//!   verify, and a log with its history inline (written before chunks)
+//!   verifying, replaying and continuing.
 //! - `python_host`: the Python package's pytest suite (`host/python/tests`)
 //!   in the virtual environment `.ci/run` prepares: the runtime's verbs
 //!   from Python on both stores, a killed Python process recovered,
@@ -170,6 +175,7 @@ mod python_host;
 mod retries;
 mod serve;
 mod server;
+mod session_history;
 mod sessions;
 mod store_suite;
 mod sweep;

@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use warden::store::testing::{Backend, Intercepted, MemoryBackend, Tamper};
-use warden::store::{ChainKey, EventStore, RunId};
+use warden::store::testing::{Backend, HistoryTamper, Intercepted, MemoryBackend, Tamper};
+use warden::store::{ChainKey, EventStore, HistoryDigest, RunId};
 
 /// The memory store behind an intercepting store; tampering goes to the
 /// memory store's rows, behind both.
@@ -33,6 +33,10 @@ impl Backend for InterceptedMemory {
 
     async fn tamper(&self, run_id: &RunId, tamper: Tamper) {
         self.0.tamper(run_id, tamper).await;
+    }
+
+    async fn tamper_history(&self, digest: &HistoryDigest, tamper: HistoryTamper) {
+        self.0.tamper_history(digest, tamper).await;
     }
 }
 

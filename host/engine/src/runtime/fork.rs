@@ -132,7 +132,8 @@ impl Runtime {
                 events: events_len,
             }));
         }
-        let events = decoded(source, &stored)?;
+        let mut events = decoded(source, &stored)?;
+        super::resolve_history(&*self.inner.store, &mut events).await?;
         let prefix = &events[..at as usize];
         if let Some(end) = prefix.iter().position(|e| e.kind().is_terminal()) {
             let state = fold(&events[..=end]).map_err(|error| RuntimeError::Fold {
@@ -220,6 +221,17 @@ impl Runtime {
             labels,
             session: None,
             session_runs: None,
+            history: Vec::new(),
+            // The fork's first event is the source's: it names the same
+            // history, which must outlive the source.
+            history_head: match &events[0] {
+                Event::RunStarted(started) => started
+                    .session
+                    .as_ref()
+                    .and_then(|s| s.chain.as_ref())
+                    .map(|c| c.head),
+                _ => None,
+            },
             created_ms: now as i64,
         };
         let store: &dyn EventStore = &*self.inner.store;

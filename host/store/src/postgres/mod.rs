@@ -54,6 +54,7 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::chain::{self, Chain, RawRow, Recorded};
+use super::history::{self, HistoryChunk, HistoryDigest};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     Durability, EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode,
@@ -804,11 +805,64 @@ impl EventStore for PostgresStore {
                     }
                 }
             }
+            if !meta.history.is_empty() || meta.history_head.is_some() {
+                // Shared with other starts, exclusive with a prune: the
+                // chunks this run links to cannot be deleted before it
+                // commits.
+                execute(
+                    tx,
+                    &context,
+                    "SELECT pg_advisory_xact_lock_shared(hashtext('warden.history'))",
+                    &[],
+                )
+                .await?;
+                let links: Vec<&[u8]> = meta
+                    .history
+                    .iter()
+                    .filter_map(|c| c.previous())
+                    .chain(meta.history_head.as_ref())
+                    .map(|d| d.as_bytes().as_slice())
+                    .collect();
+                let stored: Vec<Vec<u8>> = query(
+                    tx,
+                    &context,
+                    "SELECT digest FROM history_chunks WHERE digest = ANY($1)",
+                    &[&links],
+                )
+                .await?
+                .iter()
+                .map(|r| r.get(0))
+                .collect();
+                history::check_new_chunks(&meta.history, meta.history_head.as_ref(), |d| {
+                    Ok(stored.iter().any(|s| s.as_slice() == d.as_bytes()))
+                })?;
+                let digests: Vec<&[u8]> = meta
+                    .history
+                    .iter()
+                    .map(|c| c.digest().as_bytes().as_slice())
+                    .collect();
+                let previous: Vec<Option<&[u8]>> = meta
+                    .history
+                    .iter()
+                    .map(|c| c.previous().map(|p| p.as_bytes().as_slice()))
+                    .collect();
+                let bodies: Vec<&[u8]> = meta.history.iter().map(|c| c.body().as_ref()).collect();
+                execute(
+                    tx,
+                    &context,
+                    "INSERT INTO history_chunks (digest, previous, body)
+                     SELECT * FROM unnest($1::bytea[], $2::bytea[], $3::bytea[])
+                     ON CONFLICT (digest) DO NOTHING",
+                    &[&digests, &previous, &bodies],
+                )
+                .await?;
+            }
+            let history_head = meta.history_head.map(|h| h.as_bytes().to_vec());
             let created = query(
                 tx,
                 &context,
-                "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash)
-                 SELECT $1, $2, $3, $4, $5, $5, 1, $6 WHERE NOT $7
+                "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash, history_head)
+                 SELECT $1, $2, $3, $4, $5, $5, 1, $6, $8 WHERE NOT $7
                  ON CONFLICT (id) DO NOTHING RETURNING pk",
                 &[
                     &run_id.as_str(),
@@ -818,6 +872,7 @@ impl EventStore for PostgresStore {
                     &meta.created_ms,
                     &head.as_bytes().as_slice(),
                     &!gone.is_empty(),
+                    &history_head,
                 ],
             )
             .await?;
@@ -1293,6 +1348,35 @@ impl EventStore for PostgresStore {
         Ok(())
     }
 
+    async fn load_history(&self, head: &HistoryDigest) -> Result<Vec<HistoryChunk>, StoreError> {
+        let context = format!("postgres: cannot read the session history {head}");
+        let rows = self
+            .snapshot(&context, async |tx| {
+                // The walk follows stored links only; each chunk is checked
+                // against its digest in `chain_from` (UNION ends a loop in
+                // tampered links).
+                query(
+                    tx,
+                    &context,
+                    "WITH RECURSIVE chain (digest) AS (
+                         SELECT $1::bytea
+                         UNION
+                         SELECT h.previous FROM history_chunks h JOIN chain c ON h.digest = c.digest
+                         WHERE h.previous IS NOT NULL
+                     )
+                     SELECT h.digest, h.previous, h.body FROM chain JOIN history_chunks h USING (digest)",
+                    &[&head.as_bytes().as_slice()],
+                )
+                .await
+            })
+            .await?;
+        let rows = rows
+            .iter()
+            .map(|r| (r.get(0), r.get(1), r.get(2)))
+            .collect();
+        history::chain_from(head, history::checked_rows(rows))
+    }
+
     async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {
         let context = "postgres: cannot list approval rules";
         let rows = self
@@ -1511,6 +1595,32 @@ impl EventStore for PostgresStore {
                 )
                 .await?;
                 execute(tx, context, "DELETE FROM runs WHERE pk = ANY($1)", &[&pks]).await?;
+                if !pks.is_empty() {
+                    // The history chunks no remaining run reaches go with the
+                    // runs; exclusive with starts linking to chunks, so the
+                    // runs they create are seen here or find their chunks
+                    // gone and write nothing.
+                    execute(
+                        tx,
+                        context,
+                        "SELECT pg_advisory_xact_lock(hashtext('warden.history'))",
+                        &[],
+                    )
+                    .await?;
+                    execute(
+                        tx,
+                        context,
+                        "WITH RECURSIVE live (digest) AS (
+                             SELECT history_head FROM runs WHERE history_head IS NOT NULL
+                             UNION
+                             SELECT h.previous FROM history_chunks h JOIN live l ON h.digest = l.digest
+                             WHERE h.previous IS NOT NULL
+                         )
+                         DELETE FROM history_chunks WHERE digest NOT IN (SELECT digest FROM live)",
+                        &[],
+                    )
+                    .await?;
+                }
                 Ok(rows)
             })
             .await?;
@@ -1843,7 +1953,7 @@ mod tests {
             return;
         };
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6]);
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7]);
         new_run(&store, &id("old"), 3).await;
         drop(store);
         // What version 3 looked like.
@@ -1857,7 +1967,7 @@ mod tests {
         .unwrap();
 
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [4, 5, 6]);
+        assert_eq!(applied, [4, 5, 6, 7]);
         let summary = store.summary(&id("old")).await.unwrap();
         assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
         assert!(store.verify(&id("old")).await.unwrap().is_intact());

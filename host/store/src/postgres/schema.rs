@@ -51,6 +51,14 @@ use crate::StoreError;
 /// `store/rules.rs`), one row each, never deleted; a revocation fills
 /// `revoked_by` and `revoked_ms` once (`UPDATE … WHERE revoked_by IS
 /// NULL`, so two hosts revoking at once keep the first).
+///
+/// Version 7 adds `history_chunks`: session history shared by the runs of a
+/// session (see `store/history.rs`), one row per chunk keyed by its digest,
+/// with the digest of the chunk before it; written with the create of the
+/// first run that refers to it (`ON CONFLICT DO NOTHING`: two hosts writing
+/// one chunk write the same bytes), never changed, deleted by a prune once
+/// no run reaches it; and `runs.history_head`, the chunk a run's history
+/// ends with (null for runs without one and every run an older store held).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -131,6 +139,14 @@ CREATE TABLE IF NOT EXISTS approval_rules (
     revoked_by text,
     revoked_ms bigint
 );
+"#,
+    r#"
+CREATE TABLE IF NOT EXISTS history_chunks (
+    digest   bytea NOT NULL PRIMARY KEY,
+    previous bytea,
+    body     bytea NOT NULL
+);
+ALTER TABLE runs ADD COLUMN IF NOT EXISTS history_head bytea;
 "#,
 ];
 

@@ -47,6 +47,7 @@ use rusqlite::{Connection, OptionalExtension, Row, params};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
+use super::history::{self, HistoryChunk, HistoryDigest};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     Durability, EventStore, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter,
@@ -500,6 +501,39 @@ impl EventStore for SqliteStore {
 
     async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
         self.write_rule(RuleOp::Add(rule.clone())).await.map(|_| ())
+    }
+
+    async fn load_history(&self, head: &HistoryDigest) -> Result<Vec<HistoryChunk>, StoreError> {
+        let head = *head;
+        self.read(move |conn, _| {
+            let context = || format!("sqlite: cannot read the session history {head}");
+            // The walk follows stored links only; each chunk is checked
+            // against its digest in `chain_from` (UNION ends a loop in
+            // tampered links).
+            let rows = conn
+                .prepare_cached(
+                    "WITH RECURSIVE chain (digest) AS (
+                         SELECT ?1
+                         UNION
+                         SELECT h.previous FROM history_chunks h JOIN chain c ON h.digest = c.digest
+                         WHERE h.previous IS NOT NULL
+                     )
+                     SELECT h.digest, h.previous, h.body FROM chain JOIN history_chunks h USING (digest)",
+                )
+                .and_then(|mut s| {
+                    s.query_map([head.as_bytes().as_slice()], |row| {
+                        Ok((
+                            row.get::<_, Vec<u8>>(0)?,
+                            row.get::<_, Option<Vec<u8>>>(1)?,
+                            row.get::<_, Vec<u8>>(2)?,
+                        ))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(|e| backend(context(), e))?;
+            Ok(history::chain_from(&head, history::checked_rows(rows)))
+        })
+        .await?
     }
 
     async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {

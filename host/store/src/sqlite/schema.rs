@@ -57,6 +57,13 @@ use crate::{OpenMode, StoreError};
 /// Version 7 adds `approval_rules`: standing approval rules (see
 /// `store/rules.rs`), one row each, never deleted; a revocation fills
 /// `revoked_by` and `revoked_ms` once.
+///
+/// Version 8 adds `history_chunks`: session history shared by the runs of a
+/// session (see `store/history.rs`), one row per chunk keyed by its digest,
+/// with the digest of the chunk before it; written with the create of the
+/// first run that refers to it, never changed, deleted by a prune once no
+/// run reaches it; and `runs.history_head`, the chunk a run's history ends
+/// with (null for runs without one and every run a v7 store held).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -144,6 +151,14 @@ CREATE TABLE approval_rules (
     revoked_by TEXT,
     revoked_ms INTEGER
 ) STRICT, WITHOUT ROWID;
+"#,
+    r#"
+CREATE TABLE history_chunks (
+    digest   BLOB NOT NULL PRIMARY KEY,
+    previous BLOB,
+    body     BLOB NOT NULL
+) STRICT, WITHOUT ROWID;
+ALTER TABLE runs ADD COLUMN history_head BLOB;
 "#,
 ];
 

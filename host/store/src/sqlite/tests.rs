@@ -174,7 +174,9 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE approval_rules;
+            "DROP TABLE history_chunks;
+             ALTER TABLE runs DROP COLUMN history_head;
+             DROP TABLE approval_rules;
              DROP INDEX runs_waking;
              ALTER TABLE runs DROP COLUMN wake_ms;
              PRAGMA user_version = 5;",
@@ -205,6 +207,38 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
     assert_eq!(claimed.len(), 1);
 }
 
+/// A version 7 file (before `history_chunks`) is migrated on open: its
+/// runs are kept and intact, and a create can write history chunks.
+#[tokio::test]
+async fn a_version_7_store_migrates_and_takes_history_chunks() {
+    let backend = SqliteBackend::new();
+    {
+        let store = SqliteStore::open(backend.path()).unwrap();
+        new_run(&store, &id("old"), 3).await;
+    }
+    backend
+        .raw()
+        .execute_batch(
+            "DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head; PRAGMA user_version = 7;",
+        )
+        .unwrap();
+    let store = SqliteStore::open(backend.path()).unwrap();
+    let version: i64 = backend
+        .raw()
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(version, schema::SCHEMA_VERSION);
+    assert!(store.verify(&id("old")).await.unwrap().is_intact());
+    let chunk = crate::HistoryChunk::new(None, bytes::Bytes::from_static(b"turn"));
+    let mut m = crate::testing::suite::meta("agent", 1);
+    m.history = vec![chunk.clone()];
+    store
+        .create(&id("new"), m, "start".into(), crate::ListingStatus::RUNNING)
+        .await
+        .unwrap();
+    assert_eq!(store.load_history(chunk.digest()).await.unwrap(), [chunk]);
+}
+
 /// A version 6 file (before `approval_rules`) is migrated to the current
 /// version on open: its runs are kept, it has no rules, and rules can be
 /// added.
@@ -217,7 +251,10 @@ async fn a_version_6_store_migrates_and_holds_no_rules() {
     }
     backend
         .raw()
-        .execute_batch("DROP TABLE approval_rules; PRAGMA user_version = 6;")
+        .execute_batch(
+            "DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head;
+             DROP TABLE approval_rules; PRAGMA user_version = 6;",
+        )
         .unwrap();
     let store = SqliteStore::open(backend.path()).unwrap();
     let version: i64 = backend
@@ -253,7 +290,9 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE approval_rules;
+            "DROP TABLE history_chunks;
+             ALTER TABLE runs DROP COLUMN history_head;
+             DROP TABLE approval_rules;
              DROP INDEX runs_waking;
              ALTER TABLE runs DROP COLUMN wake_ms;
              DROP INDEX runs_owing;
@@ -267,7 +306,7 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, schema::SCHEMA_VERSION);
-    assert_eq!(schema::SCHEMA_VERSION, 7);
+    assert_eq!(schema::SCHEMA_VERSION, 8);
     let summary = store.summary(&id("old")).await.unwrap();
     assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
     assert!(store.verify(&id("old")).await.unwrap().is_intact());

@@ -516,11 +516,31 @@ fn create(
             }
         }
     }
+    crate::history::check_new_chunks(&meta.history, meta.history_head.as_ref(), |digest| {
+        conn.prepare_cached("SELECT 1 FROM history_chunks WHERE digest = ?1")
+            .and_then(|mut s| {
+                s.query_row([digest.as_bytes().as_slice()], |_| Ok(()))
+                    .optional()
+            })
+            .map(|found| found.is_some())
+            .map_err(|e| backend(context(), e))
+    })?;
     let head = chain.link(&chain.genesis(run_id), 1, first_event);
     let write = || -> rusqlite::Result<()> {
+        let mut chunk = conn.prepare_cached(
+            "INSERT INTO history_chunks (digest, previous, body) VALUES (?1, ?2, ?3)
+             ON CONFLICT (digest) DO NOTHING",
+        )?;
+        for c in &meta.history {
+            chunk.execute(params![
+                c.digest().as_bytes().as_slice(),
+                c.previous().map(|p| p.as_bytes().to_vec()),
+                c.body().as_ref()
+            ])?;
+        }
         conn.prepare_cached(
-            "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1, ?6)",
+            "INSERT INTO runs (id, agent, status, session, created_ms, updated_ms, event_count, head_hash, history_head)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?5, 1, ?6, ?7)",
         )?
         .execute(params![
             run_id.as_str(),
@@ -528,7 +548,8 @@ fn create(
             status,
             meta.session,
             meta.created_ms,
-            head.as_bytes().as_slice()
+            head.as_bytes().as_slice(),
+            meta.history_head.map(|h| h.as_bytes().to_vec())
         ])?;
         let pk = conn.last_insert_rowid();
         let mut label =
@@ -1065,6 +1086,22 @@ fn prune(
         });
     }
     tombstones.sort_by(|a, b| a.run_id.cmp(&b.run_id));
+    if !tombstones.is_empty() {
+        // The history chunks no remaining run's history reaches go with
+        // the runs (the writer holds the only write transaction, so no
+        // start links to one in between).
+        conn.prepare_cached(
+            "WITH RECURSIVE live (digest) AS (
+                 SELECT history_head FROM runs WHERE history_head IS NOT NULL
+                 UNION
+                 SELECT h.previous FROM history_chunks h JOIN live l ON h.digest = l.digest
+                 WHERE h.previous IS NOT NULL
+             )
+             DELETE FROM history_chunks WHERE digest NOT IN (SELECT digest FROM live)",
+        )
+        .and_then(|mut s| s.execute([]))
+        .map_err(|e| backend(context(), e))?;
+    }
     Ok(tombstones)
 }
 

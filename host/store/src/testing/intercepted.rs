@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use bytes::Bytes;
 
 use crate::{
-    Appended, ApprovalRule, Claim, Commitment, CommitmentFilter, Durability, EventStore, Holder,
-    KeyClaim, Listing, ListingStatus, PruneFilter, RunFilter, RunId, RunMeta, RunSummary,
-    SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    Appended, ApprovalRule, Claim, Commitment, CommitmentFilter, Durability, EventStore,
+    HistoryChunk, HistoryDigest, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, RunFilter,
+    RunId, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 
 /// Which kind of append a hook sees.
@@ -174,6 +174,10 @@ impl<H: Hooks> EventStore for Intercepted<H> {
 
     async fn invalid_run_ids(&self) -> Result<Vec<String>, StoreError> {
         self.inner.invalid_run_ids().await
+    }
+
+    async fn load_history(&self, head: &HistoryDigest) -> Result<Vec<HistoryChunk>, StoreError> {
+        self.inner.load_history(head).await
     }
 
     async fn acquire_claim(

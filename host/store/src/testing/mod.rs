@@ -29,7 +29,7 @@ mod intercepted;
 pub mod suite;
 
 pub use intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
-pub use suite::{Backend, MemoryBackend, Tamper};
+pub use suite::{Backend, HistoryTamper, MemoryBackend, Tamper};
 
 /// Runs the [conformance suite](crate::testing::suite) against one store:
 /// `conformance_suite!(name, backend)` writes a module `name` with one
@@ -48,7 +48,8 @@ macro_rules! conformance_suite {
         $crate::conformance_suite!(@module $store, $backend, [
             reopened_store_keeps_everything,
             commitments_survive_reopening,
-            rules_are_shared_by_every_store_on_the_data
+            rules_are_shared_by_every_store_on_the_data,
+            history_survives_reopening
         ]);
     };
     (@module $store:ident, $backend:expr, [$($extra:ident),*]) => {
@@ -92,7 +93,11 @@ macro_rules! conformance_suite {
                 a_session_holds_one_active_run_until_it_ends,
                 a_start_that_read_a_changed_session_is_refused,
                 racing_starts_in_one_session_have_one_winner,
-                rules_are_added_listed_and_revoked_once
+                rules_are_added_listed_and_revoked_once,
+                history_written_with_creates_loads_back_as_one_chain,
+                a_create_whose_history_does_not_link_writes_nothing,
+                tampered_history_is_detected,
+                pruning_deletes_the_history_no_remaining_run_reaches
                 $(, $extra)*
             );
         }

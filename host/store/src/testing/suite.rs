@@ -14,9 +14,10 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use crate::{
-    ApprovalRule, ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore, Holder,
-    KeyClaim, Listing, ListingStatus, MemoryStore, PruneFilter, Revocation, RuleStanding,
-    RunFilter, RunId, RunMeta, Settle, Settlement, SettlingAppend, StoreError, WAITING,
+    ApprovalRule, ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
+    HistoryChunk, HistoryDigest, Holder, KeyClaim, Listing, ListingStatus, MemoryStore,
+    PruneFilter, Revocation, RuleStanding, RunFilter, RunId, RunMeta, Settle, Settlement,
+    SettlingAppend, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need: how to
@@ -30,6 +31,20 @@ pub trait Backend: Send + Sync {
     async fn open_keyed(&self, key: ChainKey) -> Arc<dyn EventStore>;
     /// Changes a run's stored data behind the store's back.
     async fn tamper(&self, run_id: &RunId, tamper: Tamper);
+    /// Changes the stored row of session history chunk `digest` behind
+    /// the store's back.
+    async fn tamper_history(&self, digest: &HistoryDigest, tamper: HistoryTamper);
+}
+
+/// Damage done to a session history chunk's row.
+#[derive(Clone, Debug)]
+pub enum HistoryTamper {
+    /// Replace its body.
+    Edit(Vec<u8>),
+    /// Point its link at another chunk (or at none).
+    Relink(Option<HistoryDigest>),
+    /// Delete the row.
+    Delete,
 }
 
 /// Damage done to a run's storage. Sequence numbers count from 1, as the
@@ -123,6 +138,17 @@ impl Backend for MemoryBackend {
             }
         });
     }
+
+    async fn tamper_history(&self, digest: &HistoryDigest, tamper: HistoryTamper) {
+        self.0.tamper_history(digest, |row| {
+            let stored = row.as_mut().expect("tampered chunk exists");
+            match tamper {
+                HistoryTamper::Edit(body) => stored.body = Bytes::from(body),
+                HistoryTamper::Relink(previous) => stored.previous = previous,
+                HistoryTamper::Delete => *row = None,
+            }
+        });
+    }
 }
 
 // ---- helpers -------------------------------------------------------------
@@ -145,6 +171,8 @@ pub fn meta(agent: &str, created_ms: i64) -> RunMeta {
         labels: BTreeMap::new(),
         session: None,
         session_runs: None,
+        history: Vec::new(),
+        history_head: None,
         created_ms,
     }
 }
@@ -567,6 +595,8 @@ async fn listing_fixture(store: &dyn EventStore) {
                 .collect(),
             session: session.map(Into::into),
             session_runs: None,
+            history: Vec::new(),
+            history_head: None,
             created_ms: created,
         };
         let run = id(run);
@@ -2303,4 +2333,201 @@ pub async fn rules_are_shared_by_every_store_on_the_data(backend: &dyn Backend) 
             at_ms: 2
         })
     );
+}
+
+// ---- session history chunks (see `store/history.rs`) ----
+
+/// A chain `a ← b ← c` of chunks, their bodies tagged with `tag`.
+fn chain_of(tag: &str) -> [HistoryChunk; 3] {
+    let a = HistoryChunk::new(None, ev(&format!("{tag}: first turn")));
+    let b = HistoryChunk::new(Some(*a.digest()), ev(&format!("{tag}: second turn")));
+    let c = HistoryChunk::new(Some(*b.digest()), ev(&format!("{tag}: third turn")));
+    [a, b, c]
+}
+
+fn three_chunks() -> [HistoryChunk; 3] {
+    chain_of("chat")
+}
+
+/// Creates `run` carrying `chunks`.
+async fn create_with_history(
+    store: &dyn EventStore,
+    run: &str,
+    chunks: &[HistoryChunk],
+) -> Result<crate::Appended, StoreError> {
+    let mut m = meta("agent", 1);
+    m.history = chunks.to_vec();
+    store
+        .create(&id(run), m, ev("start"), ListingStatus::RUNNING)
+        .await
+}
+
+fn assert_history_broken(
+    result: Result<impl std::fmt::Debug, StoreError>,
+    head: &HistoryChunk,
+    at: &HistoryChunk,
+) {
+    match result {
+        Err(StoreError::HistoryBroken { head: h, at: a, .. }) => {
+            assert_eq!((h, a), (*head.digest(), *at.digest()));
+        }
+        other => panic!("expected HistoryBroken at {:?}, got {other:?}", at.digest()),
+    }
+}
+
+pub async fn history_written_with_creates_loads_back_as_one_chain(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let [a, b, c] = three_chunks();
+    create_with_history(&*store, "one", std::slice::from_ref(&a))
+        .await
+        .unwrap();
+    // A later create brings the chunks after the stored ones, and may
+    // repeat a stored one: it is kept as it is.
+    create_with_history(&*store, "two", &[a.clone(), b.clone(), c.clone()])
+        .await
+        .unwrap();
+    assert_eq!(
+        store.load_history(c.digest()).await.unwrap(),
+        [a.clone(), b.clone(), c.clone()]
+    );
+    assert_eq!(
+        store.load_history(a.digest()).await.unwrap(),
+        std::slice::from_ref(&a)
+    );
+    assert_eq!(
+        store.load_history(b.digest()).await.unwrap(),
+        [a.clone(), b.clone()]
+    );
+    // A head the store never held.
+    let stray = HistoryChunk::new(None, ev("never written"));
+    assert_history_broken(store.load_history(stray.digest()).await, &stray, &stray);
+}
+
+pub async fn a_create_whose_history_does_not_link_writes_nothing(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let [a, b, c] = three_chunks();
+    // `b` links to `a`, which is neither stored nor given.
+    assert_history_broken(
+        create_with_history(&*store, "orphan", &[b.clone(), c.clone()]).await,
+        &c,
+        &a,
+    );
+    assert!(matches!(
+        store.load(&id("orphan")).await,
+        Err(StoreError::UnknownRun { .. })
+    ));
+    assert_history_broken(store.load_history(b.digest()).await, &b, &b);
+    // A create refused for another reason writes none of its chunks either.
+    create_with_history(&*store, "taken", &[]).await.unwrap();
+    assert!(matches!(
+        create_with_history(&*store, "taken", std::slice::from_ref(&a)).await,
+        Err(StoreError::AlreadyExists { .. })
+    ));
+    assert_history_broken(store.load_history(a.digest()).await, &a, &a);
+}
+
+pub async fn tampered_history_is_detected(backend: &dyn Backend) {
+    let store = backend.open().await;
+    // Which chunk is damaged and how (0 is `a`, the oldest), and the chunk
+    // the store names.
+    let cases = [
+        (1, HistoryTamper::Edit(b"edited".to_vec()), 1),
+        (1, HistoryTamper::Relink(None), 1),
+        (
+            1,
+            HistoryTamper::Relink(Some(HistoryDigest::from_stored(&[7; 32]).unwrap())),
+            1,
+        ),
+        (0, HistoryTamper::Delete, 0),
+    ];
+    for (i, (damaged, tamper, at)) in cases.into_iter().enumerate() {
+        // Each case has a chain of its own, so one's damage is not another's.
+        let run = format!("damaged-{i}");
+        let chain = chain_of(&run);
+        create_with_history(&*store, &run, &chain).await.unwrap();
+        backend
+            .tamper_history(chain[damaged].digest(), tamper.clone())
+            .await;
+        assert_history_broken(
+            store.load_history(chain[2].digest()).await,
+            &chain[2],
+            &chain[at],
+        );
+        // The run's own log is untouched and still loads.
+        store.load(&id(&run)).await.unwrap();
+        if damaged > 0 {
+            assert_eq!(
+                store.load_history(chain[0].digest()).await.unwrap(),
+                [chain[0].clone()]
+            );
+        }
+    }
+}
+
+pub async fn history_survives_reopening(backend: &dyn Backend) {
+    let [a, b, c] = three_chunks();
+    let store = backend.open().await;
+    create_with_history(&*store, "kept", &[a.clone(), b.clone(), c.clone()])
+        .await
+        .unwrap();
+    drop(store);
+    let reopened = backend.open().await;
+    assert_eq!(reopened.load_history(c.digest()).await.unwrap(), [a, b, c]);
+}
+
+pub async fn pruning_deletes_the_history_no_remaining_run_reaches(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let [a, b, c] = chain_of("pruned");
+    let x = HistoryChunk::new(None, ev("another session's turn"));
+    // (run, chunks it brings, the head it names, when it ended)
+    let runs: [(&str, Vec<HistoryChunk>, &HistoryChunk, i64); 5] = [
+        ("one", vec![a.clone()], &a, 10),
+        ("two", vec![b.clone()], &b, 10),
+        ("three", vec![c.clone()], &c, 1_000),
+        ("lone", vec![x.clone()], &x, 10),
+        // A fork: it names a stored head and brings nothing.
+        ("fork", vec![], &b, 1_000),
+    ];
+    for (run, chunks, head, ended) in runs {
+        let mut m = meta("agent", 1);
+        m.history = chunks;
+        m.history_head = Some(*head.digest());
+        store
+            .create(&id(run), m, ev("start"), ListingStatus::RUNNING)
+            .await
+            .unwrap();
+        store
+            .append(&id(run), 1, &[ev("end")], listed("completed").into(), ended)
+            .await
+            .unwrap();
+    }
+    let early = PruneFilter::new().status("completed").updated_before(500);
+    let pruned = store.prune(&early, 5_000).await.unwrap();
+    assert_eq!(pruned.len(), 3);
+    // What the remaining runs reach stays; the lone session's turn is gone.
+    assert_eq!(
+        store.load_history(c.digest()).await.unwrap(),
+        [a.clone(), b.clone(), c.clone()]
+    );
+    assert_history_broken(store.load_history(x.digest()).await, &x, &x);
+    // A run naming a head the store no longer holds is refused whole.
+    let mut late = meta("agent", 1);
+    late.history_head = Some(*x.digest());
+    assert_history_broken(
+        store
+            .create(&id("late"), late, ev("start"), ListingStatus::RUNNING)
+            .await,
+        &x,
+        &x,
+    );
+    assert!(matches!(
+        store.load(&id("late")).await,
+        Err(StoreError::UnknownRun { .. })
+    ));
+    // Once no run is left, no chunk is.
+    let all = PruneFilter::new().status("completed").updated_before(5_000);
+    assert_eq!(store.prune(&all, 5_000).await.unwrap().len(), 2);
+    for chunk in [&a, &b, &c] {
+        assert_history_broken(store.load_history(chunk.digest()).await, chunk, chunk);
+    }
 }
