@@ -152,6 +152,7 @@ def test_bad_input_raises_the_exception_carrying_its_code(
     # One class per family, and every one is a WardenError.
     assert isinstance(terminal.value, warden.WardenError)
     assert warden.error_class("store_missing") is warden.StoreError
+    assert warden.error_class("history_broken") is warden.StoreError
     rt.close()
 
 

@@ -152,6 +152,7 @@ _FAMILIES: Dict[Type[WardenError], tuple[str, ...]] = {
         "log_invalid",
         "log_unreadable",
         "tampered",
+        "history_broken",
         "store_failed",
         "store_too_new",
         "store_too_old",
