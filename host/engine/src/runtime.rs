@@ -574,25 +574,26 @@ pub async fn verify_log(
     let mut report = store.verify(run_id).await?;
     if report.is_intact() {
         let stored = store.load(run_id).await?;
+        let mut first = None;
         for event in &stored {
-            if let Err(error) = decode(&event.bytes) {
-                report.findings.push(Finding {
+            match decode(&event.bytes) {
+                Ok(decoded) if event.seq == 1 => first = Some(decoded),
+                Ok(_) => {}
+                Err(error) => report.findings.push(Finding {
                     seq: event.seq,
                     kind: ChainBreak::Unreadable {
                         detail: format!("the event does not decode: {error}"),
                     },
-                });
+                }),
             }
         }
         // The session history the first event names is part of what the
         // run recorded: it must come back whole and unaltered.
-        if let Some(first) = stored.first()
-            && let Ok(event) = decode(&first.bytes)
-        {
+        if let Some(event) = first {
             match resolve_history(store, &mut [event]).await {
                 Ok(()) => {}
                 Err(error @ StoreError::HistoryBroken { .. }) => report.findings.push(Finding {
-                    seq: first.seq,
+                    seq: 1,
                     kind: ChainBreak::Unreadable {
                         detail: format!("its session history cannot be read back: {error}"),
                     },

@@ -210,6 +210,18 @@ pub(crate) fn chain_from(
     Ok(chain)
 }
 
+/// The statement a database's prune ends with: deletes the chunks no
+/// remaining run's `history_head` reaches (the same SQL in SQLite and
+/// PostgreSQL).
+#[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+pub(crate) const DELETE_UNREACHED_SQL: &str = "WITH RECURSIVE live (digest) AS (
+         SELECT history_head FROM runs WHERE history_head IS NOT NULL
+         UNION
+         SELECT h.previous FROM history_chunks h JOIN live l ON h.digest = l.digest
+         WHERE h.previous IS NOT NULL
+     )
+     DELETE FROM history_chunks WHERE digest NOT IN (SELECT digest FROM live)";
+
 /// A chunk's row as a database returns it: digest, previous, body.
 #[cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
 pub(crate) type RawChunk = (Vec<u8>, Option<Vec<u8>>, Vec<u8>);

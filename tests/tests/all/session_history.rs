@@ -12,7 +12,7 @@ use std::sync::Arc;
 use serde_json::json;
 use warden::engine::events::{Event, RunStarted, encode};
 use warden::engine::{
-    ForkOptions, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError, StartOptions,
+    ForkOptions, ReplayOptions, RunId, RunStatus, Runtime, RuntimeError, SessionId, StartOptions,
 };
 use warden::providers::Message;
 use warden::store::{
@@ -33,14 +33,7 @@ async fn runs_record_history_by_reference(store: Arc<dyn EventStore>, turns: usi
     let mut sizes = Vec::new();
     for turn in 0..turns {
         let input = format!("message number {turn}");
-        let run = rt
-            .start(
-                &chat.agent,
-                json!(input),
-                StartOptions::new().session(s.clone()),
-            )
-            .await
-            .unwrap();
+        let run = start_in(&rt, &chat, &s, &input).await;
         assert_eq!(
             rt.drive(&run, &chat.agent).await.unwrap(),
             RunStatus::Completed
@@ -93,32 +86,29 @@ async fn runs_record_history_by_reference_on_postgres() {
     runs_record_history_by_reference(Arc::new(pg.store().await), 12).await;
 }
 
-/// Two completed runs in a session on SQLite, and a third started and
-/// parked before its model call: the history it names is two chunks.
-async fn three_turns(rt: &Runtime, chat: &ChatAgent) -> (RunId, RunId) {
-    let s = session("tampered");
-    let mut last = None;
+/// Starts a run of `chat` in `s` with `input`, recorded and not driven.
+async fn start_in(rt: &Runtime, chat: &ChatAgent, s: &SessionId, input: &str) -> RunId {
+    rt.start(
+        &chat.agent,
+        json!(input),
+        StartOptions::new().session(s.clone()),
+    )
+    .await
+    .unwrap()
+}
+
+/// Two turns of `s`, driven to completion: "hello", then "and now?".
+async fn two_turns(rt: &Runtime, chat: &ChatAgent, s: &SessionId) -> Vec<RunId> {
+    let mut runs = Vec::new();
     for input in ["hello", "and now?"] {
-        let run = rt
-            .start(
-                &chat.agent,
-                json!(input),
-                StartOptions::new().session(s.clone()),
-            )
-            .await
-            .unwrap();
-        rt.drive(&run, &chat.agent).await.unwrap();
-        last = Some(run);
+        let run = start_in(rt, chat, s, input).await;
+        assert_eq!(
+            rt.drive(&run, &chat.agent).await.unwrap(),
+            RunStatus::Completed
+        );
+        runs.push(run);
     }
-    let third = rt
-        .start(
-            &chat.agent,
-            json!("bye"),
-            StartOptions::new().session(s.clone()),
-        )
-        .await
-        .unwrap();
-    (last.unwrap(), third)
+    runs
 }
 
 fn assert_history_broken(result: Result<impl std::fmt::Debug, RuntimeError>, what: &str) {
@@ -145,7 +135,11 @@ async fn an_altered_or_missing_history_chunk_is_refused_everywhere_it_is_read() 
         let chat = ChatAgent::new("never");
         let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(&db).unwrap());
         let rt = chat_runtime(Arc::clone(&store), Arc::new(ChatModel::default()));
-        let (second, third) = three_turns(&rt, &chat).await;
+        // Two completed turns, and a third started: the history it names
+        // is two chunks.
+        let s = session("tampered");
+        let second = two_turns(&rt, &chat, &s).await.remove(1);
+        let third = start_in(&rt, &chat, &s, "bye").await;
         let changed = rusqlite::Connection::open(&db)
             .unwrap()
             .execute(damage, [])
@@ -188,19 +182,7 @@ async fn a_log_with_its_history_inline_still_verifies_replays_and_continues() {
     // Two turns recorded today, on a store of their own.
     let source: Arc<dyn EventStore> = Arc::new(MemoryStore::new());
     let rt = chat_runtime(Arc::clone(&source), Arc::new(ChatModel::default()));
-    let mut runs = Vec::new();
-    for input in ["hello", "and now?"] {
-        let run = rt
-            .start(
-                &chat.agent,
-                json!(input),
-                StartOptions::new().session(s.clone()),
-            )
-            .await
-            .unwrap();
-        rt.drive(&run, &chat.agent).await.unwrap();
-        runs.push(run);
-    }
+    let runs = two_turns(&rt, &chat, &s).await;
 
     // The same logs written the old way into a second store: the second
     // run's history inline, no chain, no chunk.
@@ -264,14 +246,7 @@ async fn a_log_with_its_history_inline_still_verifies_replays_and_continues() {
         [0, 1]
     );
 
-    let third = rt
-        .start(
-            &chat.agent,
-            json!("bye"),
-            StartOptions::new().session(s.clone()),
-        )
-        .await
-        .unwrap();
+    let third = start_in(&rt, &chat, &s, "bye").await;
     assert_eq!(
         rt.drive(&third, &chat.agent).await.unwrap(),
         RunStatus::Completed
@@ -314,19 +289,7 @@ async fn pruning_keeps_the_history_a_fork_still_names_and_then_deletes_it() {
     let store: Arc<dyn EventStore> = Arc::new(SqliteStore::open(&db).unwrap());
     let rt = chat_runtime(Arc::clone(&store), Arc::new(ChatModel::default()));
     let s = session("pruned");
-    let mut runs = Vec::new();
-    for input in ["hello", "and now?"] {
-        let run = rt
-            .start(
-                &chat.agent,
-                json!(input),
-                StartOptions::new().session(s.clone()),
-            )
-            .await
-            .unwrap();
-        rt.drive(&run, &chat.agent).await.unwrap();
-        runs.push(run);
-    }
+    let runs = two_turns(&rt, &chat, &s).await;
     let fork = rt
         .fork(
             &runs[1],

@@ -1607,19 +1607,7 @@ impl EventStore for PostgresStore {
                         &[],
                     )
                     .await?;
-                    execute(
-                        tx,
-                        context,
-                        "WITH RECURSIVE live (digest) AS (
-                             SELECT history_head FROM runs WHERE history_head IS NOT NULL
-                             UNION
-                             SELECT h.previous FROM history_chunks h JOIN live l ON h.digest = l.digest
-                             WHERE h.previous IS NOT NULL
-                         )
-                         DELETE FROM history_chunks WHERE digest NOT IN (SELECT digest FROM live)",
-                        &[],
-                    )
-                    .await?;
+                    execute(tx, context, history::DELETE_UNREACHED_SQL, &[]).await?;
                 }
                 Ok(rows)
             })

@@ -1117,17 +1117,9 @@ fn prune(
         // The history chunks no remaining run's history reaches go with
         // the runs (the writer holds the only write transaction, so no
         // start links to one in between).
-        conn.prepare_cached(
-            "WITH RECURSIVE live (digest) AS (
-                 SELECT history_head FROM runs WHERE history_head IS NOT NULL
-                 UNION
-                 SELECT h.previous FROM history_chunks h JOIN live l ON h.digest = l.digest
-                 WHERE h.previous IS NOT NULL
-             )
-             DELETE FROM history_chunks WHERE digest NOT IN (SELECT digest FROM live)",
-        )
-        .and_then(|mut s| s.execute([]))
-        .map_err(|e| backend(context(), e))?;
+        conn.prepare_cached(crate::history::DELETE_UNREACHED_SQL)
+            .and_then(|mut s| s.execute([]))
+            .map_err(|e| backend(context(), e))?;
     }
     Ok(tombstones)
 }
