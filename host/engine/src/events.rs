@@ -1878,6 +1878,128 @@ struct EnvelopeV1 {
     event: Event,
 }
 
+/// [`EnvelopeV1`] read with its event's `type` first, as [`encode`] writes
+/// it (see [`TagFirst`]).
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EnvelopeTagFirst {
+    v: u32,
+    event: TagFirst,
+}
+
+/// An [`Event`] whose `type` is its first field, read in one pass. Serde's
+/// derive for an internally tagged enum buffers every event whole before
+/// it can look at the tag; here the tag is read first and the rest of the
+/// object goes straight to the variant's own `Deserialize`, which refuses an
+/// unknown field (a second `type` included) as the derive does. Anything
+/// else (the tag later, an unknown tag) fails here, and [`decode`] reads it
+/// again with the derive, so what decodes, and the errors, are the derive's.
+struct TagFirst(Event);
+
+impl<'de> Deserialize<'de> for TagFirst {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(TagFirstVisitor)
+    }
+}
+
+struct TagFirstVisitor;
+
+/// The key `type`, read without allocating.
+struct TypeKey;
+
+impl<'de> Deserialize<'de> for TypeKey {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct KeyVisitor;
+        impl serde::de::Visitor<'_> for KeyVisitor {
+            type Value = TypeKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("the key `type` first")
+            }
+            fn visit_str<E: serde::de::Error>(self, key: &str) -> Result<TypeKey, E> {
+                match key {
+                    "type" => Ok(TypeKey),
+                    _ => Err(E::custom("the key `type` is not first")),
+                }
+            }
+        }
+        deserializer.deserialize_identifier(KeyVisitor)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for TagFirstVisitor {
+    type Value = TagFirst;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an event object with its `type` first")
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<TagFirst, A::Error> {
+        let Some(TypeKey) = map.next_key::<TypeKey>()? else {
+            return Err(serde::de::Error::custom("an event without a `type`"));
+        };
+        let kind: EventKind = map.next_value()?;
+        let rest = serde::de::value::MapAccessDeserializer::new(map);
+        // One arm per kind; the match is exhaustive, so a new kind cannot
+        // be left out.
+        macro_rules! by_kind {
+            ($($name:ident),* $(,)?) => {
+                match kind {
+                    $(EventKind::$name => Event::$name(Deserialize::deserialize(rest)?),)*
+                }
+            };
+        }
+        Ok(TagFirst(by_kind!(
+            RunStarted,
+            ModelCallIntent,
+            ModelCallCompleted,
+            ModelCallFailed,
+            ToolCallRejected,
+            ToolCallIntent,
+            ToolCallCompleted,
+            ToolCallResolved,
+            ApprovalRequested,
+            ApprovalGranted,
+            ApprovalDenied,
+            Suspended,
+            Resumed,
+            BudgetExceeded,
+            BudgetExtended,
+            ClockObserved,
+            RandomObserved,
+            RunCompleted,
+            RunFailed,
+            RunCancelled,
+            RunAbandoned,
+            ToolCallAttemptFailed,
+            ToolCallDeduplicated,
+            ExternalCallRequested,
+            ExternalCallCompleted,
+            OutputRejected,
+            ContextResolved,
+            ContextFailed,
+            CompactionIntent,
+            CompactionCompleted,
+            CompactionFailed,
+            DeliveryIntent,
+            DeliveryAttemptFailed,
+            DeliveryCompleted,
+            DeliveryFailed,
+            PolicyDecided,
+            ReconciliationRequired,
+            Reconciled,
+            WaitStarted,
+            WaitEnded,
+            KeyReleased,
+            KeySettled,
+            RunForked,
+            ChildStarted,
+            ChildParked,
+            ChildFinished,
+            ApprovalWithdrawn
+        )))
+    }
+}
+
 #[derive(Deserialize)]
 struct Probe {
     v: Option<u32>,
@@ -1935,6 +2057,11 @@ pub fn decode(bytes: &[u8]) -> Result<Event, EventError> {
     // The usual case, read in one pass: the current format, whole. Anything
     // else is read again below to say what it is (a replay reads every
     // event of a log, and probing first would parse each twice).
+    if let Ok(envelope) = serde_json::from_slice::<EnvelopeTagFirst>(bytes)
+        && envelope.v == 1
+    {
+        return Ok(envelope.event.0);
+    }
     if let Ok(envelope) = serde_json::from_slice::<EnvelopeV1>(bytes)
         && envelope.v == 1
     {
@@ -2751,6 +2878,55 @@ pub(crate) mod tests {
             assert_eq!(encode(&decoded), pinned.as_bytes());
             assert!(pinned.contains(&format!("\"type\":\"{}\"", event.kind())));
         }
+    }
+
+    /// What the one-pass read of a tag-first event accepts, and how it
+    /// reads it, is the derive's: every kind, and the variants of the
+    /// bytes that only the derive reads or that both refuse.
+    #[test]
+    fn the_tag_first_read_agrees_with_the_derive() {
+        let derived = |bytes: &str| {
+            serde_json::from_slice::<EnvelopeV1>(bytes.as_bytes()).map(|e| (e.v, e.event))
+        };
+        let tag_first = |bytes: &str| {
+            serde_json::from_slice::<EnvelopeTagFirst>(bytes.as_bytes()).map(|e| (e.v, e.event.0))
+        };
+        for (event, pinned) in samples() {
+            assert_eq!(tag_first(pinned).unwrap(), (1, event.clone()), "{pinned}");
+            assert_eq!(decode(pinned.as_bytes()).unwrap(), event);
+        }
+        let kind = r#""type":"model_call_intent""#;
+        let fields = r#""step":3,"attempt":2,"request_hash":"ff""#;
+        // The tag later in the object: only the derive reads it, and
+        // `decode` reads it with the derive.
+        let later = format!(r#"{{"v":1,"event":{{{fields},{kind}}}}}"#);
+        assert!(tag_first(&later).is_err());
+        assert_eq!(
+            decode(later.as_bytes()).unwrap(),
+            derived(&later).unwrap().1
+        );
+        // Refused by both, and `decode` says what the derive says.
+        for refused in [
+            format!(r#"{{"v":1,"event":{{{kind},{fields},{kind}}}}}"#),
+            format!(r#"{{"v":1,"event":{{{kind},{fields},"extra":1}}}}"#),
+            format!(r#"{{"v":1,"event":{{{kind},"step":3}}}}"#),
+            format!(r#"{{"v":1,"event":{{"type":"no_such_kind",{fields}}}}}"#),
+            format!(r#"{{"v":1,"event":{{{kind},{fields}}},"extra":1}}"#),
+            format!(r#"{{"v":1,"event":{{{kind},{fields}}}}} trailing"#),
+        ] {
+            assert!(tag_first(&refused).is_err(), "{refused}");
+            let why = derived(&refused).map(|_| ()).unwrap_err().to_string();
+            match decode(refused.as_bytes()) {
+                Err(EventError::Malformed { message, .. }) => assert_eq!(message, why, "{refused}"),
+                other => panic!("{refused}: {other:?}"),
+            }
+        }
+        let not_a_tag = format!(r#"{{"v":1,"event":{{"type":7,{fields}}}}}"#);
+        assert!(tag_first(&not_a_tag).is_err());
+        assert!(matches!(
+            decode(not_a_tag.as_bytes()),
+            Err(EventError::Malformed { .. })
+        ));
     }
 
     #[test]

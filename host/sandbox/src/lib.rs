@@ -411,6 +411,11 @@ fn engine_config(config: &SandboxConfig) -> wasmtime::Config {
     c.wasm_relaxed_simd(false);
     c.wasm_custom_page_sizes(false);
     c.wasm_wide_arithmetic(false);
+    // Linear memories keep wasmtime's guard pages and signal-based traps.
+    // Explicit bounds checks instead would spare a short lease its two
+    // `mprotect`s (tests/benches/lease.rs measures both), but wasmtime runs
+    // them only with the heap's and tables' Spectre mitigations off, which
+    // would let a hostile plugin read the host's memory speculatively.
 
     let slots = config.max_concurrent_leases.max(1);
     let mut pool = PoolingAllocationConfig::default();
