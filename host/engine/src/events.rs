@@ -271,57 +271,72 @@ pub enum EventKind {
     ChildFinished,
 }
 
+/// Calls macro `$m` with every event kind's name, in [`EventKind::ALL`]'s
+/// order: `ALL` and the matches over every kind are made from this list.
+macro_rules! every_kind {
+    ($m:ident) => {
+        $m!(
+            RunStarted,
+            ModelCallIntent,
+            ModelCallCompleted,
+            ModelCallFailed,
+            ToolCallRejected,
+            ToolCallIntent,
+            ToolCallCompleted,
+            ToolCallResolved,
+            ApprovalRequested,
+            ApprovalGranted,
+            ApprovalDenied,
+            Suspended,
+            Resumed,
+            BudgetExceeded,
+            BudgetExtended,
+            ClockObserved,
+            RandomObserved,
+            RunCompleted,
+            RunFailed,
+            RunCancelled,
+            RunAbandoned,
+            ToolCallAttemptFailed,
+            ToolCallDeduplicated,
+            ExternalCallRequested,
+            ExternalCallCompleted,
+            OutputRejected,
+            ContextResolved,
+            ContextFailed,
+            CompactionIntent,
+            CompactionCompleted,
+            CompactionFailed,
+            DeliveryIntent,
+            DeliveryAttemptFailed,
+            DeliveryCompleted,
+            DeliveryFailed,
+            PolicyDecided,
+            ReconciliationRequired,
+            Reconciled,
+            WaitStarted,
+            WaitEnded,
+            KeyReleased,
+            KeySettled,
+            RunForked,
+            ChildStarted,
+            ChildParked,
+            ChildFinished,
+            ApprovalWithdrawn
+        )
+    };
+}
+
+/// The kinds named, as an array.
+macro_rules! kind_array {
+    ($($name:ident),*) => {
+        [$(EventKind::$name),*]
+    };
+}
+
 impl EventKind {
     /// Every kind.
-    pub const ALL: [EventKind; 47] = [
-        EventKind::RunStarted,
-        EventKind::ModelCallIntent,
-        EventKind::ModelCallCompleted,
-        EventKind::ModelCallFailed,
-        EventKind::ToolCallRejected,
-        EventKind::ToolCallIntent,
-        EventKind::ToolCallCompleted,
-        EventKind::ToolCallResolved,
-        EventKind::ApprovalRequested,
-        EventKind::ApprovalGranted,
-        EventKind::ApprovalDenied,
-        EventKind::Suspended,
-        EventKind::Resumed,
-        EventKind::BudgetExceeded,
-        EventKind::BudgetExtended,
-        EventKind::ClockObserved,
-        EventKind::RandomObserved,
-        EventKind::RunCompleted,
-        EventKind::RunFailed,
-        EventKind::RunCancelled,
-        EventKind::RunAbandoned,
-        EventKind::ToolCallAttemptFailed,
-        EventKind::ToolCallDeduplicated,
-        EventKind::ExternalCallRequested,
-        EventKind::ExternalCallCompleted,
-        EventKind::OutputRejected,
-        EventKind::ContextResolved,
-        EventKind::ContextFailed,
-        EventKind::CompactionIntent,
-        EventKind::CompactionCompleted,
-        EventKind::CompactionFailed,
-        EventKind::DeliveryIntent,
-        EventKind::DeliveryAttemptFailed,
-        EventKind::DeliveryCompleted,
-        EventKind::DeliveryFailed,
-        EventKind::PolicyDecided,
-        EventKind::ReconciliationRequired,
-        EventKind::Reconciled,
-        EventKind::WaitStarted,
-        EventKind::WaitEnded,
-        EventKind::KeyReleased,
-        EventKind::KeySettled,
-        EventKind::RunForked,
-        EventKind::ChildStarted,
-        EventKind::ChildParked,
-        EventKind::ChildFinished,
-        EventKind::ApprovalWithdrawn,
-    ];
+    pub const ALL: [EventKind; 47] = every_kind!(kind_array);
 
     /// The `type` tag.
     pub fn as_str(self) -> &'static str {
@@ -433,55 +448,14 @@ impl Event {
 
     /// The event's kind.
     pub fn kind(&self) -> EventKind {
-        match self {
-            Event::RunStarted(_) => EventKind::RunStarted,
-            Event::ModelCallIntent(_) => EventKind::ModelCallIntent,
-            Event::ModelCallCompleted(_) => EventKind::ModelCallCompleted,
-            Event::ModelCallFailed(_) => EventKind::ModelCallFailed,
-            Event::ToolCallRejected(_) => EventKind::ToolCallRejected,
-            Event::ToolCallIntent(_) => EventKind::ToolCallIntent,
-            Event::ToolCallCompleted(_) => EventKind::ToolCallCompleted,
-            Event::ToolCallResolved(_) => EventKind::ToolCallResolved,
-            Event::ToolCallAttemptFailed(_) => EventKind::ToolCallAttemptFailed,
-            Event::ToolCallDeduplicated(_) => EventKind::ToolCallDeduplicated,
-            Event::WaitStarted(_) => EventKind::WaitStarted,
-            Event::WaitEnded(_) => EventKind::WaitEnded,
-            Event::ExternalCallRequested(_) => EventKind::ExternalCallRequested,
-            Event::ExternalCallCompleted(_) => EventKind::ExternalCallCompleted,
-            Event::ApprovalRequested(_) => EventKind::ApprovalRequested,
-            Event::ApprovalGranted(_) => EventKind::ApprovalGranted,
-            Event::ApprovalDenied(_) => EventKind::ApprovalDenied,
-            Event::ApprovalWithdrawn(_) => EventKind::ApprovalWithdrawn,
-            Event::Suspended(_) => EventKind::Suspended,
-            Event::Resumed(_) => EventKind::Resumed,
-            Event::BudgetExceeded(_) => EventKind::BudgetExceeded,
-            Event::BudgetExtended(_) => EventKind::BudgetExtended,
-            Event::ClockObserved(_) => EventKind::ClockObserved,
-            Event::RandomObserved(_) => EventKind::RandomObserved,
-            Event::OutputRejected(_) => EventKind::OutputRejected,
-            Event::PolicyDecided(_) => EventKind::PolicyDecided,
-            Event::RunCompleted(_) => EventKind::RunCompleted,
-            Event::RunFailed(_) => EventKind::RunFailed,
-            Event::RunCancelled(_) => EventKind::RunCancelled,
-            Event::RunAbandoned(_) => EventKind::RunAbandoned,
-            Event::ContextResolved(_) => EventKind::ContextResolved,
-            Event::ContextFailed(_) => EventKind::ContextFailed,
-            Event::CompactionIntent(_) => EventKind::CompactionIntent,
-            Event::CompactionCompleted(_) => EventKind::CompactionCompleted,
-            Event::CompactionFailed(_) => EventKind::CompactionFailed,
-            Event::DeliveryIntent(_) => EventKind::DeliveryIntent,
-            Event::DeliveryAttemptFailed(_) => EventKind::DeliveryAttemptFailed,
-            Event::DeliveryCompleted(_) => EventKind::DeliveryCompleted,
-            Event::DeliveryFailed(_) => EventKind::DeliveryFailed,
-            Event::ReconciliationRequired(_) => EventKind::ReconciliationRequired,
-            Event::Reconciled(_) => EventKind::Reconciled,
-            Event::KeyReleased(_) => EventKind::KeyReleased,
-            Event::KeySettled(_) => EventKind::KeySettled,
-            Event::RunForked(_) => EventKind::RunForked,
-            Event::ChildStarted(_) => EventKind::ChildStarted,
-            Event::ChildParked(_) => EventKind::ChildParked,
-            Event::ChildFinished(_) => EventKind::ChildFinished,
+        macro_rules! kind_of {
+            ($($name:ident),*) => {
+                match self {
+                    $(Event::$name(_) => EventKind::$name,)*
+                }
+            };
         }
+        every_kind!(kind_of)
     }
 
     /// Whether the event belongs to the deliveries' lane.
@@ -1942,61 +1916,13 @@ impl<'de> serde::de::Visitor<'de> for TagFirstVisitor {
         // One arm per kind; the match is exhaustive, so a new kind cannot
         // be left out.
         macro_rules! by_kind {
-            ($($name:ident),* $(,)?) => {
+            ($($name:ident),*) => {
                 match kind {
                     $(EventKind::$name => Event::$name(Deserialize::deserialize(rest)?),)*
                 }
             };
         }
-        Ok(TagFirst(by_kind!(
-            RunStarted,
-            ModelCallIntent,
-            ModelCallCompleted,
-            ModelCallFailed,
-            ToolCallRejected,
-            ToolCallIntent,
-            ToolCallCompleted,
-            ToolCallResolved,
-            ApprovalRequested,
-            ApprovalGranted,
-            ApprovalDenied,
-            Suspended,
-            Resumed,
-            BudgetExceeded,
-            BudgetExtended,
-            ClockObserved,
-            RandomObserved,
-            RunCompleted,
-            RunFailed,
-            RunCancelled,
-            RunAbandoned,
-            ToolCallAttemptFailed,
-            ToolCallDeduplicated,
-            ExternalCallRequested,
-            ExternalCallCompleted,
-            OutputRejected,
-            ContextResolved,
-            ContextFailed,
-            CompactionIntent,
-            CompactionCompleted,
-            CompactionFailed,
-            DeliveryIntent,
-            DeliveryAttemptFailed,
-            DeliveryCompleted,
-            DeliveryFailed,
-            PolicyDecided,
-            ReconciliationRequired,
-            Reconciled,
-            WaitStarted,
-            WaitEnded,
-            KeyReleased,
-            KeySettled,
-            RunForked,
-            ChildStarted,
-            ChildParked,
-            ChildFinished,
-            ApprovalWithdrawn
-        )))
+        Ok(TagFirst(every_kind!(by_kind)))
     }
 }
 
