@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use warden::engine::StartOptions;
 
 use async_trait::async_trait;
@@ -614,23 +614,40 @@ pub(crate) enum CrashPoint {
     AfterWrite,
 }
 
-/// Crashes the driver at its `at`-th append of any kind (counting from 0).
+/// Crashes the driver at the `at`-th append (counting from 0) of `run`, or
+/// of any run when `None`; from then on every append fails, whichever run
+/// makes it, as none can once the process is gone.
 pub(crate) struct CrashAt {
+    pub(crate) run: Option<RunId>,
     pub(crate) appends: AtomicU64,
+    pub(crate) crashed: AtomicBool,
     pub(crate) at: u64,
     pub(crate) point: CrashPoint,
 }
 
-/// A store whose `at`-th append crashes the driver at `point`.
+/// A store whose `at`-th append, of any run, crashes the driver at `point`.
 pub(crate) fn crashing(
     inner: Arc<dyn EventStore>,
+    at: u64,
+    point: CrashPoint,
+) -> Arc<Intercepted<CrashAt>> {
+    crashing_in(inner, None, at, point)
+}
+
+/// A store whose `at`-th append of `run` (or of any run, when `None`)
+/// crashes the driver at `point`.
+pub(crate) fn crashing_in(
+    inner: Arc<dyn EventStore>,
+    run: Option<RunId>,
     at: u64,
     point: CrashPoint,
 ) -> Arc<Intercepted<CrashAt>> {
     Arc::new(Intercepted {
         inner,
         hooks: CrashAt {
+            run,
             appends: AtomicU64::new(0),
+            crashed: AtomicBool::new(false),
             at,
             point,
         },
@@ -646,11 +663,19 @@ fn crash() -> StoreError {
 
 #[async_trait]
 impl Hooks for CrashAt {
-    async fn before_append(&self, _: AppendVia, _: &RunId, _: &[Bytes]) -> BeforeAppend {
+    async fn before_append(&self, _: AppendVia, run_id: &RunId, _: &[Bytes]) -> BeforeAppend {
+        if self.crashed.load(Ordering::SeqCst) {
+            return BeforeAppend::Fail(crash());
+        }
+        if self.run.as_ref().is_some_and(|run| run != run_id) {
+            return BeforeAppend::Write;
+        }
         let n = self.appends.fetch_add(1, Ordering::SeqCst);
         if n < self.at {
-            BeforeAppend::Write
-        } else if n == self.at && self.point == CrashPoint::AfterWrite {
+            return BeforeAppend::Write;
+        }
+        self.crashed.store(true, Ordering::SeqCst);
+        if n == self.at && self.point == CrashPoint::AfterWrite {
             BeforeAppend::WriteThenFail(crash())
         } else {
             BeforeAppend::Fail(crash())

@@ -5,16 +5,25 @@
 //! own check in a new runtime, as a new process would find it. Each test
 //! keeps its assertions; the set-up (the store, the crash, the normalised
 //! logs to compare with an uninterrupted run) is written here once.
+//!
+//! A boundary is named by its run and the append's place in that run's
+//! log, never by its place among all appends: children run at once, so
+//! the order of appends across runs differs from one drive to the next,
+//! and a count over all of them would visit some boundaries twice and
+//! others never.
 
-use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
 
+use async_trait::async_trait;
+use bytes::Bytes;
 use serde_json::Value;
 use warden::engine::events::Event;
 use warden::engine::{Agent, RunId, RunStatus, Runtime, StartOptions};
+use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 
-use super::engine::{CrashPoint, Fixture, counting, crashing, normalized, runtime};
+use super::engine::{CrashPoint, Fixture, crashing_in, normalized, runtime};
 use super::workers::PgSchema;
 
 /// A run to crash at every boundary.
@@ -84,62 +93,84 @@ impl Sweep<'_> {
         logs(store, &self.runs).await
     }
 
-    /// How many appends the run (and its children) makes uninterrupted:
-    /// `create` writes each log's first event, and an append may carry
-    /// more than one.
-    async fn appends(&self) -> u64 {
-        let store = counting();
+    /// How many appends each run makes uninterrupted: `create` writes each
+    /// log's first event, and an append may carry more than one. A run
+    /// that appends without being swept fails here, so a sweep cannot leave
+    /// a run's boundaries out unnoticed.
+    async fn appends(&self) -> Vec<(RunId, u64)> {
+        let store = Arc::new(Intercepted {
+            inner: Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
+            hooks: AppendsPerRun::default(),
+        });
         self.complete(store.clone()).await;
-        store.hooks.0.load(Ordering::SeqCst)
+        let mut counts = std::mem::take(&mut *store.hooks.0.lock().unwrap());
+        let per_run = self
+            .runs
+            .iter()
+            .map(|run| (run.clone(), counts.remove(run).unwrap_or(0)))
+            .collect();
+        assert!(
+            counts.is_empty(),
+            "{}: runs append that the sweep does not name: {counts:?}",
+            self.name
+        );
+        per_run
     }
 
-    /// For each append the uninterrupted run makes and each crash point: a
-    /// fresh store, the run started and driven until the driver dies at
-    /// that append, then `check` with a new runtime over the store. Returns
-    /// the number of cases visited, which the caller asserts, so a sweep
-    /// cannot come to visit fewer boundaries unnoticed.
+    /// For each run, each append it makes uninterrupted and each crash
+    /// point: a fresh store, the first run started and driven until the
+    /// driver dies at that append of that run, then `check` with a new
+    /// runtime over the store. Returns the number of cases visited, which
+    /// the caller asserts, so a sweep cannot come to visit fewer boundaries
+    /// unnoticed.
     pub(crate) async fn crash_at_every_boundary(&self, mut check: impl AsyncFnMut(Crashed)) -> u64 {
-        let appends = self.appends().await;
         let mut visited = 0;
-        for at in 0..appends {
-            for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
-                let case = format!("{}: crash at append {at} {point:?}", self.store);
-                let _ = std::fs::remove_file(self.fx.path("work/effects.log"));
-                // Dropped (its schema with it) at the end of the case.
-                let pg;
-                let inner: Arc<dyn EventStore> = match self.store {
-                    "memory" => Arc::new(MemoryStore::new()),
-                    "sqlite" => Arc::new(
-                        SqliteStore::open(
-                            self.fx.path(&format!("{}-{at}-{point:?}.db", self.name)),
-                        )
-                        .unwrap(),
-                    ),
-                    "postgres" => {
-                        pg = PgSchema::new(self.name).await.unwrap();
-                        Arc::new(pg.store().await)
+        for (n, (run, appends)) in self.appends().await.into_iter().enumerate() {
+            for at in 0..appends {
+                for point in [CrashPoint::BeforeWrite, CrashPoint::AfterWrite] {
+                    visited += 1;
+                    let case = format!("{}: crash at append {at} of {run} {point:?}", self.store);
+                    let _ = std::fs::remove_file(self.fx.path("work/effects.log"));
+                    // Dropped (its schema with it) at the end of the case.
+                    let pg;
+                    let inner: Arc<dyn EventStore> = match self.store {
+                        "memory" => Arc::new(MemoryStore::new()),
+                        "sqlite" => Arc::new(
+                            SqliteStore::open(
+                                self.fx
+                                    .path(&format!("{}-{n}-{at}-{point:?}.db", self.name)),
+                            )
+                            .unwrap(),
+                        ),
+                        "postgres" => {
+                            pg = PgSchema::new(self.name).await.unwrap();
+                            Arc::new(pg.store().await)
+                        }
+                        other => panic!("no store `{other}`"),
+                    };
+                    let crashing =
+                        runtime(crashing_in(inner.clone(), Some(run.clone()), at, point));
+                    crashing
+                        .start(self.agent, self.input.clone(), self.started())
+                        .await
+                        .unwrap();
+                    match crashing.drive(&self.runs[0], self.agent).await {
+                        Err(err) => {
+                            assert!(err.to_string().contains("injected crash"), "{case}: {err}")
+                        }
+                        Ok(status) => {
+                            panic!("{case}: the drive ended {status:?} without making that append")
+                        }
                     }
-                    other => panic!("no store `{other}`"),
-                };
-                let crashing_rt = runtime(crashing(inner.clone(), at, point));
-                crashing_rt
-                    .start(self.agent, self.input.clone(), self.started())
-                    .await
-                    .unwrap();
-                let err = crashing_rt
-                    .drive(&self.runs[0], self.agent)
-                    .await
-                    .unwrap_err();
-                assert!(err.to_string().contains("injected crash"), "{case}: {err}");
-                drop(crashing_rt);
+                    drop(crashing);
 
-                check(Crashed {
-                    case,
-                    store: inner.clone(),
-                    rt: runtime(inner),
-                })
-                .await;
-                visited += 1;
+                    check(Crashed {
+                        case,
+                        store: inner.clone(),
+                        rt: runtime(inner),
+                    })
+                    .await;
+                }
             }
         }
         eprintln!("{} on {}: {visited} crash cases", self.name, self.store);
@@ -148,5 +179,17 @@ impl Sweep<'_> {
 
     fn started(&self) -> StartOptions {
         StartOptions::new().id(self.runs[0].clone())
+    }
+}
+
+/// Counts each run's appends.
+#[derive(Default)]
+struct AppendsPerRun(Mutex<BTreeMap<RunId, u64>>);
+
+#[async_trait]
+impl Hooks for AppendsPerRun {
+    async fn before_append(&self, _: AppendVia, run_id: &RunId, _: &[Bytes]) -> BeforeAppend {
+        *self.0.lock().unwrap().entry(run_id.clone()).or_default() += 1;
+        BeforeAppend::Write
     }
 }
