@@ -4,9 +4,10 @@
 //! ends with the same log as an uninterrupted run and that no write ever
 //! runs twice.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use warden::engine::StartOptions;
 
 use async_trait::async_trait;
@@ -717,14 +718,26 @@ pub(crate) fn crashing_at_kind(
     })
 }
 
-/// Counts the appends made through it, of any kind and run.
+/// Counts the appends made through it, of any kind, run by run.
 #[derive(Default)]
-pub(crate) struct AppendCount(pub(crate) AtomicU64);
+pub(crate) struct AppendCount(Mutex<BTreeMap<RunId, u64>>);
+
+impl AppendCount {
+    /// The appends of every run.
+    pub(crate) fn total(&self) -> u64 {
+        self.0.lock().unwrap().values().sum()
+    }
+
+    /// The appends of each run that made any.
+    pub(crate) fn per_run(&self) -> BTreeMap<RunId, u64> {
+        self.0.lock().unwrap().clone()
+    }
+}
 
 #[async_trait]
 impl Hooks for AppendCount {
-    async fn before_append(&self, _: AppendVia, _: &RunId, _: &[Bytes]) -> BeforeAppend {
-        self.0.fetch_add(1, Ordering::SeqCst);
+    async fn before_append(&self, _: AppendVia, run_id: &RunId, _: &[Bytes]) -> BeforeAppend {
+        *self.0.lock().unwrap().entry(run_id.clone()).or_default() += 1;
         BeforeAppend::Write
     }
 }
@@ -758,7 +771,7 @@ async fn a_crash_at_every_event_boundary_recovers_to_the_same_log_and_no_write_r
         let control = normalized(&control_rt.events(&run).await.unwrap());
         // Each append may carry more than one event: the crash cases are
         // the appends the run made, not its events.
-        let appends = control_store.hooks.0.load(Ordering::SeqCst);
+        let appends = control_store.hooks.total();
         std::fs::remove_file(fx.path("work/effects.log")).unwrap();
 
         let mut reconciled = 0;

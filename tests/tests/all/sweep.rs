@@ -12,18 +12,14 @@
 //! and a count over all of them would visit some boundaries twice and
 //! others never.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use async_trait::async_trait;
-use bytes::Bytes;
 use serde_json::Value;
 use warden::engine::events::Event;
 use warden::engine::{Agent, RunId, RunStatus, Runtime, StartOptions};
-use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 
-use super::engine::{CrashPoint, Fixture, crashing_in, normalized, runtime};
+use super::engine::{CrashPoint, Fixture, counting, crashing_in, normalized, runtime};
 use super::workers::PgSchema;
 
 /// A run to crash at every boundary.
@@ -98,12 +94,9 @@ impl Sweep<'_> {
     /// that appends without being swept fails here, so a sweep cannot leave
     /// a run's boundaries out unnoticed.
     async fn appends(&self) -> Vec<(RunId, u64)> {
-        let store = Arc::new(Intercepted {
-            inner: Arc::new(MemoryStore::new()) as Arc<dyn EventStore>,
-            hooks: AppendsPerRun::default(),
-        });
+        let store = counting();
         self.complete(store.clone()).await;
-        let mut counts = std::mem::take(&mut *store.hooks.0.lock().unwrap());
+        let mut counts = store.hooks.per_run();
         let per_run = self
             .runs
             .iter()
@@ -179,17 +172,5 @@ impl Sweep<'_> {
 
     fn started(&self) -> StartOptions {
         StartOptions::new().id(self.runs[0].clone())
-    }
-}
-
-/// Counts each run's appends.
-#[derive(Default)]
-struct AppendsPerRun(Mutex<BTreeMap<RunId, u64>>);
-
-#[async_trait]
-impl Hooks for AppendsPerRun {
-    async fn before_append(&self, _: AppendVia, run_id: &RunId, _: &[Bytes]) -> BeforeAppend {
-        *self.0.lock().unwrap().entry(run_id.clone()).or_default() += 1;
-        BeforeAppend::Write
     }
 }
