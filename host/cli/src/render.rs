@@ -1,5 +1,8 @@
 //! How events look on a terminal: one readable line (sometimes a few) per
 //! event, shared by `warden run`'s live output and `warden runs show`.
+//! Every piece of text a plugin, a model, an MCP server or a client wrote
+//! goes through `warden::untrusted` ([`quoted`], [`short`], [`block`]):
+//! shown as data, bounded, never interpreted by the terminal.
 
 use serde_json::Value;
 
@@ -10,10 +13,18 @@ use warden::providers::StopReason;
 use warden::sandbox::UsageReceipt;
 
 use super::contract::NextStep;
+use warden::engine::approval_prompt::ApprovalPrompt;
+use warden::engine::state::RunState;
+use warden::untrusted;
 
 /// The line(s) for one event, or `None` for events not worth a line.
-/// Costs are shown in `currency` (the run's, from its log) when known.
-pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
+/// Costs are shown in `currency` (the run's, from its log) when known; an
+/// approval's frozen arguments come from `log`, the run's folded log.
+pub(crate) fn event(
+    event: &Event,
+    currency: Option<&str>,
+    log: Option<&RunState>,
+) -> Option<String> {
     Some(match event {
         Event::RunStarted(s) => {
             let mut line = format!(
@@ -50,9 +61,9 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             "⊘ step {}: the model refused: {}",
             c.step,
             if c.text.is_empty() {
-                "(no text)"
+                "(no text)".to_owned()
             } else {
-                c.text.as_str()
+                quoted(&c.text)
             }
         ),
         Event::ModelCallCompleted(c) => {
@@ -70,7 +81,11 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             line
         }
         Event::ModelCallFailed(f) => {
-            let mut line = format!("! step {}: model call failed: {}", f.step, f.error.message);
+            let mut line = format!(
+                "! step {}: model call failed: {}",
+                f.step,
+                quoted(&f.error.message)
+            );
             let asked = f
                 .error
                 .retry_after_ms
@@ -90,29 +105,31 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             }
             line
         }
-        Event::ToolCallRejected(r) => format!("✗ {} rejected: {}", r.call_id, r.error),
+        Event::ToolCallRejected(r) => {
+            format!("✗ {} rejected: {}", r.call_id, quoted(&r.error.to_string()))
+        }
         Event::ToolCallIntent(i) => format!(
             "→ {} {} [{}] {}",
             i.call_id,
-            i.tool.model_name(),
+            quoted(&i.tool.model_name()),
             i.effect,
             short(&i.arguments, 300)
         ),
         Event::ToolCallCompleted(c) => {
             let result = match &c.result {
                 ToolCallResult::Output(v) => format!("ok {}", short(v, 300)),
-                ToolCallResult::Error(e) => format!("error: {e}"),
+                ToolCallResult::Error(e) => format!("error: {}", quoted(&e.to_string())),
             };
             format!("← {} {result} ({})", c.call_id, receipt(&c.receipt))
         }
         Event::ToolCallResolved(r) => format!(
             "← {} resolved by {}: {}{}",
             r.call_id,
-            r.by,
+            quoted(&r.by),
             short(&r.output, 300),
             r.note
                 .as_deref()
-                .map(|n| format!(" ({n})"))
+                .map(|n| format!(" ({})", quoted(n)))
                 .unwrap_or_default()
         ),
         Event::ToolCallAttemptFailed(f) if f.outcome_unknown => format!(
@@ -125,56 +142,44 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             "↻ {} attempt {} failed: {} ({}); trying again",
             f.call_id,
             f.attempt,
-            f.error,
+            quoted(&f.error.to_string()),
             receipt(&f.receipt)
         ),
         Event::ToolCallDeduplicated(d) => {
             let result = match &d.result {
                 ToolCallResult::Output(v) => format!("ok {}", short(v, 300)),
-                ToolCallResult::Error(e) => format!("error: {e}"),
+                ToolCallResult::Error(e) => format!("error: {}", quoted(&e.to_string())),
             };
             format!(
                 "← {} {result} (already done by run {} call {}; not run again)",
                 d.call_id, d.origin_run, d.origin_call
             )
         }
-        Event::ApprovalRequested(a) => {
-            let mut text = format!("? {} {} needs approval", a.call_id, a.tool.model_name());
-            if let Some(p) = &a.preview {
-                text.push_str(&format!(": {}", p.summary));
-                if !p.detail.is_empty() {
-                    for line in p.detail.lines() {
-                        text.push_str(&format!("\n    {line}"));
-                    }
-                }
-            }
-            if let Some(e) = &a.preflight_error {
-                text.push_str(&format!(" (preview failed: {e})"));
-            }
-            if let Some(d) = &a.digest {
-                text.push_str(&format!(
-                    "\n    digest {d} (`--digest` approves only this call)"
-                ));
-            }
-            text
-        }
+        Event::ApprovalRequested(a) => ApprovalPrompt::new(a, log).text(),
         Event::ApprovalGranted(g) => match &g.rule {
             Some(rule) => format!(
                 "✓ {} approved by rule {} (created by {})",
-                g.call_id, rule.id, rule.created_by
+                g.call_id,
+                rule.id,
+                quoted(&rule.created_by)
             ),
-            None => format!("✓ {} approved by {}", g.call_id, g.by),
+            None => format!("✓ {} approved by {}", g.call_id, quoted(&g.by)),
         },
         Event::ApprovalWithdrawn(w) => format!(
             "↺ {} approval withdrawn ({}): it approves nothing; the call waits for approval again",
             w.call_id,
             w.reason.as_str()
         ),
-        Event::ApprovalDenied(d) => format!("✗ {} denied by {}: {}", d.call_id, d.by, d.reason),
+        Event::ApprovalDenied(d) => format!(
+            "✗ {} denied by {}: {}",
+            d.call_id,
+            quoted(&d.by),
+            quoted(&d.reason)
+        ),
         Event::ExternalCallRequested(r) => format!(
             "… {} {} is performed by the application: waiting for its output ({})",
             r.call_id,
-            r.tool,
+            quoted(&r.tool),
             short(&r.arguments, 300)
         ),
         Event::ExternalCallCompleted(c) => format!(
@@ -182,16 +187,16 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             c.call_id,
             short(&c.output, 300),
             c.by.as_deref()
-                .map(|b| format!(" by {b}"))
+                .map(|b| format!(" by {}", quoted(b)))
                 .unwrap_or_default()
         ),
-        Event::Suspended(s) => format!("… suspended at {}: {}", s.call_id, s.reason),
+        Event::Suspended(s) => format!("… suspended at {}: {}", s.call_id, quoted(&s.reason)),
         Event::Resumed(r) => format!("… resumed with {}", short(&r.input, 200)),
         Event::BudgetExceeded(b) => format!("! budget exceeded: {}", b.describe(currency)),
         Event::BudgetExtended(e) => format!(
             "… budget extended{}: {}",
             e.by.as_deref()
-                .map(|b| format!(" by {b}"))
+                .map(|b| format!(" by {}", quoted(b)))
                 .unwrap_or_default(),
             limits_text(&e.limits, currency)
         ),
@@ -208,7 +213,7 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
         ),
         Event::PolicyDecided(d) => format!(
             "§ policy `{}` at {}{}: {}{}",
-            d.policy,
+            quoted(&d.policy),
             d.hook,
             d.call_id
                 .as_ref()
@@ -218,34 +223,44 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             d.decision,
             d.reason
                 .as_deref()
-                .map(|r| format!(": {r}"))
+                .map(|r| format!(": {}", quoted(r)))
                 .unwrap_or_default()
         ),
         Event::OutputRejected(r) => format!(
             "↺ step {}: final answer sent back to the model: {}",
-            r.step, r.violation
+            r.step,
+            quoted(&r.violation)
         ),
         Event::RunCompleted(c) if c.by_host => {
-            format!("✓ completed with the host's output: {}", text_of(&c.output))
+            format!(
+                "✓ completed with the host's output: {}",
+                untrusted::fragment(&text_of(&c.output))
+            )
         }
-        Event::RunCompleted(c) => format!("✓ completed: {}", text_of(&c.output)),
-        Event::RunFailed(f) => format!("✗ failed: {}", f.error),
+        Event::RunCompleted(c) => format!(
+            "✓ completed: {}",
+            untrusted::fragment(&text_of(&c.output))
+        ),
+        Event::RunFailed(f) => format!(
+            "✗ failed: {}",
+            untrusted::line(&f.error.to_string(), untrusted::BLOCK_BYTES)
+        ),
         Event::RunCancelled(c) => format!(
             "✗ cancelled{}{}",
             c.by.as_deref()
-                .map(|b| format!(" by {b}"))
+                .map(|b| format!(" by {}", quoted(b)))
                 .unwrap_or_default(),
             c.reason
                 .as_deref()
-                .map(|r| format!(": {r}"))
+                .map(|r| format!(": {}", quoted(r)))
                 .unwrap_or_default()
         ),
         Event::RunAbandoned(a) => format!(
             "✗ abandoned{}: {}",
             a.by.as_deref()
-                .map(|b| format!(" by {b}"))
+                .map(|b| format!(" by {}", quoted(b)))
                 .unwrap_or_default(),
-            a.reason
+            quoted(&a.reason)
         ),
         Event::ContextResolved(c) => {
             let bytes: usize = c.items.iter().map(|i| i.content.len()).sum();
@@ -273,13 +288,14 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
         ),
         Event::CompactionFailed(f) => format!(
             "! step {}: compaction failed, the prompt goes on uncompacted: {}",
-            f.step, f.error.message
+            f.step,
+            quoted(&f.error.message)
         ),
         Event::ContextFailed(f) => format!(
             "! step {}: context `{}` failed: {}{}",
             f.step,
             f.source,
-            f.error,
+            quoted(&f.error.to_string()),
             f.receipt
                 .as_ref()
                 .map(|r| format!(" ({})", receipt(r)))
@@ -291,7 +307,7 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             "↻ delivery {} attempt {} failed: {} ({}); trying again",
             f.delivery_id,
             f.attempt,
-            f.error,
+            quoted(&f.error.to_string()),
             receipt(&f.receipt)
         ),
         Event::DeliveryCompleted(c) => format!(
@@ -305,17 +321,17 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             f.delivery_id,
             f.attempts,
             if f.attempts == 1 { "" } else { "s" },
-            f.error
+            quoted(&f.error.to_string())
         ),
         Event::ReconciliationRequired(r) => {
-            format!("! needs reconciliation ({}): {}", r.by, r.reason)
+            format!("! needs reconciliation ({}): {}", r.by, quoted(&r.reason))
         }
         Event::Reconciled(r) => format!(
             "✓ reconciled by {}{}",
-            r.by,
+            quoted(&r.by),
             r.note
                 .as_deref()
-                .map(|n| format!(" ({n})"))
+                .map(|n| format!(" ({})", quoted(n)))
                 .unwrap_or_default()
         ),
         Event::RunForked(f) => format!(
@@ -335,13 +351,13 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
         ),
         Event::KeySettled(r) => format!(
             "✓ idempotency key {} of {} settled by {} with {}{}",
-            r.key,
+            quoted(&r.key),
             r.call_id,
-            r.by,
-            r.output,
+            quoted(&r.by),
+            short(&r.output, 300),
             r.note
                 .as_deref()
-                .map(|n| format!(" ({n})"))
+                .map(|n| format!(" ({})", quoted(n)))
                 .unwrap_or_default()
         ),
         Event::ChildStarted(c) => format!(
@@ -374,17 +390,17 @@ pub(crate) fn event(event: &Event, currency: Option<&str>) -> Option<String> {
             f.status,
             match &f.result {
                 ToolCallResult::Output(v) => short(v, 200),
-                ToolCallResult::Error(e) => e.to_string(),
+                ToolCallResult::Error(e) => quoted(&e.to_string()),
             }
         ),
         Event::KeyReleased(r) => format!(
             "⟳ idempotency key {} of {} released by {}{}",
-            r.key,
+            quoted(&r.key),
             r.call_id,
-            r.by,
+            quoted(&r.by),
             r.note
                 .as_deref()
-                .map(|n| format!(" ({n})"))
+                .map(|n| format!(" ({})", quoted(n)))
                 .unwrap_or_default()
         ),
     })
@@ -413,7 +429,7 @@ pub(crate) fn prompt(request: Option<&warden::providers::ModelRequest>) -> Strin
             if !line.is_empty() {
                 out.push_str("  ");
             }
-            out.push_str(line);
+            out.push_str(&untrusted::fragment(line));
             out.push('\n');
         }
     }
@@ -449,7 +465,7 @@ pub(crate) fn unlisted(u: &warden::sandbox::Unlisted) -> String {
         "left out {} entr{} whose name is not UTF-8: {}{}",
         u.count,
         if u.count == 1 { "y" } else { "ies" },
-        u.names.join(", "),
+        quoted(&u.names.join(", ")),
         if more > 0 {
             format!(" and {more} more")
         } else {
@@ -673,23 +689,23 @@ pub(crate) fn text_of(v: &Value) -> String {
     }
 }
 
-/// A run's output for the terminal: text as itself, JSON pretty-printed.
+/// A run's output for the terminal: text as itself, JSON pretty-printed;
+/// whole, but with every control made visible.
 pub(crate) fn output(v: &Value) -> String {
-    match v {
+    untrusted::fragment(&match v {
         Value::String(s) => s.clone(),
         other => serde_json::to_string_pretty(other).unwrap_or_else(|_| other.to_string()),
-    }
+    })
 }
 
-/// JSON cut to about `max` bytes for one line.
+/// JSON cut to about `max` bytes for one line (JSON escapes the ASCII
+/// controls; the renderer shows the others).
 pub(crate) fn short(v: &Value, max: usize) -> String {
-    let text = v.to_string();
-    if text.len() <= max {
-        return text;
-    }
-    let mut cut = max;
-    while !text.is_char_boundary(cut) {
-        cut -= 1;
-    }
-    format!("{}…", &text[..cut])
+    untrusted::line(&v.to_string(), max)
+}
+
+/// Text someone else wrote, on one line of at most
+/// [`untrusted::LINE_BYTES`] bytes.
+pub(crate) fn quoted(text: &str) -> String {
+    untrusted::line(text, untrusted::LINE_BYTES)
 }

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use warden::engine::approval_prompt::ApprovalPrompt;
 use warden::engine::StartOptions;
 
 use anyhow::Context as _;
@@ -968,11 +969,14 @@ async fn continue_run(
     let mut printed = 0;
     if let Some(last) = rt.store().load(run).await?.last() {
         print_event(
+            rt,
+            run,
             last.seq,
             &decode(&last.bytes)?,
             ctx.json,
             currency.as_deref(),
-        );
+        )
+        .await;
         printed = last.seq;
     }
     let Some(plan) = plan else {
@@ -1391,7 +1395,12 @@ async fn follow(
 /// else denies with that text as the reason.
 async fn ask_approval(rt: &Runtime, run: &RunId, call: &CallId) -> anyhow::Result<()> {
     use std::io::Write as _;
-    print!("approve {call}? [y = approve, anything else = deny with that reason] ");
+    let events = rt.events(run).await?;
+    let state = rt.state(run).await?;
+    match ApprovalPrompt::find(&events, &state, call) {
+        Some(prompt) => print!("{}", prompt.question()),
+        None => print!("approve {call}? [y = approve, anything else = deny with that reason] "),
+    }
     std::io::stdout().flush()?;
     let answer = tokio::task::spawn_blocking(|| {
         let mut line = String::new();
@@ -1448,7 +1457,7 @@ async fn drive_and_print(
                         in_text = false;
                     }
                     if seq > *last_seq {
-                        print_event(seq, &event, json, currency);
+                        print_event(rt, run, seq, &event, json, currency).await;
                         *last_seq = seq;
                     }
                     if !json && let Event::ModelCallIntent(i) = &*event {
@@ -1461,7 +1470,7 @@ async fn drive_and_print(
                         super::out::text("  ");
                         in_text = true;
                     }
-                    super::out::text(&text);
+                    super::out::text(&warden::untrusted::fragment(&text));
                 }
                 Some(_) | None => {}
             },
@@ -1475,7 +1484,7 @@ async fn drive_and_print(
     // Whatever was recorded after the last update seen.
     for stored in rt.store().load_after(run, *last_seq).await? {
         if let Ok(event) = decode(&stored.bytes) {
-            print_event(stored.seq, &event, json, currency);
+            print_event(rt, run, stored.seq, &event, json, currency).await;
             *last_seq = stored.seq;
         }
     }
@@ -1488,10 +1497,25 @@ async fn run_currency(rt: &Runtime, run: &RunId) -> Option<String> {
     state.currency().map(str::to_owned)
 }
 
-fn print_event(seq: u64, event: &Event, json: bool, currency: Option<&str>) {
+/// Prints one event as it is recorded. An approval's prompt shows the
+/// call's frozen arguments, read from the log as it stands.
+async fn print_event(
+    rt: &Runtime,
+    run: &RunId,
+    seq: u64,
+    event: &Event,
+    json: bool,
+    currency: Option<&str>,
+) {
     if json {
         super::out::line(contract::event_line(seq, event));
-    } else if let Some(line) = render::event(event, currency) {
+        return;
+    }
+    let log = match event {
+        Event::ApprovalRequested(_) => rt.state(run).await.ok(),
+        _ => None,
+    };
+    if let Some(line) = render::event(event, currency, log.as_ref()) {
         super::out::line(line);
     }
 }
@@ -1884,7 +1908,7 @@ async fn show(
     let mut clock = Timeline::new(start);
     for (s, event) in stored.iter().zip(&events) {
         let at = clock.moment(event);
-        if let Some(line) = render::event(event, state.currency()) {
+        if let Some(line) = render::event(event, state.currency(), Some(&state)) {
             let offset = at.saturating_sub(start) as f64 / 1000.0;
             let mut lines = line.lines();
             println!(

@@ -545,7 +545,8 @@ fn run_parks_for_approval_and_runs_approve_finishes_it() {
     let text = stdout(&out);
     assert!(text.contains("→ call-1-1 fs__list_dir [read]"), "{text}");
     assert!(
-        text.contains("needs approval: create `SUMMARY.md`"),
+        text.contains("? call-3-1 fs__write_file [write] digest ")
+            && text.contains("┆ create `SUMMARY.md`"),
         "{text}"
     );
     assert!(text.contains("run demo-1: awaiting_approval"), "{text}");
@@ -812,7 +813,10 @@ fn on_a_terminal_run_asks_for_approval_and_continues() {
     }
     let out = child.wait_with_output().unwrap();
     let text = stdout(&out);
-    assert!(text.contains("approve call-3-1?"), "{text}");
+    assert!(
+        text.contains("approve call-3-1 fs__write_file [write] digest "),
+        "{text}"
+    );
     assert!(text.contains("approved by terminal-user"), "{text}");
     assert!(text.contains("run tty: completed"), "{text}");
     assert!(dir.path().join("notes/SUMMARY.md").exists());

@@ -466,6 +466,7 @@ impl ApprovalRequest {
         Event::ApprovalRequested(ApprovalRequested {
             call_id: self.call_id.clone(),
             tool: self.tool.clone(),
+            effect: Some(self.effect),
             preview,
             preflight_error,
             receipt,

@@ -1051,6 +1051,11 @@ pub struct ApprovalRequested {
     pub call_id: CallId,
     /// The tool.
     pub tool: ToolRef,
+    /// The call's effect class, as the grant made it (what Warden, not the
+    /// plugin, says the call is). Omitted in logs written before it was
+    /// recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effect: Option<EffectClass>,
     /// What the tool's side-effect-free preflight says the call would do.
     /// Omitted when the preflight failed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -2272,6 +2277,7 @@ pub(crate) mod tests {
                 Event::ApprovalRequested(ApprovalRequested {
                     call_id: CallId::new(1, 1),
                     tool: fs_write(),
+                    effect: Some(EffectClass::Write),
                     preview: Some(Preview {
                         summary: "write 2 bytes to a.txt".into(),
                         detail: "+hi".into(),
@@ -2281,7 +2287,7 @@ pub(crate) mod tests {
                     digest: Some(CallDigest::from_hex("0b")),
                     at_ms: None,
                 }),
-                r#"{"v":1,"event":{"type":"approval_requested","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"preview":{"summary":"write 2 bytes to a.txt","detail":"+hi"},"receipt":{"outcome":"ok","fuel_consumed":500,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0},"digest":"0b"}}"#,
+                r#"{"v":1,"event":{"type":"approval_requested","call_id":"call-1-1","tool":{"plugin":"fs","tool":"write_file"},"effect":"write","preview":{"summary":"write 2 bytes to a.txt","detail":"+hi"},"receipt":{"outcome":"ok","fuel_consumed":500,"peak_memory_bytes":65536,"wall_time_us":1200,"output_bytes":20,"stdout_bytes":0,"stderr_bytes":0,"log_bytes":0,"stdio_dropped_bytes":0},"digest":"0b"}}"#,
             ),
             (
                 Event::ApprovalGranted(ApprovalGranted {

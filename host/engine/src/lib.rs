@@ -33,6 +33,7 @@
 //!   ([`agent::plan`]);
 //! - [`state`]: folding, the conversation, the deliveries a run owes;
 //!   [`view`]: the agent with its tools resolved, as deciding sees it;
+//!   [`approval_prompt`]: what a person is asked before approving a call;
 //!   [`prompt`]: assembling the model request;
 //! - [`mod@decide`]: the decision table (with parallel batches and policy
 //!   gates); [`mod@replay`]: folding a recorded log while checking every
@@ -79,10 +80,12 @@ pub mod retry;
 // The agent file.
 pub mod agent;
 
-// The folded run, the agent as deciding sees it, the request.
+// The folded run, the agent as deciding sees it, the request, what a
+// person is asked.
 pub mod prompt;
 pub mod state;
 pub mod view;
+pub mod approval_prompt;
 
 // Deciding, and checking a log against it.
 pub mod decide;

@@ -246,6 +246,7 @@ fn approval(step: u32, n: usize, name: &str) -> Event {
     Event::ApprovalRequested(ApprovalRequested {
         call_id: CallId::new(step, n),
         tool: tool_ref(name),
+        effect: None,
         preview: None,
         preflight_error: None,
         receipt: Some(receipt(50)),

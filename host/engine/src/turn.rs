@@ -595,6 +595,7 @@ mod tests {
         let approval = Event::ApprovalRequested(ApprovalRequested {
             call_id: CallId::new(1, 1),
             tool: tool.clone(),
+            effect: None,
             preview: None,
             preflight_error: None,
             receipt: None,

@@ -34,7 +34,8 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use warden::engine::StartOptions;
-use warden::engine::events::{Event, ToolCallResult};
+use warden::engine::approval_prompt::ApprovalPrompt;
+use warden::engine::events::ToolCallResult;
 use warden::engine::state::{Parked, ToolCallProgress, value_text};
 use warden::engine::{ReplayOptions, RunStatus};
 use warden::sandbox::{Moment, ValidUntil};
@@ -387,22 +388,18 @@ impl Session {
             return Ok(None);
         };
         let call_id = call.call_id.clone();
-        let preview = events.iter().rev().find_map(|event| match event {
-            Event::ApprovalRequested(requested) if requested.call_id == call_id => {
-                Some(match &requested.preview {
-                    Some(p) if p.detail.is_empty() => p.summary.clone(),
-                    Some(p) => format!("{}\n{}", p.summary, p.detail),
-                    None => "(no preview)".to_owned(),
-                })
-            }
-            _ => None,
-        });
-        let message = format!(
-            "Warden: approve call {call_id} of run {run_id}, {} {}?\n{}",
-            call.call.name,
-            call.call.arguments,
-            preview.unwrap_or_default()
-        );
+        // Warden's account first, then the frozen arguments, the plugin's
+        // preview last and framed as its words (one prompt for every
+        // surface that asks).
+        let prompt = ApprovalPrompt::find(&events, &state, &call_id)
+            .map(|prompt| prompt.text())
+            .unwrap_or_else(|| {
+                format!(
+                    "? {call_id} {} needs approval",
+                    warden::untrusted::line(&call.call.name, warden::untrusted::LINE_BYTES)
+                )
+            });
+        let message = format!("Warden: run {run_id} asks for approval\n{prompt}");
         let timeout = self.served.options.approval_timeout;
         let deadline = Instant::now() + timeout;
         let by = format!("mcp:{}", Self::client(peer));

@@ -13,6 +13,7 @@ use axum::extract::{Extension, FromRequest, FromRequestParts, State};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use warden::engine::approval_prompt::ApprovalPrompt;
 use warden::engine::events::Event;
 use warden::engine::state::ToolCallProgress;
 use warden::engine::{
@@ -250,6 +251,16 @@ async fn children(app: &App, events: &[(u64, Event)]) -> Vec<Value> {
     children
 }
 
+/// The approval prompt for `call_id`, as text.
+fn approval_prompt(events: &[(u64, Event)], state: &RunState, call_id: &CallId) -> Option<String> {
+    events.iter().rev().find_map(|(_, event)| match event {
+        Event::ApprovalRequested(a) if &a.call_id == call_id => {
+            Some(ApprovalPrompt::new(a, Some(state)).text())
+        }
+        _ => None,
+    })
+}
+
 /// What `show` answers about a run (but its children), from its listing
 /// and its decoded log: the inbox builds the same from one batch load.
 fn detail(run: &RunId, summary: &RunSummary, events: &[(u64, Event)], state: &RunState) -> Value {
@@ -261,6 +272,10 @@ fn detail(run: &RunId, summary: &RunSummary, events: &[(u64, Event)], state: &Ru
             "arguments": call.call.arguments,
             "digest": call.digest(),
             "awaiting": "approval",
+            // What a person is shown (the one prompt every surface shows):
+            // Warden's line, the frozen arguments, then the plugin's
+            // preview framed as its words, all made safe to show.
+            "prompt": approval_prompt(events, state, &call.call_id),
         })),
         ToolCallProgress::Suspended { reason, schema } => Some(json!({
             "call_id": call.call_id,

@@ -24,11 +24,14 @@
 //! - [`testkit`] (`warden-testkit`): for plugin authors' tests: load a
 //!   component under chosen grants and limits, call it, assert on the
 //!   result and receipt.
-//! - [`units`], [`json_limits`], [`toml_errors`] (`warden-syntax`): sizes
-//!   and durations, JSON nesting limits, one-line TOML errors.
+//! - [`units`], [`json_limits`], [`toml_errors`], [`untrusted`]
+//!   (`warden-syntax`): sizes and durations, JSON nesting limits, one-line
+//!   TOML errors, and the one renderer of text Warden did not write.
 //!
 //! - [`errors`]: the stable error codes and details of the crates' typed
 //!   errors, shared by every surface (the command line, the Python package).
+//! - [`threat_model`]: the surfaces and attackers the security model
+//!   covers, which the suite's attack matrix crosses.
 //!
 //! Features (all on by default): `sqlite` and `postgres` (the stores),
 //! `builtin` (the first-party plugins, built and embedded).
@@ -36,6 +39,7 @@
 //! ARCHITECTURE.md in the repository maps every crate and its invariants.
 
 pub mod errors;
+pub mod threat_model;
 
 pub use warden_engine as engine;
 pub use warden_engine::worker;
@@ -44,7 +48,7 @@ pub use warden_plugins::grant;
 pub use warden_providers as providers;
 pub use warden_sandbox as sandbox;
 pub use warden_store as store;
-pub use warden_syntax::{json_limits, toml_errors, units};
+pub use warden_syntax::{json_limits, toml_errors, units, untrusted};
 pub use warden_testkit as testkit;
 
 pub use warden_engine::{Agent, RunId, RunStatus, Runtime, RuntimeError};

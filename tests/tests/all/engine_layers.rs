@@ -45,6 +45,7 @@ const ENGINE_LAYERS: &[&str] = &[
     "state",
     "view",
     "prompt",
+    "approval_prompt",
     // Deciding, then checking a log against what deciding would do.
     "decide",
     "replay",

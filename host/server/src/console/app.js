@@ -255,8 +255,11 @@ function decisionPanel(run, onDone) {
     box.append(
       el("h2", {}, `Approve ${pending.tool}?`),
       el("p", { class: "muted" }, `call ${pending.call_id}`),
-      json(pending.arguments),
-      preview ? el("div", {}, el("strong", {}, "Preview: "), preview.summary, preview.detail ? el("pre", {}, preview.detail) : null) : null,
+      // The server's prompt (Warden's line, the frozen arguments, the
+      // plugin's preview framed as its words), made safe to show there.
+      pending.prompt
+        ? el("pre", { class: "prompt" }, pending.prompt)
+        : [json(pending.arguments), preview ? el("div", {}, el("strong", {}, "Preview: "), preview.summary, preview.detail ? el("pre", {}, preview.detail) : null) : null],
       el("div", { class: "actions" }, approve, reason, deny),
     );
     return box;
