@@ -9,10 +9,17 @@
 //!
 //! A rule approves a call only when everything it names matches: the
 //! plugin key, the tool's name within its plugin, every argument pattern
-//! (a `*`/`?` glob over the argument's text: a string as it is, any other
-//! value as canonical JSON; a missing argument matches nothing), the run
-//! and the session. A rule must name a plugin or a tool: nothing approves
-//! every call.
+//! (a glob over the argument's canonical text; a missing argument matches
+//! nothing), the run and the session. A rule must name a plugin or a tool:
+//! nothing approves every call.
+//!
+//! A string argument is matched as a path ([`canonical_path`]): `.`
+//! segments and doubled slashes are dropped, and a string with a `..`
+//! segment (also `\`-separated or percent-encoded) matches no rule at all,
+//! so `notes/*` never approves `notes/../secret`. Any other value is
+//! matched as canonical JSON. In a pattern ([`glob`]), `*` is any run of
+//! characters within one path segment (it never crosses `/`), `**` any
+//! run at all, and `?` one character other than `/`.
 
 use std::collections::BTreeMap;
 
@@ -77,6 +84,14 @@ pub enum RuleError {
     /// An argument pattern with an empty name.
     #[error("an argument pattern needs a name: `NAME=GLOB`")]
     EmptyArgument,
+    /// An argument pattern that climbs out of its directory.
+    #[error("argument pattern `{name}={pattern}` has a `..` segment: a rule never matches a path that climbs")]
+    ClimbingPattern {
+        /// The argument.
+        name: String,
+        /// The pattern.
+        pattern: String,
+    },
     /// Its expiry is not after its creation.
     #[error("the rule would expire at {expires_ms}, not after its creation at {created_ms}")]
     AlreadyExpired {
@@ -137,6 +152,16 @@ impl RuleSpec {
         if self.arguments.keys().any(|k| k.trim().is_empty()) {
             return Err(RuleError::EmptyArgument);
         }
+        if let Some((name, pattern)) = self
+            .arguments
+            .iter()
+            .find(|(_, pattern)| canonical_path(pattern).is_none())
+        {
+            return Err(RuleError::ClimbingPattern {
+                name: name.clone(),
+                pattern: pattern.clone(),
+            });
+        }
         Ok(())
     }
 
@@ -157,12 +182,15 @@ impl RuleSpec {
                 .as_ref()
                 .is_none_or(|s| session.is_some_and(|own| own == s))
             && self.arguments.iter().all(|(name, pattern)| {
+                let Some(pattern) = canonical_path(pattern) else {
+                    return false;
+                };
                 arguments.get(name).is_some_and(|value| {
                     let text = match value {
-                        Value::String(s) => s.clone(),
-                        other => canonical_json(other),
+                        Value::String(s) => canonical_path(s),
+                        other => Some(canonical_json(other)),
                     };
-                    glob(pattern, &text)
+                    text.is_some_and(|text| glob(&pattern, &text))
                 })
             })
     }
@@ -225,31 +253,92 @@ impl Rule {
     }
 }
 
-/// Whether `text` matches `pattern`, where `*` is any run of characters
-/// and `?` any one character (no escapes, no classes: a pattern an
-/// operator can read at a glance).
+/// `text` as a rule matches it: a path in canonical form, its `.`
+/// segments and doubled slashes dropped (a leading `/`, a trailing one and
+/// the `//` after a URL's scheme kept); `None` when any segment climbs
+/// (`..`, split at `/` or `\\`, or percent-encoded), which no rule matches.
+pub fn canonical_path(text: &str) -> Option<String> {
+    let climbs = |segment: &str| {
+        let decoded = segment.to_ascii_lowercase().replace("%2e", ".");
+        decoded == ".."
+    };
+    if text.split(['/', '\\']).any(climbs) {
+        return None;
+    }
+    let segments: Vec<&str> = text.split('/').collect();
+    let last = segments.len() - 1;
+    let mut kept: Vec<&str> = Vec::with_capacity(segments.len());
+    for (i, segment) in segments.iter().enumerate() {
+        match *segment {
+            "." if segments.len() > 1 => {}
+            "" if i == 0 || i == last || kept.last().is_some_and(|p| p.ends_with(':')) => {
+                kept.push("")
+            }
+            "" => {}
+            other => kept.push(other),
+        }
+    }
+    Some(kept.join("/"))
+}
+
+/// Whether `text` matches `pattern`: `*` is any run of characters but `/`,
+/// `**` any run of characters, `?` any one character but `/` (no escapes,
+/// no classes: a pattern an operator can read at a glance).
 pub fn glob(pattern: &str, text: &str) -> bool {
-    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
-    // The classic greedy match with one backtrack point: linear in
-    // practice, never exponential.
-    let (mut pi, mut ti) = (0, 0);
-    let mut star: Option<(usize, usize)> = None;
-    while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
-            pi += 1;
-            ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ti));
-            pi += 1;
-        } else if let Some((sp, st)) = star {
-            pi = sp + 1;
-            ti = st + 1;
-            star = Some((sp, st + 1));
-        } else {
+    enum Token {
+        Char(char),
+        One,
+        Segment,
+        Any,
+    }
+    let mut tokens = Vec::new();
+    let mut chars = pattern.chars().peekable();
+    while let Some(c) = chars.next() {
+        tokens.push(match c {
+            '*' if chars.peek() == Some(&'*') => {
+                while chars.peek() == Some(&'*') {
+                    chars.next();
+                }
+                Token::Any
+            }
+            '*' => Token::Segment,
+            '?' => Token::One,
+            c => Token::Char(c),
+        });
+    }
+    // Which prefixes of the pattern match the text read so far: one row
+    // per character, so time is pattern × text and never exponential.
+    let mut row = vec![false; tokens.len() + 1];
+    row[0] = true;
+    let close = |row: &mut Vec<bool>| {
+        for (i, token) in tokens.iter().enumerate() {
+            if row[i] && matches!(token, Token::Segment | Token::Any) {
+                row[i + 1] = true;
+            }
+        }
+    };
+    close(&mut row);
+    for c in text.chars() {
+        let mut next = vec![false; tokens.len() + 1];
+        for (i, token) in tokens.iter().enumerate() {
+            if !row[i] && !(row[i + 1] && matches!(token, Token::Segment | Token::Any)) {
+                continue;
+            }
+            match token {
+                Token::Char(p) if row[i] && *p == c => next[i + 1] = true,
+                Token::One if row[i] && c != '/' => next[i + 1] = true,
+                Token::Segment if c != '/' => next[i + 1] |= row[i] || row[i + 1],
+                Token::Any => next[i + 1] |= row[i] || row[i + 1],
+                _ => {}
+            }
+        }
+        close(&mut next);
+        row = next;
+        if !row.iter().any(|m| *m) {
             return false;
         }
     }
-    p[pi..].iter().all(|c| *c == '*')
+    row[tokens.len()]
 }
 
 #[cfg(test)]
@@ -270,7 +359,12 @@ mod tests {
             ("notes/*", "notes/a.md", true),
             ("notes/*", "notes/", true),
             ("notes/*", "other/a.md", false),
-            ("*.md", "a/b/c.md", true),
+            ("*.md", "a/b/c.md", false),
+            ("**.md", "a/b/c.md", true),
+            ("notes/**", "notes/a/b.md", true),
+            ("notes/*", "notes/a/b.md", false),
+            ("a?c", "a/c", false),
+            ("https://api.example.com/**", "https://api.example.com/v1/x", true),
             ("*.md", "a.mdx", false),
             ("a?c", "abc", true),
             ("a?c", "ac", false),
@@ -283,6 +377,36 @@ mod tests {
         ] {
             assert_eq!(glob(pattern, text), matches, "{pattern} {text}");
         }
+    }
+
+    #[test]
+    fn paths_are_matched_in_canonical_form_and_climbing_ones_never() {
+        for (text, canonical) in [
+            ("notes/a.md", Some("notes/a.md")),
+            ("./notes/a.md", Some("notes/a.md")),
+            ("notes//a.md", Some("notes/a.md")),
+            ("notes/./a.md", Some("notes/a.md")),
+            ("/notes/a.md", Some("/notes/a.md")),
+            ("notes/", Some("notes/")),
+            (".", Some(".")),
+            ("https://a.example/x//y", Some("https://a.example/x/y")),
+            ("notes/../secret", None),
+            ("..", None),
+            ("notes\\..\\secret", None),
+            ("notes/%2E%2e/secret", None),
+            ("notes/.%2e/secret", None),
+            ("notes/..a/b", Some("notes/..a/b")),
+        ] {
+            assert_eq!(canonical_path(text).as_deref(), canonical, "{text}");
+        }
+        let climbing = RuleSpec {
+            arguments: BTreeMap::from([("path".to_owned(), "notes/../*".to_owned())]),
+            ..RuleSpec::for_tool(Some("fs"), None).unwrap()
+        };
+        assert!(matches!(
+            climbing.check(),
+            Err(RuleError::ClimbingPattern { .. })
+        ));
     }
 
     #[test]

@@ -253,6 +253,7 @@ impl RuleError {
             RuleError::TooBroad
             | RuleError::PluginMismatch { .. }
             | RuleError::EmptyArgument
+            | RuleError::ClimbingPattern { .. }
             | RuleError::AlreadyExpired { .. } => "rule_invalid",
         }
     }
@@ -265,6 +266,7 @@ impl RuleError {
             RuleError::TooBroad
             | RuleError::PluginMismatch { .. }
             | RuleError::EmptyArgument
+            | RuleError::ClimbingPattern { .. }
             | RuleError::AlreadyExpired { .. } => json!({ "reason": self.to_string() }),
         }
     }
