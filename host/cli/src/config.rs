@@ -141,7 +141,8 @@ struct ConfigFile {
     serve: ServeSection,
 }
 
-/// `[serve]`: what `warden serve` offers besides the store.
+/// `[serve]`: what `warden serve` offers besides the store, and how it
+/// holds its connections.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ServeSection {
@@ -149,6 +150,17 @@ struct ServeSection {
     /// agent files it serves.
     #[serde(default)]
     agents: Vec<PathBuf>,
+    /// The proxies whose `X-Forwarded-For` names the client's address.
+    #[serde(default)]
+    trusted_proxies: Vec<std::net::IpAddr>,
+    /// How long a client has to send a request's head (and a kept-alive
+    /// connection may wait idle).
+    header_timeout: Option<warden::units::HumanDuration>,
+    /// The most connections held at once.
+    max_connections: Option<usize>,
+    /// The most connections held before any of their requests
+    /// authenticated.
+    max_unauthenticated_connections: Option<usize>,
 }
 
 /// `[mcp]`: what `warden mcp serve` serves when no agent file is given.
@@ -298,6 +310,11 @@ pub(crate) struct Settings {
     /// serve` starts runs of, resolved against the configuration file's
     /// directory.
     pub(crate) serve_agents: Vec<PathBuf>,
+    /// `[serve] trusted_proxies`.
+    pub(crate) serve_trusted_proxies: Vec<std::net::IpAddr>,
+    /// `[serve] header_timeout`, `max_connections`,
+    /// `max_unauthenticated_connections` over their defaults.
+    pub(crate) serve_connections: warden_server::ConnectionLimits,
 }
 
 /// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
@@ -509,6 +526,7 @@ impl Settings {
             .validate("ceilings")
             .map_err(|(key, message)| invalid(&key, message))?;
         let ceilings = file.ceilings.apply_to(&Limits::CEILINGS);
+        let serve_connections = serve_connections(&file.serve).map_err(|(k, m)| invalid(&k, m))?;
 
         Ok(Settings {
             file: file_path,
@@ -520,6 +538,8 @@ impl Settings {
             grants: file.grants,
             mcp_agent: file.mcp.agent.map(|agent| base.join(agent)),
             serve_agents: file.serve.agents.iter().map(|a| base.join(a)).collect(),
+            serve_trusted_proxies: file.serve.trusted_proxies.clone(),
+            serve_connections,
             grants_base: base,
             chain_key: match env("WARDEN_CHAIN_KEY") {
                 None => None,
@@ -570,6 +590,20 @@ impl Settings {
                 "model": self.model.as_ref().map(|m| masked(&m.section)),
             },
             "grants": self.grants.iter().map(|(k, g)| (k.clone(), masked(g))).collect::<serde_json::Map<_, _>>(),
+            "ceilings": limits_json(&self.ceilings),
+            "serve": self.serve_json(),
+        })
+    }
+
+    /// `[serve]` as it is in force.
+    fn serve_json(&self) -> Value {
+        let c = &self.serve_connections;
+        json!({
+            "agents": self.serve_agents,
+            "trusted_proxies": self.serve_trusted_proxies,
+            "header_timeout": warden::units::format_duration(c.header_timeout),
+            "max_connections": c.max_connections,
+            "max_unauthenticated_connections": c.max_unauthenticated,
         })
     }
 
@@ -618,8 +652,64 @@ impl Settings {
             out.push_str(&format!("\n[grants.{}]    # file\n", toml_key(key)));
             out.push_str(&table_body(&body));
         }
+        out.push_str("\n[ceilings]    # the most any plugin gets: the file's keys over the defaults\n");
+        out.push_str(&table_body(&limits_json(&self.ceilings)));
+        out.push_str("\n[serve]    # the file's keys over the defaults\n");
+        out.push_str(&table_body(&self.serve_json()));
         out
     }
+}
+
+/// `[serve]`'s connection settings over their defaults, each checked.
+fn serve_connections(
+    serve: &ServeSection,
+) -> Result<warden_server::ConnectionLimits, (String, String)> {
+    let mut limits = warden_server::ConnectionLimits::DEFAULT;
+    if let Some(t) = serve.header_timeout {
+        if t.0.is_zero() {
+            return Err(("serve.header_timeout".into(), "must be more than zero".into()));
+        }
+        limits.header_timeout = t.0;
+    }
+    if let Some(n) = serve.max_connections {
+        if n == 0 {
+            return Err(("serve.max_connections".into(), "must be at least 1".into()));
+        }
+        limits.max_connections = n;
+    }
+    if let Some(n) = serve.max_unauthenticated_connections {
+        if n == 0 {
+            return Err((
+                "serve.max_unauthenticated_connections".into(),
+                "must be at least 1".into(),
+            ));
+        }
+        limits.max_unauthenticated = n;
+    }
+    if limits.max_unauthenticated > limits.max_connections {
+        return Err((
+            "serve.max_unauthenticated_connections".into(),
+            format!(
+                "must be at most serve.max_connections ({})",
+                limits.max_connections
+            ),
+        ));
+    }
+    Ok(limits)
+}
+
+/// A lease's limits as `[ceilings]` keys (sizes in bytes).
+fn limits_json(limits: &Limits) -> Value {
+    json!({
+        "fuel": limits.fuel.map_or(json!("unmetered"), |f| json!(f)),
+        "memory": limits.memory_bytes,
+        "tables": limits.table_elements,
+        "timeout": warden::units::format_duration(limits.timeout),
+        "output": limits.output_bytes,
+        "stdio": limits.stdio_bytes,
+        "http_requests": limits.http_requests,
+        "http_response": limits.http_response_bytes,
+    })
 }
 
 /// Keys whose values name environment variables (`env`, `api_key_env`,

@@ -53,6 +53,11 @@ pub(crate) struct ServeArgs {
     /// minute; past them it is refused (429) until the minute is over.
     #[arg(long, default_value_t = 10)]
     failed_logins_per_minute: u32,
+    /// A proxy whose `X-Forwarded-For` names the client's address
+    /// (repeatable; with `[serve] trusted_proxies` of warden.toml). Without
+    /// one, the client is the connection's address.
+    #[arg(long = "trusted-proxy", value_name = "IP")]
+    trusted_proxies: Vec<std::net::IpAddr>,
     /// An agent file the API may start, submit and fork runs of, by its
     /// name (repeatable; with `[serve] agents` of warden.toml). A request
     /// never names a file.
@@ -240,6 +245,12 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
         poll,
         failed_logins_per_minute: args.failed_logins_per_minute,
         tls: tls.is_some(),
+        trusted_proxies: args
+            .trusted_proxies
+            .iter()
+            .chain(&ctx.settings.serve_trusted_proxies)
+            .copied()
+            .collect(),
         agents,
     };
     let listener = tokio::net::TcpListener::bind(args.bind)
@@ -267,9 +278,10 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
             agent_names.join(", ")
         );
     }
+    let limits = ctx.settings.serve_connections;
     match tls {
-        Some(tls) => warden_server::serve_tls(listener, tls, router, stop).await?,
-        None => warden_server::serve(listener, router, stop).await?,
+        Some(tls) => warden_server::serve_tls(listener, tls, router, limits, stop).await?,
+        None => warden_server::serve(listener, router, limits, stop).await?,
     }
     Ok(())
 }

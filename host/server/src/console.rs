@@ -213,9 +213,11 @@ fn session_cookie(value: &str, max_age: u64, secure: bool) -> HeaderValue {
 pub async fn login(
     State(guard): State<Arc<Guard>>,
     ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
+    headers: HeaderMap,
     Body(body): Body<Login>,
 ) -> Result<Response, ApiError> {
-    let (caller, expires_ms) = guard.login(body.token.trim(), peer.ip())?;
+    let client = guard.client(peer.ip(), &headers);
+    let (caller, expires_ms) = guard.login(body.token.trim(), client)?;
     // A session never outlives its token.
     let ttl = match expires_ms {
         Some(at) => SESSION_TTL.min(Duration::from_millis(

@@ -7,13 +7,23 @@
 //! 2. **Origin**: a request a browser marks as coming from a page (an
 //!    `Origin` header, or `Sec-Fetch-Site: cross-site`) must come from
 //!    this server's own origin.
-//! 3. **Rate limit**: an address with too many failed logins in the last
-//!    minute is refused before its token is looked at.
-//! 4. **Identity**: a bearer token from the token file ([`Tokens`]), or a
+//! 3. **Identity**: a bearer token from the token file ([`Tokens`]), or a
 //!    console session's cookie (`console.rs`; then anything but GET and
 //!    HEAD must also carry the session's CSRF token); a request without
 //!    either, or with an unknown one, is refused (and counted as a failed
-//!    login). The handler gets the [`Caller`].
+//!    login). The handler gets the [`Caller`], and the connection is
+//!    marked authenticated (`connections.rs`: it is never closed for room).
+//! 4. **Failed-login limit**: an address with too many failed logins in
+//!    the last minute has its next failures refused as `rate_limited`,
+//!    without being looked at further. A valid token or a live session
+//!    passes whatever its address did: the limit bounds the work failures
+//!    cost, and never locks out a good token (tokens are 256-bit random:
+//!    guessing one is not a threat a limit needs to slow).
+//!
+//! The client's address is the connection's, unless the connection comes
+//! from a trusted proxy (`--trusted-proxy`, `[serve] trusted_proxies`):
+//! then it is the last address in `X-Forwarded-For` that is not itself a
+//! trusted proxy.
 //!
 //! Nothing passes unauthenticated but the OpenAPI document and the
 //! console's page, script, style and login.
@@ -29,6 +39,7 @@ use axum::middleware::Next;
 use axum::response::Response;
 use serde_json::json;
 
+use crate::connections::ConnectionHandle;
 use crate::console::{self, CookieAuth, Sessions};
 use crate::error::ApiError;
 use crate::tokens::{Role, Tokens};
@@ -92,6 +103,7 @@ pub struct Guard {
     failures: Mutex<HashMap<IpAddr, (Instant, u32)>>,
     sessions: Sessions,
     tls: bool,
+    trusted_proxies: Vec<IpAddr>,
 }
 
 /// Checks 1 and 2 alone (Host and Origin, against DNS rebinding), for a
@@ -183,12 +195,15 @@ impl Guard {
     /// answers as `extra_hosts` (each `name` or `name:port`), and refuses
     /// an address once it failed `failures_allowed` logins in a minute.
     /// `tls`: the server speaks HTTPS (console cookies are then `Secure`).
+    /// `trusted_proxies`: the addresses whose `X-Forwarded-For` names the
+    /// client.
     pub fn new(
         tokens: Tokens,
         bind: SocketAddr,
         extra_hosts: &[String],
         failures_allowed: u32,
         tls: bool,
+        trusted_proxies: Vec<IpAddr>,
     ) -> Guard {
         Guard {
             tokens,
@@ -197,7 +212,30 @@ impl Guard {
             failures: Mutex::default(),
             sessions: Sessions::default(),
             tls,
+            trusted_proxies,
         }
+    }
+
+    /// The client's address: `peer`'s, or, when `peer` is a trusted proxy,
+    /// the last address in `X-Forwarded-For` that is not a trusted proxy
+    /// (an address a client wrote further left is its own claim, never
+    /// believed).
+    pub(crate) fn client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.trusted_proxies.contains(&peer) {
+            return peer;
+        }
+        let forwarded: Vec<IpAddr> = headers
+            .get_all("x-forwarded-for")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map_while(|a| a.trim().parse::<IpAddr>().ok())
+            .collect();
+        forwarded
+            .into_iter()
+            .rev()
+            .find(|a| !self.trusted_proxies.contains(a))
+            .unwrap_or(peer)
     }
 
     /// The console's sessions.
@@ -214,18 +252,17 @@ impl Guard {
     /// the token expires: refused and counted like any failed login when
     /// it names none or an expired one.
     pub(crate) fn login(&self, token: &str, ip: IpAddr) -> Result<(Caller, Option<i64>), ApiError> {
-        if self.limited(ip) {
-            return Err(rate_limited(ip));
-        }
         self.identify(token, ip)
     }
 
-    /// The caller a bearer token names, and when it expires.
+    /// The caller a bearer token names, and when it expires. A failure is
+    /// counted against `ip`, or, once `ip` is over its limit, refused as
+    /// `rate_limited`.
     fn identify(&self, token: &str, ip: IpAddr) -> Result<(Caller, Option<i64>), ApiError> {
         match self.tokens.identify(token) {
             Some(entry) if entry.is_expired(now_ms()) => {
                 // Counted like an unknown token: an old one is no key.
-                self.failed(ip);
+                self.failed(ip)?;
                 Err(ApiError::new(
                     "token_expired",
                     format!(
@@ -243,7 +280,7 @@ impl Guard {
                 entry.expires_ms,
             )),
             None => {
-                self.failed(ip);
+                self.failed(ip)?;
                 Err(ApiError::new("unauthenticated", "unknown token"))
             }
         }
@@ -256,7 +293,12 @@ impl Guard {
         })
     }
 
-    fn failed(&self, ip: IpAddr) {
+    /// Counts a failed login from `ip`; refused as `rate_limited` instead
+    /// once `ip` is over its limit.
+    fn failed(&self, ip: IpAddr) -> Result<(), ApiError> {
+        if self.limited(ip) {
+            return Err(rate_limited(ip));
+        }
         let mut failures = self.failures.lock().unwrap_or_else(|p| p.into_inner());
         // Bounded: a flood from many addresses forgets the oldest window.
         if failures.len() > 10_000 {
@@ -267,6 +309,7 @@ impl Guard {
             *entry = (Instant::now(), 0);
         }
         entry.1 += 1;
+        Ok(())
     }
 
     /// The request's caller, or why it is refused.
@@ -281,9 +324,6 @@ impl Guard {
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
         if crate::PUBLIC_PATHS.contains(&path) || console::PUBLIC_PATHS.contains(&path) {
             return Ok(None);
-        }
-        if self.limited(ip) {
-            return Err(rate_limited(ip));
         }
         let token = header("authorization")
             .and_then(|v| v.strip_prefix("Bearer "))
@@ -305,14 +345,14 @@ impl Guard {
         ip: IpAddr,
     ) -> Result<Option<Caller>, ApiError> {
         let Some(cookie) = console::cookie(headers) else {
-            self.failed(ip);
+            self.failed(ip)?;
             return Err(ApiError::new(
                 "unauthenticated",
                 "no token: send `Authorization: Bearer <token>`, or log in to the console",
             ));
         };
         let CookieAuth::Live { caller, csrf } = self.sessions.find(cookie) else {
-            self.failed(ip);
+            self.failed(ip)?;
             return Err(ApiError::new(
                 "unauthenticated",
                 "the console session ended (logged out, expired, or the server restarted): log in again",
@@ -357,13 +397,17 @@ pub async fn guard(
     next: Next,
 ) -> Result<Response, ApiError> {
     let path = request.uri().path().to_owned();
-    match guard.check(request.method(), request.headers(), peer.ip(), &path) {
+    let client = guard.client(peer.ip(), request.headers());
+    match guard.check(request.method(), request.headers(), client, &path) {
         Ok(Some(caller)) => {
+            if let Some(connection) = request.extensions().get::<ConnectionHandle>() {
+                connection.authenticated();
+            }
             request.extensions_mut().insert(caller);
         }
         Ok(None) => {}
         Err(error) => {
-            tracing::info!(code = error.report.code, %peer, path, "request refused");
+            tracing::info!(code = error.report.code, %peer, %client, path, "request refused");
             return Err(error);
         }
     }

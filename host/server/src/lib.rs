@@ -14,6 +14,8 @@
 //!   command line's `--json` and the API share;
 //! - `console.rs`: the web console (a page and its script, compiled in)
 //!   and its login, a session cookie with a CSRF token;
+//! - `connections.rs`: the connection layer: header and idle timeouts, a
+//!   connection cap, unauthenticated connections bounded first;
 //! - `tls.rs`: HTTPS.
 //!
 //! The server fails closed: it does not start without tokens
@@ -26,6 +28,7 @@
 
 pub mod agents;
 pub mod api;
+pub mod connections;
 pub mod console;
 pub mod contract;
 pub mod error;
@@ -48,6 +51,7 @@ use warden::engine::worker::AgentLoader;
 use warden::engine::{Agent, RunId, Runtime};
 
 pub use error::{ApiError, Classify, ErrorReport};
+pub use connections::ConnectionLimits;
 pub use guard::Caller;
 pub use tokens::{Role, TokenError, Tokens};
 
@@ -73,6 +77,9 @@ pub struct ServeConfig {
     pub failed_logins_per_minute: u32,
     /// Whether it serves HTTPS (the console's cookie is then `Secure`).
     pub tls: bool,
+    /// The proxies whose `X-Forwarded-For` names the client's address
+    /// (for the failed-login limit and the logs).
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// The agents it starts runs of (`POST /api/v1/runs`) and forks into:
     /// the operator's choice, loaded and checked before it serves.
     pub agents: agents::Agents,
@@ -198,6 +205,7 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         &config.allowed_hosts,
         config.failed_logins_per_minute,
         config.tls,
+        config.trusted_proxies,
     ));
     let app = Arc::new(App {
         runtime,
@@ -297,32 +305,26 @@ pub fn check_bind(addr: SocketAddr, tls: bool, insecure: bool) -> Result<(), Bin
     }
 }
 
-/// Serves `router` on `listener` (plain HTTP) until `shutdown` completes.
+/// Serves `router` on `listener` (plain HTTP) within `limits` until
+/// `shutdown` completes.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     router: Router,
+    limits: connections::ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<guard::Peer>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    connections::serve(listener, router, limits, shutdown).await
 }
 
-/// Serves `router` over TLS on `listener` until `shutdown` completes.
+/// Serves `router` over TLS on `listener` within `limits` until
+/// `shutdown` completes.
 pub async fn serve_tls(
     listener: tokio::net::TcpListener,
     tls: Arc<tokio_rustls::rustls::ServerConfig>,
     router: Router,
+    limits: connections::ConnectionLimits,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
     let listener = tls::TlsListener::new(listener, tls);
-    axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<guard::Peer>(),
-    )
-    .with_graceful_shutdown(shutdown)
-    .await
+    connections::serve(listener, router, limits, shutdown).await
 }

@@ -63,15 +63,11 @@ pub fn load(cert: &Path, key: &Path) -> Result<Arc<ServerConfig>, TlsError> {
 /// done.
 pub struct TlsListener {
     ready: mpsc::Receiver<(TlsStream<tokio::net::TcpStream>, SocketAddr)>,
-    local: SocketAddr,
 }
 
 impl TlsListener {
     /// Accepts on `listener` with `config`.
     pub fn new(listener: TcpListener, config: Arc<ServerConfig>) -> TlsListener {
-        let local = listener
-            .local_addr()
-            .unwrap_or_else(|_| SocketAddr::from(([0, 0, 0, 0], 0)));
         let (tx, ready) = mpsc::channel(64);
         let acceptor = TlsAcceptor::from(config);
         tokio::spawn(async move {
@@ -100,31 +96,18 @@ impl TlsListener {
                 });
             }
         });
-        TlsListener { ready, local }
+        TlsListener { ready }
     }
 }
 
-impl axum::serve::Listener for TlsListener {
+impl crate::connections::Accept for TlsListener {
     type Io = TlsStream<tokio::net::TcpStream>;
-    type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+    async fn next(&mut self) -> std::io::Result<(Self::Io, SocketAddr)> {
         match self.ready.recv().await {
-            Some(ready) => ready,
+            Some(ready) => Ok(ready),
             // The accept loop only ends once this listener is dropped.
             None => std::future::pending().await,
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
-    }
-}
-
-impl axum::extract::connect_info::Connected<axum::serve::IncomingStream<'_, TlsListener>>
-    for crate::guard::Peer
-{
-    fn connect_info(stream: axum::serve::IncomingStream<'_, TlsListener>) -> Self {
-        crate::guard::Peer(*stream.remote_addr())
     }
 }

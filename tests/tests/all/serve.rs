@@ -51,6 +51,13 @@ pub(crate) fn add_token(dir: &Path, name: &str, role: &str) -> String {
 /// A child process killed on drop.
 pub(crate) struct Killed(Child);
 
+impl Killed {
+    /// `child`, killed on drop.
+    pub(crate) fn new(child: Child) -> Killed {
+        Killed(child)
+    }
+}
+
 impl Drop for Killed {
     fn drop(&mut self) {
         let _ = self.0.kill();
