@@ -24,6 +24,11 @@
 //!   failing sources skipped or failing the run, recovery without
 //!   resolving a recorded step again.
 //! - `fs_plugin`: the built-in fs plugin through the plugin host and grants.
+//! - `attack_matrix`: the surface × attacker matrix of issue 37, from the
+//!   lists in `warden::threat_model`: each cell names the tests that prove
+//!   containment; the breaks of issue 37 and their next variants (a
+//!   plugin's preview on a real terminal, untrusted text on the terminal,
+//!   rules over canonical paths).
 //! - `approvals`: approvals bound to one frozen call (its digest), a
 //!   stale digest refused, a forged approval approving nothing; standing
 //!   rules granting, naming themselves, lapsing (revoked, expired) before
@@ -133,6 +138,7 @@
 //!   around the memory store: a store written elsewhere runs it the same way.
 
 mod approvals;
+mod attack_matrix;
 mod batches;
 mod binary;
 mod budgets;
