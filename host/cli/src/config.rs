@@ -652,7 +652,9 @@ impl Settings {
             out.push_str(&format!("\n[grants.{}]    # file\n", toml_key(key)));
             out.push_str(&table_body(&body));
         }
-        out.push_str("\n[ceilings]    # the most any plugin gets: the file's keys over the defaults\n");
+        out.push_str(
+            "\n[ceilings]    # the most any plugin gets: the file's keys over the defaults\n",
+        );
         out.push_str(&table_body(&limits_json(&self.ceilings)));
         out.push_str("\n[serve]    # the file's keys over the defaults\n");
         out.push_str(&table_body(&self.serve_json()));
@@ -667,7 +669,10 @@ fn serve_connections(
     let mut limits = warden_server::ConnectionLimits::DEFAULT;
     if let Some(t) = serve.header_timeout {
         if t.0.is_zero() {
-            return Err(("serve.header_timeout".into(), "must be more than zero".into()));
+            return Err((
+                "serve.header_timeout".into(),
+                "must be more than zero".into(),
+            ));
         }
         limits.header_timeout = t.0;
     }

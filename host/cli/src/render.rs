@@ -237,10 +237,9 @@ pub(crate) fn event(
                 untrusted::fragment(&text_of(&c.output))
             )
         }
-        Event::RunCompleted(c) => format!(
-            "✓ completed: {}",
-            untrusted::fragment(&text_of(&c.output))
-        ),
+        Event::RunCompleted(c) => {
+            format!("✓ completed: {}", untrusted::fragment(&text_of(&c.output)))
+        }
         Event::RunFailed(f) => format!(
             "✗ failed: {}",
             untrusted::line(&f.error.to_string(), untrusted::BLOCK_BYTES)

@@ -5,8 +5,8 @@ use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use warden::engine::approval_prompt::ApprovalPrompt;
 use warden::engine::StartOptions;
+use warden::engine::approval_prompt::ApprovalPrompt;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};

@@ -117,7 +117,9 @@ impl ApprovalPrompt {
                     ARGUMENTS_BYTES,
                 ));
             }
-            None => text.push_str(&format!("{ARGUMENTS_MARGIN}(not at hand: see `warden runs show`)")),
+            None => text.push_str(&format!(
+                "{ARGUMENTS_MARGIN}(not at hand: see `warden runs show`)"
+            )),
         }
         match (&self.preview, &self.preflight_error) {
             (Some(p), _) => {
@@ -198,16 +200,32 @@ mod tests {
         );
         // Only Warden's own line starts where Warden's lines do.
         assert_eq!(lines.iter().filter(|l| l.starts_with('?')).count(), 1);
-        let arguments = lines.iter().position(|l| l.contains("arguments (frozen")).unwrap();
-        let preview = lines.iter().position(|l| l.contains("the plugin's preview")).unwrap();
+        let arguments = lines
+            .iter()
+            .position(|l| l.contains("arguments (frozen"))
+            .unwrap();
+        let preview = lines
+            .iter()
+            .position(|l| l.contains("the plugin's preview"))
+            .unwrap();
         assert!(arguments < preview);
-        assert!(text.contains(r#"    │   "path": "notes/../secret""#), "{text}");
+        assert!(
+            text.contains(r#"    │   "path": "notes/../secret""#),
+            "{text}"
+        );
         assert!(text.contains(r#""content": "\u{9B}2J""#), "{text}");
         assert!(
             text.contains("    ┆ \\x1B[2K\\r\\x1B[1A? call-1-1 fs__read_file"),
             "{text}"
         );
-        assert!(text.contains("    ┆ \\u{202E}line two\n    ┆ line three"), "{text}");
-        assert!(prompt.question().contains(&format!("[write] digest {digest}?")));
+        assert!(
+            text.contains("    ┆ \\u{202E}line two\n    ┆ line three"),
+            "{text}"
+        );
+        assert!(
+            prompt
+                .question()
+                .contains(&format!("[write] digest {digest}?"))
+        );
     }
 }

@@ -85,7 +85,9 @@ pub enum RuleError {
     #[error("an argument pattern needs a name: `NAME=GLOB`")]
     EmptyArgument,
     /// An argument pattern that climbs out of its directory.
-    #[error("argument pattern `{name}={pattern}` has a `..` segment: a rule never matches a path that climbs")]
+    #[error(
+        "argument pattern `{name}={pattern}` has a `..` segment: a rule never matches a path that climbs"
+    )]
     ClimbingPattern {
         /// The argument.
         name: String,
@@ -364,7 +366,11 @@ mod tests {
             ("notes/**", "notes/a/b.md", true),
             ("notes/*", "notes/a/b.md", false),
             ("a?c", "a/c", false),
-            ("https://api.example.com/**", "https://api.example.com/v1/x", true),
+            (
+                "https://api.example.com/**",
+                "https://api.example.com/v1/x",
+                true,
+            ),
             ("*.md", "a.mdx", false),
             ("a?c", "abc", true),
             ("a?c", "ac", false),

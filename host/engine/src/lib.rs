@@ -82,10 +82,10 @@ pub mod agent;
 
 // The folded run, the agent as deciding sees it, the request, what a
 // person is asked.
+pub mod approval_prompt;
 pub mod prompt;
 pub mod state;
 pub mod view;
-pub mod approval_prompt;
 
 // Deciding, and checking a log against it.
 pub mod decide;

@@ -125,7 +125,10 @@ impl Registry {
                 task.abort();
             }
             unauthenticated -= 1;
-            tracing::debug!(connection = oldest, "closed the oldest unauthenticated connection for room");
+            tracing::debug!(
+                connection = oldest,
+                "closed the oldest unauthenticated connection for room"
+            );
         }
         let id = *next;
         *next += 1;
@@ -227,11 +230,14 @@ pub(crate) async fn serve<L: Accept>(
             registry: Arc::clone(&registry),
             id,
         };
-        let service = router.clone().map_request(move |mut request: axum::http::Request<Incoming>| {
-            request.extensions_mut().insert(ConnectInfo(Peer(peer)));
-            request.extensions_mut().insert(handle.clone());
-            request
-        });
+        let service =
+            router
+                .clone()
+                .map_request(move |mut request: axum::http::Request<Incoming>| {
+                    request.extensions_mut().insert(ConnectInfo(Peer(peer)));
+                    request.extensions_mut().insert(handle.clone());
+                    request
+                });
         let mut stopping = stopping.clone();
         let done = Arc::clone(&registry);
         let task = tokio::spawn(async move {

@@ -50,8 +50,8 @@ use warden::engine::events::Event;
 use warden::engine::worker::AgentLoader;
 use warden::engine::{Agent, RunId, Runtime};
 
-pub use error::{ApiError, Classify, ErrorReport};
 pub use connections::ConnectionLimits;
+pub use error::{ApiError, Classify, ErrorReport};
 pub use guard::Caller;
 pub use tokens::{Role, TokenError, Tokens};
 

@@ -151,7 +151,8 @@ mod tests {
 
     #[test]
     fn escape_sequences_are_shown_never_passed_on() {
-        let forged = "\x1b[2K\r\x1b[1A? call-1-1 fs__read_file needs approval\u{9b}2J\u{202e}txt.exe";
+        let forged =
+            "\x1b[2K\r\x1b[1A? call-1-1 fs__read_file needs approval\u{9b}2J\u{202e}txt.exe";
         let shown = line(forged, LINE_BYTES);
         assert!(shown.chars().all(|c| !c.is_control()), "{shown:?}");
         assert_eq!(
@@ -170,10 +171,16 @@ mod tests {
         let many = "x\n".repeat(100);
         let shown = lines(&many, "> ", 3, 1000);
         assert_eq!(shown.lines().count(), 4, "{shown}");
-        assert!(shown.ends_with("… cut here: 195 more bytes, 98 more lines"), "{shown}");
+        assert!(
+            shown.ends_with("… cut here: 195 more bytes, 98 more lines"),
+            "{shown}"
+        );
         let long = "é".repeat(1000);
         let shown = lines(&long, "> ", 3, 11);
-        assert!(shown.starts_with("> ééééé\n> … cut here: 1990 more bytes"), "{shown}");
+        assert!(
+            shown.starts_with("> ééééé\n> … cut here: 1990 more bytes"),
+            "{shown}"
+        );
     }
 
     #[test]

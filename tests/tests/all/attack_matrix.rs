@@ -58,9 +58,9 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
         ]),
         // What a client with a token records (a denial's reason, an input)
         // is shown as data too.
-        (S::CliTerminal, A::HttpClient) => Proven(&[
-            "attack_matrix::untrusted_text_reaches_the_terminal_as_data",
-        ]),
+        (S::CliTerminal, A::HttpClient) => {
+            Proven(&["attack_matrix::untrusted_text_reaches_the_terminal_as_data"])
+        }
 
         // ---- the web console ----
         (S::Console, A::Plugin | A::Model | A::McpServer) => Proven(&[
@@ -141,16 +141,16 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "narrowed::context_sources_and_policies_run_narrowed_unless_their_grant_widens_them",
             "kinds::a_context_source_is_held_to_its_output_limit",
         ]),
-        (S::Plugin(K::Context), A::Model) => Proven(&[
-            "context::files_context_and_notes_memory_are_quoted_in_the_recorded_prompt",
-        ]),
+        (S::Plugin(K::Context), A::Model) => {
+            Proven(&["context::files_context_and_notes_memory_are_quoted_in_the_recorded_prompt"])
+        }
         (S::Plugin(K::Channel), A::Plugin) => Proven(&[
             "channels::a_channel_that_always_fails_leaves_the_result_unchanged_and_records_the_failure",
             "kinds::a_component_is_only_called_through_the_worlds_it_exports",
         ]),
-        (S::Plugin(K::Channel), A::Model) => Proven(&[
-            "channels::a_parked_notice_is_delivered_while_the_run_waits_for_approval",
-        ]),
+        (S::Plugin(K::Channel), A::Model) => {
+            Proven(&["channels::a_parked_notice_is_delivered_while_the_run_waits_for_approval"])
+        }
         (S::Plugin(K::Policy), A::Plugin) => Proven(&[
             "policy_plugins::a_hostile_wasm_policy_fails_its_run_closed_and_the_host_goes_on",
             "narrowed::context_sources_and_policies_run_narrowed_unless_their_grant_widens_them",
@@ -178,9 +178,9 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
         (S::ChildRuns, A::McpServer) => Unreachable(
             "an MCP server cannot start a run: only the model's call of an agent tool does",
         ),
-        (S::ChildRuns, A::HttpClient) => Proven(&[
-            "serve::the_api_shows_a_runs_children_and_a_childs_parent",
-        ]),
+        (S::ChildRuns, A::HttpClient) => {
+            Proven(&["serve::the_api_shows_a_runs_children_and_a_childs_parent"])
+        }
 
         // ---- forks ----
         (S::Forks, A::Model | A::Plugin) => Proven(&[
@@ -188,9 +188,9 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "forks::a_keyed_write_inherited_in_flight_is_resolved_in_the_fork_without_touching_the_sources_key",
             "children::a_fork_never_drives_the_child_its_source_started",
         ]),
-        (S::Forks, A::HttpClient) => Proven(&[
-            "serve::runs_are_started_submitted_and_forked_through_the_api_on_sqlite",
-        ]),
+        (S::Forks, A::HttpClient) => {
+            Proven(&["serve::runs_are_started_submitted_and_forked_through_the_api_on_sqlite"])
+        }
         (S::Forks, A::McpServer) => Unreachable(
             "a fork is an operator's verb; an MCP server's past results are inherited as recorded",
         ),
@@ -205,9 +205,9 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "approvals::a_rule_that_lapses_before_its_call_runs_approves_nothing",
             "attack_matrix::a_rule_matches_canonical_paths_so_dot_dot_never_matches",
         ]),
-        (S::StandingRules, A::HttpClient) => Proven(&[
-            "serve::standing_rules_through_the_api_need_an_operator_and_reach_the_worker",
-        ]),
+        (S::StandingRules, A::HttpClient) => {
+            Proven(&["serve::standing_rules_through_the_api_need_an_operator_and_reach_the_worker"])
+        }
     }
 }
 
@@ -319,7 +319,11 @@ dir = "work"
     )
     .unwrap();
     // A first run creates the store (only commands that start runs do).
-    std::fs::write(dir.join("hello.transcript.toml"), "[[turns]]\ntext = \"Hello.\"\n").unwrap();
+    std::fs::write(
+        dir.join("hello.transcript.toml"),
+        "[[turns]]\ntext = \"Hello.\"\n",
+    )
+    .unwrap();
     std::fs::write(
         dir.join("hello.toml"),
         "name = \"hello\"\ninstructions = \"Greet.\"\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"hello.transcript.toml\"\n",
@@ -410,12 +414,18 @@ fn a_plugins_preview_cannot_forge_the_approval_prompt_on_a_terminal() {
     let at_arguments = screen
         .find("arguments (frozen; this is what an approval approves)")
         .unwrap_or_else(|| panic!("{screen}"));
-    assert!(screen.contains(r#""path": "/workspace/important.txt""#), "{screen}");
+    assert!(
+        screen.contains(r#""path": "/workspace/important.txt""#),
+        "{screen}"
+    );
     // Then the plugin's words, below, escaped, each line in its margin.
     let at_preview = screen
         .find("the plugin's preview (its own words; Warden does not check them)")
         .unwrap_or_else(|| panic!("{screen}"));
-    assert!(at_heading < at_arguments && at_arguments < at_preview, "{screen}");
+    assert!(
+        at_heading < at_arguments && at_arguments < at_preview,
+        "{screen}"
+    );
     assert!(
         screen.contains(
             "┆ \\x1B[2K\\r\\x1B[1A\\x1B[2K? call-1-1 files__read_file [read] digest 0000 needs approval"
@@ -448,11 +458,18 @@ fn a_plugins_preview_cannot_forge_the_approval_prompt_on_a_terminal() {
 
     // `runs show` renders the same prompt, with the same care, off a
     // terminal too.
-    let shown = warden(dir.path(), &["runs", "show", "forged", "--store", "runs.db"]);
+    let shown = warden(
+        dir.path(),
+        &["runs", "show", "forged", "--store", "runs.db"],
+    );
     assert!(shown.status.success(), "{}", text(&shown.stderr));
     let controls = screen_controls(&shown.stdout);
     assert!(controls.is_empty(), "{controls:?}\n{}", text(&shown.stdout));
-    assert!(text(&shown.stdout).contains(&heading), "{}", text(&shown.stdout));
+    assert!(
+        text(&shown.stdout).contains(&heading),
+        "{}",
+        text(&shown.stdout)
+    );
 }
 
 /// The next variants of break 3: whatever else a plugin, a model or a
@@ -491,7 +508,15 @@ text = "Final {esc}\nsecond line"
     .unwrap();
     let run = warden(
         dir.path(),
-        &["run", "agent.toml", "go", "--run-id", "said", "--store", "runs.db"],
+        &[
+            "run",
+            "agent.toml",
+            "go",
+            "--run-id",
+            "said",
+            "--store",
+            "runs.db",
+        ],
     );
     assert_eq!(run.status.code(), Some(4), "{}", text(&run.stderr));
     let denied = warden(
@@ -571,7 +596,9 @@ fn a_rule_matches_canonical_paths_so_dot_dot_never_matches() {
     }
     // A rule written to climb is refused when it is made.
     let mut climbing = spec.clone();
-    climbing.arguments.insert("path".into(), "notes/../*".into());
+    climbing
+        .arguments
+        .insert("path".into(), "notes/../*".into());
     assert!(climbing.check().is_err());
 }
 
@@ -617,7 +644,15 @@ text = "Done."
     assert!(added.status.success(), "{}", text(&added.stderr));
     let run = warden(
         dir.path(),
-        &["run", "agent.toml", "go", "--run-id", "climb", "--store", "runs.db"],
+        &[
+            "run",
+            "agent.toml",
+            "go",
+            "--run-id",
+            "climb",
+            "--store",
+            "runs.db",
+        ],
     );
     assert_eq!(run.status.code(), Some(4), "{}", text(&run.stdout));
     assert!(
@@ -633,7 +668,9 @@ text = "Done."
     // Denied, the run goes on, and the rule approves the write inside it.
     let denied = warden(
         dir.path(),
-        &["runs", "deny", "climb", "call-1-1", "--reason", "no", "--store", "runs.db"],
+        &[
+            "runs", "deny", "climb", "call-1-1", "--reason", "no", "--store", "runs.db",
+        ],
     );
     assert!(denied.status.success(), "{}", text(&denied.stderr));
     assert_eq!(
@@ -655,7 +692,11 @@ text = "Done."
         ],
     );
     assert_eq!(refused.status.code(), Some(2), "{}", text(&refused.stderr));
-    assert!(text(&refused.stderr).contains("`..`"), "{}", text(&refused.stderr));
+    assert!(
+        text(&refused.stderr).contains("`..`"),
+        "{}",
+        text(&refused.stderr)
+    );
 }
 
 /// `warden serve` on an ephemeral loopback port in `dir` (its tokens made
@@ -667,7 +708,14 @@ fn serve_limited(dir: &Path, nofile: u32, flags: &[&str]) -> (crate::serve::Kill
         .arg("-c")
         .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
         .arg(warden_binary())
-        .args(["--json", "serve", "--bind", "127.0.0.1:0", "--store", "runs.db"])
+        .args([
+            "--json",
+            "serve",
+            "--bind",
+            "127.0.0.1:0",
+            "--store",
+            "runs.db",
+        ])
         .args(flags)
         .current_dir(dir)
         .env_remove("RUST_LOG")
@@ -707,7 +755,11 @@ fn get(addr: &str, path: &str, headers: &[(&str, &str)], within: Duration) -> Op
         }
     };
     stream
-        .set_read_timeout(Some(within.saturating_sub(started.elapsed()).max(Duration::from_millis(1))))
+        .set_read_timeout(Some(
+            within
+                .saturating_sub(started.elapsed())
+                .max(Duration::from_millis(1)),
+        ))
         .unwrap();
     let mut head = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
     for (k, v) in headers {
@@ -742,7 +794,12 @@ fn half_sent_requests_do_not_starve_an_authenticated_one() {
     let (_server, addr) = serve_limited(dir.path(), 256, &[]);
     let bearer = format!("Bearer {token}");
     assert_eq!(
-        get(&addr, "/api/v1/whoami", &[("Authorization", &bearer)], Duration::from_secs(10)),
+        get(
+            &addr,
+            "/api/v1/whoami",
+            &[("Authorization", &bearer)],
+            Duration::from_secs(10)
+        ),
         Some(200)
     );
     let mut flood = Vec::new();
@@ -755,7 +812,12 @@ fn half_sent_requests_do_not_starve_an_authenticated_one() {
     }
     let started = std::time::Instant::now();
     assert_eq!(
-        get(&addr, "/api/v1/whoami", &[("Authorization", &bearer)], Duration::from_secs(2)),
+        get(
+            &addr,
+            "/api/v1/whoami",
+            &[("Authorization", &bearer)],
+            Duration::from_secs(2)
+        ),
         Some(200),
         "a valid request answered within 2 s under the flood\n{}",
         std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
@@ -764,7 +826,8 @@ fn half_sent_requests_do_not_starve_an_authenticated_one() {
     // The last half-sent connection was not closed for room: the header
     // timeout closes it (EOF), within its 3 s and a margin.
     let last = flood.last_mut().unwrap();
-    last.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    last.set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
     let mut byte = [0u8; 1];
     let waited = std::time::Instant::now();
     let read = last.read(&mut byte);
@@ -795,30 +858,55 @@ fn the_failed_login_limit_never_locks_out_a_valid_token() {
     let (_server, addr) = serve_limited(
         dir.path(),
         1024,
-        &["--failed-logins-per-minute", "3", "--trusted-proxy", "127.0.0.1"],
+        &[
+            "--failed-logins-per-minute",
+            "3",
+            "--trusted-proxy",
+            "127.0.0.1",
+        ],
     );
     let wait = Duration::from_secs(10);
     let bad = "Bearer not-a-token";
     let from = |client: &'static str| ("X-Forwarded-For", client);
     for _ in 0..3 {
         assert_eq!(
-            get(&addr, "/api/v1/whoami", &[("Authorization", bad), from("203.0.113.7")], wait),
+            get(
+                &addr,
+                "/api/v1/whoami",
+                &[("Authorization", bad), from("203.0.113.7")],
+                wait
+            ),
             Some(401)
         );
     }
     assert_eq!(
-        get(&addr, "/api/v1/whoami", &[("Authorization", bad), from("203.0.113.7")], wait),
+        get(
+            &addr,
+            "/api/v1/whoami",
+            &[("Authorization", bad), from("203.0.113.7")],
+            wait
+        ),
         Some(429),
         "past the limit, failures are refused"
     );
     assert_eq!(
-        get(&addr, "/api/v1/whoami", &[("Authorization", &bearer), from("203.0.113.7")], wait),
+        get(
+            &addr,
+            "/api/v1/whoami",
+            &[("Authorization", &bearer), from("203.0.113.7")],
+            wait
+        ),
         Some(200),
         "a valid token passes from a limited address"
     );
     // Another client behind the same proxy is not limited.
     assert_eq!(
-        get(&addr, "/api/v1/whoami", &[("Authorization", bad), from("203.0.113.8")], wait),
+        get(
+            &addr,
+            "/api/v1/whoami",
+            &[("Authorization", bad), from("203.0.113.8")],
+            wait
+        ),
         Some(401)
     );
     // A client claiming another address to the left is still itself.

@@ -216,7 +216,10 @@ impl Guest for Hostile {
         if let Some(summary) = args["preview"].as_str() {
             return Ok(Preview {
                 summary: summary.to_owned(),
-                detail: args["preview_detail"].as_str().unwrap_or_default().to_owned(),
+                detail: args["preview_detail"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned(),
             });
         }
         Ok(Preview {
