@@ -362,14 +362,28 @@ fn init_tracing(verbose: u8, quiet: bool) {
         .with_writer(std::io::stderr)
         .with_ansi(colour_on_stderr())
         .with_filter(filter);
-    let progress =
-        progress::ProgressLayer.with_filter(tracing_subscriber::filter::filter_fn(move |m| {
-            !quiet && m.target() == progress::TARGET
-        }));
+    let progress = progress::ProgressLayer.with_filter(progress_filter(quiet));
+    // `try_init` hands the subscriber's maximum level to `log` as well, so
+    // every filter here must state its level: a filter without a hint makes
+    // that level TRACE, and then every `log::trace!` of Cranelift and
+    // regalloc2 is formatted into a record and passed through both layers'
+    // filters only to be dropped (most of a cold compile's time, once).
     let _ = tracing_subscriber::registry()
         .with(logs)
         .with(progress)
         .try_init();
+}
+
+/// The progress layer's filter: only [`progress::TARGET`]'s spans (info),
+/// none under `-q`; a filter with a level, so it bounds the maximum level.
+fn progress_filter(quiet: bool) -> tracing_subscriber::filter::Targets {
+    use tracing_subscriber::filter::LevelFilter;
+    let level = if quiet {
+        LevelFilter::OFF
+    } else {
+        LevelFilter::INFO
+    };
+    tracing_subscriber::filter::Targets::new().with_target(progress::TARGET, level)
 }
 
 /// The process's sandbox, caching compiled components where the settings
@@ -403,6 +417,21 @@ fn restore_sigpipe() {}
 
 #[cfg(test)]
 mod tests {
+    /// Library records below the level asked for are refused at `log`'s
+    /// and `tracing`'s own level check, never dispatched to the layers.
+    #[test]
+    fn the_maximum_level_is_what_the_filters_ask_for() {
+        use tracing::level_filters::LevelFilter;
+        // The only test that installs the global subscriber; `RUST_LOG`
+        // would change what it asks for.
+        assert!(
+            std::env::var_os("RUST_LOG").is_none(),
+            "unset RUST_LOG to run this test"
+        );
+        super::init_tracing(0, false);
+        assert_eq!(LevelFilter::current(), LevelFilter::INFO);
+    }
+
     #[test]
     fn the_command_line_is_consistent() {
         use clap::CommandFactory as _;
