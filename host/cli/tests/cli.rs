@@ -1081,6 +1081,12 @@ api_token = "sk-live-do-not-print"
         "[grants.fs]",
         "api_token = \"***\"",
         "team = \"ops\"",
+        // Every table in force, defaults included (issue 42, item 3).
+        "[ceilings]",
+        "fuel = 100000000000",
+        "[serve]",
+        "header_timeout = \"10s\"",
+        "max_unauthenticated_connections = 256",
     ] {
         assert!(text.contains(expected), "missing `{expected}` in:\n{text}");
     }
@@ -1089,6 +1095,8 @@ api_token = "sk-live-do-not-print"
     let shown = json_out(&out);
     assert_eq!(shown["store"]["source"], "flag --store");
     assert_eq!(shown["grants"]["hook"]["config"]["api_token"], "***");
+    assert_eq!(shown["serve"]["max_connections"], 1024);
+    assert_eq!(shown["ceilings"]["http_requests"], 256);
     assert!(!stdout(&out).contains("sk-live-do-not-print"));
 
     // A bad file is one line naming the file and the key; nothing recorded.
