@@ -323,7 +323,8 @@ pub fn glob(pattern: &str, text: &str) -> bool {
     for c in text.chars() {
         let mut next = vec![false; tokens.len() + 1];
         for (i, token) in tokens.iter().enumerate() {
-            if !row[i] && !(row[i + 1] && matches!(token, Token::Segment | Token::Any)) {
+            let star_repeats = row[i + 1] && matches!(token, Token::Segment | Token::Any);
+            if !row[i] && !star_repeats {
                 continue;
             }
             match token {
