@@ -231,7 +231,7 @@ impl Temp {
             return;
         };
         let same = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
-            .is_ok_and(|s| (s.st_dev as u64, s.st_ino as u64) == (self.device, self.inode));
+            .is_ok_and(|s| (s.st_dev, s.st_ino) == (self.device, self.inode));
         if same && rustix::fs::unlinkat(&dir, name, AtFlags::empty()).is_ok() {
             tracing::debug!(path = %self.path, "removed a temporary file its lease left behind");
         }
@@ -720,9 +720,9 @@ impl HostDescriptor for FsView<'_> {
                 _ => None,
             };
             let temp = match &opened {
-                Opened::File(file) if is_temp => rustix::fs::fstat(file)
-                    .ok()
-                    .map(|s| (s.st_dev as u64, s.st_ino as u64)),
+                Opened::File(file) if is_temp => {
+                    rustix::fs::fstat(file).ok().map(|s| (s.st_dev, s.st_ino))
+                }
                 _ => None,
             };
             io::Result::Ok(Checked { opened, rel, temp })
