@@ -326,7 +326,8 @@ pub(crate) fn runtime(
     let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     let rt = Runtime::new(store, host.clone())
         .with_record_prompts(ctx.settings.record_prompts.value)
-        .with_labels(ctx.settings.labels.value.clone());
+        .with_labels(ctx.settings.labels.value.clone())
+        .with_ceilings(ctx.settings.run_ceilings);
     Ok((rt, host))
 }
 
@@ -1470,7 +1471,7 @@ async fn drive_and_print(
                         super::out::text("  ");
                         in_text = true;
                     }
-                    super::out::text(&warden::untrusted::fragment(&text));
+                    super::out::text(warden::untrusted::fragment(&text));
                 }
                 Some(_) | None => {}
             },
