@@ -80,12 +80,12 @@ use super::prompt::{build_request, request_frame};
 use super::refusal::OnRefusal;
 use super::request_hash::{RequestHasher, request_hash, request_size};
 use super::retry::RetryPolicy;
-use super::schema::SchemaError;
+use super::schema::{CompiledSchemas, SchemaError};
 use super::state::{
     ModelCallProgress, Parked, RunState, ToolCallProgress, ToolCallState, key_argument,
 };
 use super::status::RunStatus;
-use super::view::{AgentView, ToolTarget};
+use super::view::{AgentTool, AgentView, ToolTarget};
 use batch::launch;
 use policies::gate;
 use warden_plugins::grant::EffectClass;
@@ -915,6 +915,56 @@ fn preview_text(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
+/// Why `arguments` do not fit `tool`'s input schema (or the schema is
+/// unusable), if they do not.
+fn schema_rejection(
+    tool: &AgentTool,
+    schemas: &CompiledSchemas,
+    arguments: &Value,
+) -> Option<ToolCallError> {
+    match schemas.check(&tool.name, &tool.input_schema, arguments) {
+        Ok(()) => None,
+        Err(e @ SchemaError::Violation { .. }) => Some(ToolCallError::InvalidArguments {
+            message: e.to_string(),
+        }),
+        Err(e @ SchemaError::InvalidSchema { .. }) => Some(ToolCallError::Unavailable {
+            message: format!("the tool's input schema is unusable: {e}"),
+        }),
+    }
+}
+
+/// The mistake in a call of `tool` with `arguments`, if it has one: the
+/// rejections [`decide`] would record for it and count as the model's
+/// invalid calls (arguments that are not an object or do not fit the
+/// input schema, a missing idempotency-key argument), by the same checks.
+///
+/// For a caller that is not the run's model: an MCP client's call is
+/// checked with this before the run is offered it, so the client's mistake
+/// is answered to that call and never counted against the session's run
+/// (whose model is the client, its calls independent requests).
+pub fn call_mistake(
+    tool: &AgentTool,
+    schemas: &CompiledSchemas,
+    arguments: &Value,
+) -> Option<ToolCallError> {
+    if !arguments.is_object() {
+        return Some(ToolCallError::InvalidArguments {
+            message: format!("arguments must be a JSON object, got `{arguments}`"),
+        });
+    }
+    if let Some(error) = schema_rejection(tool, schemas, arguments) {
+        return error.is_invalid_call().then_some(error);
+    }
+    match &tool.target {
+        ToolTarget::Plugin { key: Some(k), .. } if key_argument(arguments, &k.field).is_none() => {
+            Some(ToolCallError::MissingIdempotencyKey {
+                field: k.field.clone(),
+            })
+        }
+        _ => None,
+    }
+}
+
 fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Action {
     let reject = |error| {
         Action::RejectToolCall(ToolCallRejected {
@@ -956,21 +1006,8 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
         if let Some(error) = malformed_arguments(state, &call.call.arguments) {
             return reject(error);
         }
-        match view
-            .input_schemas
-            .check(&tool.name, &tool.input_schema, &call.call.arguments)
-        {
-            Ok(()) => {}
-            Err(e @ SchemaError::Violation { .. }) => {
-                return reject(ToolCallError::InvalidArguments {
-                    message: e.to_string(),
-                });
-            }
-            Err(e @ SchemaError::InvalidSchema { .. }) => {
-                return reject(ToolCallError::Unavailable {
-                    message: format!("the tool's input schema is unusable: {e}"),
-                });
-            }
+        if let Some(error) = schema_rejection(tool, &view.input_schemas, &call.call.arguments) {
+            return reject(error);
         }
     }
     if matches!(call.progress, ToolCallProgress::Pending) {

@@ -1016,6 +1016,20 @@ pub enum ToolCallError {
 }
 
 impl ToolCallError {
+    /// Whether this rejection is the caller's mistake (an unknown tool,
+    /// arguments that do not fit, a call cut off, a missing key argument):
+    /// what the run counts as its model's invalid calls in a row, up to the
+    /// agent's `max_invalid_tool_calls`.
+    pub fn is_invalid_call(&self) -> bool {
+        matches!(
+            self,
+            ToolCallError::UnknownTool { .. }
+                | ToolCallError::InvalidArguments { .. }
+                | ToolCallError::TruncatedCall { .. }
+                | ToolCallError::MissingIdempotencyKey { .. }
+        )
+    }
+
     /// The error a guest returned.
     pub fn from_wit(error: &wit::ToolError) -> ToolCallError {
         match error {

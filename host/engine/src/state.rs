@@ -1906,13 +1906,7 @@ impl RunState {
                 };
             }
             Event::ToolCallRejected(r) => {
-                if matches!(
-                    r.error,
-                    ToolCallError::UnknownTool { .. }
-                        | ToolCallError::InvalidArguments { .. }
-                        | ToolCallError::TruncatedCall { .. }
-                        | ToolCallError::MissingIdempotencyKey { .. }
-                ) {
+                if r.error.is_invalid_call() {
                     self.invalid_calls_in_a_row += 1;
                     self.last_invalid_call = Some(r.error.to_string());
                 }
