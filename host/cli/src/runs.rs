@@ -1507,7 +1507,7 @@ async fn drive_and_print(
                         super::out::text("  ");
                         in_text = true;
                     }
-                    super::out::text(&warden::untrusted::fragment(&text));
+                    super::out::text(warden::untrusted::fragment(&text));
                 }
                 Some(_) | None => {}
             },
