@@ -331,7 +331,8 @@ pub(crate) fn runtime(
     let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     let rt = Runtime::new(store, host.clone())
         .with_record_prompts(ctx.settings.record_prompts.value)
-        .with_labels(ctx.settings.labels.value.clone());
+        .with_labels(ctx.settings.labels.value.clone())
+        .with_ceilings(ctx.settings.run_ceilings);
     Ok((rt, host))
 }
 

@@ -78,7 +78,8 @@ fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<Runtime>
     let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     Ok(Runtime::new(store, host)
         .with_record_prompts(ctx.settings.record_prompts.value)
-        .with_labels(ctx.settings.labels.value.clone()))
+        .with_labels(ctx.settings.labels.value.clone())
+        .with_ceilings(ctx.settings.run_ceilings))
 }
 
 /// `warden submit`: records the run as queued and prints its id.

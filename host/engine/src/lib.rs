@@ -61,6 +61,7 @@ pub mod tool_errors;
 
 // Settings and payloads the events carry.
 pub mod budget;
+pub mod ceilings;
 pub mod compaction;
 pub mod output;
 pub mod policy_hooks;

@@ -58,6 +58,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, AgentError};
 use super::budget::{InputTooLarge, check_input_size};
+use super::ceilings::RunCeilings;
 use super::channels::{Channel, Delivery, outcome_error, settle};
 use super::decide::{
     Action, ApprovalRequest, CompactionCall, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall,
@@ -726,6 +727,7 @@ struct Inner {
     commitment_wait: Duration,
     policies: BTreeMap<String, Arc<dyn Policy>>,
     policy_timeout: Duration,
+    ceilings: RunCeilings,
     prepared: Mutex<HashMap<AgentDigest, Arc<Prepared>>>,
     live: Mutex<HashMap<RunId, Live>>,
 }
@@ -836,6 +838,7 @@ impl Runtime {
                 commitment_wait: DEFAULT_COMMITMENT_WAIT,
                 policies: BTreeMap::new(),
                 policy_timeout: DEFAULT_POLICY_TIMEOUT,
+                ceilings: RunCeilings::DEFAULT,
                 prepared: Mutex::default(),
                 live: Mutex::default(),
             }),
@@ -855,6 +858,7 @@ impl Runtime {
             commitment_wait: shared.commitment_wait,
             policies: shared.policies.clone(),
             policy_timeout: shared.policy_timeout,
+            ceilings: shared.ceilings,
             prepared: Mutex::default(),
             live: Mutex::default(),
         });
@@ -885,6 +889,12 @@ impl Runtime {
     /// (prompts may hold secrets; only their hash is recorded).
     pub fn with_record_prompts(self, record: bool) -> Self {
         self.rebuild(|i| i.record_prompts = record)
+    }
+
+    /// The ceilings every run this runtime starts records and meets (see
+    /// [`crate::ceilings`]). Default: [`RunCeilings::DEFAULT`].
+    pub fn with_ceilings(self, ceilings: RunCeilings) -> Self {
+        self.rebuild(|i| i.ceilings = ceilings)
     }
 
     /// Labels added to every run this runtime starts (a run's own and its
@@ -1061,7 +1071,7 @@ impl Runtime {
                     .filter(|p| !p.is_empty())
                     .map(str::to_owned),
                 session,
-                limits: Some(agent.recorded_limits()),
+                limits: Some(agent.recorded_limits(&self.inner.ceilings)),
                 parent: None,
                 mcp_tools: prepared.view.mcp_tools.clone(),
             });

@@ -626,6 +626,192 @@ accept_hints = true
     assert_eq!(write["effect"], "write", "{tools:#}");
 }
 
+/// `warden --json ARGS` refused as `mcp_server_failed`: its message.
+fn server_failed(fx: &Fx, args: &[&str]) -> String {
+    let out = fx.warden().arg("--json").args(args).output().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    let envelope: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert_eq!(
+        envelope["error"]["code"], "mcp_server_failed",
+        "{envelope:#}"
+    );
+    assert_eq!(
+        envelope["error"]["details"]["server"], "notes",
+        "{envelope:#}"
+    );
+    envelope["error"]["message"].as_str().unwrap().to_owned()
+}
+
+/// A server that fails to start says why: its exit status and the end of
+/// its stderr. A command that resolves outside what its sandbox sees (a
+/// link out of a granted directory, a script whose interpreter is not
+/// granted) is refused before it starts, naming the path; a server that
+/// dies mid-call says the same in the call's failure.
+#[test]
+fn a_server_that_cannot_start_says_why() {
+    let turns = calls(&[("notes__read_note", "{ name = \"note.txt\" }")]);
+    let fx = Fx::new(&turns, "");
+    std::fs::write(
+        fx.path("srv/server.py"),
+        "import sys\nsys.stderr.write('starting\\nboom: no database at /srv/notes.db\\n')\nsys.exit(3)\n",
+    )
+    .unwrap();
+    for args in [
+        &["run", "agent.toml"][..],
+        &["mcp", "tools", "notes", "--agent", "agent.toml"],
+    ] {
+        let message = server_failed(&fx, args);
+        assert!(message.contains("exited with status 3"), "{message}");
+        assert!(
+            message.contains("boom: no database at /srv/notes.db"),
+            "{message}"
+        );
+    }
+
+    // A command linked out of the granted directories, and a script whose
+    // interpreter is not granted: refused, naming the path, nothing run.
+    let d = std::fs::canonicalize(fx.dir.path()).unwrap();
+    std::fs::write(d.join("secret/server"), "#!/bin/sh\necho ran > /tmp/ran\n").unwrap();
+    std::os::unix::fs::symlink(d.join("secret/server"), d.join("data/server")).unwrap();
+    std::fs::copy("/bin/sh", d.join("secret/sh")).unwrap();
+    std::fs::write(
+        d.join("data/script"),
+        format!("#!{}\necho ran\n", d.join("secret/sh").display()),
+    )
+    .unwrap();
+    for f in ["secret/server", "data/script"] {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(d.join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let agent = std::fs::read_to_string(d.join("agent.toml")).unwrap();
+    let command = agent
+        .lines()
+        .find(|l| l.starts_with("command = "))
+        .unwrap()
+        .to_owned();
+    for (program, named) in [
+        ("data/server", "secret/server"),
+        ("data/script", "secret/sh"),
+    ] {
+        std::fs::write(
+            d.join("agent.toml"),
+            agent.replace(
+                &command,
+                &format!("command = \"{}\"", d.join(program).display()),
+            ),
+        )
+        .unwrap();
+        let message = server_failed(&fx, &["run", "agent.toml"]);
+        assert!(
+            message.contains(&format!("`{}`", d.join(named).display())),
+            "{program}: {message}"
+        );
+        assert!(
+            message.contains("outside what its sandbox sees"),
+            "{message}"
+        );
+    }
+}
+
+/// The reference "everything" server (`@modelcontextprotocol/server-everything`
+/// from npm, pinned in `tests/mcp/package.json`), whose tools are named with
+/// hyphens (`get-sum`): called through an agent by the names MCP gave them,
+/// one renamed by the operator, and `warden mcp tools` showing both names.
+#[test]
+fn server_everythings_hyphenated_tools_are_called_through_an_agent() {
+    let server = repo()
+        .join("target/mcp-js/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        server.exists(),
+        "no server-everything at {}: run .ci/run's \"MCP servers\" step",
+        server.display()
+    );
+    python(); // bubblewrap's check
+    let node = Command::new("sh")
+        .args(["-c", "command -v node"])
+        .output()
+        .unwrap();
+    let node = String::from_utf8_lossy(&node.stdout).trim().to_owned();
+    assert!(!node.is_empty(), "no `node` on PATH: install Node.js");
+    let node = std::fs::canonicalize(node).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    let turns = calls(&[
+        ("ev__get-sum", "{ a = 2, b = 40 }"),
+        ("ev__weather", "{ location = \"Chicago\" }"),
+    ]);
+    std::fs::write(d.join("transcript.toml"), turns).unwrap();
+    let js = std::fs::canonicalize(repo().join("target/mcp-js")).unwrap();
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            r#"name = "everything-user"
+instructions = "Use the everything server."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[mcp_servers.ev]
+command = "{node}"
+args = ["{server}", "stdio"]
+read = ["{js}"]
+
+[mcp_servers.ev.tools.get-sum]
+accept_hints = true
+
+[mcp_servers.ev.tools.get-structured-content]
+effect = "read"
+rename = "weather"
+"#,
+            node = node.display(),
+            server = std::fs::canonicalize(server).unwrap().display(),
+            js = js.display(),
+        ),
+    )
+    .unwrap();
+    let fx = Fx { dir };
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(&fx);
+    assert_eq!(run["status"], "completed", "{run:#}");
+    let outputs = outputs(&run);
+    assert_eq!(outputs.len(), 2, "{run:#}");
+    assert!(outputs[0].contains("42"), "{outputs:?}");
+    assert!(outputs[1].contains("temperature"), "{outputs:?}");
+    let intents = events(&run, "tool_call_intent");
+    assert_eq!(intents[0]["tool"]["tool"], "get-sum", "{run:#}");
+    assert_eq!(intents[1]["tool"]["tool"], "weather", "{run:#}");
+
+    let tools = fx.json(&["mcp", "tools", "ev", "--agent", "agent.toml"]);
+    let tool = |name: &str| {
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}: {tools:#}"))
+            .clone()
+    };
+    assert_eq!(tool("get-sum")["model_name"], "ev__get-sum");
+    assert_eq!(tool("get-sum")["offered"], true);
+    let renamed = tool("get-structured-content");
+    assert_eq!(renamed["model_name"], "ev__weather");
+    assert_eq!(renamed["offered"], true);
+    // Every tool the server lists is offered.
+    let all = tools["tools"].as_array().unwrap();
+    assert!(all.len() >= 10, "{tools:#}");
+    assert!(all.iter().all(|t| t["offered"] == true), "{tools:#}");
+    let out = fx.run(&["mcp", "tools", "ev", "--agent", "agent.toml"]);
+    assert!(
+        text(&out).contains("ev__weather (the server's `get-structured-content`)"),
+        "{}",
+        text(&out)
+    );
+}
+
 /// The test server (`tests/mcp/server.py`, the official Python SDK) serving
 /// streamable HTTP on a loopback port: a remote server, started by the
 /// test, not by Warden. Killed when dropped.

@@ -16,8 +16,10 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use tokio::io::AsyncReadExt as _;
+use tokio::sync::watch;
 
 use super::{LocalServer, McpServerError};
 
@@ -46,6 +48,13 @@ const ETC_NETWORK_FILES: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/gai
 /// Most bytes of a server's stderr passed to the log; the rest is counted
 /// and dropped.
 const STDERR_KEPT: usize = 64 << 10;
+
+/// The last bytes of a server's stderr kept to say why it stopped.
+const STDERR_TAIL: usize = 1 << 10;
+
+/// How long a server that closed its end is given to exit, and its stderr
+/// to be read to its end, before saying why it stopped.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// `name` on `PATH`, if it is there.
 fn on_path(name: &str) -> Option<PathBuf> {
@@ -165,6 +174,66 @@ pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
     args
 }
 
+/// Whether `path` is inside what `server`'s sandbox shows: the system's
+/// directories and its `read` and `write` directories.
+fn visible(server: &LocalServer, path: &Path) -> bool {
+    SYSTEM_DIRS
+        .iter()
+        .map(PathBuf::from)
+        .chain(server.read.iter().cloned())
+        .chain(server.write.iter().cloned())
+        .any(|d| path.starts_with(&d))
+}
+
+/// Refuses a `program` the sandbox could not run, naming the path: the
+/// program as given, what it resolves to (a link out of the granted
+/// directories), and the interpreter its `#!` line names. Inside the
+/// sandbox each would only be "No such file or directory".
+fn check_visible(key: &str, server: &LocalServer, program: &Path) -> Result<(), McpServerError> {
+    let outside = |lead: String| McpServerError::Failed {
+        server: key.to_owned(),
+        message: format!(
+            "{lead} outside what its sandbox sees (the system's directories and its `read` and `write` directories): grant its directory in `read`"
+        ),
+    };
+    let given = format!("command `{}`", program.display());
+    if !visible(server, program) {
+        return Err(outside(format!("{given} is")));
+    }
+    let resolved = std::fs::canonicalize(program).map_err(|e| McpServerError::Failed {
+        server: key.to_owned(),
+        message: format!("{given} cannot be used: {e}"),
+    })?;
+    if !visible(server, &resolved) {
+        return Err(outside(format!(
+            "{given} resolves to `{}`,",
+            resolved.display()
+        )));
+    }
+    if let Some(interpreter) = interpreter(&resolved) {
+        let found = std::fs::canonicalize(&interpreter).unwrap_or_else(|_| interpreter.clone());
+        if !visible(server, &interpreter) || !visible(server, &found) {
+            return Err(outside(format!(
+                "{given} is a script whose interpreter `{}` is",
+                found.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The interpreter a script's `#!` line names, when it names one by its
+/// path (`#!/usr/bin/env name` names `env`, which is the system's).
+fn interpreter(program: &Path) -> Option<PathBuf> {
+    use std::io::Read as _;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|b| *b == b'\n').next()?;
+    let first = std::str::from_utf8(line).ok()?.split_whitespace().next()?;
+    first.starts_with('/').then(|| PathBuf::from(first))
+}
+
 /// The command that starts `server`: inside bubblewrap, or (the operator
 /// opted out) as it is.
 fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, McpServerError> {
@@ -185,23 +254,7 @@ fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, M
             server: key.to_owned(),
             reason,
         })?;
-        // The program must be inside what the sandbox shows, or it would
-        // not be found there: say so rather than fail obscurely.
-        let visible = SYSTEM_DIRS
-            .iter()
-            .map(PathBuf::from)
-            .chain(server.read.iter().cloned())
-            .chain(server.write.iter().cloned())
-            .any(|d| program.starts_with(&d));
-        if !visible {
-            return Err(McpServerError::Failed {
-                server: key.to_owned(),
-                message: format!(
-                    "command `{}` is outside what its sandbox sees (the system's directories and its `read` and `write` directories): grant its directory in `read`",
-                    program.display()
-                ),
-            });
-        }
+        check_visible(key, server, &program)?;
         let mut c = tokio::process::Command::new(bwrap);
         c.args(sandbox_args(server, &program));
         c
@@ -227,6 +280,7 @@ pub fn spawn(
         tokio::process::Child,
         tokio::process::ChildStdout,
         tokio::process::ChildStdin,
+        Stderr,
     ),
     McpServerError,
 > {
@@ -238,6 +292,7 @@ pub fn spawn(
         })?;
     let stdout = child.stdout.take().expect("piped");
     let stdin = child.stdin.take().expect("piped");
+    let (tail, watching) = watch::channel(Tail::default());
     if let Some(mut stderr) = child.stderr.take() {
         let key = key.to_owned();
         tokio::spawn(async move {
@@ -251,11 +306,61 @@ pub fn spawn(
                 let room = STDERR_KEPT.saturating_sub(kept.len());
                 kept.extend_from_slice(&buf[..n.min(room)]);
                 dropped += n.saturating_sub(room);
+                tail.send_modify(|t| {
+                    t.bytes.extend_from_slice(&buf[..n]);
+                    let over = t.bytes.len().saturating_sub(STDERR_TAIL);
+                    t.bytes.drain(..over);
+                });
             }
+            tail.send_modify(|t| t.ended = true);
             if !kept.is_empty() {
                 tracing::debug!(server = %key, dropped, "MCP server stderr: {}", String::from_utf8_lossy(&kept).trim_end());
             }
         });
+    } else {
+        tail.send_modify(|t| t.ended = true);
     }
-    Ok((child, stdout, stdin))
+    Ok((child, stdout, stdin, Stderr(watching)))
+}
+
+/// The end of a server's stderr as it is read.
+#[derive(Debug, Default)]
+struct Tail {
+    /// The last [`STDERR_TAIL`] bytes.
+    bytes: Vec<u8>,
+    /// Whether the stream closed.
+    ended: bool,
+}
+
+/// A running server's stderr: the first 64 KiB go to the log (at debug),
+/// the last bytes are kept to say why it stopped ([`stopped`]).
+#[derive(Debug)]
+pub struct Stderr(watch::Receiver<Tail>);
+
+/// Why a local server stopped, for the error that reports it: its exit
+/// status (once it exited, waiting at most 2 s) and the end of its stderr,
+/// as one line of untrusted text. A server still running is said to be.
+pub async fn stopped(child: &mut tokio::process::Child, stderr: &mut Stderr) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    let status = match tokio::time::timeout(EXIT_WAIT, child.wait()).await {
+        Ok(Ok(status)) => match (status.code(), status.signal()) {
+            (Some(code), _) => format!("it exited with status {code}"),
+            (None, Some(signal)) => format!("it was killed by signal {signal}"),
+            (None, None) => format!("it exited ({status})"),
+        },
+        Ok(Err(e)) => format!("its exit status cannot be read ({e})"),
+        Err(_) => "it is still running".to_owned(),
+    };
+    let _ = tokio::time::timeout(EXIT_WAIT, stderr.0.wait_for(|t| t.ended)).await;
+    let bytes = stderr.0.borrow().bytes.clone();
+    let text = String::from_utf8_lossy(&bytes);
+    let text = text.trim();
+    if text.is_empty() {
+        format!("{status}, its stderr empty")
+    } else {
+        format!(
+            "{status}; its stderr ended: {}",
+            warden_syntax::untrusted::line(text, STDERR_TAIL)
+        )
+    }
 }
