@@ -371,21 +371,14 @@ pub(crate) fn validate<E>(
         let dirs = |k: &str, list: &[PathBuf]| -> Result<Vec<PathBuf>, E> {
             let mut out = Vec::with_capacity(list.len());
             for (i, d) in list.iter().enumerate() {
-                let joined = base.join(d);
-                // Bound into the sandbox by what they are now, so a later
-                // symlink swap cannot widen the grant.
-                let absolute = std::fs::canonicalize(&joined).map_err(|e| {
-                    invalid(
-                        &format!("{}[{i}]", at(k)),
-                        format!("cannot use `{}`: {e}", joined.display()),
-                    )
-                })?;
-                if !absolute.is_dir() {
-                    return Err(invalid(
-                        &format!("{}[{i}]", at(k)),
-                        format!("`{}` is not a directory", absolute.display()),
-                    ));
-                }
+                // Opened without following a symlink in any component the
+                // operator wrote, as a plugin's mount is: a directory a
+                // plugin or server swapped for a link is refused, not
+                // followed. What is kept is its real path, opened again
+                // the same way when the server starts.
+                let absolute = warden_sandbox::open_dir_nofollow(base, d)
+                    .map_err(|e| invalid(&format!("{}[{i}]", at(k)), e.to_string()))?
+                    .path;
                 out.push(absolute);
             }
             Ok(out)

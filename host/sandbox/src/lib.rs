@@ -36,6 +36,7 @@ mod imports;
 mod lease;
 mod limits;
 mod net;
+mod nofollow;
 mod permissions;
 mod receipt;
 mod validity;
@@ -61,6 +62,7 @@ pub use error::{LeaseError, LeaseFailure, SandboxError};
 pub use exclusions::{ExclusionError, Exclusions};
 pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
+pub use nofollow::{NoFollowError, OpenedDir, open_dir as open_dir_nofollow};
 pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
 pub use validity::{Moment, ValidUntil};
 

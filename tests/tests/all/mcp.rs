@@ -444,6 +444,36 @@ fn the_python_sdk_uses_the_served_tools_over_streamable_http() {
 }
 
 #[test]
+fn a_refusal_never_leaves_a_closed_connection_for_a_client_to_reuse() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "s3cret-token", &[]);
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    for (what, extra) in [
+        ("no token", ""),
+        ("a wrong token", "Authorization: Bearer wrong\r\n"),
+        (
+            "another origin",
+            "Authorization: Bearer s3cret-token\r\nOrigin: http://evil.example\r\n",
+        ),
+    ] {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json, text/event-stream\r\n{extra}"
+        );
+        let (status, held) =
+            crate::serve::refusal_leaves_a_usable_or_closed_connection(&addr, &head);
+        assert!((400..500).contains(&status), "{what}: {status}");
+        assert!(
+            held,
+            "{what}: refused with {status}, then the connection closed without saying so"
+        );
+    }
+}
+
+#[test]
 fn a_server_killed_mid_write_parks_it_and_never_makes_it_again() {
     let fx = served();
     let dir = fx.dir.path();

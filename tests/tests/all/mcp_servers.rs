@@ -367,6 +367,74 @@ fn the_os_sandbox_refuses_what_was_not_granted() {
     assert!(!o[7].contains("WARDEN_STORE"), "{}", o[7]);
 }
 
+/// Breaks 2 and 11 of issue 37. A `write` directory swapped for a
+/// relative symlink (`out -> secret`) between two processes must not be
+/// bound into the server's sandbox: the second `warden run` refuses the
+/// agent, naming the key and the link, and the server never reads the
+/// secret or plants a file beside it. And the server's `/proc/1/cmdline`
+/// (bubblewrap, its pid 1) does not show the sandbox's command line: its
+/// arguments are passed on a descriptor.
+#[test]
+fn a_bound_directory_swapped_for_a_symlink_is_refused_not_bound() {
+    let fx = Fx::new("", "");
+    let d = std::fs::canonicalize(fx.dir.path()).unwrap();
+    let p = |rel: &str| d.join(rel).display().to_string();
+    let turns = calls(&[
+        ("notes__read_path", "{ path = \"/proc/1/cmdline\" }"),
+        (
+            "notes__read_path",
+            &format!("{{ path = \"{}\" }}", p("secret/key.txt")),
+        ),
+        (
+            "notes__write_path",
+            &format!("{{ path = \"{}\", text = \"x\" }}", p("secret/planted.txt")),
+        ),
+    ]);
+    std::fs::write(fx.path("transcript.toml"), turns).unwrap();
+    let mut agent = std::fs::read_to_string(fx.path("agent.toml")).unwrap();
+    for tool in ["read_path", "write_path"] {
+        agent.push_str(&format!(
+            "[mcp_servers.notes.tools.{tool}]\neffect = \"read\"\n"
+        ));
+    }
+    std::fs::write(fx.path("agent.toml"), agent).unwrap();
+
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let o = outputs(&only_run(&fx));
+    assert_eq!(o.len(), 3, "{o:?}");
+    assert!(o[0].contains("server.py"), "pid 1's command line: {}", o[0]);
+    for shown in ["--unshare-all", "--ro-bind", "--cap-drop"] {
+        assert!(
+            !o[0].contains(shown),
+            "the sandbox's command line is visible inside it: {}",
+            o[0]
+        );
+    }
+    assert!(o[1].contains("ERROR ENOENT"), "outside the grant: {}", o[1]);
+    assert!(o[2].contains("ERROR ENOENT"), "outside the grant: {}", o[2]);
+
+    // The swap, as a server or plugin with write access beside `out` could
+    // make it: the directory moved away, a relative link in its place.
+    std::fs::rename(fx.path("out"), fx.path("out.moved")).unwrap();
+    std::os::unix::fs::symlink("secret", fx.path("out")).unwrap();
+    let second = fx.run(&["run", "agent.toml"]);
+    let said = text(&second);
+    for run in fx.json(&["runs", "list"]).as_array().unwrap() {
+        let shown = fx.json(&["runs", "show", run["run_id"].as_str().unwrap()]);
+        assert!(
+            !shown.to_string().contains("the secret key"),
+            "the swapped directory was bound into the sandbox: {shown:#}"
+        );
+    }
+    assert!(!said.contains("the secret key"), "{said}");
+    assert!(!fx.path("secret/planted.txt").exists());
+    assert_eq!(second.status.code(), Some(2), "{said}");
+    for needle in ["mcp_servers.notes.write[0]", "symbolic link", "`secret`"] {
+        assert!(said.contains(needle), "`{needle}` not in: {said}");
+    }
+}
+
 #[test]
 fn a_changed_tool_list_is_refused_until_accepted() {
     let turns = calls(&[("notes__read_note", "{ name = \"note.txt\" }")]);

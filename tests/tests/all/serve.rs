@@ -90,7 +90,7 @@ pub(crate) fn start_server_with(dir: &Path, store: &str, flags: &[&str]) -> (Kil
             std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
         )
     });
-    let url = listening["listening"].as_str().unwrap();
+    let url = listening["listening"].as_str().unwrap_or_else(|| panic!("{line}"));
     (child, url.trim_start_matches("http://").to_owned())
 }
 
@@ -138,6 +138,64 @@ fn request(
     };
     let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
     (status, json)
+}
+
+/// Sends `head` for a POST whose 2-byte body has not been sent yet, reads
+/// the refusal, then sends the body and a second request on the same
+/// connection, as a client's connection pool would. A server that answers
+/// before reading a body must either say the connection closes or go on
+/// serving it; otherwise the pool reuses a socket the server has closed
+/// and the client's next request fails (seen as `httpcore.ReadError` from
+/// the MCP Python SDK under load). Returns the refusal's status and
+/// whether the contract held.
+pub(crate) fn refusal_leaves_a_usable_or_closed_connection(addr: &str, head: &str) -> (u16, bool) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream
+        .write_all(
+            format!("{head}Content-Type: application/json\r\nContent-Length: 2\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+    let first = read_response(&mut stream).expect("the refusal");
+    let status: u16 = first.split(' ').nth(1).unwrap().parse().unwrap();
+    let says_close = first
+        .lines()
+        .any(|line| line.eq_ignore_ascii_case("connection: close"));
+    if says_close {
+        return (status, true);
+    }
+    let second =
+        format!("{{}}{head}Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}");
+    let answered =
+        stream.write_all(second.as_bytes()).is_ok() && read_response(&mut stream).is_some();
+    (status, answered)
+}
+
+/// One response's head from `stream` (its body, by Content-Length, read
+/// and dropped); `None` when the connection ends first.
+fn read_response(stream: &mut TcpStream) -> Option<String> {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => raw.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8(raw).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some(head)
 }
 
 fn dechunk(mut body: &str) -> String {
@@ -468,6 +526,38 @@ async fn an_approval_through_the_api_is_picked_up_by_a_worker_on_postgres() {
 }
 
 #[test]
+fn a_refusal_never_leaves_a_closed_connection_for_a_client_to_reuse() {
+    let demo = demo();
+    add_token(demo.path(), "ops", "operator");
+    // A run, so the store exists.
+    let out = warden(demo.path(), "serve.db")
+        .args(["submit", "notes.toml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (_server, addr) = start_server(demo.path(), "serve.db");
+    for (what, extra) in [
+        ("no token", String::new()),
+        (
+            "a wrong token",
+            "Authorization: Bearer wdn_not-a-token\r\n".to_owned(),
+        ),
+        (
+            "another origin",
+            "Origin: http://evil.example\r\n".to_owned(),
+        ),
+    ] {
+        let head = format!("POST /api/v1/runs HTTP/1.1\r\nHost: {addr}\r\n{extra}");
+        let (status, held) = refusal_leaves_a_usable_or_closed_connection(&addr, &head);
+        assert!((400..500).contains(&status), "{what}: {status}");
+        assert!(
+            held,
+            "{what}: refused with {status}, then the connection closed without saying so"
+        );
+    }
+}
+
+#[test]
 fn the_server_refuses_to_start_without_credentials_or_tls_beyond_loopback() {
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
@@ -637,6 +727,32 @@ fn standing_rules_through_the_api_need_an_operator_and_reach_the_worker() {
         (400, Some("rule_invalid")),
         "a rule naming nothing approves too much: {body}"
     );
+    // An empty name matches no call: refused, naming the field, not
+    // stored as a rule that approves nothing.
+    for (empty, field) in [
+        (json!({ "plugin": "" }), "plugin"),
+        (json!({ "plugin": "fs", "tool": "" }), "tool"),
+    ] {
+        let (status, body) = request(
+            &addr,
+            "POST",
+            rules,
+            &[("Authorization", &operator)],
+            Some(&empty),
+        );
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("rule_invalid")),
+            "{empty}: {body}"
+        );
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("`{field}` is empty")),
+            "{body}"
+        );
+    }
     let (status, body) = request(
         &addr,
         "POST",
@@ -959,6 +1075,33 @@ fn start_submit_and_fork_through_the_api(store: &str) {
         (400, Some("usage")),
         "{body}"
     );
+    // A label the runtime refuses is the caller's to fix (400), named, not
+    // the agent's (500): an empty key, a key over the limit, submitted or
+    // started.
+    let long = "k".repeat(200);
+    for (labels, label) in [
+        (json!({ "": "x" }), ""),
+        (json!({ long.as_str(): "x" }), long.as_str()),
+    ] {
+        for submit in [false, true] {
+            let (status, body) = request(
+                &addr,
+                "POST",
+                "/api/v1/runs",
+                &ops,
+                Some(&json!({ "agent": "notes", "labels": labels, "submit": submit })),
+            );
+            assert_eq!(
+                (
+                    status,
+                    body["error"]["code"].as_str(),
+                    body["error"]["details"]["label"].as_str()
+                ),
+                (400, Some("invalid_labels"), Some(label)),
+                "{body}"
+            );
+        }
+    }
     let (_, listed) = request(&addr, "GET", "/api/v1/runs", &ops, None);
     assert!(
         listed["runs"].as_array().unwrap().is_empty(),

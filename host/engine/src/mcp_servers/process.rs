@@ -2,10 +2,15 @@
 //! with every namespace unshared (the network too, unless granted), all
 //! capabilities dropped, a fresh `/proc`, `/dev` and `/tmp`, the system's
 //! own directories (`/usr`, `/bin`, `/lib*` and a few files of `/etc`)
-//! read-only, the granted directories read-only or read-write, nothing
-//! else of the filesystem, and an environment holding only the granted
-//! variables. The sandbox dies with Warden (`--die-with-parent`), and a
-//! [`Session`](super::session::Session) kills it at a call's deadline.
+//! read-only, the granted directories read-only or read-write (bound from
+//! descriptors opened without following a symlink, never by a path
+//! bubblewrap would resolve again), nothing else of the filesystem, and an
+//! environment holding only the granted variables. Bubblewrap reads its
+//! options from an in-memory file (`--args`), so the sandbox's own command
+//! line, which its processes can read as `/proc/1/cmdline`, shows only the
+//! server's program and arguments. The sandbox dies with Warden
+//! (`--die-with-parent`), and a [`Session`](super::session::Session) kills
+//! it at a call's deadline.
 //!
 //! Where bubblewrap is missing or does not work (no user namespaces), a
 //! server is refused unless the operator set `unsandboxed = true` for it.
@@ -13,6 +18,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
@@ -112,8 +118,39 @@ fn granted_env(server: &LocalServer) -> BTreeMap<String, OsString> {
         .collect()
 }
 
-/// The bubblewrap arguments that sandbox `server` running `program`.
-pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
+/// The granted directories of a server, opened for one start without
+/// following a symlink in any component (`warden_sandbox`'s no-follow
+/// walk): bubblewrap binds these descriptors, never a path it would
+/// resolve again. A directory swapped for a symlink since the agent was
+/// loaded is refused, naming it.
+pub struct Binds {
+    /// Each directory's descriptor, where it is shown, and whether it is
+    /// writable.
+    dirs: Vec<(OwnedFd, PathBuf, bool)>,
+}
+
+impl Binds {
+    /// Opens `server`'s `read` and `write` directories.
+    pub fn open(key: &str, server: &LocalServer) -> Result<Binds, McpServerError> {
+        let read = server.read.iter().map(|d| (d, false));
+        let write = server.write.iter().map(|d| (d, true));
+        let mut dirs = Vec::new();
+        for (dir, writable) in read.chain(write) {
+            let opened = warden_sandbox::open_dir_nofollow(Path::new("/"), dir).map_err(|e| {
+                McpServerError::Failed {
+                    server: key.to_owned(),
+                    message: format!("cannot bind `{}` into its sandbox: {e}", dir.display()),
+                }
+            })?;
+            dirs.push((opened.fd, dir.clone(), writable));
+        }
+        Ok(Binds { dirs })
+    }
+}
+
+/// The bubblewrap options that sandbox `server`, its directories bound
+/// from `binds` (the program and its arguments follow them, after `--`).
+pub fn sandbox_args(server: &LocalServer, binds: &Binds) -> Vec<OsString> {
     let mut args: Vec<OsString> = [
         "--die-with-parent",
         "--new-session",
@@ -149,18 +186,16 @@ pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
         }
     }
     args.extend(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"].map(OsString::from));
-    for d in &server.read {
+    for (fd, dir, writable) in &binds.dirs {
+        let option = if *writable {
+            "--bind-fd"
+        } else {
+            "--ro-bind-fd"
+        };
         args.extend([
-            "--ro-bind".into(),
-            d.clone().into_os_string(),
-            d.clone().into_os_string(),
-        ]);
-    }
-    for d in &server.write {
-        args.extend([
-            "--bind".into(),
-            d.clone().into_os_string(),
-            d.clone().into_os_string(),
+            option.into(),
+            fd.as_raw_fd().to_string().into(),
+            dir.clone().into_os_string(),
         ]);
     }
     let cwd = server
@@ -168,10 +203,25 @@ pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
         .first()
         .or(server.read.first())
         .map_or_else(|| PathBuf::from("/"), Clone::clone);
-    args.extend(["--chdir".into(), cwd.into_os_string(), "--".into()]);
-    args.push(program.as_os_str().to_owned());
-    args.extend(server.args.iter().map(OsString::from));
+    args.extend(["--chdir".into(), cwd.into_os_string()]);
     args
+}
+
+/// A sealed-off in-memory file holding `args`, each ended by a NUL, for
+/// bubblewrap's `--args`: the sandbox's options never appear on a command
+/// line, so its pid 1 (bubblewrap) shows the server nothing of them in
+/// `/proc/1/cmdline`.
+fn args_file(args: &[OsString]) -> std::io::Result<OwnedFd> {
+    use std::io::{Seek as _, Write as _};
+    use std::os::unix::ffi::OsStrExt as _;
+    let fd = rustix::fs::memfd_create("warden-bwrap-args", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    for arg in args {
+        file.write_all(arg.as_bytes())?;
+        file.write_all(b"\0")?;
+    }
+    file.rewind()?;
+    Ok(file.into())
 }
 
 /// Whether `path` is inside what `server`'s sandbox shows: the system's
@@ -235,9 +285,14 @@ fn interpreter(program: &Path) -> Option<PathBuf> {
 }
 
 /// The command that starts `server`: inside bubblewrap, or (the operator
-/// opted out) as it is.
-fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, McpServerError> {
+/// opted out) as it is; with the descriptors it is given, to be kept open
+/// until it is spawned.
+fn command(
+    key: &str,
+    server: &LocalServer,
+) -> Result<(tokio::process::Command, Vec<OwnedFd>), McpServerError> {
     let program = program(key, server)?;
+    let mut kept = Vec::new();
     let mut command = if server.unsandboxed {
         tracing::warn!(
             server = %key,
@@ -255,8 +310,37 @@ fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, M
             reason,
         })?;
         check_visible(key, server, &program)?;
+        let binds = Binds::open(key, server)?;
+        let options =
+            args_file(&sandbox_args(server, &binds)).map_err(|e| McpServerError::Failed {
+                server: key.to_owned(),
+                message: format!("cannot pass its sandbox's options to bubblewrap: {e}"),
+            })?;
         let mut c = tokio::process::Command::new(bwrap);
-        c.args(sandbox_args(server, &program));
+        c.arg("--args")
+            .arg(options.as_raw_fd().to_string())
+            .arg("--")
+            .arg(&program)
+            .args(&server.args);
+        kept.push(options);
+        kept.extend(binds.dirs.into_iter().map(|(fd, _, _)| fd));
+        let inherited: Vec<i32> = kept.iter().map(AsRawFd::as_raw_fd).collect();
+        // The descriptors are opened close-on-exec, so no other child
+        // spawned meanwhile inherits them; only bubblewrap does, which
+        // closes each once it has read or bound it.
+        #[allow(unsafe_code)]
+        // SAFETY: between fork and exec the closure only calls `fcntl` on
+        // descriptors this process holds open until the spawn returns;
+        // `fcntl` is async-signal-safe and nothing is allocated.
+        unsafe {
+            c.pre_exec(move || {
+                for fd in &inherited {
+                    let fd = std::os::fd::BorrowedFd::borrow_raw(*fd);
+                    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+                }
+                Ok(())
+            });
+        }
         c
     };
     command
@@ -266,7 +350,7 @@ fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, M
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    Ok(command)
+    Ok((command, kept))
 }
 
 /// Starts `server` (its key `key`) in its sandbox: the process, its stdout
@@ -284,12 +368,13 @@ pub fn spawn(
     ),
     McpServerError,
 > {
-    let mut child = command(key, server)?
-        .spawn()
-        .map_err(|e| McpServerError::Failed {
-            server: key.to_owned(),
-            message: format!("cannot start `{}`: {e}", server.command),
-        })?;
+    let (mut command, kept) = command(key, server)?;
+    let mut child = command.spawn().map_err(|e| McpServerError::Failed {
+        server: key.to_owned(),
+        message: format!("cannot start `{}`: {e}", server.command),
+    })?;
+    // The child has its copies now.
+    drop(kept);
     let stdout = child.stdout.take().expect("piped");
     let stdin = child.stdin.take().expect("piped");
     let (tail, watching) = watch::channel(Tail::default());
