@@ -90,7 +90,9 @@ pub(crate) fn start_server_with(dir: &Path, store: &str, flags: &[&str]) -> (Kil
             std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
         )
     });
-    let url = listening["listening"].as_str().unwrap_or_else(|| panic!("{line}"));
+    let url = listening["listening"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{line}"));
     (child, url.trim_start_matches("http://").to_owned())
 }
 
