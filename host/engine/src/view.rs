@@ -26,10 +26,7 @@ use super::output::output_contract;
 use super::policy_hooks::EnabledPolicy;
 use warden_plugins::ToolDescriptor;
 use warden_plugins::grant::EffectClass;
-use warden_providers::ToolSpec;
-
-/// Longest tool name a model accepts (OpenAI and Anthropic both cap at 64).
-pub const MAX_MODEL_TOOL_NAME: usize = 64;
+use warden_providers::{MAX_TOOL_NAME as MAX_MODEL_TOOL_NAME, ToolSpec};
 
 /// An agent as deciding sees it.
 #[derive(Clone, Debug, PartialEq)]

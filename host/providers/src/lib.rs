@@ -125,6 +125,10 @@ pub struct RawBlock {
     pub block: serde_json::Value,
 }
 
+/// The longest tool name every model API Warden speaks accepts (OpenAI
+/// and Anthropic both cap at 64 bytes).
+pub const MAX_TOOL_NAME: usize = 64;
+
 /// A tool offered to the model.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -29,6 +29,7 @@ const ENGINE_LAYERS: &[&str] = &[
     "refusal",
     "output",
     "compaction",
+    "ceilings",
     "budget",
     "policy_hooks",
     // The log's vocabulary.

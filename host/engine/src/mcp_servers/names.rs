@@ -4,7 +4,7 @@
 //! (revision 2025-11-25): hyphens and capitals are common (the reference
 //! `server-everything`'s `get-sum`, FastMCP's camelCase functions). The
 //! model APIs Warden speaks accept `[A-Za-z0-9_-]`, at most
-//! [`MAX_MODEL_TOOL_NAME`] bytes, beginning with a letter (the strictest of
+//! [`warden_providers::MAX_TOOL_NAME`] bytes, beginning with a letter (the strictest of
 //! them). A tool is offered as `<key>__<suffix>`, the key beginning with a
 //! letter, where the suffix is, in order:
 //!
@@ -23,7 +23,7 @@
 use sha2::{Digest as _, Sha256};
 
 use super::McpServer;
-use crate::view::MAX_MODEL_TOOL_NAME;
+use warden_providers::MAX_TOOL_NAME as MAX_MODEL_TOOL_NAME;
 
 /// The longest tool name MCP allows.
 pub const MAX_MCP_TOOL_NAME: usize = 128;
