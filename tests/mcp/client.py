@@ -46,7 +46,13 @@ class Target:
         if self.transport == "stdio":
             params = StdioServerParameters(
                 command=self.first,
-                args=["mcp", "serve", self.second, "--approval-timeout", "5s"],
+                args=[
+                    "mcp",
+                    "serve",
+                    self.second,
+                    "--approval-timeout",
+                    os.environ.get("MCP_APPROVAL_TIMEOUT", "5s"),
+                ],
                 env=dict(os.environ),
             )
             with open(os.environ.get("MCP_SERVER_LOG", os.devnull), "a") as log:
@@ -163,6 +169,25 @@ async def read(target: Target) -> None:
             check(error.code == types.INVALID_PARAMS, f"unknown tool: {error.code}")
 
 
+async def mistakes(target: Target) -> None:
+    """Calls with bad arguments, more in a row than the agent's
+    `max_invalid_tool_calls` (3): each is that call's error, and the session
+    goes on."""
+    async with target.session() as session:
+        for bad in ({}, {"path": 5}, {"path": ["input.txt"]}, {"path": None}, {}):
+            result = await session.call_tool("files__read_file", bad)
+            check(result.is_error is True, f"{bad}: an error result: {result}")
+            check("invalid arguments" in text(result), f"{bad}: says why: {text(result)}")
+        result = await session.call_tool("files__read_file", {"path": "input.txt"})
+        check(not result.is_error, f"a good call after the mistakes failed: {result}")
+        check("the input file" in text(result), f"read: {text(result)}")
+        for bad in ({"path": 5}, {}, {}):
+            result = await session.call_tool("files__read_file", bad)
+            check(result.is_error is True, f"{bad}: an error result: {result}")
+        result = await session.call_tool("files__read_file", {"path": "input.txt"})
+        check(not result.is_error, f"the session still works: {result}")
+
+
 async def write_elicited(target: Target) -> None:
     async with target.session(elicit=approve_by_elicitation) as session:
         result = await session.call_tool("hostile__fs", append("elicited"))
@@ -215,6 +240,68 @@ async def timeout(target: Target) -> None:
         # The session is still usable after the refusal.
         result = await session.call_tool("files__read_file", {"path": "input.txt"})
         check("the input file" in text(result), f"read after timeout: {text(result)}")
+
+
+async def cancel_parked(target: Target) -> None:
+    """A write waiting for approval, cancelled by the client (the SDK's
+    `notifications/cancelled` when its task is cancelled): withdrawn at once,
+    so the session's next call is not held up by it; approving it afterwards
+    is refused, and it is never made."""
+    async with target.session() as session:
+        call = asyncio.create_task(session.call_tool("hostile__fs", append("cancelled")))
+        run, call_id = await awaiting_approval()
+        call.cancel()
+        try:
+            await call
+        except (asyncio.CancelledError, MCPError):
+            pass
+        # The approval timeout is a minute here: this must not wait for it.
+        result = await asyncio.wait_for(
+            session.call_tool("files__read_file", {"path": "input.txt"}), 20
+        )
+        check(not result.is_error, f"the call after the cancelled one: {result}")
+        late = await asyncio.to_thread(
+            subprocess.run,
+            [os.environ["WARDEN_BIN"], "--json", "runs", "approve", run, call_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        check(late.returncode != 0, f"a withdrawn call was approved: {late.stdout}")
+    check("cancelled" not in effects(), f"effects: {effects()}")
+
+
+async def end_parked(target: Target) -> None:
+    """A session that ends (stdio EOF, HTTP DELETE) while a write waits for
+    approval: the write is withdrawn, never made, and the session's run
+    completes (a stdio server exits instead of waiting for the approval
+    timeout, a minute here)."""
+    started = asyncio.get_running_loop().time()
+    async with target.session() as session:
+        call = asyncio.create_task(session.call_tool("hostile__fs", append("abandoned")))
+        run, call_id = await awaiting_approval()
+    call.cancel()
+    try:
+        await call
+    except BaseException:
+        pass
+    elapsed = asyncio.get_running_loop().time() - started
+    check(elapsed < 40, f"the session took {elapsed:.1f}s to end")
+    for _ in range(200):
+        shown = await asyncio.to_thread(warden, "runs", "show", run)
+        if shown["status"] == "completed":
+            break
+        await asyncio.sleep(0.1)
+    check(shown["status"] == "completed", f"the ended session's run: {shown['status']}")
+    late = await asyncio.to_thread(
+        subprocess.run,
+        [os.environ["WARDEN_BIN"], "--json", "runs", "approve", run, call_id],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    check(late.returncode != 0, f"a withdrawn call was approved: {late.stdout}")
+    check("abandoned" not in effects(), f"effects: {effects()}")
 
 
 async def refused(target: Target) -> None:
@@ -274,11 +361,14 @@ async def crash_write(target: Target) -> None:
 SCENARIOS = {
     "tools": tools,
     "read": read,
+    "mistakes": mistakes,
     "write_elicited": write_elicited,
     "write_cli": write_cli,
     "denied": denied,
     "timeout": timeout,
     "refused": refused,
+    "cancel_parked": cancel_parked,
+    "end_parked": end_parked,
     "crash_write": crash_write,
 }
 

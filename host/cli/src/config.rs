@@ -18,7 +18,16 @@
 //! [ceilings]                       # the most any plugin gets, whatever its
 //! timeout = "60s"                  # manifest or grant says (keys as in a
 //! fuel = 100_000_000_000           # manifest's [limits]; defaults:
-//!                                  # `Limits::CEILINGS`)
+//!                                  # `Limits::CEILINGS`), and what one model
+//! tool_calls_per_response = 64     # response and one run may start
+//! children_per_response = 8        # (defaults: `RunCeilings::DEFAULT`)
+//! children_per_run = 32
+//! fuel_per_run = 1_000_000_000_000
+//!
+//! [compile]                        # how much compiling one component may take
+//! max_size = "64MiB"               # (defaults: `CompileLimits::DEFAULT`); past
+//! timeout = "120s"                 # one, the plugin is refused by name
+//! memory = "2GiB"
 //!
 //! [grants.fs.mounts.workspace]     # the grant of the plugin an agent calls `fs`
 //! dir = "/srv/notes"               # ([plugins.fs] in the agent), unless the agent
@@ -49,11 +58,12 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use warden::engine::agent::validate_labels;
+use warden::engine::ceilings::{Ceiling, RunCeilings};
 use warden::engine::{Agent, AgentError, ModelDefaults};
 use warden::grant::Grant;
 use warden::plugins::manifest::LimitSettings;
 use warden::providers::config::ModelSection;
-use warden::sandbox::Limits;
+use warden::sandbox::{CompileLimits, Limits};
 
 /// The file looked for in the working directory.
 pub(crate) const DEFAULT_FILE: &str = "warden.toml";
@@ -134,7 +144,9 @@ struct ConfigFile {
     #[serde(default)]
     grants: BTreeMap<String, Grant>,
     #[serde(default)]
-    ceilings: LimitSettings,
+    ceilings: CeilingsSection,
+    #[serde(default)]
+    compile: CompileSection,
     #[serde(default)]
     mcp: McpSection,
     #[serde(default)]
@@ -161,6 +173,108 @@ struct ServeSection {
     /// The most connections held before any of their requests
     /// authenticated.
     max_unauthenticated_connections: Option<usize>,
+}
+
+/// `[ceilings]`: the most any plugin's lease gets (a manifest's `[limits]`
+/// keys), and what one model response and one run may start
+/// ([`RunCeilings`]). Unknown keys are refused by the lease settings, which
+/// receive every key but the run ceilings' (serde's `flatten` would let
+/// them through).
+#[derive(Debug, Default)]
+struct CeilingsSection {
+    tool_calls_per_response: Option<u32>,
+    children_per_response: Option<u32>,
+    children_per_run: Option<u32>,
+    fuel_per_run: Option<u64>,
+    lease: LimitSettings,
+}
+
+impl<'de> Deserialize<'de> for CeilingsSection {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let mut table = toml::Table::deserialize(d)?;
+        let mut take = |key: &str, max: u64| match table.remove(key) {
+            None => Ok(None),
+            Some(toml::Value::Integer(n)) if n >= 0 && n as u64 <= max => Ok(Some(n as u64)),
+            Some(other) => Err(D::Error::custom(format!(
+                "`{key}` must be an integer from 0 to {max}, got `{other}`"
+            ))),
+        };
+        let small = u64::from(u32::MAX);
+        let narrow = |n: Option<u64>| n.map(|n| u32::try_from(n).unwrap_or(u32::MAX));
+        Ok(CeilingsSection {
+            tool_calls_per_response: narrow(take("tool_calls_per_response", small)?),
+            children_per_response: narrow(take("children_per_response", small)?),
+            children_per_run: narrow(take("children_per_run", small)?),
+            fuel_per_run: take("fuel_per_run", i64::MAX as u64)?,
+            lease: LimitSettings::deserialize(toml::Value::Table(table))
+                .map_err(D::Error::custom)?,
+        })
+    }
+}
+
+impl CeilingsSection {
+    /// The run ceilings: the keys set here over [`RunCeilings::DEFAULT`].
+    fn run_ceilings(&self) -> Result<RunCeilings, (String, String)> {
+        let d = RunCeilings::DEFAULT;
+        let at_least_one = |key: &str, n: Option<u64>| match n {
+            Some(0) => Err((format!("ceilings.{key}"), "must be at least 1".to_owned())),
+            _ => Ok(()),
+        };
+        at_least_one(
+            "tool_calls_per_response",
+            self.tool_calls_per_response.map(u64::from),
+        )?;
+        at_least_one("fuel_per_run", self.fuel_per_run)?;
+        Ok(RunCeilings {
+            tool_calls_per_response: self
+                .tool_calls_per_response
+                .unwrap_or(d.tool_calls_per_response),
+            children_per_response: self
+                .children_per_response
+                .unwrap_or(d.children_per_response),
+            children_per_run: self.children_per_run.unwrap_or(d.children_per_run),
+            fuel_per_run: self.fuel_per_run.unwrap_or(d.fuel_per_run),
+        })
+    }
+}
+
+/// `[compile]`: how much compiling one component may take.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CompileSection {
+    max_size: Option<warden::units::ByteSize>,
+    timeout: Option<warden::units::HumanDuration>,
+    memory: Option<warden::units::ByteSize>,
+}
+
+impl CompileSection {
+    /// The keys set here over [`CompileLimits::DEFAULT`], each more than
+    /// zero.
+    fn limits(&self) -> Result<CompileLimits, (String, String)> {
+        let zero = |key: &str| {
+            Err((
+                format!("compile.{key}"),
+                "must be more than zero".to_owned(),
+            ))
+        };
+        let d = CompileLimits::DEFAULT;
+        let limits = CompileLimits {
+            max_bytes: self.max_size.map_or(d.max_bytes, |b| b.0),
+            timeout: self.timeout.map_or(d.timeout, |t| t.0),
+            memory_bytes: self.memory.map_or(d.memory_bytes, |b| b.0),
+        };
+        if limits.max_bytes == 0 {
+            return zero("max_size");
+        }
+        if limits.timeout.is_zero() {
+            return zero("timeout");
+        }
+        if limits.memory_bytes == 0 {
+            return zero("memory");
+        }
+        Ok(limits)
+    }
 }
 
 /// `[mcp]`: what `warden mcp serve` serves when no agent file is given.
@@ -303,6 +417,12 @@ pub(crate) struct Settings {
     /// The most any plugin gets of each limit: `[ceilings]` over
     /// [`Limits::CEILINGS`].
     pub(crate) ceilings: Limits,
+    /// What one model response and one run may start: `[ceilings]`'s run
+    /// keys over [`RunCeilings::DEFAULT`].
+    pub(crate) run_ceilings: RunCeilings,
+    /// How much compiling one component may take: `[compile]` over
+    /// [`CompileLimits::DEFAULT`].
+    pub(crate) compile: CompileLimits,
     /// `[mcp] agent`: the agent `warden mcp serve` serves by default,
     /// resolved against the configuration file's directory.
     pub(crate) mcp_agent: Option<PathBuf>,
@@ -523,9 +643,18 @@ impl Settings {
                 .map_err(|(key, message)| invalid(&key, message))?;
         }
         file.ceilings
+            .lease
             .validate("ceilings")
             .map_err(|(key, message)| invalid(&key, message))?;
-        let ceilings = file.ceilings.apply_to(&Limits::CEILINGS);
+        let ceilings = file.ceilings.lease.apply_to(&Limits::CEILINGS);
+        let run_ceilings = file
+            .ceilings
+            .run_ceilings()
+            .map_err(|(key, message)| invalid(&key, message))?;
+        let compile = file
+            .compile
+            .limits()
+            .map_err(|(key, message)| invalid(&key, message))?;
         let serve_connections = serve_connections(&file.serve).map_err(|(k, m)| invalid(&k, m))?;
 
         Ok(Settings {
@@ -546,6 +675,8 @@ impl Settings {
                 Some(text) => Some(chain_key(&text)?),
             },
             ceilings,
+            run_ceilings,
+            compile,
         })
     }
 
@@ -590,8 +721,28 @@ impl Settings {
                 "model": self.model.as_ref().map(|m| masked(&m.section)),
             },
             "grants": self.grants.iter().map(|(k, g)| (k.clone(), masked(g))).collect::<serde_json::Map<_, _>>(),
-            "ceilings": limits_json(&self.ceilings),
+            "ceilings": self.ceilings_json(),
+            "compile": self.compile_json(),
             "serve": self.serve_json(),
+        })
+    }
+
+    /// `[ceilings]` as it is in force: the lease ceilings, then the run
+    /// ceilings.
+    fn ceilings_json(&self) -> Value {
+        let mut out = limits_json(&self.ceilings);
+        for ceiling in Ceiling::ALL {
+            out[ceiling.key()] = json!(self.run_ceilings.get(ceiling));
+        }
+        out
+    }
+
+    /// `[compile]` as it is in force.
+    fn compile_json(&self) -> Value {
+        json!({
+            "max_size": self.compile.max_bytes,
+            "timeout": warden::units::format_duration(self.compile.timeout),
+            "memory": self.compile.memory_bytes,
         })
     }
 
@@ -653,9 +804,11 @@ impl Settings {
             out.push_str(&table_body(&body));
         }
         out.push_str(
-            "\n[ceilings]    # the most any plugin gets: the file's keys over the defaults\n",
+            "\n[ceilings]    # the most a plugin's lease gets, and a response or run may start: the file's keys over the defaults\n",
         );
-        out.push_str(&table_body(&limits_json(&self.ceilings)));
+        out.push_str(&table_body(&self.ceilings_json()));
+        out.push_str("\n[compile]    # how much compiling one component may take: the file's keys over the defaults\n");
+        out.push_str(&table_body(&self.compile_json()));
         out.push_str("\n[serve]    # the file's keys over the defaults\n");
         out.push_str(&table_body(&self.serve_json()));
         out

@@ -192,10 +192,17 @@ pub(crate) enum Exit {
     Usage,
 }
 
+/// The hidden first argument that makes this process a component compiler
+/// for its parent (`warden::sandbox::run_compile_child`), never a command.
+const COMPILE_SUBCOMMAND: &str = "__compile-component";
+
 /// Runs the command line and returns the process's exit code.
 pub fn main() -> ExitCode {
     restore_sigpipe();
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == COMPILE_SUBCOMMAND) {
+        return ExitCode::from(warden::sandbox::run_compile_child(&argv[2..]));
+    }
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
@@ -404,6 +411,15 @@ pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<warden::sandbox::Sa
         warden::sandbox::SandboxConfig {
             cache_dir: settings.cache_dir.value.clone(),
             ceilings: settings.ceilings.clone(),
+            compile_limits: settings.compile,
+            // This binary compiles components in a child of itself, where
+            // the compile's time and memory are bounded (`compile.rs`).
+            compile_command: std::env::current_exe().ok().map(|program| {
+                warden::sandbox::CompileCommand {
+                    program,
+                    args: vec![COMPILE_SUBCOMMAND.into()],
+                }
+            }),
             ..warden::sandbox::SandboxConfig::default()
         },
     )?)

@@ -212,7 +212,7 @@ async fn tools(args: ServerArgs, accept: bool, ctx: &Context) -> anyhow::Result<
             .map(|d| {
                 json!({
                     "name": d.name,
-                    "model_name": format!("{}__{}", server.key, d.name),
+                    "model_name": mcp_servers::names::model_name(server, &d.name),
                     "status": status(&d.name),
                     "effect": d.effect,
                     "claimed_effect": d.claimed_effect,
@@ -274,10 +274,18 @@ async fn tools(args: ServerArgs, accept: bool, ctx: &Context) -> anyhow::Result<
             None => "offered".to_owned(),
             Some(why) => format!("NOT OFFERED: {why}"),
         };
+        // The model's name, and the server's where they differ.
+        let model_name = mcp_servers::names::model_name(server, &d.name);
+        let own = if model_name == format!("{}__{}", server.key, d.name) {
+            String::new()
+        } else {
+            format!(
+                " (the server's `{}`)",
+                warden::untrusted::line(&d.name, warden::untrusted::LINE_BYTES)
+            )
+        };
         println!(
-            "  {}__{}  {}  {approval}  {}  {offered}",
-            server.key,
-            d.name,
+            "  {model_name}{own}  {}  {approval}  {}  {offered}",
             d.effect,
             status(&d.name)
         );

@@ -326,7 +326,8 @@ pub(crate) fn runtime(
     let host = PluginHost::new(super::sandbox(&ctx.settings)?);
     let mut rt = Runtime::new(store, host.clone())
         .with_record_prompts(ctx.settings.record_prompts.value)
-        .with_labels(ctx.settings.labels.value.clone());
+        .with_labels(ctx.settings.labels.value.clone())
+        .with_ceilings(ctx.settings.run_ceilings);
     // Every verb that records on a run (and `serve`, `mcp serve`,
     // `worker`, which build their runtimes here) checks it against the
     // witness first, in the engine's one write path.
@@ -1487,7 +1488,7 @@ async fn drive_and_print(
                         super::out::text("  ");
                         in_text = true;
                     }
-                    super::out::text(&warden::untrusted::fragment(&text));
+                    super::out::text(warden::untrusted::fragment(&text));
                 }
                 Some(_) | None => {}
             },

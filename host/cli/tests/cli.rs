@@ -2425,3 +2425,130 @@ fn keys_are_listed_shown_and_released_and_a_failed_write_leaves_its_key_free() {
     );
     assert_eq!(details["key"], "no-such-key");
 }
+
+/// `n` as unsigned LEB128.
+fn leb(mut n: u64, out: &mut Vec<u8>) {
+    loop {
+        let byte = (n & 0x7f) as u8;
+        n >>= 7;
+        if n == 0 {
+            out.push(byte);
+            return;
+        }
+        out.push(byte | 0x80);
+    }
+}
+
+/// A hostile component, written byte by byte: one core function with
+/// `locals` 64-bit locals, each set at the start and all summed at the end
+/// (so every one is live throughout), and `blocks` conditional blocks in
+/// between, each changing one local (so each join merges values). Small on
+/// disk, and a compile whose register allocation grows with locals times
+/// blocks. It has no imports and exports nothing: the sandbox compiles it
+/// before it could find it is no plugin.
+fn pathological_component(locals: u32, blocks: u32) -> Vec<u8> {
+    let mut body = Vec::new();
+    body.push(1); // one local declaration
+    leb(u64::from(locals), &mut body);
+    body.push(0x7e); // i64
+    for i in 0..locals {
+        body.push(0x42); // i64.const (small, so signed LEB = unsigned)
+        leb(u64::from(i % 64), &mut body);
+        body.push(0x21); // local.set
+        leb(u64::from(i + 1), &mut body);
+    }
+    for j in 0..blocks {
+        let local = u64::from(1 + (j * 7919) % locals);
+        body.extend([0x20, 0x00, 0x04, 0x40]); // local.get 0 (the param); if
+        body.push(0x20); // local.get
+        leb(local, &mut body);
+        body.extend([0x42, 0x01, 0x7c]); // i64.const 1; i64.add
+        body.push(0x21); // local.set
+        leb(local, &mut body);
+        body.push(0x0b); // end
+    }
+    body.extend([0x20, 0x01]); // local.get 1
+    for i in 2..=locals {
+        body.push(0x20);
+        leb(u64::from(i), &mut body);
+        body.push(0x7c); // i64.add
+    }
+    body.push(0x0b);
+    let section = |id: u8, content: &[u8], out: &mut Vec<u8>| {
+        out.push(id);
+        leb(content.len() as u64, out);
+        out.extend_from_slice(content);
+    };
+    let mut module = b"\0asm\x01\0\0\0".to_vec();
+    section(1, &[1, 0x60, 1, 0x7f, 1, 0x7e], &mut module); // (func (param i32) (result i64))
+    section(3, &[1, 0], &mut module);
+    let mut code = vec![1];
+    leb(body.len() as u64, &mut code);
+    code.extend_from_slice(&body);
+    section(10, &code, &mut module);
+    let mut component = b"\0asm\x0d\0\x01\0".to_vec();
+    section(1, &module, &mut component); // a core module
+    component
+}
+
+/// Issue 37, item 7: compiling is bounded by the operator's `[compile]`
+/// limits, in a child process of the real binary. A hostile component whose
+/// compile would run on is stopped at the deadline, and one whose compile
+/// grows past the memory limit is stopped there, each with one line naming
+/// the limit and how to raise it; a component over the size limit is
+/// refused before it is compiled. A small one of the same shape compiles in
+/// the child and loads here (then is refused as no plugin).
+#[test]
+fn compiling_a_hostile_component_stops_at_the_operators_limits() {
+    let dir = tempfile::tempdir().unwrap();
+    let wasm = pathological_component(20_000, 20_000);
+    std::fs::write(dir.path().join("hostile.wasm"), &wasm).unwrap();
+    let inspect = |config: &str| {
+        std::fs::write(dir.path().join("warden.toml"), config).unwrap();
+        let started = std::time::Instant::now();
+        let out = warden(&["plugin", "inspect", "hostile.wasm"], dir.path());
+        (out, started.elapsed())
+    };
+
+    let (out, took) = inspect("[compile]\ntimeout = \"2s\"\n");
+    assert!(!out.status.success());
+    let text = stderr(&out);
+    assert!(
+        text.contains("compiling the component passed its time limit of 2s")
+            && text.contains("raise `[compile] timeout` in warden.toml"),
+        "{text}"
+    );
+    assert!(took < std::time::Duration::from_secs(15), "took {took:?}");
+
+    let (out, took) = inspect("[compile]\nmemory = \"64MiB\"\ntimeout = \"60s\"\n");
+    assert!(!out.status.success());
+    let text = stderr(&out);
+    assert!(
+        text.contains("compiling the component passed its memory limit of 64.0 MiB"),
+        "{text}"
+    );
+    assert!(took < std::time::Duration::from_secs(30), "took {took:?}");
+
+    let (out, _) = inspect("[compile]\nmax_size = \"1KiB\"\n");
+    assert!(!out.status.success());
+    let text = stderr(&out);
+    assert!(
+        text.contains("passed its size limit of 1.0 KiB")
+            && text.contains("raise `[compile] max_size`"),
+        "{text}"
+    );
+
+    let out = warden(&["config", "show", "--json"], dir.path());
+    assert_eq!(json_out(&out)["compile"]["max_size"], 1024);
+
+    std::fs::write(
+        dir.path().join("small.wasm"),
+        pathological_component(10, 10),
+    )
+    .unwrap();
+    std::fs::write(dir.path().join("warden.toml"), "").unwrap();
+    let out = warden(&["plugin", "inspect", "small.wasm"], dir.path());
+    assert!(!out.status.success());
+    let text = stderr(&out);
+    assert!(text.contains("exports none of"), "{text}");
+}

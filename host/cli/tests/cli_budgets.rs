@@ -276,3 +276,134 @@ fn runs_show_reports_the_limits_the_log_records() {
     assert_eq!(shown["budget"]["cost"]["limit"], 500_000_000);
     assert_eq!(shown["max_input_bytes"], 1_048_576);
 }
+
+/// A planner whose one response calls a worker agent `calls` times (the
+/// worker answers at once), with `config` as the operator's `warden.toml`.
+fn planner_dir(calls: usize, config: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let write = |name: &str, text: &str| std::fs::write(dir.path().join(name), text).unwrap();
+    write(
+        "worker.toml",
+        "name = \"worker\"\ninstructions = \"Do the task.\"\n\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"worker.transcript.toml\"\n",
+    );
+    write("worker.transcript.toml", "[[turns]]\ntext = \"Done.\"\n");
+    write(
+        "planner.toml",
+        "name = \"planner\"\ninstructions = \"Hand out the parts.\"\n\n[model]\nprovider = \"scripted\"\nname = \"script\"\ntranscript = \"planner.transcript.toml\"\n\n[agents.worker]\nagent = \"worker.toml\"\ndescription = \"Does one part\"\n",
+    );
+    let mut turns = String::from("[[turns]]\ntext = \"Fanning out.\"\n");
+    for n in 0..calls {
+        turns.push_str(&format!(
+            "[[turns.tool_calls]]\nname = \"worker\"\narguments = {{ task = \"part {n}\" }}\n"
+        ));
+    }
+    turns.push_str("\n[[turns]]\ntext = \"All done.\"\n");
+    write("planner.transcript.toml", &turns);
+    write("warden.toml", config);
+    dir
+}
+
+/// Runs the planner in `dir` to the end; returns how many child runs it
+/// started and the errors of the calls refused.
+fn fan_out(dir: &Path, run: &str) -> (usize, Vec<Value>) {
+    let out = warden(&["run", "planner.toml", "go", "--run-id", run], dir);
+    assert!(out.status.success(), "{}\n{}", stdout(&out), stderr(&out));
+    let out = warden(&["runs", "events", run], dir);
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events: Vec<Value> = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap()["event"].clone())
+        .collect();
+    let started = events
+        .iter()
+        .filter(|e| e["type"] == "child_started")
+        .count();
+    let refused = events
+        .iter()
+        .filter(|e| e["type"] == "tool_call_rejected")
+        .map(|e| e["error"].clone())
+        .collect();
+    (started, refused)
+}
+
+/// Issue 37, item 9: with no budgets set, one response asking for more
+/// child runs or tool calls than the host's default ceilings starts only
+/// as many as they allow; each call past them is refused with an error
+/// naming the ceiling, its value and how to raise it. `[ceilings]` raises
+/// (or lowers) each, and `config show` lists them.
+#[test]
+fn one_response_starts_no_more_than_the_ceilings_allow() {
+    let refusal = |ceiling: &str, limit: u64| serde_json::json!({"kind": "ceiling_reached", "ceiling": ceiling, "limit": limit});
+    // Nine children at once: the default allows eight.
+    let dir = planner_dir(9, "");
+    let (started, refused) = fan_out(dir.path(), "wide");
+    assert_eq!(started, 8);
+    assert_eq!(refused, [refusal("children_per_response", 8)]);
+    let out = warden(&["runs", "show", "wide"], dir.path());
+    let text = stdout(&out);
+    assert!(
+        text.contains("`children_per_response` = 8")
+            && text.contains("raises `[ceilings] children_per_response` in warden.toml"),
+        "{text}"
+    );
+    // The operator raises it: all nine start.
+    std::fs::write(
+        dir.path().join("warden.toml"),
+        "[ceilings]\nchildren_per_response = 9\n",
+    )
+    .unwrap();
+    let (started, refused) = fan_out(dir.path(), "wider");
+    assert_eq!((started, refused), (9, vec![]));
+    let out = warden(&["config", "show", "--json"], dir.path());
+    let shown: Value = serde_json::from_str(&stdout(&out)).unwrap();
+    assert_eq!(shown["ceilings"]["children_per_response"], 9);
+    assert_eq!(shown["ceilings"]["tool_calls_per_response"], 64);
+    assert_eq!(shown["ceilings"]["children_per_run"], 32);
+    assert_eq!(shown["ceilings"]["fuel_per_run"], 1_000_000_000_000u64);
+    let out = warden(&["config", "show"], dir.path());
+    assert!(
+        stdout(&out).contains("children_per_response = 9\n"),
+        "{}",
+        stdout(&out)
+    );
+
+    // Sixty-six calls with the child ceilings raised: the default of 64
+    // calls per response holds.
+    let dir = planner_dir(
+        66,
+        "[ceilings]\nchildren_per_response = 100\nchildren_per_run = 100\n",
+    );
+    let (started, refused) = fan_out(dir.path(), "many");
+    assert_eq!(started, 64);
+    assert_eq!(
+        refused,
+        [
+            refusal("tool_calls_per_response", 64),
+            refusal("tool_calls_per_response", 64)
+        ]
+    );
+
+    // Children per run, lowered by the operator.
+    let dir = planner_dir(3, "[ceilings]\nchildren_per_run = 2\n");
+    let (started, refused) = fan_out(dir.path(), "few");
+    assert_eq!(started, 2);
+    assert_eq!(refused, [refusal("children_per_run", 2)]);
+
+    // A ceiling of nothing is refused, naming the key.
+    let dir = planner_dir(1, "[ceilings]\ntool_calls_per_response = 0\n");
+    let out = warden(&["config", "show"], dir.path());
+    assert!(!out.status.success());
+    assert!(
+        stderr(&out).contains("ceilings.tool_calls_per_response"),
+        "{}",
+        stderr(&out)
+    );
+    let dir = planner_dir(1, "[ceilings]\nchildren_per_respons = 3\n");
+    let out = warden(&["config", "show"], dir.path());
+    assert!(!out.status.success(), "an unknown key is refused");
+    assert!(
+        stderr(&out).contains("children_per_respons"),
+        "{}",
+        stderr(&out)
+    );
+}

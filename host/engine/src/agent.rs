@@ -147,6 +147,7 @@ use super::budget::{
     price_to_micros,
 };
 use super::canonical::{canonical_json, without_empty};
+use super::ceilings::RunCeilings;
 use super::channels::{
     BACKOFF_CAP_LIMIT_MS, Channel, DEFAULT_BACKOFF_CAP_MS, DEFAULT_BACKOFF_MS,
     DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_LIMIT, Receives,
@@ -629,13 +630,14 @@ pub(crate) fn is_valid_human_tool_name(name: &str) -> bool {
 }
 
 impl Agent {
-    /// The limits a run of this agent starts under, as its `run_started`
-    /// records them.
-    pub fn recorded_limits(&self) -> RecordedLimits {
+    /// The limits a run of this agent starts under on a host with
+    /// `ceilings`, as its `run_started` records them.
+    pub fn recorded_limits(&self, ceilings: &RunCeilings) -> RecordedLimits {
         RecordedLimits {
             budgets: self.budgets,
             max_input_bytes: self.max_input_bytes,
             currency: self.model.pricing.as_ref().map(|p| p.currency.clone()),
+            ceilings: Some(*ceilings),
         }
     }
 

@@ -43,6 +43,8 @@ use serde::{Deserialize, Serialize};
 
 use warden_providers::Usage;
 
+use super::ceilings::RunCeilings;
+
 /// One budget.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -421,6 +423,10 @@ pub struct RecordedLimits {
     /// without pricing.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub currency: Option<String>,
+    /// The host's ceilings the run started under ([`RunCeilings`]). Omitted
+    /// in logs written before there were any: such a run has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ceilings: Option<RunCeilings>,
 }
 
 /// An input over the size cap.

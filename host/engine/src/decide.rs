@@ -13,6 +13,7 @@
 //! | no model call yet, a `run_start` policy has not decided | [`Action::ConsultPolicy`] |
 //! | last response recorded, an `after_response` policy has not decided | [`Action::ConsultPolicy`] |
 //! | a policy denied (not a tool call) or failed | [`Action::Fail`] |
+//! | next call pending and past a host ceiling: its place in the response, a response's or the run's child runs (`ceilings.rs`) | [`Action::RejectToolCall`] ([`ToolCallError::CeilingReached`]) |
 //! | next call names no tool, or its arguments fail the tool's schema | [`Action::RejectToolCall`] |
 //! | next call pending, a `before_tool_call` policy has not decided | [`Action::ConsultPolicy`] |
 //! | next call is a human tool                   | [`Action::Park`] (suspend, with the answer's schema) |
@@ -60,6 +61,7 @@ use super::agent::child_agents::{child_limits, child_run_id};
 use super::budget::{
     BudgetKind, BudgetOverrun, Pricing, first_crossed, first_exhausted, input_overrun,
 };
+use super::ceilings::Ceiling;
 use super::compaction::{cut, estimate_tokens, request as compaction_request};
 use super::context::{ContextOutcome, ContextState, OnContextError, ResolveWhen};
 use super::events::ChildStarted;
@@ -78,12 +80,12 @@ use super::prompt::{build_request, request_frame};
 use super::refusal::OnRefusal;
 use super::request_hash::{RequestHasher, request_hash, request_size};
 use super::retry::RetryPolicy;
-use super::schema::SchemaError;
+use super::schema::{CompiledSchemas, SchemaError};
 use super::state::{
     ModelCallProgress, Parked, RunState, ToolCallProgress, ToolCallState, key_argument,
 };
 use super::status::RunStatus;
-use super::view::{AgentView, ToolTarget};
+use super::view::{AgentTool, AgentView, ToolTarget};
 use batch::launch;
 use policies::gate;
 use warden_plugins::grant::EffectClass;
@@ -913,6 +915,56 @@ fn preview_text(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
+/// Why `arguments` do not fit `tool`'s input schema (or the schema is
+/// unusable), if they do not.
+fn schema_rejection(
+    tool: &AgentTool,
+    schemas: &CompiledSchemas,
+    arguments: &Value,
+) -> Option<ToolCallError> {
+    match schemas.check(&tool.name, &tool.input_schema, arguments) {
+        Ok(()) => None,
+        Err(e @ SchemaError::Violation { .. }) => Some(ToolCallError::InvalidArguments {
+            message: e.to_string(),
+        }),
+        Err(e @ SchemaError::InvalidSchema { .. }) => Some(ToolCallError::Unavailable {
+            message: format!("the tool's input schema is unusable: {e}"),
+        }),
+    }
+}
+
+/// The mistake in a call of `tool` with `arguments`, if it has one: the
+/// rejections [`decide`] would record for it and count as the model's
+/// invalid calls (arguments that are not an object or do not fit the
+/// input schema, a missing idempotency-key argument), by the same checks.
+///
+/// For a caller that is not the run's model: an MCP client's call is
+/// checked with this before the run is offered it, so the client's mistake
+/// is answered to that call and never counted against the session's run
+/// (whose model is the client, its calls independent requests).
+pub fn call_mistake(
+    tool: &AgentTool,
+    schemas: &CompiledSchemas,
+    arguments: &Value,
+) -> Option<ToolCallError> {
+    if !arguments.is_object() {
+        return Some(ToolCallError::InvalidArguments {
+            message: format!("arguments must be a JSON object, got `{arguments}`"),
+        });
+    }
+    if let Some(error) = schema_rejection(tool, schemas, arguments) {
+        return error.is_invalid_call().then_some(error);
+    }
+    match &tool.target {
+        ToolTarget::Plugin { key: Some(k), .. } if key_argument(arguments, &k.field).is_none() => {
+            Some(ToolCallError::MissingIdempotencyKey {
+                field: k.field.clone(),
+            })
+        }
+        _ => None,
+    }
+}
+
 fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Action {
     let reject = |error| {
         Action::RejectToolCall(ToolCallRejected {
@@ -940,6 +992,11 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
             });
         }
     }
+    if matches!(call.progress, ToolCallProgress::Pending)
+        && let Some(error) = past_ceiling(state, view, call)
+    {
+        return reject(error);
+    }
     let Some(tool) = view.tool(&call.call.name) else {
         return reject(ToolCallError::UnknownTool {
             name: call.call.name.clone(),
@@ -949,21 +1006,8 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
         if let Some(error) = malformed_arguments(state, &call.call.arguments) {
             return reject(error);
         }
-        match view
-            .input_schemas
-            .check(&tool.name, &tool.input_schema, &call.call.arguments)
-        {
-            Ok(()) => {}
-            Err(e @ SchemaError::Violation { .. }) => {
-                return reject(ToolCallError::InvalidArguments {
-                    message: e.to_string(),
-                });
-            }
-            Err(e @ SchemaError::InvalidSchema { .. }) => {
-                return reject(ToolCallError::Unavailable {
-                    message: format!("the tool's input schema is unusable: {e}"),
-                });
-            }
+        if let Some(error) = schema_rejection(tool, &view.input_schemas, &call.call.arguments) {
+            return reject(error);
         }
     }
     if matches!(call.progress, ToolCallProgress::Pending) {
@@ -1090,6 +1134,53 @@ fn decide_call(state: &RunState, view: &AgentView, call: &ToolCallState) -> Acti
             unreachable!("decide_call sees pending or approved calls")
         }
     }
+}
+
+/// The host's ceiling a pending call is past, if any (`ceilings.rs`): its
+/// place in the response past `tool_calls_per_response`; for a call to a
+/// plugin or another agent, the run's fuel (its children's and what
+/// children in flight were granted included) reaching `fuel_per_run`; for
+/// a call to another agent, the calls to agents before it in the response
+/// reaching `children_per_response`, or the children the run started
+/// reaching `children_per_run`. Checked before anything else is done with
+/// the call, so a refused call reaches no policy, approval or plugin.
+fn past_ceiling(state: &RunState, view: &AgentView, call: &ToolCallState) -> Option<ToolCallError> {
+    let ceilings = state.ceilings()?;
+    let turn = state.last_turn()?;
+    let place = turn.calls.iter().position(|c| c.call_id == call.call_id)?;
+    let reached = |ceiling: Ceiling| {
+        Some(ToolCallError::CeilingReached {
+            ceiling,
+            limit: ceilings.get(ceiling),
+        })
+    };
+    if place as u64 >= ceilings.get(Ceiling::ToolCallsPerResponse) {
+        return reached(Ceiling::ToolCallsPerResponse);
+    }
+    let is_child = |c: &ToolCallState| {
+        view.tool(&c.call.name)
+            .is_some_and(|t| matches!(t.target, ToolTarget::Agent { .. }))
+    };
+    let uses_fuel = view.tool(&call.call.name).is_some_and(|t| {
+        matches!(
+            t.target,
+            ToolTarget::Plugin { .. } | ToolTarget::Agent { .. }
+        )
+    });
+    if uses_fuel && state.committed_usage().fuel >= ceilings.get(Ceiling::FuelPerRun) {
+        return reached(Ceiling::FuelPerRun);
+    }
+    if !is_child(call) {
+        return None;
+    }
+    let earlier = turn.calls[..place].iter().filter(|c| is_child(c)).count();
+    if earlier as u64 >= ceilings.get(Ceiling::ChildrenPerResponse) {
+        return reached(Ceiling::ChildrenPerResponse);
+    }
+    if u64::from(state.children_started) >= ceilings.get(Ceiling::ChildrenPerRun) {
+        return reached(Ceiling::ChildrenPerRun);
+    }
+    None
 }
 
 /// The `run_start` and `after_response` policies: asked before the first

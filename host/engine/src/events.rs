@@ -23,6 +23,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::budget::{BudgetLimits, BudgetOverrun, Pricing, RecordedLimits};
+use super::ceilings::Ceiling;
 use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId};
 use super::policy_hooks::{PolicyConsult, PolicyHook, PolicyPoint, PolicyVerdict};
 pub use children::{ChildFinished, ChildParked, ChildStarted, ParentLink};
@@ -985,6 +986,23 @@ pub enum ToolCallError {
         /// The argument.
         field: String,
     },
+    /// The call is past one of the host's ceilings on what a response or
+    /// a run may start (`[ceilings]` in `warden.toml`): it did not start.
+    #[error(
+        "refused: past the host's ceiling `{ceiling}` = {limit} ({}); ask for less at once, or an operator raises `[ceilings] {ceiling}` in warden.toml",
+        match .ceiling {
+            Ceiling::ToolCallsPerResponse => "the most tool calls of one response that start",
+            Ceiling::ChildrenPerResponse => "the most calls to other agents of one response that start",
+            Ceiling::ChildrenPerRun => "the most child runs one run starts",
+            Ceiling::FuelPerRun => "the fuel one run uses",
+        }
+    )]
+    CeilingReached {
+        /// Which ceiling.
+        ceiling: Ceiling,
+        /// Its value in the run (as its `run_started` records it).
+        limit: u64,
+    },
     /// The agent called as a tool (a child run) did not complete.
     #[error("the agent's run `{child_run}` ended {status}: {message}")]
     ChildEnded {
@@ -998,6 +1016,20 @@ pub enum ToolCallError {
 }
 
 impl ToolCallError {
+    /// Whether this rejection is the caller's mistake (an unknown tool,
+    /// arguments that do not fit, a call cut off, a missing key argument):
+    /// what the run counts as its model's invalid calls in a row, up to the
+    /// agent's `max_invalid_tool_calls`.
+    pub fn is_invalid_call(&self) -> bool {
+        matches!(
+            self,
+            ToolCallError::UnknownTool { .. }
+                | ToolCallError::InvalidArguments { .. }
+                | ToolCallError::TruncatedCall { .. }
+                | ToolCallError::MissingIdempotencyKey { .. }
+        )
+    }
+
     /// The error a guest returned.
     pub fn from_wit(error: &wit::ToolError) -> ToolCallError {
         match error {
@@ -2630,6 +2662,7 @@ pub(crate) mod tests {
                         },
                         max_input_bytes: 100,
                         currency: None,
+                        ceilings: None,
                     },
                     changed: vec!["budgets".into()],
                     withdrawn_approval: Some(CallId::from_text("call-2-0")),

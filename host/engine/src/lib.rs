@@ -62,6 +62,7 @@ pub mod witness;
 
 // Settings and payloads the events carry.
 pub mod budget;
+pub mod ceilings;
 pub mod compaction;
 pub mod output;
 pub mod policy_hooks;

@@ -27,6 +27,7 @@
 //! # input_schema = '{"type": "object"}'  # replaces the server's schema
 //! # idempotency_key = "request_id"       # as for plugin tools
 //! # approval = "always"                  # never | always | writes (default)
+//! # rename = "read_text"                 # offered as files__read_text ([`names`])
 //! ```
 //!
 //! A remote server is reached over streamable HTTP ([`remote`]), only at a
@@ -49,6 +50,7 @@
 //! ([`pins`]): a tool whose definition changed since it was pinned is not
 //! offered until the operator accepts the new list (`warden mcp accept`).
 
+pub mod names;
 pub mod pins;
 pub mod process;
 pub mod remote;
@@ -67,7 +69,7 @@ use super::approvals::NeedsApproval;
 use super::events::McpToolsOffered;
 use warden_plugins::ToolDescriptor;
 use warden_plugins::grant::EffectClass;
-use warden_plugins::tool::{MAX_DESCRIPTION, MAX_SCHEMA, MAX_TOOLS, is_valid_tool_name};
+use warden_plugins::tool::{MAX_DESCRIPTION, MAX_SCHEMA, MAX_TOOLS};
 use warden_sandbox::{LeaseError, LeaseFailure, Leased, Outcome, UsageReceipt, wit};
 use warden_syntax::units::{ByteSize, HumanDuration};
 
@@ -248,6 +250,8 @@ struct McpToolEntry {
     idempotency_key: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     approval: Option<NeedsApproval>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    rename: Option<String>,
 }
 
 /// An MCP server an agent uses, as the operator set it up.
@@ -325,6 +329,9 @@ pub struct McpToolSettings {
     pub input_schema: Option<Value>,
     /// The argument whose value is the call's idempotency key across runs.
     pub idempotency_key: Option<String>,
+    /// The name the model calls it by instead, after `<key>__`
+    /// ([`names`]).
+    pub rename: Option<String>,
 }
 
 impl McpServer {
@@ -364,21 +371,14 @@ pub(crate) fn validate<E>(
         let dirs = |k: &str, list: &[PathBuf]| -> Result<Vec<PathBuf>, E> {
             let mut out = Vec::with_capacity(list.len());
             for (i, d) in list.iter().enumerate() {
-                let joined = base.join(d);
-                // Bound into the sandbox by what they are now, so a later
-                // symlink swap cannot widen the grant.
-                let absolute = std::fs::canonicalize(&joined).map_err(|e| {
-                    invalid(
-                        &format!("{}[{i}]", at(k)),
-                        format!("cannot use `{}`: {e}", joined.display()),
-                    )
-                })?;
-                if !absolute.is_dir() {
-                    return Err(invalid(
-                        &format!("{}[{i}]", at(k)),
-                        format!("`{}` is not a directory", absolute.display()),
-                    ));
-                }
+                // Opened without following a symlink in any component the
+                // operator wrote, as a plugin's mount is: a directory a
+                // plugin or server swapped for a link is refused, not
+                // followed. What is kept is its real path, opened again
+                // the same way when the server starts.
+                let absolute = warden_sandbox::open_dir_nofollow(base, d)
+                    .map_err(|e| invalid(&format!("{}[{i}]", at(k)), e.to_string()))?
+                    .path;
                 out.push(absolute);
             }
             Ok(out)
@@ -500,11 +500,18 @@ pub(crate) fn validate<E>(
         let mut approval = BTreeMap::new();
         for (tool, t) in &entry.tools {
             let tat = |k: &str| at(&format!("tools.{tool}.{k}"));
-            if !is_valid_tool_name(tool) {
+            if !names::is_mcp_tool_name(tool) {
                 return Err(invalid(
                     &at(&format!("tools.{tool}")),
-                    "is not a valid tool name (use [a-z][a-z0-9_]*, at most 64 bytes)".into(),
+                    "is not an MCP tool name (1 to 128 of A-Z a-z 0-9 _ - .)".into(),
                 ));
+            }
+            if let Some(why) = t
+                .rename
+                .as_deref()
+                .and_then(|r| names::check_rename(key, r))
+            {
+                return Err(invalid(&tat("rename"), why));
             }
             if t.effect.is_some() && t.accept_hints {
                 return Err(invalid(
@@ -527,6 +534,7 @@ pub(crate) fn validate<E>(
                     description: t.description.clone(),
                     input_schema,
                     idempotency_key: t.idempotency_key.clone(),
+                    rename: t.rename.clone(),
                 },
             );
         }
@@ -601,9 +609,9 @@ pub fn descriptors(
             .clone()
             .or_else(|| tool.get("inputSchema").cloned())
             .unwrap_or_else(|| serde_json::json!({"type": "object"}));
-        let withheld = if !is_valid_tool_name(name) {
+        let withheld = if !names::is_mcp_tool_name(name) {
             Some(format!(
-                "its name `{name}` is not a Warden tool name ([a-z][a-z0-9_]*, at most 64 bytes)"
+                "its name {name:?} is not an MCP tool name (1 to 128 of A-Z a-z 0-9 _ - .)"
             ))
         } else if description.len() > MAX_DESCRIPTION {
             Some(format!(
@@ -681,8 +689,8 @@ impl McpConnection {
     /// Starts (or reaches) `server`, lists its tools, and pins the list if
     /// nothing was pinned for it yet (its first use).
     pub async fn connect(server: &McpServer) -> Result<Arc<McpConnection>, McpServerError> {
-        let session = session::Session::start(server).await?;
-        let listing = list_and_pin(server, &session).await?;
+        let mut session = session::Session::start(server).await?;
+        let listing = list_and_pin(server, &mut session).await?;
         let tools = descriptors(server, &listing.listed, &listing.pinned);
         for t in &tools {
             if let Some(why) = &t.withheld {
@@ -748,7 +756,13 @@ impl McpConnection {
             }
         };
         let deadline = bound.map_or(self.server.timeout, |b| b.min(self.server.timeout));
-        let Some(tool) = self.tools.iter().find(|t| t.name == call.tool) else {
+        // The call names the tool as the model does; the server knows it
+        // by its own name.
+        let Some(tool) = self
+            .tools
+            .iter()
+            .find(|t| names::model_suffix(&self.server, &t.name) == call.tool)
+        else {
             return fail(
                 LeaseFailure::Refused {
                     reason: format!("the server lists no tool `{}`", call.tool),
@@ -780,8 +794,8 @@ impl McpConnection {
             // Killed at a deadline, or died: start it again, and believe it
             // only if it still lists this tool as pinned.
             match session::Session::start(&self.server).await {
-                Ok(session) => match session.list_tools().await {
-                    Ok(listed) if listed.get(&call.tool) == self.listed.get(&call.tool) => {
+                Ok(mut session) => match session.list_tools().await {
+                    Ok(listed) if listed.get(&tool.name) == self.listed.get(&tool.name) => {
                         *slot = Some(session);
                     }
                     Ok(_) => {
@@ -789,7 +803,7 @@ impl McpConnection {
                             LeaseFailure::Refused {
                                 reason: format!(
                                     "the restarted server's definition of `{}` is not the pinned one",
-                                    call.tool
+                                    tool.name
                                 ),
                             },
                             0,
@@ -821,7 +835,7 @@ impl McpConnection {
             let ended = tokio::select! {
                 biased;
                 bytes = session.over_limit() => Ended::OverLimit(bytes),
-                r = session.call_tool(&call.tool, arguments) => Ended::Answered(r),
+                r = session.call_tool(&tool.name, arguments) => Ended::Answered(r),
                 () = tokio::time::sleep(deadline) => Ended::Deadline,
                 () = cancel.cancelled() => Ended::Cancelled,
             };
@@ -862,13 +876,15 @@ impl McpConnection {
             }
             Ended::Answered(Err(e)) => {
                 // The connection broke mid-call: what the server did is not
-                // known.
-                if let Some(s) = slot.take() {
+                // known. Say why it stopped, if it did.
+                let mut why = String::new();
+                if let Some(mut s) = slot.take() {
+                    why = s.why_stopped().await;
                     s.kill().await;
                 }
                 return fail(
                     LeaseFailure::Trap {
-                        message: format!("the MCP server failed mid-call: {e}"),
+                        message: format!("the MCP server failed mid-call: {e}{why}"),
                     },
                     0,
                 );
@@ -955,7 +971,7 @@ fn tool_result(result: &Value) -> (String, bool) {
 /// server yet.
 async fn list_and_pin(
     server: &McpServer,
-    session: &session::Session,
+    session: &mut session::Session,
 ) -> Result<Listing, McpServerError> {
     let listed = session.list_tools().await?;
     let mut file = pins::PinFile::load(&server.pins)?;
@@ -980,8 +996,8 @@ async fn list_and_pin(
 /// Starts `server`, lists its tools (pinning them at first use) and stops
 /// it: what `warden mcp tools` shows.
 pub async fn list(server: &McpServer) -> Result<Listing, McpServerError> {
-    let session = session::Session::start(server).await?;
-    let listing = list_and_pin(server, &session).await;
+    let mut session = session::Session::start(server).await?;
+    let listing = list_and_pin(server, &mut session).await;
     session.kill().await;
     listing
 }
@@ -990,7 +1006,7 @@ pub async fn list(server: &McpServer) -> Result<Listing, McpServerError> {
 /// was pinned: what `warden mcp accept` does. Returns the listing with what
 /// was pinned before.
 pub async fn accept(server: &McpServer) -> Result<Listing, McpServerError> {
-    let session = session::Session::start(server).await?;
+    let mut session = session::Session::start(server).await?;
     let listed = session.list_tools().await;
     session.kill().await;
     let listed = listed?;

@@ -59,6 +59,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::{Agent, AgentError};
 use super::budget::{InputTooLarge, check_input_size};
+use super::ceilings::RunCeilings;
 use super::channels::{Channel, Delivery, outcome_error, settle};
 use super::decide::{
     Action, ApprovalRequest, CompactionCall, ContextResolution, Idle, MAX_TOOL_ATTEMPTS, ModelCall,
@@ -757,6 +758,7 @@ struct Inner {
     policies: BTreeMap<String, Arc<dyn Policy>>,
     policy_timeout: Duration,
     witness: Option<Arc<Witness>>,
+    ceilings: RunCeilings,
     prepared: Mutex<HashMap<AgentDigest, Arc<Prepared>>>,
     live: Mutex<HashMap<RunId, Live>>,
 }
@@ -881,6 +883,7 @@ impl Runtime {
                 policies: BTreeMap::new(),
                 policy_timeout: DEFAULT_POLICY_TIMEOUT,
                 witness: None,
+                ceilings: RunCeilings::DEFAULT,
                 prepared: Mutex::default(),
                 live: Mutex::default(),
             }),
@@ -901,6 +904,7 @@ impl Runtime {
             policies: shared.policies.clone(),
             policy_timeout: shared.policy_timeout,
             witness: shared.witness.clone(),
+            ceilings: shared.ceilings,
             prepared: Mutex::default(),
             live: Mutex::default(),
         });
@@ -942,6 +946,12 @@ impl Runtime {
     pub fn with_witness(self, witness: Witness) -> Self {
         let witness = Arc::new(witness);
         self.rebuild(|i| i.witness = Some(witness))
+    }
+
+    /// The ceilings every run this runtime starts records and meets (see
+    /// [`crate::ceilings`]). Default: [`RunCeilings::DEFAULT`].
+    pub fn with_ceilings(self, ceilings: RunCeilings) -> Self {
+        self.rebuild(|i| i.ceilings = ceilings)
     }
 
     /// Labels added to every run this runtime starts (a run's own and its
@@ -1120,7 +1130,7 @@ impl Runtime {
                     .filter(|p| !p.is_empty())
                     .map(str::to_owned),
                 session,
-                limits: Some(agent.recorded_limits()),
+                limits: Some(agent.recorded_limits(&self.inner.ceilings)),
                 parent: None,
                 mcp_tools: prepared.view.mcp_tools.clone(),
             });

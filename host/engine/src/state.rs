@@ -22,6 +22,7 @@ use super::budget::{
     BudgetKind, BudgetLimits, BudgetOverrun, BudgetUsage, ExtensionError, RecordedLimits,
     parse_extension,
 };
+use super::ceilings::RunCeilings;
 use super::channels::{Deliveries, InFlightDelivery};
 use super::compaction::{CompactionProgress, Summary};
 use super::context::ContextState;
@@ -129,6 +130,9 @@ pub struct RunState {
     /// Where the run was forked from, when it is a fork: the latest
     /// `run_forked` (a fork of a fork inherits its source's too).
     pub fork: Option<RunForked>,
+    /// Child runs the run has started (`child_started`), for the
+    /// `children_per_run` ceiling.
+    pub children_started: u32,
     /// How many calls of the latest turn have their results in
     /// `messages`: results are appended in the model's order, so a call of
     /// a parallel batch settled before an earlier one waits for it.
@@ -789,6 +793,7 @@ impl RunState {
             last_tool_error: None,
             hold: None,
             fork: None,
+            children_started: 0,
             results_shown: 0,
         }
     }
@@ -1010,6 +1015,12 @@ impl RunState {
         self.limits
             .as_ref()
             .map_or(max_input_bytes, |recorded| recorded.max_input_bytes)
+    }
+
+    /// The host's ceilings the run started under, when the log records
+    /// them (none in logs written before there were any).
+    pub fn ceilings(&self) -> Option<&RunCeilings> {
+        self.limits.as_ref().and_then(|l| l.ceilings.as_ref())
     }
 
     /// The currency cost is counted in, when the log records it.
@@ -1895,13 +1906,7 @@ impl RunState {
                 };
             }
             Event::ToolCallRejected(r) => {
-                if matches!(
-                    r.error,
-                    ToolCallError::UnknownTool { .. }
-                        | ToolCallError::InvalidArguments { .. }
-                        | ToolCallError::TruncatedCall { .. }
-                        | ToolCallError::MissingIdempotencyKey { .. }
-                ) {
+                if r.error.is_invalid_call() {
                     self.invalid_calls_in_a_row += 1;
                     self.last_invalid_call = Some(r.error.to_string());
                 }
@@ -2103,6 +2108,7 @@ impl RunState {
             Event::ChildStarted(c) => {
                 self.invalid_calls_in_a_row = 0;
                 self.usage.tool_calls += 1;
+                self.children_started = self.children_started.saturating_add(1);
                 self.call_mut(&c.call_id).progress = ToolCallProgress::Child {
                     child_run: c.child_run.clone(),
                     parked: None,

@@ -192,16 +192,22 @@ pub enum AgentViewError {
 /// A tool whose effect the grant forbids, or whose listed definition is not
 /// the pinned one, is not offered: the model never plans around it, and a
 /// call by name is refused as unknown before any approval is asked.
+///
+/// `offered` names each tool after `<key>__`: a plugin's tool by its name,
+/// an MCP server's by what [`names`](crate::mcp_servers::names) maps it to.
+/// Approval rules and idempotency-key scopes name it as its plugin or
+/// server does.
 fn push_tools(
     tools: &mut Vec<AgentTool>,
     key: &str,
     descriptors: &[ToolDescriptor],
     rule: impl Fn(&str) -> NeedsApproval,
+    offered: impl Fn(&str) -> String,
 ) {
     for d in descriptors.iter().filter(|d| d.withheld.is_none()) {
         let tool = ToolRef {
             plugin: key.to_owned(),
-            tool: d.name.clone(),
+            tool: offered(&d.name),
         };
         let needs_approval = match rule(&d.name) {
             NeedsApproval::Never => false,
@@ -265,9 +271,13 @@ impl AgentView {
                     });
                 }
             }
-            push_tools(&mut tools, &plugin.key, descriptors, |t| {
-                plugin.needs_approval(t)
-            });
+            push_tools(
+                &mut tools,
+                &plugin.key,
+                descriptors,
+                |t| plugin.needs_approval(t),
+                str::to_owned,
+            );
         }
         // An MCP server's tools are plugin tools to deciding: a call is an
         // intent, the call, a completion, approved when it is a write.
@@ -278,9 +288,13 @@ impl AgentView {
                     plugin: server.key.clone(),
                 });
             };
-            push_tools(&mut tools, &server.key, descriptors, |t| {
-                server.needs_approval(t)
-            });
+            push_tools(
+                &mut tools,
+                &server.key,
+                descriptors,
+                |t| server.needs_approval(t),
+                |t| crate::mcp_servers::names::model_suffix(server, t),
+            );
         }
         for human in &agent.human_tools {
             tools.push(AgentTool {

@@ -71,11 +71,15 @@ pub fn router(served: Arc<Served>, bind: SocketAddr, options: HttpOptions) -> Ro
         .layer(axum::middleware::from_fn_with_state(gate, check))
 }
 
-async fn check(
-    State(gate): State<Arc<Gate>>,
-    request: Request,
-    next: Next,
-) -> Result<Response, ApiError> {
+async fn check(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+    match admit(&gate, &request) {
+        Ok(()) => served(request, next).await,
+        Err(error) => error.into_refusal(),
+    }
+}
+
+/// Whether `request` passes the Host/Origin checks and carries the token.
+fn admit(gate: &Gate, request: &Request) -> Result<(), ApiError> {
     gate.origins.check(request.headers())?;
     if let Some(tokens) = &gate.tokens {
         let presented = request
@@ -97,6 +101,10 @@ async fn check(
             Some(_) => {}
         }
     }
+    Ok(())
+}
+
+async fn served(request: Request, next: Next) -> Response {
     let ends_session = request.method() == axum::http::Method::DELETE;
     let mut response = next.run(request).await;
     // rmcp answers a session's DELETE with 202; MCP clients (the Python
@@ -104,5 +112,5 @@ async fn check(
     if ends_session && response.status() == axum::http::StatusCode::ACCEPTED {
         *response.status_mut() = axum::http::StatusCode::NO_CONTENT;
     }
-    Ok(response)
+    response
 }

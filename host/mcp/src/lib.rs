@@ -32,6 +32,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use warden::engine::schema::CompiledSchemas;
 use warden::engine::view::ToolTarget;
 use warden::engine::{ReplayOptions, RunStatus};
 use warden::sandbox::{Moment, ValidUntil};
@@ -182,6 +183,8 @@ pub struct Served {
     agent: Arc<Agent>,
     tools: Vec<tools::ServedTool>,
     options: ServeOptions,
+    /// The served tools' input schemas, compiled once each.
+    schemas: CompiledSchemas,
     /// Sessions winding down (their runs finishing), awaited on shutdown.
     closing: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
@@ -228,6 +231,7 @@ impl Served {
             agent: Arc::new(agent),
             tools,
             options,
+            schemas: CompiledSchemas::default(),
             closing: Mutex::default(),
         }))
     }
@@ -246,13 +250,16 @@ impl Served {
     pub async fn serve_stdio(self: &Arc<Self>) -> Result<(), McpError> {
         use rmcp::ServiceExt as _;
         let session = session::McpSession::new(Arc::clone(self));
-        let running =
-            session
-                .serve(rmcp::transport::stdio())
-                .await
-                .map_err(|e| McpError::Failed {
-                    message: e.to_string(),
-                })?;
+        let stdin = EndsSession {
+            inner: tokio::io::stdin(),
+            ended: session.ended(),
+        };
+        let running = session
+            .serve((stdin, tokio::io::stdout()))
+            .await
+            .map_err(|e| McpError::Failed {
+                message: e.to_string(),
+            })?;
         let quit = running.waiting().await;
         self.closed().await;
         quit.map(|_| ()).map_err(|e| McpError::Failed {
@@ -337,6 +344,32 @@ impl Served {
             recovered.push((run.run_id, status));
         }
         Ok(recovered)
+    }
+}
+
+/// Stdin that ends its session at EOF: the client closed the connection,
+/// so a call parked for approval is withdrawn at once (rmcp would first
+/// wait for in-flight calls, and a client's stdio library kills a server
+/// that does not exit within seconds).
+struct EndsSession<R> {
+    inner: R,
+    ended: tokio_util::sync::CancellationToken,
+}
+
+impl<R: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for EndsSession<R> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let room = buf.remaining() > 0;
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if room && matches!(polled, std::task::Poll::Ready(Ok(()))) && buf.filled().len() == before
+        {
+            self.ended.cancel();
+        }
+        polled
     }
 }
 

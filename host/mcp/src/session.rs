@@ -11,9 +11,12 @@
 //! which the client receives as a typed error.
 //!
 //! Calls of one session are made one at a time, in the order they arrive:
-//! a run has one conversation. When the session ends, its run is given the
-//! model's last answer and completes; a call still waiting for approval is
-//! denied first.
+//! a run has one conversation. A client's bad arguments are answered to
+//! that call before the run is offered it (the engine's own checks), so
+//! they never count as the run's model's invalid calls. When the session
+//! ends, its run is given the model's last answer and completes; a call
+//! still waiting for approval, or one the client cancels, is denied first
+//! (the one denial path a timeout takes), so it is never made.
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -35,6 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use warden::engine::StartOptions;
 use warden::engine::approval_prompt::ApprovalPrompt;
+use warden::engine::decide::call_mistake;
 use warden::engine::events::ToolCallResult;
 use warden::engine::state::{Parked, ToolCallProgress, value_text};
 use warden::engine::{ReplayOptions, RunStatus};
@@ -72,6 +76,13 @@ impl Drop for EndOnDrop {
 }
 
 impl McpSession {
+    /// The token cancelled when the session ends: a transport that learns
+    /// of the end first (stdio's EOF) cancels it at once, so a call parked
+    /// for approval is withdrawn then, not after the transport's drain.
+    pub(crate) fn ended(&self) -> CancellationToken {
+        self.session.ended.clone()
+    }
+
     /// A new session of `served`; its run starts at its first call.
     pub(crate) fn new(served: Arc<Served>) -> McpSession {
         let ended = CancellationToken::new();
@@ -223,14 +234,17 @@ impl Session {
         })
     }
 
-    /// One `tools/call`.
+    /// One `tools/call`; `cancelled` is the request's token, cancelled when
+    /// the client cancels the call (`notifications/cancelled`) or the
+    /// session ends (stdio EOF, HTTP `DELETE`).
     async fn call(
         &self,
         name: &str,
         arguments: Value,
         peer: &Peer<RoleServer>,
+        cancelled: &CancellationToken,
     ) -> Result<CallToolResult, ErrorData> {
-        if self.served.tool(name).is_none() {
+        let Some(tool) = self.served.tool(name) else {
             return Err(ErrorData::invalid_params(
                 format!(
                     "no tool `{name}` here (tools: {})",
@@ -238,9 +252,25 @@ impl Session {
                 ),
                 None,
             ));
+        };
+        // The client's mistake is this call's error (as MCP wants input
+        // errors: a tool result with `isError`), found by the checks the
+        // engine rejects a model's call with. It never reaches the run, so
+        // it is not counted as the run's model's invalid calls: the client
+        // is not a model looping on a tool, and its session goes on.
+        if let Some(mistake) = call_mistake(&tool.agent_tool, &self.served.schemas, &arguments) {
+            return Ok(CallToolResult::error(vec![ContentBlock::text(
+                mistake.to_string(),
+            )]));
         }
-        let mut run = self.run.lock().await;
-        if self.ended.is_cancelled() {
+        // A call cancelled while it waits its turn is never made.
+        let mut run = tokio::select! {
+            run = self.run.lock() => run,
+            () = cancelled.cancelled() => {
+                return Err(refusal("cancelled", "the call was cancelled before it was made", json!({})));
+            }
+        };
+        if self.ended.is_cancelled() || cancelled.is_cancelled() {
             return Err(refusal("session_ended", "the MCP session ended", json!({})));
         }
         if run.is_none() {
@@ -275,7 +305,7 @@ impl Session {
                     };
                     match ended {
                         Ok(RunStatus::AwaitingApproval) => {
-                            denial = self.decide(&active.run_id, peer).await?;
+                            denial = self.decide(&active.run_id, peer, cancelled).await?;
                         }
                         other => break Some(other),
                     }
@@ -368,11 +398,15 @@ impl Session {
     }
 
     /// Gets the parked call approved or denied; returns the code of a
-    /// denial this server recorded itself.
+    /// denial this server recorded itself. A call the client cancels (or
+    /// whose session ends) while it waits is denied by this server, by the
+    /// engine's one denial path: recorded, and never made later, whoever
+    /// approves it afterwards.
     async fn decide(
         &self,
         run_id: &RunId,
         peer: &Peer<RoleServer>,
+        cancelled: &CancellationToken,
     ) -> Result<Option<&'static str>, ErrorData> {
         let events = self
             .runtime
@@ -407,9 +441,10 @@ impl Session {
             .supported_elicitation_modes()
             .contains(&ElicitationMode::Form)
         {
-            let answer = peer
-                .elicit_with_timeout::<Approval>(message.clone(), Some(timeout))
-                .await;
+            let answer = tokio::select! {
+                answer = peer.elicit_with_timeout::<Approval>(message.clone(), Some(timeout)) => answer,
+                () = cancelled.cancelled() => return self.withdraw(run_id, &call_id).await,
+            };
             let denied = |reason: &str| {
                 if reason.is_empty() {
                     "denied by the client's user".to_owned()
@@ -444,13 +479,15 @@ impl Session {
             deadline.saturating_duration_since(Instant::now()).as_secs()
         );
         while Instant::now() < deadline {
-            tokio::time::sleep(
-                self.served
-                    .options
-                    .poll
-                    .min(deadline.saturating_duration_since(Instant::now())),
-            )
-            .await;
+            tokio::select! {
+                () = tokio::time::sleep(
+                    self.served
+                        .options
+                        .poll
+                        .min(deadline.saturating_duration_since(Instant::now())),
+                ) => {}
+                () = cancelled.cancelled() => return self.withdraw(run_id, &call_id).await,
+            }
             let state = self
                 .runtime
                 .state(run_id)
@@ -465,6 +502,25 @@ impl Session {
         self.record(run_id, &call_id, SERVER, Some(&reason))
             .await
             .map(|recorded| recorded.map(|_| "approval_timeout"))
+    }
+
+    /// Denies a parked call its client cancelled, or whose session ended.
+    async fn withdraw(
+        &self,
+        run_id: &RunId,
+        call_id: &warden::engine::CallId,
+    ) -> Result<Option<&'static str>, ErrorData> {
+        // rmcp cancels the request's token for a `notifications/cancelled`
+        // and when its transport closed (an HTTP `DELETE`) alike.
+        let reason = if self.ended.is_cancelled() {
+            "the MCP session ended"
+        } else {
+            "the client cancelled the call or ended the session"
+        };
+        tracing::info!(%run_id, %call_id, reason, "withdrawing a parked call");
+        self.record(run_id, call_id, SERVER, Some(reason))
+            .await
+            .map(|recorded| recorded.map(|_| "cancelled"))
     }
 
     /// Records an approval (`denial` none) or a denial; returns the code of
@@ -635,10 +691,23 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = Value::Object(request.arguments.unwrap_or_default());
-        self.session
-            .call(&request.name, arguments, &context.peer)
+        // Cancelled by the client's `notifications/cancelled` or the end of
+        // the transport (rmcp's token), or the end of the session.
+        let stop = self.session.ended.child_token();
+        let link = tokio::spawn({
+            let (request, stop) = (context.ct.clone(), stop.clone());
+            async move {
+                request.cancelled().await;
+                stop.cancel();
+            }
+        });
+        let result = self
+            .session
+            .call(&request.name, arguments, &context.peer, &stop)
             .await
-            .map(Into::into)
+            .map(Into::into);
+        link.abort();
+        result
     }
 }
 

@@ -16,6 +16,9 @@ use warden::grant::EffectClass;
 #[derive(Clone, Debug)]
 pub(crate) struct ServedTool {
     pub(crate) tool: Tool,
+    /// The tool as the engine knows it: a call is checked against it before
+    /// the run is offered the call.
+    pub(crate) agent_tool: AgentTool,
 }
 
 /// The annotations of an effect class: `read` is read-only and safe to
@@ -64,6 +67,7 @@ pub(crate) fn served(tool: &AgentTool) -> Option<ServedTool> {
     Some(ServedTool {
         tool: Tool::new(tool.name.clone(), description, Arc::new(schema))
             .with_annotations(annotations(*effect)),
+        agent_tool: tool.clone(),
     })
 }
 

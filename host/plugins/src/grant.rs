@@ -278,7 +278,7 @@ pub fn effective(
             ));
         }
         capabilities = capabilities
-            .mount(mount, base_dir.join(&bound.dir), access)
+            .mount_at(mount, base_dir, &bound.dir, access)
             .and_then(|c| c.exclude(mount, &bound.exclude))
             .map_err(|error| GrantError::Mount {
                 plugin: plugin.clone(),

@@ -78,28 +78,29 @@ impl ComponentCache {
         ))
     }
 
-    /// Loads the compiled component from the cache, or compiles `wasm` and
-    /// stores it. With a `quick` engine, an optimised entry is taken when
-    /// there is one, else the quick entry, else `wasm` is compiled on
-    /// `quick` and stored as the quick entry.
+    /// Loads the compiled component from the cache, or compiles it with
+    /// `compile` and stores it. For a `quick` compile, an optimised entry is
+    /// taken when there is one, else the quick entry, else the component is
+    /// compiled and stored as the quick entry.
     pub(crate) fn load_or_compile(
         &self,
         engine: &Engine,
-        quick: Option<&Engine>,
+        quick: bool,
         plugin: &str,
         component_sha256: &str,
-        wasm: &[u8],
+        compile: impl FnOnce() -> Result<Component, SandboxError>,
     ) -> Result<(Component, CacheStatus), SandboxError> {
-        if quick.is_some()
+        if quick
             && let Ok(entry) = std::fs::read(self.entry_path(component_sha256))
             && let Some(payload) = verified_payload(&entry)
             && let Ok(component) = deserialize(engine, payload)
         {
             return Ok((component, CacheStatus::Hit));
         }
-        let path = match quick {
-            Some(_) => self.quick_entry_path(component_sha256),
-            None => self.entry_path(component_sha256),
+        let path = if quick {
+            self.quick_entry_path(component_sha256)
+        } else {
+            self.entry_path(component_sha256)
         };
         let mut status = CacheStatus::Compiled;
         match std::fs::read(&path) {
@@ -122,7 +123,7 @@ impl ComponentCache {
                 status = CacheStatus::Replaced;
             }
         }
-        let component = compile(engine, quick, plugin, wasm)?;
+        let component = compile()?;
         match component.serialize() {
             Ok(payload) => {
                 if let Err(e) = self.store(&path, &payload) {
@@ -183,7 +184,7 @@ fn verified_payload(entry: &[u8]) -> Option<&[u8]> {
 }
 
 #[allow(unsafe_code)]
-fn deserialize(engine: &Engine, payload: &[u8]) -> Result<Component, String> {
+pub(crate) fn deserialize(engine: &Engine, payload: &[u8]) -> Result<Component, String> {
     // SAFETY: wasmtime requires that deserialized bytes were produced by
     // `Component::serialize` (or `Engine::precompile_component`) of a
     // compatible engine. A cache payload was written by
@@ -191,7 +192,9 @@ fn deserialize(engine: &Engine, payload: &[u8]) -> Result<Component, String> {
     // now, and its file name carries the engine's compatibility hash (which
     // wasmtime checks again in the header); a quick compile's bytes come
     // straight from `precompile_component` of the quick engine, which
-    // wasmtime checks against this one in the header the same way.
+    // wasmtime checks against this one in the header the same way, and so
+    // do a compiling child process's (`compile.rs`), made by the same
+    // code from the same settings.
     unsafe { Component::deserialize(engine, payload) }.map_err(|e| format!("{e:#}"))
 }
 

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::exclusions::Exclusions;
 use super::fs::MountRoot;
+use super::nofollow::NoFollowError;
 
 /// Whether a mounted directory may be changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -51,7 +52,8 @@ impl std::fmt::Display for Access {
 pub struct Mount {
     /// The mount's name, as requested in the manifest.
     pub name: String,
-    /// The host directory, canonicalized, as it was when granted.
+    /// The host directory's real path (no component a symlink), as it was
+    /// when granted.
     pub host_dir: PathBuf,
     /// What the guest may do there.
     pub access: Access,
@@ -101,20 +103,39 @@ impl Capabilities {
         Capabilities::default()
     }
 
-    /// Mounts `dir` at `/<name>` with `access`. The directory must exist; it
-    /// is canonicalized and opened now (not following a symlink), and the
-    /// grant holds that handle: a later rename, or a swap of the path for a
-    /// symlink, cannot redirect the grant.
+    /// Mounts `dir` at `/<name>` with `access`; a relative `dir` is taken
+    /// from the working directory. See [`Capabilities::mount_at`].
     pub fn mount(
-        mut self,
+        self,
         name: &str,
         dir: impl AsRef<Path>,
         access: Access,
     ) -> Result<Self, MountError> {
+        self.mount_at(name, Path::new(""), dir, access)
+    }
+
+    /// Mounts `dir` at `/<name>` with `access`, a relative `dir` being
+    /// relative to `base` (the directory of the file that grants it; empty
+    /// for the working directory). The directory must exist. It is opened
+    /// now without following a symlink in any component of `dir` (`base`'s
+    /// own are followed: it is where the operator keeps the file), and the
+    /// grant holds that handle: a path swapped for a symlink (`docs ->
+    /// ../secrets`, which a plugin with write access above it could plant)
+    /// is refused with an error naming the mount and the link, in this
+    /// process and in every later one, and a swap after the grant is built
+    /// cannot redirect it.
+    pub fn mount_at(
+        mut self,
+        name: &str,
+        base: &Path,
+        dir: impl AsRef<Path>,
+        access: Access,
+    ) -> Result<Self, MountError> {
         let dir = dir.as_ref();
+        let shown = base.join(dir);
         let error = |reason: String| MountError {
             mount: name.to_owned(),
-            dir: dir.to_owned(),
+            dir: shown.clone(),
             reason,
         };
         if !is_valid_mount_name(name) {
@@ -125,13 +146,12 @@ impl Capabilities {
         if self.mounts.iter().any(|m| m.name == name) {
             return Err(error("is mounted twice".into()));
         }
-        let host_dir = dir
-            .canonicalize()
-            .map_err(|e| error(format!("cannot be used: {e}")))?;
-        if !host_dir.is_dir() {
-            return Err(error("is not a directory".into()));
-        }
-        let root = MountRoot::open(&host_dir)
+        let opened = super::nofollow::open_dir(base, dir).map_err(|e| match e {
+            NoFollowError::NotADirectory { .. } => error("is not a directory".into()),
+            other => error(format!("cannot be used: {other}")),
+        })?;
+        let host_dir = opened.path;
+        let root = MountRoot::from_fd(opened.fd)
             .map_err(|e| error(format!("cannot be opened as a directory: {e}")))?;
         self.mounts.push(Mount {
             name: name.to_owned(),

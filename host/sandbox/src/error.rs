@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::Outcome;
+use super::compile::CompileLimit;
 
 /// Setting up the sandbox or loading a component failed.
 #[derive(Debug, thiserror::Error)]
@@ -43,6 +44,23 @@ pub enum SandboxError {
         plugin: String,
         /// What wasmtime said.
         reason: String,
+    },
+    /// Compiling the component passed one of the operator's compile limits
+    /// (see `compile.rs`): it was refused, or its compile stopped.
+    #[error(
+        "plugin `{plugin}`: compiling the component passed its {limit} limit of {value} ({used}); \
+         a component this costly is refused: if it is trusted, raise `{}` in warden.toml",
+        .limit.setting()
+    )]
+    CompileLimit {
+        /// The plugin.
+        plugin: String,
+        /// Which limit.
+        limit: CompileLimit,
+        /// The limit, in human units.
+        value: String,
+        /// What the component took, or would have.
+        used: String,
     },
     /// The component imports something the sandbox does not offer.
     #[error(
@@ -88,6 +106,7 @@ impl SandboxError {
             SandboxError::Io { .. } => "io_failed",
             SandboxError::Engine { .. }
             | SandboxError::Compile { .. }
+            | SandboxError::CompileLimit { .. }
             | SandboxError::NotAPlugin { .. }
             | SandboxError::Link { .. } => "component_refused",
         }
@@ -109,6 +128,12 @@ impl SandboxError {
             SandboxError::Compile { plugin, .. }
             | SandboxError::NotAPlugin { plugin, .. }
             | SandboxError::Link { plugin, .. } => json!({ "plugin": plugin }),
+            SandboxError::CompileLimit {
+                plugin,
+                limit,
+                value,
+                ..
+            } => json!({ "plugin": plugin, "limit": limit.to_string(), "value": value }),
             SandboxError::Engine { .. } => json!({}),
         }
     }

@@ -3,8 +3,10 @@
 //! which does the sandboxed path resolution and the I/O.
 //!
 //! - **Identity.** A mount is the directory the operator granted, by
-//!   identity, for the life of the grant: [`MountRoot`] opens it once, when
-//!   the grant is built (`O_DIRECTORY | O_NOFOLLOW`, after canonicalizing),
+//!   identity, for the life of the grant: [`MountRoot`] holds it, opened
+//!   once when the grant is built without following a symlink in any
+//!   component of the configured path (`nofollow.rs`, so a new process
+//!   refuses a path a plugin swapped for a symlink rather than follow it),
 //!   and every lease's preopen is a duplicate of that handle, never a reopen
 //!   by path. Renaming the directory, or swapping its path for a symlink
 //!   (which a plugin with a read-write mount above it could do), changes
@@ -92,23 +94,28 @@ impl PartialEq for MountRoot {
 impl Eq for MountRoot {}
 
 impl MountRoot {
-    /// Opens the directory at `path` without following a symlink in its last
-    /// component: a path that is (or was just swapped for) a symlink is
-    /// refused, not followed.
+    /// Opens the directory at `path` without following a symlink in any
+    /// component (`nofollow.rs`): a path that is, or passes through, a
+    /// symlink is refused, not followed.
+    #[cfg(test)]
     pub(crate) fn open(path: &Path) -> io::Result<MountRoot> {
-        use rustix::fs::{Mode, OFlags};
-        let fd = rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(io::Error::from)?;
+        let opened = super::nofollow::open_dir(Path::new(""), path).map_err(io::Error::other)?;
+        MountRoot::from_fd(opened.fd)
+    }
+
+    /// Holds the directory `fd`, opened without following a symlink.
+    pub(crate) fn from_fd(fd: std::os::fd::OwnedFd) -> io::Result<MountRoot> {
         let stat = rustix::fs::fstat(&fd).map_err(io::Error::from)?;
         Ok(MountRoot {
             dir: Arc::new(std::fs::File::from(fd)),
             device: stat.st_dev as u64,
             inode: stat.st_ino as u64,
         })
+    }
+
+    /// The held handle, for host calls that walk beneath it.
+    pub(crate) fn handle(&self) -> &std::fs::File {
+        &self.dir
     }
 
     /// What the checks need of a mount with `exclusions`: none when there
@@ -131,12 +138,6 @@ impl MountRoot {
             Access::ReadWrite => (FsPerms::ReadWrite, OpenMode::READ | OpenMode::WRITE),
         };
         Ok(Dir::new(self.dir.try_clone()?, perms, mode, false))
-    }
-
-    /// A duplicate of the held handle as a `cap-std` directory, for the host
-    /// imports that act under a mount (`permissions.rs`).
-    pub(crate) fn cap_dir(&self) -> io::Result<cap_std::fs::Dir> {
-        Ok(cap_std::fs::Dir::from_std_file(self.dir.try_clone()?))
     }
 }
 
@@ -179,6 +180,62 @@ pub(crate) struct LeaseFs {
     listed: HashMap<u32, Listed>,
     /// The entries left out of listings because their names are not UTF-8.
     unlisted: Unlisted,
+    /// The temporary files ([`TEMP_SUFFIX`]) this lease created.
+    temps: Vec<Temp>,
+}
+
+/// The suffix of the temporary file an atomic replacement writes beside its
+/// target (`warden_guest::fs::TEMP_SUFFIX`, the same): one this lease
+/// created and left behind is removed when the lease ends.
+pub(crate) const TEMP_SUFFIX: &str = ".warden-tmp";
+
+/// A temporary file a lease created: the directory it was named under, its
+/// path there, and which file it is (device and inode), so that only that
+/// very file is ever removed.
+pub(crate) struct Temp {
+    dir: Arc<std::fs::File>,
+    path: String,
+    device: u64,
+    inode: u64,
+}
+
+/// The temporary files a lease left behind, removed once it has ended.
+#[derive(Default)]
+pub(crate) struct Debris(Vec<Temp>);
+
+impl Debris {
+    /// Removes each file still under its name (an atomic replacement that
+    /// completed renamed its file away; one cut short by the deadline, or
+    /// refused by the lease's fence, could not remove its own). On the
+    /// blocking pool, waited for a second at most.
+    pub(crate) async fn clear(self) {
+        if self.0.is_empty() {
+            return;
+        }
+        let removal = tokio::task::spawn_blocking(move || {
+            for temp in self.0 {
+                temp.remove();
+            }
+        });
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), removal).await;
+    }
+}
+
+impl Temp {
+    /// Unlinks the file if its path, walked without following a symlink,
+    /// still names it.
+    fn remove(&self) {
+        use rustix::fs::AtFlags;
+        let rel = Path::new(&self.path);
+        let Ok((dir, name)) = super::nofollow::parent_beneath(&self.dir, rel, rel) else {
+            return;
+        };
+        let same = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+            .is_ok_and(|s| (s.st_dev, s.st_ino) == (self.device, self.inode));
+        if same && rustix::fs::unlinkat(&dir, name, AtFlags::empty()).is_ok() {
+            tracing::debug!(path = %self.path, "removed a temporary file its lease left behind");
+        }
+    }
 }
 
 /// The directory a listing reads, and the names (escaped) of its entries
@@ -198,7 +255,13 @@ impl LeaseFs {
             listed: HashMap::new(),
             unlisted: Unlisted::default(),
             fence,
+            temps: Vec::new(),
         }
+    }
+
+    /// The temporary files this lease created, to remove once it ended.
+    pub(crate) fn debris(&mut self) -> Debris {
+        Debris(std::mem::take(&mut self.temps))
     }
 
     /// What the lease's listings left out, if anything.
@@ -518,6 +581,8 @@ enum Opened {
 struct Checked {
     opened: Opened,
     rel: Option<String>,
+    /// A temporary file this open created: its device and inode.
+    temp: Option<(u64, u64)>,
 }
 
 /// How an `open-at` asks to open, as cap-primitives options plus the mode
@@ -642,13 +707,25 @@ impl HostDescriptor for FsView<'_> {
         let root = place.as_ref().map(|p| Arc::clone(&p.scope.root));
         let want_dir = oflags.contains(types::OpenFlags::DIRECTORY);
         let target = path.clone();
+        // A new temporary file: remembered, so that the lease removes it if
+        // it is still there when the lease ends.
+        let temp_dir = (oflags.contains(types::OpenFlags::CREATE | types::OpenFlags::EXCLUSIVE)
+            && path.ends_with(TEMP_SUFFIX))
+        .then(|| Arc::clone(&parent));
+        let is_temp = temp_dir.is_some();
         let checked = wasmtime_wasi::runtime::spawn_blocking(move || {
             let opened = open_checked(&parent, Path::new(&target), &opts, want_dir)?;
             let rel = match (&root, &opened) {
                 (Some(root), Opened::Dir(file) | Opened::File(file)) => handle_rel(root, file),
                 _ => None,
             };
-            io::Result::Ok(Checked { opened, rel })
+            let temp = match &opened {
+                Opened::File(file) if is_temp => {
+                    rustix::fs::fstat(file).ok().map(|s| (s.st_dev, s.st_ino))
+                }
+                _ => None,
+            };
+            io::Result::Ok(Checked { opened, rel, temp })
         })
         .await
         .map_err(ErrorCode::from)?;
@@ -685,6 +762,14 @@ impl HostDescriptor for FsView<'_> {
             }
         };
         let is_dir = matches!(descriptor, Descriptor::Dir(_));
+        if let (Some(dir), Some((device, inode))) = (temp_dir, checked.temp) {
+            self.fs.temps.push(Temp {
+                dir,
+                path: path.clone(),
+                device,
+                inode,
+            });
+        }
         let opened = self.table.push(descriptor)?;
         if let Some(child) = child.filter(|_| is_dir) {
             self.fs.places.insert(opened.rep(), child);

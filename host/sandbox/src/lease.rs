@@ -479,7 +479,12 @@ pub(crate) async fn run(
             usage
         });
     let unlisted = store.data().fs.unlisted();
+    let debris = store.data_mut().fs.debris();
     drop(store);
+    // A temporary file of an atomic replacement the lease could not finish
+    // (cut short, or its own removal refused by the fence) is the host's
+    // to remove: the guest is gone.
+    debris.clear().await;
 
     let result = match ended {
         // A refused effect ends the lease as expired, whatever the guest

@@ -28,6 +28,7 @@ mod bindings;
 mod cache;
 mod capabilities;
 mod capture;
+mod compile;
 mod error;
 mod exclusions;
 mod fs;
@@ -35,6 +36,7 @@ mod imports;
 mod lease;
 mod limits;
 mod net;
+mod nofollow;
 mod permissions;
 mod receipt;
 mod validity;
@@ -55,10 +57,12 @@ use wasmtime::{
 pub use cache::CacheStatus;
 pub use capabilities::{Access, Capabilities, Mount, MountError, is_valid_mount_name};
 pub use capture::MIN_REDACTED_LEN;
+pub use compile::{CompileCommand, CompileLimit, CompileLimits, run_compile_child};
 pub use error::{LeaseError, LeaseFailure, SandboxError};
 pub use exclusions::{ExclusionError, Exclusions};
 pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
+pub use nofollow::{NoFollowError, OpenedDir, open_dir as open_dir_nofollow};
 pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
 pub use validity::{Moment, ValidUntil};
 
@@ -126,6 +130,14 @@ pub struct SandboxConfig {
     /// call that optimised code serves. Default: `None` (everything
     /// optimised); no Warden command sets it.
     pub quick_compile_bytes: Option<u64>,
+    /// How much compiling one component may take (`compile.rs`). Default:
+    /// [`CompileLimits::DEFAULT`].
+    pub compile_limits: CompileLimits,
+    /// The program that compiles components in a child process, where the
+    /// compile's time and memory can be bounded. Default: none (compiled
+    /// on a thread of this process: its size and time are bounded, and a
+    /// compile past its deadline is abandoned, not stopped).
+    pub compile_command: Option<CompileCommand>,
 }
 
 impl Default for SandboxConfig {
@@ -138,6 +150,8 @@ impl Default for SandboxConfig {
             epoch_tick: Duration::from_millis(5),
             ceilings: Limits::CEILINGS,
             quick_compile_bytes: None,
+            compile_limits: CompileLimits::DEFAULT,
+            compile_command: None,
         }
     }
 }
@@ -250,17 +264,33 @@ impl Sandbox {
                 import: import.clone(),
             });
         }
+        let limits = &self.inner.config.compile_limits;
+        if wasm.len() as u64 > limits.max_bytes {
+            return Err(compile::too_large(name, wasm.len() as u64, limits));
+        }
         let engine = &self.inner.engine;
         let quick = match self.inner.config.quick_compile_bytes {
-            Some(min) if wasm.len() as u64 >= min => Some(self.quick_engine(name)?),
+            Some(min) if wasm.len() as u64 >= min => Some(self.quick_engine(name)?.clone()),
             _ => None,
         };
+        let compile = || {
+            let (owned, quick_engine) = (engine.clone(), quick.clone());
+            let (plugin, bytes) = (name.to_owned(), wasm.to_vec());
+            compile::bounded(
+                name,
+                wasm,
+                limits,
+                self.inner.config.compile_command.as_ref(),
+                quick.is_some(),
+                engine,
+                move || cache::compile(&owned, quick_engine.as_ref(), &plugin, &bytes),
+            )
+        };
         let (component, cache_status) = match &self.inner.cache {
-            Some(cache) => cache.load_or_compile(engine, quick, name, &sha256, wasm)?,
-            None => (
-                cache::compile(engine, quick, name, wasm)?,
-                CacheStatus::Uncached,
-            ),
+            Some(cache) => {
+                cache.load_or_compile(engine, quick.is_some(), name, &sha256, compile)?
+            }
+            None => (compile()?, CacheStatus::Uncached),
         };
         let ty = component.component_type();
         let imports: Vec<String> = ty.imports(engine).map(|(n, _)| n.to_owned()).collect();
@@ -388,6 +418,21 @@ fn quick_engine(config: &SandboxConfig) -> wasmtime::Result<Engine> {
     let mut c = engine_config(config);
     c.cranelift_opt_level(OptLevel::None);
     c.cranelift_regalloc_algorithm(RegallocAlgorithm::SinglePass);
+    c.allocation_strategy(InstanceAllocationStrategy::OnDemand);
+    Engine::new(&c)
+}
+
+/// The engine a compiling child process makes (`compile.rs`): the
+/// settings every sandbox's engine has, allocated on demand as the quick
+/// engine is (it only compiles), quick with `quick`. Its code loads into
+/// any sandbox's engine: the pool's sizes are not among the settings
+/// wasmtime checks.
+pub(crate) fn compile_engine(quick: bool) -> wasmtime::Result<Engine> {
+    let config = SandboxConfig::default();
+    if quick {
+        return quick_engine(&config);
+    }
+    let mut c = engine_config(&config);
     c.allocation_strategy(InstanceAllocationStrategy::OnDemand);
     Engine::new(&c)
 }

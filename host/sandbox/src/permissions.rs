@@ -3,20 +3,24 @@
 //! neither read nor set. It is what makes an atomic replacement
 //! (`warden_guest::fs::write_atomic`) keep a file's permissions.
 //!
-//! Confined like the guest's own file access: both paths are resolved
-//! under the mounts' held directory handles through `cap-std` (no `..`, no
-//! escape through a link), neither may be excluded from its mount, both
-//! must name regular files (not symlinks: the guest resolves those), and the
+//! Confined like the guest's own file access and stricter: both paths are
+//! walked under the mounts' held directory handles without following a
+//! symbolic link in any component (`nofollow.rs`; no `..`), so the path as
+//! written is where the file is and its exclusion check holds; neither may
+//! be excluded from its mount, both must name regular files (not symlinks:
+//! the guest resolves those), and the
 //! file whose permissions change must be on a read-write mount, so a
 //! read-only mount (and every narrowed lease, whose mounts are all
 //! read-only) refuses it. Only the read, write and execute bits are copied:
 //! never setuid, setgid or sticky, which no guest could set otherwise.
 
+use std::os::fd::{AsRawFd as _, OwnedFd};
 use std::path::{Component, Path, PathBuf};
 
-use cap_std::fs::Dir;
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
 use super::capabilities::{Access, Mount};
+use super::nofollow::{NoFollowError, parent_beneath};
 
 /// The permission bits copied: read, write and execute for owner, group
 /// and others.
@@ -29,22 +33,24 @@ pub(crate) fn keep_permissions(
     original: &str,
     replacement: &str,
 ) -> Result<(), String> {
-    let (_, from_dir, from_rel) = open(mounts, original)?;
-    let (to_mount, to_dir, to_rel) = open(mounts, replacement)?;
+    let (_, from_root, from_rel) = open(mounts, original)?;
+    let (to_mount, to_root, to_rel) = open(mounts, replacement)?;
     if to_mount.access != Access::ReadWrite {
         return Err(format!(
             "`{replacement}` is on read-only mount `{}`: its permissions cannot change",
             to_mount.name
         ));
     }
-    let source = regular_file(&from_dir, &from_rel, original)?;
-    regular_file(&to_dir, &to_rel, replacement)?;
-    set_bits(&to_dir, &to_rel, &source, replacement)
+    let mode = source_bits(from_root, &from_rel, original)?;
+    set_bits(to_root, &to_rel, mode, replacement)
 }
 
-/// The mount holding guest path `path`, that mount's directory, and the
-/// path relative to it.
-fn open<'m>(mounts: &'m [Mount], path: &str) -> Result<(&'m Mount, Dir, PathBuf), String> {
+/// The mount holding guest path `path`, that mount's held directory, and
+/// the path relative to it.
+fn open<'m>(
+    mounts: &'m [Mount],
+    path: &str,
+) -> Result<(&'m Mount, &'m std::fs::File, PathBuf), String> {
     let mut components = Path::new(path).components();
     if components.next() != Some(Component::RootDir) {
         return Err(format!(
@@ -74,6 +80,8 @@ fn open<'m>(mounts: &'m [Mount], path: &str) -> Result<(&'m Mount, Dir, PathBuf)
     if rel.as_os_str().is_empty() {
         return Err(format!("`{path}` is a mount, not a file"));
     }
+    // Checked as written: the walk below follows no symlink, so the path
+    // as written is where the file is.
     if let Some(pattern) = mount.exclude.excluding(&shown.join("/")) {
         return Err(format!(
             "`{path}` is excluded from mount `{}` (`{pattern}`)",
@@ -81,47 +89,76 @@ fn open<'m>(mounts: &'m [Mount], path: &str) -> Result<(&'m Mount, Dir, PathBuf)
         ));
     }
     // The mount's held handle, never a reopen by path (see `fs.rs`).
-    let dir = mount
-        .root
-        .cap_dir()
-        .map_err(|e| format!("cannot open mount `{}`: {e}", mount.name))?;
-    Ok((mount, dir, rel))
+    Ok((mount, mount.root.handle(), rel))
 }
 
-fn regular_file(dir: &Dir, rel: &Path, shown: &str) -> Result<cap_std::fs::Metadata, String> {
-    let meta = dir
-        .symlink_metadata(rel)
-        .map_err(|e| format!("cannot inspect `{shown}`: {e}"))?;
-    if !meta.is_file() {
+/// The directory holding `rel` under `root` and its last name, walked
+/// without following a symlink (`nofollow.rs`): a symlinked parent could
+/// lead to an excluded file the path as written does not name.
+fn parent<'r>(
+    root: &std::fs::File,
+    rel: &'r Path,
+    shown: &str,
+) -> Result<(OwnedFd, &'r std::ffi::OsStr), String> {
+    parent_beneath(root, rel, Path::new(shown)).map_err(|e| match e {
+        NoFollowError::Symlink { link, .. } => format!(
+            "`{shown}` passes through symbolic link `{}`: permissions are kept only on a path without one",
+            link.display()
+        ),
+        other => format!("cannot inspect `{shown}`: {other}"),
+    })
+}
+
+/// The copied bits of the regular file `rel` under `root`.
+fn source_bits(root: &std::fs::File, rel: &Path, shown: &str) -> Result<u32, String> {
+    let (dir, name) = parent(root, rel, shown)?;
+    let stat = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|e| format!("cannot inspect `{shown}`: {}", std::io::Error::from(e)))?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
         return Err(format!("`{shown}` is not a regular file"));
     }
-    Ok(meta)
+    Ok(stat.st_mode & COPIED_BITS)
 }
 
-#[cfg(unix)]
-fn set_bits(
-    dir: &Dir,
-    rel: &Path,
-    source: &cap_std::fs::Metadata,
-    shown: &str,
-) -> Result<(), String> {
-    use cap_std::fs::{Permissions, PermissionsExt};
-    let mode = source.permissions().mode() & COPIED_BITS;
-    dir.set_permissions(rel, Permissions::from_mode(mode))
-        .map_err(|e| format!("cannot set the permissions of `{shown}`: {e}"))
-}
-
-/// Elsewhere only the read-only flag exists, and it is copied.
-#[cfg(not(unix))]
-fn set_bits(
-    dir: &Dir,
-    rel: &Path,
-    source: &cap_std::fs::Metadata,
-    shown: &str,
-) -> Result<(), String> {
-    let _ = COPIED_BITS;
-    dir.set_permissions(rel, source.permissions())
-        .map_err(|e| format!("cannot set the permissions of `{shown}`: {e}"))
+/// Sets `mode` on the regular file `rel` under `root`: the file is opened
+/// by a path handle without following a symlink, checked, and changed
+/// through that handle, so nothing swapped in meanwhile is changed instead.
+fn set_bits(root: &std::fs::File, rel: &Path, mode: u32, shown: &str) -> Result<(), String> {
+    let (dir, name) = parent(root, rel, shown)?;
+    let inspect =
+        |e: rustix::io::Errno| format!("cannot inspect `{shown}`: {}", std::io::Error::from(e));
+    #[cfg(target_os = "linux")]
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    #[cfg(not(target_os = "linux"))]
+    let flags = OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let file = rustix::fs::openat(&dir, name, flags, Mode::empty()).map_err(|e| {
+        if e == rustix::io::Errno::LOOP {
+            format!("`{shown}` is not a regular file")
+        } else {
+            inspect(e)
+        }
+    })?;
+    let stat = rustix::fs::fstat(&file).map_err(inspect)?;
+    if FileType::from_raw_mode(stat.st_mode) != FileType::RegularFile {
+        return Err(format!("`{shown}` is not a regular file"));
+    }
+    let set = |e: rustix::io::Errno| {
+        format!(
+            "cannot set the permissions of `{shown}`: {}",
+            std::io::Error::from(e)
+        )
+    };
+    // A path handle cannot be changed through `fchmod`; its `/proc` link
+    // names that very file.
+    #[cfg(target_os = "linux")]
+    rustix::fs::chmod(
+        format!("/proc/self/fd/{}", file.as_raw_fd()),
+        Mode::from_raw_mode(mode),
+    )
+    .map_err(set)?;
+    #[cfg(not(target_os = "linux"))]
+    rustix::fs::fchmod(&file, Mode::from_raw_mode(mode)).map_err(set)?;
+    Ok(())
 }
 
 #[cfg(all(test, unix))]
@@ -139,14 +176,60 @@ mod tests {
     }
 
     fn mount(name: &str, dir: &Path, access: Access) -> Mount {
+        excluding(name, dir, access, &["*.pem"])
+    }
+
+    fn excluding(name: &str, dir: &Path, access: Access, exclude: &[&str]) -> Mount {
         let host_dir = dir.canonicalize().unwrap();
         Mount {
             name: name.into(),
             root: super::super::fs::MountRoot::open(&host_dir).unwrap(),
             host_dir,
             access,
-            exclude: crate::Exclusions::new(&["*.pem"]).unwrap(),
+            exclude: crate::Exclusions::new(exclude).unwrap(),
         }
+    }
+
+    /// Break 5 of issue 37: through a symlinked parent folder the path as
+    /// written was not excluded, and an excluded file's mode went from
+    /// 0600 to 0777. No component is followed: both ways are refused.
+    #[test]
+    fn a_symlinked_parent_is_never_followed() {
+        let rw = tempfile::tempdir().unwrap();
+        std::fs::create_dir(rw.path().join("private")).unwrap();
+        std::fs::create_dir(rw.path().join("open")).unwrap();
+        std::fs::write(rw.path().join("private/id"), "key").unwrap();
+        std::fs::write(rw.path().join("open/loose"), "x").unwrap();
+        std::fs::write(rw.path().join("a"), "x").unwrap();
+        chmod(&rw.path().join("private/id"), 0o600);
+        chmod(&rw.path().join("open/loose"), 0o640);
+        chmod(&rw.path().join("a"), 0o777);
+        std::os::unix::fs::symlink("private", rw.path().join("alias")).unwrap();
+        std::os::unix::fs::symlink("open", rw.path().join("plain")).unwrap();
+        let mounts = [excluding(
+            "work",
+            rw.path(),
+            Access::ReadWrite,
+            &["private"],
+        )];
+        for (original, replacement) in [
+            ("/work/a", "/work/alias/id"),
+            ("/work/alias/id", "/work/a"),
+            // A link to a folder nothing excludes is refused the same way.
+            ("/work/a", "/work/plain/loose"),
+        ] {
+            let err = keep_permissions(&mounts, original, replacement).unwrap_err();
+            assert!(
+                err.contains("passes through symbolic link"),
+                "{original} {replacement}: {err}"
+            );
+        }
+        assert_eq!(mode(&rw.path().join("private/id")), 0o600);
+        assert_eq!(mode(&rw.path().join("open/loose")), 0o640);
+        assert_eq!(mode(&rw.path().join("a")), 0o777);
+        // The real folder works as before.
+        keep_permissions(&mounts, "/work/a", "/work/open/loose").unwrap();
+        assert_eq!(mode(&rw.path().join("open/loose")), 0o777);
     }
 
     #[test]

@@ -121,6 +121,21 @@ pub fn status_of(code: &str) -> StatusCode {
     }
 }
 
+impl ApiError {
+    /// The response to a request refused before its body was read. It
+    /// says `Connection: close`: the server cannot tell where an unread
+    /// body ends, so it closes the connection after answering, and a client
+    /// that was not told would reuse the closed socket for its next request.
+    pub fn into_refusal(self) -> Response {
+        let mut response = self.into_response();
+        response.headers_mut().insert(
+            axum::http::header::CONNECTION,
+            axum::http::HeaderValue::from_static("close"),
+        );
+        response
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let body = json!({

@@ -395,7 +395,7 @@ pub async fn guard(
     ConnectInfo(Peer(peer)): ConnectInfo<Peer>,
     mut request: Request,
     next: Next,
-) -> Result<Response, ApiError> {
+) -> Response {
     let path = request.uri().path().to_owned();
     let client = guard.client(peer.ip(), request.headers());
     match guard.check(request.method(), request.headers(), client, &path) {
@@ -408,8 +408,8 @@ pub async fn guard(
         Ok(None) => {}
         Err(error) => {
             tracing::info!(code = error.report.code, %peer, %client, path, "request refused");
-            return Err(error);
+            return error.into_refusal();
         }
     }
-    Ok(next.run(request).await)
+    next.run(request).await
 }

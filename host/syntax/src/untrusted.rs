@@ -87,7 +87,7 @@ pub fn fragment(text: &str) -> String {
     out
 }
 
-/// Whether `text` holds anything [`line`] would escape.
+/// Whether `text` holds anything [`line()`] would escape.
 pub fn is_plain_line(text: &str) -> bool {
     text.chars().all(|c| escape(c, false).is_none())
 }

@@ -106,6 +106,7 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
         // ---- MCP servers used as tools ----
         (S::McpServersAsTools, A::McpServer) => Proven(&[
             "mcp_servers::the_os_sandbox_refuses_what_was_not_granted",
+            "mcp_servers::a_bound_directory_swapped_for_a_symlink_is_refused_not_bound",
             "mcp_servers::a_changed_tool_list_is_refused_until_accepted",
             "mcp_servers::a_hung_server_is_killed_at_the_deadline_and_started_again",
             "mcp_servers::a_result_over_max_output_fails_with_the_output_limit",
@@ -130,6 +131,10 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "isolation::granted_secrets_are_redacted_from_output_and_logs",
             "narrowed::a_preflight_cannot_write_or_reach_a_host_and_the_approval_prompt_still_shows",
             "network::hand_built_requests_cannot_smuggle_another_host",
+            "attack_matrix::a_grant_swapped_for_a_symlink_between_processes_is_refused",
+            "filesystem::a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_symlink",
+            "unit/host/sandbox/src/permissions.rs::a_symlinked_parent_is_never_followed",
+            "filesystem::a_temporary_file_a_lease_leaves_behind_is_removed_when_it_ends",
         ]),
         (S::Plugin(K::Tool), A::Model) => Proven(&[
             "narrowed::a_write_tool_on_a_read_only_mount_is_not_offered_and_never_asks_for_approval",
@@ -958,4 +963,144 @@ fn events(dir: &Path, run: &str) -> Vec<Value> {
 
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The agent of break 1: `outer` (the hostile guest) granted `work`,
+/// `inner` (the same guest) granted `work/docs`, its model's turns in
+/// `transcript.toml`.
+fn swapping_agent(dir: &Path) {
+    std::fs::create_dir_all(dir.join("work/docs")).unwrap();
+    std::fs::create_dir_all(dir.join("secrets")).unwrap();
+    std::fs::write(dir.join("work/docs/notes.txt"), "shared notes").unwrap();
+    std::fs::write(dir.join("secrets/id_rsa"), "PRIVATE KEY").unwrap();
+    crate::plugin_manifest(
+        dir,
+        "hostile",
+        "tool",
+        warden_tests::guests::HOSTILE,
+        "[mounts.workspace]\naccess = \"read-write\"\n",
+    );
+    std::fs::write(
+        dir.join("agent.toml"),
+        r#"name = "swapper"
+instructions = "Work."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[plugins.outer]
+source = "hostile.toml"
+approval = { fs = "never" }
+[plugins.outer.grant.mounts.workspace]
+dir = "work"
+
+[plugins.inner]
+source = "hostile.toml"
+approval = { fs = "never" }
+[plugins.inner.grant.mounts.workspace]
+dir = "work/docs"
+"#,
+    )
+    .unwrap();
+}
+
+/// Break 1 across processes: a plugin granted `work` read-write moves
+/// `work/docs` away in one `warden run`; a relative symlink `docs ->
+/// ../secrets` takes its place (planted by the test: Rust on WASI has no
+/// stable symlink call); the next `warden run` must not hand the secrets
+/// to `inner`, granted `work/docs`. The configured path is opened without
+/// following a symlink, so the second process refuses the grant, naming
+/// the plugin, the mount and the link.
+#[test]
+fn a_grant_swapped_for_a_symlink_between_processes_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    swapping_agent(d);
+    std::fs::write(
+        d.join("transcript.toml"),
+        r#"[[turns]]
+text = "Moving."
+[[turns.tool_calls]]
+name = "outer__fs"
+arguments = { op = "rename", from = "/workspace/docs", to = "/workspace/moved" }
+[[turns.tool_calls]]
+name = "inner__fs"
+arguments = { op = "read", path = "/workspace/notes.txt" }
+
+[[turns]]
+text = "Done."
+"#,
+    )
+    .unwrap();
+    let first = warden(
+        d,
+        &[
+            "run",
+            "agent.toml",
+            "go",
+            "--run-id",
+            "first",
+            "--store",
+            "runs.db",
+        ],
+    );
+    assert!(
+        first.status.success(),
+        "{}{}",
+        text(&first.stdout),
+        text(&first.stderr)
+    );
+    assert!(d.join("work/moved/notes.txt").is_file());
+    // In the process that opened it, the grant still held the directory.
+    let seen: Vec<String> = events(d, "first")
+        .iter()
+        .map(|e| e.to_string())
+        .filter(|e| e.contains("shared notes"))
+        .collect();
+    assert!(!seen.is_empty(), "inner no longer read its directory");
+
+    std::os::unix::fs::symlink("../secrets", d.join("work/docs")).unwrap();
+    std::fs::write(
+        d.join("transcript.toml"),
+        r#"[[turns]]
+text = "Reading."
+[[turns.tool_calls]]
+name = "inner__fs"
+arguments = { op = "read", path = "/workspace/id_rsa" }
+
+[[turns]]
+text = "Done."
+"#,
+    )
+    .unwrap();
+    let second = warden(
+        d,
+        &[
+            "run",
+            "agent.toml",
+            "go",
+            "--run-id",
+            "second",
+            "--store",
+            "runs.db",
+        ],
+    );
+    let said = format!("{}{}", text(&second.stdout), text(&second.stderr));
+    let recorded = warden(d, &["runs", "events", "second", "--store", "runs.db"]);
+    assert!(
+        !text(&recorded.stdout).contains("PRIVATE KEY") && !said.contains("PRIVATE KEY"),
+        "the second process handed the secrets to `inner`: {said}"
+    );
+    assert_eq!(second.status.code(), Some(2), "{said}");
+    for needle in [
+        "inner",
+        "workspace",
+        "work/docs",
+        "symbolic link",
+        "../secrets",
+    ] {
+        assert!(said.contains(needle), "`{needle}` not in: {said}");
+    }
 }

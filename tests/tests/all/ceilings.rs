@@ -191,3 +191,74 @@ async fn a_lease_fits_in_what_is_left_of_the_runs_wall_time() {
         other => panic!("{other:?}"),
     }
 }
+
+/// Issue 37, item 9: with no budget set, a run's fuel is bounded by the
+/// host's `fuel_per_run` ceiling: once the run has used it, its next plugin
+/// call is refused, naming the ceiling and its value. Under the default
+/// ceiling the same response's second call runs.
+#[tokio::test]
+async fn a_run_past_its_fuel_ceiling_starts_no_more_plugin_calls() {
+    use warden::engine::ceilings::{Ceiling, RunCeilings};
+    let dir = tempfile::tempdir().unwrap();
+    greedy_agent(dir.path(), "", "read");
+    std::fs::write(
+        dir.path().join("transcript.toml"),
+        "[[turns]]\ntext = \"Spinning twice.\"\n[[turns.tool_calls]]\nname = \"greedy__spin\"\narguments = {}\n[[turns.tool_calls]]\nname = \"greedy__spin\"\narguments = {}\n\n[[turns]]\ntext = \"Done.\"\n",
+    )
+    .unwrap();
+    let agent = Agent::load(&dir.path().join("agent.toml"), None).unwrap();
+    let spins = |ceilings: RunCeilings, run: &'static str| {
+        let agent = agent.clone();
+        async move {
+            let rt = warden::Runtime::new(
+                Arc::new(MemoryStore::new()),
+                PluginHost::new(capped().clone()),
+            )
+            .with_ceilings(ceilings);
+            let run = rt
+                .start(&agent, json!("go"), StartOptions::new().id(id(run)))
+                .await
+                .unwrap();
+            assert_eq!(rt.drive(&run, &agent).await.unwrap(), RunStatus::Completed);
+            rt.events(&run).await.unwrap()
+        }
+    };
+    let low = RunCeilings {
+        fuel_per_run: 100_000_000,
+        ..RunCeilings::DEFAULT
+    };
+    let events = spins(low, "fuel-ceiling").await;
+    let ran = events
+        .iter()
+        .filter(|e| matches!(e, Event::ToolCallIntent(_)))
+        .count();
+    let refused: Vec<_> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ToolCallRejected(r) => Some(r.error.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(ran, 1, "the first spin ran");
+    assert_eq!(
+        refused,
+        [ToolCallError::CeilingReached {
+            ceiling: Ceiling::FuelPerRun,
+            limit: 100_000_000
+        }]
+    );
+    assert!(
+        refused[0]
+            .to_string()
+            .contains("raises `[ceilings] fuel_per_run` in warden.toml"),
+        "{}",
+        refused[0]
+    );
+    // The default ceiling lets both run.
+    let events = spins(RunCeilings::DEFAULT, "fuel-default").await;
+    assert!(
+        !events
+            .iter()
+            .any(|e| matches!(e, Event::ToolCallRejected(_)))
+    );
+}

@@ -231,6 +231,39 @@ async fn a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_syml
     assert_serves_normal_call(&g).await;
 }
 
+/// Break 11 of issue 37: a write that lost its race (cut short by its
+/// deadline, or its own clean-up refused by the lease's fence) left its
+/// `.NAME.<hex>.warden-tmp` beside the target. A temporary file a lease
+/// created (exclusively, by that suffix) and left is removed by the host
+/// when the lease ends; one it did not create, or any other name, stays.
+#[tokio::test]
+async fn a_temporary_file_a_lease_leaves_behind_is_removed_when_it_ends() {
+    let t = tree();
+    std::fs::create_dir(t.mounted.join("sub")).unwrap();
+    std::fs::write(t.mounted.join(".kept.1.warden-tmp"), "the operator's").unwrap();
+    let caps = Capabilities::none()
+        .mount("workspace", &t.mounted, Access::ReadWrite)
+        .unwrap();
+    for (path, stays) in [
+        ("/workspace/sub/.a.txt.0123.warden-tmp", false),
+        ("/workspace/.b.txt.4567.warden-tmp", false),
+        ("/workspace/sub/b.txt", true),
+    ] {
+        let (_, err) = fs_op(&caps, json!({ "op": "create", "path": path })).await;
+        assert_eq!(err, None, "{path}");
+        let host = t.mounted.join(path.trim_start_matches("/workspace/"));
+        assert_eq!(host.exists(), stays, "{path}");
+    }
+    // Opened, not created, by the lease: not its debris.
+    let (_, err) = fs_op(
+        &caps,
+        json!({ "op": "write", "path": "/workspace/.kept.1.warden-tmp", "content": "x" }),
+    )
+    .await;
+    assert_eq!(err, None);
+    assert!(t.mounted.join(".kept.1.warden-tmp").exists());
+}
+
 /// The host opens nothing but regular files and directories: a FIFO (which
 /// would block its opener), a socket and devices (`/dev/zero` never ends)
 /// are refused at open with `unsupported`, through raw WASI, before any

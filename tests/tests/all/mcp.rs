@@ -280,6 +280,104 @@ fn the_python_sdk_uses_the_served_tools_over_stdio() {
     check_recorded(dir);
 }
 
+/// A client's bad arguments, more in a row than the agent's
+/// `max_invalid_tool_calls`: each is that call's error result, the session
+/// goes on, and its run completes with only the good calls in its log.
+#[test]
+fn a_clients_bad_arguments_are_errors_of_the_call_and_never_end_the_session() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    run_client(
+        dir,
+        &["stdio", bin.to_str().unwrap(), "agent.toml", "mistakes"],
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = session_runs(dir);
+        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    let run = &runs[0];
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(run["output"], "the MCP session ended", "{run:#}");
+    assert!(events(run, "tool_call_rejected").is_empty(), "{run:#}");
+    assert_eq!(events(run, "tool_call_completed").len(), 2, "{run:#}");
+}
+
+/// What a cancelled and an abandoned parked write left: each denied by
+/// `warden mcp serve` (the client cancelled it, or its session ended),
+/// neither made, every session's run completed.
+fn check_withdrawn(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = session_runs(dir);
+        if runs.len() == 2 && runs.iter().all(|r| r["status"] == "completed")
+            || Instant::now() > deadline
+        {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    let mut reasons = Vec::new();
+    for run in &runs {
+        assert_eq!(run["status"], "completed", "{run:#}");
+        assert!(events(run, "approval_granted").is_empty(), "{run:#}");
+        let denied = events(run, "approval_denied");
+        assert_eq!(denied.len(), 1, "{run:#}");
+        assert_eq!(denied[0]["by"], "warden mcp serve", "{run:#}");
+        reasons.push(denied[0]["reason"].as_str().unwrap().to_owned());
+    }
+    assert!(
+        reasons
+            .iter()
+            .any(|r| r == "the client cancelled the call or ended the session"),
+        "{reasons:?}"
+    );
+    assert!(effects(dir).is_empty(), "{:?}", effects(dir));
+}
+
+#[test]
+fn a_cancelled_or_abandoned_parked_write_is_withdrawn_over_stdio() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    let out = client(
+        dir,
+        &[
+            "stdio",
+            bin.to_str().unwrap(),
+            "agent.toml",
+            "cancel_parked",
+            "end_parked",
+        ],
+    )
+    .env("MCP_APPROVAL_TIMEOUT", "60s")
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+    );
+    check_withdrawn(dir);
+}
+
+#[test]
+fn a_cancelled_or_abandoned_parked_write_is_withdrawn_over_streamable_http() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "tok", &["--approval-timeout", "60s"]);
+    run_client(dir, &["http", &url, "tok", "cancel_parked", "end_parked"]);
+    check_withdrawn(dir);
+}
+
 /// A child process killed on drop.
 struct Killed(Child);
 
@@ -302,7 +400,11 @@ fn start_http(dir: &Path, token: &str, flags: &[&str]) -> (Killed, String) {
             "--http",
             "127.0.0.1:0",
         ])
-        .args(["--approval-timeout", "5s"])
+        .args(if flags.contains(&"--approval-timeout") {
+            &[][..]
+        } else {
+            &["--approval-timeout", "5s"][..]
+        })
         .args(flags)
         .env("WARDEN_MCP_TOKEN", token)
         .stdout(Stdio::piped())
@@ -339,6 +441,36 @@ fn the_python_sdk_uses_the_served_tools_over_streamable_http() {
     args.push("refused");
     run_client(dir, &args);
     check_recorded(dir);
+}
+
+#[test]
+fn a_refusal_never_leaves_a_closed_connection_for_a_client_to_reuse() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "s3cret-token", &[]);
+    let addr = url
+        .trim_start_matches("http://")
+        .trim_end_matches("/mcp")
+        .to_owned();
+    for (what, extra) in [
+        ("no token", ""),
+        ("a wrong token", "Authorization: Bearer wrong\r\n"),
+        (
+            "another origin",
+            "Authorization: Bearer s3cret-token\r\nOrigin: http://evil.example\r\n",
+        ),
+    ] {
+        let head = format!(
+            "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json, text/event-stream\r\n{extra}"
+        );
+        let (status, held) =
+            crate::serve::refusal_leaves_a_usable_or_closed_connection(&addr, &head);
+        assert!((400..500).contains(&status), "{what}: {status}");
+        assert!(
+            held,
+            "{what}: refused with {status}, then the connection closed without saying so"
+        );
+    }
 }
 
 #[test]

@@ -367,6 +367,74 @@ fn the_os_sandbox_refuses_what_was_not_granted() {
     assert!(!o[7].contains("WARDEN_STORE"), "{}", o[7]);
 }
 
+/// Breaks 2 and 11 of issue 37. A `write` directory swapped for a
+/// relative symlink (`out -> secret`) between two processes must not be
+/// bound into the server's sandbox: the second `warden run` refuses the
+/// agent, naming the key and the link, and the server never reads the
+/// secret or plants a file beside it. And the server's `/proc/1/cmdline`
+/// (bubblewrap, its pid 1) does not show the sandbox's command line: its
+/// arguments are passed on a descriptor.
+#[test]
+fn a_bound_directory_swapped_for_a_symlink_is_refused_not_bound() {
+    let fx = Fx::new("", "");
+    let d = std::fs::canonicalize(fx.dir.path()).unwrap();
+    let p = |rel: &str| d.join(rel).display().to_string();
+    let turns = calls(&[
+        ("notes__read_path", "{ path = \"/proc/1/cmdline\" }"),
+        (
+            "notes__read_path",
+            &format!("{{ path = \"{}\" }}", p("secret/key.txt")),
+        ),
+        (
+            "notes__write_path",
+            &format!("{{ path = \"{}\", text = \"x\" }}", p("secret/planted.txt")),
+        ),
+    ]);
+    std::fs::write(fx.path("transcript.toml"), turns).unwrap();
+    let mut agent = std::fs::read_to_string(fx.path("agent.toml")).unwrap();
+    for tool in ["read_path", "write_path"] {
+        agent.push_str(&format!(
+            "[mcp_servers.notes.tools.{tool}]\neffect = \"read\"\n"
+        ));
+    }
+    std::fs::write(fx.path("agent.toml"), agent).unwrap();
+
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let o = outputs(&only_run(&fx));
+    assert_eq!(o.len(), 3, "{o:?}");
+    assert!(o[0].contains("server.py"), "pid 1's command line: {}", o[0]);
+    for shown in ["--unshare-all", "--ro-bind", "--cap-drop"] {
+        assert!(
+            !o[0].contains(shown),
+            "the sandbox's command line is visible inside it: {}",
+            o[0]
+        );
+    }
+    assert!(o[1].contains("ERROR ENOENT"), "outside the grant: {}", o[1]);
+    assert!(o[2].contains("ERROR ENOENT"), "outside the grant: {}", o[2]);
+
+    // The swap, as a server or plugin with write access beside `out` could
+    // make it: the directory moved away, a relative link in its place.
+    std::fs::rename(fx.path("out"), fx.path("out.moved")).unwrap();
+    std::os::unix::fs::symlink("secret", fx.path("out")).unwrap();
+    let second = fx.run(&["run", "agent.toml"]);
+    let said = text(&second);
+    for run in fx.json(&["runs", "list"]).as_array().unwrap() {
+        let shown = fx.json(&["runs", "show", run["run_id"].as_str().unwrap()]);
+        assert!(
+            !shown.to_string().contains("the secret key"),
+            "the swapped directory was bound into the sandbox: {shown:#}"
+        );
+    }
+    assert!(!said.contains("the secret key"), "{said}");
+    assert!(!fx.path("secret/planted.txt").exists());
+    assert_eq!(second.status.code(), Some(2), "{said}");
+    for needle in ["mcp_servers.notes.write[0]", "symbolic link", "`secret`"] {
+        assert!(said.contains(needle), "`{needle}` not in: {said}");
+    }
+}
+
 #[test]
 fn a_changed_tool_list_is_refused_until_accepted() {
     let turns = calls(&[("notes__read_note", "{ name = \"note.txt\" }")]);
@@ -624,6 +692,192 @@ accept_hints = true
         .unwrap();
     assert_eq!(write["claimed_effect"], "idempotent", "{tools:#}");
     assert_eq!(write["effect"], "write", "{tools:#}");
+}
+
+/// `warden --json ARGS` refused as `mcp_server_failed`: its message.
+fn server_failed(fx: &Fx, args: &[&str]) -> String {
+    let out = fx.warden().arg("--json").args(args).output().unwrap();
+    assert!(!out.status.success(), "{}", text(&out));
+    let envelope: Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out)));
+    assert_eq!(
+        envelope["error"]["code"], "mcp_server_failed",
+        "{envelope:#}"
+    );
+    assert_eq!(
+        envelope["error"]["details"]["server"], "notes",
+        "{envelope:#}"
+    );
+    envelope["error"]["message"].as_str().unwrap().to_owned()
+}
+
+/// A server that fails to start says why: its exit status and the end of
+/// its stderr. A command that resolves outside what its sandbox sees (a
+/// link out of a granted directory, a script whose interpreter is not
+/// granted) is refused before it starts, naming the path; a server that
+/// dies mid-call says the same in the call's failure.
+#[test]
+fn a_server_that_cannot_start_says_why() {
+    let turns = calls(&[("notes__read_note", "{ name = \"note.txt\" }")]);
+    let fx = Fx::new(&turns, "");
+    std::fs::write(
+        fx.path("srv/server.py"),
+        "import sys\nsys.stderr.write('starting\\nboom: no database at /srv/notes.db\\n')\nsys.exit(3)\n",
+    )
+    .unwrap();
+    for args in [
+        &["run", "agent.toml"][..],
+        &["mcp", "tools", "notes", "--agent", "agent.toml"],
+    ] {
+        let message = server_failed(&fx, args);
+        assert!(message.contains("exited with status 3"), "{message}");
+        assert!(
+            message.contains("boom: no database at /srv/notes.db"),
+            "{message}"
+        );
+    }
+
+    // A command linked out of the granted directories, and a script whose
+    // interpreter is not granted: refused, naming the path, nothing run.
+    let d = std::fs::canonicalize(fx.dir.path()).unwrap();
+    std::fs::write(d.join("secret/server"), "#!/bin/sh\necho ran > /tmp/ran\n").unwrap();
+    std::os::unix::fs::symlink(d.join("secret/server"), d.join("data/server")).unwrap();
+    std::fs::copy("/bin/sh", d.join("secret/sh")).unwrap();
+    std::fs::write(
+        d.join("data/script"),
+        format!("#!{}\necho ran\n", d.join("secret/sh").display()),
+    )
+    .unwrap();
+    for f in ["secret/server", "data/script"] {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(d.join(f), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let agent = std::fs::read_to_string(d.join("agent.toml")).unwrap();
+    let command = agent
+        .lines()
+        .find(|l| l.starts_with("command = "))
+        .unwrap()
+        .to_owned();
+    for (program, named) in [
+        ("data/server", "secret/server"),
+        ("data/script", "secret/sh"),
+    ] {
+        std::fs::write(
+            d.join("agent.toml"),
+            agent.replace(
+                &command,
+                &format!("command = \"{}\"", d.join(program).display()),
+            ),
+        )
+        .unwrap();
+        let message = server_failed(&fx, &["run", "agent.toml"]);
+        assert!(
+            message.contains(&format!("`{}`", d.join(named).display())),
+            "{program}: {message}"
+        );
+        assert!(
+            message.contains("outside what its sandbox sees"),
+            "{message}"
+        );
+    }
+}
+
+/// The reference "everything" server (`@modelcontextprotocol/server-everything`
+/// from npm, pinned in `tests/mcp/package.json`), whose tools are named with
+/// hyphens (`get-sum`): called through an agent by the names MCP gave them,
+/// one renamed by the operator, and `warden mcp tools` showing both names.
+#[test]
+fn server_everythings_hyphenated_tools_are_called_through_an_agent() {
+    let server = repo()
+        .join("target/mcp-js/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
+    assert!(
+        server.exists(),
+        "no server-everything at {}: run .ci/run's \"MCP servers\" step",
+        server.display()
+    );
+    python(); // bubblewrap's check
+    let node = Command::new("sh")
+        .args(["-c", "command -v node"])
+        .output()
+        .unwrap();
+    let node = String::from_utf8_lossy(&node.stdout).trim().to_owned();
+    assert!(!node.is_empty(), "no `node` on PATH: install Node.js");
+    let node = std::fs::canonicalize(node).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let d = std::fs::canonicalize(dir.path()).unwrap();
+    let turns = calls(&[
+        ("ev__get-sum", "{ a = 2, b = 40 }"),
+        ("ev__weather", "{ location = \"Chicago\" }"),
+    ]);
+    std::fs::write(d.join("transcript.toml"), turns).unwrap();
+    let js = std::fs::canonicalize(repo().join("target/mcp-js")).unwrap();
+    std::fs::write(
+        d.join("agent.toml"),
+        format!(
+            r#"name = "everything-user"
+instructions = "Use the everything server."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[mcp_servers.ev]
+command = "{node}"
+args = ["{server}", "stdio"]
+read = ["{js}"]
+
+[mcp_servers.ev.tools.get-sum]
+accept_hints = true
+
+[mcp_servers.ev.tools.get-structured-content]
+effect = "read"
+rename = "weather"
+"#,
+            node = node.display(),
+            server = std::fs::canonicalize(server).unwrap().display(),
+            js = js.display(),
+        ),
+    )
+    .unwrap();
+    let fx = Fx { dir };
+    let out = fx.run(&["run", "agent.toml"]);
+    assert!(out.status.success(), "{}", text(&out));
+    let run = only_run(&fx);
+    assert_eq!(run["status"], "completed", "{run:#}");
+    let outputs = outputs(&run);
+    assert_eq!(outputs.len(), 2, "{run:#}");
+    assert!(outputs[0].contains("42"), "{outputs:?}");
+    assert!(outputs[1].contains("temperature"), "{outputs:?}");
+    let intents = events(&run, "tool_call_intent");
+    assert_eq!(intents[0]["tool"]["tool"], "get-sum", "{run:#}");
+    assert_eq!(intents[1]["tool"]["tool"], "weather", "{run:#}");
+
+    let tools = fx.json(&["mcp", "tools", "ev", "--agent", "agent.toml"]);
+    let tool = |name: &str| {
+        tools["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("no {name}: {tools:#}"))
+            .clone()
+    };
+    assert_eq!(tool("get-sum")["model_name"], "ev__get-sum");
+    assert_eq!(tool("get-sum")["offered"], true);
+    let renamed = tool("get-structured-content");
+    assert_eq!(renamed["model_name"], "ev__weather");
+    assert_eq!(renamed["offered"], true);
+    // Every tool the server lists is offered.
+    let all = tools["tools"].as_array().unwrap();
+    assert!(all.len() >= 10, "{tools:#}");
+    assert!(all.iter().all(|t| t["offered"] == true), "{tools:#}");
+    let out = fx.run(&["mcp", "tools", "ev", "--agent", "agent.toml"]);
+    assert!(
+        text(&out).contains("ev__weather (the server's `get-structured-content`)"),
+        "{}",
+        text(&out)
+    );
 }
 
 /// The test server (`tests/mcp/server.py`, the official Python SDK) serving

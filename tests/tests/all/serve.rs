@@ -90,7 +90,9 @@ pub(crate) fn start_server_with(dir: &Path, store: &str, flags: &[&str]) -> (Kil
             std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
         )
     });
-    let url = listening["listening"].as_str().unwrap();
+    let url = listening["listening"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{line}"));
     (child, url.trim_start_matches("http://").to_owned())
 }
 
@@ -138,6 +140,64 @@ fn request(
     };
     let json = serde_json::from_str(&body).unwrap_or_else(|e| panic!("not JSON ({e}): {body}"));
     (status, json)
+}
+
+/// Sends `head` for a POST whose 2-byte body has not been sent yet, reads
+/// the refusal, then sends the body and a second request on the same
+/// connection, as a client's connection pool would. A server that answers
+/// before reading a body must either say the connection closes or go on
+/// serving it; otherwise the pool reuses a socket the server has closed
+/// and the client's next request fails (seen as `httpcore.ReadError` from
+/// the MCP Python SDK under load). Returns the refusal's status and
+/// whether the contract held.
+pub(crate) fn refusal_leaves_a_usable_or_closed_connection(addr: &str, head: &str) -> (u16, bool) {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    stream
+        .write_all(
+            format!("{head}Content-Type: application/json\r\nContent-Length: 2\r\n\r\n").as_bytes(),
+        )
+        .unwrap();
+    let first = read_response(&mut stream).expect("the refusal");
+    let status: u16 = first.split(' ').nth(1).unwrap().parse().unwrap();
+    let says_close = first
+        .lines()
+        .any(|line| line.eq_ignore_ascii_case("connection: close"));
+    if says_close {
+        return (status, true);
+    }
+    let second =
+        format!("{{}}{head}Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}");
+    let answered =
+        stream.write_all(second.as_bytes()).is_ok() && read_response(&mut stream).is_some();
+    (status, answered)
+}
+
+/// One response's head from `stream` (its body, by Content-Length, read
+/// and dropped); `None` when the connection ends first.
+fn read_response(stream: &mut TcpStream) -> Option<String> {
+    let mut raw = Vec::new();
+    let mut byte = [0u8; 1];
+    while !raw.ends_with(b"\r\n\r\n") {
+        match stream.read(&mut byte) {
+            Ok(1) => raw.push(byte[0]),
+            _ => return None,
+        }
+    }
+    let head = String::from_utf8(raw).unwrap();
+    let length: usize = head
+        .lines()
+        .find_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.eq_ignore_ascii_case("content-length")
+                .then(|| value.trim().parse().ok())?
+        })
+        .unwrap_or(0);
+    let mut body = vec![0u8; length];
+    stream.read_exact(&mut body).ok()?;
+    Some(head)
 }
 
 fn dechunk(mut body: &str) -> String {
@@ -465,6 +525,38 @@ async fn an_approval_through_the_api_is_picked_up_by_a_worker_on_postgres() {
     tokio::task::spawn_blocking(move || approve_through_the_api(&url))
         .await
         .unwrap();
+}
+
+#[test]
+fn a_refusal_never_leaves_a_closed_connection_for_a_client_to_reuse() {
+    let demo = demo();
+    add_token(demo.path(), "ops", "operator");
+    // A run, so the store exists.
+    let out = warden(demo.path(), "serve.db")
+        .args(["submit", "notes.toml"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let (_server, addr) = start_server(demo.path(), "serve.db");
+    for (what, extra) in [
+        ("no token", String::new()),
+        (
+            "a wrong token",
+            "Authorization: Bearer wdn_not-a-token\r\n".to_owned(),
+        ),
+        (
+            "another origin",
+            "Origin: http://evil.example\r\n".to_owned(),
+        ),
+    ] {
+        let head = format!("POST /api/v1/runs HTTP/1.1\r\nHost: {addr}\r\n{extra}");
+        let (status, held) = refusal_leaves_a_usable_or_closed_connection(&addr, &head);
+        assert!((400..500).contains(&status), "{what}: {status}");
+        assert!(
+            held,
+            "{what}: refused with {status}, then the connection closed without saying so"
+        );
+    }
 }
 
 #[test]

@@ -2,10 +2,15 @@
 //! with every namespace unshared (the network too, unless granted), all
 //! capabilities dropped, a fresh `/proc`, `/dev` and `/tmp`, the system's
 //! own directories (`/usr`, `/bin`, `/lib*` and a few files of `/etc`)
-//! read-only, the granted directories read-only or read-write, nothing
-//! else of the filesystem, and an environment holding only the granted
-//! variables. The sandbox dies with Warden (`--die-with-parent`), and a
-//! [`Session`](super::session::Session) kills it at a call's deadline.
+//! read-only, the granted directories read-only or read-write (bound from
+//! descriptors opened without following a symlink, never by a path
+//! bubblewrap would resolve again), nothing else of the filesystem, and an
+//! environment holding only the granted variables. Bubblewrap reads its
+//! options from an in-memory file (`--args`), so the sandbox's own command
+//! line, which its processes can read as `/proc/1/cmdline`, shows only the
+//! server's program and arguments. The sandbox dies with Warden
+//! (`--die-with-parent`), and a [`Session`](super::session::Session) kills
+//! it at a call's deadline.
 //!
 //! Where bubblewrap is missing or does not work (no user namespaces), a
 //! server is refused unless the operator set `unsandboxed = true` for it.
@@ -13,11 +18,14 @@
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::OnceLock;
+use std::time::Duration;
 
 use tokio::io::AsyncReadExt as _;
+use tokio::sync::watch;
 
 use super::{LocalServer, McpServerError};
 
@@ -46,6 +54,13 @@ const ETC_NETWORK_FILES: &[&str] = &["/etc/resolv.conf", "/etc/hosts", "/etc/gai
 /// Most bytes of a server's stderr passed to the log; the rest is counted
 /// and dropped.
 const STDERR_KEPT: usize = 64 << 10;
+
+/// The last bytes of a server's stderr kept to say why it stopped.
+const STDERR_TAIL: usize = 1 << 10;
+
+/// How long a server that closed its end is given to exit, and its stderr
+/// to be read to its end, before saying why it stopped.
+const EXIT_WAIT: Duration = Duration::from_secs(2);
 
 /// `name` on `PATH`, if it is there.
 fn on_path(name: &str) -> Option<PathBuf> {
@@ -103,8 +118,39 @@ fn granted_env(server: &LocalServer) -> BTreeMap<String, OsString> {
         .collect()
 }
 
-/// The bubblewrap arguments that sandbox `server` running `program`.
-pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
+/// The granted directories of a server, opened for one start without
+/// following a symlink in any component (`warden_sandbox`'s no-follow
+/// walk): bubblewrap binds these descriptors, never a path it would
+/// resolve again. A directory swapped for a symlink since the agent was
+/// loaded is refused, naming it.
+pub struct Binds {
+    /// Each directory's descriptor, where it is shown, and whether it is
+    /// writable.
+    dirs: Vec<(OwnedFd, PathBuf, bool)>,
+}
+
+impl Binds {
+    /// Opens `server`'s `read` and `write` directories.
+    pub fn open(key: &str, server: &LocalServer) -> Result<Binds, McpServerError> {
+        let read = server.read.iter().map(|d| (d, false));
+        let write = server.write.iter().map(|d| (d, true));
+        let mut dirs = Vec::new();
+        for (dir, writable) in read.chain(write) {
+            let opened = warden_sandbox::open_dir_nofollow(Path::new("/"), dir).map_err(|e| {
+                McpServerError::Failed {
+                    server: key.to_owned(),
+                    message: format!("cannot bind `{}` into its sandbox: {e}", dir.display()),
+                }
+            })?;
+            dirs.push((opened.fd, dir.clone(), writable));
+        }
+        Ok(Binds { dirs })
+    }
+}
+
+/// The bubblewrap options that sandbox `server`, its directories bound
+/// from `binds` (the program and its arguments follow them, after `--`).
+pub fn sandbox_args(server: &LocalServer, binds: &Binds) -> Vec<OsString> {
     let mut args: Vec<OsString> = [
         "--die-with-parent",
         "--new-session",
@@ -140,18 +186,16 @@ pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
         }
     }
     args.extend(["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"].map(OsString::from));
-    for d in &server.read {
+    for (fd, dir, writable) in &binds.dirs {
+        let option = if *writable {
+            "--bind-fd"
+        } else {
+            "--ro-bind-fd"
+        };
         args.extend([
-            "--ro-bind".into(),
-            d.clone().into_os_string(),
-            d.clone().into_os_string(),
-        ]);
-    }
-    for d in &server.write {
-        args.extend([
-            "--bind".into(),
-            d.clone().into_os_string(),
-            d.clone().into_os_string(),
+            option.into(),
+            fd.as_raw_fd().to_string().into(),
+            dir.clone().into_os_string(),
         ]);
     }
     let cwd = server
@@ -159,16 +203,96 @@ pub fn sandbox_args(server: &LocalServer, program: &Path) -> Vec<OsString> {
         .first()
         .or(server.read.first())
         .map_or_else(|| PathBuf::from("/"), Clone::clone);
-    args.extend(["--chdir".into(), cwd.into_os_string(), "--".into()]);
-    args.push(program.as_os_str().to_owned());
-    args.extend(server.args.iter().map(OsString::from));
+    args.extend(["--chdir".into(), cwd.into_os_string()]);
     args
 }
 
+/// A sealed-off in-memory file holding `args`, each ended by a NUL, for
+/// bubblewrap's `--args`: the sandbox's options never appear on a command
+/// line, so its pid 1 (bubblewrap) shows the server nothing of them in
+/// `/proc/1/cmdline`.
+fn args_file(args: &[OsString]) -> std::io::Result<OwnedFd> {
+    use std::io::{Seek as _, Write as _};
+    use std::os::unix::ffi::OsStrExt as _;
+    let fd = rustix::fs::memfd_create("warden-bwrap-args", rustix::fs::MemfdFlags::CLOEXEC)?;
+    let mut file = std::fs::File::from(fd);
+    for arg in args {
+        file.write_all(arg.as_bytes())?;
+        file.write_all(b"\0")?;
+    }
+    file.rewind()?;
+    Ok(file.into())
+}
+
+/// Whether `path` is inside what `server`'s sandbox shows: the system's
+/// directories and its `read` and `write` directories.
+fn visible(server: &LocalServer, path: &Path) -> bool {
+    SYSTEM_DIRS
+        .iter()
+        .map(PathBuf::from)
+        .chain(server.read.iter().cloned())
+        .chain(server.write.iter().cloned())
+        .any(|d| path.starts_with(&d))
+}
+
+/// Refuses a `program` the sandbox could not run, naming the path: the
+/// program as given, what it resolves to (a link out of the granted
+/// directories), and the interpreter its `#!` line names. Inside the
+/// sandbox each would only be "No such file or directory".
+fn check_visible(key: &str, server: &LocalServer, program: &Path) -> Result<(), McpServerError> {
+    let outside = |lead: String| McpServerError::Failed {
+        server: key.to_owned(),
+        message: format!(
+            "{lead} outside what its sandbox sees (the system's directories and its `read` and `write` directories): grant its directory in `read`"
+        ),
+    };
+    let given = format!("command `{}`", program.display());
+    if !visible(server, program) {
+        return Err(outside(format!("{given} is")));
+    }
+    let resolved = std::fs::canonicalize(program).map_err(|e| McpServerError::Failed {
+        server: key.to_owned(),
+        message: format!("{given} cannot be used: {e}"),
+    })?;
+    if !visible(server, &resolved) {
+        return Err(outside(format!(
+            "{given} resolves to `{}`,",
+            resolved.display()
+        )));
+    }
+    if let Some(interpreter) = interpreter(&resolved) {
+        let found = std::fs::canonicalize(&interpreter).unwrap_or_else(|_| interpreter.clone());
+        if !visible(server, &interpreter) || !visible(server, &found) {
+            return Err(outside(format!(
+                "{given} is a script whose interpreter `{}` is",
+                found.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The interpreter a script's `#!` line names, when it names one by its
+/// path (`#!/usr/bin/env name` names `env`, which is the system's).
+fn interpreter(program: &Path) -> Option<PathBuf> {
+    use std::io::Read as _;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program).ok()?.read(&mut head).ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|b| *b == b'\n').next()?;
+    let first = std::str::from_utf8(line).ok()?.split_whitespace().next()?;
+    first.starts_with('/').then(|| PathBuf::from(first))
+}
+
 /// The command that starts `server`: inside bubblewrap, or (the operator
-/// opted out) as it is.
-fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, McpServerError> {
+/// opted out) as it is; with the descriptors it is given, to be kept open
+/// until it is spawned.
+fn command(
+    key: &str,
+    server: &LocalServer,
+) -> Result<(tokio::process::Command, Vec<OwnedFd>), McpServerError> {
     let program = program(key, server)?;
+    let mut kept = Vec::new();
     let mut command = if server.unsandboxed {
         tracing::warn!(
             server = %key,
@@ -185,25 +309,38 @@ fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, M
             server: key.to_owned(),
             reason,
         })?;
-        // The program must be inside what the sandbox shows, or it would
-        // not be found there: say so rather than fail obscurely.
-        let visible = SYSTEM_DIRS
-            .iter()
-            .map(PathBuf::from)
-            .chain(server.read.iter().cloned())
-            .chain(server.write.iter().cloned())
-            .any(|d| program.starts_with(&d));
-        if !visible {
-            return Err(McpServerError::Failed {
+        check_visible(key, server, &program)?;
+        let binds = Binds::open(key, server)?;
+        let options =
+            args_file(&sandbox_args(server, &binds)).map_err(|e| McpServerError::Failed {
                 server: key.to_owned(),
-                message: format!(
-                    "command `{}` is outside what its sandbox sees (the system's directories and its `read` and `write` directories): grant its directory in `read`",
-                    program.display()
-                ),
+                message: format!("cannot pass its sandbox's options to bubblewrap: {e}"),
+            })?;
+        let mut c = tokio::process::Command::new(bwrap);
+        c.arg("--args")
+            .arg(options.as_raw_fd().to_string())
+            .arg("--")
+            .arg(&program)
+            .args(&server.args);
+        kept.push(options);
+        kept.extend(binds.dirs.into_iter().map(|(fd, _, _)| fd));
+        let inherited: Vec<i32> = kept.iter().map(AsRawFd::as_raw_fd).collect();
+        // The descriptors are opened close-on-exec, so no other child
+        // spawned meanwhile inherits them; only bubblewrap does, which
+        // closes each once it has read or bound it.
+        #[allow(unsafe_code)]
+        // SAFETY: between fork and exec the closure only calls `fcntl` on
+        // descriptors this process holds open until the spawn returns;
+        // `fcntl` is async-signal-safe and nothing is allocated.
+        unsafe {
+            c.pre_exec(move || {
+                for fd in &inherited {
+                    let fd = std::os::fd::BorrowedFd::borrow_raw(*fd);
+                    rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())?;
+                }
+                Ok(())
             });
         }
-        let mut c = tokio::process::Command::new(bwrap);
-        c.args(sandbox_args(server, &program));
         c
     };
     command
@@ -213,7 +350,7 @@ fn command(key: &str, server: &LocalServer) -> Result<tokio::process::Command, M
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    Ok(command)
+    Ok((command, kept))
 }
 
 /// Starts `server` (its key `key`) in its sandbox: the process, its stdout
@@ -227,17 +364,20 @@ pub fn spawn(
         tokio::process::Child,
         tokio::process::ChildStdout,
         tokio::process::ChildStdin,
+        Stderr,
     ),
     McpServerError,
 > {
-    let mut child = command(key, server)?
-        .spawn()
-        .map_err(|e| McpServerError::Failed {
-            server: key.to_owned(),
-            message: format!("cannot start `{}`: {e}", server.command),
-        })?;
+    let (mut command, kept) = command(key, server)?;
+    let mut child = command.spawn().map_err(|e| McpServerError::Failed {
+        server: key.to_owned(),
+        message: format!("cannot start `{}`: {e}", server.command),
+    })?;
+    // The child has its copies now.
+    drop(kept);
     let stdout = child.stdout.take().expect("piped");
     let stdin = child.stdin.take().expect("piped");
+    let (tail, watching) = watch::channel(Tail::default());
     if let Some(mut stderr) = child.stderr.take() {
         let key = key.to_owned();
         tokio::spawn(async move {
@@ -251,11 +391,61 @@ pub fn spawn(
                 let room = STDERR_KEPT.saturating_sub(kept.len());
                 kept.extend_from_slice(&buf[..n.min(room)]);
                 dropped += n.saturating_sub(room);
+                tail.send_modify(|t| {
+                    t.bytes.extend_from_slice(&buf[..n]);
+                    let over = t.bytes.len().saturating_sub(STDERR_TAIL);
+                    t.bytes.drain(..over);
+                });
             }
+            tail.send_modify(|t| t.ended = true);
             if !kept.is_empty() {
                 tracing::debug!(server = %key, dropped, "MCP server stderr: {}", String::from_utf8_lossy(&kept).trim_end());
             }
         });
+    } else {
+        tail.send_modify(|t| t.ended = true);
     }
-    Ok((child, stdout, stdin))
+    Ok((child, stdout, stdin, Stderr(watching)))
+}
+
+/// The end of a server's stderr as it is read.
+#[derive(Debug, Default)]
+struct Tail {
+    /// The last [`STDERR_TAIL`] bytes.
+    bytes: Vec<u8>,
+    /// Whether the stream closed.
+    ended: bool,
+}
+
+/// A running server's stderr: the first 64 KiB go to the log (at debug),
+/// the last bytes are kept to say why it stopped ([`stopped`]).
+#[derive(Debug)]
+pub struct Stderr(watch::Receiver<Tail>);
+
+/// Why a local server stopped, for the error that reports it: its exit
+/// status (once it exited, waiting at most 2 s) and the end of its stderr,
+/// as one line of untrusted text. A server still running is said to be.
+pub async fn stopped(child: &mut tokio::process::Child, stderr: &mut Stderr) -> String {
+    use std::os::unix::process::ExitStatusExt as _;
+    let status = match tokio::time::timeout(EXIT_WAIT, child.wait()).await {
+        Ok(Ok(status)) => match (status.code(), status.signal()) {
+            (Some(code), _) => format!("it exited with status {code}"),
+            (None, Some(signal)) => format!("it was killed by signal {signal}"),
+            (None, None) => format!("it exited ({status})"),
+        },
+        Ok(Err(e)) => format!("its exit status cannot be read ({e})"),
+        Err(_) => "it is still running".to_owned(),
+    };
+    let _ = tokio::time::timeout(EXIT_WAIT, stderr.0.wait_for(|t| t.ended)).await;
+    let bytes = stderr.0.borrow().bytes.clone();
+    let text = String::from_utf8_lossy(&bytes);
+    let text = text.trim();
+    if text.is_empty() {
+        format!("{status}, its stderr empty")
+    } else {
+        format!(
+            "{status}; its stderr ended: {}",
+            warden_syntax::untrusted::line(text, STDERR_TAIL)
+        )
+    }
 }

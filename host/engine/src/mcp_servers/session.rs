@@ -97,12 +97,28 @@ impl<R: AsyncRead + Unpin> AsyncRead for LineLimit<R> {
     }
 }
 
+/// Why a local server that failed its start stopped (`; ` and the
+/// report), killed first when `kill` (it missed its deadline), else after
+/// if it still runs; empty for a remote one.
+async fn stopped(child: Option<(tokio::process::Child, process::Stderr)>, kill: bool) -> String {
+    let Some((mut child, mut stderr)) = child else {
+        return String::new();
+    };
+    if kill {
+        let _ = child.start_kill();
+    }
+    let why = process::stopped(&mut child, &mut stderr).await;
+    let _ = child.start_kill();
+    format!("; {why}")
+}
+
 /// One session with a running (or reached) server.
 pub struct Session {
     key: String,
     start_timeout: Duration,
-    /// A local server's process (its sandbox); `None` for a remote one.
-    child: Option<tokio::process::Child>,
+    /// A local server's process (its sandbox) and its stderr; `None` for a
+    /// remote one.
+    child: Option<(tokio::process::Child, process::Stderr)>,
     meter: Arc<Meter>,
     client: RunningService<RoleClient, ()>,
 }
@@ -119,7 +135,7 @@ impl Session {
         let limit = server.max_output.saturating_add(ENVELOPE);
         let (child, meter, handshake) = match &server.transport {
             McpTransport::Local(local) => {
-                let (child, stdout, stdin) = process::spawn(&server.key, local)?;
+                let (child, stdout, stdin, stderr) = process::spawn(&server.key, local)?;
                 let meter = Arc::new(Meter::default());
                 let stdout = LineLimit {
                     inner: stdout,
@@ -130,7 +146,7 @@ impl Session {
                 let handshake = tokio::time::timeout(start_timeout, ().serve((stdout, stdin)))
                     .await
                     .map(|r| r.map_err(|e| e.to_string()));
-                (Some(child), meter, handshake)
+                (Some((child, stderr)), meter, handshake)
             }
             McpTransport::Remote(remote) => {
                 let client =
@@ -158,21 +174,16 @@ impl Session {
             }
         };
         let local = child.is_some();
-        let kill = |child: Option<tokio::process::Child>| {
-            if let Some(mut c) = child {
-                let _ = c.start_kill();
-            }
-        };
         let client = match handshake {
             Ok(Ok(client)) => client,
             Ok(Err(e)) => {
-                kill(child);
-                return Err(failed(format!("the MCP handshake failed: {e}")));
+                let why = stopped(child, false).await;
+                return Err(failed(format!("the MCP handshake failed: {e}{why}")));
             }
             Err(_) => {
-                kill(child);
+                let why = stopped(child, true).await;
                 return Err(failed(format!(
-                    "no MCP handshake within {start_timeout:?}: {}",
+                    "no MCP handshake within {start_timeout:?}: {}{why}",
                     if local { "killed" } else { "given up" }
                 )));
             }
@@ -187,15 +198,26 @@ impl Session {
     }
 
     /// Its tools, each as the server lists it (JSON), by name.
-    pub async fn list_tools(&self) -> Result<BTreeMap<String, Value>, McpServerError> {
-        let failed = |message: String| McpServerError::Failed {
-            server: self.key.clone(),
+    pub async fn list_tools(&mut self) -> Result<BTreeMap<String, Value>, McpServerError> {
+        let key = self.key.clone();
+        let failed = move |message: String| McpServerError::Failed {
+            server: key.clone(),
             message,
         };
-        let tools = tokio::time::timeout(self.start_timeout, self.client.list_all_tools())
-            .await
-            .map_err(|_| failed(format!("no tool list within {:?}", self.start_timeout)))?
-            .map_err(|e| failed(format!("cannot list its tools: {e}")))?;
+        let tools =
+            match tokio::time::timeout(self.start_timeout, self.client.list_all_tools()).await {
+                Err(_) => {
+                    return Err(failed(format!(
+                        "no tool list within {:?}",
+                        self.start_timeout
+                    )));
+                }
+                Ok(Err(e)) => {
+                    let why = self.why_stopped().await;
+                    return Err(failed(format!("cannot list its tools: {e}{why}")));
+                }
+                Ok(Ok(tools)) => tools,
+            };
         Ok(tools
             .into_iter()
             .map(|t| {
@@ -233,10 +255,20 @@ impl Session {
         self.meter.cut()
     }
 
+    /// Why a local server's connection broke, for the error that says so:
+    /// `; ` and its exit status and the end of its stderr (see
+    /// [`process::stopped`]); empty for a remote server.
+    pub async fn why_stopped(&mut self) -> String {
+        match &mut self.child {
+            Some((child, stderr)) => format!("; {}", process::stopped(child, stderr).await),
+            None => String::new(),
+        }
+    }
+
     /// Ends the session: kills a local server (and its sandbox) and waits
     /// for it, briefly; a remote one's session is closed, briefly.
     pub async fn kill(mut self) {
-        if let Some(child) = &mut self.child {
+        if let Some((child, _)) = &mut self.child {
             let _ = child.start_kill();
             let _ = tokio::time::timeout(Duration::from_secs(5), child.wait()).await;
             drop(self.client);

@@ -109,7 +109,7 @@ impl Runtime {
             session: None,
             limits: Some(RecordedLimits {
                 budgets: start.budgets,
-                ..agent.recorded_limits()
+                ..agent.recorded_limits(&self.inner.ceilings)
             }),
             parent: Some(link.clone()),
             mcp_tools: child.view.mcp_tools.clone(),

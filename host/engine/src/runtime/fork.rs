@@ -40,6 +40,7 @@ use warden_store::{EventStore, Listing, ListingStatus, RunMeta, StoreError};
 use super::{Runtime, RuntimeError, decoded, recordable};
 use crate::agent::Agent;
 use crate::budget::{BudgetLimits, RecordedLimits};
+use crate::ceilings::RunCeilings;
 use crate::events::{Event, RunForked};
 use crate::ids::{CallId, RunId};
 use crate::state::owed_count;
@@ -164,7 +165,7 @@ impl Runtime {
         let source_agent = options
             .source_agent
             .filter(|a| a.digest == state.agent_digest);
-        let limits = fork_limits(&state, agent, &options.budgets);
+        let limits = fork_limits(&state, agent, &options.budgets, &self.inner.ceilings);
         let mut changed = changes(source_agent, &state, agent);
         if limits.budgets != state.effective_limits(&agent.budgets) {
             changed.push("budgets".into());
@@ -288,16 +289,22 @@ async fn unfinished_fork_of(
 /// source's extensions included), or the fork's agent's own when its file
 /// sets other budgets than the source started with, then `budgets` over
 /// them; the input-size cap and currency are the fork's agent's.
-fn fork_limits(state: &RunState, agent: &Agent, budgets: &BudgetLimits) -> RecordedLimits {
+fn fork_limits(
+    state: &RunState,
+    agent: &Agent,
+    budgets: &BudgetLimits,
+    ceilings: &RunCeilings,
+) -> RecordedLimits {
+    let fresh = agent.recorded_limits(ceilings);
     let started = state.limits.as_ref().map(|l| l.budgets);
-    let base = if started.is_some_and(|b| b != agent.budgets) {
-        agent.budgets
+    let base = if started.is_some_and(|b| b != fresh.budgets) {
+        fresh.budgets
     } else {
-        state.effective_limits(&agent.budgets)
+        state.effective_limits(&fresh.budgets)
     };
     RecordedLimits {
         budgets: base.overridden_by(budgets),
-        ..agent.recorded_limits()
+        ..fresh
     }
 }
 

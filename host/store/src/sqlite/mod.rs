@@ -2,9 +2,11 @@
 //!
 //! Writes go through one dedicated writer thread with group commit (see
 //! `writer.rs`); reads run on a small pool of query-only connections on
-//! tokio's blocking threads, each inside one read transaction so a load sees
-//! the run row and its events at the same instant. No SQLite call runs on
-//! the async executor.
+//! `max_readers` threads of the store's own, each inside one read
+//! transaction so a load sees the run row and its events at the same
+//! instant. No SQLite call runs on the async executor, nor on tokio's
+//! blocking pool: plugins' filesystem calls run there, and one stuck on a
+//! file whose read never returns can fill it.
 //!
 //! Durability: `synchronous=FULL` in WAL mode fsyncs the WAL on every
 //! commit, and a write is answered only after its transaction committed. A
@@ -71,6 +73,45 @@ pub struct SqliteStore {
     readers: Arc<Readers>,
     /// At most this many reads at once (`max_readers`).
     read_turns: Arc<Semaphore>,
+    /// The threads reads run on: the store's own, never tokio's blocking
+    /// pool, which plugins' filesystem calls share and a call stuck on a
+    /// blocking file can fill (issue 37, item 6).
+    read_threads: ReadThreads,
+}
+
+/// A read to run on one of the store's read threads.
+type ReadJob = Box<dyn FnOnce() + Send>;
+
+/// `max_readers` threads that run the store's reads, until the store is
+/// dropped (its sender with it).
+struct ReadThreads {
+    jobs: std::sync::mpsc::Sender<ReadJob>,
+}
+
+impl ReadThreads {
+    fn start(count: usize, path: &Path) -> Result<ReadThreads, StoreError> {
+        let (jobs, inbox) = std::sync::mpsc::channel::<ReadJob>();
+        let inbox = Arc::new(Mutex::new(inbox));
+        for _ in 0..count.max(1) {
+            let inbox = Arc::clone(&inbox);
+            std::thread::Builder::new()
+                .name("warden-store-reader".to_owned())
+                .spawn(move || {
+                    loop {
+                        let job = inbox.lock().unwrap_or_else(|p| p.into_inner()).recv();
+                        let Ok(job) = job else { return };
+                        // A panicking read answers nothing (its caller sees
+                        // the reply dropped); the thread serves the next.
+                        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(job));
+                    }
+                })
+                .map_err(|e| StoreError::Backend {
+                    context: format!("sqlite: cannot start a reader for {}", path.display()),
+                    error: Box::new(e),
+                })?;
+        }
+        Ok(ReadThreads { jobs })
+    }
 }
 
 /// Configures and opens a [`SqliteStore`].
@@ -154,6 +195,7 @@ impl SqliteStoreBuilder {
                 read_only: Some(immutable),
             };
             return Ok(SqliteStore {
+                read_threads: ReadThreads::start(self.max_readers, &self.path)?,
                 readers: Arc::new(readers),
                 path: self.path,
                 chain,
@@ -193,6 +235,7 @@ impl SqliteStoreBuilder {
             })?;
         tracing::debug!(path = %self.path.display(), mode = %chain.mode(), "opened sqlite store");
         Ok(SqliteStore {
+            read_threads: ReadThreads::start(self.max_readers, &self.path)?,
             readers: Arc::new(Readers {
                 path: self.path.clone(),
                 busy_timeout: self.busy_timeout,
@@ -388,17 +431,23 @@ impl SqliteStore {
             .acquire_owned()
             .await
             .map_err(|_| StoreError::Closed)?;
-        tokio::task::spawn_blocking(move || {
-            let mut conn = readers.take()?;
-            let result = what(&mut conn, &chain);
-            readers.give(conn);
+        let (reply, answer) = oneshot::channel();
+        let job: ReadJob = Box::new(move || {
+            let result = readers.take().and_then(|mut conn| {
+                let result = what(&mut conn, &chain);
+                readers.give(conn);
+                result
+            });
             drop(permit);
-            result
-        })
-        .await
-        .map_err(|e| StoreError::Backend {
-            context: "sqlite: reader task failed".to_owned(),
-            error: Box::new(e),
+            let _ = reply.send(result);
+        });
+        self.read_threads
+            .jobs
+            .send(job)
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Backend {
+            context: "sqlite: a reader failed".to_owned(),
+            error: "the read panicked".into(),
         })?
     }
 }

@@ -874,3 +874,35 @@ async fn an_append_waits_out_a_write_lock_held_past_the_busy_timeout() {
     lock.rollback().unwrap();
     assert_eq!(store.load(&id("r")).await.unwrap().len(), 2);
 }
+
+/// Issue 37, item 6: the store reads on threads of its own. A plugin's
+/// filesystem call stuck on tokio's blocking pool (a read of a file that
+/// never returns) can fill that pool; the store's reads must not queue
+/// behind it, or every run in the process stalls with it.
+#[test]
+fn reads_do_not_wait_on_a_full_blocking_pool() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .max_blocking_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (_backend, store) = backend_store();
+    let (release, stuck) = std::sync::mpsc::channel::<()>();
+    let (started, running) = std::sync::mpsc::channel::<()>();
+    rt.block_on(async {
+        // The pool's one thread, stuck as a plugin's read of a blocking
+        // file would leave it.
+        let hog = tokio::task::spawn_blocking(move || {
+            started.send(()).unwrap();
+            let _ = stuck.recv();
+        });
+        running.recv().unwrap();
+        new_run(&*store, &id("beside"), 2).await;
+        let read = tokio::time::timeout(Duration::from_secs(10), store.load(&id("beside"))).await;
+        release.send(()).unwrap();
+        hog.await.unwrap();
+        let events = read.expect("the read waited on the full blocking pool");
+        assert_eq!(events.unwrap().len(), 2);
+    });
+}
