@@ -59,6 +59,16 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         for line in plugin.not_granted() {
             tracing::info!(agent = %agent.name, plugin = %p.key, "not granted: {line}");
         }
+        // A tool the grant leaves no way to act is not offered to the model
+        // (`AgentView`): said here, or the model's plan silently lacks it.
+        for t in plugin.tools() {
+            if let Some(why) = &t.withheld {
+                warn(format_args!(
+                    "tool `{}__{}` of plugin `{}` is not offered: {why}",
+                    p.key, t.name, p.key
+                ));
+            }
+        }
         loaded.push(plugin);
     }
     // Each MCP server is started in its sandbox and its list checked
@@ -71,10 +81,10 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         let tools = mcp_servers::descriptors(server, &listing.listed, &listing.pinned);
         for t in &tools {
             if let Some(why) = &t.withheld {
-                eprintln!(
-                    "warden: MCP tool `{}__{}` is not offered: {why}",
+                warn(format_args!(
+                    "MCP tool `{}__{}` is not offered: {why}",
                     server.key, t.name
-                );
+                ));
             }
         }
         mcp.push(tools);
@@ -111,6 +121,13 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
         context: view.context.iter().map(|c| c.name.clone()).collect(),
         channels: view.channels.iter().map(|c| c.name.clone()).collect(),
     })
+}
+
+/// A warning on stderr, unless `-q`.
+fn warn(text: std::fmt::Arguments<'_>) {
+    if !super::quiet() {
+        eprintln!("warden: {text}");
+    }
 }
 
 pub(crate) async fn run(cmd: AgentCommand, ctx: &Context) -> anyhow::Result<()> {

@@ -26,8 +26,8 @@
 //!
 //! [compile]                        # how much compiling one component may take
 //! max_size = "64MiB"               # (defaults: `CompileLimits::DEFAULT`); past
-//! timeout = "120s"                 # one, the plugin is refused by name
-//! memory = "2GiB"
+//! timeout = "600s"                 # one, the plugin is refused by name
+//! memory = "4GiB"
 //!
 //! [grants.fs.mounts.workspace]     # the grant of the plugin an agent calls `fs`
 //! dir = "/srv/notes"               # ([plugins.fs] in the agent), unless the agent

@@ -9,6 +9,7 @@ use clap::Subcommand;
 use serde_json::json;
 
 use super::Context;
+use super::errors::CliError;
 use super::runs::{open_store, run_id, runtime, user};
 use super::store::Access;
 use warden::engine::{KeyInfo, KeyState};
@@ -26,9 +27,12 @@ pub(crate) enum KeysCommand {
         state: Option<String>,
     },
     /// One key: its state, holder, the holder run's status, the settled
-    /// result, and what to do next.
+    /// result, and what to do next. A key is a 64-hex digest of the tool
+    /// and its key argument's value, not the value itself: `warden keys
+    /// list --run RUN` prints the keys a run's calls claimed, with each
+    /// call's id.
     Show {
-        /// The key.
+        /// The key: the 64-hex digest `warden keys list` prints.
         key: String,
     },
     /// Release a key so that the next run with it makes the call again:
@@ -85,6 +89,7 @@ pub(crate) async fn run(cmd: KeysCommand, ctx: &Context) -> anyhow::Result<()> {
             list(&keys, ctx.json);
         }
         KeysCommand::Show { key } => {
+            digest(&key)?;
             let info = rt.key(&key).await?;
             show(&info, ctx.json);
         }
@@ -129,6 +134,24 @@ pub(crate) async fn run(cmd: KeysCommand, ctx: &Context) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Refuses text that cannot be a key (a 64-hex digest), saying how to
+/// find the key: what an operator knows is the run, the call or the key
+/// argument's value (an order id), never the digest.
+fn digest(key: &str) -> anyhow::Result<()> {
+    if key.len() == 64 && key.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return Ok(());
+    }
+    Err(CliError::new(
+        "unknown_key",
+        format!(
+            "`{}` is not a key: a key is the 64-hex digest of the tool and its key argument's value; `warden keys list --run RUN` prints the keys a run's calls claimed, with each call's id (`warden keys list` every key)",
+            warden::untrusted::line(key, 80)
+        ),
+    )
+    .with_details(json!({ "key": key }))
+    .into())
 }
 
 fn list(keys: &[KeyInfo], json: bool) {

@@ -8,9 +8,10 @@ use serde_json::Value;
 
 use warden::engine::budget::{BudgetKind, BudgetLimits, BudgetUsage, format_amount};
 use warden::engine::events::{Event, ToolCallResult};
-use warden::engine::{RunId, RunStatus};
+use warden::engine::{CallId, RunId, RunStatus};
 use warden::providers::StopReason;
 use warden::sandbox::UsageReceipt;
+use warden::store::EventStore;
 
 use super::contract::NextStep;
 use warden::engine::approval_prompt::ApprovalPrompt;
@@ -516,31 +517,74 @@ pub(crate) fn limits_text(limits: &BudgetLimits, currency: Option<&str>) -> Stri
 }
 
 /// What to do next with a run in `status`, as command lines: each step's
-/// prose, then `or` the next (`approve with: …\n   or deny with: …`).
-pub(crate) fn next_step(run_id: &RunId, status: RunStatus, events: &[Event]) -> Option<String> {
-    let steps = next_steps(run_id, status, events);
+/// prose, then `or` the next, or `then` the next when it follows it
+/// (`approve with: …\n   or deny with: …`). The children a run waits for
+/// are read from `store`.
+pub(crate) async fn next_step(
+    store: &dyn EventStore,
+    run_id: &RunId,
+    status: RunStatus,
+    events: &[Event],
+) -> Option<String> {
+    let steps = next_steps(store, run_id, status, events).await;
     (!steps.is_empty()).then(|| said(&steps))
 }
 
-/// `steps` as text: `{prose}: {command}`, the next ones after `or`.
-pub(crate) fn said(steps: &[(String, NextStep)]) -> String {
-    steps
-        .iter()
-        .map(|(prose, step)| format!("{prose}: {}", step.command))
-        .collect::<Vec<_>>()
-        .join("\n   or ")
+/// One thing a human can do, with the prose that introduces it.
+pub(crate) struct Said {
+    pub(crate) prose: String,
+    /// It comes after the step before (`then …`), not instead of it (`or …`).
+    pub(crate) then: bool,
+    pub(crate) step: NextStep,
+}
+
+/// `steps` as text: `{prose}: {command}`, the next ones after `or`, or
+/// after `then` when they follow the one before.
+pub(crate) fn said(steps: &[Said]) -> String {
+    let mut text = String::new();
+    for (i, s) in steps.iter().enumerate() {
+        if i > 0 {
+            text.push_str(if s.then { "\n   then " } else { "\n   or " });
+        }
+        text.push_str(&format!("{}: {}", s.prose, s.step.command));
+    }
+    text
+}
+
+/// The children a run waits for (started, not ended), each with the status
+/// its own store entry lists now, `None` when the store no longer has it:
+/// a parent's `child_parked` records how the child was when the parent
+/// last looked, which a later approval or answer of the child outdates.
+async fn waited_children(store: &dyn EventStore, events: &[Event]) -> Vec<(RunId, Option<String>)> {
+    let mut waited: Vec<(CallId, RunId)> = Vec::new();
+    for event in events {
+        match event {
+            Event::ChildStarted(c) => waited.push((c.call_id.clone(), c.child_run.clone())),
+            Event::ChildFinished(f) => waited.retain(|(call, _)| *call != f.call_id),
+            _ => {}
+        }
+    }
+    let mut out = Vec::with_capacity(waited.len());
+    for (_, child) in waited {
+        let status = store.summary(&child).await.ok().map(|s| s.status);
+        out.push((child, status));
+    }
+    out
 }
 
 /// What a human can do about a run in `status` that waits for one (or for
 /// a time): each step with the prose that introduces it. Empty for the
 /// other statuses (see `status::next_steps`).
-pub(crate) fn next_steps(
+pub(crate) async fn next_steps(
+    store: &dyn EventStore,
     run_id: &RunId,
     status: RunStatus,
     events: &[Event],
-) -> Vec<(String, NextStep)> {
-    let step = |prose: &str, action: &'static str, command: String| {
-        (prose.to_owned(), NextStep { action, command })
+) -> Vec<Said> {
+    let step = |prose: &str, action: &'static str, command: String| Said {
+        prose: prose.to_owned(),
+        then: false,
+        step: NextStep { action, command },
     };
     let abandon = || {
         step(
@@ -616,27 +660,63 @@ pub(crate) fn next_steps(
                     format!("warden runs resume {run_id}"),
                 )]
             }),
-        RunStatus::AwaitingChild => events
-            .iter()
-            .rev()
-            .find_map(|e| match e {
-                Event::ChildParked(p) => Some((p.child_run.to_string(), p.status)),
-                _ => None,
-            })
-            .map(|(child, child_status)| {
-                vec![
+        RunStatus::AwaitingChild => {
+            let children = waited_children(store, events).await;
+            // A child that no longer waits for anyone (it ended, or a
+            // process drives it) needs nothing more than the parent's drive.
+            let waiting: Vec<&(RunId, Option<String>)> = children
+                .iter()
+                .filter(|(_, s)| {
+                    s.as_deref()
+                        .and_then(|s| s.parse::<RunStatus>().ok())
+                        .is_some_and(RunStatus::is_parked)
+                })
+                .collect();
+            let mut steps: Vec<Said> = waiting
+                .iter()
+                .map(|(child, s)| {
                     step(
-                        &format!("its child run {child} is {child_status}: see what it needs with"),
+                        &format!(
+                            "its child run {child} is {}: see what it needs with",
+                            s.as_deref().unwrap_or_default()
+                        ),
                         "show",
                         format!("warden runs show {child}"),
-                    ),
-                    step(
-                        "then, once the child was answered, continue both with",
-                        "resume",
-                        format!("warden runs resume {run_id}"),
-                    ),
-                ]
-            }),
+                    )
+                })
+                .collect();
+            let resume = format!("warden runs resume {run_id}");
+            if steps.is_empty() {
+                let moved: Vec<String> = children
+                    .iter()
+                    .map(|(child, s)| {
+                        format!(
+                            "its child run {child} is {}",
+                            s.as_deref().unwrap_or("gone from the store")
+                        )
+                    })
+                    .collect();
+                let prose = if moved.is_empty() {
+                    "its children moved on: continue with".to_owned()
+                } else {
+                    format!("{}: continue with", moved.join(", "))
+                };
+                steps.push(step(&prose, "resume", resume));
+            } else {
+                let mut last = step(
+                    if waiting.len() == 1 {
+                        "once it was answered, continue both with"
+                    } else {
+                        "once they were answered, continue with"
+                    },
+                    "resume",
+                    resume,
+                );
+                last.then = true;
+                steps.push(last);
+            }
+            Some(steps)
+        }
         RunStatus::AwaitingExternal => events
             .iter()
             .rev()

@@ -77,6 +77,11 @@ pub(crate) enum RunsCommand {
         /// with `--record-prompts`).
         #[arg(long)]
         prompts: bool,
+        /// Then follow the run live: each event as another process (a
+        /// worker, `warden serve`, a `runs approve`) records it, until the
+        /// run ends. Ctrl-C stops following; the run goes on.
+        #[arg(long)]
+        follow: bool,
     },
     /// The run's log, one event line (`{"v", "seq", "event"}`, JSON) per
     /// event, with or without --json.
@@ -491,7 +496,17 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
             run,
             agent,
             prompts,
-        } => show(ctx, store, &run_id(&run)?, agent, prompts).await,
+            follow,
+        } => {
+            if follow && ctx.json {
+                return Err(CliError::new(
+                    "usage",
+                    "--follow prints the timeline as text: for JSON, `warden runs events RUN` prints the log's event lines",
+                )
+                .into());
+            }
+            show(ctx, store, &run_id(&run)?, agent, prompts, follow).await
+        }
         RunsCommand::Events { run } => {
             // The same event lines with or without --json: this command's
             // output is JSON either way.
@@ -734,7 +749,8 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
                 .await?;
             let events = rt.events(&fork).await?;
             let status = rt.state(&fork).await?.status();
-            let mut next = steps(render::next_steps(&fork, status, &events));
+            let mut next =
+                steps(render::next_steps(rt.store().as_ref(), &fork, status, &events).await);
             if next.is_empty() && status == RunStatus::Running {
                 next.push(NextStep {
                     action: "resume",
@@ -852,8 +868,8 @@ fn done(ctx: &Context, run: &RunId, status: RunStatus) {
 
 /// The steps of `render::next_steps` or `status::next_steps`, without
 /// their prose: a run summary's `next`.
-fn steps(said: Vec<(String, NextStep)>) -> Vec<NextStep> {
-    said.into_iter().map(|(_, step)| step).collect()
+fn steps(said: Vec<render::Said>) -> Vec<NextStep> {
+    said.into_iter().map(|s| s.step).collect()
 }
 
 /// The agent to continue `run` with: `--agent`, else the file it was
@@ -992,7 +1008,7 @@ async fn continue_run(
         if ctx.json {
             let events = rt.events(run).await?;
             let status = rt.state(run).await?.status();
-            let next = steps(render::next_steps(run, status, &events));
+            let next = steps(render::next_steps(rt.store().as_ref(), run, status, &events).await);
             super::out::line(contract::summary(
                 run,
                 status.as_str(),
@@ -1059,7 +1075,9 @@ async fn resume(
         RunStatus::Suspended | RunStatus::BudgetExceeded => {
             let Some(input) = input else {
                 let events = rt.events(run).await?;
-                let next = render::next_step(run, status, &events).unwrap_or_default();
+                let next = render::next_step(rt.store().as_ref(), run, status, &events)
+                    .await
+                    .unwrap_or_default();
                 return Err(CliError::new(
                     "input_required",
                     format!("run `{run}` is {status}: it needs --input ({next})"),
@@ -1103,7 +1121,9 @@ async fn resume(
         RunStatus::AwaitingApproval => {
             let events = rt.events(run).await?;
             let call = state.next_call().map(|c| c.call_id.to_string());
-            let next = render::next_step(run, status, &events).unwrap_or_default();
+            let next = render::next_step(rt.store().as_ref(), run, status, &events)
+                .await
+                .unwrap_or_default();
             Err(CliError::new(
                 "awaiting_approval",
                 format!(
@@ -1118,7 +1138,9 @@ async fn resume(
         RunStatus::AwaitingExternal => {
             let events = rt.events(run).await?;
             let call = state.next_call().map(|c| c.call_id.to_string());
-            let next = render::next_step(run, status, &events).unwrap_or_default();
+            let next = render::next_step(rt.store().as_ref(), run, status, &events)
+                .await
+                .unwrap_or_default();
             Err(CliError::new(
                 "awaiting_external",
                 format!("run `{run}` waits for an external tool's output: {next}"),
@@ -1378,7 +1400,7 @@ async fn follow(
     let events = rt.events(run).await?;
     let output = rt.state(run).await?.output().cloned();
     if json {
-        let next = steps(render::next_steps(run, status, &events));
+        let next = steps(render::next_steps(rt.store().as_ref(), run, status, &events).await);
         super::out::line(contract::summary(
             run,
             status.as_str(),
@@ -1386,12 +1408,27 @@ async fn follow(
             output.as_ref(),
             &next,
         ));
+    } else if super::quiet() {
+        // `-q`: the result and errors only. How a run that did not finish
+        // stands is its exit code (and `runs show`); a failure is an error.
+        if let Some(output) = &output {
+            super::out::line(render::output(output));
+        }
+        if let Some(error) = events.iter().rev().find_map(|e| match e {
+            Event::RunFailed(f) => Some(&f.error),
+            _ => None,
+        }) {
+            eprintln!(
+                "warden: run {run} failed: {}",
+                render::quoted(&error.to_string())
+            );
+        }
     } else {
         if let Some(output) = output.as_ref().filter(|o| !o.is_string()) {
             super::out::line(format_args!("output:\n{}", render::output(output)));
         }
         super::out::line(format_args!("run {run}: {status}"));
-        if let Some(next) = render::next_step(run, status, &events) {
+        if let Some(next) = render::next_step(rt.store().as_ref(), run, status, &events).await {
             super::out::line(format_args!("   {next}"));
         }
     }
@@ -1482,7 +1519,7 @@ async fn drive_and_print(
                         waiting = Spinner::start(format!("step {}: waiting for the model…", i.step));
                     }
                 }
-                Some(RunUpdate::TextDelta { text, .. }) if !json => {
+                Some(RunUpdate::TextDelta { text, .. }) if !json && !super::quiet() => {
                     waiting = None;
                     if !in_text {
                         super::out::text("  ");
@@ -1527,6 +1564,10 @@ async fn print_event(
 ) {
     if json {
         super::out::line(contract::event_line(seq, event));
+        return;
+    }
+    // `-q`: no timeline (nor the receipts in it), only errors.
+    if super::quiet() {
         return;
     }
     let log = match event {
@@ -1772,6 +1813,7 @@ async fn show(
     run: &RunId,
     agent_file: Option<PathBuf>,
     prompts: bool,
+    follow: bool,
 ) -> anyhow::Result<()> {
     let stored = store.load(run).await?;
     let summary = store.summary(run).await?;
@@ -1817,10 +1859,11 @@ async fn show(
         LimitsFrom::Log | LimitsFrom::Unknown => BudgetLimits::default(),
     };
     let limits = state.effective_limits(&agent_limits);
-    let next = render::next_step(run, derived, &events)
+    let next = render::next_step(&*store, run, derived, &events)
+        .await
         .or_else(|| super::status::next(run.as_str(), status, stalled));
     if ctx.json {
-        let mut todo = steps(render::next_steps(run, derived, &events));
+        let mut todo = steps(render::next_steps(&*store, run, derived, &events).await);
         if todo.is_empty() {
             todo = steps(super::status::next_steps(run.as_str(), status, stalled));
         }
@@ -1925,20 +1968,7 @@ async fn show(
     let start = state.clock_seed_ms;
     let mut clock = Timeline::new(start);
     for (s, event) in stored.iter().zip(&events) {
-        let at = clock.moment(event);
-        if let Some(line) = render::event(event, state.currency(), Some(&state)) {
-            let offset = at.saturating_sub(start) as f64 / 1000.0;
-            let mut lines = line.lines();
-            println!(
-                "{:>4} {:>8}  {}",
-                s.seq,
-                format!("+{offset:.2}s"),
-                lines.next().unwrap_or_default()
-            );
-            for rest in lines {
-                println!("               {rest}");
-            }
-        }
+        clock.print(s.seq, event, state.currency(), Some(&state));
         if prompts && let Event::ModelCallIntent(i) = event {
             for line in render::prompt(i.request.as_ref()).lines() {
                 println!("               {line}");
@@ -1986,7 +2016,54 @@ async fn show(
     if let Some(next) = next {
         println!("   {next}");
     }
+    if follow && !derived.is_terminal() {
+        let after = stored.last().map_or(0, |s| s.seq);
+        follow_log(&*store, run, clock, after, state.currency()).await?;
+    }
     Ok(())
+}
+
+/// How often `runs show --follow` reads the log for what another process
+/// appended: the store is shared between processes, so there is nothing
+/// to subscribe to, only a cheap read of the events after the last one.
+const FOLLOW_POLL: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// `runs show --follow`: prints each event appended after `after` as the
+/// timeline does, until the run ends, then its status and what to do next.
+async fn follow_log(
+    store: &dyn EventStore,
+    run: &RunId,
+    mut clock: Timeline,
+    mut after: u64,
+    currency: Option<&str>,
+) -> anyhow::Result<()> {
+    super::out::line(format_args!(
+        "following run {run} until it ends (Ctrl-C stops following; the run goes on)"
+    ));
+    loop {
+        for stored in store.load_after(run, after).await? {
+            let event = decode(&stored.bytes).map_err(|error| RuntimeError::Log {
+                run_id: run.clone(),
+                seq: stored.seq,
+                error,
+            })?;
+            clock.print(stored.seq, &event, currency, None);
+            after = stored.seq;
+        }
+        let summary = store.summary(run).await?;
+        if let Ok(status) = summary.status.parse::<RunStatus>()
+            && status.is_terminal()
+            // The listing moves with the append: nothing is left to read.
+            && summary.event_count <= after
+        {
+            super::out::line(format_args!("status: {status}"));
+            return Ok(());
+        }
+        if super::out::closed() {
+            return Ok(());
+        }
+        tokio::time::sleep(FOLLOW_POLL).await;
+    }
 }
 
 /// A run's lineage, both ways: the run it was forked from (with how its
@@ -2075,6 +2152,8 @@ async fn lineage(
 /// the retry time a failed attempt named; anything else is at the moment
 /// before it.
 struct Timeline {
+    /// The run's first clock reading: offsets are from here.
+    start: u64,
     clock: u64,
     /// When a failed attempt said the next one is due.
     retry_at: Option<u64>,
@@ -2083,6 +2162,7 @@ struct Timeline {
 impl Timeline {
     fn new(start: u64) -> Timeline {
         Timeline {
+            start,
             clock: start,
             retry_at: None,
         }
@@ -2108,6 +2188,25 @@ impl Timeline {
             self.retry_at = Some(f.retry_at_ms);
         }
         self.clock
+    }
+
+    /// Prints event `seq` as a timeline row (`seq`, the time since the
+    /// start, its line), if it is worth one.
+    fn print(&mut self, seq: u64, event: &Event, currency: Option<&str>, log: Option<&RunState>) {
+        let at = self.moment(event);
+        if let Some(line) = render::event(event, currency, log) {
+            let offset = at.saturating_sub(self.start) as f64 / 1000.0;
+            let mut lines = line.lines();
+            super::out::line(format_args!(
+                "{:>4} {:>8}  {}",
+                seq,
+                format!("+{offset:.2}s"),
+                lines.next().unwrap_or_default()
+            ));
+            for rest in lines {
+                super::out::line(format_args!("               {rest}"));
+            }
+        }
     }
 }
 

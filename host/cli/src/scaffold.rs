@@ -9,10 +9,11 @@
 //! compiles wasmtime or Warden (the Rust testkit stays an opt-in
 //! dev-dependency, in a comment of the crate's Cargo.toml). The dependency is
 //! a path into a Warden checkout (and its `Cargo.lock` is copied, so the
-//! crate builds with the versions Warden is tested with): the checkout the
-//! crate is created in, else `--warden-path`, else the checkout this binary
-//! was built from; only when none exists is it a git dependency on
-//! Warden's repository.
+//! crate builds with the versions Warden is tested with): `--warden-path`,
+//! else the checkout the crate is created in. Outside a checkout and
+//! without the flag a Rust plugin is refused, naming the flag: Warden
+//! publishes no guest SDK release to depend on, and the checkout this
+//! binary happened to be built from is no choice the author made.
 //!
 //! With `--lang python` it writes a Python tool instead (`python.rs`): an
 //! `app.py` on the Python guest SDK, a manifest and cases; with `--lang js`
@@ -57,9 +58,11 @@ pub(crate) struct NewArgs {
     /// The directory to create (default: ./NAME).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// A Warden checkout to depend on by path (default: the checkout the
-    /// new crate is inside, else the one warden was built from, else
-    /// Warden's git repository).
+    /// The Warden checkout whose guest SDK a Rust plugin depends on by path
+    /// (default: the checkout the new crate is created in). Outside a
+    /// checkout it is required for a Rust plugin: Warden publishes no SDK
+    /// release to depend on, and the checkout this binary was built from is
+    /// never picked silently. Python and JavaScript plugins need none.
     #[arg(long, value_name = "DIR")]
     warden_path: Option<PathBuf>,
 }
@@ -127,27 +130,17 @@ impl Lang {
     }
 }
 
-/// How the new crate depends on Warden.
-enum Dependency {
-    /// Paths into a checkout, as written in Cargo.toml.
-    Path(String),
-    /// Warden's git repository.
-    Git(&'static str),
-}
+/// How the new crate depends on Warden: the root of a checkout, as
+/// written in Cargo.toml.
+struct Dependency(String);
 
 impl Dependency {
     fn sdk(&self) -> String {
-        match self {
-            Dependency::Path(root) => format!("{{ path = \"{root}/guest-sdk\" }}"),
-            Dependency::Git(url) => format!("{{ git = \"{url}\" }}"),
-        }
+        format!("{{ path = \"{}/guest-sdk\" }}", self.0)
     }
 
     fn host(&self) -> String {
-        match self {
-            Dependency::Path(root) => format!("{{ path = \"{root}/host/warden\" }}"),
-            Dependency::Git(url) => format!("{{ git = \"{url}\" }}"),
-        }
+        format!("{{ path = \"{}/host/warden\" }}", self.0)
     }
 }
 
@@ -248,27 +241,35 @@ pub(crate) fn new(args: NewArgs, ctx: &Context) -> anyhow::Result<()> {
             }
             Some(path.canonicalize().unwrap_or(path))
         }
-        None => enclosing_checkout(&parent).or_else(|| {
-            // The checkout this binary was built from, if it is still there.
-            // host/cli/ → the checkout.
-            Path::new(env!("CARGO_MANIFEST_DIR"))
-                .ancestors()
-                .nth(2)
-                .filter(|d| is_checkout(d))
-                .map(Path::to_owned)
-        }),
-    };
-    let dependency = match &checkout {
-        // Relative inside the checkout (the two move together), else absolute.
-        Some(root) if dir.starts_with(root) => {
-            Dependency::Path(relative(&dir, root).to_string_lossy().replace('\\', "/"))
-        }
-        Some(root) => Dependency::Path(root.to_string_lossy().replace('\\', "/")),
-        None => Dependency::Git(env!("CARGO_PKG_REPOSITORY")),
+        None => match enclosing_checkout(&parent) {
+            Some(root) => Some(root),
+            None => {
+                return Err(CliError::new(
+                    "usage",
+                    format!(
+                        "`{}` is in no Warden checkout: a Rust plugin depends on Warden's guest SDK by path, so give --warden-path DIR (a Warden checkout) or create it inside one",
+                        dir.display()
+                    ),
+                )
+                .with_details(json!({ "dir": dir, "flag": "--warden-path" }))
+                .into());
+            }
+        },
     };
 
     let mut files = match args.lang {
-        Lang::Rust => files(&args.name, args.kind, &dependency),
+        Lang::Rust => {
+            let root = checkout.as_deref().expect("a Rust plugin has a checkout");
+            // Relative inside the checkout (the two move together), else
+            // absolute.
+            let root = if dir.starts_with(root) {
+                relative(&dir, root)
+            } else {
+                root.to_owned()
+            };
+            let dependency = Dependency(root.to_string_lossy().replace('\\', "/"));
+            files(&args.name, args.kind, &dependency)
+        }
         Lang::Python => python::files(&args.name),
         Lang::Js => js::files(&args.name),
     };
@@ -533,12 +534,7 @@ fn files(name: &str, kind: Kind, dependency: &Dependency) -> Vec<(String, String
         .replace("{host}", &dependency.host())
         .replace(
             "{dependency_note}",
-            match dependency {
-                Dependency::Path(_) => "# A path into a Warden checkout (`warden plugin new --warden-path` picks another).",
-                Dependency::Git(_) => {
-                    "# Warden's guest SDK from git; to use a local checkout instead:\n#   warden-guest = { path = \"../warden/guest-sdk\" }"
-                }
-            },
+            "# A path into a Warden checkout (`warden plugin new --warden-path` picks another).",
         );
     let (lib, tests, manifest_extra, description): (_, &[(&str, &str)], _, _) = match kind {
         Kind::Tool => (
@@ -1211,7 +1207,7 @@ mod tests {
     #[test]
     fn every_kind_has_a_manifest_that_parses() {
         for kind in [Kind::Tool, Kind::Context, Kind::Channel, Kind::Policy] {
-            let files = files("my-plugin", kind, &Dependency::Path("..".into()));
+            let files = files("my-plugin", kind, &Dependency("..".into()));
             let manifest = &files.iter().find(|(p, _)| p == "plugin.toml").unwrap().1;
             let dir = tempfile::tempdir().unwrap();
             std::fs::write(dir.path().join("plugin.toml"), manifest).unwrap();

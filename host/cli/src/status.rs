@@ -9,6 +9,7 @@ use warden::engine::RunStatus;
 use warden::store::{QUEUED, RunSummary};
 
 use super::contract::NextStep;
+use super::render::Said;
 
 /// Every status, in the order of docs/operating-runs.md's table.
 pub(crate) const ALL: [&str; 13] = [
@@ -73,7 +74,7 @@ fn is_over(status: &str) -> bool {
 }
 
 /// [`next`] as steps, each with the prose that introduces it.
-pub(crate) fn next_steps(run_id: &str, status: &str, stalled: bool) -> Vec<(String, NextStep)> {
+pub(crate) fn next_steps(run_id: &str, status: &str, stalled: bool) -> Vec<Said> {
     let prose = match status {
         QUEUED => {
             "nothing drives it yet: a worker (`warden worker`) takes it, or drive it here with"
@@ -84,13 +85,14 @@ pub(crate) fn next_steps(run_id: &str, status: &str, stalled: bool) -> Vec<(Stri
         "running" => "a process is driving it; if none is (it was killed), continue with",
         _ => return Vec::new(),
     };
-    vec![(
-        prose.to_owned(),
-        NextStep {
+    vec![Said {
+        prose: prose.to_owned(),
+        then: false,
+        step: NextStep {
             action: "resume",
             command: format!("warden runs resume {run_id}"),
         },
-    )]
+    }]
 }
 
 #[cfg(test)]

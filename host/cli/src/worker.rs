@@ -104,7 +104,7 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
     if ctx.json {
         let next: Vec<_> = super::status::next_steps(run_id.as_str(), QUEUED, false)
             .into_iter()
-            .map(|(_, step)| step)
+            .map(|s| s.step)
             .collect();
         let mut body = super::contract::summary(&run_id, QUEUED, &[], None, &next);
         if let Some(session) = &session {

@@ -2358,6 +2358,21 @@ fn keys_are_listed_shown_and_released_and_a_failed_write_leaves_its_key_free() {
         text.contains("holder: run second (completed), call call-1-1"),
         "{text}"
     );
+    // The value an operator knows (the key argument, `out/a.txt`) is not
+    // the key: `keys show` says how to find the key from the run.
+    let out = warden(&["keys", "show", "out/a.txt"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains("`out/a.txt` is not a key")
+            && stderr(&out).contains("`warden keys list --run RUN`"),
+        "{}",
+        stderr(&out)
+    );
+    let text = stdout(&warden(&["keys", "list", "--run", "second"], dir.path()));
+    assert!(text.contains(&key) && text.contains("call-1-1"), "{text}");
+    let help = stdout(&warden(&["keys", "show", "--help"], dir.path()));
+    let help = help.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(help.contains("`warden keys list --run RUN`"), "{help}");
 
     // Released, with who and why in the holder run's log.
     let out = warden(

@@ -89,7 +89,8 @@ fn approving_long_after_the_park_succeeds_within_the_wall_time_budget() {
 }
 
 /// The notes agent with a transcript whose first answer reports 200,000
-/// input tokens ($0.60 at $3 a million, against $0.50) and calls a tool.
+/// input tokens and 10 output tokens ($0.60015 at $3 and $15 a million,
+/// against $0.50) and calls a tool.
 fn costly_demo() -> tempfile::TempDir {
     let dir = demo();
     std::fs::write(
@@ -120,7 +121,7 @@ fn a_budget_crossed_mid_turn_runs_no_further_tool() {
     assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
     let text = stdout(&out);
     assert!(
-        text.contains("! budget exceeded: cost: $0.60 used of $0.50"),
+        text.contains("! budget exceeded: cost: $0.60015 used of $0.50"),
         "{text}"
     );
     assert!(!text.contains("→ call-1-1"), "the tool call ran: {text}");
@@ -137,7 +138,7 @@ fn a_budget_crossed_mid_turn_runs_no_further_tool() {
     // is needed without recording anything.
     let out = warden(&["runs", "show", "costly"], dir.path());
     assert!(
-        stdout(&out).contains("cost $0.60 of $0.50"),
+        stdout(&out).contains("cost $0.60015 of $0.50"),
         "{}",
         stdout(&out)
     );
@@ -153,7 +154,8 @@ fn a_budget_crossed_mid_turn_runs_no_further_tool() {
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(
-        stderr(&out).contains("must raise `max_cost` to at least 0.60"),
+        stderr(&out)
+            .contains("must raise `max_cost` to more than 0.60015 (what was used), got 0.55"),
         "{}",
         stderr(&out)
     );
@@ -267,7 +269,7 @@ fn runs_show_reports_the_limits_the_log_records() {
     std::fs::write(dir.path().join("notes.toml"), agent).unwrap();
     let out = warden(&["runs", "show", "limits"], dir.path());
     let text = stdout(&out);
-    assert!(text.contains("cost $0.60 of $0.50"), "{text}");
+    assert!(text.contains("cost $0.60015 of $0.50"), "{text}");
     assert!(text.contains("of 5m"), "{text}");
     assert!(!text.contains("limits from the agent file"), "{text}");
     let out = warden(&["runs", "show", "limits", "--json"], dir.path());
@@ -275,6 +277,76 @@ fn runs_show_reports_the_limits_the_log_records() {
     assert_eq!(shown["limits_from"], "log");
     assert_eq!(shown["budget"]["cost"]["limit"], 500_000_000);
     assert_eq!(shown["max_input_bytes"], 1_048_576);
+}
+
+/// A parked run's cost says every digit of what the next model call needs
+/// (never rounded to cents): a limit rounded down to cents is refused
+/// naming the exact need rather than "at least 0.01 … got 0.01", and the
+/// amount as shown, given back as the new limit, is accepted.
+#[test]
+fn a_parked_runs_cost_has_the_digits_to_act_on() {
+    let dir = demo();
+    let agent = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace("max_cost = 0.50", "max_cost = 0.01");
+    std::fs::write(dir.path().join("notes.toml"), agent).unwrap();
+    // Some 3,500 tokens of input: a little over a cent at $3 a million.
+    std::fs::write(
+        dir.path().join("input.json"),
+        serde_json::to_string(&"note ".repeat(2_800)).unwrap(),
+    )
+    .unwrap();
+    let out = warden(
+        &["run", "notes.toml", "@input.json", "--run-id", "cent"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&["runs", "events", "cent"], dir.path());
+    let needed = stdout(&out)
+        .lines()
+        .map(|l| serde_json::from_str::<Value>(l).unwrap())
+        .find_map(|v| v["event"]["needed"].as_u64())
+        .expect("the refused call's need is recorded");
+    assert!(
+        needed > 10_000_000 && !needed.is_multiple_of(10_000_000),
+        "the need is more than a cent, and not in whole cents: {needed}"
+    );
+    let fraction = format!("{:09}", needed % 1_000_000_000);
+    let shown = format!("0.{}", fraction.trim_end_matches('0'));
+    let text = stdout(&warden(&["runs", "show", "cent"], dir.path()));
+    assert!(
+        text.contains(&format!("the next model call needs ${shown} in all")),
+        "{text}"
+    );
+
+    let out = warden(
+        &["runs", "resume", "cent", "--input", r#"{"max_cost": 0.01}"#],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
+    assert!(
+        stderr(&out).contains(&format!(
+            "must raise `max_cost` to at least {shown} (what the refused model call needs), got 0.01"
+        )),
+        "{}",
+        stderr(&out)
+    );
+    let out = warden(
+        &[
+            "runs",
+            "resume",
+            "cent",
+            "--input",
+            &format!(r#"{{"max_cost": {shown}}}"#),
+        ],
+        dir.path(),
+    );
+    assert_ne!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains(&format!("max_cost ${shown}")),
+        "{}",
+        stdout(&out)
+    );
 }
 
 /// A planner whose one response calls a worker agent `calls` times (the

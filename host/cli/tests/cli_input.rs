@@ -276,6 +276,45 @@ fn with_closed_stdout(cmd: &mut Command) -> Output {
     cmd.stdout(writer).stderr(Stdio::piped()).output().unwrap()
 }
 
+/// The README's standing-rule example, run as written after the quick
+/// start: it approves the quick start's own write, so the next run
+/// completes without parking and the summary is written.
+#[test]
+fn the_readmes_standing_rule_approves_the_quick_starts_write() {
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md"))
+            .unwrap();
+    let at = readme
+        .find("`warden approvals add ")
+        .expect("the README shows a standing rule");
+    let command = &readme[at + 1..];
+    let command = &command[..command.find('`').unwrap()];
+    let argv: Vec<String> = command
+        .split_whitespace()
+        .skip(1)
+        .map(|w| w.trim_matches('\'').to_owned())
+        .collect();
+    let dir = demo();
+    // The quick start, as the README runs it first: its write waits.
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "first"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&argv, dir.path());
+    assert!(out.status.success(), "{command}: {}", stderr(&out));
+    let out = warden(
+        &["run", "notes.toml", "go", "--run-id", "ruled"],
+        dir.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{command} left the quick start's write waiting: {}",
+        stdout(&out)
+    );
+    assert!(dir.path().join("notes/SUMMARY.md").is_file());
+}
+
 #[test]
 fn agent_validate_takes_the_readme_form_and_checks_transcripts_as_transcripts() {
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
@@ -494,6 +533,87 @@ fn stderr_follows_the_command_line_conventions() {
     assert_eq!(stderr(&out), "", "-q: no receipt, no notes");
     let out = call(&["-q", "-v"]);
     assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+}
+
+/// An agent whose grant leaves a plugin's write tool no way to act (here
+/// `fs`'s `workspace` mount read-only) does not offer the tool to the
+/// model, and says so when it is loaded: `agent validate` and `run` warn
+/// naming the tool, the plugin and the mount to grant read-write; `-q`
+/// keeps it off stderr.
+#[test]
+fn a_tool_dropped_for_a_mount_not_granted_is_named_at_load() {
+    let dir = demo();
+    let agent = std::fs::read_to_string(dir.path().join("notes.toml"))
+        .unwrap()
+        .replace(
+            "[plugins.fs.grant.mounts.workspace]\ndir = \"notes\"\n",
+            "[plugins.fs.grant.mounts.workspace]\ndir = \"notes\"\naccess = \"read-only\"\n",
+        );
+    assert!(agent.contains("access = \"read-only\""), "{agent}");
+    std::fs::write(dir.path().join("notes.toml"), agent).unwrap();
+    let warning = "warden: tool `fs__write_file` of plugin `fs` is not offered: its effect is `write` and the grant allows no change (no read-write mount, no outbound host); not granted: read-write mount `workspace`";
+    let out = warden(&["agent", "validate", "notes.toml"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert!(stderr(&out).contains(warning), "{}", stderr(&out));
+    assert!(!stdout(&out).contains("fs__write_file"), "{}", stdout(&out));
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "ro"], dir.path());
+    assert_eq!(stderr(&out).matches(warning).count(), 1, "{}", stderr(&out));
+    let out = warden(&["-q", "agent", "validate", "notes.toml"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(stderr(&out), "");
+}
+
+/// `-q` on the verbs that drive a run prints only errors, as the docs say:
+/// no timeline, no receipts, no streamed text, no "run …: status" line;
+/// what the run returned is still the command's output, how a parked run
+/// stands is its exit code (4), and a failure is said on stderr.
+#[test]
+fn quiet_drives_print_only_errors_and_the_result() {
+    let dir = demo();
+    let out = warden(
+        &["-q", "run", "notes.toml", "go", "--run-id", "q"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "", "no timeline");
+    assert_eq!(stderr(&out), "", "no notes");
+    let out = warden(
+        &["-q", "runs", "approve", "q", "call-3-1", "--by", "tester"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    assert_eq!(
+        stdout(&out),
+        "I wrote SUMMARY.md: the folder holds one todo list with three open items.\n",
+        "the output alone"
+    );
+    assert_eq!(stderr(&out), "");
+    // Without -q the same drive prints its timeline and receipts.
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "loud"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    assert!(
+        stdout(&out).contains("run loud: awaiting_approval"),
+        "{}",
+        stdout(&out)
+    );
+    // A run that fails says so on stderr, even with -q: a transcript that
+    // runs out after one turn fails the second model call for good.
+    std::fs::write(
+        dir.path().join("notes.transcript.toml"),
+        "[[turns]]\ntext = \"Looking.\"\n[[turns.tool_calls]]\nname = \"fs__list_dir\"\n",
+    )
+    .unwrap();
+    let out = warden(
+        &["-q", "run", "notes.toml", "go", "--run-id", "bad"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", stderr(&out));
+    assert_eq!(stdout(&out), "", "no timeline");
+    let err = stderr(&out);
+    assert!(
+        err.starts_with("warden: run bad failed:") && err.contains("step 2"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -9,7 +9,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{demo, json_out, stderr, stdout, warden};
+use common::{command, demo, json_out, stderr, stdout, warden};
 
 fn events(dir: &Path, run: &str) -> Vec<String> {
     let out = warden(&["runs", "events", run], dir);
@@ -617,13 +617,8 @@ fn runs_fork_reuses_the_past_asks_again_for_the_write_and_shows_lineage() {
     assert!(!out.status.success());
 }
 
-/// The planner example: offline, its two agents run as child runs; `runs
-/// show` shows the tree both ways; without the writer's approval rule the
-/// writer waits for approval, listed with every other run, its parent
-/// `awaiting_child`, and approving it then resuming the planner finishes
-/// both.
-#[test]
-fn the_planner_example_runs_its_agents_as_child_runs_and_a_waiting_child_parks_it() {
+/// The demo with the planner example's three agents beside it.
+fn planner_demo() -> tempfile::TempDir {
     let dir = demo();
     let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/agents");
     for name in ["planner", "reader", "writer"] {
@@ -631,6 +626,70 @@ fn the_planner_example_runs_its_agents_as_child_runs_and_a_waiting_child_parks_i
             std::fs::copy(examples.join(&file), dir.path().join(&file)).unwrap();
         }
     }
+    dir
+}
+
+/// `runs show PARENT` of a parked parent says what each child needs from
+/// the child's own status, not from the status the parent recorded when
+/// it last looked: once the child was approved (and ended), the hint says
+/// so and offers the parent's resume alone; while it waits, the show of
+/// the child comes first and the resume follows it (`then`, never
+/// `or then`).
+#[test]
+fn runs_show_parent_reads_each_childs_own_status_for_its_hint() {
+    let dir = planner_demo();
+    let writer = std::fs::read_to_string(dir.path().join("writer.toml"))
+        .unwrap()
+        .replace("approval = { write_file = \"never\" }\n", "");
+    std::fs::write(dir.path().join("writer.toml"), writer).unwrap();
+    let out = warden(
+        &["run", "planner.toml", "Plan the week", "--run-id", "plan-3"],
+        dir.path(),
+    );
+    assert_eq!(out.status.code(), Some(4), "parked: {}", stderr(&out));
+    let text = stdout(&warden(&["runs", "show", "plan-3"], dir.path()));
+    assert!(
+        text.contains(
+            "its child run plan-3.call-2-1 is awaiting_approval: see what it needs with: warden runs show plan-3.call-2-1\n   then once it was answered, continue both with: warden runs resume plan-3"
+        ),
+        "{text}"
+    );
+    assert!(!text.contains("or then"), "{text}");
+
+    let out = warden(
+        &["runs", "approve", "plan-3.call-2-1", "call-1-1"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let text = stdout(&warden(&["runs", "show", "plan-3"], dir.path()));
+    assert!(
+        text.contains("↳ call-2-1 → run plan-3.call-2-1 (agent writer) completed"),
+        "{text}"
+    );
+    // The timeline still shows what was recorded then; the hint is now's.
+    let hint = &text[text.find("\nstatus: ").expect("a status line")..];
+    assert_eq!(
+        hint,
+        "\nstatus: awaiting_child\n   its child run plan-3.call-2-1 is completed: continue with: warden runs resume plan-3\n",
+        "{text}"
+    );
+    let shown = json_out(&warden(&["--json", "runs", "show", "plan-3"], dir.path()));
+    assert_eq!(shown["status"], "awaiting_child", "{shown}");
+    assert_eq!(
+        shown["next"],
+        serde_json::json!([{ "action": "resume", "command": "warden runs resume plan-3" }]),
+        "{shown}"
+    );
+}
+
+/// The planner example: offline, its two agents run as child runs; `runs
+/// show` shows the tree both ways; without the writer's approval rule the
+/// writer waits for approval, listed with every other run, its parent
+/// `awaiting_child`, and approving it then resuming the planner finishes
+/// both.
+#[test]
+fn the_planner_example_runs_its_agents_as_child_runs_and_a_waiting_child_parks_it() {
+    let dir = planner_demo();
     let out = warden(
         &["run", "planner.toml", "Plan the week", "--run-id", "plan-1"],
         dir.path(),
@@ -821,4 +880,47 @@ fn the_plan_example_runs_from_warden_run_and_a_waiting_role_parks_it() {
     let shown = json_out(&warden(&["--json", "runs", "show", "review-2"], dir.path()));
     assert_eq!(shown["status"], "completed", "{shown}");
     assert!(dir.path().join("out/review.md").exists());
+}
+
+/// `runs show --follow` follows a run live across processes: it prints the
+/// history, then each event another process records (here an approval and
+/// the drive it causes, from `runs approve`), and exits once the run ends.
+#[test]
+fn runs_show_follow_prints_what_another_process_records_until_the_run_ends() {
+    use std::io::{BufRead as _, BufReader};
+    let dir = demo();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "f"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let mut follower = command(&["runs", "show", "f", "--follow"], dir.path())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(follower.stdout.take().unwrap()).lines();
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let following = line.starts_with("following run f until it ends");
+        seen.push(line);
+        if following {
+            break;
+        }
+    }
+    assert!(
+        seen.iter().any(|l| l.contains("status: awaiting_approval")),
+        "{seen:#?}"
+    );
+    let out = warden(
+        &["runs", "approve", "f", "call-3-1", "--by", "tester"],
+        dir.path(),
+    );
+    assert!(out.status.success(), "{}", stderr(&out));
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = follower.wait().unwrap();
+    assert!(status.success(), "{rest:#?}");
+    let text = rest.join("\n");
+    assert!(text.contains("✓ call-3-1 approved by tester"), "{text}");
+    assert!(text.contains("✓ completed"), "{text}");
+    assert!(text.ends_with("status: completed"), "{text}");
+    let out = warden(&["--json", "runs", "show", "f", "--follow"], dir.path());
+    assert_eq!(out.status.code(), Some(2), "{}", stdout(&out));
 }

@@ -280,6 +280,12 @@ fn plugin_new_and_build_refuse_bad_input_with_one_line() {
             &["plugin", "new", "x", "--warden-path", "."],
             "is not a Warden checkout",
         ),
+        // Outside a checkout, a Rust plugin needs the flag: the checkout
+        // this binary was built from is never picked silently.
+        (
+            &["plugin", "new", "x"],
+            "is in no Warden checkout: a Rust plugin depends on Warden's guest SDK by path, so give --warden-path DIR",
+        ),
         (
             &["plugin", "new", "x", "--lang", "python", "--kind", "policy"],
             "a Python plugin is a tool",
@@ -301,4 +307,13 @@ fn plugin_new_and_build_refuse_bad_input_with_one_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: {err}");
     }
     assert!(!root.path().join("x").exists());
+    let out = warden(&["plugin", "new", "--help"], root.path());
+    let help = text(&out.stdout)
+        .split_whitespace()
+        .collect::<Vec<_>>()
+        .join(" ");
+    assert!(
+        help.contains("Outside a checkout it is required for a Rust plugin"),
+        "{help}"
+    );
 }

@@ -558,7 +558,7 @@ pub enum LabelError {
         count: usize,
     },
     /// An empty key.
-    #[error("a label key is empty")]
+    #[error("a label key is empty (the label `\"\"`): every label needs a key, as in `team=ops`")]
     EmptyKey,
     /// A key of [`MAX_LABEL_KEY`] bytes or more.
     #[error("label key `{key}` is {len} bytes, it must be under {MAX_LABEL_KEY}")]
@@ -580,12 +580,22 @@ pub enum LabelError {
 
 impl LabelError {
     /// The dotted key under `labels` the error is about.
-    fn key(&self) -> String {
+    pub fn key(&self) -> String {
         match self {
             LabelError::KeyTooLong { key, .. } | LabelError::ValueTooLong { key, .. } => {
                 format!("labels.{key}")
             }
             LabelError::TooMany { .. } | LabelError::EmptyKey => "labels".into(),
+        }
+    }
+
+    /// The label's key the error is about (`""` for an empty one), if it is
+    /// about one label.
+    pub fn label(&self) -> Option<&str> {
+        match self {
+            LabelError::KeyTooLong { key, .. } | LabelError::ValueTooLong { key, .. } => Some(key),
+            LabelError::EmptyKey => Some(""),
+            LabelError::TooMany { .. } => None,
         }
     }
 }

@@ -81,6 +81,12 @@ pub enum RuleError {
         /// The plugin as given.
         plugin: String,
     },
+    /// A plugin or tool given as empty text: it could match no call.
+    #[error("an approval rule's `{field}` is empty: name one, or leave it out")]
+    EmptyName {
+        /// `plugin` or `tool`.
+        field: &'static str,
+    },
     /// An argument pattern with an empty name.
     #[error("an argument pattern needs a name: `NAME=GLOB`")]
     EmptyArgument,
@@ -150,6 +156,11 @@ impl RuleSpec {
     pub fn check(&self) -> Result<(), RuleError> {
         if self.plugin.is_none() && self.tool.is_none() {
             return Err(RuleError::TooBroad);
+        }
+        for (field, name) in [("plugin", &self.plugin), ("tool", &self.tool)] {
+            if name.as_deref().is_some_and(|n| n.trim().is_empty()) {
+                return Err(RuleError::EmptyName { field });
+            }
         }
         if self.arguments.keys().any(|k| k.trim().is_empty()) {
             return Err(RuleError::EmptyArgument);
@@ -476,6 +487,21 @@ mod tests {
             ..spec
         };
         assert!(matches!(unnamed.check(), Err(RuleError::EmptyArgument)));
+        // An empty name could match no call: refused, not stored dead.
+        for (plugin, tool, field) in [
+            (Some(""), None, "plugin"),
+            (Some(" "), Some("write_file"), "plugin"),
+            (Some("fs"), Some(""), "tool"),
+            (None, Some("fs__"), "tool"),
+        ] {
+            assert!(
+                matches!(
+                    RuleSpec::for_tool(plugin, tool),
+                    Err(RuleError::EmptyName { field: f }) if f == field
+                ),
+                "{plugin:?} {tool:?}"
+            );
+        }
     }
 
     #[test]

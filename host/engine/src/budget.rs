@@ -272,7 +272,8 @@ impl std::fmt::Display for BudgetOverrun {
 
 /// `n` engine units of `kind` in human units: wall time as `14m 10s`,
 /// `4.5s` or `850ms`; cost as `$7.87` (`€`, `£`, else `7.87 CHF`; a bare
-/// amount when the currency is not known), in cents unless smaller; counts
+/// amount when the currency is not known) with every digit it has and at
+/// least cents (`$0.01065`, never rounded to `$0.01`); counts
 /// with thousands separators (`1,234,567`).
 pub fn format_amount(kind: BudgetKind, n: u64, currency: Option<&str>) -> String {
     match kind {
@@ -303,16 +304,14 @@ fn format_active_time(ms: u64) -> String {
         .join(" ")
 }
 
-/// Nano-units as an amount of `currency`.
+/// Nano-units as an amount of `currency`: every digit the amount has, and
+/// at least cents (`0.50`, `0.01065`, `0.000000075`). Never rounded: a
+/// rounded amount is one an operator cannot act on (a limit raised to a
+/// need rounded down to cents is refused again, naming the same number).
 fn format_cost(nanos: u64, currency: Option<&str>) -> String {
-    let amount = nanos as f64 / 1e9;
-    // Cents, unless that would show a small amount as nothing.
-    let number = if nanos == 0 || nanos >= 10_000_000 {
-        format!("{amount:.2}")
-    } else {
-        let text = format!("{amount:.9}");
-        text.trim_end_matches('0').to_owned()
-    };
+    let fraction = format!("{:09}", nanos % 1_000_000_000);
+    let digits = fraction.trim_end_matches('0').len().max(2);
+    let number = format!("{}.{}", nanos / 1_000_000_000, &fraction[..digits]);
     match currency {
         Some("USD") => format!("${number}"),
         Some("EUR") => format!("€{number}"),
@@ -544,10 +543,12 @@ pub enum ExtensionError {
     /// The extension leaves the exceeded budget used up (or too small for
     /// the model call that was refused).
     #[error(
-        "the extension must raise `{}` to at least {} ({}), got {}",
+        "the extension must raise `{}` to {}, got {}",
         .needed.budget.setting(),
-        format_amount(.needed.budget, .needed.least_lifting_limit(), None),
-        if .needed.needed.is_some() { "what the refused model call needs" } else { "more than was used" },
+        match .needed.needed {
+            Some(_) => format!("at least {} (what the refused model call needs)", format_amount(.needed.budget, .needed.least_lifting_limit(), None)),
+            None => format!("more than {} (what was used)", format_amount(.needed.budget, .needed.used, None)),
+        },
         .given.map_or("no new limit".to_owned(), |l| format_amount(.needed.budget, l, None))
     )]
     TooSmall {
@@ -745,6 +746,9 @@ mod tests {
             (BudgetKind::Cost, 7_870_000_000, "$7.87"),
             (BudgetKind::Cost, 500_000_000, "$0.50"),
             (BudgetKind::Cost, 75, "$0.000000075"),
+            (BudgetKind::Cost, 10_650_000, "$0.01065"),
+            (BudgetKind::Cost, 600_150_000, "$0.60015"),
+            (BudgetKind::Cost, 12_000_000_001, "$12.000000001"),
             (BudgetKind::Cost, 0, "$0.00"),
             (BudgetKind::InputTokens, 2_623_412, "2,623,412"),
             (BudgetKind::Steps, 10, "10"),

@@ -38,6 +38,7 @@ impl RuntimeError {
             RuntimeError::Log { .. } => "log_unreadable",
             RuntimeError::Fold { .. } => "log_invalid",
             RuntimeError::InputTooLarge { .. } => "input_too_large",
+            RuntimeError::InvalidLabels { .. } => "invalid_labels",
             RuntimeError::Agent { .. } => "agent_unusable",
             RuntimeError::Provider { error, .. } => error.code(),
             RuntimeError::Store { error } => error.code(),
@@ -142,6 +143,9 @@ impl RuntimeError {
             }
             RuntimeError::InputTooLarge { run_id, error } => {
                 json!({ "run_id": run_id, "size": error.size, "limit": error.limit })
+            }
+            RuntimeError::InvalidLabels { error } => {
+                json!({ "key": error.key(), "label": error.label(), "reason": error.to_string() })
             }
             RuntimeError::Agent { agent, .. } => json!({ "agent": agent }),
             RuntimeError::Provider { agent, error } => {
@@ -270,6 +274,7 @@ impl RuleError {
             RuleError::NoSession { .. } => "not_in_session",
             RuleError::TooBroad
             | RuleError::PluginMismatch { .. }
+            | RuleError::EmptyName { .. }
             | RuleError::EmptyArgument
             | RuleError::ClimbingPattern { .. }
             | RuleError::AlreadyExpired { .. } => "rule_invalid",
@@ -283,6 +288,7 @@ impl RuleError {
             RuleError::NoSession { run_id } => json!({ "run_id": run_id }),
             RuleError::TooBroad
             | RuleError::PluginMismatch { .. }
+            | RuleError::EmptyName { .. }
             | RuleError::EmptyArgument
             | RuleError::ClimbingPattern { .. }
             | RuleError::AlreadyExpired { .. } => json!({ "reason": self.to_string() }),

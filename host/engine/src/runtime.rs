@@ -415,6 +415,13 @@ pub enum RuntimeError {
         /// The sizes.
         error: InputTooLarge,
     },
+    /// The run's labels (its own with the agent's and the runtime's)
+    /// break a label limit: the caller's to fix; nothing was written.
+    #[error("labels: {error}")]
+    InvalidLabels {
+        /// What is wrong, naming the label.
+        error: super::agent::LabelError,
+    },
     /// The agent's plugins cannot be loaded or do not fit together.
     #[error("agent `{agent}`: {message}")]
     Agent {
@@ -1092,10 +1099,8 @@ impl Runtime {
         let mut all = self.inner.labels.clone();
         all.extend(agent.labels.clone());
         all.extend(labels);
-        super::agent::validate_labels(&all).map_err(|e| RuntimeError::Agent {
-            agent: agent.name.clone(),
-            message: e.to_string(),
-        })?;
+        super::agent::validate_labels(&all)
+            .map_err(|error| RuntimeError::InvalidLabels { error })?;
         let now = self.inner.clock.now_ms();
         let random_seed = self.inner.random.next_u64();
         let mut attempt = 0;

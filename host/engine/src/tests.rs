@@ -1906,7 +1906,7 @@ fn extensions_are_checked_against_the_overrun() {
         .unwrap_err();
     assert_eq!(
         err.to_string(),
-        "the extension must raise `max_steps` to at least 4 (more than was used), got 3"
+        "the extension must raise `max_steps` to more than 3 (what was used), got 3"
     );
     let err = state
         .check_extension(&agent, &json!({"max_fuel": 10}), None)

@@ -542,6 +542,7 @@ impl PluginHost {
                 &specs,
                 &grant.tools,
                 &effective.capabilities,
+                &ungranted_effects(&manifest, &effective.capabilities),
             )
             .map_err(|e| PluginError::InvalidToolSpec {
                 plugin: manifest.name.clone(),
@@ -672,6 +673,30 @@ impl PluginHost {
     fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
+
+/// What `manifest` requested that would let the plugin cause effects (a
+/// read-write mount, an outbound host) and `capabilities` do not give it,
+/// as `read-write mount \`notes\``, `host \`api.example.com\``: what a
+/// withheld tool's reason tells the operator to grant.
+fn ungranted_effects(manifest: &Manifest, capabilities: &Capabilities) -> Vec<String> {
+    let mounts = manifest
+        .mounts
+        .iter()
+        .filter(|(name, m)| {
+            m.access == warden_sandbox::Access::ReadWrite
+                && !capabilities
+                    .mounts()
+                    .iter()
+                    .any(|g| &g.name == *name && g.access == warden_sandbox::Access::ReadWrite)
+        })
+        .map(|(name, _)| format!("read-write mount `{name}`"));
+    let hosts = manifest
+        .hosts
+        .iter()
+        .filter(|h| !capabilities.hosts().contains(h))
+        .map(|h| format!("host `{h}`"));
+    mounts.chain(hosts).collect()
 }
 
 /// Warns when a plugin holds a granted secret and a way to send it out (an

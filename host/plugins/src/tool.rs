@@ -56,12 +56,16 @@ pub(crate) struct SpecError {
 }
 
 /// Checks `specs` and applies `overrides`. Every override must name a tool
-/// the plugin offers.
+/// the plugin offers. `ungranted` names what the plugin requested that
+/// would let it cause effects and the grant does not give (`read-write
+/// mount \`notes\``, `host \`api.example.com\``): a withheld tool's reason
+/// says what to grant.
 pub(crate) fn descriptors(
     plugin: &str,
     specs: &[wit::ToolSpec],
     overrides: &BTreeMap<String, ToolOverride>,
     capabilities: &Capabilities,
+    ungranted: &[String],
 ) -> Result<Vec<ToolDescriptor>, SpecError> {
     if specs.len() > MAX_TOOLS {
         return Err(SpecError {
@@ -109,8 +113,13 @@ pub(crate) fn descriptors(
             && claimed_effect != EffectClass::Read
             && !capabilities.can_cause_effects())
         .then(|| {
+            let remedy = if ungranted.is_empty() {
+                "the plugin requests neither, so only an operator's `effect` for the tool offers it".to_owned()
+            } else {
+                format!("not granted: {}", ungranted.join(", "))
+            };
             format!(
-                "its effect is `{claimed_effect}` and the grant allows no change (no read-write mount, no outbound host)"
+                "its effect is `{claimed_effect}` and the grant allows no change (no read-write mount, no outbound host); {remedy}"
             )
         });
         tools.push(ToolDescriptor {
@@ -169,7 +178,7 @@ mod tests {
                 idempotency_key: Some("x".into()),
             },
         )]);
-        let tools = descriptors("p", &specs, &overrides, &Capabilities::none()).unwrap();
+        let tools = descriptors("p", &specs, &overrides, &Capabilities::none(), &[]).unwrap();
         assert_eq!(tools[0].effect, EffectClass::Read);
         assert_eq!(tools[1].claimed_effect, EffectClass::Write);
         assert_eq!(tools[1].effect, EffectClass::Idempotent);
@@ -220,7 +229,7 @@ mod tests {
             ),
         ];
         for (specs, tool, message) in cases {
-            let err = descriptors("p", &specs, &BTreeMap::new(), &none).unwrap_err();
+            let err = descriptors("p", &specs, &BTreeMap::new(), &none, &[]).unwrap_err();
             assert_eq!(err.tool, tool);
             assert!(err.message.contains(message), "{}", err.message);
         }
@@ -229,6 +238,7 @@ mod tests {
             &[spec("a", wit::Effect::Read)],
             &BTreeMap::from([("ghost".to_owned(), ToolOverride::default())]),
             &none,
+            &[],
         )
         .unwrap_err();
         assert_eq!(err.tool, "ghost");

@@ -113,7 +113,9 @@ pub fn status_of(code: &str) -> StatusCode {
         | "pruned" | "agent_not_served" => StatusCode::NOT_FOUND,
         "usage" | "invalid" | "invalid_run_id" | "invalid_session_id" | "input_rejected"
         | "input_too_large" | "input_required" | "input_not_expected" | "external_mismatch"
-        | "output_rejected" | "value_too_deep" | "rule_invalid" => StatusCode::BAD_REQUEST,
+        | "output_rejected" | "value_too_deep" | "rule_invalid" | "invalid_labels" => {
+            StatusCode::BAD_REQUEST
+        }
         "store_failed" | "store_damaged" | "log_unreadable" | "log_invalid" | "tampered"
         | "io_failed" | "agent_unusable" | "agent_unknown" | "agent_invalid" | "plan_invalid"
         | "agent_unreadable" | "rule_unreadable" => StatusCode::INTERNAL_SERVER_ERROR,

@@ -50,7 +50,8 @@ const PRICING: &str = "[model.pricing]\ninput_per_million = 3.0\noutput_per_mill
 #[tokio::test]
 async fn the_tool_call_of_an_answer_that_crossed_the_cost_budget_never_runs() {
     let fx = Fixture::new();
-    // 200,000 input tokens at $3 a million: $0.60 against $0.50.
+    // 200,000 input tokens at $3 a million and 10 output tokens at $15:
+    // $0.60015 against $0.50, every digit shown.
     let agent = fx.agent(
         r#"
 [[turns]]
@@ -87,7 +88,10 @@ usage = { input_tokens = 10, output_tokens = 10 }
         panic!("{:?}", kinds(&events))
     };
     assert_eq!(overrun.budget, BudgetKind::Cost);
-    assert_eq!(overrun.describe(Some("USD")), "cost: $0.60 used of $0.50");
+    assert_eq!(
+        overrun.describe(Some("USD")),
+        "cost: $0.60015 used of $0.50"
+    );
     // Raised, the tool call runs, then the run finishes.
     rt.resume(&run, &agent, json!({"max_cost": 1.0}), Some("erin".into()))
         .await

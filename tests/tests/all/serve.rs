@@ -729,6 +729,32 @@ fn standing_rules_through_the_api_need_an_operator_and_reach_the_worker() {
         (400, Some("rule_invalid")),
         "a rule naming nothing approves too much: {body}"
     );
+    // An empty name matches no call: refused, naming the field, not
+    // stored as a rule that approves nothing.
+    for (empty, field) in [
+        (json!({ "plugin": "" }), "plugin"),
+        (json!({ "plugin": "fs", "tool": "" }), "tool"),
+    ] {
+        let (status, body) = request(
+            &addr,
+            "POST",
+            rules,
+            &[("Authorization", &operator)],
+            Some(&empty),
+        );
+        assert_eq!(
+            (status, body["error"]["code"].as_str()),
+            (400, Some("rule_invalid")),
+            "{empty}: {body}"
+        );
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("`{field}` is empty")),
+            "{body}"
+        );
+    }
     let (status, body) = request(
         &addr,
         "POST",
@@ -1051,6 +1077,33 @@ fn start_submit_and_fork_through_the_api(store: &str) {
         (400, Some("usage")),
         "{body}"
     );
+    // A label the runtime refuses is the caller's to fix (400), named, not
+    // the agent's (500): an empty key, a key over the limit, submitted or
+    // started.
+    let long = "k".repeat(200);
+    for (labels, label) in [
+        (json!({ "": "x" }), ""),
+        (json!({ long.as_str(): "x" }), long.as_str()),
+    ] {
+        for submit in [false, true] {
+            let (status, body) = request(
+                &addr,
+                "POST",
+                "/api/v1/runs",
+                &ops,
+                Some(&json!({ "agent": "notes", "labels": labels, "submit": submit })),
+            );
+            assert_eq!(
+                (
+                    status,
+                    body["error"]["code"].as_str(),
+                    body["error"]["details"]["label"].as_str()
+                ),
+                (400, Some("invalid_labels"), Some(label)),
+                "{body}"
+            );
+        }
+    }
     let (_, listed) = request(&addr, "GET", "/api/v1/runs", &ops, None);
     assert!(
         listed["runs"].as_array().unwrap().is_empty(),

@@ -28,17 +28,21 @@ pub(crate) const STATUSES: [&str; 13] = [
 /// Runs the binary in `cwd` with a shared plugin cache and none of the
 /// caller's log or store settings.
 pub(crate) fn warden(args: &[&str], cwd: &Path) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_warden"))
-        .args(args)
+    command(args, cwd).output().unwrap()
+}
+
+/// The command [`warden`] runs, to spawn it instead.
+pub(crate) fn command(args: &[&str], cwd: &Path) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_warden"));
+    cmd.args(args)
         .current_dir(cwd)
         .env(
             "WARDEN_CACHE_DIR",
             std::env::temp_dir().join("warden-cli-test-cache"),
         )
         .env_remove("RUST_LOG")
-        .env_remove("WARDEN_STORE")
-        .output()
-        .unwrap()
+        .env_remove("WARDEN_STORE");
+    cmd
 }
 
 pub(crate) fn stdout(o: &Output) -> String {

@@ -82,6 +82,7 @@ _FAMILIES: Dict[Type[WardenError], tuple[str, ...]] = {
         "output_rejected",
         "finish_rejected",
         "value_too_deep",
+        "invalid_labels",
     ),
     UnknownRunError: (
         "unknown_run",
