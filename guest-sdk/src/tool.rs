@@ -161,7 +161,49 @@ impl fmt::Debug for Tool {
 }
 
 fn schema_json<A: JsonSchema>() -> String {
-    serde_json::to_string(&schemars::schema_for!(A)).expect("a json schema serializes")
+    let schema = schemars::generate::SchemaSettings::default()
+        .with_transform(StandardFormats)
+        .into_generator()
+        .into_root_schema_for::<A>();
+    serde_json::to_string(&schema).expect("a json schema serializes")
+}
+
+/// Drops the `format` schemars gives Rust's number types (`uint64`,
+/// `int32`, `double`, …): they are not JSON Schema formats, and strict
+/// validators (Ajv, as MCP clients use) refuse a schema naming a format
+/// they do not know. What they said stays said by `minimum` and `maximum`
+/// (schemars sets them for unsigned and small types; an unsigned type
+/// without one gets `minimum: 0`).
+#[derive(Clone, Copy)]
+struct StandardFormats;
+
+impl schemars::transform::Transform for StandardFormats {
+    fn transform(&mut self, schema: &mut schemars::Schema) {
+        if let Some(object) = schema.as_object_mut() {
+            let rust = object
+                .get("format")
+                .and_then(serde_json::Value::as_str)
+                .filter(|f| is_rust_number_format(f))
+                .map(str::to_owned);
+            if let Some(format) = rust {
+                object.remove("format");
+                if format.starts_with("uint") && !object.contains_key("minimum") {
+                    object.insert("minimum".into(), 0.into());
+                }
+            }
+        }
+        schemars::transform::transform_subschemas(self, schema);
+    }
+}
+
+/// Whether `format` is one schemars names a Rust number type by.
+fn is_rust_number_format(format: &str) -> bool {
+    matches!(format, "float" | "double")
+        || ["int", "uint"].iter().any(|prefix| {
+            format
+                .strip_prefix(prefix)
+                .is_some_and(|bits| matches!(bits, "" | "8" | "16" | "32" | "64" | "128"))
+        })
 }
 
 fn parse_arguments<A: DeserializeOwned>(call: &Call) -> Result<A, ToolError> {
@@ -373,6 +415,35 @@ mod tests {
         assert_eq!(schema["additionalProperties"], false);
         assert_eq!(schema["properties"]["name"]["description"], "Who to greet.");
         assert_eq!(specs[0].description, "Greets someone");
+    }
+
+    #[test]
+    fn number_schemas_name_no_format_json_schema_does_not_have() {
+        /// Arguments of every number type.
+        #[derive(serde::Deserialize, JsonSchema)]
+        #[allow(dead_code)]
+        struct Numbers {
+            a: u64,
+            b: usize,
+            c: i32,
+            d: f64,
+            e: Option<u8>,
+            f: Vec<u32>,
+            when: String,
+        }
+        let schema: Value = serde_json::from_str(&schema_json::<Numbers>()).unwrap();
+        let text = schema.to_string();
+        assert!(!text.contains("\"format\""), "{schema:#}");
+        assert_eq!(schema["properties"]["a"]["minimum"], 0, "{schema:#}");
+        assert_eq!(schema["properties"]["b"]["minimum"], 0, "{schema:#}");
+        assert_eq!(
+            schema["properties"]["f"]["items"]["minimum"], 0,
+            "{schema:#}"
+        );
+        assert!(is_rust_number_format("uint64") && is_rust_number_format("double"));
+        for standard in ["date-time", "uri", "email", "uuid", "integer", "int256"] {
+            assert!(!is_rust_number_format(standard), "{standard}");
+        }
     }
 
     #[test]

@@ -151,6 +151,12 @@ async def tools(target: Target) -> None:
         check(write is not None and write.read_only_hint is False, f"write: {write}")
         check(write.destructive_hint is True and write.idempotent_hint is False, f"write: {write}")
         check("needs approval" in (listed["hostile__fs"].description or ""), "the description says so")
+        # Schemas strict validators (Ajv) accept: no `format` JSON Schema
+        # does not define (schemars' `uint64` for a u64), the range as
+        # `minimum`.
+        schema = listed["files__read_file"].input_schema
+        check("format" not in json.dumps(schema), f"a non-standard format: {schema}")
+        check(schema["properties"]["limit"].get("minimum", -1) >= 0, f"limit: {schema}")
 
 
 async def read(target: Target) -> None:

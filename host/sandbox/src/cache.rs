@@ -156,8 +156,6 @@ pub(crate) fn compile(
     plugin: &str,
     wasm: &[u8],
 ) -> Result<Component, SandboxError> {
-    // A progress span: the command line shows a spinner naming the plugin.
-    let _progress = tracing::info_span!(target: "warden::progress", "compile", plugin).entered();
     let failed = |reason: String| SandboxError::Compile {
         plugin: plugin.to_owned(),
         reason,

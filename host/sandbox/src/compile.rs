@@ -122,6 +122,9 @@ pub(crate) fn bounded(
     engine: &Engine,
     compile: impl FnOnce() -> Result<Component, SandboxError> + Send + 'static,
 ) -> Result<Component, SandboxError> {
+    // A progress span around either way of compiling: the command line
+    // shows a spinner naming the plugin.
+    let _progress = tracing::info_span!(target: "warden::progress", "compile", plugin).entered();
     let over = |limit: CompileLimit, used: String| passed(plugin, limit, used, limits);
     match command {
         Some(command) => {

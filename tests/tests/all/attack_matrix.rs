@@ -135,11 +135,14 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "filesystem::a_mount_stays_the_granted_directory_when_its_path_is_swapped_for_a_symlink",
             "unit/host/sandbox/src/permissions.rs::a_symlinked_parent_is_never_followed",
             "filesystem::a_temporary_file_a_lease_leaves_behind_is_removed_when_it_ends",
+            "cli/cli::compiling_a_hostile_component_stops_at_the_operators_limits",
+            "unit/host/store/src/sqlite/tests.rs::reads_do_not_wait_on_a_full_blocking_pool",
         ]),
         (S::Plugin(K::Tool), A::Model) => Proven(&[
             "narrowed::a_write_tool_on_a_read_only_mount_is_not_offered_and_never_asks_for_approval",
             "approvals::an_approval_recorded_for_other_arguments_approves_nothing",
             "journal::a_model_sending_arguments_nested_past_the_decoder_is_answered_and_the_run_stays_readable",
+            "ceilings::a_run_past_its_fuel_ceiling_starts_no_more_plugin_calls",
         ]),
         (S::Plugin(K::Context), A::Plugin) => Proven(&[
             "context::a_context_source_must_be_a_context_plugin_and_its_limits_hold",
@@ -176,6 +179,7 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
         (S::ChildRuns, A::Model) => Proven(&[
             "children::an_agent_calling_itself_is_refused",
             "children::a_childs_budget_is_capped_by_what_its_parent_has_left",
+            "cli/cli_budgets::one_response_starts_no_more_than_the_ceilings_allow",
         ]),
         (S::ChildRuns, A::Plugin) => Proven(&[
             "children::a_child_waiting_for_approval_parks_its_parent_on_memory_and_sqlite",
