@@ -258,15 +258,25 @@ pub fn main() -> ExitCode {
                 } else {
                     eprintln!("error: {}", report.message);
                 }
-                // A chain check that failed is a failure of the run's
-                // record, not bad usage: exit 1, as for `runs verify`.
-                if report.code == "tampered" {
-                    ExitCode::from(1)
-                } else {
-                    ExitCode::from(2)
-                }
+                ExitCode::from(exit_for(report.code))
             }
         },
+    }
+}
+
+/// The exit code of a failure reported with `code` (docs/running-agents.md,
+/// "Exit codes"): 2 says nothing was recorded, so a failure after which the
+/// run is recorded and waits takes the code of a run waiting for a human.
+fn exit_for(code: &str) -> u8 {
+    match code {
+        // A chain check that failed is a failure of the run's record, not
+        // bad usage: exit 1, as for `runs verify`.
+        "tampered" => 1,
+        // A keyed call stopped at a key another run holds unsettled: the
+        // run is recorded and left waiting until an operator settles or
+        // releases the key (`keys release`, `keys settle`) and resumes it.
+        "commitment_orphaned" | "commitment_held" => 4,
+        _ => 2,
     }
 }
 

@@ -329,10 +329,16 @@ pub(crate) fn runtime(
     store: Arc<dyn EventStore>,
 ) -> anyhow::Result<(Runtime, PluginHost)> {
     let host = PluginHost::new(super::sandbox(&ctx.settings)?);
-    let rt = Runtime::new(store, host.clone())
+    let mut rt = Runtime::new(store, host.clone())
         .with_record_prompts(ctx.settings.record_prompts.value)
         .with_labels(ctx.settings.labels.value.clone())
         .with_ceilings(ctx.settings.run_ceilings);
+    // Every verb that records on a run (and `serve`, `mcp serve`,
+    // `worker`, which build their runtimes here) checks it against the
+    // witness first, in the engine's one write path.
+    if let Some(witness) = super::witness::from_env(&ctx.settings)? {
+        rt = rt.with_witness(witness);
+    }
     Ok((rt, host))
 }
 
@@ -519,7 +525,7 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
         }
         RunsCommand::Verify { runs, witness } => {
             let witness = match &witness {
-                Some(path) => Some(super::witness::Witness::read(path, &ctx.settings)?),
+                Some(path) => Some(super::witness::read(path, &ctx.settings)?),
                 None => None,
             };
             verify(store, runs, witness, ctx.json).await
@@ -531,7 +537,7 @@ pub(crate) async fn runs(cmd: RunsCommand, ctx: &Context) -> anyhow::Result<()> 
         } => {
             let run = run_id(&run)?;
             if let Some(path) = &witness {
-                let witness = super::witness::Witness::read(path, &ctx.settings)?;
+                let witness = super::witness::read(path, &ctx.settings)?;
                 if let Some(problem) = witness.check(&*store, &run).await? {
                     return Err(CliError::new(
                         "rolled_back",
@@ -1214,8 +1220,9 @@ async fn owes_deliveries(
 
 /// Prints the evidence of a write with no recorded outcome and what to do,
 /// and returns the exit for it. A write under another driver's live claim
-/// may merely be in progress: then the advice is to wait for that driver
-/// (named, with when its claim runs out), not to check and resolve.
+/// (on the run, or on its parent for a child run) may merely be in
+/// progress: then the advice is to wait for that driver (named, with when
+/// its claim runs out), not to check and resolve.
 async fn refuse_reconciliation(
     rt: &Runtime,
     run: &RunId,
@@ -1226,10 +1233,9 @@ async fn refuse_reconciliation(
     let abandon = format!("warden runs abandon {run} --reason '…'");
     let summary = rt.store().summary(run).await.ok();
     let now = now_ms();
-    let held = summary
-        .as_ref()
-        .and_then(|s| s.claim.clone())
-        .filter(|claim| !claim.is_expired(now));
+    // The run's own claim, its parent's (a child is driven under it) or a
+    // child's in flight: the engine's one lookup, as `runs resolve` uses.
+    let held = rt.driving_claim(run).await.ok().flatten();
     // Runs `warden run` drives hold no claim: whether one still drives it
     // is not recorded anywhere the store can tell.
     let never_claimed = summary.as_ref().is_some_and(|s| s.claim_token == 0);
@@ -1358,6 +1364,17 @@ async fn follow(
             }
             Err(e @ RuntimeError::ReconciliationRequired { .. }) => {
                 return Err(refuse_hold(e, json));
+            }
+            // A worker holds the run or its tree: a write with no outcome
+            // gets the advice for one (wait for that worker); anything else
+            // is the refusal as it is (nothing was recorded).
+            Err(e @ RuntimeError::DrivenByWorker { .. }) => {
+                return Err(match rt.state(run).await?.dangling_write() {
+                    Some(write) => {
+                        refuse_reconciliation(rt, run, &UnresolvedWrite::from(write), json).await
+                    }
+                    None => e.into(),
+                });
             }
             Err(e) => return Err(e.into()),
         };

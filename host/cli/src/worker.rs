@@ -16,7 +16,6 @@ use super::config::StoreLocation;
 use super::errors::CliError;
 use super::store::Access;
 use warden::engine::{RunId, Runtime};
-use warden::plugins::PluginHost;
 use warden::store::{EventStore, PostgresStore, QUEUED};
 use warden::worker::Worker;
 
@@ -74,12 +73,9 @@ async fn open(ctx: &Context, access: Access) -> anyhow::Result<Arc<dyn EventStor
     super::store::open(&ctx.settings, access).await
 }
 
+/// The command line's runtime (`runs::runtime`: settings, the witness).
 fn runtime(ctx: &Context, store: Arc<dyn EventStore>) -> anyhow::Result<Runtime> {
-    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
-    Ok(Runtime::new(store, host)
-        .with_record_prompts(ctx.settings.record_prompts.value)
-        .with_labels(ctx.settings.labels.value.clone())
-        .with_ceilings(ctx.settings.run_ceilings))
+    Ok(super::runs::runtime(ctx, store)?.0)
 }
 
 /// `warden submit`: records the run as queued and prints its id.

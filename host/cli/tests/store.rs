@@ -23,7 +23,8 @@ fn warden_env(args: &[&str], cwd: &Path, env: &[(&str, &str)]) -> Output {
         .env_remove("RUST_LOG")
         .env_remove("WARDEN_STORE")
         .env_remove("WARDEN_CONFIG")
-        .env_remove("WARDEN_CHAIN_KEY");
+        .env_remove("WARDEN_CHAIN_KEY")
+        .env_remove("WARDEN_WITNESS");
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -462,6 +463,106 @@ fn a_restore_marks_unfinished_runs_so_a_write_made_after_the_backup_is_not_made_
 }
 
 const KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+/// Rolls run `run` of `dir`'s store back to its first `keep` events as an
+/// attacker with the database would: the tail cut, the row rewound to a
+/// copied head (no hashing), so the chain still checks out.
+fn roll_back(dir: &Path, run: &str, keep: i64) {
+    let db = rusqlite::Connection::open(dir.join(".warden/warden.db")).unwrap();
+    let pk: i64 = db
+        .query_row("SELECT pk FROM runs WHERE id = ?1", [run], |r| r.get(0))
+        .unwrap();
+    db.execute_batch(&format!(
+        "DELETE FROM events WHERE run_pk = {pk} AND seq > {keep};
+         UPDATE runs SET event_count = {keep}, status = 'running',
+             head_hash = (SELECT hash FROM events WHERE run_pk = {pk} AND seq = {keep})
+         WHERE pk = {pk};"
+    ))
+    .unwrap();
+}
+
+/// Issue 36: with `WARDEN_WITNESS` set, every verb that drives or records
+/// on a run checks the witness, not only `verify` and `recover`: a run
+/// rolled back to before its approved write is refused by `runs resume`,
+/// and one rolled back to its approval request by `runs approve` and
+/// `runs fork`; nothing is recorded and the write is not made again.
+#[test]
+fn a_rolled_back_run_is_refused_by_every_driving_verb_under_warden_witness() {
+    let dir = demo();
+    let out = warden(&["run", "notes.toml", "go", "--run-id", "done"], dir.path());
+    assert_eq!(out.status.code(), Some(4), "{}", stderr(&out));
+    let out = warden(&["runs", "approve", "done", "call-3-1"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    std::fs::remove_file(dir.path().join("notes/SUMMARY.md")).unwrap();
+    let out = warden(&["store", "witness", "witness.json"], dir.path());
+    assert!(out.status.success(), "{}", stderr(&out));
+    let events = stdout(&warden(&["runs", "events", "done"], dir.path()));
+    let seq_of = |kind: &str| {
+        events
+            .lines()
+            .position(|l| l.contains(&format!("\"type\":\"{kind}\"")))
+            .unwrap_or_else(|| panic!("no {kind} in {events}")) as i64
+            + 1
+    };
+    let (requested, granted) = (seq_of("approval_requested"), seq_of("approval_granted"));
+    let witnessed =
+        |args: &[&str]| warden_env(args, dir.path(), &[("WARDEN_WITNESS", "witness.json")]);
+
+    // Rolled back to just after the approval: the write is next.
+    roll_back(dir.path(), "done", granted);
+    let before = stdout(&warden(&["runs", "events", "done"], dir.path()));
+    let out = witnessed(&["runs", "resume", "done", "--json"]);
+    assert_eq!(
+        out.status.code(),
+        Some(2),
+        "{}{}",
+        stdout(&out),
+        stderr(&out)
+    );
+    let envelope = json_out(&out);
+    assert_eq!(envelope["error"]["code"], "rolled_back", "{envelope}");
+    assert_eq!(envelope["error"]["details"]["run_id"], "done");
+    assert_eq!(
+        stdout(&warden(&["runs", "events", "done"], dir.path())),
+        before
+    );
+    assert!(
+        !dir.path().join("notes/SUMMARY.md").exists(),
+        "the write ran again"
+    );
+
+    // Rolled back to its approval request: approving and forking refused.
+    roll_back(dir.path(), "done", requested);
+    let before = stdout(&warden(&["runs", "events", "done"], dir.path()));
+    for args in [
+        vec!["runs", "approve", "done", "call-3-1", "--json"],
+        vec![
+            "runs", "deny", "done", "call-3-1", "--reason", "no", "--json",
+        ],
+        vec!["runs", "fork", "done", "--at", "2", "--json"],
+    ] {
+        let out = witnessed(&args);
+        assert_eq!(
+            out.status.code(),
+            Some(2),
+            "{args:?}: {}{}",
+            stdout(&out),
+            stderr(&out)
+        );
+        assert_eq!(json_out(&out)["error"]["code"], "rolled_back", "{args:?}");
+    }
+    assert_eq!(
+        stdout(&warden(&["runs", "events", "done"], dir.path())),
+        before
+    );
+    assert!(
+        !dir.path().join("notes/SUMMARY.md").exists(),
+        "the write ran again"
+    );
+    // Without the witness, nothing tells: the run would be driven again.
+    let out = warden(&["runs", "verify", "done"], dir.path());
+    assert!(out.status.success(), "{}", stdout(&out));
+}
 
 #[test]
 fn a_rolled_back_run_fails_verify_against_its_witness_and_recover_refuses_it() {

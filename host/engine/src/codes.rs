@@ -32,6 +32,8 @@ impl RuntimeError {
             RuntimeError::Replay { error, .. } => error.code(),
             RuntimeError::Fenced { .. } => "fenced",
             RuntimeError::ClaimExpired { .. } => "claim_expired",
+            RuntimeError::DrivenByWorker { .. } => "run_claimed",
+            RuntimeError::RolledBack { .. } => "rolled_back",
             RuntimeError::Conflict { .. } => "conflict",
             RuntimeError::Log { .. } => "log_unreadable",
             RuntimeError::Fold { .. } => "log_invalid",
@@ -114,6 +116,22 @@ impl RuntimeError {
                 token,
                 current,
             } => json!({ "run_id": run_id, "token": token, "current": current }),
+            RuntimeError::DrivenByWorker {
+                run_id,
+                claimed_run,
+                owner,
+                expires_ms,
+            } => json!({
+                "run_id": run_id,
+                "claimed_run": claimed_run,
+                "held_by": owner,
+                "expires_ms": expires_ms,
+            }),
+            RuntimeError::RolledBack {
+                run_id,
+                witness,
+                problem,
+            } => json!({ "run_id": run_id, "witness": witness, "problem": problem }),
             RuntimeError::Conflict {
                 run_id,
                 expected,

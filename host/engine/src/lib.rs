@@ -58,6 +58,7 @@ pub mod schema;
 pub mod start;
 pub mod status;
 pub mod tool_errors;
+pub mod witness;
 
 // Settings and payloads the events carry.
 pub mod budget;

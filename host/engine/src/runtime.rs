@@ -47,6 +47,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -86,6 +87,7 @@ use super::state::{FoldError, ModelCallProgress, Parked, ResumeError, RunState, 
 use super::state::{next_delivery, owed_count};
 use super::status::RunStatus;
 use super::view::{AgentView, AgentViewError};
+use super::witness::Witness;
 use warden_plugins::grant::EffectClass;
 use warden_plugins::{LoadedPlugin, PluginError, PluginHost};
 use warden_providers::{
@@ -339,6 +341,41 @@ pub enum RuntimeError {
         /// The run.
         run_id: RunId,
     },
+    /// A worker holds a live claim covering the run (its own, its
+    /// parent's up the tree, or a child's in flight): it may be making the
+    /// write a reconciliation verb would settle, so the verb is refused and
+    /// nothing was written. Wait for the worker; if it is gone, its claim
+    /// runs out at `expires_ms` and the verb is accepted then.
+    #[error(
+        "run `{run_id}` is driven by worker `{owner}` under its claim on run `{claimed_run}` until {expires_ms} (ms since the epoch): its write may still be in progress; nothing was recorded: wait for that worker to finish, or, if it is gone, for its claim to run out, then check the write and try again"
+    )]
+    DrivenByWorker {
+        /// The run the verb named.
+        run_id: RunId,
+        /// The run the claim is on (`run_id`, a parent or a child).
+        claimed_run: RunId,
+        /// The worker holding it.
+        owner: String,
+        /// When the claim expires unless renewed, in milliseconds since the
+        /// Unix epoch.
+        expires_ms: i64,
+    },
+    /// The runtime's witness (`WARDEN_WITNESS`) says the run's log was
+    /// rolled back or rewritten: driving it would make again what the cut
+    /// tail recorded. Nothing was written; restore the log, or check what
+    /// the run did and abandon or fork it.
+    #[error(
+        "run `{run_id}` is not driven: {problem} (witness `{}`); nothing was recorded",
+        .witness.display()
+    )]
+    RolledBack {
+        /// The run.
+        run_id: RunId,
+        /// Where the witness was read from.
+        witness: PathBuf,
+        /// What is wrong.
+        problem: String,
+    },
     /// Another driver appended to the run first; nothing was written.
     #[error(
         "run `{run_id}` was changed by another driver (expected {expected} events, found {actual})"
@@ -493,7 +530,7 @@ pub enum RuntimeError {
     /// settled it (it may be running the call, or its outcome may be unknown
     /// there); this run waited and will try again when driven again.
     #[error(
-        "run `{run_id}`: call `{call_id}` shares idempotency commitment {key} with run `{}` call `{}`, which has not settled it",
+        "run `{run_id}`: call `{call_id}` shares idempotency commitment {key} with run `{}` call `{}`, which has not settled it; the run is recorded and waits: continue it once that call is settled with `warden runs resume {run_id}`",
         holder.run_id, holder.call_id
     )]
     CommitmentHeld {
@@ -511,7 +548,7 @@ pub enum RuntimeError {
     /// nothing will settle it but an operator. Reported at once, not after
     /// a wait.
     #[error(
-        "run `{run_id}`: call `{call_id}` shares idempotency commitment {key} with run `{}` call `{}`, which ended ({holder_status}) without settling it: check whether that call had its effect; if it did not, `warden keys release {key}` lets this run make the call",
+        "run `{run_id}`: call `{call_id}` shares idempotency commitment {key} with run `{}` call `{}`, which ended ({holder_status}) without settling it: check whether that call had its effect; if it did not, `warden keys release {key}` lets this run make the call (if it did, `warden keys settle {key} --output JSON` gives this run its result); the run is recorded and waits: then continue it with `warden runs resume {run_id}`",
         holder.run_id, holder.call_id
     )]
     CommitmentOrphaned {
@@ -727,6 +764,7 @@ struct Inner {
     commitment_wait: Duration,
     policies: BTreeMap<String, Arc<dyn Policy>>,
     policy_timeout: Duration,
+    witness: Option<Arc<Witness>>,
     ceilings: RunCeilings,
     prepared: Mutex<HashMap<AgentDigest, Arc<Prepared>>>,
     live: Mutex<HashMap<RunId, Live>>,
@@ -774,7 +812,9 @@ struct Log {
     events: Vec<Event>,
     state: RunState,
     /// The claim every append of this driver carries (issue 9: a driver
-    /// under a claim writes only while its claim is the run's newest).
+    /// under a claim writes only while its claim is the run's newest). A
+    /// child run's driver carries its parent's (issue 36): the claim of the
+    /// run at the top of the tree, which the worker holds and renews.
     fence: Option<Claim>,
     /// This driver's own view of that claim (issue 15): once it has passed,
     /// the driver makes no further effect (every lease it starts carries
@@ -792,6 +832,17 @@ struct Log {
     /// Events folded and in `events` but not yet in the store: they ride
     /// with the next write (see "Durability" in the module docs).
     held: Held,
+    /// What the runtime's witness found wrong with the log as loaded, if
+    /// anything: every write refuses it (issue 36).
+    rolled_back: Option<String>,
+}
+
+impl Log {
+    /// The claim this driver holds and its view of it, for a child it
+    /// drives (`runtime/children.rs`).
+    fn claimed(&self) -> Option<(Claim, ValidUntil)> {
+        self.fence.clone().zip(self.valid.clone())
+    }
 }
 
 /// The trailing events of a [`Log`] not yet written, encoded, and how
@@ -838,6 +889,7 @@ impl Runtime {
                 commitment_wait: DEFAULT_COMMITMENT_WAIT,
                 policies: BTreeMap::new(),
                 policy_timeout: DEFAULT_POLICY_TIMEOUT,
+                witness: None,
                 ceilings: RunCeilings::DEFAULT,
                 prepared: Mutex::default(),
                 live: Mutex::default(),
@@ -858,6 +910,7 @@ impl Runtime {
             commitment_wait: shared.commitment_wait,
             policies: shared.policies.clone(),
             policy_timeout: shared.policy_timeout,
+            witness: shared.witness.clone(),
             ceilings: shared.ceilings,
             prepared: Mutex::default(),
             live: Mutex::default(),
@@ -889,6 +942,17 @@ impl Runtime {
     /// (prompts may hold secrets; only their hash is recorded).
     pub fn with_record_prompts(self, record: bool) -> Self {
         self.rebuild(|i| i.record_prompts = record)
+    }
+
+    /// Checks every run this runtime records anything on against
+    /// `witness` (see `engine/witness.rs`): a run whose log holds fewer
+    /// events than the witness saw, or another event at that position, is
+    /// refused ([`RuntimeError::RolledBack`]) by every verb that writes
+    /// (driving it, resuming, approving, denying, resolving, forking it),
+    /// before anything is written or performed. Default: none.
+    pub fn with_witness(self, witness: Witness) -> Self {
+        let witness = Arc::new(witness);
+        self.rebuild(|i| i.witness = Some(witness))
     }
 
     /// The ceilings every run this runtime starts records and meets (see
@@ -1108,6 +1172,7 @@ impl Runtime {
         let prepared = self.prepare(agent).await?;
         let mut log = self.load_log(run_id).await?;
         self.check_digest(&log, agent, false)?;
+        self.refuse_driven(&log).await?;
         log.channels = Some(prepared.view.channels.clone().into());
         let driver = self.register_driver(run_id);
         let stepped = self.step_once(&mut log, &prepared, &driver).await;
@@ -1123,6 +1188,7 @@ impl Runtime {
         let prepared = self.prepare(agent).await?;
         let mut log = self.load_log(run_id).await?;
         self.check_digest(&log, agent, false)?;
+        self.refuse_driven(&log).await?;
         log.channels = Some(prepared.view.channels.clone().into());
         self.drive_log(&mut log, &prepared).await
     }
@@ -1132,14 +1198,15 @@ impl Runtime {
     /// unrecorded step. A model call or `read`/`idempotent` tool call whose
     /// intent has no completion is performed again (the same idempotency
     /// key); a `write` is never guessed: the run needs reconciliation and is
-    /// refused.
+    /// refused. Refused before anything while a worker holds a live claim
+    /// covering the run ([`RuntimeError::DrivenByWorker`]).
     pub async fn recover(
         &self,
         run_id: &RunId,
         agent: &Agent,
         options: ReplayOptions,
     ) -> Result<RunStatus, RuntimeError> {
-        self.recover_with(run_id, agent, options, None).await
+        self.recover_with(run_id, agent, options, None, true).await
     }
 
     /// [`recover`](Self::recover) under `claim`: every append carries the
@@ -1164,20 +1231,27 @@ impl Runtime {
         valid: ValidUntil,
     ) -> Result<RunStatus, RuntimeError> {
         let run_id = claim.run_id.clone();
-        self.recover_with(&run_id, agent, options, Some((claim, valid)))
+        self.recover_with(&run_id, agent, options, Some((claim, valid)), false)
             .await
     }
 
+    /// Recovers `run_id` under `claimed` (a worker's claim and its view of
+    /// it, or none). `check_driven`: refuse the run while a worker's claim
+    /// covers it ([`RuntimeError::DrivenByWorker`]), for a driver without a
+    /// claim whose parent's drive did not check it already.
     async fn recover_with(
         &self,
         run_id: &RunId,
         agent: &Agent,
         options: ReplayOptions,
         claimed: Option<(Claim, ValidUntil)>,
+        check_driven: bool,
     ) -> Result<RunStatus, RuntimeError> {
         let (fence, valid) = claimed.unzip();
         let prepared = self.prepare(agent).await?;
-        let events = self.load_events(run_id).await?;
+        let (events, rolled_back) = self.load_witnessed(run_id).await?;
+        // Refused before replay: nothing of a rolled-back run is driven.
+        self.refuse_rolled_back(run_id, rolled_back.as_ref())?;
         let state =
             replay(&events, &prepared.view, options).map_err(|error| RuntimeError::Replay {
                 run_id: run_id.clone(),
@@ -1193,7 +1267,14 @@ impl Runtime {
             channels: Some(prepared.view.channels.clone().into()),
             prompt: PromptCache::new(),
             held: Held::default(),
+            rolled_back,
         };
+        // A driver without a claim (`runs recover`, `runs resume`) never
+        // drives a run a worker holds: it would be a second writer, and
+        // could repeat what the worker is doing.
+        if check_driven {
+            self.refuse_driven(&log).await?;
+        }
         self.drive_log(&mut log, &prepared).await
     }
 
@@ -1426,7 +1507,9 @@ impl Runtime {
 
     /// Records by hand the outcome of the write whose completion is missing
     /// (a human checked what happened). Exactly one event; refused unless
-    /// the run needs reconciliation. Recover or drive the run afterwards.
+    /// the run needs reconciliation, and refused while a worker holds a live
+    /// claim covering the run ([`RuntimeError::DrivenByWorker`]). Recover
+    /// or drive the run afterwards.
     pub async fn resolve(
         &self,
         run_id: &RunId,
@@ -1436,6 +1519,8 @@ impl Runtime {
     ) -> Result<(), RuntimeError> {
         let mut log = self.load_log(run_id).await?;
         self.refuse_terminal(&log)?;
+        // A worker driving the run (or its tree) may be making the write.
+        self.refuse_driven(&log).await?;
         // What a restore may have lost comes first: it includes any write.
         if log.state.held().is_some() {
             let event = Event::Reconciled(Reconciled {
@@ -2556,14 +2641,50 @@ impl Runtime {
 
     /// The run's decoded events, its session history resolved.
     async fn load_events(&self, run_id: &RunId) -> Result<Vec<Event>, RuntimeError> {
+        Ok(self.load_witnessed(run_id).await?.0)
+    }
+
+    /// [`load_events`](Self::load_events), and what the runtime's witness
+    /// finds wrong with the stored log, if anything.
+    async fn load_witnessed(
+        &self,
+        run_id: &RunId,
+    ) -> Result<(Vec<Event>, Option<String>), RuntimeError> {
         let store = self.inner.store.as_ref();
-        let mut events = decoded(run_id, &store.load(run_id).await?)?;
+        let stored = store.load(run_id).await?;
+        let rolled_back = self.witness_problem(run_id, &stored);
+        let mut events = decoded(run_id, &stored)?;
         resolve_history(store, &mut events).await?;
-        Ok(events)
+        Ok((events, rolled_back))
+    }
+
+    /// What the runtime's witness finds wrong with `run_id`'s stored log.
+    fn witness_problem(&self, run_id: &RunId, stored: &[StoredEvent]) -> Option<String> {
+        self.inner
+            .witness
+            .as_ref()
+            .and_then(|w| w.problem(run_id, stored))
+    }
+
+    /// [`RuntimeError::RolledBack`] when the runtime's witness finds
+    /// `problem` with `run_id`.
+    fn refuse_rolled_back(
+        &self,
+        run_id: &RunId,
+        problem: Option<&String>,
+    ) -> Result<(), RuntimeError> {
+        match (problem, &self.inner.witness) {
+            (Some(problem), Some(witness)) => Err(RuntimeError::RolledBack {
+                run_id: run_id.clone(),
+                witness: witness.source().to_owned(),
+                problem: problem.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     async fn load_log(&self, run_id: &RunId) -> Result<Log, RuntimeError> {
-        let events = self.load_events(run_id).await?;
+        let (events, rolled_back) = self.load_witnessed(run_id).await?;
         let state = fold(&events).map_err(|error| RuntimeError::Fold {
             run_id: run_id.clone(),
             error,
@@ -2579,6 +2700,7 @@ impl Runtime {
             channels,
             prompt: PromptCache::new(),
             held: Held::default(),
+            rolled_back,
         })
     }
 
@@ -2649,6 +2771,10 @@ impl Runtime {
         // A driver past its own view of its claim records nothing more:
         // what it would record may come from a lease the sandbox stopped.
         still_valid(log)?;
+        // Nor does anyone on a log its witness says was rolled back: this
+        // is the one write path, and every effect is preceded by a write
+        // (its intent), so no verb of any front end drives such a run.
+        self.refuse_rolled_back(&log.run_id, log.rolled_back.as_ref())?;
         // Encode and fold first: an event that could not be read back, or
         // an impossible one, is refused before it is written. One event (the
         // usual case) is folded in place, without copying the state and its
@@ -2694,7 +2820,7 @@ impl Runtime {
             }
             (None, Some(claim)) => {
                 store
-                    .append_fenced(claim, expected, &bytes, listing, now)
+                    .append_fenced_to(&log.run_id, claim, expected, &bytes, listing, now)
                     .await
             }
             (Some(s), fence) => {

@@ -102,15 +102,29 @@ impl Runtime {
     /// `postgres://` / `postgresql://` URL; a SQLite file and its directory
     /// are created when missing) and a runtime over it. `policies` maps the
     /// names agents enable (`[policies.<name>]`) to Python callables.
+    /// `witness` (default: the `WARDEN_WITNESS` variable) is what `warden
+    /// store witness` wrote: every verb that records on a run refuses one
+    /// whose log was rolled back past it (`rolled_back`).
     #[staticmethod]
-    #[pyo3(signature = (store, *, cache_dir = None, policies = None, record_prompts = false))]
+    #[pyo3(signature = (store, *, cache_dir = None, policies = None, record_prompts = false, witness = None))]
     fn open<'py>(
         py: Python<'py>,
         store: String,
         cache_dir: Option<PathBuf>,
         policies: Option<Bound<'py, PyDict>>,
         record_prompts: bool,
+        witness: Option<PathBuf>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let witness = witness.or_else(|| {
+            std::env::var_os("WARDEN_WITNESS")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        });
+        // Read before anything is opened; a Python store is never keyed.
+        let witness = witness
+            .map(|path| warden::engine::witness::Witness::read(&path, None))
+            .transpose()
+            .map_err(|e| engine_error(&e))?;
         let mut registered: Vec<(String, Py<PyAny>)> = Vec::new();
         if let Some(policies) = policies {
             for (name, callable) in policies.iter() {
@@ -140,6 +154,9 @@ impl Runtime {
             .map_err(|e| engine_error(&e))?;
             let mut runtime = warden::Runtime::new(Arc::clone(&opened), PluginHost::new(sandbox))
                 .with_record_prompts(record_prompts);
+            if let Some(witness) = witness {
+                runtime = runtime.with_witness(witness);
+            }
             for (name, callable) in registered {
                 let policy = policy::PythonPolicy::new(
                     callable,

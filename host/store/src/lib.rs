@@ -289,7 +289,9 @@ pub struct Settlement {
 pub struct SettlingAppend<'a> {
     /// The run appended to.
     pub run_id: &'a RunId,
-    /// The caller's claim, when the append is fenced. Default: none.
+    /// The caller's claim, when the append is fenced: on `run_id` or on
+    /// the run whose driver drives it (see
+    /// [`append_fenced_to`](EventStore::append_fenced_to)). Default: none.
     pub fence: Option<&'a Claim>,
     /// The log length the caller expects before the events.
     pub expected_len: u64,
@@ -1074,7 +1076,8 @@ pub trait EventStore: Send + Sync {
 
     /// [`append`](Self::append), in one transaction with the check that
     /// `claim` is the run's current claim ([`StoreError::Fenced`] if not;
-    /// checked before the length).
+    /// checked before the length): [`append_fenced_to`](Self::append_fenced_to)
+    /// the claimed run itself.
     async fn append_fenced(
         &self,
         claim: &Claim,
@@ -1083,7 +1086,35 @@ pub trait EventStore: Send + Sync {
         listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let _ = (claim, expected_len, events, listing, updated_ms);
+        self.append_fenced_to(
+            &claim.run_id,
+            claim,
+            expected_len,
+            events,
+            listing,
+            updated_ms,
+        )
+        .await
+    }
+
+    /// [`append`](Self::append) to `run_id`, in one transaction with the
+    /// check that `claim` is the current claim of the run it names
+    /// ([`StoreError::Fenced`] if not; checked before the length). That run
+    /// is `run_id` itself, or the run whose driver drives `run_id`: a child
+    /// run is driven under its parent's claim (the root of its tree's), so
+    /// once the parent is taken over, the old driver writes to none of its
+    /// children either. The claimed run's row is locked (shared) for the
+    /// transaction, so a takeover waits for the append or fences it.
+    async fn append_fenced_to(
+        &self,
+        run_id: &RunId,
+        claim: &Claim,
+        expected_len: u64,
+        events: &[Bytes],
+        listing: Listing,
+        updated_ms: i64,
+    ) -> Result<Appended, StoreError> {
+        let _ = (run_id, claim, expected_len, events, listing, updated_ms);
         Err(unsupported::<Self>("claims"))
     }
 

@@ -230,6 +230,18 @@ impl MemoryStore {
         }
     }
 
+    /// Refuses an append under `claim` unless `claim` is the current claim
+    /// of the run it names (the run appended to, or the run driving it).
+    fn check_fence(&self, runs: &HashMap<RunId, MemRun>, claim: &Claim) -> Result<(), StoreError> {
+        let claimed = runs
+            .get(&claim.run_id)
+            .ok_or_else(|| self.unknown(&claim.run_id))?;
+        if !claimed.holds(claim) {
+            return Err(Self::fenced(claim, claimed));
+        }
+        Ok(())
+    }
+
     /// The append itself, once the caller's checks passed.
     fn append_checked(
         &self,
@@ -526,25 +538,23 @@ impl EventStore for MemoryStore {
         Ok(())
     }
 
-    async fn append_fenced(
+    async fn append_fenced_to(
         &self,
+        run_id: &RunId,
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
         listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let run_id = &claim.run_id;
         if events.is_empty() {
             return Err(StoreError::EmptyAppend {
                 run_id: run_id.clone(),
             });
         }
         let mut runs = self.runs();
+        self.check_fence(&runs, claim)?;
         let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
-        if !run.holds(claim) {
-            return Err(Self::fenced(claim, run));
-        }
         self.append_checked(run_id, run, expected_len, events, listing, updated_ms)
     }
 
@@ -651,12 +661,10 @@ impl EventStore for MemoryStore {
             });
         }
         let mut runs = self.runs();
-        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
-        if let Some(claim) = fence
-            && !run.holds(claim)
-        {
-            return Err(Self::fenced(claim, run));
+        if let Some(claim) = fence {
+            self.check_fence(&runs, claim)?;
         }
+        let run = runs.get_mut(run_id).ok_or_else(|| self.unknown(run_id))?;
         let mut commitments = self.commitments();
         let release = settlement.outcome == Settle::Release;
         match commitments.get(&settlement.key) {

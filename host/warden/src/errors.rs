@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 
 use warden_engine::mcp_servers::McpServerError;
 use warden_engine::view::AgentViewError;
+use warden_engine::witness::WitnessError;
 use warden_engine::{AgentError, RuntimeError};
 use warden_plugins::PluginError;
 use warden_plugins::grant::GrantError;
@@ -65,6 +66,7 @@ pub fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static s
         ProviderError,
         AgentViewError,
         McpServerError,
+        WitnessError,
     );
     None
 }

@@ -937,3 +937,67 @@ text = "Paid."
         assert_eq!((held.state, held.run_id), (KeyState::Held, b.clone()));
     }
 }
+
+/// Issue 36: a run stopped at a key another run orphaned is recorded and
+/// left waiting, so `warden run` does not exit 2 ("nothing recorded"): it
+/// exits 4, as a run waiting for a human, and the message names `keys
+/// release` and then `runs resume` (the real binary).
+#[test]
+fn a_run_stopped_at_an_orphaned_key_exits_4_and_names_release_then_resume() {
+    let fx = Fixture::new();
+    let turns = r#"
+[[turns]]
+text = "Paying."
+[[turns.tool_calls]]
+name = "hostile__write_then_sleep"
+arguments = { path = "/workspace/effects.log", content = "paid\n", claim_id = "c-79" }
+
+[[turns]]
+text = "Paid."
+"#;
+    fx.agent(
+        turns,
+        "[plugins.hostile.grant.limits]\ntimeout = \"300ms\"\n[plugins.hostile.grant.tools.write_then_sleep]\nidempotency_key = \"claim_id\"\n",
+    );
+    let warden = |args: &[&str]| {
+        std::process::Command::new(crate::binary::warden_binary())
+            .args(args)
+            .env("WARDEN_STORE", fx.path("runs.db"))
+            .env(
+                "WARDEN_CACHE_DIR",
+                std::env::temp_dir().join("warden-tests-components"),
+            )
+            .env_remove("RUST_LOG")
+            .current_dir(fx.dir.path())
+            .output()
+            .unwrap()
+    };
+    let out = warden(&["run", "agent.toml", "go", "--run-id", "a"]);
+    assert_eq!(
+        out.status.code(),
+        Some(5),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = warden(&["runs", "abandon", "a", "--reason", "the provider is down"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = warden(&["run", "agent.toml", "go", "--run-id", "b"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(4), "{stderr}");
+    assert!(stderr.contains("commitment"), "{stderr}");
+    let release = stderr.find("warden keys release").expect(&stderr);
+    let resume = stderr.find("warden runs resume b").expect(&stderr);
+    assert!(release < resume, "{stderr}");
+    // Recorded, and left waiting: not a refusal.
+    let out = warden(&["runs", "events", "b"]);
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("run_started"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert_eq!(fx.effects(), 1);
+}

@@ -25,6 +25,7 @@ const ENGINE_LAYERS: &[&str] = &[
     "tool_errors",
     "keys",
     "start",
+    "witness",
     // Settings and payloads the events carry.
     "refusal",
     "output",

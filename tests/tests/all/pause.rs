@@ -7,6 +7,11 @@
 //!   the dangling write with `warden runs resolve` and a second worker
 //!   takes the run over and finishes it; then the first gets SIGCONT. The file must hold what it held when the first was stopped,
 //!   and the log what the second left.
+//! - The same inside a child run (issue 36): a child is driven under its
+//!   parent's claim, so a worker paused inside a child's write makes no
+//!   further effect once it wakes, and while the worker's claim is live
+//!   `runs resolve` and `runs recover` on the child are refused, naming
+//!   the worker.
 //! - Through the library: a driver whose own view of its claim
 //!   ([`ValidUntil`]) passes mid-write stops with
 //!   [`RuntimeError::ClaimExpired`], its write stops, and nothing is
@@ -71,6 +76,60 @@ dir = "../work"
     let path = dir.join(format!("{name}.toml"));
     std::fs::write(&path, text).unwrap();
     Agent::load(&path.canonicalize().unwrap(), None).unwrap()
+}
+
+/// An agent file `agents/<name>.toml` that calls the agent `child` (an
+/// agent file `agents/<child>.toml`) once, then finishes.
+fn parent_agent(fx: &Fixture, name: &str, child: &str) -> Agent {
+    let dir = fx.dir.path().join("agents");
+    std::fs::write(
+        dir.join(format!("{name}.transcript.toml")),
+        format!(
+            r#"
+[[turns]]
+text = "Delegating."
+[[turns.tool_calls]]
+name = "{child}"
+arguments = {{ task = "write" }}
+
+[[turns]]
+text = "Delegated."
+"#
+        ),
+    )
+    .unwrap();
+    let path = dir.join(format!("{name}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"
+name = "{name}"
+instructions = "Delegate."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "{name}.transcript.toml"
+
+[agents.{child}]
+agent = "{child}.toml"
+description = "Writes slowly"
+"#
+        ),
+    )
+    .unwrap();
+    Agent::load(&path.canonicalize().unwrap(), None).unwrap()
+}
+
+/// `warden ARGS` against the store at `url`, from `dir`.
+fn warden(dir: &Path, url: &str, args: &[&str]) -> std::process::Output {
+    Command::new(warden_binary())
+        .args(args)
+        .env("WARDEN_STORE", url)
+        .env_remove("RUST_LOG")
+        .current_dir(dir)
+        .output()
+        .unwrap()
 }
 
 fn runtime(store: Arc<dyn EventStore>) -> Runtime {
@@ -227,6 +286,191 @@ async fn a_worker_paused_mid_write_past_its_claim_writes_nothing_after_it_wakes(
         worker_log.lines().last().unwrap_or("nothing")
     );
     drop(second);
+    drop(first);
+}
+
+/// Issue 36, without a pause: while a worker drives a child's write under
+/// the parent's live claim, the operator's `runs resolve` and `runs
+/// recover` on the child are refused, naming the worker, and record
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reconciling_a_child_under_a_live_parent_claim_is_refused() {
+    let Some(pg) = PgSchema::new("childheld").await else {
+        return;
+    };
+    let fx = Fixture::new();
+    let dir = fx.dir.path();
+    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
+    let rt = runtime(store.clone());
+    let run = RunId::new("held").unwrap();
+    let child = RunId::new("held.call-1-1").unwrap();
+    slow_agent(&fx, "slow", 5_000_000, 0);
+    let parent = parent_agent(&fx, "held", "slow");
+    rt.submit(&parent, json!("go"), StartOptions::new().id(run.clone()))
+        .await
+        .unwrap();
+    let worker = start_worker(dir, &pg.url, "worker-a");
+    wait_for("worker-a never started the child's write", async || {
+        steps_written(&fx).1 >= 200
+    })
+    .await;
+    let before = store.load(&child).await.unwrap();
+    // Resolving is refused (exit 2, nothing recorded); recovering gets
+    // the advice for a write another driver holds (exit 5: wait for it),
+    // not the one for an interrupted `warden run`.
+    for (args, exit) in [
+        (
+            vec![
+                "runs",
+                "resolve",
+                child.as_str(),
+                "--output",
+                r#"{"applied": false}"#,
+            ],
+            2,
+        ),
+        (vec!["runs", "recover", child.as_str()], 5),
+        (
+            vec![
+                "--json",
+                "runs",
+                "resolve",
+                child.as_str(),
+                "--output",
+                "{}",
+            ],
+            2,
+        ),
+    ] {
+        let out = warden(dir, &pg.url, &args);
+        let (stdout, stderr) = (
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+        );
+        assert_eq!(out.status.code(), Some(exit), "{args:?}: {stdout}{stderr}");
+        assert!(
+            !stderr.contains("`warden run` driving it"),
+            "{args:?}: {stderr}"
+        );
+        assert!(
+            stdout.contains("worker-a") || stderr.contains("worker-a"),
+            "{args:?} does not name the worker: {stdout}{stderr}"
+        );
+        if args[0] == "--json" {
+            let envelope: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+            assert_eq!(envelope["error"]["code"], "run_claimed", "{stdout}");
+            assert_eq!(envelope["error"]["details"]["claimed_run"], "held");
+            assert_eq!(envelope["error"]["details"]["held_by"], "worker-a");
+        }
+    }
+    // Nothing recorded: the child's log is as the worker left it (it
+    // appends nothing while its write goes on).
+    assert_eq!(store.load(&child).await.unwrap(), before);
+    drop(worker);
+}
+
+/// Issue 36, the pause: a worker stopped (SIGSTOP) inside a child's write,
+/// past its claim; the operator resolves the child's write once the claim
+/// ran out and drives the parent to the end; the worker gets SIGCONT and
+/// makes no further effect: the file and both logs are as the operator
+/// left them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_inside_a_childs_write_writes_nothing_after_it_wakes() {
+    let Some(pg) = PgSchema::new("childpause").await else {
+        return;
+    };
+    let fx = Fixture::new();
+    let dir = fx.dir.path();
+    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
+    let rt = runtime(store.clone());
+    let run = RunId::new("tree").unwrap();
+    let child = RunId::new("tree.call-1-1").unwrap();
+    slow_agent(&fx, "slow", 5_000_000, 0);
+    let parent = parent_agent(&fx, "tree", "slow");
+    rt.submit(&parent, json!("go"), StartOptions::new().id(run.clone()))
+        .await
+        .unwrap();
+    let first = start_worker(dir, &pg.url, "worker-a");
+    wait_for("worker-a never started the child's write", async || {
+        steps_written(&fx).1 >= 200
+    })
+    .await;
+    signal(&first, "-STOP");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (at_stop, steps) = steps_written(&fx);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(steps_written(&fx).1, steps, "worker-a did not stop");
+    wait_for("worker-a's claim never ran out", async || {
+        store
+            .summary(&run)
+            .await
+            .is_ok_and(|s| s.claim.as_ref().is_some_and(|l| l.is_expired(now_ms())))
+    })
+    .await;
+    // The operator checks the file, resolves the child's write as not
+    // made, and drives the tree to the end.
+    let resolved = warden(
+        dir,
+        &pg.url,
+        &[
+            "runs",
+            "resolve",
+            child.as_str(),
+            "--output",
+            r#"{"applied": false}"#,
+        ],
+    );
+    assert!(
+        resolved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resolved.stderr)
+    );
+    let resumed = warden(dir, &pg.url, &["runs", "resume", run.as_str()]);
+    assert!(
+        resumed.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&resumed.stdout),
+        String::from_utf8_lossy(&resumed.stderr)
+    );
+    assert_eq!(store.summary(&run).await.unwrap().status, "completed");
+    assert_eq!(store.summary(&child).await.unwrap().status, "completed");
+    let (parent_log, child_log) = (
+        store.load(&run).await.unwrap(),
+        store.load(&child).await.unwrap(),
+    );
+    assert_eq!(steps_written(&fx).0, at_stop);
+
+    // The paused worker wakes: nothing more, to the file or to either log.
+    signal(&first, "-CONT");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let (after, after_steps) = steps_written(&fx);
+    let worker_log = std::fs::read_to_string(dir.join("worker-a.log")).unwrap_or_default();
+    assert_eq!(
+        after_steps,
+        steps,
+        "worker-a wrote {} more steps after it woke: {worker_log}",
+        after_steps - steps
+    );
+    assert_eq!(after, at_stop);
+    assert_eq!(
+        store.load(&run).await.unwrap(),
+        parent_log,
+        "the parent's log changed"
+    );
+    assert_eq!(
+        store.load(&child).await.unwrap(),
+        child_log,
+        "the child's log changed"
+    );
+    assert!(store.verify(&child).await.unwrap().is_intact());
+    let resolutions = rt
+        .events(&child)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|e| matches!(e, Event::ToolCallResolved(_)))
+        .count();
+    assert_eq!(resolutions, 1);
     drop(first);
 }
 

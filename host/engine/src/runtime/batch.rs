@@ -381,7 +381,7 @@ impl Runtime {
             run_id: log.run_id.clone(),
             call_id: call_id.clone(),
         };
-        let task = Task::spawn(self.child_drive(link, child_run.clone(), agent));
+        let task = Task::spawn(self.child_drive(link, child_run.clone(), agent, log.claimed()));
         Ok(Running::Child {
             drive: ChildDrive { call_id, child_run },
             task,

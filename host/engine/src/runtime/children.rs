@@ -13,7 +13,10 @@
 //!   a second child, and no extra event is needed before the child exists.
 //! - Driving ([`Action::DriveChild`](crate::decide::Action::DriveChild)):
 //!   the child is recovered (replayed against its agent, then driven) under
-//!   the engine's rules, so a write it made is never made again; when it
+//!   the engine's rules, so a write it made is never made again, and under
+//!   its parent driver's claim (a worker's): each of its appends is fenced
+//!   by that claim and each of its leases bounded by the driver's view of
+//!   it, as the parent's are (issue 36); when it
 //!   ends, the parent records `child_finished` (its output or how it
 //!   ended, and what it used, which is charged to the parent); when it
 //!   waits, the parent records `child_parked` once per status it finds and
@@ -26,9 +29,10 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use warden_store::{ListingStatus, RunMeta, StoreError};
+use warden_sandbox::ValidUntil;
+use warden_store::{Claim, ListingStatus, RunMeta, StoreError};
 
-use super::{Log, Prepared, Runtime, RuntimeError, Step, recordable};
+use super::{Log, Prepared, Runtime, RuntimeError, Step, recordable, still_valid};
 use crate::agent::Agent;
 use crate::budget::RecordedLimits;
 use crate::decide::{ChildDrive, Idle};
@@ -36,7 +40,7 @@ use crate::events::{ChildFinished, ChildParked, ChildStarted, ParentLink};
 use crate::events::{Event, RunStarted, ToolCallError, ToolCallResult};
 use crate::ids::{CallId, RunId};
 use crate::replay::ReplayOptions;
-use crate::state::{Terminal, ToolCallProgress};
+use crate::state::{RunState, Terminal, ToolCallProgress};
 use crate::status::RunStatus;
 use crate::view::ToolTarget;
 
@@ -63,6 +67,10 @@ pub enum ChildRefusal {
         tool: String,
     },
 }
+
+/// How many runs up and down a tree [`Runtime::refuse_driven`] looks:
+/// far more than agents nest, and a bound on a log that names a cycle.
+const MAX_TREE_DEPTH: usize = 64;
 
 type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -116,7 +124,9 @@ impl Runtime {
             created_ms: now as i64,
         };
         // Listed as running but never queued nor claimed: no worker takes
-        // a child; its parent's driver does.
+        // a child; its parent's driver does, under the parent's claim. A
+        // driver past that claim creates nothing.
+        still_valid(log)?;
         let created = self
             .inner
             .store
@@ -156,7 +166,7 @@ impl Runtime {
             call_id: drive.call_id.clone(),
         };
         let status = self
-            .child_drive(link, drive.child_run.clone(), agent)
+            .child_drive(link, drive.child_run.clone(), agent, log.claimed())
             .await?;
         self.record_child(log, drive, status).await
     }
@@ -164,16 +174,23 @@ impl Runtime {
     /// The child `child_run` of the call `link` names, driven until it
     /// ends or waits: its status then. Owns what it needs, so it can run as
     /// a task of its own (`runtime/batch.rs`).
+    ///
+    /// `claimed` is the parent driver's claim and its view of it: the
+    /// child is driven under them (every append fenced by the parent's
+    /// claim, every lease bounded by its validity), so a worker paused past
+    /// its claim makes no further effect in a child either, and an operator
+    /// reconciling the child is refused while the claim is live.
     pub(super) fn child_drive(
         &self,
         link: ParentLink,
         child_run: RunId,
         agent: Agent,
+        claimed: Option<(Claim, ValidUntil)>,
     ) -> Boxed<'static, Result<RunStatus, RuntimeError>> {
         let runtime = self.clone();
         Box::pin(async move {
             runtime.check_parent(&child_run, &link).await?;
-            match runtime.recover_child(&child_run, &agent).await {
+            match runtime.recover_child(&child_run, &agent, claimed).await {
                 Ok(status) => Ok(status),
                 // A write of the child's with no recorded outcome: the child
                 // needs a human, and the parent waits for it.
@@ -273,16 +290,104 @@ impl Runtime {
         })
     }
 
-    /// Refuses `child_run` unless its `run_started` names `link`.
-    async fn check_parent(&self, child_run: &RunId, link: &ParentLink) -> Result<(), RuntimeError> {
-        let first = self.inner.store.load(child_run).await?;
-        let named = first
+    /// The parent and call `run_id`'s `run_started` names, if it is a
+    /// child.
+    async fn parent_link(&self, run_id: &RunId) -> Result<Option<ParentLink>, RuntimeError> {
+        let first = self.inner.store.load(run_id).await?;
+        Ok(first
             .first()
             .and_then(|s| crate::events::decode(&s.bytes).ok())
             .and_then(|e| match e {
                 Event::RunStarted(s) => s.parent,
                 _ => None,
-            });
+            }))
+    }
+
+    /// Refuses with [`RuntimeError::DrivenByWorker`] while a worker holds a
+    /// live claim covering the run `log` holds (see
+    /// [`driving_claim`](Self::driving_claim)).
+    pub(super) async fn refuse_driven(&self, log: &Log) -> Result<(), RuntimeError> {
+        match self
+            .claim_over(&log.run_id, &log.events, &log.state)
+            .await?
+        {
+            Some(claim) => Err(RuntimeError::DrivenByWorker {
+                run_id: log.run_id.clone(),
+                claimed_run: claim.run_id,
+                owner: claim.owner,
+                expires_ms: claim.expires_ms,
+            }),
+            None => Ok(()),
+        }
+    }
+
+    /// The live claim of a worker covering `run_id`, if any: its own, that
+    /// of a run above it (a child is driven under the claim of the run at
+    /// the top of its tree), or that of a child of it in flight. While
+    /// there is one, what a reconciliation verb would settle, or a driver
+    /// without a claim would start again, may be in progress under it, so
+    /// `resolve` and every driver without a claim refuse the run (issue
+    /// 36). Expiry is judged by this runtime's clock, as a worker's claims
+    /// are timed.
+    pub async fn driving_claim(&self, run_id: &RunId) -> Result<Option<Claim>, RuntimeError> {
+        let log = self.load_log(run_id).await?;
+        self.claim_over(run_id, &log.events, &log.state).await
+    }
+
+    /// [`driving_claim`](Self::driving_claim) of the run whose log holds
+    /// `events`, folded to `state` (not loaded again).
+    async fn claim_over(
+        &self,
+        run_id: &RunId,
+        events: &[Event],
+        state: &RunState,
+    ) -> Result<Option<Claim>, RuntimeError> {
+        let now = self.inner.clock.now_ms() as i64;
+        let store = &self.inner.store;
+        let live = |claim: Option<Claim>| claim.filter(|c| !c.is_expired(now));
+        if let Some(claim) = live(store.summary(run_id).await?.claim) {
+            return Ok(Some(claim));
+        }
+        // Up the tree (bounded: a tree is as deep as its agents nest).
+        let mut parent = match events.first() {
+            Some(Event::RunStarted(started)) => started.parent.clone(),
+            _ => None,
+        };
+        for _ in 0..MAX_TREE_DEPTH {
+            let Some(link) = parent else { break };
+            if let Some(claim) = live(store.summary(&link.run_id).await?.claim) {
+                return Ok(Some(claim));
+            }
+            parent = self.parent_link(&link.run_id).await?;
+        }
+        // Down to the children in flight, and theirs.
+        let mut seen: Vec<RunId> = Vec::new();
+        let mut pending: Vec<RunId> = state
+            .children_in_flight()
+            .map(|(_, child)| child.clone())
+            .collect();
+        while let Some(child) = pending.pop() {
+            if seen.contains(&child) || seen.len() >= MAX_TREE_DEPTH * 8 {
+                continue;
+            }
+            // A child a crash left uncreated, or pruned: nothing holds it.
+            let Ok(summary) = store.summary(&child).await else {
+                continue;
+            };
+            if let Some(claim) = live(summary.claim) {
+                return Ok(Some(claim));
+            }
+            if let Ok(below) = self.state(&child).await {
+                pending.extend(below.children_in_flight().map(|(_, c)| c.clone()));
+            }
+            seen.push(child);
+        }
+        Ok(None)
+    }
+
+    /// Refuses `child_run` unless its `run_started` names `link`.
+    async fn check_parent(&self, child_run: &RunId, link: &ParentLink) -> Result<(), RuntimeError> {
+        let named = self.parent_link(child_run).await?;
         if named.as_ref() == Some(link) {
             return Ok(());
         }
@@ -301,8 +406,11 @@ impl Runtime {
         &'a self,
         child_run: &'a RunId,
         agent: &'a Agent,
+        claimed: Option<(Claim, ValidUntil)>,
     ) -> Boxed<'a, Result<RunStatus, RuntimeError>> {
-        Box::pin(self.recover(child_run, agent, ReplayOptions::default()))
+        // Under the parent's claim, or under none, checked for the whole
+        // tree when the parent's drive began.
+        Box::pin(self.recover_with(child_run, agent, ReplayOptions::default(), claimed, false))
     }
 }
 

@@ -126,6 +126,8 @@ impl Runtime {
             reason,
         };
         let stored = self.inner.store.load(source).await?;
+        // A fork of a rolled-back log would drive what was cut again.
+        self.refuse_rolled_back(source, self.witness_problem(source, &stored).as_ref())?;
         let events_len = stored.len() as u64;
         if at == 0 || at > events_len {
             return Err(refused(ForkRefusal::OutOfRange {

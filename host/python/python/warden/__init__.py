@@ -134,16 +134,21 @@ class AsyncRuntime:
         cache_dir: Optional[str] = None,
         policies: Optional[Mapping[str, Policy]] = None,
         record_prompts: bool = False,
+        witness: Optional[str] = None,
     ) -> "AsyncRuntime":
         """Opens ``store`` (a SQLite file, ``sqlite:PATH``, or a
         ``postgres://`` URL; a SQLite file is created when missing).
         ``cache_dir`` keeps compiled plugins between processes;
-        ``policies`` maps the names agents enable to Python policies."""
+        ``policies`` maps the names agents enable to Python policies;
+        ``witness`` (default: ``WARDEN_WITNESS``) is a witness ``warden
+        store witness`` wrote: a run rolled back past it is refused
+        (``rolled_back``) by every verb that records on it."""
         native = await _native.Runtime.open(
             store,
             cache_dir=cache_dir,
             policies=dict(policies) if policies else None,
             record_prompts=record_prompts,
+            witness=witness,
         )
         return cls(native)
 
@@ -358,12 +363,17 @@ class Runtime:
         cache_dir: Optional[str] = None,
         policies: Optional[Mapping[str, Policy]] = None,
         record_prompts: bool = False,
+        witness: Optional[str] = None,
     ) -> "Runtime":
         """Opens ``store``; see ``AsyncRuntime.open``."""
         loop = asyncio.new_event_loop()
         runtime = loop.run_until_complete(
             AsyncRuntime.open(
-                store, cache_dir=cache_dir, policies=policies, record_prompts=record_prompts
+                store,
+                cache_dir=cache_dir,
+                policies=policies,
+                record_prompts=record_prompts,
+                witness=witness,
             )
         )
         return cls(runtime, loop)

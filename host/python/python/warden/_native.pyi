@@ -34,6 +34,7 @@ class Runtime:
         cache_dir: Optional[Union[str, PathLike[str]]] = None,
         policies: Optional[Dict[str, Callable[[Dict[str, Any]], Any]]] = None,
         record_prompts: bool = False,
+        witness: Optional[Union[str, PathLike[str]]] = None,
     ) -> Awaitable["Runtime"]: ...
     def load_agent(self, path: Union[str, PathLike[str]]) -> Agent: ...
     def agent_from_dict(

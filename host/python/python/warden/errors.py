@@ -108,6 +108,7 @@ _FAMILIES: Dict[Type[WardenError], tuple[str, ...]] = {
         "conflict",
         "fenced",
         "claim_expired",
+        "run_claimed",
         "commitment_held",
         "commitment_orphaned",
         "key_in_use",

@@ -1267,8 +1267,9 @@ impl EventStore for PostgresStore {
         Ok(())
     }
 
-    async fn append_fenced(
+    async fn append_fenced_to(
         &self,
+        run_id: &RunId,
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
@@ -1276,7 +1277,7 @@ impl EventStore for PostgresStore {
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
         self.append_inner(
-            &claim.run_id,
+            run_id,
             Some(claim),
             expected_len,
             events,
@@ -1678,6 +1679,16 @@ impl PostgresStore {
             )
             .await
             .map_err(pg)?;
+        // A child run is fenced by the claim of the run driving it: that
+        // run's row, locked shared, so a takeover of it waits for this
+        // append or fences it.
+        let lock_fence = client
+            .prepare_cached("SELECT lease_owner, lease_token FROM runs WHERE id = $1 FOR SHARE")
+            .await
+            .map_err(pg)?;
+        let fence_run = fence
+            .filter(|claim| claim.run_id != *run_id)
+            .map(|claim| claim.run_id.as_str());
         // The tail past the length the caller expects: if the run has
         // another length the append is a conflict whatever the tail. Run
         // after the lock above, it sees every event committed before it.
@@ -1728,7 +1739,7 @@ impl PostgresStore {
         let tail_params: [&(dyn ToSql + Sync); 2] = [&id, &expected];
         self.counters.round_trip();
         let deferred = listing.durability == Durability::Deferred;
-        let (begun, deferring, commitment, run, tail) = tokio::join!(
+        let (begun, deferring, commitment, run, fencing, tail) = tokio::join!(
             c.batch_execute("BEGIN"),
             // A deferred append commits without waiting for the WAL flush
             // (this transaction only); see the module docs.
@@ -1746,6 +1757,15 @@ impl PostgresStore {
                 }
             },
             c.query(&lock_run, &run_params),
+            async {
+                match &fence_run {
+                    Some(id) => {
+                        let params: [&(dyn ToSql + Sync); 1] = [id];
+                        c.query(&lock_fence, &params).await.map(Some)
+                    }
+                    None => Ok(None),
+                }
+            },
             c.query(&read_tail, &tail_params),
         );
         // A `BEGIN` that failed leaves the connection in doubt: `open`
@@ -1753,8 +1773,12 @@ impl PostgresStore {
         begun.map_err(pg)?;
         let checked = (|| {
             deferring.map_err(pg)?;
-            let (commitment, rows, tail) =
-                (commitment.map_err(pg)?, run.map_err(pg)?, tail.map_err(pg)?);
+            let (commitment, rows, fencing, tail) = (
+                commitment.map_err(pg)?,
+                run.map_err(pg)?,
+                fencing.map_err(pg)?,
+                tail.map_err(pg)?,
+            );
             if let (Some(settle), Some(rows)) = (settle, commitment) {
                 let release = settle.outcome == Settle::Release;
                 let held = rows.first().is_some_and(|r| {
@@ -1776,13 +1800,27 @@ impl PostgresStore {
             };
             let pk: i64 = row.get(0);
             if let Some(claim) = fence {
-                let held = ClaimRow {
-                    owner: row.get(3),
-                    token: row.get::<_, i64>(4) as u64,
+                let held = match &fencing {
+                    // The driving run's row (a child's append).
+                    Some(rows) => match rows.first() {
+                        Some(r) => ClaimRow {
+                            owner: r.get(0),
+                            token: r.get::<_, i64>(1) as u64,
+                        },
+                        None => {
+                            return Err(StoreError::UnknownRun {
+                                run_id: claim.run_id.clone(),
+                            });
+                        }
+                    },
+                    None => ClaimRow {
+                        owner: row.get(3),
+                        token: row.get::<_, i64>(4) as u64,
+                    },
                 };
                 if !held.holds(claim) {
                     return Err(StoreError::Fenced {
-                        run_id: run_id.clone(),
+                        run_id: claim.run_id.clone(),
                         token: claim.token,
                         current: held.token,
                     });

@@ -855,8 +855,9 @@ impl EventStore for SqliteStore {
         Ok(())
     }
 
-    async fn append_fenced(
+    async fn append_fenced_to(
         &self,
+        run_id: &RunId,
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
@@ -865,11 +866,11 @@ impl EventStore for SqliteStore {
     ) -> Result<Appended, StoreError> {
         if events.is_empty() {
             return Err(StoreError::EmptyAppend {
-                run_id: claim.run_id.clone(),
+                run_id: run_id.clone(),
             });
         }
         self.write(|reply| Request::Append {
-            run_id: claim.run_id.clone(),
+            run_id: run_id.clone(),
             fence: Some(claim.clone()),
             expected_len,
             events: events.to_vec(),

@@ -774,14 +774,29 @@ fn append(
     let listing_unchanged = listed.0 == listing.status.name()
         && listed.1 == i64::from(listing.owes_deliveries)
         && listed.2 == listing.wake_ms;
-    if let Some(claim) = fence
-        && (token as u64 != claim.token || owner.as_deref() != Some(claim.owner.as_str()))
-    {
-        return Err(StoreError::Fenced {
-            run_id: run_id.clone(),
-            token: claim.token,
-            current: token as u64,
-        });
+    if let Some(claim) = fence {
+        // A child run is fenced by the claim of the run driving it, read in
+        // this same transaction (the writer's `BEGIN IMMEDIATE`).
+        let (owner, token) = if claim.run_id == *run_id {
+            (owner, token)
+        } else {
+            conn.prepare_cached("SELECT lease_owner, lease_token FROM runs WHERE id = ?1")
+                .and_then(|mut s| {
+                    s.query_row([claim.run_id.as_str()], |row| {
+                        Ok((row.get::<_, Option<String>>(0)?, row.get::<_, i64>(1)?))
+                    })
+                    .optional()
+                })
+                .map_err(|e| backend(context(), e))?
+                .ok_or_else(|| super::unknown(conn, &claim.run_id))?
+        };
+        if token as u64 != claim.token || owner.as_deref() != Some(claim.owner.as_str()) {
+            return Err(StoreError::Fenced {
+                run_id: claim.run_id.clone(),
+                token: claim.token,
+                current: token as u64,
+            });
+        }
     }
     let count = u64::try_from(count).map_err(|_| {
         let detail = format!("the run records {count} events");

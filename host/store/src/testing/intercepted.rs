@@ -20,7 +20,7 @@ use crate::{
 pub enum AppendVia {
     /// [`EventStore::append`].
     Append,
-    /// [`EventStore::append_fenced`].
+    /// [`EventStore::append_fenced_to`] (or `append_fenced`).
     Fenced,
     /// [`EventStore::append_settling`].
     Settling,
@@ -209,20 +209,20 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.release_claim(claim, status).await
     }
 
-    async fn append_fenced(
+    async fn append_fenced_to(
         &self,
+        run_id: &RunId,
         claim: &Claim,
         expected_len: u64,
         events: &[Bytes],
         status: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        self.hooks
-            .durability(&claim.run_id, events, status.durability);
-        let write = self
-            .inner
-            .append_fenced(claim, expected_len, events, status, updated_ms);
-        self.intercept(AppendVia::Fenced, &claim.run_id, events, write)
+        self.hooks.durability(run_id, events, status.durability);
+        let write =
+            self.inner
+                .append_fenced_to(run_id, claim, expected_len, events, status, updated_ms);
+        self.intercept(AppendVia::Fenced, run_id, events, write)
             .await
     }
 

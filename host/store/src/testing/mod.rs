@@ -82,6 +82,7 @@ macro_rules! conformance_suite {
                 commitments_are_listed_by_key_and_by_run,
                 a_release_frees_the_key_for_the_next_claimant,
                 a_replaced_claim_is_fenced,
+                a_child_is_fenced_by_its_parents_claim,
                 an_expired_claim_nobody_replaced_still_writes,
                 a_released_claim_frees_the_run_and_fences_its_holder,
                 racing_acquirers_have_one_winner,

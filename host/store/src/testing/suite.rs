@@ -1101,6 +1101,79 @@ pub async fn a_replaced_claim_is_fenced(backend: &dyn Backend) {
     );
 }
 
+/// A child run is driven under its parent's claim: its appends are fenced
+/// by that claim, plain and settling alike, and refused once the parent
+/// was taken over (issue 36).
+pub async fn a_child_is_fenced_by_its_parents_claim(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let (parent, child) = (id("parent"), id("parent.call-1-1"));
+    new_run(&*store, &parent, 1).await;
+    new_run(&*store, &child, 1).await;
+    let a = store
+        .acquire_claim(&parent, "host-a", 1_000, 100)
+        .await
+        .unwrap();
+    store
+        .append_fenced_to(
+            &child,
+            &a,
+            1,
+            &[ev("a:2")],
+            ListingStatus::RUNNING.into(),
+            1_010,
+        )
+        .await
+        .unwrap();
+    // The parent's own claim is not the child's: the child's row holds none.
+    assert_eq!(store.summary(&child).await.unwrap().claim, None);
+    let b = store
+        .acquire_claim(&parent, "host-b", 1_100, 100)
+        .await
+        .unwrap();
+    let err = store
+        .append_fenced_to(
+            &child,
+            &a,
+            2,
+            &[ev("a:3")],
+            ListingStatus::RUNNING.into(),
+            1_110,
+        )
+        .await
+        .unwrap_err();
+    assert_fenced(err, &parent, 1, 2);
+    let holds = holder("parent.call-1-1", "call-1-1");
+    store.claim_commitment("key-c", &holds).await.unwrap();
+    let err = store
+        .append_settling(
+            SettlingAppend::new(&child, 2, &[ev("a:3")], &settlement("key-c", &holds, "{}"))
+                .fenced(Some(&a)),
+        )
+        .await
+        .unwrap_err();
+    assert_fenced(err, &parent, 1, 2);
+    // The new holder writes to the child.
+    store
+        .append_fenced_to(
+            &child,
+            &b,
+            2,
+            &[ev("b:3")],
+            ListingStatus::RUNNING.into(),
+            1_120,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        bytes_of(&store.load(&child).await.unwrap()),
+        [
+            b"parent.call-1-1:1".to_vec(),
+            b"a:2".to_vec(),
+            b"b:3".to_vec()
+        ]
+    );
+}
+
 pub async fn an_expired_claim_nobody_replaced_still_writes(backend: &dyn Backend) {
     let store = backend.open().await;
     let run = id("late");
