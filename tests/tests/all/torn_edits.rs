@@ -250,6 +250,26 @@ async fn settle(store: &Store, dir: &Path, run: &RunId) -> bool {
     true
 }
 
+/// Waits until no live claim covers `run`. A killed worker's claim outlives
+/// it: resolving is refused while a claim covers the run (it could be a
+/// paused worker, still writing), and a successor cannot claim it either,
+/// so the operator and the next worker both wait for it to run out.
+async fn wait_for_the_claim_to_run_out(store: &Store, run: &RunId) {
+    let Some(handle) = store.open().await else {
+        return;
+    };
+    let mut polls = 0;
+    while handle
+        .summary(run)
+        .await
+        .is_ok_and(|s| s.claim.is_some_and(|l| !l.is_expired(now_ms())))
+    {
+        polls += 1;
+        assert!(polls < 1_000, "the dead worker's claim never ran out");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// A small deterministic generator, so a failure can be replayed.
 struct XorShift(u64);
 
@@ -270,7 +290,7 @@ enum Driver {
     Worker,
 }
 
-/// The claim a worker takes: its successor waits this long after a kill.
+/// The claim a worker takes: how long it outlives a killed worker.
 const WORKER_TTL_MS: u64 = 1_000;
 
 fn spawn(store: &Store, dir: &Path, driver: Driver, exists: bool) -> Child {
@@ -308,10 +328,7 @@ async fn edits_survive_kills(store: Store, driver: Driver, kills: usize, seed: u
     let (mut killed, mut resolved, mut debris) = (0, 0, 0);
     // A process killed before it got anywhere waits longer next time, so
     // the kills land inside the run on a slow machine too.
-    let mut floor_ms = match driver {
-        Driver::Run => 50,
-        Driver::Worker => WORKER_TTL_MS,
-    };
+    let mut floor_ms = 50;
     let mut events_before = 0;
     while killed < kills {
         let exists = store.status(&run).await.is_some();
@@ -320,6 +337,7 @@ async fn edits_survive_kills(store: Store, driver: Driver, kills: usize, seed: u
         let _ = child.kill(); // SIGKILL
         let _ = child.wait();
         killed += 1;
+        wait_for_the_claim_to_run_out(&store, &run).await;
         debris = assert_whole(dir, &format!("after kill {killed}"));
         if settle(&store, dir, &run).await {
             resolved += 1;
