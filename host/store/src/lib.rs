@@ -1234,6 +1234,16 @@ fn unsupported<S: ?Sized>(operation: &'static str) -> StoreError {
     }
 }
 
+/// The schema version a store recorded, checked before it is compared with
+/// this build's: a negative one is no Warden's ([`StoreError::SchemaInvalid`]),
+/// so it is never taken for newer or older. Both backends read it here.
+pub(crate) fn recorded_schema_version(found: i64) -> Result<i64, StoreError> {
+    if found < 0 {
+        return Err(StoreError::SchemaInvalid { found });
+    }
+    Ok(found)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1304,14 +1314,4 @@ mod tests {
                 .matches(&run)
         );
     }
-}
-
-/// The schema version a store recorded, checked before it is compared with
-/// this build's: a negative one is no Warden's ([`StoreError::SchemaInvalid`]),
-/// so it is never taken for newer or older. Both backends read it here.
-pub(crate) fn recorded_schema_version(found: i64) -> Result<i64, StoreError> {
-    if found < 0 {
-        return Err(StoreError::SchemaInvalid { found });
-    }
-    Ok(found)
 }
