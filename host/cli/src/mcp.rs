@@ -147,12 +147,18 @@ pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()
         ctx.settings.store.value
     );
     let stopping = shutdown.clone();
-    axum::serve(listener, router)
-        .with_graceful_shutdown(async move {
+    // The connection layer of `warden serve`: header and idle timeouts, a
+    // connection cap, unauthenticated connections bounded first.
+    warden_server::serve(
+        listener,
+        router,
+        ctx.settings.serve_connections,
+        async move {
             stop.await;
             stopping.cancel();
-        })
-        .await?;
+        },
+    )
+    .await?;
     served.closed().await;
     Ok(())
 }

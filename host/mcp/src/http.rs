@@ -1,7 +1,9 @@
 //! The streamable HTTP transport: rmcp's service at `/mcp`, behind the
 //! Host and Origin checks `warden serve` makes (DNS rebinding: a page on
 //! another site that points its name at 127.0.0.1 is refused) and, when a
-//! token is set, `Authorization: Bearer <token>`. Each MCP session the
+//! token is set, `Authorization: Bearer <token>`. A request that passes
+//! marks its connection authenticated for `warden serve`'s connection layer,
+//! which the command line serves it through. Each MCP session the
 //! service opens is a `session::McpSession`: one run.
 
 use std::net::SocketAddr;
@@ -17,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use warden_server::guard::SameOrigin;
 use warden_server::tokens::{TokenEntry, digest};
-use warden_server::{ApiError, Role, Tokens};
+use warden_server::{ApiError, ConnectionHandle, Role, Tokens};
 
 use super::Served;
 use super::session::McpSession;
@@ -100,6 +102,10 @@ fn admit(gate: &Gate, request: &Request) -> Result<(), ApiError> {
             }
             Some(_) => {}
         }
+    }
+    // Past the token: the connection layer never closes it for room.
+    if let Some(connection) = request.extensions().get::<ConnectionHandle>() {
+        connection.authenticated();
     }
     Ok(())
 }

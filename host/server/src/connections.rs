@@ -88,7 +88,7 @@ pub struct ConnectionHandle {
 
 impl ConnectionHandle {
     /// Marks the connection authenticated: it is never closed for room.
-    pub(crate) fn authenticated(&self) {
+    pub fn authenticated(&self) {
         let mut held = self.registry.lock();
         if let Some(entry) = held.1.get_mut(&self.id) {
             entry.authenticated = true;

@@ -50,7 +50,7 @@ use warden::engine::events::Event;
 use warden::engine::worker::AgentLoader;
 use warden::engine::{Agent, RunId, Runtime};
 
-pub use connections::ConnectionLimits;
+pub use connections::{ConnectionHandle, ConnectionLimits};
 pub use error::{ApiError, Classify, ErrorReport};
 pub use guard::Caller;
 pub use tokens::{Role, TokenError, Tokens};

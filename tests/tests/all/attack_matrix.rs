@@ -91,6 +91,8 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
 
         // ---- warden mcp serve ----
         (S::McpServe, A::HttpClient | A::Model) => Proven(&[
+            "attack_matrix::half_sent_requests_do_not_starve_an_mcp_client",
+            "mcp::a_refusal_never_leaves_a_closed_connection_for_a_client_to_reuse",
             "mcp::serving_refuses_an_unprotected_bind_and_an_agent_without_plugin_tools",
             "mcp::the_python_sdk_uses_the_served_tools_over_streamable_http",
             "mcp::a_server_killed_mid_write_parks_it_and_never_makes_it_again",
@@ -712,25 +714,34 @@ text = "Done."
 /// there), its file descriptors limited to `nofile` (a small machine's
 /// worth, so the flood below reaches the limit quickly); its address.
 fn serve_limited(dir: &Path, nofile: u32, flags: &[&str]) -> (crate::serve::Killed, String) {
+    let mut args = vec!["serve", "--bind", "127.0.0.1:0"];
+    args.extend(flags);
+    spawn_limited(dir, nofile, &args, &[])
+}
+
+/// `warden --json ARGS --store runs.db` in `dir` with its file descriptors
+/// limited to `nofile`, once it prints its listening line; its address.
+fn spawn_limited(
+    dir: &Path,
+    nofile: u32,
+    args: &[&str],
+    envs: &[(&str, &str)],
+) -> (crate::serve::Killed, String) {
     use std::io::BufRead as _;
     let mut child = Command::new("sh")
         .arg("-c")
         .arg(format!("ulimit -n {nofile} && exec \"$0\" \"$@\""))
         .arg(warden_binary())
-        .args([
-            "--json",
-            "serve",
-            "--bind",
-            "127.0.0.1:0",
-            "--store",
-            "runs.db",
-        ])
-        .args(flags)
+        .arg("--json")
+        .args(args)
+        .args(["--store", "runs.db"])
         .current_dir(dir)
         .env_remove("RUST_LOG")
         .env_remove("WARDEN_TOKENS")
         .env_remove("WARDEN_STORE")
         .env_remove("WARDEN_CONFIG")
+        .env_remove("WARDEN_MCP_TOKEN")
+        .envs(envs.iter().copied())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(std::fs::File::create(dir.join("serve.log")).unwrap())
@@ -748,7 +759,8 @@ fn serve_limited(dir: &Path, nofile: u32, flags: &[&str]) -> (crate::serve::Kill
         )
     });
     let url = listening["listening"].as_str().unwrap();
-    (child, url.trim_start_matches("http://").to_owned())
+    let addr = url.trim_start_matches("http://");
+    (child, addr.split('/').next().unwrap().to_owned())
 }
 
 /// `GET path` with `headers` on a new connection, waiting at most
@@ -791,7 +803,6 @@ fn get(addr: &str, path: &str, headers: &[(&str, &str)], within: Duration) -> Op
 /// at the header timeout.
 #[test]
 fn half_sent_requests_do_not_starve_an_authenticated_one() {
-    use std::io::{Read as _, Write as _};
     let dir = tempfile::tempdir().unwrap();
     forging_agent(dir.path());
     let token = crate::serve::add_token(dir.path(), "ops", "viewer");
@@ -801,20 +812,60 @@ fn half_sent_requests_do_not_starve_an_authenticated_one() {
     )
     .unwrap();
     let (_server, addr) = serve_limited(dir.path(), 256, &[]);
-    let bearer = format!("Bearer {token}");
+    flood_then_answer(
+        dir.path(),
+        &addr,
+        "/api/v1/whoami",
+        &format!("Bearer {token}"),
+        200,
+    );
+}
+
+/// The same flood against `warden mcp serve` over HTTP, which serves
+/// through the same connection layer.
+#[test]
+fn half_sent_requests_do_not_starve_an_mcp_client() {
+    let dir = tempfile::tempdir().unwrap();
+    forging_agent(dir.path());
+    std::fs::write(
+        dir.path().join("warden.toml"),
+        "[serve]\nheader_timeout = \"3s\"\n",
+    )
+    .unwrap();
+    let (_server, addr) = spawn_limited(
+        dir.path(),
+        256,
+        &["mcp", "serve", "agent.toml", "--http", "127.0.0.1:0"],
+        &[("WARDEN_MCP_TOKEN", "mcp-token")],
+    );
+    // A GET that does not accept an event stream is refused by the MCP
+    // transport itself (406): past the token, so answered by the server.
+    flood_then_answer(dir.path(), &addr, "/mcp", "Bearer mcp-token", 406);
+}
+
+/// Opens 600 connections that each send half a request head, then asks
+/// `path` with `bearer`: it must be answered with `status` within 2 s, and
+/// the last half-sent connection closed by the header timeout.
+fn flood_then_answer(dir: &Path, addr: &str, path: &str, bearer: &str, status: u16) {
+    use std::io::{Read as _, Write as _};
     assert_eq!(
         get(
-            &addr,
-            "/api/v1/whoami",
-            &[("Authorization", &bearer)],
+            addr,
+            path,
+            &[("Authorization", bearer)],
             Duration::from_secs(10)
         ),
-        Some(200)
+        Some(status),
+        "before the flood"
     );
     let mut flood = Vec::new();
     for _ in 0..600 {
-        let Ok(mut stream) = std::net::TcpStream::connect(&addr) else {
-            continue;
+        // A server that stopped accepting fills its backlog: do not wait
+        // out the kernel's retries for each of the rest.
+        let Ok(mut stream) =
+            std::net::TcpStream::connect_timeout(&addr.parse().unwrap(), Duration::from_secs(1))
+        else {
+            break;
         };
         let _ = stream.write_all(b"GET /api/v1/runs HTTP/1.1\r\nHost: ");
         flood.push(stream);
@@ -822,14 +873,14 @@ fn half_sent_requests_do_not_starve_an_authenticated_one() {
     let started = std::time::Instant::now();
     assert_eq!(
         get(
-            &addr,
-            "/api/v1/whoami",
-            &[("Authorization", &bearer)],
+            addr,
+            path,
+            &[("Authorization", bearer)],
             Duration::from_secs(2)
         ),
-        Some(200),
+        Some(status),
         "a valid request answered within 2 s under the flood\n{}",
-        std::fs::read_to_string(dir.path().join("serve.log")).unwrap_or_default()
+        std::fs::read_to_string(dir.join("serve.log")).unwrap_or_default()
     );
     let took = started.elapsed();
     // The last half-sent connection was not closed for room: the header
@@ -849,7 +900,7 @@ fn half_sent_requests_do_not_starve_an_authenticated_one() {
         "closed after {:?}",
         waited.elapsed()
     );
-    eprintln!("valid request under a 600-connection flood answered in {took:?}");
+    eprintln!("valid request to {path} under a 600-connection flood answered in {took:?}");
 }
 
 /// Break 10: ten bad requests from one address locked valid tokens out
