@@ -25,7 +25,7 @@ impl StoreError {
             StoreError::Unsupported { .. } => "unsupported",
             StoreError::SessionBusy { .. } => "session_busy",
             StoreError::SessionChanged { .. } => "session_changed",
-            StoreError::Damaged { .. } => "store_damaged",
+            StoreError::Damaged { .. } | StoreError::SchemaInvalid { .. } => "store_damaged",
             StoreError::HistoryBroken { .. } => "history_broken",
             StoreError::ReadOnly { .. } => "store_read_only",
             StoreError::NoStore { .. } => "store_missing",
@@ -60,6 +60,7 @@ impl StoreError {
             | StoreError::SchemaTooOld { found, supported } => {
                 json!({ "found": found, "supported": supported })
             }
+            StoreError::SchemaInvalid { found } => json!({ "found": found }),
             StoreError::ChainModeMismatch { found, configured } => {
                 json!({ "found": found, "configured": configured })
             }

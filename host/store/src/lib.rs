@@ -813,6 +813,15 @@ pub enum StoreError {
         /// The version this build reads.
         supported: i64,
     },
+    /// The database's schema version is one no Warden writes (below zero):
+    /// the file or table was damaged or written by another program.
+    #[error(
+        "store schema version {found} is not one any Warden writes: the store is damaged or another program's; restore a backup (`warden store restore`) or point WARDEN_STORE at the right store"
+    )]
+    SchemaInvalid {
+        /// The version found in the database.
+        found: i64,
+    },
     /// The database was written by a newer Warden, with a schema this build
     /// does not know.
     #[error("store schema version {found} is newer than this build supports ({supported})")]
@@ -1223,6 +1232,16 @@ fn unsupported<S: ?Sized>(operation: &'static str) -> StoreError {
         store: std::any::type_name::<S>(),
         operation,
     }
+}
+
+/// The schema version a store recorded, checked before it is compared with
+/// this build's: a negative one is no Warden's ([`StoreError::SchemaInvalid`]),
+/// so it is never taken for newer or older. Both backends read it here.
+pub(crate) fn recorded_schema_version(found: i64) -> Result<i64, StoreError> {
+    if found < 0 {
+        return Err(StoreError::SchemaInvalid { found });
+    }
+    Ok(found)
 }
 
 #[cfg(test)]

@@ -204,6 +204,7 @@ pub(super) async fn check(
         })?,
         None => 0,
     };
+    let found = crate::recorded_schema_version(found)?;
     if found < SCHEMA_VERSION {
         return Err(StoreError::SchemaTooOld {
             found,
@@ -264,7 +265,8 @@ pub(super) async fn migrate(
         Ok(None) => 0,
         Err(e) => return Err(pg_error(context(), e)),
     };
-    if !(0..=SCHEMA_VERSION).contains(&found) {
+    let found = crate::recorded_schema_version(found)?;
+    if found > SCHEMA_VERSION {
         return Err(StoreError::SchemaTooNew {
             found,
             supported: SCHEMA_VERSION,

@@ -327,6 +327,7 @@ pub(super) fn check(conn: &Connection, path: &Path, chain_mode: &str) -> Result<
     let found: i64 = conn
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(|e| backend(context(), e))?;
+    let found = crate::recorded_schema_version(found)?;
     match found {
         0 => {
             return Err(StoreError::NoStore {
@@ -380,6 +381,7 @@ pub(super) fn migrate(
     let found: i64 = conn
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(|e| backend(context(), e))?;
+    let found = crate::recorded_schema_version(found)?;
     if found == 0 && !create {
         return Err(StoreError::NoStore {
             location: format!("`{}`", path.display()),
@@ -405,7 +407,8 @@ pub(super) fn migrate(
     let found: i64 = tx
         .query_row("PRAGMA user_version", [], |row| row.get(0))
         .map_err(|e| backend(context(), e))?;
-    if !(0..=SCHEMA_VERSION).contains(&found) {
+    let found = crate::recorded_schema_version(found)?;
+    if found > SCHEMA_VERSION {
         return Err(StoreError::SchemaTooNew {
             found,
             supported: SCHEMA_VERSION,

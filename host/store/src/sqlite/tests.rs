@@ -136,6 +136,30 @@ async fn a_newer_schema_is_refused() {
 }
 
 #[tokio::test]
+async fn a_negative_schema_version_is_damage_not_a_newer_store() {
+    let backend = SqliteBackend::new();
+    drop(SqliteStore::open(backend.path()).unwrap());
+    backend
+        .raw()
+        .pragma_update(None, "user_version", -3)
+        .unwrap();
+    for err in [
+        SqliteStore::open(backend.path()).unwrap_err(),
+        SqliteStore::builder(backend.path())
+            .mode(crate::OpenMode::ReadOnly)
+            .open()
+            .unwrap_err(),
+    ] {
+        assert!(
+            matches!(err, StoreError::SchemaInvalid { found: -3 }),
+            "{err:?}"
+        );
+        assert_eq!(err.code(), "store_damaged");
+        assert!(err.to_string().contains("restore a backup"), "{err}");
+    }
+}
+
+#[tokio::test]
 async fn reopening_migrates_nothing_twice_and_keeps_the_version() {
     let backend = SqliteBackend::new();
     drop(SqliteStore::open(backend.path()).unwrap());
