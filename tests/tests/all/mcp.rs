@@ -643,6 +643,7 @@ fn ts_client(dir: &Path, args: &[&str]) {
             std::env::temp_dir().join("warden-tests-components"),
         )
         .env("MCP_WORK", dir.join("work"))
+        .env("MCP_SERVE_FLAGS", "--progress-interval 1s")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
@@ -657,7 +658,8 @@ fn ts_client(dir: &Path, args: &[&str]) {
 }
 
 /// What the TypeScript client's session left: one run, its approved write
-/// made once, the denied one never, each call an intent and a completion.
+/// made once (and the one kept alive by progress), the denied one never,
+/// each call an intent and a completion.
 fn check_ts_recorded(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let runs = loop {
@@ -676,9 +678,9 @@ fn check_ts_recorded(dir: &Path) {
         events(run, "tool_call_completed").len(),
         "{run:#}"
     );
-    assert_eq!(events(run, "approval_granted").len(), 1, "{run:#}");
+    assert_eq!(events(run, "approval_granted").len(), 2, "{run:#}");
     assert_eq!(events(run, "approval_denied").len(), 1, "{run:#}");
-    assert_eq!(effects(dir), ["ts-approved"]);
+    assert_eq!(effects(dir), ["ts-approved", "ts-progressed"]);
 }
 
 #[test]
@@ -694,7 +696,11 @@ fn the_typescript_sdk_uses_the_served_tools_over_stdio() {
 fn the_typescript_sdk_uses_the_served_tools_over_streamable_http() {
     let fx = served();
     let dir = fx.dir.path();
-    let (_server, url) = start_http(dir, "ts-token", &[]);
+    let (_server, url) = start_http(
+        dir,
+        "ts-token",
+        &["--approval-timeout", "60s", "--progress-interval", "1s"],
+    );
     ts_client(dir, &["http", url.as_str(), "ts-token"]);
     check_ts_recorded(dir);
 }
