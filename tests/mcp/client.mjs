@@ -9,7 +9,8 @@
 //
 // One session: list the tools and their annotations, call a read tool, a
 // write approved with `warden runs approve` from "another terminal", a
-// write denied with `warden runs deny`, and an unknown tool. The
+// write denied with `warden runs deny`, a write whose approval takes longer
+// than the call's timeout (kept alive by progress), and an unknown tool. The
 // environment carries WARDEN_STORE, WARDEN_BIN and MCP_WORK. A failed
 // check throws, and the script exits 1.
 
@@ -18,6 +19,7 @@ import { existsSync, readFileSync } from "node:fs";
 import { join } from "node:path";
 
 import { Client } from "@modelcontextprotocol/sdk/client/index.js";
+import { CallToolResultSchema } from "@modelcontextprotocol/sdk/types.js";
 import { StdioClientTransport } from "@modelcontextprotocol/sdk/client/stdio.js";
 import { StreamableHTTPClientTransport } from "@modelcontextprotocol/sdk/client/streamableHttp.js";
 
@@ -70,7 +72,12 @@ async function main([transport, first, second]) {
   let http = null;
   if (transport === "stdio") {
     await client.connect(
-      new StdioClientTransport({ command: first, args: ["mcp", "serve", second], env: process.env, stderr: "inherit" }),
+      new StdioClientTransport({
+        command: first,
+        args: ["mcp", "serve", second, ...(process.env.MCP_SERVE_FLAGS ?? "").split(" ").filter(Boolean)],
+        env: process.env,
+        stderr: "inherit",
+      }),
     );
   } else {
     http = new StreamableHTTPClientTransport(new URL(first), {
@@ -110,6 +117,28 @@ async function main([transport, first, second]) {
     check(error.message.includes("not from ts"), `the reason reaches the client: ${error.message}`);
   }
   check(!effects().includes("ts-denied"), `effects: ${effects()}`);
+
+  // A write whose approval takes longer than the call's timeout (3 s here,
+  // 60 s by default): the server's progress while it is parked (every
+  // second here) resets the timeout, so the call waits for the human.
+  const beats = [];
+  const slow = client.callTool({ name: "hostile__fs", arguments: append("ts-progressed") }, CallToolResultSchema, {
+    timeout: 3000,
+    resetTimeoutOnProgress: true,
+    onprogress: (progress) => beats.push(progress),
+  });
+  let failed = null;
+  slow.catch((error) => {
+    failed = error;
+  });
+  const [run3, call3] = await awaitingApproval();
+  await sleep(5000);
+  check(failed === null, `the parked call timed out: ${failed}`);
+  warden("runs", "approve", run3, call3);
+  const progressed = await slow;
+  check(!progressed.isError, `approved slow write: ${JSON.stringify(progressed)}`);
+  check(beats.length >= 3, `progress while parked: ${JSON.stringify(beats)}`);
+  check(effects().filter((e) => e === "ts-progressed").length === 1, `effects: ${effects()}`);
 
   // An unknown tool is invalid params, nothing recorded.
   try {

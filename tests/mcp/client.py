@@ -52,6 +52,7 @@ class Target:
                     self.second,
                     "--approval-timeout",
                     os.environ.get("MCP_APPROVAL_TIMEOUT", "5s"),
+                    *os.environ.get("MCP_SERVE_FLAGS", "").split(),
                 ],
                 env=dict(os.environ),
             )
@@ -215,6 +216,39 @@ async def write_cli(target: Target) -> None:
         check("approved" in text(again), f"read after write: {text(again)}")
 
 
+async def progress_parked(target: Target) -> None:
+    """A synchronous client (no tasks) whose write waits for approval from
+    another terminal: while it is parked, the server sends
+    `notifications/progress` for the call's `progressToken` at a steady
+    interval (the server's `--progress-interval`, 1 s here), so a client
+    timeout that progress resets (the TypeScript SDK's
+    `resetTimeoutOnProgress`) does not fire while a human decides."""
+    seen: list[tuple[float, float, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((asyncio.get_running_loop().time(), progress, message))
+
+    async with target.session() as session:
+        call = asyncio.create_task(
+            session.call_tool("hostile__fs", append("progressed"), progress_callback=on_progress)
+        )
+        run, call_id = await awaiting_approval()
+        parked = asyncio.get_running_loop().time()
+        await asyncio.sleep(4)
+        during = len([at for at, _, _ in seen if at >= parked])
+        await asyncio.to_thread(warden, "runs", "approve", run, call_id)
+        result = await call
+        check(not result.is_error, f"approved write failed: {result}")
+        check(effects().count("progressed") == 1, f"effects: {effects()}")
+    check(during >= 2, f"progress while parked 4 s: {seen}")
+    values = [progress for _, progress, _ in seen]
+    check(values == sorted(set(values)), f"progress must increase: {values}")
+    check(
+        all(message and "approval" in message for at, _, message in seen if at >= parked + 0.5),
+        f"the messages while parked say why: {seen}",
+    )
+
+
 async def denied(target: Target) -> None:
     async with target.session(elicit=decline_by_elicitation) as session:
         try:
@@ -375,6 +409,7 @@ SCENARIOS = {
     "refused": refused,
     "cancel_parked": cancel_parked,
     "end_parked": end_parked,
+    "progress_parked": progress_parked,
     "crash_write": crash_write,
 }
 

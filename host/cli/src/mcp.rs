@@ -67,6 +67,11 @@ pub(crate) struct ServeArgs {
     /// crash the run is recovered once it ran out.
     #[arg(long, default_value = "15s")]
     claim_ttl: String,
+    /// How often a call still waiting (for approval) sends MCP progress
+    /// notifications, to a client that asked for them with a
+    /// `progressToken`, so its request timeout does not fire meanwhile.
+    #[arg(long, default_value = "10s")]
+    progress_interval: String,
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<std::time::Duration> {
@@ -94,7 +99,8 @@ pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()
     };
     let options = ServeOptions::default()
         .approval_timeout(duration("approval-timeout", &args.approval_timeout)?)
-        .claim_ttl(duration("claim-ttl", &args.claim_ttl)?);
+        .claim_ttl(duration("claim-ttl", &args.claim_ttl)?)
+        .progress_interval(duration("progress-interval", &args.progress_interval)?);
     let token = std::env::var(&args.token_env)
         .ok()
         .filter(|t| !t.trim().is_empty());

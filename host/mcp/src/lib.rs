@@ -126,6 +126,7 @@ pub struct ServeOptions {
     approval_timeout: Duration,
     claim_ttl: Duration,
     poll: Duration,
+    progress_interval: Duration,
     owner: String,
 }
 
@@ -135,6 +136,7 @@ impl Default for ServeOptions {
             approval_timeout: Duration::from_secs(300),
             claim_ttl: Duration::from_secs(15),
             poll: Duration::from_millis(200),
+            progress_interval: Duration::from_secs(10),
             owner: format!("mcp:{}:{:08x}", std::process::id(), rand::random::<u32>()),
         }
     }
@@ -161,6 +163,16 @@ impl ServeOptions {
     /// log. Default: 200 ms.
     pub fn poll(mut self, poll: Duration) -> Self {
         self.poll = poll;
+        self
+    }
+
+    /// How often a call still waiting (for approval, or for the run to
+    /// reach it) sends `notifications/progress`, when its client gave a
+    /// `progressToken`: clients whose request timeout progress resets
+    /// (the TypeScript SDK's `resetTimeoutOnProgress`) then wait as long as
+    /// a human takes. Default: 10 s (under the SDKs' 60 s timeouts).
+    pub fn progress_interval(mut self, interval: Duration) -> Self {
+        self.progress_interval = interval.max(Duration::from_millis(100));
         self
     }
 

@@ -10,6 +10,11 @@
 //! anything else that parks or ends the run (a budget, a dangling write),
 //! which the client receives as a typed error.
 //!
+//! While a call waits (its turn, the run, an approval), a client that gave
+//! a `progressToken` receives `notifications/progress` every
+//! `progress_interval`, from the same waits that watch for cancellation:
+//! clients whose request timeout progress resets keep waiting for a human.
+//!
 //! Calls of one session are made one at a time, in the order they arrive:
 //! a run has one conversation. A client's bad arguments are answered to
 //! that call before the run is offered it (the engine's own checks), so
@@ -25,8 +30,8 @@ use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData,
-    Implementation, ListToolsResult, PaginatedRequestParams, ProtocolVersion, ServerCapabilities,
-    ServerConfig,
+    Implementation, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ProtocolVersion, ServerCapabilities, ServerConfig,
 };
 use rmcp::service::{ElicitationError, ElicitationMode, RequestContext, ServiceError};
 use rmcp::{Peer, RoleServer, ServerHandler};
@@ -157,6 +162,61 @@ struct Approval {
 
 rmcp::elicit_safe!(Approval);
 
+/// The progress a waiting call sends its client: a beat every `every`
+/// while it waits, each numbered one more than the last (MCP wants
+/// progress to increase; the total is unknown), for the client's
+/// `progressToken`. Without a token it never beats.
+struct Heartbeat {
+    peer: Peer<RoleServer>,
+    token: Option<ProgressToken>,
+    every: Duration,
+    next: tokio::time::Instant,
+    beats: u32,
+}
+
+impl Heartbeat {
+    fn new(peer: &Peer<RoleServer>, token: Option<ProgressToken>, every: Duration) -> Heartbeat {
+        Heartbeat {
+            peer: peer.clone(),
+            token,
+            every,
+            next: tokio::time::Instant::now() + every,
+            beats: 0,
+        }
+    }
+
+    /// Sleeps until the next beat is due (for ever without a token); a
+    /// wait selects on it beside what it waits for, then calls `beat`.
+    fn due(&self) -> std::pin::Pin<Box<tokio::time::Sleep>> {
+        let at = if self.token.is_some() {
+            self.next
+        } else {
+            tokio::time::Instant::now() + Duration::from_secs(86_400 * 365)
+        };
+        Box::pin(tokio::time::sleep_until(at))
+    }
+
+    /// Sends a beat saying what the call waits for, if one is due. A beat
+    /// that cannot be sent is dropped: the client left, and its
+    /// cancellation is what ends the wait.
+    async fn beat(&mut self, waiting: &str) {
+        let Some(token) = &self.token else {
+            return;
+        };
+        let now = tokio::time::Instant::now();
+        if now < self.next {
+            return;
+        }
+        self.next = now + self.every;
+        self.beats += 1;
+        let progress = ProgressNotificationParam::new(token.clone(), f64::from(self.beats))
+            .with_message(waiting);
+        if let Err(error) = self.peer.notify_progress(progress).await {
+            tracing::debug!(%error, "cannot send a waiting call's progress");
+        }
+    }
+}
+
 /// A refusal the client sees: Warden's stable code and the evidence.
 fn refusal(code: &str, message: impl Into<String>, details: Value) -> ErrorData {
     let mut data = json!({ "code": code });
@@ -243,6 +303,7 @@ impl Session {
         arguments: Value,
         peer: &Peer<RoleServer>,
         cancelled: &CancellationToken,
+        progress: Option<ProgressToken>,
     ) -> Result<CallToolResult, ErrorData> {
         let Some(tool) = self.served.tool(name) else {
             return Err(ErrorData::invalid_params(
@@ -263,11 +324,18 @@ impl Session {
                 mistake.to_string(),
             )]));
         }
-        // A call cancelled while it waits its turn is never made.
-        let mut run = tokio::select! {
-            run = self.run.lock() => run,
-            () = cancelled.cancelled() => {
-                return Err(refusal("cancelled", "the call was cancelled before it was made", json!({})));
+        let mut heartbeat = Heartbeat::new(peer, progress, self.served.options.progress_interval);
+        // A call cancelled while it waits its turn is never made. The lock
+        // is one future for the whole wait: tokio's mutex is fair, and a
+        // new one would lose the call's place.
+        let mut lock = std::pin::pin!(self.run.lock());
+        let mut run = loop {
+            tokio::select! {
+                run = &mut lock => break run,
+                () = cancelled.cancelled() => {
+                    return Err(refusal("cancelled", "the call was cancelled before it was made", json!({})));
+                }
+                () = heartbeat.due() => heartbeat.beat("waiting for the session's previous call").await,
             }
         };
         if self.ended.is_cancelled() || cancelled.is_cancelled() {
@@ -294,6 +362,7 @@ impl Session {
             let drive = active.drive.as_mut().expect("set above");
             tokio::select! {
                 _ = &mut told => break None,
+                () = heartbeat.due() => heartbeat.beat("running").await,
                 joined = drive => {
                     active.drive = None;
                     let ended = match joined {
@@ -305,7 +374,9 @@ impl Session {
                     };
                     match ended {
                         Ok(RunStatus::AwaitingApproval) => {
-                            denial = self.decide(&active.run_id, peer, cancelled).await?;
+                            denial = self
+                                .decide(&active.run_id, peer, cancelled, &mut heartbeat)
+                                .await?;
                         }
                         other => break Some(other),
                     }
@@ -407,6 +478,7 @@ impl Session {
         run_id: &RunId,
         peer: &Peer<RoleServer>,
         cancelled: &CancellationToken,
+        heartbeat: &mut Heartbeat,
     ) -> Result<Option<&'static str>, ErrorData> {
         let events = self
             .runtime
@@ -437,13 +509,23 @@ impl Session {
         let timeout = self.served.options.approval_timeout;
         let deadline = Instant::now() + timeout;
         let by = format!("mcp:{}", Self::client(peer));
+        let waiting = format!(
+            "waiting for approval of call {call_id} ({})",
+            call.call.name
+        );
         if peer
             .supported_elicitation_modes()
             .contains(&ElicitationMode::Form)
         {
-            let answer = tokio::select! {
-                answer = peer.elicit_with_timeout::<Approval>(message.clone(), Some(timeout)) => answer,
-                () = cancelled.cancelled() => return self.withdraw(run_id, &call_id).await,
+            let mut asked = std::pin::pin!(
+                peer.elicit_with_timeout::<Approval>(message.clone(), Some(timeout))
+            );
+            let answer = loop {
+                tokio::select! {
+                    answer = &mut asked => break answer,
+                    () = cancelled.cancelled() => return self.withdraw(run_id, &call_id).await,
+                    () = heartbeat.due() => heartbeat.beat(&waiting).await,
+                }
             };
             let denied = |reason: &str| {
                 if reason.is_empty() {
@@ -488,6 +570,7 @@ impl Session {
                 ) => {}
                 () = cancelled.cancelled() => return self.withdraw(run_id, &call_id).await,
             }
+            heartbeat.beat(&waiting).await;
             let state = self
                 .runtime
                 .state(run_id)
@@ -703,7 +786,13 @@ impl ServerHandler for McpSession {
         });
         let result = self
             .session
-            .call(&request.name, arguments, &context.peer, &stop)
+            .call(
+                &request.name,
+                arguments,
+                &context.peer,
+                &stop,
+                context.meta.get_progress_token(),
+            )
             .await
             .map(Into::into);
         link.abort();

@@ -378,6 +378,72 @@ fn a_cancelled_or_abandoned_parked_write_is_withdrawn_over_streamable_http() {
     check_withdrawn(dir);
 }
 
+/// What a write parked with progress left: one completed run, its write
+/// approved from another terminal and made once.
+fn check_progressed(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = session_runs(dir);
+        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    assert_eq!(runs[0]["status"], "completed", "{:#}", runs[0]);
+    assert_eq!(
+        events(&runs[0], "approval_granted").len(),
+        1,
+        "{:#}",
+        runs[0]
+    );
+    assert_eq!(effects(dir), ["progressed"]);
+}
+
+/// A synchronous client's write parked for approval receives
+/// `notifications/progress` at a steady interval until a human decides, so
+/// its request timeout (reset by progress) does not fire meanwhile.
+#[test]
+fn a_parked_call_sends_progress_while_it_waits_over_stdio() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    let out = client(
+        dir,
+        &[
+            "stdio",
+            bin.to_str().unwrap(),
+            "agent.toml",
+            "progress_parked",
+        ],
+    )
+    .env("MCP_APPROVAL_TIMEOUT", "60s")
+    .env("MCP_SERVE_FLAGS", "--progress-interval 1s")
+    .output()
+    .unwrap();
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver log:\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+    );
+    check_progressed(dir);
+}
+
+#[test]
+fn a_parked_call_sends_progress_while_it_waits_over_streamable_http() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(
+        dir,
+        "tok",
+        &["--approval-timeout", "60s", "--progress-interval", "1s"],
+    );
+    run_client(dir, &["http", &url, "tok", "progress_parked"]);
+    check_progressed(dir);
+}
+
 /// A child process killed on drop.
 struct Killed(Child);
 
@@ -577,6 +643,7 @@ fn ts_client(dir: &Path, args: &[&str]) {
             std::env::temp_dir().join("warden-tests-components"),
         )
         .env("MCP_WORK", dir.join("work"))
+        .env("MCP_SERVE_FLAGS", "--progress-interval 1s")
         .env_remove("RUST_LOG")
         .stdin(Stdio::null())
         .output()
@@ -591,7 +658,8 @@ fn ts_client(dir: &Path, args: &[&str]) {
 }
 
 /// What the TypeScript client's session left: one run, its approved write
-/// made once, the denied one never, each call an intent and a completion.
+/// made once (and the one kept alive by progress), the denied one never,
+/// each call an intent and a completion.
 fn check_ts_recorded(dir: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
     let runs = loop {
@@ -610,9 +678,9 @@ fn check_ts_recorded(dir: &Path) {
         events(run, "tool_call_completed").len(),
         "{run:#}"
     );
-    assert_eq!(events(run, "approval_granted").len(), 1, "{run:#}");
+    assert_eq!(events(run, "approval_granted").len(), 2, "{run:#}");
     assert_eq!(events(run, "approval_denied").len(), 1, "{run:#}");
-    assert_eq!(effects(dir), ["ts-approved"]);
+    assert_eq!(effects(dir), ["ts-approved", "ts-progressed"]);
 }
 
 #[test]
@@ -628,7 +696,11 @@ fn the_typescript_sdk_uses_the_served_tools_over_stdio() {
 fn the_typescript_sdk_uses_the_served_tools_over_streamable_http() {
     let fx = served();
     let dir = fx.dir.path();
-    let (_server, url) = start_http(dir, "ts-token", &[]);
+    let (_server, url) = start_http(
+        dir,
+        "ts-token",
+        &["--approval-timeout", "60s", "--progress-interval", "1s"],
+    );
     ts_client(dir, &["http", url.as_str(), "ts-token"]);
     check_ts_recorded(dir);
 }
