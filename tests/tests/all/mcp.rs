@@ -143,8 +143,16 @@ fn client(dir: &Path, args: &[&str]) -> Command {
 }
 
 fn run_client(dir: &Path, args: &[&str]) {
+    run_client_with(dir, args, &[]);
+}
+
+/// [`run_client`] with more environment for the client.
+fn run_client_with(dir: &Path, args: &[&str], envs: &[(&str, &str)]) {
     let started = Instant::now();
-    let out = client(dir, args).output().unwrap();
+    let out = client(dir, args)
+        .envs(envs.iter().copied())
+        .output()
+        .unwrap();
     assert!(
         out.status.success(),
         "the MCP client failed ({:?}):\n{}\n{}\nserver log:\n{}",
@@ -346,7 +354,7 @@ fn a_cancelled_or_abandoned_parked_write_is_withdrawn_over_stdio() {
     let fx = served();
     let dir = fx.dir.path();
     let bin = warden_binary();
-    let out = client(
+    run_client_with(
         dir,
         &[
             "stdio",
@@ -355,16 +363,7 @@ fn a_cancelled_or_abandoned_parked_write_is_withdrawn_over_stdio() {
             "cancel_parked",
             "end_parked",
         ],
-    )
-    .env("MCP_APPROVAL_TIMEOUT", "60s")
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+        &[("MCP_APPROVAL_TIMEOUT", "60s")],
     );
     check_withdrawn(dir);
 }
@@ -408,7 +407,7 @@ fn a_parked_call_sends_progress_while_it_waits_over_stdio() {
     let fx = served();
     let dir = fx.dir.path();
     let bin = warden_binary();
-    let out = client(
+    run_client_with(
         dir,
         &[
             "stdio",
@@ -416,17 +415,10 @@ fn a_parked_call_sends_progress_while_it_waits_over_stdio() {
             "agent.toml",
             "progress_parked",
         ],
-    )
-    .env("MCP_APPROVAL_TIMEOUT", "60s")
-    .env("MCP_SERVE_FLAGS", "--progress-interval 1s")
-    .output()
-    .unwrap();
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserver log:\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        std::fs::read_to_string(dir.join("server.log")).unwrap_or_default()
+        &[
+            ("MCP_APPROVAL_TIMEOUT", "60s"),
+            ("MCP_SERVE_FLAGS", "--progress-interval 1s"),
+        ],
     );
     check_progressed(dir);
 }
