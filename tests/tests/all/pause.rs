@@ -289,31 +289,66 @@ async fn a_worker_paused_mid_write_past_its_claim_writes_nothing_after_it_wakes(
     drop(first);
 }
 
+/// A parent run whose child's slow write a real `warden worker`
+/// (`worker-a`) on PostgreSQL has started, under the parent's claim.
+struct ChildWrite {
+    pg: PgSchema,
+    fx: Fixture,
+    store: Arc<dyn EventStore>,
+    rt: Runtime,
+    run: RunId,
+    child: RunId,
+    worker: KillOnDrop,
+}
+
+/// [`ChildWrite`] in a schema named `schema`, the parent run named `run`;
+/// `None` only when PostgreSQL tests are explicitly skipped.
+async fn a_child_write_under_way(schema: &str, run: &str) -> Option<ChildWrite> {
+    let pg = PgSchema::new(schema).await?;
+    let fx = Fixture::new();
+    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
+    let rt = runtime(store.clone());
+    let child = RunId::new(format!("{run}.call-1-1")).unwrap();
+    let run = RunId::new(run).unwrap();
+    slow_agent(&fx, "slow", 5_000_000, 0);
+    let parent = parent_agent(&fx, run.as_str(), "slow");
+    rt.submit(&parent, json!("go"), StartOptions::new().id(run.clone()))
+        .await
+        .unwrap();
+    let worker = start_worker(fx.dir.path(), &pg.url, "worker-a");
+    wait_for("worker-a never started the child's write", async || {
+        steps_written(&fx).1 >= 200
+    })
+    .await;
+    Some(ChildWrite {
+        pg,
+        fx,
+        store,
+        rt,
+        run,
+        child,
+        worker,
+    })
+}
+
 /// Issue 36, without a pause: while a worker drives a child's write under
 /// the parent's live claim, the operator's `runs resolve` and `runs
 /// recover` on the child are refused, naming the worker, and record
 /// nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reconciling_a_child_under_a_live_parent_claim_is_refused() {
-    let Some(pg) = PgSchema::new("childheld").await else {
+    let Some(ChildWrite {
+        pg,
+        fx,
+        store,
+        child,
+        worker,
+        ..
+    }) = a_child_write_under_way("childheld", "held").await
+    else {
         return;
     };
-    let fx = Fixture::new();
     let dir = fx.dir.path();
-    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
-    let rt = runtime(store.clone());
-    let run = RunId::new("held").unwrap();
-    let child = RunId::new("held.call-1-1").unwrap();
-    slow_agent(&fx, "slow", 5_000_000, 0);
-    let parent = parent_agent(&fx, "held", "slow");
-    rt.submit(&parent, json!("go"), StartOptions::new().id(run.clone()))
-        .await
-        .unwrap();
-    let worker = start_worker(dir, &pg.url, "worker-a");
-    wait_for("worker-a never started the child's write", async || {
-        steps_written(&fx).1 >= 200
-    })
-    .await;
     let before = store.load(&child).await.unwrap();
     // Resolving is refused (exit 2, nothing recorded); recovering gets
     // the advice for a write another driver holds (exit 5: wait for it),
@@ -376,25 +411,19 @@ async fn reconciling_a_child_under_a_live_parent_claim_is_refused() {
 /// left them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_paused_inside_a_childs_write_writes_nothing_after_it_wakes() {
-    let Some(pg) = PgSchema::new("childpause").await else {
+    let Some(ChildWrite {
+        pg,
+        fx,
+        store,
+        rt,
+        run,
+        child,
+        worker: first,
+    }) = a_child_write_under_way("childpause", "tree").await
+    else {
         return;
     };
-    let fx = Fixture::new();
     let dir = fx.dir.path();
-    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
-    let rt = runtime(store.clone());
-    let run = RunId::new("tree").unwrap();
-    let child = RunId::new("tree.call-1-1").unwrap();
-    slow_agent(&fx, "slow", 5_000_000, 0);
-    let parent = parent_agent(&fx, "tree", "slow");
-    rt.submit(&parent, json!("go"), StartOptions::new().id(run.clone()))
-        .await
-        .unwrap();
-    let first = start_worker(dir, &pg.url, "worker-a");
-    wait_for("worker-a never started the child's write", async || {
-        steps_written(&fx).1 >= 200
-    })
-    .await;
     signal(&first, "-STOP");
     tokio::time::sleep(Duration::from_millis(200)).await;
     let (at_stop, steps) = steps_written(&fx);
