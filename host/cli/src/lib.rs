@@ -29,6 +29,7 @@
 //! - `serve.rs`: `warden serve` (the HTTP control plane, `warden-server`)
 //!   and its token file.
 //! - `mcp.rs`: `warden mcp serve` (an agent's tools over MCP, `warden-mcp`).
+//! - `otel.rs`: `warden otel export` (runs' traces over OTLP, `warden-otel`).
 //! - `render.rs`: one readable line per event; `progress.rs`: spinners.
 //! - `args.rs`: arguments that are not valid UTF-8; `out.rs`: stdout while
 //!   a run is driven (a closed pipe does not stop the drive).
@@ -41,6 +42,7 @@ pub(crate) use warden_server::contract;
 pub(crate) mod errors;
 mod keys;
 mod mcp;
+mod otel;
 mod out;
 mod plugin;
 mod plugin_test;
@@ -143,6 +145,10 @@ enum Command {
     /// each session a run and each call a recorded effect.
     #[command(subcommand)]
     Mcp(mcp::McpCommand),
+    /// OpenTelemetry: send runs' traces, derived from their logs, to a
+    /// collector over OTLP/HTTP.
+    #[command(subcommand)]
+    Otel(otel::OtelCommand),
     /// Print a shell completion script.
     Completions {
         /// The shell.
@@ -324,6 +330,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
             Command::Worker(args) => worker::worker(args, &ctx).await,
             Command::Serve(args) => serve::run(args, &ctx).await,
             Command::Mcp(command) => mcp::run(command, &ctx).await,
+            Command::Otel(command) => otel::run(command, &ctx).await,
             Command::Completions { .. } => unreachable!("handled before the runtime starts"),
         }
     });

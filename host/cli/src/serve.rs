@@ -13,6 +13,7 @@ use serde_json::json;
 use super::Context;
 use super::errors::CliError;
 use super::store::Access;
+use warden_otel::metrics::{MeteredStore, Metrics};
 use warden_server::{ErrorReport, Role, ServeConfig, Tokens};
 
 /// `warden serve`.
@@ -211,7 +212,10 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
         .map_err(|e| CliError::new("usage", format!("--poll: {e}")))?;
     let stop = super::worker::shutdown_signal()?;
     let store = super::store::open(&ctx.settings, Access::Write).await?;
-    let (runtime, host) = super::runs::runtime(ctx, store)?;
+    // Appends go through the metered store, so `/metrics` has their latency.
+    let metered = MeteredStore::new(store);
+    let metrics = Arc::new(Metrics::new(Arc::new(metered.clone())).with_appends(&metered));
+    let (runtime, host) = super::runs::runtime(ctx, Arc::new(metered))?;
     // The agents it serves, loaded and checked (their plugins under their
     // grants) before it listens: an agent that cannot run is an error now,
     // not on the first request.
@@ -252,6 +256,7 @@ pub(crate) async fn run(args: ServeArgs, ctx: &Context) -> anyhow::Result<()> {
             .copied()
             .collect(),
         agents,
+        metrics,
     };
     let listener = tokio::net::TcpListener::bind(args.bind)
         .await

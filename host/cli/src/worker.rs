@@ -18,6 +18,7 @@ use super::store::Access;
 use warden::engine::{RunId, Runtime};
 use warden::store::{EventStore, PostgresStore, QUEUED};
 use warden::worker::Worker;
+use warden_otel::metrics::{MeteredStore, Metrics};
 
 /// `warden submit`.
 #[derive(Debug, Args)]
@@ -61,6 +62,11 @@ pub(crate) struct WorkerArgs {
     /// The worker's id in its claims (default: HOST:PID:RANDOM).
     #[arg(long)]
     id: Option<String>,
+    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback
+    /// address, such as 127.0.0.1:9464; port 0 picks one): the store's run,
+    /// tool-call, token and park counts, and this worker's append latency.
+    #[arg(long, value_name = "ADDR")]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<Duration> {
@@ -121,7 +127,17 @@ pub(crate) async fn submit(args: SubmitArgs, ctx: &Context) -> anyhow::Result<()
 pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()> {
     // Signals first: a worker stopped while it starts still stops cleanly.
     let stop = shutdown_signal()?;
-    let rt = runtime(ctx, open(ctx, Access::Write).await?)?;
+    let store = open(ctx, Access::Write).await?;
+    // Appends go through the metered store, so the metrics have their latency.
+    let metered = MeteredStore::new(store);
+    let metrics_at = match args.metrics {
+        Some(addr) => {
+            let metrics = Arc::new(Metrics::new(Arc::new(metered.clone())).with_appends(&metered));
+            Some(super::otel::serve_metrics(addr, metrics).await?)
+        }
+        None => None,
+    };
+    let rt = runtime(ctx, Arc::new(metered))?;
     let settings = ctx.settings.clone();
     let mut builder = Worker::builder(rt)
         .concurrency(args.concurrency)
@@ -135,6 +151,9 @@ pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()
         builder = builder.owner(id);
     }
     let worker = builder.build()?;
+    if let Some(addr) = metrics_at {
+        eprintln!("worker metrics at http://{addr}/metrics");
+    }
     // The line that says the worker is ready.
     eprintln!(
         "worker {} on {}: up to {} runs at once",

@@ -355,6 +355,8 @@ mod tests {
                 attempt: 1,
                 request_hash: RequestHash::from_hex("aa"),
                 request: None,
+                provider: None,
+                model: None,
             }))),
             FoldProblem::AfterTerminal { .. }
         ));
@@ -394,6 +396,8 @@ mod tests {
             attempt: 1,
             request_hash: RequestHash::from_hex("aa"),
             request: None,
+            provider: None,
+            model: None,
         });
         assert!(matches!(
             problem(&[log.clone(), vec![model.clone()]].concat()),

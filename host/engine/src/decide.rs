@@ -194,6 +194,9 @@ pub struct ModelCall {
     /// is estimated from. 0 when the request was built without its
     /// messages.
     pub request_size: u64,
+    /// The provider that reaches the model ([`AgentView::provider`]),
+    /// recorded with the intent.
+    pub provider: String,
     /// Whether the intent is already in the log (a crash came between it
     /// and the completion): then make the call without recording a new
     /// intent. [`replay`](super::replay::replay) has compared the recorded
@@ -210,6 +213,8 @@ impl ModelCall {
             attempt: self.attempt,
             request_hash: self.request_hash.clone(),
             request: record_prompts.then(|| self.request.clone()),
+            provider: Some(self.provider.clone()),
+            model: Some(self.request.model.clone()),
         })
     }
 
@@ -1279,6 +1284,7 @@ fn model_call(
         request,
         request_hash,
         request_size,
+        provider: view.provider.clone(),
         recorded,
     }
 }

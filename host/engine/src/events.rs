@@ -615,6 +615,15 @@ pub struct ModelCallIntent {
     /// The request itself, only when the operator records prompts.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request: Option<ModelRequest>,
+    /// The provider that reaches the model (`scripted`, `openai`,
+    /// `anthropic`, `plan`), so traces name who answered. Omitted in logs
+    /// written before it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provider: Option<String>,
+    /// The model, as the provider names it. Omitted in logs written before
+    /// it was recorded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
 }
 
 /// [`Event::ModelCallCompleted`].
@@ -2225,6 +2234,8 @@ pub(crate) mod tests {
                     attempt: 1,
                     request_hash: RequestHash::from_hex("cd34"),
                     request: None,
+                    provider: None,
+                    model: None,
                 }),
                 r#"{"v":1,"event":{"type":"model_call_intent","step":1,"attempt":1,"request_hash":"cd34"}}"#,
             ),
@@ -2913,10 +2924,12 @@ pub(crate) mod tests {
                 tools: vec![],
                 max_tokens: 5,
             }),
+            provider: Some("openai".into()),
+            model: Some("m".into()),
         });
         assert_eq!(
             String::from_utf8(encode(&with_request)).unwrap(),
-            r#"{"v":1,"event":{"type":"model_call_intent","step":1,"attempt":1,"request_hash":"ff","request":{"model":"m","instructions":"i","messages":[],"tools":[],"max_tokens":5}}}"#
+            r#"{"v":1,"event":{"type":"model_call_intent","step":1,"attempt":1,"request_hash":"ff","request":{"model":"m","instructions":"i","messages":[],"tools":[],"max_tokens":5},"provider":"openai","model":"m"}}"#
         );
     }
 

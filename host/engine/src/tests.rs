@@ -56,6 +56,7 @@ fn view() -> AgentView {
         name: "notes".into(),
         digest: AgentDigest::from_hex("d1"),
         model: "demo".into(),
+        provider: "scripted".into(),
         instructions: "You keep notes.".into(),
         max_tokens: 100,
         retry: RetryPolicy::default(),
@@ -141,6 +142,8 @@ fn model(step: u32, attempt: u32) -> Event {
         attempt,
         request_hash: RequestHash::from_hex("h"),
         request: None,
+        provider: None,
+        model: None,
     })
 }
 

@@ -37,6 +37,10 @@ pub struct AgentView {
     pub digest: AgentDigest,
     /// The model's name.
     pub model: String,
+    /// The provider that reaches the model, as the agent file names it
+    /// (`scripted`, `openai`, `anthropic`, `plan`): recorded with each
+    /// model call so the log says who answered.
+    pub provider: String,
     /// The system prompt.
     pub instructions: String,
     /// Output tokens per model call.
@@ -346,6 +350,7 @@ impl AgentView {
             name: agent.name.clone(),
             digest: agent.digest.clone(),
             model: agent.model.name.clone(),
+            provider: agent.model.provider.as_str().to_owned(),
             instructions: match &agent.output_schema {
                 None => agent.instructions.clone(),
                 Some(schema) => output_contract(&agent.instructions, schema),

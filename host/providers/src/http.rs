@@ -588,6 +588,65 @@ impl HttpClient {
     }
 }
 
+impl HttpClient {
+    /// POSTs `body` to `url` with `headers` (and `Host`, when they do not
+    /// name it) and reads the response whole: for senders other
+    /// than the model providers (the OpenTelemetry exporter) that want one
+    /// request on the same pooled connections and TLS configuration. Waits
+    /// up to `timeout` for the response to start and again for its body; a
+    /// body longer than `limit` bytes is an error.
+    pub async fn post_whole(
+        &self,
+        url: &Uri,
+        headers: &HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+        limit: usize,
+    ) -> Result<http::Response<Bytes>, PostError> {
+        let failed = |reason: String| PostError {
+            url: display_url(url),
+            reason,
+        };
+        let mut headers = headers.clone();
+        if !headers.contains_key(HOST)
+            && let Some(authority) = url.authority()
+        {
+            let host = HeaderValue::from_str(authority.as_str())
+                .map_err(|_| failed(format!("`{authority}` is not a valid host")))?;
+            headers.insert(HOST, host);
+        }
+        let (parts, mut response) = self
+            .post(url, &headers, body, timeout)
+            .await
+            .map_err(|e| failed(e.to_string()))?;
+        let read = async {
+            let mut whole = Vec::new();
+            while let Some(chunk) = response.chunk().await.map_err(|e| e.to_string())? {
+                if whole.len() + chunk.len() > limit {
+                    return Err(format!("the response is longer than {limit} bytes"));
+                }
+                whole.extend_from_slice(&chunk);
+            }
+            Ok(whole)
+        };
+        let whole = tokio::time::timeout(timeout, read)
+            .await
+            .map_err(|_| failed(format!("no whole response within {timeout:?}")))?
+            .map_err(failed)?;
+        Ok(http::Response::from_parts(parts, Bytes::from(whole)))
+    }
+}
+
+/// A request of [`HttpClient::post_whole`] got no whole response.
+#[derive(Debug, thiserror::Error)]
+#[error("POST {url} failed: {reason}")]
+pub struct PostError {
+    /// The URL, without its query.
+    url: String,
+    /// What went wrong.
+    reason: String,
+}
+
 fn server_name(host: &str) -> Result<rustls::pki_types::ServerName<'static>, SendError> {
     if let Ok(ip) = host.parse::<std::net::IpAddr>() {
         return Ok(rustls::pki_types::ServerName::from(ip));

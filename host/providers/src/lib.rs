@@ -28,7 +28,7 @@ use futures::Stream;
 use serde::{Deserialize, Serialize};
 
 pub use anthropic::{AnthropicOptions, AnthropicProvider};
-pub use http::{HttpClient, HttpConfig, Secret};
+pub use http::{HttpClient, HttpConfig, PostError, Secret};
 pub use openai::{MaxTokensField, OpenAiOptions, OpenAiProvider};
 pub use scripted::{ScriptError, ScriptedProvider};
 

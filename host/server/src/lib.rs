@@ -16,7 +16,9 @@
 //!   and its login, a session cookie with a CSRF token;
 //! - `connections.rs`: the connection layer: header and idle timeouts, a
 //!   connection cap, unauthenticated connections bounded first;
-//! - `tls.rs`: HTTPS.
+//! - `tls.rs`: HTTPS;
+//! - `GET /metrics`: Prometheus metrics read from the store
+//!   (`warden-otel`'s `metrics`), for any token.
 //!
 //! The server fails closed: it does not start without tokens
 //! ([`tokens::Tokens::read`]), and binds to a non-loopback address only
@@ -49,6 +51,7 @@ use serde_json::{Value, json};
 use warden::engine::events::Event;
 use warden::engine::worker::AgentLoader;
 use warden::engine::{Agent, RunId, Runtime};
+use warden_otel::metrics::{self, Metrics};
 
 pub use connections::{ConnectionHandle, ConnectionLimits};
 pub use error::{ApiError, Classify, ErrorReport};
@@ -83,6 +86,10 @@ pub struct ServeConfig {
     /// The agents it starts runs of (`POST /api/v1/runs`) and forks into:
     /// the operator's choice, loaded and checked before it serves.
     pub agents: agents::Agents,
+    /// What `GET /metrics` serves (Prometheus text, any token): read from
+    /// the store, with the process's append latency when its store is
+    /// metered.
+    pub metrics: Arc<Metrics>,
 }
 
 /// The handlers' shared state.
@@ -255,11 +262,31 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         .route("/console/session", get(console::session))
         .route("/console/logout", post(console::logout))
         .with_state(Arc::clone(&guard));
+    let observability = Router::new()
+        .route("/metrics", get(metrics_text))
+        .with_state(config.metrics);
     Router::new()
         .nest("/api/v1", api)
         .merge(console)
+        .merge(observability)
         .fallback(|| async { ApiError::new("not_found", "no such endpoint") })
         .layer(axum::middleware::from_fn_with_state(guard, guard::guard))
+}
+
+/// `GET /metrics`: the Prometheus text exposition.
+async fn metrics_text(
+    axum::extract::State(metrics): axum::extract::State<Arc<Metrics>>,
+) -> axum::response::Response {
+    use axum::response::IntoResponse as _;
+    match metrics.render().await {
+        Ok(text) => (
+            [(axum::http::header::CONTENT_TYPE, metrics::CONTENT_TYPE)],
+            text,
+        )
+            .into_response(),
+        Err(error) => ApiError::new("store_failed", format!("cannot read the metrics: {error}"))
+            .into_response(),
+    }
 }
 
 /// The OpenAPI document of the API (`GET /api/v1/openapi.json`).

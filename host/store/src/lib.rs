@@ -1225,6 +1225,33 @@ pub trait EventStore: Send + Sync {
         let _ = (id, by, at_ms);
         Err(unsupported::<Self>("approval rules"))
     }
+
+    // ---- export cursors ----
+    //
+    // How far a reader outside the engine (the OpenTelemetry exporter, say)
+    // got in each run's log, kept in the store so that a restarted reader,
+    // or another host's, resumes where the last one stopped. Nothing of the
+    // engine reads them. The defaults refuse with `StoreError::Unsupported`.
+
+    /// How many of each run's events reader `reader` has taken, by run.
+    /// Runs it never took anything from are absent.
+    async fn export_cursors(&self, reader: &str) -> Result<BTreeMap<RunId, u64>, StoreError> {
+        let _ = reader;
+        Err(unsupported::<Self>("export cursors"))
+    }
+
+    /// Records that reader `reader` has taken run `run_id`'s first
+    /// `through` events. A cursor never moves back: a lower `through` than
+    /// the one recorded (a slower reader racing a faster one) leaves it.
+    async fn advance_export_cursor(
+        &self,
+        reader: &str,
+        run_id: &RunId,
+        through: u64,
+    ) -> Result<(), StoreError> {
+        let _ = (reader, run_id, through);
+        Err(unsupported::<Self>("export cursors"))
+    }
 }
 
 fn unsupported<S: ?Sized>(operation: &'static str) -> StoreError {

@@ -3,7 +3,7 @@
 //! answers as the persistent stores (the conformance suite runs against it),
 //! minus durability.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 
 use async_trait::async_trait;
@@ -35,6 +35,8 @@ pub struct MemoryStore {
     /// and the body, checked against the digest when read). Locked after
     /// `runs`; never emptied by pruning.
     history: Mutex<HashMap<HistoryDigest, StoredChunk>>,
+    /// Export cursors by reader, then run.
+    cursors: Mutex<HashMap<String, BTreeMap<RunId, u64>>>,
 }
 
 /// A history chunk's row: the chunk before it and its body.
@@ -150,6 +152,7 @@ impl MemoryStore {
             commitments: Mutex::default(),
             rules: Mutex::default(),
             history: Mutex::default(),
+            cursors: Mutex::default(),
         }
     }
 
@@ -717,6 +720,27 @@ impl EventStore for MemoryStore {
             });
         }
         rules.push(rule.clone());
+        Ok(())
+    }
+
+    async fn export_cursors(&self, reader: &str) -> Result<BTreeMap<RunId, u64>, StoreError> {
+        let cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(cursors.get(reader).cloned().unwrap_or_default())
+    }
+
+    async fn advance_export_cursor(
+        &self,
+        reader: &str,
+        run_id: &RunId,
+        through: u64,
+    ) -> Result<(), StoreError> {
+        let mut cursors = self.cursors.lock().unwrap_or_else(|p| p.into_inner());
+        let at = cursors
+            .entry(reader.to_owned())
+            .or_default()
+            .entry(run_id.clone())
+            .or_default();
+        *at = (*at).max(through);
         Ok(())
     }
 

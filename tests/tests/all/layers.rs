@@ -50,6 +50,21 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-build-support",
         ],
     ),
+    // Traces derived from run logs: reads the store and the engine's
+    // events, sends on the providers' HTTP client; nothing below knows it.
+    (
+        "warden-otel",
+        &[
+            "warden-syntax",
+            "warden-tls",
+            "warden-sandbox",
+            "warden-store",
+            "warden-providers",
+            "warden-plugins",
+            "warden-engine",
+            "warden-build-support",
+        ],
+    ),
     (
         "warden",
         &[
@@ -81,6 +96,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-plugins",
             "warden-engine",
             "warden-testkit",
+            "warden-otel",
             "warden-build-support",
         ],
     ),
@@ -98,6 +114,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-plugins",
             "warden-engine",
             "warden-testkit",
+            "warden-otel",
             "warden-build-support",
         ],
     ),
@@ -116,6 +133,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "warden-plugins",
             "warden-engine",
             "warden-testkit",
+            "warden-otel",
             "warden-build-support",
         ],
     ),

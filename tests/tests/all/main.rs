@@ -122,6 +122,13 @@
 //!   requests refused without a token, below the role, naming another Host
 //!   or Origin; a live stream resumed with `Last-Event-ID`; an approval
 //!   through the API recorded as `api:<name>` and picked up by the worker.
+//! - `otel`: `warden otel export` to a real OTLP receiver (Arize Phoenix,
+//!   started by the test): the demo, a child waiting for approval, a
+//!   crashed and recovered run and a fork, read back through Phoenix's API
+//!   with their parentage and attributes, with no duplicate after a second
+//!   and a third export.
+//! - `metrics`: `/metrics` on `warden serve` and `warden worker`, accepted
+//!   by `promtool check metrics`, its counters moving as a run proceeds.
 //! - `layers`: the host's crates depend on each other one way only: no
 //!   lower crate (sandbox, store, providers) ever reaches the engine,
 //!   plugins or CLI.
@@ -166,9 +173,11 @@ mod layers;
 mod loading;
 mod mcp;
 mod mcp_servers;
+mod metrics;
 mod model_server;
 mod narrowed;
 mod network;
+mod otel;
 mod parsing;
 mod pause;
 mod plans;

@@ -1441,6 +1441,56 @@ impl EventStore for PostgresStore {
             .ok_or_else(|| StoreError::UnknownRule { id: id.to_owned() })
     }
 
+    async fn export_cursors(&self, reader: &str) -> Result<BTreeMap<RunId, u64>, StoreError> {
+        let context = format!("postgres: cannot read export cursors of {reader}");
+        let rows = self
+            .snapshot(&context, async |tx| {
+                query(
+                    tx,
+                    &context,
+                    "SELECT run_id, through FROM export_cursors WHERE reader = $1",
+                    &[&reader],
+                )
+                .await
+            })
+            .await?;
+        // A row whose id is not a run id was not written by this store:
+        // skipped, as listing skips such runs.
+        Ok(rows
+            .iter()
+            .filter_map(|r| {
+                let through: i64 = r.get(1);
+                Some((
+                    RunId::new(r.get::<_, String>(0)).ok()?,
+                    through.max(0) as u64,
+                ))
+            })
+            .collect())
+    }
+
+    async fn advance_export_cursor(
+        &self,
+        reader: &str,
+        run_id: &RunId,
+        through: u64,
+    ) -> Result<(), StoreError> {
+        let context = format!("postgres: cannot advance export cursor {reader} on run {run_id}");
+        let through = i64::try_from(through).unwrap_or(i64::MAX);
+        self.write(&context, async |tx| {
+            execute(
+                tx,
+                &context,
+                "INSERT INTO export_cursors (reader, run_id, through) VALUES ($1, $2, $3)
+                 ON CONFLICT (reader, run_id) DO UPDATE SET through = excluded.through
+                 WHERE excluded.through > export_cursors.through",
+                &[&reader, &run_id.as_str(), &through],
+            )
+            .await
+        })
+        .await?;
+        Ok(())
+    }
+
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let context = format!("postgres: cannot claim idempotency commitment {key}");
         self.write(&context, async |tx| {

@@ -59,6 +59,11 @@ use crate::StoreError;
 /// one chunk write the same bytes), never changed, deleted by a prune once
 /// no run reaches it; and `runs.history_head`, the chunk a run's history
 /// ends with (null for runs without one and every run an older store held).
+///
+/// Version 8 adds `export_cursors`: how many of each run's events a reader
+/// outside the engine (the OpenTelemetry exporter) has taken, one row per
+/// reader and run, only ever moved forward (`ON CONFLICT … WHERE` the new
+/// value is larger, so two hosts exporting at once never move it back).
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -147,6 +152,14 @@ CREATE TABLE IF NOT EXISTS history_chunks (
     body     bytea NOT NULL
 );
 ALTER TABLE runs ADD COLUMN IF NOT EXISTS history_head bytea;
+"#,
+    r#"
+CREATE TABLE IF NOT EXISTS export_cursors (
+    reader  text   NOT NULL,
+    run_id  text   NOT NULL,
+    through bigint NOT NULL,
+    PRIMARY KEY (reader, run_id)
+);
 "#,
 ];
 

@@ -621,6 +621,49 @@ impl EventStore for SqliteStore {
         .await
     }
 
+    async fn export_cursors(&self, reader: &str) -> Result<BTreeMap<RunId, u64>, StoreError> {
+        let reader = reader.to_owned();
+        self.read(move |conn, _| {
+            let context = || format!("sqlite: cannot read export cursors of {reader}");
+            let rows = conn
+                .prepare_cached("SELECT run_id, through FROM export_cursors WHERE reader = ?1")
+                .and_then(|mut s| {
+                    s.query_map([&reader], |row| {
+                        Ok((row.get::<_, String>(0)?, row.get::<_, i64>(1)?))
+                    })?
+                    .collect::<rusqlite::Result<Vec<_>>>()
+                })
+                .map_err(|e| backend(context(), e))?;
+            // A row whose id is not a run id was not written by this
+            // store: skipped, as listing skips such runs.
+            Ok(rows
+                .into_iter()
+                .filter_map(|(id, through)| Some((RunId::new(id).ok()?, through.max(0) as u64)))
+                .collect())
+        })
+        .await
+    }
+
+    async fn advance_export_cursor(
+        &self,
+        reader: &str,
+        run_id: &RunId,
+        through: u64,
+    ) -> Result<(), StoreError> {
+        let queue = self.queue.as_ref().ok_or_else(|| self.read_only())?;
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(Request::Cursor {
+                reader: reader.to_owned(),
+                run_id: run_id.clone(),
+                through,
+                reply,
+            })
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
+    }
+
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let queue = self.queue.as_ref().ok_or_else(|| self.read_only())?;
         let (reply, answer) = oneshot::channel();

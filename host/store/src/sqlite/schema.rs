@@ -64,6 +64,11 @@ use crate::{OpenMode, StoreError};
 /// first run that refers to it, never changed, deleted by a prune once no
 /// run reaches it; and `runs.history_head`, the chunk a run's history ends
 /// with (null for runs without one and every run a v7 store held).
+///
+/// Version 9 adds `export_cursors`: how many of each run's events a reader
+/// outside the engine (the OpenTelemetry exporter) has taken, one row per
+/// reader and run, only ever moved forward; the run by its text id, so a
+/// cursor outlives nothing it needs.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -159,6 +164,14 @@ CREATE TABLE history_chunks (
     body     BLOB NOT NULL
 ) STRICT, WITHOUT ROWID;
 ALTER TABLE runs ADD COLUMN history_head BLOB;
+"#,
+    r#"
+CREATE TABLE export_cursors (
+    reader  TEXT    NOT NULL,
+    run_id  TEXT    NOT NULL,
+    through INTEGER NOT NULL,
+    PRIMARY KEY (reader, run_id)
+) STRICT, WITHOUT ROWID;
 "#,
 ];
 

@@ -44,6 +44,8 @@ pub(super) type ClaimReply = oneshot::Sender<Result<Vec<Claim>, StoreError>>;
 pub(super) type PruneReply = oneshot::Sender<Result<Vec<Tombstone>, StoreError>>;
 /// The answer to one rule write: the rule as stored after it.
 pub(super) type RuleReply = oneshot::Sender<Result<ApprovalRule, StoreError>>;
+/// The answer to one export cursor's advance.
+pub(super) type CursorReply = oneshot::Sender<Result<(), StoreError>>;
 /// The answer to one pragma read.
 pub(super) type PragmaReply = oneshot::Sender<Result<String, StoreError>>;
 
@@ -80,6 +82,7 @@ enum Outcome {
     KeyClaimed(Result<KeyClaim, StoreError>),
     Pragma(Result<String, StoreError>),
     Rule(Result<ApprovalRule, StoreError>),
+    Cursor(Result<(), StoreError>),
 }
 
 impl Outcome {
@@ -91,6 +94,7 @@ impl Outcome {
             Outcome::KeyClaimed(r) => r.is_err(),
             Outcome::Pragma(r) => r.is_err(),
             Outcome::Rule(r) => r.is_err(),
+            Outcome::Cursor(r) => r.is_err(),
         }
     }
 }
@@ -148,6 +152,13 @@ pub(super) enum Request {
         op: RuleOp,
         reply: RuleReply,
     },
+    /// Moves an export cursor forward.
+    Cursor {
+        reader: String,
+        run_id: RunId,
+        through: u64,
+        reply: CursorReply,
+    },
 }
 
 /// A write to `approval_rules`.
@@ -165,6 +176,7 @@ impl Request {
             | Request::Prune { .. }
             | Request::Commitment { .. }
             | Request::Rule { .. }
+            | Request::Cursor { .. }
             | Request::Pragma { .. } => 0,
         }
     }
@@ -201,6 +213,9 @@ impl Request {
             (Request::Rule { reply, .. }, Outcome::Rule(r)) => {
                 let _ = reply.send(r);
             }
+            (Request::Cursor { reply, .. }, Outcome::Cursor(r)) => {
+                let _ = reply.send(r);
+            }
             _ => unreachable!("each request is answered with its own kind of outcome"),
         }
     }
@@ -213,6 +228,7 @@ impl Request {
             Request::Commitment { .. } => Outcome::KeyClaimed(Err(error)),
             Request::Pragma { .. } => Outcome::Pragma(Err(error)),
             Request::Rule { .. } => Outcome::Rule(Err(error)),
+            Request::Cursor { .. } => Outcome::Cursor(Err(error)),
         };
         self.answer(outcome);
     }
@@ -440,6 +456,12 @@ fn apply_all(
             Request::Claim { op, .. } => Outcome::Claims(claim(&tx, op)),
             Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
             Request::Rule { op, .. } => Outcome::Rule(write_rule(&tx, op)),
+            Request::Cursor {
+                reader,
+                run_id,
+                through,
+                ..
+            } => Outcome::Cursor(advance_cursor(&tx, reader, run_id, *through)),
             Request::Pragma { name, .. } => Outcome::Pragma(
                 tx.query_row(&format!("PRAGMA {name}"), [], |row| {
                     row.get::<_, rusqlite::types::Value>(0)
@@ -642,6 +664,29 @@ fn write_rule(conn: &Connection, op: &RuleOp) -> Result<ApprovalRule, StoreError
                 .ok_or_else(|| StoreError::UnknownRule { id: id.clone() })
         }
     }
+}
+
+/// Moves `reader`'s cursor on `run_id` to `through`, never back.
+fn advance_cursor(
+    conn: &Connection,
+    reader: &str,
+    run_id: &RunId,
+    through: u64,
+) -> Result<(), StoreError> {
+    let through = i64::try_from(through).unwrap_or(i64::MAX);
+    conn.prepare_cached(
+        "INSERT INTO export_cursors (reader, run_id, through) VALUES (?1, ?2, ?3)
+         ON CONFLICT (reader, run_id) DO UPDATE SET through = excluded.through
+         WHERE excluded.through > export_cursors.through",
+    )
+    .and_then(|mut s| s.execute(params![reader, run_id.as_str(), through]))
+    .map_err(|e| {
+        backend(
+            format!("sqlite: cannot advance export cursor {reader} on run {run_id}"),
+            e,
+        )
+    })?;
+    Ok(())
 }
 
 /// A commitment row: holder run, holder call, result once settled.

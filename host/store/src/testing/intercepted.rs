@@ -268,6 +268,24 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.rules().await
     }
 
+    async fn export_cursors(
+        &self,
+        reader: &str,
+    ) -> Result<std::collections::BTreeMap<RunId, u64>, StoreError> {
+        self.inner.export_cursors(reader).await
+    }
+
+    async fn advance_export_cursor(
+        &self,
+        reader: &str,
+        run_id: &RunId,
+        through: u64,
+    ) -> Result<(), StoreError> {
+        self.inner
+            .advance_export_cursor(reader, run_id, through)
+            .await
+    }
+
     async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
         self.inner.rule(id).await
     }

@@ -49,7 +49,8 @@ macro_rules! conformance_suite {
             reopened_store_keeps_everything,
             commitments_survive_reopening,
             rules_are_shared_by_every_store_on_the_data,
-            history_survives_reopening
+            history_survives_reopening,
+            export_cursors_survive_reopening
         ]);
     };
     (@module $store:ident, $backend:expr, [$($extra:ident),*]) => {
@@ -98,7 +99,8 @@ macro_rules! conformance_suite {
                 history_written_with_creates_loads_back_as_one_chain,
                 a_create_whose_history_does_not_link_writes_nothing,
                 tampered_history_is_detected,
-                pruning_deletes_the_history_no_remaining_run_reaches
+                pruning_deletes_the_history_no_remaining_run_reaches,
+                export_cursors_move_forward_per_reader_and_run
                 $(, $extra)*
             );
         }

@@ -2604,3 +2604,47 @@ pub async fn pruning_deletes_the_history_no_remaining_run_reaches(backend: &dyn 
         assert_history_broken(store.load_history(chunk.digest()).await, chunk, chunk);
     }
 }
+
+pub async fn export_cursors_move_forward_per_reader_and_run(backend: &dyn Backend) {
+    let store = backend.open().await;
+    assert!(store.export_cursors("otel").await.unwrap().is_empty());
+    store
+        .advance_export_cursor("otel", &id("run-a"), 3)
+        .await
+        .unwrap();
+    store
+        .advance_export_cursor("otel", &id("run-b"), 1)
+        .await
+        .unwrap();
+    // A slower reader's advance never moves a cursor back.
+    store
+        .advance_export_cursor("otel", &id("run-a"), 2)
+        .await
+        .unwrap();
+    store
+        .advance_export_cursor("other", &id("run-a"), 7)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.export_cursors("otel").await.unwrap(),
+        BTreeMap::from([(id("run-a"), 3), (id("run-b"), 1)])
+    );
+    assert_eq!(
+        store.export_cursors("other").await.unwrap(),
+        BTreeMap::from([(id("run-a"), 7)])
+    );
+}
+
+pub async fn export_cursors_survive_reopening(backend: &dyn Backend) {
+    let first = backend.open().await;
+    first
+        .advance_export_cursor("otel", &id("run-a"), 5)
+        .await
+        .unwrap();
+    drop(first);
+    let reopened = backend.open().await;
+    assert_eq!(
+        reopened.export_cursors("otel").await.unwrap(),
+        BTreeMap::from([(id("run-a"), 5)])
+    );
+}
