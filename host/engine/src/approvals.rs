@@ -88,7 +88,7 @@ impl Approvers {
 
     /// Whether `approver` may decide a call of a run under this setting;
     /// `Ok` gives what the log records as the decision's `by`.
-    pub fn admit<'a>(self, approver: &'a Approver) -> Result<&'a str, NotEntitled> {
+    pub fn admit(self, approver: &Approver) -> Result<&str, NotEntitled> {
         match (self, approver) {
             (_, Approver::Operator(by)) => Ok(by),
             (Approvers::OperatorsAndClient, Approver::Client { identity }) => Ok(identity),
