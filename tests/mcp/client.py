@@ -216,6 +216,33 @@ async def write_cli(target: Target) -> None:
         check("approved" in text(again), f"read after write: {text(again)}")
 
 
+async def write_operators_only(target: Target) -> None:
+    """A write under `--approvals operators` (HTTP's default), from a client
+    whose elicitation handler would approve anything: the client is never
+    asked, the write stays parked and unmade, until an operator approves
+    it from another terminal; then it is made once."""
+    asked: list[str] = []
+
+    async def would_approve(context: Any, params: types.ElicitRequestParams) -> types.ElicitResult:
+        asked.append(params.message)
+        return types.ElicitResult(action="accept", content={"approve": True})
+
+    async with target.session(elicit=would_approve) as session:
+        call = asyncio.create_task(session.call_tool("hostile__fs", append("operator")))
+        run, call_id = await awaiting_approval()
+        await asyncio.sleep(2)
+        check(asked == [], f"the client was asked to approve its own write: {asked}")
+        check(not call.done(), "the write did not wait for an operator")
+        check(effects().count("operator") == 0, f"made before an operator approved: {effects()}")
+        shown = await asyncio.to_thread(warden, "runs", "show", run)
+        check(shown["status"] == "awaiting_approval", f"still parked: {shown['status']}")
+        await asyncio.to_thread(warden, "runs", "approve", run, call_id)
+        result = await call
+        check(not result.is_error, f"approved write failed: {result}")
+        check(asked == [], f"the client was asked: {asked}")
+        check(effects().count("operator") == 1, f"effects: {effects()}")
+
+
 async def progress_parked(target: Target) -> None:
     """A synchronous client (no tasks) whose write waits for approval from
     another terminal: while it is parked, the server sends
@@ -410,6 +437,7 @@ SCENARIOS = {
     "cancel_parked": cancel_parked,
     "end_parked": end_parked,
     "progress_parked": progress_parked,
+    "write_operators_only": write_operators_only,
     "crash_write": crash_write,
 }
 

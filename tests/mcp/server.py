@@ -63,6 +63,13 @@ def write_note(name: str, text: str) -> str:
     return f"wrote {len(text)} bytes to {name}"
 
 
+@server.tool(description="Append a line to a note.")
+def append_note(name: str, line: str) -> str:
+    with (OUT / name).open("a") as f:
+        f.write(line + "\n")
+    return f"appended to {name}"
+
+
 @server.tool(description="Claims to only read, but is not trusted to.", annotations=READ_ONLY)
 def peek(name: str) -> str:
     return (DATA / name).read_text()[:10]

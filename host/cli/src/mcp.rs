@@ -13,7 +13,7 @@ use serde_json::json;
 use super::Context;
 use super::errors::CliError;
 use super::store::Access;
-use warden_mcp::{HttpOptions, ServeOptions, Served};
+use warden_mcp::{Approvers, HttpOptions, ServeOptions, Served};
 
 /// `warden mcp`.
 #[derive(Debug, Subcommand)]
@@ -72,6 +72,13 @@ pub(crate) struct ServeArgs {
     /// `progressToken`, so its request timeout does not fire meanwhile.
     #[arg(long, default_value = "10s")]
     progress_interval: String,
+    /// Who may approve or deny the served calls besides operators (`warden
+    /// runs approve|deny`, the console, the API): `operators` (the client
+    /// is never asked) or `client` (by elicitation, recorded under the
+    /// identity the transport authenticated). Default: `operators` over
+    /// HTTP, `client` over stdio.
+    #[arg(long, value_name = "WHO", value_parser = ["operators", "client"])]
+    approvals: Option<String>,
 }
 
 fn duration(flag: &str, text: &str) -> anyhow::Result<std::time::Duration> {
@@ -97,16 +104,19 @@ pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()
         )
         .into());
     };
-    let options = ServeOptions::default()
+    let mut options = ServeOptions::default()
         .approval_timeout(duration("approval-timeout", &args.approval_timeout)?)
         .claim_ttl(duration("claim-ttl", &args.claim_ttl)?)
         .progress_interval(duration("progress-interval", &args.progress_interval)?);
+    if let Some(who) = args.approvals.as_deref().and_then(Approvers::parse) {
+        options = options.approvers(who);
+    }
     let token = std::env::var(&args.token_env)
         .ok()
         .filter(|t| !t.trim().is_empty());
     // Fail closed before anything is opened.
     if let Some(addr) = args.http {
-        warden_mcp::check_bind(addr, token.is_some(), &args.token_env)?;
+        warden_mcp::check_bind(addr, token.is_some(), &args.token_env, &options)?;
     }
     let agent = ctx.settings.load_agent(&file)?;
     super::args::text_path("agent file", &agent.path, "every run's log")?;
@@ -123,7 +133,7 @@ pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()
             "warden mcp serve: serving {tools} over stdio into {}",
             ctx.settings.store.value
         );
-        served.serve_stdio().await?;
+        served.serve_stdio(super::runs::account()).await?;
         return Ok(());
     };
     let stop = super::worker::shutdown_signal()?;
@@ -137,6 +147,7 @@ pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()
         local,
         HttpOptions {
             token,
+            token_env: args.token_env.clone(),
             allowed_hosts: args.allow_hosts.clone(),
             shutdown: shutdown.clone(),
         },

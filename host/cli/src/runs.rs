@@ -356,8 +356,9 @@ pub(crate) fn user(by: Option<String>) -> String {
         .unwrap_or_else(account)
 }
 
+/// The account of the process's real user id, as `/etc/passwd` names it.
 #[cfg(unix)]
-fn account() -> String {
+pub(crate) fn account() -> String {
     use std::os::unix::fs::MetadataExt as _;
     // The owner of /proc/self is the process's real user id.
     let Ok(uid) = std::fs::metadata("/proc/self").map(|m| m.uid()) else {
@@ -376,7 +377,7 @@ fn account() -> String {
 }
 
 #[cfg(not(unix))]
-fn account() -> String {
+pub(crate) fn account() -> String {
     std::env::var("USERNAME").unwrap_or_else(|_| "unknown user".into())
 }
 

@@ -5,7 +5,9 @@
 //! (`warden_store::ApprovalRule`, its `spec` the JSON written here); the
 //! runtime's verbs (`runtime/rules.rs`) create, list and revoke them, and
 //! the step loop asks them before parking a call for a human and again
-//! right before an approved call runs.
+//! right before an approved call runs. Who may decide a call a served
+//! client asked for ([`Approvers`], [`Approver`]) is checked here too, by
+//! every surface that records such a decision.
 //!
 //! A rule approves a call only when everything it names matches: the
 //! plugin key, the tool's name within its plugin, every argument pattern
@@ -43,6 +45,84 @@ pub enum NeedsApproval {
     /// When the tool's effective effect class is `write`. The default.
     #[default]
     Writes,
+}
+
+/// Who may decide a call that waits for approval when the one who asked
+/// for it is a client Warden serves (`warden mcp serve`): an operator's
+/// setting, checked by [`Approvers::admit`] before any decision of such a
+/// run is recorded (the one gate; its surfaces ask it, never decide it).
+///
+/// Operators (the terminal's `warden runs approve|deny`, the console, the
+/// API under an approver's token) may always decide. The client that asked
+/// for the call may decide it only under [`Approvers::OperatorsAndClient`],
+/// and is then recorded by the identity its transport authenticated, never
+/// by a name it gave itself.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Approvers {
+    /// Operators only: the client is never asked, and its answer would not
+    /// count.
+    Operators,
+    /// Operators, and the client that asked (by MCP elicitation).
+    #[serde(rename = "client")]
+    OperatorsAndClient,
+}
+
+impl Approvers {
+    /// The setting's word (`operators`, `client`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Approvers::Operators => "operators",
+            Approvers::OperatorsAndClient => "client",
+        }
+    }
+
+    /// The setting named `text` (`operators`, `client`).
+    pub fn parse(text: &str) -> Option<Approvers> {
+        match text {
+            "operators" => Some(Approvers::Operators),
+            "client" => Some(Approvers::OperatorsAndClient),
+            _ => None,
+        }
+    }
+
+    /// Whether `approver` may decide a call of a run under this setting;
+    /// `Ok` gives what the log records as the decision's `by`.
+    pub fn admit(self, approver: &Approver) -> Result<&str, NotEntitled> {
+        match (self, approver) {
+            (_, Approver::Operator(by)) => Ok(by),
+            (Approvers::OperatorsAndClient, Approver::Client { identity }) => Ok(identity),
+            (Approvers::Operators, Approver::Client { identity }) => Err(NotEntitled {
+                identity: identity.clone(),
+            }),
+        }
+    }
+}
+
+/// Who is deciding a call that waits for approval.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Approver {
+    /// An operator, or the operator's own server acting on its settings (a
+    /// timeout's denial), as the log records them (`api:<token>`, a login
+    /// name, `warden mcp serve`).
+    Operator(String),
+    /// The client that asked for the call, by the identity its transport
+    /// authenticated (`mcp:stdio:<account>`, `mcp:token:<variable>`).
+    Client {
+        /// The authenticated identity, as the log records it.
+        identity: String,
+    },
+}
+
+/// A client's decision the operator's [`Approvers`] setting does not let
+/// it make.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "`{identity}` asked for this call and may not decide it: approvals here are for operators only (`warden runs approve` or `deny`, the console, the API)"
+)]
+pub struct NotEntitled {
+    /// The client's authenticated identity.
+    pub identity: String,
 }
 
 /// What a rule approves.
@@ -365,6 +445,30 @@ mod tests {
             plugin: "fs".into(),
             tool: tool.into(),
         }
+    }
+
+    #[test]
+    fn only_operators_decide_unless_the_setting_lets_the_client() {
+        let operator = Approver::Operator("alice".into());
+        let client = Approver::Client {
+            identity: "mcp:token:WARDEN_MCP_TOKEN".into(),
+        };
+        assert_eq!(Approvers::Operators.admit(&operator), Ok("alice"));
+        assert_eq!(
+            Approvers::Operators.admit(&client),
+            Err(NotEntitled {
+                identity: "mcp:token:WARDEN_MCP_TOKEN".into()
+            })
+        );
+        assert_eq!(
+            Approvers::OperatorsAndClient.admit(&client),
+            Ok("mcp:token:WARDEN_MCP_TOKEN")
+        );
+        assert_eq!(Approvers::OperatorsAndClient.admit(&operator), Ok("alice"));
+        for setting in [Approvers::Operators, Approvers::OperatorsAndClient] {
+            assert_eq!(Approvers::parse(setting.as_str()), Some(setting));
+        }
+        assert_eq!(Approvers::parse("anyone"), None);
     }
 
     #[test]

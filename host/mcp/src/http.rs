@@ -3,8 +3,10 @@
 //! another site that points its name at 127.0.0.1 is refused) and, when a
 //! token is set, `Authorization: Bearer <token>`. A request that passes
 //! marks its connection authenticated for `warden serve`'s connection layer,
-//! which the command line serves it through. Each MCP session the
-//! service opens is a `session::McpSession`: one run.
+//! which the command line serves it through, and carries the identity the
+//! token proved (`mcp:token:<variable>`), the one a client's approval is
+//! recorded under. Each MCP session the service opens is a
+//! `session::McpSession`: one run.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -22,7 +24,7 @@ use warden_server::tokens::{TokenEntry, digest};
 use warden_server::{ApiError, ConnectionHandle, Role, Tokens};
 
 use super::Served;
-use super::session::McpSession;
+use super::session::{Authenticated, McpSession, Transport};
 
 /// What the HTTP transport checks besides the MCP protocol.
 #[derive(Clone, Debug, Default)]
@@ -30,6 +32,9 @@ pub struct HttpOptions {
     /// The bearer token every request must carry; `None` on loopback
     /// only (see [`check_bind`](super::check_bind)).
     pub token: Option<String>,
+    /// The environment variable the token was read from: what a request
+    /// carrying it is recorded as (`mcp:token:<variable>`).
+    pub token_env: String,
     /// Host names it also answers as (its `Host` and `Origin`), as NAME or
     /// NAME:PORT.
     pub allowed_hosts: Vec<String>,
@@ -49,7 +54,7 @@ pub fn router(served: Arc<Served>, bind: SocketAddr, options: HttpOptions) -> Ro
         origins: SameOrigin::new(bind, &options.allowed_hosts),
         tokens: options.token.as_deref().map(|token| {
             Tokens::from_entries(vec![TokenEntry {
-                name: "mcp".to_owned(),
+                name: format!("mcp:token:{}", options.token_env),
                 role: Role::Operator,
                 sha256: digest(token),
                 expires_ms: None,
@@ -63,7 +68,7 @@ pub fn router(served: Arc<Served>, bind: SocketAddr, options: HttpOptions) -> Ro
         .disable_allowed_origins()
         .with_cancellation_token(options.shutdown);
     let service = StreamableHttpService::new(
-        move || Ok(McpSession::new(Arc::clone(&served))),
+        move || Ok(McpSession::new(Arc::clone(&served), Transport::Http)),
         Arc::new(LocalSessionManager::default()),
         config,
     );
@@ -73,16 +78,23 @@ pub fn router(served: Arc<Served>, bind: SocketAddr, options: HttpOptions) -> Ro
         .layer(axum::middleware::from_fn_with_state(gate, check))
 }
 
-async fn check(State(gate): State<Arc<Gate>>, request: Request, next: Next) -> Response {
+async fn check(State(gate): State<Arc<Gate>>, mut request: Request, next: Next) -> Response {
     match admit(&gate, &request) {
-        Ok(()) => served(request, next).await,
+        Ok(identity) => {
+            if let Some(identity) = identity {
+                request.extensions_mut().insert(Authenticated(identity));
+            }
+            served(request, next).await
+        }
         Err(error) => error.into_refusal(),
     }
 }
 
-/// Whether `request` passes the Host/Origin checks and carries the token.
-fn admit(gate: &Gate, request: &Request) -> Result<(), ApiError> {
+/// Whether `request` passes the Host/Origin checks and carries the token;
+/// `Ok` gives the identity the token proved (none without a token).
+fn admit(gate: &Gate, request: &Request) -> Result<Option<String>, ApiError> {
     gate.origins.check(request.headers())?;
+    let mut identity = None;
     if let Some(tokens) = &gate.tokens {
         let presented = request
             .headers()
@@ -97,17 +109,17 @@ fn admit(gate: &Gate, request: &Request) -> Result<(), ApiError> {
                     "no token: send `Authorization: Bearer <token>`",
                 ));
             }
-            Some(token) if tokens.identify(token).is_none() => {
-                return Err(ApiError::new("unauthenticated", "unknown token"));
-            }
-            Some(_) => {}
+            Some(token) => match tokens.identify(token) {
+                None => return Err(ApiError::new("unauthenticated", "unknown token")),
+                Some(entry) => identity = Some(entry.name.clone()),
+            },
         }
     }
     // Past the token: the connection layer never closes it for room.
     if let Some(connection) = request.extensions().get::<ConnectionHandle>() {
         connection.authenticated();
     }
-    Ok(())
+    Ok(identity)
 }
 
 async fn served(request: Request, next: Next) -> Response {

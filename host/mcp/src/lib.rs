@@ -12,7 +12,9 @@
 //!   receipt, approvals, budgets per session, a `write` never repeated).
 //!   The run is held under a claim the server renews, as a worker's, so
 //!   `warden runs approve` from another terminal records its decision and
-//!   leaves the driving to the server.
+//!   leaves the driving to the server. Who may approve a session's writes
+//!   is the operator's [`Approvers`] setting, checked by the engine's gate:
+//!   over HTTP operators only by default, over stdio the client too.
 //! - `tools.rs`: effect classes as MCP annotations.
 //! - `http.rs`: the streamable HTTP transport behind the Host and Origin
 //!   checks of `warden serve` and an optional bearer token.
@@ -32,6 +34,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+pub use warden::engine::approvals::Approvers;
 use warden::engine::schema::CompiledSchemas;
 use warden::engine::view::ToolTarget;
 use warden::engine::{ReplayOptions, RunStatus};
@@ -67,6 +70,15 @@ pub enum McpError {
         /// The environment variable the token is read from.
         env: String,
     },
+    /// Client approvals over HTTP without a bearer token: the client's
+    /// decisions could not be recorded as anyone's.
+    #[error(
+        "refusing to let HTTP clients approve without a bearer token: an approval must be recorded under an identity the transport authenticated; set the token's environment variable ({env}) or leave approvals to operators (`--approvals operators`)"
+    )]
+    AnonymousApprover {
+        /// The environment variable the token is read from.
+        env: String,
+    },
     /// The transport failed (stdio closed badly, the HTTP listener).
     #[error("MCP transport failed: {message}")]
     Failed {
@@ -90,6 +102,7 @@ impl McpError {
         match self {
             McpError::Unservable { .. } => "agent_unservable",
             McpError::Unprotected { .. } => "mcp_unprotected",
+            McpError::AnonymousApprover { .. } => "mcp_anonymous_approver",
             McpError::Failed { .. } => "mcp_failed",
             McpError::Runtime(e) => warden::errors::code_of(&**e).0,
         }
@@ -102,22 +115,34 @@ impl McpError {
             McpError::Unprotected { addr, env } => {
                 json!({ "addr": addr.to_string(), "env": env })
             }
+            McpError::AnonymousApprover { env } => json!({ "env": env }),
             McpError::Failed { .. } => json!({}),
             McpError::Runtime(e) => warden::errors::code_of(&**e).1,
         }
     }
 }
 
-/// Refuses an HTTP bind off loopback without a token.
-pub fn check_bind(addr: SocketAddr, has_token: bool, env: &str) -> Result<(), McpError> {
-    if addr.ip().is_loopback() || has_token {
-        Ok(())
-    } else {
-        Err(McpError::Unprotected {
+/// Refuses an HTTP bind off loopback without a token, and client
+/// approvals over HTTP without one (nobody the client could be recorded
+/// as).
+pub fn check_bind(
+    addr: SocketAddr,
+    has_token: bool,
+    env: &str,
+    options: &ServeOptions,
+) -> Result<(), McpError> {
+    if !(addr.ip().is_loopback() || has_token) {
+        return Err(McpError::Unprotected {
             addr,
             env: env.to_owned(),
-        })
+        });
     }
+    if !has_token && options.approvers == Some(Approvers::OperatorsAndClient) {
+        return Err(McpError::AnonymousApprover {
+            env: env.to_owned(),
+        });
+    }
+    Ok(())
 }
 
 /// How sessions are served. Every setter says its default.
@@ -128,6 +153,7 @@ pub struct ServeOptions {
     poll: Duration,
     progress_interval: Duration,
     owner: String,
+    approvers: Option<Approvers>,
 }
 
 impl Default for ServeOptions {
@@ -138,6 +164,7 @@ impl Default for ServeOptions {
             poll: Duration::from_millis(200),
             progress_interval: Duration::from_secs(10),
             owner: format!("mcp:{}:{:08x}", std::process::id(), rand::random::<u32>()),
+            approvers: None,
         }
     }
 }
@@ -174,6 +201,27 @@ impl ServeOptions {
     pub fn progress_interval(mut self, interval: Duration) -> Self {
         self.progress_interval = interval.max(Duration::from_millis(100));
         self
+    }
+
+    /// Who may approve or deny a session's calls besides operators
+    /// (`warden runs approve|deny`, the console, the API). Default: over
+    /// HTTP [`Approvers::Operators`] (a client that can reach the endpoint
+    /// is a program holding a token, often the agent host that asked for
+    /// the write: it must not approve its own writes); over stdio
+    /// [`Approvers::OperatorsAndClient`] (the client was started by, and
+    /// answers to, the local account that could run `warden runs approve`
+    /// on the same store anyway).
+    pub fn approvers(mut self, approvers: Approvers) -> Self {
+        self.approvers = Some(approvers);
+        self
+    }
+
+    /// The setting for a session over `transport`.
+    fn approvers_over(&self, transport: &session::Transport) -> Approvers {
+        self.approvers.unwrap_or(match transport {
+            session::Transport::Stdio { .. } => Approvers::OperatorsAndClient,
+            session::Transport::Http => Approvers::Operators,
+        })
     }
 
     /// The owner its claims record. Default: `mcp:<pid>:<random>`.
@@ -258,10 +306,13 @@ impl Served {
     }
 
     /// Serves one session over stdin and stdout until the client closes
-    /// it, then lets its run finish.
-    pub async fn serve_stdio(self: &Arc<Self>) -> Result<(), McpError> {
+    /// it, then lets its run finish. `account` is the local account this
+    /// process runs as (by its user id, not an environment the client
+    /// chose): the client's identity when it may approve.
+    pub async fn serve_stdio(self: &Arc<Self>, account: String) -> Result<(), McpError> {
         use rmcp::ServiceExt as _;
-        let session = session::McpSession::new(Arc::clone(self));
+        let session =
+            session::McpSession::new(Arc::clone(self), session::Transport::Stdio { account });
         let stdin = EndsSession {
             inner: tokio::io::stdin(),
             ended: session.ended(),

@@ -5,10 +5,12 @@
 //! and the run is driven until the engine asks the model again (the call
 //! settled: its result is read back from the log) or the drive stops: at
 //! an approval, which is asked of the client's user by elicitation when
-//! the client declared it, else waited for from `warden runs approve` (or
-//! `deny`) until the approval timeout, when this server denies it; or at
-//! anything else that parks or ends the run (a budget, a dangling write),
-//! which the client receives as a typed error.
+//! the client declared it and the operator's [`Approvers`] setting lets the
+//! client decide (recorded under the identity the transport authenticated),
+//! else waited for from `warden runs approve` (or `deny`) until the
+//! approval timeout, when this server denies it; or at anything else that
+//! parks or ends the run (a budget, a dangling write), which the client
+//! receives as a typed error.
 //!
 //! While a call waits (its turn, the run, an approval), a client that gave
 //! a `progressToken` receives `notifications/progress` every
@@ -43,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use warden::engine::StartOptions;
 use warden::engine::approval_prompt::ApprovalPrompt;
+use warden::engine::approvals::{Approver, Approvers};
 use warden::engine::decide::call_mistake;
 use warden::engine::events::ToolCallResult;
 use warden::engine::state::{Parked, ToolCallProgress, value_text};
@@ -63,6 +66,26 @@ const CLOSING_WAIT: Duration = Duration::from_secs(30);
 
 /// Who the log records as having denied a call nobody decided in time.
 const SERVER: &str = "warden mcp serve";
+
+/// The transport a session came over, which decides who its client is.
+#[derive(Clone, Debug)]
+pub(crate) enum Transport {
+    /// Standard input and output: the client started this server as the
+    /// local account named here.
+    Stdio {
+        /// The account of the process's user id.
+        account: String,
+    },
+    /// Streamable HTTP: the client is whoever a request's credentials
+    /// identify ([`Authenticated`], set by the HTTP gate).
+    Http,
+}
+
+/// The identity an HTTP request's credentials proved (the bearer token, by
+/// the environment variable the operator keeps it in), put in the
+/// request's extensions by the gate; a request without one is anonymous.
+#[derive(Clone, Debug)]
+pub(crate) struct Authenticated(pub(crate) String);
 
 /// The handler of one MCP session (what rmcp serves). Dropping the last
 /// clone ends the session.
@@ -88,16 +111,20 @@ impl McpSession {
         self.session.ended.clone()
     }
 
-    /// A new session of `served`; its run starts at its first call.
-    pub(crate) fn new(served: Arc<Served>) -> McpSession {
+    /// A new session of `served` over `transport`; its run starts at its
+    /// first call.
+    pub(crate) fn new(served: Arc<Served>, transport: Transport) -> McpSession {
         let ended = CancellationToken::new();
         let model = ClientModel::new(ended.clone());
         let runtime = served
             .runtime
             .clone()
             .with_provider(Arc::new(model.clone()));
+        let approvers = served.options.approvers_over(&transport);
         let session = Arc::new(Session {
             served: Arc::clone(&served),
+            transport,
+            approvers,
             runtime,
             model,
             ended: ended.clone(),
@@ -123,6 +150,9 @@ impl McpSession {
 
 struct Session {
     served: Arc<Served>,
+    transport: Transport,
+    /// Who may decide this session's calls.
+    approvers: Approvers,
     /// The runtime whose model is this session's client.
     runtime: Runtime,
     model: ClientModel,
@@ -240,12 +270,27 @@ impl Session {
             .unwrap_or_else(|| "client".to_owned())
     }
 
+    /// The client of a request as an approver: by the identity its
+    /// transport authenticated; `None` for an anonymous HTTP request (no
+    /// token set), which may decide nothing.
+    fn approver(&self, context: &RequestContext<RoleServer>) -> Option<Approver> {
+        let identity = match &self.transport {
+            Transport::Stdio { account } => format!("mcp:stdio:{account}"),
+            Transport::Http => {
+                let parts = context.extensions.get::<axum::http::request::Parts>()?;
+                parts.extensions.get::<Authenticated>()?.0.clone()
+            }
+        };
+        Some(Approver::Client { identity })
+    }
+
     /// Starts the session's run and claims it.
     async fn begin(&self, peer: &Peer<RoleServer>) -> Result<Active, ErrorData> {
         let client = Self::client(peer);
         let options = StartOptions::new()
             .label(SESSION_LABEL, "serve")
-            .label("mcp_client", client.clone());
+            .label("mcp_client", client.clone())
+            .label("mcp_approvers", self.approvers.as_str());
         let input = Value::String(format!("An MCP session of `{client}`."));
         let run_id = self
             .runtime
@@ -304,6 +349,7 @@ impl Session {
         peer: &Peer<RoleServer>,
         cancelled: &CancellationToken,
         progress: Option<ProgressToken>,
+        client: Option<&Approver>,
     ) -> Result<CallToolResult, ErrorData> {
         let Some(tool) = self.served.tool(name) else {
             return Err(ErrorData::invalid_params(
@@ -375,7 +421,7 @@ impl Session {
                     match ended {
                         Ok(RunStatus::AwaitingApproval) => {
                             denial = self
-                                .decide(&active.run_id, peer, cancelled, &mut heartbeat)
+                                .decide(&active.run_id, peer, client, cancelled, &mut heartbeat)
                                 .await?;
                         }
                         other => break Some(other),
@@ -477,6 +523,7 @@ impl Session {
         &self,
         run_id: &RunId,
         peer: &Peer<RoleServer>,
+        client: Option<&Approver>,
         cancelled: &CancellationToken,
         heartbeat: &mut Heartbeat,
     ) -> Result<Option<&'static str>, ErrorData> {
@@ -508,14 +555,29 @@ impl Session {
         let message = format!("Warden: run {run_id} asks for approval\n{prompt}");
         let timeout = self.served.options.approval_timeout;
         let deadline = Instant::now() + timeout;
-        let by = format!("mcp:{}", Self::client(peer));
         let waiting = format!(
             "waiting for approval of call {call_id} ({})",
             call.call.name
         );
-        if peer
-            .supported_elicitation_modes()
-            .contains(&ElicitationMode::Form)
+        // The client is asked only when the operator's setting lets it
+        // decide (the gate every decision below passes again).
+        let entitled = match client {
+            Some(client) => match self.approvers.admit(client) {
+                Ok(_) => Some(client),
+                Err(refused) => {
+                    tracing::info!(%run_id, %call_id, %refused, "not asking the client");
+                    None
+                }
+            },
+            None => {
+                tracing::info!(%run_id, %call_id, "not asking an anonymous client");
+                None
+            }
+        };
+        if let Some(client) = entitled
+            && peer
+                .supported_elicitation_modes()
+                .contains(&ElicitationMode::Form)
         {
             let mut asked = std::pin::pin!(
                 peer.elicit_with_timeout::<Approval>(message.clone(), Some(timeout))
@@ -536,16 +598,18 @@ impl Session {
             };
             match answer {
                 Ok(Some(Approval { approve: true, .. })) => {
-                    return self.record(run_id, &call_id, &by, None).await;
+                    return self.record(run_id, &call_id, client, None).await;
                 }
                 Ok(Some(Approval { reason, .. })) => {
                     return self
-                        .record(run_id, &call_id, &by, Some(&denied(&reason)))
+                        .record(run_id, &call_id, client, Some(&denied(&reason)))
                         .await;
                 }
                 Ok(None)
                 | Err(ElicitationError::UserDeclined | ElicitationError::UserCancelled) => {
-                    return self.record(run_id, &call_id, &by, Some(&denied(""))).await;
+                    return self
+                        .record(run_id, &call_id, client, Some(&denied("")))
+                        .await;
                 }
                 Err(ElicitationError::Service(ServiceError::Timeout { .. })) => {}
                 Err(error) => {
@@ -582,7 +646,7 @@ impl Session {
             }
         }
         let reason = format!("no approval within {} s", timeout.as_secs_f64());
-        self.record(run_id, &call_id, SERVER, Some(&reason))
+        self.record(run_id, &call_id, &server(), Some(&reason))
             .await
             .map(|recorded| recorded.map(|_| "approval_timeout"))
     }
@@ -601,21 +665,29 @@ impl Session {
             "the client cancelled the call or ended the session"
         };
         tracing::info!(%run_id, %call_id, reason, "withdrawing a parked call");
-        self.record(run_id, call_id, SERVER, Some(reason))
+        self.record(run_id, call_id, &server(), Some(reason))
             .await
             .map(|recorded| recorded.map(|_| "cancelled"))
     }
 
-    /// Records an approval (`denial` none) or a denial; returns the code of
-    /// the denial when it was recorded. A decision someone else recorded
-    /// first stands.
+    /// Records `approver`'s approval (`denial` none) or denial, once the
+    /// operator's setting admits `approver`; returns the code of the
+    /// denial when it was recorded. A decision someone else recorded first
+    /// stands.
     async fn record(
         &self,
         run_id: &RunId,
         call_id: &warden::engine::CallId,
-        by: &str,
+        approver: &Approver,
         denial: Option<&str>,
     ) -> Result<Option<&'static str>, ErrorData> {
+        let by = self.approvers.admit(approver).map_err(|refused| {
+            refusal(
+                "not_entitled",
+                refused.to_string(),
+                json!({ "run_id": run_id, "call_id": call_id }),
+            )
+        })?;
         let recorded = match denial {
             None => self.runtime.approve(run_id, call_id, by).await,
             Some(reason) => self.runtime.deny(run_id, call_id, by, reason).await,
@@ -705,6 +777,12 @@ impl Session {
     }
 }
 
+/// This server, deciding on the operator's settings (a timeout, a
+/// withdrawn call).
+fn server() -> Approver {
+    Approver::Operator(SERVER.to_owned())
+}
+
 /// Renews `claim` every third of `ttl`, moving `valid` on from the start
 /// of each renewal that succeeds, until it is fenced (another driver took
 /// the run) or the session drops it.
@@ -774,6 +852,7 @@ impl ServerHandler for McpSession {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = Value::Object(request.arguments.unwrap_or_default());
+        let client = self.session.approver(&context);
         // Cancelled by the client's `notifications/cancelled` or the end of
         // the transport (rmcp's token), or the end of the session.
         let stop = self.session.ended.child_token();
@@ -792,6 +871,7 @@ impl ServerHandler for McpSession {
                 &context.peer,
                 &stop,
                 context.meta.get_progress_token(),
+                client.as_ref(),
             )
             .await
             .map(Into::into);

@@ -32,6 +32,8 @@
 //!   errors, shared by every surface (the command line, the Python package).
 //! - [`threat_model`]: the surfaces and attackers the security model
 //!   covers, which the suite's attack matrix crosses.
+//! - [`fault_model`]: the effect kinds Warden performs on a run's behalf
+//!   and the faults around them, which the suite's effects matrix crosses.
 //!
 //! Features (all on by default): `sqlite` and `postgres` (the stores),
 //! `builtin` (the first-party plugins, built and embedded).
@@ -39,6 +41,7 @@
 //! ARCHITECTURE.md in the repository maps every crate and its invariants.
 
 pub mod errors;
+pub mod fault_model;
 pub mod threat_model;
 
 pub use warden_engine as engine;

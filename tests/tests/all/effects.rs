@@ -476,7 +476,7 @@ text = "Paid."
 }
 
 /// The application pays invoices itself; the run parks at the call.
-const EXTERNAL: &str = r#"
+pub(crate) const EXTERNAL: &str = r#"
 [external_tools.pay_invoice]
 description = "Pay an invoice (the application does it with its own credentials)"
 arguments_schema = '{"type": "object", "required": ["invoice_id", "amount"], "properties": {"invoice_id": {"type": "string"}, "amount": {"type": "integer"}}}'
@@ -484,7 +484,7 @@ output_schema = '{"type": "object", "required": ["invoice_id", "status"], "prope
 must_match = ["invoice_id"]
 "#;
 
-const PAY_INVOICE: &str = r#"
+pub(crate) const PAY_INVOICE: &str = r#"
 [[turns]]
 text = "Paying the invoice."
 [[turns.tool_calls]]

@@ -41,6 +41,11 @@
 //!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
+//! - `effects_matrix`: every effect kind of `warden::fault_model` crossed
+//!   with every fault (a kill at every append, a store failure at every
+//!   append, a pause past the claim and a lost claim inside the effect) on
+//!   SQLite and PostgreSQL: each write at most once, no torn target,
+//!   nothing acknowledged lost, every run ended as the docs say.
 //! - `children`: agents as tools, as child runs on every store: a planner
 //!   with two workers killed at every event boundary of parent and children
 //!   recovers with each write once; a child waiting for approval parks its
@@ -156,6 +161,7 @@ mod console;
 mod context;
 mod corpus;
 mod effects;
+mod effects_matrix;
 mod engine;
 mod engine_layers;
 mod feature_sets;

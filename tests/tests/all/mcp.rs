@@ -8,7 +8,12 @@
 //! over HTTP also requests without the token, with a wrong one, from
 //! another Origin or naming another Host (refused). Then the store is
 //! read: each session is a completed run that recorded each call as an
-//! effect, and the side-effect file holds each approved write once.
+//! effect, and the side-effect file holds each approved write once. The
+//! client's decisions are recorded under the identity its transport
+//! authenticated (the local account over stdio, the token over HTTP);
+//! under `--approvals operators` (HTTP's default) a client that would
+//! approve anything is never asked, and its write waits for `warden runs
+//! approve`, then is made once.
 //!
 //! A server killed with SIGKILL between a write's intent and its
 //! completion leaves the write parked as dangling (`needs_reconciliation`)
@@ -204,10 +209,20 @@ fn effects(dir: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The account this test runs as (`id -un`): what a stdio client's
+/// decisions are recorded under, whatever name the client gives itself.
+fn account() -> String {
+    let out = Command::new("id").arg("-un").output().unwrap();
+    assert!(out.status.success(), "id -un: {out:?}");
+    String::from_utf8(out.stdout).unwrap().trim().to_owned()
+}
+
 /// What every session of the scenarios left in the store: a completed run
 /// per session with a call, each call recorded as an intent and a
-/// completion, the approvals and denials with who made them.
-fn check_recorded(dir: &Path) {
+/// completion, the approvals and denials with who made them: the client
+/// by `client`, the identity its transport authenticated, never by the
+/// name it gave itself.
+fn check_recorded(dir: &Path, client: &str) {
     // A session's run completes once the client closed it.
     let deadline = Instant::now() + Duration::from_secs(30);
     let runs = loop {
@@ -242,10 +257,7 @@ fn check_recorded(dir: &Path) {
     };
     let granted = all("approval_granted");
     assert_eq!(granted.len(), 2, "{granted:#?}");
-    assert!(
-        granted.iter().any(|e| e["by"] == "mcp:warden-tests"),
-        "{granted:#?}"
-    );
+    assert!(granted.iter().any(|e| e["by"] == client), "{granted:#?}");
     let denied = all("approval_denied");
     assert_eq!(denied.len(), 3, "{denied:#?}");
     assert!(
@@ -256,10 +268,7 @@ fn check_recorded(dir: &Path) {
                 .starts_with("no approval within")),
         "{denied:#?}"
     );
-    assert!(
-        denied.iter().any(|e| e["by"] == "mcp:warden-tests"),
-        "{denied:#?}"
-    );
+    assert!(denied.iter().any(|e| e["by"] == client), "{denied:#?}");
     assert!(
         denied.iter().any(|e| e["reason"] == "not now"),
         "{denied:#?}"
@@ -285,7 +294,7 @@ fn the_python_sdk_uses_the_served_tools_over_stdio() {
     let mut args = vec!["stdio", bin.to_str().unwrap(), "agent.toml"];
     args.extend(SCENARIOS);
     run_client(dir, &args);
-    check_recorded(dir);
+    check_recorded(dir, &format!("mcp:stdio:{}", account()));
 }
 
 /// A client's bad arguments, more in a row than the agent's
@@ -436,6 +445,68 @@ fn a_parked_call_sends_progress_while_it_waits_over_streamable_http() {
     check_progressed(dir);
 }
 
+/// What a write only operators could approve left: one completed run
+/// recording who may approve (`mcp_approvers=operators`), its write
+/// approved once by the operator at the terminal (never by the client,
+/// which was not asked) and made once.
+fn check_operators_only(dir: &Path) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = session_runs(dir);
+        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    let run = &runs[0];
+    assert_eq!(run["status"], "completed", "{run:#}");
+    assert_eq!(run["labels"]["mcp_approvers"], "operators", "{run:#}");
+    let granted = events(run, "approval_granted");
+    assert_eq!(granted.len(), 1, "{run:#}");
+    assert!(
+        !granted[0]["by"].as_str().unwrap().starts_with("mcp:"),
+        "{run:#}"
+    );
+    assert!(events(run, "approval_denied").is_empty(), "{run:#}");
+    assert_eq!(events(run, "tool_call_intent").len(), 1, "{run:#}");
+    assert_eq!(effects(dir), ["operator"]);
+}
+
+/// Over HTTP only operators approve by default: a client whose elicitation
+/// handler approves everything is never asked, its write stays parked until
+/// `warden runs approve`, then is made exactly once.
+#[test]
+fn over_streamable_http_only_operators_approve_by_default() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "tok", &["--approval-timeout", "60s"]);
+    run_client(dir, &["http", &url, "tok", "write_operators_only"]);
+    check_operators_only(dir);
+}
+
+/// `--approvals operators` over stdio: the same, for the local client.
+#[test]
+fn over_stdio_only_operators_approve_when_the_operator_says_so() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    run_client_with(
+        dir,
+        &[
+            "stdio",
+            bin.to_str().unwrap(),
+            "agent.toml",
+            "write_operators_only",
+        ],
+        &[
+            ("MCP_APPROVAL_TIMEOUT", "60s"),
+            ("MCP_SERVE_FLAGS", "--approvals operators"),
+        ],
+    );
+    check_operators_only(dir);
+}
+
 /// A child process killed on drop.
 struct Killed(Child);
 
@@ -493,12 +564,12 @@ fn start_http(dir: &Path, token: &str, flags: &[&str]) -> (Killed, String) {
 fn the_python_sdk_uses_the_served_tools_over_streamable_http() {
     let fx = served();
     let dir = fx.dir.path();
-    let (_server, url) = start_http(dir, "s3cret-token", &[]);
+    let (_server, url) = start_http(dir, "s3cret-token", &["--approvals", "client"]);
     let mut args = vec!["http", url.as_str(), "s3cret-token"];
     args.extend(SCENARIOS);
     args.push("refused");
     run_client(dir, &args);
-    check_recorded(dir);
+    check_recorded(dir, "mcp:token:WARDEN_MCP_TOKEN");
 }
 
 #[test]
@@ -535,7 +606,7 @@ fn a_refusal_never_leaves_a_closed_connection_for_a_client_to_reuse() {
 fn a_server_killed_mid_write_parks_it_and_never_makes_it_again() {
     let fx = served();
     let dir = fx.dir.path();
-    let (mut server, url) = start_http(dir, "tok", &["--claim-ttl", "1s"]);
+    let (mut server, url) = start_http(dir, "tok", &["--claim-ttl", "1s", "--approvals", "client"]);
     let mut writer = Killed(
         client(dir, &["http", &url, "tok", "crash_write"])
             .stdout(Stdio::null())
@@ -598,6 +669,19 @@ fn serving_refuses_an_unprotected_bind_and_an_agent_without_plugin_tools() {
     refused(
         &["mcp", "serve", "agent.toml", "--http", "0.0.0.0:0"],
         "mcp_unprotected",
+    );
+    // A client's approval needs an identity to be recorded under.
+    refused(
+        &[
+            "mcp",
+            "serve",
+            "agent.toml",
+            "--http",
+            "127.0.0.1:0",
+            "--approvals",
+            "client",
+        ],
+        "mcp_anonymous_approver",
     );
     std::fs::write(
         dir.join("bare.toml"),

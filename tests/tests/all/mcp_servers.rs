@@ -43,7 +43,7 @@ fn repo() -> PathBuf {
 
 /// The venv's Python (the SDK pinned in it) and the installation it was
 /// made from: both must be visible inside the sandbox.
-fn python() -> (PathBuf, PathBuf) {
+pub(crate) fn python() -> (PathBuf, PathBuf) {
     let python = repo().join("target/mcp-venv/bin/python");
     assert!(
         python.exists(),
@@ -883,9 +883,9 @@ rename = "weather"
 /// The test server (`tests/mcp/server.py`, the official Python SDK) serving
 /// streamable HTTP on a loopback port: a remote server, started by the
 /// test, not by Warden. Killed when dropped.
-struct HttpServer {
+pub(crate) struct HttpServer {
     child: std::process::Child,
-    port: u16,
+    pub(crate) port: u16,
     log: PathBuf,
 }
 
@@ -893,6 +893,12 @@ impl HttpServer {
     /// Serves `fx`'s data and out directories on a free port (`port`, or
     /// any).
     fn start(fx: &Fx, port: Option<u16>) -> HttpServer {
+        HttpServer::serve(fx.dir.path(), port)
+    }
+
+    /// Serves `dir`'s `data` and `out` with `dir/srv/server.py` on a free
+    /// port (`port`, or any).
+    pub(crate) fn serve(dir: &Path, port: Option<u16>) -> HttpServer {
         let (python, _) = python();
         let port = port.unwrap_or_else(|| {
             TcpListener::bind("127.0.0.1:0")
@@ -901,11 +907,11 @@ impl HttpServer {
                 .unwrap()
                 .port()
         });
-        let log = fx.path(&format!("http-server-{port}.log"));
+        let log = dir.join(format!("http-server-{port}.log"));
         let child = Command::new(python)
-            .arg(fx.path("srv/server.py"))
-            .arg(fx.path("data"))
-            .arg(fx.path("out"))
+            .arg(dir.join("srv/server.py"))
+            .arg(dir.join("data"))
+            .arg(dir.join("out"))
             .args(["--http", &port.to_string()])
             .stdin(Stdio::null())
             .stdout(std::fs::File::create(&log).unwrap())
@@ -925,7 +931,7 @@ impl HttpServer {
         server
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}/mcp", self.port)
     }
 

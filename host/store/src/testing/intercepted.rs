@@ -59,6 +59,12 @@ pub trait Hooks: Send + Sync {
         let _ = (via, run_id, events);
     }
 
+    /// After an append the inner store took, before its caller learns so:
+    /// may wait (a driver stopped with its append durable).
+    async fn before_acknowledge(&self, via: AppendVia, run_id: &RunId, events: &[Bytes]) {
+        let _ = (via, run_id, events);
+    }
+
     /// Before any append, with how durable it asked to be.
     fn durability(&self, run_id: &RunId, events: &[Bytes], durability: Durability) {
         let _ = (run_id, events, durability);
@@ -107,6 +113,7 @@ impl<H: Hooks> Intercepted<H> {
             BeforeAppend::Write => {
                 let appended = write.await?;
                 self.hooks.after_append(via, run_id, events);
+                self.hooks.before_acknowledge(via, run_id, events).await;
                 Ok(appended)
             }
         }
