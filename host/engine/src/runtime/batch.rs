@@ -34,11 +34,13 @@ use std::time::Duration;
 
 use tokio::task::JoinHandle;
 
+use super::agents::Prepared;
+use super::calls::{ToolOutcome, ToolReturn};
 use super::children::child_agent;
-use super::{
-    DriverHandle, Log, Prepared, Runtime, RuntimeError, Step, ToolOutcome, ToolReturn, decide_next,
-    still_valid,
-};
+use super::driving::decide_next;
+use super::live::DriverHandle;
+use super::log::{Log, still_valid};
+use super::{Runtime, RuntimeError, Step};
 use crate::decide::{Action, ChildDrive, Idle, ToolInvocation};
 use crate::events::ParentLink;
 use crate::events::{ClockObserved, Event};

@@ -32,7 +32,9 @@ use std::pin::Pin;
 use warden_sandbox::ValidUntil;
 use warden_store::{Claim, ListingStatus, RunMeta, StoreError};
 
-use super::{Log, Prepared, Runtime, RuntimeError, Step, recordable, still_valid};
+use super::agents::Prepared;
+use super::log::{Log, recordable, still_valid};
+use super::{Runtime, RuntimeError, Step};
 use crate::agent::Agent;
 use crate::budget::RecordedLimits;
 use crate::decide::{ChildDrive, Idle};

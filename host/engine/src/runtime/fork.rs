@@ -37,7 +37,8 @@ use std::collections::BTreeMap;
 use bytes::Bytes;
 use warden_store::{EventStore, Listing, ListingStatus, RunMeta, StoreError};
 
-use super::{Runtime, RuntimeError, decoded, recordable};
+use super::log::{decoded, recordable};
+use super::{Runtime, RuntimeError};
 use crate::agent::Agent;
 use crate::budget::{BudgetLimits, RecordedLimits};
 use crate::ceilings::RunCeilings;

@@ -11,7 +11,8 @@
 use sha2::{Digest as _, Sha256};
 use warden_store::{ApprovalRule, RuleStanding, StoreError};
 
-use super::{Log, Runtime, RuntimeError};
+use super::log::Log;
+use super::{Runtime, RuntimeError};
 use crate::approvals::{Rule, RuleError, RuleSpec};
 use crate::decide::ApprovalRequest;
 use crate::events::{ApprovalWithdrawn, Event, GrantingRule, WithdrawReason};

@@ -48,7 +48,8 @@ use warden_store::{
     EventStore, HistoryChunk, HistoryDigest, RunFilter, RunSummary, SETTLED_STATUSES, StoreError,
 };
 
-use super::{RuntimeError, decoded};
+use super::RuntimeError;
+use super::log::decoded;
 use crate::events::{Event, HistoryChain, RunStarted, SessionStart};
 use crate::ids::{RunId, SessionId};
 use crate::state::{RunState, Terminal, fold};
