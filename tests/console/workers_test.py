@@ -124,6 +124,8 @@ try:
         # Fork the run from its timeline just before it asked for approval:
         # the position button picks it, the fork reuses everything before.
         asked = int(timeline.locator('li[data-type="approval_requested"]').first.get_attribute("data-seq"))
+        # The position before may be a clock reading, folded away until shown.
+        page.get_by_label("Show the clock and random readings").check()
         timeline.get_by_role("button", name=f"Fork at position {asked - 1}", exact=True).click()
         fork_form = page.get_by_role("form", name="Fork this run")
         expect(fork_form.get_by_label("Position")).to_have_value(str(asked - 1))

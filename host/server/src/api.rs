@@ -20,7 +20,7 @@ use warden::engine::{
     ApprovalScope, BudgetKind, CallId, RuleSpec, RunId, RunState, RunStatus, SessionId, decode,
     fold,
 };
-use warden::store::{CommitmentFilter, RunFilter, RunSummary, StoredEvent};
+use warden::store::{CommitmentFilter, RunFilter, RunPosition, RunSummary, StoredEvent};
 
 use crate::App;
 use crate::contract::{self, NextStep};
@@ -68,7 +68,57 @@ pub struct ListQuery {
     session: Option<String>,
     /// `KEY=VALUE`, several separated by commas.
     label: Option<String>,
+    /// The start of the run's id.
+    id_prefix: Option<String>,
+    /// Created at or after (ms since the epoch).
+    since_ms: Option<i64>,
+    /// Created before (ms since the epoch).
+    before_ms: Option<i64>,
+    /// `newest` (the default) or `oldest` first.
+    order: Option<String>,
+    /// The `next` of the page before.
+    cursor: Option<String>,
     limit: Option<usize>,
+}
+
+/// How many runs a page holds unless the request says.
+pub const PAGE: usize = 50;
+/// The most runs a page holds.
+pub const MAX_PAGE: usize = 500;
+
+/// A page's `next`: where the next page starts, as text a client passes
+/// back without reading (hex, so it is safe in a query as it is).
+fn cursor(position: &RunPosition) -> String {
+    format!("{}:{}", position.created_ms, position.run_id)
+        .bytes()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// A cursor read back, or `usage` naming it.
+fn position(cursor: &str) -> Result<RunPosition, ApiError> {
+    let refused = || {
+        ApiError::new(
+            "usage",
+            format!("cursor `{cursor}` is not one this server gave: pass a page's `next` as it is, or start again without one"),
+        )
+        .with_details(json!({ "cursor": cursor }))
+    };
+    let bytes = (0..cursor.len())
+        .step_by(2)
+        .map(|i| {
+            cursor
+                .get(i..i + 2)
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        })
+        .collect::<Option<Vec<u8>>>()
+        .ok_or_else(refused)?;
+    let text = String::from_utf8(bytes).map_err(|_| refused())?;
+    let (created, run) = text.split_once(':').ok_or_else(refused)?;
+    Ok(RunPosition {
+        created_ms: created.parse().map_err(|_| refused())?,
+        run_id: RunId::new(run).map_err(|_| refused())?,
+    })
 }
 
 fn row(r: &RunSummary) -> Value {
@@ -86,7 +136,9 @@ fn row(r: &RunSummary) -> Value {
     })
 }
 
-/// `GET /api/v1/runs`: the runs, filtered.
+/// `GET /api/v1/runs`: one page of the runs, filtered, newest first unless
+/// asked otherwise, and `next`, the cursor of the page after (null on the
+/// last page). Each page is one read of the store's listing index.
 pub async fn list(State(app): State<Arc<App>>, Params(q): Params<ListQuery>) -> Reply {
     let mut filter = RunFilter::new();
     if let Some(statuses) = &q.status {
@@ -117,18 +169,56 @@ pub async fn list(State(app): State<Arc<App>>, Params(q): Params<ListQuery>) -> 
             filter = filter.label(k, v);
         }
     }
-    if let Some(limit) = q.limit {
-        filter = filter.limit(limit);
+    // A prefix of an id is an id itself (or empty: every run).
+    if let Some(prefix) = q.id_prefix.filter(|p| !p.is_empty()) {
+        filter = filter.id_prefix(run_id(&prefix)?.as_str());
     }
-    let runs = app
+    if let Some(since) = q.since_ms {
+        filter = filter.created_since(since);
+    }
+    if let Some(before) = q.before_ms {
+        filter = filter.created_before(before);
+    }
+    match q.order.as_deref() {
+        None | Some("newest") => filter = filter.newest_first(),
+        Some("oldest") => {}
+        Some(other) => {
+            return Err(ApiError::new(
+                "usage",
+                format!("order `{other}`: expected `newest` or `oldest`"),
+            )
+            .with_details(json!({ "order": other })));
+        }
+    }
+    if let Some(cursor) = &q.cursor {
+        filter = filter.after(position(cursor)?);
+    }
+    let limit = q.limit.unwrap_or(PAGE);
+    if !(1..=MAX_PAGE).contains(&limit) {
+        return Err(ApiError::new(
+            "usage",
+            format!("limit {limit}: a page holds 1 to {MAX_PAGE} runs; follow `next` for more"),
+        )
+        .with_details(json!({ "limit": limit, "max": MAX_PAGE })));
+    }
+    // One more than the page says whether there is a next page.
+    let mut runs = app
         .runtime
         .store()
-        .list(&filter)
+        .list(&filter.limit(limit + 1))
         .await
         .map_err(|e| app.fail(&e))?;
-    Ok(Json(
-        json!({ "v": contract::VERSION, "runs": runs.iter().map(row).collect::<Vec<_>>() }),
-    ))
+    let next = if runs.len() > limit {
+        runs.truncate(limit);
+        runs.last().map(|r| cursor(&RunPosition::of(r)))
+    } else {
+        None
+    };
+    Ok(Json(json!({
+        "v": contract::VERSION,
+        "runs": runs.iter().map(row).collect::<Vec<_>>(),
+        "next": next,
+    })))
 }
 
 /// A run's log, decoded and folded.

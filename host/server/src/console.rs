@@ -1,6 +1,7 @@
-//! The web console: a small page, its script and its style, compiled into
-//! the binary (no build step, no third-party code), and the login that
-//! turns a token into a browser session.
+//! The web console: a small page, its scripts and its style, compiled into
+//! the binary (no build step; the one third-party file is the charting
+//! library, vendored with its licence and pinned version), and the login
+//! that turns a token into a browser session.
 //!
 //! A browser never holds the token after logging in: `POST
 //! /console/login` checks it (failures count against the address like any
@@ -43,15 +44,19 @@ const MAX_SESSIONS: usize = 1_000;
 pub(crate) const COOKIE: &str = "warden_console";
 
 /// The paths the console serves without a session (they hold no data).
+/// The files of [`ASSETS`] are public too.
 pub(crate) const PUBLIC_PATHS: &[&str] = &[
     "/",
     "/console",
     "/console/",
-    "/console/app.js",
-    "/console/app.css",
     "/console/login",
     "/console/session",
 ];
+
+/// Whether `path` is served without a session.
+pub(crate) fn is_public(path: &str) -> bool {
+    PUBLIC_PATHS.contains(&path) || ASSETS.iter().any(|(p, _, _)| *p == path)
+}
 
 /// The policy every console response carries.
 const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -181,17 +186,32 @@ pub async fn page() -> Response {
     )
 }
 
-/// `GET /console/app.js`.
-pub async fn script() -> Response {
-    asset(
-        "text/javascript; charset=utf-8",
-        include_str!("console/app.js"),
-    )
-}
+const JS: &str = "text/javascript; charset=utf-8";
+const CSS: &str = "text/css; charset=utf-8";
 
-/// `GET /console/app.css`.
-pub async fn style() -> Response {
-    asset("text/css; charset=utf-8", include_str!("console/app.css"))
+/// The console's files but the page, by path: its modules, its style, and
+/// the charting library it draws with (uPlot, vendored with its licence
+/// and pinned version: `console/vendor/uplot/README.md`).
+pub const ASSETS: &[(&str, &str, &str)] = &[
+    ("/console/app.js", JS, include_str!("console/app.js")),
+    ("/console/format.js", JS, include_str!("console/format.js")),
+    ("/console/charts.js", JS, include_str!("console/charts.js")),
+    ("/console/app.css", CSS, include_str!("console/app.css")),
+    (
+        "/console/vendor/uplot/uPlot.esm.js",
+        JS,
+        include_str!("console/vendor/uplot/uPlot.esm.js"),
+    ),
+    (
+        "/console/vendor/uplot/uPlot.min.css",
+        CSS,
+        include_str!("console/vendor/uplot/uPlot.min.css"),
+    ),
+];
+
+/// `GET` of one of [`ASSETS`].
+pub fn serve_asset(content_type: &'static str, body: &'static str) -> Response {
+    asset(content_type, body)
 }
 
 /// The body of a login.

@@ -322,7 +322,7 @@ impl Guard {
     ) -> Result<Option<Caller>, ApiError> {
         self.origins.check(headers)?;
         let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-        if crate::PUBLIC_PATHS.contains(&path) || console::PUBLIC_PATHS.contains(&path) {
+        if crate::PUBLIC_PATHS.contains(&path) || console::is_public(path) {
             return Ok(None);
         }
         let token = header("authorization")

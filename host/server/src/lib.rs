@@ -12,8 +12,9 @@
 //! - `error.rs`: the error envelope and codes, shared with the command
 //!   line through its classifier; `contract.rs`: the JSON shapes the
 //!   command line's `--json` and the API share;
-//! - `console.rs`: the web console (a page and its script, compiled in)
-//!   and its login, a session cookie with a CSRF token;
+//! - `console.rs`: the web console (a page, its scripts and the charting
+//!   library it vendors, compiled in) and its login, a session cookie with
+//!   a CSRF token; `overview.rs`: what its overview charts draw;
 //! - `connections.rs`: the connection layer: header and idle timeouts, a
 //!   connection cap, unauthenticated connections bounded first;
 //! - `tls.rs`: HTTPS.
@@ -33,6 +34,7 @@ pub mod console;
 pub mod contract;
 pub mod error;
 pub mod guard;
+pub mod overview;
 pub mod stream;
 pub mod tls;
 pub mod tokens;
@@ -219,6 +221,7 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
         .route("/agents", get(agents::list))
         .route("/plugins", get(agents::plugins))
         .route("/inbox", get(api::inbox))
+        .route("/overview", get(overview::overview))
         .route("/runs", get(api::list).post(agents::start))
         .route("/runs/{run}/fork", post(agents::fork))
         .route("/runs/{run}", get(api::show))
@@ -245,16 +248,20 @@ pub fn router(runtime: Runtime, config: ServeConfig, bind: SocketAddr) -> Router
             )
         })
         .with_state(app);
-    let console = Router::new()
+    let mut console = Router::new()
         .route("/", get(console::root))
         .route("/console", get(console::root))
         .route("/console/", get(console::page))
-        .route("/console/app.js", get(console::script))
-        .route("/console/app.css", get(console::style))
         .route("/console/login", post(console::login))
         .route("/console/session", get(console::session))
-        .route("/console/logout", post(console::logout))
-        .with_state(Arc::clone(&guard));
+        .route("/console/logout", post(console::logout));
+    for &(path, content_type, body) in console::ASSETS {
+        console = console.route(
+            path,
+            get(move || async move { console::serve_asset(content_type, body) }),
+        );
+    }
+    let console = console.with_state(Arc::clone(&guard));
     Router::new()
         .nest("/api/v1", api)
         .merge(console)

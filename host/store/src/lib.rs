@@ -551,16 +551,53 @@ pub enum Durability {
 /// Which runs [`EventStore::list`] returns: every condition set must hold.
 ///
 /// By default every run matches, and there is no limit. Runs come ordered by
-/// creation time, then id.
+/// creation time, then id: oldest first, or [newest
+/// first](RunFilter::newest_first). Each order is an index's order (or
+/// the same index read backwards) on the persistent stores, so a page of
+/// it ([`limit`](RunFilter::limit), then [`after`](RunFilter::after) the
+/// last run shown) costs what the page holds, not what the store holds.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RunFilter {
     pub(crate) statuses: Vec<String>,
     pub(crate) labels: BTreeMap<String, String>,
     pub(crate) agent: Option<String>,
     pub(crate) session: Option<String>,
+    pub(crate) id_prefix: Option<String>,
     pub(crate) created_since: Option<i64>,
     pub(crate) created_before: Option<i64>,
+    pub(crate) after: Option<RunPosition>,
+    pub(crate) newest_first: bool,
     pub(crate) limit: Option<usize>,
+}
+
+/// A run's place in the listing order: its creation time, then its id.
+/// What a page of [`EventStore::list`] ends at, and the next page starts
+/// after ([`RunFilter::after`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunPosition {
+    /// The run's creation time, milliseconds since the Unix epoch.
+    pub created_ms: i64,
+    /// The run.
+    pub run_id: RunId,
+}
+
+impl RunPosition {
+    /// Where `run` stands in the listing order.
+    pub fn of(run: &RunSummary) -> Self {
+        RunPosition {
+            created_ms: run.created_ms,
+            run_id: run.run_id.clone(),
+        }
+    }
+}
+
+/// The exclusive upper bound of the ids that start with `prefix`, in
+/// byte order: every character a [`RunId`] may hold sorts below `~`, so
+/// an id starting with `prefix` sorts at or above `prefix` and below
+/// `prefix~`. How the SQL stores turn a prefix into an index range.
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+pub(crate) fn id_prefix_end(prefix: &str) -> String {
+    format!("{prefix}~")
 }
 
 impl RunFilter {
@@ -596,6 +633,12 @@ impl RunFilter {
         self
     }
 
+    /// Runs whose id starts with `prefix`. Default: any id.
+    pub fn id_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.id_prefix = Some(prefix.into());
+        self
+    }
+
     /// Runs created at or after `ms` (inclusive). Default: no lower bound.
     pub fn created_since(mut self, ms: i64) -> Self {
         self.created_since = Some(ms);
@@ -608,10 +651,37 @@ impl RunFilter {
         self
     }
 
-    /// At most `n` runs (the earliest). Default: no limit.
+    /// Newest first: by creation time, then id, both descending. Default:
+    /// oldest first.
+    pub fn newest_first(mut self) -> Self {
+        self.newest_first = true;
+        self
+    }
+
+    /// Only the runs that come after `position` in the filter's order
+    /// (older ones when [newest first](Self::newest_first)): the next page
+    /// after a page that ended at `position`. Default: from the start.
+    pub fn after(mut self, position: RunPosition) -> Self {
+        self.after = Some(position);
+        self
+    }
+
+    /// At most `n` runs (the first in the filter's order). Default: no
+    /// limit.
     pub fn limit(mut self, n: usize) -> Self {
         self.limit = Some(n);
         self
+    }
+
+    /// Whether `run` comes after `position` in this filter's order.
+    fn is_after(&self, run: &RunSummary, position: &RunPosition) -> bool {
+        let key = (run.created_ms, run.run_id.as_str());
+        let at = (position.created_ms, position.run_id.as_str());
+        if self.newest_first {
+            key < at
+        } else {
+            key > at
+        }
     }
 
     /// Whether a run's listing columns match (used by stores that filter in
@@ -625,6 +695,11 @@ impl RunFilter {
                 .is_none_or(|s| run.session.as_ref() == Some(s))
             && self.created_since.is_none_or(|t| run.created_ms >= t)
             && self.created_before.is_none_or(|t| run.created_ms < t)
+            && self
+                .id_prefix
+                .as_ref()
+                .is_none_or(|p| run.run_id.as_str().starts_with(p.as_str()))
+            && self.after.as_ref().is_none_or(|p| self.is_after(run, p))
             && self
                 .labels
                 .iter()
@@ -1008,7 +1083,8 @@ pub trait EventStore: Send + Sync {
     /// The run's listing columns.
     async fn summary(&self, run_id: &RunId) -> Result<RunSummary, StoreError>;
 
-    /// The runs matching `filter`, ordered by creation time then id.
+    /// The runs matching `filter`, ordered by creation time then id (see
+    /// [`RunFilter`]).
     async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError>;
 
     /// A full check of the run's chain, listing every break found rather

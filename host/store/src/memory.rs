@@ -443,6 +443,9 @@ impl EventStore for MemoryStore {
             .filter(|s| filter.matches(s))
             .collect();
         found.sort_by(|a, b| (a.created_ms, &a.run_id).cmp(&(b.created_ms, &b.run_id)));
+        if filter.newest_first {
+            found.reverse();
+        }
         if let Some(limit) = filter.limit {
             found.truncate(limit);
         }

@@ -1292,3 +1292,87 @@ async fn runs_are_started_submitted_and_forked_through_the_api_on_postgres() {
         .await
         .unwrap();
 }
+
+/// `GET /runs` a page at a time: newest first, `next` the cursor of the
+/// page after (null on the last), the filters kept across pages; the id
+/// prefix and the time range filter; a cursor the server did not give, a
+/// page of 0 or over 500 runs, and an unknown order are refused as
+/// `usage`; every status, the parked kinds included, is a filter.
+#[test]
+fn the_api_pages_runs_newest_first_with_an_opaque_cursor() {
+    let demo = demo();
+    let dir = demo.path();
+    let token = bearer(&add_token(dir, "vera", "viewer"));
+    for run in ["job-1", "job-2", "job-3", "job-4", "other-5"] {
+        let out = warden(dir, "serve.db")
+            .args(["submit", "notes.toml", "--run-id", run])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Each a millisecond or more after the one before.
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let (_server, addr) = start_server(dir, "serve.db");
+    let headers = [("Authorization", token.as_str())];
+    let get = |path: &str| request(&addr, "GET", path, &headers, None);
+    let ids = |body: &Value| -> Vec<String> {
+        body["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["run_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    let mut seen = Vec::new();
+    let mut path = "/api/v1/runs?id_prefix=job-&limit=3".to_owned();
+    loop {
+        let (status, body) = get(&path);
+        assert_eq!(status, 200, "{body}");
+        seen.extend(ids(&body));
+        match body["next"].as_str() {
+            Some(cursor) => path = format!("/api/v1/runs?id_prefix=job-&limit=3&cursor={cursor}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["job-4", "job-3", "job-2", "job-1"]);
+
+    let (_, all) = get("/api/v1/runs");
+    assert_eq!(
+        ids(&all),
+        ["other-5", "job-4", "job-3", "job-2", "job-1"],
+        "{all}"
+    );
+    assert_eq!(all["next"], Value::Null);
+    let (_, oldest) = get("/api/v1/runs?order=oldest&limit=2");
+    assert_eq!(ids(&oldest), ["job-1", "job-2"]);
+    let created = |i: usize| all["runs"][i]["created_ms"].as_i64().unwrap();
+    let (_, window) = get(&format!(
+        "/api/v1/runs?since_ms={}&before_ms={}",
+        created(3),
+        created(1)
+    ));
+    assert_eq!(ids(&window), ["job-3", "job-2"], "{window}");
+    let (_, parked) = get("/api/v1/runs?status=waiting,awaiting_external,awaiting_child");
+    assert_eq!(ids(&parked), Vec::<String>::new());
+    let (_, queued) = get("/api/v1/runs?status=queued&id_prefix=other");
+    assert_eq!(ids(&queued), ["other-5"]);
+
+    for bad in [
+        "/api/v1/runs?cursor=zz",
+        "/api/v1/runs?cursor=6a6f622d31",
+        "/api/v1/runs?limit=0",
+        "/api/v1/runs?limit=501",
+        "/api/v1/runs?order=sideways",
+        "/api/v1/runs?id_prefix=no%20spaces",
+    ] {
+        let (status, body) = get(bad);
+        assert_eq!(status, 400, "{bad}: {body}");
+        let code = body["error"]["code"].as_str().unwrap();
+        assert!(code == "usage" || code == "invalid_run_id", "{bad}: {body}");
+    }
+}

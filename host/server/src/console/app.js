@@ -3,6 +3,9 @@
 // an HttpOnly cookie; this script holds only the session's CSRF token,
 // sent on every request that changes something.
 
+import { amount, cost, count, duration, relative, utc } from "/console/format.js";
+import { agentChart, runSpans, statusChart, timelineChart, toolChart } from "/console/charts.js";
+
 const session = { csrf: null, name: null, role: null };
 let cleanup = [];
 
@@ -28,7 +31,12 @@ function json(value) {
 }
 
 function when(ms) {
-  return ms ? new Date(ms).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC") : "";
+  return ms ? utc(ms) : "";
+}
+
+// A time as text, with how long ago (or until) it is as its title.
+function time(ms) {
+  return ms ? el("time", { datetime: new Date(ms).toISOString(), title: relative(ms) }, utc(ms)) : "";
 }
 
 function statusBadge(status) {
@@ -98,8 +106,15 @@ function every(ms, work) {
   });
 }
 
+// The statuses in which a run waits for a person (what the inbox holds).
 const PARKED = ["awaiting_approval", "suspended", "budget_exceeded", "needs_reconciliation"];
+// Parked for something else: a timer, the application, a child run.
+const WAITING = ["waiting", "awaiting_external", "awaiting_child"];
 const TERMINAL = ["completed", "failed", "cancelled", "abandoned"];
+const STATUSES = [...PARKED, ...WAITING, "running", "queued", ...TERMINAL];
+// Events that only record what the engine read (the clock, randomness):
+// folded away in the timeline unless asked for.
+const NOISE = ["clock_observed", "random_observed"];
 
 // ---- login ------------------------------------------------------------------
 
@@ -148,47 +163,158 @@ function stopView() {
   cleanup = [];
 }
 
+// The runs list's query, as the page's address carries it
+// (`#/runs?q=…&status=…`), so a search can be linked, reloaded and gone
+// back to.
+function runsQuery() {
+  const [, query = ""] = (location.hash || "").split("?");
+  return new URLSearchParams(query);
+}
+
+// What the search box holds, as the API's filters: `key=value` is a
+// label, anything else the start of a run id.
+function searchFilters(text, params) {
+  const words = text.trim().split(/\s+/).filter(Boolean);
+  const labels = words.filter((w) => w.includes("="));
+  if (labels.length) params.set("label", labels.join(","));
+  const id = words.find((w) => !w.includes("="));
+  if (id) params.set("id_prefix", id);
+}
+
+// A `datetime-local` field's value as ms since the epoch (UTC), or "".
+function fieldMs(value) {
+  return value ? String(Date.parse(`${value}Z`)) : "";
+}
+
+function msField(ms) {
+  return ms ? new Date(Number(ms)).toISOString().slice(0, 16) : "";
+}
+
 function runsView(view) {
-  const filter = el(
+  const q = runsQuery();
+  const search = el("input", {
+    type: "search",
+    name: "q",
+    id: "search",
+    value: q.get("q") || "",
+    placeholder: "run id, or label key=value",
+    "aria-label": "Search runs by id or label",
+    "aria-keyshortcuts": "/",
+  });
+  const status = el(
     "select",
-    { "aria-label": "Status" },
+    { name: "status", "aria-label": "Status" },
     el("option", { value: "" }, "every status"),
-    [...PARKED, "running", "queued", ...TERMINAL].map((s) => el("option", { value: s }, s.replaceAll("_", " "))),
+    el("option", { value: PARKED.join(",") }, "waiting for a person"),
+    el("option", { value: [...PARKED, ...WAITING].join(",") }, "every parked kind"),
+    STATUSES.map((s) => el("option", { value: s }, s.replaceAll("_", " "))),
+  );
+  status.value = q.get("status") || "";
+  const agent = el("input", { name: "agent", value: q.get("agent") || "", "aria-label": "Agent", placeholder: "agent" });
+  const sessionField = el("input", { name: "session", value: q.get("session") || "", "aria-label": "Session", placeholder: "session" });
+  const since = el("input", { type: "datetime-local", name: "since", value: msField(q.get("since_ms")), "aria-label": "Created from (UTC)" });
+  const before = el("input", { type: "datetime-local", name: "before", value: msField(q.get("before_ms")), "aria-label": "Created before (UTC)" });
+  const form = el(
+    "form",
+    { class: "filters", role: "search", "aria-label": "Find runs" },
+    el("label", { class: "grow" }, "Search", search),
+    el("label", {}, "Status", status),
+    el("label", {}, "Agent", agent),
+    el("label", {}, "Session", sessionField),
+    el("label", {}, "From (UTC)", since),
+    el("label", {}, "Before (UTC)", before),
+    el("button", { type: "submit", class: "primary" }, "Find"),
   );
   const body = el("tbody");
   const starter = el("div");
+  const newer = el("button", { type: "button", "aria-keyshortcuts": "p" }, "← Newer");
+  const older = el("button", { type: "button", "aria-keyshortcuts": "n" }, "Older →");
+  const pageInfo = el("span", { class: "muted", "aria-live": "polite" });
   view.replaceChildren(
     el("h1", {}, "Runs"),
     starter,
-    el("label", { class: "inline" }, "Show", filter),
+    form,
     el(
       "table",
-      { "aria-label": "Runs" },
-      el("thead", {}, el("tr", {}, ["Run", "Agent", "Status", "Session", "Events", "Updated"].map((h) => el("th", { scope: "col" }, h)))),
+      { "aria-label": "Runs", class: "runs" },
+      el("thead", {}, el("tr", {}, ["Run", "Agent", "Status", "Labels", "Created", "Updated", "Events"].map((h) => el("th", { scope: "col" }, h)))),
       body,
     ),
+    el("nav", { class: "pager", "aria-label": "Pages" }, newer, pageInfo, older),
   );
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const next = new URLSearchParams();
+    if (search.value.trim()) next.set("q", search.value.trim());
+    for (const [key, value] of [
+      ["status", status.value],
+      ["agent", agent.value.trim()],
+      ["session", sessionField.value.trim()],
+      ["since_ms", fieldMs(since.value)],
+      ["before_ms", fieldMs(before.value)],
+    ]) {
+      if (value) next.set(key, value);
+    }
+    location.hash = `#/runs?${next}`;
+  });
+  // Pages newest first: the cursors of the pages seen, to go back.
+  const cursors = [];
+  let cursor = null;
+  let next = null;
+  // Only the newest request's answer is shown: a poll that was under way
+  // when a page button was pressed must not bring the old page back.
+  let asked = 0;
   const refresh = async () => {
-    const query = filter.value ? `?status=${encodeURIComponent(filter.value)}` : "";
-    const { runs } = await api("GET", `/api/v1/runs${query}`);
+    const mine = ++asked;
+    const params = new URLSearchParams();
+    searchFilters(q.get("q") || "", params);
+    for (const key of ["status", "agent", "session", "since_ms", "before_ms"]) {
+      if (q.get(key)) params.set(key, q.get(key));
+    }
+    if (cursor) params.set("cursor", cursor);
+    const page = await api("GET", `/api/v1/runs?${params}`);
+    if (mine !== asked) return;
+    next = page.next;
+    newer.disabled = cursors.length === 0;
+    older.disabled = !next;
+    pageInfo.textContent = `page ${cursors.length + 1}, newest first`;
     body.replaceChildren(
-      ...runs.map((r) =>
+      ...page.runs.map((r) =>
         el(
           "tr",
           { "data-run": r.run_id },
           el("td", {}, el("a", { href: `#/run/${encodeURIComponent(r.run_id)}` }, r.run_id)),
           el("td", {}, r.agent),
-          el("td", {}, statusBadge(r.status)),
-          el("td", {}, r.session ? el("a", { href: `#/session/${encodeURIComponent(r.session)}` }, r.session) : ""),
-          el("td", {}, r.events),
-          el("td", {}, when(r.updated_ms)),
+          el(
+            "td",
+            {},
+            statusBadge(r.status),
+            r.status === "waiting" && r.wake_ms ? el("span", { class: "muted wake" }, ` wakes ${relative(r.wake_ms)}`) : null,
+          ),
+          el("td", {}, Object.entries(r.labels || {}).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))),
+          el("td", {}, time(r.created_ms)),
+          el("td", {}, time(r.updated_ms)),
+          el("td", { class: "num" }, count(r.events)),
         ),
       ),
     );
-    if (!runs.length) body.append(el("tr", {}, el("td", { colspan: 6, class: "muted" }, "No runs yet.")));
+    if (!page.runs.length) body.append(el("tr", {}, el("td", { colspan: 7, class: "muted" }, cursor ? "No older runs." : "No runs match.")));
   };
-  filter.addEventListener("change", refresh);
-  every(1000, refresh);
+  newer.addEventListener("click", () => {
+    cursor = cursors.pop() ?? null;
+    refresh().catch((e) => notice(e.message));
+  });
+  older.addEventListener("click", () => {
+    if (!next) return;
+    cursors.push(cursor);
+    cursor = next;
+    refresh().catch((e) => notice(e.message));
+  });
+  keys.pages = { newer, older, search };
+  cleanup.push(() => {
+    keys.pages = null;
+  });
+  every(2000, refresh);
   if (session.role === "operator") startForm(starter);
 }
 
@@ -382,10 +508,10 @@ function describe(event) {
     case "model_call_intent":
       return [`Model call, step ${event.step}`];
     case "model_call_completed": {
-      const cost = event.cost_nanos ? `, $${(event.cost_nanos / 1e9).toFixed(6)}` : "";
+      const spent = event.cost_nanos ? `, cost ${cost(event.cost_nanos, event.pricing?.currency ?? shownCurrency)}` : "";
       const calls = (event.tool_calls || []).map((c) => c.name).join(", ");
       return [
-        `Model answered (step ${event.step}): ${event.usage?.input_tokens ?? 0} tokens in, ${event.usage?.output_tokens ?? 0} out${cost}`,
+        `Model answered (step ${event.step}): ${count(event.usage?.input_tokens)} tokens in, ${count(event.usage?.output_tokens)} out${spent}`,
         event.text ? el("pre", {}, event.text) : null,
         calls ? el("div", {}, `asks for: ${calls}`) : null,
       ];
@@ -395,7 +521,7 @@ function describe(event) {
     case "tool_call_completed": {
       const r = event.receipt || {};
       return [
-        `Tool call ${event.call_id} finished: ${r.outcome ?? ""}, fuel ${r.fuel_consumed ?? "?"}, ${r.wall_time_us ?? "?"} µs`,
+        `Tool call ${event.call_id} finished: ${r.outcome ?? ""}, took ${duration((r.wall_time_us ?? 0) / 1000)}, fuel ${count(r.fuel_consumed)}`,
         json(event.result),
       ];
     }
@@ -412,7 +538,17 @@ function describe(event) {
     case "run_completed":
       return [`Completed`, json(event.output)];
     case "run_failed":
-      return [`Failed`, json(event.error)];
+      return [`Failed: ${event.error?.message ?? event.error?.kind ?? ""}`, json(event.error)];
+    case "wait_started":
+      return [`Waiting until ${utc(event.until_ms)} (${duration(event.until_ms - event.since_ms)})`];
+    case "child_started":
+      return [`Child run `, el("a", { href: `#/run/${encodeURIComponent(event.child_run)}` }, event.child_run), ` of ${event.agent} started`];
+    case "child_parked":
+      return [`Child run `, el("a", { href: `#/run/${encodeURIComponent(event.child_run)}` }, event.child_run), ` is ${String(event.status).replaceAll("_", " ")}`];
+    case "child_finished":
+      return [`Child run `, el("a", { href: `#/run/${encodeURIComponent(event.child_run)}` }, event.child_run), ` ${String(event.status).replaceAll("_", " ")}`];
+    case "clock_observed":
+      return [`Clock read: ${utc(event.at_ms)}`];
     default:
       return [event.type.replaceAll("_", " "), el("details", {}, el("summary", {}, "details"), json(event))];
   }
@@ -454,7 +590,9 @@ function forkForm(run) {
 
 function timelineItem(line) {
   const type = line.event.type;
-  const kind = /approval|resumed|reconcil|resolved|cancelled|abandoned|extended/.test(type)
+  const kind = NOISE.includes(type)
+    ? "noise"
+    : /approval|resumed|reconcil|resolved|cancelled|abandoned|extended/.test(type)
     ? "decision"
     : /tool_call|delivery|model_call/.test(type)
       ? "effect"
@@ -475,29 +613,185 @@ function pickFork(seq) {
   at.focus();
 }
 
+// The currency a run's costs are in (its recorded limits'), for amounts
+// whose event does not say.
+let shownCurrency = null;
+
+function currencyOf(run) {
+  const events = (run.events || []).map((line) => line.event);
+  return events.find((e) => e.limits?.currency)?.limits.currency ?? events.find((e) => e.pricing?.currency)?.pricing.currency ?? null;
+}
+
+// What a failed run's error means and what to do about it, by its code.
+const NEXT_FOR_ERROR = {
+  model_call_failed: "The model's provider refused the call for good (a key, a model name, a malformed request). Fix the agent's [model] settings or the provider's key, then fork this run from before the failed step.",
+  model_attempts_exhausted: "The provider kept failing (overloaded or unreachable). Once it answers again, fork this run from before the failed step: what was done before is reused, not redone.",
+  refused: "The model refused to answer. Change the input, or set the agent's on_refusal, then start again or fork from before the refusal.",
+  output_truncated: "The answer was cut at max_tokens. Raise [model] max_tokens in the agent file, then fork from before the last model call.",
+  output_invalid: "The final answer broke the agent's output schema twice. Relax the schema or say more about it in the instructions, then fork from before the last model call.",
+  policy_denied: "A policy stopped the run; its reason is in the timeline. Change the input, or the policy if it was wrong.",
+  policy_failed: "A policy plugin failed, so the run failed closed. Check the plugin (warden -v shows its errors), then fork the run.",
+  host: "Warden could not go on (for example a plugin failed to load). Read the message, fix the cause on the host, then fork the run.",
+  context_failed: "A context source failed and its on_error is \"fail\". Fix the source, or set on_error = \"skip\", then fork the run.",
+  invalid_tool_calls: "The model kept calling tools wrongly. Check the tools' descriptions and schemas, then fork the run.",
+};
+
+function errorPanel(error, next) {
+  const advice = NEXT_FOR_ERROR[error.code] || "Fix the cause, then fork this run from before the failure (the fork form is at the end of the page).";
+  return el(
+    "section",
+    { class: "card error", "aria-label": "Error" },
+    el("h2", {}, `Failed: ${String(error.code).replaceAll("_", " ")}`),
+    el("p", {}, error.message),
+    el("p", {}, el("strong", {}, "Next: "), advice),
+    (next || []).map((n) => el("p", {}, el("strong", {}, `${n.action}: `), el("code", {}, n.command))),
+    error.details && Object.keys(error.details).length ? el("details", {}, el("summary", {}, "details"), json(error.details)) : null,
+  );
+}
+
+// Each model step: when it started, how long it took (until the next
+// step, or the run's last reading), its tokens, cost and tool calls.
+function steps(lines) {
+  const out = [];
+  let now = null;
+  let current = null;
+  for (const { event } of lines) {
+    const at = event.type === "run_started" ? event.clock_seed_ms : event.at_ms;
+    if (typeof at === "number") now = at;
+    if (event.type === "model_call_intent") {
+      if (current) current.end = now;
+      current = { step: event.step, start: now, end: now, input: 0, output: 0, cost: null, currency: null, tools: 0 };
+      out.push(current);
+    } else if (current) {
+      current.end = now;
+      if (event.type === "model_call_completed") {
+        current.input += event.usage?.input_tokens ?? 0;
+        current.output += event.usage?.output_tokens ?? 0;
+        if (event.cost_nanos !== undefined && event.cost_nanos !== null) current.cost = (current.cost ?? 0) + event.cost_nanos;
+        current.currency = event.pricing?.currency ?? current.currency;
+      } else if (event.type === "tool_call_intent") {
+        current.tools += 1;
+      }
+    }
+  }
+  return out;
+}
+
+function stepsTable(lines) {
+  const rows = steps(lines);
+  if (!rows.length) return "";
+  return el(
+    "table",
+    { "aria-label": "Steps", class: "steps" },
+    el("thead", {}, el("tr", {}, ["Step", "Started", "Took", "Tokens in", "Tokens out", "Cost", "Tool calls"].map((h) => el("th", { scope: "col" }, h)))),
+    el(
+      "tbody",
+      {},
+      rows.map((r) =>
+        el(
+          "tr",
+          { "data-step": r.step },
+          el("th", { scope: "row" }, r.step),
+          el("td", {}, r.start === null ? "" : time(r.start)),
+          el("td", { class: "num" }, r.start === null ? "" : duration(r.end - r.start)),
+          el("td", { class: "num" }, count(r.input)),
+          el("td", { class: "num" }, count(r.output)),
+          el("td", { class: "num" }, r.cost === null ? "—" : cost(r.cost, r.currency ?? shownCurrency)),
+          el("td", { class: "num" }, r.tools),
+        ),
+      ),
+    ),
+  );
+}
+
 function runView(view, id) {
   const heading = el("h1", {}, `Run ${id}`);
   const summary = el("div");
+  const failure = el("div");
   const decision = el("div");
+  const family = el("div");
   const budget = el("div");
+  const stepsBox = el("div");
+  const chartBox = el("div");
   const timeline = el("ol", { class: "timeline", "aria-label": "Timeline" });
+  const noise = el("input", { type: "checkbox", name: "noise" });
+  const noiseCount = el("span");
+  noise.addEventListener("change", () => timeline.classList.toggle("all", noise.checked));
   const controls = el("div", { class: "actions" });
   const fork = el("div");
-  view.replaceChildren(heading, summary, decision, controls, budget, el("h2", {}, "Timeline"), timeline, fork);
+  view.replaceChildren(
+    heading,
+    summary,
+    failure,
+    decision,
+    controls,
+    family,
+    budget,
+    el("h2", {}, "Steps"),
+    stepsBox,
+    el("h2", {}, "Timeline chart"),
+    chartBox,
+    el("h2", {}, "Timeline"),
+    el("label", { class: "inline" }, noise, "Show the clock and random readings ", noiseCount),
+    timeline,
+    fork,
+  );
   let last = 0;
+  let noisy = 0;
+  let charted = -1;
+  let dropChart = () => {};
+  cleanup.push(() => dropChart());
   let shownDecision = null;
   let refreshing = null;
+  const append = (line) => {
+    timeline.append(timelineItem(line));
+    last = line.seq;
+    if (NOISE.includes(line.event.type)) noisy += 1;
+    noiseCount.textContent = noisy ? `(${count(noisy)} folded)` : "";
+  };
 
   const refresh = async () => {
     const run = await api("GET", `/api/v1/runs/${encodeURIComponent(id)}`);
+    shownCurrency = currencyOf(run);
+    const parent = run.parent?.run_id;
     // `replaceChildren` would show a null as the text "null": absent parts
     // are left out.
     summary.replaceChildren(
       ...[
-        el("p", {}, statusBadge(run.status), " ", `agent ${run.agent}`, run.session ? ` · session ${run.session}` : "", ` · updated ${when(run.updated_ms)}`),
+        el(
+          "p",
+          {},
+          statusBadge(run.status),
+          " ",
+          `agent ${run.agent}`,
+          run.session ? [" · session ", el("a", { href: `#/session/${encodeURIComponent(run.session)}` }, run.session)] : "",
+          " · created ",
+          time(run.created_ms),
+          " · updated ",
+          time(run.updated_ms),
+        ),
+        run.status === "waiting" && run.wake_ms ? el("p", { class: "wake" }, "Wakes up at ", time(run.wake_ms), ` (${relative(run.wake_ms)})`) : null,
+        parent ? el("p", {}, "Child of ", el("a", { href: `#/run/${encodeURIComponent(parent)}`, rel: "up" }, parent), ` (call ${run.parent.call_id})`) : null,
+        Object.keys(run.labels || {}).length ? el("p", {}, Object.entries(run.labels).map(([k, v]) => el("span", { class: "label" }, `${k}=${v}`))) : null,
         run.output !== undefined ? el("div", {}, el("strong", {}, "Output"), json(run.output)) : null,
-        run.error ? el("div", {}, el("strong", {}, "Error"), json(run.error)) : null,
       ].filter(Boolean),
+    );
+    failure.replaceChildren(run.error ? errorPanel(run.error, run.next) : "");
+    family.replaceChildren(
+      (run.children || []).length
+        ? el(
+            "section",
+            { "aria-label": "Child runs" },
+            el("h2", {}, "Child runs"),
+            el(
+              "ul",
+              { class: "children" },
+              run.children.map((c) =>
+                el("li", { "data-child": c.run_id }, el("a", { href: `#/run/${encodeURIComponent(c.run_id)}` }, c.run_id), ` ${c.agent} `, c.status ? statusBadge(c.status) : ""),
+              ),
+            ),
+          )
+        : "",
     );
     // The decision, the controls and the fork form belong to the status and
     // the call that waits: approving one call can park the run on the next.
@@ -525,14 +819,32 @@ function runView(view, id) {
         "table",
         { "aria-label": "Budget" },
         el("thead", {}, el("tr", {}, ["", "used", "limit"].map((h) => el("th", { scope: "col" }, h)))),
-        el("tbody", {}, Object.entries(run.budget || {}).map(([k, b]) => el("tr", {}, el("th", { scope: "row" }, k), el("td", {}, b.used), el("td", {}, b.limit ?? "—")))),
+        el(
+          "tbody",
+          {},
+          Object.entries(run.budget || {}).map(([k, b]) =>
+            el(
+              "tr",
+              { "data-budget": k },
+              el("th", { scope: "row" }, k.replaceAll("_", " ")),
+              el("td", { class: "num" }, amount(k, b.used, shownCurrency)),
+              el("td", { class: "num" }, b.limit === null || b.limit === undefined ? "—" : amount(k, b.limit, shownCurrency)),
+            ),
+          ),
+        ),
       ),
     );
-    for (const line of run.events || []) {
-      if (line.seq > last) {
-        timeline.append(timelineItem(line));
-        last = line.seq;
-      }
+    const lines = run.events || [];
+    if (lines.length !== charted) {
+      charted = lines.length;
+      stepsBox.replaceChildren(stepsTable(lines));
+      dropChart();
+      const [figure, drop] = timelineChart(runSpans(lines));
+      chartBox.replaceChildren(figure);
+      dropChart = drop;
+    }
+    for (const line of lines) {
+      if (line.seq > last) append(line);
     }
     return run;
   };
@@ -565,10 +877,7 @@ function runView(view, id) {
       // when it cannot read the log.
       stream.addEventListener("event", (message) => {
         const line = JSON.parse(message.data);
-        if (line.seq > last) {
-          timeline.append(timelineItem(line));
-          last = line.seq;
-        }
+        if (line.seq > last) append(line);
         soon();
       });
       stream.addEventListener("error", (message) => {
@@ -579,6 +888,33 @@ function runView(view, id) {
     .catch((error) => {
       if (error.status !== 401) view.replaceChildren(el("h1", {}, `Run ${id}`), el("p", { role: "alert" }, error.message));
     });
+}
+
+// The overview of many runs: runs by status over time, cost and tokens
+// per agent, the slowest tools.
+function overviewView(view) {
+  const box = el("div", { class: "overview" });
+  const note = el("p", { class: "muted" });
+  view.replaceChildren(el("h1", {}, "Overview"), note, box);
+  let drops = [];
+  const drop = () => {
+    for (const d of drops) d();
+    drops = [];
+  };
+  cleanup.push(drop);
+  const refresh = async () => {
+    const o = await api("GET", "/api/v1/overview");
+    note.textContent = `The newest ${count(o.runs_listed)} runs by status; costs, tokens and tools from the newest ${count(o.runs_read)}.`;
+    drop();
+    const charts = [
+      ["Runs by status over time", statusChart(o.statuses)],
+      ["Cost and tokens per agent", agentChart(o.agents)],
+      ["Slowest tools", toolChart(o.tools)],
+    ];
+    box.replaceChildren(...charts.map(([title, [figure]]) => el("section", {}, el("h2", {}, title), figure)));
+    drops = charts.map(([, [, d]]) => d);
+  };
+  every(15000, refresh);
 }
 
 function inboxView(view) {
@@ -697,9 +1033,10 @@ function route() {
   stopView();
   notice("");
   const view = document.getElementById("view");
-  const [, page, arg] = (location.hash || "#/runs").split("/");
+  const [path] = (location.hash || "#/runs").split("?");
+  const [, page, arg] = path.split("/");
   const id = arg ? decodeURIComponent(arg) : null;
-  for (const link of document.querySelectorAll("nav a")) {
+  for (const link of document.querySelectorAll("#nav a")) {
     link.toggleAttribute("aria-current", link.getAttribute("href") === `#/${page}`);
     if (link.hasAttribute("aria-current")) link.setAttribute("aria-current", "page");
   }
@@ -708,6 +1045,7 @@ function route() {
   else if (page === "sessions") sessionsView(view);
   else if (page === "session" && id) sessionView(view, id);
   else if (page === "audit") auditView(view);
+  else if (page === "overview") overviewView(view);
   else runsView(view);
   view.focus();
   inboxCount();
@@ -716,12 +1054,29 @@ function route() {
 async function inboxCount() {
   if (!session.csrf) return;
   try {
-    const { runs } = await api("GET", `/api/v1/runs?status=${PARKED.join(",")}`);
-    document.getElementById("inbox-count").textContent = runs.length ? String(runs.length) : "";
+    const { runs, next } = await api("GET", `/api/v1/runs?status=${PARKED.join(",")}&limit=500`);
+    document.getElementById("inbox-count").textContent = runs.length ? `${count(runs.length)}${next ? "+" : ""}` : "";
   } catch {
     // The view shows what failed.
   }
 }
+
+// Keys: `/` goes to the search box, `n` and `p` to the older and newer
+// page of runs (not while typing).
+const keys = { pages: null };
+document.addEventListener("keydown", (event) => {
+  const typing = event.target.closest?.("input, textarea, select, [contenteditable]");
+  if (typing || event.ctrlKey || event.metaKey || event.altKey) return;
+  if (event.key === "/") {
+    event.preventDefault();
+    if (keys.pages) keys.pages.search.focus();
+    else location.hash = "#/runs";
+  } else if (keys.pages && event.key === "n" && !keys.pages.older.disabled) {
+    keys.pages.older.click();
+  } else if (keys.pages && event.key === "p" && !keys.pages.newer.disabled) {
+    keys.pages.newer.click();
+  }
+});
 
 window.addEventListener("hashchange", route);
 document.getElementById("logout").addEventListener("click", async () => {

@@ -688,6 +688,26 @@ fn list_query(filter: &RunFilter) -> (String, Vec<Box<dyn ToSql + Sync + Send>>)
         sql.push_str(" AND created_ms < ");
         param(&mut sql, Box::new(before));
     }
+    if let Some(prefix) = &filter.id_prefix {
+        // Byte order whatever the database's collation, so the range holds
+        // exactly the ids that start with the prefix.
+        sql.push_str(" AND id COLLATE \"C\" >= ");
+        param(&mut sql, Box::new(prefix.clone()));
+        sql.push_str(" AND id COLLATE \"C\" < ");
+        param(&mut sql, Box::new(crate::id_prefix_end(prefix)));
+    }
+    if let Some(after) = &filter.after {
+        // A row comparison: a range of the `(created_ms, id)` indexes.
+        sql.push_str(if filter.newest_first {
+            " AND (created_ms, id) < ("
+        } else {
+            " AND (created_ms, id) > ("
+        });
+        param(&mut sql, Box::new(after.created_ms));
+        sql.push_str(", ");
+        param(&mut sql, Box::new(after.run_id.to_string()));
+        sql.push(')');
+    }
     for (key, value) in &filter.labels {
         sql.push_str(" AND pk IN (SELECT run_pk FROM run_labels WHERE key = ");
         param(&mut sql, Box::new(key.clone()));
@@ -695,7 +715,11 @@ fn list_query(filter: &RunFilter) -> (String, Vec<Box<dyn ToSql + Sync + Send>>)
         param(&mut sql, Box::new(value.clone()));
         sql.push(')');
     }
-    sql.push_str(" ORDER BY created_ms, id");
+    sql.push_str(if filter.newest_first {
+        " ORDER BY created_ms DESC, id DESC"
+    } else {
+        " ORDER BY created_ms, id"
+    });
     if let Some(limit) = filter.limit {
         sql.push_str(" LIMIT ");
         param(&mut sql, Box::new(i64::try_from(limit).unwrap_or(i64::MAX)));

@@ -1182,6 +1182,25 @@ fn list_query(filter: &RunFilter) -> (String, Vec<Value>) {
         sql.push_str(" AND created_ms < ");
         param(&mut sql, Value::Integer(before));
     }
+    if let Some(prefix) = &filter.id_prefix {
+        // A range of the id's index (binary collation: byte order).
+        sql.push_str(" AND id >= ");
+        param(&mut sql, Value::Text(prefix.clone()));
+        sql.push_str(" AND id < ");
+        param(&mut sql, Value::Text(crate::id_prefix_end(prefix)));
+    }
+    if let Some(after) = &filter.after {
+        // A row value: a range of the `(created_ms, id)` indexes.
+        sql.push_str(if filter.newest_first {
+            " AND (created_ms, id) < ("
+        } else {
+            " AND (created_ms, id) > ("
+        });
+        param(&mut sql, Value::Integer(after.created_ms));
+        sql.push_str(", ");
+        param(&mut sql, Value::Text(after.run_id.to_string()));
+        sql.push(')');
+    }
     for (key, value) in &filter.labels {
         sql.push_str(" AND pk IN (SELECT run_pk FROM run_labels WHERE key = ");
         param(&mut sql, Value::Text(key.clone()));
@@ -1189,7 +1208,11 @@ fn list_query(filter: &RunFilter) -> (String, Vec<Value>) {
         param(&mut sql, Value::Text(value.clone()));
         sql.push(')');
     }
-    sql.push_str(" ORDER BY created_ms, id");
+    sql.push_str(if filter.newest_first {
+        " ORDER BY created_ms DESC, id DESC"
+    } else {
+        " ORDER BY created_ms, id"
+    });
     if let Some(limit) = filter.limit {
         sql.push_str(" LIMIT ");
         param(

@@ -570,6 +570,27 @@ fn list_filters_are_backed_by_indexes() {
         assert!(plan.contains(index), "{filter:?}: {plan}");
         assert!(!plan.contains("SCAN runs"), "{filter:?} scans runs: {plan}");
     }
+    // A page newest first, from the start or after a run, is the creation
+    // index read backwards from a point: no scan of the table, no sort.
+    let page = RunFilter::new().newest_first().limit(50);
+    let after = crate::RunPosition {
+        created_ms: 5,
+        run_id: id("r-5"),
+    };
+    for (filter, read) in [
+        (page.clone(), "SCAN runs USING INDEX runs_by_created"),
+        (
+            page.clone().after(after),
+            "SEARCH runs USING INDEX runs_by_created ((created_ms,id)<(?,?))",
+        ),
+    ] {
+        let plan = plan(filter.clone());
+        assert!(plan.contains(read), "{filter:?}: {plan}");
+        assert!(!plan.contains("TEMP B-TREE"), "{filter:?} sorts: {plan}");
+    }
+    let plan = plan(RunFilter::new().id_prefix("r-12"));
+    assert!(plan.contains("SEARCH runs USING INDEX"), "{plan}");
+    assert!(plan.contains("(id>? AND id<?)"), "{plan}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 use crate::{
     ApprovalRule, ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
     HistoryChunk, HistoryDigest, Holder, KeyClaim, Listing, ListingStatus, MemoryStore,
-    PruneFilter, Revocation, RuleStanding, RunFilter, RunId, RunMeta, Settle, Settlement,
-    SettlingAppend, StoreError, WAITING,
+    PruneFilter, Revocation, RuleStanding, RunFilter, RunId, RunMeta, RunPosition, Settle,
+    Settlement, SettlingAppend, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need: how to
@@ -611,6 +611,14 @@ async fn listing_fixture(store: &dyn EventStore) {
     }
 }
 
+/// A place in the listing order (see [`RunFilter::after`]).
+fn at(created_ms: i64, run: &str) -> RunPosition {
+    RunPosition {
+        created_ms,
+        run_id: id(run),
+    }
+}
+
 pub async fn list_filters_each_and_combined(backend: &dyn Backend) {
     let store = backend.open().await;
     listing_fixture(&*store).await;
@@ -665,6 +673,40 @@ pub async fn list_filters_each_and_combined(backend: &dyn Backend) {
         ),
         (f().agent("alpha").limit(2), &["run-a", "run-d"]),
         (f().status("running").limit(1), &["run-a"]),
+        (
+            f().newest_first(),
+            &["run-f", "run-e", "run-d", "run-b", "run-0c", "run-a"],
+        ),
+        (f().newest_first().limit(2), &["run-f", "run-e"]),
+        (f().newest_first().status("running"), &["run-0c", "run-a"]),
+        (f().newest_first().label("team", "red"), &["run-d", "run-a"]),
+        // Pages: after the last run shown, in either order; a tie on the
+        // creation time is broken by the id.
+        (
+            f().after(at(200, "run-0c")),
+            &["run-b", "run-d", "run-e", "run-f"],
+        ),
+        (
+            f().newest_first().after(at(200, "run-b")).limit(2),
+            &["run-0c", "run-a"],
+        ),
+        (f().newest_first().after(at(100, "run-a")), &[]),
+        (
+            f().newest_first().agent("alpha").after(at(400, "run-e")),
+            &["run-d", "run-a"],
+        ),
+        (
+            f().id_prefix("run-"),
+            &["run-a", "run-0c", "run-b", "run-d", "run-e", "run-f"],
+        ),
+        (f().id_prefix("run-0"), &["run-0c"]),
+        (f().id_prefix("run-b"), &["run-b"]),
+        (f().id_prefix("run-bb"), &[]),
+        (f().id_prefix("RUN"), &[]),
+        (
+            f().id_prefix(""),
+            &["run-a", "run-0c", "run-b", "run-d", "run-e", "run-f"],
+        ),
     ];
     for (filter, expected) in cases {
         let found = store.list(&filter).await.unwrap();
