@@ -2078,6 +2078,7 @@ pub(crate) mod tests {
             denied_growth: None,
             network: None,
             unlisted: None,
+            secrets: Vec::new(),
         }
     }
 
