@@ -21,6 +21,8 @@ mod engine;
 mod guests;
 #[path = "lease.rs"]
 mod lease;
+#[path = "mcp_serve.rs"]
+mod mcp_serve;
 #[path = "model_call.rs"]
 mod model_call;
 #[path = "plugins.rs"]
@@ -62,12 +64,13 @@ fn main() {
         dir.display()
     );
     println!("{header}; load average {}", load());
-    let benches: [Bench; 8] = [
+    let benches: [Bench; 9] = [
         ("lease", lease::run),
         ("plugins", plugins::run),
         ("model_call", model_call::run),
         ("engine", engine::run),
         ("sessions", sessions::run),
+        ("mcp_serve", mcp_serve::run),
         ("workers", workers::run),
         ("store", || {
             store::run();

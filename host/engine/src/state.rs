@@ -12,7 +12,13 @@
 //! requests; a model call only once every tool call of the previous turn is
 //! settled; terminal events carrying exactly the dangling write, if any.
 
+mod approvals;
+mod children;
 mod deliveries;
+mod lifecycle;
+mod model_calls;
+mod policies;
+mod tool_calls;
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -23,22 +29,16 @@ use super::budget::{
     parse_extension,
 };
 use super::ceilings::RunCeilings;
-use super::channels::{Deliveries, InFlightDelivery};
-use super::compaction::{CompactionProgress, Summary};
+use super::channels::Deliveries;
+use super::compaction::CompactionProgress;
 use super::context::ContextState;
 use super::events::{
-    BudgetExtended, ChildFinished, ChildParked, Event, EventKind, ExternalCallRequested,
-    GrantingRule, ModelCallError, ReconciliationRequired, Resumed, RunAbandoned, RunCancelled,
-    RunCompleted, RunFailed, RunForked, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
-    UnresolvedWrite,
+    BudgetExtended, Event, EventKind, ExternalCallRequested, GrantingRule, ModelCallError,
+    ReconciliationRequired, Resumed, RunAbandoned, RunCancelled, RunCompleted, RunFailed,
+    RunForked, RunStarted, ToolCallError, ToolCallIntent, ToolCallResult,
 };
-use super::ids::{
-    AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId, commitment_key, idempotency_key,
-};
-use super::output::{MAX_OUTPUT_REJECTIONS, rejection_feedback};
-use super::policy_hooks::{
-    PolicyHook, PolicyPoint, PolicyVerdict, RecordedDecision, denial_result, feedback_message,
-};
+use super::ids::{AgentDigest, CallDigest, CallId, RequestHash, RunId, SessionId};
+use super::policy_hooks::{PolicyHook, PolicyPoint, RecordedDecision, denial_result};
 use super::schema::{self, SchemaError};
 use super::status::RunStatus;
 use super::tool_errors::compact_tool_error;
@@ -1261,29 +1261,6 @@ impl RunState {
         }
     }
 
-    fn next_model_call(&self) -> (u32, u32) {
-        match &self.model_call {
-            ModelCallProgress::Failed { step, attempts, .. } => (*step, attempts + 1),
-            _ => (self.turns.len() as u32 + 1, 1),
-        }
-    }
-
-    fn check_unresolved(&self, given: &Option<UnresolvedWrite>) -> Result<(), FoldProblem> {
-        let dangling = self.dangling_write();
-        let matches = match (dangling, given) {
-            (None, None) => true,
-            (Some(intent), Some(write)) => UnresolvedWrite::from(intent) == *write,
-            _ => false,
-        };
-        if matches {
-            Ok(())
-        } else {
-            Err(FoldProblem::UnresolvedWriteMismatch {
-                expected: dangling.map(|i| i.call_id.clone()),
-            })
-        }
-    }
-
     fn check(&self, event: &Event) -> Result<(), FoldProblem> {
         if event.is_delivery() {
             return self.check_delivery(event);
@@ -1308,475 +1285,16 @@ impl RunState {
                 status: self.status(),
             });
         }
-        match event {
-            Event::RunStarted(_) => Err(FoldProblem::AlreadyStarted),
-            Event::ModelCallIntent(intent) => {
-                self.nothing_in_flight()?;
-                if let Some(call) = self.next_call() {
-                    return Err(FoldProblem::ToolCallOutstanding {
-                        call_id: call.call_id.clone(),
-                    });
-                }
-                self.parked_problem()?;
-                if !matches!(self.model_call, ModelCallProgress::Failed { .. })
-                    && let Some(turn) = self.turns.last()
-                    && turn.calls.is_empty()
-                    && !turn.continued
-                {
-                    return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
-                }
-                let (expected_step, expected_attempt) = self.next_model_call();
-                if (intent.step, intent.attempt) != (expected_step, expected_attempt) {
-                    return Err(FoldProblem::StepMismatch {
-                        expected_step,
-                        expected_attempt,
-                        step: intent.step,
-                        attempt: intent.attempt,
-                    });
-                }
-                Ok(())
-            }
-            Event::ModelCallCompleted(c) => self.expect_model_in_flight(c.step),
-            Event::ModelCallFailed(f) => self.expect_model_in_flight(f.step),
-            Event::ToolCallRejected(r) => {
-                // An approved call is rejected when its tool disappeared
-                // from the agent in between.
-                let call = self.expect_next(&r.call_id)?;
-                Self::expect_pending_or_approved(call)
-            }
-            Event::ToolCallIntent(intent) => {
-                let call = self.expect_launchable(&intent.call_id)?;
-                Self::expect_pending_or_approved(call)?;
-                self.parked_problem()?;
-                let mismatch = |field| FoldProblem::CallMismatch {
-                    call_id: intent.call_id.clone(),
-                    field,
-                };
-                if intent.tool.model_name() != call.call.name {
-                    return Err(mismatch("tool"));
-                }
-                if intent.arguments != call.call.arguments {
-                    return Err(mismatch("arguments"));
-                }
-                let expected_key = match &intent.keyed_by {
-                    None => idempotency_key(&self.run_id, &intent.call_id),
-                    Some(k) => match key_argument(&intent.arguments, &k.field) {
-                        Some(value) => commitment_key(&k.scope, value),
-                        None => return Err(mismatch("idempotency key argument")),
-                    },
-                };
-                if intent.idempotency_key != expected_key {
-                    return Err(mismatch("idempotency key"));
-                }
-                Ok(())
-            }
-            Event::ToolCallAttemptFailed(f) => {
-                let call = self.expect_reporting(&f.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::InFlight(_)),
-                    "in flight",
-                )
-            }
-            Event::ExternalCallRequested(r) => {
-                let call = self.expect_next(&r.call_id)?;
-                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
-                if r.tool != call.call.name {
-                    return Err(FoldProblem::CallMismatch {
-                        call_id: r.call_id.clone(),
-                        field: "tool",
-                    });
-                }
-                if r.arguments != call.call.arguments {
-                    return Err(FoldProblem::CallMismatch {
-                        call_id: r.call_id.clone(),
-                        field: "arguments",
-                    });
-                }
-                self.parked_problem()
-            }
-            Event::ExternalCallCompleted(c) => {
-                let call = self.expect_next(&c.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::AwaitingExternal(_)),
-                    "awaiting external",
-                )
-            }
-            Event::ToolCallDeduplicated(d) => {
-                let call = self.expect_next(&d.call_id)?;
-                Self::expect_pending_or_approved(call)?;
-                self.parked_problem()
-            }
-            Event::ToolCallCompleted(c) => {
-                let call = self.expect_reporting(&c.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::InFlight(_)),
-                    "in flight",
-                )
-            }
-            Event::ToolCallResolved(r) => {
-                let call = self.expect_next(&r.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::InFlight(i) if i.effect == EffectClass::Write),
-                    "a write in flight",
-                )
-            }
-            Event::ApprovalRequested(a) => {
-                let call = self.expect_next(&a.call_id)?;
-                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
-                self.parked_problem()?;
-                if a.tool.model_name() != call.call.name {
-                    return Err(FoldProblem::CallMismatch {
-                        call_id: a.call_id.clone(),
-                        field: "tool",
-                    });
-                }
-                if a.digest.as_ref().is_some_and(|d| *d != call.digest()) {
-                    return Err(FoldProblem::CallMismatch {
-                        call_id: a.call_id.clone(),
-                        field: "digest",
-                    });
-                }
-                Ok(())
-            }
-            Event::ApprovalGranted(g) => {
-                let call = self.expect_next(&g.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::AwaitingApproval),
-                    "awaiting approval",
-                )
-            }
-            Event::ApprovalDenied(d) => {
-                let call = self.expect_next(&d.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::AwaitingApproval),
-                    "awaiting approval",
-                )
-            }
-            Event::ApprovalWithdrawn(w) => {
-                let call = self.expect_next(&w.call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::Approved { .. }),
-                    "approved",
-                )
-            }
-            Event::Suspended(s) => {
-                let call = self.expect_next(&s.call_id)?;
-                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
-                self.parked_problem()
-            }
-            Event::Resumed(_) => match self.next_call() {
-                Some(call) if matches!(call.progress, ToolCallProgress::Suspended { .. }) => Ok(()),
-                _ => Err(FoldProblem::NotSuspended),
-            },
-            Event::BudgetExceeded(_) => {
-                self.nothing_in_flight()?;
-                self.parked_problem()
-            }
-            Event::BudgetExtended(_) => {
-                if self.budget_exceeded.is_none() {
-                    return Err(FoldProblem::NoBudgetExceeded);
-                }
-                Ok(())
-            }
-            Event::ClockObserved(_) | Event::RandomObserved(_) => Ok(()),
-            Event::WaitStarted(w) => {
-                let ModelCallProgress::Failed { step, .. } = self.model_call else {
-                    return Err(FoldProblem::NoFailedModelCall);
-                };
-                if w.step != step || self.wait.is_some() {
-                    return Err(FoldProblem::NoFailedModelCall);
-                }
-                self.parked_problem()
-            }
-            Event::WaitEnded(e) => match self.waiting() {
-                Some(w) if e.at_ms >= w.until_ms => Ok(()),
-                Some(w) => Err(FoldProblem::WokeEarly {
-                    at_ms: e.at_ms,
-                    until_ms: w.until_ms,
-                }),
-                None => Err(FoldProblem::NotWaiting),
-            },
-            Event::RunCompleted(_) => {
-                self.nothing_in_flight()?;
-                self.parked_problem()?;
-                if let Some(call) = self.next_call() {
-                    return Err(FoldProblem::ToolCallOutstanding {
-                        call_id: call.call_id.clone(),
-                    });
-                }
-                Ok(())
-            }
-            Event::CompactionIntent(i) => {
-                self.check_context(i.step)?;
-                let done = self.compaction.summary.as_ref().map_or(1, |s| s.upto);
-                let upto = i.upto as usize;
-                if upto <= done || upto >= self.messages.len() {
-                    return Err(FoldProblem::CompactionCut {
-                        upto: i.upto,
-                        done,
-                        len: self.messages.len(),
-                    });
-                }
-                Ok(())
-            }
-            Event::CompactionCompleted(c) => self.expect_compaction_in_flight(c.step, c.upto),
-            Event::CompactionFailed(f) => self.expect_compaction_in_flight(f.step, f.upto),
-            Event::ContextResolved(r) => self.check_context(r.step),
-            Event::ContextFailed(f) => self.check_context(f.step),
-            Event::OutputRejected(r) => {
-                self.nothing_in_flight()?;
-                self.parked_problem()?;
-                match self.turns.last() {
-                    Some(turn)
-                        if turn.step == r.step && turn.calls.is_empty() && !turn.continued => {}
-                    _ => return Err(FoldProblem::NotAFinalAnswer { step: r.step }),
-                }
-                if self.output_rejections >= MAX_OUTPUT_REJECTIONS {
-                    return Err(FoldProblem::OutputRejectedTooOften {
-                        limit: MAX_OUTPUT_REJECTIONS,
-                    });
-                }
-                Ok(())
-            }
-            Event::PolicyDecided(d) => {
-                self.nothing_in_flight()?;
-                self.parked_problem()?;
-                let point = d
-                    .point()
-                    .ok_or(FoldProblem::PolicyPointMalformed { hook: d.hook })?;
-                let decided = self.policy_decisions(&point);
-                if decided.iter().any(|r| r.policy == d.policy) {
-                    return Err(FoldProblem::PolicyAlreadyDecided {
-                        policy: d.policy.clone(),
-                    });
-                }
-                if let Some(stop) = decided.iter().find(|r| r.verdict != PolicyVerdict::Allow) {
-                    return Err(FoldProblem::PolicyAlreadyDecided {
-                        policy: stop.policy.clone(),
-                    });
-                }
-                if d.decision == PolicyVerdict::Feedback && d.hook != PolicyHook::BeforeFinish {
-                    return Err(FoldProblem::FeedbackOutsideFinish { hook: d.hook });
-                }
-                let idle = matches!(self.model_call, ModelCallProgress::Idle);
-                let latest = self.turns.last();
-                let fits = match &point {
-                    PolicyPoint::RunStart => idle && self.turns.is_empty(),
-                    PolicyPoint::AfterResponse { step } => {
-                        idle && latest.is_some_and(|t| t.step == *step)
-                    }
-                    PolicyPoint::BeforeToolCall { call_id } => {
-                        let call = self.expect_next(call_id)?;
-                        return Self::expect_progress(
-                            call,
-                            |p| matches!(p, ToolCallProgress::Pending),
-                            "pending",
-                        );
-                    }
-                    PolicyPoint::BeforeFinish { step } => {
-                        idle && latest
-                            .is_some_and(|t| t.step == *step && t.calls.is_empty() && !t.continued)
-                    }
-                };
-                if fits {
-                    Ok(())
-                } else {
-                    Err(FoldProblem::PolicyPointPassed { hook: d.hook })
-                }
-            }
-            Event::RunFailed(_) => self.check_unresolved(&None),
-            Event::RunCancelled(c) => self.check_unresolved(&c.unresolved_write),
-            Event::RunAbandoned(a) => self.check_unresolved(&a.unresolved_write),
-            // Right after the inherited prefix, naming the run it was
-            // copied from (whose id the prefix derives its keys from).
-            Event::RunForked(f) => {
-                if f.source_run != self.run_id {
-                    return Err(FoldProblem::ForkSourceMismatch {
-                        recorded: f.source_run.clone(),
-                        inherited: self.run_id.clone(),
-                    });
-                }
-                if f.position != self.event_count as u64 {
-                    return Err(FoldProblem::ForkPositionMismatch {
-                        recorded: f.position,
-                        inherited: self.event_count as u64,
-                    });
-                }
-                let approved = self
-                    .next_call()
-                    .filter(|c| matches!(c.progress, ToolCallProgress::Approved { .. }))
-                    .map(|c| &c.call_id);
-                if approved != f.withdrawn_approval.as_ref() {
-                    return Err(FoldProblem::ForkApprovalMismatch {
-                        approved: approved.cloned(),
-                    });
-                }
-                Ok(())
-            }
-            Event::ChildStarted(c) => {
-                let call = self.expect_launchable(&c.call_id)?;
-                Self::expect_progress(call, |p| matches!(p, ToolCallProgress::Pending), "pending")?;
-                if c.input != call.call.arguments {
-                    return Err(FoldProblem::CallMismatch {
-                        call_id: c.call_id.clone(),
-                        field: "arguments",
-                    });
-                }
-                self.parked_problem()
-            }
-            Event::ChildParked(ChildParked {
-                call_id, child_run, ..
-            })
-            | Event::ChildFinished(ChildFinished {
-                call_id, child_run, ..
-            }) => {
-                let call = self.expect_reporting(call_id)?;
-                Self::expect_progress(
-                    call,
-                    |p| matches!(p, ToolCallProgress::Child { .. }),
-                    "running a child",
-                )?;
-                if !matches!(&call.progress, ToolCallProgress::Child { child_run: c, .. } if c == child_run)
-                {
-                    return Err(FoldProblem::CallMismatch {
-                        call_id: call_id.clone(),
-                        field: "child_run",
-                    });
-                }
-                Ok(())
-            }
-            // Any time before the end: a restore may catch a run anywhere.
-            Event::ReconciliationRequired(_) => Ok(()),
-            Event::Reconciled(_) if self.hold.is_none() => Err(FoldProblem::NothingToReconcile),
-            Event::Reconciled(_) => Ok(()),
-            Event::KeyReleased(_) | Event::KeySettled(_) => {
-                unreachable!("key releases and settlements are checked above")
-            }
-            Event::DeliveryIntent(_)
-            | Event::DeliveryAttemptFailed(_)
-            | Event::DeliveryCompleted(_)
-            | Event::DeliveryFailed(_) => unreachable!("delivery events are checked above"),
-        }
-    }
-
-    /// Delivery events: allowed after a terminal event and while parked;
-    /// one delivery in flight at a time, never beside a model call or a
-    /// tool call that may still complete (a dangling write may: it waits
-    /// for a human); each channel's intents in log order, each reporting an
-    /// earlier event, with the id derived from run, channel and position;
-    /// attempts counted from 1.
-    fn check_delivery(&self, event: &Event) -> Result<(), FoldProblem> {
-        let mismatch = |delivery_id: &str, reason: String| FoldProblem::DeliveryMismatch {
-            delivery_id: delivery_id.to_owned(),
-            reason,
-        };
-        let (delivery_id, attempt) = match event {
-            Event::DeliveryIntent(intent) => {
-                if let Some(d) = &self.deliveries.in_flight {
-                    return Err(FoldProblem::DeliveryInFlight {
-                        delivery_id: d.intent.delivery_id.clone(),
-                    });
-                }
-                if self.terminal.is_none() && self.effect_in_flight() {
-                    self.nothing_in_flight()?;
-                }
-                let id = &intent.delivery_id;
-                if intent.source >= self.event_count as u64 {
-                    return Err(mismatch(
-                        id,
-                        format!(
-                            "it reports position {}, which is not before it",
-                            intent.source
-                        ),
-                    ));
-                }
-                if let Some(&last) = self.deliveries.cursors.get(&intent.channel)
-                    && intent.source <= last
-                {
-                    return Err(mismatch(
-                        id,
-                        format!(
-                            "channel `{}` was already given position {last}",
-                            intent.channel
-                        ),
-                    ));
-                }
-                let expected = format!("{}/{}/{}", self.run_id, intent.channel, intent.source);
-                if *id != expected {
-                    return Err(mismatch(id, format!("the id must be `{expected}`")));
-                }
-                if !intent.payload.is_object() {
-                    return Err(mismatch(id, "the payload must be a JSON object".into()));
-                }
-                return Ok(());
-            }
-            Event::DeliveryAttemptFailed(f) => (&f.delivery_id, f.attempt),
-            Event::DeliveryCompleted(c) => (&c.delivery_id, c.attempt),
-            Event::DeliveryFailed(f) => (&f.delivery_id, f.attempts),
-            _ => unreachable!("check_delivery sees delivery events"),
-        };
-        match &self.deliveries.in_flight {
-            Some(d) if d.intent.delivery_id == *delivery_id => {
-                if attempt != d.failed_attempts + 1 {
-                    return Err(mismatch(
-                        delivery_id,
-                        format!(
-                            "expected attempt {}, found {attempt}",
-                            d.failed_attempts + 1
-                        ),
-                    ));
-                }
-                Ok(())
-            }
-            _ => Err(mismatch(
-                delivery_id,
-                "no such delivery is in flight".into(),
-            )),
-        }
-    }
-
-    /// A context source is resolved only where a model call of `step` could
-    /// be made next.
-    fn check_context(&self, step: u32) -> Result<(), FoldProblem> {
-        self.nothing_in_flight()?;
-        if let Some(call) = self.next_call() {
-            return Err(FoldProblem::ToolCallOutstanding {
-                call_id: call.call_id.clone(),
-            });
-        }
-        self.parked_problem()?;
-        if !matches!(self.model_call, ModelCallProgress::Failed { .. })
-            && let Some(turn) = self.turns.last()
-            && turn.calls.is_empty()
-            && !turn.continued
-        {
-            return Err(FoldProblem::AfterFinalAnswer { step: turn.step });
-        }
-        let (expected, _) = self.next_model_call();
-        if step != expected {
-            return Err(FoldProblem::ContextStepMismatch { expected, step });
-        }
-        Ok(())
-    }
-
-    fn expect_compaction_in_flight(&self, step: u32, upto: u32) -> Result<(), FoldProblem> {
-        match self.compaction.in_flight {
-            Some((s, u, _)) if s == step && u == upto as usize => Ok(()),
-            _ => Err(FoldProblem::NoCompactionInFlight { step, upto }),
-        }
-    }
-
-    fn expect_model_in_flight(&self, step: u32) -> Result<(), FoldProblem> {
-        match self.model_call {
-            ModelCallProgress::InFlight { step: s, .. } if s == step => Ok(()),
-            _ => Err(FoldProblem::NoModelCallInFlight { step }),
+        match concern(event) {
+            Concern::Start => Err(FoldProblem::AlreadyStarted),
+            Concern::ModelCall => self.check_model_call(event),
+            Concern::ToolCall => self.check_tool_call(event),
+            Concern::Approval => self.check_approval(event),
+            Concern::Child => self.check_child(event),
+            Concern::Policy => self.check_policy(event),
+            Concern::Lifecycle => self.check_lifecycle(event),
+            Concern::Key => unreachable!("key releases and settlements are checked above"),
+            Concern::Delivery => unreachable!("delivery events are checked above"),
         }
     }
 
@@ -1851,313 +1369,83 @@ impl RunState {
 
     /// Applies a checked event.
     fn update(&mut self, event: &Event) {
-        match event {
-            Event::RunStarted(_) => unreachable!("checked: run_started is only first"),
-            Event::ModelCallIntent(i) => {
-                self.wait = None;
-                self.model_call = ModelCallProgress::InFlight {
-                    step: i.step,
-                    attempt: i.attempt,
-                    request_hash: i.request_hash.clone(),
-                };
-            }
-            Event::ModelCallCompleted(c) => {
-                let u = &mut self.usage;
-                u.steps += 1;
-                u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
-                u.output_tokens = u.output_tokens.saturating_add(c.usage.output_tokens);
-                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos.unwrap_or(0));
-                self.turns.push(Turn {
-                    step: c.step,
-                    text: c.text.clone(),
-                    stop_reason: c.stop_reason,
-                    calls: c
-                        .tool_calls
-                        .iter()
-                        .enumerate()
-                        .map(|(i, call)| ToolCallState {
-                            call_id: CallId::new(c.step, i + 1),
-                            call: call.clone(),
-                            progress: ToolCallProgress::Pending,
-                            failed_attempts: 0,
-                        })
-                        .collect(),
-                    continued: false,
-                });
-                self.results_shown = 0;
-                self.model_call = ModelCallProgress::Idle;
-                self.messages.push(Message::Assistant {
-                    text: c.text.clone(),
-                    tool_calls: c.tool_calls.clone(),
-                    blocks: c.blocks.clone(),
-                });
-            }
-            Event::ModelCallFailed(f) => {
-                let attempts = match self.model_call {
-                    ModelCallProgress::InFlight { attempt, .. } => attempt,
-                    _ => unreachable!("checked: a model call is in flight"),
-                };
-                self.model_call = ModelCallProgress::Failed {
-                    step: f.step,
-                    attempts,
-                    error: f.error.clone(),
-                    at_ms: f.at_ms,
-                    retry_at_ms: f.retry_at_ms,
-                };
-            }
-            Event::ToolCallRejected(r) => {
-                if r.error.is_invalid_call() {
-                    self.invalid_calls_in_a_row += 1;
-                    self.last_invalid_call = Some(r.error.to_string());
-                }
-                self.settle(ToolCallProgress::Rejected(r.error.clone()));
-            }
-            Event::ToolCallIntent(i) => {
-                self.invalid_calls_in_a_row = 0;
-                self.usage.tool_calls += 1;
-                self.call_mut(&i.call_id).progress = ToolCallProgress::InFlight(i.clone());
-            }
-            Event::ToolCallCompleted(c) => {
-                self.usage.fuel = self.usage.fuel.saturating_add(c.receipt.fuel_consumed);
-                self.settle_call(&c.call_id, ToolCallProgress::Completed(c.result.clone()));
-            }
-            Event::ToolCallAttemptFailed(f) => {
-                self.usage.fuel = self.usage.fuel.saturating_add(f.receipt.fuel_consumed);
-                self.call_mut(&f.call_id).failed_attempts += 1;
-            }
-            Event::ExternalCallRequested(r) => {
-                self.invalid_calls_in_a_row = 0;
-                self.next_call_mut().progress = ToolCallProgress::AwaitingExternal(r.clone());
-            }
-            Event::ExternalCallCompleted(c) => {
-                self.settle(ToolCallProgress::Completed(ToolCallResult::Output(
-                    c.output.clone(),
-                )));
-            }
-            Event::ToolCallDeduplicated(d) => {
-                self.invalid_calls_in_a_row = 0;
-                self.settle(ToolCallProgress::Deduplicated {
-                    result: d.result.clone(),
-                    origin_run: d.origin_run.clone(),
-                    origin_call: d.origin_call.clone(),
-                });
-            }
-            Event::ToolCallResolved(r) => {
-                self.settle(ToolCallProgress::Resolved {
-                    by: r.by.clone(),
-                    output: r.output.clone(),
-                });
-            }
-            Event::ApprovalRequested(a) => {
-                self.invalid_calls_in_a_row = 0;
-                if let Some(receipt) = &a.receipt {
-                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
-                }
-                self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
-            }
-            Event::ApprovalGranted(g) => {
-                self.next_call_mut().progress = ToolCallProgress::Approved {
-                    by: g.by.clone(),
-                    digest: g.digest.clone(),
-                    rule: g.rule.clone(),
-                };
-            }
-            Event::ApprovalWithdrawn(_) => {
-                self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
-            }
-            Event::ApprovalDenied(d) => {
-                self.settle(ToolCallProgress::Denied {
-                    by: d.by.clone(),
-                    reason: d.reason.clone(),
-                });
-            }
-            Event::Suspended(s) => {
-                self.invalid_calls_in_a_row = 0;
-                self.next_call_mut().progress = ToolCallProgress::Suspended {
-                    reason: s.reason.clone(),
-                    schema: s.schema.clone(),
-                };
-            }
-            Event::Resumed(r) => {
-                self.settle(ToolCallProgress::Answered {
-                    input: r.input.clone(),
-                });
-            }
-            Event::BudgetExceeded(o) => self.budget_exceeded = Some(*o),
-            Event::BudgetExtended(e) => {
-                self.extensions = self.extensions.overridden_by(&e.limits);
-                self.budget_exceeded = None;
-            }
-            // Readings are counted in `apply`.
-            Event::ClockObserved(_) => {}
-            Event::RandomObserved(r) => self.random_values.push(r.value),
-            Event::WaitStarted(w) => {
-                self.wait = Some(RetryWait {
-                    step: w.step,
-                    since_ms: w.since_ms,
-                    until_ms: w.until_ms,
-                    ended_ms: None,
-                });
-            }
-            Event::WaitEnded(e) => {
-                if let Some(w) = &mut self.wait {
-                    w.ended_ms = Some(e.at_ms);
-                }
-            }
-            Event::CompactionIntent(i) => {
-                self.compaction.in_flight = Some((i.step, i.upto as usize, i.request_hash.clone()));
-            }
-            Event::CompactionCompleted(c) => {
-                let u = &mut self.usage;
-                u.input_tokens = u.input_tokens.saturating_add(c.usage.input_tokens);
-                u.output_tokens = u.output_tokens.saturating_add(c.usage.output_tokens);
-                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos.unwrap_or(0));
-                self.compaction.in_flight = None;
-                self.compaction.completed += 1;
-                self.compaction.summary = Some(Summary {
-                    step: c.step,
-                    upto: c.upto as usize,
-                    text: c.summary.clone(),
-                });
-            }
-            Event::CompactionFailed(f) => {
-                self.compaction.in_flight = None;
-                self.compaction.failed += 1;
-                self.compaction.failed_at_step = Some(f.step);
-            }
-            Event::ContextResolved(r) => {
-                self.usage.fuel = self.usage.fuel.saturating_add(r.receipt.fuel_consumed);
-                self.context
-                    .insert(r.source.clone(), ContextState::resolved(r));
-            }
-            Event::ContextFailed(f) => {
-                if let Some(receipt) = &f.receipt {
-                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
-                }
-                self.context
-                    .insert(f.source.clone(), ContextState::failed(f));
-            }
-            Event::OutputRejected(r) => {
-                self.output_rejections += 1;
-                if let Some(turn) = self.turns.last_mut() {
-                    turn.continued = true;
-                }
-                self.messages.push(Message::User {
-                    content: rejection_feedback(&r.violation),
-                });
-            }
-            Event::PolicyDecided(d) => {
-                if let Some(receipt) = &d.receipt {
-                    self.usage.fuel = self.usage.fuel.saturating_add(receipt.fuel_consumed);
-                }
-                let point = d.point().expect("checked: the point fits the hook");
-                let reason = d.reason.clone().unwrap_or_default();
-                match (&point, d.decision) {
-                    (PolicyPoint::BeforeToolCall { .. }, PolicyVerdict::Deny) => {
-                        // The call was valid: it does not count as the
-                        // model's mistake.
-                        self.invalid_calls_in_a_row = 0;
-                        self.settle(ToolCallProgress::PolicyDenied {
-                            policy: d.policy.clone(),
-                            reason,
-                        });
-                    }
-                    (PolicyPoint::BeforeFinish { .. }, PolicyVerdict::Feedback) => {
-                        if let Some(turn) = self.turns.last_mut() {
-                            turn.continued = true;
-                        }
-                        self.messages.push(Message::User {
-                            content: feedback_message(&d.policy, &reason),
-                        });
-                    }
-                    _ => {}
-                }
-                self.policy_decisions
-                    .entry(point)
-                    .or_default()
-                    .push(RecordedDecision {
-                        policy: d.policy.clone(),
-                        verdict: d.decision,
-                        reason: d.reason.clone(),
-                    });
-            }
-            Event::RunCompleted(c) => self.terminal = Some(Terminal::Completed(c.clone())),
-            Event::RunFailed(f) => self.terminal = Some(Terminal::Failed(f.clone())),
-            Event::RunCancelled(c) => self.terminal = Some(Terminal::Cancelled(c.clone())),
-            Event::RunAbandoned(a) => self.terminal = Some(Terminal::Abandoned(a.clone())),
-            Event::ReconciliationRequired(r) => self.hold = Some(r.clone()),
-            Event::Reconciled(_) => self.hold = None,
-            Event::RunForked(f) => {
-                self.run_id = f.run_id.clone();
-                self.agent_digest = f.agent_digest.clone();
-                self.limits = Some(f.limits.clone());
-                // The limits recorded here already hold the source's
-                // extensions (or replace them): none carries over twice.
-                self.extensions = BudgetLimits::default();
-                // Decided again against the fork's limits: parked again if
-                // they are still crossed.
-                self.budget_exceeded = None;
-                if f.withdrawn_approval.is_some() {
-                    self.next_call_mut().progress = ToolCallProgress::AwaitingApproval;
-                }
-                // The time between the source's last event and the fork is
-                // nobody's active time.
-                self.last_clock_ms = Some(self.last_clock_ms.map_or(f.at_ms, |l| l.max(f.at_ms)));
-                self.fork = Some(f.clone());
-            }
-            Event::ChildStarted(c) => {
-                self.invalid_calls_in_a_row = 0;
-                self.usage.tool_calls += 1;
-                self.children_started = self.children_started.saturating_add(1);
-                self.call_mut(&c.call_id).progress = ToolCallProgress::Child {
-                    child_run: c.child_run.clone(),
-                    parked: None,
-                    granted: c.budgets,
-                };
-            }
-            Event::ChildParked(p) => {
-                if let ToolCallProgress::Child { parked, .. } =
-                    &mut self.call_mut(&p.call_id).progress
-                {
-                    *parked = Some(p.status);
-                }
-            }
-            Event::ChildFinished(f) => {
-                let (u, c) = (&mut self.usage, &f.usage);
-                u.steps = u.steps.saturating_add(c.steps);
-                u.input_tokens = u.input_tokens.saturating_add(c.input_tokens);
-                u.output_tokens = u.output_tokens.saturating_add(c.output_tokens);
-                u.cost_nanos = u.cost_nanos.saturating_add(c.cost_nanos);
-                u.tool_calls = u.tool_calls.saturating_add(c.tool_calls);
-                u.fuel = u.fuel.saturating_add(c.fuel);
-                self.settle_call(&f.call_id, ToolCallProgress::Completed(f.result.clone()));
-            }
-            Event::KeyReleased(_) | Event::KeySettled(_) => {}
-            Event::DeliveryIntent(intent) => {
-                self.deliveries
-                    .cursors
-                    .insert(intent.channel.clone(), intent.source);
-                self.deliveries.in_flight = Some(InFlightDelivery {
-                    intent: intent.clone(),
-                    failed_attempts: 0,
-                    retry_at_ms: None,
-                });
-            }
-            Event::DeliveryAttemptFailed(f) => {
-                if let Some(d) = &mut self.deliveries.in_flight {
-                    d.failed_attempts += 1;
-                    d.retry_at_ms = Some(f.retry_at_ms);
-                }
-            }
-            Event::DeliveryCompleted(_) => {
-                self.deliveries.in_flight = None;
-                self.deliveries.completed += 1;
-            }
-            Event::DeliveryFailed(_) => {
-                self.deliveries.in_flight = None;
-                self.deliveries.failed += 1;
-            }
+        match concern(event) {
+            Concern::Start => unreachable!("checked: run_started is only first"),
+            Concern::ModelCall => self.update_model_call(event),
+            Concern::ToolCall => self.update_tool_call(event),
+            Concern::Approval => self.update_approval(event),
+            Concern::Child => self.update_child(event),
+            Concern::Policy => self.update_policy(event),
+            Concern::Lifecycle => self.update_lifecycle(event),
+            Concern::Key => {}
+            Concern::Delivery => self.update_delivery(event),
         }
+    }
+}
+
+/// The state machine an event belongs to: [`RunState::apply`] checks and
+/// applies each event with its concern's (one file each under `state/`).
+#[derive(Clone, Copy)]
+enum Concern {
+    /// `run_started`, the first event and only there.
+    Start,
+    ModelCall,
+    ToolCall,
+    Approval,
+    Child,
+    Policy,
+    Lifecycle,
+    /// An operator's release or settlement of a key.
+    Key,
+    Delivery,
+}
+
+fn concern(event: &Event) -> Concern {
+    match event {
+        Event::RunStarted(_) => Concern::Start,
+        Event::ModelCallIntent(_)
+        | Event::ModelCallCompleted(_)
+        | Event::ModelCallFailed(_)
+        | Event::WaitStarted(_)
+        | Event::WaitEnded(_)
+        | Event::CompactionIntent(_)
+        | Event::CompactionCompleted(_)
+        | Event::CompactionFailed(_)
+        | Event::ContextResolved(_)
+        | Event::ContextFailed(_) => Concern::ModelCall,
+        Event::ToolCallRejected(_)
+        | Event::ToolCallIntent(_)
+        | Event::ToolCallAttemptFailed(_)
+        | Event::ExternalCallRequested(_)
+        | Event::ExternalCallCompleted(_)
+        | Event::ToolCallDeduplicated(_)
+        | Event::ToolCallCompleted(_)
+        | Event::ToolCallResolved(_) => Concern::ToolCall,
+        Event::ApprovalRequested(_)
+        | Event::ApprovalGranted(_)
+        | Event::ApprovalDenied(_)
+        | Event::ApprovalWithdrawn(_)
+        | Event::Suspended(_)
+        | Event::Resumed(_) => Concern::Approval,
+        Event::ChildStarted(_) | Event::ChildParked(_) | Event::ChildFinished(_) => Concern::Child,
+        Event::PolicyDecided(_) => Concern::Policy,
+        Event::BudgetExceeded(_)
+        | Event::BudgetExtended(_)
+        | Event::ClockObserved(_)
+        | Event::RandomObserved(_)
+        | Event::RunCompleted(_)
+        | Event::OutputRejected(_)
+        | Event::RunFailed(_)
+        | Event::RunCancelled(_)
+        | Event::RunAbandoned(_)
+        | Event::RunForked(_)
+        | Event::ReconciliationRequired(_)
+        | Event::Reconciled(_) => Concern::Lifecycle,
+        Event::KeyReleased(_) | Event::KeySettled(_) => Concern::Key,
+        Event::DeliveryIntent(_)
+        | Event::DeliveryAttemptFailed(_)
+        | Event::DeliveryCompleted(_)
+        | Event::DeliveryFailed(_) => Concern::Delivery,
     }
 }
 

@@ -15,6 +15,9 @@
 //!   leaves the driving to the server. Who may approve a session's writes
 //!   is the operator's [`Approvers`] setting, checked by the engine's gate:
 //!   over HTTP operators only by default, over stdio the client too.
+//! - `view.rs`: the session's run as its drive leaves it, kept from the
+//!   runtime's updates, which a call's result is read from (never a
+//!   reload of the whole log per call).
 //! - `tools.rs`: effect classes as MCP annotations.
 //! - `http.rs`: the streamable HTTP transport behind the Host and Origin
 //!   checks of `warden serve` and an optional bearer token.
@@ -27,6 +30,7 @@ mod client_model;
 mod http;
 mod session;
 mod tools;
+mod view;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -3,7 +3,7 @@
 //!
 //! A call is offered to the run's model (the client, `client_model.rs`)
 //! and the run is driven until the engine asks the model again (the call
-//! settled: its result is read back from the log) or the drive stops: at
+//! settled: its result is read from the events it recorded, `view.rs`) or the drive stops: at
 //! an approval, which is asked of the client's user by elicitation when
 //! the client declared it and the operator's [`Approvers`] setting lets the
 //! client decide (recorded under the identity the transport authenticated),
@@ -48,13 +48,14 @@ use warden::engine::approval_prompt::ApprovalPrompt;
 use warden::engine::approvals::{Approver, Approvers};
 use warden::engine::decide::call_mistake;
 use warden::engine::events::ToolCallResult;
-use warden::engine::state::{Parked, ToolCallProgress, value_text};
+use warden::engine::state::{Parked, RunState, ToolCallProgress, ToolCallState, value_text};
 use warden::engine::{ReplayOptions, RunStatus};
 use warden::sandbox::{Moment, ValidUntil};
 use warden::store::Claim;
 use warden::{RunId, Runtime, RuntimeError};
 
 use super::client_model::{ClientModel, Offered};
+use super::view::RunView;
 use super::{SESSION_LABEL, Served, now_ms};
 
 /// The JSON-RPC error code of every refusal Warden makes (the range
@@ -172,6 +173,8 @@ struct Active {
     /// The drive in progress, if any (it waits in the model call between
     /// calls).
     drive: Option<JoinHandle<Result<RunStatus, RuntimeError>>>,
+    /// The run's state as the drive leaves it, which results are read from.
+    view: RunView,
 }
 
 impl Drop for Active {
@@ -310,6 +313,10 @@ impl Session {
             .await
             .map_err(|e| engine_refusal(&RuntimeError::from(e)))?;
         let valid = ValidUntil::at(started.after(options.valid_for()));
+        // Before the drive starts, so the view misses nothing it records.
+        let view = RunView::load(&self.runtime, &run_id)
+            .await
+            .map_err(|e| engine_refusal(&e))?;
         tracing::info!(%run_id, client, "MCP session started its run");
         eprintln!("warden mcp serve: session of `{client}` is run {run_id}");
         let renewing = tokio::spawn(renew(
@@ -325,6 +332,7 @@ impl Session {
             valid,
             renewing,
             drive: None,
+            view,
         })
     }
 
@@ -432,7 +440,7 @@ impl Session {
         self.model.withdraw();
         // The call may have settled even when the drive then stopped (a
         // budget reached before the next model call).
-        if let Some(result) = self.result(&active.run_id, &id, denial).await? {
+        if let Some(result) = self.result(&mut active.view, &id, denial).await? {
             return result;
         }
         Err(match stopped {
@@ -454,24 +462,30 @@ impl Session {
     }
 
     /// The settled call `id`'s result as the client receives it; `None`
-    /// while it has none.
+    /// while it has none. Read from the session's view of its run; the log
+    /// is read again only when the view has no result for the call (one
+    /// recorded by another process with nothing after it here).
     async fn result(
         &self,
-        run_id: &RunId,
+        view: &mut RunView,
         id: &str,
         denial: Option<&'static str>,
     ) -> Result<Option<Result<CallToolResult, ErrorData>>, ErrorData> {
-        let state = self
-            .runtime
-            .state(run_id)
+        let run_id = view.run_id().clone();
+        let mut state = view
+            .current(&self.runtime)
             .await
             .map_err(|e| engine_refusal(&e))?;
-        let Some(call) = state
-            .last_turn()
-            .and_then(|turn| turn.calls.iter().find(|c| c.call.id == id))
-        else {
+        if settled(state, id).is_none() {
+            state = view
+                .reload(&self.runtime)
+                .await
+                .map_err(|e| engine_refusal(&e))?;
+        }
+        let Some(call) = settled(state, id) else {
             return Ok(None);
         };
+        let run_id = &run_id;
         let details = json!({ "run_id": run_id, "call_id": call.call_id });
         let output = |value: &Value| {
             let mut result = CallToolResult::success(vec![ContentBlock::text(value_text(value))]);
@@ -775,6 +789,13 @@ impl Session {
         }
         tracing::info!(%run_id, status = ?status, "MCP session closed");
     }
+}
+
+/// The call the client's request `id` became, in the run's last turn.
+fn settled<'a>(state: &'a RunState, id: &str) -> Option<&'a ToolCallState> {
+    state
+        .last_turn()
+        .and_then(|turn| turn.calls.iter().find(|c| c.call.id == id))
 }
 
 /// This server, deciding on the operator's settings (a timeout, a
