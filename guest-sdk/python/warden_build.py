@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 # The imports the sandbox offers (host/src/sandbox/imports.rs, which checks
 # again at load): checked here so a refusal names the import at build time.
 ALLOWED = {
-    "warden:plugin": ("0.1.", {"host", "types"}),
+    "warden:plugin": ("0.1.", {"host", "types", "secrets"}),
     "wasi:cli": ("0.2.", {
         "environment", "exit", "stdin", "stdout", "stderr", "terminal-input",
         "terminal-output", "terminal-stdin", "terminal-stdout", "terminal-stderr",

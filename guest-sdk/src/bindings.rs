@@ -1,7 +1,7 @@
 //! The wit-bindgen bindings of the four Warden worlds, generated once here.
 //!
-//! `tool-plugin` generates the shared interfaces `warden:plugin/types` and
-//! `warden:plugin/host`; `context-plugin`, `channel-plugin` and
+//! `tool-plugin` generates the shared interfaces `warden:plugin/types`,
+//! `warden:plugin/host` and `warden:plugin/secrets`; `context-plugin`, `channel-plugin` and
 //! `policy-plugin` reuse them
 //! through wit-bindgen's `with` option, so every WIT type has exactly one Rust
 //! type. The export macros are public (`pub_export_macro`) and find their
@@ -37,6 +37,7 @@ pub mod context {
         with: {
             "warden:plugin/types@0.1.0": crate::bindings::warden::plugin::types,
             "warden:plugin/host@0.1.0": crate::bindings::warden::plugin::host,
+            "warden:plugin/secrets@0.1.0": crate::bindings::warden::plugin::secrets,
         },
         pub_export_macro: true,
         export_macro_name: "export_context_world",
@@ -55,6 +56,7 @@ pub mod channel {
         with: {
             "warden:plugin/types@0.1.0": crate::bindings::warden::plugin::types,
             "warden:plugin/host@0.1.0": crate::bindings::warden::plugin::host,
+            "warden:plugin/secrets@0.1.0": crate::bindings::warden::plugin::secrets,
         },
         pub_export_macro: true,
         export_macro_name: "export_channel_world",
@@ -73,6 +75,7 @@ pub mod policy {
         with: {
             "warden:plugin/types@0.1.0": crate::bindings::warden::plugin::types,
             "warden:plugin/host@0.1.0": crate::bindings::warden::plugin::host,
+            "warden:plugin/secrets@0.1.0": crate::bindings::warden::plugin::secrets,
         },
         pub_export_macro: true,
         export_macro_name: "export_policy_world",

@@ -4,7 +4,7 @@
 //!
 //! The crate root re-exports everything a plugin needs; the modules are
 //! `tool`, `context`, `channel` and `policy` (one per plugin kind), `fs`,
-//! `glob`, `http`, `log`, `testing` (native only) and `bindings` (generated). Every
+//! `glob`, `http`, `log`, `secrets`, `testing` (native only) and `bindings` (generated). Every
 //! other module is private.
 #![deny(unsafe_code)]
 
@@ -22,6 +22,7 @@ pub mod http;
 mod json;
 pub mod log;
 mod policy;
+pub mod secrets;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod testing;
 mod tool;

@@ -2,7 +2,8 @@
 //! non-wasm targets): a per-thread configuration map that
 //! [`config`](crate::config) reads, a per-thread capture of log lines, a
 //! per-thread HTTP responder that [`http::send`](crate::http::send) calls,
-//! and builders for the records the host would send.
+//! per-thread granted secrets for [`secrets`](crate::secrets), and
+//! builders for the records the host would send.
 //!
 //! State is per thread, so tests running in parallel do not see each
 //! other's configuration or logs.
@@ -22,6 +23,58 @@ thread_local! {
     static CONFIG: RefCell<HashMap<String, String>> = RefCell::new(HashMap::new());
     static LOGS: RefCell<Vec<(LogLevel, String)>> = const { RefCell::new(Vec::new()) };
     static HTTP: RefCell<Option<HttpResponder>> = const { RefCell::new(None) };
+    static SECRETS: RefCell<HashMap<String, (String, bool)>> = RefCell::new(HashMap::new());
+}
+
+/// Grants the secret `name` with `value` on this thread, readable with
+/// [`secrets::reveal`](crate::secrets::reveal) only when `reveal`. A
+/// handle to it is the text `{{secret:NAME:FORM}}` (`plain`, `bearer`,
+/// `basic:USER`), so a test sees which secret went into which header.
+pub fn set_secret(name: impl Into<String>, value: impl Into<String>, reveal: bool) {
+    SECRETS.with(|s| s.borrow_mut().insert(name.into(), (value.into(), reveal)));
+}
+
+/// Removes every secret granted on this thread.
+pub fn clear_secrets() {
+    SECRETS.with(|s| s.borrow_mut().clear());
+}
+
+pub(crate) fn native_handle(
+    name: &str,
+    form: crate::secrets::SecretForm,
+) -> Result<String, crate::secrets::SecretError> {
+    use crate::secrets::{SecretError, SecretForm};
+    SECRETS.with(|s| {
+        if !s.borrow().contains_key(name) {
+            return Err(SecretError::NotGranted(format!(
+                "no secret `{name}` is granted (warden_guest::testing::set_secret)"
+            )));
+        }
+        let form = match form {
+            SecretForm::Plain => "plain".to_owned(),
+            SecretForm::Bearer => "bearer".to_owned(),
+            SecretForm::Basic(user) if user.contains(':') => {
+                return Err(SecretError::InvalidForm(format!(
+                    "basic-auth username for secret `{name}` holds a `:`"
+                )));
+            }
+            SecretForm::Basic(user) => format!("basic:{user}"),
+        };
+        Ok(format!("{{{{secret:{name}:{form}}}}}"))
+    })
+}
+
+pub(crate) fn native_reveal(name: &str) -> Result<String, crate::secrets::SecretError> {
+    use crate::secrets::SecretError;
+    SECRETS.with(|s| match s.borrow().get(name) {
+        None => Err(SecretError::NotGranted(format!(
+            "no secret `{name}` is granted (warden_guest::testing::set_secret)"
+        ))),
+        Some((_, false)) => Err(SecretError::RevealDenied(format!(
+            "secret `{name}` is granted without `reveal = true`"
+        ))),
+        Some((value, true)) => Ok(value.clone()),
+    })
 }
 
 /// Makes [`http::send`](crate::http::send) on this thread answer with

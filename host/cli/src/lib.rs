@@ -25,6 +25,8 @@
 //!   real sandbox).
 //! - `agent.rs`: `warden agent validate|hash`.
 //! - `store.rs`: `warden store backup|compact`.
+//! - `secrets.rs`: `warden secrets keygen|set|list|rotate|remove`: the
+//!   encrypted secrets file.
 //! - `worker.rs`: `warden submit`, `warden worker`, `warden store migrate`.
 //! - `serve.rs`: `warden serve` (the HTTP control plane, `warden-server`)
 //!   and its token file.
@@ -50,6 +52,7 @@ mod progress;
 mod render;
 mod runs;
 mod scaffold;
+mod secrets;
 mod serve;
 mod sessions;
 mod status;
@@ -129,6 +132,11 @@ enum Command {
     /// Show the effective configuration.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// The encrypted secrets file grants name as `store = "<name>"`:
+    /// keygen, set, list, rotate, remove. Values are read from stdin and
+    /// never printed.
+    #[command(subcommand)]
+    Secrets(secrets::SecretsCommand),
     /// Operate the store: online backup, compaction (SQLite), migrations.
     #[command(subcommand)]
     Store(store::StoreCommand),
@@ -326,6 +334,7 @@ fn run(cli: Cli) -> anyhow::Result<()> {
                 Ok(())
             }
             Command::Store(command) => store::run(command, &ctx).await,
+            Command::Secrets(command) => secrets::run(command, &ctx).await,
             Command::Submit(args) => worker::submit(args, &ctx).await,
             Command::Worker(args) => worker::worker(args, &ctx).await,
             Command::Serve(args) => serve::run(args, &ctx).await,

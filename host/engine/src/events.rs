@@ -2087,6 +2087,7 @@ pub(crate) mod tests {
             denied_growth: None,
             network: None,
             unlisted: None,
+            secrets: Vec::new(),
         }
     }
 

@@ -114,6 +114,7 @@ fn receipt(fuel: u64) -> UsageReceipt {
         denied_growth: None,
         network: None,
         unlisted: None,
+        secrets: Vec::new(),
     }
 }
 

@@ -86,8 +86,9 @@ pub enum TurnEvent {
         tool: String,
         /// Its output or typed error.
         result: ToolCallResult,
-        /// What its lease used, when one ran here.
-        receipt: Option<UsageReceipt>,
+        /// What its lease used, when one ran here (boxed: a receipt is
+        /// large, the other events small).
+        receipt: Option<Box<UsageReceipt>>,
     },
     /// A tool call waits for a human's approval: the turn parks.
     ApprovalNeeded {
@@ -512,9 +513,11 @@ impl Feeder {
                 arguments: i.arguments.clone(),
                 effect: i.effect,
             }),
-            Event::ToolCallCompleted(c) => {
-                finished(&c.call_id, c.result.clone(), Some(c.receipt.clone()))
-            }
+            Event::ToolCallCompleted(c) => finished(
+                &c.call_id,
+                c.result.clone(),
+                Some(Box::new(c.receipt.clone())),
+            ),
             Event::ToolCallRejected(r) => {
                 finished(&r.call_id, ToolCallResult::Error(r.error.clone()), None)
             }

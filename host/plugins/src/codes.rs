@@ -80,7 +80,9 @@ impl GrantError {
         match self {
             GrantError::UnrequestedMount { .. }
             | GrantError::UnrequestedEnv { .. }
-            | GrantError::UnrequestedHost { .. } => "grant_not_requested",
+            | GrantError::UnrequestedHost { .. }
+            | GrantError::UnrequestedSecret { .. } => "grant_not_requested",
+            GrantError::SecretUnavailable { .. } => "secret_unavailable",
             GrantError::EnvMissing { .. } => "env_missing",
             GrantError::Mount { .. } => "mount_invalid",
             GrantError::Invalid { .. } => "grant_invalid",
@@ -98,6 +100,10 @@ impl GrantError {
             }
             GrantError::UnrequestedHost { plugin, host } => {
                 json!({ "plugin": plugin, "host": host })
+            }
+            GrantError::UnrequestedSecret { plugin, secret }
+            | GrantError::SecretUnavailable { plugin, secret, .. } => {
+                json!({ "plugin": plugin, "secret": secret })
             }
             GrantError::Mount { plugin, .. } => json!({ "plugin": plugin }),
             GrantError::Invalid { plugin, key, .. } => json!({ "plugin": plugin, "key": key }),

@@ -30,6 +30,11 @@
 //! [config]                         # read by the plugin's `config` import
 //! greeting = "hello"
 //!
+//! [secrets.api_token]              # used by handle; see `crate::secrets`
+//! env = "API_TOKEN"                # or file = "…", or store = "…"
+//! hosts = ["api.example.com"]      # the only hosts it is attached for
+//! reveal = false                   # true lets the plugin read it
+//!
 //! [tools.write_file]               # optional per-tool overrides
 //! effect = "write"                 # read | idempotent | write; wins
 //! description = "Write one file"
@@ -42,8 +47,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use crate::manifest::{LimitSettings, Manifest};
+pub use crate::secrets::SecretGrant;
 pub use warden_sandbox::HostPattern;
-use warden_sandbox::{Access, Capabilities, Limits, MountError, wit};
+use warden_sandbox::{Access, Capabilities, Limits, MountError, Secret, wit};
 
 /// What the operator grants one plugin. By default, nothing.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -59,6 +65,10 @@ pub struct Grant {
     /// Outbound hosts allowed. Default: none.
     #[serde(default)]
     pub hosts: Vec<String>,
+    /// Secrets the plugin uses by handle (or reads, with `reveal`), by
+    /// name. Default: none.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub secrets: BTreeMap<String, SecretGrant>,
     /// Limit overrides. Default: the manifest's limits.
     #[serde(default)]
     pub limits: LimitSettings,
@@ -198,6 +208,26 @@ pub enum GrantError {
         plugin: String,
         /// The host.
         host: String,
+    },
+    /// The grant names a secret the plugin does not request.
+    #[error(
+        "plugin `{plugin}`: grant for secret `{secret}`, which the plugin does not request (its manifest's `secrets`)"
+    )]
+    UnrequestedSecret {
+        /// The plugin.
+        plugin: String,
+        /// The secret.
+        secret: String,
+    },
+    /// A granted secret's value cannot be read from its source.
+    #[error("plugin `{plugin}`: secret `{secret}`: {reason}")]
+    SecretUnavailable {
+        /// The plugin.
+        plugin: String,
+        /// The secret.
+        secret: String,
+        /// What is wrong, never the value.
+        reason: String,
     },
     /// A granted environment variable is not set on the host.
     #[error("plugin `{plugin}`: granted environment variable `{var}` is not set on the host")]
@@ -344,6 +374,15 @@ pub fn effective(
         }
     }
 
+    capabilities = grant_secrets(
+        manifest,
+        grant,
+        base_dir,
+        &env,
+        capabilities,
+        &mut not_granted,
+    )?;
+
     for (key, value) in &grant.config {
         capabilities = capabilities.config(key, value);
     }
@@ -389,6 +428,82 @@ pub fn effective(
         limits: grant.limits.apply_to(&manifest.limits),
         not_granted,
     })
+}
+
+/// Adds the grant's secrets: each requested by the manifest (by name, or
+/// `"*"` for any), its hosts among the grant's, its value read from its
+/// source and its version digest made with the secrets key, if one is set.
+fn grant_secrets(
+    manifest: &Manifest,
+    grant: &Grant,
+    base_dir: &Path,
+    env: &dyn Fn(&str) -> Option<String>,
+    mut capabilities: Capabilities,
+    not_granted: &mut Vec<String>,
+) -> Result<Capabilities, GrantError> {
+    let plugin = &manifest.name;
+    if grant.secrets.is_empty() {
+        for name in manifest.secrets.iter().filter(|n| *n != "*") {
+            not_granted.push(format!("secret `{name}`"));
+        }
+        return Ok(capabilities);
+    }
+    let invalid = |key: String, message: String| GrantError::Invalid {
+        plugin: plugin.clone(),
+        key,
+        message,
+    };
+    let key = crate::secrets::key_text(env).map_err(|m| invalid("secrets".into(), m))?;
+    let granted_hosts: Vec<HostPattern> = grant
+        .hosts
+        .iter()
+        .filter_map(|h| HostPattern::parse(h).ok())
+        .collect();
+    for (name, spec) in &grant.secrets {
+        if !crate::secrets::is_valid_secret_name(name) {
+            return Err(invalid(
+                format!("secrets.{name}"),
+                "is not a valid secret name (use [A-Za-z][A-Za-z0-9_-]*, at most 64 bytes)".into(),
+            ));
+        }
+        if !manifest.secrets.iter().any(|s| s == name || s == "*") {
+            return Err(GrantError::UnrequestedSecret {
+                plugin: plugin.clone(),
+                secret: name.clone(),
+            });
+        }
+        for (i, host) in spec.hosts.iter().enumerate() {
+            let pattern = HostPattern::parse(host)
+                .map_err(|m| invalid(format!("secrets.{name}.hosts[{i}]"), m))?;
+            if !granted_hosts.iter().any(|g| g.covers(&pattern)) {
+                return Err(invalid(
+                    format!("secrets.{name}.hosts[{i}]"),
+                    format!(
+                        "`{host}` is not among the grant's `hosts`; a secret goes only where the plugin may"
+                    ),
+                ));
+            }
+        }
+        let value = crate::secrets::read_value(spec, base_dir, env).map_err(|reason| {
+            GrantError::SecretUnavailable {
+                plugin: plugin.clone(),
+                secret: name.clone(),
+                reason,
+            }
+        })?;
+        let mut secret =
+            Secret::new(name.as_str(), value.as_str(), spec.hosts.clone()).revealed(spec.reveal);
+        if let Some(key) = &key {
+            secret = secret.version(crate::secrets::version_digest(key, name, &value));
+        }
+        capabilities = capabilities.secret(secret);
+    }
+    for name in manifest.secrets.iter().filter(|n| *n != "*") {
+        if !grant.secrets.contains_key(name) {
+            not_granted.push(format!("secret `{name}`"));
+        }
+    }
+    Ok(capabilities)
 }
 
 /// Checks the syntax of a host pattern, for manifest validation.

@@ -29,6 +29,8 @@ pub mod builtin;
 mod codes;
 pub mod grant;
 pub mod manifest;
+pub mod secret_store;
+pub mod secrets;
 pub mod tool;
 
 use std::borrow::Cow;
@@ -705,7 +707,21 @@ fn ungranted_effects(manifest: &Manifest, capabilities: &Capabilities) -> Vec<St
 /// (base64, reversed, split) gets it past any redactor. The real defence is
 /// not to grant both; this makes the combination visible.
 fn warn_of_secret_with_egress(plugin: &str, capabilities: &Capabilities) {
-    if capabilities.env_vars().is_empty() {
+    // What the guest can read: its environment and the secrets granted
+    // with `reveal`. A secret used by handle never enters the guest.
+    let mut secrets: Vec<&str> = capabilities
+        .env_vars()
+        .iter()
+        .map(|(name, _)| name.as_str())
+        .collect();
+    secrets.extend(
+        capabilities
+            .secrets()
+            .iter()
+            .filter(|s| s.is_revealed())
+            .map(|s| s.name()),
+    );
+    if secrets.is_empty() {
         return;
     }
     let mut egress: Vec<String> = capabilities
@@ -723,16 +739,11 @@ fn warn_of_secret_with_egress(plugin: &str, capabilities: &Capabilities) {
     if egress.is_empty() {
         return;
     }
-    let secrets: Vec<&str> = capabilities
-        .env_vars()
-        .iter()
-        .map(|(name, _)| name.as_str())
-        .collect();
     tracing::warn!(
         plugin,
         secrets = %secrets.join(", "),
         egress = %egress.join(", "),
-        "plugin `{plugin}` is granted a secret and a way out: redaction cannot catch a secret the plugin encodes itself; grant one or the other"
+        "plugin `{plugin}` can read a secret and has a way out: redaction cannot catch a secret the plugin encodes itself; grant the secret by handle (`[secrets.<name>]` without `reveal`) or take the way out away"
     );
 }
 

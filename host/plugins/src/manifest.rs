@@ -12,6 +12,7 @@
 //! sha256 = "9f86d0…"               # hex digest of the component
 //! env = ["API_TOKEN"]              # environment variables it requests
 //! hosts = ["api.example.com"]      # outbound hosts it requests
+//! secrets = ["api_token"]          # secrets it uses by handle, or ["*"] for any
 //!
 //! [mounts.workspace]               # seen by the guest at /workspace
 //! access = "read-write"            # read-only | read-write
@@ -62,6 +63,8 @@ pub struct Manifest {
     pub env: Vec<String>,
     /// Requested outbound hosts.
     pub hosts: Vec<String>,
+    /// Requested secrets, by name; `"*"` for any the operator grants.
+    pub secrets: Vec<String>,
     /// Default limits.
     pub limits: Limits,
 }
@@ -125,6 +128,8 @@ struct RawManifest {
     env: Vec<String>,
     #[serde(default)]
     hosts: Vec<String>,
+    #[serde(default)]
+    secrets: Vec<String>,
     #[serde(default)]
     limits: LimitSettings,
 }
@@ -347,6 +352,14 @@ impl Manifest {
                 return Err(invalid(&format!("hosts[{i}]"), message));
             }
         }
+        for (i, name) in raw.secrets.iter().enumerate() {
+            if name != "*" && !crate::secrets::is_valid_secret_name(name) {
+                return Err(invalid(
+                    &format!("secrets[{i}]"),
+                    format!("`{name}` is not a secret name (use [A-Za-z][A-Za-z0-9_-]*, or \"*\")"),
+                ));
+            }
+        }
         raw.limits
             .validate("limits")
             .map_err(|(key, message)| invalid(&key, message))?;
@@ -361,6 +374,7 @@ impl Manifest {
             mounts: raw.mounts,
             env: raw.env,
             hosts: raw.hosts,
+            secrets: raw.secrets,
             limits: raw.limits.apply_to(&Limits::default()),
         })
     }

@@ -7,8 +7,8 @@
 //! is implemented once and the shared types are one set of Rust types.
 //!
 //! Host imports never trap: `log` and `config` cannot fail, and
-//! `keep-permissions` (in `permissions.rs`) answers a refusal as a `result`
-//! error the guest handles. Errors a guest can handle are WIT variants; a
+//! `keep-permissions` (in `permissions.rs`) and the `secrets` interface (in
+//! `secrets.rs`) answer a refusal as a `result` error the guest handles. Errors a guest can handle are WIT variants; a
 //! host bug or a limit hit is a trap.
 
 #![allow(missing_docs)]
@@ -32,6 +32,7 @@ pub(crate) mod context {
         with: {
             "warden:plugin/types": super::tool::warden::plugin::types,
             "warden:plugin/host": super::tool::warden::plugin::host,
+            "warden:plugin/secrets": super::tool::warden::plugin::secrets,
         },
     });
 }
@@ -45,6 +46,7 @@ pub(crate) mod channel {
         with: {
             "warden:plugin/types": super::tool::warden::plugin::types,
             "warden:plugin/host": super::tool::warden::plugin::host,
+            "warden:plugin/secrets": super::tool::warden::plugin::secrets,
         },
     });
 }
@@ -58,9 +60,11 @@ pub(crate) mod policy {
         with: {
             "warden:plugin/types": super::tool::warden::plugin::types,
             "warden:plugin/host": super::tool::warden::plugin::host,
+            "warden:plugin/secrets": super::tool::warden::plugin::secrets,
         },
     });
 }
 
 pub(crate) use tool::warden::plugin::host;
+pub(crate) use tool::warden::plugin::secrets;
 pub(crate) use tool::warden::plugin::types;

@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use super::exclusions::Exclusions;
 use super::fs::MountRoot;
 use super::nofollow::NoFollowError;
+use super::secrets::Secret;
 
 /// Whether a mounted directory may be changed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -94,6 +95,7 @@ pub struct Capabilities {
     env: Vec<(String, String)>,
     hosts: Vec<String>,
     config: Arc<BTreeMap<String, String>>,
+    secrets: Arc<[Secret]>,
 }
 
 impl Capabilities {
@@ -204,6 +206,31 @@ impl Capabilities {
         self
     }
 
+    /// Grants `secret`, which the plugin uses by handle (the host puts it
+    /// into requests for the secret's hosts only) or, when the secret says
+    /// so, reads. Its value is redacted from everything the plugin returns
+    /// or prints. A secret of the same name granted before is replaced.
+    pub fn secret(mut self, secret: Secret) -> Self {
+        let mut all: Vec<Secret> = self
+            .secrets
+            .iter()
+            .filter(|s| s.name() != secret.name())
+            .cloned()
+            .collect();
+        all.push(secret);
+        self.secrets = all.into();
+        self
+    }
+
+    /// The granted secrets.
+    pub fn secrets(&self) -> &[Secret] {
+        &self.secrets
+    }
+
+    pub(crate) fn shared_secrets(&self) -> Arc<[Secret]> {
+        Arc::clone(&self.secrets)
+    }
+
     /// Sets a configuration value the plugin can read with the host `config`
     /// import.
     pub fn config(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
@@ -237,8 +264,9 @@ impl Capabilities {
 
     /// The narrowed grant every call ahead of an approved effect runs under
     /// (preflight, describe, and by default context sources and policies):
-    /// the same mounts read-only, no outbound host; environment and
-    /// configuration as granted.
+    /// the same mounts read-only, no outbound host; environment,
+    /// configuration and secrets as granted (with no host, a handle is
+    /// never filled).
     pub fn narrowed(&self) -> Capabilities {
         let mut narrowed = self.clone();
         for mount in &mut narrowed.mounts {
@@ -274,6 +302,7 @@ mod tests {
         assert!(caps.env_vars().is_empty());
         assert!(caps.hosts().is_empty());
         assert!(caps.config_values().is_empty());
+        assert!(caps.secrets().is_empty());
         assert!(!caps.can_cause_effects());
     }
 

@@ -215,6 +215,16 @@ impl Redactor {
         Redactor { needles }
     }
 
+    /// This redactor and `secrets` too, for a lease that learned of forms
+    /// of its secrets the grant could not know (a basic-auth encoding).
+    pub(crate) fn with<'a>(&self, secrets: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let mut needles = self.needles.clone();
+        needles.extend(Redactor::new(secrets).needles);
+        needles.sort_by_key(|(needle, _)| std::cmp::Reverse(needle.len()));
+        needles.dedup();
+        Redactor { needles }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.needles.is_empty()
     }

@@ -19,7 +19,11 @@ use super::fs::WardenFilesystem;
 use super::lease::LeaseState;
 
 /// Interfaces of `warden:plugin` a component may import, at version 0.1.x.
-const WARDEN_INTERFACES: &[&str] = &["warden:plugin/host", "warden:plugin/types"];
+const WARDEN_INTERFACES: &[&str] = &[
+    "warden:plugin/host",
+    "warden:plugin/types",
+    "warden:plugin/secrets",
+];
 
 /// WASI 0.2 interfaces a component may import, at any 0.2.x version.
 const WASI_INTERFACES: &[&str] = &[
@@ -141,6 +145,7 @@ pub(crate) fn linker(engine: &Engine) -> wasmtime::Result<Linker<LeaseState>> {
     cli::terminal_stdout::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
     cli::terminal_stderr::add_to_linker::<_, WasiCli>(&mut l, |s| s.cli())?;
     bindings::host::add_to_linker::<_, HasSelf<LeaseState>>(&mut l, |s| s)?;
+    bindings::secrets::add_to_linker::<_, HasSelf<LeaseState>>(&mut l, |s| s)?;
     Ok(l)
 }
 
@@ -153,6 +158,7 @@ mod tests {
         for ok in [
             "warden:plugin/host@0.1.0",
             "warden:plugin/types@0.1.0",
+            "warden:plugin/secrets@0.1.0",
             "wasi:io/poll@0.2.6",
             "wasi:cli/stdout@0.2.0",
             "wasi:filesystem/preopens@0.2.3",

@@ -32,12 +32,13 @@ use super::bindings::types::{
     Call, ContextError, ContextItem, ContextRequest, Decision, Delivery, DeliveryError, LogLevel,
     PolicyError, PolicyRequest, Preview, SourceSpec, ToolError, ToolOutput, ToolSpec,
 };
-use super::bindings::{host, types};
+use super::bindings::{host, secrets, types};
 use super::capabilities::Capabilities;
 use super::capture::{Capture, Redactor, Stream};
 use super::fs::{FsView, LeaseFs, Preopens};
 use super::limits::{Denial, LeaseLimiter};
 use super::net::NetLease;
+use super::secrets::{Form, LeaseSecrets, Refusal};
 use super::validity::{Expired, LeaseFence};
 use super::{ComponentInner, GrantedComponent, LeaseFailure, Limits, Outcome, UsageReceipt};
 
@@ -60,6 +61,9 @@ pub(crate) struct LeaseState {
     redactor: Arc<Redactor>,
     /// HTTP state, only for a component that imports `wasi:http`.
     net: Option<Box<NetLease>>,
+    /// The granted secrets and the handles the guest asked for, shared
+    /// with the network hooks that fill them in.
+    secrets: Arc<LeaseSecrets>,
     /// The lease's validity, checked by every effecting host call.
     fence: LeaseFence,
 }
@@ -162,6 +166,38 @@ impl host::Host for LeaseState {
 }
 
 impl types::Host for LeaseState {}
+
+impl secrets::Host for LeaseState {
+    fn handle(
+        &mut self,
+        name: String,
+        form: secrets::SecretForm,
+    ) -> Result<String, secrets::SecretError> {
+        let form = match form {
+            secrets::SecretForm::Plain => Form::Plain,
+            secrets::SecretForm::Bearer => Form::Bearer,
+            secrets::SecretForm::Basic(user) => Form::Basic(user),
+        };
+        // A host that echoes the header back would show this encoding,
+        // which the grant's redactor cannot know.
+        if let Some(encoded) = self.secrets.encoded(&name, &form) {
+            self.redactor = Arc::new(self.redactor.with([(name.as_str(), encoded.as_str())]));
+        }
+        self.secrets.handle(&name, form).map_err(secret_error)
+    }
+
+    fn reveal(&mut self, name: String) -> Result<String, secrets::SecretError> {
+        self.secrets.reveal(&name).map_err(secret_error)
+    }
+}
+
+fn secret_error(refusal: Refusal) -> secrets::SecretError {
+    match refusal {
+        Refusal::NotGranted(m) => secrets::SecretError::NotGranted(m),
+        Refusal::RevealDenied(m) => secrets::SecretError::RevealDenied(m),
+        Refusal::InvalidForm(m) => secrets::SecretError::InvalidForm(m),
+    }
+}
 
 /// What a lease may reach of its plugin's grant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -392,6 +428,10 @@ pub(crate) async fn run(
         Reach::Narrowed => (Arc::clone(&plugin.narrowed), Arc::default()),
     };
     let capture = Capture::new(limits.stdio_bytes);
+    let lease_secrets = Arc::new(LeaseSecrets::new(
+        Arc::clone(&plugin.component.inner.name),
+        capabilities.shared_secrets(),
+    ));
     let preopens = match preopens(&capabilities) {
         Ok(built) => built,
         Err(reason) => return refuse(reason),
@@ -418,8 +458,10 @@ pub(crate) async fn run(
                 limits.http_requests,
                 limits.http_response_bytes,
                 fence.clone(),
+                Arc::clone(&lease_secrets),
             ))
         }),
+        secrets: Arc::clone(&lease_secrets),
         fence: fence.clone(),
     };
     let mut store = Store::new(&sandbox.engine, state);
@@ -462,6 +504,8 @@ pub(crate) async fn run(
     let fuel_consumed = fuel_budget - store.get_fuel().unwrap_or(0);
     let peak_memory_bytes = store.data().limiter.memory_peak();
     let denial = store.data().limiter.denial();
+    // The grant's redactor, with what the lease added to it.
+    let redactor = Arc::clone(&store.data().redactor);
     let network = store
         .data()
         .net
@@ -471,10 +515,10 @@ pub(crate) async fn run(
             // A denied target is what the guest asked for: it may carry a
             // secret (`https://<secret>.example`).
             for denial in &mut usage.denials {
-                plugin.redactor.redact(&mut denial.target);
+                redactor.redact(&mut denial.target);
             }
             for host in &mut usage.hosts {
-                plugin.redactor.redact(host);
+                redactor.redact(host);
             }
             usage
         });
@@ -495,7 +539,7 @@ pub(crate) async fn run(
         Ended::DeadlinePassed => Err(LeaseFailure::Timeout {
             limit: limits.timeout,
         }),
-        Ended::Returned(Err(error)) => Err(attribute(error, limits, denial, &plugin.redactor)),
+        Ended::Returned(Err(error)) => Err(attribute(error, limits, denial, &redactor)),
         Ended::Returned(Ok(response)) => {
             let bytes = response.output_bytes();
             if bytes > limits.output_bytes {
@@ -509,16 +553,16 @@ pub(crate) async fn run(
         }
     };
     let result = result.map(|mut response| {
-        if !plugin.redactor.is_empty() {
-            response.redact(&plugin.redactor);
+        if !redactor.is_empty() {
+            response.redact(&redactor);
         }
         response
     });
 
     let captured = capture.take();
     let cut = captured.dropped_bytes > 0;
-    emit_stdio(plugin, Stream::Stdout, &captured.stdout, cut);
-    emit_stdio(plugin, Stream::Stderr, &captured.stderr, cut);
+    emit_stdio(plugin, &redactor, Stream::Stdout, &captured.stdout, cut);
+    emit_stdio(plugin, &redactor, Stream::Stderr, &captured.stderr, cut);
     if captured.dropped_bytes > 0 {
         tracing::warn!(
             target: "warden::plugin",
@@ -546,6 +590,7 @@ pub(crate) async fn run(
         denied_growth: denial.map(Denial::to_receipt),
         network,
         unlisted,
+        secrets: lease_secrets.uses(),
     };
     (result, receipt)
 }
@@ -788,14 +833,20 @@ fn attribute(
 /// Sends captured guest output to `tracing`, one event per line, redacted;
 /// when the budget `cut` the output, a secret's beginning left at its end
 /// goes too.
-fn emit_stdio(plugin: &GrantedComponent, stream: Stream, bytes: &[u8], cut: bool) {
+fn emit_stdio(
+    plugin: &GrantedComponent,
+    redactor: &Redactor,
+    stream: Stream,
+    bytes: &[u8],
+    cut: bool,
+) {
     if bytes.is_empty() {
         return;
     }
     let text = String::from_utf8_lossy(bytes);
-    let mut text = plugin.redactor.redacted(&text);
+    let mut text = redactor.redacted(&text);
     if cut {
-        plugin.redactor.cut_partial_tail(&mut text);
+        redactor.cut_partial_tail(&mut text);
     }
     let stream = match stream {
         Stream::Stdout => "stdout",

@@ -19,6 +19,8 @@
 //! `wasi:http`, and every request is checked against the granted hosts.
 //! The `keep-permissions` host import (`permissions`) copies a file's
 //! permission bits within the lease's mounts, for atomic replacement.
+//! Granted secrets (`secrets`) reach a plugin as handles the host fills in
+//! outgoing requests for the secret's hosts only.
 //! A component may be given a [`ValidUntil`] (`validity`): once it passes,
 //! its leases make no further effect.
 //!
@@ -39,6 +41,7 @@ mod net;
 mod nofollow;
 mod permissions;
 mod receipt;
+mod secrets;
 mod validity;
 
 use std::path::PathBuf;
@@ -64,6 +67,7 @@ pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
 pub use nofollow::{NoFollowError, OpenedDir, open_dir as open_dir_nofollow};
 pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
+pub use secrets::{Secret, SecretAction, SecretUse};
 pub use validity::{Moment, ValidUntil};
 
 /// The top-level imports of the component `wasm` that the sandbox does not
@@ -373,11 +377,14 @@ impl Sandbox {
             table_elements: limits.table_elements.min(config.max_table_elements),
             ..limits
         };
+        // Every granted secret, revealed or not: a host that echoes a
+        // credential back must not get it into what the plugin returns.
         let redactor = Redactor::new(
             capabilities
                 .env_vars()
                 .iter()
-                .map(|(k, v)| (k.as_str(), v.as_str())),
+                .map(|(k, v)| (k.as_str(), v.as_str()))
+                .chain(capabilities.secrets().iter().map(|s| (s.name(), s.value()))),
         );
         let net_grant = NetGrant::new(component.name(), capabilities.hosts());
         let narrowed = capabilities.narrowed();

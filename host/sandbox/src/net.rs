@@ -28,6 +28,9 @@
 //!   after connecting (which can take long), and every request body frame
 //!   is checked before it goes (`validity.rs`); the refusal reaches the
 //!   guest as `HTTP-request-denied` and ends the lease as expired.
+//! - **Secrets**: after a request is admitted, the guest's secret handles
+//!   in its headers are filled in for the secret's own hosts, and their
+//!   headers removed for any other (`secrets.rs`).
 //! - **Accounting**: every request, host contacted, byte in and out and
 //!   denial goes into the lease's [`NetworkUsage`], which the receipt
 //!   carries. A denial reaches the guest as a `wasi:http` error code
@@ -54,6 +57,7 @@ use wasmtime_wasi_http::io::TokioIo;
 use wasmtime_wasi_http::{Error, RequestOptions, WasiBody, WasiHttpCtx, WasiHttpHooks};
 
 use super::capture::Redactor;
+use super::secrets::LeaseSecrets;
 use super::validity::LeaseFence;
 
 /// Most denials a receipt lists; later ones are counted only.
@@ -418,6 +422,7 @@ impl NetLease {
         max_requests: u64,
         max_response_bytes: u64,
         fence: LeaseFence,
+        secrets: Arc<LeaseSecrets>,
     ) -> Self {
         NetLease {
             ctx: WasiHttpCtx::new(),
@@ -429,6 +434,7 @@ impl NetLease {
                 max_response_bytes,
                 meter: SharedMeter::default(),
                 fence,
+                secrets,
             },
         }
     }
@@ -436,6 +442,7 @@ impl NetLease {
     /// A lease state that denies every request: what a `wasi:http` call
     /// finds if the lease was set up without network state.
     pub(crate) fn deny_all(plugin: Arc<str>) -> Self {
+        let secrets = Arc::new(LeaseSecrets::new(Arc::clone(&plugin), Arc::default()));
         NetLease::new(
             plugin,
             Arc::default(),
@@ -443,6 +450,7 @@ impl NetLease {
             0,
             0,
             LeaseFence::default(),
+            secrets,
         )
     }
 
@@ -463,6 +471,8 @@ pub(crate) struct NetHooks {
     max_response_bytes: u64,
     meter: SharedMeter,
     fence: LeaseFence,
+    /// Fills the guest's secret handles into an admitted request's headers.
+    secrets: Arc<LeaseSecrets>,
 }
 
 /// Where an admitted request goes.
@@ -562,6 +572,16 @@ impl WasiHttpHooks for NetHooks {
             Ok(target) => target,
             Err(e) => return Box::new(async move { Err(e) }),
         };
+        // Only now, with the request out of the guest's hands and its
+        // target admitted: handles become values for the secret's own
+        // hosts, and their headers are removed for any other.
+        let mut request = request;
+        self.secrets.substitute(
+            request.headers_mut(),
+            target.scheme,
+            &target.host,
+            target.port,
+        );
         let connection = Connection {
             plugin: Arc::clone(&self.plugin),
             grant: Arc::clone(&self.grant),

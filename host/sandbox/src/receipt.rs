@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::NetworkUsage;
+use super::{NetworkUsage, SecretUse};
 
 /// How a lease ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -92,6 +92,11 @@ pub struct UsageReceipt {
     /// there were some, so other receipts keep their bytes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unlisted: Option<Unlisted>,
+    /// Secrets attached to requests, withheld from them or revealed: name,
+    /// version digest, action, host; never a value. Present only when
+    /// there were some, so other receipts keep their bytes.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<SecretUse>,
 }
 
 /// Directory entries a lease's listings left out because their names are
@@ -150,6 +155,7 @@ impl UsageReceipt {
             denied_growth: None,
             network: None,
             unlisted: None,
+            secrets: Vec::new(),
         }
     }
 }

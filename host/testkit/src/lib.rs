@@ -302,6 +302,38 @@ impl TestPluginBuilder {
         self
     }
 
+    /// Grants the secret `name` with `value`, attached only to requests for
+    /// `hosts` (each must also be granted with [`host`](Self::host)) and
+    /// not readable by the plugin. The call's receipt
+    /// (`receipt.secrets`) says for which host it was attached or withheld.
+    pub fn secret(self, name: &str, value: &str, hosts: &[&str]) -> Self {
+        self.secret_grant(name, value, hosts, false)
+    }
+
+    /// Grants the secret `name` with `value` with `reveal = true`: the
+    /// plugin can read it (and then only redaction stands between it and
+    /// what the plugin returns).
+    pub fn revealed_secret(self, name: &str, value: &str) -> Self {
+        self.secret_grant(name, value, &[], true)
+    }
+
+    fn secret_grant(mut self, name: &str, value: &str, hosts: &[&str], reveal: bool) -> Self {
+        // Handed over as an environment variable only this builder's
+        // lookup knows.
+        let var = format!("WARDEN_TESTKIT_SECRET_{}", name.replace('-', "_"));
+        self.env.insert(var.clone(), value.into());
+        self.grant.secrets.insert(
+            name.into(),
+            warden_plugins::grant::SecretGrant {
+                env: Some(var),
+                hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+                reveal,
+                ..Default::default()
+            },
+        );
+        self
+    }
+
     /// Grants the requested outbound host `host`.
     pub fn host(mut self, host: &str) -> Self {
         self.grant.hosts.push(host.into());

@@ -3,8 +3,8 @@
 //!
 //! | tool | effect | arguments | output |
 //! | --- | --- | --- | --- |
-//! | `http_get` | read | `url`, `method?` (`GET` or `HEAD`), `headers?`, `max_bytes?`, `max_redirects?` | [`HttpOutput`] |
-//! | `http_request` | write | `method`, `url`, `headers?`, `body?`, `max_bytes?` | [`HttpOutput`] |
+//! | `http_get` | read | `url`, `method?` (`GET` or `HEAD`), `headers?`, `auth?`, `max_bytes?`, `max_redirects?` | [`HttpOutput`] |
+//! | `http_request` | write | `method`, `url`, `headers?`, `auth?`, `body?`, `max_bytes?` | [`HttpOutput`] |
 //!
 //! Effects are per tool in Warden, so the effect of a method is the tool it
 //! goes through: `http_get` only sends `GET` and `HEAD` and is `read`;
@@ -22,6 +22,15 @@
 //! the grant, and `authorization` and `cookie` headers are dropped when a
 //! hop leaves the original host. `http_request` never follows redirects.
 //!
+//! Secrets: the plugin asks for any secret the operator grants
+//! (`secrets = ["*"]`) and uses each by handle, never by value: `auth`
+//! (`{"secret": NAME, "scheme": "bearer" | "basic", "username"?}`) becomes
+//! the `authorization` header, and `{{secret:NAME}}` inside a header value
+//! becomes the secret. The host fills them in only for the hosts the
+//! operator bound the secret to, and removes the header for any other
+//! (a redirect included), so neither the plugin nor the model ever holds
+//! the value.
+//!
 //! Config: `timeout_ms` (connect, first byte and between bytes; default
 //! 10,000), `response_headers`.
 //!
@@ -37,6 +46,7 @@ use std::time::Duration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use warden_guest::http::{self, HttpError, Request, Response, Url};
+use warden_guest::secrets::{self, SecretError, SecretForm};
 use warden_guest::{Call, Effect, Preview, Tool, ToolError, ToolPlugin, Toolbox};
 
 /// Response headers always returned when present.
@@ -72,9 +82,12 @@ pub struct GetArgs {
     /// `GET` (the default) or `HEAD`.
     #[serde(default)]
     pub method: Option<String>,
-    /// Request headers, name to value.
+    /// Request headers, name to value; `{{secret:NAME}}` in a value stands for a granted secret.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// A granted secret sent as the `authorization` header.
+    #[serde(default)]
+    pub auth: Option<Auth>,
     /// Most body bytes returned (default 262144, at most 1048576); `truncated` says the body went on.
     #[serde(default)]
     pub max_bytes: Option<usize>,
@@ -91,15 +104,43 @@ pub struct RequestArgs {
     pub method: String,
     /// The absolute http or https URL.
     pub url: String,
-    /// Request headers, name to value.
+    /// Request headers, name to value; `{{secret:NAME}}` in a value stands for a granted secret.
     #[serde(default)]
     pub headers: BTreeMap<String, String>,
+    /// A granted secret sent as the `authorization` header.
+    #[serde(default)]
+    pub auth: Option<Auth>,
     /// The request body, as text.
     #[serde(default)]
     pub body: Option<String>,
     /// Most body bytes returned (default 262144, at most 1048576); `truncated` says the body went on.
     #[serde(default)]
     pub max_bytes: Option<usize>,
+}
+
+/// A granted secret sent as the `authorization` header, by handle.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Auth {
+    /// The name of a secret the operator granted.
+    pub secret: String,
+    /// `bearer` (the default) or `basic`.
+    #[serde(default)]
+    pub scheme: AuthScheme,
+    /// The username, for `basic`.
+    #[serde(default)]
+    pub username: Option<String>,
+}
+
+/// How `auth` is written.
+#[derive(Debug, Default, Deserialize, JsonSchema, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthScheme {
+    /// `Bearer <secret>`.
+    #[default]
+    Bearer,
+    /// `Basic <base64 of username:secret>`.
+    Basic,
 }
 
 /// What both tools return.
@@ -162,12 +203,12 @@ pub fn get(args: GetArgs) -> Result<HttpOutput, ToolError> {
         )));
     }
     let first = Url::parse(&args.url).map_err(tool_error)?;
+    let all_headers = with_secrets(&args.headers, args.auth.as_ref())?;
     let mut url = first.clone();
     let mut redirects = Vec::new();
     loop {
         let leaves_origin = url.host_port() != first.host_port();
-        let headers = args
-            .headers
+        let headers = all_headers
             .iter()
             .filter(|(name, _)| !(leaves_origin && is_credential(name)));
         let response = send(&method, &url, headers, Vec::new(), max_bytes)?;
@@ -190,7 +231,8 @@ pub fn request(args: RequestArgs) -> Result<HttpOutput, ToolError> {
     let method = check_method(&args.method)?;
     let url = Url::parse(&args.url).map_err(tool_error)?;
     let body = args.body.unwrap_or_default().into_bytes();
-    let response = send(&method, &url, args.headers.iter(), body, max_bytes)?;
+    let headers = with_secrets(&args.headers, args.auth.as_ref())?;
+    let response = send(&method, &url, headers.iter(), body, max_bytes)?;
     Ok(output(&url, response, Vec::new()))
 }
 
@@ -200,6 +242,12 @@ pub fn preview(args: RequestArgs) -> Result<Preview, ToolError> {
     let url = Url::parse(&args.url).map_err(tool_error)?;
     let body = args.body.unwrap_or_default();
     let mut detail = String::new();
+    if let Some(auth) = &args.auth {
+        detail.push_str(&format!(
+            "authorization: secret `{}` ({:?}, attached by the host)\n",
+            auth.secret, auth.scheme
+        ));
+    }
     for (name, value) in &args.headers {
         detail.push_str(&format!("{name}: {value}\n"));
     }
@@ -234,6 +282,49 @@ fn max_bytes(max: Option<usize>) -> Result<usize, ToolError> {
     }
 }
 
+/// The request's headers with every secret as a handle: `auth` as the
+/// `authorization` header, `{{secret:NAME}}` in values expanded.
+fn with_secrets(
+    headers: &BTreeMap<String, String>,
+    auth: Option<&Auth>,
+) -> Result<Vec<(String, String)>, ToolError> {
+    let mut out = Vec::with_capacity(headers.len() + 1);
+    if let Some(auth) = auth {
+        let form = match (&auth.scheme, &auth.username) {
+            (AuthScheme::Bearer, None) => SecretForm::Bearer,
+            (AuthScheme::Basic, Some(user)) => SecretForm::Basic(user.clone()),
+            (AuthScheme::Bearer, Some(_)) => {
+                return Err(ToolError::invalid_arguments(
+                    "`auth.username` goes with `\"scheme\": \"basic\"` only",
+                ));
+            }
+            (AuthScheme::Basic, None) => {
+                return Err(ToolError::invalid_arguments(
+                    "`auth` with `\"scheme\": \"basic\"` needs a `username`",
+                ));
+            }
+        };
+        let handle = secrets::handle(&auth.secret, form).map_err(secret_error)?;
+        out.push(("authorization".to_owned(), handle.into()));
+    }
+    for (name, value) in headers {
+        if auth.is_some() && name.eq_ignore_ascii_case("authorization") {
+            return Err(ToolError::invalid_arguments(
+                "`auth` and an `authorization` header cannot both be given",
+            ));
+        }
+        out.push((name.clone(), secrets::expand(value).map_err(secret_error)?));
+    }
+    Ok(out)
+}
+
+fn secret_error(e: SecretError) -> ToolError {
+    match e {
+        SecretError::InvalidForm(m) => ToolError::invalid_arguments(m),
+        SecretError::NotGranted(m) | SecretError::RevealDenied(m) => ToolError::denied(m),
+    }
+}
+
 fn is_credential(header: &str) -> bool {
     ["authorization", "cookie", "proxy-authorization"]
         .iter()
@@ -243,7 +334,7 @@ fn is_credential(header: &str) -> bool {
 fn send<'a>(
     method: &str,
     url: &Url,
-    headers: impl Iterator<Item = (&'a String, &'a String)>,
+    headers: impl Iterator<Item = &'a (String, String)>,
     body: Vec<u8>,
     max_bytes: usize,
 ) -> Result<Response, ToolError> {
@@ -427,6 +518,64 @@ mod tests {
         assert_eq!(seen.len(), 3);
         assert!(seen[1].1.iter().any(|(n, _)| n == "Authorization"));
         assert_eq!(seen[2].1, [("accept".to_string(), "*/*".to_string())]);
+    }
+
+    #[test]
+    fn secrets_go_by_handle_never_by_value() {
+        use warden_guest::testing::{clear_secrets, set_secret};
+        clear_secrets();
+        set_secret("api", "v4lue-never-seen", false);
+        let seen = Rc::new(RefCell::new(Vec::new()));
+        let log = Rc::clone(&seen);
+        set_http(move |r| {
+            log.borrow_mut().push(r.headers.clone());
+            Ok(response(200, &[], "ok"))
+        });
+        invoke(
+            "http_get",
+            json!({"url": "http://a.example/", "auth": {"secret": "api"},
+                   "headers": {"x-key": "k={{secret:api}}"}}),
+        )
+        .unwrap();
+        invoke(
+            "http_request",
+            json!({"method": "POST", "url": "http://a.example/",
+                   "auth": {"secret": "api", "scheme": "basic", "username": "me"}}),
+        )
+        .unwrap();
+        let seen = seen.borrow();
+        assert_eq!(
+            seen[0],
+            [
+                (
+                    "authorization".to_string(),
+                    "{{secret:api:bearer}}".to_string()
+                ),
+                ("x-key".to_string(), "k={{secret:api:plain}}".to_string())
+            ]
+        );
+        assert_eq!(
+            seen[1],
+            [(
+                "authorization".to_string(),
+                "{{secret:api:basic:me}}".to_string()
+            )]
+        );
+        let denied = invoke(
+            "http_get",
+            json!({"url": "http://a.example/", "auth": {"secret": "other"}}),
+        )
+        .unwrap_err();
+        assert!(
+            matches!(denied, ToolError::Denied(ref m) if m.contains("`other`")),
+            "{denied:?}"
+        );
+        let both = invoke(
+            "http_get",
+            json!({"url": "http://a.example/", "auth": {"secret": "api"}, "headers": {"Authorization": "x"}}),
+        )
+        .unwrap_err();
+        assert!(matches!(both, ToolError::InvalidArguments(_)), "{both:?}");
     }
 
     #[test]

@@ -462,7 +462,7 @@ async fn a_plugin_granted_a_secret_and_an_egress_path_is_warned_about_at_load() 
     let text = logs.text();
     let warning = text
         .lines()
-        .find(|l| l.contains("is granted a secret and a way out"))
+        .find(|l| l.contains("can read a secret and has a way out"))
         .unwrap_or_else(|| panic!("{text}"));
     assert!(warning.contains("WARN"), "{warning}");
     assert!(warning.contains("API_TOKEN"), "{warning}");

@@ -7,7 +7,8 @@
 //!
 //! Routes: `/status/N` answers N; `/slow` answers after 30 s; `/big/N`
 //! answers N bytes; `/redirect?to=URL` answers 302 to URL; `/echo` answers
-//! the request as JSON; anything else is 404.
+//! the request as JSON; `/hang-once/KEY` answers after 30 s the first time
+//! a server is asked for KEY and at once after that; anything else is 404.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -111,6 +112,16 @@ async fn serve(mut stream: TcpStream, seen: Arc<Mutex<Vec<Seen>>>) {
         "/slow" => {
             tokio::time::sleep(Duration::from_secs(30)).await;
             (200, vec![], b"late".to_vec())
+        }
+        p if p.starts_with("/hang-once/") => {
+            let first = {
+                let seen = seen.lock().unwrap();
+                seen.iter().filter(|s| s.path == request.path).count() == 1
+            };
+            if first {
+                tokio::time::sleep(Duration::from_secs(30)).await;
+            }
+            (200, vec![], b"answered".to_vec())
         }
         p if p.starts_with("/big/") => {
             let n: usize = p["/big/".len()..].parse().unwrap_or(0);

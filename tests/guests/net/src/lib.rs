@@ -14,6 +14,10 @@
 //!   headers it is given, and sends it; returns `{"status"}`, or `failed`
 //!   with the step that was refused and the `wasi:http` error code.
 //! - `env {}`: returns the environment variables the guest sees.
+//! - `secret {"name", "reveal"?}`: reads the granted secret `name` with
+//!   `reveal` when `reveal` is true (returns `{"value"}`), else asks for a
+//!   plain handle (returns `{"handle"}`); a refusal is `denied` with the
+//!   variant's name first (`reveal-denied: …`).
 //! - `plant {"path", "url"}` (`write`): writes `planted` to the file at
 //!   `path` and sends a GET to `url`; returns `{"write", "request"}`, each
 //!   `"ok"` or the error. Its preflight does the same, which a preview must
@@ -68,6 +72,32 @@ struct Raw {
 
 #[derive(Deserialize, JsonSchema)]
 struct Nothing {}
+
+#[derive(Deserialize, JsonSchema)]
+struct SecretArgs {
+    name: String,
+    #[serde(default)]
+    reveal: bool,
+}
+
+fn secret(args: SecretArgs, _call: &Call) -> Result<Value, ToolError> {
+    use warden_guest::secrets::{self, SecretError, SecretForm};
+    let refused = |e: SecretError| {
+        let variant = match &e {
+            SecretError::NotGranted(_) => "not-granted",
+            SecretError::RevealDenied(_) => "reveal-denied",
+            SecretError::InvalidForm(_) => "invalid-form",
+        };
+        ToolError::denied(format!("{variant}: {e}"))
+    };
+    if args.reveal {
+        let value = secrets::reveal(&args.name).map_err(refused)?;
+        Ok(json!({ "value": value }))
+    } else {
+        let handle = secrets::handle(&args.name, SecretForm::Plain).map_err(refused)?;
+        Ok(json!({ "handle": handle.as_str() }))
+    }
+}
 
 #[derive(Deserialize, JsonSchema)]
 struct Plant {
@@ -256,6 +286,12 @@ impl ToolPlugin for Net {
                 "Sends requests at once and reads every body.",
                 Effect::Read,
                 fetch_all,
+            ))
+            .tool(Tool::new(
+                "secret",
+                "Reads a granted secret or asks for a handle to it.",
+                Effect::Read,
+                secret,
             ))
             .tool(Tool::new(
                 "env",
