@@ -1093,18 +1093,23 @@ async fn run(agent: &Agent) -> (RunStatus, Vec<Event>, Vec<String>) {
     (status, events, deltas)
 }
 
-/// The log without `run_started` (its digest names the provider) and with
-/// the measured parts of receipts zeroed.
+/// The log without `run_started` (its digest names the provider), without
+/// the provider each model call's intent names, and with the measured
+/// parts of receipts zeroed.
 fn comparable(events: &[Event]) -> Vec<Event> {
     events
         .iter()
         .skip(1)
         .cloned()
         .map(|mut e| {
-            if let Event::ToolCallCompleted(c) = &mut e {
-                c.receipt.wall_time_us = 0;
-                c.receipt.fuel_consumed = 0;
-                c.receipt.peak_memory_bytes = 0;
+            match &mut e {
+                Event::ToolCallCompleted(c) => {
+                    c.receipt.wall_time_us = 0;
+                    c.receipt.fuel_consumed = 0;
+                    c.receipt.peak_memory_bytes = 0;
+                }
+                Event::ModelCallIntent(i) => i.provider = None,
+                _ => {}
             }
             e
         })

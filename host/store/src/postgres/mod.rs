@@ -2053,7 +2053,7 @@ mod tests {
             return;
         };
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7]);
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8]);
         new_run(&store, &id("old"), 3).await;
         drop(store);
         // What version 3 looked like.
@@ -2067,7 +2067,7 @@ mod tests {
         .unwrap();
 
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [4, 5, 6, 7]);
+        assert_eq!(applied, [4, 5, 6, 7, 8]);
         let summary = store.summary(&id("old")).await.unwrap();
         assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
         assert!(store.verify(&id("old")).await.unwrap().is_intact());
