@@ -180,6 +180,23 @@ fn json(dir: &Path, args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).unwrap()
 }
 
+/// The session's one run, once it has completed (within 30 s): served
+/// sessions end their run when the client goes.
+fn the_completed_session_run(dir: &Path) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = session_runs(dir);
+        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs.len(), 1, "{runs:#?}");
+    let run = runs.into_iter().next().unwrap();
+    assert_eq!(run["status"], "completed", "{run:#}");
+    run
+}
+
 /// The served sessions' runs, each as `runs show` prints it.
 fn session_runs(dir: &Path) -> Vec<Value> {
     json(dir, &["runs", "list", "--label", "mcp=serve"])
@@ -309,17 +326,7 @@ fn a_clients_bad_arguments_are_errors_of_the_call_and_never_end_the_session() {
         dir,
         &["stdio", bin.to_str().unwrap(), "agent.toml", "mistakes"],
     );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let runs = loop {
-        let runs = session_runs(dir);
-        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
-            break runs;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(runs.len(), 1, "{runs:#?}");
-    let run = &runs[0];
-    assert_eq!(run["status"], "completed", "{run:#}");
+    let run = &the_completed_session_run(dir);
     assert_eq!(run["output"], "the MCP session ended", "{run:#}");
     assert!(events(run, "tool_call_rejected").is_empty(), "{run:#}");
     assert_eq!(events(run, "tool_call_completed").len(), 2, "{run:#}");
@@ -389,22 +396,8 @@ fn a_cancelled_or_abandoned_parked_write_is_withdrawn_over_streamable_http() {
 /// What a write parked with progress left: one completed run, its write
 /// approved from another terminal and made once.
 fn check_progressed(dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let runs = loop {
-        let runs = session_runs(dir);
-        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
-            break runs;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(runs.len(), 1, "{runs:#?}");
-    assert_eq!(runs[0]["status"], "completed", "{:#}", runs[0]);
-    assert_eq!(
-        events(&runs[0], "approval_granted").len(),
-        1,
-        "{:#}",
-        runs[0]
-    );
+    let run = the_completed_session_run(dir);
+    assert_eq!(events(&run, "approval_granted").len(), 1, "{run:#}");
     assert_eq!(effects(dir), ["progressed"]);
 }
 
@@ -450,17 +443,7 @@ fn a_parked_call_sends_progress_while_it_waits_over_streamable_http() {
 /// approved once by the operator at the terminal (never by the client,
 /// which was not asked) and made once.
 fn check_operators_only(dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let runs = loop {
-        let runs = session_runs(dir);
-        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
-            break runs;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(runs.len(), 1, "{runs:#?}");
-    let run = &runs[0];
-    assert_eq!(run["status"], "completed", "{run:#}");
+    let run = &the_completed_session_run(dir);
     assert_eq!(run["labels"]["mcp_approvers"], "operators", "{run:#}");
     let granted = events(run, "approval_granted");
     assert_eq!(granted.len(), 1, "{run:#}");
@@ -737,17 +720,7 @@ fn ts_client(dir: &Path, args: &[&str]) {
 /// made once (and the one kept alive by progress), the denied one never,
 /// each call an intent and a completion.
 fn check_ts_recorded(dir: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let runs = loop {
-        let runs = session_runs(dir);
-        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
-            break runs;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    assert_eq!(runs.len(), 1, "{runs:#?}");
-    let run = &runs[0];
-    assert_eq!(run["status"], "completed", "{run:#}");
+    let run = &the_completed_session_run(dir);
     assert_eq!(run["labels"]["mcp_client"], "warden-tests-ts");
     assert_eq!(
         events(run, "tool_call_intent").len(),
