@@ -353,8 +353,12 @@ impl AppendTimes {
         self.0.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn observe(&self, since: Instant) {
-        self.lock().observe(since.elapsed().as_secs_f64());
+    /// `write`'s result, its duration observed.
+    async fn timed<T>(&self, write: impl std::future::Future<Output = T>) -> T {
+        let start = Instant::now();
+        let result = write.await;
+        self.lock().observe(start.elapsed().as_secs_f64());
+        result
     }
 }
 
@@ -385,10 +389,9 @@ impl EventStore for MeteredStore {
         first_event: Bytes,
         status: ListingStatus,
     ) -> Result<Appended, StoreError> {
-        let start = Instant::now();
-        let r = self.inner.create(run_id, meta, first_event, status).await;
-        self.times.observe(start);
-        r
+        self.times
+            .timed(self.inner.create(run_id, meta, first_event, status))
+            .await
     }
 
     async fn append(
@@ -399,13 +402,12 @@ impl EventStore for MeteredStore {
         listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let start = Instant::now();
-        let r = self
-            .inner
-            .append(run_id, expected_len, events, listing, updated_ms)
-            .await;
-        self.times.observe(start);
-        r
+        self.times
+            .timed(
+                self.inner
+                    .append(run_id, expected_len, events, listing, updated_ms),
+            )
+            .await
     }
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
@@ -488,13 +490,12 @@ impl EventStore for MeteredStore {
         listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let start = Instant::now();
-        let r = self
-            .inner
-            .append_fenced(claim, expected_len, events, listing, updated_ms)
-            .await;
-        self.times.observe(start);
-        r
+        self.times
+            .timed(
+                self.inner
+                    .append_fenced(claim, expected_len, events, listing, updated_ms),
+            )
+            .await
     }
 
     async fn append_fenced_to(
@@ -506,13 +507,16 @@ impl EventStore for MeteredStore {
         listing: Listing,
         updated_ms: i64,
     ) -> Result<Appended, StoreError> {
-        let start = Instant::now();
-        let r = self
-            .inner
-            .append_fenced_to(run_id, fence, expected_len, events, listing, updated_ms)
-            .await;
-        self.times.observe(start);
-        r
+        self.times
+            .timed(self.inner.append_fenced_to(
+                run_id,
+                fence,
+                expected_len,
+                events,
+                listing,
+                updated_ms,
+            ))
+            .await
     }
 
     async fn claim(
@@ -538,10 +542,7 @@ impl EventStore for MeteredStore {
     }
 
     async fn append_settling(&self, request: SettlingAppend<'_>) -> Result<Appended, StoreError> {
-        let start = Instant::now();
-        let r = self.inner.append_settling(request).await;
-        self.times.observe(start);
-        r
+        self.times.timed(self.inner.append_settling(request)).await
     }
 
     async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
