@@ -101,10 +101,14 @@ pub(crate) async fn run(cmd: OtelCommand, ctx: &Context) -> anyhow::Result<()> {
 /// Serves `metrics` as `GET /metrics` on `addr` in the background; the
 /// address it listens on. Only on loopback: the endpoint has no token
 /// (put a proxy with authentication in front of it to reach it from
-/// elsewhere, or scrape `warden serve`'s, which checks tokens).
+/// elsewhere, or scrape `warden serve`'s, which checks tokens). Through
+/// `warden serve`'s connection layer and `[serve]` limits, so a client
+/// that opens connections and sends nothing cannot hold the worker's
+/// descriptors.
 pub(crate) async fn serve_metrics(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    limits: warden_server::ConnectionLimits,
 ) -> anyhow::Result<SocketAddr> {
     if !addr.ip().is_loopback() {
         return Err(CliError::new(
@@ -141,7 +145,9 @@ pub(crate) async fn serve_metrics(
         }),
     );
     tokio::spawn(async move {
-        if let Err(error) = axum::serve(listener, app).await {
+        if let Err(error) =
+            warden_server::serve(listener, app, limits, std::future::pending()).await
+        {
             tracing::warn!(%error, "the metrics endpoint stopped");
         }
     });

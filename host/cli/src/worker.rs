@@ -133,7 +133,7 @@ pub(crate) async fn worker(args: WorkerArgs, ctx: &Context) -> anyhow::Result<()
     let metrics_at = match args.metrics {
         Some(addr) => {
             let metrics = Arc::new(Metrics::new(Arc::new(metered.clone())).with_appends(&metered));
-            Some(super::otel::serve_metrics(addr, metrics).await?)
+            Some(super::otel::serve_metrics(addr, metrics, ctx.settings.serve_connections).await?)
         }
         None => None,
     };

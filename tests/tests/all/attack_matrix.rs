@@ -843,6 +843,55 @@ fn half_sent_requests_do_not_starve_an_mcp_client() {
     flood_then_answer(dir.path(), &addr, "/mcp", "Bearer mcp-token", 406);
 }
 
+/// The same flood against `warden worker --metrics`, whose endpoint has
+/// no token: it serves through the same connection layer, so a local
+/// client holding half-sent connections cannot take the worker's
+/// descriptors or its scrapes.
+#[test]
+fn half_sent_requests_do_not_starve_a_workers_metrics() {
+    use std::io::BufRead as _;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("warden.toml"),
+        "[serve]\nheader_timeout = \"3s\"\n",
+    )
+    .unwrap();
+    let created = Command::new(warden_binary())
+        .args(["store", "migrate", "--store", "runs.db"])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(created.status.success(), "{created:?}");
+    let mut child = Command::new("sh")
+        .arg("-c")
+        .arg("ulimit -n 256 && exec \"$0\" \"$@\"")
+        .arg(warden_binary())
+        .args(["worker", "--metrics", "127.0.0.1:0", "--store", "runs.db"])
+        .current_dir(dir.path())
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_STORE")
+        .env_remove("WARDEN_CONFIG")
+        .stdin(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = std::io::BufReader::new(child.stderr.take().unwrap());
+    let _worker = crate::serve::Killed::new(child);
+    let mut lines = stderr.lines();
+    let line = lines
+        .by_ref()
+        .map(Result::unwrap)
+        .find(|l| l.starts_with("worker metrics at "))
+        .expect("the worker names its metrics address");
+    let addr = line
+        .trim_start_matches("worker metrics at http://")
+        .trim_end_matches("/metrics")
+        .to_owned();
+    // Keep reading so the worker never blocks on a full stderr pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    flood_then_answer(dir.path(), &addr, "/metrics", "Bearer none", 200);
+}
+
 /// Opens 600 connections that each send half a request head, then asks
 /// `path` with `bearer`: it must be answered with `status` within 2 s, and
 /// the last half-sent connection closed by the header timeout.
