@@ -17,7 +17,8 @@ pub enum Surface {
     CliTerminal,
     /// The web console (`warden serve`'s pages).
     Console,
-    /// `warden serve`'s JSON API and its connections.
+    /// `warden serve`'s JSON API and its connections, and the Prometheus
+    /// `/metrics` endpoints (`warden serve`'s, `warden worker --metrics`).
     HttpApi,
     /// `warden mcp serve`: an agent's tools served to an MCP client.
     McpServe,

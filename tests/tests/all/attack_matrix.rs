@@ -76,7 +76,9 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
         // ---- the HTTP API ----
         (S::HttpApi, A::HttpClient) => Proven(&[
             "attack_matrix::half_sent_requests_do_not_starve_an_authenticated_one",
+            "attack_matrix::half_sent_requests_do_not_starve_a_workers_metrics",
             "attack_matrix::the_failed_login_limit_never_locks_out_a_valid_token",
+            "metrics::metrics_pass_promtool_and_move_as_a_run_proceeds",
             "serve::an_approval_through_the_api_is_picked_up_by_a_worker_on_sqlite",
             "serve::the_server_refuses_to_start_without_credentials_or_tls_beyond_loopback",
             "serve::standing_rules_through_the_api_need_an_operator_and_reach_the_worker",
