@@ -709,28 +709,25 @@ impl HostDescriptor for FsView<'_> {
         let parent = dir_handle(self.table.get(&fd)?)?;
         let root = place.as_ref().map(|p| Arc::clone(&p.scope.root));
         let want_dir = oflags.contains(types::OpenFlags::DIRECTORY);
-        let target = path.clone();
         // A new temporary file: remembered, so that the lease removes it if
         // it is still there when the lease ends.
         let temp_dir = (oflags.contains(types::OpenFlags::CREATE | types::OpenFlags::EXCLUSIVE)
             && path.ends_with(TEMP_SUFFIX))
         .then(|| Arc::clone(&parent));
         let is_temp = temp_dir.is_some();
-        let checked = (|| {
-            let opened = open_checked(&parent, Path::new(&target), &opts, want_dir)?;
-            let rel = match (&root, &opened) {
-                (Some(root), Opened::Dir(file) | Opened::File(file)) => handle_rel(root, file),
-                _ => None,
-            };
-            let temp = match &opened {
-                Opened::File(file) if is_temp => {
-                    rustix::fs::fstat(file).ok().map(|s| (s.st_dev, s.st_ino))
-                }
-                _ => None,
-            };
-            io::Result::Ok(Checked { opened, rel, temp })
-        })()
-        .map_err(ErrorCode::from)?;
+        let opened =
+            open_checked(&parent, Path::new(&path), &opts, want_dir).map_err(ErrorCode::from)?;
+        let rel = match (&root, &opened) {
+            (Some(root), Opened::Dir(file) | Opened::File(file)) => handle_rel(root, file),
+            _ => None,
+        };
+        let temp = match &opened {
+            Opened::File(file) if is_temp => {
+                rustix::fs::fstat(file).ok().map(|s| (s.st_dev, s.st_ino))
+            }
+            _ => None,
+        };
+        let checked = Checked { opened, rel, temp };
         // Where the opened file really is (a symlink followed, say), checked
         // like the path was; where that cannot be read, the path as written.
         let child = match place {
@@ -1203,6 +1200,10 @@ impl OutputStream for FencedFileOutput {
                     "write not permitted: check_write not called first",
                 ));
             }
+        }
+        if self.fence.check().is_err() {
+            self.state = OutputState::Fenced;
+            return Err(Self::expired());
         }
         match fenced_write(&self.fence, &self.file, &bytes, self.mode) {
             Ok(Ok(written)) => {

@@ -36,8 +36,8 @@ use super::bindings::{host, secrets, types};
 use super::capabilities::Capabilities;
 use super::capture::{Capture, Redactor, Stream};
 use super::fs::{FsView, LeaseFs, Preopens};
-use super::limits::{Denial, LeaseLimiter};
 use super::lease_threads::{Abandoned, Owner, Stop};
+use super::limits::{Denial, LeaseLimiter};
 use super::net::NetLease;
 use super::secrets::{Form, LeaseSecrets, Refusal};
 use super::validity::{Expired, LeaseFence};
@@ -281,7 +281,7 @@ pub(crate) enum OwnedRequest {
 
 impl Request<'_> {
     /// The same request, owning a copy of what it carries.
-    pub(crate) fn to_owned(&self) -> OwnedRequest {
+    pub(crate) fn owned(&self) -> OwnedRequest {
         match *self {
             Request::DescribeTools => OwnedRequest::DescribeTools,
             Request::Preflight(call) => OwnedRequest::Preflight(call.clone()),
@@ -520,7 +520,7 @@ pub(crate) async fn run(
     let owned = (
         plugin.clone(),
         limits.clone(),
-        request.to_owned(),
+        request.owned(),
         cancel.cloned(),
     );
     let dispatch = tracing::dispatcher::get_default(Clone::clone);
@@ -529,7 +529,13 @@ pub(crate) async fn run(
         let (plugin, limits, request, cancel) = owned;
         tracing::dispatcher::with_default(&dispatch, || {
             runtime.block_on(tracing::Instrument::instrument(
-                lease(&plugin, &limits, request.as_request(), cancel.as_ref(), setup),
+                lease(
+                    &plugin,
+                    &limits,
+                    request.as_request(),
+                    cancel.as_ref(),
+                    setup,
+                ),
                 span,
             ))
         })
@@ -601,6 +607,7 @@ async fn lease(
         deadline,
         started,
     } = setup;
+    let sandbox = &plugin.sandbox.inner;
     let capture = Capture::new(limits.stdio_bytes);
     let lease_secrets = Arc::new(LeaseSecrets::new(
         Arc::clone(&plugin.component.inner.name),

@@ -1397,10 +1397,7 @@ access = "read-only"
 
     let kmsg = &count["kmsg"];
     assert_eq!(kmsg["eagain"], 4, "non-blocking reads of kmsg: {count}");
-    assert_eq!(
-        kmsg["most_unanswered"], 0,
-        "a read of kmsg waited: {count}"
-    );
+    assert_eq!(kmsg["most_unanswered"], 0, "a read of kmsg waited: {count}");
     let hang = &count["hang"];
     let most = hang["most_unanswered"].as_u64().unwrap();
     assert!(
