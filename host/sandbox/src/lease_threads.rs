@@ -122,15 +122,6 @@ struct Flight {
 }
 
 impl LeaseThreads {
-    /// The threads `owner` has stuck.
-    pub(crate) fn stuck(&self, owner: &Owner) -> usize {
-        self.plugins
-            .lock()
-            .expect("never poisoned")
-            .get(owner)
-            .map_or(0, |share| share.stuck)
-    }
-
     /// Runs `work` on a lease thread, once `owner` has a place for it and
     /// then one of `slots` is free (so that leases waiting for their
     /// plugin's places hold no slot another plugin needs), and waits for it until `stop` says the lease should be over, then
