@@ -41,7 +41,8 @@
 //!
 //! A seeded random walk over the same cases runs outside CI:
 //! `WARDEN_MATRIX_ROUNDS=200 cargo test --test all -- --ignored
-//! effects_matrix::random` (docs/dev/invariants.md).
+//! effects_matrix::random` (docs/dev/invariants.md). By hand,
+//! `WARDEN_MATRIX_KINDS=<part of a row's name>` plays only those rows.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -1298,7 +1299,13 @@ async fn matrix(store: &str) {
     let started = Instant::now();
     let mut counts: BTreeMap<(usize, usize), String> = BTreeMap::new();
     let mut n = 0;
+    // By hand only: `WARDEN_MATRIX_KINDS=local` plays the rows whose name
+    // holds it (CI plays every row).
+    let only = std::env::var("WARDEN_MATRIX_KINDS").ok();
     for kind in EffectKind::ALL {
+        if only.as_deref().is_some_and(|o| !kind.name().contains(o)) {
+            continue;
+        }
         let sc = scenario(kind);
         let appends = appends_per_run(&sc).await;
         for fault in Fault::ALL {
@@ -1332,7 +1339,9 @@ async fn matrix(store: &str) {
         for fault in Fault::ALL {
             table.push_str(&format!(
                 " {} |",
-                counts[&(kind.ordinal(), fault.ordinal())]
+                counts
+                    .get(&(kind.ordinal(), fault.ordinal()))
+                    .map_or("not played", String::as_str)
             ));
         }
     }
