@@ -68,7 +68,7 @@ pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public}
 pub use nofollow::{NoFollowError, OpenedDir, open_dir as open_dir_nofollow};
 pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
 pub use secrets::{Secret, SecretAction, SecretUse};
-pub use validity::{Moment, ValidUntil};
+pub use validity::{Moment, ProcessFence, ValidUntil};
 
 /// The top-level imports of the component `wasm` that the sandbox does not
 /// offer, read without compiling it: a loader refuses any such component,

@@ -63,7 +63,7 @@ use warden::grant::EffectClass;
 use warden::plugins::PluginHost;
 use warden::sandbox::ValidUntil;
 use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
-use warden::store::{CommitmentFilter, EventStore, MemoryStore, SqliteStore, StoreError};
+use warden::store::{Claim, CommitmentFilter, EventStore, MemoryStore, SqliteStore, StoreError};
 use warden_tests::guests;
 
 use super::engine::{CrashPoint, Fixture};
@@ -1200,19 +1200,13 @@ async fn stopped_in_mcp_call(sc: &Scenario, store_kind: &str, n: u64, case: &str
     slow_mcp_writes(sc);
     let (store, pg) = fresh(store_kind, &sc.fx, n).await;
     let root = sc.roots[0].clone();
-    runtime(store.clone())
-        .start(&sc.agent, json!("go"), StartOptions::new().id(root.clone()))
-        .await
-        .unwrap();
-    let claim = store
-        .acquire_claim(&root, "paused", now_ms(), CLAIM.as_millis() as i64)
-        .await
-        .unwrap();
-    let valid = ValidUntil::for_next(CLAIM);
     // The driver, on a thread and a runtime of its own, with its own
-    // connection to the store.
+    // connection to the store: it starts the run (its MCP server started
+    // with it), then drives it under the claim it is handed.
     let (handle_to, handle) = std::sync::mpsc::channel();
-    let (agent, expires) = (sc.agent.clone(), claim.expires_ms);
+    let (started_to, started) = tokio::sync::oneshot::channel();
+    let (claim_to, claimed) = tokio::sync::oneshot::channel::<(Claim, ValidUntil)>();
+    let (agent, run) = (sc.agent.clone(), root.clone());
     let (url, db) = (
         pg.as_ref().map(|p| p.url.clone()),
         sc.fx.path(&format!("matrix-{n}.db")),
@@ -1228,17 +1222,33 @@ async fn stopped_in_mcp_call(sc: &Scenario, store_kind: &str, n: u64, case: &str
                 Some(url) => Arc::new(warden::store::PostgresStore::open(&url).await.unwrap()),
                 None => Arc::new(SqliteStore::open(db).unwrap()),
             };
-            runtime(store)
+            let first = runtime(store);
+            first
+                .start(&agent, json!("go"), StartOptions::new().id(run))
+                .await
+                .unwrap();
+            started_to.send(()).unwrap();
+            let (claim, valid) = claimed.await.unwrap();
+            first
                 .recover_claimed(&agent, ReplayOptions::default(), claim, valid)
                 .await
                 .map(|_| ())
         })
     });
     let handle: tokio::runtime::Handle = handle.recv().unwrap();
+    started.await.unwrap();
+    let claim = store
+        .acquire_claim(&root, "paused", now_ms(), CLAIM.as_millis() as i64)
+        .await
+        .unwrap();
+    let expires = claim.expires_ms;
+    claim_to
+        .send((claim, ValidUntil::for_next(CLAIM)))
+        .unwrap();
     while !mcp_write_started(sc) {
         assert!(
             !driver.is_finished(),
-            "{case}: the driver ended before its MCP write started"
+            "{case}: the driver ended before its MCP write started (within its {CLAIM:?} claim)"
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }

@@ -196,7 +196,7 @@ unsafe fn watch(pipe: libc::c_int, pidfd: libc::c_int, mut deadline: u64) -> ! {
             }
             // Every write is 8 bytes, whole: the last one is the newest.
             let whole = (n as usize) & !7;
-            if whole >= 8 && whole <= buf.len() {
+            if (8..=buf.len()).contains(&whole) {
                 let mut last = [0u8; 8];
                 let mut i = 0;
                 while i < 8 {
