@@ -158,8 +158,7 @@ impl ValidUntil {
         let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
         // The deadline is read under the lock: an extension made after it
         // is sent through the pipe, which the watchdog reads first.
-        let (fence, watcher) =
-            watchdog::start(pid, self.deadline_ns.load(Ordering::Acquire))?;
+        let (fence, watcher) = watchdog::start(pid, self.deadline_ns.load(Ordering::Acquire))?;
         watchers.push(watcher);
         Ok(fence)
     }

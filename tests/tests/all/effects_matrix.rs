@@ -1097,8 +1097,10 @@ async fn stop_case(sc: &Scenario, store_kind: &str, stop: Stop, lost: bool, n: u
         let _ = driving.await.unwrap();
         if in_call {
             // Past the time its server's write was due.
-            tokio::time::sleep((MCP_DELAY + Duration::from_millis(500)).saturating_sub(reached.elapsed()))
-                .await;
+            tokio::time::sleep(
+                (MCP_DELAY + Duration::from_millis(500)).saturating_sub(reached.elapsed()),
+            )
+            .await;
             assert!(
                 logs(&store).await == logs_at_stop,
                 "{case}: appended after it lost its claim"
@@ -1160,7 +1162,7 @@ async fn stop_case(sc: &Scenario, store_kind: &str, stop: Stop, lost: bool, n: u
 /// stopped inside it: longer than the claim, a takeover and a
 /// reconciliation (the server is started again for the next driver), so
 /// a write that is not stopped lands after the operator looked.
-const MCP_DELAY: Duration = Duration::from_secs(6);
+const MCP_DELAY: Duration = Duration::from_secs(15);
 
 /// Makes the MCP server's appends slow ([`MCP_DELAY`]; `tests/mcp/server.py`
 /// reads `data/delay`).
@@ -1242,9 +1244,7 @@ async fn stopped_in_mcp_call(sc: &Scenario, store_kind: &str, n: u64, case: &str
         .await
         .unwrap();
     let expires = claim.expires_ms;
-    claim_to
-        .send((claim, ValidUntil::for_next(CLAIM)))
-        .unwrap();
+    claim_to.send((claim, ValidUntil::for_next(CLAIM))).unwrap();
     while !mcp_write_started(sc) {
         assert!(
             !driver.is_finished(),

@@ -362,7 +362,10 @@ async fn a_process_held_to_a_validity_is_killed_when_it_passes() {
     let valid = ValidUntil::for_next(Duration::from_millis(200));
     drop(valid.fence_process(child.id()).unwrap());
     std::thread::sleep(Duration::from_millis(500));
-    assert!(child.try_wait().unwrap().is_none(), "killed after its fence was dropped");
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "killed after its fence was dropped"
+    );
     child.kill().unwrap();
     let _ = child.wait();
 }

@@ -33,9 +33,9 @@
 //! stopped whole (a paused VM) stops the watchdog too: on waking, the
 //! fenced process may run a moment before the watchdog kills it.
 
+use std::os::fd::OwnedFd;
 #[cfg(target_os = "linux")]
 use std::os::fd::{AsRawFd as _, FromRawFd as _};
-use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 
 /// A process held to a deadline: dropping it ends its watchdog (reaped on
@@ -172,7 +172,11 @@ unsafe fn watch(pipe: libc::c_int, pidfd: libc::c_int, mut deadline: u64) -> ! {
                 libc::_exit(0);
             }
             let left_ms = (deadline.wrapping_sub(now) / 1_000_000).saturating_add(1);
-            let wait_ms = if left_ms > 1000 { 1000 } else { left_ms as libc::c_int };
+            let wait_ms = if left_ms > 1000 {
+                1000
+            } else {
+                left_ms as libc::c_int
+            };
             let mut fd = libc::pollfd {
                 fd: pipe,
                 events: libc::POLLIN,
