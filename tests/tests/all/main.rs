@@ -41,6 +41,10 @@
 //!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
+//! - `sealed_rows`: with a chain key, a standing rule widened and a
+//!   settled idempotency result rewritten directly in the database, through
+//!   `warden` processes on SQLite and PostgreSQL: the driving verbs refuse,
+//!   the write does not run, `runs verify` reports the row.
 //! - `effects_matrix`: every effect kind of `warden::fault_model` crossed
 //!   with every fault (a kill at every append, a store failure at every
 //!   append, a pause past the claim and a lost claim inside the effect) on
@@ -195,6 +199,7 @@ mod providers;
 mod python_guest;
 mod python_host;
 mod retries;
+mod sealed_rows;
 mod secrets;
 mod serve;
 mod server;
