@@ -12,9 +12,9 @@ use bytes::Bytes;
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::history::{self, HistoryChunk, HistoryDigest};
 use super::{
-    Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    EventStore, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, Revocation, RunFilter,
-    COMMITMENTS, RULES, RowsReport, RunId, RunMeta, RunSummary, Settle, SettlingAppend,
+    Appended, ApprovalRule, COMMITMENTS, ChainBreak, ChainHash, ChainKey, Claim, Commitment,
+    CommitmentFilter, EventStore, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, RULES,
+    Revocation, RowsReport, RunFilter, RunId, RunMeta, RunSummary, Settle, SettlingAppend,
     StatusClass, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 

@@ -120,7 +120,12 @@ fn optional(value: Option<&[u8]>) -> Vec<u8> {
 /// The seal of rule `rule`: its id and every column.
 pub(crate) fn rule(chain: &Chain, rule: &ApprovalRule) -> ChainHash {
     let created = rule.created_ms.to_be_bytes();
-    let expires = optional(rule.expires_ms.map(i64::to_be_bytes).as_ref().map(|b| &b[..]));
+    let expires = optional(
+        rule.expires_ms
+            .map(i64::to_be_bytes)
+            .as_ref()
+            .map(|b| &b[..]),
+    );
     let revoked_by = optional(rule.revoked.as_ref().map(|r| r.by.as_bytes()));
     let revoked_at = optional(
         rule.revoked

@@ -126,7 +126,11 @@ async fn a_standing_rule_widened_in_the_database_approves_nothing_and_verify_rep
         let dir = fx.dir.path();
         let name = db.name();
         // The first run makes the store, and parks: no rule covers it.
-        let out = warden(&db, dir, &["run", "agent-approve.toml", "go", "--run-id", "first"]);
+        let out = warden(
+            &db,
+            dir,
+            &["run", "agent-approve.toml", "go", "--run-id", "first"],
+        );
         assert_eq!(out.status.code(), Some(4), "{name}: {}", text(&out));
         let out = warden(
             &db,
@@ -157,7 +161,11 @@ async fn a_standing_rule_widened_in_the_database_approves_nothing_and_verify_rep
         )
         .await;
 
-        let out = warden(&db, dir, &["run", "agent-approve.toml", "go", "--run-id", "second"]);
+        let out = warden(
+            &db,
+            dir,
+            &["run", "agent-approve.toml", "go", "--run-id", "second"],
+        );
         assert!(!out.status.success(), "{name}: {}", text(&out));
         let shown = text(&out);
         assert!(

@@ -1479,7 +1479,13 @@ impl EventStore for PostgresStore {
         for row in &rules {
             let (rule, seal) = rule_of_row(row);
             let expected = sealed::rule(&self.chain, &rule);
-            sealed::collect(&mut findings, sealed::RULES, &rule.id, seal.as_deref(), &expected);
+            sealed::collect(
+                &mut findings,
+                sealed::RULES,
+                &rule.id,
+                seal.as_deref(),
+                &expected,
+            );
         }
         for row in &commitments {
             if let Err(StoreError::RowTampered { table, row, reason }) =
@@ -1609,7 +1615,13 @@ impl EventStore for PostgresStore {
 
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let context = format!("postgres: cannot claim idempotency commitment {key}");
-        let seal = sealed::commitment(&self.chain, key, holder.run_id.as_str(), &holder.call_id, None);
+        let seal = sealed::commitment(
+            &self.chain,
+            key,
+            holder.run_id.as_str(),
+            &holder.call_id,
+            None,
+        );
         self.write(&context, async |tx| {
             execute(
                 tx,
@@ -2070,9 +2082,12 @@ impl PostgresStore {
                                 &s.holder.call_id,
                                 Some(result),
                             );
-                            c.execute(statement, &[&s.key, &result.as_ref(), &seal.as_bytes().as_slice()])
-                                .await
-                                .map(Some)
+                            c.execute(
+                                statement,
+                                &[&s.key, &result.as_ref(), &seal.as_bytes().as_slice()],
+                            )
+                            .await
+                            .map(Some)
                         }
                         Settle::Release => c.execute(statement, &[&s.key]).await.map(Some),
                     },

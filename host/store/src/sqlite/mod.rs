@@ -209,12 +209,7 @@ impl SqliteStoreBuilder {
         }
         let mut conn = schema::open_writer(&self.path, self.busy_timeout)?;
         schema::check_integrity(&conn, &self.path)?;
-        schema::migrate(
-            &mut conn,
-            &self.path,
-            &chain,
-            self.mode == OpenMode::Create,
-        )?;
+        schema::migrate(&mut conn, &self.path, &chain, self.mode == OpenMode::Create)?;
         let counters = Arc::new(Counters::default());
         let (queue, inbox) = mpsc::channel(self.max_batch.saturating_mul(4));
         let writer = std::thread::Builder::new()
@@ -526,11 +521,23 @@ fn verify_rows(conn: &Connection, chain: &Chain) -> Result<RowsReport, StoreErro
     let mut findings = Vec::new();
     for (rule, seal) in &rules {
         let expected = sealed::rule(chain, rule);
-        sealed::collect(&mut findings, sealed::RULES, &rule.id, seal.as_deref(), &expected);
+        sealed::collect(
+            &mut findings,
+            sealed::RULES,
+            &rule.id,
+            seal.as_deref(),
+            &expected,
+        );
     }
     for (key, run_id, call_id, result, seal) in &commitments {
         let expected = sealed::commitment(chain, key, run_id, call_id, result.as_deref());
-        sealed::collect(&mut findings, sealed::COMMITMENTS, key, seal.as_deref(), &expected);
+        sealed::collect(
+            &mut findings,
+            sealed::COMMITMENTS,
+            key,
+            seal.as_deref(),
+            &expected,
+        );
     }
     Ok(RowsReport::new(
         vec![

@@ -198,7 +198,8 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks;
+            "ALTER TABLE commitments DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks;
              ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
              DROP INDEX runs_waking;
@@ -243,7 +244,8 @@ async fn a_version_7_store_migrates_and_takes_history_chunks() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head; PRAGMA user_version = 7;",
+            "ALTER TABLE commitments DROP COLUMN seal; ALTER TABLE approval_rules DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head; PRAGMA user_version = 7;",
         )
         .unwrap();
     let store = SqliteStore::open(backend.path()).unwrap();
@@ -276,7 +278,8 @@ async fn a_version_6_store_migrates_and_holds_no_rules() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head;
+            "ALTER TABLE commitments DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules; PRAGMA user_version = 6;",
         )
         .unwrap();
@@ -314,7 +317,8 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks;
+            "ALTER TABLE commitments DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks;
              ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
              DROP INDEX runs_waking;
@@ -330,7 +334,7 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, schema::SCHEMA_VERSION);
-    assert_eq!(schema::SCHEMA_VERSION, 9);
+    assert_eq!(schema::SCHEMA_VERSION, 10);
     let summary = store.summary(&id("old")).await.unwrap();
     assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
     assert!(store.verify(&id("old")).await.unwrap().is_intact());

@@ -620,8 +620,8 @@ fn claim_commitment(
         ])
     })
     .map_err(|e| backend(context(), e))?;
-    let (run_id, call_id, result) =
-        commitment(conn, chain, key)?.expect("the commitment exists: it was just inserted or found");
+    let (run_id, call_id, result) = commitment(conn, chain, key)?
+        .expect("the commitment exists: it was just inserted or found");
     let found = Holder {
         run_id: RunId::new(&run_id).map_err(|e| StoreError::Backend {
             context: context(),
@@ -733,7 +733,12 @@ fn commitment(
             })
             .optional()
         })
-        .map_err(|e| backend(format!("sqlite: cannot read idempotency commitment {key}"), e))?;
+        .map_err(|e| {
+            backend(
+                format!("sqlite: cannot read idempotency commitment {key}"),
+                e,
+            )
+        })?;
     let Some((run_id, call_id, result, seal)) = row else {
         return Ok(None);
     };

@@ -2511,11 +2511,7 @@ async fn open_as(backend: &dyn Backend, keyed: bool) -> Arc<dyn EventStore> {
 }
 
 /// Asserts `result` is a [`StoreError::RowTampered`] naming `table` and `row`.
-fn assert_row_tampered<T: std::fmt::Debug>(
-    result: Result<T, StoreError>,
-    table: &str,
-    row: &str,
-) {
+fn assert_row_tampered<T: std::fmt::Debug>(result: Result<T, StoreError>, table: &str, row: &str) {
     match result {
         Err(StoreError::RowTampered {
             table: t, row: r, ..
@@ -2559,7 +2555,11 @@ pub async fn a_widened_rule_is_refused_and_reported(backend: &dyn Backend) {
             )
             .await;
         assert_row_tampered(store.rules().await, "approval_rules", "rule-narrow");
-        assert_row_tampered(store.rule("rule-narrow").await, "approval_rules", "rule-narrow");
+        assert_row_tampered(
+            store.rule("rule-narrow").await,
+            "approval_rules",
+            "rule-narrow",
+        );
         assert_row_tampered(
             store.revoke_rule("rule-narrow", "api:ops", 3).await,
             "approval_rules",
@@ -2571,7 +2571,11 @@ pub async fn a_widened_rule_is_refused_and_reported(backend: &dyn Backend) {
             [("approval_rules".to_owned(), "rule-narrow".to_owned())]
         );
         // The refused revocation resealed nothing.
-        assert_row_tampered(store.rule("rule-narrow").await, "approval_rules", "rule-narrow");
+        assert_row_tampered(
+            store.rule("rule-narrow").await,
+            "approval_rules",
+            "rule-narrow",
+        );
     }
 }
 
@@ -2604,11 +2608,17 @@ pub async fn a_rewritten_commitment_result_is_refused_and_reported(backend: &dyn
         )
         .await;
     assert_row_tampered(
-        store.claim_commitment("pay-1", &holder("later", "call-1-1")).await,
+        store
+            .claim_commitment("pay-1", &holder("later", "call-1-1"))
+            .await,
         "commitments",
         "pay-1",
     );
-    assert_row_tampered(store.claim_commitment("pay-1", &a).await, "commitments", "pay-1");
+    assert_row_tampered(
+        store.claim_commitment("pay-1", &a).await,
+        "commitments",
+        "pay-1",
+    );
     assert_row_tampered(
         store.commitments(&CommitmentFilter::new()).await,
         "commitments",
@@ -2661,7 +2671,11 @@ pub async fn a_seal_copied_from_another_row_is_caught(backend: &dyn Backend) {
         store.claim_commitment("key-a", &a).await.unwrap(),
         KeyClaim::Granted
     );
-    assert_row_tampered(store.claim_commitment("key-b", &a).await, "commitments", "key-b");
+    assert_row_tampered(
+        store.claim_commitment("key-b", &a).await,
+        "commitments",
+        "key-b",
+    );
     assert_eq!(
         row_findings(&*store).await,
         [
@@ -2709,10 +2723,7 @@ pub async fn rows_written_before_seals_are_sealed_when_migrated(backend: &dyn Ba
     );
     let report = store.verify_rows().await.unwrap();
     assert!(report.is_intact(), "{report:?}");
-    assert_eq!(
-        report.tables,
-        [(crate::RULES, 1), (crate::COMMITMENTS, 1)]
-    );
+    assert_eq!(report.tables, [(crate::RULES, 1), (crate::COMMITMENTS, 1)]);
     backend
         .tamper_row(
             true,
