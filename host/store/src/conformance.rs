@@ -162,7 +162,7 @@ impl Backend for SqliteBackend {
                 .execute_batch(
                     "ALTER TABLE approval_rules DROP COLUMN seal;
                      ALTER TABLE commitments DROP COLUMN seal;
-                     PRAGMA user_version = 9;",
+                     PRAGMA user_version = 10;",
                 )
                 .unwrap(),
         }
@@ -422,7 +422,7 @@ impl Backend for PostgresBackend {
                 .batch_execute(
                     "ALTER TABLE approval_rules DROP COLUMN seal;
                      ALTER TABLE commitments DROP COLUMN seal;
-                     UPDATE store_meta SET value = '8' WHERE key = 'schema_version';",
+                     UPDATE store_meta SET value = '9' WHERE key = 'schema_version';",
                 )
                 .await
                 .unwrap(),

@@ -31,8 +31,8 @@
 //! restoring its earlier row): that, like a run rolled back whole, needs a
 //! record kept outside the database.
 //!
-//! Rows a store held before seals existed (schema migration SQLite 10,
-//! PostgreSQL 9) are sealed as found by that migration, in its
+//! Rows a store held before seals existed (schema migration SQLite 11,
+//! PostgreSQL 10) are sealed as found by that migration, in its
 //! transaction, with the store's chain: from then on an unsealed row is a
 //! finding like any other.
 

@@ -98,6 +98,7 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "mcp::serving_refuses_an_unprotected_bind_and_an_agent_without_plugin_tools",
             "mcp::the_python_sdk_uses_the_served_tools_over_streamable_http",
             "mcp::a_server_killed_mid_write_parks_it_and_never_makes_it_again",
+            "mcp::a_client_cannot_read_or_cancel_another_sessions_task",
         ]),
         (S::McpServe, A::Plugin) => Proven(&[
             "unit/host/engine/src/approval_prompt.rs::a_forged_preview_stays_below_wardens_account_as_data",
