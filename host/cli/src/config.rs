@@ -32,6 +32,12 @@
 //! [grants.fs.mounts.workspace]     # the grant of the plugin an agent calls `fs`
 //! dir = "/srv/notes"               # ([plugins.fs] in the agent), unless the agent
 //! access = "read-only"             # grants it inline; relative to this file
+//!
+//! [trust]                          # present: plugins must be signed (fail-closed)
+//! allow_unsigned = ["plugins/dev"] # … except from beneath these directories
+//!
+//! [trust.publishers.acme]          # whose minisign keys are trusted
+//! keys = ["RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3"]
 //! ```
 //!
 //! Unknown keys are errors, and every error names the file and the key.
@@ -151,6 +157,29 @@ struct ConfigFile {
     mcp: McpSection,
     #[serde(default)]
     serve: ServeSection,
+    trust: Option<TrustSection>,
+}
+
+/// `[trust]`: present, plugins from manifests must be signed by a trusted
+/// publisher's key, except beneath `allow_unsigned`; absent, unsigned
+/// plugins load from anywhere (a signature present is still verified).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrustSection {
+    /// Directories unsigned plugins may load from (and from beneath).
+    #[serde(default)]
+    allow_unsigned: Vec<PathBuf>,
+    /// Trusted publishers, by name.
+    #[serde(default)]
+    publishers: BTreeMap<String, PublisherSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublisherSection {
+    /// Their minisign public keys (`RW…`, the second line of a
+    /// `minisign.pub`).
+    keys: Vec<String>,
 }
 
 /// `[serve]`: what `warden serve` offers besides the store, and how it
@@ -435,6 +464,9 @@ pub(crate) struct Settings {
     /// `[serve] header_timeout`, `max_connections`,
     /// `max_unauthenticated_connections` over their defaults.
     pub(crate) serve_connections: warden_server::ConnectionLimits,
+    /// `[trust]`: whose signatures every plugin host checks plugins
+    /// against, and where unsigned plugins may load from.
+    pub(crate) trust: warden::plugins::TrustPolicy,
 }
 
 /// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
@@ -656,6 +688,26 @@ impl Settings {
             .limits()
             .map_err(|(key, message)| invalid(&key, message))?;
         let serve_connections = serve_connections(&file.serve).map_err(|(k, m)| invalid(&k, m))?;
+        let trust = match &file.trust {
+            None => warden::plugins::TrustPolicy::development(),
+            Some(section) => {
+                let mut trust = warden::plugins::TrustPolicy::enforcing(
+                    section.allow_unsigned.iter().map(|d| base.join(d)).collect(),
+                );
+                for (name, publisher) in &section.publishers {
+                    if publisher.keys.is_empty() {
+                        return Err(invalid(
+                            &format!("trust.publishers.{name}.keys"),
+                            "lists no key".into(),
+                        ));
+                    }
+                    trust = trust.with_publisher(name, &publisher.keys).map_err(|e| {
+                        invalid(&format!("trust.publishers.{name}.keys"), e.to_string())
+                    })?;
+                }
+                trust
+            }
+        };
 
         Ok(Settings {
             file: file_path,
@@ -677,6 +729,7 @@ impl Settings {
             ceilings,
             run_ceilings,
             compile,
+            trust,
         })
     }
 
@@ -689,6 +742,7 @@ impl Settings {
         })?;
         let mut agent = Agent::load(&absolute, self.model.as_ref())?;
         self.apply_grants(&mut agent);
+        pin_locked(&mut agent, &absolute)?;
         Ok(agent)
     }
 
@@ -705,6 +759,16 @@ impl Settings {
                 plugin.grant_base = self.grants_base.clone();
             }
         }
+    }
+
+    /// `[trust]` as it is in force.
+    fn trust_json(&self) -> Value {
+        let t = &self.trust;
+        json!({
+            "require_signatures": t.is_enforcing(),
+            "allow_unsigned": if t.is_enforcing() { json!(t.allow_unsigned()) } else { json!(["*"]) },
+            "publishers": t.publishers().map(|(name, keys)| (name.to_owned(), json!({ "key_ids": keys }))).collect::<serde_json::Map<_, _>>(),
+        })
     }
 
     /// The effective configuration as JSON, secrets masked.
@@ -724,6 +788,7 @@ impl Settings {
             "ceilings": self.ceilings_json(),
             "compile": self.compile_json(),
             "serve": self.serve_json(),
+            "trust": self.trust_json(),
         })
     }
 
@@ -811,8 +876,39 @@ impl Settings {
         out.push_str(&table_body(&self.compile_json()));
         out.push_str("\n[serve]    # the file's keys over the defaults\n");
         out.push_str(&table_body(&self.serve_json()));
+        out.push_str(if self.trust.is_enforcing() {
+            "\n# [trust]    # file: plugins must be signed by a trusted publisher, except beneath allow_unsigned\n"
+        } else {
+            "\n# [trust]    # default (none configured): unsigned plugins load from anywhere; a signature present is still verified\n"
+        });
+        for line in table_body(&self.trust_json()).lines() {
+            out.push_str(&format!("# {line}\n"));
+        }
         out
     }
+}
+
+/// Pins each plugin of `agent` to its entry in the agent's lock file
+/// (`AGENT.lock` next to `agent_file`), when there is one: a plugin the
+/// lock does not list, or whose bundle differs, is then refused at load.
+fn pin_locked(agent: &mut Agent, agent_file: &Path) -> Result<(), AgentError> {
+    use warden::plugins::lock::{Lock, LockPin};
+    let file = Lock::path_for(agent_file);
+    let lock = Lock::read(&file).map_err(|e| AgentError::Parse {
+        path: agent_file.to_owned(),
+        message: e.to_string(),
+    })?;
+    let Some(lock) = lock else {
+        return Ok(());
+    };
+    for plugin in &mut agent.plugins {
+        plugin.pin = Some(LockPin {
+            file: file.clone(),
+            key: plugin.key.clone(),
+            entry: lock.plugins.get(&plugin.key).cloned(),
+        });
+    }
+    Ok(())
 }
 
 /// `[serve]`'s connection settings over their defaults, each checked.

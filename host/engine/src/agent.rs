@@ -480,6 +480,11 @@ pub struct AgentPlugin {
     /// When each tool's calls need approval, by tool name; unlisted tools
     /// use [`NeedsApproval::Writes`].
     pub approval: BTreeMap<String, NeedsApproval>,
+    /// The bundle the agent's lock file pins, when the agent has one (set
+    /// by whoever loads the agent, as the operator's grants are; not part
+    /// of the digest): a plugin whose bundle differs is refused before it
+    /// is compiled.
+    pub pin: Option<warden_plugins::lock::LockPin>,
 }
 
 impl AgentPlugin {
@@ -920,6 +925,7 @@ fn validate(
             grant: entry.grant.clone(),
             grant_base: base.to_owned(),
             approval: entry.approval.clone(),
+            pin: None,
         });
     }
 
