@@ -692,7 +692,11 @@ impl Settings {
             None => warden::plugins::TrustPolicy::development(),
             Some(section) => {
                 let mut trust = warden::plugins::TrustPolicy::enforcing(
-                    section.allow_unsigned.iter().map(|d| base.join(d)).collect(),
+                    section
+                        .allow_unsigned
+                        .iter()
+                        .map(|d| base.join(d))
+                        .collect(),
                 );
                 for (name, publisher) in &section.publishers {
                     if publisher.keys.is_empty() {
@@ -742,7 +746,6 @@ impl Settings {
         })?;
         let mut agent = Agent::load(&absolute, self.model.as_ref())?;
         self.apply_grants(&mut agent);
-        pin_locked(&mut agent, &absolute)?;
         Ok(agent)
     }
 
@@ -886,29 +889,6 @@ impl Settings {
         }
         out
     }
-}
-
-/// Pins each plugin of `agent` to its entry in the agent's lock file
-/// (`AGENT.lock` next to `agent_file`), when there is one: a plugin the
-/// lock does not list, or whose bundle differs, is then refused at load.
-fn pin_locked(agent: &mut Agent, agent_file: &Path) -> Result<(), AgentError> {
-    use warden::plugins::lock::{Lock, LockPin};
-    let file = Lock::path_for(agent_file);
-    let lock = Lock::read(&file).map_err(|e| AgentError::Parse {
-        path: agent_file.to_owned(),
-        message: e.to_string(),
-    })?;
-    let Some(lock) = lock else {
-        return Ok(());
-    };
-    for plugin in &mut agent.plugins {
-        plugin.pin = Some(LockPin {
-            file: file.clone(),
-            key: plugin.key.clone(),
-            entry: lock.plugins.get(&plugin.key).cloned(),
-        });
-    }
-    Ok(())
 }
 
 /// `[serve]`'s connection settings over their defaults, each checked.
@@ -1128,6 +1108,30 @@ mod tests {
         );
         let err = s.unwrap_err().to_string();
         assert!(err.contains("ceilings.timeout"), "{err}");
+    }
+
+    #[test]
+    fn trust_is_development_without_the_table_and_enforced_with_it() {
+        let (s, _dir) = load_with(None, &[], Overrides::default());
+        assert!(!s.unwrap().trust.is_enforcing());
+        let key = "RWR3vY5GV1LU/3U8Y+3C6OfBcWycWuIZGbt0bZfsthbEUbN6L7/WpJt8";
+        let file = format!(
+            "[trust]\nallow_unsigned = [\"dev\"]\n[trust.publishers.acme]\nkeys = [\"{key}\"]\n"
+        );
+        let (s, dir) = load_with(Some(&file), &[], Overrides::default());
+        let s = s.unwrap();
+        assert!(s.trust.is_enforcing());
+        assert_eq!(s.trust.allow_unsigned(), [dir.path().join("dev")]);
+        let publishers: Vec<_> = s.trust.publishers().collect();
+        assert_eq!(publishers, [("acme", vec!["FFD45257468EBD77"])]);
+        for bad in [
+            "[trust.publishers.acme]\nkeys = [\"not a key\"]\n",
+            "[trust.publishers.acme]\nkeys = []\n",
+        ] {
+            let (s, _dir) = load_with(Some(bad), &[], Overrides::default());
+            let err = s.unwrap_err().to_string();
+            assert!(err.contains("trust.publishers.acme.keys"), "{err}");
+        }
     }
 
     #[test]

@@ -634,7 +634,11 @@ fn receipt_line(tool: &str, effect: &str, r: &UsageReceipt) -> String {
         line.push_str(&format!(" · {}", super::render::unlisted(u)));
     }
     if let Some(b) = &r.bundle {
-        line.push_str(&format!(" · bundle {} {}", &b.digest[..12.min(b.digest.len())], b.signer));
+        line.push_str(&format!(
+            " · bundle {} {}",
+            &b.digest[..12.min(b.digest.len())],
+            b.signer
+        ));
         if let Some(p) = &b.publisher {
             line.push_str(&format!(" ({p})"));
         }

@@ -17,7 +17,7 @@ use warden::engine::Agent;
 use warden::engine::agent::AgentPlugin;
 use warden::grant::Grant;
 use warden::plugins::lock::{Acceptance, Lock, LockedPlugin, PermissionDiff};
-use warden::plugins::trust::{STATEMENT_FILE, SIGNATURE_FILE, Statement};
+use warden::plugins::trust::{SIGNATURE_FILE, STATEMENT_FILE, Statement};
 use warden::plugins::{LoadedPlugin, Manifest, PluginHost, PluginSource};
 
 #[derive(Debug, Args)]
@@ -251,7 +251,13 @@ pub(crate) async fn upgrade(args: UpgradeArgs, ctx: &Context) -> anyhow::Result<
     let Some(old) = lock.plugins.get(&args.key).cloned() else {
         lock.plugins.insert(args.key.clone(), entry);
         lock.write(&file)?;
-        return report(ctx, &args.key, None, None, "locked (it was not in the lock)");
+        return report(
+            ctx,
+            &args.key,
+            None,
+            None,
+            "locked (it was not in the lock)",
+        );
     };
     if old.bundle == entry.bundle && old.signer == entry.signer {
         return report(ctx, &args.key, Some(&old), None, "up to date");
@@ -264,6 +270,7 @@ pub(crate) async fn upgrade(args: UpgradeArgs, ctx: &Context) -> anyhow::Result<
         diff: &diff,
         digest: &digest,
     };
+    let mut accepted = None;
     if diff.widens() {
         match &args.accept {
             Some(accepted) if *accepted == digest => {}
@@ -294,7 +301,7 @@ pub(crate) async fn upgrade(args: UpgradeArgs, ctx: &Context) -> anyhow::Result<
                 .into());
             }
         }
-        entry.accepted = Some(Acceptance {
+        accepted = Some(Acceptance {
             by: super::runs::user(args.by.clone()),
             at_ms: super::runs::now_ms(),
             diff: digest.clone(),
@@ -302,6 +309,7 @@ pub(crate) async fn upgrade(args: UpgradeArgs, ctx: &Context) -> anyhow::Result<
         });
     }
     view.print(ctx);
+    entry.accepted = accepted;
     let how = if diff.widens() {
         format!(
             "upgraded: widening accepted by {}",

@@ -210,14 +210,29 @@ impl PermissionDiff {
         set_changes(&mut changes, "host", &old.hosts, &new.hosts);
         set_changes(&mut changes, "env", &old.env, &new.env);
         set_changes(&mut changes, "secret", &old.secrets, &new.secrets);
-        for key in old.limits.keys().chain(new.limits.keys()).collect::<BTreeSet<_>>() {
+        for key in old
+            .limits
+            .keys()
+            .chain(new.limits.keys())
+            .collect::<BTreeSet<_>>()
+        {
             let (a, b) = (old.limits.get(key), new.limits.get(key));
             if a == b {
                 continue;
             }
             // -1 is unmetered: more than any number.
-            let rank = |v: Option<&i64>| v.map_or(i128::MAX, |&v| if v < 0 { i128::MAX } else { v.into() });
-            let show = |v: Option<&i64>| v.map(|&v| if v < 0 { "unmetered".to_owned() } else { v.to_string() });
+            let rank = |v: Option<&i64>| {
+                v.map_or(i128::MAX, |&v| if v < 0 { i128::MAX } else { v.into() })
+            };
+            let show = |v: Option<&i64>| {
+                v.map(|&v| {
+                    if v < 0 {
+                        "unmetered".to_owned()
+                    } else {
+                        v.to_string()
+                    }
+                })
+            };
             changes.push(Change {
                 what: format!("limit `{key}`"),
                 from: show(a),

@@ -104,7 +104,12 @@ impl Statement {
                 .and_then(|l| l.strip_prefix(' '))
                 .filter(|v| !v.is_empty() && !v.contains(char::is_whitespace))
                 .map(str::to_owned)
-                .ok_or_else(|| format!("has `{}` where its `{key} VALUE` line belongs", line.trim_end()))
+                .ok_or_else(|| {
+                    format!(
+                        "has `{}` where its `{key} VALUE` line belongs",
+                        line.trim_end()
+                    )
+                })
         };
         let statement = Statement {
             name: field("name")?,
@@ -116,7 +121,11 @@ impl Statement {
             return Err("has lines after `component-sha256`".into());
         }
         for digest in [&statement.manifest_sha256, &statement.component_sha256] {
-            if digest.len() != 64 || !digest.bytes().all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()) {
+            if digest.len() != 64
+                || !digest
+                    .bytes()
+                    .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+            {
                 return Err(format!("`{digest}` is not 64 lowercase hex digits"));
             }
         }
@@ -152,7 +161,9 @@ pub struct TrustPolicy {
 
 /// A `[trust]` setting that cannot be accepted.
 #[derive(Debug, thiserror::Error)]
-#[error("publisher `{publisher}`: key `{key}` is not a minisign public key (the second line of a `minisign.pub` file, `RW…`): {message}")]
+#[error(
+    "publisher `{publisher}`: key `{key}` is not a minisign public key (the second line of a `minisign.pub` file, `RW…`): {message}"
+)]
 pub struct TrustConfigError {
     /// The publisher.
     pub publisher: String,
@@ -168,7 +179,7 @@ pub struct TrustConfigError {
 pub enum TrustError {
     /// No signature, and unsigned plugins are not allowed from there.
     #[error(
-        "plugin `{plugin}` (`{}`) is not signed (no `{SIGNATURE_FILE}` next to it), and the operator allows unsigned plugins only from {allowed}: have its publisher sign its `{STATEMENT_FILE}` with minisign, or add its directory to `[trust] allow_unsigned` in warden.toml",
+        "plugin `{plugin}` (`{}`) is not signed (no `plugin.bundle.minisig` next to it), and the operator allows unsigned plugins only from {allowed}: have its publisher sign its `plugin.bundle` with minisign, or add its directory to `[trust] allow_unsigned` in warden.toml",
         manifest.display()
     )]
     Unsigned {
@@ -195,7 +206,7 @@ pub enum TrustError {
     /// The signature does not verify over the statement with the key it
     /// names.
     #[error(
-        "plugin `{plugin}` (`{}`): the signature by key {key_id} (publisher `{publisher}`) does not verify: `{STATEMENT_FILE}` or `{SIGNATURE_FILE}` was changed after signing ({reason})",
+        "plugin `{plugin}` (`{}`): the signature by key {key_id} (publisher `{publisher}`) does not verify: `plugin.bundle` or `plugin.bundle.minisig` was changed after signing ({reason})",
         manifest.display()
     )]
     BadSignature {
@@ -279,7 +290,9 @@ impl TrustError {
             TrustError::BadSignature { .. } => "plugin_bad_signature",
             TrustError::Tampered { .. } => "plugin_tampered",
             TrustError::Unreadable { .. } => "plugin_signature_unreadable",
-            TrustError::LockMismatch { .. } | TrustError::NotLocked { .. } => "plugin_lock_mismatch",
+            TrustError::LockMismatch { .. } | TrustError::NotLocked { .. } => {
+                "plugin_lock_mismatch"
+            }
         }
     }
 
@@ -288,24 +301,49 @@ impl TrustError {
         use serde_json::json;
         use warden_syntax::evidence;
         match self {
-            TrustError::Unsigned { plugin, manifest, .. } => {
+            TrustError::Unsigned {
+                plugin, manifest, ..
+            } => {
                 json!({ "plugin": plugin, "manifest": evidence::path(manifest) })
             }
-            TrustError::UntrustedKey { plugin, manifest, key_id } => {
+            TrustError::UntrustedKey {
+                plugin,
+                manifest,
+                key_id,
+            } => {
                 json!({ "plugin": plugin, "manifest": evidence::path(manifest), "key_id": key_id })
             }
-            TrustError::BadSignature { plugin, manifest, key_id, publisher, .. } => json!({
+            TrustError::BadSignature {
+                plugin,
+                manifest,
+                key_id,
+                publisher,
+                ..
+            } => json!({
                 "plugin": plugin, "manifest": evidence::path(manifest),
                 "key_id": key_id, "publisher": publisher,
             }),
-            TrustError::Tampered { plugin, manifest, part, signed, found } => json!({
+            TrustError::Tampered {
+                plugin,
+                manifest,
+                part,
+                signed,
+                found,
+            } => json!({
                 "plugin": plugin, "manifest": evidence::path(manifest),
                 "part": part, "signed": signed, "found": found,
             }),
             TrustError::Unreadable { plugin, file, .. } => {
                 json!({ "plugin": plugin, "file": evidence::path(file) })
             }
-            TrustError::LockMismatch { plugin, key, lock, field, locked, found } => json!({
+            TrustError::LockMismatch {
+                plugin,
+                key,
+                lock,
+                field,
+                locked,
+                found,
+            } => json!({
                 "plugin": plugin, "key": key, "file": evidence::path(lock),
                 "field": field, "locked": locked, "found": found,
             }),
@@ -367,9 +405,12 @@ impl TrustPolicy {
 
     /// Each trusted publisher with the IDs of its keys.
     pub fn publishers(&self) -> impl Iterator<Item = (&str, Vec<&str>)> {
-        self.publishers
-            .iter()
-            .map(|p| (p.name.as_str(), p.keys.iter().map(|k| k.id.as_str()).collect()))
+        self.publishers.iter().map(|p| {
+            (
+                p.name.as_str(),
+                p.keys.iter().map(|k| k.id.as_str()).collect(),
+            )
+        })
     }
 
     /// The directories unsigned plugins may load from (none listed and not
@@ -413,9 +454,8 @@ impl TrustPolicy {
             }
             Err(e) => return Err(unreadable(&sig_path, format!("cannot be read: {e}"))),
         };
-        let signature = minisign_verify::Signature::decode(&sig_text).map_err(|e| {
-            unreadable(&sig_path, format!("is not a minisign signature: {e}"))
-        })?;
+        let signature = minisign_verify::Signature::decode(&sig_text)
+            .map_err(|e| unreadable(&sig_path, format!("is not a minisign signature: {e}")))?;
         let key_id = signature_key_id(&sig_text)
             .ok_or_else(|| unreadable(&sig_path, "names no key ID".into()))?;
         let Some((publisher, key)) = self.publishers.iter().find_map(|p| {
@@ -434,7 +474,9 @@ impl TrustPolicy {
         let statement_text = read_small(&statement_path).map_err(|e| {
             unreadable(
                 &statement_path,
-                format!("cannot be read ({e}): the signature signs this file; ship it with the plugin"),
+                format!(
+                    "cannot be read ({e}): the signature signs this file; ship it with the plugin"
+                ),
             )
         })?;
         key.verify(statement_text.as_bytes(), &signature, false)
@@ -498,9 +540,9 @@ impl TrustPolicy {
     ) -> Result<Provenance, TrustError> {
         let allowed = !self.configured || {
             let dir = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_owned());
-            self.allow_unsigned.iter().any(|a| {
-                std::fs::canonicalize(a).is_ok_and(|a| dir.starts_with(a))
-            })
+            self.allow_unsigned
+                .iter()
+                .any(|a| std::fs::canonicalize(a).is_ok_and(|a| dir.starts_with(a)))
         };
         if !allowed {
             return Err(TrustError::Unsigned {
@@ -572,7 +614,12 @@ mod tests {
     use super::*;
 
     fn statement() -> Statement {
-        Statement::of("greeter", "0.1.0", b"name = \"greeter\"\n", &"ab".repeat(32))
+        Statement::of(
+            "greeter",
+            "0.1.0",
+            b"name = \"greeter\"\n",
+            &"ab".repeat(32),
+        )
     }
 
     #[test]

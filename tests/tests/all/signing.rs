@@ -58,16 +58,14 @@ fn new_key(dir: &Path, name: &str) -> Key {
         ],
         dir,
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = std::fs::read_to_string(&public).unwrap();
     let mut lines = text.lines();
-    let id = lines
-        .next()
-        .unwrap()
-        .rsplit(' ')
-        .next()
-        .unwrap()
-        .to_owned();
+    let id = lines.next().unwrap().rsplit(' ').next().unwrap().to_owned();
     Key {
         public: lines.next().unwrap().to_owned(),
         id,
@@ -199,7 +197,10 @@ fn a_signed_bundle_loads_and_its_receipt_names_the_bundle_and_signer() {
     let json = json_of(&out);
     let bundle = &json["receipt"]["bundle"];
     let statement = std::fs::read(plugin.join("plugin.bundle")).unwrap();
-    assert_eq!(bundle["digest"], hex::encode(sha2::Sha256::digest(&statement)));
+    assert_eq!(
+        bundle["digest"],
+        hex::encode(sha2::Sha256::digest(&statement))
+    );
     assert_eq!(bundle["signer"], format!("minisign:{}", acme.id));
     assert_eq!(bundle["publisher"], "acme");
 
@@ -234,7 +235,7 @@ fn tampered_untrusted_and_unsigned_bundles_are_refused_before_compiling() {
     // Each case: what is done to the signed bundle, the code, and what the
     // message must say.
     type Tamper<'a> = Box<dyn Fn() + 'a>;
-    let cases: Vec<(&str, Tamper, &str, String)> = vec![
+    let cases: Vec<(&str, Tamper<'_>, &str, String)> = vec![
         (
             "component",
             Box::new(|| std::fs::write(plugin.join("files.wasm"), http.wasm).unwrap()),
@@ -245,7 +246,10 @@ fn tampered_untrusted_and_unsigned_bundles_are_refused_before_compiling() {
             "manifest",
             Box::new(|| {
                 let mut text = std::fs::read_to_string(plugin.join("plugin.toml")).unwrap();
-                text = text.replace("kind = \"tool\"", "kind = \"tool\"\nhosts = [\"evil.example\"]");
+                text = text.replace(
+                    "kind = \"tool\"",
+                    "kind = \"tool\"\nhosts = [\"evil.example\"]",
+                );
                 std::fs::write(plugin.join("plugin.toml"), text).unwrap();
             }),
             "plugin_tampered",
@@ -257,7 +261,7 @@ fn tampered_untrusted_and_unsigned_bundles_are_refused_before_compiling() {
                 // A manifest changed and its statement written again, but
                 // not signed again: the old signature does not cover it.
                 let mut text = std::fs::read_to_string(plugin.join("plugin.toml")).unwrap();
-                text.push_str("env = [\"HOME\"]\n");
+                text = text.replace("kind = \"tool\"", "kind = \"tool\"\nenv = [\"HOME\"]");
                 std::fs::write(plugin.join("plugin.toml"), text).unwrap();
                 let out = warden(
                     &["plugin", "bundle", "files"],
@@ -267,13 +271,19 @@ fn tampered_untrusted_and_unsigned_bundles_are_refused_before_compiling() {
                 assert!(out.status.success(), "{}", stderr(&out));
             }),
             "plugin_bad_signature",
-            format!("the signature by key {} (publisher `acme`) does not verify", acme.id),
+            format!(
+                "the signature by key {} (publisher `acme`) does not verify",
+                acme.id
+            ),
         ),
         (
             "untrusted key",
             Box::new(|| sign(root, &plugin, &stranger)),
             "plugin_untrusted_key",
-            format!("is signed by minisign key {}, which no `[trust.publishers]`", stranger.id),
+            format!(
+                "is signed by minisign key {}, which no `[trust.publishers]`",
+                stranger.id
+            ),
         ),
         (
             "missing signature",
@@ -294,7 +304,10 @@ fn tampered_untrusted_and_unsigned_bundles_are_refused_before_compiling() {
         let text = json["error"]["message"].as_str().unwrap();
         assert!(text.contains("plugin `files`"), "{case}: {text}");
         assert!(text.contains(&message), "{case}: {text}");
-        assert_eq!(json["error"]["details"]["plugin"], "files", "{case}: {json}");
+        assert_eq!(
+            json["error"]["details"]["plugin"], "files",
+            "{case}: {json}"
+        );
         // Refused before compiling: nothing reached the component cache.
         assert_eq!(files_under(&cache), 0, "{case}: something was compiled");
     }
@@ -396,7 +409,14 @@ fn a_lock_holds_runs_to_the_locked_bundle_and_upgrades_show_the_diff() {
     };
     let run = |id: &str| warden(&["run", "agent.toml", "go", "--run-id", id], root, &cache);
     let upgrade = |extra: &[&str]| {
-        let mut args = vec!["plugin", "upgrade", "grow", "--agent", "agent.toml", "--json"];
+        let mut args = vec![
+            "plugin",
+            "upgrade",
+            "grow",
+            "--agent",
+            "agent.toml",
+            "--json",
+        ];
         args.extend(extra);
         warden(&args, root, &cache)
     };
