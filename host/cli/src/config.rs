@@ -70,6 +70,7 @@ use warden::grant::Grant;
 use warden::plugins::manifest::LimitSettings;
 use warden::providers::config::ModelSection;
 use warden::sandbox::{CompileLimits, Limits};
+pub(crate) use warden::store::StoreLocation;
 
 /// The file looked for in the working directory.
 pub(crate) const DEFAULT_FILE: &str = "warden.toml";
@@ -319,66 +320,6 @@ struct DefaultsSection {
     model: Option<ModelSection>,
 }
 
-/// Where runs are stored.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum StoreLocation {
-    /// A SQLite file.
-    Sqlite(PathBuf),
-    /// A PostgreSQL database, by URL.
-    Postgres(String),
-}
-
-impl StoreLocation {
-    /// Reads `text`: `postgres://…` (or `postgresql://…`), `sqlite:PATH`,
-    /// `sqlite://PATH` or a bare path, relative paths resolved against
-    /// `base`.
-    fn parse(text: &str, base: &Path) -> Result<StoreLocation, String> {
-        let path = if let Some(rest) = text.strip_prefix("sqlite://") {
-            rest
-        } else if let Some(rest) = text.strip_prefix("sqlite:") {
-            rest
-        } else if let Some((scheme, _)) = text.split_once("://") {
-            return match scheme {
-                "postgres" | "postgresql" => Ok(StoreLocation::Postgres(text.to_owned())),
-                other => Err(format!(
-                    "unknown store scheme `{other}` (use a SQLite file path, sqlite:PATH or postgres://…)"
-                )),
-            };
-        } else {
-            text
-        };
-        if path.trim().is_empty() {
-            return Err("the store path is empty".into());
-        }
-        Ok(StoreLocation::Sqlite(base.join(path)))
-    }
-}
-
-impl fmt::Display for StoreLocation {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            StoreLocation::Sqlite(path) => write!(f, "sqlite:{}", path.display()),
-            StoreLocation::Postgres(url) => f.write_str(&without_password(url)),
-        }
-    }
-}
-
-/// `url` with the password of its user info, if any, replaced by `***`.
-fn without_password(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
-        return url.to_owned();
-    };
-    let authority_end = rest.find(['/', '?']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(authority_end);
-    match authority.rsplit_once('@') {
-        Some((user_info, host)) => match user_info.split_once(':') {
-            Some((user, _)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
-}
-
 /// Where a setting's value came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Source {
@@ -550,23 +491,24 @@ impl Settings {
 
         let store = if let Some(text) = &overrides.store {
             Sourced {
-                value: StoreLocation::parse(text, cwd).map_err(|message| ConfigError::Flag {
+                value: StoreLocation::parse(text, cwd).map_err(|e| ConfigError::Flag {
                     flag: "--store",
-                    message,
+                    message: e.to_string(),
                 })?,
                 source: Source::Flag("--store"),
             }
         } else if let Some(text) = env("WARDEN_STORE") {
             Sourced {
-                value: StoreLocation::parse(&text, cwd).map_err(|message| ConfigError::Env {
+                value: StoreLocation::parse(&text, cwd).map_err(|e| ConfigError::Env {
                     var: "WARDEN_STORE",
-                    message,
+                    message: e.to_string(),
                 })?,
                 source: Source::Env("WARDEN_STORE"),
             }
         } else if let Some(text) = &file.store {
             Sourced {
-                value: StoreLocation::parse(text, &base).map_err(|m| invalid("store", m))?,
+                value: StoreLocation::parse(text, &base)
+                    .map_err(|e| invalid("store", e.to_string()))?,
                 source: Source::File,
             }
         } else {
@@ -1263,7 +1205,6 @@ mod tests {
         );
         assert!(!s.to_toml().contains("s3cret"));
         assert!(!s.to_json().to_string().contains("s3cret"));
-        assert_eq!(without_password("postgres://u@h/db"), "postgres://u@h/db");
     }
 
     #[test]

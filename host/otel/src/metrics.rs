@@ -25,7 +25,8 @@ use warden_engine::events::{self, Event, ToolCallResult};
 use warden_store::{
     Appended, ApprovalRule, Claim, Commitment, CommitmentFilter, EventStore, HistoryChunk,
     HistoryDigest, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, RunFilter, RunId,
-    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    RunMeta, RunSummary, SessionHead, SettlingAppend, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 
 use crate::OtelError;
@@ -435,6 +436,10 @@ impl EventStore for MeteredStore {
 
     async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
         self.inner.list(filter).await
+    }
+
+    async fn session_head(&self, session: &str) -> Result<SessionHead, StoreError> {
+        self.inner.session_head(session).await
     }
 
     async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {

@@ -66,6 +66,7 @@ mod chain;
 mod claim;
 mod codes;
 mod history;
+mod location;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -91,11 +92,12 @@ use bytes::Bytes;
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
 pub use claim::{Claim, PruneFilter, Tombstone};
 pub use history::{HistoryChunk, HistoryDigest, InvalidHistoryDigest};
+pub use location::{InvalidStoreLocation, StoreLocation};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStats, PostgresStore, PostgresStoreBuilder};
 pub use rules::{ApprovalRule, Revocation, RuleStanding};
-pub use session::{InvalidSessionId, SessionId};
+pub use session::{InvalidSessionId, SessionHead, SessionId};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
 pub use status::{ListingStatus, QUEUED, RUNNING, SETTLED_STATUSES, StatusClass, WAITING};
@@ -1086,6 +1088,15 @@ pub trait EventStore: Send + Sync {
     /// The runs matching `filter`, ordered by creation time then id (see
     /// [`RunFilter`]).
     async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError>;
+
+    /// What a start in session `session` reads (see [`SessionHead`]): the
+    /// stores of this crate keep it as runs are created and settle, so it
+    /// costs the same however many runs the session holds. The default
+    /// reads it from the listing of the session's runs (O(runs)).
+    async fn session_head(&self, session: &str) -> Result<SessionHead, StoreError> {
+        let runs = self.list(&RunFilter::new().session(session)).await?;
+        Ok(SessionHead::from_listing(&runs))
+    }
 
     /// A full check of the run's chain, listing every break found rather
     /// than stopping at the first. A damaged run is an `Ok` report with

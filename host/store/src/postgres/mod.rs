@@ -58,8 +58,8 @@ use super::history::{self, HistoryChunk, HistoryDigest};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     Durability, EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode,
-    PruneFilter, QUEUED, RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, Settle,
-    Settlement, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+    PruneFilter, QUEUED, RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, SessionHead,
+    Settle, Settlement, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
 };
 use crate::status::settled_sql;
 
@@ -815,7 +815,7 @@ impl EventStore for PostgresStore {
                     let rows = query(
                         tx,
                         &context,
-                        "SELECT count(*) FROM runs WHERE session = $1",
+                        "SELECT runs FROM sessions WHERE session = $1",
                         &[session],
                     )
                     .await?;
@@ -1111,6 +1111,45 @@ impl EventStore for PostgresStore {
             .collect();
         self.snapshot(context, async |tx| {
             summaries(tx, context, &sql, &params).await
+        })
+        .await
+    }
+
+    async fn session_head(&self, session: &str) -> Result<SessionHead, StoreError> {
+        let context = format!("postgres: cannot read session {session}");
+        self.snapshot(&context, async |tx| {
+            // One row of `sessions`, and the active run through the unique
+            // partial index `runs_one_active_per_session`: neither reads
+            // the session's other runs.
+            let counts = query(
+                tx,
+                &context,
+                "SELECT runs, completed, latest_completed FROM sessions WHERE session = $1",
+                &[&session],
+            )
+            .await?
+            .first()
+            .map(|r| {
+                (
+                    r.get::<_, i64>(0),
+                    r.get::<_, i64>(1),
+                    r.get::<_, Option<String>>(2),
+                )
+            });
+            let active = query(
+                tx,
+                &context,
+                concat!(
+                    "SELECT id, status FROM runs WHERE session = $1 AND status NOT IN (",
+                    settled_sql!(),
+                    ") LIMIT 1"
+                ),
+                &[&session],
+            )
+            .await?
+            .first()
+            .map(|r| (r.get::<_, String>(0), r.get::<_, String>(1)));
+            crate::session::head_of_rows(counts, active, || context.clone())
         })
         .await
     }
@@ -2053,7 +2092,7 @@ mod tests {
             return;
         };
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8]);
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
         new_run(&store, &id("old"), 3).await;
         drop(store);
         // What version 3 looked like.
@@ -2067,7 +2106,7 @@ mod tests {
         .unwrap();
 
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [4, 5, 6, 7, 8]);
+        assert_eq!(applied, [4, 5, 6, 7, 8, 9]);
         let summary = store.summary(&id("old")).await.unwrap();
         assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
         assert!(store.verify(&id("old")).await.unwrap().is_intact());

@@ -64,6 +64,15 @@ use crate::StoreError;
 /// outside the engine (the OpenTelemetry exporter) has taken, one row per
 /// reader and run, only ever moved forward (`ON CONFLICT … WHERE` the new
 /// value is larger, so two hosts exporting at once never move it back).
+///
+/// Version 9 adds `sessions`: per session, how many runs were ever created
+/// in it, how many completed and which completed last (see
+/// `store/session.rs`), filled from the runs an older store holds, then
+/// kept by two row triggers on `runs` (a run inserted; a run's status set
+/// to `completed`), so every write path keeps it in its own transaction and
+/// a start reads one row instead of listing the session. A prune deletes
+/// no row of it. The trigger functions name `sessions` unqualified: every
+/// connection's `search_path` is the store's schema.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -160,6 +169,44 @@ CREATE TABLE IF NOT EXISTS export_cursors (
     through bigint NOT NULL,
     PRIMARY KEY (reader, run_id)
 );
+"#,
+    r#"
+CREATE TABLE IF NOT EXISTS sessions (
+    session          text   NOT NULL PRIMARY KEY,
+    runs             bigint NOT NULL,
+    completed        bigint NOT NULL,
+    latest_completed text
+);
+INSERT INTO sessions (session, runs, completed, latest_completed)
+SELECT r.session, count(*), count(*) FILTER (WHERE r.status = 'completed'),
+       (SELECT l.id FROM runs l WHERE l.session = r.session AND l.status = 'completed'
+        ORDER BY l.created_ms DESC, l.id DESC LIMIT 1)
+FROM runs r WHERE r.session IS NOT NULL GROUP BY r.session
+ON CONFLICT (session) DO NOTHING;
+CREATE OR REPLACE FUNCTION warden_session_created() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO sessions AS s (session, runs, completed, latest_completed)
+    VALUES (NEW.session, 1, CASE WHEN NEW.status = 'completed' THEN 1 ELSE 0 END,
+            CASE WHEN NEW.status = 'completed' THEN NEW.id END)
+    ON CONFLICT (session) DO UPDATE SET
+        runs = s.runs + 1,
+        completed = s.completed + EXCLUDED.completed,
+        latest_completed = coalesce(EXCLUDED.latest_completed, s.latest_completed);
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION warden_session_completed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE sessions SET completed = completed + 1, latest_completed = NEW.id
+    WHERE session = NEW.session;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS runs_session_created ON runs;
+CREATE TRIGGER runs_session_created AFTER INSERT ON runs FOR EACH ROW
+    WHEN (NEW.session IS NOT NULL) EXECUTE FUNCTION warden_session_created();
+DROP TRIGGER IF EXISTS runs_session_completed ON runs;
+CREATE TRIGGER runs_session_completed AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (NEW.session IS NOT NULL AND NEW.status = 'completed' AND OLD.status <> 'completed')
+    EXECUTE FUNCTION warden_session_completed();
 "#,
 ];
 

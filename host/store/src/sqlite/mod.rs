@@ -53,9 +53,10 @@ use super::history::{self, HistoryChunk, HistoryDigest};
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     Durability, EventStore, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter,
-    Revocation, RunFilter, RunId, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent,
-    Tombstone, VerifyReport,
+    Revocation, RunFilter, RunId, RunMeta, RunSummary, SessionHead, SettlingAppend, StoreError,
+    StoredEvent, Tombstone, VerifyReport,
 };
+use crate::status::settled_sql;
 use writer::{ClaimOp, Counters, Request, RuleOp};
 
 /// An event store in one SQLite file.
@@ -810,6 +811,46 @@ impl EventStore for SqliteStore {
         self.read(move |conn, _| {
             let (sql, values) = list_query(&filter);
             query_summaries(conn, &sql, values).map_err(|e| backend("sqlite: cannot list runs", e))
+        })
+        .await
+    }
+
+    async fn session_head(&self, session: &str) -> Result<SessionHead, StoreError> {
+        let session = session.to_owned();
+        self.read(move |conn, _| {
+            let context = || format!("sqlite: cannot read session {session}");
+            // One row of `sessions`, and the active run through the unique
+            // partial index `runs_one_active_per_session`: neither reads
+            // the session's other runs.
+            let counts = conn
+                .prepare_cached(
+                    "SELECT runs, completed, latest_completed FROM sessions WHERE session = ?1",
+                )
+                .and_then(|mut s| {
+                    s.query_row([&session], |r| {
+                        Ok((
+                            r.get::<_, i64>(0)?,
+                            r.get::<_, i64>(1)?,
+                            r.get::<_, Option<String>>(2)?,
+                        ))
+                    })
+                    .optional()
+                })
+                .map_err(|e| backend(context(), e))?;
+            let active = conn
+                .prepare_cached(concat!(
+                    "SELECT id, status FROM runs WHERE session = ?1 AND status NOT IN (",
+                    settled_sql!(),
+                    ") LIMIT 1"
+                ))
+                .and_then(|mut s| {
+                    s.query_row([&session], |r| {
+                        Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?))
+                    })
+                    .optional()
+                })
+                .map_err(|e| backend(context(), e))?;
+            crate::session::head_of_rows(counts, active, context)
         })
         .await
     }

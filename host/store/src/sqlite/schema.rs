@@ -69,6 +69,14 @@ use crate::{OpenMode, StoreError};
 /// outside the engine (the OpenTelemetry exporter) has taken, one row per
 /// reader and run, only ever moved forward; the run by its text id, so a
 /// cursor outlives nothing it needs.
+///
+/// Version 10 adds `sessions`: per session, how many runs were ever created
+/// in it, how many completed and which completed last (see
+/// `store/session.rs`), filled from the runs a v9 store holds, then kept by
+/// two triggers on `runs` (a run inserted; a run's status set to
+/// `completed`), so every write path keeps it in its own transaction and a
+/// start reads one row instead of listing the session. A prune deletes no
+/// row of it.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -172,6 +180,35 @@ CREATE TABLE export_cursors (
     through INTEGER NOT NULL,
     PRIMARY KEY (reader, run_id)
 ) STRICT, WITHOUT ROWID;
+"#,
+    r#"
+CREATE TABLE sessions (
+    session          TEXT    NOT NULL PRIMARY KEY,
+    runs             INTEGER NOT NULL,
+    completed        INTEGER NOT NULL,
+    latest_completed TEXT
+) STRICT, WITHOUT ROWID;
+INSERT INTO sessions (session, runs, completed, latest_completed)
+SELECT session, count(*), sum(status = 'completed'),
+       (SELECT l.id FROM runs l WHERE l.session = r.session AND l.status = 'completed'
+        ORDER BY l.created_ms DESC, l.id DESC LIMIT 1)
+FROM runs r WHERE session IS NOT NULL GROUP BY session;
+CREATE TRIGGER runs_session_created AFTER INSERT ON runs WHEN NEW.session IS NOT NULL
+BEGIN
+    INSERT INTO sessions (session, runs, completed, latest_completed)
+    VALUES (NEW.session, 1, NEW.status = 'completed',
+            CASE WHEN NEW.status = 'completed' THEN NEW.id END)
+    ON CONFLICT (session) DO UPDATE SET
+        runs = runs + 1,
+        completed = completed + excluded.completed,
+        latest_completed = coalesce(excluded.latest_completed, latest_completed);
+END;
+CREATE TRIGGER runs_session_completed AFTER UPDATE OF status ON runs
+    WHEN NEW.session IS NOT NULL AND NEW.status = 'completed' AND OLD.status <> 'completed'
+BEGIN
+    UPDATE sessions SET completed = completed + 1, latest_completed = NEW.id
+    WHERE session = NEW.session;
+END;
 "#,
 ];
 

@@ -526,9 +526,10 @@ fn create(
         }
         if let Some(expected) = meta.session_runs {
             let found: i64 = conn
-                .prepare_cached("SELECT count(*) FROM runs WHERE session = ?1")
-                .and_then(|mut s| s.query_row([session], |r| r.get(0)))
-                .map_err(|e| backend(context(), e))?;
+                .prepare_cached("SELECT runs FROM sessions WHERE session = ?1")
+                .and_then(|mut s| s.query_row([session], |r| r.get(0)).optional())
+                .map_err(|e| backend(context(), e))?
+                .unwrap_or(0);
             if found as u64 != expected {
                 return Err(StoreError::SessionChanged {
                     session: session.clone(),

@@ -28,7 +28,7 @@
 mod intercepted;
 pub mod suite;
 
-pub use intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted};
+pub use intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted, Read};
 pub use suite::{Backend, HistoryTamper, MemoryBackend, Tamper};
 
 /// Runs the [conformance suite](crate::testing::suite) against one store:
@@ -94,6 +94,7 @@ macro_rules! conformance_suite {
                 prune_leaves_tombstones_and_keeps_the_id,
                 a_session_holds_one_active_run_until_it_ends,
                 a_start_that_read_a_changed_session_is_refused,
+                a_session_head_is_kept_as_runs_start_and_settle,
                 racing_starts_in_one_session_have_one_winner,
                 rules_are_added_listed_and_revoked_once,
                 history_written_with_creates_loads_back_as_one_chain,

@@ -16,8 +16,8 @@ use sha2::{Digest, Sha256};
 use crate::{
     ApprovalRule, ChainBreak, ChainKey, Claim, Commitment, CommitmentFilter, EventStore,
     HistoryChunk, HistoryDigest, Holder, KeyClaim, Listing, ListingStatus, MemoryStore,
-    PruneFilter, Revocation, RuleStanding, RunFilter, RunId, RunMeta, RunPosition, Settle,
-    Settlement, SettlingAppend, StoreError, WAITING,
+    PruneFilter, Revocation, RuleStanding, RunFilter, RunId, RunMeta, RunPosition, SessionHead,
+    Settle, Settlement, SettlingAppend, StoreError, WAITING,
 };
 
 /// A store under test and the back door the tamper tests need: how to
@@ -1498,6 +1498,102 @@ pub async fn a_start_that_read_a_changed_session_is_refused(backend: &dyn Backen
         Err(StoreError::UnknownRun { .. })
     ));
     start("two", 1).await.unwrap();
+}
+
+pub async fn a_session_head_is_kept_as_runs_start_and_settle(backend: &dyn Backend) {
+    let store = backend.open().await;
+    let head = |session: &'static str| {
+        let store = store.clone();
+        async move { store.session_head(session).await.unwrap() }
+    };
+    assert_eq!(head("chat").await, SessionHead::default());
+    create_in_session(&*store, "one", "chat", ListingStatus::RUNNING)
+        .await
+        .unwrap();
+    let now = head("chat").await;
+    assert_eq!((now.runs, now.completed), (1, 0));
+    assert_eq!(now.active, Some((id("one"), "running".to_owned())));
+    assert_eq!(now.latest_completed, None);
+    store
+        .append(
+            &id("one"),
+            1,
+            &[ev("parked")],
+            listed("awaiting_approval").into(),
+            2,
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        head("chat").await.active,
+        Some((id("one"), "awaiting_approval".to_owned()))
+    );
+    // Completing releases the session and makes the run the latest
+    // completed; a failure after it leaves that as it is.
+    for (run, status) in [
+        ("one", ListingStatus::COMPLETED),
+        ("two", ListingStatus::FAILED),
+        ("three", ListingStatus::COMPLETED),
+    ] {
+        let len = if run == "one" {
+            2
+        } else {
+            create_in_session(&*store, run, "chat", ListingStatus::RUNNING)
+                .await
+                .unwrap();
+            1
+        };
+        store
+            .append(&id(run), len, &[ev("end")], status.into(), 3)
+            .await
+            .unwrap();
+    }
+    let now = head("chat").await;
+    assert_eq!((now.runs, now.completed, &now.active), (3, 2, &None));
+    assert_eq!(now.latest_completed, Some(id("three")));
+    // Other sessions are their own; a run outside any session counts in none.
+    create_in_session(&*store, "elsewhere", "other", ListingStatus::QUEUED)
+        .await
+        .unwrap();
+    store
+        .create(
+            &id("loose"),
+            meta("agent", 1),
+            ev("start"),
+            ListingStatus::RUNNING,
+        )
+        .await
+        .unwrap();
+    let other = head("other").await;
+    assert_eq!(other.runs, 1);
+    assert_eq!(other.active, Some((id("elsewhere"), "queued".to_owned())));
+    assert_eq!(head("chat").await, now);
+    // A pruned run was still lived in the session: the count keeps it, so
+    // the next start's position is never reused; a pruned active run holds
+    // the session no more.
+    let pruned = store
+        .prune(
+            &PruneFilter::new()
+                .status("completed")
+                .status("queued")
+                .updated_before(i64::MAX),
+            10,
+        )
+        .await
+        .unwrap();
+    assert_eq!(pruned.len(), 3, "{pruned:?}");
+    assert_eq!(head("chat").await, now);
+    assert_eq!(head("other").await.active, None);
+    let mut m = meta("agent", 1);
+    m.session = Some("chat".into());
+    m.session_runs = Some(3);
+    store
+        .create(&id("four"), m, ev("start"), ListingStatus::RUNNING)
+        .await
+        .unwrap();
+    let now = head("chat").await;
+    assert_eq!((now.runs, now.completed), (4, 2));
+    assert_eq!(now.active, Some((id("four"), "running".to_owned())));
 }
 
 pub async fn racing_starts_in_one_session_have_one_winner(backend: &dyn Backend) {
