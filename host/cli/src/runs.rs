@@ -328,7 +328,7 @@ pub(crate) fn runtime(
     ctx: &Context,
     store: Arc<dyn EventStore>,
 ) -> anyhow::Result<(Runtime, PluginHost)> {
-    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    let host = super::plugin_host(&ctx.settings)?;
     let mut rt = Runtime::new(store, host.clone())
         .with_record_prompts(ctx.settings.record_prompts.value)
         .with_labels(ctx.settings.labels.value.clone())

@@ -282,13 +282,17 @@ impl Served {
         {
             return Err(unknown());
         }
-        let summary = self
-            .runtime
-            .store()
-            .summary(&id.run_id)
-            .await
-            .map_err(|e| session::engine_refusal(&RuntimeError::from(e)))?;
+        let summary = self.summary(&id.run_id).await?;
         Ok((id, state, summary))
+    }
+
+    /// The run's listing (its times, its claim).
+    async fn summary(&self, run_id: &RunId) -> Result<RunSummary, ErrorData> {
+        self.runtime
+            .store()
+            .summary(run_id)
+            .await
+            .map_err(|e| session::engine_refusal(&RuntimeError::from(e)))
     }
 
     /// `tasks/get`: the task as its run's log has it. A run nobody drives
@@ -389,12 +393,7 @@ impl Served {
                 .await
                 .map_err(|e| session::engine_refusal(&e))?;
         }
-        let summary = self
-            .runtime
-            .store()
-            .summary(&id.run_id)
-            .await
-            .map_err(|e| session::engine_refusal(&RuntimeError::from(e)))?;
+        let summary = self.summary(&id.run_id).await?;
         if orphaned(&summary, now_ms()) {
             self.recover_soon(summary);
         }

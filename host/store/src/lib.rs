@@ -75,6 +75,7 @@ mod chain;
 mod claim;
 mod codes;
 mod history;
+mod location;
 mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -101,6 +102,7 @@ use bytes::Bytes;
 pub use chain::{ChainHash, ChainKey, InvalidChainKey};
 pub use claim::{Claim, PruneFilter, Tombstone};
 pub use history::{HistoryChunk, HistoryDigest, InvalidHistoryDigest};
+pub use location::{InvalidStoreLocation, StoreLocation};
 pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStats, PostgresStore, PostgresStoreBuilder};

@@ -40,7 +40,7 @@ use crate::binary::warden_binary;
 /// The SDK version `.ci/run` installs.
 const SDK: &str = "2.3.0";
 
-const INSTALL: &str = "bash .ci/run's \"MCP client\" step, or: \
+const INSTALL: &str = "bash .ci/run (its mcp-venv install), or: \
     python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip install mcp==2.3.0";
 
 fn repo() -> PathBuf {
@@ -693,7 +693,7 @@ fn ts_client(dir: &Path, args: &[&str]) {
         let js = repo().join("target/mcp-js");
         assert!(
             js.join("node_modules/@modelcontextprotocol/sdk").exists(),
-            "no TypeScript SDK in {}: run .ci/run's \"MCP servers\" step",
+            "no TypeScript SDK in {}: run .ci/run (its npm-tools install)",
             js.display()
         );
         let script = js.join("client.mjs");
