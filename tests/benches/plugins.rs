@@ -1,7 +1,11 @@
 //! One representative call of each first-party plugin, through the plugin
 //! host and a fresh lease each time, as `warden plugin call` would make it:
-//! prints the component size and the median and p99 lease time (the
-//! receipt's wall time) of each.
+//! prints the component size, the median and p99 lease time (the receipt's
+//! wall time), the median the caller waited (hand-over to the lease's
+//! thread and back included), and that median over a no-op tool call's
+//! through a fresh lease, measured first in the same run: with no mount
+//! (the lease bench's call), and with a mount (a lease with mounts runs on
+//! a lease thread of its own, so this is the hand-over's cost).
 //!
 //! `cargo bench -p warden-tests --bench plugins`. Set `PLUGIN_BENCH_ITERS`
 //! to change the number of measured calls (default 500 per plugin, after 50
@@ -15,7 +19,8 @@ use serde_json::json;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use warden::grant::{Grant, MountGrant};
 use warden::plugins::{LoadedPlugin, PluginHost, PluginSource, builtin};
-use warden::sandbox::{Sandbox, SandboxConfig, UsageReceipt, wit};
+use warden::sandbox::{Access, Capabilities, Limits, Sandbox, SandboxConfig, UsageReceipt, wit};
+use warden_tests::guests;
 
 #[path = "table.rs"]
 mod table;
@@ -72,6 +77,18 @@ async fn measure(iters: usize) -> Vec<Row> {
         .insert("url".into(), format!("http://127.0.0.1:{port}/hook"));
     let url = format!("http://127.0.0.1:{port}/");
 
+    let noop = noop_leases(host.sandbox(), dir.path(), iters).await;
+    println!(
+        "  no-op tool call, fresh lease: no mount median {:>8.1} µs; with a mount median {:>8.1} µs",
+        noop.0, noop.1
+    );
+    rows.push(Row::new(
+        "plugins",
+        "no-op call through a fresh lease with a mount, median".to_owned(),
+        format!("{:.1} µs", noop.1),
+        "",
+        None,
+    ));
     println!("one representative call per first-party plugin, fresh lease each ({iters} calls):");
     let call = |tool: &str, args: serde_json::Value| Op::Call(tool.into(), args.to_string());
     let cases: Vec<(&str, Grant, Op)> = vec![
@@ -103,17 +120,23 @@ async fn measure(iters: usize) -> Vec<Row> {
             op.run(&plugin).await;
         }
         let mut times: Vec<u64> = Vec::with_capacity(iters);
+        let mut waited: Vec<f64> = Vec::with_capacity(iters);
         for _ in 0..iters {
+            let started = std::time::Instant::now();
             times.push(op.run(&plugin).await.wall_time_us);
+            waited.push(started.elapsed().as_secs_f64() * 1e6);
         }
         times.sort_unstable();
+        let waited = median(waited);
         let size = builtin::find(name).unwrap().wasm.len();
         println!(
-            "  {name:<16} {:>6} KiB  {:<38} median {:>8.1} µs  p99 {:>8.1} µs",
+            "  {name:<16} {:>6} KiB  {:<26} median {:>8.1} µs  p99 {:>8.1} µs  waited {:>8.1} µs  {:>5.1}× no-op",
             size / 1024,
             op.describe(),
             times[times.len() / 2] as f64,
             times[(times.len() * 99 / 100).min(times.len() - 1)] as f64,
+            waited,
+            waited / noop.0,
         );
         rows.push(Row::new(
             "plugins",
@@ -124,6 +147,44 @@ async fn measure(iters: usize) -> Vec<Row> {
         ));
     }
     rows
+}
+
+/// The median of `samples`.
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// The no-op tool call through a fresh lease, as the caller waits for it:
+/// the median with no mount, and with `dir` mounted (read-only).
+async fn noop_leases(sandbox: &Sandbox, dir: &Path, iters: usize) -> (f64, f64) {
+    let wasm = std::fs::read(guests::NOOP).unwrap();
+    let component = sandbox.load("noop", &wasm, None).unwrap();
+    let call = wit::Call {
+        id: "c".into(),
+        run_id: "r".into(),
+        tool: "noop".into(),
+        arguments: "{}".into(),
+        idempotency_key: "k".into(),
+    };
+    let mounted = Capabilities::none()
+        .mount("workspace", dir, Access::ReadOnly)
+        .unwrap();
+    let mut medians = [0.0; 2];
+    for (at, capabilities) in [Capabilities::none(), mounted].into_iter().enumerate() {
+        let granted = sandbox.grant(&component, capabilities, Limits::default());
+        for _ in 0..200 {
+            granted.invoke(&call, None).await.result.unwrap().unwrap();
+        }
+        let mut waited = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let started = std::time::Instant::now();
+            granted.invoke(&call, None).await.result.unwrap().unwrap();
+            waited.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+        medians[at] = median(waited);
+    }
+    (medians[0], medians[1])
 }
 
 enum Op {

@@ -21,14 +21,16 @@ import subprocess
 import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any, AsyncIterator, Literal
 
 import httpx2
 import mcp.types as types
-from mcp import ClientSession, StdioServerParameters
+from mcp import Client, ClientSession, StdioServerParameters
+from mcp.client.extension import ClaimContext, ClientExtension, ResultClaim
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from pydantic import ConfigDict
 
 CLIENT = types.Implementation(name="warden-tests", version="1.0")
 
@@ -72,6 +74,139 @@ class Target:
                     ) as session:
                         await session.initialize()
                         yield session
+
+
+    def stdio_params(self) -> StdioServerParameters:
+        return StdioServerParameters(
+            command=self.first,
+            args=[
+                "mcp",
+                "serve",
+                self.second,
+                "--approval-timeout",
+                os.environ.get("MCP_APPROVAL_TIMEOUT", "5s"),
+                *os.environ.get("MCP_SERVE_FLAGS", "").split(),
+            ],
+            env=dict(os.environ),
+        )
+
+    @asynccontextmanager
+    async def client(self, mode: str, tasks: bool = False) -> AsyncIterator[Client]:
+        """The SDK's high-level `Client`: `mode` "legacy" (the `initialize`
+        handshake), "auto" (`server/discover`, else the handshake) or a
+        revision; with `tasks`, it declares the tasks extension."""
+        extensions = [TasksExtension()] if tasks else None
+        if self.transport == "stdio":
+            with open(os.environ.get("MCP_SERVER_LOG", os.devnull), "a") as log:
+                async with Client(
+                    stdio_client(self.stdio_params(), errlog=log),
+                    mode=mode,
+                    extensions=extensions,
+                    client_info=CLIENT,
+                ) as client:
+                    yield client
+        else:
+            headers = {"Authorization": f"Bearer {self.second}"}
+            async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+                async with Client(
+                    streamable_http_client(self.first, http_client=http),
+                    mode=mode,
+                    extensions=extensions,
+                    client_info=CLIENT,
+                ) as client:
+                    yield client
+
+
+# ---- the tasks extension (io.modelcontextprotocol/tasks) ----
+
+
+class TaskHandle(types.Result):
+    """What a `tools/call` answers when it became a task (`resultType: "task"`)."""
+
+    model_config = ConfigDict(extra="allow")
+    result_type: Literal["task"] = "task"
+    task_id: str
+    status: str
+    status_message: str | None = None
+
+
+class TaskParams(types.RequestParams):
+    task_id: str
+
+
+class TaskGet(types.Request[TaskParams, Literal["tasks/get"]]):
+    method: Literal["tasks/get"] = "tasks/get"
+    params: TaskParams
+    name_param = "taskId"
+
+
+class TaskCancel(types.Request[TaskParams, Literal["tasks/cancel"]]):
+    method: Literal["tasks/cancel"] = "tasks/cancel"
+    params: TaskParams
+    name_param = "taskId"
+
+
+class TaskUpdateParams(types.RequestParams):
+    task_id: str
+    input_responses: dict[str, Any]
+
+
+class TaskUpdate(types.Request[TaskUpdateParams, Literal["tasks/update"]]):
+    method: Literal["tasks/update"] = "tasks/update"
+    params: TaskUpdateParams
+    name_param = "taskId"
+
+
+class TaskState(types.Result):
+    """A `tasks/get` answer: the task and, by its status, its result or error."""
+
+    model_config = ConfigDict(extra="allow")
+    task_id: str
+    status: str
+    status_message: str | None = None
+    created_at: str
+    last_updated_at: str
+    poll_interval_ms: int | None = None
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    input_requests: dict[str, Any] | None = None
+
+
+class TasksExtension(ClientExtension):
+    """Declares the extension; a handle a plain `call_tool` gets is polled to its end."""
+
+    identifier = "io.modelcontextprotocol/tasks"
+
+    def claims(self) -> list[ResultClaim[Any]]:
+        return [ResultClaim(result_type="task", model=TaskHandle, resolve=self.resolve)]
+
+    async def resolve(self, handle: TaskHandle, context: ClaimContext) -> types.CallToolResult:
+        state = await until_settled(context.session, handle.task_id)
+        check(state.status == "completed", f"the task did not complete: {state}")
+        return types.CallToolResult.model_validate(state.result)
+
+
+async def task_get(session: ClientSession, task_id: str) -> TaskState:
+    return await session.send_request(TaskGet(params=TaskParams(task_id=task_id)), TaskState)
+
+
+async def task_cancel(session: ClientSession, task_id: str) -> None:
+    await session.send_request(TaskCancel(params=TaskParams(task_id=task_id)), types.EmptyResult)
+
+
+async def until_settled(session: ClientSession, task_id: str, seconds: float = 60) -> TaskState:
+    """Polls `tasks/get` until the task is in a terminal state."""
+    deadline = asyncio.get_running_loop().time() + seconds
+    while True:
+        state = await task_get(session, task_id)
+        if state.status in ("completed", "failed", "cancelled"):
+            return state
+        check(asyncio.get_running_loop().time() < deadline, f"the task never settled: {state}")
+        await asyncio.sleep((state.poll_interval_ms or 1000) / 1000)
+
+
+def task_file() -> Path:
+    return Path(os.environ["MCP_WORK"]).parent / "task.txt"
 
 
 def check(condition: bool, what: str) -> None:
@@ -425,6 +560,139 @@ async def crash_write(target: Target) -> None:
         raise AssertionError("the blocked write returned")
 
 
+async def revisions(target: Target) -> None:
+    """Both revisions from the same endpoint: a client that shakes hands
+    (`initialize`, 2025-11-25) and one that discovers (`server/discover`,
+    2026-07-28, no session), each listing the tools and reading."""
+    for mode, expected in (("legacy", "2025-11-25"), ("auto", "2026-07-28")):
+        async with target.client(mode) as client:
+            check(client.protocol_version == expected, f"{mode}: negotiated {client.protocol_version}")
+            tools = {t.name for t in (await client.list_tools()).tools}
+            check("hostile__fs" in tools, f"{mode}: tools {sorted(tools)}")
+            result = await client.call_tool("files__read_file", {"path": "input.txt"})
+            check(not result.is_error, f"{mode}: read failed: {result}")
+            check("the input file" in text(result), f"{mode}: read: {text(result)}")
+            if expected == "2026-07-28":
+                extensions = client.server_capabilities.extensions or {}
+                check(
+                    "io.modelcontextprotocol/tasks" in extensions,
+                    f"{mode}: the tasks extension is not declared: {client.server_capabilities}",
+                )
+
+
+async def task_park(target: Target) -> None:
+    """A write that needs approval, from a client that takes tasks: the call
+    is answered at once with a handle, the task waits for approval
+    (`input_required`), nothing is made; the handle is kept in a file and
+    the client leaves."""
+    async with target.client("2026-07-28", tasks=True) as client:
+        handle = await client.session.call_tool("hostile__fs", append("tasked"), allow_claimed=True)
+        check(isinstance(handle, TaskHandle), f"no task handle: {handle}")
+        check(handle.status == "input_required", f"the seed: {handle}")
+        state = await task_get(client.session, handle.task_id)
+        check(state.status == "input_required", f"the parked task: {state}")
+        check("warden runs approve" in (state.status_message or ""), f"says how: {state}")
+        check(effects().count("tasked") == 0, f"made before approval: {effects()}")
+        # A read in the same session is not held up by the parked write.
+        result = await asyncio.wait_for(client.call_tool("files__read_file", {"path": "input.txt"}), 20)
+        check(not result.is_error, f"a read beside the task: {result}")
+        task_file().write_text(handle.task_id)
+
+
+async def task_result(target: Target) -> None:
+    """A new client (another session, after the server restarted) polls the
+    kept handle: the approved write was made once and is the task's result."""
+    task_id = task_file().read_text()
+    async with target.client("2026-07-28", tasks=True) as client:
+        state = await until_settled(client.session, task_id)
+        check(state.status == "completed", f"the approved task: {state}")
+        result = types.CallToolResult.model_validate(state.result)
+        check(not result.is_error, f"the write failed: {result}")
+        again = await task_get(client.session, task_id)
+        check(again.status == "completed", f"read again: {again}")
+    check(effects().count("tasked") == 1, f"effects: {effects()}")
+
+
+async def task_cancel_parked(target: Target) -> None:
+    """A task cancelled while it waits for approval: withdrawn (recorded),
+    `cancelled`, refused to a later approval, never made."""
+    async with target.client("2026-07-28", tasks=True) as client:
+        handle = await client.session.call_tool("hostile__fs", append("cancelled-task"), allow_claimed=True)
+        check(isinstance(handle, TaskHandle), f"no task handle: {handle}")
+        run, call_id = await awaiting_approval()
+        await task_cancel(client.session, handle.task_id)
+        state = await until_settled(client.session, handle.task_id)
+        check(state.status == "cancelled", f"the cancelled task: {state}")
+        late = await asyncio.to_thread(
+            subprocess.run,
+            [os.environ["WARDEN_BIN"], "--json", "runs", "approve", run, call_id],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        check(late.returncode != 0, f"a cancelled task was approved: {late.stdout}")
+        state = await task_get(client.session, handle.task_id)
+        check(state.status == "cancelled", f"after the late approval: {state}")
+    check("cancelled-task" not in effects(), f"effects: {effects()}")
+
+
+async def task_client_approves(target: Target) -> None:
+    """Under `--approvals client` (stdio's default) the task asks its client
+    for the approval form (`inputRequests`); the client's `tasks/update`
+    approves, and the write is made once."""
+    async with target.client("2026-07-28", tasks=True) as client:
+        handle = await client.session.call_tool("hostile__fs", append("client-approved"), allow_claimed=True)
+        check(isinstance(handle, TaskHandle), f"no task handle: {handle}")
+        state = await task_get(client.session, handle.task_id)
+        check(state.status == "input_required", f"the parked task: {state}")
+        form = (state.input_requests or {}).get("approval")
+        check(form is not None and form["method"] == "elicitation/create", f"the form: {state}")
+        check("hostile__fs" in form["params"]["message"], f"the form names the call: {form}")
+        check(effects().count("client-approved") == 0, f"made before approval: {effects()}")
+        answer = {"approval": {"action": "accept", "content": {"approve": True}}}
+        await client.session.send_request(
+            TaskUpdate(params=TaskUpdateParams(task_id=handle.task_id, input_responses=answer)),
+            types.EmptyResult,
+        )
+        state = await until_settled(client.session, handle.task_id)
+        check(state.status == "completed", f"the approved task: {state}")
+        result = types.CallToolResult.model_validate(state.result)
+        check(not result.is_error, f"the write failed: {result}")
+    check(effects().count("client-approved") == 1, f"effects: {effects()}")
+
+
+async def task_foreign(target: Target) -> None:
+    """Another session's task: a client that did not receive the handle
+    cannot read or cancel it by its run and call (a forged key), nor reach
+    a run that is not a task; the owner's task is untouched."""
+    async with target.client("2026-07-28", tasks=True) as owner:
+        handle = await owner.session.call_tool("hostile__fs", append("foreign"), allow_claimed=True)
+        check(isinstance(handle, TaskHandle), f"no task handle: {handle}")
+        run, call, key = handle.task_id.split("/")
+        state = await task_get(owner.session, handle.task_id)
+        check(not state.input_requests, f"operators only: nothing is asked of the client: {state}")
+        async with target.client("2026-07-28", tasks=True) as intruder:
+            for forged in (
+                f"{run}/{call}/{'0' * 32}",
+                f"{run}/{call}/",
+                f"{run}/{call}",
+                run,
+                f"run-{'f' * 32}/{call}/{key}",
+            ):
+                for attempt in (task_get, task_cancel):
+                    try:
+                        await attempt(intruder.session, forged)
+                        raise AssertionError(f"{attempt.__name__} {forged!r} was answered")
+                    except MCPError as error:
+                        check(error.code == types.INVALID_PARAMS, f"{forged!r}: {error.code} {error.message}")
+        state = await task_get(owner.session, handle.task_id)
+        check(state.status == "input_required", f"the owner's task after the attempts: {state}")
+        await task_cancel(owner.session, handle.task_id)
+        state = await until_settled(owner.session, handle.task_id)
+        check(state.status == "cancelled", f"the owner cancels its own: {state}")
+    check("foreign" not in effects(), f"effects: {effects()}")
+
+
 SCENARIOS = {
     "tools": tools,
     "read": read,
@@ -439,6 +707,12 @@ SCENARIOS = {
     "progress_parked": progress_parked,
     "write_operators_only": write_operators_only,
     "crash_write": crash_write,
+    "revisions": revisions,
+    "task_park": task_park,
+    "task_result": task_result,
+    "task_cancel_parked": task_cancel_parked,
+    "task_foreign": task_foreign,
+    "task_client_approves": task_client_approves,
 }
 
 

@@ -81,6 +81,15 @@ pub(crate) struct ServeArgs {
     approvals: Option<String>,
 }
 
+/// Aborts a background task when dropped (the sweep, when serving ends).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
 fn duration(flag: &str, text: &str) -> anyhow::Result<std::time::Duration> {
     warden::units::parse_duration(text)
         .map_err(|e| CliError::new("usage", format!("--{flag}: {e}")).into())
@@ -127,6 +136,10 @@ pub(crate) async fn run(command: McpCommand, ctx: &Context) -> anyhow::Result<()
     for (run, status) in served.recover_orphans().await? {
         eprintln!("warden mcp serve: recovered run {run} of an earlier session: {status}");
     }
+    // Tasks decided while no client polls, and sessions of a server that
+    // died meanwhile, are driven to their end from here on too.
+    let sweeping = served.sweep();
+    let _sweeping = AbortOnDrop(sweeping);
     let tools = served.tool_names().join(", ");
     let Some(bind) = args.http else {
         eprintln!(

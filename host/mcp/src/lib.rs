@@ -29,6 +29,7 @@
 mod client_model;
 mod http;
 mod session;
+mod tasks;
 mod tools;
 mod view;
 
@@ -43,7 +44,7 @@ use warden::engine::schema::CompiledSchemas;
 use warden::engine::view::ToolTarget;
 use warden::engine::{ReplayOptions, RunStatus};
 use warden::sandbox::{Moment, ValidUntil};
-use warden::store::RunFilter;
+use warden::store::{RunFilter, RunSummary};
 use warden::{Agent, RunId, Runtime, RuntimeError};
 
 pub use http::{HttpOptions, router};
@@ -249,7 +250,8 @@ pub struct Served {
     options: ServeOptions,
     /// The served tools' input schemas, compiled once each.
     schemas: CompiledSchemas,
-    /// Sessions winding down (their runs finishing), awaited on shutdown.
+    /// Sessions winding down (their runs finishing) and tasks' runs being
+    /// recovered, awaited on shutdown.
     closing: Mutex<Vec<tokio::task::JoinHandle<()>>>,
 }
 
@@ -349,16 +351,19 @@ impl Served {
         }
     }
 
-    /// Recovers the runs of this agent's sessions whose server died (their
-    /// claim ran out while they were still running): the session is over,
-    /// so the model's next call answers that and the run completes; a
-    /// `write` whose outcome was not recorded is never run again, and the
-    /// run parks as `needs_reconciliation`, as every recovery does. Runs
-    /// another live server holds are left alone. Returns each run
-    /// recovered and the status it reached.
+    /// Recovers the runs of this agent's sessions nobody drives: those
+    /// whose server died (their claim ran out while they were still
+    /// running), and those handed over as tasks whose call was decided
+    /// since (released, and running again). The session is over, so the
+    /// model's next call answers that and the run completes, after an
+    /// approved call is made; a `write` whose outcome was not recorded is
+    /// never run again, and the run parks as `needs_reconciliation`, as
+    /// every recovery does. Runs another live server or worker holds are
+    /// left alone. Returns each run recovered and the status it reached.
     pub async fn recover_orphans(&self) -> Result<Vec<(RunId, RunStatus)>, McpError> {
-        let store = Arc::clone(self.runtime.store());
-        let runs = store
+        let runs = self
+            .runtime
+            .store()
             .list(
                 &RunFilter::new()
                     .agent(self.agent.name.clone())
@@ -366,52 +371,151 @@ impl Served {
             )
             .await
             .map_err(RuntimeError::from)?;
+        let mut recovered = Vec::new();
+        for run in runs {
+            if !orphaned(&run, now_ms()) {
+                continue;
+            }
+            if let Some(status) = self.recover(&run).await {
+                recovered.push((run.run_id, status));
+            }
+        }
+        Ok(recovered)
+    }
+
+    /// Recovers the runs [`recover_orphans`](Self::recover_orphans) would,
+    /// every third of the claim's time to live, until the returned task is
+    /// aborted or this server dropped: a task's call approved while no
+    /// client polls is made, and a crashed server's sessions end, without
+    /// waiting for the next start.
+    pub fn sweep(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let served = Arc::downgrade(self);
+        let every = self.options.claim_ttl / 3;
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(served) = served.upgrade() else {
+                    return;
+                };
+                match served.recover_orphans().await {
+                    Ok(recovered) => {
+                        for (run, status) in recovered {
+                            eprintln!("warden mcp serve: recovered run {run}: {status}");
+                        }
+                    }
+                    Err(error) => tracing::warn!(%error, "cannot sweep the sessions' runs"),
+                }
+            }
+        })
+    }
+
+    /// Recovers `run` in the background (a task's run its client polls or
+    /// cancelled), awaited like a closing session before this server
+    /// exits.
+    fn recover_soon(self: &Arc<Self>, run: RunSummary) {
+        let served = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            if let Some(status) = served.recover(&run).await {
+                tracing::info!(run_id = %run.run_id, %status, "recovered a task's run");
+            }
+        });
+        let mut closing = self.closing.lock().unwrap_or_else(|p| p.into_inner());
+        closing.retain(|task| !task.is_finished());
+        closing.push(task);
+    }
+
+    /// Claims and drives one orphaned run to its end as a session that is
+    /// over; `None` when another driver claimed it first or it failed.
+    async fn recover(&self, run: &RunSummary) -> Option<RunStatus> {
+        let store = Arc::clone(self.runtime.store());
         let runtime = self
             .runtime
             .clone()
             .with_provider(Arc::new(client_model::ClientModel::ended()));
-        let mut recovered = Vec::new();
-        for run in runs {
-            if !run.is_stalled(now_ms()) {
-                continue;
+        let started = Moment::now();
+        let claim = match store
+            .acquire_claim(
+                &run.run_id,
+                &self.options.owner,
+                now_ms(),
+                self.options.claim_ttl.as_millis() as i64,
+            )
+            .await
+        {
+            Ok(claim) => claim,
+            // Another server or worker took it first.
+            Err(error) => {
+                tracing::info!(run_id = %run.run_id, %error, "not recovering a session's run");
+                return None;
             }
-            let started = Moment::now();
-            let claim = match store
-                .acquire_claim(
-                    &run.run_id,
-                    &self.options.owner,
-                    now_ms(),
-                    self.options.claim_ttl.as_millis() as i64,
-                )
-                .await
-            {
-                Ok(claim) => claim,
-                // Another server or worker took it first.
-                Err(error) => {
-                    tracing::info!(run_id = %run.run_id, %error, "not recovering a session's run");
-                    continue;
-                }
-            };
-            let valid = ValidUntil::at(started.after(self.options.valid_for()));
-            let status = match runtime
-                .recover_claimed(&self.agent, ReplayOptions::default(), claim.clone(), valid)
-                .await
-            {
-                Ok(status) => status,
-                Err(RuntimeError::NeedsReconciliation { .. }) => RunStatus::NeedsReconciliation,
-                Err(error) => {
-                    tracing::warn!(run_id = %run.run_id, %error, "cannot recover a session's run");
-                    continue;
-                }
-            };
-            let listed = (status == RunStatus::NeedsReconciliation).then_some(status.listing());
-            if let Err(error) = store.release_claim(&claim, listed).await {
-                tracing::warn!(run_id = %run.run_id, %error, "cannot release a recovered run's claim");
+        };
+        let valid = ValidUntil::at(started.after(self.options.valid_for()));
+        // Renewed while it runs: an approved call may take longer than
+        // the claim lives.
+        let renewing = tokio::spawn(session::renew(
+            Arc::clone(&store),
+            claim.clone(),
+            valid.clone(),
+            self.options.claim_ttl,
+            self.options.valid_for(),
+        ));
+        let status = match runtime
+            .recover_claimed(&self.agent, ReplayOptions::default(), claim.clone(), valid)
+            .await
+        {
+            Ok(status) => Some(status),
+            Err(RuntimeError::NeedsReconciliation { .. }) => Some(RunStatus::NeedsReconciliation),
+            Err(error) => {
+                tracing::warn!(run_id = %run.run_id, %error, "cannot recover a session's run");
+                None
             }
-            recovered.push((run.run_id, status));
+        };
+        renewing.abort();
+        let listed = (status == Some(RunStatus::NeedsReconciliation))
+            .then_some(RunStatus::NeedsReconciliation.listing());
+        if let Err(error) = store.release_claim(&claim, listed).await {
+            tracing::warn!(run_id = %run.run_id, %error, "cannot release a recovered run's claim");
         }
-        Ok(recovered)
+        status
     }
+
+    /// Denies a call parked for approval on this server's behalf: a
+    /// synchronous call its client cancelled, one whose session ended, a
+    /// task its client cancelled. The engine's one denial path, so the call
+    /// is never made, whoever approves it afterwards; `false` when it was
+    /// no longer waiting (decided meanwhile: that decision stands).
+    async fn withdraw(
+        &self,
+        run_id: &RunId,
+        call_id: &warden::engine::CallId,
+        reason: &str,
+    ) -> Result<bool, RuntimeError> {
+        tracing::info!(%run_id, %call_id, reason, "withdrawing a parked call");
+        match self
+            .runtime
+            .deny(run_id, call_id, session::SERVER, reason)
+            .await
+        {
+            Ok(()) => Ok(true),
+            Err(RuntimeError::NotAwaitingApproval { .. } | RuntimeError::Conflict { .. }) => {
+                Ok(false)
+            }
+            Err(error) => Err(error),
+        }
+    }
+}
+
+/// Whether nobody drives `run`, a session's run: it can go on (listed as
+/// running) and was claimed before (by a session), and its claim was
+/// released (a task handed over, then decided) or ran out (its server
+/// died). A run being started has never been claimed yet.
+fn orphaned(run: &RunSummary, now_ms: i64) -> bool {
+    run.status == RunStatus::Running.as_str()
+        && run.claim_token > 0
+        && run
+            .claim
+            .as_ref()
+            .is_none_or(|claim| claim.is_expired(now_ms))
 }
 
 /// Stdin that ends its session at EOF: the client closed the connection,

@@ -31,9 +31,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, ErrorCode, ErrorData,
-    Implementation, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ProtocolVersion, ServerCapabilities, ServerConfig,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, ContentBlock,
+    CreateTaskResult, ErrorCode, ErrorData, GetTaskParams, GetTaskResult, Implementation,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken,
+    ProtocolVersion, ServerCapabilities, ServerConfig, Tool, UpdateTaskParams,
 };
 use rmcp::service::{ElicitationError, ElicitationMode, RequestContext, ServiceError};
 use rmcp::{Peer, RoleServer, ServerHandler};
@@ -55,6 +56,7 @@ use warden::store::Claim;
 use warden::{RunId, Runtime, RuntimeError};
 
 use super::client_model::{ClientModel, Offered};
+use super::tasks::{self, TaskId};
 use super::view::RunView;
 use super::{SESSION_LABEL, Served, now_ms};
 
@@ -65,8 +67,9 @@ const REFUSED: ErrorCode = ErrorCode(-32000);
 /// How long a closing session waits for its run to finish.
 const CLOSING_WAIT: Duration = Duration::from_secs(30);
 
-/// Who the log records as having denied a call nobody decided in time.
-const SERVER: &str = "warden mcp serve";
+/// Who the log records as having denied a call nobody decided in time, or
+/// one withdrawn (a cancelled call or task, a session that ended).
+pub(crate) const SERVER: &str = "warden mcp serve";
 
 /// The transport a session came over, which decides who its client is.
 #[derive(Clone, Debug)]
@@ -137,11 +140,12 @@ impl McpSession {
             closing.ended.cancelled().await;
             closing.close().await;
         });
-        served
-            .closing
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(task);
+        let mut closing = served.closing.lock().unwrap_or_else(|p| p.into_inner());
+        // Over 2026-07-28's HTTP every request is a session: forget those
+        // that are over, so the list stays as long as the open ones.
+        closing.retain(|task| !task.is_finished());
+        closing.push(task);
+        drop(closing);
         McpSession {
             session,
             _end: Arc::new(EndOnDrop(ended)),
@@ -175,6 +179,9 @@ struct Active {
     drive: Option<JoinHandle<Result<RunStatus, RuntimeError>>>,
     /// The run's state as the drive leaves it, which results are read from.
     view: RunView,
+    /// The key of the run's task handles (its digest is the run's
+    /// `mcp_task_key` label).
+    task_key: String,
 }
 
 impl Drop for Active {
@@ -251,7 +258,7 @@ impl Heartbeat {
 }
 
 /// A refusal the client sees: Warden's stable code and the evidence.
-fn refusal(code: &str, message: impl Into<String>, details: Value) -> ErrorData {
+pub(crate) fn refusal(code: &str, message: impl Into<String>, details: Value) -> ErrorData {
     let mut data = json!({ "code": code });
     if let (Some(data), Value::Object(details)) = (data.as_object_mut(), details) {
         data.extend(details);
@@ -260,15 +267,18 @@ fn refusal(code: &str, message: impl Into<String>, details: Value) -> ErrorData 
 }
 
 /// An engine error as the client sees it: its stable code.
-fn engine_refusal(error: &RuntimeError) -> ErrorData {
+pub(crate) fn engine_refusal(error: &RuntimeError) -> ErrorData {
     let (code, details) = warden::errors::code_of(error);
     refusal(code, error.to_string(), details)
 }
 
 impl Session {
-    fn client(peer: &Peer<RoleServer>) -> String {
-        peer.peer_info()
-            .map(|info| info.client_info.name.clone())
+    /// The name the client gives itself: at `initialize`, or (2026-07-28)
+    /// in the request's `_meta`.
+    fn client(context: &RequestContext<RoleServer>) -> String {
+        context
+            .client_info()
+            .map(|info| info.name)
             .filter(|name| !name.is_empty())
             .unwrap_or_else(|| "client".to_owned())
     }
@@ -288,12 +298,14 @@ impl Session {
     }
 
     /// Starts the session's run and claims it.
-    async fn begin(&self, peer: &Peer<RoleServer>) -> Result<Active, ErrorData> {
-        let client = Self::client(peer);
+    async fn begin(&self, client: &str) -> Result<Active, ErrorData> {
+        let client = client.to_owned();
+        let (task_key, task_digest) = tasks::new_key();
         let options = StartOptions::new()
             .label(SESSION_LABEL, "serve")
             .label("mcp_client", client.clone())
-            .label("mcp_approvers", self.approvers.as_str());
+            .label("mcp_approvers", self.approvers.as_str())
+            .label(tasks::TASK_KEY_LABEL, task_digest);
         let input = Value::String(format!("An MCP session of `{client}`."));
         let run_id = self
             .runtime
@@ -333,6 +345,7 @@ impl Session {
             renewing,
             drive: None,
             view,
+            task_key,
         })
     }
 
@@ -349,7 +362,10 @@ impl Session {
 
     /// One `tools/call`; `cancelled` is the request's token, cancelled when
     /// the client cancels the call (`notifications/cancelled`) or the
-    /// session ends (stdio EOF, HTTP `DELETE`).
+    /// session ends (stdio EOF, HTTP `DELETE`). With `tasks` (the client
+    /// declared the tasks extension on the request), a call that parks for
+    /// approval is answered with a task handle at once (`hand_over`).
+    #[allow(clippy::too_many_arguments)]
     async fn call(
         &self,
         name: &str,
@@ -358,7 +374,9 @@ impl Session {
         cancelled: &CancellationToken,
         progress: Option<ProgressToken>,
         client: Option<&Approver>,
-    ) -> Result<CallToolResult, ErrorData> {
+        client_name: &str,
+        tasks: bool,
+    ) -> Result<CallToolResponse, ErrorData> {
         let Some(tool) = self.served.tool(name) else {
             return Err(ErrorData::invalid_params(
                 format!(
@@ -374,9 +392,7 @@ impl Session {
         // it is not counted as the run's model's invalid calls: the client
         // is not a model looping on a tool, and its session goes on.
         if let Some(mistake) = call_mistake(&tool.agent_tool, &self.served.schemas, &arguments) {
-            return Ok(CallToolResult::error(vec![ContentBlock::text(
-                mistake.to_string(),
-            )]));
+            return Ok(CallToolResult::error(vec![ContentBlock::text(mistake.to_string())]).into());
         }
         let mut heartbeat = Heartbeat::new(peer, progress, self.served.options.progress_interval);
         // A call cancelled while it waits its turn is never made. The lock
@@ -396,7 +412,7 @@ impl Session {
             return Err(refusal("session_ended", "the MCP session ended", json!({})));
         }
         if run.is_none() {
-            *run = Some(self.begin(peer).await?);
+            *run = Some(self.begin(client_name).await?);
         }
         let active = run.as_mut().expect("started above");
         let id = format!("mcp-{}", self.calls.fetch_add(1, Ordering::Relaxed) + 1);
@@ -409,6 +425,7 @@ impl Session {
         });
         // The code of a denial this server recorded itself (a timeout).
         let mut denial = None;
+        let mut parked = false;
         let stopped = loop {
             if active.drive.is_none() {
                 active.drive = Some(self.drive(active));
@@ -427,6 +444,12 @@ impl Session {
                         }),
                     };
                     match ended {
+                        // A client that takes tasks gets the parked call as
+                        // one: it waits in the store, not in this request.
+                        Ok(RunStatus::AwaitingApproval) if tasks => {
+                            parked = true;
+                            break None;
+                        }
                         Ok(RunStatus::AwaitingApproval) => {
                             denial = self
                                 .decide(&active.run_id, peer, client, cancelled, &mut heartbeat)
@@ -438,10 +461,14 @@ impl Session {
             }
         };
         self.model.withdraw();
+        if parked {
+            let active = run.take().expect("started above");
+            return self.hand_over(active, &id).await;
+        }
         // The call may have settled even when the drive then stopped (a
         // budget reached before the next model call).
         if let Some(result) = self.result(&mut active.view, &id, denial).await? {
-            return result;
+            return result.map(Into::into);
         }
         Err(match stopped {
             Some(Ok(status)) => refusal(
@@ -485,47 +512,59 @@ impl Session {
         let Some(call) = settled(state, id) else {
             return Ok(None);
         };
-        let run_id = &run_id;
-        let details = json!({ "run_id": run_id, "call_id": call.call_id });
-        let output = |value: &Value| {
-            let mut result = CallToolResult::success(vec![ContentBlock::text(value_text(value))]);
-            if value.is_object() {
-                result.structured_content = Some(value.clone());
+        Ok(outcome(&run_id, call, denial))
+    }
+
+    /// Answers a call that parked for approval with a task handle: the
+    /// session hands the run over (its claim released, the call still
+    /// parked and recorded), so the call waits in the store rather than in
+    /// this request, and survives the client leaving and this server
+    /// stopping. It is never withdrawn for the session's end: only its
+    /// denial, or the client's `tasks/cancel`, is. Whoever approves it, the
+    /// next driver of the run (this server's sweep, another `warden mcp
+    /// serve` of the agent, a worker) performs it once and the run
+    /// completes; the session's next call starts a new run.
+    async fn hand_over(&self, active: Active, id: &str) -> Result<CallToolResponse, ErrorData> {
+        let run_id = active.run_id.clone();
+        let state = self
+            .runtime
+            .state(&run_id)
+            .await
+            .map_err(|e| engine_refusal(&e))?;
+        let call = match state.parked() {
+            Some(Parked::Approval { call }) if call.call.id == id => call,
+            _ => {
+                return Err(refusal(
+                    "mcp_failed",
+                    format!("run {run_id}: the call did not park where it was expected"),
+                    json!({ "run_id": run_id }),
+                ));
             }
-            Ok(result)
         };
-        Ok(Some(match &call.progress {
-            ToolCallProgress::Completed(ToolCallResult::Output(value))
-            | ToolCallProgress::Deduplicated {
-                result: ToolCallResult::Output(value),
-                ..
-            }
-            | ToolCallProgress::Resolved { output: value, .. } => output(value),
-            ToolCallProgress::Completed(ToolCallResult::Error(error))
-            | ToolCallProgress::Deduplicated {
-                result: ToolCallResult::Error(error),
-                ..
-            }
-            | ToolCallProgress::Rejected(error) => {
-                Ok(CallToolResult::error(vec![ContentBlock::text(
-                    error.to_string(),
-                )]))
-            }
-            ToolCallProgress::Denied { by, reason } => Err(refusal(
-                denial.unwrap_or("approval_denied"),
-                format!("call {} was denied by {by}: {reason}", call.call_id),
-                details,
-            )),
-            ToolCallProgress::PolicyDenied { policy, reason } => Err(refusal(
-                "policy_denied",
-                format!(
-                    "call {} was denied by policy `{policy}`: {reason}",
-                    call.call_id
-                ),
-                details,
-            )),
-            _ => return Ok(None),
-        }))
+        let task = TaskId::new(
+            run_id.clone(),
+            call.call_id.clone(),
+            active.task_key.clone(),
+        );
+        let claim = active.claim.clone();
+        // Stops renewing before releasing, so no renewal follows it.
+        drop(active);
+        let store = self.runtime.store();
+        if let Err(error) = store.release_claim(&claim, None).await {
+            tracing::warn!(%run_id, %error, "cannot release a task's run");
+        }
+        let summary = store
+            .summary(&run_id)
+            .await
+            .map_err(|e| engine_refusal(&RuntimeError::from(e)))?;
+        tracing::info!(%run_id, call_id = %call.call_id, "a parked call became a task");
+        eprintln!(
+            "warden mcp serve: call {} ({}) waits for approval as a task: warden runs approve {run_id} {} (or deny)",
+            call.call_id, call.call.name, call.call_id
+        );
+        Ok(CallToolResponse::Task(CreateTaskResult::new(tasks::seed(
+            &task, &summary,
+        ))))
     }
 
     /// Gets the parked call approved or denied; returns the code of a
@@ -678,10 +717,10 @@ impl Session {
         } else {
             "the client cancelled the call or ended the session"
         };
-        tracing::info!(%run_id, %call_id, reason, "withdrawing a parked call");
-        self.record(run_id, call_id, &server(), Some(reason))
-            .await
-            .map(|recorded| recorded.map(|_| "cancelled"))
+        match self.served.withdraw(run_id, call_id, reason).await {
+            Ok(withdrawn) => Ok(withdrawn.then_some("cancelled")),
+            Err(error) => Err(engine_refusal(&error)),
+        }
     }
 
     /// Records `approver`'s approval (`denial` none) or denial, once the
@@ -732,14 +771,9 @@ impl Session {
                         match state.parked() {
                             Some(Parked::Approval { call }) => {
                                 let call_id = call.call_id.clone();
-                                match self
-                                    .runtime
-                                    .deny(&run_id, &call_id, SERVER, "the MCP session ended")
-                                    .await
-                                {
-                                    Ok(()) | Err(RuntimeError::NotAwaitingApproval { .. }) => {}
-                                    Err(error) => return Err(error),
-                                }
+                                self.served
+                                    .withdraw(&run_id, &call_id, "the MCP session ended")
+                                    .await?;
                             }
                             // Parked for a human otherwise (a budget, a
                             // dangling write): it stays so.
@@ -791,6 +825,54 @@ impl Session {
     }
 }
 
+/// A settled call's result as the client receives it (a task's too);
+/// `None` while it is not settled. `denial` is the code of a denial this
+/// server recorded itself.
+pub(crate) fn outcome(
+    run_id: &RunId,
+    call: &ToolCallState,
+    denial: Option<&'static str>,
+) -> Option<Result<CallToolResult, ErrorData>> {
+    let details = json!({ "run_id": run_id, "call_id": call.call_id });
+    let output = |value: &Value| {
+        let mut result = CallToolResult::success(vec![ContentBlock::text(value_text(value))]);
+        if value.is_object() {
+            result.structured_content = Some(value.clone());
+        }
+        Ok(result)
+    };
+    Some(match &call.progress {
+        ToolCallProgress::Completed(ToolCallResult::Output(value))
+        | ToolCallProgress::Deduplicated {
+            result: ToolCallResult::Output(value),
+            ..
+        }
+        | ToolCallProgress::Resolved { output: value, .. } => output(value),
+        ToolCallProgress::Completed(ToolCallResult::Error(error))
+        | ToolCallProgress::Deduplicated {
+            result: ToolCallResult::Error(error),
+            ..
+        }
+        | ToolCallProgress::Rejected(error) => Ok(CallToolResult::error(vec![ContentBlock::text(
+            error.to_string(),
+        )])),
+        ToolCallProgress::Denied { by, reason } => Err(refusal(
+            denial.unwrap_or("approval_denied"),
+            format!("call {} was denied by {by}: {reason}", call.call_id),
+            details,
+        )),
+        ToolCallProgress::PolicyDenied { policy, reason } => Err(refusal(
+            "policy_denied",
+            format!(
+                "call {} was denied by policy `{policy}`: {reason}",
+                call.call_id
+            ),
+            details,
+        )),
+        _ => return None,
+    })
+}
+
 /// The call the client's request `id` became, in the run's last turn.
 fn settled<'a>(state: &'a RunState, id: &str) -> Option<&'a ToolCallState> {
     state
@@ -807,7 +889,7 @@ fn server() -> Approver {
 /// Renews `claim` every third of `ttl`, moving `valid` on from the start
 /// of each renewal that succeeds, until it is fenced (another driver took
 /// the run) or the session drops it.
-async fn renew(
+pub(crate) async fn renew(
     store: Arc<dyn warden::EventStore>,
     claim: Claim,
     valid: ValidUntil,
@@ -838,7 +920,12 @@ async fn renew(
 
 impl ServerHandler for McpSession {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
             .with_server_info(Implementation::new("warden", env!("CARGO_PKG_VERSION")))
             .with_instructions(format!(
                 "The tools of Warden agent `{}`. Each call is recorded in a Warden run; a write waits for a human's approval.",
@@ -846,10 +933,47 @@ impl ServerHandler for McpSession {
             ))
     }
 
-    /// A session is a run: only the revisions with sessions (the
-    /// `initialize` handshake, up to 2025-11-25).
+    /// The revisions with sessions (the `initialize` handshake, up to
+    /// 2025-11-25), and 2026-07-28, which has none: over stdio its
+    /// connection is the session, over HTTP each request is one.
     fn supported_protocol_versions(&self) -> Cow<'static, [ProtocolVersion]> {
-        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2025_11_25))
+        Cow::Borrowed(ProtocolVersion::known_up_to(&ProtocolVersion::V_2026_07_28))
+    }
+
+    /// A served tool, for the transport's checks of 2026-07-28's
+    /// standard headers against its schema.
+    fn get_tool(&self, name: &str) -> Option<Tool> {
+        self.session.served.tool(name).map(|t| t.tool.clone())
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.session.served.get_task(&request.task_id).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.session.served.cancel_task(&request.task_id).await
+    }
+
+    /// The client's answer to the approval its task asked for (under
+    /// `--approvals client`), recorded under its transport's identity.
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let client = self.session.approver(&context);
+        self.session
+            .served
+            .update_task(&request.task_id, &request.input_responses, client.as_ref())
+            .await
     }
 
     async fn list_tools(
@@ -874,6 +998,12 @@ impl ServerHandler for McpSession {
     ) -> Result<CallToolResponse, ErrorData> {
         let arguments = Value::Object(request.arguments.unwrap_or_default());
         let client = self.session.approver(&context);
+        let client_name = Session::client(&context);
+        // The extension declared on this request (or at `initialize`): the
+        // only clients that may be answered with a task handle.
+        let tasks = context
+            .client_capabilities()
+            .is_some_and(|capabilities| capabilities.supports_tasks());
         // Cancelled by the client's `notifications/cancelled` or the end of
         // the transport (rmcp's token), or the end of the session.
         let stop = self.session.ended.child_token();
@@ -893,9 +1023,10 @@ impl ServerHandler for McpSession {
                 &stop,
                 context.meta.get_progress_token(),
                 client.as_ref(),
+                &client_name,
+                tasks,
             )
-            .await
-            .map(Into::into);
+            .await;
         link.abort();
         result
     }

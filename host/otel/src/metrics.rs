@@ -25,7 +25,8 @@ use warden_engine::events::{self, Event, ToolCallResult};
 use warden_store::{
     Appended, ApprovalRule, Claim, Commitment, CommitmentFilter, EventStore, HistoryChunk,
     HistoryDigest, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, RunFilter, RunId,
-    RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    RunMeta, RunSummary, SessionHead, SettlingAppend, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 
 use crate::OtelError;
@@ -437,6 +438,10 @@ impl EventStore for MeteredStore {
         self.inner.list(filter).await
     }
 
+    async fn session_head(&self, session: &str) -> Result<SessionHead, StoreError> {
+        self.inner.session_head(session).await
+    }
+
     async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
         self.inner.verify(run_id).await
     }
@@ -555,6 +560,10 @@ impl EventStore for MeteredStore {
 
     async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
         self.inner.rule(id).await
+    }
+
+    async fn verify_rows(&self) -> Result<warden_store::RowsReport, StoreError> {
+        self.inner.verify_rows().await
     }
 
     async fn revoke_rule(

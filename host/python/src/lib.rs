@@ -32,7 +32,7 @@ use warden::engine::{
 };
 use warden::plugins::PluginHost;
 use warden::sandbox::{Sandbox, SandboxConfig};
-use warden::store::{EventStore, OpenMode, PostgresStore, RunFilter, SqliteStore};
+use warden::store::{EventStore, OpenMode, PostgresStore, RunFilter, SqliteStore, StoreLocation};
 
 use errors::{engine_error, invalid};
 use json::{Json, from_python};
@@ -697,18 +697,20 @@ fn awaiting(parked: &Parked<'_>) -> Value {
 
 /// Opens the store `location` names, creating a SQLite file when missing.
 async fn open_store(location: &str) -> PyResult<Arc<dyn EventStore>> {
-    if location.starts_with("postgres://") || location.starts_with("postgresql://") {
-        let store = PostgresStore::builder(location)
-            .mode(OpenMode::Create)
-            .open()
-            .await
-            .map_err(|e| engine_error(&e))?;
-        return Ok(Arc::new(store));
-    }
-    let path = PathBuf::from(location.strip_prefix("sqlite:").unwrap_or(location));
-    if path.as_os_str().is_empty() {
-        return Err(invalid("store: give a SQLite path or a PostgreSQL URL"));
-    }
+    let cwd = std::env::current_dir()
+        .map_err(|e| invalid(format!("store: the current directory is unreadable: {e}")))?;
+    let path =
+        match StoreLocation::parse(location, &cwd).map_err(|e| invalid(format!("store: {e}")))? {
+            StoreLocation::Postgres(url) => {
+                let store = PostgresStore::builder(&url)
+                    .mode(OpenMode::Create)
+                    .open()
+                    .await
+                    .map_err(|e| engine_error(&e))?;
+                return Ok(Arc::new(store));
+            }
+            StoreLocation::Sqlite(path) => path,
+        };
     // No Python on the blocking thread (one that attached to Python there
     // aborts the interpreter's exit): the errors become exceptions here.
     let opened = tokio::task::spawn_blocking(move || {

@@ -156,6 +156,24 @@ def test_bad_input_raises_the_exception_carrying_its_code(
     rt.close()
 
 
+def test_every_spelling_of_a_sqlite_store_opens_the_file_the_cli_opens(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cache_dir: str
+) -> None:
+    # The command line's spellings (docs/configuration.md): a bare path,
+    # sqlite:PATH and sqlite://PATH, relative to the current directory.
+    monkeypatch.chdir(tmp_path)
+    for spelling in ["plain.db", "sqlite:colon.db", "sqlite://slashes.db"]:
+        warden.Runtime.open(spelling, cache_dir=cache_dir).close()
+    assert sorted(p.name for p in tmp_path.glob("*.db")) == [
+        "colon.db",
+        "plain.db",
+        "slashes.db",
+    ]
+    with pytest.raises(warden.InvalidError) as unknown:
+        warden.Runtime.open("mysql://h/db", cache_dir=cache_dir)
+    assert "unknown store scheme `mysql`" in unknown.value.message
+
+
 def test_the_documented_example_runs_offline_and_exits_cleanly(tmp_path: Path) -> None:
     # docs/python.md's example, as a reader runs it; the process must also
     # end cleanly (a runtime dropped while Python finalizes must not abort).

@@ -11,15 +11,23 @@
 //!   by path. Renaming the directory, or swapping its path for a symlink
 //!   (which a plugin with a read-write mount above it could do), changes
 //!   nothing for the grant.
-//! - **No blocking on the runtime.** Every filesystem operation runs on
-//!   tokio's blocking pool (wasmtime-wasi's default, which the lease keeps),
-//!   so the lease deadline races it and a stuck call holds no runtime
-//!   worker.
-//! - **Regular files only.** [`FsView::open_at`] opens non-blocking, looks
-//!   at what it opened and refuses anything that is neither a regular file
-//!   nor a directory (FIFOs, character and block devices, sockets) with
-//!   `unsupported`: an open cannot hang on a FIFO, and a read cannot wait on
-//!   a device.
+//! - **On the lease's own thread.** A lease with mounts runs on a lease
+//!   thread (`lease_threads.rs`), never on the runtime's, so every
+//!   filesystem operation runs inline there: wasmtime-wasi's (each
+//!   descriptor is made with `allow_blocking_current_thread`) and the
+//!   host's own below. No call is handed to a shared pool: a call that
+//!   blocks holds its lease's thread and nothing else, the caller gives up
+//!   on it at the lease's deadline, and the lease threads account for it.
+//!   Not handing each call to another thread and waiting for it is also
+//!   most of what a short filesystem lease used to cost.
+//! - **Regular files only, non-blocking.** [`FsView::open_at`] opens
+//!   non-blocking, looks at what it opened and refuses anything that is
+//!   neither a regular file nor a directory (FIFOs, character and block
+//!   devices, sockets) with `unsupported`: an open cannot hang on a FIFO,
+//!   and a read cannot wait on a device. A regular file stays non-blocking:
+//!   the kernel ignores the flag for files on disk, and a file that honours
+//!   it (`/proc/kmsg`) answers a read that would wait with `would-block`
+//!   instead of holding the lease's thread.
 //! - **Exclusions.** For a mount with [`Exclusions`], every path a call
 //!   names is checked as written and with its parent directory resolved
 //!   (symlinks included), and every opened file by where it really is
@@ -39,9 +47,7 @@
 //!   [`ValidUntil`](super::ValidUntil) and traps once it has passed
 //!   (`validity.rs`); reads do not, and the epoch check stops those. Writes
 //!   (`write`, and the file output streams, which are the host's own for
-//!   this) check again on the blocking pool right before each syscall, so
-//!   a write handed over just before the process was paused is refused when
-//!   it resumes; the other changes are checked before they are handed over.
+//!   this) check again right before each syscall.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -55,7 +61,6 @@ use wasmtime_wasi::p2::bindings::filesystem::types::{
     self, ErrorCode, HostDescriptor, HostDirectoryEntryStream,
 };
 use wasmtime_wasi::p2::{FsError, FsResult};
-use wasmtime_wasi::runtime::AbortOnDropJoinHandle;
 use wasmtime_wasi::{FsPerms, OpenMode};
 use wasmtime_wasi_io::poll::Pollable;
 use wasmtime_wasi_io::streams::{
@@ -113,6 +118,11 @@ impl MountRoot {
         })
     }
 
+    /// Which directory it is: device and inode.
+    pub(crate) fn identity(&self) -> (u64, u64) {
+        (self.device, self.inode)
+    }
+
     /// The held handle, for host calls that walk beneath it.
     pub(crate) fn handle(&self) -> &std::fs::File {
         &self.dir
@@ -130,22 +140,33 @@ impl MountRoot {
     }
 
     /// A preopen for one lease: a duplicate of the held handle, with the
-    /// access the lease gets. Everything under it runs on the blocking pool,
-    /// never inline on the runtime's thread.
+    /// access the lease gets. Everything under it runs inline, on the lease's
+    /// own thread ([`INLINE`]).
     pub(crate) fn preopen(&self, access: Access) -> io::Result<Dir> {
         let (perms, mode) = match access {
             Access::ReadOnly => (FsPerms::ReadOnly, OpenMode::READ),
             Access::ReadWrite => (FsPerms::ReadWrite, OpenMode::READ | OpenMode::WRITE),
         };
-        Ok(Dir::new(self.dir.try_clone()?, perms, mode, false))
+        Ok(Dir::new(self.dir.try_clone()?, perms, mode, INLINE))
     }
 }
+
+/// wasmtime-wasi's `allow_blocking_current_thread` for every descriptor of
+/// a lease: its calls run on the thread that polls the lease. Only a lease
+/// with mounts has descriptors, and such a lease runs on a lease thread
+/// (`lease.rs`, `lease_threads.rs`), never on one of the runtime's.
+const INLINE: bool = true;
 
 /// The preopens of one lease, made from its mounts' held handles.
 #[derive(Default)]
 pub(crate) struct Preopens(Vec<(Dir, String, Option<Arc<Scope>>)>);
 
 impl Preopens {
+    /// Whether the lease has no mount, so no descriptor at all.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
     /// Adds the mount at `guest_path`, with its exclusions' scope if any.
     pub(crate) fn push(&mut self, dir: Dir, guest_path: String, scope: Option<Arc<Scope>>) {
         self.0.push((dir, guest_path, scope));
@@ -206,18 +227,12 @@ pub(crate) struct Debris(Vec<Temp>);
 impl Debris {
     /// Removes each file still under its name (an atomic replacement that
     /// completed renamed its file away; one cut short by the deadline, or
-    /// refused by the lease's fence, could not remove its own). On the
-    /// blocking pool, waited for a second at most.
-    pub(crate) async fn clear(self) {
-        if self.0.is_empty() {
-            return;
+    /// refused by the lease's fence, could not remove its own). Inline, on
+    /// the lease's thread.
+    pub(crate) fn clear(self) {
+        for temp in self.0 {
+            temp.remove();
         }
-        let removal = tokio::task::spawn_blocking(move || {
-            for temp in self.0 {
-                temp.remove();
-            }
-        });
-        let _ = tokio::time::timeout(std::time::Duration::from_secs(1), removal).await;
     }
 }
 
@@ -285,7 +300,7 @@ pub(crate) fn escaped_name(bytes: &[u8]) -> String {
 
 /// The entries of `dir` whose names are not UTF-8, escaped, in the order
 /// the directory lists them, each under `shown` (where the guest sees
-/// `dir`). Runs on the blocking pool.
+/// `dir`).
 fn names_not_utf8(dir: &std::fs::File, shown: &str) -> VecDeque<String> {
     let Ok(dup) = dir.try_clone() else {
         return VecDeque::new();
@@ -369,11 +384,7 @@ impl FsView<'_> {
             return Err(self.refuse(lexical.as_deref().unwrap_or(path), &pattern));
         }
         let dir = dir_handle(self.table.get(fd)?)?;
-        let root = Arc::clone(&place.scope.root);
-        let target = path.to_owned();
-        let resolved =
-            wasmtime_wasi::runtime::spawn_blocking(move || resolved_rel(&root, &dir, &target))
-                .await;
+        let resolved = resolved_rel(&place.scope.root, &dir, path);
         if let Some(pattern) = resolved.as_deref().and_then(refused) {
             return Err(self.refuse(resolved.as_deref().unwrap_or(path), &pattern));
         }
@@ -382,7 +393,7 @@ impl FsView<'_> {
 
     /// Records that the listing `stream` left out an entry whose name is
     /// not UTF-8, named by what a scan of its directory finds (once per
-    /// listing, on the blocking pool, only when there is such an entry).
+    /// listing, only when there is such an entry).
     async fn unlist(&mut self, stream: u32) {
         let mounts: Vec<(Arc<std::fs::File>, String)> = self
             .fs
@@ -394,12 +405,8 @@ impl FsView<'_> {
         let name = match self.fs.listed.get_mut(&stream) {
             Some(listed) => {
                 if listed.pending.is_none() {
-                    let dir = Arc::clone(&listed.dir);
-                    let names = wasmtime_wasi::runtime::spawn_blocking(move || {
-                        names_not_utf8(&dir, &guest_dir(&dir, &mounts))
-                    })
-                    .await;
-                    listed.pending = Some(names);
+                    let dir = &listed.dir;
+                    listed.pending = Some(names_not_utf8(dir, &guest_dir(dir, &mounts)));
                 }
                 listed.pending.as_mut().and_then(VecDeque::pop_front)
             }
@@ -568,7 +575,7 @@ impl types::Host for FsView<'_> {
     }
 }
 
-/// What an open found, decided on the blocking pool.
+/// What an open found.
 enum Opened {
     Dir(std::fs::File),
     File(std::fs::File),
@@ -647,15 +654,14 @@ fn open_options(
     Ok((opts, mode))
 }
 
-/// Opens `path` under `dir` with `opts` and sorts out what it is. Runs on
-/// the blocking pool.
+/// Opens `path` under `dir` with `opts` and sorts out what it is.
 fn open_checked(
     dir: &std::fs::File,
     path: &Path,
     opts: &cap_primitives::fs::OpenOptions,
     want_dir: bool,
 ) -> io::Result<Opened> {
-    use rustix::fs::{FileType, OFlags};
+    use rustix::fs::FileType;
     let file = match cap_primitives::fs::open(dir, path, opts) {
         Ok(file) => file,
         // A FIFO without a reader opened for writing, or a socket.
@@ -668,12 +674,9 @@ fn open_checked(
     Ok(match FileType::from_raw_mode(stat.st_mode) {
         FileType::Directory => Opened::Dir(file),
         FileType::RegularFile if want_dir => Opened::NotDir,
-        FileType::RegularFile => {
-            // Reads and writes of a regular file block as usual.
-            let flags = rustix::fs::fcntl_getfl(&file)?;
-            rustix::fs::fcntl_setfl(&file, flags - OFlags::NONBLOCK)?;
-            Opened::File(file)
-        }
+        // Left non-blocking: a file on disk ignores it, and a file whose
+        // read would wait (`/proc/kmsg`) answers `would-block` instead.
+        FileType::RegularFile => Opened::File(file),
         FileType::Fifo => Opened::Refused("a FIFO"),
         FileType::CharacterDevice => Opened::Refused("a character device"),
         FileType::BlockDevice => Opened::Refused("a block device"),
@@ -706,29 +709,25 @@ impl HostDescriptor for FsView<'_> {
         let parent = dir_handle(self.table.get(&fd)?)?;
         let root = place.as_ref().map(|p| Arc::clone(&p.scope.root));
         let want_dir = oflags.contains(types::OpenFlags::DIRECTORY);
-        let target = path.clone();
         // A new temporary file: remembered, so that the lease removes it if
         // it is still there when the lease ends.
         let temp_dir = (oflags.contains(types::OpenFlags::CREATE | types::OpenFlags::EXCLUSIVE)
             && path.ends_with(TEMP_SUFFIX))
         .then(|| Arc::clone(&parent));
         let is_temp = temp_dir.is_some();
-        let checked = wasmtime_wasi::runtime::spawn_blocking(move || {
-            let opened = open_checked(&parent, Path::new(&target), &opts, want_dir)?;
-            let rel = match (&root, &opened) {
-                (Some(root), Opened::Dir(file) | Opened::File(file)) => handle_rel(root, file),
-                _ => None,
-            };
-            let temp = match &opened {
-                Opened::File(file) if is_temp => {
-                    rustix::fs::fstat(file).ok().map(|s| (s.st_dev, s.st_ino))
-                }
-                _ => None,
-            };
-            io::Result::Ok(Checked { opened, rel, temp })
-        })
-        .await
-        .map_err(ErrorCode::from)?;
+        let opened =
+            open_checked(&parent, Path::new(&path), &opts, want_dir).map_err(ErrorCode::from)?;
+        let rel = match (&root, &opened) {
+            (Some(root), Opened::Dir(file) | Opened::File(file)) => handle_rel(root, file),
+            _ => None,
+        };
+        let temp = match &opened {
+            Opened::File(file) if is_temp => {
+                rustix::fs::fstat(file).ok().map(|s| (s.st_dev, s.st_ino))
+            }
+            _ => None,
+        };
+        let checked = Checked { opened, rel, temp };
         // Where the opened file really is (a symlink followed, say), checked
         // like the path was; where that cannot be read, the path as written.
         let child = match place {
@@ -748,8 +747,8 @@ impl HostDescriptor for FsView<'_> {
             None => None,
         };
         let descriptor = match checked.opened {
-            Opened::Dir(file) => Descriptor::Dir(Dir::new(file, perms, mode, false)),
-            Opened::File(file) => Descriptor::File(File::new(file, perms, mode, false)),
+            Opened::Dir(file) => Descriptor::Dir(Dir::new(file, perms, mode, INLINE)),
+            Opened::File(file) => Descriptor::File(File::new(file, perms, mode, INLINE)),
             Opened::NotDir => return Err(ErrorCode::NotDirectory.into()),
             Opened::Refused(what) => {
                 tracing::debug!(
@@ -836,13 +835,9 @@ impl HostDescriptor for FsView<'_> {
             return Err(ErrorCode::NotPermitted.into());
         }
         self.fenced()?;
-        let (file, fence) = (Arc::clone(&file.file), self.fs.fence.clone());
-        let written = wasmtime_wasi::runtime::spawn_blocking(move || {
-            fenced_write(&fence, &file, &buf, OutputMode::At(offset))
-        })
-        .await
-        .map_err(FsError::trap)?
-        .map_err(ErrorCode::from)?;
+        let written = fenced_write(&self.fs.fence, &file.file, &buf, OutputMode::At(offset))
+            .map_err(FsError::trap)?
+            .map_err(ErrorCode::from)?;
         Ok(written as types::Filesize)
     }
 
@@ -979,7 +974,18 @@ impl HostDescriptor for FsView<'_> {
         fd: Resource<Descriptor>,
         offset: types::Filesize,
     ) -> FsResult<Resource<DynInputStream>> {
-        HostDescriptor::read_via_stream(&mut self.inner(), fd, offset)
+        // As wasmtime-wasi's, but each read is made inline: its stream
+        // hands even a non-blocking read to tokio's blocking pool.
+        let file = match self.table.get(&fd)? {
+            Descriptor::File(file) => Arc::clone(&file.file),
+            Descriptor::Dir(_) => return Err(ErrorCode::IsDirectory.into()),
+        };
+        let stream: DynInputStream = Box::new(FileInput {
+            file,
+            position: offset,
+            closed: false,
+        });
+        Ok(self.table.push(stream)?)
     }
 
     fn write_via_stream(
@@ -1083,9 +1089,9 @@ enum OutputMode {
     Append,
 }
 
-/// One write to `file`, run on the blocking pool: the lease's validity is
-/// checked right before the syscall, so a write handed over just before
-/// the process was paused is refused when it resumes (`Err`). Appends use
+/// One write to `file`: the lease's validity is checked right before each
+/// syscall, so a write started just before the process was paused is
+/// refused when it resumes (`Err`). Appends use
 /// `RWF_APPEND` where the kernel has it, as wasmtime-wasi does.
 fn fenced_write(
     fence: &LeaseFence,
@@ -1132,7 +1138,6 @@ fn append(file: &std::fs::File, buf: &[u8]) -> io::Result<usize> {
 /// What a [`FencedFileOutput`] is doing.
 enum OutputState {
     Ready,
-    Waiting(AbortOnDropJoinHandle<Result<io::Result<usize>, Expired>>),
     Failed(io::Error),
     /// A write was refused: the lease's validity had passed.
     Fenced,
@@ -1140,9 +1145,9 @@ enum OutputState {
 }
 
 /// A file's output stream (`write-via-stream`, `append-via-stream`): as
-/// wasmtime-wasi's, one write at a time on the blocking pool, but every
-/// write checks the lease's validity when it is accepted and again right
-/// before its syscall.
+/// wasmtime-wasi's, but every write is made inline when it is accepted,
+/// checking the lease's validity when it is accepted and again right
+/// before each syscall.
 struct FencedFileOutput {
     file: Arc<std::fs::File>,
     mode: OutputMode,
@@ -1168,8 +1173,8 @@ impl FencedFileOutput {
                 Some(Self::expired())
             }
             OutputState::Closed => Some(StreamError::Closed),
-            other => {
-                self.state = other;
+            OutputState::Ready => {
+                self.state = OutputState::Ready;
                 None
             }
         }
@@ -1179,18 +1184,7 @@ impl FencedFileOutput {
 #[async_trait::async_trait]
 impl Pollable for FencedFileOutput {
     async fn ready(&mut self) {
-        if let OutputState::Waiting(task) = &mut self.state {
-            self.state = match task.await {
-                Ok(Ok(written)) => {
-                    if let OutputMode::At(at) = &mut self.mode {
-                        *at += written as u64;
-                    }
-                    OutputState::Ready
-                }
-                Ok(Err(e)) => OutputState::Failed(e),
-                Err(Expired) => OutputState::Fenced,
-            };
-        }
+        // Each write is done when `write` returns.
     }
 }
 
@@ -1201,7 +1195,7 @@ impl OutputStream for FencedFileOutput {
             OutputState::Ready => {}
             OutputState::Closed => return Err(StreamError::Closed),
             OutputState::Fenced => return Err(Self::expired()),
-            OutputState::Waiting(_) | OutputState::Failed(_) => {
+            OutputState::Failed(_) => {
                 return Err(StreamError::trap(
                     "write not permitted: check_write not called first",
                 ));
@@ -1211,15 +1205,26 @@ impl OutputStream for FencedFileOutput {
             self.state = OutputState::Fenced;
             return Err(Self::expired());
         }
-        let (file, fence, mode) = (Arc::clone(&self.file), self.fence.clone(), self.mode);
-        self.state = OutputState::Waiting(wasmtime_wasi::runtime::spawn_blocking(move || {
-            fenced_write(&fence, &file, &bytes, mode)
-        }));
-        Ok(())
+        match fenced_write(&self.fence, &self.file, &bytes, self.mode) {
+            Ok(Ok(written)) => {
+                if let OutputMode::At(at) = &mut self.mode {
+                    *at += written as u64;
+                }
+                Ok(())
+            }
+            Ok(Err(e)) => {
+                self.state = OutputState::Failed(e);
+                Ok(())
+            }
+            Err(Expired) => {
+                self.state = OutputState::Fenced;
+                Err(Self::expired())
+            }
+        }
     }
 
     fn flush(&mut self) -> StreamResult<()> {
-        // Nothing is buffered here: a write is done once its task is.
+        // Nothing is buffered here: a write is done once `write` returns.
         self.take_error().map_or(Ok(()), Err)
     }
 
@@ -1227,17 +1232,61 @@ impl OutputStream for FencedFileOutput {
         if let Some(error) = self.take_error() {
             return Err(error);
         }
-        Ok(match self.state {
-            OutputState::Ready => FILE_WRITE_CAPACITY,
-            _ => 0,
-        })
+        Ok(FILE_WRITE_CAPACITY)
     }
 
     async fn cancel(&mut self) {
-        if let OutputState::Waiting(task) = std::mem::replace(&mut self.state, OutputState::Closed)
-        {
-            // A blocking task cannot be stopped once it runs: wait for it.
-            task.cancel().await;
+        self.state = OutputState::Closed;
+    }
+}
+
+/// Most bytes one read of a [`FileInput`] returns, as wasmtime-wasi's.
+const FILE_READ_CAPACITY: usize = 64 * 1024;
+
+/// A file's input stream (`read-via-stream`): as wasmtime-wasi's, but each
+/// read is made inline, on the lease's thread. A file that would make the
+/// read wait (non-blocking, it says so) fails the read.
+struct FileInput {
+    file: Arc<std::fs::File>,
+    position: u64,
+    closed: bool,
+}
+
+#[async_trait::async_trait]
+impl Pollable for FileInput {
+    async fn ready(&mut self) {
+        // A read is made when it is asked for.
+    }
+}
+
+#[async_trait::async_trait]
+impl wasmtime_wasi_io::streams::InputStream for FileInput {
+    fn read(&mut self, size: usize) -> StreamResult<bytes::Bytes> {
+        use std::os::unix::fs::FileExt as _;
+        if self.closed {
+            return Err(StreamError::Closed);
+        }
+        if size == 0 {
+            return Ok(bytes::Bytes::new());
+        }
+        let mut buf = bytes::BytesMut::zeroed(size.min(FILE_READ_CAPACITY));
+        loop {
+            match self.file.read_at(&mut buf, self.position) {
+                Ok(0) => {
+                    self.closed = true;
+                    return Err(StreamError::Closed);
+                }
+                Ok(n) => {
+                    buf.truncate(n);
+                    self.position += n as u64;
+                    return Ok(buf.freeze());
+                }
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    self.closed = true;
+                    return Err(StreamError::LastOperationFailed(e.into()));
+                }
+            }
         }
     }
 }

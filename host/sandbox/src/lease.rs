@@ -36,6 +36,7 @@ use super::bindings::{host, secrets, types};
 use super::capabilities::Capabilities;
 use super::capture::{Capture, Redactor, Stream};
 use super::fs::{FsView, LeaseFs, Preopens};
+use super::lease_threads::{Abandoned, Owner, Stop};
 use super::limits::{Denial, LeaseLimiter};
 use super::net::NetLease;
 use super::secrets::{Form, LeaseSecrets, Refusal};
@@ -264,6 +265,54 @@ impl<'a> Request<'a> {
     }
 }
 
+/// A [`Request`] that owns what it carries, for a lease run on a lease
+/// thread.
+pub(crate) enum OwnedRequest {
+    DescribeTools,
+    Preflight(Call),
+    Invoke(Call),
+    DescribeSource,
+    Resolve(ContextRequest),
+    DescribeChannel,
+    Deliver(Delivery),
+    DescribePolicy,
+    Decide(PolicyRequest),
+}
+
+impl Request<'_> {
+    /// The same request, owning a copy of what it carries.
+    pub(crate) fn owned(&self) -> OwnedRequest {
+        match *self {
+            Request::DescribeTools => OwnedRequest::DescribeTools,
+            Request::Preflight(call) => OwnedRequest::Preflight(call.clone()),
+            Request::Invoke(call) => OwnedRequest::Invoke(call.clone()),
+            Request::DescribeSource => OwnedRequest::DescribeSource,
+            Request::Resolve(r) => OwnedRequest::Resolve(r.clone()),
+            Request::DescribeChannel => OwnedRequest::DescribeChannel,
+            Request::Deliver(d) => OwnedRequest::Deliver(d.clone()),
+            Request::DescribePolicy => OwnedRequest::DescribePolicy,
+            Request::Decide(r) => OwnedRequest::Decide(r.clone()),
+        }
+    }
+}
+
+impl OwnedRequest {
+    /// The request, borrowing what this one owns.
+    pub(crate) fn as_request(&self) -> Request<'_> {
+        match self {
+            OwnedRequest::DescribeTools => Request::DescribeTools,
+            OwnedRequest::Preflight(call) => Request::Preflight(call),
+            OwnedRequest::Invoke(call) => Request::Invoke(call),
+            OwnedRequest::DescribeSource => Request::DescribeSource,
+            OwnedRequest::Resolve(r) => Request::Resolve(r),
+            OwnedRequest::DescribeChannel => Request::DescribeChannel,
+            OwnedRequest::Deliver(d) => Request::Deliver(d),
+            OwnedRequest::DescribePolicy => Request::DescribePolicy,
+            OwnedRequest::Decide(r) => Request::Decide(r),
+        }
+    }
+}
+
 /// What the guest answered.
 pub(crate) enum Response {
     Tools(Vec<ToolSpec>),
@@ -387,7 +436,9 @@ enum Ended {
     Expired,
 }
 
-/// Runs one lease of `plugin` and attributes its outcome.
+/// Runs one lease of `plugin` and attributes its outcome. A lease with
+/// mounts runs on a lease thread (`lease_threads.rs`), where its filesystem
+/// calls may block; one without runs here, on the caller's task.
 pub(crate) async fn run(
     plugin: &GrantedComponent,
     limits: &Limits,
@@ -397,15 +448,10 @@ pub(crate) async fn run(
 ) -> (Result<Response, LeaseFailure>, UsageReceipt) {
     let started = Instant::now();
     let sandbox = &plugin.sandbox.inner;
-    let _slot = sandbox
-        .lease_slots
-        .acquire()
-        .await
-        .expect("the lease semaphore is never closed");
-
     let refuse = |reason: String| {
         let mut receipt = UsageReceipt::empty(Outcome::Refused);
         receipt.wall_time_us = started.elapsed().as_micros() as u64;
+        receipt.bundle = plugin.bundle.as_deref().cloned();
         (Err(LeaseFailure::Refused { reason }), receipt)
     };
     if let Some(world) = request.missing_world(&plugin.component.inner) {
@@ -418,6 +464,7 @@ pub(crate) async fn run(
     if fence.check().is_err() {
         let mut receipt = UsageReceipt::empty(LeaseFailure::Expired.outcome());
         receipt.wall_time_us = started.elapsed().as_micros() as u64;
+        receipt.bundle = plugin.bundle.as_deref().cloned();
         return (Err(LeaseFailure::Expired), receipt);
     }
     let (capabilities, net_grant) = match reach {
@@ -427,15 +474,147 @@ pub(crate) async fn run(
         ),
         Reach::Narrowed => (Arc::clone(&plugin.narrowed), Arc::default()),
     };
+    let preopens = match preopens(&capabilities) {
+        Ok(built) => built,
+        Err(reason) => return refuse(reason),
+    };
+    let runtime = tokio::runtime::Handle::try_current();
+    let (false, Ok(runtime)) = (preopens.is_empty(), runtime) else {
+        // No filesystem handle, so nothing here can block: the caller's
+        // task runs it, with no hand-over.
+        let _slot = sandbox
+            .lease_slots
+            .acquire()
+            .await
+            .expect("the lease semaphore is never closed");
+        let setup = Setup {
+            capabilities,
+            net_grant,
+            preopens,
+            fence,
+            deadline: Instant::now() + limits.timeout,
+            started,
+        };
+        return lease(plugin, limits, request, cancel, setup).await;
+    };
+
+    // Waiting for a place among the plugin's lease threads, then for a
+    // slot, counts against the lease's time.
+    let deadline = Instant::now() + limits.timeout;
+    let owner = Owner {
+        plugin: Arc::clone(&plugin.component.inner.name),
+        mounts: capabilities
+            .mounts()
+            .iter()
+            .map(|m| m.root.identity())
+            .collect(),
+    };
+    let setup = Setup {
+        capabilities,
+        net_grant,
+        preopens,
+        fence: fence.clone(),
+        deadline,
+        started,
+    };
+    // The lease thread owns everything the lease uses; it polls the lease
+    // with this runtime's handle, under this task's subscriber and span.
+    let owned = (
+        plugin.clone(),
+        limits.clone(),
+        request.owned(),
+        cancel.cloned(),
+    );
+    let dispatch = tracing::dispatcher::get_default(Clone::clone);
+    let span = tracing::Span::current();
+    let work = move || {
+        let (plugin, limits, request, cancel) = owned;
+        tracing::dispatcher::with_default(&dispatch, || {
+            runtime.block_on(tracing::Instrument::instrument(
+                lease(
+                    &plugin,
+                    &limits,
+                    request.as_request(),
+                    cancel.as_ref(),
+                    setup,
+                ),
+                span,
+            ))
+        })
+    };
+    let stop = async {
+        tokio::select! {
+            biased;
+            () = async {
+                match cancel {
+                    Some(token) => token.cancelled().await,
+                    None => std::future::pending().await,
+                }
+            } => Stop::Cancelled,
+            () = fence.expired() => Stop::Expired,
+            () = tokio::time::sleep_until(deadline.into()) => Stop::Deadline,
+        }
+    };
+    let name = Arc::clone(&owner.plugin);
+    let slots = Arc::clone(&sandbox.lease_slots);
+    let stop = match sandbox.lease_threads.run(owner, slots, work, stop).await {
+        Ok(ended) => return ended,
+        Err(Abandoned::Refused { stuck }) => {
+            return refuse(format!(
+                "plugin `{name}` has {stuck} leases stuck in filesystem calls that have not \
+                 returned since their deadline (a file whose reads never answer, such as one \
+                 served by FUSE or a network filesystem); its leases with these mounts are \
+                 refused until one returns"
+            ));
+        }
+        Err(Abandoned::Stopped(stop) | Abandoned::NoPlace(stop)) => stop,
+    };
+    let failure = match stop {
+        Stop::Deadline => LeaseFailure::Timeout {
+            limit: limits.timeout,
+        },
+        Stop::Cancelled => LeaseFailure::Cancelled,
+        Stop::Expired => LeaseFailure::Expired,
+    };
+    let mut receipt = UsageReceipt::empty(failure.outcome());
+    receipt.wall_time_us = started.elapsed().as_micros() as u64;
+    (Err(failure), receipt)
+}
+
+/// What `run` prepared for the lease.
+struct Setup {
+    capabilities: Arc<Capabilities>,
+    net_grant: Arc<super::net::NetGrant>,
+    preopens: Preopens,
+    fence: LeaseFence,
+    /// When the lease's time is up: the same moment for the lease and for
+    /// the caller waiting on a lease thread.
+    deadline: Instant,
+    started: Instant,
+}
+
+/// The lease itself: store, instance, the one call, attribution, receipt.
+async fn lease(
+    plugin: &GrantedComponent,
+    limits: &Limits,
+    request: Request<'_>,
+    cancel: Option<&CancellationToken>,
+    setup: Setup,
+) -> (Result<Response, LeaseFailure>, UsageReceipt) {
+    let Setup {
+        capabilities,
+        net_grant,
+        preopens,
+        fence,
+        deadline,
+        started,
+    } = setup;
+    let sandbox = &plugin.sandbox.inner;
     let capture = Capture::new(limits.stdio_bytes);
     let lease_secrets = Arc::new(LeaseSecrets::new(
         Arc::clone(&plugin.component.inner.name),
         capabilities.shared_secrets(),
     ));
-    let preopens = match preopens(&capabilities) {
-        Ok(built) => built,
-        Err(reason) => return refuse(reason),
-    };
     let state = LeaseState {
         wasi: None,
         fs: LeaseFs::new(
@@ -470,7 +649,6 @@ pub(crate) async fn run(
     store
         .set_fuel(fuel_budget)
         .expect("the engine is configured to consume fuel");
-    let deadline = Instant::now() + limits.timeout;
     store.set_epoch_deadline(1);
     let ticks = fence.clone();
     store.epoch_deadline_callback(move |_| {
@@ -527,8 +705,9 @@ pub(crate) async fn run(
     drop(store);
     // A temporary file of an atomic replacement the lease could not finish
     // (cut short, or its own removal refused by the fence) is the host's
-    // to remove: the guest is gone.
-    debris.clear().await;
+    // to remove: the guest is gone. (Only a lease with mounts has any, and
+    // it runs on a lease thread, where this may block.)
+    debris.clear();
 
     let result = match ended {
         // A refused effect ends the lease as expired, whatever the guest
@@ -591,14 +770,15 @@ pub(crate) async fn run(
         network,
         unlisted,
         secrets: lease_secrets.uses(),
+        bundle: plugin.bundle.as_deref().cloned(),
     };
     (result, receipt)
 }
 
 /// The lease's WASI context, built from the plugin's effective grants on
 /// first use: stdout and stderr into the capture, the granted environment.
-/// Filesystem calls run on the blocking pool (the default), so the lease
-/// deadline races them; the mounts are the preopens of `LeaseFs`.
+/// The mounts are the preopens of `LeaseFs`, whose descriptors run their
+/// calls inline on the lease's thread (`fs.rs`).
 fn wasi_ctx<'a>(
     wasi: &'a mut Option<WasiCtx>,
     capabilities: &Capabilities,

@@ -13,7 +13,9 @@
 //!   ([`SandboxConfig::quick_compile_bytes`]);
 //! - **lease** ([`GrantedComponent`] methods): a fresh `Store` and instance
 //!   per call, built from the plugin's effective [`Capabilities`] and
-//!   [`Limits`], dropped when the call ends, with a [`UsageReceipt`].
+//!   [`Limits`], dropped when the call ends, with a [`UsageReceipt`]; a
+//!   lease with mounts runs on a lease thread of its own, where its
+//!   filesystem calls may block (`lease_threads`).
 //!
 //! Outbound HTTP (`net`) is linked only for components that import
 //! `wasi:http`, and every request is checked against the granted hosts.
@@ -36,6 +38,7 @@ mod exclusions;
 mod fs;
 mod imports;
 mod lease;
+mod lease_threads;
 mod limits;
 mod net;
 mod nofollow;
@@ -66,7 +69,7 @@ pub use exclusions::{ExclusionError, Exclusions};
 pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
 pub use nofollow::{NoFollowError, OpenedDir, open_dir as open_dir_nofollow};
-pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
+pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Provenance, Unlisted, UsageReceipt};
 pub use secrets::{Secret, SecretAction, SecretUse};
 pub use validity::{Moment, ProcessFence, ValidUntil};
 
@@ -106,7 +109,8 @@ pub struct SandboxConfig {
     /// load).
     pub cache_dir: Option<PathBuf>,
     /// Leases that may run at once; more wait for a slot. Sizes the pooling
-    /// allocator. Default: 128.
+    /// allocator, and bounds the lease threads that leases with mounts run
+    /// on (a stuck one keeps its slot until it returns). Default: 128.
     pub max_concurrent_leases: u32,
     /// The largest linear memory any plugin may be granted, in bytes.
     /// Default: 1 GiB.
@@ -173,7 +177,9 @@ struct SandboxInner {
     /// `linker` plus `wasi:http`, for components that import it.
     network_linker: Linker<LeaseState>,
     cache: Option<ComponentCache>,
-    lease_slots: Semaphore,
+    lease_slots: Arc<Semaphore>,
+    /// Where leases with mounts run, and the account of stuck ones.
+    lease_threads: Arc<lease_threads::LeaseThreads>,
     config: SandboxConfig,
     /// The engine quick compiles run on, made on first use: this engine's
     /// configuration with Cranelift's fast settings and no pool (it never
@@ -213,7 +219,8 @@ impl Sandbox {
                 linker,
                 network_linker,
                 cache,
-                lease_slots: Semaphore::new(config.max_concurrent_leases as usize),
+                lease_slots: Arc::new(Semaphore::new(config.max_concurrent_leases as usize)),
+                lease_threads: Arc::default(),
                 config,
                 quick: OnceLock::new(),
             }),
@@ -398,6 +405,7 @@ impl Sandbox {
             redactor: Arc::new(redactor),
             net_grant: Arc::new(net_grant),
             valid: None,
+            bundle: None,
         }
     }
 }
@@ -654,6 +662,8 @@ pub struct GrantedComponent {
     net_grant: Arc<NetGrant>,
     /// When set, every lease stops making effects once it passes.
     valid: Option<ValidUntil>,
+    /// The verified bundle this grant runs, stamped on every receipt.
+    bundle: Option<Arc<Provenance>>,
 }
 
 impl std::fmt::Debug for GrantedComponent {
@@ -708,6 +718,19 @@ impl GrantedComponent {
             valid: Some(valid),
             ..self.clone()
         }
+    }
+
+    /// The same component, each of whose leases' receipts names `bundle`:
+    /// the plugin host's verified provenance, so every call records which
+    /// bundle ran and who signed it.
+    pub fn with_bundle(mut self, bundle: Provenance) -> GrantedComponent {
+        self.bundle = Some(Arc::new(bundle));
+        self
+    }
+
+    /// The bundle this grant runs, when the plugin host verified one.
+    pub fn bundle(&self) -> Option<&Provenance> {
+        self.bundle.as_deref()
     }
 
     /// The narrowed capabilities (mounts read-only, no outbound host) that

@@ -12,10 +12,10 @@ use bytes::Bytes;
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::history::{self, HistoryChunk, HistoryDigest};
 use super::{
-    Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
-    EventStore, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, Revocation, RunFilter,
-    RunId, RunMeta, RunSummary, Settle, SettlingAppend, StatusClass, StoreError, StoredEvent,
-    Tombstone, VerifyReport,
+    Appended, ApprovalRule, COMMITMENTS, ChainBreak, ChainHash, ChainKey, Claim, Commitment,
+    CommitmentFilter, EventStore, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, RULES,
+    Revocation, RowsReport, RunFilter, RunId, RunMeta, RunSummary, SessionHead, Settle,
+    SettlingAppend, StatusClass, StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 
 /// An event store in memory. Cheap to create; everything is lost on drop.
@@ -37,6 +37,10 @@ pub struct MemoryStore {
     history: Mutex<HashMap<HistoryDigest, StoredChunk>>,
     /// Export cursors by reader, then run.
     cursors: Mutex<HashMap<String, BTreeMap<RunId, u64>>>,
+    /// What a start in each session reads, kept as runs are created and
+    /// their status set, as the persistent stores' `sessions` table is.
+    /// Locked after `runs`; never emptied by pruning.
+    sessions: Mutex<HashMap<String, SessionHead>>,
 }
 
 /// A history chunk's row: the chunk before it and its body.
@@ -153,6 +157,7 @@ impl MemoryStore {
             rules: Mutex::default(),
             history: Mutex::default(),
             cursors: Mutex::default(),
+            sessions: Mutex::default(),
         }
     }
 
@@ -169,6 +174,36 @@ impl MemoryStore {
     #[cfg(any(test, feature = "testing"))]
     pub(crate) fn tamper(&self, run_id: &RunId, edit: impl FnOnce(&mut MemRun)) {
         edit(self.runs().get_mut(run_id).expect("tampered run exists"));
+    }
+
+    fn sessions(&self) -> std::sync::MutexGuard<'_, HashMap<String, SessionHead>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Sets `run`'s status, keeping its session's head (see
+    /// `store/session.rs`): what the persistent stores' triggers do.
+    fn set_status(&self, run_id: &RunId, run: &mut MemRun, status: ListingStatus) {
+        let before = run.status;
+        run.status = status;
+        let Some(session) = &run.meta.session else {
+            return;
+        };
+        let mut sessions = self.sessions();
+        let head = sessions.entry(session.clone()).or_default();
+        if status == ListingStatus::COMPLETED && before != ListingStatus::COMPLETED {
+            head.completed += 1;
+            head.latest_completed = Some(run_id.clone());
+        }
+        if head
+            .active
+            .as_ref()
+            .is_some_and(|(active, _)| active == run_id)
+        {
+            head.active = (status.class() != StatusClass::Settled)
+                .then(|| (run_id.clone(), status.name().to_owned()));
+        }
     }
 
     fn history(&self) -> std::sync::MutexGuard<'_, HashMap<HistoryDigest, StoredChunk>> {
@@ -286,7 +321,7 @@ impl MemoryStore {
         }
         run.count += events.len() as u64;
         run.head = *hashes.last().expect("events is not empty");
-        run.status = listing.status;
+        self.set_status(run_id, run, listing.status);
         run.owes_deliveries = listing.owes_deliveries;
         run.wake_ms = listing.wake_ms;
         run.updated_ms = updated_ms;
@@ -312,23 +347,19 @@ impl EventStore for MemoryStore {
                 run_id: run_id.clone(),
             });
         }
-        if let Some(session) = &meta.session
-            && let Some((active, _)) = runs.iter().find(|(_, run)| {
-                run.meta.session.as_ref() == Some(session)
-                    && run.status.class() != StatusClass::Settled
-            })
-        {
-            return Err(StoreError::SessionBusy {
-                session: session.clone(),
-                active_run: active.clone(),
-            });
-        }
-        if let (Some(session), Some(expected)) = (&meta.session, meta.session_runs) {
-            let found = runs
-                .values()
-                .filter(|run| run.meta.session.as_ref() == Some(session))
-                .count() as u64;
-            if found != expected {
+        if let Some(session) = &meta.session {
+            let sessions = self.sessions();
+            let head = sessions.get(session);
+            if let Some((active, _)) = head.and_then(|h| h.active.as_ref()) {
+                return Err(StoreError::SessionBusy {
+                    session: session.clone(),
+                    active_run: active.clone(),
+                });
+            }
+            let found = head.map_or(0, |h| h.runs);
+            if let Some(expected) = meta.session_runs
+                && found != expected
+            {
                 return Err(StoreError::SessionChanged {
                     session: session.clone(),
                     expected,
@@ -353,6 +384,18 @@ impl EventStore for MemoryStore {
             .chain
             .link(&self.chain.genesis(run_id), 1, &first_event);
         let updated_ms = meta.created_ms;
+        if let Some(session) = &meta.session {
+            let mut sessions = self.sessions();
+            let head = sessions.entry(session.clone()).or_default();
+            head.runs += 1;
+            if status == ListingStatus::COMPLETED {
+                head.completed += 1;
+                head.latest_completed = Some(run_id.clone());
+            }
+            if status.class() != StatusClass::Settled {
+                head.active = Some((run_id.clone(), status.name().to_owned()));
+            }
+        }
         runs.insert(
             run_id.clone(),
             MemRun {
@@ -398,6 +441,10 @@ impl EventStore for MemoryStore {
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
         self.load_after(run_id, 0).await
+    }
+
+    async fn session_head(&self, session: &str) -> Result<SessionHead, StoreError> {
+        Ok(self.sessions().get(session).cloned().unwrap_or_default())
     }
 
     async fn load_after(
@@ -538,7 +585,7 @@ impl EventStore for MemoryStore {
         if run.holds(claim) {
             run.claim = None;
             if let Some(status) = status {
-                run.status = status;
+                self.set_status(&claim.run_id, run, status);
             }
         }
         Ok(())
@@ -605,6 +652,19 @@ impl EventStore for MemoryStore {
             .into_iter()
             .map(|id| {
                 let run = runs.remove(&id).expect("listed above");
+                // A pruned run holds its session no more (the persistent
+                // stores find the active run among the rows left).
+                if let Some(session) = &run.meta.session {
+                    let mut sessions = self.sessions();
+                    if let Some(head) = sessions.get_mut(session)
+                        && head
+                            .active
+                            .as_ref()
+                            .is_some_and(|(active, _)| *active == id)
+                    {
+                        head.active = None;
+                    }
+                }
                 let tombstone = Tombstone {
                     run_id: id.clone(),
                     agent: run.meta.agent,
@@ -755,6 +815,17 @@ impl EventStore for MemoryStore {
 
     async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
         Ok(self.rules_locked().iter().find(|r| r.id == id).cloned())
+    }
+
+    /// Nothing to find: the rows live in this process's memory, where
+    /// nothing outside the store can change them.
+    async fn verify_rows(&self) -> Result<RowsReport, StoreError> {
+        let rules = self.rules_locked().len() as u64;
+        let commitments = self.commitments().len() as u64;
+        Ok(RowsReport::new(
+            vec![(RULES, rules), (COMMITMENTS, commitments)],
+            Vec::new(),
+        ))
     }
 
     async fn revoke_rule(

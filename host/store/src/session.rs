@@ -18,6 +18,18 @@
 //! transaction; the persistent stores also carry a unique partial index
 //! over `(session)` for active runs, so two hosts racing to start in one
 //! session cannot both succeed whatever the isolation level.
+//!
+//! What a start needs is kept as runs are created and settle, so reading it
+//! costs the same however long the session ([`EventStore::session_head`]
+//! and [`SessionHead`]): the active run (the unique index above finds it),
+//! how many runs were ever created in the session, how many completed and
+//! which completed last. The persistent stores keep the counts in a
+//! `sessions` table written by triggers on `runs`, so every path that
+//! creates a run or sets its status (an append, a released claim) keeps it
+//! in the same transaction; a prune leaves the counts as they are (a
+//! pruned run was still lived in the session).
+//!
+//! [`EventStore::session_head`]: super::EventStore::session_head
 
 use std::fmt;
 use std::str::FromStr;
@@ -86,6 +98,76 @@ impl AsRef<str> for SessionId {
     fn as_ref(&self) -> &str {
         &self.0
     }
+}
+
+/// What a start in a session reads (see the [module docs](self)).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SessionHead {
+    /// How many runs were ever created in the session, pruned ones
+    /// included: what [`RunMeta::session_runs`](super::RunMeta::session_runs)
+    /// is compared with, and the next run's position.
+    pub runs: u64,
+    /// The session's active run (one not settled) and its listed status.
+    pub active: Option<(super::RunId, String)>,
+    /// How many of its runs completed.
+    pub completed: u64,
+    /// The run that completed last: in a session lived one run at a time,
+    /// the one whose history holds every other completed run. A reader
+    /// checks that (its history's count is `completed - 1`) before relying
+    /// on it.
+    pub latest_completed: Option<super::RunId>,
+}
+
+impl SessionHead {
+    /// The head as `runs` (the session's runs as listed, in any order)
+    /// show it: what a store that keeps no counts answers, reading every
+    /// run of the session. Pruned runs are not counted.
+    pub fn from_listing(runs: &[super::RunSummary]) -> Self {
+        let completed: Vec<&super::RunSummary> = runs
+            .iter()
+            .filter(|r| r.status == super::ListingStatus::COMPLETED.name())
+            .collect();
+        Self {
+            runs: runs.len() as u64,
+            active: runs
+                .iter()
+                .find(|r| !super::SETTLED_STATUSES.contains(&r.status.as_str()))
+                .map(|r| (r.run_id.clone(), r.status.clone())),
+            completed: completed.len() as u64,
+            latest_completed: completed
+                .iter()
+                .max_by_key(|r| (r.created_ms, r.run_id.clone()))
+                .map(|r| r.run_id.clone()),
+        }
+    }
+}
+
+/// A [`SessionHead`] from what a persistent store reads: its `sessions` row
+/// (runs, completed, latest completed; none for a session with no run) and
+/// its active run (id, status). A stored id that is not a valid run id is
+/// a [`StoreError::Backend`](super::StoreError::Backend) naming `context`.
+pub(crate) fn head_of_rows(
+    counts: Option<(i64, i64, Option<String>)>,
+    active: Option<(String, String)>,
+    context: impl Fn() -> String,
+) -> Result<SessionHead, super::StoreError> {
+    let id = |text: &str| {
+        super::RunId::new(text).map_err(|e| super::StoreError::Backend {
+            context: context(),
+            error: Box::new(e),
+        })
+    };
+    let (runs, completed, latest) = counts.unwrap_or((0, 0, None));
+    Ok(SessionHead {
+        runs: runs.max(0) as u64,
+        completed: completed.max(0) as u64,
+        latest_completed: latest.as_deref().map(id).transpose()?,
+        active: match active {
+            Some((run, status)) => Some((id(&run)?, status)),
+            None => None,
+        },
+    })
 }
 
 /// A string that is not a valid [`SessionId`].

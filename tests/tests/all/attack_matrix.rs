@@ -98,6 +98,7 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "mcp::serving_refuses_an_unprotected_bind_and_an_agent_without_plugin_tools",
             "mcp::the_python_sdk_uses_the_served_tools_over_streamable_http",
             "mcp::a_server_killed_mid_write_parks_it_and_never_makes_it_again",
+            "mcp::a_client_cannot_read_or_cancel_another_sessions_task",
         ]),
         (S::McpServe, A::Plugin) => Proven(&[
             "unit/host/engine/src/approval_prompt.rs::a_forged_preview_stays_below_wardens_account_as_data",
@@ -128,7 +129,14 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
         ),
 
         // ---- plugins, world by world ----
+        // A plugin's bundle tampered with on its way to the host (its
+        // component or manifest changed after its publisher signed it, a
+        // key the operator does not trust, no signature) is refused before
+        // it is compiled, and a changed bundle never replaces a locked one
+        // unseen.
         (S::Plugin(K::Tool), A::Plugin) => Proven(&[
+            "signing::tampered_untrusted_and_unsigned_bundles_are_refused_before_compiling",
+            "signing::a_lock_holds_runs_to_the_locked_bundle_and_upgrades_show_the_diff",
             "hostile::an_infinite_loop_runs_out_of_fuel",
             "hostile::memory_growth_past_the_limit_is_named_as_the_memory_limit",
             "isolation::a_spinning_guest_does_not_starve_other_leases",
@@ -141,6 +149,7 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
             "filesystem::a_temporary_file_a_lease_leaves_behind_is_removed_when_it_ends",
             "cli/cli::compiling_a_hostile_component_stops_at_the_operators_limits",
             "unit/host/store/src/sqlite/tests.rs::reads_do_not_wait_on_a_full_blocking_pool",
+            "attack_matrix::a_file_whose_reads_block_holds_no_more_than_its_plugins_share",
         ]),
         (S::Plugin(K::Tool), A::Model) => Proven(&[
             "narrowed::a_write_tool_on_a_read_only_mount_is_not_offered_and_never_asks_for_approval",
@@ -1209,4 +1218,212 @@ text = "Done."
     ] {
         assert!(said.contains(needle), "`{needle}` not in: {said}");
     }
+}
+
+/// The FUSE filesystem of `tests/fixtures/fuse_files.py`, mounted for as
+/// long as this lives: regular files whose reads block (`hang`: never
+/// answered but for an interrupt; `kmsg`: as `/proc/kmsg`, refused with
+/// EAGAIN when non-blocking, else as `hang`), and its account of the reads
+/// it got. Mounting needs root and /dev/fuse, as CI has: a machine without
+/// them fails the test, never skips it.
+struct BlockingFiles {
+    server: std::process::Child,
+    commands: Option<std::process::ChildStdin>,
+    answers: std::io::BufReader<std::process::ChildStdout>,
+    at: PathBuf,
+}
+
+impl BlockingFiles {
+    fn mount(at: &Path) -> BlockingFiles {
+        use std::io::BufRead as _;
+        std::fs::create_dir_all(at).unwrap();
+        let script = root().join("tests/fixtures/fuse_files.py");
+        let mut server = Command::new("python3")
+            .arg(script)
+            .arg(at)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3 runs");
+        let commands = server.stdin.take();
+        let mut answers = std::io::BufReader::new(server.stdout.take().unwrap());
+        let mut ready = String::new();
+        answers.read_line(&mut ready).unwrap();
+        assert_eq!(
+            ready.trim(),
+            "ready",
+            "the FUSE filesystem did not mount (it needs root and /dev/fuse)"
+        );
+        BlockingFiles {
+            server,
+            commands,
+            answers,
+            at: at.to_owned(),
+        }
+    }
+
+    /// Per file: `reads`, `unanswered`, `most_unanswered`, `eagain`.
+    fn count(&mut self) -> Value {
+        use std::io::{BufRead as _, Write as _};
+        let commands = self.commands.as_mut().unwrap();
+        commands.write_all(b"count\n").unwrap();
+        commands.flush().unwrap();
+        let mut line = String::new();
+        self.answers.read_line(&mut line).unwrap();
+        serde_json::from_str(&line).unwrap()
+    }
+}
+
+impl Drop for BlockingFiles {
+    fn drop(&mut self) {
+        // Closing its stdin unmounts it; a reader still waiting then fails.
+        drop(self.commands.take());
+        let started = std::time::Instant::now();
+        while started.elapsed() < Duration::from_secs(5) {
+            if let Ok(Some(_)) = self.server.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("umount").arg("-l").arg(&self.at).status();
+    }
+}
+
+/// Waits for `child` at most `within`; kills it and fails past that.
+fn exits_within(child: &mut std::process::Child, within: Duration) -> std::process::ExitStatus {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if started.elapsed() > within {
+            let _ = child.kill();
+            panic!("`warden run` had not exited after {within:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Break 6, and its next variants: a plugin granted a mount whose files'
+/// reads block reads them again and again in one `warden run` (real
+/// process, real wasmtime, a real FUSE filesystem made by the test).
+///
+/// - `kmsg` honours non-blocking descriptors, as `/proc/kmsg` does: the
+///   host keeps regular files non-blocking, so each read fails at once
+///   with `would-block` and none waits (on main, the host cleared
+///   `O_NONBLOCK` and every read waited out its lease).
+/// - `hang` never answers: the plugin holds at most its share of lease
+///   threads (8) whatever the number of calls (24 here; on main each call
+///   left a thread of tokio's blocking pool behind, 512 of which stalled
+///   the process); the calls past its share end at their deadline or are
+///   refused, naming the stuck leases.
+/// - Another plugin's filesystem call after them is answered, the store
+///   records the whole run, and `warden run` exits once it completed.
+#[test]
+fn a_file_whose_reads_block_holds_no_more_than_its_plugins_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let mut files = BlockingFiles::mount(&d.join("slow"));
+    std::fs::create_dir_all(d.join("work")).unwrap();
+    std::fs::write(d.join("work/notes.txt"), "shared notes").unwrap();
+    std::fs::write(
+        d.join("agent.toml"),
+        r#"name = "blocked"
+instructions = "Read."
+
+[model]
+provider = "scripted"
+name = "script"
+transcript = "transcript.toml"
+
+[plugins.slow]
+source = "builtin:fs"
+[plugins.slow.grant.mounts.workspace]
+dir = "slow"
+access = "read-only"
+[plugins.slow.grant.limits]
+timeout = "300ms"
+
+[plugins.files]
+source = "builtin:fs"
+[plugins.files.grant.mounts.workspace]
+dir = "work"
+access = "read-only"
+"#,
+    )
+    .unwrap();
+    let call = |plugin: &str, path: &str| {
+        format!(
+            "[[turns.tool_calls]]\nname = \"{plugin}__read_file\"\narguments = {{ path = \"{path}\" }}\n"
+        )
+    };
+    let mut transcript = String::from("[[turns]]\ntext = \"Reading.\"\n");
+    for _ in 0..4 {
+        transcript.push_str(&call("slow", "kmsg"));
+    }
+    for _ in 0..24 {
+        transcript.push_str(&call("slow", "hang"));
+    }
+    transcript.push_str(&call("files", "notes.txt"));
+    transcript.push_str("\n[[turns]]\ntext = \"Done.\"\n");
+    std::fs::write(d.join("transcript.toml"), transcript).unwrap();
+
+    let mut run = Command::new(warden_binary())
+        .args([
+            "run",
+            "agent.toml",
+            "go",
+            "--run-id",
+            "blocked",
+            "--store",
+            "runs.db",
+        ])
+        .current_dir(d)
+        .env(
+            "WARDEN_CACHE_DIR",
+            std::env::temp_dir().join("warden-tests-components"),
+        )
+        .env_remove("RUST_LOG")
+        .env_remove("WARDEN_STORE")
+        .env_remove("WARDEN_CONFIG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stderr = run.stderr.take().unwrap();
+    let said = std::thread::spawn(move || {
+        let mut text = String::new();
+        let _ = std::io::Read::read_to_string(&mut stderr, &mut text);
+        text
+    });
+    let status = exits_within(&mut run, Duration::from_secs(90));
+    let said = said.join().unwrap();
+    let count = files.count();
+    assert!(status.success(), "{said}\n{count}");
+
+    let kmsg = &count["kmsg"];
+    assert_eq!(kmsg["eagain"], 4, "non-blocking reads of kmsg: {count}");
+    assert_eq!(kmsg["most_unanswered"], 0, "a read of kmsg waited: {count}");
+    let hang = &count["hang"];
+    let most = hang["most_unanswered"].as_u64().unwrap();
+    assert!(
+        (1..=8).contains(&most),
+        "the plugin held {most} threads in reads of `hang` at once (its share is 8): {count}"
+    );
+    // The process exited: its threads' reads were interrupted, none is left.
+    assert_eq!(hang["unanswered"], 0, "{count}");
+
+    let events: Vec<String> = events(d, "blocked").iter().map(|e| e.to_string()).collect();
+    let all = events.join("\n");
+    assert!(
+        all.contains("shared notes"),
+        "the other plugin's read was not answered: {all}"
+    );
+    assert!(
+        all.contains("stuck"),
+        "no call past the share was refused naming the stuck leases: {all}"
+    );
+    assert!(all.contains("Done."), "the run did not complete: {all}");
 }

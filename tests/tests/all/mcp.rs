@@ -40,7 +40,7 @@ use crate::binary::warden_binary;
 /// The SDK version `.ci/run` installs.
 const SDK: &str = "2.3.0";
 
-const INSTALL: &str = "bash .ci/run's \"MCP client\" step, or: \
+const INSTALL: &str = "bash .ci/run (its mcp-venv install), or: \
     python3 -m venv target/mcp-venv && target/mcp-venv/bin/pip install mcp==2.3.0";
 
 fn repo() -> PathBuf {
@@ -503,7 +503,16 @@ impl Drop for Killed {
 /// `warden mcp serve --http` on an ephemeral loopback port with `token`,
 /// and its URL.
 fn start_http(dir: &Path, token: &str, flags: &[&str]) -> (Killed, String) {
-    let mut child = warden(dir)
+    start_http_on(dir, None, token, flags)
+}
+
+/// [`start_http`] on `store` (default: the fixture's SQLite file).
+fn start_http_on(dir: &Path, store: Option<&str>, token: &str, flags: &[&str]) -> (Killed, String) {
+    let mut server = warden(dir);
+    if let Some(store) = store {
+        server.env("WARDEN_STORE", store);
+    }
+    let mut child = server
         .args([
             "--json",
             "mcp",
@@ -684,7 +693,7 @@ fn ts_client(dir: &Path, args: &[&str]) {
         let js = repo().join("target/mcp-js");
         assert!(
             js.join("node_modules/@modelcontextprotocol/sdk").exists(),
-            "no TypeScript SDK in {}: run .ci/run's \"MCP servers\" step",
+            "no TypeScript SDK in {}: run .ci/run (its npm-tools install)",
             js.display()
         );
         let script = js.join("client.mjs");
@@ -752,4 +761,298 @@ fn the_typescript_sdk_uses_the_served_tools_over_streamable_http() {
     );
     ts_client(dir, &["http", url.as_str(), "ts-token"]);
     check_ts_recorded(dir);
+}
+
+/// The runs of the served sessions that made a call (a session that only
+/// listed or read starts one too: each read is a call).
+fn runs_with_a_write(dir: &Path) -> Vec<Value> {
+    session_runs(dir)
+        .into_iter()
+        .filter(|run| {
+            events(run, "model_call_completed")
+                .iter()
+                .any(|e| e.to_string().contains("hostile__fs"))
+        })
+        .collect()
+}
+
+/// The run holding the one write, once it has completed (within 30 s).
+fn the_completed_write_run(dir: &Path) -> Value {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let runs = runs_with_a_write(dir);
+        if runs.len() == 1 && runs[0]["status"] == "completed" || Instant::now() > deadline {
+            assert_eq!(runs.len(), 1, "{runs:#?}");
+            assert_eq!(runs[0]["status"], "completed", "{:#}", runs[0]);
+            return runs.into_iter().next().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The run and call waiting for approval, as an operator finds them.
+fn awaiting_approval(dir: &Path, store: Option<&str>) -> (String, String) {
+    let mut list = warden(dir);
+    if let Some(store) = store {
+        list.env("WARDEN_STORE", store);
+    }
+    let out = list
+        .args(["--json", "runs", "list", "--status", "awaiting_approval"])
+        .output()
+        .unwrap();
+    let runs: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let run = runs[0]["run_id"]
+        .as_str()
+        .expect("a run awaits approval")
+        .to_owned();
+    let mut show = warden(dir);
+    if let Some(store) = store {
+        show.env("WARDEN_STORE", store);
+    }
+    let out = show
+        .args(["--json", "runs", "show", &run])
+        .output()
+        .unwrap();
+    let shown: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let call = shown["next"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|step| step["action"] == "approve")
+        .and_then(|step| step["command"].as_str())
+        .and_then(|command| command.split_whitespace().last())
+        .expect("an approve step")
+        .to_owned();
+    (run, call)
+}
+
+/// `warden runs approve RUN CALL` from another terminal, on `store`.
+fn approve(dir: &Path, store: Option<&str>, run: &str, call: &str) {
+    let mut command = warden(dir);
+    if let Some(store) = store {
+        command.env("WARDEN_STORE", store);
+    }
+    let out = command
+        .args(["--json", "runs", "approve", run, call])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "approve: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// What a task approved once left: its run completed, the write approved
+/// by the operator once, recorded as an intent and a completion, and made
+/// once.
+fn check_task_made_once(dir: &Path) {
+    let run = &the_completed_write_run(dir);
+    assert_eq!(events(run, "approval_granted").len(), 1, "{run:#}");
+    assert!(events(run, "approval_denied").is_empty(), "{run:#}");
+    assert_eq!(events(run, "tool_call_intent").len(), 1, "{run:#}");
+    assert_eq!(events(run, "tool_call_completed").len(), 1, "{run:#}");
+    assert!(run["labels"]["mcp_task_key"].is_string(), "{run:#}");
+    assert_eq!(effects(dir), ["tasked"]);
+}
+
+/// Both protocol revisions from one endpoint: the official Python SDK's
+/// `Client` shaking hands (`initialize`, 2025-11-25) and discovering
+/// (`server/discover`, 2026-07-28, no session), each listing and calling.
+#[test]
+fn both_revisions_are_served_over_stdio() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    run_client(
+        dir,
+        &["stdio", bin.to_str().unwrap(), "agent.toml", "revisions"],
+    );
+}
+
+#[test]
+fn both_revisions_are_served_over_streamable_http() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "tok", &[]);
+    run_client(dir, &["http", &url, "tok", "revisions"]);
+}
+
+/// A write that parks for approval, from a client that takes tasks
+/// (2026-07-28 over HTTP): answered at once with a handle; the client
+/// leaves and `warden mcp serve` is killed; an operator approves from
+/// another terminal; a new server, polled by a new client with the kept
+/// handle, makes the write once and answers its result.
+#[test]
+fn a_task_survives_its_client_and_a_server_restart_and_is_made_once_over_streamable_http() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (server, url) = start_http(dir, "tok", &["--claim-ttl", "1s"]);
+    run_client(dir, &["http", &url, "tok", "task_park"]);
+    drop(server);
+    assert!(effects(dir).is_empty(), "{:?}", effects(dir));
+    let (run, call) = awaiting_approval(dir, None);
+    approve(dir, None, &run, &call);
+    let (_server, url) = start_http(dir, "tok", &["--claim-ttl", "1s"]);
+    run_client(dir, &["http", &url, "tok", "task_result"]);
+    check_task_made_once(dir);
+}
+
+/// The same over stdio: the server exits when its client leaves; the next
+/// client's server finds the approved task and makes it once.
+#[test]
+fn a_task_survives_its_client_and_its_server_and_is_made_once_over_stdio() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    let bin = bin.to_str().unwrap();
+    run_client(dir, &["stdio", bin, "agent.toml", "task_park"]);
+    let (run, call) = awaiting_approval(dir, None);
+    approve(dir, None, &run, &call);
+    run_client(dir, &["stdio", bin, "agent.toml", "task_result"]);
+    check_task_made_once(dir);
+}
+
+/// A task cancelled while its write waits for approval: withdrawn by the
+/// denial a cancelled call gets, `cancelled`, a later approval refused,
+/// the write never made, the run completed.
+#[test]
+fn a_cancelled_task_is_withdrawn_and_never_made() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    run_client(
+        dir,
+        &[
+            "stdio",
+            bin.to_str().unwrap(),
+            "agent.toml",
+            "task_cancel_parked",
+        ],
+    );
+    let (_server, url) = start_http(dir, "tok", &[]);
+    run_client(dir, &["http", &url, "tok", "task_cancel_parked"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let runs = loop {
+        let runs = runs_with_a_write(dir);
+        if runs.iter().all(|r| r["status"] == "completed") || Instant::now() > deadline {
+            break runs;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert_eq!(runs.len(), 2, "{runs:#?}");
+    for run in &runs {
+        assert_eq!(run["status"], "completed", "{run:#}");
+        assert!(events(run, "approval_granted").is_empty(), "{run:#}");
+        assert!(events(run, "tool_call_intent").is_empty(), "{run:#}");
+        let denied = events(run, "approval_denied");
+        assert_eq!(denied.len(), 1, "{run:#}");
+        assert_eq!(denied[0]["by"], "warden mcp serve", "{run:#}");
+        assert_eq!(
+            denied[0]["reason"], "the client cancelled the task",
+            "{run:#}"
+        );
+    }
+    assert!(effects(dir).is_empty(), "{:?}", effects(dir));
+}
+
+/// Under `--approvals client` (stdio's default) a task asks its client for
+/// the approval form; the client's `tasks/update` approves it, recorded
+/// under the local account (never the client's name), made once.
+#[test]
+fn a_tasks_client_approves_it_through_the_task_when_the_operator_lets_it() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let bin = warden_binary();
+    run_client(
+        dir,
+        &[
+            "stdio",
+            bin.to_str().unwrap(),
+            "agent.toml",
+            "task_client_approves",
+        ],
+    );
+    let run = &the_completed_write_run(dir);
+    let granted = events(run, "approval_granted");
+    assert_eq!(granted.len(), 1, "{run:#}");
+    assert_eq!(
+        granted[0]["by"],
+        format!("mcp:stdio:{}", account()),
+        "{run:#}"
+    );
+    assert_eq!(events(run, "tool_call_intent").len(), 1, "{run:#}");
+    assert_eq!(effects(dir), ["client-approved"]);
+}
+
+/// Task handles are capabilities: a client that did not receive one
+/// cannot read or cancel another session's task by its run and call ids,
+/// nor reach a run through a made-up handle (`-32602`, as an unknown
+/// task); the owner's task is untouched until the owner cancels it.
+#[test]
+fn a_client_cannot_read_or_cancel_another_sessions_task() {
+    let fx = served();
+    let dir = fx.dir.path();
+    let (_server, url) = start_http(dir, "tok", &[]);
+    run_client(dir, &["http", &url, "tok", "task_foreign"]);
+    assert!(effects(dir).is_empty(), "{:?}", effects(dir));
+}
+
+/// A task approved while no `warden mcp serve` runs is finished by a
+/// `warden worker` on PostgreSQL (with the agent file's model: the session
+/// is over), and the handle reads its result from any server after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_approved_with_no_server_is_finished_by_a_worker_on_postgres() {
+    let Some(pg) = crate::workers::PgSchema::new("mcptask").await else {
+        return;
+    };
+    let url = pg.url.clone();
+    tokio::task::spawn_blocking(move || {
+        let fx = served();
+        let dir = fx.dir.path();
+        // The worker's model ends the run whatever turn it is asked for.
+        std::fs::write(
+            fx.path("transcript.toml"),
+            "repeat = true\n[[turns]]\ntext = \"This agent's tools are served over MCP.\"\n",
+        )
+        .unwrap();
+        let store = Some(url.as_str());
+        let (server, mcp) = start_http_on(dir, store, "tok", &["--claim-ttl", "1s"]);
+        run_client_with(
+            dir,
+            &["http", &mcp, "tok", "task_park"],
+            &[("WARDEN_STORE", &url)],
+        );
+        drop(server);
+        let (run, call) = awaiting_approval(dir, store);
+        approve(dir, store, &run, &call);
+        let _worker = Killed(
+            warden(dir)
+                .env("WARDEN_STORE", &url)
+                .args(["worker", "--poll", "50ms", "--claim-ttl", "5s"])
+                .stdout(Stdio::null())
+                .stderr(std::fs::File::create(dir.join("worker.log")).unwrap())
+                .spawn()
+                .unwrap(),
+        );
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !effects(dir).contains(&"tasked".to_owned()) {
+            assert!(
+                Instant::now() < deadline,
+                "the worker never made the write:\n{}",
+                std::fs::read_to_string(dir.join("worker.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let (_server, mcp) = start_http_on(dir, store, "tok", &[]);
+        run_client_with(
+            dir,
+            &["http", &mcp, "tok", "task_result"],
+            &[("WARDEN_STORE", &url)],
+        );
+        assert_eq!(effects(dir), ["tasked"]);
+    })
+    .await
+    .unwrap();
 }

@@ -47,7 +47,7 @@ pub(crate) fn python() -> (PathBuf, PathBuf) {
     let python = repo().join("target/mcp-venv/bin/python");
     assert!(
         python.exists(),
-        "no virtual environment at {}: run .ci/run's \"MCP client\" step",
+        "no virtual environment at {}: run .ci/run (its mcp-venv install)",
         python.display()
     );
     let out = Command::new(&python)
@@ -596,7 +596,7 @@ fn reference_server() -> PathBuf {
         .join("target/mcp-js/node_modules/@modelcontextprotocol/server-filesystem/dist/index.js");
     assert!(
         server.exists(),
-        "no reference server at {}: run .ci/run's \"MCP servers\" step",
+        "no reference server at {}: run .ci/run (its npm-tools install)",
         server.display()
     );
     server
@@ -792,7 +792,7 @@ fn server_everythings_hyphenated_tools_are_called_through_an_agent() {
         .join("target/mcp-js/node_modules/@modelcontextprotocol/server-everything/dist/index.js");
     assert!(
         server.exists(),
-        "no server-everything at {}: run .ci/run's \"MCP servers\" step",
+        "no server-everything at {}: run .ci/run (its npm-tools install)",
         server.display()
     );
     python(); // bubblewrap's check

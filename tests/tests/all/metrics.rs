@@ -1,7 +1,7 @@
 //! `/metrics` as Prometheus scrapes it: `warden serve`'s (behind a token)
 //! and `warden worker --metrics`'s (loopback only), on the quick start's
 //! demo. Prometheus's own `promtool check metrics` (Debian's `prometheus`
-//! package; `.ci/run`'s "OpenTelemetry receiver" step installs it) accepts
+//! package; `.ci/run` installs it with its Debian packages) accepts
 //! the output, and the counters move as the run proceeds: the park for
 //! approval, then the approved write. Without `promtool` the test fails
 //! naming the step.
@@ -64,7 +64,7 @@ fn promtool_accepts(text: &str) {
         .spawn()
         .unwrap_or_else(|e| {
             panic!(
-                "cannot run promtool ({e}): bash .ci/run's \"OpenTelemetry receiver\" step installs it (apt-get install prometheus)"
+                "cannot run promtool ({e}): bash .ci/run installs it with its Debian packages (apt-get install prometheus)"
             )
         });
     child

@@ -1,6 +1,6 @@
 //! Traces from the log, received by a real OTLP receiver: Arize Phoenix
 //! (`phoenix serve`, from PyPI, in `target/phoenix-venv`; `.ci/run`'s
-//! "OpenTelemetry receiver" step installs it, pinned). `warden otel export`
+//! phoenix-venv install, pinned). `warden otel export`
 //! sends the quick start's demo run, a planner whose child waits for an
 //! approval, a run killed mid-way and recovered, and a fork; the spans are
 //! then read back through Phoenix's own REST API: parentage (a child's run
@@ -24,7 +24,7 @@ use crate::serve::{Killed, demo, warden};
 /// The Phoenix release `.ci/run` pins.
 const PHOENIX: &str = "20.26.1";
 
-const INSTALL: &str = "bash .ci/run's \"OpenTelemetry receiver\" step, or: \
+const INSTALL: &str = "bash .ci/run (its phoenix-venv install), or: \
     python3 -m venv target/phoenix-venv && target/phoenix-venv/bin/pip install arize-phoenix==20.26.1";
 
 fn phoenix_binary() -> PathBuf {

@@ -25,6 +25,7 @@ use warden::plugins::PluginHost;
 use warden::providers::{
     Message, ModelProvider, ModelRequest, ModelStream, ProviderEvent, StopReason, ToolCall, Usage,
 };
+use warden::store::testing::{Hooks, Intercepted, Read};
 use warden::store::{EventStore, MemoryStore, SqliteStore};
 
 use super::workers::PgSchema;
@@ -624,4 +625,94 @@ async fn ties_in_creation_time_never_reorder_a_session_on_sqlite() {
     let dir = tempfile::tempdir().unwrap();
     let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
     ties_in_creation_time_never_reorder_a_session(Arc::new(store)).await;
+}
+
+/// Counts the reads a start makes: logs loaded and listings read.
+#[derive(Default)]
+struct Reads {
+    logs: AtomicUsize,
+    lists: AtomicUsize,
+}
+
+struct CountReads(Arc<Reads>);
+
+impl Hooks for CountReads {
+    fn before_read(&self, read: Read<'_>) {
+        match read {
+            Read::Log(_) => self.0.logs.fetch_add(1, Ordering::SeqCst),
+            Read::List(_) => self.0.lists.fetch_add(1, Ordering::SeqCst),
+            Read::SessionHead(_) => 0,
+        };
+    }
+}
+
+/// A start late in a session reads what a start early in it reads: the
+/// store's head of the session and one log (the run that completed last),
+/// never the listing of the session's runs, so a session's life costs
+/// O(n), not O(n²). A failed run in between changes nothing.
+async fn a_start_reads_the_same_however_long_the_session(store: Arc<dyn EventStore>) {
+    let reads = Arc::new(Reads::default());
+    let store: Arc<dyn EventStore> = Arc::new(Intercepted {
+        inner: store,
+        hooks: CountReads(Arc::clone(&reads)),
+    });
+    let chat = ChatAgent::new("never");
+    let rt = chat_runtime(Arc::clone(&store), Arc::new(ChatModel::default()));
+    let s = session("long");
+    let mut seen = Vec::new();
+    for turn in 0..12 {
+        let (logs, lists) = (
+            reads.logs.load(Ordering::SeqCst),
+            reads.lists.load(Ordering::SeqCst),
+        );
+        let run = rt
+            .start(
+                &chat.agent,
+                json!(format!("turn {turn}")),
+                StartOptions::new().session(s.clone()),
+            )
+            .await
+            .unwrap();
+        seen.push((
+            reads.logs.load(Ordering::SeqCst) - logs,
+            reads.lists.load(Ordering::SeqCst) - lists,
+        ));
+        if turn == 5 {
+            rt.cancel(&run, None, None).await.unwrap();
+            continue;
+        }
+        assert_eq!(
+            rt.drive(&run, &chat.agent).await.unwrap(),
+            RunStatus::Completed
+        );
+    }
+    assert_eq!(seen[0], (0, 0), "the first start reads no log");
+    assert!(
+        seen[1..].iter().all(|&r| r == (1, 0)),
+        "each later start reads one log and lists nothing: {seen:?}"
+    );
+    let runs = rt.session_runs(&s).await.unwrap();
+    assert_eq!(runs.len(), 12);
+    assert_eq!(runs[11].position, 11);
+    assert_eq!(runs[11].history_runs, 10, "every completed run before it");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_reads_the_same_however_long_the_session_on_memory() {
+    a_start_reads_the_same_however_long_the_session(Arc::new(MemoryStore::new())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_reads_the_same_however_long_the_session_on_sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(dir.path().join("runs.db")).unwrap();
+    a_start_reads_the_same_however_long_the_session(Arc::new(store)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_reads_the_same_however_long_the_session_on_postgres() {
+    let Some(pg) = PgSchema::new("sessions_flat").await else {
+        return;
+    };
+    a_start_reads_the_same_however_long_the_session(Arc::new(pg.store().await)).await;
 }

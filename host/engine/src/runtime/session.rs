@@ -35,18 +35,18 @@
 //! run before it), so a start reads one log and no history: the latest
 //! run's chain and its transcript make the new chunk. The latest is the
 //! completed run whose history holds the most runs, so ties in creation
-//! time never reorder a session. In the usual case that is the completed
-//! run created last, whose history counts every other completed run of the
-//! session; only when creation times tie or went backwards (or runs were
-//! pruned) are all read.
+//! time never reorder a session. In the usual case that is the run that
+//! completed last, which the store keeps with the session's counts and its
+//! active run ([`SessionHead`](warden_store::SessionHead)), so a start
+//! reads neither the session's listing nor more than one log, however long
+//! the session; only when that run's history does not count every other
+//! completed run (it was pruned, say) are all read.
 
 use std::collections::BTreeMap;
 
 use serde_json::Value;
 use warden_providers::Message;
-use warden_store::{
-    EventStore, HistoryChunk, HistoryDigest, RunFilter, RunSummary, SETTLED_STATUSES, StoreError,
-};
+use warden_store::{EventStore, HistoryChunk, HistoryDigest, RunFilter, RunSummary, StoreError};
 
 use super::RuntimeError;
 use super::log::decoded;
@@ -220,43 +220,49 @@ pub(crate) fn opening(session_id: &SessionId, position: u64, ended: &[Ended]) ->
 /// records, and how many runs the session holds (for
 /// [`RunMeta::session_runs`](warden_store::RunMeta::session_runs)).
 /// A session with an active run is [`RuntimeError::SessionBusy`] at once.
+///
+/// It costs the same however long the session: the store's
+/// [`SessionHead`](warden_store::SessionHead) (one row and an index
+/// lookup) and the log of the run that completed last.
 pub(crate) async fn read(
     store: &dyn EventStore,
     session_id: &SessionId,
 ) -> Result<(Opening, u64), RuntimeError> {
+    let head = store.session_head(session_id.as_str()).await?;
+    if let Some((active_run, _)) = head.active {
+        return Err(RuntimeError::SessionBusy {
+            session_id: session_id.clone(),
+            active_run,
+        });
+    }
+    let held = head.runs;
+    let Some(candidate) = head.latest_completed else {
+        return Ok((opening(session_id, held, &[]), held));
+    };
+    // The run that completed last is the latest when its history holds
+    // every other completed run (the usual case, a session lived one run
+    // at a time: one log read); its history holds only runs of the session
+    // that completed, so the count tells. Otherwise (it was pruned, or
+    // something unusual reordered the session) read them all.
+    match load_ended(store, session_id, &candidate).await {
+        Ok(latest) if latest.recorded.history_run_count() + 1 == head.completed => {
+            return Ok((opening(session_id, held, &[latest]), held));
+        }
+        Ok(_) | Err(RuntimeError::UnknownRun { .. }) => {}
+        Err(RuntimeError::Store {
+            error: StoreError::Pruned { .. },
+        }) => {}
+        Err(error) => return Err(error),
+    }
     let runs = store
         .list(&RunFilter::new().session(session_id.as_str()))
         .await?;
-    if let Some(active) = runs
-        .iter()
-        .find(|r| !SETTLED_STATUSES.contains(&r.status.as_str()))
-    {
-        return Err(RuntimeError::SessionBusy {
-            session_id: session_id.clone(),
-            active_run: active.run_id.clone(),
-        });
-    }
-    let held = runs.len() as u64;
-    let completed: Vec<&RunId> = runs
+    let mut ended = Vec::new();
+    for run in runs
         .iter()
         .filter(|r| r.status == RunStatus::Completed.as_str())
-        .map(|r| &r.run_id)
-        .collect();
-    // The latest created is the latest completed when its history holds
-    // every other completed run (the usual case: one log read); its history
-    // holds only runs of the session that completed, so the count tells.
-    // Otherwise (creation times that tie or went backwards, or pruned runs)
-    // read them all.
-    let Some(&candidate) = completed.last() else {
-        return Ok((opening(session_id, held, &[]), held));
-    };
-    let latest = load_ended(store, session_id, candidate).await?;
-    if latest.recorded.history_run_count() + 1 == completed.len() as u64 {
-        return Ok((opening(session_id, held, &[latest]), held));
-    }
-    let mut ended = vec![latest];
-    for run in completed.into_iter().filter(|r| *r != candidate) {
-        ended.push(load_ended(store, session_id, run).await?);
+    {
+        ended.push(load_ended(store, session_id, &run.run_id).await?);
     }
     Ok((opening(session_id, held, &ended), held))
 }

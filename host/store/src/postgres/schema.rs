@@ -6,6 +6,7 @@ use tokio_postgres::Transaction;
 
 use super::pg_error;
 use crate::StoreError;
+use crate::chain::Chain;
 
 /// Migrations in order; migration `i` (0-based) takes the schema from
 /// version `i` to `i + 1`. Never edit one that has shipped: add another.
@@ -64,6 +65,21 @@ use crate::StoreError;
 /// outside the engine (the OpenTelemetry exporter) has taken, one row per
 /// reader and run, only ever moved forward (`ON CONFLICT … WHERE` the new
 /// value is larger, so two hosts exporting at once never move it back).
+///
+/// Version 9 adds `sessions`: per session, how many runs were ever created
+/// in it, how many completed and which completed last (see
+/// `store/session.rs`), filled from the runs an older store holds, then
+/// kept by two row triggers on `runs` (a run inserted; a run's status set
+/// to `completed`), so every write path keeps it in its own transaction and
+/// a start reads one row instead of listing the session. A prune deletes
+/// no row of it. The trigger functions name `sessions` unqualified: every
+/// connection's `search_path` is the store's schema.
+///
+/// Version 10 adds `seal` to `approval_rules` and `commitments`: each row's
+/// seal (see `store/sealed.rs`), written with the row and checked on every
+/// read that acts on it. The rows an older store held are sealed as found,
+/// with the store's chain, by [`migrate`] in the migration's transaction
+/// ([`SEALED_FROM`]); SQL alone cannot compute a seal.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -161,7 +177,53 @@ CREATE TABLE IF NOT EXISTS export_cursors (
     PRIMARY KEY (reader, run_id)
 );
 "#,
+    r#"
+CREATE TABLE IF NOT EXISTS sessions (
+    session          text   NOT NULL PRIMARY KEY,
+    runs             bigint NOT NULL,
+    completed        bigint NOT NULL,
+    latest_completed text
+);
+INSERT INTO sessions (session, runs, completed, latest_completed)
+SELECT r.session, count(*), count(*) FILTER (WHERE r.status = 'completed'),
+       (SELECT l.id FROM runs l WHERE l.session = r.session AND l.status = 'completed'
+        ORDER BY l.created_ms DESC, l.id DESC LIMIT 1)
+FROM runs r WHERE r.session IS NOT NULL GROUP BY r.session
+ON CONFLICT (session) DO NOTHING;
+CREATE OR REPLACE FUNCTION warden_session_created() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO sessions AS s (session, runs, completed, latest_completed)
+    VALUES (NEW.session, 1, CASE WHEN NEW.status = 'completed' THEN 1 ELSE 0 END,
+            CASE WHEN NEW.status = 'completed' THEN NEW.id END)
+    ON CONFLICT (session) DO UPDATE SET
+        runs = s.runs + 1,
+        completed = s.completed + EXCLUDED.completed,
+        latest_completed = coalesce(EXCLUDED.latest_completed, s.latest_completed);
+    RETURN NULL;
+END $$;
+CREATE OR REPLACE FUNCTION warden_session_completed() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE sessions SET completed = completed + 1, latest_completed = NEW.id
+    WHERE session = NEW.session;
+    RETURN NULL;
+END $$;
+DROP TRIGGER IF EXISTS runs_session_created ON runs;
+CREATE TRIGGER runs_session_created AFTER INSERT ON runs FOR EACH ROW
+    WHEN (NEW.session IS NOT NULL) EXECUTE FUNCTION warden_session_created();
+DROP TRIGGER IF EXISTS runs_session_completed ON runs;
+CREATE TRIGGER runs_session_completed AFTER UPDATE OF status ON runs FOR EACH ROW
+    WHEN (NEW.session IS NOT NULL AND NEW.status = 'completed' AND OLD.status <> 'completed')
+    EXECUTE FUNCTION warden_session_completed();
+"#,
+    r#"
+ALTER TABLE approval_rules ADD COLUMN IF NOT EXISTS seal bytea;
+ALTER TABLE commitments ADD COLUMN IF NOT EXISTS seal bytea;
+"#,
 ];
+
+/// The schema version whose migration adds the seals: a store migrated
+/// from below it has its existing rows sealed.
+pub(super) const SEALED_FROM: i64 = 10;
 
 /// The schema version this build writes and reads.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -246,8 +308,10 @@ pub(super) async fn check(
 pub(super) async fn migrate(
     tx: &Transaction<'_>,
     schema: &str,
-    chain_mode: &str,
+    chain: &Chain,
 ) -> Result<Vec<i64>, StoreError> {
+    let chain_mode = chain.mode();
+    let chain_mode = chain_mode.as_str();
     let context = || format!("postgres: cannot migrate schema {schema}");
     // One migrator per schema at a time, across hosts.
     tx.execute(
@@ -317,5 +381,77 @@ pub(super) async fn migrate(
             });
         }
     }
+    // After the chain mode is known to be the store's: the seals are
+    // computed with its chain.
+    if found < SEALED_FROM {
+        seal_existing(tx, schema, chain)
+            .await
+            .map_err(|e| pg_error(context(), e))?;
+    }
     Ok(applied)
+}
+
+/// Seals every rule and commitment as found, for a store migrated from
+/// before seals existed (see `store/sealed.rs`): an edit made before the
+/// upgrade is sealed with the rest, which docs/security.md states.
+async fn seal_existing(
+    tx: &Transaction<'_>,
+    schema: &str,
+    chain: &Chain,
+) -> Result<(), tokio_postgres::Error> {
+    let rules = tx
+        .query(
+            &format!(
+                "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms
+                 FROM {schema}.approval_rules"
+            ),
+            &[],
+        )
+        .await?;
+    for row in &rules {
+        let revoked_by: Option<String> = row.get(5);
+        let revoked_ms: Option<i64> = row.get(6);
+        let rule = crate::ApprovalRule {
+            id: row.get(0),
+            spec: row.get(1),
+            created_by: row.get(2),
+            created_ms: row.get(3),
+            expires_ms: row.get(4),
+            revoked: revoked_by.map(|by| crate::Revocation {
+                by,
+                at_ms: revoked_ms.unwrap_or_default(),
+            }),
+        };
+        let seal = crate::sealed::rule(chain, &rule);
+        tx.execute(
+            &format!("UPDATE {schema}.approval_rules SET seal = $2 WHERE id = $1"),
+            &[&rule.id, &seal.as_bytes().as_slice()],
+        )
+        .await?;
+    }
+    let commitments = tx
+        .query(
+            &format!("SELECT key, run_id, call_id, result FROM {schema}.commitments"),
+            &[],
+        )
+        .await?;
+    for row in &commitments {
+        let (key, run_id, call_id): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        let result: Option<Vec<u8>> = row.get(3);
+        let seal = crate::sealed::commitment(chain, &key, &run_id, &call_id, result.as_deref());
+        tx.execute(
+            &format!("UPDATE {schema}.commitments SET seal = $2 WHERE key = $1"),
+            &[&key, &seal.as_bytes().as_slice()],
+        )
+        .await?;
+    }
+    if !rules.is_empty() || !commitments.is_empty() {
+        tracing::info!(
+            schema,
+            rules = rules.len(),
+            commitments = commitments.len(),
+            "sealed the rules and commitments a store held before seals existed"
+        );
+    }
+    Ok(())
 }

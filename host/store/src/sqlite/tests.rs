@@ -198,7 +198,9 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks;
+            "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks;
              ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
              DROP INDEX runs_waking;
@@ -231,6 +233,65 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
     assert_eq!(claimed.len(), 1);
 }
 
+/// A version 9 file (before `sessions`) is migrated on open: the counts of
+/// its sessions are filled from the runs it holds (the latest completed run
+/// by creation), and kept from there on.
+#[tokio::test]
+async fn a_version_9_store_migrates_and_counts_its_sessions() {
+    let backend = SqliteBackend::new();
+    {
+        let store = SqliteStore::open(backend.path()).unwrap();
+        for (run, created, status) in [
+            ("one", 1, ListingStatus::COMPLETED),
+            ("two", 2, ListingStatus::FAILED),
+            ("three", 3, ListingStatus::COMPLETED),
+            ("four", 4, ListingStatus::RUNNING),
+        ] {
+            let mut m = meta("agent", created);
+            m.session = Some("chat".into());
+            store
+                .create(&id(run), m, ev("start"), ListingStatus::RUNNING)
+                .await
+                .unwrap();
+            if status != ListingStatus::RUNNING {
+                store
+                    .append(&id(run), 1, &[ev("end")], status.into(), created)
+                    .await
+                    .unwrap();
+            }
+        }
+    }
+    backend
+        .raw()
+        .execute_batch(
+            "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed;
+             DROP TABLE sessions; PRAGMA user_version = 9;
+             ALTER TABLE commitments DROP COLUMN seal; ALTER TABLE approval_rules DROP COLUMN seal;",
+        )
+        .unwrap();
+    let store = SqliteStore::open(backend.path()).unwrap();
+    let head = store.session_head("chat").await.unwrap();
+    assert_eq!((head.runs, head.completed), (4, 2));
+    assert_eq!(head.latest_completed, Some(id("three")));
+    assert_eq!(head.active, Some((id("four"), "running".to_owned())));
+    store
+        .append(
+            &id("four"),
+            1,
+            &[ev("end")],
+            ListingStatus::COMPLETED.into(),
+            5,
+        )
+        .await
+        .unwrap();
+    let head = store.session_head("chat").await.unwrap();
+    assert_eq!(
+        (head.completed, head.latest_completed),
+        (3, Some(id("four")))
+    );
+    assert_eq!(head.active, None);
+}
+
 /// A version 7 file (before `history_chunks`) is migrated on open: its
 /// runs are kept and intact, and a create can write history chunks.
 #[tokio::test]
@@ -243,7 +304,9 @@ async fn a_version_7_store_migrates_and_takes_history_chunks() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head; PRAGMA user_version = 7;",
+            "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal; ALTER TABLE approval_rules DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head; PRAGMA user_version = 7;",
         )
         .unwrap();
     let store = SqliteStore::open(backend.path()).unwrap();
@@ -276,7 +339,9 @@ async fn a_version_6_store_migrates_and_holds_no_rules() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head;
+            "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules; PRAGMA user_version = 6;",
         )
         .unwrap();
@@ -314,7 +379,9 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
     backend
         .raw()
         .execute_batch(
-            "DROP TABLE export_cursors; DROP TABLE history_chunks;
+            "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal;
+             DROP TABLE export_cursors; DROP TABLE history_chunks;
              ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
              DROP INDEX runs_waking;
@@ -330,7 +397,7 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, schema::SCHEMA_VERSION);
-    assert_eq!(schema::SCHEMA_VERSION, 9);
+    assert_eq!(schema::SCHEMA_VERSION, 11);
     let summary = store.summary(&id("old")).await.unwrap();
     assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
     assert!(store.verify(&id("old")).await.unwrap().is_intact());

@@ -12,7 +12,8 @@ use bytes::Bytes;
 use crate::{
     Appended, ApprovalRule, Claim, Commitment, CommitmentFilter, Durability, EventStore,
     HistoryChunk, HistoryDigest, Holder, KeyClaim, Listing, ListingStatus, PruneFilter, RunFilter,
-    RunId, RunMeta, RunSummary, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport,
+    RunId, RunMeta, RunSummary, SessionHead, SettlingAppend, StoreError, StoredEvent, Tombstone,
+    VerifyReport,
 };
 
 /// Which kind of append a hook sees.
@@ -84,6 +85,23 @@ pub trait Hooks: Send + Sync {
     fn before_claim_commitment(&self, key: &str) {
         let _ = key;
     }
+
+    /// Before a read of the store: a run's log loaded (whole or a tail),
+    /// the listing read, or a session's head.
+    fn before_read(&self, read: Read<'_>) {
+        let _ = read;
+    }
+}
+
+/// A read [`Hooks::before_read`] sees.
+#[derive(Clone, Copy, Debug)]
+pub enum Read<'a> {
+    /// [`EventStore::load`] or [`EventStore::load_after`] of this run.
+    Log(&'a RunId),
+    /// [`EventStore::list`] with this filter.
+    List(&'a RunFilter),
+    /// [`EventStore::session_head`] of this session.
+    SessionHead(&'a str),
 }
 
 /// `inner` with `hooks` around it.
@@ -149,10 +167,12 @@ impl<H: Hooks> EventStore for Intercepted<H> {
     }
 
     async fn load(&self, run_id: &RunId) -> Result<Vec<StoredEvent>, StoreError> {
+        self.hooks.before_read(Read::Log(run_id));
         self.inner.load(run_id).await
     }
 
     async fn load_after(&self, run_id: &RunId, after: u64) -> Result<Vec<StoredEvent>, StoreError> {
+        self.hooks.before_read(Read::Log(run_id));
         self.inner.load_after(run_id, after).await
     }
 
@@ -168,7 +188,13 @@ impl<H: Hooks> EventStore for Intercepted<H> {
     }
 
     async fn list(&self, filter: &RunFilter) -> Result<Vec<RunSummary>, StoreError> {
+        self.hooks.before_read(Read::List(filter));
         self.inner.list(filter).await
+    }
+
+    async fn session_head(&self, session: &str) -> Result<SessionHead, StoreError> {
+        self.hooks.before_read(Read::SessionHead(session));
+        self.inner.session_head(session).await
     }
 
     async fn verify(&self, run_id: &RunId) -> Result<VerifyReport, StoreError> {
@@ -295,6 +321,10 @@ impl<H: Hooks> EventStore for Intercepted<H> {
 
     async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
         self.inner.rule(id).await
+    }
+
+    async fn verify_rows(&self) -> Result<crate::RowsReport, StoreError> {
+        self.inner.verify_rows().await
     }
 
     async fn revoke_rule(
