@@ -9,7 +9,8 @@ a server must not be able to do inside Warden's OS sandbox: read any path,
 write any path, open a TCP connection, list its environment. A failure is
 returned as the tool's text (`ERROR <errno name>: ...`) so the test reads
 what the operating system said. `hang` never answers; `big` answers SIZE
-bytes; `header` gives the digest of a request header (over HTTP).
+bytes; `header` gives the digest of a request header (over HTTP);
+`append_note` is slow when DATA_DIR/delay holds a number of seconds.
 
 The tool list changes with DATA_DIR/variant (the "rug pull"): when it
 holds `2`, `read_note` describes itself differently.
@@ -64,7 +65,14 @@ def write_note(name: str, text: str) -> str:
 
 
 @server.tool(description="Append a line to a note.")
-def append_note(name: str, line: str) -> str:
+async def append_note(name: str, line: str) -> str:
+    delay = DATA / "delay"
+    if delay.exists():
+        # A slow write (a worker paused inside it, tests/tests/all/pause.rs
+        # and the effects matrix): it says it started, then the line lands
+        # DELAY seconds later unless the server is killed first.
+        (OUT / "append-started").write_text(f"{os.getpid()}\n")
+        await anyio.sleep(float(delay.read_text()))
     with (OUT / name).open("a") as f:
         f.write(line + "\n")
     return f"appended to {name}"

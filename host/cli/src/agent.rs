@@ -53,7 +53,13 @@ pub(crate) async fn check(host: &PluginHost, agent: &Agent) -> anyhow::Result<Ch
     let mut loaded = Vec::with_capacity(agent.plugins.len());
     for p in &agent.plugins {
         let plugin = host
-            .load(&p.source, &p.grant, &p.grant_base)
+            .load_pinned(
+                &p.source,
+                &p.grant,
+                &p.grant_base,
+                |k| std::env::var(k).ok(),
+                p.pin.as_ref(),
+            )
             .await
             .with_context(|| format!("{}: key `plugins.{}`", at(), p.key))?;
         for line in plugin.not_granted() {
@@ -149,7 +155,7 @@ pub(crate) async fn run(cmd: AgentCommand, ctx: &Context) -> anyhow::Result<()> 
 }
 
 async fn validate(files: Vec<PathBuf>, ctx: &Context) -> anyhow::Result<()> {
-    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    let host = super::plugin_host(&ctx.settings)?;
     let mut rows = Vec::new();
     let mut failed = 0;
     for file in &files {

@@ -32,6 +32,12 @@
 //! [grants.fs.mounts.workspace]     # the grant of the plugin an agent calls `fs`
 //! dir = "/srv/notes"               # ([plugins.fs] in the agent), unless the agent
 //! access = "read-only"             # grants it inline; relative to this file
+//!
+//! [trust]                          # present: plugins must be signed (fail-closed)
+//! allow_unsigned = ["plugins/dev"] # … except from beneath these directories
+//!
+//! [trust.publishers.acme]          # whose minisign keys are trusted
+//! keys = ["RWQf6LRCGA9i53mlYecO4IzT51TGPpvWucNSCh1CBM0QTaLn73Y7GFO3"]
 //! ```
 //!
 //! Unknown keys are errors, and every error names the file and the key.
@@ -152,6 +158,29 @@ struct ConfigFile {
     mcp: McpSection,
     #[serde(default)]
     serve: ServeSection,
+    trust: Option<TrustSection>,
+}
+
+/// `[trust]`: present, plugins from manifests must be signed by a trusted
+/// publisher's key, except beneath `allow_unsigned`; absent, unsigned
+/// plugins load from anywhere (a signature present is still verified).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TrustSection {
+    /// Directories unsigned plugins may load from (and from beneath).
+    #[serde(default)]
+    allow_unsigned: Vec<PathBuf>,
+    /// Trusted publishers, by name.
+    #[serde(default)]
+    publishers: BTreeMap<String, PublisherSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PublisherSection {
+    /// Their minisign public keys (`RW…`, the second line of a
+    /// `minisign.pub`).
+    keys: Vec<String>,
 }
 
 /// `[serve]`: what `warden serve` offers besides the store, and how it
@@ -376,6 +405,9 @@ pub(crate) struct Settings {
     /// `[serve] header_timeout`, `max_connections`,
     /// `max_unauthenticated_connections` over their defaults.
     pub(crate) serve_connections: warden_server::ConnectionLimits,
+    /// `[trust]`: whose signatures every plugin host checks plugins
+    /// against, and where unsigned plugins may load from.
+    pub(crate) trust: warden::plugins::TrustPolicy,
 }
 
 /// `WARDEN_CHAIN_KEY`: hex digits for at least 32 bytes.
@@ -598,6 +630,30 @@ impl Settings {
             .limits()
             .map_err(|(key, message)| invalid(&key, message))?;
         let serve_connections = serve_connections(&file.serve).map_err(|(k, m)| invalid(&k, m))?;
+        let trust = match &file.trust {
+            None => warden::plugins::TrustPolicy::development(),
+            Some(section) => {
+                let mut trust = warden::plugins::TrustPolicy::enforcing(
+                    section
+                        .allow_unsigned
+                        .iter()
+                        .map(|d| base.join(d))
+                        .collect(),
+                );
+                for (name, publisher) in &section.publishers {
+                    if publisher.keys.is_empty() {
+                        return Err(invalid(
+                            &format!("trust.publishers.{name}.keys"),
+                            "lists no key".into(),
+                        ));
+                    }
+                    trust = trust.with_publisher(name, &publisher.keys).map_err(|e| {
+                        invalid(&format!("trust.publishers.{name}.keys"), e.to_string())
+                    })?;
+                }
+                trust
+            }
+        };
 
         Ok(Settings {
             file: file_path,
@@ -619,6 +675,7 @@ impl Settings {
             ceilings,
             run_ceilings,
             compile,
+            trust,
         })
     }
 
@@ -649,6 +706,16 @@ impl Settings {
         }
     }
 
+    /// `[trust]` as it is in force.
+    fn trust_json(&self) -> Value {
+        let t = &self.trust;
+        json!({
+            "require_signatures": t.is_enforcing(),
+            "allow_unsigned": if t.is_enforcing() { json!(t.allow_unsigned()) } else { json!(["*"]) },
+            "publishers": t.publishers().map(|(name, keys)| (name.to_owned(), json!({ "key_ids": keys }))).collect::<serde_json::Map<_, _>>(),
+        })
+    }
+
     /// The effective configuration as JSON, secrets masked.
     pub(crate) fn to_json(&self) -> Value {
         let sourced =
@@ -666,6 +733,7 @@ impl Settings {
             "ceilings": self.ceilings_json(),
             "compile": self.compile_json(),
             "serve": self.serve_json(),
+            "trust": self.trust_json(),
         })
     }
 
@@ -753,6 +821,14 @@ impl Settings {
         out.push_str(&table_body(&self.compile_json()));
         out.push_str("\n[serve]    # the file's keys over the defaults\n");
         out.push_str(&table_body(&self.serve_json()));
+        out.push_str(if self.trust.is_enforcing() {
+            "\n# [trust]    # file: plugins must be signed by a trusted publisher, except beneath allow_unsigned\n"
+        } else {
+            "\n# [trust]    # default (none configured): unsigned plugins load from anywhere; a signature present is still verified\n"
+        });
+        for line in table_body(&self.trust_json()).lines() {
+            out.push_str(&format!("# {line}\n"));
+        }
         out
     }
 }
@@ -974,6 +1050,30 @@ mod tests {
         );
         let err = s.unwrap_err().to_string();
         assert!(err.contains("ceilings.timeout"), "{err}");
+    }
+
+    #[test]
+    fn trust_is_development_without_the_table_and_enforced_with_it() {
+        let (s, _dir) = load_with(None, &[], Overrides::default());
+        assert!(!s.unwrap().trust.is_enforcing());
+        let key = "RWR3vY5GV1LU/3U8Y+3C6OfBcWycWuIZGbt0bZfsthbEUbN6L7/WpJt8";
+        let file = format!(
+            "[trust]\nallow_unsigned = [\"dev\"]\n[trust.publishers.acme]\nkeys = [\"{key}\"]\n"
+        );
+        let (s, dir) = load_with(Some(&file), &[], Overrides::default());
+        let s = s.unwrap();
+        assert!(s.trust.is_enforcing());
+        assert_eq!(s.trust.allow_unsigned(), [dir.path().join("dev")]);
+        let publishers: Vec<_> = s.trust.publishers().collect();
+        assert_eq!(publishers, [("acme", vec!["FFD45257468EBD77"])]);
+        for bad in [
+            "[trust.publishers.acme]\nkeys = [\"not a key\"]\n",
+            "[trust.publishers.acme]\nkeys = []\n",
+        ] {
+            let (s, _dir) = load_with(Some(bad), &[], Overrides::default());
+            let err = s.unwrap_err().to_string();
+            assert!(err.contains("trust.publishers.acme.keys"), "{err}");
+        }
     }
 
     #[test]

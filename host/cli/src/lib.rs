@@ -49,6 +49,7 @@ mod out;
 mod plugin;
 mod plugin_test;
 mod progress;
+mod publish;
 mod render;
 mod runs;
 mod scaffold;
@@ -290,6 +291,9 @@ fn exit_for(code: &str) -> u8 {
         // run is recorded and left waiting until an operator settles or
         // releases the key (`keys release`, `keys settle`) and resumes it.
         "commitment_orphaned" | "commitment_held" => 4,
+        // An upgrade that widens what a plugin asks for waits for an
+        // operator's acceptance of the diff it printed.
+        "upgrade_needs_acceptance" => 4,
         _ => 2,
     }
 }
@@ -439,6 +443,12 @@ pub(crate) fn sandbox(settings: &Settings) -> anyhow::Result<warden::sandbox::Sa
             ..warden::sandbox::SandboxConfig::default()
         },
     )?)
+}
+
+/// The process's plugin host: [`sandbox`], checking every plugin it loads
+/// against the settings' `[trust]` before compiling it.
+pub(crate) fn plugin_host(settings: &Settings) -> anyhow::Result<warden::plugins::PluginHost> {
+    Ok(warden::plugins::PluginHost::new(sandbox(settings)?).with_trust(settings.trust.clone()))
 }
 
 /// Rust ignores SIGPIPE, so `warden runs events … | head` would panic on the

@@ -48,6 +48,18 @@ pub(crate) enum PluginCommand {
     /// Run a plugin's declarative test cases (tests/*.toml) against its
     /// built component in the real sandbox, each under its own grant.
     Test(super::plugin_test::TestArgs),
+    /// Write the bundle statement a publisher signs (plugin.bundle: the
+    /// plugin's name, version and the sha256 of its manifest and
+    /// component); sign it with `minisign -Sm plugin.bundle`.
+    Bundle(super::publish::BundleArgs),
+    /// Pin the exact bundle (digest and signer) of each plugin an agent
+    /// uses in AGENT.lock next to it, each verified first; runs then
+    /// refuse a plugin whose bundle differs.
+    Lock(super::publish::LockArgs),
+    /// Verify a plugin's new version and show what it asks for compared
+    /// with the locked one; take it if it asks for nothing more, else only
+    /// with --accept DIFF (recorded in the lock: who, when, the diff).
+    Upgrade(super::publish::UpgradeArgs),
 }
 
 #[derive(Debug, Args)]
@@ -145,6 +157,9 @@ pub(crate) async fn run(cmd: PluginCommand, ctx: &Context) -> anyhow::Result<()>
         PluginCommand::New(args) => super::scaffold::new(args, ctx),
         PluginCommand::Build(args) => super::scaffold::build(args, ctx).await,
         PluginCommand::Test(args) => super::plugin_test::test(args, ctx).await,
+        PluginCommand::Bundle(args) => super::publish::bundle(args, ctx),
+        PluginCommand::Lock(args) => super::publish::lock(args, ctx).await,
+        PluginCommand::Upgrade(args) => super::publish::upgrade(args, ctx).await,
     }
 }
 
@@ -155,7 +170,7 @@ async fn load_granted(
     ctx: &Context,
 ) -> anyhow::Result<LoadedPlugin> {
     let (grant, base) = args.grant()?;
-    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    let host = super::plugin_host(&ctx.settings)?;
     let source: PluginSource = plugin.parse().expect("infallible");
     let plugin = host.load(&source, &grant, &base).await?;
     // A mount left out is the usual reason a tool "finds no file": say so
@@ -618,6 +633,16 @@ fn receipt_line(tool: &str, effect: &str, r: &UsageReceipt) -> String {
     if let Some(u) = &r.unlisted {
         line.push_str(&format!(" · {}", super::render::unlisted(u)));
     }
+    if let Some(b) = &r.bundle {
+        line.push_str(&format!(
+            " · bundle {} {}",
+            &b.digest[..12.min(b.digest.len())],
+            b.signer
+        ));
+        if let Some(p) = &b.publisher {
+            line.push_str(&format!(" ({p})"));
+        }
+    }
     line
 }
 
@@ -636,9 +661,20 @@ async fn inspect(target: &str, ctx: &Context) -> anyhow::Result<()> {
     let sandbox = super::sandbox(&ctx.settings)?;
     let is_wasm = Path::new(target).extension().is_some_and(|e| e == "wasm");
     if is_wasm {
+        // A bare component has no bundle to verify: compiling it is what
+        // an operator who requires signatures has ruled out.
+        if ctx.settings.trust.is_enforcing() {
+            return Err(super::errors::CliError::new(
+                "plugin_unsigned",
+                format!(
+                    "`{target}` is a bare component, and [trust] in warden.toml requires plugins to be signed bundles: inspect its plugin.toml instead"
+                ),
+            )
+            .into());
+        }
         return inspect_component(&sandbox, Path::new(target), as_json).await;
     }
-    let host = PluginHost::new(sandbox);
+    let host = PluginHost::new(sandbox).with_trust(ctx.settings.trust.clone());
     let source: PluginSource = target.parse().expect("infallible");
     // Load with no grant at all: inspect shows what the plugin requests and
     // claims, not what some operator granted.
@@ -681,6 +717,7 @@ async fn inspect_component(sandbox: &Sandbox, path: &Path, as_json: bool) -> any
         env: Vec::new(),
         hosts: Vec::new(),
         limits: None,
+        bundle: None,
         tools: tools
             .into_iter()
             .map(|t| ToolReport {
@@ -714,6 +751,8 @@ struct Report {
     hosts: Vec<String>,
     limits: Option<Limits>,
     tools: Vec<ToolReport>,
+    /// The verified bundle: digest and signer.
+    bundle: Option<warden::plugins::Provenance>,
 }
 
 struct ToolReport {
@@ -744,6 +783,7 @@ impl Report {
             env: m.env.clone(),
             hosts: m.hosts.clone(),
             limits: Some(component.limits().clone()),
+            bundle: p.bundle().cloned(),
             tools: p
                 .tools()
                 .iter()
@@ -765,6 +805,7 @@ impl Report {
             "description": self.description,
             "source": self.source,
             "sha256": self.sha256,
+            "bundle": self.bundle,
             "imports": self.imports,
             "exports": self.exports,
             "requests": {
@@ -805,6 +846,17 @@ impl Report {
             "source:  {}\nsha256:  {}\n",
             self.source, self.sha256
         ));
+        if let Some(b) = &self.bundle {
+            s.push_str(&format!(
+                "bundle:  {} signed {}{}\n",
+                b.digest,
+                b.signer,
+                b.publisher
+                    .as_deref()
+                    .map(|p| format!(" (publisher {p})"))
+                    .unwrap_or_default()
+            ));
+        }
         s.push_str("exports:\n");
         for e in &self.exports {
             s.push_str(&format!("  {e}\n"));

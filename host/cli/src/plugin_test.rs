@@ -330,7 +330,7 @@ struct CaseResult {
 
 pub(crate) async fn test(args: TestArgs, ctx: &Context) -> anyhow::Result<()> {
     let files = case_files(&args.path)?;
-    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    let host = super::plugin_host(&ctx.settings)?;
     let cwd = std::env::current_dir().context("cannot read the working directory")?;
     let mut results = Vec::new();
     let mut plugins = Vec::new();

@@ -328,7 +328,7 @@ pub(crate) fn runtime(
     ctx: &Context,
     store: Arc<dyn EventStore>,
 ) -> anyhow::Result<(Runtime, PluginHost)> {
-    let host = PluginHost::new(super::sandbox(&ctx.settings)?);
+    let host = super::plugin_host(&ctx.settings)?;
     let mut rt = Runtime::new(store, host.clone())
         .with_record_prompts(ctx.settings.record_prompts.value)
         .with_labels(ctx.settings.labels.value.clone())
@@ -2307,6 +2307,9 @@ async fn verify(
             }
         }
     }
+    if all {
+        broken += verify_rows(&*store, json, &mut rows).await?;
+    }
     if json {
         println!("{}", serde_json::to_string_pretty(&rows)?);
     }
@@ -2314,6 +2317,60 @@ async fn verify(
         return Err(Exit::RunFailed.into());
     }
     Ok(())
+}
+
+/// The store-wide half of `runs verify`: the seals of the rows outside the
+/// run logs that decide what the engine does (standing approval rules,
+/// idempotency commitments), one entry per table. Returns how many rows
+/// fail.
+async fn verify_rows(
+    store: &dyn EventStore,
+    json: bool,
+    rows: &mut Vec<Value>,
+) -> anyhow::Result<usize> {
+    let report = match store.verify_rows().await {
+        Ok(report) => report,
+        // A store kept elsewhere that cannot check its rows says so; it is
+        // not reported intact.
+        Err(e @ warden::store::StoreError::Unsupported { .. }) => {
+            if json {
+                rows.push(json!({ "table": null, "intact": false, "rows": 0,
+                    "findings": [{ "row": null, "problem": e.to_string() }] }));
+            } else {
+                println!("sealed rows: NOT CHECKED");
+                println!("   {e}");
+            }
+            return Ok(1);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    for (table, count) in &report.tables {
+        let findings: Vec<_> = report
+            .findings
+            .iter()
+            .filter(|f| f.table == *table)
+            .collect();
+        if json {
+            rows.push(json!({
+                "table": table,
+                "intact": findings.is_empty(),
+                "rows": count,
+                "findings": findings.iter().map(|f| json!({ "row": f.row, "problem": f.reason.to_string() })).collect::<Vec<_>>(),
+            }));
+        } else if findings.is_empty() {
+            println!("{table}: intact ({count} rows)");
+        } else {
+            println!("{table}: BROKEN");
+            for finding in &findings {
+                println!(
+                    "   row `{}`: {} (changed outside Warden; restore a backup)",
+                    finding.row.escape_debug(),
+                    finding.reason
+                );
+            }
+        }
+    }
+    Ok(report.findings.len())
 }
 
 #[cfg(test)]

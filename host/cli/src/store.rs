@@ -326,6 +326,7 @@ async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
             broken.push(id.to_string());
         }
     }
+    broken.extend(broken_rows(&copy).await?);
     if ctx.json {
         println!(
             "{}",
@@ -346,6 +347,18 @@ async fn backup(ctx: &Context, dest: PathBuf) -> anyhow::Result<()> {
         return Err(Exit::RunFailed.into());
     }
     Ok(())
+}
+
+/// The sealed rows (standing rules, commitments) of `store` that fail
+/// their check, each as `table:row`.
+async fn broken_rows(store: &dyn EventStore) -> anyhow::Result<Vec<String>> {
+    Ok(store
+        .verify_rows()
+        .await?
+        .findings
+        .into_iter()
+        .map(|f| format!("{}:{}", f.table, f.row))
+        .collect())
 }
 
 /// `warden store restore`: the backup, checked, copied next to the store,
@@ -376,11 +389,12 @@ async fn restore(
             broken.push(id.to_string());
         }
     }
+    broken.extend(broken_rows(&copy).await?);
     if !broken.is_empty() {
         return Err(CliError::new(
             "tampered",
             format!(
-                "the backup `{}` holds broken runs ({}): not restored",
+                "the backup `{}` holds broken runs or rows ({}): not restored",
                 backup.display(),
                 broken.join(", ")
             ),

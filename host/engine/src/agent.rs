@@ -480,6 +480,10 @@ pub struct AgentPlugin {
     /// When each tool's calls need approval, by tool name; unlisted tools
     /// use [`NeedsApproval::Writes`].
     pub approval: BTreeMap<String, NeedsApproval>,
+    /// The bundle the agent's lock file pins, when the agent has one (set
+    /// by [`Agent::load`]; not part of the digest): a plugin whose bundle
+    /// differs is refused before it is compiled.
+    pub pin: Option<warden_plugins::lock::LockPin>,
 }
 
 impl AgentPlugin {
@@ -694,13 +698,40 @@ impl Agent {
     }
 
     /// Reads, parses and validates the agent at `path`. An agent without a
-    /// `[model]` table inherits `defaults`.
+    /// `[model]` table inherits `defaults`. When the agent has a lock file
+    /// (`AGENT.lock` next to it, `warden plugin lock`), each plugin is
+    /// pinned to its entry: one the lock does not list, or whose bundle
+    /// differs, is refused when it is loaded.
     pub fn load(path: &Path, defaults: Option<&ModelDefaults>) -> Result<Agent, AgentError> {
         let text = std::fs::read_to_string(path).map_err(|error| AgentError::Read {
             path: path.to_owned(),
             error,
         })?;
-        Agent::parse(&text, path, defaults)
+        let mut agent = Agent::parse(&text, path, defaults)?;
+        agent.pin_to_lock(path)?;
+        Ok(agent)
+    }
+
+    /// Pins each plugin to its entry in the lock file of the agent file
+    /// `path`, when there is one.
+    fn pin_to_lock(&mut self, path: &Path) -> Result<(), AgentError> {
+        use warden_plugins::lock::{Lock, LockPin};
+        let file = Lock::path_for(path);
+        let lock = Lock::read(&file).map_err(|e| AgentError::Parse {
+            path: path.to_owned(),
+            message: e.to_string(),
+        })?;
+        let Some(lock) = lock else {
+            return Ok(());
+        };
+        for plugin in &mut self.plugins {
+            plugin.pin = Some(LockPin {
+                file: file.clone(),
+                key: plugin.key.clone(),
+                entry: lock.plugins.get(&plugin.key).cloned(),
+            });
+        }
+        Ok(())
     }
 
     /// Parses and validates agent text. `path` names the file in errors, and
@@ -920,6 +951,7 @@ fn validate(
             grant: entry.grant.clone(),
             grant_base: base.to_owned(),
             approval: entry.approval.clone(),
+            pin: None,
         });
     }
 

@@ -2088,6 +2088,7 @@ pub(crate) mod tests {
             network: None,
             unlisted: None,
             secrets: Vec::new(),
+            bundle: None,
         }
     }
 

@@ -70,7 +70,7 @@ use super::events::McpToolsOffered;
 use warden_plugins::ToolDescriptor;
 use warden_plugins::grant::EffectClass;
 use warden_plugins::tool::{MAX_DESCRIPTION, MAX_SCHEMA, MAX_TOOLS};
-use warden_sandbox::{LeaseError, LeaseFailure, Leased, Outcome, UsageReceipt, wit};
+use warden_sandbox::{LeaseError, LeaseFailure, Leased, Outcome, UsageReceipt, ValidUntil, wit};
 use warden_syntax::units::{ByteSize, HumanDuration};
 
 /// Each call's deadline (and the server's start's) when the agent does not
@@ -734,11 +734,22 @@ impl McpConnection {
     /// left of the run's wall time), as a lease is: the result the runtime
     /// records, and a receipt. At the deadline, or on `cancel`, the server
     /// is killed (its sandbox with it); the next call starts it again.
+    ///
+    /// `valid` is the driver's view of its claim, the one every plugin
+    /// lease of the drive carries (`None`: a driver without a claim): the
+    /// call is refused once it has passed, and a call under way when it
+    /// passes ends [`LeaseFailure::Expired`], as a lease does. A local
+    /// server is held to it by a watchdog process
+    /// ([`ValidUntil::fence_process`]) that kills the server's sandbox at
+    /// the deadline even while this process is stopped; a remote server's
+    /// request is abandoned then, but what the server already received it
+    /// may still carry out (docs/operations.md).
     pub async fn invoke(
         &self,
         call: &wit::Call,
         bound: Option<Duration>,
         cancel: Option<&CancellationToken>,
+        valid: Option<&ValidUntil>,
     ) -> Leased<Result<wit::ToolOutput, wit::ToolError>> {
         let started = Instant::now();
         let operation = format!("tool `{}`", call.tool);
@@ -789,7 +800,17 @@ impl McpConnection {
                 };
             }
         };
+        let expired = || valid.is_some_and(|v| !v.is_valid());
+        if expired() {
+            return fail(LeaseFailure::Expired, 0);
+        }
         let mut slot = self.session.lock().await;
+        if slot.as_mut().is_some_and(|s| !s.alive()) {
+            // Killed since its last call (by a claim's watchdog, say).
+            if let Some(s) = slot.take() {
+                s.kill().await;
+            }
+        }
         if slot.is_none() {
             // Killed at a deadline, or died: start it again, and believe it
             // only if it still lists this tool as pinned.
@@ -830,22 +851,65 @@ impl McpConnection {
         }
         let never = CancellationToken::new();
         let cancel = cancel.unwrap_or(&never);
+        let session = slot.as_ref().expect("started above");
+        // A local server is held to the claim from outside this process
+        // (it may be stopped while the server goes on); no write starts
+        // unfenced.
+        let fence = match (valid, session.pid()) {
+            (Some(valid), Some(pid)) => match valid.fence_process(pid) {
+                Ok(fence) => Some(fence),
+                Err(e) => {
+                    return fail(
+                        LeaseFailure::Refused {
+                            reason: format!(
+                                "cannot hold the server to the claim's deadline (its watchdog did not start: {e})"
+                            ),
+                        },
+                        0,
+                    );
+                }
+            },
+            _ => None,
+        };
+        // Arming it may have taken a while: no call starts past the claim.
+        if expired() {
+            return fail(LeaseFailure::Expired, 0);
+        }
         let outcome = {
-            let session = slot.as_ref().expect("started above");
             let ended = tokio::select! {
                 biased;
+                () = claim_over(valid) => Ended::Expired,
                 bytes = session.over_limit() => Ended::OverLimit(bytes),
                 r = session.call_tool(&tool.name, arguments) => Ended::Answered(r),
                 () = tokio::time::sleep(deadline) => Ended::Deadline,
                 () = cancel.cancelled() => Ended::Cancelled,
             };
-            // The transport may report the cut before the meter is read.
+            // The transport may report the cut before the meter is read;
+            // a call that broke once the claim was over was broken by its
+            // watchdog (this process may just have woken from a stop).
             match (ended, session.cut()) {
+                (Ended::Answered(Ok(r)), _) => Ended::Answered(Ok(r)),
+                (_, _) if expired() => Ended::Expired,
                 (Ended::Answered(Err(_)), Some(bytes)) => Ended::OverLimit(bytes),
                 (ended, _) => ended,
             }
         };
+        drop(fence);
+        if expired() && !matches!(outcome, Ended::Expired) {
+            // Its watchdog may have killed it once it answered: the next
+            // call starts it again rather than calling a dead server.
+            if let Some(s) = slot.take() {
+                s.kill().await;
+            }
+        }
         let result = match outcome {
+            Ended::Expired => {
+                tracing::warn!(server = %self.server.key, tool = %call.tool, "the claim ran out during an MCP call: the server is killed, the call's outcome unknown");
+                if let Some(s) = slot.take() {
+                    s.kill().await;
+                }
+                return fail(LeaseFailure::Expired, 0);
+            }
             Ended::OverLimit(bytes) => {
                 // Cut as it arrived: the rest was never read, and the
                 // session cannot go on mid-message.
@@ -929,6 +993,16 @@ enum Ended {
     OverLimit(u64),
     Deadline,
     Cancelled,
+    /// The driver's view of its claim passed.
+    Expired,
+}
+
+/// Resolves once `valid` has passed; never without one.
+async fn claim_over(valid: Option<&ValidUntil>) {
+    match valid {
+        Some(valid) => valid.expired().await,
+        None => std::future::pending().await,
+    }
 }
 
 /// A `tools/call` result as the tool's output: its structured content when

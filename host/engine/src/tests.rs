@@ -115,6 +115,7 @@ fn receipt(fuel: u64) -> UsageReceipt {
         network: None,
         unlisted: None,
         secrets: Vec::new(),
+        bundle: None,
     }
 }
 

@@ -12,9 +12,11 @@
 //!   claim, a [`ValidUntil`] on its monotonic clock, set at the start of
 //!   the claim and moved at the start of each successful renewal to four
 //!   fifths of the time to live after it (the fifth is the margin for the
-//!   store's clock against this one). Every plugin lease of the drive
-//!   carries it: once it passes, the sandbox traps the plugin before any
-//!   further effect and the drive stops without appending
+//!   store's clock against this one). Every plugin lease and MCP call of
+//!   the drive carries it: once it passes, the sandbox traps the plugin
+//!   before any further effect (a local MCP server is killed by its
+//!   watchdog, which runs while the worker is stopped) and the drive stops
+//!   without appending
 //!   ([`RuntimeError::ClaimExpired`]). A worker paused past its claim
 //!   (SIGSTOP, a VM pause, a partition) therefore makes no further effect
 //!   when it wakes, even though another worker took the run over and an

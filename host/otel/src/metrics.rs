@@ -562,6 +562,10 @@ impl EventStore for MeteredStore {
         self.inner.rule(id).await
     }
 
+    async fn verify_rows(&self) -> Result<warden_store::RowsReport, StoreError> {
+        self.inner.verify_rows().await
+    }
+
     async fn revoke_rule(
         &self,
         id: &str,

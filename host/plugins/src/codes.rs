@@ -18,6 +18,7 @@ impl PluginError {
             PluginError::Manifest(e) => e.code(),
             PluginError::Grant(e) => e.code(),
             PluginError::Sandbox(e) => e.code(),
+            PluginError::Trust(e) => e.code(),
             PluginError::UnknownBuiltin { .. } => "unknown_plugin",
             PluginError::NoComponent { .. } => "manifest_invalid",
             PluginError::ComponentFile { .. } => "component_refused",
@@ -34,6 +35,7 @@ impl PluginError {
             PluginError::Manifest(e) => e.details(),
             PluginError::Grant(e) => e.details(),
             PluginError::Sandbox(e) => e.details(),
+            PluginError::Trust(e) => e.details(),
             PluginError::UnknownBuiltin { name, .. } => {
                 json!({ "plugin": format!("builtin:{name}") })
             }

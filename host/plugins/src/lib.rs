@@ -18,6 +18,12 @@
 //! `widened`, resolve and decide) run under the narrowed grant: mounts
 //! read-only, no outbound host.
 //!
+//! Before a component is compiled, the bundle (manifest and component) is
+//! checked against the operator's [`trust::TrustPolicy`] (its minisign
+//! signature, fail-closed) and, when the agent has one, its lock file
+//! ([`lock::LockPin`]); the verified [`Provenance`] is stamped on every
+//! receipt of the plugin's leases.
+//!
 //! The component file is read before anything else is done with it: it
 //! must be a regular file (a device or a FIFO could block the load or never
 //! end) of at most [`MAX_COMPONENT_BYTES`], inside the plugin's directory
@@ -28,10 +34,12 @@
 pub mod builtin;
 mod codes;
 pub mod grant;
+pub mod lock;
 pub mod manifest;
 pub mod secret_store;
 pub mod secrets;
 pub mod tool;
+pub mod trust;
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -43,6 +51,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use manifest::{Manifest, ManifestError};
 pub use tool::ToolDescriptor;
+pub use trust::{Provenance, TrustError, TrustPolicy};
 
 use crate::grant::{Grant, GrantError};
 use warden_sandbox::{
@@ -119,6 +128,9 @@ pub enum PluginError {
         /// What is wrong with it.
         problem: ComponentFileError,
     },
+    /// The bundle's signature or lock refuses it (checked before compiling).
+    #[error(transparent)]
+    Trust(#[from] TrustError),
     /// The component does not export the world the manifest declares.
     #[error(
         "plugin `{plugin}`: the manifest says kind `{declared}`, but the component exports {exported}"
@@ -367,6 +379,8 @@ fn kind_of_mode(mode: u32) -> &'static str {
 pub struct PluginHost {
     sandbox: Sandbox,
     shared: Arc<Mutex<Shared>>,
+    /// Whose signatures are trusted, and where unsigned plugins may load.
+    trust: Arc<TrustPolicy>,
 }
 
 #[derive(Debug, Default)]
@@ -381,12 +395,27 @@ struct Shared {
 }
 
 impl PluginHost {
-    /// A plugin host over `sandbox`.
+    /// A plugin host over `sandbox`, trusting as
+    /// [`TrustPolicy::development`] does until
+    /// [`with_trust`](Self::with_trust).
     pub fn new(sandbox: Sandbox) -> Self {
         PluginHost {
             sandbox,
             shared: Arc::default(),
+            trust: Arc::default(),
         }
+    }
+
+    /// The same host, checking every plugin it loads from a manifest
+    /// against `trust` before compiling it.
+    pub fn with_trust(mut self, trust: TrustPolicy) -> Self {
+        self.trust = Arc::new(trust);
+        self
+    }
+
+    /// The trust policy plugins are checked against.
+    pub fn trust(&self) -> &TrustPolicy {
+        &self.trust
     }
 
     /// The sandbox.
@@ -416,9 +445,22 @@ impl PluginHost {
         grant_base: &Path,
         env: impl Fn(&str) -> Option<String>,
     ) -> Result<LoadedPlugin, PluginError> {
-        let (manifest, wasm, expected) = match source {
+        self.load_pinned(source, grant, grant_base, env, None).await
+    }
+
+    /// Like [`load_with_env`](Self::load_with_env), also refusing a bundle
+    /// that is not the one `pin` (the agent's lock file) names.
+    pub async fn load_pinned(
+        &self,
+        source: &PluginSource,
+        grant: &Grant,
+        grant_base: &Path,
+        env: impl Fn(&str) -> Option<String>,
+        pin: Option<&lock::LockPin>,
+    ) -> Result<LoadedPlugin, PluginError> {
+        let (manifest, wasm, expected, bundle) = match source {
             PluginSource::Manifest(path) => {
-                let manifest = Manifest::load(path)?;
+                let (manifest, manifest_bytes) = Manifest::read(path)?;
                 let component = manifest
                     .component
                     .clone()
@@ -440,7 +482,15 @@ impl PluginHost {
                     problem,
                 })?;
                 let expected = manifest.sha256.clone();
-                (manifest, Cow::Owned(wasm), expected)
+                // The bundle's signature, before anything is compiled.
+                let found = trust::Statement::of(
+                    &manifest.name,
+                    &manifest.version,
+                    &manifest_bytes,
+                    &hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&wasm)),
+                );
+                let bundle = self.trust.verify(&manifest.name, path, &found)?;
+                (manifest, Cow::Owned(wasm), expected, bundle)
             }
             PluginSource::Builtin(name) => {
                 let builtin = builtin::find(name).ok_or_else(|| PluginError::UnknownBuiltin {
@@ -456,14 +506,32 @@ impl PluginHost {
                     }
                     .into());
                 }
+                let statement = trust::Statement::of(
+                    &manifest.name,
+                    &manifest.version,
+                    builtin.manifest_text.as_bytes(),
+                    builtin.sha256,
+                );
                 (
                     manifest,
                     Cow::Borrowed(builtin.wasm),
                     Some(builtin.sha256.to_owned()),
+                    TrustPolicy::builtin(&statement),
                 )
             }
         };
-        self.load_parts(
+        if let Some(pin) = pin {
+            pin.check(&manifest.name, &bundle)?;
+        }
+        tracing::info!(
+            plugin = %manifest.name,
+            source = %source,
+            bundle = %bundle.digest,
+            signer = %bundle.signer,
+            publisher = bundle.publisher.as_deref().unwrap_or(""),
+            "plugin bundle verified"
+        );
+        self.load_verified(
             source.clone(),
             manifest,
             wasm,
@@ -471,12 +539,15 @@ impl PluginHost {
             grant,
             grant_base,
             env,
+            Some(bundle),
         )
         .await
     }
 
     /// Loads `wasm` as the component of `manifest` (both already read, as
-    /// the testkit has them), pinned to `expected` when given.
+    /// the testkit has them), pinned to `expected` when given. No signature
+    /// is checked (the caller holds the parts, and vouches for them), and
+    /// the receipts name no bundle.
     #[allow(clippy::too_many_arguments)]
     pub async fn load_parts(
         &self,
@@ -487,6 +558,24 @@ impl PluginHost {
         grant: &Grant,
         grant_base: &Path,
         env: impl Fn(&str) -> Option<String>,
+    ) -> Result<LoadedPlugin, PluginError> {
+        self.load_verified(
+            source, manifest, wasm, expected, grant, grant_base, env, None,
+        )
+        .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn load_verified(
+        &self,
+        source: PluginSource,
+        manifest: Manifest,
+        wasm: Cow<'static, [u8]>,
+        expected: Option<&str>,
+        grant: &Grant,
+        grant_base: &Path,
+        env: impl Fn(&str) -> Option<String>,
+        bundle: Option<Provenance>,
     ) -> Result<LoadedPlugin, PluginError> {
         let effective = grant::effective(&manifest, grant, grant_base, env)?;
         let component = self.component(&manifest.name, wasm, expected).await?;
@@ -536,6 +625,10 @@ impl PluginHost {
             granted.widened()
         } else {
             granted
+        };
+        let granted = match bundle {
+            Some(bundle) => granted.with_bundle(bundle),
+            None => granted,
         };
         let tools = if manifest.kinds.contains(&PluginKind::Tool) {
             let specs = self.tool_specs(&component, &granted).await?;
@@ -784,6 +877,12 @@ impl LoadedPlugin {
     /// The component with its effective capabilities and limits.
     pub fn granted(&self) -> &GrantedComponent {
         &self.inner.granted
+    }
+
+    /// The verified bundle it runs (digest and signer), which every
+    /// receipt of its leases names; `None` when loaded from parts.
+    pub fn bundle(&self) -> Option<&Provenance> {
+        self.inner.granted.bundle()
     }
 
     /// The same plugin, each of whose leases also fits in what is left of a

@@ -232,6 +232,12 @@ impl LimitSettings {
 impl Manifest {
     /// Reads, parses and validates the manifest at `path`.
     pub fn load(path: &Path) -> Result<Manifest, ManifestError> {
+        Manifest::read(path).map(|(manifest, _)| manifest)
+    }
+
+    /// Like [`load`](Self::load), also returning the file's bytes: what the
+    /// bundle statement's `manifest-sha256` digests.
+    pub fn read(path: &Path) -> Result<(Manifest, Vec<u8>), ManifestError> {
         let bytes = std::fs::read(path).map_err(|error| ManifestError::Read {
             path: path.to_owned(),
             error,
@@ -253,12 +259,13 @@ impl Manifest {
                 ),
             });
         }
-        let text = String::from_utf8(bytes).map_err(|e| ManifestError::Read {
+        let text = std::str::from_utf8(&bytes).map_err(|e| ManifestError::Read {
             path: path.to_owned(),
-            error: std::io::Error::new(std::io::ErrorKind::InvalidData, e.utf8_error()),
+            error: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
         })?;
         let base = path.parent().unwrap_or(Path::new("."));
-        Manifest::parse(&text, path, base)
+        let manifest = Manifest::parse(text, path, base)?;
+        Ok((manifest, bytes))
     }
 
     /// Parses and validates manifest text. `path` names the file in errors;

@@ -451,6 +451,7 @@ pub(crate) async fn run(
     let refuse = |reason: String| {
         let mut receipt = UsageReceipt::empty(Outcome::Refused);
         receipt.wall_time_us = started.elapsed().as_micros() as u64;
+        receipt.bundle = plugin.bundle.as_deref().cloned();
         (Err(LeaseFailure::Refused { reason }), receipt)
     };
     if let Some(world) = request.missing_world(&plugin.component.inner) {
@@ -463,6 +464,7 @@ pub(crate) async fn run(
     if fence.check().is_err() {
         let mut receipt = UsageReceipt::empty(LeaseFailure::Expired.outcome());
         receipt.wall_time_us = started.elapsed().as_micros() as u64;
+        receipt.bundle = plugin.bundle.as_deref().cloned();
         return (Err(LeaseFailure::Expired), receipt);
     }
     let (capabilities, net_grant) = match reach {
@@ -768,6 +770,7 @@ async fn lease(
         network,
         unlisted,
         secrets: lease_secrets.uses(),
+        bundle: plugin.bundle.as_deref().cloned(),
     };
     (result, receipt)
 }

@@ -69,9 +69,9 @@ pub use exclusions::{ExclusionError, Exclusions};
 pub use limits::{Limits, PREVIEW_CEILING, RunBound};
 pub use net::{DenialReason, HostPattern, NetworkDenial, NetworkUsage, is_public};
 pub use nofollow::{NoFollowError, OpenedDir, open_dir as open_dir_nofollow};
-pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Unlisted, UsageReceipt};
+pub use receipt::{DeniedGrowth, GrowthResource, Outcome, Provenance, Unlisted, UsageReceipt};
 pub use secrets::{Secret, SecretAction, SecretUse};
-pub use validity::{Moment, ValidUntil};
+pub use validity::{Moment, ProcessFence, ValidUntil};
 
 /// The top-level imports of the component `wasm` that the sandbox does not
 /// offer, read without compiling it: a loader refuses any such component,
@@ -405,6 +405,7 @@ impl Sandbox {
             redactor: Arc::new(redactor),
             net_grant: Arc::new(net_grant),
             valid: None,
+            bundle: None,
         }
     }
 }
@@ -661,6 +662,8 @@ pub struct GrantedComponent {
     net_grant: Arc<NetGrant>,
     /// When set, every lease stops making effects once it passes.
     valid: Option<ValidUntil>,
+    /// The verified bundle this grant runs, stamped on every receipt.
+    bundle: Option<Arc<Provenance>>,
 }
 
 impl std::fmt::Debug for GrantedComponent {
@@ -715,6 +718,19 @@ impl GrantedComponent {
             valid: Some(valid),
             ..self.clone()
         }
+    }
+
+    /// The same component, each of whose leases' receipts names `bundle`:
+    /// the plugin host's verified provenance, so every call records which
+    /// bundle ran and who signed it.
+    pub fn with_bundle(mut self, bundle: Provenance) -> GrantedComponent {
+        self.bundle = Some(Arc::new(bundle));
+        self
+    }
+
+    /// The bundle this grant runs, when the plugin host verified one.
+    pub fn bundle(&self) -> Option<&Provenance> {
+        self.bundle.as_deref()
     }
 
     /// The narrowed capabilities (mounts read-only, no outbound host) that

@@ -97,6 +97,28 @@ pub struct UsageReceipt {
     /// there were some, so other receipts keep their bytes.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<SecretUse>,
+    /// Which plugin bundle ran and who signed it, as the plugin host
+    /// verified it at load. Absent from leases of a component loaded
+    /// without a bundle (describe, a bare component), so their receipts
+    /// keep their bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bundle: Option<Provenance>,
+}
+
+/// The bundle a lease ran: the digest of its signed statement (which names
+/// the component's and the manifest's sha256) and the key that signed it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provenance {
+    /// The sha256 of the bundle statement, lowercase hex.
+    pub digest: String,
+    /// `minisign:<KEY ID>` for a signed bundle, `builtin` for a plugin
+    /// compiled into the binary, `unsigned` for one the operator allowed
+    /// unsigned.
+    pub signer: String,
+    /// The configured publisher whose key signed it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub publisher: Option<String>,
 }
 
 /// Directory entries a lease's listings left out because their names are
@@ -156,6 +178,7 @@ impl UsageReceipt {
             network: None,
             unlisted: None,
             secrets: Vec::new(),
+            bundle: None,
         }
     }
 }

@@ -17,14 +17,26 @@
 //! refuses the request and marks the lease), and the lease ends with
 //! [`LeaseFailure::Expired`](super::LeaseFailure::Expired).
 //!
+//! An effect another process makes (an MCP server's tool call) is held to
+//! the same deadline by [`ValidUntil::fence_process`]: a watchdog process
+//! of its own ([`watchdog`]) kills that process once the deadline passes.
+//! It is a process, not a task, because the holder may be stopped (SIGSTOP,
+//! a debugger) while the process it started goes on: nothing inside the
+//! holder runs then. Each extension and revocation is passed to every
+//! watchdog as it is made.
+//!
 //! Time is read from a monotonic clock that keeps counting while the system
 //! is suspended (`CLOCK_BOOTTIME` on Linux; elsewhere `Instant`, which on
 //! some systems stops during a suspend): a process stopped by SIGSTOP, or a
 //! machine that slept, finds its validity over when it wakes.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+mod watchdog;
+
+pub use watchdog::ProcessFence;
 
 /// A point on the sandbox's monotonic clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -63,6 +75,9 @@ pub struct ValidUntil {
     /// Nanoseconds on the clock; only ever moves forward, except to 0
     /// ([`revoke`](Self::revoke)).
     deadline_ns: Arc<AtomicU64>,
+    /// The watchdogs of the processes fenced by it ([`Self::fence_process`]),
+    /// told each new deadline; one that ended is dropped at the next.
+    watchers: Arc<Mutex<Vec<watchdog::Watcher>>>,
 }
 
 impl std::fmt::Debug for ValidUntil {
@@ -87,6 +102,7 @@ impl ValidUntil {
     pub fn at(deadline: Moment) -> ValidUntil {
         ValidUntil {
             deadline_ns: Arc::new(AtomicU64::new(nanos(deadline))),
+            watchers: Arc::default(),
         }
     }
 
@@ -102,16 +118,49 @@ impl ValidUntil {
     pub fn extend(&self, deadline: Moment) -> bool {
         let now = nanos(Moment::now());
         let new = nanos(deadline);
-        self.deadline_ns
+        let extended = self
+            .deadline_ns
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |old| {
                 (old > now).then_some(old.max(new))
             })
-            .is_ok()
+            .is_ok();
+        if extended {
+            self.tell_watchers();
+        }
+        extended
     }
 
     /// Ends it now.
     pub fn revoke(&self) {
         self.deadline_ns.store(0, Ordering::Release);
+        self.tell_watchers();
+    }
+
+    /// Passes the deadline as it is now to every live watchdog. Read and
+    /// sent under the lock, so two extensions racing cannot leave a
+    /// watchdog with the earlier one.
+    fn tell_watchers(&self) {
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        if watchers.is_empty() {
+            return;
+        }
+        let deadline = self.deadline_ns.load(Ordering::Acquire);
+        watchers.retain(|w| w.tell(deadline));
+    }
+
+    /// Holds the process `pid` (a child of this process, not yet waited
+    /// for, so the id is still its) to this deadline until the returned
+    /// fence is dropped: a watchdog process kills it (SIGKILL) once the
+    /// deadline passes or is revoked, whether or not this process is
+    /// running then. Dropping the fence ends the watchdog and leaves the
+    /// process alone. Linux only (elsewhere an `Unsupported` error).
+    pub fn fence_process(&self, pid: u32) -> std::io::Result<ProcessFence> {
+        let mut watchers = self.watchers.lock().unwrap_or_else(|e| e.into_inner());
+        // The deadline is read under the lock: an extension made after it
+        // is sent through the pipe, which the watchdog reads first.
+        let (fence, watcher) = watchdog::start(pid, self.deadline_ns.load(Ordering::Acquire))?;
+        watchers.push(watcher);
+        Ok(fence)
     }
 
     /// Whether the deadline is still ahead.
@@ -127,7 +176,7 @@ impl ValidUntil {
 
     /// Resolves once the deadline has passed (extensions meanwhile are
     /// waited out).
-    pub(crate) async fn expired(&self) {
+    pub async fn expired(&self) {
         loop {
             let left = self.remaining();
             if left.is_zero() {

@@ -94,15 +94,11 @@ impl ChainKey {
 
     /// HMAC-SHA-256 of `parts` (each length-prefixed) under the key, with
     /// `tag` naming what is authenticated: for records kept outside the
-    /// store, such as witnesses of chain heads.
+    /// store, such as witnesses of chain heads, and for the store's own
+    /// sealed rows (`sealed.rs`).
     pub fn authenticate(&self, tag: &str, parts: &[&[u8]]) -> ChainHash {
         let mut mac = self.mac.clone();
-        mac.update(tag.as_bytes());
-        mac.update(&[0]);
-        for part in parts {
-            mac.update(&(part.len() as u64).to_be_bytes());
-            mac.update(part);
-        }
+        framed(tag, parts, |bytes| mac.update(bytes));
         let mut out = [0u8; 32];
         out.copy_from_slice(&mac.finalize().into_bytes());
         ChainHash::from_bytes(out)
@@ -117,6 +113,18 @@ impl ChainKey {
 impl fmt::Debug for ChainKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ChainKey").field("id", &self.id).finish()
+    }
+}
+
+/// Feeds `tag`, a zero byte, then each part preceded by its length (8
+/// bytes, big-endian) to `update`: the framing of every tagged digest, so
+/// that no two different lists of parts feed the same bytes.
+fn framed(tag: &str, parts: &[&[u8]], mut update: impl FnMut(&[u8])) {
+    update(tag.as_bytes());
+    update(&[0]);
+    for part in parts {
+        update(&(part.len() as u64).to_be_bytes());
+        update(part);
     }
 }
 
@@ -145,6 +153,21 @@ impl Chain {
         match &self.key {
             None => "sha256".to_owned(),
             Some(key) => format!("hmac-sha256:{}", key.id),
+        }
+    }
+
+    /// The seal of a row kept outside the run logs (`sealed.rs`): `tag`
+    /// and `parts` framed as [`ChainKey::authenticate`] frames them, under
+    /// the key (HMAC-SHA-256) when the store has one, else SHA-256, as the
+    /// chain itself is computed.
+    pub(crate) fn seal(&self, tag: &str, parts: &[&[u8]]) -> ChainHash {
+        match &self.key {
+            Some(key) => key.authenticate(tag, parts),
+            None => {
+                let mut h = Sha256::new();
+                framed(tag, parts, |bytes| h.update(bytes));
+                ChainHash(h.finalize().into())
+            }
         }
     }
 

@@ -16,7 +16,7 @@ impl StoreError {
             StoreError::UnknownRule { .. } => "unknown_rule",
             StoreError::RuleExists { .. } => "rule_exists",
             StoreError::Conflict { .. } => "conflict",
-            StoreError::Tampered { .. } => "tampered",
+            StoreError::Tampered { .. } | StoreError::RowTampered { .. } => "tampered",
             StoreError::SchemaTooNew { .. } => "store_too_new",
             StoreError::SchemaTooOld { .. } => "store_too_old",
             StoreError::ChainModeMismatch { .. } => "store_chain_mode",
@@ -56,6 +56,9 @@ impl StoreError {
                 seq,
                 reason,
             } => json!({ "run_id": run_id, "seq": seq, "reason": reason.to_string() }),
+            StoreError::RowTampered { table, row, reason } => {
+                json!({ "table": table, "row": row, "reason": reason.to_string() })
+            }
             StoreError::SchemaTooNew { found, supported }
             | StoreError::SchemaTooOld { found, supported } => {
                 json!({ "found": found, "supported": supported })

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 
 #[cfg(feature = "sqlite")]
 use crate::SqliteStore;
-use crate::testing::{Backend, HistoryTamper, Tamper};
+use crate::testing::{Backend, HistoryTamper, RowTamper, Tamper};
 use crate::{ChainKey, EventStore, HistoryDigest, RunId};
 
 crate::conformance_suite!(memory, crate::testing::MemoryBackend::new());
@@ -127,6 +127,45 @@ impl Backend for SqliteBackend {
             }
         };
         assert_eq!(changed.unwrap(), 1, "the tampered chunk exists");
+    }
+
+    async fn tamper_row(&self, keyed: bool, tamper: RowTamper) {
+        let path = if keyed {
+            self.dir.path().join("keyed.db")
+        } else {
+            self.path()
+        };
+        let conn = rusqlite::Connection::open(path).unwrap();
+        let one = |sql: &str, params: &[&dyn rusqlite::ToSql]| {
+            assert_eq!(conn.execute(sql, params).unwrap(), 1, "{sql}");
+        };
+        match tamper {
+            RowTamper::RuleSpec { id, spec } => one(
+                "UPDATE approval_rules SET spec = ?2 WHERE id = ?1",
+                &[&id, &spec],
+            ),
+            RowTamper::CommitmentResult { key, result } => one(
+                "UPDATE commitments SET result = ?2 WHERE key = ?1",
+                &[&key, &result],
+            ),
+            RowTamper::CopySeal { table, from, to } => {
+                let column = if table == crate::RULES { "id" } else { "key" };
+                one(
+                    &format!(
+                        "UPDATE {table} SET seal = (SELECT seal FROM {table} WHERE {column} = ?1)
+                         WHERE {column} = ?2"
+                    ),
+                    &[&from, &to],
+                )
+            }
+            RowTamper::Unseal => conn
+                .execute_batch(
+                    "ALTER TABLE approval_rules DROP COLUMN seal;
+                     ALTER TABLE commitments DROP COLUMN seal;
+                     PRAGMA user_version = 10;",
+                )
+                .unwrap(),
+        }
     }
 }
 
@@ -340,5 +379,53 @@ impl Backend for PostgresBackend {
             }
         };
         assert_eq!(changed.unwrap(), 1, "the tampered chunk exists");
+    }
+
+    async fn tamper_row(&self, keyed: bool, tamper: RowTamper) {
+        let client = self.raw().await;
+        if keyed {
+            client
+                .batch_execute(&format!("SET search_path TO {}", self.keyed_schema()))
+                .await
+                .unwrap();
+        }
+        let one = async |sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]| {
+            assert_eq!(client.execute(sql, params).await.unwrap(), 1, "{sql}");
+        };
+        match tamper {
+            RowTamper::RuleSpec { id, spec } => {
+                one(
+                    "UPDATE approval_rules SET spec = $2 WHERE id = $1",
+                    &[&id, &spec],
+                )
+                .await
+            }
+            RowTamper::CommitmentResult { key, result } => {
+                one(
+                    "UPDATE commitments SET result = $2 WHERE key = $1",
+                    &[&key, &result],
+                )
+                .await
+            }
+            RowTamper::CopySeal { table, from, to } => {
+                let column = if table == crate::RULES { "id" } else { "key" };
+                one(
+                    &format!(
+                        "UPDATE {table} SET seal = (SELECT seal FROM {table} WHERE {column} = $1)
+                         WHERE {column} = $2"
+                    ),
+                    &[&from, &to],
+                )
+                .await
+            }
+            RowTamper::Unseal => client
+                .batch_execute(
+                    "ALTER TABLE approval_rules DROP COLUMN seal;
+                     ALTER TABLE commitments DROP COLUMN seal;
+                     UPDATE store_meta SET value = '9' WHERE key = 'schema_version';",
+                )
+                .await
+                .unwrap(),
+        }
     }
 }

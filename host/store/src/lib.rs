@@ -61,6 +61,15 @@
 //! [`VerifyReport::recorded_head`]. Listing columns (status,
 //! labels, agent, times) are not covered by the chain: the engine derives the
 //! truth from the log, and the run's first event carries its metadata.
+//!
+//! # Sealed rows
+//!
+//! Two tables outside the run logs decide what the engine does: standing
+//! approval rules and idempotency commitments. Each of their rows carries a
+//! seal computed with the same function as the chain (keyed when the chain
+//! is), checked on every read the engine acts on
+//! ([`StoreError::RowTampered`]) and by [`EventStore::verify_rows`]; see
+//! `sealed.rs` for what it covers and what it does not.
 
 mod chain;
 mod claim;
@@ -71,6 +80,7 @@ mod memory;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod rules;
+mod sealed;
 mod session;
 #[cfg(feature = "sqlite")]
 mod sqlite;
@@ -97,6 +107,7 @@ pub use memory::MemoryStore;
 #[cfg(feature = "postgres")]
 pub use postgres::{PostgresStats, PostgresStore, PostgresStoreBuilder};
 pub use rules::{ApprovalRule, Revocation, RuleStanding};
+pub use sealed::{COMMITMENTS, RULES, RowBreak, RowFinding, RowsReport};
 pub use session::{InvalidSessionId, SessionHead, SessionId};
 #[cfg(feature = "sqlite")]
 pub use sqlite::{SqliteStore, SqliteStoreBuilder, WriterStats};
@@ -1001,6 +1012,21 @@ pub enum StoreError {
         /// The operation.
         operation: &'static str,
     },
+    /// A row kept outside the run logs whose content decides what the
+    /// engine does (a standing approval rule, an idempotency commitment)
+    /// fails its seal (see `store/sealed.rs`): it was changed, inserted or
+    /// had its seal copied behind the store's back. Nothing acts on it.
+    #[error(
+        "the {table} row `{row}` fails its integrity check ({reason}): it was changed outside Warden, so nothing acts on it; restore the store from a backup taken before the change (`warden store restore`), and run `warden runs verify` to list every row and run that fails"
+    )]
+    RowTampered {
+        /// The table.
+        table: &'static str,
+        /// The row: a rule's id, a commitment's key.
+        row: String,
+        /// What is wrong.
+        reason: RowBreak,
+    },
     /// A settlement named a commitment its holder does not hold (never
     /// claimed, claimed by another run, or, to record a result, already
     /// settled); nothing was written.
@@ -1311,6 +1337,18 @@ pub trait EventStore: Send + Sync {
     ) -> Result<ApprovalRule, StoreError> {
         let _ = (id, by, at_ms);
         Err(unsupported::<Self>("approval rules"))
+    }
+
+    // ---- sealed rows (see `sealed.rs`) ----
+
+    /// Checks the seal of every row of the tables kept outside the run logs
+    /// whose content decides what the engine does (`approval_rules`,
+    /// `commitments`), listing every row that fails rather than stopping
+    /// at the first. `Err` means the check itself could not run. The
+    /// default refuses with [`StoreError::Unsupported`], so a store written
+    /// elsewhere is never reported intact unchecked.
+    async fn verify_rows(&self) -> Result<RowsReport, StoreError> {
+        Err(unsupported::<Self>("sealed rows"))
     }
 
     // ---- export cursors ----

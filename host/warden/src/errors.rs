@@ -17,9 +17,10 @@ use warden_engine::mcp_servers::McpServerError;
 use warden_engine::view::AgentViewError;
 use warden_engine::witness::WitnessError;
 use warden_engine::{AgentError, RuntimeError};
-use warden_plugins::PluginError;
 use warden_plugins::grant::GrantError;
+use warden_plugins::lock::LockError;
 use warden_plugins::manifest::ManifestError;
+use warden_plugins::{PluginError, TrustError};
 use warden_providers::ProviderError;
 use warden_sandbox::SandboxError;
 use warden_store::StoreError;
@@ -60,6 +61,8 @@ pub fn classify(cause: &(dyn std::error::Error + 'static)) -> Option<(&'static s
         StoreError,
         AgentError,
         PluginError,
+        TrustError,
+        LockError,
         ManifestError,
         GrantError,
         SandboxError,

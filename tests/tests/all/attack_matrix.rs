@@ -129,7 +129,14 @@ fn cell(surface: Surface, attacker: Attacker) -> Cell {
         ),
 
         // ---- plugins, world by world ----
+        // A plugin's bundle tampered with on its way to the host (its
+        // component or manifest changed after its publisher signed it, a
+        // key the operator does not trust, no signature) is refused before
+        // it is compiled, and a changed bundle never replaces a locked one
+        // unseen.
         (S::Plugin(K::Tool), A::Plugin) => Proven(&[
+            "signing::tampered_untrusted_and_unsigned_bundles_are_refused_before_compiling",
+            "signing::a_lock_holds_runs_to_the_locked_bundle_and_upgrades_show_the_diff",
             "hostile::an_infinite_loop_runs_out_of_fuel",
             "hostile::memory_growth_past_the_limit_is_named_as_the_memory_limit",
             "isolation::a_spinning_guest_does_not_starve_other_leases",

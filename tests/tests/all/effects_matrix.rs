@@ -30,15 +30,19 @@
 //!   append that opens it, after that append, before the append that
 //!   closes it) until its claim has run out; the claim's run is taken
 //!   over and finished; then the driver wakes and must change nothing, in
-//!   the files or the logs. Real processes stopped with SIGSTOP are
-//!   `pause`.
+//!   the files or the logs. A local MCP tool is also stopped in the
+//!   middle of its server's own (slow) write, the driver's thread blocked
+//!   whole as SIGSTOP would block it: only the claim's watchdog can stop
+//!   the server then. Real processes stopped with SIGSTOP are `pause`.
 //! - the driver learns right after the effect opened that its claim is
-//!   gone (its validity revoked) and goes on: it must make the effect no
-//!   further and append nothing.
+//!   gone (its validity revoked) and goes on (a local MCP tool's also
+//!   while its server writes): it must make the effect no further and
+//!   append nothing.
 //!
 //! A seeded random walk over the same cases runs outside CI:
 //! `WARDEN_MATRIX_ROUNDS=200 cargo test --test all -- --ignored
-//! effects_matrix::random` (docs/dev/invariants.md).
+//! effects_matrix::random` (docs/dev/invariants.md). By hand,
+//! `WARDEN_MATRIX_KINDS=<part of a row's name>` plays only those rows.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -59,7 +63,7 @@ use warden::grant::EffectClass;
 use warden::plugins::PluginHost;
 use warden::sandbox::ValidUntil;
 use warden::store::testing::{AppendVia, BeforeAppend, Hooks, Intercepted};
-use warden::store::{CommitmentFilter, EventStore, MemoryStore, SqliteStore, StoreError};
+use warden::store::{Claim, CommitmentFilter, EventStore, MemoryStore, SqliteStore, StoreError};
 use warden_tests::guests;
 
 use super::engine::{CrashPoint, Fixture};
@@ -118,6 +122,20 @@ const TOOL_PAUSES: &[Stop] = &[
     before("tool_call_completed"),
 ];
 const TOOL_LOSSES: &[Stop] = &[after("tool_call_intent")];
+/// Not at an append: while the local MCP server is in the middle of its
+/// (slow) write, a process of its own that a stopped driver does not stop.
+const IN_MCP_CALL: Stop = Stop {
+    kind: "inside the MCP server's write",
+    run: None,
+    after: false,
+};
+const MCP_LOCAL_PAUSES: &[Stop] = &[
+    before("tool_call_intent"),
+    after("tool_call_intent"),
+    IN_MCP_CALL,
+    before("tool_call_completed"),
+];
+const MCP_LOCAL_LOSSES: &[Stop] = &[after("tool_call_intent"), IN_MCP_CALL];
 const CHILD_PAUSES: &[Stop] = &[
     before("child_started"),
     after("child_started"),
@@ -150,8 +168,16 @@ fn cell(kind: EffectKind, fault: Fault) -> Cell {
         (K::PluginTool(_) | K::KeyedWrite | K::RuleApproval, F::ClaimLost) => {
             Cell::Inside(TOOL_LOSSES)
         }
-        (K::McpLocalTool | K::McpRemoteTool, F::PausePastClaim) => Cell::Inside(TOOL_PAUSES),
-        (K::McpLocalTool | K::McpRemoteTool, F::ClaimLost) => Cell::Inside(TOOL_LOSSES),
+        // A local server is stopped with the claim (its watchdog kills it)
+        // in the middle of its write too.
+        (K::McpLocalTool, F::PausePastClaim) => Cell::Inside(MCP_LOCAL_PAUSES),
+        (K::McpLocalTool, F::ClaimLost) => Cell::Inside(MCP_LOCAL_LOSSES),
+        // A remote server is not: a request it has received it may carry
+        // out whatever the driver does (the limit docs/operations.md
+        // states, as for a plugin's HTTP request in flight); the driver's
+        // part is checked at every append around it.
+        (K::McpRemoteTool, F::PausePastClaim) => Cell::Inside(TOOL_PAUSES),
+        (K::McpRemoteTool, F::ClaimLost) => Cell::Inside(TOOL_LOSSES),
         (K::ChildRun | K::ChildBatch, F::PausePastClaim) => Cell::Inside(CHILD_PAUSES),
         (K::ChildRun | K::ChildBatch, F::ClaimLost) => Cell::Inside(CHILD_LOSSES),
         (K::Delivery, F::PausePastClaim) => Cell::Inside(DELIVERY_PAUSES),
@@ -199,7 +225,7 @@ struct Scenario {
 /// An agent whose one call appends `m` to `out/notes.log` through the test
 /// MCP server (`tests/mcp/server.py`): run by Warden in its OS sandbox, or
 /// `remote`, served over HTTP by a process started here.
-fn mcp_agent(fx: &Fixture, remote: bool) -> (Agent, Option<HttpServer>) {
+pub(crate) fn mcp_agent(fx: &Fixture, remote: bool) -> (Agent, Option<HttpServer>) {
     let (python, base) = python();
     let d = fx.dir.path();
     for sub in ["data", "out", "srv"] {
@@ -848,6 +874,8 @@ fn reset(sc: &Scenario) {
         "work/paid.ids",
         "outbox/deliveries.jsonl",
         "out/notes.log",
+        "out/append-started",
+        "data/delay",
     ] {
         let _ = std::fs::remove_file(sc.fx.path(file));
     }
@@ -1005,7 +1033,14 @@ const CLAIM: Duration = Duration::from_millis(1500);
 /// pause, its claim runs out, the run is taken over and finished, then it
 /// wakes; for a lost claim, its validity is revoked and it goes on.
 async fn stop_case(sc: &Scenario, store_kind: &str, stop: Stop, lost: bool, n: u64, case: &str) {
+    let in_call = stop.kind == IN_MCP_CALL.kind;
+    if in_call && !lost {
+        return stopped_in_mcp_call(sc, store_kind, n, case).await;
+    }
     reset(sc);
+    if in_call {
+        slow_mcp_writes(sc);
+    }
     let (store, _pg) = fresh(store_kind, &sc.fx, n).await;
     let struck = Arc::new(Intercepted {
         inner: store.clone(),
@@ -1038,21 +1073,39 @@ async fn stop_case(sc: &Scenario, store_kind: &str, stop: Stop, lost: bool, n: u
     });
     loop {
         tokio::select! {
-            () = struck.hooks.reached.notified() => break,
-            () = tokio::time::sleep(Duration::from_millis(10)) => assert!(
-                !driving.is_finished(),
-                "{case}: the driver ended before it reached the stop (within its {CLAIM:?} claim)"
-            ),
+            () = struck.hooks.reached.notified(), if !in_call => break,
+            () = tokio::time::sleep(Duration::from_millis(10)) => {
+                if in_call && mcp_write_started(sc) {
+                    break;
+                }
+                assert!(
+                    !driving.is_finished(),
+                    "{case}: the driver ended before it reached the stop (within its {CLAIM:?} claim)"
+                );
+            }
         }
     }
+    let reached = Instant::now();
     let performed_at_stop = sc.performed();
     let mut resolved = 0;
     if lost {
+        let logs_at_stop = logs(&store).await;
         valid.revoke();
         struck.hooks.release.notify_one();
         // It may end either way (a parked run has nothing left to do);
         // what it must not do is go on.
         let _ = driving.await.unwrap();
+        if in_call {
+            // Past the time its server's write was due.
+            tokio::time::sleep(
+                (MCP_DELAY + Duration::from_millis(500)).saturating_sub(reached.elapsed()),
+            )
+            .await;
+            assert!(
+                logs(&store).await == logs_at_stop,
+                "{case}: appended after it lost its claim"
+            );
+        }
         assert_eq!(
             struck.hooks.late.load(Ordering::SeqCst),
             0,
@@ -1105,6 +1158,150 @@ async fn stop_case(sc: &Scenario, store_kind: &str, stop: Stop, lost: bool, n: u
     check(sc, &store, &struck.hooks, resolved, case).await;
 }
 
+/// How long the local MCP server takes over its write in the cases
+/// stopped inside it: longer than the claim, a takeover and a
+/// reconciliation (the server is started again for the next driver), so
+/// a write that is not stopped lands after the operator looked.
+const MCP_DELAY: Duration = Duration::from_secs(15);
+
+/// Makes the MCP server's appends slow ([`MCP_DELAY`]; `tests/mcp/server.py`
+/// reads `data/delay`).
+fn slow_mcp_writes(sc: &Scenario) {
+    std::fs::write(sc.fx.path("data/delay"), MCP_DELAY.as_secs().to_string()).unwrap();
+}
+
+/// Whether the slow MCP write has started (the server says so first); the
+/// next call is quick again.
+fn mcp_write_started(sc: &Scenario) -> bool {
+    let started = sc.fx.path("out/append-started").exists();
+    if started {
+        let _ = std::fs::remove_file(sc.fx.path("data/delay"));
+    }
+    started
+}
+
+/// Every run's log in `store`.
+async fn logs(store: &Arc<dyn EventStore>) -> Vec<Vec<warden::store::StoredEvent>> {
+    let mut logs = Vec::new();
+    for run in store.run_ids().await.unwrap() {
+        logs.push(store.load(&run).await.unwrap());
+    }
+    logs
+}
+
+/// A driver stopped whole (its one thread blocked: no task, timer or
+/// select of it runs, as under SIGSTOP) while its local MCP server is in
+/// the middle of a slow write, until its claim has run out; the run is
+/// taken over and reconciled while the server's write is still due; then
+/// the server's write must never land, and the woken driver must change
+/// nothing. Only the claim's watchdog, a process of its own, can stop the
+/// server here. The real binary under SIGSTOP is
+/// `pause::a_worker_paused_inside_an_mcp_servers_write_leaves_one_write`.
+async fn stopped_in_mcp_call(sc: &Scenario, store_kind: &str, n: u64, case: &str) {
+    reset(sc);
+    slow_mcp_writes(sc);
+    let (store, pg) = fresh(store_kind, &sc.fx, n).await;
+    let root = sc.roots[0].clone();
+    // The driver, on a thread and a runtime of its own, with its own
+    // connection to the store: it starts the run (its MCP server started
+    // with it), then drives it under the claim it is handed.
+    let (handle_to, handle) = std::sync::mpsc::channel();
+    let (started_to, started) = tokio::sync::oneshot::channel();
+    let (claim_to, claimed) = tokio::sync::oneshot::channel::<(Claim, ValidUntil)>();
+    let (agent, run) = (sc.agent.clone(), root.clone());
+    let (url, db) = (
+        pg.as_ref().map(|p| p.url.clone()),
+        sc.fx.path(&format!("matrix-{n}.db")),
+    );
+    let driver = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        handle_to.send(rt.handle().clone()).unwrap();
+        rt.block_on(async move {
+            let store: Arc<dyn EventStore> = match url {
+                Some(url) => Arc::new(warden::store::PostgresStore::open(&url).await.unwrap()),
+                None => Arc::new(SqliteStore::open(db).unwrap()),
+            };
+            let first = runtime(store);
+            first
+                .start(&agent, json!("go"), StartOptions::new().id(run))
+                .await
+                .unwrap();
+            started_to.send(()).unwrap();
+            let (claim, valid) = claimed.await.unwrap();
+            first
+                .recover_claimed(&agent, ReplayOptions::default(), claim, valid)
+                .await
+                .map(|_| ())
+        })
+    });
+    let handle: tokio::runtime::Handle = handle.recv().unwrap();
+    started.await.unwrap();
+    let claim = store
+        .acquire_claim(&root, "paused", now_ms(), CLAIM.as_millis() as i64)
+        .await
+        .unwrap();
+    let expires = claim.expires_ms;
+    claim_to.send((claim, ValidUntil::for_next(CLAIM))).unwrap();
+    while !mcp_write_started(sc) {
+        assert!(
+            !driver.is_finished(),
+            "{case}: the driver ended before its MCP write started (within its {CLAIM:?} claim)"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let reached = Instant::now();
+    // Stopped: a task that blocks the driver's only thread.
+    let (thaw, frozen) = std::sync::mpsc::channel::<()>();
+    handle.spawn(async move {
+        let _ = frozen.recv();
+    });
+    while now_ms() <= expires {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let next = runtime(store.clone());
+    let resolved = play(sc, &next)
+        .await
+        .unwrap_or_else(|e| panic!("{case}: {e}"));
+    assert!(
+        reached.elapsed() < MCP_DELAY,
+        "{case}: the takeover took longer than the server's write ({MCP_DELAY:?}): raise MCP_DELAY"
+    );
+    let performed = sc.performed();
+    let finished = logs(&store).await;
+    // Past the time the server's write was due, the driver wakes.
+    tokio::time::sleep((MCP_DELAY + Duration::from_millis(500)).saturating_sub(reached.elapsed()))
+        .await;
+    assert_eq!(
+        sc.performed(),
+        performed,
+        "{case}: the MCP server wrote after its driver's claim ran out"
+    );
+    thaw.send(()).unwrap();
+    let woke = Instant::now();
+    while !driver.is_finished() {
+        assert!(
+            woke.elapsed() < Duration::from_secs(60),
+            "{case}: the woken driver never ended"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = driver.join().unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(
+        sc.performed(),
+        performed,
+        "{case}: the woken driver made an effect"
+    );
+    assert!(
+        logs(&store).await == finished,
+        "{case}: the woken driver changed a log"
+    );
+    check(sc, &store, &Strike::new(Plan::Count), resolved, case).await;
+}
+
 // ---- the matrix ----
 
 /// Runs every cell on `store`; prints the table of case counts.
@@ -1112,7 +1309,13 @@ async fn matrix(store: &str) {
     let started = Instant::now();
     let mut counts: BTreeMap<(usize, usize), String> = BTreeMap::new();
     let mut n = 0;
+    // By hand only: `WARDEN_MATRIX_KINDS=local` plays the rows whose name
+    // holds it (CI plays every row).
+    let only = std::env::var("WARDEN_MATRIX_KINDS").ok();
     for kind in EffectKind::ALL {
+        if only.as_deref().is_some_and(|o| !kind.name().contains(o)) {
+            continue;
+        }
         let sc = scenario(kind);
         let appends = appends_per_run(&sc).await;
         for fault in Fault::ALL {
@@ -1146,7 +1349,9 @@ async fn matrix(store: &str) {
         for fault in Fault::ALL {
             table.push_str(&format!(
                 " {} |",
-                counts[&(kind.ordinal(), fault.ordinal())]
+                counts
+                    .get(&(kind.ordinal(), fault.ordinal()))
+                    .map_or("not played", String::as_str)
             ));
         }
     }

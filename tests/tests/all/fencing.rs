@@ -4,7 +4,10 @@
 //! request; guest code computing without host calls is trapped, and a guest
 //! waiting in a host call is stopped; each ends as
 //! [`LeaseFailure::Expired`]. A validity its holder keeps extending lets
-//! the lease run to its end.
+//! the lease run to its end. Another process held to a validity
+//! ([`ValidUntil::fence_process`], a local MCP server) is killed when it
+//! passes, by a watchdog that runs while its holder is stopped, and is
+//! left alone while it is extended or once its fence is dropped.
 
 use std::path::Path;
 use std::time::Duration;
@@ -313,4 +316,56 @@ async fn no_request_leaves_once_the_validity_passes() {
     let leased = invoke(&g, "fetch", json!({ "url": server.url("/status/200") })).await;
     expired(&leased.result);
     assert_eq!(server.connections(), connections);
+}
+
+/// A `sleep` process held to a validity: killed when the validity passes
+/// (here while this test's threads are busy elsewhere: the watchdog is a
+/// process of its own), kept while it is extended, revoked at once, and
+/// left alone once the fence is dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_held_to_a_validity_is_killed_when_it_passes() {
+    use std::os::unix::process::ExitStatusExt as _;
+    let sleeper = || {
+        std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap()
+    };
+    // Passes: killed by SIGKILL, though nothing here waits on it.
+    let mut child = sleeper();
+    let valid = ValidUntil::for_next(Duration::from_millis(300));
+    let fence = valid.fence_process(child.id()).unwrap();
+    // Block this thread past the deadline: only the watchdog can act.
+    std::thread::sleep(Duration::from_millis(700));
+    let status = child.try_wait().unwrap().expect("killed at the deadline");
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    drop(fence);
+
+    // Extended past its first deadline, it lives; revoked, it dies at once.
+    let mut child = sleeper();
+    let valid = ValidUntil::for_next(Duration::from_millis(300));
+    let fence = valid.fence_process(child.id()).unwrap();
+    for _ in 0..6 {
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(valid.extend(Moment::now().after(Duration::from_millis(300))));
+    }
+    assert!(child.try_wait().unwrap().is_none(), "killed while extended");
+    let revoked = std::time::Instant::now();
+    valid.revoke();
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(9), "{status:?}");
+    assert!(revoked.elapsed() < Duration::from_secs(2));
+    drop(fence);
+
+    // A dropped fence leaves the process alone past the deadline.
+    let mut child = sleeper();
+    let valid = ValidUntil::for_next(Duration::from_millis(200));
+    drop(valid.fence_process(child.id()).unwrap());
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "killed after its fence was dropped"
+    );
+    child.kill().unwrap();
+    let _ = child.wait();
 }

@@ -41,6 +41,10 @@
 //!   delivery's completion.
 //! - `effects`: idempotency commitments across runs, retries by effect
 //!   class, unknown outcomes, external tools.
+//! - `sealed_rows`: with a chain key, a standing rule widened and a
+//!   settled idempotency result rewritten directly in the database, through
+//!   `warden` processes on SQLite and PostgreSQL: the driving verbs refuse,
+//!   the write does not run, `runs verify` reports the row.
 //! - `effects_matrix`: every effect kind of `warden::fault_model` crossed
 //!   with every fault (a kill at every append, a store failure at every
 //!   append, a pause past the claim and a lost claim inside the effect) on
@@ -134,6 +138,13 @@
 //!   and a third export.
 //! - `metrics`: `/metrics` on `warden serve` and `warden worker`, accepted
 //!   by `promtool check metrics`, its counters moving as a run proceeds.
+//! - `signing`: plugin bundles signed with the real `minisign` tool
+//!   through the `warden` binary: a valid signature loads and each receipt
+//!   names the bundle and signer; tampered components, manifests and
+//!   statements, untrusted keys and missing signatures refused before
+//!   compiling; unsigned plugins only where the operator allows them; a
+//!   lock file holding runs to the locked bundle; upgrades that widen
+//!   stopped with their diff until accepted, narrowing ones taken.
 //! - `layers`: the host's crates depend on each other one way only: no
 //!   lower crate (sandbox, store, providers) ever reaches the engine,
 //!   plugins or CLI.
@@ -195,11 +206,13 @@ mod providers;
 mod python_guest;
 mod python_host;
 mod retries;
+mod sealed_rows;
 mod secrets;
 mod serve;
 mod server;
 mod session_history;
 mod sessions;
+mod signing;
 mod store_suite;
 mod sweep;
 mod torn_edits;
@@ -438,7 +451,7 @@ mod coverage {
     pub(crate) const policy: &str = "kinds::policies_decide_from_their_config_and_count_their_calls, kinds::a_misbehaving_policy_is_stopped_with_a_typed_failure, policy_plugins::*";
     pub(crate) const noop: &str = "loading::a_minimal_component_needs_no_wasi";
     pub(crate) const sockets: &str = "loading::network_access_without_a_grant_is_refused_at_load";
-    pub(crate) const table_grow: &str = "hostile::table_growth_is_denied_at_the_limit";
+    pub(crate) const table_grow: &str = "hostile::table_growth_is_denied_at_the_limit, signing::a_lock_holds_runs_to_the_locked_bundle_and_upgrades_show_the_diff";
     macro_rules! covered {
         ($name:ident) => {
             const _: &str = $name;

@@ -12,6 +12,11 @@
 //!   further effect once it wakes, and while the worker's claim is live
 //!   `runs resolve` and `runs recover` on the child are refused, naming
 //!   the worker.
+//! - The same inside an MCP server's write (issue 36): the server is a
+//!   process of its own, which SIGSTOP of the worker does not stop; the
+//!   claim's watchdog kills it at the worker's view of the claim, so the
+//!   write the operator made by hand once the claim ran out is the only
+//!   one.
 //! - Through the library: a driver whose own view of its claim
 //!   ([`ValidUntil`]) passes mid-write stops with
 //!   [`RuntimeError::ClaimExpired`], its write stops, and nothing is
@@ -148,6 +153,45 @@ fn steps_written(fx: &Fixture) -> (String, usize) {
     (text, n)
 }
 
+/// The operator resolves `run`'s dangling write with `output` (`warden
+/// runs resolve`), and `worker-b` takes the run over and finishes it: its
+/// log then.
+async fn resolved_and_finished(
+    dir: &Path,
+    url: &str,
+    store: &Arc<dyn EventStore>,
+    run: &RunId,
+    output: &str,
+    note: &str,
+) -> Vec<warden::store::StoredEvent> {
+    let resolved = warden(
+        dir,
+        url,
+        &[
+            "runs",
+            "resolve",
+            run.as_str(),
+            "--output",
+            output,
+            "--note",
+            note,
+        ],
+    );
+    assert!(
+        resolved.status.success(),
+        "{}",
+        String::from_utf8_lossy(&resolved.stderr)
+    );
+    wait_for("worker-b never finished the run", async || {
+        store
+            .summary(run)
+            .await
+            .is_ok_and(|s| s.status == "completed" && s.claim.is_none() && s.claim_token >= 2)
+    })
+    .await;
+    store.load(run).await.unwrap()
+}
+
 fn start_worker(dir: &Path, url: &str, id: &str) -> KillOnDrop {
     let log = std::fs::File::create(dir.join(format!("{id}.log"))).unwrap();
     let child = Command::new(warden_binary())
@@ -222,36 +266,17 @@ async fn a_worker_paused_mid_write_past_its_claim_writes_nothing_after_it_wakes(
         })
     })
     .await;
-    // The operator looks at the file and resolves the write as not made.
-    let resolved = Command::new(warden_binary())
-        .args([
-            "runs",
-            "resolve",
-            run.as_str(),
-            "--output",
-            r#"{"applied": false}"#,
-            "--note",
-            "the writer was paused; its file is as it was",
-        ])
-        .env("WARDEN_STORE", &pg.url)
-        .env_remove("RUST_LOG")
-        .current_dir(dir)
-        .output()
-        .unwrap();
-    assert!(
-        resolved.status.success(),
-        "{}",
-        String::from_utf8_lossy(&resolved.stderr)
-    );
-    // The other worker takes the run over and finishes it.
-    wait_for("worker-b never finished the run", async || {
-        store
-            .summary(&run)
-            .await
-            .is_ok_and(|s| s.status == "completed" && s.claim.is_none() && s.claim_token >= 2)
-    })
+    // The operator looks at the file and resolves the write as not made;
+    // the other worker takes the run over and finishes it.
+    let events = resolved_and_finished(
+        dir,
+        &pg.url,
+        &store,
+        &run,
+        r#"{"applied": false}"#,
+        "the writer was paused; its file is as it was",
+    )
     .await;
-    let events = store.load(&run).await.unwrap();
     assert_eq!(steps_written(&fx).0, at_stop);
 
     // The paused worker wakes: it writes nothing more, to the file or to
@@ -539,4 +564,114 @@ async fn a_driver_whose_claim_view_passes_mid_write_stops_and_records_nothing() 
         matches!(events.last(), Some(Event::ToolCallIntent(_))),
         "nothing after the write's intent: {events:?}"
     );
+}
+
+/// Issue 36, an MCP server's write: a `warden worker` on PostgreSQL is
+/// stopped (SIGSTOP) while its local MCP server (the Python SDK's, in its
+/// bubblewrap sandbox) takes 4 s over an append. Once the worker's claim
+/// has run out the operator finds the line missing, makes the write by
+/// hand and resolves it, as docs/operations.md says; a second worker
+/// finishes the run. The server must not add its line after that: the
+/// claim's watchdog killed it at the paused worker's view of the claim.
+/// Counted in the file, outside the sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_paused_inside_an_mcp_servers_write_leaves_one_write() {
+    let Some(pg) = PgSchema::new("mcppause").await else {
+        return;
+    };
+    let fx = Fixture::new();
+    let dir = fx.dir.path();
+    let store: Arc<dyn EventStore> = Arc::new(pg.store().await);
+    let rt = runtime(store.clone());
+    let run = RunId::new("mcp-paused").unwrap();
+    let (agent, _) = super::effects_matrix::mcp_agent(&fx, false);
+    const DELAY: Duration = Duration::from_secs(4);
+    std::fs::write(fx.path("data/delay"), DELAY.as_secs().to_string()).unwrap();
+    let notes = fx.path("out/notes.log");
+    let lines = || {
+        std::fs::read_to_string(&notes)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| *l == "m")
+            .count()
+    };
+    rt.submit(&agent, json!("go"), StartOptions::new().id(run.clone()))
+        .await
+        .unwrap();
+
+    let first = start_worker(dir, &pg.url, "worker-a");
+    wait_for(
+        "worker-a's MCP server never started the write",
+        async || fx.path("out/append-started").exists(),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    signal(&first, "-STOP");
+
+    // Its claim runs out with the write dangling; another worker is up.
+    let second = start_worker(dir, &pg.url, "worker-b");
+    wait_for("worker-a's claim never ran out", async || {
+        store.summary(&run).await.is_ok_and(|s| {
+            s.status == "needs_reconciliation"
+                && s.claim.as_ref().is_some_and(|l| l.is_expired(now_ms()))
+        })
+    })
+    .await;
+    assert!(
+        started.elapsed() < DELAY,
+        "the claim ran out only after the server's write was due: raise DELAY"
+    );
+    // The operator checks the file: the line is not there. They make the
+    // write by hand and resolve it as made.
+    assert_eq!(
+        lines(),
+        0,
+        "the server's write landed before the operator looked"
+    );
+    {
+        use std::io::Write as _;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&notes)
+            .unwrap();
+        writeln!(file, "m").unwrap();
+    }
+    let events = resolved_and_finished(
+        dir,
+        &pg.url,
+        &store,
+        &run,
+        r#"{"applied": true}"#,
+        "the worker was paused; I appended the line by hand",
+    )
+    .await;
+
+    // Past the time the server's write was due, the paused worker wakes.
+    tokio::time::sleep((DELAY + Duration::from_secs(1)).saturating_sub(started.elapsed())).await;
+    let before_wake = lines();
+    signal(&first, "-CONT");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let worker_log = std::fs::read_to_string(dir.join("worker-a.log")).unwrap_or_default();
+    assert_eq!(
+        (before_wake, lines()),
+        (1, 1),
+        "the MCP write happened more than once (before worker-a woke, after): {worker_log}"
+    );
+    assert_eq!(store.load(&run).await.unwrap(), events, "the log changed");
+    assert_eq!(store.summary(&run).await.unwrap().status, "completed");
+    assert!(store.verify(&run).await.unwrap().is_intact());
+    let recorded: Vec<Event> = rt.events(&run).await.unwrap();
+    let resolutions = recorded
+        .iter()
+        .filter(|e| matches!(e, Event::ToolCallResolved(_)))
+        .count();
+    assert_eq!(resolutions, 1, "{recorded:?}");
+    eprintln!(
+        "paused MCP write: one line in the file {:?} after the stop; worker-a said: {}",
+        started.elapsed(),
+        worker_log.lines().last().unwrap_or("nothing")
+    );
+    drop(second);
+    drop(first);
 }

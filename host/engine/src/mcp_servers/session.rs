@@ -255,6 +255,22 @@ impl Session {
         self.meter.cut()
     }
 
+    /// A local server's process id (its sandbox's), while it has not been
+    /// waited for; `None` for a remote server.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(|(child, _)| child.id())
+    }
+
+    /// Whether a local server's process still runs (a remote server is
+    /// taken to): one its watchdog killed between calls is started again
+    /// rather than called dead.
+    pub fn alive(&mut self) -> bool {
+        match &mut self.child {
+            Some((child, _)) => matches!(child.try_wait(), Ok(None)),
+            None => true,
+        }
+    }
+
     /// Why a local server's connection broke, for the error that says so:
     /// `; ` and its exit status and the end of its stderr (see
     /// [`process::stopped`]); empty for a remote server.

@@ -45,7 +45,13 @@ impl Runtime {
             let loaded = self
                 .inner
                 .plugins
-                .load(&p.source, &p.grant, &p.grant_base)
+                .load_pinned(
+                    &p.source,
+                    &p.grant,
+                    &p.grant_base,
+                    |k| std::env::var(k).ok(),
+                    p.pin.as_ref(),
+                )
                 .await
                 .map_err(|e| RuntimeError::Agent {
                     agent: agent.name.clone(),
@@ -77,7 +83,13 @@ impl Runtime {
             let loaded = self
                 .inner
                 .plugins
-                .load(&plugin.source, &grant, &plugin.grant_base)
+                .load_pinned(
+                    &plugin.source,
+                    &grant,
+                    &plugin.grant_base,
+                    |k| std::env::var(k).ok(),
+                    plugin.pin.as_ref(),
+                )
                 .await
                 .map_err(|e| RuntimeError::Agent {
                     agent: agent.name.clone(),

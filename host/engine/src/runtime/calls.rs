@@ -195,8 +195,9 @@ impl Runtime {
         }
         let target = match prepared.mcp.get(&tool.plugin) {
             // An MCP server's tool: the same effect, made by its sandboxed
-            // process instead of a WASM lease, within the run's budgets.
-            Some(server) => Err((server.clone(), bound.wall_time)),
+            // process instead of a WASM lease, within the run's budgets and
+            // held to the same view of the claim as a lease ([`fenced`]).
+            Some(server) => Err((server.clone(), bound.wall_time, log.valid.clone())),
             None => {
                 let plugin = prepared
                     .plugins
@@ -207,8 +208,8 @@ impl Runtime {
         };
         async move {
             match target {
-                Err((server, wall_time)) => Ok(tracing::Instrument::instrument(
-                    server.invoke(&call, wall_time, Some(&cancel)),
+                Err((server, wall_time, valid)) => Ok(tracing::Instrument::instrument(
+                    server.invoke(&call, wall_time, Some(&cancel), valid.as_ref()),
                     span,
                 )
                 .await),
@@ -466,6 +467,7 @@ pub(super) fn for_run(plugin: &LoadedPlugin, log: &Log, prepared: &Prepared) -> 
 
 /// `plugin` whose leases stop making effects once the driver's view of its
 /// claim has passed; unchanged for a driver without a claim (`warden run`).
+/// An MCP server's call is handed the same view (`tool_lease`).
 pub(super) fn fenced(plugin: &LoadedPlugin, log: &Log) -> LoadedPlugin {
     match &log.valid {
         Some(valid) => plugin.valid_until(valid.clone()),

@@ -55,11 +55,13 @@ use tokio_postgres::{IsolationLevel, NoTls, Row};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::history::{self, HistoryChunk, HistoryDigest};
+use super::sealed;
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     Durability, EventStore, Finding, Holder, KeyClaim, Listing, ListingStatus, OpenMode,
-    PruneFilter, QUEUED, RUNNING, Revocation, RunFilter, RunId, RunMeta, RunSummary, SessionHead,
-    Settle, Settlement, SettlingAppend, StoreError, StoredEvent, Tombstone, VerifyReport, WAITING,
+    PruneFilter, QUEUED, RUNNING, Revocation, RowFinding, RowsReport, RunFilter, RunId, RunMeta,
+    RunSummary, SessionHead, Settle, Settlement, SettlingAppend, StoreError, StoredEvent,
+    Tombstone, VerifyReport, WAITING,
 };
 use crate::status::settled_sql;
 
@@ -237,7 +239,7 @@ impl PostgresStoreBuilder {
                     .transaction()
                     .await
                     .map_err(|e| pg_error(context(), e))?;
-                let applied = schema::migrate(&tx, &store.schema, &store.chain.mode()).await?;
+                let applied = schema::migrate(&tx, &store.schema, &store.chain).await?;
                 tx.commit().await.map_err(|e| pg_error(context(), e))?;
                 applied
             }
@@ -483,12 +485,15 @@ async fn execute(
 }
 
 /// The columns [`rule_of_row`] reads.
-const RULE_COLUMNS: &str = "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms FROM approval_rules";
+const RULE_COLUMNS: &str = "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms, seal FROM approval_rules";
 
-fn rule_of_row(row: &Row) -> ApprovalRule {
+/// A rule row and its stored seal, not yet checked.
+type SealedRule = (ApprovalRule, Option<Vec<u8>>);
+
+fn rule_of_row(row: &Row) -> SealedRule {
     let revoked_by: Option<String> = row.get(5);
     let revoked_ms: Option<i64> = row.get(6);
-    ApprovalRule {
+    let rule = ApprovalRule {
         id: row.get(0),
         spec: row.get(1),
         created_by: row.get(2),
@@ -498,7 +503,31 @@ fn rule_of_row(row: &Row) -> ApprovalRule {
             by,
             at_ms: revoked_ms.unwrap_or_default(),
         }),
-    }
+    };
+    (rule, row.get(7))
+}
+
+/// A rule row whose seal matches, for a read that acts on it.
+fn checked_rule(chain: &Chain, (rule, seal): SealedRule) -> Result<ApprovalRule, StoreError> {
+    sealed::check(
+        sealed::RULES,
+        &rule.id,
+        seal.as_deref(),
+        &sealed::rule(chain, &rule),
+    )?;
+    Ok(rule)
+}
+
+/// A commitment row's seal, checked: the columns are key, run id, call
+/// id, result and seal from `first`.
+fn checked_commitment(chain: &Chain, row: &Row, first: usize) -> Result<(), StoreError> {
+    let key: String = row.get(first);
+    let run_id: String = row.get(first + 1);
+    let call_id: String = row.get(first + 2);
+    let result: Option<Vec<u8>> = row.get(first + 3);
+    let seal: Option<Vec<u8>> = row.get(first + 4);
+    let expected = sealed::commitment(chain, &key, &run_id, &call_id, result.as_deref());
+    sealed::check(sealed::COMMITMENTS, &key, seal.as_deref(), &expected)
 }
 
 fn valid_id(id: &str) -> Option<RunId> {
@@ -1360,7 +1389,7 @@ impl EventStore for PostgresStore {
                 query(
                     tx,
                     context,
-                    r#"SELECT key, run_id, call_id, result FROM commitments
+                    r#"SELECT key, run_id, call_id, result, seal FROM commitments
                      WHERE ($1::text IS NULL OR key = $1) AND ($2::text IS NULL OR run_id = $2)
                      ORDER BY key COLLATE "C""#,
                     &[&key, &run_id],
@@ -1368,6 +1397,9 @@ impl EventStore for PostgresStore {
                 .await
             })
             .await?;
+        for row in &rows {
+            checked_commitment(&self.chain, row, 0)?;
+        }
         // A holder that is not a valid run id is skipped, as its run is.
         Ok(rows
             .iter()
@@ -1386,19 +1418,21 @@ impl EventStore for PostgresStore {
 
     async fn add_rule(&self, rule: &ApprovalRule) -> Result<(), StoreError> {
         let context = format!("postgres: cannot add approval rule {}", rule.id);
+        let seal = sealed::rule(&self.chain, rule);
         let inserted = self
             .write(&context, async |tx| {
                 execute(
                     tx,
                     &context,
-                    "INSERT INTO approval_rules (id, spec, created_by, created_ms, expires_ms)
-                     VALUES ($1, $2, $3, $4, $5) ON CONFLICT (id) DO NOTHING",
+                    "INSERT INTO approval_rules (id, spec, created_by, created_ms, expires_ms, seal)
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (id) DO NOTHING",
                     &[
                         &rule.id,
                         &rule.spec,
                         &rule.created_by,
                         &rule.created_ms,
                         &rule.expires_ms,
+                        &seal.as_bytes().as_slice(),
                     ],
                 )
                 .await
@@ -1454,7 +1488,58 @@ impl EventStore for PostgresStore {
                 .await
             })
             .await?;
-        Ok(rows.iter().map(rule_of_row).collect())
+        rows.iter()
+            .map(|row| checked_rule(&self.chain, rule_of_row(row)))
+            .collect()
+    }
+
+    async fn verify_rows(&self) -> Result<RowsReport, StoreError> {
+        let context = "postgres: cannot read the sealed tables";
+        let (rules, commitments) = self
+            .snapshot(context, async |tx| {
+                let rules = query(
+                    tx,
+                    context,
+                    &format!(r#"{RULE_COLUMNS} ORDER BY id COLLATE "C""#),
+                    &[],
+                )
+                .await?;
+                let commitments = query(
+                    tx,
+                    context,
+                    r#"SELECT key, run_id, call_id, result, seal FROM commitments ORDER BY key COLLATE "C""#,
+                    &[],
+                )
+                .await?;
+                Ok((rules, commitments))
+            })
+            .await?;
+        let mut findings = Vec::new();
+        for row in &rules {
+            let (rule, seal) = rule_of_row(row);
+            let expected = sealed::rule(&self.chain, &rule);
+            sealed::collect(
+                &mut findings,
+                sealed::RULES,
+                &rule.id,
+                seal.as_deref(),
+                &expected,
+            );
+        }
+        for row in &commitments {
+            if let Err(StoreError::RowTampered { table, row, reason }) =
+                checked_commitment(&self.chain, row, 0)
+            {
+                findings.push(RowFinding { table, row, reason });
+            }
+        }
+        Ok(RowsReport::new(
+            vec![
+                (sealed::RULES, rules.len() as u64),
+                (sealed::COMMITMENTS, commitments.len() as u64),
+            ],
+            findings,
+        ))
     }
 
     async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
@@ -1470,7 +1555,9 @@ impl EventStore for PostgresStore {
                 .await
             })
             .await?;
-        Ok(rows.first().map(rule_of_row))
+        rows.first()
+            .map(|row| checked_rule(&self.chain, rule_of_row(row)))
+            .transpose()
     }
 
     async fn revoke_rule(
@@ -1480,28 +1567,39 @@ impl EventStore for PostgresStore {
         at_ms: i64,
     ) -> Result<ApprovalRule, StoreError> {
         let context = format!("postgres: cannot revoke approval rule {id}");
-        let rows = self
-            .write(&context, async |tx| {
-                execute(
-                    tx,
-                    &context,
-                    "UPDATE approval_rules SET revoked_by = $2, revoked_ms = $3
-                     WHERE id = $1 AND revoked_by IS NULL",
-                    &[&id, &by, &at_ms],
-                )
-                .await?;
-                query(
-                    tx,
-                    &context,
-                    &format!("{RULE_COLUMNS} WHERE id = $1"),
-                    &[&id],
-                )
-                .await
-            })
+        // The row is locked, its seal checked (resealing an edited row
+        // would make the edit pass), then revoked and resealed.
+        self.write(&context, async |tx| {
+            let rows = query(
+                tx,
+                &context,
+                &format!("{RULE_COLUMNS} WHERE id = $1 FOR UPDATE"),
+                &[&id],
+            )
             .await?;
-        rows.first()
-            .map(rule_of_row)
-            .ok_or_else(|| StoreError::UnknownRule { id: id.to_owned() })
+            let mut rule = match rows.first() {
+                Some(row) => checked_rule(&self.chain, rule_of_row(row))?,
+                None => return Err(StoreError::UnknownRule { id: id.to_owned() }),
+            };
+            if rule.revoked.is_some() {
+                return Ok(rule);
+            }
+            rule.revoked = Some(Revocation {
+                by: by.to_owned(),
+                at_ms,
+            });
+            let seal = sealed::rule(&self.chain, &rule);
+            execute(
+                tx,
+                &context,
+                "UPDATE approval_rules SET revoked_by = $2, revoked_ms = $3, seal = $4
+                 WHERE id = $1 AND revoked_by IS NULL",
+                &[&id, &by, &at_ms, &seal.as_bytes().as_slice()],
+            )
+            .await?;
+            Ok(rule)
+        })
+        .await
     }
 
     async fn export_cursors(&self, reader: &str) -> Result<BTreeMap<RunId, u64>, StoreError> {
@@ -1556,18 +1654,25 @@ impl EventStore for PostgresStore {
 
     async fn claim_commitment(&self, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
         let context = format!("postgres: cannot claim idempotency commitment {key}");
+        let seal = sealed::commitment(
+            &self.chain,
+            key,
+            holder.run_id.as_str(),
+            &holder.call_id,
+            None,
+        );
         self.write(&context, async |tx| {
             execute(
                 tx,
                 &context,
-                "INSERT INTO commitments (key, run_id, call_id) VALUES ($1, $2, $3) ON CONFLICT (key) DO NOTHING",
-                &[&key, &holder.run_id.as_str(), &holder.call_id],
+                "INSERT INTO commitments (key, run_id, call_id, seal) VALUES ($1, $2, $3, $4) ON CONFLICT (key) DO NOTHING",
+                &[&key, &holder.run_id.as_str(), &holder.call_id, &seal.as_bytes().as_slice()],
             )
             .await?;
             let rows = query(
                 tx,
                 &context,
-                "SELECT run_id, call_id, result FROM commitments WHERE key = $1",
+                "SELECT key, run_id, call_id, result, seal FROM commitments WHERE key = $1",
                 &[&key],
             )
             .await?;
@@ -1575,14 +1680,15 @@ impl EventStore for PostgresStore {
                 context: context.clone(),
                 error: "the commitment vanished after its insert".into(),
             })?;
+            checked_commitment(&self.chain, row, 0)?;
             let found = Holder {
-                run_id: RunId::new(row.get::<_, String>(0)).map_err(|e| StoreError::Backend {
+                run_id: RunId::new(row.get::<_, String>(1)).map_err(|e| StoreError::Backend {
                     context: context.clone(),
                     error: Box::new(e),
                 })?,
-                call_id: row.get(1),
+                call_id: row.get(2),
             };
-            let result: Option<Vec<u8>> = row.get(2);
+            let result: Option<Vec<u8>> = row.get(3);
             Ok(match result {
                 Some(result) => KeyClaim::Settled {
                     holder: found,
@@ -1781,7 +1887,7 @@ impl PostgresStore {
         // first polled, in the order written.
         let lock_commitment = client
             .prepare_cached(
-                "SELECT run_id, call_id, result IS NULL FROM commitments WHERE key = $1 FOR UPDATE",
+                "SELECT key, run_id, call_id, result, seal FROM commitments WHERE key = $1 FOR UPDATE",
             )
             .await
             .map_err(pg)?;
@@ -1831,7 +1937,7 @@ impl PostgresStore {
         let settle_write = match settle.map(|s| &s.outcome) {
             Some(Settle::Result(_)) => Some(
                 client
-                    .prepare_cached("UPDATE commitments SET result = $2 WHERE key = $1")
+                    .prepare_cached("UPDATE commitments SET result = $2, seal = $3 WHERE key = $1")
                     .await
                     .map_err(pg)?,
             ),
@@ -1894,10 +2000,13 @@ impl PostgresStore {
             );
             if let (Some(settle), Some(rows)) = (settle, commitment) {
                 let release = settle.outcome == Settle::Release;
+                if let Some(row) = rows.first() {
+                    checked_commitment(&self.chain, row, 0)?;
+                }
                 let held = rows.first().is_some_and(|r| {
-                    r.get::<_, String>(0) == settle.holder.run_id.as_str()
-                        && r.get::<_, String>(1) == settle.holder.call_id
-                        && (r.get::<_, bool>(2) || release)
+                    r.get::<_, String>(1) == settle.holder.run_id.as_str()
+                        && r.get::<_, String>(2) == settle.holder.call_id
+                        && (r.get::<_, Option<Vec<u8>>>(3).is_none() || release)
                 });
                 if !held {
                     return Err(StoreError::CommitmentNotHeld {
@@ -2004,10 +2113,21 @@ impl PostgresStore {
             async {
                 match (settle, &settle_write) {
                     (Some(s), Some(statement)) => match &s.outcome {
-                        Settle::Result(result) => c
-                            .execute(statement, &[&s.key, &result.as_ref()])
+                        Settle::Result(result) => {
+                            let seal = sealed::commitment(
+                                &self.chain,
+                                &s.key,
+                                s.holder.run_id.as_str(),
+                                &s.holder.call_id,
+                                Some(result),
+                            );
+                            c.execute(
+                                statement,
+                                &[&s.key, &result.as_ref(), &seal.as_bytes().as_slice()],
+                            )
                             .await
-                            .map(Some),
+                            .map(Some)
+                        }
                         Settle::Release => c.execute(statement, &[&s.key]).await.map(Some),
                     },
                     _ => Ok(None),
@@ -2092,7 +2212,7 @@ mod tests {
             return;
         };
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9]);
+        assert_eq!(applied, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
         new_run(&store, &id("old"), 3).await;
         drop(store);
         // What version 3 looked like.
@@ -2106,7 +2226,7 @@ mod tests {
         .unwrap();
 
         let (store, applied) = backend.builder().open_and_migrate().await.unwrap();
-        assert_eq!(applied, [4, 5, 6, 7, 8, 9]);
+        assert_eq!(applied, [4, 5, 6, 7, 8, 9, 10]);
         let summary = store.summary(&id("old")).await.unwrap();
         assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
         assert!(store.verify(&id("old")).await.unwrap().is_intact());

@@ -6,6 +6,7 @@ use tokio_postgres::Transaction;
 
 use super::pg_error;
 use crate::StoreError;
+use crate::chain::Chain;
 
 /// Migrations in order; migration `i` (0-based) takes the schema from
 /// version `i` to `i + 1`. Never edit one that has shipped: add another.
@@ -73,6 +74,12 @@ use crate::StoreError;
 /// a start reads one row instead of listing the session. A prune deletes
 /// no row of it. The trigger functions name `sessions` unqualified: every
 /// connection's `search_path` is the store's schema.
+///
+/// Version 10 adds `seal` to `approval_rules` and `commitments`: each row's
+/// seal (see `store/sealed.rs`), written with the row and checked on every
+/// read that acts on it. The rows an older store held are sealed as found,
+/// with the store's chain, by [`migrate`] in the migration's transaction
+/// ([`SEALED_FROM`]); SQL alone cannot compute a seal.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -208,7 +215,15 @@ CREATE TRIGGER runs_session_completed AFTER UPDATE OF status ON runs FOR EACH RO
     WHEN (NEW.session IS NOT NULL AND NEW.status = 'completed' AND OLD.status <> 'completed')
     EXECUTE FUNCTION warden_session_completed();
 "#,
+    r#"
+ALTER TABLE approval_rules ADD COLUMN IF NOT EXISTS seal bytea;
+ALTER TABLE commitments ADD COLUMN IF NOT EXISTS seal bytea;
+"#,
 ];
+
+/// The schema version whose migration adds the seals: a store migrated
+/// from below it has its existing rows sealed.
+pub(super) const SEALED_FROM: i64 = 10;
 
 /// The schema version this build writes and reads.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -293,8 +308,10 @@ pub(super) async fn check(
 pub(super) async fn migrate(
     tx: &Transaction<'_>,
     schema: &str,
-    chain_mode: &str,
+    chain: &Chain,
 ) -> Result<Vec<i64>, StoreError> {
+    let chain_mode = chain.mode();
+    let chain_mode = chain_mode.as_str();
     let context = || format!("postgres: cannot migrate schema {schema}");
     // One migrator per schema at a time, across hosts.
     tx.execute(
@@ -364,5 +381,77 @@ pub(super) async fn migrate(
             });
         }
     }
+    // After the chain mode is known to be the store's: the seals are
+    // computed with its chain.
+    if found < SEALED_FROM {
+        seal_existing(tx, schema, chain)
+            .await
+            .map_err(|e| pg_error(context(), e))?;
+    }
     Ok(applied)
+}
+
+/// Seals every rule and commitment as found, for a store migrated from
+/// before seals existed (see `store/sealed.rs`): an edit made before the
+/// upgrade is sealed with the rest, which docs/security.md states.
+async fn seal_existing(
+    tx: &Transaction<'_>,
+    schema: &str,
+    chain: &Chain,
+) -> Result<(), tokio_postgres::Error> {
+    let rules = tx
+        .query(
+            &format!(
+                "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms
+                 FROM {schema}.approval_rules"
+            ),
+            &[],
+        )
+        .await?;
+    for row in &rules {
+        let revoked_by: Option<String> = row.get(5);
+        let revoked_ms: Option<i64> = row.get(6);
+        let rule = crate::ApprovalRule {
+            id: row.get(0),
+            spec: row.get(1),
+            created_by: row.get(2),
+            created_ms: row.get(3),
+            expires_ms: row.get(4),
+            revoked: revoked_by.map(|by| crate::Revocation {
+                by,
+                at_ms: revoked_ms.unwrap_or_default(),
+            }),
+        };
+        let seal = crate::sealed::rule(chain, &rule);
+        tx.execute(
+            &format!("UPDATE {schema}.approval_rules SET seal = $2 WHERE id = $1"),
+            &[&rule.id, &seal.as_bytes().as_slice()],
+        )
+        .await?;
+    }
+    let commitments = tx
+        .query(
+            &format!("SELECT key, run_id, call_id, result FROM {schema}.commitments"),
+            &[],
+        )
+        .await?;
+    for row in &commitments {
+        let (key, run_id, call_id): (String, String, String) = (row.get(0), row.get(1), row.get(2));
+        let result: Option<Vec<u8>> = row.get(3);
+        let seal = crate::sealed::commitment(chain, &key, &run_id, &call_id, result.as_deref());
+        tx.execute(
+            &format!("UPDATE {schema}.commitments SET seal = $2 WHERE key = $1"),
+            &[&key, &seal.as_bytes().as_slice()],
+        )
+        .await?;
+    }
+    if !rules.is_empty() || !commitments.is_empty() {
+        tracing::info!(
+            schema,
+            rules = rules.len(),
+            commitments = commitments.len(),
+            "sealed the rules and commitments a store held before seals existed"
+        );
+    }
+    Ok(())
 }

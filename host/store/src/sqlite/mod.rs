@@ -21,12 +21,13 @@
 //! every check an append makes (length, tail, head) reads the database
 //! inside that transaction, never a cache.
 //!
-//! Schema (version 5, see `schema.rs`): `runs` (one row per run: text id,
+//! Schema (version 11, see `schema.rs`): `runs` (one row per run: text id,
 //! agent, status, session, created/updated ms, event count, chain head, the
 //! claim: owner, fencing token, expiry; the deliveries it owes),
 //! `run_labels` (one row per label), `events` (run, seq, bytes, hash; one
-//! run's events contiguous), `tombstones` (pruned runs), `commitments`,
-//! `store_meta` (the chain mode).
+//! run's events contiguous), `tombstones` (pruned runs), `commitments`
+//! and `approval_rules` (each row sealed, see `store/sealed.rs`),
+//! `history_chunks`, `export_cursors`, `store_meta` (the chain mode).
 //!
 //! Claims (see `store/claim.rs`) hold across processes on one machine: every
 //! claim operation and fenced append runs in the writer's `BEGIN IMMEDIATE`
@@ -50,10 +51,12 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 
 use super::chain::{self, Chain, RawRow, Recorded};
 use super::history::{self, HistoryChunk, HistoryDigest};
+use super::sealed;
 use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     Durability, EventStore, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter,
-    Revocation, RunFilter, RunId, RunMeta, RunSummary, SessionHead, SettlingAppend, StoreError,
+    Revocation, RowsReport, RunFilter, RunId, RunMeta, RunSummary, SessionHead, SettlingAppend,
+    StoreError,
     StoredEvent, Tombstone, VerifyReport,
 };
 use crate::status::settled_sql;
@@ -208,12 +211,7 @@ impl SqliteStoreBuilder {
         }
         let mut conn = schema::open_writer(&self.path, self.busy_timeout)?;
         schema::check_integrity(&conn, &self.path)?;
-        schema::migrate(
-            &mut conn,
-            &self.path,
-            &chain.mode(),
-            self.mode == OpenMode::Create,
-        )?;
+        schema::migrate(&mut conn, &self.path, &chain, self.mode == OpenMode::Create)?;
         let counters = Arc::new(Counters::default());
         let (queue, inbox) = mpsc::channel(self.max_batch.saturating_mul(4));
         let writer = std::thread::Builder::new()
@@ -454,12 +452,15 @@ impl SqliteStore {
 }
 
 /// The columns [`rule_of_row`] reads.
-const RULE_COLUMNS: &str = "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms FROM approval_rules";
+const RULE_COLUMNS: &str = "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms, seal FROM approval_rules";
 
-fn rule_of_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRule> {
+/// A rule row and its stored seal, not yet checked.
+type SealedRule = (ApprovalRule, Option<Vec<u8>>);
+
+fn rule_of_row(row: &Row<'_>) -> rusqlite::Result<SealedRule> {
     let revoked_by: Option<String> = row.get(5)?;
     let revoked_ms: Option<i64> = row.get(6)?;
-    Ok(ApprovalRule {
+    let rule = ApprovalRule {
         id: row.get(0)?,
         spec: row.get(1)?,
         created_by: row.get(2)?,
@@ -469,15 +470,84 @@ fn rule_of_row(row: &Row<'_>) -> rusqlite::Result<ApprovalRule> {
             by,
             at_ms: revoked_ms.unwrap_or_default(),
         }),
-    })
+    };
+    Ok((rule, row.get(7)?))
+}
+
+/// A rule row whose seal matches, for a read that acts on it.
+fn checked_rule(chain: &Chain, (rule, seal): SealedRule) -> Result<ApprovalRule, StoreError> {
+    sealed::check(
+        sealed::RULES,
+        &rule.id,
+        seal.as_deref(),
+        &sealed::rule(chain, &rule),
+    )?;
+    Ok(rule)
 }
 
 /// Rule `id`, read on `conn` (a reader, or the writer inside its
-/// transaction).
-fn rule(conn: &Connection, id: &str) -> rusqlite::Result<Option<ApprovalRule>> {
-    conn.prepare_cached(&format!("{RULE_COLUMNS} WHERE id = ?1"))?
-        .query_row([id], rule_of_row)
-        .optional()
+/// transaction), its seal checked.
+fn rule(conn: &Connection, chain: &Chain, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
+    conn.prepare_cached(&format!("{RULE_COLUMNS} WHERE id = ?1"))
+        .and_then(|mut s| s.query_row([id], rule_of_row).optional())
+        .map_err(|e| backend(format!("sqlite: cannot read approval rule {id}"), e))?
+        .map(|row| checked_rule(chain, row))
+        .transpose()
+}
+
+/// The seal of every rule and commitment, checked (`verify_rows`).
+fn verify_rows(conn: &Connection, chain: &Chain) -> Result<RowsReport, StoreError> {
+    let context = "sqlite: cannot read the sealed tables";
+    let rules = conn
+        .prepare(&format!("{RULE_COLUMNS} ORDER BY id"))
+        .and_then(|mut s| {
+            s.query_map([], rule_of_row)?
+                .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(|e| backend(context, e))?;
+    let commitments = conn
+        .prepare("SELECT key, run_id, call_id, result, seal FROM commitments ORDER BY key")
+        .and_then(|mut s| {
+            s.query_map([], |row| {
+                Ok((
+                    text(row, 0)?,
+                    text(row, 1)?,
+                    text(row, 2)?,
+                    row.get::<_, Option<Vec<u8>>>(3)?,
+                    row.get::<_, Option<Vec<u8>>>(4)?,
+                ))
+            })?
+            .collect::<rusqlite::Result<Vec<_>>>()
+        })
+        .map_err(|e| backend(context, e))?;
+    let mut findings = Vec::new();
+    for (rule, seal) in &rules {
+        let expected = sealed::rule(chain, rule);
+        sealed::collect(
+            &mut findings,
+            sealed::RULES,
+            &rule.id,
+            seal.as_deref(),
+            &expected,
+        );
+    }
+    for (key, run_id, call_id, result, seal) in &commitments {
+        let expected = sealed::commitment(chain, key, run_id, call_id, result.as_deref());
+        sealed::collect(
+            &mut findings,
+            sealed::COMMITMENTS,
+            key,
+            seal.as_deref(),
+            &expected,
+        );
+    }
+    Ok(RowsReport::new(
+        vec![
+            (sealed::RULES, rules.len() as u64),
+            (sealed::COMMITMENTS, commitments.len() as u64),
+        ],
+        findings,
+    ))
 }
 
 impl std::fmt::Debug for SqliteStore {
@@ -587,25 +657,28 @@ impl EventStore for SqliteStore {
     }
 
     async fn rules(&self) -> Result<Vec<ApprovalRule>, StoreError> {
-        self.read(|conn, _| {
+        self.read(|conn, chain| {
             let context = "sqlite: cannot list approval rules";
             conn.prepare_cached(&format!("{RULE_COLUMNS} ORDER BY created_ms, id"))
                 .and_then(|mut s| {
                     s.query_map([], rule_of_row)?
                         .collect::<rusqlite::Result<Vec<_>>>()
                 })
-                .map_err(|e| backend(context, e))
+                .map_err(|e| backend(context, e))?
+                .into_iter()
+                .map(|row| checked_rule(chain, row))
+                .collect()
         })
         .await
     }
 
     async fn rule(&self, id: &str) -> Result<Option<ApprovalRule>, StoreError> {
         let id = id.to_owned();
-        self.read(move |conn, _| {
-            rule(conn, &id)
-                .map_err(|e| backend(format!("sqlite: cannot read approval rule {id}"), e))
-        })
-        .await
+        self.read(move |conn, chain| rule(conn, chain, &id)).await
+    }
+
+    async fn verify_rows(&self) -> Result<RowsReport, StoreError> {
+        self.read(|conn, chain| verify_rows(conn, chain)).await
     }
 
     async fn revoke_rule(
@@ -681,11 +754,11 @@ impl EventStore for SqliteStore {
 
     async fn commitments(&self, filter: &CommitmentFilter) -> Result<Vec<Commitment>, StoreError> {
         let filter = filter.clone();
-        self.read(move |conn, _| {
+        self.read(move |conn, chain| {
             let context = "sqlite: cannot list idempotency commitments";
             let mut stmt = conn
                 .prepare_cached(
-                    "SELECT key, run_id, call_id, result FROM commitments
+                    "SELECT key, run_id, call_id, result, seal FROM commitments
                      WHERE (?1 IS NULL OR key = ?1) AND (?2 IS NULL OR run_id = ?2)
                      ORDER BY key",
                 )
@@ -699,25 +772,29 @@ impl EventStore for SqliteStore {
                             text(row, 1)?,
                             text(row, 2)?,
                             row.get::<_, Option<Vec<u8>>>(3)?,
+                            row.get::<_, Option<Vec<u8>>>(4)?,
                         ))
                     },
                 )
                 .and_then(|rows| rows.collect::<rusqlite::Result<Vec<_>>>())
                 .map_err(|e| backend(context, e))?;
-            // A holder that is not a valid run id is skipped, as its run is.
-            Ok(rows
-                .into_iter()
-                .filter_map(|(key, run_id, call_id, result)| {
-                    Some(Commitment {
-                        key,
-                        holder: Holder {
-                            run_id: valid_id(&run_id)?,
-                            call_id,
-                        },
-                        result: result.map(Bytes::from),
-                    })
-                })
-                .collect())
+            let mut listed = Vec::with_capacity(rows.len());
+            for (key, run_id, call_id, result, seal) in rows {
+                let expected =
+                    sealed::commitment(chain, &key, &run_id, &call_id, result.as_deref());
+                sealed::check(sealed::COMMITMENTS, &key, seal.as_deref(), &expected)?;
+                // A holder that is not a valid run id is skipped, as its
+                // run is.
+                let Some(run_id) = valid_id(&run_id) else {
+                    continue;
+                };
+                listed.push(Commitment {
+                    key,
+                    holder: Holder { run_id, call_id },
+                    result: result.map(Bytes::from),
+                });
+            }
+            Ok(listed)
         })
         .await
     }

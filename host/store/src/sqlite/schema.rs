@@ -7,6 +7,7 @@ use std::time::Duration;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, TransactionBehavior};
 
 use super::backend;
+use crate::chain::Chain;
 use crate::{OpenMode, StoreError};
 
 /// Migrations in order; migration `i` (0-based) takes the schema from
@@ -77,6 +78,12 @@ use crate::{OpenMode, StoreError};
 /// `completed`), so every write path keeps it in its own transaction and a
 /// start reads one row instead of listing the session. A prune deletes no
 /// row of it.
+///
+/// Version 11 adds `seal` to `approval_rules` and `commitments`: each row's
+/// seal (see `store/sealed.rs`), written with the row and checked on every
+/// read that acts on it. The rows a v10 store held are sealed as found, with
+/// the store's chain, by [`migrate`] in the migration's transaction
+/// ([`SEALED_FROM`]); SQL alone cannot compute a seal.
 pub(super) const MIGRATIONS: &[&str] = &[
     r#"
 CREATE TABLE runs (
@@ -210,7 +217,15 @@ BEGIN
     WHERE session = NEW.session;
 END;
 "#,
+    r#"
+ALTER TABLE approval_rules ADD COLUMN seal BLOB;
+ALTER TABLE commitments ADD COLUMN seal BLOB;
+"#,
 ];
+
+/// The schema version whose migration adds the seals: a store migrated
+/// from below it has its existing rows sealed.
+pub(super) const SEALED_FROM: i64 = 11;
 
 /// The schema version this build writes and reads.
 pub(super) const SCHEMA_VERSION: i64 = MIGRATIONS.len() as i64;
@@ -424,9 +439,11 @@ pub(super) fn check(conn: &Connection, path: &Path, chain_mode: &str) -> Result<
 pub(super) fn migrate(
     conn: &mut Connection,
     path: &Path,
-    chain_mode: &str,
+    chain: &Chain,
     create: bool,
 ) -> Result<(), StoreError> {
+    let chain_mode = chain.mode();
+    let chain_mode = chain_mode.as_str();
     let context = || format!("sqlite: cannot migrate {}", path.display());
     let found: i64 = conn
         .query_row("PRAGMA user_version", [], |row| row.get(0))
@@ -494,5 +511,70 @@ pub(super) fn migrate(
             });
         }
     }
+    // After the chain mode is known to be the store's: the seals are
+    // computed with its chain.
+    if found < SEALED_FROM {
+        seal_existing(&tx, chain).map_err(|e| backend(context(), e))?;
+    }
     tx.commit().map_err(|e| backend(context(), e))
+}
+
+/// Seals every rule and commitment as found, for a store migrated from
+/// before seals existed (see `store/sealed.rs`): an edit made before the
+/// upgrade is sealed with the rest, which docs/security.md states.
+fn seal_existing(tx: &Connection, chain: &Chain) -> rusqlite::Result<()> {
+    let rules = tx
+        .prepare(
+            "SELECT id, spec, created_by, created_ms, expires_ms, revoked_by, revoked_ms
+             FROM approval_rules",
+        )?
+        .query_map([], |row| {
+            let revoked_by: Option<String> = row.get(5)?;
+            let revoked_ms: Option<i64> = row.get(6)?;
+            Ok(crate::ApprovalRule {
+                id: row.get(0)?,
+                spec: row.get(1)?,
+                created_by: row.get(2)?,
+                created_ms: row.get(3)?,
+                expires_ms: row.get(4)?,
+                revoked: revoked_by.map(|by| crate::Revocation {
+                    by,
+                    at_ms: revoked_ms.unwrap_or_default(),
+                }),
+            })
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for rule in &rules {
+        let seal = crate::sealed::rule(chain, rule);
+        tx.execute(
+            "UPDATE approval_rules SET seal = ?2 WHERE id = ?1",
+            rusqlite::params![rule.id, seal.as_bytes().as_slice()],
+        )?;
+    }
+    let commitments = tx
+        .prepare("SELECT key, run_id, call_id, result FROM commitments")?
+        .query_map([], |row| {
+            Ok((
+                row.get::<_, String>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+                row.get::<_, Option<Vec<u8>>>(3)?,
+            ))
+        })?
+        .collect::<rusqlite::Result<Vec<_>>>()?;
+    for (key, run_id, call_id, result) in &commitments {
+        let seal = crate::sealed::commitment(chain, key, run_id, call_id, result.as_deref());
+        tx.execute(
+            "UPDATE commitments SET seal = ?2 WHERE key = ?1",
+            rusqlite::params![key, seal.as_bytes().as_slice()],
+        )?;
+    }
+    if !rules.is_empty() || !commitments.is_empty() {
+        tracing::info!(
+            rules = rules.len(),
+            commitments = commitments.len(),
+            "sealed the rules and commitments a store held before seals existed"
+        );
+    }
+    Ok(())
 }

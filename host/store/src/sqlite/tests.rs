@@ -199,6 +199,7 @@ async fn a_version_5_store_migrates_and_its_runs_wake_at_no_time() {
         .raw()
         .execute_batch(
             "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal;
              DROP TABLE export_cursors; DROP TABLE history_chunks;
              ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
@@ -264,7 +265,8 @@ async fn a_version_9_store_migrates_and_counts_its_sessions() {
         .raw()
         .execute_batch(
             "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed;
-             DROP TABLE sessions; PRAGMA user_version = 9;",
+             DROP TABLE sessions; PRAGMA user_version = 9;
+             ALTER TABLE commitments DROP COLUMN seal; ALTER TABLE approval_rules DROP COLUMN seal;",
         )
         .unwrap();
     let store = SqliteStore::open(backend.path()).unwrap();
@@ -303,6 +305,7 @@ async fn a_version_7_store_migrates_and_takes_history_chunks() {
         .raw()
         .execute_batch(
             "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal; ALTER TABLE approval_rules DROP COLUMN seal;
              DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head; PRAGMA user_version = 7;",
         )
         .unwrap();
@@ -337,6 +340,7 @@ async fn a_version_6_store_migrates_and_holds_no_rules() {
         .raw()
         .execute_batch(
             "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal;
              DROP TABLE export_cursors; DROP TABLE history_chunks; ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules; PRAGMA user_version = 6;",
         )
@@ -376,6 +380,7 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .raw()
         .execute_batch(
             "DROP TRIGGER runs_session_created; DROP TRIGGER runs_session_completed; DROP TABLE sessions;
+             ALTER TABLE commitments DROP COLUMN seal;
              DROP TABLE export_cursors; DROP TABLE history_chunks;
              ALTER TABLE runs DROP COLUMN history_head;
              DROP TABLE approval_rules;
@@ -392,7 +397,7 @@ async fn a_version_4_store_migrates_and_its_runs_owe_nothing() {
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
     assert_eq!(version, schema::SCHEMA_VERSION);
-    assert_eq!(schema::SCHEMA_VERSION, 10);
+    assert_eq!(schema::SCHEMA_VERSION, 11);
     let summary = store.summary(&id("old")).await.unwrap();
     assert_eq!((summary.event_count, summary.owes_deliveries), (3, 0));
     assert!(store.verify(&id("old")).await.unwrap().is_intact());

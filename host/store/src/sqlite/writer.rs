@@ -26,11 +26,12 @@ use tokio::sync::{mpsc, oneshot};
 
 use super::{backend, blob_hash};
 use crate::chain::{self, Chain};
+use crate::sealed;
 use crate::status::settled_sql;
 use crate::{
     Appended, ApprovalRule, ChainBreak, ChainHash, Claim, Holder, KeyClaim, Listing, ListingStatus,
-    PruneFilter, QUEUED, RUNNING, RunId, RunMeta, Settle, Settlement, StoreError, Tombstone,
-    WAITING,
+    PruneFilter, QUEUED, RUNNING, Revocation, RunId, RunMeta, Settle, Settlement, StoreError,
+    Tombstone, WAITING,
 };
 
 /// The answer to one create or append.
@@ -451,11 +452,11 @@ fn apply_all(
                 settle.as_ref(),
             )),
             Request::Commitment { key, holder, .. } => {
-                Outcome::KeyClaimed(claim_commitment(&tx, key, holder))
+                Outcome::KeyClaimed(claim_commitment(&tx, chain, key, holder))
             }
             Request::Claim { op, .. } => Outcome::Claims(claim(&tx, op)),
             Request::Prune { filter, now_ms, .. } => Outcome::Pruned(prune(&tx, filter, *now_ms)),
-            Request::Rule { op, .. } => Outcome::Rule(write_rule(&tx, op)),
+            Request::Rule { op, .. } => Outcome::Rule(write_rule(&tx, chain, op)),
             Request::Cursor {
                 reader,
                 run_id,
@@ -597,16 +598,30 @@ fn create(
     })
 }
 
-/// Claims commitment `key` for `holder` (see `EventStore::claim_commitment`).
-fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<KeyClaim, StoreError> {
+/// Claims commitment `key` for `holder` (see `EventStore::claim_commitment`):
+/// a new row is written sealed; the row found is acted on only if its seal
+/// matches.
+fn claim_commitment(
+    conn: &Connection,
+    chain: &Chain,
+    key: &str,
+    holder: &Holder,
+) -> Result<KeyClaim, StoreError> {
     let context = || format!("sqlite: cannot claim idempotency commitment {key}");
+    let seal = sealed::commitment(chain, key, holder.run_id.as_str(), &holder.call_id, None);
     conn.prepare_cached(
-        "INSERT INTO commitments (key, run_id, call_id) VALUES (?1, ?2, ?3) ON CONFLICT (key) DO NOTHING",
+        "INSERT INTO commitments (key, run_id, call_id, seal) VALUES (?1, ?2, ?3, ?4) ON CONFLICT (key) DO NOTHING",
     )
-    .and_then(|mut s| s.execute(params![key, holder.run_id.as_str(), holder.call_id]))
+    .and_then(|mut s| {
+        s.execute(params![
+            key,
+            holder.run_id.as_str(),
+            holder.call_id,
+            seal.as_bytes().as_slice()
+        ])
+    })
     .map_err(|e| backend(context(), e))?;
-    let (run_id, call_id, result) = commitment(conn, key)
-        .map_err(|e| backend(context(), e))?
+    let (run_id, call_id, result) = commitment(conn, chain, key)?
         .expect("the commitment exists: it was just inserted or found");
     let found = Holder {
         run_id: RunId::new(&run_id).map_err(|e| StoreError::Backend {
@@ -625,15 +640,18 @@ fn claim_commitment(conn: &Connection, key: &str, holder: &Holder) -> Result<Key
     })
 }
 
-/// Adds or revokes a rule; answers with the rule as it then stands.
-fn write_rule(conn: &Connection, op: &RuleOp) -> Result<ApprovalRule, StoreError> {
+/// Adds or revokes a rule, sealed; answers with the rule as it then
+/// stands. A revocation acts only on a rule whose seal matches: resealing
+/// an edited row would make the edit pass.
+fn write_rule(conn: &Connection, chain: &Chain, op: &RuleOp) -> Result<ApprovalRule, StoreError> {
     match op {
         RuleOp::Add(rule) => {
             let context = || format!("sqlite: cannot add approval rule {}", rule.id);
+            let seal = sealed::rule(chain, rule);
             let inserted = conn
                 .prepare_cached(
-                    "INSERT INTO approval_rules (id, spec, created_by, created_ms, expires_ms)
-                     VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (id) DO NOTHING",
+                    "INSERT INTO approval_rules (id, spec, created_by, created_ms, expires_ms, seal)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (id) DO NOTHING",
                 )
                 .and_then(|mut s| {
                     s.execute(params![
@@ -641,7 +659,8 @@ fn write_rule(conn: &Connection, op: &RuleOp) -> Result<ApprovalRule, StoreError
                         rule.spec,
                         rule.created_by,
                         rule.created_ms,
-                        rule.expires_ms
+                        rule.expires_ms,
+                        seal.as_bytes().as_slice()
                     ])
                 })
                 .map_err(|e| backend(context(), e))?;
@@ -654,15 +673,23 @@ fn write_rule(conn: &Connection, op: &RuleOp) -> Result<ApprovalRule, StoreError
         }
         RuleOp::Revoke { id, by, at_ms } => {
             let context = || format!("sqlite: cannot revoke approval rule {id}");
+            let mut rule = super::rule(conn, chain, id)?
+                .ok_or_else(|| StoreError::UnknownRule { id: id.clone() })?;
+            if rule.revoked.is_some() {
+                return Ok(rule);
+            }
+            rule.revoked = Some(Revocation {
+                by: by.clone(),
+                at_ms: *at_ms,
+            });
+            let seal = sealed::rule(chain, &rule);
             conn.prepare_cached(
-                "UPDATE approval_rules SET revoked_by = ?2, revoked_ms = ?3
+                "UPDATE approval_rules SET revoked_by = ?2, revoked_ms = ?3, seal = ?4
                  WHERE id = ?1 AND revoked_by IS NULL",
             )
-            .and_then(|mut s| s.execute(params![id, by, at_ms]))
+            .and_then(|mut s| s.execute(params![id, by, at_ms, seal.as_bytes().as_slice()]))
             .map_err(|e| backend(context(), e))?;
-            super::rule(conn, id)
-                .map_err(|e| backend(context(), e))?
-                .ok_or_else(|| StoreError::UnknownRule { id: id.clone() })
+            Ok(rule)
         }
     }
 }
@@ -693,11 +720,32 @@ fn advance_cursor(
 /// A commitment row: holder run, holder call, result once settled.
 type CommitmentRow = (String, String, Option<Vec<u8>>);
 
-/// The row of commitment `key`.
-fn commitment(conn: &Connection, key: &str) -> rusqlite::Result<Option<CommitmentRow>> {
-    conn.prepare_cached("SELECT run_id, call_id, result FROM commitments WHERE key = ?1")?
-        .query_row([key], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))
-        .optional()
+/// The row of commitment `key`, its seal checked.
+fn commitment(
+    conn: &Connection,
+    chain: &Chain,
+    key: &str,
+) -> Result<Option<CommitmentRow>, StoreError> {
+    let row: Option<(String, String, Option<Vec<u8>>, Option<Vec<u8>>)> = conn
+        .prepare_cached("SELECT run_id, call_id, result, seal FROM commitments WHERE key = ?1")
+        .and_then(|mut s| {
+            s.query_row([key], |row| {
+                Ok((row.get(0)?, row.get(1)?, row.get(2)?, row.get(3)?))
+            })
+            .optional()
+        })
+        .map_err(|e| {
+            backend(
+                format!("sqlite: cannot read idempotency commitment {key}"),
+                e,
+            )
+        })?;
+    let Some((run_id, call_id, result, seal)) = row else {
+        return Ok(None);
+    };
+    let expected = sealed::commitment(chain, key, &run_id, &call_id, result.as_deref());
+    sealed::check(sealed::COMMITMENTS, key, seal.as_deref(), &expected)?;
+    Ok(Some((run_id, call_id, result)))
 }
 
 /// Appends, and settles `settle`'s commitment in the same savepoint.
@@ -731,7 +779,7 @@ fn append_settling(
             settle.key
         )
     };
-    let row = commitment(conn, &settle.key).map_err(|e| backend(context(), e))?;
+    let row = commitment(conn, chain, &settle.key)?;
     let release = settle.outcome == Settle::Release;
     let held = matches!(
         &row,
@@ -758,9 +806,23 @@ fn append_settling(
         updated_ms,
     )?;
     match &settle.outcome {
-        Settle::Result(result) => conn
-            .prepare_cached("UPDATE commitments SET result = ?2 WHERE key = ?1")
-            .and_then(|mut s| s.execute(params![settle.key, result.as_ref()])),
+        Settle::Result(result) => {
+            let seal = sealed::commitment(
+                chain,
+                &settle.key,
+                settle.holder.run_id.as_str(),
+                &settle.holder.call_id,
+                Some(result),
+            );
+            conn.prepare_cached("UPDATE commitments SET result = ?2, seal = ?3 WHERE key = ?1")
+                .and_then(|mut s| {
+                    s.execute(params![
+                        settle.key,
+                        result.as_ref(),
+                        seal.as_bytes().as_slice()
+                    ])
+                })
+        }
         Settle::Release => conn
             .prepare_cached("DELETE FROM commitments WHERE key = ?1")
             .and_then(|mut s| s.execute(params![settle.key])),

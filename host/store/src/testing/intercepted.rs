@@ -323,6 +323,10 @@ impl<H: Hooks> EventStore for Intercepted<H> {
         self.inner.rule(id).await
     }
 
+    async fn verify_rows(&self) -> Result<crate::RowsReport, StoreError> {
+        self.inner.verify_rows().await
+    }
+
     async fn revoke_rule(
         &self,
         id: &str,

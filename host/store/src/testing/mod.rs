@@ -29,7 +29,7 @@ mod intercepted;
 pub mod suite;
 
 pub use intercepted::{AppendVia, BeforeAppend, Hooks, Intercepted, Read};
-pub use suite::{Backend, HistoryTamper, MemoryBackend, Tamper};
+pub use suite::{Backend, HistoryTamper, MemoryBackend, RowTamper, Tamper};
 
 /// Runs the [conformance suite](crate::testing::suite) against one store:
 /// `conformance_suite!(name, backend)` writes a module `name` with one
@@ -50,7 +50,11 @@ macro_rules! conformance_suite {
             commitments_survive_reopening,
             rules_are_shared_by_every_store_on_the_data,
             history_survives_reopening,
-            export_cursors_survive_reopening
+            export_cursors_survive_reopening,
+            a_widened_rule_is_refused_and_reported,
+            a_rewritten_commitment_result_is_refused_and_reported,
+            a_seal_copied_from_another_row_is_caught,
+            rows_written_before_seals_are_sealed_when_migrated
         ]);
     };
     (@module $store:ident, $backend:expr, [$($extra:ident),*]) => {

@@ -34,6 +34,50 @@ pub trait Backend: Send + Sync {
     /// Changes the stored row of session history chunk `digest` behind
     /// the store's back.
     async fn tamper_history(&self, digest: &HistoryDigest, tamper: HistoryTamper);
+    /// Changes a sealed row behind the store's back: in the data
+    /// [`open`](Backend::open) opens, or with `keyed` in the data
+    /// [`open_keyed`](Backend::open_keyed) opens. Only the durable suite
+    /// calls it (a store in memory has no storage outside itself to
+    /// change), so by default it panics.
+    async fn tamper_row(&self, keyed: bool, tamper: RowTamper) {
+        let _ = (keyed, tamper);
+        panic!("this backend cannot change sealed rows behind its store's back");
+    }
+}
+
+/// Damage done to a sealed row (see `store/sealed.rs`): an approval rule or
+/// an idempotency commitment, as someone with write access to the
+/// database would do it.
+#[derive(Clone, Debug)]
+pub enum RowTamper {
+    /// Replace rule `id`'s spec (widen it, say).
+    RuleSpec {
+        /// The rule.
+        id: String,
+        /// Its new spec.
+        spec: String,
+    },
+    /// Replace the result commitment `key` was settled with.
+    CommitmentResult {
+        /// The commitment.
+        key: String,
+        /// Its new result.
+        result: Vec<u8>,
+    },
+    /// Copy the seal of row `from` onto row `to`, both in `table`
+    /// ([`RULES`](crate::RULES) or [`COMMITMENTS`](crate::COMMITMENTS)).
+    CopySeal {
+        /// The table.
+        table: &'static str,
+        /// The row whose seal is copied.
+        from: String,
+        /// The row that gets it.
+        to: String,
+    },
+    /// Take the store back to the schema before seals existed: the seal
+    /// columns dropped, the schema version set back. The next open for
+    /// writing migrates it again.
+    Unseal,
 }
 
 /// Damage done to a session history chunk's row.
@@ -2544,6 +2588,248 @@ pub async fn rules_are_shared_by_every_store_on_the_data(backend: &dyn Backend) 
             at_ms: 2
         })
     );
+}
+
+// ---- sealed rows (see `store/sealed.rs`) ----
+
+/// The key the sealed-row tests open the keyed store with.
+fn seal_key() -> ChainKey {
+    ChainKey::new(&[0x5e; 32]).unwrap()
+}
+
+/// The store under test, keyed or not.
+async fn open_as(backend: &dyn Backend, keyed: bool) -> Arc<dyn EventStore> {
+    if keyed {
+        backend.open_keyed(seal_key()).await
+    } else {
+        backend.open().await
+    }
+}
+
+/// Asserts `result` is a [`StoreError::RowTampered`] naming `table` and `row`.
+fn assert_row_tampered<T: std::fmt::Debug>(result: Result<T, StoreError>, table: &str, row: &str) {
+    match result {
+        Err(StoreError::RowTampered {
+            table: t, row: r, ..
+        }) if t == table && r == row => {}
+        other => panic!("expected {table} row {row} to be refused as tampered, got {other:?}"),
+    }
+}
+
+/// The findings of a store's check of its sealed rows, as (table, row).
+async fn row_findings(store: &dyn EventStore) -> Vec<(String, String)> {
+    store
+        .verify_rows()
+        .await
+        .unwrap()
+        .findings
+        .into_iter()
+        .map(|f| (f.table.to_owned(), f.row))
+        .collect()
+}
+
+/// A rule widened in the database approves nothing: every read that would
+/// act on it (list, read, revoke) is refused naming it, the other rules
+/// still read, and the store's check reports exactly it. With a key and
+/// without (the plain seal catches whoever does not recompute it).
+pub async fn a_widened_rule_is_refused_and_reported(backend: &dyn Backend) {
+    for keyed in [true, false] {
+        let store = open_as(backend, keyed).await;
+        let (narrow, other) = (rule("rule-narrow", 1, None), rule("rule-other", 2, None));
+        store.add_rule(&narrow).await.unwrap();
+        store.add_rule(&other).await.unwrap();
+        let report = store.verify_rows().await.unwrap();
+        assert!(report.is_intact(), "{report:?}");
+        assert!(report.tables.contains(&(crate::RULES, 2)), "{report:?}");
+        backend
+            .tamper_row(
+                keyed,
+                RowTamper::RuleSpec {
+                    id: "rule-narrow".into(),
+                    spec: r#"{"tool":"*"}"#.into(),
+                },
+            )
+            .await;
+        assert_row_tampered(store.rules().await, "approval_rules", "rule-narrow");
+        assert_row_tampered(
+            store.rule("rule-narrow").await,
+            "approval_rules",
+            "rule-narrow",
+        );
+        assert_row_tampered(
+            store.revoke_rule("rule-narrow", "api:ops", 3).await,
+            "approval_rules",
+            "rule-narrow",
+        );
+        assert_eq!(store.rule("rule-other").await.unwrap(), Some(other));
+        assert_eq!(
+            row_findings(&*store).await,
+            [("approval_rules".to_owned(), "rule-narrow".to_owned())]
+        );
+        // The refused revocation resealed nothing.
+        assert_row_tampered(
+            store.rule("rule-narrow").await,
+            "approval_rules",
+            "rule-narrow",
+        );
+    }
+}
+
+/// A settled result rewritten in the database is given to nobody: a later
+/// claimant of the key, the holder itself and the listing are refused
+/// naming the key, and the store's check reports exactly it.
+pub async fn a_rewritten_commitment_result_is_refused_and_reported(backend: &dyn Backend) {
+    let store = open_as(backend, true).await;
+    let run = id("payer");
+    new_run(&*store, &run, 1).await;
+    let a = holder("payer", "call-1-1");
+    store.claim_commitment("pay-1", &a).await.unwrap();
+    store
+        .append_settling(
+            SettlingAppend::new(&run, 1, &[ev("payer:2")], &settlement("pay-1", &a, "paid"))
+                .listing(ListingStatus::RUNNING.into())
+                .at(2),
+        )
+        .await
+        .unwrap();
+    store.claim_commitment("pay-2", &a).await.unwrap();
+    assert!(store.verify_rows().await.unwrap().is_intact());
+    backend
+        .tamper_row(
+            true,
+            RowTamper::CommitmentResult {
+                key: "pay-1".into(),
+                result: b"forged".to_vec(),
+            },
+        )
+        .await;
+    assert_row_tampered(
+        store
+            .claim_commitment("pay-1", &holder("later", "call-1-1"))
+            .await,
+        "commitments",
+        "pay-1",
+    );
+    assert_row_tampered(
+        store.claim_commitment("pay-1", &a).await,
+        "commitments",
+        "pay-1",
+    );
+    assert_row_tampered(
+        store.commitments(&CommitmentFilter::new()).await,
+        "commitments",
+        "pay-1",
+    );
+    // The untouched key still works.
+    assert_eq!(
+        store.claim_commitment("pay-2", &a).await.unwrap(),
+        KeyClaim::Granted
+    );
+    assert_eq!(
+        row_findings(&*store).await,
+        [("commitments".to_owned(), "pay-1".to_owned())]
+    );
+}
+
+/// A seal is bound to its row: copied onto another row of the same table
+/// (from another rule, from another commitment with the same holder), it
+/// does not match, and neither does a row settled with another row's seal.
+pub async fn a_seal_copied_from_another_row_is_caught(backend: &dyn Backend) {
+    let store = open_as(backend, true).await;
+    store.add_rule(&rule("rule-a", 1, None)).await.unwrap();
+    store.add_rule(&rule("rule-b", 2, None)).await.unwrap();
+    let a = holder("payer", "call-1-1");
+    store.claim_commitment("key-a", &a).await.unwrap();
+    store.claim_commitment("key-b", &a).await.unwrap();
+    backend
+        .tamper_row(
+            true,
+            RowTamper::CopySeal {
+                table: crate::RULES,
+                from: "rule-a".into(),
+                to: "rule-b".into(),
+            },
+        )
+        .await;
+    backend
+        .tamper_row(
+            true,
+            RowTamper::CopySeal {
+                table: crate::COMMITMENTS,
+                from: "key-a".into(),
+                to: "key-b".into(),
+            },
+        )
+        .await;
+    assert!(store.rule("rule-a").await.unwrap().is_some());
+    assert_row_tampered(store.rule("rule-b").await, "approval_rules", "rule-b");
+    assert_eq!(
+        store.claim_commitment("key-a", &a).await.unwrap(),
+        KeyClaim::Granted
+    );
+    assert_row_tampered(
+        store.claim_commitment("key-b", &a).await,
+        "commitments",
+        "key-b",
+    );
+    assert_eq!(
+        row_findings(&*store).await,
+        [
+            ("approval_rules".to_owned(), "rule-b".to_owned()),
+            ("commitments".to_owned(), "key-b".to_owned())
+        ]
+    );
+}
+
+/// A store written before seals existed has its rules and commitments
+/// sealed, as found, by the migration that adds them (with the store's key):
+/// they read back and check out, and an edit after it is caught.
+pub async fn rows_written_before_seals_are_sealed_when_migrated(backend: &dyn Backend) {
+    let a = holder("payer", "call-1-1");
+    {
+        let store = open_as(backend, true).await;
+        store.add_rule(&rule("rule-old", 1, None)).await.unwrap();
+        let run = id("payer");
+        new_run(&*store, &run, 1).await;
+        store.claim_commitment("old-key", &a).await.unwrap();
+        store
+            .append_settling(
+                SettlingAppend::new(&run, 1, &[ev("payer:2")], &settlement("old-key", &a, "r"))
+                    .listing(ListingStatus::RUNNING.into())
+                    .at(2),
+            )
+            .await
+            .unwrap();
+    }
+    backend.tamper_row(true, RowTamper::Unseal).await;
+    let store = open_as(backend, true).await;
+    assert_eq!(
+        store.rule("rule-old").await.unwrap(),
+        Some(rule("rule-old", 1, None))
+    );
+    assert_eq!(
+        store
+            .claim_commitment("old-key", &holder("later", "c"))
+            .await
+            .unwrap(),
+        KeyClaim::Settled {
+            holder: a,
+            result: ev("r")
+        }
+    );
+    let report = store.verify_rows().await.unwrap();
+    assert!(report.is_intact(), "{report:?}");
+    assert_eq!(report.tables, [(crate::RULES, 1), (crate::COMMITMENTS, 1)]);
+    backend
+        .tamper_row(
+            true,
+            RowTamper::RuleSpec {
+                id: "rule-old".into(),
+                spec: "{}".into(),
+            },
+        )
+        .await;
+    assert_row_tampered(store.rule("rule-old").await, "approval_rules", "rule-old");
 }
 
 // ---- session history chunks (see `store/history.rs`) ----
