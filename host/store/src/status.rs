@@ -191,8 +191,10 @@ mod tests {
         let claimable = format!("status IN ('{QUEUED}', '{RUNNING}')");
         let waking = format!("status = '{WAITING}'");
         let settled = concat!("status NOT IN (", settled_sql!(), ")");
+        // The sessions table counts completed runs (`session_head`).
+        let completed = format!("status = '{}'", ListingStatus::COMPLETED.name());
         for schema in schemas {
-            let mut found = [0; 3];
+            let mut found = [0; 4];
             for (at, _) in schema.match_indices("status") {
                 let rest = &schema[at..];
                 let clause = &rest[..rest.find(';').unwrap_or(rest.len())];
@@ -200,7 +202,7 @@ mod tests {
                 if !compares.iter().any(|c| clause.starts_with(c)) {
                     continue;
                 }
-                let which = [&claimable[..], &waking[..], settled]
+                let which = [&claimable[..], &waking[..], settled, &completed[..]]
                     .iter()
                     .position(|want| clause.starts_with(want));
                 match which {
