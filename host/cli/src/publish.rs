@@ -115,10 +115,9 @@ async fn load_unpinned(host: &PluginHost, plugin: &AgentPlugin) -> anyhow::Resul
         component: plugin.grant.component.clone(),
         ..Grant::default()
     };
-    Ok(host
-        .load(&plugin.source, &grant, &plugin.grant_base)
+    host.load(&plugin.source, &grant, &plugin.grant_base)
         .await
-        .with_context(|| format!("plugin `{}`", plugin.key))?)
+        .with_context(|| format!("plugin `{}`", plugin.key))
 }
 
 /// The source as the lock records it: relative to the agent's directory

@@ -128,9 +128,10 @@ pub enum PluginError {
         /// What is wrong with it.
         problem: ComponentFileError,
     },
-    /// The bundle's signature or lock refuses it (checked before compiling).
+    /// The bundle's signature or lock refuses it (checked before compiling;
+    /// boxed: the error stays small on the happy path).
     #[error(transparent)]
-    Trust(#[from] TrustError),
+    Trust(Box<TrustError>),
     /// The component does not export the world the manifest declares.
     #[error(
         "plugin `{plugin}`: the manifest says kind `{declared}`, but the component exports {exported}"
@@ -179,6 +180,12 @@ pub enum PluginError {
         /// The kind the call needs.
         needed: PluginKind,
     },
+}
+
+impl From<TrustError> for PluginError {
+    fn from(error: TrustError) -> Self {
+        PluginError::Trust(Box::new(error))
+    }
 }
 
 /// The largest component file read: 256 MiB.

@@ -486,8 +486,8 @@ impl LockedPlugin {
     ) -> Result<(), TrustError> {
         let mismatch = |field, locked: &str, found: &str| TrustError::LockMismatch {
             plugin: plugin.to_owned(),
-            key: key.to_owned(),
-            lock: lock.to_owned(),
+            key: key.into(),
+            lock: lock.into(),
             field,
             locked: locked.to_owned(),
             found: found.to_owned(),

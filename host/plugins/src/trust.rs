@@ -258,9 +258,9 @@ pub enum TrustError {
         /// The plugin.
         plugin: String,
         /// Its key in the agent.
-        key: String,
-        /// The lock file.
-        lock: PathBuf,
+        key: Box<str>,
+        /// The lock file (boxed: the error stays small on the happy path).
+        lock: Box<Path>,
         /// `bundle digest` or `signer`.
         field: &'static str,
         /// What the lock says.

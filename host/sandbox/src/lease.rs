@@ -578,6 +578,7 @@ pub(crate) async fn run(
     };
     let mut receipt = UsageReceipt::empty(failure.outcome());
     receipt.wall_time_us = started.elapsed().as_micros() as u64;
+    receipt.bundle = plugin.bundle.as_deref().cloned();
     (Err(failure), receipt)
 }
 

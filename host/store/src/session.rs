@@ -100,7 +100,8 @@ impl AsRef<str> for SessionId {
     }
 }
 
-/// What a start in a session reads (see the [module docs](self)).
+/// What a start in a session reads: its run count, active run and last
+/// completed run, kept by the store as runs start and settle.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct SessionHead {

@@ -1234,7 +1234,9 @@ async fn stopped_in_mcp_call(sc: &Scenario, store_kind: &str, n: u64, case: &str
             first
                 .recover_claimed(&agent, ReplayOptions::default(), claim, valid)
                 .await
+                // Either way is fine: what it must not do is go on.
                 .map(|_| ())
+                .map_err(|e| e.to_string())
         })
     });
     let handle: tokio::runtime::Handle = handle.recv().unwrap();

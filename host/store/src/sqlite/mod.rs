@@ -56,8 +56,7 @@ use super::{
     Appended, ApprovalRule, ChainBreak, ChainHash, ChainKey, Claim, Commitment, CommitmentFilter,
     Durability, EventStore, Holder, KeyClaim, Listing, ListingStatus, OpenMode, PruneFilter,
     Revocation, RowsReport, RunFilter, RunId, RunMeta, RunSummary, SessionHead, SettlingAppend,
-    StoreError,
-    StoredEvent, Tombstone, VerifyReport,
+    StoreError, StoredEvent, Tombstone, VerifyReport,
 };
 use crate::status::settled_sql;
 use writer::{ClaimOp, Counters, Request, RuleOp};

@@ -720,13 +720,16 @@ fn advance_cursor(
 /// A commitment row: holder run, holder call, result once settled.
 type CommitmentRow = (String, String, Option<Vec<u8>>);
 
+/// A commitment row as stored: [`CommitmentRow`] and its seal.
+type SealedCommitmentRow = (String, String, Option<Vec<u8>>, Option<Vec<u8>>);
+
 /// The row of commitment `key`, its seal checked.
 fn commitment(
     conn: &Connection,
     chain: &Chain,
     key: &str,
 ) -> Result<Option<CommitmentRow>, StoreError> {
-    let row: Option<(String, String, Option<Vec<u8>>, Option<Vec<u8>>)> = conn
+    let row: Option<SealedCommitmentRow> = conn
         .prepare_cached("SELECT run_id, call_id, result, seal FROM commitments WHERE key = ?1")
         .and_then(|mut s| {
             s.query_row([key], |row| {
